@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine (see README.md):
+#   make quickstart   set up, then prepare the builtin corpus and train 3 local ranks
+#   make test         set up (including the apt packages the tests need), then lint and run every test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup system-deps quickstart test lint
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the local CPU wheel: any other request pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -m model.tokenizer install
+	touch $@
+
+# sshd and iproute2 for the test nodes (network namespaces); installed only when missing.
+system-deps:
+	@command -v sshd >/dev/null && command -v ip >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
+
+# The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus.
+quickstart: setup
+	$(BIN)/fab prepare-data
+	$(BIN)/fab train --nodes 3
+	$(BIN)/fab sample
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup system-deps lint
+	$(BIN)/pytest
