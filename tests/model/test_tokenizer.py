@@ -53,7 +53,7 @@ def test_missing_vocabulary_offline_says_how_to_provide_it(tmp_path, monkeypatch
         raise ConnectionError(f"cannot reach {url}")
 
     monkeypatch.setattr(tiktoken.load, "read_file", offline)
-    with pytest.raises(tokenizer.TokenizerUnavailable, match="python -m model.tokenizer install"):
+    with pytest.raises(tokenizer.TokenizerUnavailable, match=r"python -m model\.tokenizer install"):
         tokenizer.gpt2_encoding()
 
 
