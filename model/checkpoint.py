@@ -114,9 +114,7 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
         digest = _sha256_of_prefix(f, archive_size - 2)
         digest.update(b"\x00\x00")
         if digest.hexdigest().encode() != comment[len(_MARKER) :]:
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt (sha256 mismatch); it will not be loaded"
-            )
+            raise CheckpointError(f"checkpoint {path} is corrupt (sha256 mismatch); it will not be loaded")
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -1,0 +1,384 @@
+"""The trainer's configuration: typed dataclasses, YAML files and `key=value` overrides.
+
+    python -m model.train --config run.yaml learning_rate=3e-5 model.n_layer=4
+
+Values are read from the YAML file (if any), then overridden left to right by the command line;
+nested sections use dotted keys. Every value is converted to the field's type and validated, and an
+error names the field, the allowed range and the value. Unknown keys are errors (with a guess at the
+key meant), so a typo never silently falls back to a default.
+
+The Intel guides' gpt2_train_cfg.yaml layout (optimizer_config / trainer_config sections) is
+accepted too and translated by `translate_intel_layout`.
+
+The defaults fine-tune pretrained GPT-2: a small peak learning rate (6e-5, against nanoGPT's
+pretraining 6e-4, which makes fine-tuning loss rise), a short warmup and cosine decay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any
+
+import yaml
+
+from model.precision import MIXED_PRECISION_CHOICES
+
+BACKEND_CHOICES = ("auto", "ccl", "gloo")
+# Intel's file names are fixed by the launcher contract: out_dir/ckpt.pt and out_dir/snapshot.pt.
+CKPT_NAME = "ckpt.pt"
+SNAPSHOT_NAME = "snapshot.pt"
+FINE_TUNE_LR = 6e-5
+SCRATCH_LR = 1e-3
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is malformed, unknown or out of range."""
+
+
+@dataclass
+class ModelShape:
+    """Shape of a model trained from scratch (init_from=scratch); pretrained checkpoints bring their own.
+
+    The defaults are nanoGPT's "baby GPT" (about 10M parameters plus GPT-2's embedding table)."""
+
+    n_layer: int = 6
+    """Transformer blocks (scratch only)."""
+    n_head: int = 6
+    """Attention heads per block; n_embd must be divisible by it (scratch only)."""
+    n_embd: int = 384
+    """Width of the residual stream (scratch only)."""
+    bias: bool = True
+    """Biases in Linear layers and LayerNorms (scratch only; GPT-2 checkpoints have them)."""
+    dropout: float = 0.0
+    """Dropout probability, applied to pretrained and scratch models alike; 0 is usual for fine-tuning."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything `python -m model.train` reads. Keys are the YAML keys and the override names."""
+
+    # --- what to train, on what, and where to write -------------------------------------------
+    init_from: str = "gpt2"
+    """"scratch", a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl; from the Hugging Face hub,
+    needs internet or a warm cache) or a local Hugging Face GPT-2 directory. Ignored when out_dir
+    holds a valid snapshot.pt: then the run resumes from it."""
+    data_dir: str = "data"
+    """Directory with train.bin and val.bin (uint16 GPT-2 tokens, written by `python -m model.prepare`)."""
+    out_dir: str = "out"
+    """Run directory: metrics.jsonl, snapshot.pt (every eval) and ckpt.pt (best val loss)."""
+    model: ModelShape = field(default_factory=ModelShape)
+    """Model shape for init_from=scratch (dotted keys: model.n_layer=4)."""
+    block_size: int = 256
+    """Tokens per training sequence; a pretrained model's context is cropped to it. 1..1024 for GPT-2."""
+
+    # --- batch and schedule ----------------------------------------------------------------------
+    batch_size: int = 4
+    """Sequences per micro-batch on each rank."""
+    gradient_accumulation_steps: int = 8
+    """Micro-batches per optimizer step on each rank; gradients are all-reduced once per step.
+    Tokens per optimizer step = batch_size x block_size x gradient_accumulation_steps x world size."""
+    max_iters: int = 200
+    """Optimizer steps to train for (the run ends at this iteration, resumed runs included)."""
+    learning_rate: float | None = None
+    """Peak learning rate. None: 6e-5 when fine-tuning a pretrained model, 1e-3 from scratch."""
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine decay. None: learning_rate / 10."""
+    warmup_iters: int = 20
+    """Steps of linear warmup from 0 to learning_rate."""
+    lr_decay_iters: int | None = None
+    """Step at which the cosine decay reaches min_lr (held afterwards). None: max_iters."""
+    decay_lr: bool = True
+    """Warmup + cosine decay; false keeps learning_rate constant."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to matrices only (not biases, LayerNorms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    # --- evaluation, logging, checkpoints -------------------------------------------------------
+    eval_interval: int = 50
+    """Evaluate train/val loss (and write snapshot.pt) every this many steps, and at the last step."""
+    eval_iters: int = 20
+    """Batches per split averaged for an evaluation."""
+    log_interval: int = 10
+    """Print and record loss, lr, step time, tokens/s and MFU every this many steps."""
+    eval_only: bool = False
+    """Evaluate once and exit without training."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of ONE rank, the MFU denominator. 0: measure it at start with a square matmul in
+    the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
+    actually sustains."""
+
+    # --- numerics and speed ----------------------------------------------------------------------
+    mixed_precision: str = "auto"
+    """auto (bf16 autocast where the CPU has amx_bf16 or avx512_bf16, else fp32), fp32 or bf16."""
+    compile: bool = False
+    """torch.compile the model (the first steps are slow while it compiles)."""
+    threads: int = 0
+    """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
+    seed: int = 1337
+    """Seed for initialisation (identical on all ranks) and for batch selection (offset by rank)."""
+
+    # --- distributed -----------------------------------------------------------------------------
+    expected_world_size: int | None = None
+    """World size the launch planned; a different real world size is an error. None: not checked."""
+    backend: str = "auto"
+    """Collective backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), ccl or gloo."""
+    collective_timeout_s: float = 300.0
+    """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
+    ddp_bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MB: gradients are all-reduced bucket by bucket while backward runs."""
+
+    # ------------------------------------------------------------------------------------------------
+    def peak_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return SCRATCH_LR if self.init_from == "scratch" else FINE_TUNE_LR
+
+    def final_learning_rate(self) -> float:
+        return self.min_lr if self.min_lr is not None else self.peak_learning_rate() / 10
+
+    def decay_iters(self) -> int:
+        return self.lr_decay_iters if self.lr_decay_iters is not None else self.max_iters
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field outside its allowed range."""
+        checks: list[tuple[str, bool, str]] = [
+            ("block_size", 1 <= self.block_size <= 1_000_000, ">= 1 (<= 1024 for GPT-2 checkpoints)"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("gradient_accumulation_steps", self.gradient_accumulation_steps >= 1, ">= 1"),
+            ("max_iters", self.max_iters >= 0, ">= 0"),
+            ("learning_rate", self.learning_rate is None or 0 < self.learning_rate < 1, "in (0, 1) or null"),
+            (
+                "min_lr",
+                self.min_lr is None or 0 <= self.min_lr <= self.peak_learning_rate(),
+                f"in [0, learning_rate={self.peak_learning_rate():g}] or null",
+            ),
+            ("warmup_iters", self.warmup_iters >= 0, ">= 0"),
+            (
+                "lr_decay_iters",
+                self.lr_decay_iters is None or self.lr_decay_iters >= self.warmup_iters,
+                f">= warmup_iters ({self.warmup_iters}) or null",
+            ),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("beta1", 0 <= self.beta1 < 1, "in [0, 1)"),
+            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
+            ("grad_clip", self.grad_clip >= 0, ">= 0 (0 disables clipping)"),
+            ("eval_interval", self.eval_interval >= 1, ">= 1"),
+            ("eval_iters", self.eval_iters >= 1, ">= 1"),
+            ("log_interval", self.log_interval >= 1, ">= 1"),
+            ("peak_flops", self.peak_flops >= 0, ">= 0 (0 measures it)"),
+            (
+                "mixed_precision",
+                self.mixed_precision in MIXED_PRECISION_CHOICES,
+                f"one of {', '.join(MIXED_PRECISION_CHOICES)}",
+            ),
+            ("threads", self.threads >= 0, ">= 0 (0 keeps torch's default)"),
+            ("seed", 0 <= self.seed < 2**31, "in [0, 2^31)"),
+            (
+                "expected_world_size",
+                self.expected_world_size is None or self.expected_world_size >= 1,
+                ">= 1 or null",
+            ),
+            ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
+            ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
+            ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
+            ("model.n_layer", self.model.n_layer >= 1, ">= 1"),
+            ("model.n_head", self.model.n_head >= 1, ">= 1"),
+            (
+                "model.n_embd",
+                self.model.n_embd >= 1 and self.model.n_embd % max(self.model.n_head, 1) == 0,
+                f">= 1 and divisible by model.n_head ({self.model.n_head})",
+            ),
+            ("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"),
+            ("init_from", bool(self.init_from), "scratch, a GPT-2 name or a Hugging Face directory"),
+            ("data_dir", bool(self.data_dir), "a directory path"),
+            ("out_dir", bool(self.out_dir), "a directory path"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"{name} must be {allowed}, got {_get(self, name)!r}")
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fields(cls: type, prefix: str = "") -> dict[str, Any]:
+    """Dotted field name -> resolved type annotation, for cls and its nested dataclasses."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(_fields(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = tp
+    return out
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _coerce(name: str, value: Any, tp: Any) -> Any:
+    """value (from YAML or a command-line string) as type tp, or ConfigError naming the field."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).lower()
+            if text in _TRUE | _FALSE:
+                return text in _TRUE
+            raise ValueError
+        if tp is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+    except ValueError:
+        pass
+    raise ConfigError(f"{name} must be {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def translate_intel_layout(raw: dict[str, Any]) -> dict[str, Any]:
+    """Map the Intel guides' gpt2_train_cfg.yaml layout onto our flat keys.
+
+    optimizer_config {learning_rate, weight_decay, beta1, beta2} and trainer_config {...} become
+    top-level keys of the same name, with these differences: trainer_config.device must be cpu;
+    max_lr is the schedule's peak (our learning_rate) when decay_lr is on, else learning_rate is;
+    model_path / snapshot_path set out_dir (their directory), their file names being fixed as
+    ckpt.pt / snapshot.pt. Keys we do not know stay in place, so they are reported as unknown.
+    """
+    if "optimizer_config" not in raw and "trainer_config" not in raw:
+        return raw
+    out = {k: v for k, v in raw.items() if k not in ("optimizer_config", "trainer_config")}
+    optimizer = dict(raw.get("optimizer_config") or {})
+    trainer = dict(raw.get("trainer_config") or {})
+    for section, values in (("optimizer_config", optimizer), ("trainer_config", trainer)):
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section} must be a mapping, got {values!r}")
+
+    device = str(trainer.pop("device", "cpu")).lower()
+    if device != "cpu":
+        raise ConfigError(f"trainer_config.device must be cpu (nanocluster trains on CPUs), got {device!r}")
+    max_lr = trainer.pop("max_lr", None)
+    decay_lr = _coerce("trainer_config.decay_lr", trainer.get("decay_lr", True), bool)
+    if max_lr is not None and (decay_lr or "learning_rate" not in optimizer):
+        optimizer["learning_rate"] = max_lr
+
+    run_dirs = set()
+    for key, fixed_name in (("model_path", CKPT_NAME), ("snapshot_path", SNAPSHOT_NAME)):
+        if key not in trainer:
+            continue
+        path = PurePath(str(trainer.pop(key)))
+        if path.name != fixed_name:
+            raise ConfigError(
+                f"trainer_config.{key} must name a file called {fixed_name} (the launcher and "
+                f"model.sample look for out_dir/{fixed_name}), got {str(path)!r}"
+            )
+        run_dirs.add(str(path.parent))
+    if len(run_dirs) > 1:
+        raise ConfigError(
+            f"trainer_config.model_path and snapshot_path must be in the same directory (our out_dir), "
+            f"got {sorted(run_dirs)}"
+        )
+    if run_dirs and "out_dir" not in out:
+        out["out_dir"] = run_dirs.pop()
+
+    for section, values in (("optimizer_config", optimizer), ("trainer_config", trainer)):
+        for key, value in values.items():
+            if key in out:
+                raise ConfigError(f"{key} is set both at the top level and in {section}")
+            out[key] = value
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """["a=1", "model.n_layer=2"] -> {"a": "1", "model.n_layer": "2"}."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. learning_rate=3e-5)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_config(values: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from a (possibly nested, possibly Intel-layout) mapping; validated."""
+    flat = _flatten(translate_intel_layout(values))
+    known = _fields(TrainConfig)
+    unknown = [k for k in flat if k not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise ConfigError(f"unknown config key(s): {', '.join(hints)}")
+    cfg = TrainConfig()
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        target = cfg
+        for part in parents:
+            target = getattr(target, part)
+        setattr(target, leaf, _coerce(key, value, known[key]))
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML file (optional), apply `key=value` overrides, convert and validate."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must be a mapping of keys to values")
+        values = translate_intel_layout(loaded or {})
+    values = _flatten(values)
+    values.update(parse_overrides(overrides or []))
+    return build_config(values)
