@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# nanocluster node bootstrap: prepares one machine to run nanocluster ranks.
+#
+# Creates ~USER/nanocluster/{venv,code,data,runs}, installs the node's Python environment from the
+# pinned requirements-PROFILE.txt next to this script, and writes a ready marker. Idempotent: a
+# second run with the same requirements and profile changes nothing and says so.
+# Run by cloud-init at first boot (infra/) and by `fab setup` over SSH (launcher/).
+# Interface: see --help and node/README.md.
+set -euo pipefail
+
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readonly script_dir
+readonly min_python="3.10"
+
+usage() {
+    cat <<'EOF'
+usage: bootstrap.sh [--user USER] [--profile default|intel] [--python PY]
+                    [--pip-args "ARGS"] [--skip-system-packages] [--check]
+
+Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,runs}.
+
+  --user USER              owner of ~/nanocluster (default: the current user; another user needs root)
+  --profile NAME           default: CPU torch + gloo; intel: torch 2.8 + intel-extension-for-pytorch
+                           + oneCCL bindings + Intel MPI runtime (default: default)
+  --python PY              interpreter for the venv, >= 3.10 (default: python3)
+  --pip-args "ARGS"        extra pip install arguments, e.g. "--no-index --find-links /wheels"
+  --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync
+  --check                  change nothing; exit 0 if this node is ready, 3 if not
+  -h, --help               this text
+
+Exit status: 0 ready, 1 failed (one "error: ..." line on stderr), 2 bad usage, 3 not ready (--check).
+Writes ~/nanocluster/node.env (NANOCLUSTER_* variables, e.g. the tcmalloc path to preload) and the
+ready marker ~/nanocluster/venv/.nanocluster-ready.
+EOF
+}
+
+log() { printf '[nanocluster bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+usage_error() { printf 'error: %s (see --help)\n' "$*" >&2; exit 2; }
+
+user=$(id -un)
+profile=default
+python=python3
+pip_args=""
+install_system_packages=1
+check_only=0
+
+while (($#)); do
+    case "$1" in
+        --user | --profile | --python | --pip-args)
+            (($# >= 2)) || usage_error "$1 needs a value"
+            case "$1" in
+                --user) user=$2 ;;
+                --profile) profile=$2 ;;
+                --python) python=$2 ;;
+                --pip-args) pip_args=$2 ;;
+            esac
+            shift 2
+            ;;
+        --skip-system-packages) install_system_packages=0; shift ;;
+        --check) check_only=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage_error "unknown argument '$1'" ;;
+    esac
+done
+
+case "$profile" in
+    default | intel) ;;
+    *) usage_error "--profile must be 'default' or 'intel', not '$profile'" ;;
+esac
+requirements="$script_dir/requirements-$profile.txt"
+[[ -r "$requirements" ]] || die "$requirements is missing: copy the whole node/ directory, not only bootstrap.sh"
+
+passwd_entry=$(getent passwd "$user") || die "user '$user' does not exist: create it or pass --user with an existing user"
+# ~ means what it means in a shell: $HOME for the current user, the passwd entry for another.
+if [[ $(id -un) == "$user" && -n "${HOME:-}" ]]; then
+    home=$HOME
+else
+    home=$(cut -d: -f6 <<<"$passwd_entry")
+fi
+[[ -d "$home" ]] || die "home directory $home of user '$user' does not exist"
+if [[ $(id -un) != "$user" && $(id -u) -ne 0 ]]; then
+    die "bootstrapping for user '$user' needs root: rerun with sudo, or as '$user'"
+fi
+
+readonly root_dir="$home/nanocluster"
+readonly venv="$root_dir/venv"
+readonly marker="$venv/.nanocluster-ready"
+readonly node_env="$root_dir/node.env"
+
+# What the environment is built from: a change to any of these rebuilds it.
+wanted_hash=$({
+    printf 'profile=%s\npython=%s\n' "$profile" "$python"
+    cat "$requirements"
+} | sha256sum | cut -d' ' -f1)
+readonly wanted_hash
+
+# Runs a command as the node user with that user's HOME (pip's cache, ~/.config).
+as_user() {
+    if [[ $(id -un) == "$user" ]]; then
+        "$@"
+    else
+        runuser -u "$user" -- env HOME="$home" "$@"
+    fi
+}
+
+is_ready() {
+    [[ -f "$marker" ]] && grep -qx "hash=$wanted_hash" "$marker" && "$venv/bin/python" -c 'pass' 2>/dev/null
+}
+
+if is_ready; then
+    log "already bootstrapped for $user (profile $profile, hash ${wanted_hash:0:12}): nothing to do"
+    exit 0
+fi
+if ((check_only)); then
+    log "not bootstrapped for $user (profile $profile): run node/bootstrap.sh without --check"
+    exit 3
+fi
+
+# Prints the first of the given apt package names this distribution knows (names differ across
+# releases, e.g. Ubuntu 24.04's t64 renames).
+first_known_package() {
+    local name
+    for name in "$@"; do
+        if apt-cache show "$name" >/dev/null 2>&1; then
+            printf '%s\n' "$name"
+            return 0
+        fi
+    done
+    return 1
+}
+
+install_system_packages() {
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        sudo -n true 2>/dev/null ||
+            die "installing system packages needs root: rerun with sudo, or pass --skip-system-packages if python3-venv and tcmalloc are installed"
+        sudo=(sudo -n)
+    fi
+    command -v apt-get >/dev/null ||
+        die "apt-get not found: install python3-venv, tcmalloc (gperftools), numactl and rsync yourself, then pass --skip-system-packages"
+    # Waits for a dpkg lock held by first-boot unattended upgrades instead of failing.
+    local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600)
+    log "apt-get update"
+    "${apt[@]}" update >/dev/null || die "apt-get update failed: check the machine's network and apt sources"
+    local packages=(python3-venv ca-certificates numactl rsync) package
+    package=$(first_known_package libgoogle-perftools4t64 libgoogle-perftools4 libtcmalloc-minimal4t64 libtcmalloc-minimal4) ||
+        die "no tcmalloc package in this distribution's apt sources (looked for libgoogle-perftools4, libtcmalloc-minimal4)"
+    packages+=("$package")
+    local version
+    if version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) &&
+        package=$(first_known_package "python$version-venv"); then
+        packages+=("$package")
+    fi
+    log "apt-get install ${packages[*]}"
+    "${apt[@]}" install --no-install-recommends "${packages[@]}" >/dev/null ||
+        die "apt-get install ${packages[*]} failed (see the apt output above)"
+}
+
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+
+log "bootstrapping $root_dir for $user (profile $profile)"
+if ((install_system_packages)); then
+    install_system_packages
+else
+    log "skipping system packages (--skip-system-packages)"
+fi
+
+command -v "$python" >/dev/null || die "python '$python' not found: install it or pass --python PATH"
+"$python" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$min_python'.split('.'))))" ||
+    die "$python is $(python_version "$python"); nanocluster needs Python >= $min_python (pass --python)"
+wanted_python=$(python_version "$python")
+
+as_user mkdir -p "$root_dir/code" "$root_dir/data" "$root_dir/runs"
+# The marker goes first so that a failed or interrupted run never looks ready.
+rm -f "$marker"
+if [[ -d "$venv" ]] && [[ "$(python_version "$venv/bin/python" 2>/dev/null)" != "$wanted_python" ]]; then
+    log "removing $venv: it is not a working Python $wanted_python venv"
+    rm -rf "$venv"
+fi
+if [[ ! -d "$venv" ]]; then
+    log "creating venv $venv (Python $wanted_python)"
+    as_user "$python" -m venv "$venv" ||
+        die "'$python -m venv' failed: install python3-venv (or drop --skip-system-packages)"
+fi
+
+extra_pip_args=()
+read -r -a extra_pip_args <<<"$pip_args"
+log "pip install -r $(basename "$requirements") ${extra_pip_args[*]}"
+as_user "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
+    "${extra_pip_args[@]}" -r "$requirements" ||
+    die "pip install -r $requirements failed (see pip's output above)"
+
+modules="torch, numpy, tiktoken, safetensors, yaml, tqdm, accelerate"
+if [[ "$profile" == intel ]]; then
+    modules+=", intel_extension_for_pytorch, oneccl_bindings_for_pytorch"
+fi
+log "checking imports: $modules"
+torch_version=$(as_user "$venv/bin/python" -c "import $modules; print(torch.__version__)") ||
+    die "the installed environment does not import ($modules): see the traceback above"
+
+# tcmalloc is preloaded into the ranks by the launcher; the full library first, minimal as fallback.
+tcmalloc=$(ldconfig -p 2>/dev/null | awk '/libtcmalloc\.so\.4 /{print $NF; exit}')
+if [[ -z "$tcmalloc" ]]; then
+    tcmalloc=$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}')
+fi
+[[ -n "$tcmalloc" ]] || log "warning: tcmalloc not found; ranks will use glibc malloc"
+
+write_file_as_user() { # path, content: written whole or not at all
+    # shellcheck disable=SC2016 # $1/$2 belong to the inner shell
+    as_user bash -c 'umask 022 && printf "%s" "$2" >"$1.tmp" && mv -f "$1.tmp" "$1"' _ "$1" "$2"
+}
+write_file_as_user "$node_env" "NANOCLUSTER_PROFILE=$profile
+NANOCLUSTER_VENV=$venv
+NANOCLUSTER_TORCH_VERSION=$torch_version
+NANOCLUSTER_TCMALLOC=$tcmalloc
+"
+write_file_as_user "$marker" "hash=$wanted_hash
+profile=$profile
+python=$wanted_python
+torch=$torch_version
+completed=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+"
+log "ready: $venv (torch $torch_version, profile $profile); settings in $node_env"
