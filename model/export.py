@@ -1,0 +1,87 @@
+"""Export a trained checkpoint as a Hugging Face GPT-2 directory.
+
+    python -m model.export --ckpt runs/demo/ckpt.pt --out gpt2-finetuned/
+
+writes config.json and model.safetensors, which transformers' GPT2LMHeadModel.from_pretrained (and
+model.hf.load_pretrained) load. The directory appears complete or not at all: it is written to a
+temporary sibling and renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from model.checkpoint import CheckpointError, load_model
+from model.hf import CONFIG_FILE, SAFETENSORS_FILE, HFCheckpointError, hf_config_from_gpt, state_dict_to_hf
+from model.model import GPT
+
+
+class ExportError(RuntimeError):
+    """The export target cannot be written as asked."""
+
+
+def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) -> Path:
+    """Write model as config.json + model.safetensors into out_dir (atomically); returns out_dir.
+
+    A non-empty out_dir is replaced only with force=True.
+    """
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; give a directory path")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(f"--out {out} is not empty; choose another directory or pass --force to replace it")
+    config = hf_config_from_gpt(model.config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_file(state_dict_to_hf(model), staging / SAFETENSORS_FILE, metadata={"format": "pt"})
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        for file in staging.iterdir():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+        os.chmod(staging, 0o755)  # mkdtemp makes it owner-only; an export is meant to be shared
+        if out.exists():
+            # Move the old directory aside first so that a crash leaves one complete copy in place.
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(staging, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m model.export",
+        description="Export a nanocluster checkpoint (ckpt.pt or snapshot.pt) to a Hugging Face GPT-2 "
+        "directory (config.json + model.safetensors) that transformers' GPT2LMHeadModel loads.",
+    )
+    parser.add_argument("--ckpt", required=True, type=Path, help="ckpt.pt or snapshot.pt written by model.train")
+    parser.add_argument("--out", required=True, type=Path, help="directory to create")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
+    args = parser.parse_args(argv)
+    try:
+        model = load_model(args.ckpt)
+        out = export_model(model, args.out, force=args.force)
+    except (CheckpointError, HFCheckpointError, ExportError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"exported {model.num_params(non_embedding=False) / 1e6:.1f}M parameters to {out} "
+          f"({CONFIG_FILE}, {SAFETENSORS_FILE})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
