@@ -364,24 +364,12 @@ class Trainer:
 
     def eval_and_checkpoint(self) -> None:
         losses = self.evaluate()
-        log.info(
-            "eval iter %d: train loss %.4f, val loss %.4f", self.iter_num, losses["train"], losses["val"]
-        )
         improved = losses["val"] < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, losses["val"])
-        if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
-            if self.is_rank0:
-                self.record(
-                    {
-                        "kind": "eval",
-                        "iter": self.iter_num,
-                        "train_loss": losses["train"],
-                        "val_loss": losses["val"],
-                    }
-                )
-            return
-        rng = self.gather_rng_states()  # every rank takes part
         if self.is_rank0:
+            log.info(
+                "eval iter %d: train loss %.4f, val loss %.4f", self.iter_num, losses["train"], losses["val"]
+            )
             self.record(
                 {
                     "kind": "eval",
@@ -390,6 +378,10 @@ class Trainer:
                     "val_loss": losses["val"],
                 }
             )
+        if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
+            return
+        rng = self.gather_rng_states()  # every rank takes part
+        if self.is_rank0:
             save_checkpoint(
                 self.checkpoint_payload(optimizer=self.optimizer.state_dict(), rng=rng),
                 self.out_dir / SNAPSHOT_NAME,
@@ -422,6 +414,8 @@ class Trainer:
         tokens_per_s = self.tokens_per_iter / iter_s
         mfu = self.flops_per_token * tokens_per_s / (self.peak_flops * self.env.world_size)
         lr = self.optimizer.param_groups[0]["lr"]
+        if not self.is_rank0:  # the step is global: one line per step, from rank 0
+            return
         log.info(
             "iter %d: loss %.4f, lr %.3e, %.1f ms, %.0f tokens/s, MFU %.1f%%",
             self.iter_num,
@@ -431,18 +425,17 @@ class Trainer:
             tokens_per_s,
             100 * mfu,
         )
-        if self.is_rank0:
-            self.record(
-                {
-                    "kind": "train",
-                    "iter": self.iter_num,
-                    "loss": loss,
-                    "lr": lr,
-                    "iter_ms": iter_s * 1e3,
-                    "tokens_per_s": tokens_per_s,
-                    "mfu": mfu,
-                }
-            )
+        self.record(
+            {
+                "kind": "train",
+                "iter": self.iter_num,
+                "loss": loss,
+                "lr": lr,
+                "iter_ms": iter_s * 1e3,
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu,
+            }
+        )
 
 
 # --- entry point ---------------------------------------------------------------------------------
