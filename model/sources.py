@@ -391,7 +391,7 @@ def open_source(spec: str, text_field: str = "text", split: str = "train") -> So
     if spec == "builtin":
         return BuiltinSource()
     if spec == "shakespeare":
-        return ShakespeareSource()
+        return ShakespeareSource(url=SHAKESPEARE_URL)
     if spec == "openwebtext":
         return HubSource(path=OPENWEBTEXT_REPO, spec=spec, columns=("text",), split="train")
     if spec == "alpaca":
