@@ -1,0 +1,145 @@
+"""AWS: a VPC with a public subnet (head, NAT gateway) and a private one (workers), a
+self-referencing security group, a cluster placement group and N IMDSv2-only instances."""
+
+from __future__ import annotations
+
+import pulumi_aws as aws
+
+from infra import cloudinit
+from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in
+from infra.config import ConfigError
+
+WORKER_SUBNET_CIDR = "10.42.1.0/24"
+CANONICAL = "099720109477"  # the AWS account Canonical publishes Ubuntu AMIs from
+UBUNTU_AMI_NAME = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
+
+
+class AwsCluster(CloudCluster):
+    TYPE = "nanocluster:aws:Cluster"
+
+    def planned_ip(self, rank: int) -> str:
+        return host_in(NODE_SUBNET_CIDR if self.has_public_ip(rank) else WORKER_SUBNET_CIDR, rank)
+
+    def declare(self) -> None:
+        cfg = self.config
+        name = cfg.cluster_name
+        tags = dict(cfg.labels)
+        zone = self.zone = self._zone_offering(cfg.machine.name)
+
+        vpc = aws.ec2.Vpc(
+            name, cidr_block=NETWORK_CIDR, enable_dns_support=True, enable_dns_hostnames=True,
+            tags={**tags, "Name": name}, opts=self.child(),
+        )
+        gateway = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=self.child())
+        public_subnet = aws.ec2.Subnet(
+            f"{name}-public", vpc_id=vpc.id, cidr_block=NODE_SUBNET_CIDR, availability_zone=zone,
+            map_public_ip_on_launch=False, tags={**tags, "Name": f"{name}-public"}, opts=self.child(),
+        )
+        public_routes = aws.ec2.RouteTable(
+            f"{name}-public", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
+            tags={**tags, "Name": f"{name}-public"}, opts=self.child(),
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{name}-public", subnet_id=public_subnet.id, route_table_id=public_routes.id, opts=self.child()
+        )
+        worker_subnet = public_subnet
+        if self.nat_clients:
+            nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
+            nat = aws.ec2.NatGateway(
+                name, allocation_id=nat_address.allocation_id, subnet_id=public_subnet.id,
+                tags={**tags, "Name": name}, opts=self.child(depends_on=[gateway]),
+            )
+            worker_subnet = aws.ec2.Subnet(
+                f"{name}-private", vpc_id=vpc.id, cidr_block=WORKER_SUBNET_CIDR, availability_zone=zone,
+                map_public_ip_on_launch=False, tags={**tags, "Name": f"{name}-private"}, opts=self.child(),
+            )
+            private_routes = aws.ec2.RouteTable(
+                f"{name}-private", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
+                tags={**tags, "Name": f"{name}-private"}, opts=self.child(),
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-private", subnet_id=worker_subnet.id, route_table_id=private_routes.id, opts=self.child()
+            )
+
+        # Members: all traffic from members only. Head SSH: port 22 from the operator's CIDR only.
+        members = aws.ec2.SecurityGroup(
+            f"{name}-members", vpc_id=vpc.id, description=f"{name}: nodes of the cluster",
+            tags={**tags, "Name": f"{name}-members"}, opts=self.child(),
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-intra-cluster", security_group_id=members.id, referenced_security_group_id=members.id,
+            ip_protocol="-1", description="All traffic among the cluster's own nodes", opts=self.child(),
+        )
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-egress", security_group_id=members.id, cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
+            description="Outbound for the bootstrap (apt, pip) and the operator's downloads", opts=self.child(),
+        )
+        head_ssh = aws.ec2.SecurityGroup(
+            f"{name}-head-ssh", vpc_id=vpc.id, description=f"{name}: SSH to the head",
+            tags={**tags, "Name": f"{name}-head-ssh"}, opts=self.child(),
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-ssh-head", security_group_id=head_ssh.id, cidr_ipv4=cfg.ssh_allowed_cidr,
+            ip_protocol="tcp", from_port=22, to_port=22,
+            description="SSH to the head from nanocluster:sshAllowedCidr only", opts=self.child(),
+        )
+        placement = aws.ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
+
+        ami = cfg.image or aws.ec2.get_ami(
+            most_recent=True,
+            owners=[CANONICAL],
+            filters=[
+                {"name": "name", "values": [UBUNTU_AMI_NAME]},
+                {"name": "architecture", "values": ["x86_64"]},
+                {"name": "virtualization-type", "values": ["hvm"]},
+            ],
+        ).id
+        instances = []
+        for rank, node_name in enumerate(self.node_names):
+            public = self.has_public_ip(rank)
+            instances.append(
+                aws.ec2.Instance(
+                    node_name,
+                    ami=ami,
+                    instance_type=cfg.machine.name,
+                    subnet_id=public_subnet.id if public else worker_subnet.id,
+                    private_ip=self.planned_ip(rank),
+                    associate_public_ip_address=public and rank > 0,  # the head gets an Elastic IP
+                    vpc_security_group_ids=[members.id, head_ssh.id] if rank == 0 else [members.id],
+                    placement_group=placement.name,
+                    user_data_base64=self.user_data(rank).apply(cloudinit.base64_gzip),
+                    metadata_options={"http_tokens": "required", "http_endpoint": "enabled", "http_put_response_hop_limit": 1},
+                    root_block_device={"encrypted": True, "volume_type": "gp3", "volume_size": cfg.disk_gb, "delete_on_termination": True},
+                    instance_market_options=(
+                        {"market_type": "spot", "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"}}
+                        if cfg.spot else None
+                    ),
+                    tags={**tags, "Name": node_name, "rank": str(rank)},
+                    volume_tags={**tags, "Name": node_name},
+                    opts=self.child(ignore_changes=["ami"]),
+                )
+            )
+        head_address = aws.ec2.Eip(
+            f"{name}-head", domain="vpc", instance=instances[0].id, tags={**tags, "Name": f"{name}-head"},
+            opts=self.child(depends_on=[gateway]),
+        )
+        self.head_public_ip = head_address.public_ip
+        self.private_ips = [i.private_ip for i in instances]
+        if cfg.bake_image:
+            baked = aws.ec2.AmiFromInstance(
+                f"{name}-node", source_instance_id=instances[0].id, tags={**tags, "Name": f"{name}-node"},
+                opts=self.child(retain_on_delete=True),
+            )
+            self.baked_image = baked.id
+
+    def _zone_offering(self, instance_type: str) -> str:
+        """The first availability zone of the region that offers the machine type."""
+        offerings = aws.ec2.get_instance_type_offerings(
+            location_type="availability-zone", filters=[{"name": "instance-type", "values": [instance_type]}]
+        )
+        if not offerings.locations:
+            raise ConfigError(
+                f"nanocluster:machineType: {instance_type} is not offered in any zone of {self.config.region}. "
+                "Fix: pick another machine type or aws:region"
+            )
+        return sorted(offerings.locations)[0]

@@ -1,0 +1,111 @@
+"""The cloud-init user data every node boots with (the same document on every cloud).
+
+It creates the SSH user with the cluster key, installs the node's stack-generated host key (so
+known_hosts is pinned), writes the cluster's known_hosts for node-to-node SSH, ships node/ to
+/opt/nanocluster/node/ and runs the bootstrap once, logging to /var/log/nanocluster-bootstrap.log.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+NODE_DIR = Path(__file__).resolve().parent.parent / "node"
+REMOTE_NODE_DIR = "/opt/nanocluster/node"
+FIRSTBOOT = "/opt/nanocluster/firstboot.sh"
+BOOTSTRAP_LOG = "/var/log/nanocluster-bootstrap.log"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (scripts, keys) as literal blocks, so the document reads like the files."""
+
+
+_Dumper.add_representer(
+    str, lambda dumper, s: dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+)
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What one node's user data carries besides the shared node/ files."""
+
+    cloud: str
+    rank: int
+    node_name: str
+    ssh_user: str
+    profile: str
+    cluster_private_key: str
+    cluster_public_key: str
+    host_private_key: str
+    host_public_key: str
+    known_hosts: tuple[tuple[str, str], ...]
+    """(private IP, host public key) of every node, rank-ordered."""
+
+
+def firstboot_script(node: NodeIdentity) -> str:
+    """The per-node wrapper cloud-init runs: the node bootstrap with this stack's settings."""
+    bootstrap = shlex.join([f"{REMOTE_NODE_DIR}/bootstrap.sh", "--user", node.ssh_user, "--profile", node.profile])
+    return f"""#!/usr/bin/env bash
+# nanocluster first boot: {node.cloud} node {node.node_name} (rank {node.rank}).
+# Runs the node bootstrap (idempotent); its progress goes to {BOOTSTRAP_LOG} and the console.
+set -euo pipefail
+exec > >(tee -a {BOOTSTRAP_LOG}) 2>&1
+echo "nanocluster first boot of {node.node_name} (rank {node.rank}) at $(date -u +%FT%TZ)"
+{bootstrap}
+"""
+
+
+def render(node: NodeIdentity) -> str:
+    """The #cloud-config document for one node (contains private keys: keep it a secret)."""
+    home = f"/home/{node.ssh_user}"
+    owner = f"{node.ssh_user}:{node.ssh_user}"
+    requirements = NODE_DIR / f"requirements-{node.profile}.txt"
+    known_hosts = "".join(f"{ip} {key}\n" for ip, key in node.known_hosts)
+    document = {
+        "users": [
+            {
+                "name": node.ssh_user,
+                "shell": "/bin/bash",
+                "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                "lock_passwd": True,
+                "ssh_authorized_keys": [node.cluster_public_key],
+            }
+        ],
+        "disable_root": True,
+        "ssh_pwauth": False,
+        # Only the stack's ED25519 host key: the fingerprint the launcher pins is the only one.
+        "ssh_deletekeys": True,
+        "ssh_genkeytypes": [],
+        "ssh_keys": {"ed25519_private": node.host_private_key, "ed25519_public": node.host_public_key},
+        "write_files": [
+            {"path": f"{REMOTE_NODE_DIR}/bootstrap.sh", "permissions": "0755", "content": (NODE_DIR / "bootstrap.sh").read_text()},
+            {"path": f"{REMOTE_NODE_DIR}/{requirements.name}", "permissions": "0644", "content": requirements.read_text()},
+            {"path": FIRSTBOOT, "permissions": "0755", "content": firstboot_script(node)},
+            # Deferred to the final stage, after the user (and so its home) exists.
+            {"path": f"{home}/.ssh/id_ed25519", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_private_key},
+            {"path": f"{home}/.ssh/known_hosts", "owner": owner, "permissions": "0644", "defer": True, "content": known_hosts},
+        ],
+        "runcmd": [[FIRSTBOOT]],
+    }
+    return "#cloud-config\n" + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000)
+
+
+def base64_text(user_data: str) -> str:
+    """Azure customData: the document, base64-encoded."""
+    return base64.b64encode(user_data.encode()).decode()
+
+
+def base64_gzip(user_data: str) -> str:
+    """AWS user data (16 KB limit): gzip-compressed, base64-encoded; cloud-init decompresses it."""
+    return base64.b64encode(gzip.compress(user_data.encode(), mtime=0)).decode()
+
+
+def decode(encoded: str) -> str:
+    """The document back from either encoding (base64, optionally gzip): for tests and debugging."""
+    raw = base64.b64decode(encoded)
+    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()

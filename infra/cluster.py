@@ -1,0 +1,109 @@
+"""What every cloud's cluster component shares: its Args, its outputs, the address plan, user data.
+
+A cloud module (gcp.py, aws.py, azure.py) subclasses CloudCluster and implements `declare`, which
+creates the network, firewall and N rank-ordered VMs and sets head_public_ip / private_ips (and
+baked_image when nanocluster:bakeImage is on). Everything else is decided here once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pulumi
+
+from infra import cloudinit
+from infra.config import ClusterConfig
+from infra.keys import ClusterKeys
+from infra.prices import CostEstimate, estimate
+
+NETWORK_CIDR = "10.42.0.0/16"
+NODE_SUBNET_CIDR = "10.42.0.0/24"
+FIRST_HOST = 10  # clouds reserve the first addresses of a subnet (Azure: 4, AWS: 4, GCP: 2)
+
+
+def host_in(subnet_cidr: str, rank: int) -> str:
+    """Fixed private address of a rank, known before any VM exists (so known_hosts can list it)."""
+    return str(ipaddress.IPv4Network(subnet_cidr)[FIRST_HOST + rank])
+
+
+@dataclass(frozen=True)
+class ClusterArgs:
+    """The inputs of every cloud component."""
+
+    config: ClusterConfig
+    keys: ClusterKeys
+
+
+class CloudCluster(pulumi.ComponentResource):
+    """N rank-ordered VMs with a private network, reachable only through the head's SSH port."""
+
+    TYPE: ClassVar[str]
+
+    head_public_ip: pulumi.Output[str]
+    private_ips: list[pulumi.Output[str]]
+    """Rank-ordered, read back from the VMs / NICs."""
+    zone: pulumi.Input[str] = ""
+    """Where the VMs are, within the region: GCP zone, AWS availability zone; empty on Azure."""
+    baked_image: pulumi.Output[str] | None = None
+    """Image of the bootstrapped head (nanocluster:bakeImage), usable as nanocluster:image."""
+
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(self.TYPE, name, None, opts)
+        self.args = args
+        self.config = args.config
+        self.node_names = [f"{self.config.cluster_name}-{rank}" for rank in range(self.config.nodes)]
+        self.declare()
+        self.register_outputs({"head_public_ip": self.head_public_ip, "private_ips": self.private_ips})
+
+    def declare(self) -> None:
+        raise NotImplementedError
+
+    def child(self, **kwargs) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, **kwargs)
+
+    def has_public_ip(self, rank: int) -> bool:
+        return rank == 0 or self.config.public_workers
+
+    @property
+    def nat_clients(self) -> int:
+        """Nodes without a public address: they need NAT for the bootstrap's downloads."""
+        return sum(not self.has_public_ip(r) for r in range(self.config.nodes))
+
+    def planned_ip(self, rank: int) -> str:
+        return host_in(NODE_SUBNET_CIDR, rank)
+
+    def user_data(self, rank: int) -> pulumi.Output[str]:
+        """The node's cloud-init document, as a secret (it carries private keys)."""
+        keys = self.args.keys
+        cfg = self.config
+        ips = [self.planned_ip(r) for r in range(cfg.nodes)]
+
+        def render(values: list[str]) -> str:
+            cluster_private, cluster_public, host_private, *host_publics = values
+            return cloudinit.render(
+                cloudinit.NodeIdentity(
+                    cloud=cfg.cloud,
+                    rank=rank,
+                    node_name=self.node_names[rank],
+                    ssh_user=cfg.ssh_user,
+                    profile=cfg.profile,
+                    cluster_private_key=cluster_private,
+                    cluster_public_key=cluster_public,
+                    host_private_key=host_private,
+                    host_public_key=host_publics[rank],
+                    known_hosts=tuple(zip(ips, host_publics, strict=True)),
+                )
+            )
+
+        rendered = pulumi.Output.all(
+            keys.cluster_private_key, keys.cluster_public_key, keys.host_private_keys[rank], *keys.host_public_keys
+        ).apply(render)
+        return pulumi.Output.secret(rendered)
+
+    def cost(self) -> CostEstimate:
+        cfg = self.config
+        public_nodes = cfg.nodes - self.nat_clients
+        # Cloud NAT's address and the NAT gateways' addresses are public IPv4 too.
+        return estimate(cfg.machine, cfg.nodes, cfg.disk_gb, public_nodes + (self.nat_clients > 0), self.nat_clients)

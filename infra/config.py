@@ -1,0 +1,292 @@
+"""Typed, validated stack configuration (the `nanocluster:` namespace plus each provider's location).
+
+`parse` turns raw config strings into a ClusterConfig or raises ConfigError naming the key and
+the fix; it runs before any resource is declared, so bad config fails at `pulumi preview`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import ipaddress
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+
+from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType
+
+CLOUDS = ("gcp", "aws", "azure")
+PROFILES = ("default", "intel")
+MAX_NODES = 64  # the address plan gives each rank a fixed private IP in one /24
+MIN_DISK_GB, MAX_DISK_GB = 30, 4096
+RESERVED_USERS = {"root", "admin", "administrator", "user", "guest", "test", "ubuntu"}
+
+# Every key in the nanocluster: namespace (Pulumi.yaml declares the same ones).
+KEYS = (
+    "cloud",
+    "nodes",
+    "machineType",
+    "diskGb",
+    "sshAllowedCidr",
+    "allowSshFromAnywhere",
+    "sshUser",
+    "spot",
+    "publicWorkers",
+    "bakeImage",
+    "profile",
+    "image",
+    "labels",
+)
+PROVIDER_KEYS = ("gcp:project", "gcp:zone", "aws:region", "azure-native:location")
+
+IMAGE_FORMATS = {
+    "gcp": (
+        re.compile(r"^(https://www\.googleapis\.com/compute/v1/)?projects/[a-z0-9-]+/global/images/(family/)?[a-z0-9-]+$"),
+        "projects/PROJECT/global/images/NAME or projects/PROJECT/global/images/family/FAMILY",
+    ),
+    "aws": (re.compile(r"^ami-[0-9a-f]{8,17}$"), "an AMI id such as ami-0123456789abcdef0"),
+    "azure": (
+        re.compile(r"^([^:/\s]+:[^:/\s]+:[^:/\s]+:[^:/\s]+|/subscriptions/[^\s]+/providers/Microsoft\.Compute/images/[^/\s]+)$"),
+        "a URN Publisher:Offer:Sku:Version or a managed image id /subscriptions/.../providers/Microsoft.Compute/images/NAME",
+    ),
+}
+
+
+class ConfigError(pulumi.RunError):
+    """Invalid stack configuration; Pulumi prints the message without a traceback."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Everything the program needs to declare one cluster."""
+
+    cloud: str
+    """gcp, aws or azure (nanocluster:cloud)."""
+    cluster_name: str
+    """nanocluster-<stack>: prefix of every resource name, value of the `cluster` label."""
+    machine: MachineType
+    """Row of infra/prices.py for nanocluster:machineType (default: the Intel guide's type per cloud)."""
+    ssh_allowed_cidr: str
+    """The only source allowed to reach the head's SSH port (nanocluster:sshAllowedCidr, required)."""
+    region: str
+    """GCP region (from gcp:zone), AWS region (aws:region) or Azure location (azure-native:location)."""
+    zone: str = ""
+    """GCP zone (gcp:zone); empty elsewhere (AWS picks a zone offering the machine type)."""
+    project: str = ""
+    """GCP project (gcp:project); empty elsewhere."""
+    nodes: int = 3
+    """Number of VMs, 1..MAX_NODES; rank 0 is the head (nanocluster:nodes)."""
+    disk_gb: int = 100
+    """Boot disk size per node: venv, code, tokenized data, checkpoints (nanocluster:diskGb)."""
+    ssh_user: str = "nanocluster"
+    """Login user on every node, created by cloud-init (nanocluster:sshUser)."""
+    spot: bool = False
+    """Spot / preemptible VMs: cheaper, can be reclaimed (nanocluster:spot)."""
+    public_workers: bool = False
+    """Give workers public IPs too (no NAT then); off by default (nanocluster:publicWorkers)."""
+    bake_image: bool = False
+    """Create a machine image of the bootstrapped head (nanocluster:bakeImage)."""
+    profile: str = "default"
+    """Node environment: default (CPU torch + gloo) or intel (IPEX + oneCCL) (nanocluster:profile)."""
+    image: str = ""
+    """Base image; empty means the newest Ubuntu 24.04 LTS image, looked up (nanocluster:image)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels/tags on every resource: cluster, owner, managed-by, plus nanocluster:labels."""
+
+
+def _fail(key: str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"{key}: {problem}. Fix: {fix}")
+
+
+def _int(raw: Mapping[str, object], key: str, default: int) -> int:
+    value = raw.get(key)
+    if value in (None, ""):
+        return default
+    try:
+        return int(str(value))
+    except ValueError:
+        raise _fail(key, f"'{value}' is not a whole number", f"pulumi config set {key} {default}") from None
+
+
+def _bool(raw: Mapping[str, object], key: str) -> bool:
+    value = str(raw.get(key) or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise _fail(key, f"'{value}' is not true or false", f"pulumi config set {key} true (or false)")
+    return value == "true"
+
+
+def _labels(raw: object, owner: str) -> dict[str, str]:
+    """nanocluster:labels as 'k=v,k=v' or a JSON object; keys/values in the GCP label alphabet."""
+    key = "nanocluster:labels"
+    if raw in (None, ""):
+        given: dict[str, str] = {}
+    elif isinstance(raw, Mapping):
+        given = {str(k): str(v) for k, v in raw.items()}
+    elif str(raw).lstrip().startswith("{"):
+        try:
+            given = {str(k): str(v) for k, v in json.loads(str(raw)).items()}
+        except (json.JSONDecodeError, AttributeError):
+            raise _fail(key, "is not a JSON object", "pulumi config set nanocluster:labels 'team=ml,owner=ana'") from None
+    else:
+        pairs = [p.split("=", 1) for p in str(raw).split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise _fail(key, f"'{raw}' is not key=value pairs", "pulumi config set nanocluster:labels 'team=ml,owner=ana'")
+        given = {k.strip(): v.strip() for k, v in pairs}
+    for k, v in given.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) or not re.fullmatch(r"[a-z0-9_-]{0,63}", v):
+            raise _fail(
+                key,
+                f"label {k}={v} is not lowercase letters, digits, '-' or '_' (63 characters at most)",
+                "use labels valid on every cloud, e.g. team=ml-research",
+            )
+    return {"owner": owner, **given}
+
+
+def _owner() -> str:
+    """Who runs `pulumi up`, in label alphabet; nanocluster:labels owner=... overrides it."""
+    name = re.sub(r"[^a-z0-9_-]", "-", getpass.getuser().lower())[:63]
+    return name or "unknown"
+
+
+def _cidr(raw: Mapping[str, object]) -> str:
+    key = "nanocluster:sshAllowedCidr"
+    value = str(raw.get(key) or "").strip()
+    example = "pulumi config set nanocluster:sshAllowedCidr 203.0.113.7/32 (your address: curl -4 ifconfig.me)"
+    if not value:
+        raise _fail(key, "is required: it is the only source allowed to SSH to the head", example)
+    try:
+        network = ipaddress.IPv4Network(value, strict=False)
+    except ValueError:
+        raise _fail(key, f"'{value}' is not an IPv4 CIDR such as 203.0.113.7/32", example) from None
+    if "/" not in value or str(network) != value:
+        raise _fail(key, f"'{value}' is not a network address with a prefix length", f"use {network}")
+    if network.prefixlen == 0 and not _bool(raw, "nanocluster:allowSshFromAnywhere"):
+        raise _fail(
+            key,
+            "0.0.0.0/0 opens the head's SSH port to the whole internet",
+            "set your own address (e.g. 203.0.113.7/32), or if you really mean it: "
+            "pulumi config set nanocluster:allowSshFromAnywhere true",
+        )
+    return value
+
+
+def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
+    key = "nanocluster:machineType"
+    name = str(raw.get(key) or DEFAULT_MACHINE_TYPE[cloud])
+    known = sorted(m.name for m in MACHINE_TYPES.values() if m.cloud == cloud)
+    machine = MACHINE_TYPES.get(name)
+    if machine is not None and machine.cloud != cloud:
+        raise _fail(
+            key,
+            f"'{name}' is a {machine.cloud} machine type but nanocluster:cloud is {cloud}",
+            f"pulumi config set {key} {DEFAULT_MACHINE_TYPE[cloud]} (or one of {', '.join(known)})",
+        )
+    if machine is None:
+        raise _fail(
+            key,
+            f"'{name}' is not in the machine table (infra/prices.py), so its cores and price are unknown",
+            f"use one of {', '.join(known)}, or add a row for it to infra/prices.py",
+        )
+    return machine
+
+
+def _location(raw: Mapping[str, object], cloud: str, env: Mapping[str, str]) -> tuple[str, str, str]:
+    """(region, zone, project) from the provider's own config keys (or its environment variables)."""
+    if cloud == "gcp":
+        zone = str(raw.get("gcp:zone") or env.get("GOOGLE_ZONE") or "")
+        if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone):
+            raise _fail("gcp:zone", f"'{zone}' is not a GCP zone", "pulumi config set gcp:zone us-central1-a")
+        project = str(raw.get("gcp:project") or env.get("GOOGLE_PROJECT") or env.get("GOOGLE_CLOUD_PROJECT") or "")
+        if not project:
+            raise _fail("gcp:project", "is not set", "pulumi config set gcp:project YOUR-PROJECT-ID")
+        return zone.rsplit("-", 1)[0], zone, project
+    if cloud == "aws":
+        region = str(raw.get("aws:region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "")
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", region):
+            raise _fail("aws:region", f"'{region}' is not an AWS region", "pulumi config set aws:region us-east-1")
+        return region, "", ""
+    location = str(raw.get("azure-native:location") or "")
+    if not re.fullmatch(r"[a-z0-9]+", location):
+        raise _fail(
+            "azure-native:location", f"'{location}' is not an Azure location", "pulumi config set azure-native:location eastus"
+        )
+    return location, "", ""
+
+
+def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Validate raw config values ({"nanocluster:nodes": "3", "gcp:zone": ...}) into a ClusterConfig."""
+    env = os.environ if env is None else env
+    for full_key in raw:
+        namespace, _, key = full_key.partition(":")
+        if namespace == "nanocluster" and key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean nanocluster:{close[0]}?" if close else f"known keys: {', '.join(KEYS)}"
+            raise _fail(full_key, "is not a nanocluster setting", f"pulumi config rm {full_key}; {hint}")
+
+    cloud = str(raw.get("nanocluster:cloud") or "").strip()
+    if cloud not in CLOUDS:
+        raise _fail(
+            "nanocluster:cloud",
+            f"'{cloud}' is not a supported cloud" if cloud else "is not set",
+            f"pulumi config set nanocluster:cloud gcp (one of {', '.join(CLOUDS)})",
+        )
+    nodes = _int(raw, "nanocluster:nodes", 3)
+    if not 1 <= nodes <= MAX_NODES:
+        raise _fail("nanocluster:nodes", f"{nodes} is outside 1..{MAX_NODES}", "pulumi config set nanocluster:nodes 3")
+    disk_gb = _int(raw, "nanocluster:diskGb", 100)
+    if not MIN_DISK_GB <= disk_gb <= MAX_DISK_GB:
+        raise _fail(
+            "nanocluster:diskGb",
+            f"{disk_gb} GB is outside {MIN_DISK_GB}..{MAX_DISK_GB} (the venv and a tokenized dataset need ~{MIN_DISK_GB})",
+            "pulumi config set nanocluster:diskGb 100",
+        )
+    ssh_user = str(raw.get("nanocluster:sshUser") or "nanocluster")
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", ssh_user) or ssh_user in RESERVED_USERS:
+        raise _fail(
+            "nanocluster:sshUser",
+            f"'{ssh_user}' is not a usable login name (lowercase, at most 32 characters, not {', '.join(sorted(RESERVED_USERS))})",
+            "pulumi config set nanocluster:sshUser nanocluster",
+        )
+    profile = str(raw.get("nanocluster:profile") or "default")
+    if profile not in PROFILES:
+        raise _fail("nanocluster:profile", f"'{profile}' is not a node profile", "pulumi config set nanocluster:profile default (or intel)")
+    image = str(raw.get("nanocluster:image") or "").strip()
+    pattern, shape = IMAGE_FORMATS[cloud]
+    if image and not pattern.fullmatch(image):
+        raise _fail("nanocluster:image", f"'{image}' is not a {cloud} image reference", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
+    cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower()).strip("-")[:40]
+    region, zone, project = _location(raw, cloud, env)
+    return ClusterConfig(
+        cloud=cloud,
+        cluster_name=cluster_name,
+        machine=_machine(raw, cloud),
+        ssh_allowed_cidr=_cidr(raw),
+        region=region,
+        zone=zone,
+        project=project,
+        nodes=nodes,
+        disk_gb=disk_gb,
+        ssh_user=ssh_user,
+        spot=_bool(raw, "nanocluster:spot"),
+        public_workers=_bool(raw, "nanocluster:publicWorkers"),
+        bake_image=_bool(raw, "nanocluster:bakeImage"),
+        profile=profile,
+        image=image,
+        labels={"cluster": cluster_name, "managed-by": "pulumi", **_labels(raw.get("nanocluster:labels"), _owner())},
+    )
+
+
+def _stack_config() -> dict[str, object]:
+    """Every config value of the running stack (the engine's, over PULUMI_CONFIG's)."""
+    from pulumi.runtime import config as runtime_config
+
+    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+
+
+def from_pulumi() -> ClusterConfig:
+    """The running stack's configuration, validated."""
+    return parse(_stack_config(), pulumi.get_stack())

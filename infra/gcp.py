@@ -1,0 +1,141 @@
+"""GCP: a custom VPC, tag-scoped firewall rules, Cloud NAT and N Shielded VMs."""
+
+from __future__ import annotations
+
+import pulumi_gcp as gcp
+
+from infra.cluster import NODE_SUBNET_CIDR, CloudCluster
+
+UBUNTU = {"project": "ubuntu-os-cloud", "family": "ubuntu-2404-lts-amd64"}
+
+
+class GcpCluster(CloudCluster):
+    TYPE = "nanocluster:gcp:Cluster"
+
+    def declare(self) -> None:
+        cfg = self.config
+        name = cfg.cluster_name
+        member_tag, head_tag = f"{name}-node", f"{name}-head"
+        self.zone = cfg.zone
+
+        network = gcp.compute.Network(name, auto_create_subnetworks=False, opts=self.child())
+        subnet = gcp.compute.Subnetwork(
+            name,
+            network=network.id,
+            region=cfg.region,
+            ip_cidr_range=NODE_SUBNET_CIDR,
+            private_ip_google_access=True,
+            opts=self.child(),
+        )
+        # A custom VPC denies all ingress unless a rule allows it: these two are the only ones.
+        gcp.compute.Firewall(
+            f"{name}-intra-cluster",
+            network=network.id,
+            direction="INGRESS",
+            source_tags=[member_tag],
+            target_tags=[member_tag],
+            allows=[{"protocol": "all"}],
+            description="All traffic among the cluster's own nodes (DDP collectives, mpirun, ssh)",
+            opts=self.child(),
+        )
+        gcp.compute.Firewall(
+            f"{name}-ssh-head",
+            network=network.id,
+            direction="INGRESS",
+            source_ranges=[cfg.ssh_allowed_cidr],
+            target_tags=[head_tag],
+            allows=[{"protocol": "tcp", "ports": ["22"]}],
+            description="SSH to the head from nanocluster:sshAllowedCidr only",
+            opts=self.child(),
+        )
+        if self.nat_clients:
+            router = gcp.compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
+            gcp.compute.RouterNat(
+                name,
+                router=router.name,
+                region=cfg.region,
+                nat_ip_allocate_option="AUTO_ONLY",
+                source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+                subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
+                opts=self.child(),
+            )
+
+        image = cfg.image or gcp.compute.get_image(**UBUNTU).self_link
+        head_address = gcp.compute.Address(
+            f"{name}-head", region=cfg.region, address_type="EXTERNAL", labels=dict(cfg.labels), opts=self.child()
+        )
+        instances = []
+        for rank, node_name in enumerate(self.node_names):
+            access = []
+            if rank == 0:
+                access = [{"nat_ip": head_address.address}]
+            elif self.has_public_ip(rank):
+                access = [{}]  # an ephemeral public address (nanocluster:publicWorkers)
+            instances.append(
+                gcp.compute.Instance(
+                    node_name,
+                    name=node_name,
+                    zone=cfg.zone,
+                    machine_type=cfg.machine.name,
+                    tags=[member_tag, head_tag] if rank == 0 else [member_tag],
+                    labels={**cfg.labels, "rank": str(rank)},
+                    boot_disk={
+                        # Google encrypts every persistent disk at rest (Google-managed keys).
+                        "auto_delete": True,
+                        "initialize_params": {"image": image, "size": cfg.disk_gb, "type": "pd-balanced"},
+                    },
+                    network_interfaces=[
+                        {
+                            "subnetwork": subnet.id,
+                            "network_ip": self.planned_ip(rank),
+                            "nic_type": "GVNIC",  # C3 machines only take gVNIC
+                            "access_configs": access,
+                        }
+                    ],
+                    metadata={
+                        "user-data": self.user_data(rank),
+                        "block-project-ssh-keys": "true",
+                    },
+                    shielded_instance_config={
+                        "enable_secure_boot": True,
+                        "enable_vtpm": True,
+                        "enable_integrity_monitoring": True,
+                    },
+                    scheduling=self._scheduling(),
+                    allow_stopping_for_update=True,
+                    # No service account: nodes never call Google APIs.
+                    opts=self.child(ignore_changes=["bootDisk.initializeParams.image"]),
+                )
+            )
+
+        self.head_public_ip = head_address.address
+        self.private_ips = [i.network_interfaces.apply(lambda nics: nics[0].network_ip) for i in instances]
+        if cfg.bake_image:
+            snapshot = gcp.compute.Snapshot(
+                f"{name}-head",
+                source_disk=instances[0].boot_disk.source,
+                zone=cfg.zone,
+                labels=dict(cfg.labels),
+                opts=self.child(retain_on_delete=True),
+            )
+            baked = gcp.compute.Image(
+                f"{name}-node",
+                family=f"{name}-node",
+                source_snapshot=snapshot.self_link,
+                guest_os_features=[{"type": "GVNIC"}, {"type": "UEFI_COMPATIBLE"}],
+                labels=dict(cfg.labels),
+                opts=self.child(retain_on_delete=True),
+            )
+            self.baked_image = baked.self_link
+
+    def _scheduling(self) -> dict:
+        if self.config.spot:
+            return {
+                "provisioning_model": "SPOT",
+                "preemptible": True,
+                "automatic_restart": False,
+                "on_host_maintenance": "TERMINATE",
+                "instance_termination_action": "STOP",
+            }
+        return {"provisioning_model": "STANDARD", "automatic_restart": True, "on_host_maintenance": "MIGRATE"}
+

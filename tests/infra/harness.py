@@ -1,0 +1,180 @@
+"""Runs the Pulumi program against Pulumi's unit-test mocks: no CLI, no cloud, no network.
+
+Every resource the program registers is recorded (type, name, inputs as the engine would receive
+them, secret markers included); every invoke must be one the mocks know, anything else raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pulumi
+from pulumi.runtime import rpc
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+PROJECT = "nanocluster"
+SSH_CIDR = "203.0.113.7/32"
+HEAD_PUBLIC_IP = {"gcp": "34.1.2.3", "aws": "3.1.2.3", "azure": "20.1.2.3"}
+UBUNTU_GCP_IMAGE = "https://www.googleapis.com/compute/v1/projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20250601"
+UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
+AWS_ZONES = ["us-east-1c", "us-east-1a", "us-east-1b"]
+
+BASE_CONFIG = {
+    "gcp": {"nanocluster:cloud": "gcp", "gcp:project": "my-project", "gcp:zone": "us-central1-a"},
+    "aws": {"nanocluster:cloud": "aws", "aws:region": "us-east-1"},
+    "azure": {"nanocluster:cloud": "azure", "azure-native:location": "eastus"},
+}
+
+
+def stack_config(cloud: str, **settings: object) -> dict[str, str]:
+    """A valid config for `cloud`; keyword settings are nanocluster: keys (nodes=1, spot=True ...)."""
+    config = {**BASE_CONFIG[cloud], "nanocluster:sshAllowedCidr": SSH_CIDR}
+    for key, value in settings.items():
+        config[f"nanocluster:{key}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return config
+
+
+class UnmockedInvoke(AssertionError):
+    """The program called a data source the tests do not know: mock it, never reach a cloud."""
+
+
+def _fake_key(name: str) -> dict[str, str]:
+    body = base64.b64encode(name.encode()).decode()
+    return {
+        "privateKeyOpenssh": f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n-----END OPENSSH PRIVATE KEY-----\n",
+        "publicKeyOpenssh": f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5{body}\n",
+    }
+
+
+class ClusterMocks(pulumi.runtime.Mocks):
+    INVOKES: ClassVar[dict[str, Callable[[dict], dict]]] = {
+        "gcp:compute/getImage:getImage": lambda args: {"selfLink": UBUNTU_GCP_IMAGE, "family": args.get("family")},
+        "aws:ec2/getAmi:getAmi": lambda args: {"id": UBUNTU_AMI, "name": "ubuntu-noble-24.04-amd64-server-20250601"},
+        "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": lambda args: {
+            "id": "us-east-1", "locations": AWS_ZONES, "locationTypes": ["availability-zone"] * 3,
+        },
+    }
+    # Outputs a cloud computes, by resource type.
+    COMPUTED: ClassVar[dict[str, Callable[[str], dict]]] = {
+        "tls:index/privateKey:PrivateKey": lambda name: _fake_key(name),
+        "gcp:compute/address:Address": lambda name: {"address": HEAD_PUBLIC_IP["gcp"]},
+        "gcp:compute/image:Image": lambda name: {"selfLink": f"projects/my-project/global/images/{name}"},
+        "aws:ec2/eip:Eip": lambda name: {"publicIp": HEAD_PUBLIC_IP["aws"], "allocationId": f"eipalloc-{name}"},
+        "azure-native:network:PublicIPAddress": lambda name: {"ipAddress": HEAD_PUBLIC_IP["azure"]},
+    }
+
+    def __init__(self) -> None:
+        self.invokes: list[tuple[str, dict]] = []
+        self.recorded: list[Resource] = []
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invokes.append((args.token, args.args))
+        if args.token not in self.INVOKES:
+            raise UnmockedInvoke(f"unmocked invoke {args.token}({args.args})")
+        return self.INVOKES[args.token](args.args)
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        self.recorded.append(Resource(args.typ, args.name, args.inputs))
+        state = dict(args.inputs)
+        state.update(self.COMPUTED.get(args.typ, lambda name: {})(args.name))
+        return f"{args.name}-id", state
+
+
+@dataclass
+class Resource:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    """As the engine receives them: secret values stay wrapped (see is_secret / plain)."""
+
+    def get(self, *path: str | int) -> Any:
+        """A plain (unwrapped) input value by path, e.g. r.get("metadata", "user-data")."""
+        value: Any = plain(self.inputs)
+        for step in path:
+            value = value[step]
+        return value
+
+
+@dataclass
+class StackRun:
+    config: dict[str, str]
+    resources: list[Resource] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    secret_outputs: set[str] = field(default_factory=set)
+    invokes: list[tuple[str, dict]] = field(default_factory=list)
+
+    def of_type(self, type_: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def named(self, type_: str, name: str) -> Resource:
+        (match,) = [r for r in self.of_type(type_) if r.name == name]
+        return match
+
+
+def run_stack(config: dict[str, str], stack: str = "dev", program=None) -> StackRun:
+    """Run the program (infra.stack.build, or `program`) in a fresh runtime with fresh mocks."""
+    from infra.stack import build
+
+    mocks = ClusterMocks()
+    pulumi.runtime.reset_options(project=PROJECT, stack=stack)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(dict(config))
+    run = StackRun(config=dict(config))
+
+    async def collect() -> None:
+        (program or build)()
+        for key, value in pulumi.runtime.get_root_resource().outputs.items():
+            output = pulumi.Output.from_input(value)
+            run.outputs[key] = await output.future()
+            if await output.is_secret():
+                run.secret_outputs.add(key)
+
+    _sync_await(run_pulumi_func(lambda: _sync_await(collect())))
+    run.resources = mocks.recorded
+    run.invokes = mocks.invokes
+    return run
+
+
+def is_secret(value: Any) -> bool:
+    return rpc.is_rpc_secret(value)
+
+
+def plain(value: Any) -> Any:
+    """The value with every secret marker removed."""
+    if rpc.is_rpc_secret(value):
+        return plain(rpc.unwrap_rpc_secret(value))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def strings(value: Any, path: str = "", secret: bool = False) -> Iterator[tuple[str, str, bool]]:
+    """(path, string, inside a secret) for every string in a resource's inputs, encoded user data
+    (base64, base64+gzip) decoded, so a key hidden in an encoding is still seen."""
+    if rpc.is_rpc_secret(value):
+        yield from strings(rpc.unwrap_rpc_secret(value), path, True)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from strings(v, f"{path}.{k}" if path else str(k), secret)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from strings(v, f"{path}[{i}]", secret)
+    elif isinstance(value, str):
+        yield path, _decoded(value), secret
+
+
+def _decoded(text: str) -> str:
+    if len(text) < 64 or any(c.isspace() for c in text):
+        return text
+    try:
+        raw = base64.b64decode(text, validate=True)
+        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+    except (ValueError, OSError, UnicodeDecodeError):
+        return text
