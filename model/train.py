@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from model import distributed
+from model import distributed, hf
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.config import CKPT_NAME, SNAPSHOT_NAME, ConfigError, TrainConfig, load_config
 from model.data import DataError, TokenBatches
@@ -89,16 +89,14 @@ def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
 
 def pretrained_model(cfg: TrainConfig) -> GPT:
     """GPT-2 weights from the hub name or Hugging Face directory in init_from, cropped to block_size."""
-    from model import hf  # imported here: only rank 0 of a fine-tuning run needs it
-
-    model = hf.load_pretrained(cfg.init_from, dropout=cfg.model.dropout)
-    if cfg.block_size > model.config.block_size:
+    try:
+        return hf.load_pretrained(cfg.init_from, dropout=cfg.model.dropout, block_size=cfg.block_size)
+    except hf.HFCheckpointError as e:
+        raise ConfigError(f"init_from={cfg.init_from!r}: {e}") from None
+    except ValueError as e:  # the checkpoint's context is shorter than block_size
         raise ConfigError(
-            f"block_size must be <= {model.config.block_size} for {cfg.init_from}, got {cfg.block_size}"
-        )
-    if cfg.block_size < model.config.block_size:
-        model.crop_block_size(cfg.block_size)
-    return model
+            f"init_from={cfg.init_from!r} cannot train on block_size {cfg.block_size}: {e}"
+        ) from None
 
 
 # --- moving state from rank 0 to every rank ------------------------------------------------------
@@ -460,6 +458,21 @@ def is_peer_failure(error: BaseException) -> bool:
     )
 
 
+def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
+    """Join the job (several ranks), train to max_iters, leave; the finished Trainer is returned."""
+    distributed.check_world_size(env, cfg.expected_world_size)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    backend = distributed.resolve_backend(cfg.backend)
+    if env.world_size > 1:
+        distributed.init_process_group(env, backend, cfg.collective_timeout_s)
+    log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
+    trainer = Trainer(cfg, env)
+    trainer.run()
+    distributed.destroy_process_group()
+    return trainer
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -470,16 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = distributed.detect_rank_env()
         setup_logging(env.rank)
-        cfg = load_config(args.config, args.overrides)
-        distributed.check_world_size(env, cfg.expected_world_size)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        backend = distributed.resolve_backend(cfg.backend)
-        if env.world_size > 1:
-            distributed.init_process_group(env, backend, cfg.collective_timeout_s)
-        log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
-        Trainer(cfg, env).run()
-        distributed.destroy_process_group()
+        train(load_config(args.config, args.overrides), env)
         return 0
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,74 @@
+"""Real data parallelism: ranks agree, and agree with one process training on all their batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.config import load_config
+from model.data import TokenBatches
+from model.model import GPT
+from model.train import build_optimizer, learning_rate_at, scratch_model_config
+from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, wait_all
+
+pytestmark = pytest.mark.integration
+
+WORLD, ACCUMULATION, STEPS = 3, 2, 3
+
+
+def single_process_reference(cfg, steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One process, no DDP: each step averages the loss over every rank's micro-batches.
+    Returns the final parameters and each step's gradient norm before clipping."""
+    torch.manual_seed(cfg.seed)
+    model = GPT(scratch_model_config(cfg))
+    optimizer = build_optimizer(model, cfg)
+    readers = [TokenBatches(cfg.data_dir, cfg.block_size, cfg.batch_size, cfg.seed, r) for r in range(WORLD)]
+    norms = []
+    for iteration in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(iteration, cfg)
+        for reader in readers:
+            for micro_step in range(ACCUMULATION):
+                x, y = reader.get("train", iteration, micro_step)
+                (model(x, y)[1] / (WORLD * ACCUMULATION)).backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf")).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model.state_dict(), norms
+
+
+def test_three_gloo_ranks_with_accumulation_match_one_process_on_the_union(tmp_path, random_tokens):
+    args = [
+        *TINY_RUN,
+        f"data_dir={random_tokens}",
+        f"out_dir={tmp_path / 'run'}",
+        f"gradient_accumulation_steps={ACCUMULATION}",
+        f"max_iters={STEPS}",
+        "eval_interval=1000",
+        "learning_rate=3e-3",
+        "warmup_iters=1",
+        f"expected_world_size={WORLD}",
+        "backend=gloo",
+    ]
+    # AdamW barely notices a gradient scaled by a constant, but clipping does: a clip threshold
+    # 1.5x the first step's true norm leaves a correctly scaled step alone and clips one that sums
+    # the micro-batches instead of averaging them.
+    _, (first_norm,) = single_process_reference(load_config(None, [*args, "grad_clip=0"]), steps=1)
+    args.append(f"grad_clip={1.5 * first_norm}")
+    procs = launch_ranks(WORLD, args, tmp_path / "logs", driver=RANK_PARAMS_DRIVER)
+    assert wait_all(procs, tmp_path / "logs", timeout=120) == [0] * WORLD
+
+    ranks = [torch.load(tmp_path / "run" / f"rank{r}.pt") for r in range(WORLD)]
+    for other in ranks[1:]:
+        for name, tensor in ranks[0].items():
+            assert torch.equal(tensor, other[name]), f"{name} differs between ranks"
+
+    cfg = load_config(None, args)
+    reference, _ = single_process_reference(cfg, STEPS)
+    torch.manual_seed(cfg.seed)
+    initial = GPT(scratch_model_config(cfg)).state_dict()
+    moved = 0
+    for name, tensor in reference.items():
+        torch.testing.assert_close(ranks[0][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        moved += not torch.allclose(tensor, initial[name])
+    assert moved > len(reference) // 2  # the comparison is between trained weights, not two inits
