@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -47,7 +48,7 @@ REQUEST_KEYS = ("format_version", "source", "source_identity", "tokenizer", "val
                 "shards", "shard_index", "limit")
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -71,7 +72,7 @@ class PrepareConfig:
     """Field / column holding the text, for .jsonl, .parquet and hf: sources."""
     split: str = "train"
     """Which split of an hf: dataset to read (the output's own train/val split is made here)."""
-    workers: int = field(default_factory=_available_cores)
+    workers: int = field(default_factory=available_cores)
     """Tokenizer processes (>= 1); 1 tokenizes in this process. Does not change the output."""
     chunk_chars: int = 1 << 20
     """Documents are sent to the workers in chunks of about this many characters (> 0)."""
@@ -430,5 +431,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `kill` (e.g. fab stop) unwinds like Ctrl-C, so the temporary directory is removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -211,7 +212,14 @@ class HubSource(Source):
         return getattr(info, "num_examples", None) or None
 
     def documents(self) -> Iterator[str]:
-        for index, record in enumerate(self._open()):
+        records = iter(self._open())
+        for index in itertools.count():
+            try:
+                record = next(records)
+            except StopIteration:
+                return
+            except Exception as err:  # network or data errors while streaming
+                raise SourceError(f"{self.spec}: reading record {index} failed: {err}") from err
             missing = [c for c in self.columns if c not in record]
             if missing:
                 raise SourceError(f"{self.spec}: record {index} has no column {missing[0]!r} "
@@ -240,7 +248,7 @@ class FilesSource(Source):
         digest = hashlib.sha256()
         for path in self.files:
             stat = path.stat()
-            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+            digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
         return {"kind": "files", "files": len(self.files), "field": self.text_field,
                 "stat_sha256": digest.hexdigest()}
 

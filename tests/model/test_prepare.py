@@ -134,26 +134,41 @@ def test_rerun_with_matching_meta_does_nothing_and_a_changed_request_rebuilds(co
     assert leftovers(out) == []
 
 
-@pytest.mark.integration
-def test_killed_run_leaves_nothing_trusted_and_the_rerun_matches_an_uninterrupted_one(tmp_path):
-    source = tmp_path / "big.jsonl"
-    with open(source, "w") as f:  # ~16 MB: a few seconds of work, long enough to be killed mid-way
+def big_jsonl(path: Path) -> Path:
+    with open(path, "w") as f:  # ~16 MB: a few seconds of work, long enough to be stopped mid-way
         for text in english_documents(4000, seed=1, paragraphs=(10, 30)):
             f.write(json.dumps({"text": text}) + "\n")
-    out = tmp_path / "out"
+    return path
+
+
+def start_and_stop_midway(source: Path, out: Path, stop: signal.Signals) -> int:
+    """Run the CLI in its own session, send `stop` to it once it has written tokens; its exit code."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "model.prepare", str(source), "--out", str(out), "--workers", "2"],
-                            env=env, cwd=tmp_path, start_new_session=True,
+                            env=env, cwd=out.parent, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not any(p.stat().st_size for p in tmp_path.glob(".out.partial-*/train.bin")):
-            assert proc.poll() is None, "prepare finished before it could be interrupted"
+        while not any(p.stat().st_size for p in out.parent.glob(f".{out.name}.partial-*/train.bin")):
+            assert proc.poll() is None, "prepare finished before it could be stopped"
             assert time.monotonic() < deadline, "prepare wrote nothing within 60 s"
             time.sleep(0.01)
+        if stop == signal.SIGKILL:
+            os.killpg(proc.pid, stop)  # the run, its forkserver and its workers, with no chance to clean up
+        else:
+            proc.send_signal(stop)
+        return proc.wait(timeout=60)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the run, its forkserver and its workers
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_killed_run_leaves_nothing_trusted_and_the_rerun_matches_an_uninterrupted_one(tmp_path):
+    source = big_jsonl(tmp_path / "big.jsonl")
+    out = tmp_path / "out"
+    assert start_and_stop_midway(source, out, signal.SIGKILL) == -signal.SIGKILL
     assert not out.exists(), "an interrupted run must not leave output where the trainer looks"
     assert leftovers(out) and not any((tmp_path / name / "meta.json").exists() for name in leftovers(out))
 
@@ -161,6 +176,13 @@ def test_killed_run_leaves_nothing_trusted_and_the_rerun_matches_an_uninterrupte
     run(source, tmp_path / "reference", workers=2)
     assert output_bytes(out) == output_bytes(tmp_path / "reference")
     assert leftovers(out) == [], "the rerun removes what the killed run left"
+
+
+@pytest.mark.integration
+def test_terminated_run_cleans_up_after_itself(tmp_path):
+    out = tmp_path / "out"
+    assert start_and_stop_midway(big_jsonl(tmp_path / "big.jsonl"), out, signal.SIGTERM) == 143
+    assert not out.exists() and leftovers(out) == []
 
 
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
