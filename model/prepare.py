@@ -17,6 +17,7 @@ when complete; a rerun with a matching meta.json does nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
@@ -43,9 +44,6 @@ FORMAT_VERSION = 1
 TOKENIZER = "gpt2 (tiktoken r50k_base)"
 SPLITS = ("train", "val")
 META_NAME = "meta.json"
-# Keys of meta.json that describe the request; a rerun whose request matches them does nothing.
-REQUEST_KEYS = ("format_version", "source", "source_identity", "tokenizer", "val_fraction", "seed",
-                "shards", "shard_index", "limit")
 
 
 def available_cores() -> int:
@@ -125,6 +123,7 @@ class ChunkResult:
     tokens: dict[str, np.ndarray]
     """Per split: the chunk's documents in order, each followed by EOT, as uint16."""
     documents: dict[str, int]
+    """Per split: how many documents `tokens` holds."""
 
 
 def _encode(text: str) -> np.ndarray:
@@ -214,12 +213,13 @@ def _fsync_dir(path: Path) -> None:
 def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> dict[str, _SplitWriter]:
     plan = SplitPlan(config.val_fraction, config.seed, config.shards, config.shard_index)
     documents = source.documents()
-    total = source.total_documents()
-    if config.limit is not None:
+    if config.limit is None:
+        total = source.total_documents()
+    else:  # an upper bound, corrected at the end; counting a large source would be wasted work
         documents = itertools.islice(documents, config.limit)
-        total = config.limit if total is None else min(total, config.limit)
+        total = config.limit
     chunks = _chunks(documents, config.chunk_chars)
-    job = _TokenizeJob(plan)
+    job = functools.partial(tokenize_chunk, plan=plan)  # picklable for the pool
     writers = {split: _SplitWriter(directory / f"{split}.bin") for split in SPLITS}
     executor = None
     try:
@@ -241,7 +241,7 @@ def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> di
                 bar.update(result.seen)
                 rate = tokens / max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{tokens:,} tokens, {rate:,.0f} tok/s", refresh=False)
-            if bar.total is not None and bar.n < bar.total:  # an upper-bound total (blank jsonl lines)
+            if bar.total is not None and bar.n < bar.total:  # the total was an upper bound
                 bar.total = bar.n
                 bar.refresh()
     finally:
@@ -250,16 +250,6 @@ def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> di
         for writer in writers.values():
             writer.close()
     return writers
-
-
-@dataclass(frozen=True)
-class _TokenizeJob:
-    """Picklable callable for the pool: tokenize_chunk with a fixed plan."""
-
-    plan: SplitPlan
-
-    def __call__(self, documents: list[str]) -> ChunkResult:
-        return tokenize_chunk(documents, self.plan)
 
 
 def _check_splits(writers: dict[str, _SplitWriter], config: PrepareConfig) -> None:
@@ -343,13 +333,18 @@ def _remove_stale(out: Path) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _install(staging: Path, out: Path) -> None:
-    """Put the complete staging directory at `out`, replacing an older prepared dataset."""
-    if not out.exists():
-        os.rename(staging, out)
-    elif not out.is_dir() or (any(out.iterdir()) and not (out / META_NAME).exists()):
+def _check_replaceable(out: Path) -> None:
+    """`out` may be replaced only when absent, empty, or an earlier prepared dataset."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_NAME).exists())):
         raise PrepareError(f"{out} exists and is not a prepared dataset (no {META_NAME}); "
                            "choose a new or empty --out directory")
+
+
+def _install(staging: Path, out: Path) -> None:
+    """Put the complete staging directory at `out`, replacing an older prepared dataset."""
+    _check_replaceable(out)  # again: it may have changed while we worked
+    if not out.exists():
+        os.rename(staging, out)
     else:
         previous = out.parent / f".{out.name}.old-{os.getpid()}-{time.time_ns()}"
         os.rename(out, previous)
@@ -368,6 +363,7 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
             f"shard {config.shard_index}/{config.shards}); nothing to do")
         return meta
     gpt2_encoding()  # fail here, before any work, when the vocabulary is missing
+    _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
