@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -419,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         prepare(config)
     except (SourceError, PrepareError, TokenizerUnavailable, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except BrokenProcessPool as err:
+        print(f"error: a tokenizer worker died ({err}); if memory ran out, use fewer --workers", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written (run again to prepare)", file=sys.stderr)
