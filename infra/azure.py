@@ -79,6 +79,7 @@ class AzureCluster(CloudCluster):
         head_public_ip = None
         nics, vms = [], []
         for rank, node_name in enumerate(self.node_names):
+            node_in_group = {**in_group, "tags": {**cfg.labels, "rank": str(rank)}}
             ip_configuration = {
                 "name": "primary",
                 "primary": True,
@@ -89,14 +90,14 @@ class AzureCluster(CloudCluster):
             }
             if self.has_public_ip(rank):
                 address = azure.network.PublicIPAddress(
-                    node_name, sku={"name": "Standard"}, public_ip_allocation_method="Static", **in_group, opts=self.child(),
+                    node_name, sku={"name": "Standard"}, public_ip_allocation_method="Static", **node_in_group, opts=self.child(),
                 )
                 ip_configuration["public_ip_address"] = {"id": address.id}
                 if rank == 0:
                     head_public_ip = address.ip_address
             nic = azure.network.NetworkInterface(
                 node_name, ip_configurations=[ip_configuration], enable_accelerated_networking=True,
-                **in_group, opts=self.child(),
+                **node_in_group, opts=self.child(),
             )
             nics.append(nic)
             vms.append(
@@ -137,7 +138,7 @@ class AzureCluster(CloudCluster):
                         {"priority": "Spot", "eviction_policy": "Deallocate", "billing_profile": {"max_price": -1}}
                         if cfg.spot else {}
                     ),
-                    **in_group,
+                    **node_in_group,
                     opts=self.child(),
                 )
             )

@@ -152,7 +152,7 @@ def _owner() -> str:
     return name or "unknown"
 
 
-def _cidr(raw: Mapping[str, object]) -> str:
+def _cidr(raw: Mapping[str, object], allow_world: bool) -> str:
     key = "nanocluster:sshAllowedCidr"
     value = str(raw.get(key) or "").strip()
     example = "pulumi config set nanocluster:sshAllowedCidr 203.0.113.7/32 (your address: curl -4 ifconfig.me)"
@@ -164,7 +164,7 @@ def _cidr(raw: Mapping[str, object]) -> str:
         raise _fail(key, f"'{value}' is not an IPv4 CIDR such as 203.0.113.7/32", example) from None
     if "/" not in value or str(network) != value:
         raise _fail(key, f"'{value}' is not a network address with a prefix length", f"use {network}")
-    if network.prefixlen == 0 and not _bool(raw, "nanocluster:allowSshFromAnywhere"):
+    if network.prefixlen == 0 and not allow_world:
         raise _fail(
             key,
             "0.0.0.0/0 opens the head's SSH port to the whole internet",
@@ -182,7 +182,7 @@ def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
     if machine is not None and machine.cloud != cloud:
         raise _fail(
             key,
-            f"'{name}' is a {machine.cloud} machine type but nanocluster:cloud is {cloud}",
+            f"'{name}' is a machine type of {machine.cloud}, but nanocluster:cloud is {cloud}",
             f"pulumi config set {key} {DEFAULT_MACHINE_TYPE[cloud]} (or one of {', '.join(known)})",
         )
     if machine is None:
@@ -257,14 +257,14 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     image = str(raw.get("nanocluster:image") or "").strip()
     pattern, shape = IMAGE_FORMATS[cloud]
     if image and not pattern.fullmatch(image):
-        raise _fail("nanocluster:image", f"'{image}' is not a {cloud} image reference", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
+        raise _fail("nanocluster:image", f"'{image}' is not an image reference for {cloud}", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
     cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower()).strip("-")[:40]
     region, zone, project = _location(raw, cloud, env)
     return ClusterConfig(
         cloud=cloud,
         cluster_name=cluster_name,
         machine=_machine(raw, cloud),
-        ssh_allowed_cidr=_cidr(raw),
+        ssh_allowed_cidr=_cidr(raw, _bool(raw, "nanocluster:allowSshFromAnywhere")),
         region=region,
         zone=zone,
         project=project,

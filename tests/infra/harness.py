@@ -7,6 +7,7 @@ them, secret markers included); every invoke must be one the mocks know, anythin
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,9 +32,9 @@ BASE_CONFIG = {
 }
 
 
-def stack_config(cloud: str, **settings: object) -> dict[str, str]:
-    """A valid config for `cloud`; keyword settings are nanocluster: keys (nodes=1, spot=True ...)."""
-    config = {**BASE_CONFIG[cloud], "nanocluster:sshAllowedCidr": SSH_CIDR}
+def stack_config(base: str, /, **settings: object) -> dict[str, str]:
+    """A valid config for cloud `base`; keyword settings set nanocluster: keys (nodes=1, spot=True ...)."""
+    config = {**BASE_CONFIG[base], "nanocluster:sshAllowedCidr": SSH_CIDR}
     for key, value in settings.items():
         config[f"nanocluster:{key}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return config
@@ -79,16 +80,19 @@ class ClusterMocks(pulumi.runtime.Mocks):
         return self.INVOKES[args.token](args.args)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.recorded.append(Resource(args.typ, args.name, args.inputs))
+        resource = Resource(args.typ, args.name, f"{args.name}-id", args.inputs)
+        self.recorded.append(resource)
         state = dict(args.inputs)
         state.update(self.COMPUTED.get(args.typ, lambda name: {})(args.name))
-        return f"{args.name}-id", state
+        return resource.id, state
 
 
 @dataclass
 class Resource:
     type: str
     name: str
+    id: str
+    """What the mocks assigned: "<name>-id"."""
     inputs: dict[str, Any]
     """As the engine receives them: secret values stay wrapped (see is_secret / plain)."""
 
@@ -114,6 +118,16 @@ class StackRun:
     def named(self, type_: str, name: str) -> Resource:
         (match,) = [r for r in self.of_type(type_) if r.name == name]
         return match
+
+    def by_id(self, id_: str) -> Resource:
+        (match,) = [r for r in self.resources if r.id == id_]
+        return match
+
+
+@functools.cache
+def cached_stack(cloud: str, nodes: int, **settings: object) -> StackRun:
+    """run_stack(stack_config(cloud, nodes=nodes, **settings)), once per session: treat as read-only."""
+    return run_stack(stack_config(cloud, nodes=nodes, **settings))
 
 
 def run_stack(config: dict[str, str], stack: str = "dev", program=None) -> StackRun:
