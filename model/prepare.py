@@ -211,6 +211,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _LineStream:
+    """A progress bar redrawn with carriage returns, as one line per update (for logs and `fab`)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if line := text.replace("\r", "").rstrip():
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> dict[str, _SplitWriter]:
     plan = SplitPlan(config.val_fraction, config.seed, config.shards, config.shard_index)
     documents = source.documents()
@@ -232,7 +246,8 @@ def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> di
             results = map(job, chunks)
         interactive = sys.stderr.isatty()
         with tqdm(total=total, unit="doc", desc=f"tokenizing {config.source}",
-                  mininterval=0.5 if interactive else 30, file=sys.stderr) as bar:
+                  mininterval=0.5 if interactive else 30,
+                  file=sys.stderr if interactive else _LineStream(sys.stderr)) as bar:
             started = time.monotonic()
             tokens = 0
             for result in results:

@@ -266,3 +266,13 @@ def test_limit_takes_the_first_documents_of_the_source(corpus, tmp_path):
     found = documents_per_split(tmp_path / "out")
     decoded = sorted(encoding.decode(list(d[:-1])) for split in found.values() for d in split)
     assert decoded == sorted(documents[:50]) and meta["limit"] == 50
+
+
+def test_progress_in_a_log_is_one_line_per_update_with_documents_and_tokens_per_second(corpus, tmp_path, capsys):
+    source, documents = corpus
+    assert main([str(source), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
+    captured = capsys.readouterr()
+    progress = captured.err.splitlines()
+    assert "\r" not in captured.err and progress[-1].startswith("tokenizing")
+    assert f"{len(documents)}/{len(documents)}" in progress[-1] and "tok/s" in progress[-1]
+    assert captured.out.startswith("prepared ") and "val" in captured.out
