@@ -1,0 +1,177 @@
+"""One GPT-2-small training step on this CPU: tokens/s and MFU in fp32, bf16 autocast and bf16 + compile.
+
+    python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile]
+
+A step is forward + backward + AdamW (model.precision.adamw, the trainer's optimizer) on one
+1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
+without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
+this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
+
+Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per mode and one
+mode's allocator state or compile caches do not leak into the next. The last line is a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODES = {
+    # name: (mixed_precision, compile)
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "bf16+compile": ("bf16", True),
+}
+PEAK_SIZES = (2048, 4096)
+CHILD_TIMEOUT_S = 1200  # a cold torch.compile of GPT-2 takes a minute or two on 2 busy cores
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss is in KiB on Linux
+
+
+def measure_matmul_peaks(reps: int = 4) -> dict[str, float]:
+    """Best FLOP/s of square matmuls in fp32 and bf16 on the current threads."""
+    import torch
+
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        best = 0.0
+        for n in PEAK_SIZES:
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            torch.mm(a, b)  # warm-up: oneDNN picks and caches its kernel
+            for _ in range(reps):
+                start = time.perf_counter()
+                torch.mm(a, b)
+                best = max(best, 2 * n**3 / (time.perf_counter() - start))
+        peaks[name] = best
+    return peaks
+
+
+def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batch_size: int) -> dict:
+    """Median time of a training step after warm-up (compilation happens in the warm-up)."""
+    import torch
+
+    from model.model import GPT, GPTConfig
+    from model.precision import adamw, autocast, maybe_compile, resolve_dtype
+
+    mixed_precision, compile_model = MODES[mode]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=block_size))
+    optimizer = adamw(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    dtype = resolve_dtype(mixed_precision)
+    forward = maybe_compile(model, compile_model)
+    x = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
+    y = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
+
+    times = []
+    for i in range(warmup + iters):
+        start = time.perf_counter()
+        with autocast(dtype):
+            _, loss = forward(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        if i >= warmup:
+            times.append(elapsed)
+        print(f"  {mode} step {i + 1}/{warmup + iters}: {elapsed:.2f} s" + (" (warm-up)" if i < warmup else ""),
+              file=sys.stderr, flush=True)
+    step_s = statistics.median(times)
+    tokens = batch_size * block_size
+    return {
+        "mode": mode,
+        "step_s": step_s,
+        "spread": (max(times) - min(times)) / step_s,
+        "tokens_per_s": tokens / step_s,
+        "flops_per_token": model.flops_per_token(block_size),
+        "params": model.num_params(),
+        "peak_rss_gb": peak_rss_gb(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_child(args: argparse.Namespace, what: str) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", what, "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--block-size", str(args.block_size),
+           "--batch-size", str(args.batch_size)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"error: {what} did not finish within {CHILD_TIMEOUT_S} s")
+    if proc.returncode != 0:
+        sys.exit(f"error: {what} failed with exit code {proc.returncode} (see its stderr above)")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_main(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child == "peak":
+        result = {"peaks": measure_matmul_peaks(), "threads": torch.get_num_threads()}
+    else:
+        result = measure_train_step(args.child, args.iters, args.warmup, args.block_size, args.batch_size)
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=5, help="measured steps per mode (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (compilation happens here)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
+    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(args)
+        return
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    if args.iters < 1 or args.warmup < 1:
+        parser.error("--iters and --warmup must be >= 1")
+
+    peak = run_child(args, "peak")
+    peaks = peak["peaks"]
+    print(f"matmul peak, {peak['threads']} threads: fp32 {peaks['fp32'] / 1e12:.2f} TFLOP/s, "
+          f"bf16 {peaks['bf16'] / 1e12:.2f} TFLOP/s (square GEMMs {', '.join(map(str, PEAK_SIZES))})")
+    results = {mode: run_child(args, mode) for mode in modes}
+    first = next(iter(results.values()))
+    print(f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
+          f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW")
+    print(f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU bf16':>10}"
+          f"{'peak RSS':>10}{'spread':>8}")
+    for mode, r in results.items():
+        achieved = r["tokens_per_s"] * r["flops_per_token"]
+        own_peak = peaks["bf16" if MODES[mode][0] == "bf16" else "fp32"]
+        print(f"{mode:<14}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
+              f"{achieved / own_peak:>9.1%}{achieved / peaks['bf16']:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
+              f"{r['spread']:>8.0%}")
+    best_mode = max(results, key=lambda m: results[m]["tokens_per_s"])
+    best = results[best_mode]
+    best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks["bf16"]
+    summary = (f"train_step: best {best_mode} {best['tokens_per_s']:.0f} tokens/s, "
+               f"MFU {best_mfu:.1%} of measured bf16 peak {peaks['bf16'] / 1e12:.2f} TFLOP/s")
+    if "fp32" in results:
+        fp32 = results["fp32"]
+        summary += (f", {best['tokens_per_s'] / fp32['tokens_per_s']:.2f}x fp32 eager "
+                    f"({fp32['tokens_per_s']:.0f} tokens/s), peak RSS {best['peak_rss_gb']:.2f} GB "
+                    f"vs fp32 {fp32['peak_rss_gb']:.2f} GB")
+    print(summary + f"; {best['threads']} threads")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Precision and CPU-acceleration choices (model.precision)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from model import precision
+from model.precision import autocast, cpu_bf16_capable, ipex_skip_reason, maybe_ipex_optimize, resolve_dtype
+
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+COOPER_LAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+SKYLAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+# Near-miss names must not count: amx_bf16 is not amx_bf16x, avx512_bf16 is not avx512bw.
+LOOKALIKES = "processor\t: 0\nflags\t\t: amx_tile amx_int8 avx512_fp16 avx512bw avx512_bf16x\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "capable"),
+    [(SAPPHIRE_RAPIDS, True), (COOPER_LAKE, True), (SKYLAKE, False), (LOOKALIKES, False), ("", False)],
+)
+def test_bf16_capability_comes_from_the_cpu_flags(cpuinfo: str, capable: bool) -> None:
+    assert cpu_bf16_capable(cpuinfo) is capable
+
+
+@pytest.mark.parametrize(
+    ("mixed_precision", "cpuinfo", "dtype"),
+    [
+        ("auto", SAPPHIRE_RAPIDS, torch.bfloat16),
+        ("auto", COOPER_LAKE, torch.bfloat16),
+        ("auto", SKYLAKE, torch.float32),
+        ("fp32", SAPPHIRE_RAPIDS, torch.float32),
+        ("bf16", SAPPHIRE_RAPIDS, torch.bfloat16),
+    ],
+)
+def test_resolve_dtype(mixed_precision: str, cpuinfo: str, dtype: torch.dtype) -> None:
+    assert resolve_dtype(mixed_precision, cpuinfo) == dtype
+
+
+def test_explicit_bf16_without_native_support_is_honoured_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="model.precision"):
+        assert resolve_dtype("bf16", SKYLAKE) == torch.bfloat16
+    assert "bf16 is emulated and slower than fp32" in caplog.text
+
+
+def test_unknown_mixed_precision_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="mixed_precision must be one of auto, fp32, bf16, got 'fp16'"):
+        resolve_dtype("fp16", SAPPHIRE_RAPIDS)
+
+
+def test_autocast_runs_matmuls_in_bf16_and_is_a_no_op_for_fp32() -> None:
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    with autocast(torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    with autocast(torch.float32):
+        assert layer(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("ipex_version", "torch_version", "usable"),
+    [
+        ("2.13.0+cpu", "2.13.0+cpu", True),
+        ("2.13.10", "2.13.1", True),
+        ("2.3.100", "2.13.0", False),  # 2.3 is not 2.13: compare numbers, not string prefixes
+        ("2.12.0", "2.13.0", False),
+        (None, "2.13.0", False),
+    ],
+)
+def test_ipex_is_usable_only_for_the_same_torch_major_minor(
+    ipex_version: str | None, torch_version: str, usable: bool
+) -> None:
+    assert (ipex_skip_reason(ipex_version, torch_version) is None) is usable
+
+
+def test_mismatched_ipex_is_skipped_without_importing_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A mismatched IPEX calls exit(127) on import, so it must never be imported.
+    monkeypatch.setattr(precision, "_installed_ipex_version", lambda: "1.13.0")
+    imported = []
+    monkeypatch.setattr(precision, "_import_ipex", lambda: imported.append("ipex"))
+    model, optimizer = torch.nn.Linear(2, 2), None
+    with caplog.at_level(logging.WARNING, logger="model.precision"):
+        assert maybe_ipex_optimize(model, optimizer, torch.bfloat16) == (model, optimizer, False)
+    assert imported == []
+    assert "IPEX skipped: intel-extension-for-pytorch 1.13.0 is built for a different torch" in caplog.text
+
+
+def test_matching_ipex_optimizes_model_and_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    class FakeIpex:
+        __version__ = torch.__version__
+
+        @staticmethod
+        def optimize(model, optimizer=None, dtype=None):
+            calls.append(dtype)
+            return model, optimizer
+
+    monkeypatch.setattr(precision, "_installed_ipex_version", lambda: torch.__version__)
+    monkeypatch.setattr(precision, "_import_ipex", lambda: FakeIpex)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert maybe_ipex_optimize(model, optimizer, torch.bfloat16) == (model, optimizer, True)
+    assert calls == [torch.bfloat16]
+
+
+def test_adamw_uses_the_fused_kernel() -> None:
+    optimizer = precision.adamw(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    assert optimizer.defaults["fused"] is True
+
+
+def test_compile_only_when_enabled() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert precision.maybe_compile(model, enabled=False) is model
+    assert precision.maybe_compile(model, enabled=True) is not model
