@@ -83,6 +83,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
         resource = Resource(args.typ, args.name, f"{args.name}-id", args.inputs)
         self.recorded.append(resource)
         state = dict(args.inputs)
+        state.setdefault("name", args.name)  # what a provider names a resource given no name
         state.update(self.COMPUTED.get(args.typ, lambda name: {})(args.name))
         return resource.id, state
 

@@ -79,7 +79,7 @@ def _aws(run: StackRun, cidr: str, public_workers: bool) -> list[str]:
         if rule.get("referencedSecurityGroupId") == group_id:
             continue  # members only
         sources = [rule[k] for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "referencedSecurityGroupId") if rule.get(k)]
-        ports = [str(rule.get("fromPort"))] if rule.get("fromPort") == rule.get("toPort") else ["range"]
+        ports = [f"{rule['fromPort']:.0f}"] if rule.get("fromPort") is not None and rule.get("fromPort") == rule.get("toPort") else ["range"]
         reached = [i.name for i in instances if group_id in (i.get().get("vpcSecurityGroupIds") or [])]
         if sources != [cidr] or not _ssh_only(str(rule.get("ipProtocol")), ports) or reached != [_head(instances).name]:
             found.append(f"aws ingress {name}: {sources} -> {rule.get('ipProtocol')}:{ports[0]} on {reached}")
@@ -91,7 +91,7 @@ def _aws(run: StackRun, cidr: str, public_workers: bool) -> list[str]:
             found.append(f"aws instance {instance.name}: a worker with a public address")
         if (values.get("metadataOptions") or {}).get("httpTokens") != "required":
             found.append(f"aws instance {instance.name}: IMDSv1 allowed (metadata_options.http_tokens is not 'required')")
-        disks = [values.get("rootBlockDevice") or {}] + list(values.get("ebsBlockDevices") or [])
+        disks = [values.get("rootBlockDevice") or {}, *(values.get("ebsBlockDevices") or [])]
         if not all(d.get("encrypted") is True for d in disks):
             found.append(f"aws instance {instance.name}: an unencrypted EBS volume")
     for volume in run.of_type("aws:ebs/volume:Volume"):
@@ -137,7 +137,7 @@ def _azure(run: StackRun, cidr: str, public_workers: bool) -> list[str]:
             found.append(f"azure nsg {group_name} rule {rule.get('name')}: {prefixes} -> {rule.get('protocol')}:{ports} on {reached or 'every NIC'}")
     for nic in nics:
         worker = _rank(nic.get().get("tags")) != "0"
-        if worker and not public_workers and any(c.get("publicIpAddress") for c in nic.get("ipConfigurations")):
+        if worker and not public_workers and any(c.get("publicIPAddress") for c in nic.get("ipConfigurations")):
             found.append(f"azure nic {nic.name}: a worker with a public address")
     for vm in run.of_type("azure-native:compute:VirtualMachine"):
         os_disk = vm.get("storageProfile", "osDisk")
