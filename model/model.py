@@ -152,11 +152,8 @@ class GPT(nn.Module):
         T = seq_len or c.block_size
         return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given
-        (positions with target -1 are ignored)."""
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) token ids -> final LayerNorm output (B, T, n_embd), the input of lm_head."""
         _, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -166,7 +163,14 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given
+        (positions with target -1 are ignored)."""
+        logits = self.lm_head(self.hidden_states(idx))
         if targets is None:
             return logits, None
         loss = F.cross_entropy(
@@ -181,7 +185,8 @@ class GPT(nn.Module):
                 f"block_size must be in [1, {self.config.block_size}] to crop this model, got {block_size}"
             )
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        # A copy, not a view: a view would keep (and torch.save would write) the full table.
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight.detach()[:block_size].clone())
 
     @torch.no_grad()
     def generate(
@@ -192,11 +197,17 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 means greedy."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0 means greedy.
+
+        Contexts longer than block_size keep their last block_size tokens."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size :]
-            logits, _ = self(context)
-            logits = logits[:, -1, :].float()
+            # Only the last position's logits are needed: skips (T-1) x vocab of the largest matmul.
+            logits = self.lm_head(self.hidden_states(context)[:, -1, :]).float()
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
