@@ -1,0 +1,153 @@
+"""nanocluster's Fabric tasks: `fab -l` lists them, `fab --help TASK` explains each flag.
+
+Every task takes --cluster: `local` (default: ranks as processes on this machine), `stack` or
+`stack:NAME` (a Pulumi stack's outputs), or a path to a JSON file in the output contract
+(bring-your-own machines). NANOCLUSTER_CLUSTER sets the default.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import wraps
+
+from fabric import task
+from invoke.exceptions import Exit
+
+from launcher import tasks
+
+CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
+RUN_HELP = "run name: the directory runs/<run> on the nodes (default main)"
+
+
+def _errors_to_exit(fn):
+    """A TaskError is the user's to fix: one `error:` line and exit 1, no traceback."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            result = fn(*args, **kwargs)
+        except tasks.TaskError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise Exit(code=1) from None
+        if isinstance(result, int) and result:
+            raise Exit(code=result)
+
+    return wrapper
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "profile": "node environment: default (stock CPU torch, gloo) or intel (IPEX + oneCCL + Intel MPI)",
+    "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
+    "skip_system_packages": "no apt on the nodes (python3-venv must be there already)",
+    "nodes": "only the first N nodes (default all)",
+})
+@_errors_to_exit
+def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=False, nodes=None):
+    """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
+    tasks.setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
+                nodes=int(nodes) if nodes else None)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "source": "what to tokenize: builtin (default), shakespeare, openwebtext, alpaca, hf:OWNER/NAME, or files",
+    "dataset": "directory name under data/ (default derived from --source)",
+    "nodes": "only the first N nodes (default all)",
+    "val_fraction": "share of documents for val.bin (default model.prepare's)",
+    "seed": "seed of the train/val split",
+    "limit": "read only the first N documents of the source",
+})
+@_errors_to_exit
+def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
+                 limit=None):
+    """Tokenize a dataset once on the head and copy it to every node, checksummed."""
+    tasks.prepare_data(cluster, source=source, dataset=dataset, nodes=int(nodes) if nodes else None,
+                       val_fraction=float(val_fraction) if val_fraction is not None else None,
+                       seed=int(seed) if seed is not None else None, limit=int(limit) if limit else None)
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "cluster": CLUSTER_HELP,
+        "nodes": "ranks to run, one per node (the local cluster: processes); default every node",
+        "run": RUN_HELP + "; a rerun of the same name resumes from its snapshot",
+        "dataset": "data/<dataset> to train on (default builtin)",
+        "launcher": "fabric (default: each rank started over SSH), mpirun (Intel MPI from the head) or torchrun",
+        "backend": "auto (ccl where the bindings import, else gloo), ccl or gloo",
+        "port": "rendezvous port on the head (default 29500)",
+        "config": "trainer YAML (default: the quickstart config on the local cluster, trainer defaults elsewhere)",
+        "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",
+        "dry_run": "print every rendered file and command, start nothing",
+        "collective_timeout": "seconds a rank waits for a lost peer before failing (default 120)",
+    },
+)
+@_errors_to_exit
+def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
+          port=29500, config=None, set_=None, dry_run=False, collective_timeout=120.0):
+    """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
+    tasks.train(cluster, nodes=int(nodes) if nodes else None, run=run, dataset=dataset, launcher=launcher,
+                backend=backend, port=int(port), config=config, overrides=list(set_ or []), dry_run=dry_run,
+                collective_timeout_s=float(collective_timeout))
+
+
+@task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
+@_errors_to_exit
+def status(c, cluster=None, run="main"):
+    """Nodes up/down, readiness, job state and last iteration/loss/tokens per second, as a table."""
+    return tasks.status(cluster, run=run)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "run": RUN_HELP,
+    "rank": "only this rank (default every rank)",
+    "lines": "lines of history per rank (default 50)",
+    "follow": "keep streaming new lines until Ctrl-C",
+})
+@_errors_to_exit
+def logs(c, cluster=None, run="main", rank=None, lines=50, follow=False):
+    """Show (or follow) each rank's log from its node."""
+    tasks.logs(cluster, run=run, rank=int(rank) if rank is not None else None, lines=int(lines), follow=follow)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "run": RUN_HELP,
+    "prompt": "text to continue (default: the start of a document)",
+    "max_new_tokens": "tokens to generate (default 100)",
+    "temperature": "sampling temperature (default 0.8; 0 is greedy)",
+    "top_k": "sample among the K most likely tokens (default 200)",
+    "seed": "random seed; the same seed gives the same text",
+})
+@_errors_to_exit
+def sample(c, cluster=None, run="main", prompt="", max_new_tokens=100, temperature=0.8, top_k=200, seed=1337):
+    """Print text generated by the run's best checkpoint (ckpt.pt, else snapshot.pt) on the head."""
+    tasks.sample(cluster, run=run, prompt=prompt, max_new_tokens=int(max_new_tokens),
+                 temperature=float(temperature), top_k=int(top_k), seed=int(seed))
+
+
+@task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP, "dest": "local directory (default runs/<run>)"})
+@_errors_to_exit
+def fetch(c, cluster=None, run="main", dest=None):
+    """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
+    tasks.fetch(cluster, run=run, dest=dest)
+
+
+@task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
+@_errors_to_exit
+def stop(c, cluster=None, run="main"):
+    """Stop every rank of a run on every node (TERM, then KILL after 10 s)."""
+    tasks.stop(cluster, run=run)
+
+
+@task(help={
+    "cluster": CLUSTER_HELP,
+    "dataset": "dataset whose checksums to verify on every node (default builtin)",
+    "port": "rendezvous port to test between the nodes (default 29500)",
+})
+@_errors_to_exit
+def doctor(c, cluster=None, dataset="builtin", port=29500):
+    """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums; each failure with its fix."""
+    return tasks.doctor(cluster, dataset=dataset, port=int(port))

@@ -1,0 +1,280 @@
+"""Which machines the launcher drives: a Pulumi stack, a JSON file in the output contract, or this machine.
+
+Every source ends as the same validated `Cluster`. The contract is the one `infra/` exports
+(DESIGN.md, "The output contract"); a person bringing their own machines writes the same JSON by
+hand with cloud "static", and the integration tests describe their sshd test nodes with it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
+"""Environment variable naming the cluster when --cluster is not given."""
+LOCAL_HOME_ENV = "NANOCLUSTER_HOME"
+"""Where the local cluster keeps data and runs (default ~/nanocluster, the same layout as a node)."""
+
+CLOUDS = ("gcp", "aws", "azure", "static", "local")
+HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+STACK_TIMEOUT_S = 60
+
+
+class InventoryError(ValueError):
+    """The cluster description is missing, unreadable or breaks the contract; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the cluster; rank order is the contract's list order."""
+
+    index: int
+    """Position in the contract's lists (node 0 is the head)."""
+    name: str
+    """Node name (also the alias in the rendered ssh config)."""
+    private_ip: str
+    """Address inside the cluster network; ranks rendezvous on the head's."""
+    host_public_key: str
+    """The node's SSH host key ("TYPE BASE64"), pinned in known_hosts; empty for the local cluster."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A validated output contract (see DESIGN.md) plus where it came from."""
+
+    source: str
+    """Human description of where this came from (printed by every task)."""
+    cloud: str
+    """One of CLOUDS."""
+    cluster_name: str
+    """Name used for every resource; also names the local state directory."""
+    nodes: tuple[Node, ...]
+    """Every node, head first."""
+    cores_per_node: int
+    """Physical cores per node; OMP threads per rank are derived from it."""
+    ssh_user: str = ""
+    """Login user on every node (empty for the local cluster)."""
+    head_public_ip: str = ""
+    """The one address reachable from this machine; workers are reached through it."""
+    ssh_private_key: str = field(default="", repr=False)
+    """OpenSSH private key of the cluster (secret; never printed)."""
+    ssh_public_key: str = ""
+    """Its public half, authorized on every node."""
+    cpu_flags: tuple[str, ...] = ()
+    """CPU features that matter (amx_bf16, avx512_bf16), empty if unknown."""
+    machine_type: str = ""
+    """Machine type, for display."""
+    region: str = ""
+    """Region or zone, for display."""
+    hourly_cost_usd: float | None = None
+    """Cost of the whole cluster per hour, for display."""
+    node_python: str = ""
+    """Python with the node environment on every node; empty means the bootstrap's ~/nanocluster/venv."""
+    is_local: bool = False
+    """The built-in local cluster: ranks are processes on this machine, started without SSH."""
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    def describe(self) -> str:
+        extra = ", ".join(x for x in (self.machine_type, self.region) if x)
+        cost = f", ${self.hourly_cost_usd:.2f}/h" if self.hourly_cost_usd is not None else ""
+        where = "this machine" if self.is_local else f"head {self.head_public_ip}"
+        return (
+            f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
+            f"{len(self.nodes)} node(s), {self.cores_per_node} cores each, {where}; from {self.source}"
+        )
+
+
+def physical_cores() -> int:
+    """Physical cores of this machine (hyperthreads do not help GEMM-bound training)."""
+    cores: set[tuple[str, str]] = set()
+    physical = core = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "physical id":
+                physical = value
+            elif key == "core id":
+                core = value
+                cores.add((physical, core))
+    except OSError:
+        pass
+    return len(cores) or os.cpu_count() or 1
+
+
+def local_home() -> Path:
+    return Path(os.environ.get(LOCAL_HOME_ENV) or Path.home() / "nanocluster").expanduser().resolve()
+
+
+def local_cluster(nodes: int) -> Cluster:
+    """N ranks as processes on this machine, sharing local_home() as their node root."""
+    if nodes < 1:
+        raise InventoryError(f"the local cluster needs at least 1 node, got {nodes}")
+    flags = ()
+    try:
+        cpuinfo = set(Path("/proc/cpuinfo").read_text().split())
+        flags = tuple(f for f in ("amx_bf16", "avx512_bf16") if f in cpuinfo)
+    except OSError:
+        pass
+    return Cluster(
+        source=f"the local cluster in {local_home()} ({nodes} rank(s) as processes on this machine)",
+        cloud="local",
+        cluster_name="local",
+        nodes=tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(nodes)),
+        cores_per_node=physical_cores(),
+        cpu_flags=flags,
+        node_python=sys.executable,
+        is_local=True,
+    )
+
+
+def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
+    """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME" or a JSON path."""
+    spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
+    if spec == "local":
+        return local_cluster(local_nodes)
+    if spec == "stack" or spec.startswith("stack:"):
+        stack = spec.partition(":")[2]
+        return parse_contract(read_stack_outputs(stack), f"Pulumi stack {stack or '(selected)'}")
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise InventoryError(
+            f"cluster {spec!r} is neither 'local', 'stack', 'stack:NAME' nor an existing JSON file; "
+            f"set --cluster or {CLUSTER_ENV}"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InventoryError(f"{path}: not readable as JSON ({e})") from e
+    return parse_contract(data, str(path))
+
+
+def read_stack_outputs(stack: str) -> dict:
+    """The stack's outputs, secrets included (the cluster key is one)."""
+    if not shutil.which("pulumi"):
+        raise InventoryError(
+            "the Pulumi CLI is not installed: install it (https://www.pulumi.com/docs/install/) "
+            "or pass --cluster PATH.json with the contract"
+        )
+    cmd = ["pulumi", "stack", "output", "--json", "--show-secrets"]
+    if stack:
+        cmd += ["--stack", stack]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=STACK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise InventoryError(f"`{' '.join(cmd)}` did not answer within {STACK_TIMEOUT_S} s") from e
+    if out.returncode != 0:
+        raise InventoryError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.stdout.strip()}")
+    try:
+        return json.loads(out.stdout)
+    except json.JSONDecodeError as e:
+        raise InventoryError(f"`{' '.join(cmd)}` printed something that is not JSON ({e})") from e
+
+
+def parse_contract(data: object, source: str) -> Cluster:
+    """Validate an output contract; every problem is named with the key and what it should be."""
+
+    def fail(message: str) -> InventoryError:
+        return InventoryError(f"{source}: {message}")
+
+    if not isinstance(data, dict):
+        raise fail(f"the contract must be a JSON object, got {type(data).__name__}")
+
+    def need(key: str, kind: type | tuple[type, ...], what: str):
+        if key not in data:
+            raise fail(f"missing key {key!r} ({what})")
+        value = data[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise fail(f"{key!r} must be {what}, got {value!r}")
+        return value
+
+    cloud = need("cloud", str, f"one of {', '.join(CLOUDS)}")
+    if cloud not in CLOUDS:
+        raise fail(f"'cloud' must be one of {', '.join(CLOUDS)}, got {cloud!r}")
+    name = need("cluster_name", str, "a name such as 'nanocluster-dev'")
+    if not NAME_PATTERN.match(name):
+        raise fail(f"'cluster_name' {name!r} may use only letters, digits, '.', '_' and '-'")
+    user = need("ssh_user", str, "the login user on every node")
+    if not user or not NAME_PATTERN.match(user):
+        raise fail(f"'ssh_user' {user!r} is not a valid user name")
+    head_ip = need("head_public_ip", str, "the address of node 0 reachable from this machine")
+    if not head_ip:
+        raise fail("'head_public_ip' is empty: the head needs an address reachable from this machine")
+    ips = need("private_ips", list, "a list of node addresses in rank order, head first")
+    if not ips:
+        raise fail("'private_ips' is empty: a cluster needs at least one node")
+    for i, ip in enumerate(ips):
+        try:
+            ipaddress.ip_address(ip)
+        except (ValueError, TypeError):
+            raise fail(f"'private_ips'[{i}] = {ip!r} is not an IP address") from None
+    if len(set(ips)) != len(ips):
+        raise fail(f"'private_ips' lists an address twice: {ips}")
+    names = need("node_names", list, "a list of node names in rank order")
+    host_keys = need("host_public_keys", list, "a list of each node's SSH host public key, in rank order")
+    for key, values in (("node_names", names), ("host_public_keys", host_keys)):
+        if len(values) != len(ips):
+            raise fail(f"{key!r} has {len(values)} entries but 'private_ips' has {len(ips)}; one per node")
+    for i, node_name in enumerate(names):
+        if not isinstance(node_name, str) or not NAME_PATTERN.match(node_name):
+            raise fail(f"'node_names'[{i}] = {node_name!r} may use only letters, digits, '.', '_' and '-'")
+    if len(set(names)) != len(names):
+        raise fail(f"'node_names' lists a name twice: {names}")
+    pinned = [_host_key(k, f"'host_public_keys'[{i}]", fail) for i, k in enumerate(host_keys)]
+    private_key = need("ssh_private_key", str, "the cluster's OpenSSH private key")
+    if "PRIVATE KEY-----" not in private_key:
+        raise fail(
+            "'ssh_private_key' is not a PEM/OpenSSH private key (expected '-----BEGIN OPENSSH PRIVATE KEY-----'); "
+            "did `pulumi stack output` run without --show-secrets?"
+        )
+    public_key = need("ssh_public_key", str, "the public half of ssh_private_key")
+    _host_key(public_key, "'ssh_public_key'", fail)
+    cores = need("cores_per_node", int, "the number of physical cores per node (an integer >= 1)")
+    if cores < 1:
+        raise fail(f"'cores_per_node' must be >= 1, got {cores}")
+    flags = data.get("cpu_flags", [])
+    if isinstance(flags, str):
+        flags = flags.split(",") if flags else []
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise fail(f"'cpu_flags' must be a list of strings such as ['amx_bf16'], got {flags!r}")
+    cost = data.get("hourly_cost_usd")
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0):
+        raise fail(f"'hourly_cost_usd' must be a non-negative number, got {cost!r}")
+    node_python = data.get("node_python", "")
+    if not isinstance(node_python, str) or (node_python and not node_python.startswith("/")):
+        raise fail(f"'node_python' must be an absolute path to python on every node, got {node_python!r}")
+    return Cluster(
+        source=source,
+        cloud=cloud,
+        cluster_name=name,
+        ssh_user=user,
+        head_public_ip=head_ip,
+        nodes=tuple(Node(i, n, ip, k) for i, (n, ip, k) in enumerate(zip(names, ips, pinned, strict=True))),
+        ssh_private_key=private_key,
+        ssh_public_key=public_key.strip(),
+        cores_per_node=cores,
+        cpu_flags=tuple(f.strip() for f in flags if f.strip()),
+        machine_type=str(data.get("machine_type", "")),
+        region=str(data.get("region") or data.get("zone") or ""),
+        hourly_cost_usd=float(cost) if cost is not None else None,
+        node_python=node_python,
+    )
+
+
+def _host_key(value: object, what: str, fail) -> str:
+    """Normalise "TYPE BASE64 [comment]" to "TYPE BASE64"."""
+    parts = value.split() if isinstance(value, str) else []
+    if len(parts) < 2 or parts[0] not in HOST_KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+=*", parts[1]):
+        raise fail(f"{what} must be an OpenSSH public key 'TYPE BASE64' with TYPE one of {', '.join(HOST_KEY_TYPES)}, got {value!r}")
+    return f"{parts[0]} {parts[1]}"

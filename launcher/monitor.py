@@ -1,0 +1,202 @@
+"""Watching a running launch: live [rank host] logs, a progress line, and fail-fast.
+
+One thread per launch unit streams its log from the node (`tail -F` until the unit's process group
+is gone, then the unit's exit record); one more streams rank 0's metrics.jsonl. The first unit to
+end non-zero (by the time it recorded, so the rank that died first is named, not the peers that
+then lost it) stops every unit on every node, and its last lines are printed. Ctrl-C does the same.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from launcher.launch import EXIT_MARKER, follow_command, metrics_command
+from launcher.render import LaunchPlan
+from launcher.ssh import NodeError, Shell
+
+TAIL_LINES = 25
+FAILURE_GRACE_S = 1.0
+"""After the first failure, how long to collect other exits before naming the earliest."""
+PROGRESS_EVERY_S = 15.0
+
+
+class RunFailed(RuntimeError):
+    """A unit failed (or the operator interrupted); every unit has been stopped. exit_code for the CLI."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Progress:
+    """What the one-line summary shows, from metrics.jsonl."""
+
+    started: float = field(default_factory=time.monotonic)
+    iter: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    val_loss: float | None = None
+
+    def update(self, record: dict) -> bool:
+        if record.get("kind") == "train":
+            self.iter, self.loss = record.get("iter"), record.get("loss")
+            self.tokens_per_s = record.get("tokens_per_s")
+            return True
+        if record.get("kind") == "eval":
+            self.val_loss = record.get("val_loss")
+            return True
+        return False
+
+    def line(self) -> str:
+        parts = [f"{time.monotonic() - self.started:5.0f} s"]
+        if self.iter is not None:
+            parts.append(f"iter {self.iter}")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4f}")
+        if self.val_loss is not None:
+            parts.append(f"val {self.val_loss:.4f}")
+        if self.tokens_per_s:
+            parts.append(f"{self.tokens_per_s:,.0f} tok/s")
+        return "progress: " + " | ".join(parts)
+
+
+def unit_prefix(plan: LaunchPlan, unit: str) -> str:
+    node = plan.unit_node(unit)
+    if unit.startswith("rank"):
+        return f"[rank {unit[4:]} {node.name}]"
+    return f"[{unit} {node.name}]"
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+class Monitor:
+    """Streams every unit of a started plan and returns when all ended; raises RunFailed otherwise."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        shells: dict[int, Shell],
+        stop_all: Callable[[], None],
+        out: Callable[[str], None] = print,
+    ):
+        self.plan, self.shells, self.stop_all, self.out = plan, shells, stop_all, out
+        self.events: queue.Queue = queue.Queue()
+        self.tails = {unit: deque(maxlen=TAIL_LINES) for unit in plan.units()}
+        self.progress = Progress()
+        self.print_lock = threading.Lock()
+        self.is_tty = sys.stdout.isatty()
+
+    def emit(self, text: str) -> None:
+        with self.print_lock:
+            self.out(text)
+
+    def _follow(self, unit: str) -> None:
+        shell = self.shells[self.plan.unit_node(unit).index]
+        prefix = unit_prefix(self.plan, unit)
+
+        def on_line(line: str) -> None:
+            if line.startswith(EXIT_MARKER):
+                fields = line.split()
+                if len(fields) >= 3 and fields[1].lstrip("-").isdigit():
+                    self.events.put(("exit", unit, int(fields[1]), float(fields[2])))
+                else:
+                    self.events.put(("exit", unit, None, time.time()))
+                return
+            self.tails[unit].append(line)
+            self.emit(line if line.startswith("[rank ") else f"{prefix} {line}")
+
+        try:
+            shell.stream(follow_command(shell.root, self.plan.run, unit), on_line)
+        except NodeError as e:
+            self.events.put(("lost", unit, str(e), time.time()))
+
+    def _metrics(self) -> None:
+        unit = self.plan.units()[0]
+        shell = self.shells[self.plan.unit_node(unit).index]
+
+        def on_line(line: str) -> None:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return
+            if self.progress.update(record):
+                self.events.put(("progress",))
+
+        try:
+            shell.stream(metrics_command(shell.root, self.plan.run, unit), on_line)
+        except NodeError:
+            pass  # the unit followers report lost nodes
+
+    def watch(self) -> Progress:
+        # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does.
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            return self._watch()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _watch(self) -> Progress:
+        threads = [threading.Thread(target=self._follow, args=(u,), daemon=True) for u in self.plan.units()]
+        threads.append(threading.Thread(target=self._metrics, daemon=True))
+        for t in threads:
+            t.start()
+        remaining = set(self.plan.units())
+        last_progress = 0.0
+        try:
+            while remaining:
+                try:
+                    event = self.events.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if event[0] == "progress":
+                    now = time.monotonic()
+                    if now - last_progress >= PROGRESS_EVERY_S:
+                        last_progress = now
+                        self.emit(self.progress.line())
+                    continue
+                kind, unit, detail, _ = event
+                remaining.discard(unit)
+                if kind == "exit" and detail == 0:
+                    continue
+                self._fail([event])
+        except KeyboardInterrupt:
+            self.emit("interrupted: stopping every rank on every node ...")
+            self.stop_all()
+            raise RunFailed("interrupted (Ctrl-C): every rank was stopped", exit_code=130) from None
+        return self.progress
+
+    def _fail(self, failures: list[tuple]) -> None:
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if event[0] in ("exit", "lost") and event[2] != 0:
+                failures.append(event)
+        kind, unit, detail, _ = min(failures, key=lambda e: e[3])
+        self.emit(f"{unit_prefix(self.plan, unit)} failed first: stopping every rank on every node ...")
+        self.stop_all()
+        if kind == "lost":
+            reason = f"lost contact: {detail}"
+        elif detail is None:
+            reason = "ended without an exit record (killed together with its wrapper)"
+        else:
+            reason = f"exited with code {detail}" + (f" (signal {detail - 128})" if detail > 128 else "")
+        what = unit_prefix(self.plan, unit).strip("[]")
+        lines = list(self.tails[unit])
+        self.emit(f"---- last {len(lines)} line(s) of {what} ----")
+        for line in lines:
+            self.emit(f"  {line}")
+        raise RunFailed(f"{what} {reason}; every rank was stopped")

@@ -1,0 +1,8 @@
+"""Scripts the launcher runs on a node with the node's Python (sent on stdin; standard library only)."""
+
+from pathlib import Path
+
+
+def script(name: str) -> bytes:
+    """Source of launcher/remote/<name>.py, to pipe into `python - ARGS` on a node."""
+    return (Path(__file__).parent / f"{name}.py").read_bytes()

@@ -1,0 +1,330 @@
+"""Shells on the nodes: SSH (Fabric/paramiko) for real clusters, subprocesses for the local cluster.
+
+Both run a shell command with optional stdin and a deadline, or stream its output line by line, so
+the tasks above are written once. SSH connections use the contract's key (written 0600), pin every
+host key from the contract (an unknown or changed key is refused), reach workers through the head
+(ProxyJump: a direct-tcpip channel over the head's connection), and bound connecting by a timeout:
+a dead node is an error naming it within CONNECT_TIMEOUT_S, never a hang.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import fabric
+import paramiko
+
+from launcher.inventory import Cluster, Node, local_home
+from launcher.render import CONNECT_TIMEOUT_S, KEEPALIVE_S
+
+
+class NodeError(RuntimeError):
+    """A node could not be reached or a command on it failed; the message names the node."""
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class Shell:
+    """Runs shell commands on one node. `root` is the node's nanocluster directory as a shell word."""
+
+    node: Node
+    root: str
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        raise NotImplementedError
+
+    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+        """Run command, calling on_line for every line of merged stdout/stderr; returns the exit code."""
+        raise NotImplementedError
+
+    def check(self, command: str, what: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        """run() that raises NodeError naming the node and the step when the command fails."""
+        result = self.run(command, stdin=stdin, timeout=timeout)
+        if not result.ok:
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
+            raise NodeError(f"{self.node.name}: {what} failed (exit {result.returncode}): {' | '.join(detail)}")
+        return result
+
+    def fetch(self, relative: str, local: Path) -> None:
+        """Copy root/<relative> from the node to a local file."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalShell(Shell):
+    """A rank slot of the local cluster: commands are bash subprocesses on this machine."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.root = _sh_path(local_home())
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        try:
+            out = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}") from e
+        return Result(out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
+
+    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+        proc = subprocess.Popen(
+            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        timer = threading.Timer(timeout, proc.kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                on_line(raw.decode(errors="replace").rstrip("\n"))
+            return proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+    def fetch(self, relative: str, local: Path) -> None:
+        try:
+            shutil.copyfile(local_home() / relative, local)
+        except OSError as e:
+            raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
+
+
+class PinnedConnection(fabric.Connection):
+    """A Fabric connection that accepts only the host key the contract pins and bounds the jump."""
+
+    def __init__(self, *args, host_key: str, key_names: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        key_type, b64 = host_key.split()
+        pkey = paramiko.PKey.from_type_string(key_type, base64.b64decode(b64))
+        for name in key_names:
+            client.get_host_keys().add(name, key_type, pkey)
+        self.client = client
+
+    def open_gateway(self):
+        # Fabric's own version waits for the head's TCP connect without a timeout.
+        self.gateway.open()
+        return self.gateway.transport.open_channel(
+            "direct-tcpip", (self.host, int(self.port)), ("", 0), timeout=self.connect_timeout
+        )
+
+
+class SSHShell(Shell):
+    def __init__(self, node: Node, connection: PinnedConnection):
+        self.node = node
+        self.root = '"$HOME"/nanocluster'
+        self.connection = connection
+
+    def _channel(self) -> paramiko.Channel:
+        try:
+            transport = self.connection.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise NodeError(f"{self.node.name}: the SSH connection is closed")
+            return transport.open_session(timeout=CONNECT_TIMEOUT_S)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        chan = self._channel()
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            while True:
+                busy = False
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                    busy = True
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    busy = True
+                if not busy:
+                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    if time.monotonic() > deadline:
+                        raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}")
+                    time.sleep(0.005)
+            code = chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
+        finally:
+            chan.close()
+        return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+        chan = self._channel()
+        chan.set_combine_stderr(True)
+        chan.settimeout(1.0)
+        deadline = time.monotonic() + timeout if timeout else None
+        pending = b""
+        try:
+            chan.exec_command(command)
+            chan.shutdown_write()
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except TimeoutError:
+                    if deadline and time.monotonic() > deadline:
+                        raise NodeError(f"{self.node.name}: stream did not end within {timeout:g} s") from None
+                    if not chan.get_transport().is_active():
+                        raise NodeError(f"{self.node.name}: lost the SSH connection") from None
+                    continue
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode(errors="replace"))
+            if pending:
+                on_line(pending.decode(errors="replace"))
+            return chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
+        finally:
+            chan.close()
+
+    def fetch(self, relative: str, local: Path) -> None:
+        try:
+            self.connection.get(f"nanocluster/{relative}", str(local))
+        except (OSError, paramiko.SSHException) as e:
+            raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _sh_path(path: Path) -> str:
+    return shlex.quote(str(path))
+
+
+def key_file(cluster: Cluster) -> Path:
+    """The cluster key on this machine, written 0600 (ssh and paramiko refuse looser keys)."""
+    path = local_home() / "clusters" / cluster.cluster_name / "id_cluster"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = cluster.ssh_private_key.strip() + "\n"
+    if not path.exists() or path.read_text() != content:
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.replace(tmp, path)
+    os.chmod(path, 0o600)
+    return path
+
+
+def _connection(cluster: Cluster, node: Node, key_path: Path, gateway: PinnedConnection | None) -> PinnedConnection:
+    host = node.private_ip if gateway else cluster.head_public_ip
+    names = [host] if gateway else [cluster.head_public_ip, node.private_ip]
+    return PinnedConnection(
+        host,
+        user=cluster.ssh_user,
+        port=22,
+        gateway=gateway,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        config=fabric.Config(overrides={"load_ssh_configs": False}),
+        connect_kwargs={
+            "key_filename": str(key_path),
+            "look_for_keys": False,
+            "allow_agent": False,
+            "banner_timeout": CONNECT_TIMEOUT_S,
+            "auth_timeout": CONNECT_TIMEOUT_S,
+            "channel_timeout": CONNECT_TIMEOUT_S,
+        },
+        host_key=node.host_public_key,
+        key_names=names,
+    )
+
+
+def _open(conn: PinnedConnection, node: Node, via: str) -> None:
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as e:
+        raise NodeError(
+            f"{node.name} ({via}): host key does not match the one the contract pins; the node was replaced "
+            "or someone is in the middle: re-read the stack outputs (pulumi up) before trusting it"
+        ) from e
+    except paramiko.AuthenticationException as e:
+        raise NodeError(f"{node.name} ({via}): the cluster key was refused for the contract's ssh_user: {e}") from e
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        raise NodeError(
+            f"{node.name} ({via}): unreachable within {CONNECT_TIMEOUT_S} s ({e or type(e).__name__}); "
+            "is it running, and does the firewall allow SSH from this machine?"
+        ) from e
+    conn.transport.set_keepalive(KEEPALIVE_S)
+
+
+def connect(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> dict[int, Shell]:
+    """A shell per node, keyed by node index; SSH ones are opened in parallel through the head."""
+    if cluster.is_local:
+        return {n.index: LocalShell(n) for n in nodes}
+    key_path = key_file(cluster)
+    head = _connection(cluster, cluster.head, key_path, None)
+    _open(head, cluster.head, cluster.head_public_ip)
+    shells: dict[int, Shell] = {}
+    if cluster.head in nodes:
+        shells[cluster.head.index] = SSHShell(cluster.head, head)
+    workers = [n for n in nodes if n.index != cluster.head.index]
+
+    def open_worker(node: Node) -> SSHShell:
+        conn = _connection(cluster, node, key_path, head)
+        _open(conn, node, f"{node.private_ip} via the head")
+        return SSHShell(node, conn)
+
+    errors = []
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(workers)))) as pool:
+        futures = {n.index: pool.submit(open_worker, n) for n in workers}
+        for index, future in futures.items():
+            try:
+                shells[index] = future.result()
+            except NodeError as e:
+                errors.append(str(e))
+    if errors:
+        for shell in shells.values():
+            shell.close()
+        raise NodeError("; ".join(errors))
+    return shells
+
+
+def parallel(shells: list[Shell], action: Callable[[Shell], object]) -> list[object]:
+    """Run action on every shell at once; raise one NodeError listing every node that failed."""
+    if not shells:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(shells))) as pool:
+        futures = [pool.submit(action, s) for s in shells]
+        results, errors = [], []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except NodeError as e:
+                errors.append(str(e))
+    if errors:
+        raise NodeError("\n".join(errors))
+    return results

@@ -1,0 +1,673 @@
+"""What each `fab` task does, on any cluster (local, a Pulumi stack, or a JSON contract).
+
+fabfile.py only parses flags; everything here takes plain arguments so tests and bench/launch.py
+call it directly. Every step that touches nodes runs on all of them at once (one thread per node),
+and a launch costs two round trips per node: one probe, one command that unpacks the rendered files
+and starts the ranks detached.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher import launch, sync
+from launcher.inventory import Cluster, InventoryError, Node, load_cluster, local_home
+from launcher.monitor import Monitor, Progress, RunFailed
+from launcher.remote import script
+from launcher.render import (
+    CONNECT_TIMEOUT_S,
+    LaunchPlan,
+    NodeFacts,
+    known_hosts,
+    run_files,
+    ssh_config,
+)
+from launcher.ssh import NodeError, Shell, connect, parallel
+
+QUICKSTART_CONFIG = Path(__file__).with_name("quickstart.yaml")
+NODE_DIR = sync.REPO_ROOT / "node"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MIN_FREE_GB = 5.0
+PROBE_TIMEOUT_S = 30
+
+console = Console(highlight=False)
+
+
+class TaskError(RuntimeError):
+    """A task cannot go on; the message says what to do. The CLI prints it as `error: ...`, exit 1."""
+
+
+def say(text: str) -> None:
+    console.print(text, markup=False, soft_wrap=True)
+
+
+def out_line(text: str) -> None:
+    """Rank output: plain print (no markup, no wrapping) so logs stay greppable."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def check_name(value: str, what: str) -> str:
+    if not NAME.match(value):
+        raise TaskError(f"{what} {value!r} may use only letters, digits, '.', '_' and '-'")
+    return value
+
+
+# ----------------------------------------------------------------------------- cluster and nodes
+
+
+@dataclass
+class Nodes:
+    """An open cluster: shells per node index, and what the probe found."""
+
+    cluster: Cluster
+    nodes: tuple[Node, ...]
+    shells: dict[int, Shell]
+    probes: dict[int, dict]
+
+    def shell(self, node: Node) -> Shell:
+        return self.shells[node.index]
+
+    def hosts(self) -> list[Node]:
+        """One node per distinct address (the local cluster's ranks share one machine)."""
+        seen, out = set(), []
+        for node in self.nodes:
+            if node.private_ip not in seen:
+                seen.add(node.private_ip)
+                out.append(node)
+        return out
+
+    def python(self, node: Node) -> str:
+        if self.cluster.node_python:
+            return shlex.quote(self.cluster.node_python)
+        return f"{self.shell(node).root}/venv/bin/python"
+
+    def code_dir(self, node: Node) -> str:
+        if self.cluster.is_local:
+            return shlex.quote(str(sync.REPO_ROOT))
+        return f"{self.shell(node).root}/code"
+
+    def facts(self, node: Node) -> NodeFacts:
+        probe = self.probes.get(node.index) or {}
+        return NodeFacts(interface=probe.get("interface", ""), allocator=probe.get("allocator", ""),
+                         ccl=bool(probe.get("ccl")))
+
+    def close(self) -> None:
+        for shell in self.shells.values():
+            shell.close()
+
+
+def resolve_cluster(spec: str | None, nodes: int | None) -> Cluster:
+    try:
+        cluster = load_cluster(spec, local_nodes=nodes or 3)
+    except InventoryError as e:
+        raise TaskError(str(e)) from None
+    say(f"using {cluster.describe()}")
+    return cluster
+
+
+def select_nodes(cluster: Cluster, nodes: int | None) -> tuple[Node, ...]:
+    if nodes is None:
+        return cluster.nodes
+    if nodes < 1:
+        raise TaskError(f"--nodes must be >= 1, got {nodes}")
+    if nodes > len(cluster.nodes):
+        raise TaskError(
+            f"--nodes {nodes} but cluster {cluster.cluster_name!r} has {len(cluster.nodes)} node(s): "
+            f"use --nodes <= {len(cluster.nodes)}, or grow the cluster (pulumi config set nanocluster:nodes {nodes})"
+        )
+    return cluster.nodes[:nodes]
+
+
+def open_nodes(cluster: Cluster, nodes: Sequence[Node], dataset: str = "-") -> Nodes:
+    """Connect to the nodes and probe them, all in parallel."""
+    try:
+        shells = connect(cluster, nodes)
+    except NodeError as e:
+        raise TaskError(str(e)) from None
+    opened = Nodes(cluster, tuple(nodes), shells, {})
+    opened.probes = probe(opened, dataset)
+    return opened
+
+
+def probe(opened: Nodes, dataset: str) -> dict[int, dict]:
+    code = script("probe")
+
+    def one(node: Node) -> tuple[int, dict]:
+        shell = opened.shell(node)
+        py = opened.python(node)
+        command = (
+            f'if ! [ -x {py} ]; then echo \'{{"missing": ["python"]}}\'; exit 0; fi; '
+            f"exec {py} - {shell.root} {node.private_ip} {shlex.quote(dataset)}"
+        )
+        result = shell.check(command, "probing the node", stdin=code, timeout=PROBE_TIMEOUT_S)
+        try:
+            return node.index, json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise NodeError(f"{node.name}: the probe printed no JSON: {result.stdout[-200:]!r}") from None
+
+    try:
+        found = dict(parallel([opened.shell(n) for n in opened.hosts()],
+                              lambda s: one(s.node)))
+    except NodeError as e:
+        raise TaskError(str(e)) from None
+    # Ranks of the local cluster share their machine's probe.
+    return {n.index: found[opened.hosts()[[h.private_ip for h in opened.hosts()].index(n.private_ip)].index]
+            for n in opened.nodes}
+
+
+def run_everywhere(opened: Nodes, nodes: Sequence[Node], action: Callable[[Node, Shell], object]) -> list:
+    try:
+        return parallel([opened.shell(n) for n in nodes], lambda s: action(s.node, s))
+    except NodeError as e:
+        raise TaskError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def not_ready(opened: Nodes) -> list[Node]:
+    return [n for n in opened.hosts() if opened.probes[n.index].get("missing")]
+
+
+def bootstrap(opened: Nodes, nodes: Sequence[Node], profile: str, pip_args: str, skip_system_packages: bool) -> None:
+    """Run node/bootstrap.sh on the nodes (it is idempotent: a ready node changes nothing)."""
+    if opened.cluster.node_python:
+        missing = {n.name: opened.probes[n.index].get("missing") for n in nodes if opened.probes[n.index].get("missing")}
+        if missing:
+            raise TaskError(
+                f"node_python {opened.cluster.node_python} lacks {missing} : install them there, or remove "
+                "node_python from the contract so `fab setup` builds ~/nanocluster/venv with the bootstrap"
+            )
+        return
+    archive = launch.payload(
+        {f"bootstrap/{p.name}": p.read_text() for p in sorted(NODE_DIR.iterdir()) if p.is_file()},
+        executable=("bootstrap/bootstrap.sh",),
+    )
+    flags = f"--profile {shlex.quote(profile)}"
+    if pip_args:
+        flags += f" --pip-args {shlex.quote(pip_args)}"
+    if skip_system_packages:
+        flags += " --skip-system-packages"
+
+    def one(node: Node, shell: Shell) -> None:
+        prefix = f"[setup {node.name}]"
+        shell.check(f"mkdir -p {shell.root} && rm -rf {shell.root}/bootstrap && tar -xf - -C {shell.root}",
+                    "copying node/ to the node", stdin=archive)
+        status = shell.stream(f"bash {shell.root}/bootstrap/bootstrap.sh {flags} 2>&1",
+                              lambda line: out_line(f"{prefix} {line}"), timeout=3600)
+        if status != 0:
+            raise NodeError(f"{node.name}: node bootstrap failed (exit {status}); its output is above")
+
+    run_everywhere(opened, nodes, one)
+
+
+def distribute_keys(opened: Nodes) -> None:
+    """Cluster key, node aliases and pinned host keys on every node (head -> worker SSH, mpirun)."""
+    if opened.cluster.is_local:
+        return
+    files = ssh_payload(opened.cluster)
+
+    def one(node: Node, shell: Shell) -> None:
+        shell.check(f"mkdir -p {shell.root} && tar -xf - -C {shell.root} && {launch.install_ssh_command(shell.root)}",
+                    "installing the cluster key and ssh config", stdin=launch.payload(files))
+
+    run_everywhere(opened, opened.hosts(), one)
+
+
+def ssh_payload(cluster: Cluster) -> dict[str, str]:
+    return {
+        "ssh/id_cluster": cluster.ssh_private_key.strip() + "\n",
+        "ssh/config": ssh_config(cluster),
+        "ssh/known_hosts": known_hosts(cluster),
+    }
+
+
+def sync_code(opened: Nodes) -> None:
+    """Send model/ to the nodes whose copy differs from this machine's."""
+    if opened.cluster.is_local:
+        return
+    archive, digest = sync.code_archive()
+    stale = [n for n in opened.hosts() if opened.probes[n.index].get("code_sha256") != digest]
+    if not stale:
+        return
+    say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
+    run_everywhere(opened, stale, lambda n, s: s.check(sync.install_code_command(s.root, digest),
+                                                       "syncing model code", stdin=archive))
+    for n in stale:
+        opened.probes[n.index]["code_sha256"] = digest
+
+
+def ensure_ready(opened: Nodes) -> None:
+    """What every task needs first: the environment (bootstrap where missing) and current code."""
+    missing = not_ready(opened)
+    if missing:
+        say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap (fab setup)")
+        bootstrap(opened, missing, "default", "", False)
+        opened.probes.update(probe(opened, "-"))
+    sync_code(opened)
+
+
+def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "",
+          skip_system_packages: bool = False, nodes: int | None = None) -> None:
+    cluster = resolve_cluster(cluster_spec, nodes)
+    opened = open_nodes(cluster, select_nodes(cluster, nodes))
+    try:
+        started = time.monotonic()
+        if cluster.is_local:
+            missing = not_ready(opened)
+            if missing:
+                raise TaskError(f"this machine's Python ({sys.executable}) lacks {opened.probes[0]['missing']}: run `make setup`")
+        else:
+            bootstrap(opened, opened.hosts(), profile, pip_args, skip_system_packages)
+            opened.probes = probe(opened, "-")
+            distribute_keys(opened)
+            sync_code(opened)
+        say(f"ready: {', '.join(n.name for n in opened.hosts())} ({time.monotonic() - started:.1f} s)")
+    finally:
+        opened.close()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def dataset_name(source: str) -> str:
+    """Directory name for a source: 'builtin' -> builtin, 'hf:owner/name' -> owner_name."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", source.removeprefix("hf:")).strip("._-")
+    return name or "dataset"
+
+
+def splits_digest(meta: dict | None) -> tuple | None:
+    if not meta or "splits" not in meta:
+        return None
+    return tuple(sorted((k, v.get("sha256")) for k, v in meta["splits"].items()))
+
+
+def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
+                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
+                 limit: int | None = None) -> None:
+    dataset = check_name(dataset or dataset_name(source), "dataset")
+    cluster = resolve_cluster(cluster_spec, nodes)
+    opened = open_nodes(cluster, select_nodes(cluster, nodes), dataset)
+    try:
+        ensure_ready(opened)
+        head = opened.nodes[0]
+        shell = opened.shell(head)
+        args = [source, "--out", f"data/{dataset}"]
+        for flag, value in (("--val-fraction", val_fraction), ("--seed", seed), ("--limit", limit)):
+            if value is not None:
+                args += [flag, str(value)]
+        say(f"preparing {source!r} as data/{dataset} on {head.name} (model.prepare; a matching dataset is kept)")
+        started = time.monotonic()
+        command = (f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={opened.code_dir(head)} "
+                   f"{opened.python(head)} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1")
+        status = shell.stream(command, lambda line: out_line(f"[prepare {head.name}] {line}"), timeout=6 * 3600)
+        if status != 0:
+            raise TaskError(f"model.prepare failed on {head.name} (exit {status}); its output is above")
+        say(f"prepared on {head.name} in {time.monotonic() - started:.1f} s")
+        fan_out(opened, dataset)
+    finally:
+        opened.close()
+
+
+def fan_out(opened: Nodes, dataset: str) -> None:
+    """Copy data/<dataset> from the head to every worker whose copy differs, checksummed."""
+    hosts = opened.hosts()
+    if len(hosts) == 1:
+        return
+    opened.probes.update(probe(opened, dataset))
+    want = splits_digest(opened.probes[hosts[0].index].get("data_meta"))
+    if want is None:
+        raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `fab prepare-data` first")
+    stale = [n for n in hosts[1:] if splits_digest(opened.probes[n.index].get("data_meta")) != want]
+    if not stale:
+        say(f"data/{dataset} already matches on every node")
+        return
+    distribute_keys(opened)
+    started = time.monotonic()
+    say(f"copying data/{dataset} from {hosts[0].name} to {', '.join(n.name for n in stale)} over the private network")
+    head = opened.shell(hosts[0])
+    head.check(sync.fanout_command(head.root, dataset, [n.name for n in stale]), "copying data to the workers",
+               timeout=6 * 3600)
+    verify = script("verify_data")
+    run_everywhere(opened, stale, lambda n, s: s.check(
+        sync.verify_and_install_command(opened.python(n), s.root, dataset),
+        f"checking the copied data/{dataset} against meta.json", stdin=verify))
+    say(f"data/{dataset} copied and checksummed on {len(stale)} node(s) in {time.monotonic() - started:.1f} s")
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def make_plan(opened: Nodes, run: str, dataset: str, launcher: str, backend: str, port: int,
+              config_file: str, overrides: Sequence[str], collective_timeout_s: float) -> LaunchPlan:
+    head = opened.nodes[0]
+    try:
+        return LaunchPlan(
+            cluster=opened.cluster, nodes=opened.nodes, run=run, dataset=dataset,
+            python=opened.python(head), code_dir=opened.code_dir(head), launcher=launcher, backend=backend,
+            master_port=port, collective_timeout_s=collective_timeout_s, config_file=config_file,
+            overrides=tuple(overrides), facts={n.index: opened.facts(n) for n in opened.nodes},
+        )
+    except ValueError as e:
+        raise TaskError(str(e)) from None
+
+
+def node_files(plan: LaunchPlan, node: Node, config_text: str) -> dict[str, str]:
+    files = {f"runs/{plan.run}/{k}": v for k, v in run_files(plan, node).items()}
+    if config_text:
+        files[f"runs/{plan.run}/train.yaml"] = config_text
+    if not plan.cluster.is_local:
+        files |= ssh_payload(plan.cluster)
+    return files
+
+
+def dry_run_plan(cluster: Cluster, nodes: tuple[Node, ...], **kwargs) -> LaunchPlan:
+    """A plan without connecting: the paths the nodes would use, no probe facts."""
+    root = shlex.quote(str(local_home())) if cluster.is_local else '"$HOME"/nanocluster'
+    python = shlex.quote(cluster.node_python) if cluster.node_python else f"{root}/venv/bin/python"
+    code = shlex.quote(str(sync.REPO_ROOT)) if cluster.is_local else f"{root}/code"
+    return LaunchPlan(cluster=cluster, nodes=nodes, python=python, code_dir=code, **kwargs)
+
+
+def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
+          launcher: str = "fabric", backend: str = "auto", port: int = 29500, config: str | None = None,
+          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0) -> None:
+    started = time.monotonic()
+    check_name(run, "run")
+    check_name(dataset, "dataset")
+    cluster = resolve_cluster(cluster_spec, nodes)
+    selected = select_nodes(cluster, nodes)
+    if config is None and cluster.is_local:
+        config = str(QUICKSTART_CONFIG)
+        say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
+    config_text = ""
+    if config:
+        try:
+            config_text = Path(config).expanduser().read_text()
+        except OSError as e:
+            raise TaskError(f"--config {config}: {e.strerror}") from None
+    plan_args = dict(run=run, dataset=dataset, launcher=launcher, backend=backend, master_port=port,
+                     config_file=config or "", overrides=tuple(overrides), collective_timeout_s=collective_timeout_s)
+    if dry_run:
+        try:
+            plan = dry_run_plan(cluster, selected, **plan_args)
+        except ValueError as e:
+            raise TaskError(str(e)) from None
+        print_dry_run(plan, config_text)
+        return
+    opened = open_nodes(cluster, selected, dataset)
+    try:
+        ensure_ready(opened)
+        missing = [n for n in opened.hosts() if not splits_digest(opened.probes[n.index].get("data_meta"))]
+        if opened.nodes[0] in missing:
+            raise TaskError(f"data/{dataset} is not prepared on {opened.nodes[0].name}: run `fab prepare-data` first")
+        if missing:
+            fan_out(opened, dataset)
+        plan = make_plan(opened, run, dataset, launcher, backend, port, config or "", overrides,
+                         collective_timeout_s)
+        start_units(opened, plan, config_text)
+        say(f"started {plan.world_size} rank(s) on {len(opened.hosts())} node(s) with the {launcher} launcher, "
+            f"backend {plan.resolved_backend()}, run dir runs/{run} ({time.monotonic() - started:.1f} s after start)")
+        monitor = Monitor(plan, opened.shells, lambda: stop_units(opened, run), out=out_line)
+        try:
+            progress = monitor.watch()
+        except RunFailed as e:
+            raise TaskError(str(e)) from None
+        say(f"done: {progress.line().removeprefix('progress: ')}; checkpoint runs/{run}/ckpt.pt on {opened.nodes[0].name}")
+    finally:
+        opened.close()
+
+
+def start_units(opened: Nodes, plan: LaunchPlan, config_text: str) -> None:
+    units_by_host: dict[str, list[str]] = {}
+    for unit in plan.units():
+        units_by_host.setdefault(plan.unit_node(unit).private_ip, []).append(unit)
+    scripts = tuple(f"runs/{plan.run}/{u}.sh" for u in plan.units())
+
+    def one(node: Node, shell: Shell) -> None:
+        files = node_files(plan, node, config_text)
+        command = launch.start_command(shell.root, plan.run, units_by_host.get(node.private_ip, []),
+                                       ssh_files=not plan.cluster.is_local)
+        shell.check(command, f"starting run {plan.run}", stdin=launch.payload(files, executable=scripts))
+
+    run_everywhere(opened, opened.hosts(), one)
+
+
+def stop_units(opened: Nodes, run: str) -> None:
+    def one(node: Node, shell: Shell) -> None:
+        result = shell.run(launch.stop_command(shell.root, run), timeout=launch.STOP_GRACE_S + 20)
+        if result.stdout.strip():
+            out_line(f"[stop {node.name}] {result.stdout.strip()}")
+
+    run_everywhere(opened, opened.hosts(), one)
+
+
+def print_dry_run(plan: LaunchPlan, config_text: str) -> None:
+    say(f"dry run: {plan.world_size} rank(s), launcher {plan.launcher}, run dir runs/{plan.run} (nothing is started)")
+    for node in plan.nodes:
+        if node.private_ip in [n.private_ip for n in plan.nodes[: plan.nodes.index(node)]]:
+            continue
+        for name, text in node_files(plan, node, config_text).items():
+            if name == "ssh/id_cluster":
+                text = "(the cluster's private key, mode 0600)\n"
+            say(f"----- {node.name}: ~/nanocluster/{name}" if not name.startswith("ssh/")
+                else f"----- {node.name}: ~/.ssh/nanocluster/{name[4:]}")
+            out_line(text.rstrip("\n"))
+    for unit in plan.units():
+        say(f"----- {plan.unit_node(unit).name}: start {unit}")
+        out_line(launch.start_command("~/nanocluster", plan.run, [unit], ssh_files=False).splitlines()[-3])
+
+
+# ----------------------------------------------------------------------------- status, logs, stop, sample, fetch
+
+
+def read_plan(opened: Nodes, run: str) -> dict:
+    head = opened.shell(opened.nodes[0])
+    result = head.run(f"cat {launch.run_dir(head.root, run)}/plan.json", timeout=CONNECT_TIMEOUT_S * 2)
+    if not result.ok:
+        raise TaskError(f"no run {run!r} on {opened.nodes[0].name}: start one with `fab train --run {run}`")
+    return json.loads(result.stdout)
+
+
+def status(cluster_spec: str | None, run: str = "main") -> int:
+    cluster = resolve_cluster(cluster_spec, None)
+    reachable: dict[int, Shell] = {}
+    errors: dict[int, str] = {}
+    if cluster.is_local:
+        reachable = connect(cluster, cluster.nodes[:1])
+    else:
+        try:
+            reachable = connect(cluster, cluster.nodes)
+        except NodeError:
+            for node in cluster.nodes:  # one by one, to say which are down
+                try:
+                    reachable |= connect(cluster, [node])
+                except NodeError as e:
+                    errors[node.index] = str(e)
+    nodes = [n for n in cluster.nodes if n.index in reachable]
+    opened = Nodes(cluster, tuple(nodes), reachable, {})
+    table = Table(title=f"{cluster.cluster_name}: run {run}")
+    for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "job"):
+        table.add_column(col)
+    try:
+        opened.probes = probe(opened, "-") if nodes else {}
+        jobs = {}
+        for node in opened.hosts():
+            shell = opened.shell(node)
+            jobs[node.index] = " ".join(shell.run(launch.alive_command(shell.root, run)).stdout.split()) or "-"
+        shown = cluster.nodes[:1] if cluster.is_local else cluster.nodes
+        for node in shown:
+            if node.index in errors:
+                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", errors[node.index][:60])
+                continue
+            p = opened.probes.get(node.index, {})
+            ready = "ready" if not p.get("missing") else f"not ready ({', '.join(p['missing'])})"
+            table.add_row(node.name, node.private_ip, ready, p.get("hostname", ""),
+                          f"{p.get('python', '?')}/{p.get('torch') or '-'}", str(p.get("free_gb", "")),
+                          jobs.get(node.index, "-"))
+        console.print(table)
+        if nodes:
+            head = opened.shell(cluster.nodes[0]) if cluster.nodes[0].index in reachable else None
+            if head:
+                last = head.run(f"tail -n 50 {launch.run_dir(head.root, run)}/metrics.jsonl 2>/dev/null").stdout
+                progress = Progress()
+                for line in last.splitlines():
+                    try:
+                        progress.update(json.loads(line))
+                    except ValueError:
+                        continue
+                if progress.iter is not None:
+                    say(progress.line().replace("progress:", "last logged:").split("|", 1)[1].strip())
+    finally:
+        opened.close()
+    return 1 if errors else 0
+
+
+def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50,
+         follow: bool = False) -> None:
+    cluster = resolve_cluster(cluster_spec, None)
+    opened = Nodes(cluster, cluster.nodes, {}, {})
+    try:
+        opened.shells = connect(cluster, cluster.nodes[:1])
+        plan = read_plan(opened, run)
+        units = plan["units"]
+        if rank is not None:
+            units = [u for u in units if u == f"rank{rank}"] or units
+        by_name = {n.name: n for n in cluster.nodes}
+        nodes_of = plan_unit_nodes(plan, by_name)
+        needed = list({nodes_of[u].index: nodes_of[u] for u in units}.values())
+        opened.shells |= connect(cluster, [n for n in needed if n.index not in opened.shells])
+        threads = []
+        for unit in units:
+            node = nodes_of[unit]
+            shell = opened.shells[node.index]
+            prefix = f"[rank {unit[4:]} {node.name}]" if unit.startswith("rank") else f"[{unit} {node.name}]"
+            flag = "-F" if follow else ""
+            command = f"tail -n {int(lines)} {flag} {launch.run_dir(shell.root, run)}/logs/{unit}.log"
+
+            def stream(shell=shell, command=command, prefix=prefix):
+                try:
+                    shell.stream(command, lambda line: out_line(line if line.startswith("[rank ") else f"{prefix} {line}"))
+                except NodeError as e:
+                    out_line(f"{prefix} {e}")
+
+            t = threading.Thread(target=stream, daemon=True)
+            t.start()
+            threads.append(t)
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.5)
+        except KeyboardInterrupt:
+            pass
+    finally:
+        opened.close()
+
+
+def plan_unit_nodes(plan: dict, by_name: dict[str, Node]) -> dict[str, Node]:
+    nodes = [by_name[n] for n in plan["nodes"]]
+    out = {}
+    for unit in plan["units"]:
+        if unit.startswith("rank"):
+            out[unit] = nodes[int(unit[4:])]
+        elif unit.startswith("node"):
+            out[unit] = next(n for n in by_name.values() if n.index == int(unit[4:]))
+        else:
+            out[unit] = nodes[0]
+    return out
+
+
+def stop(cluster_spec: str | None, run: str = "main") -> None:
+    cluster = resolve_cluster(cluster_spec, None)
+    try:
+        opened = Nodes(cluster, cluster.nodes, connect(cluster, cluster.nodes), {})
+    except NodeError as e:
+        raise TaskError(str(e)) from None
+    try:
+        stop_units(opened, run)
+        say(f"run {run}: every rank stopped on {', '.join(n.name for n in opened.hosts())}")
+    finally:
+        opened.close()
+
+
+def best_checkpoint(shell: Shell, run: str) -> str:
+    directory = launch.run_dir(shell.root, run)
+    result = shell.run(f"cd {directory} 2>/dev/null && ls ckpt.pt snapshot.pt 2>/dev/null | head -n 1")
+    name = result.stdout.strip()
+    if not name:
+        raise TaskError(f"run {run!r} has no ckpt.pt or snapshot.pt on {shell.node.name}: train first (fab train --run {run})")
+    return f"{directory}/{name}"
+
+
+def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int = 200, seed: int = 1337) -> None:
+    cluster = resolve_cluster(cluster_spec, 1)
+    opened = open_nodes(cluster, cluster.nodes[:1])
+    try:
+        ensure_ready(opened)
+        head = opened.nodes[0]
+        shell = opened.shell(head)
+        ckpt = best_checkpoint(shell, run)
+        say(f"sampling from {ckpt.replace(shell.root, '~/nanocluster')} on {head.name}")
+        args = ["--ckpt", "CKPT", "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
+                "--top-k", str(top_k), "--seed", str(seed)]
+        if prompt:
+            args += ["--prompt", prompt]
+        quoted = " ".join(shlex.quote(a) for a in args).replace("CKPT", ckpt)
+        status = shell.stream(f"PYTHONPATH={opened.code_dir(head)} {opened.python(head)} -m model.sample {quoted} 2>&1",
+                              out_line, timeout=600)
+        if status != 0:
+            raise TaskError(f"model.sample failed on {head.name} (exit {status}); its output is above")
+    finally:
+        opened.close()
+
+
+def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
+    """Copy the run's best checkpoint and metrics from the head to this machine (checked by size)."""
+    cluster = resolve_cluster(cluster_spec, 1)
+    target_dir = Path(dest or Path("runs") / run).expanduser()
+    try:
+        shells = connect(cluster, cluster.nodes[:1])
+    except NodeError as e:
+        raise TaskError(str(e)) from None
+    shell = shells[0]
+    try:
+        ckpt = best_checkpoint(shell, run)
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl"):
+            relative = f"runs/{run}/{name}"
+            size = int(shell.check(f"wc -c < {shell.root}/{relative}", f"reading {relative}").stdout.strip())
+            target = target_dir / name
+            partial = target.with_name(target.name + ".partial")
+            try:
+                shell.fetch(relative, partial)
+            except NodeError as e:
+                partial.unlink(missing_ok=True)
+                raise TaskError(str(e)) from None
+            if partial.stat().st_size != size:
+                partial.unlink()
+                raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run fetch again")
+            partial.replace(target)
+            say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")
+        return target_dir / ckpt.rsplit("/", 1)[1]
+    finally:
+        shell.close()
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 29500) -> int:
+    raise TaskError("doctor: not implemented yet")
