@@ -1,0 +1,94 @@
+import json
+
+import pytest
+
+from launcher.inventory import CLUSTER_ENV, InventoryError, load_cluster, parse_contract
+
+
+def test_valid_contract_keeps_rank_order_and_normalises_keys(contract):
+    cluster = parse_contract(contract, "lab.json")
+    assert [n.name for n in cluster.nodes] == ["lab-0", "lab-1", "lab-2"]
+    assert [n.private_ip for n in cluster.nodes] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert cluster.head.host_public_key.count(" ") == 1  # comment dropped, "TYPE BASE64" kept
+    assert cluster.region == "us-central1-a" and cluster.cpu_flags == ("amx_bf16", "avx512_bf16")
+    assert not cluster.is_local
+
+
+@pytest.mark.parametrize("key", [
+    "cloud", "cluster_name", "ssh_user", "head_public_ip", "private_ips", "node_names",
+    "ssh_private_key", "ssh_public_key", "host_public_keys", "cores_per_node",
+])
+def test_each_missing_key_is_named(contract, key):
+    del contract[key]
+    with pytest.raises(InventoryError, match=rf"lab.json: missing key '{key}'"):
+        parse_contract(contract, "lab.json")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("cloud", "openstack", r"'cloud' must be one of gcp, aws, azure, static, local, got 'openstack'"),
+    ("private_ips", ["10.0.0.2", "10.0.0.300", "10.0.0.4"], r"'private_ips'\[1\] = '10.0.0.300' is not an IP address"),
+    ("private_ips", ["10.0.0.2", "10.0.0.2", "10.0.0.4"], r"'private_ips' lists an address twice"),
+    ("private_ips", [], r"'private_ips' is empty"),
+    ("node_names", ["lab-0", "lab-1"], r"'node_names' has 2 entries but 'private_ips' has 3"),
+    ("node_names", ["lab-0", "lab 1", "lab-2"], r"'node_names'\[1\] = 'lab 1' may use only"),
+    ("host_public_keys", ["ssh-ed25519 AAAA", "nope", "ssh-ed25519 AAAA"], r"'host_public_keys'\[1\] must be an OpenSSH public key"),
+    ("ssh_private_key", "AAAA", r"'ssh_private_key' is not a PEM/OpenSSH private key .* --show-secrets"),
+    ("cores_per_node", 0, r"'cores_per_node' must be >= 1, got 0"),
+    ("cores_per_node", "8", r"'cores_per_node' must be the number of physical cores"),
+    ("cores_per_node", True, r"'cores_per_node' must be the number of physical cores"),
+    ("head_public_ip", "", r"'head_public_ip' is empty"),
+    ("cpu_flags", [1], r"'cpu_flags' must be a list of strings"),
+    ("node_python", "venv/bin/python", r"'node_python' must be an absolute path"),
+    ("hourly_cost_usd", -1, r"'hourly_cost_usd' must be a non-negative number"),
+])
+def test_malformed_values_say_what_is_expected(contract, key, value, message):
+    contract[key] = value
+    with pytest.raises(InventoryError, match=message):
+        parse_contract(contract, "lab.json")
+
+
+def test_contract_must_be_an_object():
+    with pytest.raises(InventoryError, match="must be a JSON object, got list"):
+        parse_contract([], "lab.json")
+
+
+def test_json_path_is_loaded_and_validated(tmp_path, contract):
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(contract))
+    cluster = load_cluster(str(path))
+    assert cluster.source == str(path) and len(cluster.nodes) == 3
+
+
+def test_unparseable_json_names_the_file(tmp_path):
+    path = tmp_path / "lab.json"
+    path.write_text("{not json")
+    with pytest.raises(InventoryError, match=r"lab.json: not readable as JSON"):
+        load_cluster(str(path))
+
+
+def test_unknown_spec_explains_the_choices(monkeypatch):
+    monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    with pytest.raises(InventoryError, match=r"neither 'local', 'stack', 'stack:NAME' nor an existing JSON file"):
+        load_cluster("/nonexistent/cluster.json")
+
+
+def test_default_is_the_local_cluster_with_n_ranks(monkeypatch, tmp_path):
+    monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
+    cluster = load_cluster(None, local_nodes=4)
+    assert cluster.is_local and len(cluster.nodes) == 4
+    assert {n.private_ip for n in cluster.nodes} == {"127.0.0.1"}
+    assert str(tmp_path) in cluster.source
+
+
+def test_environment_variable_selects_the_cluster(monkeypatch, tmp_path, contract):
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(contract))
+    monkeypatch.setenv(CLUSTER_ENV, str(path))
+    assert load_cluster(None).cluster_name == "lab"
+
+
+def test_stack_without_pulumi_cli_says_how_to_proceed(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(InventoryError, match=r"Pulumi CLI is not installed.*--cluster PATH.json"):
+        load_cluster("stack:dev")
