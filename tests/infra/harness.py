@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -65,6 +66,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
         "tls:index/privateKey:PrivateKey": lambda name: _fake_key(name),
         "gcp:compute/address:Address": lambda name: {"address": HEAD_PUBLIC_IP["gcp"]},
         "gcp:compute/image:Image": lambda name: {"selfLink": f"projects/my-project/global/images/{name}"},
+        "gcp:compute/snapshot:Snapshot": lambda name: {"selfLink": f"projects/my-project/global/snapshots/{name}"},
         "aws:ec2/eip:Eip": lambda name: {"publicIp": HEAD_PUBLIC_IP["aws"], "allocationId": f"eipalloc-{name}"},
         "azure-native:network:PublicIPAddress": lambda name: {"ipAddress": HEAD_PUBLIC_IP["azure"]},
     }
@@ -114,7 +116,10 @@ class StackRun:
     invokes: list[tuple[str, dict]] = field(default_factory=list)
 
     def of_type(self, type_: str) -> list[Resource]:
-        return [r for r in self.resources if r.type == type_]
+        """Resources of a type sorted by name, numbers numerically (so nodes come in rank order;
+        registration order depends on when each resource's inputs resolve)."""
+        natural = lambda r: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.name)]  # noqa: E731
+        return sorted((r for r in self.resources if r.type == type_), key=natural)
 
     def named(self, type_: str, name: str) -> Resource:
         (match,) = [r for r in self.of_type(type_) if r.name == name]

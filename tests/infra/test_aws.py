@@ -1,0 +1,98 @@
+"""AWS cluster: resources and their key properties for 1 and 3 nodes (Pulumi mocks)."""
+
+import pytest
+import yaml
+
+from infra.cloudinit import decode
+from tests.infra.harness import SSH_CIDR, UBUNTU_AMI, cached_stack, is_secret, run_stack, stack_config
+
+INSTANCE = "aws:ec2/instance:Instance"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+
+
+def test_dedicated_vpc_with_a_public_and_a_private_subnet_in_a_zone_offering_the_type():
+    run = cached_stack("aws", 3)
+    (vpc,) = run.of_type("aws:ec2/vpc:Vpc")
+    assert vpc.get("cidrBlock") == "10.42.0.0/16"
+    subnets = {s.name: s.get() for s in run.of_type("aws:ec2/subnet:Subnet")}
+    assert {name: s["cidrBlock"] for name, s in subnets.items()} == {
+        "nanocluster-dev-public": "10.42.0.0/24",
+        "nanocluster-dev-private": "10.42.1.0/24",
+    }
+    # The first zone (sorted) among those the mocked offerings list for m6i.4xlarge.
+    assert {s["availabilityZone"] for s in subnets.values()} == {"us-east-1a"}
+    assert all(s["mapPublicIpOnLaunch"] is False for s in subnets.values())
+
+
+def test_workers_reach_out_through_a_nat_gateway_which_one_node_does_not_need():
+    three, one = cached_stack("aws", 3), cached_stack("aws", 1)
+    (nat,) = three.of_type("aws:ec2/natGateway:NatGateway")
+    routes = {r.name: r.get("routes") for r in three.of_type("aws:ec2/routeTable:RouteTable")}
+    assert routes["nanocluster-dev-private"] == [{"cidrBlock": "0.0.0.0/0", "natGatewayId": nat.id}]
+    assert routes["nanocluster-dev-public"] == [{"cidrBlock": "0.0.0.0/0", "gatewayId": "nanocluster-dev-id"}]
+    assert one.of_type("aws:ec2/natGateway:NatGateway") == []
+    assert [s.name for s in one.of_type("aws:ec2/subnet:Subnet")] == ["nanocluster-dev-public"]
+
+
+def test_security_groups_self_reference_for_members_and_ssh_from_the_cidr_for_the_head():
+    run = cached_stack("aws", 3)
+    rules = {r.name: r.get() for r in run.of_type(INGRESS)}
+    assert rules["nanocluster-dev-intra-cluster"]["referencedSecurityGroupId"] == "nanocluster-dev-members-id"
+    assert rules["nanocluster-dev-intra-cluster"]["securityGroupId"] == "nanocluster-dev-members-id"
+    assert rules["nanocluster-dev-intra-cluster"]["ipProtocol"] == "-1"
+    ssh = rules["nanocluster-dev-ssh-head"]
+    assert (ssh["securityGroupId"], ssh["cidrIpv4"], ssh["ipProtocol"], ssh["fromPort"], ssh["toPort"]) == (
+        "nanocluster-dev-head-ssh-id", SSH_CIDR, "tcp", 22, 22,
+    )
+    assert len(rules) == 2
+    groups = [i.get("vpcSecurityGroupIds") for i in run.of_type(INSTANCE)]
+    assert groups == [["nanocluster-dev-members-id", "nanocluster-dev-head-ssh-id"]] + [["nanocluster-dev-members-id"]] * 2
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_instances_are_rank_ordered_and_only_the_head_has_a_public_address(nodes):
+    run = cached_stack("aws", nodes)
+    instances = run.of_type(INSTANCE)
+    assert [i.name for i in instances] == [f"nanocluster-dev-{r}" for r in range(nodes)]
+    assert [i.get("privateIp") for i in instances] == ["10.42.0.10"] + [f"10.42.1.{10 + r}" for r in range(1, nodes)]
+    assert [i.get("subnetId") for i in instances] == ["nanocluster-dev-public-id"] + ["nanocluster-dev-private-id"] * (nodes - 1)
+    eips = {e.name: e.get() for e in run.of_type("aws:ec2/eip:Eip")}
+    assert eips["nanocluster-dev-head"]["instance"] == instances[0].id
+    assert all(i.get("associatePublicIpAddress") is False for i in instances)
+
+
+def test_instances_require_imdsv2_encrypt_disks_and_share_a_cluster_placement_group():
+    run = cached_stack("aws", 3)
+    (placement,) = run.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert placement.get("strategy") == "cluster"
+    for instance in run.of_type(INSTANCE):
+        values = instance.get()
+        assert values["metadataOptions"] == {"httpTokens": "required", "httpEndpoint": "enabled", "httpPutResponseHopLimit": 1}
+        assert values["rootBlockDevice"] == {"encrypted": True, "volumeType": "gp3", "volumeSize": 100, "deleteOnTermination": True}
+        assert (values["ami"], values["instanceType"], values["placementGroup"]) == (UBUNTU_AMI, "m6i.4xlarge", "nanocluster-dev")
+        assert values["tags"]["Name"] == instance.name and values["tags"]["cluster"] == "nanocluster-dev"
+        assert "instanceMarketOptions" not in values
+    (lookup,) = [args for token, args in run.invokes if token == "aws:ec2/getAmi:getAmi"]
+    assert lookup["owners"] == ["099720109477"] and lookup["mostRecent"] is True
+    assert {"name": "name", "values": ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"]} in lookup["filters"]
+
+
+def test_user_data_is_a_secret_gzipped_cloud_config_under_the_16k_limit():
+    instance = cached_stack("aws", 3).of_type(INSTANCE)[0]
+    assert is_secret(instance.inputs["userDataBase64"])
+    encoded = instance.get("userDataBase64")
+    assert len(encoded) < 16 * 1024
+    assert yaml.safe_load(decode(encoded))["users"][0]["name"] == "nanocluster"
+
+
+def test_spot_instances():
+    (instance,) = run_stack(stack_config("aws", nodes=1, spot=True)).of_type(INSTANCE)
+    assert instance.get("instanceMarketOptions") == {
+        "marketType": "spot", "spotOptions": {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"},
+    }
+
+
+def test_bake_image_makes_an_ami_of_the_head():
+    run = run_stack(stack_config("aws", nodes=1, bakeImage=True))
+    (ami,) = run.of_type("aws:ec2/amiFromInstance:AmiFromInstance")
+    assert ami.get("sourceInstanceId") == "nanocluster-dev-0-id"

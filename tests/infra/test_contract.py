@@ -1,0 +1,77 @@
+"""The exported output contract (shared/DESIGN.md): the same keys and meanings on every cloud."""
+
+import pytest
+
+from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
+from infra.prices import MACHINE_TYPES, estimate
+from tests.infra.harness import HEAD_PUBLIC_IP, cached_stack, run_stack, stack_config
+
+CLOUDS = ("gcp", "aws", "azure")
+PRIVATE_IPS = {
+    "gcp": ["10.42.0.10", "10.42.0.11", "10.42.0.12"],
+    "aws": ["10.42.0.10", "10.42.1.11", "10.42.1.12"],  # workers in the private subnet
+    "azure": ["10.42.0.10", "10.42.0.11", "10.42.0.12"],
+}
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_exports_exactly_the_contract_in_rank_order(cloud, nodes):
+    outputs = cached_stack(cloud, nodes).outputs
+    assert tuple(outputs) == CONTRACT_KEYS
+    assert outputs["cloud"] == cloud
+    assert outputs["cluster_name"] == "nanocluster-dev"
+    assert outputs["ssh_user"] == "nanocluster"
+    assert outputs["head_public_ip"] == HEAD_PUBLIC_IP[cloud]
+    assert outputs["private_ips"] == PRIVATE_IPS[cloud][:nodes]
+    assert outputs["node_names"] == [f"nanocluster-dev-{rank}" for rank in range(nodes)]
+    assert len(outputs["host_public_keys"]) == nodes == len(set(outputs["host_public_keys"]))
+    assert all(key.startswith("ssh-ed25519 ") and not key.endswith("\n") for key in outputs["host_public_keys"])
+    assert outputs["ssh_public_key"].startswith("ssh-ed25519 ")
+    assert outputs["ssh_private_key"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_only_the_private_key_is_secret(cloud):
+    assert cached_stack(cloud, 3).secret_outputs == {"ssh_private_key"}
+
+
+@pytest.mark.parametrize(
+    ("cloud", "cores", "flags", "region", "zone"),
+    [
+        ("gcp", 4, ["amx_bf16", "avx512_bf16"], "us-central1", "us-central1-a"),
+        ("aws", 8, [], "us-east-1", "us-east-1a"),  # m6i is Ice Lake: no bf16 instructions
+        ("azure", 8, [], "eastus", ""),
+    ],
+)
+def test_machine_facts_come_from_the_machine_table(cloud, cores, flags, region, zone):
+    outputs = cached_stack(cloud, 3).outputs
+    assert (outputs["cores_per_node"], outputs["cpu_flags"]) == (cores, flags)
+    assert (outputs["region"], outputs["zone"]) == (region, zone)
+
+
+def test_amx_machine_type_reports_its_bf16_flags():
+    outputs = run_stack(stack_config("aws", nodes=1, machineType="r7iz.4xlarge")).outputs
+    assert (outputs["machine_type"], outputs["cpu_flags"]) == ("r7iz.4xlarge", ["amx_bf16", "avx512_bf16"])
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_hourly_cost_counts_nodes_disks_public_addresses_and_nat(cloud):
+    one, three = cached_stack(cloud, 1).outputs, cached_stack(cloud, 3).outputs
+    machine = MACHINE_TYPES[one["machine_type"]]
+    assert one["hourly_cost_usd"] == estimate(machine, nodes=1, disk_gb=100, public_ips=1, nat_clients=0).total
+    assert three["hourly_cost_usd"] == estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2).total
+    assert three["hourly_cost_usd"] > 3 * machine.usd_per_hour
+
+
+def test_aws_default_cluster_costs_what_the_readme_says():
+    # README "Clouds" quotes these figures; keep them in step with infra/prices.py.
+    assert cached_stack("aws", 3).outputs["hourly_cost_usd"] == 2.3919
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_baked_image_is_exported_only_when_asked(cloud):
+    assert BAKED_IMAGE_KEY not in cached_stack(cloud, 1).outputs
+    baked = run_stack(stack_config(cloud, nodes=1, bakeImage=True)).outputs
+    assert baked[BAKED_IMAGE_KEY]
+    assert tuple(k for k in baked if k != BAKED_IMAGE_KEY) == CONTRACT_KEYS
