@@ -1,0 +1,152 @@
+"""The trainer as one process: schedule, optimizer groups, outputs, and the errors a user meets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import pytest
+import torch
+
+from model.checkpoint import load_checkpoint, load_model
+from model.config import load_config
+from model.model import GPT, GPTConfig
+from model.train import build_optimizer, learning_rate_at, main
+from tests.model.conftest import TINY_RUN
+
+
+def test_learning_rate_warms_up_then_decays_to_min_lr():
+    cfg = load_config(
+        overrides=["learning_rate=1e-4", "min_lr=1e-5", "warmup_iters=10", "lr_decay_iters=110"]
+    )
+    lrs = [learning_rate_at(i, cfg) for i in range(130)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1e-4
+    assert lrs[10] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+    assert lrs[60] == pytest.approx(5.5e-5)  # cosine midpoint
+    assert lrs[110] == lrs[129] == pytest.approx(1e-5)
+    assert learning_rate_at(50, load_config(overrides=["decay_lr=false", "learning_rate=2e-4"])) == 2e-4
+
+
+def test_weight_decay_applies_to_matrices_only():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    decay, no_decay = build_optimizer(model, load_config(overrides=["weight_decay=0.2"])).param_groups
+    assert decay["weight_decay"] == 0.2 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def run_main(*args: str) -> int:
+    return main([*TINY_RUN, *args])
+
+
+def test_single_process_run_writes_metrics_snapshot_and_best_checkpoint(tmp_path, random_tokens, capsys):
+    out = tmp_path / "run"
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=4", "eval_interval=2") == 0
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["iter"] for r in train] == [0, 1, 2, 3] and [r["iter"] for r in evals] == [0, 2, 4]
+    assert set(train[0]) == {"kind", "iter", "loss", "lr", "iter_ms", "tokens_per_s", "mfu"}
+    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss"}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in train)
+
+    snapshot = load_checkpoint(out / "snapshot.pt")
+    assert snapshot["iter_num"] == 4 and len(snapshot["rng"]) == 1 and "optimizer" in snapshot
+    assert snapshot["config"]["max_iters"] == 4
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in snapshot["model"])
+    best = load_checkpoint(out / "ckpt.pt")
+    assert best["best_val_loss"] == min(r["val_loss"] for r in evals[1:])
+    assert isinstance(load_model(out / "ckpt.pt"), GPT)
+
+    stdout = capsys.readouterr().out
+    assert "[rank 0 " in stdout and "world size 1" in stdout and "eval iter 4" in stdout
+
+
+def test_eval_only_writes_no_checkpoint(tmp_path, random_tokens):
+    out = tmp_path / "run"
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "eval_only=true") == 0
+    assert [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()] == ["eval"]
+    assert not (out / "snapshot.pt").exists()
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_bad_config_value_is_one_clear_line(tmp_path, random_tokens, capsys):
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={tmp_path}", "gradient_accumulation_steps=0") == 1
+    assert one_line_error(capsys) == "error: gradient_accumulation_steps must be >= 1, got 0"
+
+
+def test_missing_data_file_is_one_clear_line(tmp_path, capsys):
+    assert run_main(f"data_dir={tmp_path / 'nodata'}", f"out_dir={tmp_path}") == 1
+    line = one_line_error(capsys)
+    assert line.startswith(f"error: token file {tmp_path / 'nodata' / 'train.bin'} does not exist")
+    assert "python -m model.prepare" in line
+
+
+def test_world_size_mismatch_is_one_clear_line(tmp_path, random_tokens, capsys, monkeypatch):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={tmp_path}", "expected_world_size=3") == 1
+    assert one_line_error(capsys).startswith("error: world size is 1 but expected_world_size is 3")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_snapshot_is_refused_not_trained_over(tmp_path, random_tokens, capsys, damage):
+    out = tmp_path / "run"
+    args = (f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "eval_interval=2")
+    assert run_main(*args) == 0
+    snapshot = out / "snapshot.pt"
+    if damage == "truncate":
+        os.truncate(snapshot, snapshot.stat().st_size // 2)
+    else:
+        data = bytearray(snapshot.read_bytes())
+        data[len(data) // 3] ^= 0x01
+        snapshot.write_bytes(data)
+    damaged = snapshot.read_bytes()
+    capsys.readouterr()
+
+    assert run_main(*args[:2], "max_iters=4", "eval_interval=2") == 1
+    line = one_line_error(capsys)
+    assert line.startswith(f"error: checkpoint {snapshot} is ")
+    assert ("truncated" if damage == "truncate" else "corrupt") in line and "Delete it" in line
+    assert snapshot.read_bytes() == damaged  # left for the operator to inspect
+
+
+def test_resume_with_a_different_batch_shape_is_refused(tmp_path, random_tokens, capsys):
+    out = tmp_path / "run"
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=1") == 0
+    capsys.readouterr()
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "batch_size=8") == 1
+    assert "batch_size is 8 but the snapshot" in one_line_error(capsys)
+
+
+def test_pretrained_directory_is_fine_tuned_from_its_weights(tmp_path, random_tokens):
+    transformers = pytest.importorskip("transformers")
+    hf_dir = tmp_path / "tiny-gpt2"
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(hf_dir)
+
+    out = tmp_path / "run"
+    args = [a for a in TINY_RUN if a != "init_from=scratch"]
+    assert (
+        main([*args, f"init_from={hf_dir}", f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=1"])
+        == 0
+    )
+    trained = load_checkpoint(out / "snapshot.pt")
+    assert trained["model_config"]["block_size"] == 32  # cropped from 64
+    assert trained["config"]["init_from"] == str(hf_dir)

@@ -1,0 +1,51 @@
+"""A rank that dies or hangs makes the others fail fast with a clear error, never hang."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 8
+
+
+def wait_for_line(log_dir, rank: int, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in rank_log(log_dir, rank, "out"):
+        if time.monotonic() > deadline:
+            pytest.fail(f"rank {rank} never logged {text!r}; logs in {log_dir}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_survivors_exit_nonzero_within_the_collective_timeout(tmp_path, random_tokens, fault):
+    logs = tmp_path / "logs"
+    args = [
+        *TINY_RUN,
+        f"data_dir={random_tokens}",
+        f"out_dir={tmp_path / 'run'}",
+        "max_iters=100000",
+        "eval_interval=100000",
+        f"collective_timeout_s={TIMEOUT_S}",
+    ]
+    procs = launch_ranks(3, args, logs)
+    try:
+        wait_for_line(logs, 0, "iter 2:", timeout=90)
+        procs[2].send_signal(fault)
+        faulted = time.monotonic()
+        codes = wait_all(procs[:2], logs, timeout=TIMEOUT_S + 15)
+        elapsed = time.monotonic() - faulted
+    finally:
+        procs[2].kill()
+        procs[2].wait()
+
+    assert all(code != 0 for code in codes)
+    assert elapsed < TIMEOUT_S + 10
+    for rank in (0, 1):
+        last = rank_log(logs, rank).strip().splitlines()[-1]
+        assert last.startswith("error: a collective with the other ranks failed"), last
