@@ -1,0 +1,99 @@
+"""node/bootstrap.sh: its command-line interface, errors, and idempotence.
+
+The full runs build a real venv offline: the requirements are already satisfied through
+PYTHONPATH pointing at this project's environment, so pip installs nothing and needs no network.
+"""
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.cloudinit import NODE_DIR
+
+BOOTSTRAP = NODE_DIR / "bootstrap.sh"
+
+
+def bootstrap(home: Path, *args: str, node_dir: Path = NODE_DIR, offline_packages: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["HOME"] = str(home)
+    if offline_packages:
+        env["PYTHONPATH"] = site.getsitepackages()[0]
+    return subprocess.run(
+        ["bash", str(node_dir / "bootstrap.sh"), *args], capture_output=True, text=True, env=env, timeout=300,
+    )
+
+
+def offline(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """A bootstrap for the current user that never touches apt or the network."""
+    return bootstrap(home, "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index", *args, **kwargs)
+
+
+def test_help_documents_every_flag():
+    result = subprocess.run(["bash", str(BOOTSTRAP), "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    for flag in ("--user", "--profile", "--python", "--pip-args", "--skip-system-packages", "--check"):
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "error"),
+    [
+        (["--profile", "cuda"], 2, "error: --profile must be 'default' or 'intel', not 'cuda' (see --help)"),
+        (["--user"], 2, "error: --user needs a value (see --help)"),
+        (["--frobnicate"], 2, "error: unknown argument '--frobnicate' (see --help)"),
+        (["--user", "no-such-user-here"], 1, "error: user 'no-such-user-here' does not exist"),
+        (["--python", "python2.7-not-here", "--skip-system-packages"], 1, "error: python 'python2.7-not-here' not found"),
+    ],
+)
+def test_bad_usage_exits_with_one_clear_error_line(tmp_path, args, status, error):
+    result = bootstrap(tmp_path, *args)
+    assert result.returncode == status
+    assert result.stderr.strip().startswith(error)
+    assert not (tmp_path / "nanocluster" / "venv").exists()
+
+
+def test_check_reports_a_fresh_machine_as_not_ready(tmp_path):
+    result = bootstrap(tmp_path, "--check")
+    assert result.returncode == 3 and "not bootstrapped" in result.stdout
+    assert not (tmp_path / "nanocluster").exists()
+
+
+@pytest.mark.integration
+def test_second_run_changes_nothing_and_says_so(tmp_path):
+    first = offline(tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    root = tmp_path / "nanocluster"
+    assert {p.name for p in root.iterdir()} == {"venv", "code", "data", "runs", "node.env"}
+    marker = root / "venv" / ".nanocluster-ready"
+    assert "profile=default" in marker.read_text() and "torch=" in marker.read_text()
+    assert "NANOCLUSTER_VENV=" + str(root / "venv") in (root / "node.env").read_text()
+    before = {p: p.stat().st_mtime_ns for p in (marker, root / "node.env")}
+
+    second = offline(tmp_path)
+    assert second.returncode == 0
+    assert "already bootstrapped" in second.stdout and "nothing to do" in second.stdout
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert offline(tmp_path, "--check").returncode == 0
+
+
+@pytest.mark.integration
+def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_marker(tmp_path):
+    node_dir = tmp_path / "node"
+    shutil.copytree(NODE_DIR, node_dir)
+    home = tmp_path / "home"
+    home.mkdir()
+    assert offline(home, node_dir=node_dir).returncode == 0
+
+    with (node_dir / "requirements-default.txt").open("a") as requirements:
+        requirements.write("nanocluster-package-that-does-not-exist==1.0\n")
+    failed = offline(home, node_dir=node_dir)
+    assert failed.returncode == 1
+    assert "already bootstrapped" not in failed.stdout
+    assert failed.stderr.strip().splitlines()[-1].startswith("error: pip install -r")
+    assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
+    assert offline(home, "--check", node_dir=node_dir).returncode == 3

