@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pulumi
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pulumi.runtime import rpc
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
@@ -45,12 +47,12 @@ class UnmockedInvoke(AssertionError):
     """The program called a data source the tests do not know: mock it, never reach a cloud."""
 
 
-def _fake_key(name: str) -> dict[str, str]:
-    body = base64.b64encode(name.encode()).decode()
-    return {
-        "privateKeyOpenssh": f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}\n-----END OPENSSH PRIVATE KEY-----\n",
-        "publicKeyOpenssh": f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5{body}\n",
-    }
+def _ed25519_key(name: str) -> dict[str, str]:
+    """A real ED25519 key pair in the tls provider's output format (what pulumi_tls would return)."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()).decode()
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    return {"privateKeyOpenssh": private, "publicKeyOpenssh": public + "\n"}
 
 
 class ClusterMocks(pulumi.runtime.Mocks):
@@ -63,7 +65,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
     }
     # Outputs a cloud computes, by resource type.
     COMPUTED: ClassVar[dict[str, Callable[[str], dict]]] = {
-        "tls:index/privateKey:PrivateKey": lambda name: _fake_key(name),
+        "tls:index/privateKey:PrivateKey": _ed25519_key,
         "gcp:compute/address:Address": lambda name: {"address": HEAD_PUBLIC_IP["gcp"]},
         "gcp:compute/image:Image": lambda name: {"selfLink": f"projects/my-project/global/images/{name}"},
         "gcp:compute/snapshot:Snapshot": lambda name: {"selfLink": f"projects/my-project/global/snapshots/{name}"},

@@ -4,6 +4,7 @@ import pytest
 
 from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
 from infra.prices import MACHINE_TYPES, estimate
+from launcher.inventory import parse_contract
 from tests.infra.harness import HEAD_PUBLIC_IP, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
@@ -29,6 +30,14 @@ def test_exports_exactly_the_contract_in_rank_order(cloud, nodes):
     assert all(key.startswith("ssh-ed25519 ") and not key.endswith("\n") for key in outputs["host_public_keys"])
     assert outputs["ssh_public_key"].startswith("ssh-ed25519 ")
     assert outputs["ssh_private_key"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_the_launcher_accepts_every_clouds_contract(cloud):
+    outputs = cached_stack(cloud, 3).outputs
+    cluster = parse_contract(outputs, source=f"stack ({cloud})")
+    assert [(n.name, n.private_ip) for n in cluster.nodes] == list(zip(outputs["node_names"], outputs["private_ips"], strict=True))
+    assert [n.host_public_key for n in cluster.nodes] == outputs["host_public_keys"]
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
