@@ -42,7 +42,7 @@ def install_ssh_command(root: str) -> str:
         f'for f in {root}/ssh/*; do cmp -s "$f" "$HOME/{SSH_DIR}/${{f##*/}}" || install -m 600 "$f" "$HOME/{SSH_DIR}/"; done && '
         f"rm -rf {root}/ssh && "
         f'{{ grep -qsxF "{include}" "$HOME/.ssh/config" || '
-        f'{{ {{ echo "{include}"; cat "$HOME/.ssh/config" 2>/dev/null; }} > "$HOME/.ssh/config.nc" && '
+        f'{{ {{ echo "{include}"; cat "$HOME/.ssh/config" 2>/dev/null || true; }} > "$HOME/.ssh/config.nc" && '
         f'chmod 600 "$HOME/.ssh/config.nc" && mv "$HOME/.ssh/config.nc" "$HOME/.ssh/config"; }}; }}'
     )
 

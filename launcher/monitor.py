@@ -8,6 +8,7 @@ then lost it) stops every unit on every node, and its last lines are printed. Ct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -133,10 +134,8 @@ class Monitor:
             if self.progress.update(record):
                 self.events.put(("progress",))
 
-        try:
+        with contextlib.suppress(NodeError):  # the unit followers report lost nodes
             shell.stream(metrics_command(shell.root, self.plan.run, unit), on_line)
-        except NodeError:
-            pass  # the unit followers report lost nodes
 
     def watch(self) -> Progress:
         # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does.

@@ -1,0 +1,232 @@
+"""sshd test nodes: each a network namespace on a bridge with its own address, hostname and home.
+
+    with TestNodes(3, workdir) as nodes:
+        nodes.contract_path     # the output contract describing them (cloud "static")
+
+Node i lives in network namespace <tag>n<i> with eth0 = 10.A.B.(10+i)/24, a veth whose peer is on
+a bridge in the root namespace (10.A.B.1: this machine, the "operator"). Its sshd runs in its own
+UTS namespace (hostname node<i>) and mount namespace, where /etc/passwd is replaced by a copy that
+gives root the home /home/nanocluster-node, onto which the node's own directory is bind-mounted:
+every node sees the same path for its home, like identical VMs, yet each home is separate. sshd
+listens only on the node's address with a fresh ED25519 host key. Teardown kills every process in
+each namespace by PID, deletes the namespaces, the veths and the bridge.
+
+The nodes share this machine's filesystem otherwise, so they run the trainer with this checkout's
+.venv (the contract's node_python), unless built `bare` (no node_python: `fab setup` must bootstrap).
+They have no internet: the GPT-2 vocabulary is pre-placed in each home, as `make setup` does here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NODE_HOME = Path("/home/nanocluster-node")
+SSHD = "/usr/sbin/sshd"
+START_TIMEOUT_S = 15
+
+
+def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def missing_requirements() -> str:
+    """Why test nodes cannot be built here, or '' when they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "unshare", "ssh-keygen", "ssh", SSHD):
+        if not shutil.which(tool):
+            return f"{tool} is missing (make system-deps installs openssh-server and iproute2)"
+    return ""
+
+
+def free_subnet() -> ipaddress.IPv4Network:
+    """A /24 under 10.200.0.0/13 that no interface of this machine uses, derived from our PID."""
+    used = run("ip", "-o", "-4", "addr", "show").stdout
+    for attempt in range(64):
+        n = (os.getpid() + attempt * 7919) % 2048
+        net = ipaddress.ip_network(f"10.{200 + n // 256}.{n % 256}.0/24")
+        if f" 10.{200 + n // 256}.{n % 256}." not in used:
+            return net
+    raise RuntimeError("no free 10.200.0.0/13 subnet for the test bridge")
+
+
+class TestNodes:
+    __test__ = False  # not a pytest class
+    built = 0
+
+    def __init__(self, count: int, workdir: Path, bare: bool = False, dead: int = 0):
+        """count live nodes; `dead` more are listed in the contract with an address nobody answers."""
+        self.count, self.workdir, self.bare, self.dead = count, Path(workdir), bare, dead
+        TestNodes.built += 1
+        self.tag = f"nc{os.getpid() % 100000}x{TestNodes.built}"
+        self.subnet = free_subnet()
+        hosts = list(self.subnet.hosts())
+        self.gateway = str(hosts[0])
+        self.ips = [str(hosts[9 + i]) for i in range(count + dead)]
+        self.namespaces = [f"{self.tag}n{i}" for i in range(count)]
+        self.bridge = f"{self.tag}br"
+        self.sshd: list[subprocess.Popen] = []
+        self.contract_path = self.workdir / "cluster.json"
+
+    # ------------------------------------------------------------------ paths
+    def home(self, i: int) -> Path:
+        """Node i's home directory as seen from this machine."""
+        return self.workdir / f"node{i}" / "home"
+
+    def __enter__(self) -> TestNodes:
+        try:
+            self._build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def _build(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        NODE_HOME.mkdir(parents=True, exist_ok=True)
+        key = self.workdir / "cluster_key"
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nanocluster-test", "-f", str(key))
+        run("ip", "link", "add", self.bridge, "type", "bridge")
+        run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        run("ip", "link", "set", self.bridge, "up")
+        host_keys = []
+        for i in range(self.count):
+            host_keys.append(self._node(i, key))
+        for i in range(self.count, self.count + self.dead):
+            host_keys.append(host_keys[0])  # a pinned key for a node that will never answer
+        self._wait_listening()
+        self.contract = {
+            "cloud": "static",
+            "cluster_name": f"test-{self.tag}",
+            "ssh_user": "root",
+            "head_public_ip": self.ips[0],
+            "private_ips": self.ips,
+            "node_names": [f"node{i}" for i in range(self.count + self.dead)],
+            "ssh_private_key": key.read_text(),
+            "ssh_public_key": (self.workdir / "cluster_key.pub").read_text().strip(),
+            "host_public_keys": host_keys,
+            "cores_per_node": 1,
+            "cpu_flags": [],
+            "machine_type": "netns",
+            "region": "this machine",
+        }
+        if not self.bare:
+            self.contract["node_python"] = sys.executable
+        self.contract_path.write_text(json.dumps(self.contract, indent=2))
+
+    def _node(self, i: int, cluster_key: Path) -> str:
+        ns, ip = self.namespaces[i], self.ips[i]
+        base = self.workdir / f"node{i}"
+        home = self.home(i)
+        (home / ".ssh").mkdir(parents=True, exist_ok=True)
+        home.chmod(0o700)
+        (home / ".ssh").chmod(0o700)
+        auth = home / ".ssh" / "authorized_keys"
+        auth.write_text((self.workdir / "cluster_key.pub").read_text())
+        auth.chmod(0o600)
+        vocab = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or Path.home() / ".cache" / "nanocluster" / "tiktoken")
+        if vocab.is_dir():
+            shutil.copytree(vocab, home / ".cache" / "nanocluster" / "tiktoken", dirs_exist_ok=True)
+        host_key = base / "ssh_host_ed25519_key"
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
+        passwd = base / "passwd"
+        passwd.write_text("".join(
+            f"root:x:0:0:root:{NODE_HOME}:/bin/bash\n" if line.startswith("root:") else line + "\n"
+            for line in Path("/etc/passwd").read_text().splitlines()
+        ))
+        config = base / "sshd_config"
+        config.write_text(
+            f"ListenAddress {ip}\nPort 22\nHostKey {host_key}\nPidFile {base / 'sshd.pid'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nAuthorizedKeysFile .ssh/authorized_keys\nSubsystem sftp internal-sftp\n"
+            "MaxSessions 64\nMaxStartups 64:30:128\nPrintMotd no\nLogLevel ERROR\n"
+            "SetEnv PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin\n"
+        )
+        run("ip", "netns", "add", ns)
+        veth = f"{self.tag}v{i}"
+        run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        run("ip", "link", "set", veth, "master", self.bridge, "up")
+        run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
+        run("ip", "-n", ns, "link", "set", "lo", "up")
+        Path("/run/sshd").mkdir(exist_ok=True)
+        inner = (
+            f"hostname node{i} && mount --bind {passwd} /etc/passwd && mount --bind {home} {NODE_HOME} && "
+            f"exec {SSHD} -D -e -f {config}"
+        )
+        log = open(base / "sshd.log", "wb")  # noqa: SIM115 (lives as long as sshd)
+        self.sshd.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", inner],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        ))
+        return (base / "ssh_host_ed25519_key.pub").read_text().strip()
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for i, ip in enumerate(self.ips[: self.count]):
+            while True:
+                if self.sshd[i].poll() is not None:
+                    log = (self.workdir / f"node{i}" / "sshd.log").read_text()
+                    raise RuntimeError(f"sshd of node{i} exited: {log}")
+                try:
+                    socket.create_connection((ip, 22), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"sshd of node{i} does not listen on {ip}:22") from None
+                    time.sleep(0.05)
+
+    # ------------------------------------------------------------------ inspection
+    def pids(self, i: int) -> list[int]:
+        out = run("ip", "netns", "pids", self.namespaces[i], check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def processes(self, i: int, needle: str) -> list[int]:
+        """PIDs in node i whose command line contains needle."""
+        found = []
+        for pid in self.pids(i):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmdline:
+                found.append(pid)
+        return found
+
+    def ssh(self, i: int, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a command on node i as an operator would: ssh with the cluster key and pinned host key."""
+        known = self.workdir / "known_hosts"
+        known.write_text("".join(f"{ip} {k}\n" for ip, k in zip(self.ips, self.contract["host_public_keys"], strict=False)))
+        return run("ssh", "-i", str(self.workdir / "cluster_key"), "-o", "StrictHostKeyChecking=yes",
+                   "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                   f"root@{self.ips[i]}", command, check=False, timeout=timeout)
+
+    # ------------------------------------------------------------------ teardown
+    def teardown(self) -> None:
+        for i, ns in enumerate(self.namespaces):
+            if i < len(self.sshd):
+                for pid in self.pids(i):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        for proc in self.sshd:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        for ns in self.namespaces:
+            run("ip", "netns", "del", ns, check=False)
+        run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.workdir, ignore_errors=True)

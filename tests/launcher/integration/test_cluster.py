@@ -1,0 +1,118 @@
+"""The launcher against three real sshd nodes in network namespaces, through the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.launcher.integration.conftest import Fab
+from tests.launcher.integration.nodes import TestNodes
+
+RUN_TIMEOUT_S = 180
+
+
+def test_setup_distributes_keys_and_head_reaches_workers_with_pinned_host_keys(nodes, fab):
+    result = fab("setup")
+    assert result.returncode == 0, result.stderr + result.stdout
+    # From the head, by alias, with the rendered config: host keys pinned, no prompt possible.
+    for i in (1, 2):
+        hop = nodes.ssh(0, f"ssh -o BatchMode=yes node{i} hostname")
+        assert hop.returncode == 0, hop.stderr
+        assert hop.stdout.strip() == f"node{i}"
+    effective = nodes.ssh(0, "ssh -G node2").stdout
+    assert "stricthostkeychecking true" in effective or "stricthostkeychecking yes" in effective
+    # A host key that differs from the pinned one is refused.
+    (nodes.home(0) / ".ssh" / "nanocluster" / "known_hosts").write_text(
+        (nodes.home(0) / ".ssh" / "nanocluster" / "known_hosts").read_text().replace(
+            nodes.contract["host_public_keys"][1].split()[1], nodes.contract["host_public_keys"][2].split()[1]))
+    refused = nodes.ssh(0, "ssh -o BatchMode=yes node1 true")
+    assert refused.returncode != 0 and "host key" in refused.stderr.lower()
+    assert fab("setup").returncode == 0  # and setup puts the pinned key back
+    assert nodes.ssh(0, "ssh -o BatchMode=yes node1 true").returncode == 0
+
+
+def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config):
+    prepared = fab("prepare-data")
+    assert prepared.returncode == 0, prepared.stderr + prepared.stdout
+    for i in range(3):  # the head prepared it, the workers got a checksummed copy
+        assert (nodes.home(i) / "nanocluster/data/builtin/train.bin").stat().st_size > 0
+    result = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "world3", timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    for rank in range(3):
+        assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank}", result.stdout)
+    digests = re.findall(r"\[rank (\d) node\d\] .*parameters sha256 ([0-9a-f]+)", result.stdout)
+    assert sorted(r for r, _ in digests) == ["0", "1", "2"], "every rank logs its final parameter digest"
+    assert len({d for _, d in digests}) == 1, digests
+    metrics = (nodes.home(0) / "nanocluster/runs/world3/metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["iter"] == 20
+    for i in range(3):  # per-node log files
+        assert "world size 3" in (nodes.home(i) / f"nanocluster/runs/world3/logs/rank{i}.log").read_text()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path):
+    assert fab("prepare-data").returncode == 0
+    run_dir = nodes.home(0) / "nanocluster/runs/killed"
+    log = tmp_path / "fab.log"
+    proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",
+                     "--set", "max_iters=100000", "--set", "eval_interval=5", log=log)
+    try:
+        wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+        victims = nodes.processes(1, "model.train")
+        assert victims, "rank 1's trainer runs on node1"
+        killed_at = time.monotonic()
+        for pid in victims:
+            import os
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    assert code != 0 and elapsed < 60
+    assert "rank 1 node1 exited with code 137 (signal 9)" in output, output[-2000:]
+    assert "---- last" in output
+    for i in range(3):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    rerun = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",
+                "--set", "max_iters=12", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout[-3000:]
+    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), rerun.stdout[-3000:]
+
+
+def test_an_unreachable_node_fails_within_the_connect_timeout(tmp_path):
+    with TestNodes(1, tmp_path / "nodes", dead=1) as partial:
+        fab = Fab(partial.contract_path, tmp_path / "operator")
+        started = time.monotonic()
+        result = fab("status", timeout=60)
+        elapsed = time.monotonic() - started
+        assert result.returncode != 0
+        assert re.search(r"node1.*DOWN", result.stdout), result.stdout
+        started = time.monotonic()
+        result = fab("train", "--nodes", "2", "--dry-run")
+        assert result.returncode == 0  # a dry run connects to nothing
+        result = fab("train", "--nodes", "2", timeout=60)
+        assert result.returncode != 0
+        assert "node1" in result.stderr and "unreachable within 10 s" in result.stderr, result.stderr
+        assert time.monotonic() - started < 25 and elapsed < 25
+
+
+@pytest.mark.parametrize("nodes_wanted", [4])
+def test_more_nodes_than_the_cluster_has_is_a_clear_error(fab, nodes_wanted):
+    result = fab("train", "--nodes", str(nodes_wanted))
+    assert result.returncode == 1
+    assert f"--nodes {nodes_wanted} but cluster" in result.stderr and "has 3 node(s)" in result.stderr
