@@ -108,14 +108,27 @@ is_ready() {
     [[ -f "$marker" ]] && grep -qx "hash=$wanted_hash" "$marker" && "$venv/bin/python" -c 'pass' 2>/dev/null
 }
 
-if is_ready; then
+already_ready() {
     log "already bootstrapped for $user (profile $profile, hash ${wanted_hash:0:12}): nothing to do"
     exit 0
-fi
+}
 if ((check_only)); then
+    is_ready && already_ready
     log "not bootstrapped for $user (profile $profile): run node/bootstrap.sh without --check"
     exit 3
 fi
+
+# One run at a time per user: cloud-init's first-boot run and a `fab setup` may overlap; the later
+# one waits, then finds the node ready.
+as_user mkdir -p "$root_dir"
+lock="$root_dir/.bootstrap.lock"
+as_user touch "$lock"
+exec {lock_fd}<"$lock"
+if ! flock -n "$lock_fd"; then
+    log "another bootstrap is running for $user; waiting for it (up to 1 hour)"
+    flock -w 3600 "$lock_fd" || die "another bootstrap has held $lock for an hour: see /var/log/nanocluster-bootstrap.log or its terminal"
+fi
+is_ready && already_ready
 
 # Prints the first of the given apt package names this distribution knows (names differ across
 # releases, e.g. Ubuntu 24.04's t64 renames).

@@ -9,6 +9,7 @@ import shutil
 import site
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_second_run_changes_nothing_and_says_so(tmp_path):
     first = offline(tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     root = tmp_path / "nanocluster"
-    assert {p.name for p in root.iterdir()} == {"venv", "code", "data", "runs", "node.env"}
+    assert {p.name for p in root.iterdir()} == {"venv", "code", "data", "runs", "node.env", ".bootstrap.lock"}
     marker = root / "venv" / ".nanocluster-ready"
     assert "profile=default" in marker.read_text() and "torch=" in marker.read_text()
     assert "NANOCLUSTER_VENV=" + str(root / "venv") in (root / "node.env").read_text()
@@ -97,3 +98,24 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
     assert failed.stderr.strip().splitlines()[-1].startswith("error: pip install -r")
     assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
     assert offline(home, "--check", node_dir=node_dir).returncode == 3
+
+
+@pytest.mark.integration
+def test_a_concurrent_run_waits_for_the_first_then_finds_the_node_ready(tmp_path):
+    """cloud-init's first-boot run and a `fab setup` can overlap on a fresh VM."""
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": site.getsitepackages()[0]}
+    args = ["bash", str(BOOTSTRAP), "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index"]
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        venv = tmp_path / "nanocluster" / "venv"
+        deadline = time.monotonic() + 60
+        while not venv.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = offline(tmp_path)
+        assert first.wait(timeout=300) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 0
+    assert "another bootstrap is running" in second.stdout
+    assert "nothing to do" in second.stdout
