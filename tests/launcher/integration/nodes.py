@@ -18,6 +18,7 @@ They have no internet: the GPT-2 vocabulary is pre-placed in each home, as `make
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -104,8 +105,7 @@ class TestNodes:
         host_keys = []
         for i in range(self.count):
             host_keys.append(self._node(i, key))
-        for i in range(self.count, self.count + self.dead):
-            host_keys.append(host_keys[0])  # a pinned key for a node that will never answer
+        host_keys += [host_keys[0]] * self.dead  # pinned keys for nodes that will never answer
         self._wait_listening()
         self.contract = {
             "cloud": "static",
@@ -215,13 +215,10 @@ class TestNodes:
 
     # ------------------------------------------------------------------ teardown
     def teardown(self) -> None:
-        for i, ns in enumerate(self.namespaces):
-            if i < len(self.sshd):
-                for pid in self.pids(i):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+        for i in range(len(self.sshd)):
+            for pid in self.pids(i):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for proc in self.sshd:
             if proc.poll() is None:
                 proc.kill()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -72,9 +74,6 @@ def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_
         assert victims, "rank 1's trainer runs on node1"
         killed_at = time.monotonic()
         for pid in victims:
-            import os
-            import signal
-
             os.kill(pid, signal.SIGKILL)
         code = proc.wait(timeout=60)
         elapsed = time.monotonic() - killed_at
