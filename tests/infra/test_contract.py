@@ -1,5 +1,7 @@
 """The exported output contract (shared/DESIGN.md): the same keys and meanings on every cloud."""
 
+from pathlib import Path
+
 import pytest
 
 from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
@@ -8,6 +10,7 @@ from launcher.inventory import parse_contract
 from tests.infra.harness import HEAD_PUBLIC_IP, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
+README = Path(__file__).resolve().parents[2] / "README.md"
 PRIVATE_IPS = {
     "gcp": ["10.42.0.10", "10.42.0.11", "10.42.0.12"],
     "aws": ["10.42.0.10", "10.42.1.11", "10.42.1.12"],  # workers in the private subnet
@@ -73,9 +76,11 @@ def test_hourly_cost_counts_nodes_disks_public_addresses_and_nat(cloud):
     assert three["hourly_cost_usd"] > 3 * machine.usd_per_hour
 
 
-def test_aws_default_cluster_costs_what_the_readme_says():
-    # README "Clouds" quotes these figures; keep them in step with infra/prices.py.
-    assert cached_stack("aws", 3).outputs["hourly_cost_usd"] == 2.3919
+@pytest.mark.parametrize(("cloud", "heading"), [("gcp", "### GCP"), ("aws", "### AWS"), ("azure", "### Azure")])
+def test_readme_quotes_the_cost_the_stack_exports(cloud, heading):
+    section = README.read_text().split(heading, 1)[1].split("\n### ", 1)[0]
+    assert f"**≈ ${cached_stack(cloud, 3).outputs['hourly_cost_usd']:.2f}/h**" in section
+    assert f"one node ≈ ${cached_stack(cloud, 1).outputs['hourly_cost_usd']:.2f}/h" in section
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
