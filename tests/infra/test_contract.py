@@ -1,5 +1,6 @@
 """The exported output contract (shared/DESIGN.md): the same keys and meanings on every cloud."""
 
+import runpy
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,10 @@ def test_baked_image_is_exported_only_when_asked(cloud):
     baked = run_stack(stack_config(cloud, nodes=1, bakeImage=True)).outputs
     assert baked[BAKED_IMAGE_KEY]
     assert tuple(k for k in baked if k != BAKED_IMAGE_KEY) == CONTRACT_KEYS
+
+
+def test_the_entry_point_pulumi_runs_exports_the_contract():
+    """Pulumi executes infra/__main__.py by path (Pulumi.yaml main: infra/)."""
+    main = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
+    run = run_stack(stack_config("gcp", nodes=1), program=lambda: runpy.run_path(str(main), run_name="__main__"))
+    assert tuple(run.outputs) == CONTRACT_KEYS
