@@ -66,7 +66,10 @@ def split_documents(path: Path) -> list[np.ndarray]:
 
 
 def documents_per_split(out: Path) -> dict[str, list[tuple[int, ...]]]:
-    return {split: [tuple(d.tolist()) for d in split_documents(out / f"{split}.bin")] for split in ("train", "val")}
+    return {
+        split: [tuple(d.tolist()) for d in split_documents(out / f"{split}.bin")]
+        for split in ("train", "val")
+    }
 
 
 def output_bytes(out: Path) -> dict[str, bytes]:
@@ -144,9 +147,14 @@ def big_jsonl(path: Path) -> Path:
 def start_and_stop_midway(source: Path, out: Path, stop: signal.Signals) -> int:
     """Run the CLI in its own session, send `stop` to it once it has written tokens; its exit code."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "model.prepare", str(source), "--out", str(out), "--workers", "2"],
-                            env=env, cwd=out.parent, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "model.prepare", str(source), "--out", str(out), "--workers", "2"],
+        env=env,
+        cwd=out.parent,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while not any(p.stat().st_size for p in out.parent.glob(f".{out.name}.partial-*/train.bin")):
@@ -189,8 +197,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     """name -> (arguments, what the error must say)."""
     good_then_malformed = tmp / "late.jsonl"  # ~2 MB: fails after chunks were tokenized and written
     good = english_documents(300, paragraphs=(10, 30))
-    good_then_malformed.write_text("".join(json.dumps({"text": t}) + "\n" for t in good)
-                                   + '{"text": "unterminated\n')
+    good_then_malformed.write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in good) + '{"text": "unterminated\n'
+    )
     (tmp / "blank.jsonl").write_text("\n\n")
     (tmp / "latin1.txt").write_bytes("Grüße".encode("latin-1"))
     (tmp / "binary.md").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0")
@@ -206,8 +215,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     }
 
 
-@pytest.mark.parametrize("case", ["empty source", "non-UTF-8", "binary", "malformed line", "missing field",
-                                  "empty val"])
+@pytest.mark.parametrize(
+    "case", ["empty source", "non-UTF-8", "binary", "malformed line", "missing field", "empty val"]
+)
 def test_bad_input_gives_a_clear_error_and_writes_nothing(tmp_path, capsys, case):
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -231,11 +241,22 @@ def test_existing_directory_that_is_not_a_dataset_is_left_alone(tmp_path, capsys
 
 
 def test_missing_vocabulary_gives_the_tokenizer_fix_and_writes_nothing(tmp_path):
-    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"), PYTHONPATH=str(REPO),
-               HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", NO_PROXY="")
+    env = dict(
+        os.environ,
+        TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"),
+        PYTHONPATH=str(REPO),
+        HTTPS_PROXY="http://127.0.0.1:9",
+        HTTP_PROXY="http://127.0.0.1:9",
+        NO_PROXY="",
+    )
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "model.prepare", "builtin", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "model.prepare", "builtin", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "could not load the GPT-2 BPE vocabulary" in proc.stderr
     assert "python -m model.tokenizer install" in proc.stderr
@@ -268,7 +289,9 @@ def test_limit_takes_the_first_documents_of_the_source(corpus, tmp_path):
     assert decoded == sorted(documents[:50]) and meta["limit"] == 50
 
 
-def test_progress_in_a_log_is_one_line_per_update_with_documents_and_tokens_per_second(corpus, tmp_path, capsys):
+def test_progress_in_a_log_is_one_line_per_update_with_documents_and_tokens_per_second(
+    corpus, tmp_path, capsys
+):
     source, documents = corpus
     assert main([str(source), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
     captured = capsys.readouterr()

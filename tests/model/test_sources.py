@@ -76,7 +76,11 @@ def test_parquet_reads_the_named_column(tmp_path):
         ("latin1.txt", "café".encode("latin-1"), ["latin1.txt: not valid UTF-8", "offset 3", "iconv"]),
         ("image.txt", b"\x89PNG\r\n\x1a\n\0\0", ["image.txt: looks like a binary file", "offset 8"]),
         ("bad.jsonl", b'{"text": "a"}\n{"text": "b"}\n{"text": "c",}\n', ["bad.jsonl:3: malformed JSON"]),
-        ("field.jsonl", b'{"text": "a"}\n{"body": "b"}\n', ["field.jsonl:2: no field 'text'", "body", "--field"]),
+        (
+            "field.jsonl",
+            b'{"text": "a"}\n{"body": "b"}\n',
+            ["field.jsonl:2: no field 'text'", "body", "--field"],
+        ),
         ("list.jsonl", b'["a"]\n', ["list.jsonl:1: expected a JSON object"]),
         ("number.jsonl", b'{"text": 3}\n', ["number.jsonl:1: field 'text' is int"]),
         ("nonutf8.jsonl", b'{"text": "a"}\n{"text": "\xff"}\n', ["nonutf8.jsonl:2: not valid UTF-8"]),
@@ -95,7 +99,9 @@ def test_bad_file_names_itself_and_the_problem(tmp_path, name, content, expected
 
 def test_parquet_without_the_column_lists_the_columns(tmp_path):
     path = write_parquet(tmp_path / "d.parquet", {"content": ["x"], "lang": ["en"]})
-    with pytest.raises(SourceError, match=r"d\.parquet: no column 'text' \(columns: content, lang\).*--field"):
+    with pytest.raises(
+        SourceError, match=r"d\.parquet: no column 'text' \(columns: content, lang\).*--field"
+    ):
         docs(str(path))
 
 
@@ -175,9 +181,13 @@ def test_failed_download_names_the_url_and_leaves_no_file(text_server, tmp_path)
 def test_hub_source_streams_parquet_through_datasets(tmp_path):
     # datasets.load_dataset opens a local directory of parquet files the way it opens a hub repo's.
     repo = tmp_path / "repo"
-    write_parquet(repo / "data" / "train-00000-of-00001.parquet", {"text": ["first", "", "second"], "n": [1, 2, 3]})
+    write_parquet(
+        repo / "data" / "train-00000-of-00001.parquet", {"text": ["first", "", "second"], "n": [1, 2, 3]}
+    )
     assert docs(f"hf:{repo}") == ["first", "second"]
-    with pytest.raises(SourceError, match=r"has no column 'body' \(columns: text, n\); choose one with --field"):
+    with pytest.raises(
+        SourceError, match=r"has no column 'body' \(columns: text, n\); choose one with --field"
+    ):
         docs(f"hf:{repo}", text_field="body")
     with pytest.raises(SourceError, match=r"could not open hub dataset.*split 'validation'"):
         docs(f"hf:{repo}", split="validation")
@@ -185,12 +195,15 @@ def test_hub_source_streams_parquet_through_datasets(tmp_path):
 
 def test_alpaca_records_are_rendered_with_the_documented_template(tmp_path, monkeypatch):
     repo = tmp_path / "alpaca"
-    write_parquet(repo / "train.parquet", {
-        "instruction": ["Add the numbers.", "Name a colour."],
-        "input": ["2 and 3", ""],
-        "output": ["5", "Blue."],
-        "text": ["unused", "unused"],
-    })
+    write_parquet(
+        repo / "train.parquet",
+        {
+            "instruction": ["Add the numbers.", "Name a colour."],
+            "input": ["2 and 3", ""],
+            "output": ["5", "Blue."],
+            "text": ["unused", "unused"],
+        },
+    )
     monkeypatch.setattr(sources, "ALPACA_REPO", str(repo))
     assert docs("alpaca") == [
         "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n5",
@@ -210,5 +223,10 @@ def test_hub_spec_names_repository_config_and_revision():
     source = open_source("hf:owner/name:config@refs/convert/parquet", text_field="body", split="test")
     assert isinstance(source, HubSource)
     assert (source.path, source.config, source.revision, source.split, source.columns) == (
-        "owner/name", "config", "refs/convert/parquet", "test", ("body",))
+        "owner/name",
+        "config",
+        "refs/convert/parquet",
+        "test",
+        ("body",),
+    )
     assert open_source("openwebtext").path == "Skylion007/openwebtext"
