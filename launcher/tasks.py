@@ -316,13 +316,16 @@ def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str
         if status != 0:
             raise TaskError(f"model.prepare failed on {head.name} (exit {status}); its output is above")
         say(f"prepared on {head.name} in {time.monotonic() - started:.1f} s")
-        fan_out(opened, dataset)
+        fan_out(opened, dataset, verify_existing=True)
     finally:
         opened.close()
 
 
-def fan_out(opened: Nodes, dataset: str) -> None:
-    """Copy data/<dataset> from the head to every worker whose copy differs, checksummed."""
+def fan_out(opened: Nodes, dataset: str, verify_existing: bool = False) -> None:
+    """Copy data/<dataset> from the head to every worker whose copy differs, checksummed.
+
+    verify_existing also re-reads the copies whose meta.json already matches (prepare-data does;
+    a launch trusts meta.json to stay fast)."""
     hosts = opened.hosts()
     if len(hosts) == 1:
         return
@@ -331,6 +334,13 @@ def fan_out(opened: Nodes, dataset: str) -> None:
     if want is None:
         raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `fab prepare-data` first")
     stale = [n for n in hosts[1:] if splits_digest(opened.probes[n.index].get("data_meta")) != want]
+    if verify_existing:
+        # A copy whose meta.json matches may still have a damaged file: check the bytes too.
+        verify = script("verify_data")
+        current = [n for n in hosts[1:] if n not in stale]
+        checks = run_everywhere(opened, current, lambda n, s: (n, s.run(
+            f"{opened.python(n)} - {s.root}/data/{shlex.quote(dataset)}", stdin=verify, timeout=3600).ok))
+        stale += [n for n, ok in checks if not ok]
     if not stale:
         say(f"data/{dataset} already matches on every node")
         return
@@ -620,7 +630,8 @@ def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_ne
         head = opened.nodes[0]
         shell = opened.shell(head)
         ckpt = best_checkpoint(shell, run)
-        say(f"sampling from {ckpt.replace(shell.root, '~/nanocluster')} on {head.name}")
+        shown = ckpt.replace(shell.root, str(local_home()) if cluster.is_local else "~/nanocluster")
+        say(f"sampling from {shown} on {head.name}")
         args = ["--ckpt", "CKPT", "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
                 "--top-k", str(top_k), "--seed", str(seed)]
         if prompt:
@@ -670,4 +681,111 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
 
 
 def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 29500) -> int:
-    raise TaskError("doctor: not implemented yet")
+    """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
+    cluster = resolve_cluster(cluster_spec, None)
+    problems: list[tuple[str, str, str, str]] = []  # check, node, what is wrong, fix
+    shells: dict[int, Shell] = {}
+    for node in cluster.nodes if not cluster.is_local else cluster.nodes[:1]:
+        try:
+            shells |= connect(cluster, [node])
+        except NodeError as e:
+            problems.append(("ssh", node.name, str(e).split(": ", 1)[-1],
+                             "start the node, check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"))
+    opened = Nodes(cluster, tuple(n for n in cluster.nodes if n.index in shells), shells, {})
+    try:
+        if opened.nodes:
+            opened.probes = probe(opened, dataset)
+            problems += node_problems(opened, dataset)
+            problems += port_problems(opened, port)
+    finally:
+        opened.close()
+    table = Table(title=f"fab doctor: {cluster.cluster_name}")
+    for col in ("check", "node", "problem", "fix"):
+        table.add_column(col, overflow="fold")
+    for row in problems:
+        table.add_row(*row)
+    if problems:
+        console.print(table)
+        say(f"{len(problems)} problem(s)")
+        return 1
+    say(f"all checks passed on {len(opened.hosts())} node(s): ssh, environment, versions, cores, disk, "
+        f"network interface, data/{dataset} checksums, rendezvous port {port}")
+    return 0
+
+
+def node_problems(opened: Nodes, dataset: str) -> list[tuple[str, str, str, str]]:
+    problems = []
+    cluster = opened.cluster
+    hosts = opened.hosts()
+    for node in hosts:
+        p = opened.probes[node.index]
+        if p.get("missing"):
+            problems.append(("environment", node.name, f"missing {', '.join(p['missing'])}", "fab setup"))
+            continue
+        if p["cores"] != cluster.cores_per_node and not cluster.is_local:
+            problems.append(("cores", node.name, f"{p['cores']} physical cores, the contract says {cluster.cores_per_node}",
+                             "fix cores_per_node in the contract (threads per rank are derived from it)"))
+        if p["free_gb"] < MIN_FREE_GB:
+            problems.append(("disk", node.name, f"{p['free_gb']} GB free (< {MIN_FREE_GB})",
+                             "free space or grow the disk (nanocluster:diskGb)"))
+        if not p["interface"] and not cluster.is_local:
+            problems.append(("network", node.name, f"no interface holds {node.private_ip}",
+                             "fix private_ips in the contract: ranks rendezvous on these addresses"))
+    ready = [n for n in hosts if not opened.probes[n.index].get("missing")]
+    for key in ("python", "torch", "accelerate"):
+        versions = {opened.probes[n.index].get(key) for n in ready}
+        if len(versions) > 1:
+            listing = ", ".join(f"{n.name} {opened.probes[n.index].get(key) or 'none'}" for n in ready)
+            problems.append(("versions", "all", f"{key} differs: {listing}",
+                             "fab setup on every node (the same node/requirements file everywhere)"))
+    with_data = [n for n in ready if opened.probes[n.index].get("data_meta")]
+    for node in ready:
+        if node not in with_data:
+            problems.append(("data", node.name, f"data/{dataset} missing", f"fab prepare-data --dataset {dataset}"))
+    verify = script("verify_data")
+    for node in with_data:
+        shell = opened.shell(node)
+        result = shell.run(f"{opened.python(node)} - {shell.root}/data/{shlex.quote(dataset)}", stdin=verify, timeout=600)
+        if not result.ok:
+            problems.append(("data", node.name, f"data/{dataset}: {result.stdout.strip()}",
+                             f"fab prepare-data --dataset {dataset} (copies a verified dataset again)"))
+    return problems
+
+
+def port_problems(opened: Nodes, port: int) -> list[tuple[str, str, str, str]]:
+    """Listen on the head's private address, connect from every other node."""
+    head = opened.nodes[0]
+    if head.index != opened.cluster.head.index or opened.probes[head.index].get("missing"):
+        return []
+    peers = [n for n in opened.hosts() if n.index != head.index and not opened.probes[n.index].get("missing")]
+    check = script("port_check")
+    head_shell = opened.shell(head)
+    listening = threading.Event()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if line == "listening":
+            listening.set()
+
+    count = max(1, len(peers))
+    listener = threading.Thread(target=lambda: head_shell.stream(
+        f"{opened.python(head)} - listen {head.private_ip} {port} {count} 15 <<'EOF'\n{check.decode()}\nEOF",
+        on_line, timeout=30), daemon=True)
+    listener.start()
+    peers_shells = [opened.shell(n) for n in peers] if peers else [head_shell]
+    deadline = time.monotonic() + 20
+    while not listening.is_set() and listener.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not listening.is_set():
+        listener.join(5)
+        return [("rendezvous", head.name, " ".join(lines) or f"could not listen on port {port}",
+                 f"stop what holds port {port} (a running job: fab status / fab stop) or pass --port")]
+    problems = []
+    for shell in peers_shells:
+        result = shell.run(f"{opened.python(shell.node)} - connect {head.private_ip} {port} 5", stdin=check, timeout=30)
+        if not result.ok:
+            problems.append(("rendezvous", shell.node.name, f"{result.stdout.strip()} (head {head.name})",
+                             f"allow TCP {port} and up between the cluster's nodes (firewall / security group)"))
+    listener.join(20)
+    return problems

@@ -13,7 +13,8 @@ from tests.launcher.integration.nodes import TestNodes, missing_requirements
 
 REPO = Path(__file__).resolve().parents[3]
 FAB = str(Path(sys.executable).with_name("fab"))
-# A model small enough that a 3-rank step takes tens of milliseconds on a shared 2-core machine.
+# A model small enough that a 3-rank step takes tens of milliseconds on a shared 2-core machine;
+# one thread per rank, as the nodes share this machine's cores.
 TINY_CONFIG = """\
 init_from: scratch
 model: {n_layer: 1, n_head: 2, n_embd: 32}
@@ -25,6 +26,7 @@ eval_interval: 10
 eval_iters: 2
 log_interval: 5
 peak_flops: 1.0e12
+threads: 1
 """
 
 

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.inventory import physical_cores
+
 NODE_HOME = Path("/home/nanocluster-node")
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT_S = 15
@@ -117,7 +119,7 @@ class TestNodes:
             "ssh_private_key": key.read_text(),
             "ssh_public_key": (self.workdir / "cluster_key.pub").read_text().strip(),
             "host_public_keys": host_keys,
-            "cores_per_node": 1,
+            "cores_per_node": physical_cores(),
             "cpu_flags": [],
             "machine_type": "netns",
             "region": "this machine",

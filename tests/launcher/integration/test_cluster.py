@@ -115,3 +115,20 @@ def test_more_nodes_than_the_cluster_has_is_a_clear_error(fab, nodes_wanted):
     result = fab("train", "--nodes", str(nodes_wanted))
     assert result.returncode == 1
     assert f"--nodes {nodes_wanted} but cluster" in result.stderr and "has 3 node(s)" in result.stderr
+
+
+def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab):
+    assert fab("prepare-data").returncode == 0
+    healthy = fab("doctor")
+    assert healthy.returncode == 0, healthy.stdout
+    assert "all checks passed on 3 node(s)" in healthy.stdout
+    val = nodes.home(2) / "nanocluster/data/builtin/val.bin"
+    data = bytearray(val.read_bytes())
+    data[0] ^= 0xFF
+    val.write_bytes(bytes(data))
+    broken = fab("doctor")
+    assert broken.returncode == 1
+    assert re.search(r"data\s+│\s+node2\s+│\s+data/builtin: val:", broken.stdout), broken.stdout
+    assert "fab prepare-data" in broken.stdout
+    assert fab("prepare-data").returncode == 0  # the fix it names does repair the copy
+    assert fab("doctor").returncode == 0
