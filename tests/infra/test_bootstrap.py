@@ -10,6 +10,7 @@ import site
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,22 +65,60 @@ def test_check_reports_a_fresh_machine_as_not_ready(tmp_path):
     assert not (tmp_path / "nanocluster").exists()
 
 
-@pytest.mark.integration
-def test_second_run_changes_nothing_and_says_so(tmp_path):
-    first = offline(tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    root = tmp_path / "nanocluster"
-    assert {p.name for p in root.iterdir()} == {"venv", "code", "data", "runs", "node.env", ".bootstrap.lock"}
-    marker = root / "venv" / ".nanocluster-ready"
-    assert "profile=default" in marker.read_text() and "torch=" in marker.read_text()
-    assert "NANOCLUSTER_VENV=" + str(root / "venv") in (root / "node.env").read_text()
-    before = {p: p.stat().st_mtime_ns for p in (marker, root / "node.env")}
+@dataclass
+class Overlap:
+    home: Path
+    first: int
+    second: subprocess.CompletedProcess
 
-    second = offline(tmp_path)
+
+@pytest.fixture(scope="module")
+def overlapping_runs(tmp_path_factory) -> Overlap:
+    """A fresh node bootstrapped by two overlapping runs, as cloud-init's first-boot run and a
+    `fab setup` can be: the second starts once the first holds the lock."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": site.getsitepackages()[0]}
+    args = ["bash", str(BOOTSTRAP), "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index"]
+    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        lock = home / "nanocluster" / ".bootstrap.lock"
+        deadline = time.monotonic() + 60
+        while not (home / "nanocluster" / "venv").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.exists()
+        second = offline(home)
+        return Overlap(home, first.wait(timeout=300), second)
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+
+@pytest.mark.integration
+def test_a_concurrent_run_waits_for_the_first_then_finds_the_node_ready(overlapping_runs):
+    assert overlapping_runs.first == 0
+    second = overlapping_runs.second
     assert second.returncode == 0
-    assert "already bootstrapped" in second.stdout and "nothing to do" in second.stdout
+    assert "another bootstrap is running" in second.stdout and "nothing to do" in second.stdout
+
+
+@pytest.mark.integration
+def test_bootstrap_leaves_the_documented_layout(overlapping_runs):
+    root = overlapping_runs.home / "nanocluster"
+    assert {p.name for p in root.iterdir()} == {"venv", "code", "data", "runs", "node.env", ".bootstrap.lock"}
+    marker = (root / "venv" / ".nanocluster-ready").read_text()
+    assert "profile=default" in marker and "torch=" in marker
+    assert f"NANOCLUSTER_VENV={root / 'venv'}" in (root / "node.env").read_text()
+
+
+@pytest.mark.integration
+def test_second_run_changes_nothing_and_says_so(overlapping_runs):
+    root = overlapping_runs.home / "nanocluster"
+    before = {p: p.stat().st_mtime_ns for p in (root / "venv" / ".nanocluster-ready", root / "node.env")}
+    again = offline(overlapping_runs.home)
+    assert again.returncode == 0
+    assert "already bootstrapped" in again.stdout and "nothing to do" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in before} == before
-    assert offline(tmp_path, "--check").returncode == 0
+    assert offline(overlapping_runs.home, "--check").returncode == 0
 
 
 @pytest.mark.integration
@@ -99,23 +138,3 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
     assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
     assert offline(home, "--check", node_dir=node_dir).returncode == 3
 
-
-@pytest.mark.integration
-def test_a_concurrent_run_waits_for_the_first_then_finds_the_node_ready(tmp_path):
-    """cloud-init's first-boot run and a `fab setup` can overlap on a fresh VM."""
-    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": site.getsitepackages()[0]}
-    args = ["bash", str(BOOTSTRAP), "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index"]
-    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        venv = tmp_path / "nanocluster" / "venv"
-        deadline = time.monotonic() + 60
-        while not venv.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        second = offline(tmp_path)
-        assert first.wait(timeout=300) == 0
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert second.returncode == 0
-    assert "another bootstrap is running" in second.stdout
-    assert "nothing to do" in second.stdout
