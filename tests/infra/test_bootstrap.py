@@ -20,19 +20,23 @@ from infra.cloudinit import NODE_DIR
 BOOTSTRAP = NODE_DIR / "bootstrap.sh"
 
 
-def bootstrap(home: Path, *args: str, node_dir: Path = NODE_DIR, offline_packages: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["HOME"] = str(home)
-    if offline_packages:
-        env["PYTHONPATH"] = site.getsitepackages()[0]
+# A bootstrap for the current user that never touches apt or the network.
+OFFLINE = ("--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index")
+
+
+def node_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    return {**env, "HOME": str(home), "PYTHONPATH": site.getsitepackages()[0]}
+
+
+def bootstrap(home: Path, *args: str, node_dir: Path = NODE_DIR) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(node_dir / "bootstrap.sh"), *args], capture_output=True, text=True, env=env, timeout=300,
+        ["bash", str(node_dir / "bootstrap.sh"), *args], capture_output=True, text=True, env=node_env(home), timeout=300,
     )
 
 
-def offline(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    """A bootstrap for the current user that never touches apt or the network."""
-    return bootstrap(home, "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index", *args, **kwargs)
+def offline(home: Path, *args: str, node_dir: Path = NODE_DIR) -> subprocess.CompletedProcess:
+    return bootstrap(home, *OFFLINE, *args, node_dir=node_dir)
 
 
 def test_help_documents_every_flag():
@@ -77,9 +81,9 @@ def overlapping_runs(tmp_path_factory) -> Overlap:
     """A fresh node bootstrapped by two overlapping runs, as cloud-init's first-boot run and a
     `fab setup` can be: the second starts once the first holds the lock."""
     home = tmp_path_factory.mktemp("home")
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": site.getsitepackages()[0]}
-    args = ["bash", str(BOOTSTRAP), "--skip-system-packages", "--python", sys.executable, "--pip-args", "--no-index"]
-    first = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    first = subprocess.Popen(
+        ["bash", str(BOOTSTRAP), *OFFLINE], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=node_env(home)
+    )
     try:
         lock = home / "nanocluster" / ".bootstrap.lock"
         deadline = time.monotonic() + 60
