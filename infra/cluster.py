@@ -58,6 +58,8 @@ class CloudCluster(pulumi.ComponentResource):
         self.register_outputs({"head_public_ip": self.head_public_ip, "private_ips": self.private_ips})
 
     def declare(self) -> None:
+        """Create the cloud's network, firewall and VMs; set head_public_ip and private_ips (and
+        zone, baked_image where they apply)."""
         raise NotImplementedError
 
     def child(self, **kwargs) -> pulumi.ResourceOptions:

@@ -148,8 +148,11 @@ def _labels(raw: object, owner: str) -> dict[str, str]:
 
 def _owner() -> str:
     """Who runs `pulumi up`, in label alphabet; nanocluster:labels owner=... overrides it."""
-    name = re.sub(r"[^a-z0-9_-]", "-", getpass.getuser().lower())[:63]
-    return name or "unknown"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry (some containers)
+        user = ""
+    return re.sub(r"[^a-z0-9_-]", "-", user.lower())[:63] or "unknown"
 
 
 def _cidr(raw: Mapping[str, object], allow_world: bool) -> str:
