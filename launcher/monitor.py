@@ -192,7 +192,7 @@ class Monitor:
         elif detail is None:
             reason = "ended without an exit record (killed together with its wrapper)"
         else:
-            reason = f"exited with code {detail}" + (f" (signal {detail - 128})" if detail > 128 else "")
+            reason = f"exited with code {detail}" + (f" (signal {detail - 128})" if 128 < detail < 128 + 65 else "")
         what = unit_prefix(self.plan, unit).strip("[]")
         lines = list(self.tails[unit])
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")

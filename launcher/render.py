@@ -281,11 +281,11 @@ def mpirun_command(plan: LaunchPlan, python: str, train: str) -> str:
     iface = plan.node_facts(plan.nodes[0]).interface
     # Each rank sources its node's env.sh (threads, interface) before the trainer starts.
     rank_cmd = f". ./env.sh && exec {python} -m model.train {train}"
-    mpirun = f"$(dirname {python})/mpirun"
+    # impi-rt's mpirun finds mpiexec.hydra and the hydra proxies on PATH, next to the node's python.
     parts = [
-        f"exec {mpirun} -bootstrap ssh",
-        f"-bootstrap-exec-args '-F {SSH_DIR_SH}/config'",
-        "-f hostfile",
+        f'PATH="$(dirname {python}):$PATH" exec mpirun -bootstrap ssh',
+        f'-bootstrap-exec-args "-F {SSH_DIR_SH}/config"',
+        "-machinefile hostfile",
         f"-n {plan.world_size}",
         f"-genv MASTER_ADDR {plan.master_addr} -genv MASTER_PORT {plan.master_port}",
     ]

@@ -139,7 +139,7 @@ def test_mpirun_unit_runs_on_the_head_over_the_rendered_ssh_config(cluster):
     assert plan.units() == ["mpirun"]
     command = unit_script(plan, "mpirun").splitlines()[-1]
     words = shlex.split(command.replace("$(dirname", "").replace("$HOME", "HOME"))
-    assert "-f" in words and words[words.index("-f") + 1] == "hostfile"
+    assert words[words.index("-machinefile") + 1] == "hostfile"
     assert words[words.index("-n") + 1] == "3" and words[words.index("-iface") + 1] == "ens0"
     assert "-bootstrap-exec-args" in words
 

@@ -6,7 +6,9 @@ import json
 import os
 import re
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +134,16 @@ def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab):
     assert "fab prepare-data" in broken.stdout
     assert fab("prepare-data").returncode == 0  # the fix it names does repair the copy
     assert fab("doctor").returncode == 0
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_mpirun_and_torchrun_launchers_put_one_rank_on_each_node(nodes, fab, tiny_config, launcher):
+    if launcher == "mpirun" and not (Path(sys.executable).parent / "mpirun").exists():
+        pytest.fail("Intel MPI is missing: pip install 'impi-rt==2021.18.*' (the dev extra has it)")
+    assert fab("prepare-data").returncode == 0
+    result = fab("train", "--launcher", launcher, "--config", str(tiny_config), "--run", f"via-{launcher}",
+                 "--set", "max_iters=6", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    for rank in range(3):  # rank r on node r: the machine file's one slot per host was honoured
+        assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank} \(local 0\)",
+                         result.stdout), result.stdout[-3000:]
