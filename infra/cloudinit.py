@@ -86,7 +86,9 @@ def render(node: NodeIdentity) -> str:
             {"path": f"{REMOTE_NODE_DIR}/bootstrap.sh", "permissions": "0755", "content": (NODE_DIR / "bootstrap.sh").read_text()},
             {"path": f"{REMOTE_NODE_DIR}/{requirements.name}", "permissions": "0644", "content": requirements.read_text()},
             {"path": FIRSTBOOT, "permissions": "0755", "content": firstboot_script(node)},
-            # Deferred to the final stage, after the user (and so its home) exists.
+            # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is
+            # rewritten whole: on a node from a baked image it still lists the old stack's key.
+            {"path": f"{home}/.ssh/authorized_keys", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_public_key + "\n"},
             {"path": f"{home}/.ssh/id_ed25519", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_private_key},
             {"path": f"{home}/.ssh/known_hosts", "owner": owner, "permissions": "0644", "defer": True, "content": known_hosts},
         ],

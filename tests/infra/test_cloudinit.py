@@ -54,6 +54,9 @@ def test_each_node_gets_its_own_host_key_and_the_cluster_key(cloud):
             outputs["ssh_private_key"], "0600", "nanocluster:nanocluster", True,
         )
         assert public_half(key["content"]) == outputs["ssh_public_key"]
+        # Only this stack's key, even on a node made from an image baked by another stack.
+        authorized = files(document)["/home/nanocluster/.ssh/authorized_keys"]
+        assert (authorized["content"], authorized["permissions"]) == (outputs["ssh_public_key"] + "\n", "0600")
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
