@@ -3,12 +3,13 @@
 import runpy
 from pathlib import Path
 
+import pulumi_gcp as gcp
 import pytest
 
 from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
 from infra.prices import MACHINE_TYPES, estimate
 from launcher.inventory import parse_contract
-from tests.infra.harness import HEAD_PUBLIC_IP, cached_stack, run_stack, stack_config
+from tests.infra.harness import HEAD_PUBLIC_IP, UnmockedInvoke, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -97,3 +98,8 @@ def test_the_entry_point_pulumi_runs_exports_the_contract():
     main = Path(__file__).resolve().parents[2] / "infra" / "__main__.py"
     run = run_stack(stack_config("gcp", nodes=1), program=lambda: runpy.run_path(str(main), run_name="__main__"))
     assert tuple(run.outputs) == CONTRACT_KEYS
+
+
+def test_an_unmocked_data_source_fails_the_run_instead_of_returning_nothing():
+    with pytest.raises(UnmockedInvoke, match="gcp:compute/getNetwork:getNetwork"):
+        run_stack(stack_config("gcp", nodes=1), program=lambda: gcp.compute.get_network(name="default"))
