@@ -109,5 +109,5 @@ def base64_gzip(user_data: str) -> str:
 
 def decode(encoded: str) -> str:
     """The document back from either encoding (base64, optionally gzip): for tests and debugging."""
-    raw = base64.b64decode(encoded)
+    raw = base64.b64decode(encoded, validate=True)
     return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()

@@ -6,9 +6,7 @@ them, secret markers included); every invoke must be one the mocks know, anythin
 
 from __future__ import annotations
 
-import base64
 import functools
-import gzip
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +18,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from pulumi.runtime import rpc
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+
+from infra import cloudinit
 
 PROJECT = "nanocluster"
 SSH_CIDR = "203.0.113.7/32"
@@ -196,7 +196,6 @@ def _decoded(text: str) -> str:
     if len(text) < 64 or any(c.isspace() for c in text):
         return text
     try:
-        raw = base64.b64decode(text, validate=True)
-        return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
-    except (ValueError, OSError, UnicodeDecodeError):
+        return cloudinit.decode(text)
+    except (ValueError, OSError):  # not base64 (binascii.Error, UnicodeDecodeError are ValueErrors)
         return text

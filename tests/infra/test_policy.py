@@ -9,6 +9,7 @@ import pulumi_azure_native as azure
 import pulumi_gcp as gcp
 import pytest
 
+from infra.cloudinit import base64_gzip
 from infra.stack import build
 from tests.infra.harness import cached_stack, run_stack, stack_config
 from tests.infra.policy import violations
@@ -89,9 +90,14 @@ def test_private_keys_outside_secrets_fail_the_policy():
             boot_disk={"initialize_params": {"image": "debian-12"}}, network_interfaces=[{"network": "default"}],
             metadata={"user-data": f"#cloud-config\nwrite_files: [{{content: '{key}'}}]"},
         )
+        aws.ec2.Instance(  # hidden in gzip + base64, as AWS user data is sent
+            "debug-aws", ami="ami-0a1b2c3d4e5f60718", instance_type="t3.micro", tags={"rank": "1"},
+            user_data_base64=base64_gzip(key), metadata_options={"http_tokens": "required"}, root_block_device={"encrypted": True},
+        )
 
     run = run_stack(stack_config("gcp", nodes=1), program=leaking)
-    assert sorted(v for v in violations(run) if "private key" in v) == [
+    assert sorted(violations(run)) == [
+        "aws:ec2/instance:Instance debug-aws: private key in plain input userDataBase64",
         "gcp:compute/instance:Instance debug: private key in plain input metadata.user-data",
         "stack output debug_key: private key not exported as a secret",
     ]
