@@ -69,7 +69,8 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2))
+    # The fused CPU kernel: one pass over each parameter instead of a chain of foreach ops.
+    return torch.optim.AdamW(groups, lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2), fused=True)
 
 
 # --- model sources -------------------------------------------------------------------------------
