@@ -150,7 +150,7 @@ class AzureCluster(CloudCluster):
             images = azure.resources.ResourceGroup(
                 f"{name}-images", resource_group_name=f"{name}-images", **common, opts=self.child(retain_on_delete=True)
             )
-            in_group = {"resource_group_name": images.name, **common}
+            in_images = {"resource_group_name": images.name, **common}
             snapshot = azure.compute.Snapshot(
                 f"{name}-head",
                 creation_data={
@@ -158,14 +158,14 @@ class AzureCluster(CloudCluster):
                     "source_resource_id": vms[0].storage_profile.apply(lambda p: p.os_disk.managed_disk.id),
                 },
                 incremental=False,
-                **in_group,
+                **in_images,
                 opts=self.child(retain_on_delete=True),
             )
             baked = azure.compute.Image(
                 f"{name}-node",
                 hyper_v_generation="V2",
                 storage_profile={"os_disk": {"os_type": "Linux", "os_state": "Generalized", "snapshot": {"id": snapshot.id}}},
-                **in_group,
+                **in_images,
                 opts=self.child(retain_on_delete=True),
             )
             self.baked_image = baked.id
