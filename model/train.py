@@ -395,6 +395,8 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.start_iter is None:  # a new run starts a new metrics file
                 (self.out_dir / METRICS_NAME).unlink(missing_ok=True)
+            else:
+                rewind_metrics(self.out_dir / METRICS_NAME, self.start_iter)
         while True:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
@@ -435,6 +437,26 @@ class Trainer:
                 "mfu": mfu,
             }
         )
+
+
+def rewind_metrics(path: Path, resume_iter: int) -> None:
+    """Drop the records a crashed run wrote after its last snapshot: the resumed run redoes those
+    steps, and the file should read like the uninterrupted run's."""
+    if not path.exists():
+        return
+    kept = [
+        line
+        for line in path.read_text().splitlines(keepends=True)
+        if line.strip() and _record_before(json.loads(line), resume_iter)
+    ]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def _record_before(record: dict[str, Any], resume_iter: int) -> bool:
+    # The eval at the snapshot's iteration happened before the snapshot; the step there did not.
+    return record["iter"] <= resume_iter if record["kind"] == "eval" else record["iter"] < resume_iter
 
 
 # --- entry point ---------------------------------------------------------------------------------

@@ -40,6 +40,10 @@ def metrics(out_dir) -> list[dict]:
 def test_stopped_and_resumed_run_matches_uninterrupted_run(tmp_path, random_tokens):
     train(tmp_path, tmp_path / "straight", 6, random_tokens)
     train(tmp_path, tmp_path / "resumed", 3, random_tokens)
+    # As if the first part had run on past its snapshot and then crashed: steps the resumed run
+    # redoes must not appear twice.
+    with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "train", "iter": 3, "loss": 99.0, "lr": 0.0}) + "\n")
     train(tmp_path, tmp_path / "resumed", 6, random_tokens)
 
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
