@@ -2,8 +2,9 @@
 
 A unit (a rank for the fabric launcher, a node's torchrun, or the head's mpirun) runs detached in its
 own session: `setsid sh -c 'sh UNIT.sh >> logs/UNIT.log 2>&1; echo "$? $(date +%s.%N)" > UNIT.exit'`.
-UNIT.pid holds the session's process group, so stopping kills every process the unit started, and
-UNIT.exit records how and when it ended, which is how the monitor tells the first failure.
+UNIT.pid holds the session's process group, so stopping kills every process the unit started;
+UNIT.started and UNIT.exit record when it started and how and when it ended (the monitor names the
+first failure by that time).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool) -> str
             f"rm -f {unit}.exit",
             f"if [ -s {log} ]; then mv {log} logs/{unit}.previous.log; fi",
             f": > {log}",
-            f"setsid sh -c 'sh ./{unit}.sh >> {log} 2>&1; echo \"$? $(date +%s.%N)\" > {unit}.exit' "
+            f"setsid sh -c 'date +%s.%N > {unit}.started; sh ./{unit}.sh >> {log} 2>&1; "
+            f"echo \"$? $(date +%s.%N)\" > {unit}.exit' "
             "< /dev/null > /dev/null 2>&1 &",
             f"echo $! > {unit}.pid",
             f'echo "{unit} $!"',

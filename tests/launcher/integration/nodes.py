@@ -5,9 +5,9 @@
 
 Node i lives in network namespace <tag>n<i> with eth0 = 10.A.B.(10+i)/24, a veth whose peer is on
 a bridge in the root namespace (10.A.B.1: this machine, the "operator"). Its sshd runs in its own
-UTS namespace (hostname node<i>) and mount namespace, where /etc/passwd is replaced by a copy that
-gives root the home /home/nanocluster-node, onto which the node's own directory is bind-mounted:
-every node sees the same path for its home, like identical VMs, yet each home is separate. sshd
+UTS namespace (hostname node<i>) and mount namespace, where the node's own directory is
+bind-mounted over /root: every node sees the same home path, like identical VMs, yet each home is
+separate (this machine's Python installation, if it lives under /root, is bound back in). sshd
 listens only on the node's address with a fresh ED25519 host key. Teardown kills every process in
 each namespace by PID, deletes the namespaces, the veths and the bridge.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from launcher.inventory import physical_cores
 
-NODE_HOME = Path("/home/nanocluster-node")
+NODE_HOME = Path("/root")
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT_S = 15
 
@@ -49,6 +49,14 @@ def missing_requirements() -> str:
         if not shutil.which(tool):
             return f"{tool} is missing (make system-deps installs openssh-server and iproute2)"
     return ""
+
+
+def python_under_home() -> Path | None:
+    """The top directory of this machine's Python installation when it lives in root's home."""
+    base = Path(sys.base_prefix).resolve()
+    if NODE_HOME in base.parents:
+        return NODE_HOME / base.relative_to(NODE_HOME).parts[0]
+    return None
 
 
 def free_subnet() -> ipaddress.IPv4Network:
@@ -98,7 +106,6 @@ class TestNodes:
 
     def _build(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        NODE_HOME.mkdir(parents=True, exist_ok=True)
         key = self.workdir / "cluster_key"
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nanocluster-test", "-f", str(key))
         run("ip", "link", "add", self.bridge, "type", "bridge")
@@ -143,11 +150,9 @@ class TestNodes:
             shutil.copytree(vocab, home / ".cache" / "nanocluster" / "tiktoken", dirs_exist_ok=True)
         host_key = base / "ssh_host_ed25519_key"
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
-        passwd = base / "passwd"
-        passwd.write_text("".join(
-            f"root:x:0:0:root:{NODE_HOME}:/bin/bash\n" if line.startswith("root:") else line + "\n"
-            for line in Path("/etc/passwd").read_text().splitlines()
-        ))
+        keep = python_under_home()
+        if keep:
+            (home / keep.relative_to(NODE_HOME)).mkdir(parents=True, exist_ok=True)
         config = base / "sshd_config"
         config.write_text(
             f"ListenAddress {ip}\nPort 22\nHostKey {host_key}\nPidFile {base / 'sshd.pid'}\n"
@@ -164,8 +169,10 @@ class TestNodes:
         run("ip", "-n", ns, "link", "set", "eth0", "up")
         run("ip", "-n", ns, "link", "set", "lo", "up")
         Path("/run/sshd").mkdir(exist_ok=True)
+        # /etc/passwd is left alone: a bind mount over it vanishes when anything rewrites it (useradd).
+        keep_python = f"mount --bind {keep} {home / keep.relative_to(NODE_HOME)} && " if keep else ""
         inner = (
-            f"hostname node{i} && mount --bind {passwd} /etc/passwd && mount --bind {home} {NODE_HOME} && "
+            f"hostname node{i} && {keep_python}mount --rbind {home} {NODE_HOME} && "
             f"exec {SSHD} -D -e -f {config}"
         )
         log = open(base / "sshd.log", "wb")  # noqa: SIM115 (lives as long as sshd)
