@@ -85,7 +85,7 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
 )
 @_errors_to_exit
 def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
-          port=29500, config=None, set_=None, dry_run=False, collective_timeout=120.0):
+          port=29500, config=None, set_=None, dry_run=False, collective_timeout=120):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     tasks.train(cluster, nodes=int(nodes) if nodes else None, run=run, dataset=dataset, launcher=launcher,
                 backend=backend, port=int(port), config=config, overrides=list(set_ or []), dry_run=dry_run,
