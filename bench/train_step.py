@@ -3,7 +3,8 @@
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile]
 
 A step is forward + backward + AdamW (model.precision.adamw, the trainer's optimizer) on one
-1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
+1024-token sequence of the 124M-parameter GPT-2. fp32 and bf16 are plain eager steps; bf16+compile
+adds torch.compile and model.precision.keep_freed_memory (no page faults on per-step buffers). FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
 this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
 
@@ -23,10 +24,11 @@ import time
 from pathlib import Path
 
 MODES = {
-    # name: (mixed_precision, compile)
-    "fp32": ("fp32", False),
-    "bf16": ("bf16", False),
-    "bf16+compile": ("bf16", True),
+    # name: (mixed_precision, torch.compile, keep freed memory for reuse)
+    "fp32": ("fp32", False, False),
+    "bf16": ("bf16", False, False),
+    # The recipe the trainer gets with mixed_precision=auto and compile=true on a bf16 CPU.
+    "bf16+compile": ("bf16", True, True),
 }
 PEAK_SIZES = (2048, 4096)
 CHILD_TIMEOUT_S = 1200  # a cold torch.compile of GPT-2 takes a minute or two on 2 busy cores
@@ -59,9 +61,11 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
     import torch
 
     from model.model import GPT, GPTConfig
-    from model.precision import adamw, autocast, maybe_compile, resolve_dtype
+    from model.precision import adamw, autocast, keep_freed_memory, maybe_compile, resolve_dtype
 
-    mixed_precision, compile_model = MODES[mode]
+    mixed_precision, compile_model, keep_memory = MODES[mode]
+    if keep_memory:
+        keep_freed_memory()
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=block_size))
     optimizer = adamw(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,7 +42,9 @@ def test_resolve_dtype(mixed_precision: str, cpuinfo: str, dtype: torch.dtype) -
     assert resolve_dtype(mixed_precision, cpuinfo) == dtype
 
 
-def test_explicit_bf16_without_native_support_is_honoured_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_explicit_bf16_without_native_support_is_honoured_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level(logging.WARNING, logger="model.precision"):
         assert resolve_dtype("bf16", SKYLAKE) == torch.bfloat16
     assert "bf16 is emulated and slower than fp32" in caplog.text
@@ -117,3 +122,37 @@ def test_compile_only_when_enabled() -> None:
     model = torch.nn.Linear(2, 2)
     assert precision.maybe_compile(model, enabled=False) is model
     assert precision.maybe_compile(model, enabled=True) is not model
+
+
+
+# Training steps of a model whose logits (2 x 256 x 50257 fp32 = 103 MB) exceed glibc's mmap threshold.
+PAGE_FAULTS_PER_STEP = """
+import resource, sys, torch
+from model.model import GPT, GPTConfig
+from model.precision import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+torch.manual_seed(0)
+model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=256, vocab_size=50257))
+x = torch.randint(0, 50257, (2, 256))
+def faults_of_one_step():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    model(x, x)[1].backward()
+    model.zero_grad(set_to_none=True)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(min([faults_of_one_step() for _ in range(8)][-3:]))
+"""
+
+
+@pytest.mark.parametrize(("mode", "low", "high"), [("default", 50_000, None), ("keep", 0, 1_000)])
+def test_keep_freed_memory_stops_page_faults_in_steady_state(mode: str, low: int, high: int | None) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PAGE_FAULTS_PER_STEP, mode],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    faults = int(proc.stdout)
+    # By default every step maps the large buffers afresh and faults on each 4 KB page again.
+    assert faults >= low
+    if high is not None:
+        assert faults < high
