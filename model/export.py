@@ -33,7 +33,7 @@ def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) ->
 
     A non-empty out_dir is replaced only with force=True.
     """
-    out = Path(out_dir).expanduser()
+    out = Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file; give a directory path")
     if out.is_dir() and any(out.iterdir()) and not force:
