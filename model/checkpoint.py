@@ -64,6 +64,10 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> None:
     """Write payload to path atomically, with an integrity digest (see module docstring)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # A writer killed mid-save leaves its temporary file behind (possibly gigabytes); one writer
+    # per run directory means any such file is stale.
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w+b") as f:

@@ -510,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        distributed.destroy_process_group()  # local for gloo: safe while peers are still running
     except Exception as e:
         if is_peer_failure(e):
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

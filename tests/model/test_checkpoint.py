@@ -72,3 +72,10 @@ def test_failed_write_keeps_previous_snapshot_and_leaves_no_temp_file(tmp_path, 
 def test_missing_file_names_the_path(tmp_path):
     with pytest.raises(CheckpointError, match=r"nope\.pt does not exist"):
         load_model(tmp_path / "nope.pt")
+
+
+def test_temporary_file_of_a_killed_writer_is_cleaned_up_by_the_next_save(tmp_path, tiny_model):
+    stale = tmp_path / ".snapshot.pt.tmp-99999"
+    stale.write_bytes(b"half a checkpoint")
+    save_checkpoint(checkpoint_payload(tiny_model), tmp_path / "snapshot.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot.pt"]
