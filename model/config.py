@@ -274,7 +274,7 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
-    except ValueError:
+    except (TypeError, ValueError):
         pass
     raise ConfigError(f"{name} must be {getattr(tp, '__name__', tp)}, got {value!r}")
 

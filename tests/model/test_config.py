@@ -101,6 +101,7 @@ def test_unknown_key_is_named_with_a_suggestion():
         ("beta2=1.5", r"beta2 must be in \[0, 1\), got 1.5"),
         ("batch_size=two", "batch_size must be int, got 'two'"),
         ("compile=maybe", "compile must be bool, got 'maybe'"),
+        ("max_iters=null", "max_iters must be int, got 'null'"),
         ("model.n_embd=100", r"model\.n_embd must be >= 1 and divisible by model\.n_head \(6\)"),
         ("collective_timeout_s=0", "collective_timeout_s must be > 0"),
         ("learning_rate", "must look like key=value"),
