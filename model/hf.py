@@ -46,6 +46,9 @@ def gpt_config_from_hf(hf_config: dict[str, Any], dropout: float | None = None, 
     model_type = hf_config.get("model_type")
     if model_type != "gpt2":
         raise HFCheckpointError(f"{where} describes a {model_type!r} model, not GPT-2 (model_type 'gpt2')")
+    missing = [key for key in ("vocab_size", "n_layer", "n_head", "n_embd") if key not in hf_config]
+    if missing:
+        raise HFCheckpointError(f"{where} lacks the GPT-2 fields {missing}")
     n_embd = hf_config["n_embd"]
     eps = hf_config.get("layer_norm_epsilon", LAYER_NORM_EPS)
     unsupported = {
@@ -65,18 +68,15 @@ def gpt_config_from_hf(hf_config: dict[str, Any], dropout: float | None = None, 
             raise HFCheckpointError(
                 f"{where}: {key}={hf_config.get(key)!r} is not supported by this GPT-2 implementation (needs {allowed})"
             )
-    try:
-        return GPTConfig(
-            block_size=hf_config.get("n_positions", hf_config.get("n_ctx", 1024)),
-            vocab_size=hf_config["vocab_size"],
-            n_layer=hf_config["n_layer"],
-            n_head=hf_config["n_head"],
-            n_embd=n_embd,
-            dropout=hf_config.get("resid_pdrop", 0.1) if dropout is None else dropout,
-            bias=True,
-        )
-    except KeyError as err:
-        raise HFCheckpointError(f"{where} lacks the GPT-2 field {err.args[0]!r}") from err
+    return GPTConfig(
+        block_size=hf_config.get("n_positions", hf_config.get("n_ctx", 1024)),
+        vocab_size=hf_config["vocab_size"],
+        n_layer=hf_config["n_layer"],
+        n_head=hf_config["n_head"],
+        n_embd=n_embd,
+        dropout=hf_config.get("resid_pdrop", 0.1) if dropout is None else dropout,
+        bias=True,
+    )
 
 
 def hf_config_from_gpt(config: GPTConfig) -> dict[str, Any]:

@@ -21,7 +21,13 @@ VOCAB, POSITIONS = 96, 48
 def build_hf_model() -> transformers.GPT2LMHeadModel:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=2, n_head=2, n_embd=32, n_positions=POSITIONS, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        n_positions=POSITIONS,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     # Random LayerNorm affine parameters and biases, so a mis-mapped one cannot hide as ones/zeros.
@@ -173,6 +179,14 @@ def test_config_the_model_cannot_represent_is_refused(
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").symlink_to(hf_dir / "model.safetensors")
     with pytest.raises(HFCheckpointError, match=message):
+        load_pretrained(tmp_path)
+
+
+def test_config_without_a_shape_field_is_named(hf_dir: Path, tmp_path: Path) -> None:
+    config = json.loads((hf_dir / "config.json").read_text())
+    del config["n_head"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HFCheckpointError, match=r"config\.json lacks the GPT-2 fields \['n_head'\]"):
         load_pretrained(tmp_path)
 
 
