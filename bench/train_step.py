@@ -38,22 +38,16 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss is in KiB on Linux
 
 
-def measure_matmul_peaks(reps: int = 4) -> dict[str, float]:
-    """Best FLOP/s of square matmuls in fp32 and bf16 on the current threads."""
+def measure_matmul_peaks(seconds: float = 1.0) -> dict[str, float]:
+    """FLOP/s of large square matmuls in fp32 and bf16 on the current threads (best size)."""
     import torch
 
-    peaks = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        best = 0.0
-        for n in PEAK_SIZES:
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            torch.mm(a, b)  # warm-up: oneDNN picks and caches its kernel
-            for _ in range(reps):
-                start = time.perf_counter()
-                torch.mm(a, b)
-                best = max(best, 2 * n**3 / (time.perf_counter() - start))
-        peaks[name] = best
-    return peaks
+    from model.train import measure_matmul_peak
+
+    return {
+        name: max(measure_matmul_peak(dtype, seconds=seconds, n=n) for n in PEAK_SIZES)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    }
 
 
 def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batch_size: int) -> dict:
