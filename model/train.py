@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -492,6 +493,11 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env)
     trainer.run()
+    # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
+    digest = hashlib.sha256()
+    for tensor in trainer.raw_model.state_dict().values():
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    log.info("final parameters sha256 %s", digest.hexdigest()[:16])
     distributed.destroy_process_group()
     return trainer
 
