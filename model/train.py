@@ -17,8 +17,10 @@ import hashlib
 import json
 import logging
 import math
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -509,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, dotted for nesting")
     args = parser.parse_args(argv)
+    # `fab stop` and schedulers send SIGTERM: unwind like Ctrl-C, so a snapshot being written is
+    # abandoned cleanly (its temporary file removed) and the exit is reported.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         env = distributed.detect_rank_env()
         setup_logging(env.rank)
@@ -529,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("model.train").exception("training failed")
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted (SIGINT/SIGTERM); the last snapshot is intact", file=sys.stderr)
+        return 130
     return 1
 
 
