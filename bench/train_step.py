@@ -9,7 +9,9 @@ without the position embedding; attention per PaLM, appendix B). MFU is measured
 this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
 
 Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per mode and one
-mode's allocator state or compile caches do not leak into the next. The last line is a summary.
+mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
+steps (the kernel's high-water mark is reset after the warm-up, where compilation happens).
+The last line is a summary.
 """
 
 from __future__ import annotations
@@ -34,8 +36,22 @@ PEAK_SIZES = (2048, 4096)
 CHILD_TIMEOUT_S = 1200  # a cold torch.compile of GPT-2 takes a minute or two on 2 busy cores
 
 
+def reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS count (VmHWM), so compilation in the warm-up is not counted."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # ru_maxrss is in KiB on Linux
+    """Peak resident memory of this process, since the last reset_peak_rss where supported."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024 / 1e9
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
 
 
 def measure_matmul_peaks(seconds: float = 1.0) -> dict[str, float]:
@@ -70,6 +86,8 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
 
     times = []
     for i in range(warmup + iters):
+        if i == warmup:
+            reset_peak_rss()
         start = time.perf_counter()
         with autocast(dtype):
             _, loss = forward(x, y)
