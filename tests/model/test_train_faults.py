@@ -61,3 +61,13 @@ def test_sigterm_stops_a_rank_with_an_error_line_and_no_partial_files(tmp_path, 
     assert wait_all([proc], logs, timeout=30) == [130]
     assert rank_log(logs, 0).strip().splitlines()[-1].startswith("error: interrupted")
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl", "snapshot.pt"]
+
+
+def test_damaged_snapshot_on_rank0_stops_every_rank_with_its_reason(tmp_path, random_tokens):
+    logs, out = tmp_path / "logs", tmp_path / "run"
+    out.mkdir()
+    (out / "snapshot.pt").write_bytes(b"PK\x03\x04 cut off mid-write")
+    args = [*TINY_RUN, f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2"]
+    assert wait_all(launch_ranks(2, args, logs), logs, timeout=90) == [1, 1]
+    assert rank_log(logs, 0).strip().startswith(f"error: checkpoint {out / 'snapshot.pt'} is truncated")
+    assert rank_log(logs, 1).strip().startswith("error: on rank 0: checkpoint")
