@@ -158,13 +158,12 @@ def probe(opened: Nodes, dataset: str) -> dict[int, dict]:
             raise NodeError(f"{node.name}: the probe printed no JSON: {result.stdout[-200:]!r}") from None
 
     try:
-        found = dict(parallel([opened.shell(n) for n in opened.hosts()],
-                              lambda s: one(s.node)))
+        found = dict(parallel([opened.shell(n) for n in opened.hosts()], lambda s: one(s.node)))
     except NodeError as e:
         raise TaskError(str(e)) from None
     # Ranks of the local cluster share their machine's probe.
-    return {n.index: found[opened.hosts()[[h.private_ip for h in opened.hosts()].index(n.private_ip)].index]
-            for n in opened.nodes}
+    by_address = {n.private_ip: found[n.index] for n in opened.hosts()}
+    return {n.index: by_address[n.private_ip] for n in opened.nodes}
 
 
 def run_everywhere(opened: Nodes, nodes: Sequence[Node], action: Callable[[Node, Shell], object]) -> list:
@@ -252,6 +251,9 @@ def sync_code(opened: Nodes) -> None:
 def ensure_ready(opened: Nodes) -> None:
     """What every task needs first: the environment (bootstrap where missing) and current code."""
     missing = not_ready(opened)
+    if missing and opened.cluster.is_local:
+        raise TaskError(f"this machine's Python ({sys.executable}) lacks {opened.probes[missing[0].index]['missing']}: "
+                        "run `make setup` and use .venv/bin/fab")
     if missing:
         say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap (fab setup)")
         bootstrap(opened, missing, "default", "", False)
@@ -266,9 +268,7 @@ def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = ""
     try:
         started = time.monotonic()
         if cluster.is_local:
-            missing = not_ready(opened)
-            if missing:
-                raise TaskError(f"this machine's Python ({sys.executable}) lacks {opened.probes[0]['missing']}: run `make setup`")
+            ensure_ready(opened)
         else:
             bootstrap(opened, opened.hosts(), profile, pip_args, skip_system_packages)
             opened.probes = probe(opened, "-")
@@ -466,18 +466,18 @@ def stop_units(opened: Nodes, run: str) -> None:
 
 def print_dry_run(plan: LaunchPlan, config_text: str) -> None:
     say(f"dry run: {plan.world_size} rank(s), launcher {plan.launcher}, run dir runs/{plan.run} (nothing is started)")
-    for node in plan.nodes:
-        if node.private_ip in [n.private_ip for n in plan.nodes[: plan.nodes.index(node)]]:
-            continue
+    root = str(local_home()) if plan.cluster.is_local else "~/nanocluster"
+    hosts = {n.private_ip: n for n in reversed(plan.nodes)}.values()  # first node of each address
+    for node in sorted(hosts, key=lambda n: n.index):
         for name, text in node_files(plan, node, config_text).items():
             if name == "ssh/id_cluster":
                 text = "(the cluster's private key, mode 0600)\n"
-            say(f"----- {node.name}: ~/nanocluster/{name}" if not name.startswith("ssh/")
-                else f"----- {node.name}: ~/.ssh/nanocluster/{name[4:]}")
+            where = f"~/.ssh/nanocluster/{name[4:]}" if name.startswith("ssh/") else f"{root}/{name}"
+            say(f"----- {node.name}: {where}")
             out_line(text.rstrip("\n"))
     for unit in plan.units():
-        say(f"----- {plan.unit_node(unit).name}: start {unit}")
-        out_line(launch.start_command("~/nanocluster", plan.run, [unit], ssh_files=False).splitlines()[-3])
+        say(f"----- {plan.unit_node(unit).name}: start {unit} (detached, in {root}/runs/{plan.run})")
+        out_line(launch.start_command(root, plan.run, [unit], ssh_files=False).splitlines()[-3])
 
 
 # ----------------------------------------------------------------------------- status, logs, stop, sample, fetch
@@ -554,7 +554,10 @@ def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, l
         plan = read_plan(opened, run)
         units = plan["units"]
         if rank is not None:
-            units = [u for u in units if u == f"rank{rank}"] or units
+            if f"rank{rank}" not in units:
+                raise TaskError(f"run {run!r} has no log for rank {rank} ({plan['launcher']} launcher; "
+                                f"its logs: {', '.join(units)})")
+            units = [f"rank{rank}"]
         by_name = {n.name: n for n in cluster.nodes}
         nodes_of = plan_unit_nodes(plan, by_name)
         needed = list({nodes_of[u].index: nodes_of[u] for u in units}.values())
