@@ -316,7 +316,9 @@ class Trainer:
         for split in ("train", "val"):
             total = 0.0
             for k in range(self.cfg.eval_iters):
-                x, y = self.data.get(split, self.iter_num, k, stream="eval")
+                # The same windows at every eval, so successive val losses (and ckpt.pt's choice)
+                # compare the model, not the sample.
+                x, y = self.data.get(split, 0, k, stream="eval")
                 with autocast(self.dtype):
                     _, loss = self.model(x, y)
                 total += loss.item()
