@@ -76,7 +76,7 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
         "dataset": "data/<dataset> to train on (default builtin)",
         "launcher": "fabric (default: each rank started over SSH), mpirun (Intel MPI from the head) or torchrun",
         "backend": "auto (ccl where the bindings import, else gloo), ccl or gloo",
-        "port": "rendezvous port on the head (default 29500)",
+        "port": "rendezvous port on the head (default 29500; the local cluster picks a free one)",
         "config": "trainer YAML (default: the quickstart config on the local cluster, trainer defaults elsewhere)",
         "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",
         "dry_run": "print every rendered file and command, start nothing",
@@ -85,10 +85,10 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
 )
 @_errors_to_exit
 def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
-          port=29500, config=None, set_=None, dry_run=False, collective_timeout=120):
+          port=None, config=None, set_=None, dry_run=False, collective_timeout=120):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     tasks.train(cluster, nodes=int(nodes) if nodes else None, run=run, dataset=dataset, launcher=launcher,
-                backend=backend, port=int(port), config=config, overrides=list(set_ or []), dry_run=dry_run,
+                backend=backend, port=int(port) if port else None, config=config, overrides=list(set_ or []), dry_run=dry_run,
                 collective_timeout_s=float(collective_timeout))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ QUICKSTART_CONFIG = Path(__file__).with_name("quickstart.yaml")
 NODE_DIR = sync.REPO_ROOT / "node"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MIN_FREE_GB = 5.0
+DEFAULT_PORT = 29500
 PROBE_TIMEOUT_S = 30
 
 console = Console(highlight=False)
@@ -391,14 +393,23 @@ def dry_run_plan(cluster: Cluster, nodes: tuple[Node, ...], **kwargs) -> LaunchP
     return LaunchPlan(cluster=cluster, nodes=nodes, python=python, code_dir=code, **kwargs)
 
 
+def free_loopback_port() -> int:
+    """A port nothing on this machine listens on (the local cluster must not collide with other jobs)."""
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return probe_socket.getsockname()[1]
+
+
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
-          launcher: str = "fabric", backend: str = "auto", port: int = 29500, config: str | None = None,
+          launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
           overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0) -> None:
     started = time.monotonic()
     check_name(run, "run")
     check_name(dataset, "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     selected = select_nodes(cluster, nodes)
+    if port is None:
+        port = free_loopback_port() if cluster.is_local else DEFAULT_PORT
     if config is None and cluster.is_local:
         config = str(QUICKSTART_CONFIG)
         say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
@@ -683,7 +694,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
 # ----------------------------------------------------------------------------- doctor
 
 
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 29500) -> int:
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT) -> int:
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
     cluster = resolve_cluster(cluster_spec, None)
     problems: list[tuple[str, str, str, str]] = []  # check, node, what is wrong, fix
