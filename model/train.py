@@ -35,7 +35,14 @@ from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.config import CKPT_NAME, SNAPSHOT_NAME, ConfigError, TrainConfig, load_config
 from model.data import DataError, TokenBatches
 from model.model import GPT, GPTConfig
-from model.precision import autocast, maybe_compile, maybe_ipex_optimize, resolve_dtype
+from model.precision import (
+    adamw,
+    autocast,
+    keep_freed_memory,
+    maybe_compile,
+    maybe_ipex_optimize,
+    resolve_dtype,
+)
 
 log = logging.getLogger("model.train")
 
@@ -72,8 +79,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # The fused CPU kernel: one pass over each parameter instead of a chain of foreach ops.
-    return torch.optim.AdamW(groups, lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2), fused=True)
+    return adamw(groups, lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2))
 
 
 # --- model sources -------------------------------------------------------------------------------
@@ -495,6 +501,8 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
     if env.world_size > 1:
         distributed.init_process_group(env, backend, cfg.collective_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
+    if keep_freed_memory():
+        log.info("malloc keeps freed memory for reuse (no per-step page faults on large buffers)")
     trainer = Trainer(cfg, env)
     trainer.run()
     # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
