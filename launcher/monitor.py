@@ -58,7 +58,10 @@ class Progress:
         return False
 
     def line(self) -> str:
-        parts = [f"{time.monotonic() - self.started:5.0f} s"]
+        return f"progress: {time.monotonic() - self.started:5.0f} s | {self.summary()}"
+
+    def summary(self) -> str:
+        parts = []
         if self.iter is not None:
             parts.append(f"iter {self.iter}")
         if self.loss is not None:
@@ -67,7 +70,7 @@ class Progress:
             parts.append(f"val {self.val_loss:.4f}")
         if self.tokens_per_s:
             parts.append(f"{self.tokens_per_s:,.0f} tok/s")
-        return "progress: " + " | ".join(parts)
+        return " | ".join(parts) or "no step logged yet"
 
 
 def unit_prefix(plan: LaunchPlan, unit: str) -> str:

@@ -282,12 +282,26 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
 
 
 def connect(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> dict[int, Shell]:
-    """A shell per node, keyed by node index; SSH ones are opened in parallel through the head."""
+    """A shell per node, keyed by node index; raises one NodeError naming every unreachable node."""
+    shells, errors = connect_reachable(cluster, nodes)
+    if errors:
+        for shell in shells.values():
+            shell.close()
+        raise NodeError("; ".join(errors.values()))
+    return shells
+
+
+def connect_reachable(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[dict[int, Shell], dict[int, str]]:
+    """(shells of the nodes that answered, error per node that did not); workers in parallel via the head."""
     if cluster.is_local:
-        return {n.index: LocalShell(n) for n in nodes}
+        return {n.index: LocalShell(n) for n in nodes}, {}
     key_path = key_file(cluster)
     head = _connection(cluster, cluster.head, key_path, None)
-    _open(head, cluster.head, cluster.head_public_ip)
+    try:
+        _open(head, cluster.head, cluster.head_public_ip)
+    except NodeError as e:
+        return {}, {n.index: str(e) if n.index == cluster.head.index else f"{n.name}: not reachable, the head is down"
+                    for n in nodes}
     shells: dict[int, Shell] = {}
     if cluster.head in nodes:
         shells[cluster.head.index] = SSHShell(cluster.head, head)
@@ -298,19 +312,15 @@ def connect(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> dict[int,
         _open(conn, node, f"{node.private_ip} via the head")
         return SSHShell(node, conn)
 
-    errors = []
+    errors: dict[int, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(workers)))) as pool:
         futures = {n.index: pool.submit(open_worker, n) for n in workers}
         for index, future in futures.items():
             try:
                 shells[index] = future.result()
             except NodeError as e:
-                errors.append(str(e))
-    if errors:
-        for shell in shells.values():
-            shell.close()
-        raise NodeError("; ".join(errors))
-    return shells
+                errors[index] = str(e)
+    return shells, errors
 
 
 def parallel(shells: list[Shell], action: Callable[[Shell], object]) -> list[object]:

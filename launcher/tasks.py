@@ -8,6 +8,7 @@ and starts the ranks detached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -34,7 +35,7 @@ from launcher.render import (
     run_files,
     ssh_config,
 )
-from launcher.ssh import NodeError, Shell, connect, parallel
+from launcher.ssh import NodeError, Shell, connect, connect_reachable, parallel
 
 QUICKSTART_CONFIG = Path(__file__).with_name("quickstart.yaml")
 NODE_DIR = sync.REPO_ROOT / "node"
@@ -446,7 +447,8 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             progress = monitor.watch()
         except RunFailed as e:
             raise TaskError(str(e)) from None
-        say(f"done: {progress.line().removeprefix('progress: ')}; checkpoint runs/{run}/ckpt.pt on {opened.nodes[0].name}")
+        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; "
+            f"best checkpoint runs/{run}/ckpt.pt on {opened.nodes[0].name} (fab sample, fab fetch)")
     finally:
         opened.close()
 
@@ -503,54 +505,36 @@ def read_plan(opened: Nodes, run: str) -> dict:
 
 
 def status(cluster_spec: str | None, run: str = "main") -> int:
+    """A table of every node (down ones included) and the run's units; 1 when a node is down."""
     cluster = resolve_cluster(cluster_spec, None)
-    reachable: dict[int, Shell] = {}
-    errors: dict[int, str] = {}
-    if cluster.is_local:
-        reachable = connect(cluster, cluster.nodes[:1])
-    else:
-        try:
-            reachable = connect(cluster, cluster.nodes)
-        except NodeError:
-            for node in cluster.nodes:  # one by one, to say which are down
-                try:
-                    reachable |= connect(cluster, [node])
-                except NodeError as e:
-                    errors[node.index] = str(e)
-    nodes = [n for n in cluster.nodes if n.index in reachable]
-    opened = Nodes(cluster, tuple(nodes), reachable, {})
+    shown = cluster.nodes[:1] if cluster.is_local else cluster.nodes
+    shells, errors = connect_reachable(cluster, shown)
+    opened = Nodes(cluster, tuple(n for n in shown if n.index in shells), shells, {})
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "job"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     try:
-        opened.probes = probe(opened, "-") if nodes else {}
-        jobs = {}
-        for node in opened.hosts():
-            shell = opened.shell(node)
-            jobs[node.index] = " ".join(shell.run(launch.alive_command(shell.root, run)).stdout.split()) or "-"
-        shown = cluster.nodes[:1] if cluster.is_local else cluster.nodes
+        opened.probes = probe(opened, "-") if opened.nodes else {}
+        jobs = dict(run_everywhere(opened, opened.hosts(), lambda n, s: (
+            n.index, " ".join(s.run(launch.alive_command(s.root, run)).stdout.split()) or "-")))
         for node in shown:
             if node.index in errors:
-                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", errors[node.index][:60])
+                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", errors[node.index])
                 continue
-            p = opened.probes.get(node.index, {})
-            ready = "ready" if not p.get("missing") else f"not ready ({', '.join(p['missing'])})"
+            p = opened.probes[node.index]
+            ready = f"not ready ({', '.join(p['missing'])})" if p.get("missing") else "ready"
             table.add_row(node.name, node.private_ip, ready, p.get("hostname", ""),
                           f"{p.get('python', '?')}/{p.get('torch') or '-'}", str(p.get("free_gb", "")),
                           jobs.get(node.index, "-"))
         console.print(table)
-        if nodes:
-            head = opened.shell(cluster.nodes[0]) if cluster.nodes[0].index in reachable else None
-            if head:
-                last = head.run(f"tail -n 50 {launch.run_dir(head.root, run)}/metrics.jsonl 2>/dev/null").stdout
-                progress = Progress()
-                for line in last.splitlines():
-                    try:
-                        progress.update(json.loads(line))
-                    except ValueError:
-                        continue
-                if progress.iter is not None:
-                    say(progress.line().replace("progress:", "last logged:").split("|", 1)[1].strip())
+        if cluster.head.index in shells:
+            head = shells[cluster.head.index]
+            last = head.run(f"tail -n 50 {launch.run_dir(head.root, run)}/metrics.jsonl 2>/dev/null").stdout
+            progress = Progress()
+            for line in last.splitlines():
+                with contextlib.suppress(ValueError):
+                    progress.update(json.loads(line))
+            say(f"run {run}, last logged: {progress.summary()}")
     finally:
         opened.close()
     return 1 if errors else 0
@@ -698,13 +682,10 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAU
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
     cluster = resolve_cluster(cluster_spec, None)
     problems: list[tuple[str, str, str, str]] = []  # check, node, what is wrong, fix
-    shells: dict[int, Shell] = {}
-    for node in cluster.nodes if not cluster.is_local else cluster.nodes[:1]:
-        try:
-            shells |= connect(cluster, [node])
-        except NodeError as e:
-            problems.append(("ssh", node.name, str(e).split(": ", 1)[-1],
-                             "start the node, check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"))
+    shells, errors = connect_reachable(cluster, cluster.nodes[:1] if cluster.is_local else cluster.nodes)
+    for index, error in errors.items():
+        problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1],
+                         "start the node; check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"))
     opened = Nodes(cluster, tuple(n for n in cluster.nodes if n.index in shells), shells, {})
     try:
         if opened.nodes:
