@@ -2,7 +2,7 @@
 
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile]
 
-A step is forward + backward + AdamW (model.precision.adamw, the trainer's optimizer) on one
+A step is forward + backward + AdamW (the trainer's: model.train.build_optimizer, fused) on one
 1024-token sequence of the 124M-parameter GPT-2. fp32 and bf16 are plain eager steps; bf16+compile
 adds torch.compile and model.precision.keep_freed_memory (no page faults on per-step buffers). FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
@@ -70,15 +70,17 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
     """Median time of a training step after warm-up (compilation happens in the warm-up)."""
     import torch
 
+    from model.config import TrainConfig
     from model.model import GPT, GPTConfig
-    from model.precision import adamw, autocast, keep_freed_memory, maybe_compile, resolve_dtype
+    from model.precision import autocast, keep_freed_memory, maybe_compile, resolve_dtype
+    from model.train import build_optimizer
 
     mixed_precision, compile_model, keep_memory = MODES[mode]
     if keep_memory:
         keep_freed_memory()
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=block_size))
-    optimizer = adamw(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = build_optimizer(model, TrainConfig())
     dtype = resolve_dtype(mixed_precision)
     forward = maybe_compile(model, compile_model)
     x = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
