@@ -14,6 +14,10 @@ bytes are the tied embedding, whose gradient is complete only when backward ends
 cannot overlap; large micro-batches keep it a small fraction of the step. Throughput is the median
 over the steps after the first (which pays for allocation and oneDNN kernel selection).
 
+A third run, two independent 1-rank trainings side by side, shows what the machine itself allows
+two busy cores (shared memory bandwidth, anything else running); the 2-rank run against it isolates
+what DDP's all-reduce costs.
+
 Ranks run in the caller's environment: to measure as the launcher runs them, export its env file
 (allocator preload, MALLOC_CONF, KMP settings) first. Run it on an otherwise idle machine: two
 1-thread ranks need both cores, so any other load lowers the 2-rank figure first.
@@ -42,7 +46,10 @@ def write_random_tokens(data_dir: Path, tokens: int = 1_000_000) -> None:
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(data_dir / f"{split}.bin")
 
 
-def tokens_per_s(world_size: int, args: argparse.Namespace, data_dir: Path, out_dir: Path) -> float:
+def tokens_per_s(
+    world_size: int, args: argparse.Namespace, data_dir: Path, out_dir: Path, copies: int = 1
+) -> float:
+    """Median steady-state tokens/s of a run, summed over `copies` independent runs side by side."""
     overrides = [
         "init_from=scratch",
         f"model.n_layer={args.n_layer}",
@@ -60,12 +67,10 @@ def tokens_per_s(world_size: int, args: argparse.Namespace, data_dir: Path, out_
         "peak_flops=1e12",  # MFU is not the question here; skip measuring the matmul peak
         f"expected_world_size={world_size}",
         f"data_dir={data_dir}",
-        f"out_dir={out_dir}",
     ]
-    if world_size == 1:
-        command = [sys.executable, "-m", "model.train", *overrides]
-    else:
-        command = [
+    launcher = [sys.executable, "-m", "model.train"]
+    if world_size > 1:
+        launcher = [
             sys.executable,
             "-m",
             "torch.distributed.run",
@@ -73,15 +78,35 @@ def tokens_per_s(world_size: int, args: argparse.Namespace, data_dir: Path, out_
             f"--nproc_per_node={world_size}",
             "-m",
             "model.train",
-            *overrides,
         ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if result.returncode != 0:
-        sys.exit(f"error: the {world_size}-rank run failed:\n{result.stderr[-3000:]}")
-    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    steady = [r["tokens_per_s"] for r in records if r["kind"] == "train" and r["iter"] >= 1]
-    return statistics.median(steady)
+    runs = [out_dir / f"copy{i}" for i in range(copies)]
+    procs = [
+        subprocess.Popen(
+            [*launcher, *overrides, f"out_dir={run}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for run in runs
+    ]
+    total = 0.0
+    for proc, run in zip(procs, runs, strict=True):
+        try:
+            _, stderr = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            sys.exit(f"error: a {world_size}-rank run took longer than --timeout {args.timeout:g}s")
+        if proc.returncode != 0:
+            sys.exit(f"error: a {world_size}-rank run failed:\n{stderr[-3000:]}")
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        total += statistics.median(
+            r["tokens_per_s"] for r in records if r["kind"] == "train" and r["iter"] >= 1
+        )
+    return total
 
 
 def main() -> None:
@@ -110,8 +135,14 @@ def main() -> None:
         print(f"1 rank  x 1 thread: {one:9.0f} tokens/s", flush=True)
         two = tokens_per_s(2, args, tmp, tmp / "two")
         print(f"2 ranks x 1 thread: {two:9.0f} tokens/s (DDP, gloo)", flush=True)
+        apart = tokens_per_s(1, args, tmp, tmp / "apart", copies=2)
+        print(f"2 x 1 rank side by side, no DDP: {apart:9.0f} tokens/s (what the machine allows)", flush=True)
     efficiency = two / (2 * one)
     print(f"scaling efficiency: {100 * efficiency:.1f}% (target >= 95%)")
+    print(
+        f"  = machine {100 * apart / (2 * one):.1f}% (side by side vs 2 x alone) "
+        f"x DDP {100 * two / apart:.1f}% (2 ranks vs side by side)"
+    )
     print(
         f"ddp_step: 1 rank {one:.0f} tok/s, 2 ranks {two:.0f} tok/s, scaling efficiency "
         f"{100 * efficiency:.1f}% ({'meets' if efficiency >= 0.95 else 'below'} the 95% target)"
