@@ -501,8 +501,6 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
     if env.world_size > 1:
         distributed.init_process_group(env, backend, cfg.collective_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
-    if keep_freed_memory():
-        log.info("malloc keeps freed memory for reuse (no per-step page faults on large buffers)")
     trainer = Trainer(cfg, env)
     trainer.run()
     # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
@@ -551,4 +549,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Process-wide malloc tuning, so only for the program (not for callers importing main()):
+    # reuse freed per-step buffers instead of page-faulting them in again every step.
+    keep_freed_memory()
     sys.exit(main())
