@@ -209,7 +209,7 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
         raise HFCheckpointError(f"{path} is not valid JSON: {err}") from err
 
 
-def download_from_hub(repo_id: str, cache_dir: Path | None = None) -> Path:
+def download_from_hub(repo_id: str) -> Path:
     """Fetch config.json and the safetensors weights of a hub repo; the local snapshot directory."""
     try:
         from huggingface_hub import snapshot_download
@@ -220,9 +220,9 @@ def download_from_hub(repo_id: str, cache_dir: Path | None = None) -> Path:
         ) from err
     weights = [SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE, "model-*-of-*.safetensors"]
     try:
-        path = Path(snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, *weights], cache_dir=cache_dir))
+        path = Path(snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, *weights]))
         if not any(path.glob("*.safetensors")):  # older repos only ship the pickle
-            path = Path(snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, PYTORCH_BIN_FILE], cache_dir=cache_dir))
+            path = Path(snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, PYTORCH_BIN_FILE]))
     except Exception as err:  # offline, unknown repo, gated, rate-limited: all end the same way
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise HFCheckpointError(
