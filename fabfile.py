@@ -57,14 +57,16 @@ def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=
     "val_fraction": "share of documents for val.bin (default model.prepare's)",
     "seed": "seed of the train/val split",
     "limit": "read only the first N documents of the source",
+    "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
 })
 @_errors_to_exit
 def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
-                 limit=None):
-    """Tokenize a dataset once on the head and copy it to every node, checksummed."""
+                 limit=None, sharded=False):
+    """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     tasks.prepare_data(cluster, source=source, dataset=dataset, nodes=int(nodes) if nodes else None,
                        val_fraction=float(val_fraction) if val_fraction is not None else None,
-                       seed=int(seed) if seed is not None else None, limit=int(limit) if limit else None)
+                       seed=int(seed) if seed is not None else None, limit=int(limit) if limit else None,
+                       sharded=sharded)
 
 
 @task(

@@ -3,12 +3,13 @@
 Code: the operator's model/ package, as a deterministic archive whose sha256 the node remembers
 (code/.sha256), so a node gets it only when it changed.
 
-Data: prepared once on the head (`python -m model.prepare`) and fanned out head -> workers over the
-private network, each copy checked against meta.json's sha256 before it replaces anything. Why once
-and not a shard per node: the trainer reads the whole train.bin on every rank (it samples batches
-with a rank-offset seed), so each node needs the full dataset anyway; preparing on every node would
-download the source N times and tokenize it N times, while the copy is a sequential read over the
-private network (a few hundred MB/s) and the tokenization (the slow part) runs once.
+Data: by default prepared once on the head (`python -m model.prepare`) and fanned out head -> workers
+over the private network, each copy checked against meta.json's sha256 before it replaces anything.
+Measured on the sshd test nodes (13.3M tokens from a 49 MB jsonl): once on the head 6.1 s + copy and
+checksum to two workers 0.8 s; one shard of three alone 3.0 s (each node still reads the whole
+source). So `--sharded` (each node tokenizes its shard) is the faster choice for big corpora on
+machines with their own cores; the default stays once-and-copy because it gives every node the same,
+checksummed files, works for any later `--nodes`, and downloads a hub source once instead of N times.
 """
 
 from __future__ import annotations

@@ -299,29 +299,56 @@ def splits_digest(meta: dict | None) -> tuple | None:
 
 def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
                  nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, sharded: bool = False) -> None:
+    """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     opened = open_nodes(cluster, select_nodes(cluster, nodes), dataset)
     try:
         ensure_ready(opened)
-        head = opened.nodes[0]
-        shell = opened.shell(head)
         args = [source, "--out", f"data/{dataset}"]
         for flag, value in (("--val-fraction", val_fraction), ("--seed", seed), ("--limit", limit)):
             if value is not None:
                 args += [flag, str(value)]
-        say(f"preparing {source!r} as data/{dataset} on {head.name} (model.prepare; a matching dataset is kept)")
+        hosts = opened.hosts()
         started = time.monotonic()
-        command = (f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={opened.code_dir(head)} "
-                   f"{opened.python(head)} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1")
-        status = shell.stream(command, lambda line: out_line(f"[prepare {head.name}] {line}"), timeout=6 * 3600)
-        if status != 0:
-            raise TaskError(f"model.prepare failed on {head.name} (exit {status}); its output is above")
-        say(f"prepared on {head.name} in {time.monotonic() - started:.1f} s")
+        if sharded and len(hosts) > 1:
+            say(f"preparing {source!r} as data/{dataset}: node i of {len(hosts)} keeps shard i (model.prepare --shards)")
+            run_everywhere(opened, hosts, lambda n, s: run_prepare(
+                opened, n, [*args, "--shards", str(len(hosts)), "--shard-index", str(hosts.index(n))]))
+            say(f"prepared {len(hosts)} shards in {time.monotonic() - started:.1f} s")
+            return
+        say(f"preparing {source!r} as data/{dataset} on {hosts[0].name} (model.prepare; a matching dataset is kept)")
+        run_prepare(opened, hosts[0], args)
+        say(f"prepared on {hosts[0].name} in {time.monotonic() - started:.1f} s")
         fan_out(opened, dataset, verify_existing=True)
     finally:
         opened.close()
+
+
+def run_prepare(opened: Nodes, node: Node, args: list[str]) -> None:
+    """`python -m model.prepare ARGS` in the node's nanocluster directory, output streamed."""
+    shell = opened.shell(node)
+    command = (f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={opened.code_dir(node)} "
+               f"{opened.python(node)} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1")
+    status = shell.stream(command, lambda line: out_line(f"[prepare {node.name}] {line}"), timeout=6 * 3600)
+    if status != 0:
+        raise NodeError(f"{node.name}: model.prepare failed (exit {status}); its output is above")
+
+
+def check_shards(opened: Nodes, dataset: str) -> None:
+    """Sharded data: every node must hold a different shard of the same preparation."""
+    metas = {n.index: opened.probes[n.index].get("data_meta") or {} for n in opened.hosts()}
+    head_meta = metas[opened.nodes[0].index]
+    shards = head_meta.get("shards", 1)
+    indexes = [metas[n.index].get("shard_index") for n in opened.hosts()]
+    same = all(m.get("shards") == shards and m.get("source") == head_meta.get("source") for m in metas.values())
+    if not same or len(set(indexes)) != len(indexes):
+        raise TaskError(f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
+                        f"run `fab prepare-data --sharded --nodes {len(opened.hosts())}` again")
+    if shards != len(opened.hosts()):
+        say(f"note: data/{dataset} has {shards} shards; these {len(opened.hosts())} node(s) train on "
+            f"shards {sorted(indexes)} only")
 
 
 def fan_out(opened: Nodes, dataset: str, verify_existing: bool = False) -> None:
@@ -435,7 +462,9 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         missing = [n for n in opened.hosts() if not splits_digest(opened.probes[n.index].get("data_meta"))]
         if opened.nodes[0] in missing:
             raise TaskError(f"data/{dataset} is not prepared on {opened.nodes[0].name}: run `fab prepare-data` first")
-        if missing:
+        if (opened.probes[opened.nodes[0].index]["data_meta"].get("shards") or 1) > 1:
+            check_shards(opened, dataset)
+        elif missing:
             fan_out(opened, dataset)
         plan = make_plan(opened, run, dataset, launcher, backend, port, config or "", overrides,
                          collective_timeout_s)

@@ -147,3 +147,19 @@ def test_mpirun_and_torchrun_launchers_put_one_rank_on_each_node(nodes, fab, tin
     for rank in range(3):  # rank r on node r: the machine file's one slot per host was honoured
         assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank} \(local 0\)",
                          result.stdout), result.stdout[-3000:]
+
+
+def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_config):
+    result = fab("prepare-data", "--sharded", "--dataset", "shards")
+    assert result.returncode == 0, result.stderr + result.stdout
+    metas = [json.loads((nodes.home(i) / "nanocluster/data/shards/meta.json").read_text()) for i in range(3)]
+    assert [(m["shards"], m["shard_index"]) for m in metas] == [(3, 0), (3, 1), (3, 2)]
+    unsharded = json.loads((nodes.home(0) / "nanocluster/data/builtin/meta.json").read_text()) if (
+        nodes.home(0) / "nanocluster/data/builtin/meta.json").exists() else None
+    if unsharded:  # the shards together are the whole corpus
+        for split in ("train", "val"):
+            assert sum(m["splits"][split]["documents"] for m in metas) == unsharded["splits"][split]["documents"]
+    (nodes.home(2) / "nanocluster/data/shards/meta.json").unlink()
+    refused = fab("train", "--dataset", "shards", "--config", str(tiny_config))
+    assert refused.returncode == 1
+    assert "do not hold one shard each" in refused.stderr and "--sharded" in refused.stderr
