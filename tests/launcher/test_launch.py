@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import pytest
@@ -97,3 +99,20 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def test_ctrl_c_stops_every_rank(local):
+    plan, shells, run_dir = local
+    start(plan, shells, {f"rank{r}": "sleep 60\n" for r in range(3)})
+    stopped = []
+
+    def stop_all():
+        stopped.append(True)
+        shells[0].check(launch.stop_command(shells[0].root, RUN), "stop")
+
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(RunFailed, match=r"interrupted \(Ctrl-C\): every rank was stopped") as failure:
+        Monitor(plan, shells, stop_all, lambda line: None).watch()
+    assert failure.value.exit_code == 130 and stopped
+    for r in range(3):
+        assert not alive(int((run_dir / f"rank{r}.pid").read_text()))
