@@ -23,7 +23,8 @@ system-deps:
 	@command -v sshd >/dev/null && command -v ip >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
-# The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus.
+# The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
+# launcher/quickstart.yaml (about 2 minutes on 2 cores); data and runs in ~/nanocluster.
 quickstart: setup
 	$(BIN)/fab prepare-data
 	$(BIN)/fab train --nodes 3
