@@ -498,8 +498,14 @@ def start_units(opened: Nodes, plan: LaunchPlan, config_text: str) -> None:
 
 
 def stop_units(opened: Nodes, run: str) -> None:
+    """Stop the run's units on every node; a node that cannot be reached is reported, not fatal."""
     def one(node: Node, shell: Shell) -> None:
-        result = shell.run(launch.stop_command(shell.root, run), timeout=launch.STOP_GRACE_S + 20)
+        try:
+            result = shell.run(launch.stop_command(shell.root, run), timeout=launch.STOP_GRACE_S + 20)
+        except NodeError as e:
+            out_line(f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
+                     "collective_timeout_s, or run `fab stop` once the node is back")
+            return
         if result.stdout.strip():
             out_line(f"[stop {node.name}] {result.stdout.strip()}")
 
