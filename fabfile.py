@@ -141,7 +141,7 @@ def fetch(c, cluster=None, run="main", dest=None):
 @_errors_to_exit
 def stop(c, cluster=None, run="main"):
     """Stop every rank of a run on every node (TERM, then KILL after 10 s)."""
-    tasks.stop(cluster, run=run)
+    return tasks.stop(cluster, run=run)
 
 
 @task(help={

@@ -632,17 +632,20 @@ def plan_unit_nodes(plan: dict, by_name: dict[str, Node]) -> dict[str, Node]:
     return out
 
 
-def stop(cluster_spec: str | None, run: str = "main") -> None:
+def stop(cluster_spec: str | None, run: str = "main") -> int:
+    """Stop every unit of the run on every reachable node; 1 when a node could not be reached."""
     cluster = resolve_cluster(cluster_spec, None)
-    try:
-        opened = Nodes(cluster, cluster.nodes, connect(cluster, cluster.nodes), {})
-    except NodeError as e:
-        raise TaskError(str(e)) from None
+    shells, errors = connect_reachable(cluster, cluster.nodes)
+    opened = Nodes(cluster, tuple(n for n in cluster.nodes if n.index in shells), shells, {})
     try:
         stop_units(opened, run)
-        say(f"run {run}: every rank stopped on {', '.join(n.name for n in opened.hosts())}")
+        if opened.nodes:
+            say(f"run {run}: every rank stopped on {', '.join(n.name for n in opened.hosts())}")
+        for error in errors.values():
+            say(f"not stopped: {error}")
     finally:
         opened.close()
+    return 1 if errors else 0
 
 
 def best_checkpoint(shell: Shell, run: str) -> str:
