@@ -141,7 +141,9 @@ class Monitor:
             shell.stream(metrics_command(shell.root, self.plan.run, unit), on_line)
 
     def watch(self) -> Progress:
-        # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does.
+        # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does (signals reach the main thread only).
+        if threading.current_thread() is not threading.main_thread():
+            return self._watch()
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             return self._watch()
