@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 # sshd and iproute2 for the test nodes (network namespaces); installed only when missing.
 system-deps:
-	@command -v sshd >/dev/null && command -v ip >/dev/null || \
+	@test -x /usr/sbin/sshd && command -v ip >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
