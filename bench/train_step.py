@@ -3,21 +3,25 @@
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile]
 
 A step is forward + backward + AdamW (the trainer's: model.train.build_optimizer, fused) on one
-1024-token sequence of the 124M-parameter GPT-2. fp32 and bf16 are plain eager steps; bf16+compile
-adds torch.compile and model.precision.keep_freed_memory (no page faults on per-step buffers). FLOPs per token are 6N + 12·L·H·Q·T (N parameters
+1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
 this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
 
 Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per mode and one
 mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
 steps (the kernel's high-water mark is reset after the warm-up, where compilation happens).
+Every mode runs with tcmalloc preloaded when it is installed, as the launcher runs the ranks on
+the nodes: glibc's malloc hands the step's large buffers (logits, vocabulary-sized gradients) back
+to the kernel on free, so every step page-faults ~1.7 GB in again (~400k faults, measured).
 The last line is a summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -26,11 +30,11 @@ import time
 from pathlib import Path
 
 MODES = {
-    # name: (mixed_precision, torch.compile, keep freed memory for reuse)
-    "fp32": ("fp32", False, False),
-    "bf16": ("bf16", False, False),
-    # The recipe the trainer gets with mixed_precision=auto and compile=true on a bf16 CPU.
-    "bf16+compile": ("bf16", True, True),
+    # name: (mixed_precision, torch.compile); bf16+compile is what the trainer runs with
+    # mixed_precision=auto compile=true on a bf16-capable CPU.
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "bf16+compile": ("bf16", True),
 }
 PEAK_SIZES = (2048, 4096)
 CHILD_TIMEOUT_S = 1200  # a cold torch.compile of GPT-2 takes a minute or two on 2 busy cores
@@ -72,12 +76,10 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
 
     from model.config import TrainConfig
     from model.model import GPT, GPTConfig
-    from model.precision import autocast, keep_freed_memory, maybe_compile, resolve_dtype
+    from model.precision import autocast, maybe_compile, resolve_dtype
     from model.train import build_optimizer
 
-    mixed_precision, compile_model, keep_memory = MODES[mode]
-    if keep_memory:
-        keep_freed_memory()
+    mixed_precision, compile_model = MODES[mode]
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=block_size))
     optimizer = build_optimizer(model, TrainConfig())
@@ -113,7 +115,13 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
         "params": model.num_params(),
         "peak_rss_gb": peak_rss_gb(),
         "threads": torch.get_num_threads(),
+        "allocator": "tcmalloc" if "tcmalloc" in Path("/proc/self/maps").read_text() else "default",
     }
+
+
+def find_tcmalloc() -> str | None:
+    """tcmalloc's library name if installed: the launcher preloads it into every rank on the nodes."""
+    return ctypes.util.find_library("tcmalloc") or ctypes.util.find_library("tcmalloc_minimal")
 
 
 def run_child(args: argparse.Namespace, what: str) -> dict:
@@ -122,8 +130,11 @@ def run_child(args: argparse.Namespace, what: str) -> dict:
            "--batch-size", str(args.batch_size)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ)
+    if args.allocator == "tcmalloc":
+        env["LD_PRELOAD"] = " ".join(filter(None, [find_tcmalloc(), env.get("LD_PRELOAD")]))
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT_S)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         sys.exit(f"error: {what} did not finish within {CHILD_TIMEOUT_S} s")
     if proc.returncode != 0:
@@ -151,6 +162,8 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--allocator", choices=("auto", "tcmalloc", "default"), default="auto",
+                        help="auto: tcmalloc when installed (as on the nodes), else the C library's malloc")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -162,6 +175,10 @@ def main() -> None:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     if args.iters < 1 or args.warmup < 1:
         parser.error("--iters and --warmup must be >= 1")
+    if args.allocator == "auto":
+        args.allocator = "tcmalloc" if find_tcmalloc() else "default"
+    elif args.allocator == "tcmalloc" and not find_tcmalloc():
+        parser.error("--allocator tcmalloc: libtcmalloc not found (apt-get install libtcmalloc-minimal4)")
 
     peak = run_child(args, "peak")
     peaks = peak["peaks"]
@@ -170,7 +187,8 @@ def main() -> None:
     results = {mode: run_child(args, mode) for mode in modes}
     first = next(iter(results.values()))
     print(f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
-          f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW")
+          f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW, "
+          f"{first['allocator']} malloc")
     print(f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU bf16':>10}"
           f"{'peak RSS':>10}{'median s':>10}")
     for mode, r in results.items():
