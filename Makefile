@@ -9,11 +9,15 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-# torch is pinned to the local CPU wheel: any other request pulls a multi-GB CUDA build.
+# torch is pinned to the CPU wheel this project is tested with. On PyPI that version is a CUDA
+# build; elsewhere add TORCH_INDEX='--index-url https://download.pytorch.org/whl/cpu' for the CPU one.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH_INDEX) $(TORCH)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python -m model.tokenizer install
 	touch $@
