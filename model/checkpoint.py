@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from model.atomic import atomic_open, remove_temporary_siblings
 from model.model import GPT, GPTConfig
 
 # The zip "end of central directory" record: 22 bytes, its last two the archive comment's length.
@@ -52,45 +53,28 @@ def _sha256_of_prefix(f, length: int) -> hashlib._Hash:
     return digest
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> None:
     """Write payload to path atomically, with an integrity digest (see module docstring)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A writer killed mid-save leaves its temporary file behind (possibly gigabytes); one writer
     # per run directory means any such file is stale.
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):
-        stale.unlink(missing_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w+b") as f:
-            torch.save(payload, f)
-            f.flush()
-            size = f.tell()
-            f.seek(size - _EOCD_SIZE)
-            eocd = f.read(_EOCD_SIZE)
-            if eocd[:4] != _EOCD_SIGNATURE or eocd[-2:] != b"\x00\x00":
-                raise CheckpointError(
-                    f"torch.save wrote an archive layout this module does not know (writing {path})"
-                )
-            # The digest covers the archive exactly as torch wrote it (comment length 0).
-            digest = _sha256_of_prefix(f, size).hexdigest().encode()
-            f.seek(size - 2)
-            f.write(_COMMENT_SIZE.to_bytes(2, "little") + _MARKER + digest)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    remove_temporary_siblings(path)
+    # w+b: the digest is computed by reading back what torch.save wrote.
+    with atomic_open(path, "w+b") as f:
+        torch.save(payload, f)
+        f.flush()
+        size = f.tell()
+        f.seek(size - _EOCD_SIZE)
+        eocd = f.read(_EOCD_SIZE)
+        if eocd[:4] != _EOCD_SIGNATURE or eocd[-2:] != b"\x00\x00":
+            raise CheckpointError(
+                f"torch.save wrote an archive layout this module does not know (writing {path})"
+            )
+        # The digest covers the archive exactly as torch wrote it (comment length 0).
+        digest = _sha256_of_prefix(f, size).hexdigest().encode()
+        f.seek(size - 2)
+        f.write(_COMMENT_SIZE.to_bytes(2, "little") + _MARKER + digest)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> None:

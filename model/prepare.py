@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from model.atomic import fsync_dir
 from model.sources import Source, SourceError, open_source
 from model.tokenizer import EOT_TOKEN, VOCAB_SIZE, TokenizerUnavailable, gpt2_encoding
 
@@ -203,14 +204,6 @@ class _SplitWriter:
         self.file.close()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _LineStream:
     """A progress bar redrawn with carriage returns, as one line per update (for logs and `fab`)."""
 
@@ -366,7 +359,7 @@ def _install(staging: Path, out: Path) -> None:
         os.rename(out, previous)
         os.rename(staging, out)
         shutil.rmtree(previous)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
 
 
 def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
@@ -393,7 +386,7 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
             f.write(json.dumps(meta, indent=2) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(staging)
+        fsync_dir(staging)
         _install(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model.atomic import atomic_open
+
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # Long texts (tiny-shakespeare, each pydoc topic) become documents of whole paragraphs grouped up to
 # at least this many characters: one speech or paragraph is too short to be a useful document, a
@@ -143,20 +145,14 @@ def download(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(partial, "wb") as out:
+        with urllib.request.urlopen(url, timeout=timeout) as response, atomic_open(dest) as out:
             shutil.copyfileobj(response, out)
             expected = response.headers.get("Content-Length")
             if expected is not None and out.tell() != int(expected):
                 raise SourceError(f"download of {url} was cut short: {out.tell()} of {expected} bytes; run again")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, dest)
     except (urllib.error.URLError, OSError) as err:  # HTTPError, timeouts and refused connections included
         raise SourceError(f"could not download {url}: {err}. Check the network (or a proxy), then run again") from err
-    finally:
-        partial.unlink(missing_ok=True)
     return dest
 
 
