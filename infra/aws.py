@@ -31,17 +31,7 @@ class AwsCluster(CloudCluster):
             tags={**tags, "Name": name}, opts=self.child(),
         )
         gateway = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=self.child())
-        public_subnet = aws.ec2.Subnet(
-            f"{name}-public", vpc_id=vpc.id, cidr_block=NODE_SUBNET_CIDR, availability_zone=zone,
-            map_public_ip_on_launch=False, tags={**tags, "Name": f"{name}-public"}, opts=self.child(),
-        )
-        public_routes = aws.ec2.RouteTable(
-            f"{name}-public", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
-            tags={**tags, "Name": f"{name}-public"}, opts=self.child(),
-        )
-        aws.ec2.RouteTableAssociation(
-            f"{name}-public", subnet_id=public_subnet.id, route_table_id=public_routes.id, opts=self.child()
-        )
+        public_subnet = self._routed_subnet(vpc, zone, "public", NODE_SUBNET_CIDR, {"gateway_id": gateway.id})
         worker_subnet = public_subnet
         if self.nat_clients:
             nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
@@ -49,17 +39,7 @@ class AwsCluster(CloudCluster):
                 name, allocation_id=nat_address.allocation_id, subnet_id=public_subnet.id,
                 tags={**tags, "Name": name}, opts=self.child(depends_on=[gateway]),
             )
-            worker_subnet = aws.ec2.Subnet(
-                f"{name}-private", vpc_id=vpc.id, cidr_block=WORKER_SUBNET_CIDR, availability_zone=zone,
-                map_public_ip_on_launch=False, tags={**tags, "Name": f"{name}-private"}, opts=self.child(),
-            )
-            private_routes = aws.ec2.RouteTable(
-                f"{name}-private", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
-                tags={**tags, "Name": f"{name}-private"}, opts=self.child(),
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-private", subnet_id=worker_subnet.id, route_table_id=private_routes.id, opts=self.child()
-            )
+            worker_subnet = self._routed_subnet(vpc, zone, "private", WORKER_SUBNET_CIDR, {"nat_gateway_id": nat.id})
 
         # Members: all traffic from members only. Head SSH: port 22 from the operator's CIDR only.
         members = aws.ec2.SecurityGroup(
@@ -131,6 +111,20 @@ class AwsCluster(CloudCluster):
                 opts=self.child(retain_on_delete=True),
             )
             self.baked_image = baked.id
+
+    def _routed_subnet(self, vpc: aws.ec2.Vpc, zone: str, role: str, cidr: str, default_route: dict) -> aws.ec2.Subnet:
+        """Subnet <cluster>-<role> whose traffic beyond the VPC takes default_route (internet or NAT gateway)."""
+        name = f"{self.config.cluster_name}-{role}"
+        tags = {**self.config.labels, "Name": name}
+        subnet = aws.ec2.Subnet(
+            name, vpc_id=vpc.id, cidr_block=cidr, availability_zone=zone,
+            map_public_ip_on_launch=False, tags=tags, opts=self.child(),
+        )
+        routes = aws.ec2.RouteTable(
+            name, vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", **default_route}], tags=tags, opts=self.child(),
+        )
+        aws.ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
+        return subnet
 
     def _zone_offering(self, instance_type: str) -> str:
         """The first availability zone of the region that offers the machine type."""
