@@ -36,7 +36,8 @@ def cluster(contract):
 
 def sourced(text: str) -> dict[str, str]:
     """The variables a shell ends up with after sourcing text."""
-    out = subprocess.run(["sh", "-c", text + "\nenv -0"], capture_output=True, check=True, env={"HOME": "/home/u"})
+    out = subprocess.run(["sh", "-c", text + "\nenv -0"], capture_output=True, check=True, env={"HOME": "/home/u"},
+                         timeout=30)
     return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
 
 
@@ -124,7 +125,7 @@ def test_fabric_unit_script_sources_env_and_starts_the_trainer(cluster):
     lines = script.splitlines()
     assert ". ./env.sh" in lines and ". ./rank1.env" in lines
     assert lines[-1].startswith('exec "$HOME"/nanocluster/venv/bin/python -m model.train ')
-    subprocess.run(["sh", "-n", "-c", script], check=True)
+    subprocess.run(["sh", "-n", "-c", script], check=True, timeout=30)
 
 
 def test_torchrun_unit_is_per_node_with_node_rank(cluster):

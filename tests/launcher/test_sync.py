@@ -24,7 +24,7 @@ def test_installed_code_replaces_the_old_tree_and_records_its_digest(tmp_path):
     archive, digest = code_archive(make_tree(tmp_path / "src"))
     node = tmp_path / "node"
     (node / "code" / "stale").mkdir(parents=True)
-    subprocess.run(["bash", "-c", install_code_command(str(node), digest)], input=archive, check=True)
+    subprocess.run(["bash", "-c", install_code_command(str(node), digest)], input=archive, check=True, timeout=60)
     assert (node / "code" / "model" / "train.py").read_text() == "x = 1\n"
     assert (node / "code" / ".sha256").read_text().strip() == digest
     assert not (node / "code" / "stale").exists() and not (node / "code.old").exists()
