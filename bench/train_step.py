@@ -101,8 +101,11 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed)
-        print(f"  {mode} step {i + 1}/{warmup + iters}: {elapsed:.2f} s" + (" (warm-up)" if i < warmup else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"  {mode} step {i + 1}/{warmup + iters}: {elapsed:.2f} s" + (" (warm-up)" if i < warmup else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     # The fastest step: other load on a shared machine only ever slows a step down.
     step_s = min(times)
     tokens = batch_size * block_size
@@ -125,9 +128,20 @@ def find_tcmalloc() -> str | None:
 
 
 def run_child(args: argparse.Namespace, what: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", what, "--iters", str(args.iters),
-           "--warmup", str(args.warmup), "--block-size", str(args.block_size),
-           "--batch-size", str(args.batch_size)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        what,
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--block-size",
+        str(args.block_size),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     env = dict(os.environ)
@@ -155,15 +169,32 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iters", type=int, default=5, help="measured steps per mode (the fastest is reported, with the median)")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (compilation happens here)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=5,
+        help="measured steps per mode (the fastest is reported, with the median)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="unmeasured steps first (compilation happens here)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)"
+    )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}"
+    )
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--allocator", choices=("auto", "tcmalloc", "default"), default="auto",
-                        help="auto: tcmalloc when installed (as on the nodes), else the C library's malloc")
+    parser.add_argument(
+        "--allocator",
+        choices=("auto", "tcmalloc", "default"),
+        default="auto",
+        help="auto: tcmalloc when installed (as on the nodes), else the C library's malloc",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -182,31 +213,43 @@ def main() -> None:
 
     peak = run_child(args, "peak")
     peaks = peak["peaks"]
-    print(f"matmul peak, {peak['threads']} threads: fp32 {peaks['fp32'] / 1e12:.2f} TFLOP/s, "
-          f"bf16 {peaks['bf16'] / 1e12:.2f} TFLOP/s (square GEMMs {', '.join(map(str, PEAK_SIZES))})")
+    print(
+        f"matmul peak, {peak['threads']} threads: fp32 {peaks['fp32'] / 1e12:.2f} TFLOP/s, "
+        f"bf16 {peaks['bf16'] / 1e12:.2f} TFLOP/s (square GEMMs {', '.join(map(str, PEAK_SIZES))})"
+    )
     results = {mode: run_child(args, mode) for mode in modes}
     first = next(iter(results.values()))
-    print(f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
-          f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW, "
-          f"{first['allocator']} malloc")
-    print(f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU bf16':>10}"
-          f"{'peak RSS':>10}{'median s':>10}")
+    print(
+        f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
+        f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW, "
+        f"{first['allocator']} malloc"
+    )
+    print(
+        f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU bf16':>10}"
+        f"{'peak RSS':>10}{'median s':>10}"
+    )
     for mode, r in results.items():
         achieved = r["tokens_per_s"] * r["flops_per_token"]
         own_peak = peaks["bf16" if MODES[mode][0] == "bf16" else "fp32"]
-        print(f"{mode:<14}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
-              f"{achieved / own_peak:>9.1%}{achieved / peaks['bf16']:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
-              f"{r['median_s']:>10.3f}")
+        print(
+            f"{mode:<14}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
+            f"{achieved / own_peak:>9.1%}{achieved / peaks['bf16']:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
+            f"{r['median_s']:>10.3f}"
+        )
     best_mode = max(results, key=lambda m: results[m]["tokens_per_s"])
     best = results[best_mode]
     best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks["bf16"]
-    summary = (f"train_step: best {best_mode} {best['tokens_per_s']:.0f} tokens/s, "
-               f"MFU {best_mfu:.1%} of measured bf16 peak {peaks['bf16'] / 1e12:.2f} TFLOP/s")
+    summary = (
+        f"train_step: best {best_mode} {best['tokens_per_s']:.0f} tokens/s, "
+        f"MFU {best_mfu:.1%} of measured bf16 peak {peaks['bf16'] / 1e12:.2f} TFLOP/s"
+    )
     if "fp32" in results:
         fp32 = results["fp32"]
-        summary += (f", {best['tokens_per_s'] / fp32['tokens_per_s']:.2f}x fp32 eager "
-                    f"({fp32['tokens_per_s']:.0f} tokens/s), peak RSS {best['peak_rss_gb']:.2f} GB "
-                    f"vs fp32 {fp32['peak_rss_gb']:.2f} GB")
+        summary += (
+            f", {best['tokens_per_s'] / fp32['tokens_per_s']:.2f}x fp32 eager "
+            f"({fp32['tokens_per_s']:.0f} tokens/s), peak RSS {best['peak_rss_gb']:.2f} GB "
+            f"vs fp32 {fp32['peak_rss_gb']:.2f} GB"
+        )
     print(summary + f"; {best['threads']} threads")
 
 

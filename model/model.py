@@ -39,9 +39,7 @@ class GPTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
+            raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
 
@@ -173,9 +171,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.hidden_states(idx))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(
-            logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-        )
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def crop_block_size(self, block_size: int) -> None:

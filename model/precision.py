@@ -131,7 +131,10 @@ def maybe_ipex_optimize(
 
 
 def adamw(
-    param_groups: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0
+    param_groups: Iterable[Any],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
 ) -> torch.optim.AdamW:
     """AdamW with the fused CPU kernel: one pass over parameters, gradients and both moments instead
     of the default foreach implementation's several (bench/train_step.py: its step for GPT-2 small on

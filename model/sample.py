@@ -83,15 +83,31 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m model.sample",
         description="Print text generated from a prompt by a trained checkpoint (offline).",
     )
-    parser.add_argument("--ckpt", required=True, type=Path,
-                        help="ckpt.pt / snapshot.pt from model.train, or a Hugging Face GPT-2 directory")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        type=Path,
+        help="ckpt.pt / snapshot.pt from model.train, or a Hugging Face GPT-2 directory",
+    )
     parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=100, help="tokens to generate (default 100)")
-    parser.add_argument("--temperature", type=_non_negative_float, default=0.8,
-                        help="softmax temperature; 0 = always the most likely token (default 0.8)")
-    parser.add_argument("--top-k", type=_positive_int, default=200,
-                        help="sample only among the k most likely tokens (default 200)")
-    parser.add_argument("--seed", type=int, default=1337, help="random seed; the same seed gives the same text")
+    parser.add_argument(
+        "--max-new-tokens", type=_positive_int, default=100, help="tokens to generate (default 100)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=_non_negative_float,
+        default=0.8,
+        help="softmax temperature; 0 = always the most likely token (default 0.8)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=_positive_int,
+        default=200,
+        help="sample only among the k most likely tokens (default 200)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1337, help="random seed; the same seed gives the same text"
+    )
     args = parser.parse_args(argv)
     try:
         model = load_for_sampling(args.ckpt)

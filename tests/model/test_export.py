@@ -24,7 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 def run_export(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "model.export", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
     )
 
 

@@ -10,13 +10,22 @@ from model.model import GPT, PRESETS, GPTConfig
 
 def tiny(**overrides) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(**({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 50} | overrides)))
+    return GPT(
+        GPTConfig(
+            **({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 50} | overrides)
+        )
+    )
 
 
 @pytest.mark.parametrize(
     ("preset", "parameters"),
     # OpenAI's released sizes, counted with the tied output projection once.
-    [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+    [
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+    ],
 )
 def test_presets_have_openai_parameter_counts(preset: str, parameters: int) -> None:
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
@@ -115,8 +124,13 @@ def test_generate_greedy_matches_argmax_of_forward() -> None:
 
 
 def test_generate_beyond_block_size_slides_the_context() -> None:
-    out = tiny().eval().generate(torch.zeros(1, 1, dtype=torch.long), 40, top_k=5,
-                                 generator=torch.Generator().manual_seed(0))
+    out = (
+        tiny()
+        .eval()
+        .generate(
+            torch.zeros(1, 1, dtype=torch.long), 40, top_k=5, generator=torch.Generator().manual_seed(0)
+        )
+    )
     assert out.shape == (1, 41)
     assert 0 <= out.min() and out.max() < 50
 

@@ -124,7 +124,6 @@ def test_compile_only_when_enabled() -> None:
     assert precision.maybe_compile(model, enabled=True) is not model
 
 
-
 # Training steps of a model whose logits (2 x 256 x 50257 fp32 = 103 MB) exceed glibc's mmap threshold.
 PAGE_FAULTS_PER_STEP = """
 import resource, sys, torch
@@ -148,7 +147,10 @@ print(min([faults_of_one_step() for _ in range(8)][-3:]))
 def test_keep_freed_memory_stops_page_faults_in_steady_state(mode: str, low: int, high: int | None) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", PAGE_FAULTS_PER_STEP, mode],
-        capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     faults = int(proc.stdout)
