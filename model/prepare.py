@@ -61,7 +61,7 @@ class PrepareConfig:
     val_fraction: float = 0.1
     """Expected share of documents in val.bin, in (0, 1); each document is drawn by a seeded hash."""
     seed: int = 0
-    """Seed of the train/val draw (>= 0); a different seed gives a different split."""
+    """Seed of the train/val draw, in [0, 2^64) (it keys a 64-bit hash); a different seed gives a different split."""
     shards: int = 1
     """Partition the documents into this many shards (>= 1) and prepare only one of them."""
     shard_index: int = 0
@@ -80,7 +80,7 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         checks = [
             (0.0 < self.val_fraction < 1.0, f"--val-fraction must be in (0, 1), got {self.val_fraction}"),
-            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (0 <= self.seed < 2**64, f"--seed must be in [0, 2^64), got {self.seed}"),
             (self.shards >= 1, f"--shards must be >= 1, got {self.shards}"),
             (0 <= self.shard_index < self.shards,
              f"--shard-index must be in [0, {self.shards}) for --shards {self.shards}, got {self.shard_index}"),
