@@ -189,7 +189,7 @@ def bootstrap(opened: Nodes, nodes: Sequence[Node], profile: str, pip_args: str,
         missing = {n.name: opened.probes[n.index].get("missing") for n in nodes if opened.probes[n.index].get("missing")}
         if missing:
             raise TaskError(
-                f"node_python {opened.cluster.node_python} lacks {missing} : install them there, or remove "
+                f"node_python {opened.cluster.node_python} lacks {missing}: install them there, or remove "
                 "node_python from the contract so `fab setup` builds ~/nanocluster/venv with the bootstrap"
             )
         return
