@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from model import distributed, hf
+from model.atomic import atomic_open
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.config import CKPT_NAME, SNAPSHOT_NAME, ConfigError, TrainConfig, load_config
 from model.data import DataError, TokenBatches
@@ -460,9 +461,8 @@ def rewind_metrics(path: Path, resume_iter: int) -> None:
         for line in path.read_text().splitlines(keepends=True)
         if line.strip() and _record_before(json.loads(line), resume_iter)
     ]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    with atomic_open(path, "w") as f:
+        f.write("".join(kept))
 
 
 def _record_before(record: dict[str, Any], resume_iter: int) -> bool:
