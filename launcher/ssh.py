@@ -155,9 +155,7 @@ class SSHShell(Shell):
         deadline = time.monotonic() + timeout
         try:
             chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            _send_input(chan, stdin)
             while True:
                 busy = False
                 if chan.recv_ready():
@@ -187,7 +185,7 @@ class SSHShell(Shell):
         pending = b""
         try:
             chan.exec_command(command)
-            chan.shutdown_write()
+            _send_input(chan, b"")
             while True:
                 try:
                     data = chan.recv(65536)
@@ -219,6 +217,21 @@ class SSHShell(Shell):
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _send_input(chan: paramiko.Channel, data: bytes) -> None:
+    """Send a command's stdin, then EOF. A command may end without reading all of it (the probe on a
+    node without Python answers at once): as with subprocess, that is no error, its exit status says
+    how it went. Only a connection that went down is."""
+    try:
+        if data:
+            chan.sendall(data)
+        if not chan.closed:  # sshd drops the whole connection on an EOF for a channel already closed
+            chan.shutdown_write()
+    except OSError:
+        transport = chan.get_transport()
+        if transport is None or not transport.is_active():
+            raise
 
 
 def _sh_path(path: Path) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.inventory import load_cluster
+from launcher.ssh import connect
 from tests.launcher.integration.conftest import Fab
 from tests.launcher.integration.nodes import TestNodes
 
@@ -54,6 +56,23 @@ def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fa
     assert json.loads(metrics[-1])["iter"] == 20
     for i in range(3):  # per-node log files
         assert "world size 3" in (nodes.home(i) / f"nanocluster/runs/world3/logs/rank{i}.log").read_text()
+
+
+def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_the_connection(
+        nodes, tmp_path, monkeypatch):
+    # As the probe of a node without Python: it answers at once and never reads the script sent to it.
+    # More input than the SSH window holds, so the sending is still going on when the command ends.
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
+    cluster = load_cluster(str(nodes.contract_path))
+    shells = connect(cluster, cluster.nodes[:1])
+    try:
+        for _ in range(3):
+            result = shells[0].run("echo answered; exit 3", stdin=b"x" * (8 << 20), timeout=30)
+            assert (result.returncode, result.stdout) == (3, "answered\n")
+        assert shells[0].run("echo still connected").stdout == "still connected\n"
+    finally:
+        for shell in shells.values():
+            shell.close()
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
