@@ -39,3 +39,17 @@ def test_a_task_error_is_one_line_and_exit_1(tmp_path):
     result = fab("train", "--cluster", str(tmp_path / "missing.json"))
     assert result.returncode == 1
     assert result.stderr.startswith("error: cluster ") and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("train", "--nodes", "two", "--dry-run"), "error: --nodes must be a whole number, got 'two'"),
+        # A flag with a numeric default: invoke itself would have converted it, with a traceback.
+        (("sample", "--temperature", "hot"), "error: --temperature must be a number, got 'hot'"),
+    ],
+)
+def test_a_non_numeric_flag_is_named_without_a_traceback(args, message):
+    result = fab(*args)
+    assert result.returncode == 1
+    assert result.stderr.strip() == message
