@@ -90,11 +90,11 @@ class LaunchPlan:
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
-            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+            raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not 1024 <= self.master_port <= 65535:
-            raise ValueError(f"master_port must be in 1024..65535, got {self.master_port}")
+            raise ValueError(f"--port (the rendezvous port on the head) must be in 1024..65535, got {self.master_port}")
 
     @property
     def master_addr(self) -> str:

@@ -161,7 +161,7 @@ def test_run_files_hold_only_this_nodes_ranks(cluster):
 
 
 def test_bad_plan_values_are_refused(cluster):
-    with pytest.raises(ValueError, match="launcher must be one of fabric, mpirun, torchrun"):
+    with pytest.raises(ValueError, match="--launcher must be one of fabric, mpirun, torchrun"):
         plan_for(cluster, launcher="slurm")
-    with pytest.raises(ValueError, match=r"master_port must be in 1024\.\.65535"):
+    with pytest.raises(ValueError, match=r"--port \(the rendezvous port on the head\) must be in 1024\.\.65535"):
         plan_for(cluster, master_port=80)
