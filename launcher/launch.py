@@ -122,7 +122,7 @@ def stop_command(root: str, run: str) -> str:
 
 
 def alive_command(root: str, run: str) -> str:
-    """Print 'UNIT running|exited CODE|never' for each unit of the run on this node."""
+    """Print 'UNIT running|exited CODE|lost' for each unit of the run on this node (lost: gone without an exit record)."""
     directory = run_dir(root, run)
     return (
         f"cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f \"$f\" ] || continue; u=${{f%.pid}}; "

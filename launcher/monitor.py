@@ -12,7 +12,6 @@ import contextlib
 import json
 import queue
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -99,7 +98,6 @@ class Monitor:
         self.tails = {unit: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
         self.print_lock = threading.Lock()
-        self.is_tty = sys.stdout.isatty()
 
     def emit(self, text: str) -> None:
         with self.print_lock:
