@@ -41,7 +41,6 @@ KEYS = (
     "image",
     "labels",
 )
-PROVIDER_KEYS = ("gcp:project", "gcp:zone", "aws:region", "azure-native:location")
 
 IMAGE_FORMATS = {
     "gcp": (

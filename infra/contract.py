@@ -26,7 +26,6 @@ CONTRACT_KEYS = (
     "zone",
     "hourly_cost_usd",
 )
-SECRET_KEYS = ("ssh_private_key",)
 BAKED_IMAGE_KEY = "baked_image"
 """Exported only with nanocluster:bakeImage: the image id to put in another stack's nanocluster:image."""
 
