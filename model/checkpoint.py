@@ -118,20 +118,25 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return payload
 
 
-def model_from_checkpoint(payload: dict[str, Any]) -> GPT:
-    """Build the GPT a loaded checkpoint describes and load its weights."""
+def model_from_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> GPT:
+    """Build the GPT a checkpoint loaded from path describes and load its weights."""
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     unknown = sorted(set(payload["model_config"]) - fields)
     if unknown:
-        raise CheckpointError(f"checkpoint model_config has fields this GPTConfig does not know: {unknown}")
-    config = GPTConfig(**payload["model_config"])
-    model = GPT(config)
-    model.load_state_dict(payload["model"])
+        raise CheckpointError(
+            f"checkpoint {path}: model_config has fields this model/model.py does not know ({unknown}); "
+            "load it with the nanocluster version that wrote it"
+        )
+    model = GPT(GPTConfig(**payload["model_config"]))
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:  # missing / unexpected / mis-shaped tensors
+        raise CheckpointError(f"checkpoint {path}: its weights do not fit its own model_config: {e}") from e
     return model
 
 
 def load_model(path: str | os.PathLike) -> GPT:
     """Load ckpt.pt or snapshot.pt as a GPT in eval mode on the CPU; CheckpointError on a bad file."""
-    model = model_from_checkpoint(load_checkpoint(path))
+    model = model_from_checkpoint(load_checkpoint(path), path)
     model.eval()
     return model

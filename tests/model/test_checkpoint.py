@@ -79,3 +79,12 @@ def test_temporary_file_of_a_killed_writer_is_cleaned_up_by_the_next_save(tmp_pa
     stale.write_bytes(b"half a checkpoint")
     save_checkpoint(checkpoint_payload(tiny_model), tmp_path / "snapshot.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot.pt"]
+
+
+def test_weights_that_do_not_fit_the_model_config_are_refused_naming_the_file(tmp_path, tiny_model):
+    path = tmp_path / "ckpt.pt"
+    payload = checkpoint_payload(tiny_model)
+    payload["model_config"]["n_embd"] *= 2
+    save_checkpoint(payload, path)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path}: its weights do not fit its own model_config"):
+        load_model(path)
