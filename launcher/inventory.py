@@ -177,9 +177,12 @@ def read_stack_outputs(stack: str) -> dict:
     if out.returncode != 0:
         raise InventoryError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.stdout.strip()}")
     try:
-        return json.loads(out.stdout)
+        outputs = json.loads(out.stdout)
     except json.JSONDecodeError as e:
         raise InventoryError(f"`{' '.join(cmd)}` printed something that is not JSON ({e})") from e
+    if outputs == {}:
+        raise InventoryError(f"Pulumi stack {stack or '(selected)'} has no outputs yet: run `pulumi up` first")
+    return outputs
 
 
 def parse_contract(data: object, source: str) -> Cluster:

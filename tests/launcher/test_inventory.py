@@ -92,3 +92,12 @@ def test_stack_without_pulumi_cli_says_how_to_proceed(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(InventoryError, match=r"Pulumi CLI is not installed.*--cluster PATH.json"):
         load_cluster("stack:dev")
+
+
+def test_stack_that_was_never_brought_up_says_to_run_pulumi_up(monkeypatch, tmp_path):
+    fake = tmp_path / "pulumi"
+    fake.write_text("#!/bin/sh\necho '{}'\n")  # what `pulumi stack output --json` prints before `pulumi up`
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InventoryError, match=r"Pulumi stack dev has no outputs yet: run `pulumi up` first"):
+        load_cluster("stack:dev")
