@@ -79,8 +79,8 @@ class LaunchPlan:
     """auto (ccl where the bindings import on every node, else gloo), ccl or gloo."""
     master_port: int = 29500
     """Rendezvous port on the head."""
-    collective_timeout_s: float = 300.0
-    """Passed to the trainer: how long a collective may wait for a lost peer."""
+    collective_timeout_s: float = 120.0
+    """Passed to the trainer: how long a collective may wait for a lost peer (fab train --collective-timeout)."""
     config_file: str = ""
     """Trainer YAML copied into the run directory as train.yaml, if given."""
     overrides: tuple[str, ...] = ()
