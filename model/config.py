@@ -29,7 +29,8 @@ import yaml
 from model.precision import MIXED_PRECISION_CHOICES
 
 BACKEND_CHOICES = ("auto", "ccl", "gloo")
-# Intel's file names are fixed by the launcher contract: out_dir/ckpt.pt and out_dir/snapshot.pt.
+# Fixed names: the launcher (fab sample / fetch) and model.sample look for out_dir/ckpt.pt and
+# out_dir/snapshot.pt, so an Intel-layout model_path / snapshot_path must use them too.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
 FINE_TUNE_LR = 6e-5
