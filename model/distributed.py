@@ -144,6 +144,11 @@ def export_torch_env(env: RankEnv) -> None:
 def init_process_group(env: RankEnv, backend: str, timeout_s: float) -> None:
     """Join the job. timeout_s bounds the rendezvous and every later collective (so a dead peer
     turns into an error on the survivors rather than a hang)."""
+    # torch._dynamo (imported on first use by DDP and torch.compile) keeps references to the
+    # process group that exists when it is imported, so that group outlives destroy_process_group and
+    # is freed only at interpreter shutdown, where gloo's threads die mid-teardown ("terminate called
+    # without an active exception"). Imported before the group exists, it holds none.
+    importlib.import_module("torch._dynamo")
     export_torch_env(env)
     dist.init_process_group(
         backend=backend,

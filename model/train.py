@@ -508,8 +508,21 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
     for tensor in trainer.raw_model.state_dict().values():
         digest.update(tensor.detach().float().cpu().numpy().tobytes())
     log.info("final parameters sha256 %s", digest.hexdigest()[:16])
+    # DDP's reducer holds the process group: without it, leaving the group stops gloo's threads now.
+    trainer.ddp = None
     distributed.destroy_process_group()
     return trainer
+
+
+# Set by the SIGINT/SIGTERM handler. The exception that reaches main() is not always the
+# KeyboardInterrupt it raised: raised inside torch.save's write callback, it comes out of torch's
+# archive writer as a RuntimeError ("unexpected pos"), yet the run was stopped, not broken.
+stop_requested = threading.Event()
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    stop_requested.set()
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # `fab stop` and schedulers send SIGTERM: unwind like Ctrl-C, so a snapshot being written is
     # abandoned cleanly (its temporary file removed) and the exit is reported.
+    stop_requested.clear()
+    previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        previous_handlers = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         env = distributed.detect_rank_env()
         setup_logging(env.rank)
@@ -530,8 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
-        distributed.destroy_process_group()  # local for gloo: safe while peers are still running
     except Exception as e:
+        if stop_requested.is_set():
+            return report_interrupted()
         if is_peer_failure(e):
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             print(
@@ -543,9 +559,19 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("model.train").exception("training failed")
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
     except KeyboardInterrupt:
-        print("error: interrupted (SIGINT/SIGTERM); the last snapshot is intact", file=sys.stderr)
-        return 130
+        return report_interrupted()
+    finally:
+        # Every way out leaves the group while the interpreter is whole: a group left to interpreter
+        # shutdown takes gloo's threads down with it (SIGABRT). Local for gloo: safe while peers run.
+        distributed.destroy_process_group()
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
     return 1
+
+
+def report_interrupted() -> int:
+    print("error: interrupted (SIGINT/SIGTERM); the last snapshot is intact", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

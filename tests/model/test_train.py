@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 
 import pytest
 import torch
@@ -39,6 +40,30 @@ def test_weight_decay_applies_to_matrices_only():
 
 def run_main(*args: str) -> int:
     return main([*TINY_RUN, *args])
+
+
+def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
+    tmp_path, random_tokens, monkeypatch, capsys
+):
+    # SIGTERM lands while torch.save writes: torch's archive writer turns the KeyboardInterrupt
+    # raised in its write callback into a RuntimeError, yet the run was stopped, not broken.
+    real_save = torch.save
+
+    class SignalOnFirstWrite:
+        def __init__(self, f):
+            self.f, self.signalled = f, False
+
+        def write(self, data):
+            if not self.signalled:
+                self.signalled = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.f.write(data)
+
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, SignalOnFirstWrite(f)))
+    out = tmp_path / "run"
+    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "eval_interval=1") == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # no partial snapshot
 
 
 def test_single_process_run_writes_metrics_snapshot_and_best_checkpoint(tmp_path, random_tokens, capsys):

@@ -9,7 +9,7 @@ from model.config import load_config
 from model.data import TokenBatches
 from model.model import GPT
 from model.train import build_optimizer, learning_rate_at, scratch_model_config
-from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, wait_all
+from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +72,30 @@ def test_three_gloo_ranks_with_accumulation_match_one_process_on_the_union(tmp_p
         torch.testing.assert_close(ranks[0][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
         moved += not torch.allclose(tensor, initial[name])
     assert moved > len(reference) // 2  # the comparison is between trained weights, not two inits
+
+
+# Trains like `python -m model.train`, keeping the Trainer as a caller would, then lists the
+# process's threads that belong to the process group (gloo's workers and transport, the TCPStore).
+THREADS_LEFT_DRIVER = """
+import os, sys
+from model import distributed, train
+from model.config import load_config
+env = distributed.detect_rank_env()
+train.setup_logging(env.rank)
+trainer = train.train(load_config(None, sys.argv[1:]), env)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("collective threads left:", sorted(n for n in names if "gloo" in n or "tcpstore" in n))
+"""
+
+
+def test_a_finished_rank_has_stopped_every_collective_thread(tmp_path, random_tokens):
+    # Threads still running at interpreter shutdown die mid-teardown: now and then a rank that had
+    # finished aborted with "terminate called without an active exception".
+    world = 2
+    args = [*TINY_RUN, f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "max_iters=1",
+            f"expected_world_size={world}", "backend=gloo"]
+    procs = launch_ranks(world, args, tmp_path / "logs", driver=THREADS_LEFT_DRIVER)
+    assert wait_all(procs, tmp_path / "logs", timeout=120) == [0] * world
+    for rank in range(world):
+        assert "collective threads left: []" in rank_log(tmp_path / "logs", rank, "out"), rank_log(
+            tmp_path / "logs", rank, "err")[-2000:]
