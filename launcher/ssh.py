@@ -226,7 +226,7 @@ def _send_input(chan: paramiko.Channel, data: bytes) -> None:
     try:
         if data:
             chan.sendall(data)
-        if not chan.closed:  # sshd drops the whole connection on an EOF for a channel already closed
+        if not chan.closed:  # the command may have ended already: no EOF for a closed channel
             chan.shutdown_write()
     except OSError:
         transport = chan.get_transport()
