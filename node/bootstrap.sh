@@ -213,9 +213,12 @@ torch_version=$(as_user "$venv/bin/python" -c "import $modules; print(torch.__ve
     die "the installed environment does not import ($modules): see the traceback above"
 
 # tcmalloc is preloaded into the ranks by the launcher; the full library first, minimal as fallback.
-tcmalloc=$(ldconfig -p 2>/dev/null | awk '/libtcmalloc\.so\.4 /{print $NF; exit}')
+# awk reads to the end: exiting at the match could kill ldconfig with SIGPIPE, which pipefail and
+# set -e turn into a failed bootstrap (exit 141) whenever ldconfig is still writing.
+first_library() { ldconfig -p 2>/dev/null | awk -v name="$1" '$1 == name && !found {found = $NF} END {print found}'; }
+tcmalloc=$(first_library libtcmalloc.so.4)
 if [[ -z "$tcmalloc" ]]; then
-    tcmalloc=$(ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}')
+    tcmalloc=$(first_library libtcmalloc_minimal.so.4)
 fi
 [[ -n "$tcmalloc" ]] || log "warning: tcmalloc not found; ranks will use glibc malloc"
 

@@ -142,3 +142,26 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
     assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
     assert offline(home, "--check", node_dir=node_dir).returncode == 3
 
+
+
+@pytest.mark.integration
+def test_tcmalloc_listed_early_in_a_long_library_cache_is_recorded(tmp_path):
+    # ldconfig is still writing when the match is found: a reader that stops there kills it with
+    # SIGPIPE, which pipefail and set -e turned into a failed bootstrap (exit 141).
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    ldconfig = fake_bin / "ldconfig"
+    ldconfig.write_text(
+        "#!/bin/sh\n"
+        'echo "\tlibtcmalloc.so.4 (libc6,x86-64) => /opt/tcmalloc/libtcmalloc.so.4"\n'
+        "i=0; while [ $i -lt 5000 ]; do\n"  # far more than a pipe buffer holds
+        '  echo "\tlibother$i.so.1 (libc6,x86-64) => /usr/lib/libother$i.so.1"; i=$((i+1)); done\n'
+    )
+    ldconfig.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = node_env(home)
+    env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
+    result = subprocess.run(["bash", str(BOOTSTRAP), *OFFLINE], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "NANOCLUSTER_TCMALLOC=/opt/tcmalloc/libtcmalloc.so.4" in (home / "nanocluster" / "node.env").read_text()
