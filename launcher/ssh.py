@@ -10,13 +10,14 @@ a dead node is an error naming it within CONNECT_TIMEOUT_S, never a hang.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shlex
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,20 +141,26 @@ class SSHShell(Shell):
         self.root = '"$HOME"/nanocluster'
         self.connection = connection
 
-    def _channel(self) -> paramiko.Channel:
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[paramiko.Channel]:
+        """A fresh channel on the node's connection, closed afterwards; a connection that goes down
+        while it is open becomes a NodeError naming the node."""
         try:
             transport = self.connection.client.get_transport()
             if transport is None or not transport.is_active():
                 raise NodeError(f"{self.node.name}: the SSH connection is closed")
-            return transport.open_session(timeout=CONNECT_TIMEOUT_S)
+            chan = transport.open_session(timeout=CONNECT_TIMEOUT_S)
+            try:
+                yield chan
+            finally:
+                chan.close()
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
 
     def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
-        chan = self._channel()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
-        try:
+        with self._session() as chan:
             chan.exec_command(command)
             _send_input(chan, stdin)
             while True:
@@ -171,19 +178,14 @@ class SSHShell(Shell):
                         raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}")
                     time.sleep(0.005)
             code = chan.recv_exit_status()
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
-        finally:
-            chan.close()
         return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
-        chan = self._channel()
-        chan.set_combine_stderr(True)
-        chan.settimeout(1.0)
         deadline = time.monotonic() + timeout if timeout else None
         pending = b""
-        try:
+        with self._session() as chan:
+            chan.set_combine_stderr(True)
+            chan.settimeout(1.0)
             chan.exec_command(command)
             _send_input(chan, b"")
             while True:
@@ -204,10 +206,6 @@ class SSHShell(Shell):
             if pending:
                 on_line(pending.decode(errors="replace"))
             return chan.recv_exit_status()
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise NodeError(f"{self.node.name}: lost the SSH connection ({e or type(e).__name__})") from e
-        finally:
-            chan.close()
 
     def fetch(self, relative: str, local: Path) -> None:
         try:
