@@ -58,27 +58,25 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         ) from None
 
 
+# Each launcher's variables: (name, rank, world size, rank on this host, ranks on this host).
+LAUNCHER_VARIABLES = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("intel-mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+)
+
+
 def detect_rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
     """Read rank, world size and rendezvous address from whichever launcher started us."""
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        launcher, rank, world = "torchrun", _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
-        local_rank = _int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else 0
-        ranks_on_this_host = _int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else None
-    elif "PMI_RANK" in environ and "PMI_SIZE" in environ:
-        launcher, rank, world = "intel-mpi", _int(environ, "PMI_RANK"), _int(environ, "PMI_SIZE")
-        local_rank = _int(environ, "MPI_LOCALRANKID") if "MPI_LOCALRANKID" in environ else 0
-        ranks_on_this_host = _int(environ, "MPI_LOCALNRANKS") if "MPI_LOCALNRANKS" in environ else None
-    elif "OMPI_COMM_WORLD_RANK" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
-        launcher = "open-mpi"
-        rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
-        local_rank = (
-            _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in environ else 0
-        )
-        ranks_on_this_host = (
-            _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE") if "OMPI_COMM_WORLD_LOCAL_SIZE" in environ else None
-        )
-    else:
+    found = next((v for v in LAUNCHER_VARIABLES if v[1] in environ and v[2] in environ), None)
+    if found is None:
         launcher, rank, world, local_rank, ranks_on_this_host = "single-process", 0, 1, 0, 1
+    else:
+        launcher, rank_var, world_var, local_rank_var, local_size_var = found
+        rank, world = _int(environ, rank_var), _int(environ, world_var)
+        local_rank = _int(environ, local_rank_var) if local_rank_var in environ else 0
+        ranks_on_this_host = _int(environ, local_size_var) if local_size_var in environ else None
 
     if world < 1 or not 0 <= rank < world:
         raise DistributedSetupError(f"{launcher} variables give rank {rank} of world size {world}")

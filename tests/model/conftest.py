@@ -60,6 +60,18 @@ def random_tokens(tmp_path: Path) -> Path:
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
+
+def run_program(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m <module> args` from the repository, one thread, bounded in time."""
+    return subprocess.run(
+        [PYTHON, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+
 # Overrides for a scratch model small enough to train in seconds on one thread.
 TINY_RUN = [
     "init_from=scratch",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,22 +12,13 @@ from model.checkpoint import save_checkpoint
 from model.export import ExportError, export_model
 from model.hf import HFCheckpointError, load_pretrained
 from model.model import GPT, GPTConfig
-from tests.model.conftest import checkpoint_payload
+from tests.model.conftest import checkpoint_payload, run_program
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def run_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "model.export", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-    )
+    return run_program("model.export", *args)
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +12,7 @@ from model.export import export_model
 from model.model import GPT, GPTConfig
 from model.sample import main
 from model.tokenizer import VOCAB_SIZE
-from tests.model.conftest import checkpoint_payload
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.model.conftest import checkpoint_payload, run_program
 
 
 @pytest.fixture(scope="module")
@@ -36,25 +31,8 @@ def sample(capsys: pytest.CaptureFixture, *args: str) -> str:
 
 
 def test_cli_prints_the_prompt_and_its_continuation(ckpt: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "model.sample",
-            "--ckpt",
-            str(ckpt),
-            "--prompt",
-            "Once upon a time",
-            "--max-new-tokens",
-            "12",
-            "--seed",
-            "7",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    proc = run_program(
+        "model.sample", "--ckpt", str(ckpt), "--prompt", "Once upon a time", "--max-new-tokens", "12", "--seed", "7"
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Once upon a time")
