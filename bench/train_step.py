@@ -1,6 +1,6 @@
 """One GPT-2-small training step on this CPU: tokens/s and MFU in fp32, bf16 autocast and bf16 + compile.
 
-    python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile]
+    python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile] [--profile]
 
 A step is forward + backward + AdamW (the trainer's: model.train.build_optimizer, fused) on one
 1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
@@ -13,7 +13,10 @@ steps (the kernel's high-water mark is reset after the warm-up, where compilatio
 Every mode runs with tcmalloc preloaded when it is installed, as the launcher runs the ranks on
 the nodes: glibc's malloc hands the step's large buffers (logits, vocabulary-sized gradients) back
 to the kernel on free, so every step page-faults ~1.7 GB in again (~400k faults, measured).
-The last line is a summary.
+--profile adds one profiled step per mode and prints where its time goes: weight GEMMs, attention,
+dtype casts, the optimizer and the rest (element-wise ops, softmax, norms), as shares of the step,
+with the MFU the step would reach if everything but the GEMMs took no time: the ceiling that the
+memory-bound remainder leaves. The last line is a summary.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ MODES = {
     "bf16+compile": ("bf16", True),
 }
 PEAK_SIZES = (2048, 4096)
+# Profiler op names -> the share of the step they are reported under (--profile); the rest is "other".
+OP_CATEGORIES = {
+    "GEMMs": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::", "onednn::"),
+    "attention": ("aten::_scaled_dot_product", "aten::_flash_attention"),
+    "casts": ("aten::copy_", "aten::_to_copy"),
+    "optimizer": ("aten::_fused_adamw", "Optimizer.step"),
+}
 CHILD_TIMEOUT_S = 1200  # a cold torch.compile of GPT-2 takes a minute or two on 2 busy cores
 
 
@@ -70,7 +80,24 @@ def measure_matmul_peaks(seconds: float = 1.0) -> dict[str, float]:
     }
 
 
-def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batch_size: int) -> dict:
+def time_by_category(step) -> dict[str, float]:
+    """Seconds of one call of step() spent in each OP_CATEGORIES share (ops' own time, not children's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    shares = dict.fromkeys([*OP_CATEGORIES, "other"], 0.0)
+    for event in prof.key_averages():
+        category = next(
+            (c for c, prefixes in OP_CATEGORIES.items() if event.key.startswith(prefixes)), "other"
+        )
+        shares[category] += event.self_cpu_time_total / 1e6
+    return shares
+
+
+def measure_train_step(
+    mode: str, iters: int, warmup: int, block_size: int, batch_size: int, profile_step: bool = False
+) -> dict:
     """Fastest and median time of a training step after warm-up (compilation happens in the warm-up)."""
     import torch
 
@@ -88,16 +115,19 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
     x = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
     y = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
 
-    times = []
-    for i in range(warmup + iters):
-        if i == warmup:
-            reset_peak_rss()
-        start = time.perf_counter()
+    def step() -> None:
         with autocast(dtype):
             _, loss = forward(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    times = []
+    for i in range(warmup + iters):
+        if i == warmup:
+            reset_peak_rss()
+        start = time.perf_counter()
+        step()
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed)
@@ -109,14 +139,16 @@ def measure_train_step(mode: str, iters: int, warmup: int, block_size: int, batc
     # The fastest step: other load on a shared machine only ever slows a step down.
     step_s = min(times)
     tokens = batch_size * block_size
+    peak_rss = peak_rss_gb()  # before profiling, whose records take memory of their own
     return {
+        "by_category": time_by_category(step) if profile_step else None,
         "mode": mode,
         "step_s": step_s,
         "median_s": statistics.median(times),
         "tokens_per_s": tokens / step_s,
         "flops_per_token": model.flops_per_token(block_size),
         "params": model.num_params(),
-        "peak_rss_gb": peak_rss_gb(),
+        "peak_rss_gb": peak_rss,
         "threads": torch.get_num_threads(),
         "allocator": "tcmalloc" if "tcmalloc" in Path("/proc/self/maps").read_text() else "default",
     }
@@ -144,6 +176,8 @@ def run_child(args: argparse.Namespace, what: str) -> dict:
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.profile:
+        cmd.append("--profile")
     env = dict(os.environ)
     if args.allocator == "tcmalloc":
         env["LD_PRELOAD"] = " ".join(filter(None, [find_tcmalloc(), env.get("LD_PRELOAD")]))
@@ -164,8 +198,31 @@ def child_main(args: argparse.Namespace) -> None:
     if args.child == "peak":
         result = {"peaks": measure_matmul_peaks(), "threads": torch.get_num_threads()}
     else:
-        result = measure_train_step(args.child, args.iters, args.warmup, args.block_size, args.batch_size)
+        result = measure_train_step(
+            args.child, args.iters, args.warmup, args.block_size, args.batch_size, args.profile
+        )
     print(json.dumps(result))
+
+
+def print_time_shares(results: dict[str, dict], peaks: dict[str, float]) -> None:
+    print("where a profiled step's time goes (ops' own time; the profiler itself adds a little):")
+    print(
+        f"{'mode':<14}"
+        + "".join(f"{c:>11}" for c in [*OP_CATEGORIES, "other"])
+        + f"{'GEMM TFLOP/s':>14}{'MFU ceiling':>13}"
+    )
+    for mode, r in results.items():
+        shares = r["by_category"]
+        total = sum(shares.values())
+        # Weight GEMMs do the 6N part of the FLOPs; the ceiling lets everything else take no time.
+        gemm_flops = 6 * r["params"] * r["tokens_per_s"] * r["step_s"]
+        gemm_rate = gemm_flops / shares["GEMMs"]
+        ceiling = r["flops_per_token"] * r["tokens_per_s"] * r["step_s"] / shares["GEMMs"] / peaks["bf16"]
+        print(
+            f"{mode:<14}"
+            + "".join(f"{shares[c] / total:>11.0%}" for c in shares)
+            + f"{gemm_rate / 1e12:>14.2f}{ceiling:>13.0%}"
+        )
 
 
 def main() -> None:
@@ -194,6 +251,9 @@ def main() -> None:
         choices=("auto", "tcmalloc", "default"),
         default="auto",
         help="auto: tcmalloc when installed (as on the nodes), else the C library's malloc",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print where each mode's step time goes (one profiled step)"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -236,6 +296,8 @@ def main() -> None:
             f"{achieved / own_peak:>9.1%}{achieved / peaks['bf16']:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
             f"{r['median_s']:>10.3f}"
         )
+    if args.profile:
+        print_time_shares(results, peaks)
     best_mode = max(results, key=lambda m: results[m]["tokens_per_s"])
     best = results[best_mode]
     best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks["bf16"]

@@ -8,6 +8,7 @@ and starts the ranks detached.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -151,14 +152,17 @@ def probe(opened: Nodes, dataset: str) -> dict[int, dict]:
         shell = opened.shell(node)
         py = opened.python(node)
         command = (
-            f'if ! [ -x {py} ]; then echo \'{{"missing": ["python"]}}\'; exit 0; fi; '
-            f"exec {py} - {shell.root} {node.private_ip} {shlex.quote(dataset)}"
+            f"if ! [ -x {py} ]; then echo \"{{'missing': ['python']}}\"; exit 0; fi; "
+            f'exec {py} -S - {shell.root} "$(ip -o -4 addr show to {node.private_ip} 2>/dev/null)" '
+            f"{shlex.quote(dataset)}"
         )
         result = shell.check(command, "probing the node", stdin=code, timeout=PROBE_TIMEOUT_S)
         try:
-            return node.index, json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise NodeError(f"{node.name}: the probe printed no JSON: {result.stdout[-200:]!r}") from None
+            found = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+            found["data_meta"] = json.loads(found.pop("data_meta_json", "") or "null")
+        except (ValueError, SyntaxError, IndexError, AttributeError):
+            raise NodeError(f"{node.name}: the probe printed no report: {result.stdout[-200:]!r}") from None
+        return node.index, found
 
     try:
         found = dict(parallel([opened.shell(n) for n in opened.hosts()], lambda s: one(s.node)))

@@ -1,0 +1,63 @@
+"""The node probe (launcher/remote/probe.py), run here as the launcher runs it on a node: `python -S -`."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import torch
+
+from launcher.remote import script
+
+
+def run_probe(python: str, root: Path, ip_line: str = "", dataset: str = "builtin") -> dict:
+    result = subprocess.run(
+        [python, "-S", "-", str(root), ip_line, dataset],
+        input=script("probe"),
+        capture_output=True,
+        timeout=30,
+        check=True,
+    )
+    return ast.literal_eval(result.stdout.decode().strip().splitlines()[-1])
+
+
+def test_probe_finds_this_environments_packages_without_site(tmp_path):
+    report = run_probe(sys.executable, tmp_path)
+    assert report["missing"] == []
+    assert report["torch"] == torch.__version__
+    assert report["python_path"] == sys.executable
+
+
+def test_probe_reads_a_fresh_venvs_own_site_packages(tmp_path):
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
+    (purelib / "torch").mkdir(parents=True)
+    (purelib / "torch" / "version.py").write_text("__version__: str = '9.8.7'\n")
+    report = run_probe(str(env / "bin" / "python"), tmp_path)
+    assert report["torch"] == "9.8.7"
+    assert "torch" not in report["missing"]
+    assert "tiktoken" in report["missing"]  # not in the venv, and the venv does not see this one's
+
+
+def test_probe_names_the_interface_from_ip_output(tmp_path):
+    report = run_probe(sys.executable, tmp_path, "2: eth0@if7    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0")
+    assert report["interface"] == "eth0"
+    assert run_probe(sys.executable, tmp_path, "")["interface"] == ""
+
+
+def test_probe_reports_code_digest_and_dataset_meta_as_text(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / ".sha256").write_text("abc123\n")
+    (tmp_path / "data" / "shakespeare").mkdir(parents=True)
+    meta = {"splits": {"train": {"tokens": 10}}, "shards": 1}
+    (tmp_path / "data" / "shakespeare" / "meta.json").write_text(json.dumps(meta))
+    report = run_probe(sys.executable, tmp_path, dataset="shakespeare")
+    assert report["code_sha256"] == "abc123"
+    assert json.loads(report["data_meta_json"]) == meta
+    assert run_probe(sys.executable, tmp_path, dataset="absent")["data_meta_json"] == ""
