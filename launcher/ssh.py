@@ -28,6 +28,10 @@ import paramiko
 from launcher.inventory import Cluster, Node, local_home
 from launcher.render import CONNECT_TIMEOUT_S, KEEPALIVE_S
 
+# A copy from a node that sends nothing for this long fails: paramiko sends keepalives but never acts
+# on missing replies, so a node that stops answering mid-copy would otherwise hang `fab fetch` forever.
+TRANSFER_STALL_S = 60
+
 
 class NodeError(RuntimeError):
     """A node could not be reached or a command on it failed; the message names the node."""
@@ -209,7 +213,13 @@ class SSHShell(Shell):
 
     def fetch(self, relative: str, local: Path) -> None:
         try:
+            self.connection.sftp().get_channel().settimeout(TRANSFER_STALL_S)
             self.connection.get(f"nanocluster/{relative}", str(local))
+        except TimeoutError as e:
+            raise NodeError(
+                f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S} s; "
+                "is it overloaded or down? (fab status)"
+            ) from e
         except (OSError, paramiko.SSHException) as e:
             raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from launcher.inventory import load_cluster
-from launcher.ssh import connect
+from launcher.ssh import NodeError, connect
 from tests.launcher.integration.conftest import Fab
 from tests.launcher.integration.nodes import TestNodes
 
@@ -182,3 +184,45 @@ def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_conf
     refused = fab("train", "--dataset", "shards", "--config", str(tiny_config))
     assert refused.returncode == 1
     assert "do not hold one shard each" in refused.stderr and "--sharded" in refused.stderr
+
+
+def test_a_node_that_stops_answering_mid_copy_fails_the_fetch_instead_of_hanging(nodes, tmp_path, monkeypatch):
+    monkeypatch.setattr("launcher.ssh.TRANSFER_STALL_S", 2)
+    big = nodes.home(0) / "nanocluster" / "runs" / "stall" / "big.bin"
+    big.parent.mkdir(parents=True, exist_ok=True)
+    big.write_bytes(os.urandom(256 << 20))
+    cluster = load_cluster(str(nodes.contract_path))
+    shell = connect(cluster, cluster.nodes[:1])[0]
+    local = tmp_path / "big.bin"
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            shell.fetch("runs/stall/big.bin", local)
+            outcome.append(None)
+        except NodeError as e:
+            outcome.append(e)
+
+    copier = threading.Thread(target=fetch)
+    copier.start()
+    frozen: list[int] = []
+    try:
+        while not (local.exists() and local.stat().st_size > 1 << 20):
+            assert copier.is_alive(), outcome
+            time.sleep(0.001)
+        frozen = nodes.pids(0)
+        for pid in frozen:  # the head's sshd and its session processes: the node stops answering
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        copier.join(timeout=30)
+        assert not copier.is_alive(), "fetch still hangs 30 s after the node stopped answering"
+        assert time.monotonic() - started < 10
+        assert outcome and "sent nothing for 2 s" in str(outcome[0]), outcome
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        copier.join(timeout=30)
+        shell.close()
+        big.unlink()
