@@ -212,16 +212,29 @@ class SSHShell(Shell):
             return chan.recv_exit_status()
 
     def fetch(self, relative: str, local: Path) -> None:
-        try:
-            self.connection.sftp().get_channel().settimeout(TRANSFER_STALL_S)
-            self.connection.get(f"nanocluster/{relative}", str(local))
-        except TimeoutError as e:
-            raise NodeError(
-                f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S} s; "
-                "is it overloaded or down? (fab status)"
-            ) from e
-        except (OSError, paramiko.SSHException) as e:
-            raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
+        """Copy root/<relative> from the node to a local file, streamed by `cat` on a session channel
+        (no request round trips, unlike SFTP, and one place to bound a silent node)."""
+        stalled = NodeError(
+            f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S:g} s; "
+            "is it overloaded or down? (fab status)"
+        )
+        with self._session() as chan, open(local, "wb") as out:
+            chan.settimeout(TRANSFER_STALL_S)
+            chan.exec_command(f"cat {self.root}/{shlex.quote(relative)}")
+            _send_input(chan, b"")
+            try:
+                while data := chan.recv(1 << 20):
+                    out.write(data)
+            except TimeoutError:
+                raise stalled from None
+            deadline = time.monotonic() + TRANSFER_STALL_S
+            while not chan.exit_status_ready():
+                if time.monotonic() > deadline:
+                    raise stalled
+                time.sleep(0.01)
+            if chan.recv_exit_status() != 0:
+                detail = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
+                raise NodeError(f"{self.node.name}: copying {relative} failed: {detail or 'cat exited non-zero'}")
 
     def close(self) -> None:
         self.connection.close()

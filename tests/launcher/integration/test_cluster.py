@@ -42,7 +42,7 @@ def test_setup_distributes_keys_and_head_reaches_workers_with_pinned_host_keys(n
     assert nodes.ssh(0, "ssh -o BatchMode=yes node1 true").returncode == 0
 
 
-def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config):
+def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config, tmp_path):
     prepared = fab("prepare-data")
     assert prepared.returncode == 0, prepared.stderr + prepared.stdout
     for i in range(3):  # the head prepared it, the workers got a checksummed copy
@@ -58,6 +58,11 @@ def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fa
     assert json.loads(metrics[-1])["iter"] == 20
     for i in range(3):  # per-node log files
         assert "world size 3" in (nodes.home(i) / f"nanocluster/runs/world3/logs/rank{i}.log").read_text()
+    fetched = fab("fetch", "--run", "world3", "--dest", str(tmp_path / "fetched"))
+    assert fetched.returncode == 0, fetched.stderr + fetched.stdout
+    for name in ("ckpt.pt", "metrics.jsonl"):
+        assert (tmp_path / "fetched" / name).read_bytes() == (nodes.home(0) / "nanocluster/runs/world3" / name).read_bytes()
+    assert not list((tmp_path / "fetched").glob("*.partial"))
 
 
 def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_the_connection(
