@@ -152,7 +152,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
         tmp = Path(tmp)
         write_random_tokens(tmp)
-        best = {"one": 0.0, "two": 0.0, "apart": 0.0}
+        rounds = []
         for round_no in range(1, args.rounds + 1):
             one = tokens_per_s(1, args, tmp, tmp / f"one{round_no}")
             two = tokens_per_s(2, args, tmp, tmp / f"two{round_no}")
@@ -162,9 +162,8 @@ def main() -> None:
                 f"{two:6.0f} | 2 x 1 rank side by side, no DDP {apart:6.0f} (what the machine allows)",
                 flush=True,
             )
-            for key, value in (("one", one), ("two", two), ("apart", apart)):
-                best[key] = max(best[key], value)
-        one, two, apart = best["one"], best["two"], best["apart"]
+            rounds.append((one, two, apart))
+        one, two, apart = (max(column) for column in zip(*rounds, strict=True))
         print(f"best: 1 rank {one:.0f}, 2 ranks {two:.0f}, side by side {apart:.0f} tokens/s")
     efficiency = two / (2 * one)
     print(f"scaling efficiency: {100 * efficiency:.1f}% (target >= 95%)")

@@ -214,10 +214,6 @@ class SSHShell(Shell):
     def fetch(self, relative: str, local: Path) -> None:
         """Copy root/<relative> from the node to a local file, streamed by `cat` on a session channel
         (no request round trips, unlike SFTP, and one place to bound a silent node)."""
-        stalled = NodeError(
-            f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S:g} s; "
-            "is it overloaded or down? (fab status)"
-        )
         with self._session() as chan, open(local, "wb") as out:
             chan.settimeout(TRANSFER_STALL_S)
             chan.exec_command(f"cat {self.root}/{shlex.quote(relative)}")
@@ -225,13 +221,13 @@ class SSHShell(Shell):
             try:
                 while data := chan.recv(1 << 20):
                     out.write(data)
+                if not chan.status_event.wait(TRANSFER_STALL_S):  # the exit status follows the data
+                    raise TimeoutError
             except TimeoutError:
-                raise stalled from None
-            deadline = time.monotonic() + TRANSFER_STALL_S
-            while not chan.exit_status_ready():
-                if time.monotonic() > deadline:
-                    raise stalled
-                time.sleep(0.01)
+                raise NodeError(
+                    f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S:g} s; "
+                    "is it overloaded or down? (fab status)"
+                ) from None
             if chan.recv_exit_status() != 0:
                 detail = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
                 raise NodeError(f"{self.node.name}: copying {relative} failed: {detail or 'cat exited non-zero'}")

@@ -51,8 +51,9 @@ def version(module: str) -> str:
                 continue
             for line in lines:
                 target, _, value = line.partition("=")
-                if target.split(":")[0].strip() == "__version__" and value.strip()[:1] in "'\"":
-                    return value.strip().strip("'\"")
+                value = value.strip()
+                if target.split(":")[0].strip() == "__version__" and value[:1] in ("'", '"'):
+                    return value.strip("'\"")
     return ""
 
 
