@@ -1,0 +1,20 @@
+"""Names the trainer and the launcher must agree on, in one place.
+
+The launcher (operator's machine) imports this module and nothing else of model/: it holds plain
+constants only, so importing it costs nothing and pulls in no torch.
+"""
+
+from __future__ import annotations
+
+BACKEND_CHOICES = ("auto", "ccl", "gloo")
+"""Collective backends a run may ask for: auto picks ccl where the oneCCL bindings import, else gloo."""
+
+ONECCL_MODULE = "oneccl_bindings_for_pytorch"
+"""The module whose import registers the ccl backend with torch.distributed."""
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of CPUs that multiply bf16 natively; elsewhere bf16 is emulated and slower."""
+
+# The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
+CKPT_NAME = "ckpt.pt"
+SNAPSHOT_NAME = "snapshot.pt"
