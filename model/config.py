@@ -26,13 +26,9 @@ from typing import Any
 
 import yaml
 
+from model.conventions import BACKEND_CHOICES, CKPT_NAME, SNAPSHOT_NAME
 from model.precision import MIXED_PRECISION_CHOICES
 
-BACKEND_CHOICES = ("auto", "ccl", "gloo")
-# Fixed names: the launcher (fab sample / fetch) and model.sample look for out_dir/ckpt.pt and
-# out_dir/snapshot.pt, so an Intel-layout model_path / snapshot_path must use them too.
-CKPT_NAME = "ckpt.pt"
-SNAPSHOT_NAME = "snapshot.pt"
 FINE_TUNE_LR = 6e-5
 SCRATCH_LR = 1e-3
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from model.conventions import BACKEND_CHOICES, ONECCL_MODULE
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
-ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 
 
 class DistributedSetupError(RuntimeError):
@@ -112,8 +113,10 @@ def check_world_size(env: RankEnv, expected: int | None, environ: Mapping[str, s
 
 def resolve_backend(requested: str) -> str:
     """auto -> ccl when the oneCCL bindings import (they register the backend), else gloo."""
-    if requested not in ("auto", "ccl", "gloo"):
-        raise DistributedSetupError(f"backend must be auto, ccl or gloo, got {requested!r}")
+    if requested not in BACKEND_CHOICES:
+        raise DistributedSetupError(
+            f"backend must be {', '.join(BACKEND_CHOICES[:-1])} or {BACKEND_CHOICES[-1]}, got {requested!r}"
+        )
     if requested == "gloo":
         return "gloo"
     try:

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from model.conventions import BF16_CPU_FLAGS
+
 log = logging.getLogger(__name__)
 
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
 IPEX_DISTRIBUTION = "intel_extension_for_pytorch"
 

@@ -33,7 +33,8 @@ from torch.nn.parallel import DistributedDataParallel
 from model import distributed, hf
 from model.atomic import atomic_open
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from model.config import CKPT_NAME, SNAPSHOT_NAME, ConfigError, TrainConfig, load_config
+from model.config import ConfigError, TrainConfig, load_config
+from model.conventions import CKPT_NAME, SNAPSHOT_NAME
 from model.data import DataError, TokenBatches
 from model.model import GPT, GPTConfig
 from model.precision import (

@@ -35,7 +35,8 @@ import torch
 import yaml
 
 from model.checkpoint import load_model
-from model.config import CKPT_NAME, FINE_TUNE_LR
+from model.config import FINE_TUNE_LR
+from model.conventions import CKPT_NAME
 from model.export import export_model
 from model.model import GPT, GPTConfig
 from model.train import METRICS_NAME, main
