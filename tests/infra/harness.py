@@ -1,12 +1,16 @@
 """Runs the Pulumi program against Pulumi's unit-test mocks: no CLI, no cloud, no network.
 
 Every resource the program registers is recorded (type, name, inputs as the engine would receive
-them, secret markers included); every invoke must be one the mocks know, anything else raises.
+them, secret markers included, and the options the engine acts on: ignore_changes, retain_on_delete,
+dependencies); every invoke must be one the mocks know, anything else raises. Generated keys are
+derived from the resource's name, so two runs of one stack see the same keys, as two `pulumi up`s
+of one stack do (the keys live in its state).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,6 +20,7 @@ import pulumi
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pulumi.runtime import rpc
+from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -48,8 +53,9 @@ class UnmockedInvoke(AssertionError):
 
 
 def _ed25519_key(name: str) -> dict[str, str]:
-    """A real ED25519 key pair in the tls provider's output format (what pulumi_tls would return)."""
-    key = Ed25519PrivateKey.generate()
+    """A real ED25519 key pair in the tls provider's output format (what pulumi_tls would return),
+    the same for the same resource name in every run (state keeps a stack's keys between runs)."""
+    key = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"nanocluster-test-key:{name}".encode()).digest())
     private = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()).decode()
     public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
     return {"privateKeyOpenssh": private, "publicKeyOpenssh": public + "\n"}
@@ -92,6 +98,33 @@ class ClusterMocks(pulumi.runtime.Mocks):
         return resource.id, state
 
 
+@dataclass(frozen=True)
+class Options:
+    """The resource options the engine received with a registration."""
+
+    ignore_changes: tuple[str, ...] = ()
+    """Input paths a later update leaves as they are (engine names: camelCase, dotted)."""
+    retain_on_delete: bool = False
+    dependencies: tuple[str, ...] = ()
+    """URNs of the resources this one waits for (depends_on and inputs' resources)."""
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock monitor, also keeping each registration's options by (type, name)."""
+
+    def __init__(self, mocks: ClusterMocks) -> None:
+        super().__init__(mocks)
+        self.options: dict[tuple[str, str], Options] = {}
+
+    def RegisterResource(self, request):
+        self.options[(request.type, request.name)] = Options(
+            ignore_changes=tuple(request.ignoreChanges),
+            retain_on_delete=bool(request.retainOnDelete),
+            dependencies=tuple(request.dependencies),
+        )
+        return super().RegisterResource(request)
+
+
 @dataclass
 class Resource:
     type: str
@@ -100,6 +133,11 @@ class Resource:
     """What the mocks assigned: "<name>-id"."""
     inputs: dict[str, Any]
     """As the engine receives them: secret values stay wrapped (see is_secret / plain)."""
+    options: Options = field(default_factory=Options)
+
+    def waits_for(self, other: Resource) -> bool:
+        """Whether the engine creates `other` before this one (directly)."""
+        return any(urn.endswith(f"{other.type}::{other.name}") for urn in self.options.dependencies)
 
     def get(self, *path: str | int) -> Any:
         """A plain (unwrapped) input value by path, e.g. r.get("metadata", "user-data")."""
@@ -143,8 +181,9 @@ def run_stack(config: dict[str, str], stack: str = "dev", program=None) -> Stack
     from infra.stack import build
 
     mocks = ClusterMocks()
+    monitor = RecordingMonitor(mocks)
     pulumi.runtime.reset_options(project=PROJECT, stack=stack)
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config))
     run = StackRun(config=dict(config))
 
@@ -157,6 +196,8 @@ def run_stack(config: dict[str, str], stack: str = "dev", program=None) -> Stack
                 run.secret_outputs.add(key)
 
     _sync_await(run_pulumi_func(lambda: _sync_await(collect())))
+    for resource in mocks.recorded:
+        resource.options = monitor.options.get((resource.type, resource.name), Options())
     run.resources = mocks.recorded
     run.invokes = mocks.invokes
     return run
