@@ -1,15 +1,19 @@
-"""Files that appear complete or not at all.
+"""Files and directories that appear complete or not at all.
 
 A later step trusts whatever carries the final name (a resume loads snapshot.pt, training reads a
-cached download), so writers fill a hidden temporary sibling, fsync it, and rename it over the
-target; the directory is fsynced too, or a power loss could forget the rename itself.
+cached download or a prepared dataset), so writers fill a hidden temporary sibling, fsync it, and
+rename it over the target; the parent directory is fsynced too, or a power loss could forget the
+rename itself. A writer that is killed leaves only hidden siblings, which the next writer removes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -52,3 +56,80 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)  # already gone after the rename
+
+
+# Hidden siblings of a directory being replaced: the new one being filled, the old one moved aside.
+# Both names carry the writer's pid, so a later writer can tell a dead writer's leftovers.
+STAGING_KIND, ASIDE_KIND = "partial", "old"
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Make a file's content survive a power loss (its name needs fsync_dir of its directory)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_directories(path: Path) -> None:
+    """Delete the hidden siblings of path left by atomic_directory writers whose process is gone."""
+    for kind in (STAGING_KIND, ASIDE_KIND):
+        prefix = f".{path.name}.{kind}-"
+        for leftover in path.parent.glob(f"{prefix}*"):
+            pid = leftover.name.removeprefix(prefix).split("-")[0]
+            if pid.isdigit() and not _process_alive(int(pid)):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _swap_into_place(staging: Path, path: Path) -> None:
+    """Rename staging to path; an existing path is moved aside first and removed after, so a crash
+    at any point leaves one complete directory under the name (or none, if there was none)."""
+    if not path.exists():
+        os.rename(staging, path)
+    else:
+        aside = path.with_name(f".{path.name}.{ASIDE_KIND}-{os.getpid()}-{time.time_ns()}")
+        os.rename(path, aside)
+        os.rename(staging, path)
+        shutil.rmtree(aside)
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_directory(
+    path: str | os.PathLike, before_swap: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
+    """Yield a hidden staging directory to fill; it becomes path only if the block completes.
+
+    The staging directory is a sibling of path (same filesystem, so the rename is atomic), readable
+    by everyone like an ordinary directory. On a clean exit every file in it and the directory
+    itself are fsynced, before_swap(path) runs (the caller's last look at what it replaces; it may
+    raise), and the staging directory takes path's place (an existing path is replaced whole). On
+    any exception, Ctrl-C included, the staging directory is removed and path is left as it was.
+    Leftovers of writers that were killed are removed on entry.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_directories(path)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.{STAGING_KIND}-{os.getpid()}-", dir=path.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it owner-only; the result is meant to be shared
+        yield staging
+        for entry in sorted(staging.rglob("*")):
+            if entry.is_file():
+                fsync_file(entry)
+            elif entry.is_dir():
+                fsync_dir(entry)
+        fsync_dir(staging)
+        if before_swap is not None:
+            before_swap(path)
+        _swap_into_place(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # already gone after the swap

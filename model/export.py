@@ -4,7 +4,7 @@
 
 writes config.json and model.safetensors, which transformers' GPT2LMHeadModel.from_pretrained (and
 model.hf.load_pretrained) load. The directory appears complete or not at all: it is written to a
-temporary sibling and renamed into place.
+temporary sibling and renamed into place (model.atomic.atomic_directory).
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
+from model.atomic import atomic_directory
 from model.checkpoint import CheckpointError, load_model
 from model.hf import CONFIG_FILE, SAFETENSORS_FILE, HFCheckpointError, hf_config_from_gpt, state_dict_to_hf
 from model.model import GPT
@@ -39,26 +38,9 @@ def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) ->
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ExportError(f"--out {out} is not empty; choose another directory or pass --force to replace it")
     config = hf_config_from_gpt(model.config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_directory(out) as staging:
         save_file(state_dict_to_hf(model), staging / SAFETENSORS_FILE, metadata={"format": "pt"})
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        for file in staging.iterdir():
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-        os.chmod(staging, 0o755)  # mkdtemp makes it owner-only; an export is meant to be shared
-        if out.exists():
-            # Move the old directory aside first so that a crash leaves one complete copy in place.
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(staging, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

@@ -11,7 +11,7 @@ hash of it, so the split does not depend on order, workers or sharding: the unio
 the unsharded output. Documents are tokenized in parallel (a process pool over chunks of documents,
 results consumed in order, a bounded number in flight) so memory does not grow with the corpus.
 The output is written into a hidden temporary directory next to DIR and renamed into place only
-when complete; a rerun with a matching meta.json does nothing.
+when complete (model.atomic.atomic_directory); a rerun with a matching meta.json does nothing.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ import itertools
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from model.atomic import fsync_dir
+from model.atomic import atomic_directory
 from model.sources import Source, SourceError, open_source
 from model.tokenizer import EOT_TOKEN, VOCAB_SIZE, TokenizerUnavailable, gpt2_encoding
 
@@ -186,7 +184,7 @@ class _SplitWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self.file = open(path, "wb")  # noqa: SIM115 -- closed (after fsync) by close()
+        self.file = open(path, "wb")  # noqa: SIM115 -- closed by close()
         self.sha256 = hashlib.sha256()
         self.documents = 0
         self.tokens = 0
@@ -199,9 +197,7 @@ class _SplitWriter:
         self.tokens += int(tokens.size)
 
     def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        self.file.close()  # fsynced with the whole directory by atomic_directory
 
 
 class _LineStream:
@@ -321,45 +317,11 @@ def _up_to_date(out: Path, request: dict) -> dict | None:
     return meta
 
 
-# ----------------------------------------------------------------------------- atomic output
-
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale(out: Path) -> None:
-    """Leftovers of interrupted runs into `out` (temporary dirs whose process is gone)."""
-    for kind in ("partial", "old"):
-        for leftover in out.parent.glob(f".{out.name}.{kind}-*"):
-            pid = leftover.name.removeprefix(f".{out.name}.{kind}-").split("-")[0]
-            if pid.isdigit() and not _owner_alive(int(pid)):
-                shutil.rmtree(leftover, ignore_errors=True)
-
-
 def _check_replaceable(out: Path) -> None:
     """`out` may be replaced only when absent, empty, or an earlier prepared dataset."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_NAME).exists())):
         raise PrepareError(f"{out} exists and is not a prepared dataset (no {META_NAME}); "
                            "choose a new or empty --out directory")
-
-
-def _install(staging: Path, out: Path) -> None:
-    """Put the complete staging directory at `out`, replacing an older prepared dataset."""
-    _check_replaceable(out)  # again: it may have changed while we worked
-    if not out.exists():
-        os.rename(staging, out)
-    else:
-        previous = out.parent / f".{out.name}.old-{os.getpid()}-{time.time_ns()}"
-        os.rename(out, previous)
-        os.rename(staging, out)
-        shutil.rmtree(previous)
-    fsync_dir(out.parent)
 
 
 def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
@@ -373,23 +335,13 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         return meta
     gpt2_encoding()  # fail here, before any work, when the vocabulary is missing
     _check_replaceable(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the dataset is not
-    try:
-        started = time.monotonic()
+    started = time.monotonic()
+    # Checked again just before the swap: out may have changed while we worked.
+    with atomic_directory(out, before_swap=_check_replaceable) as staging:
         writers = _tokenize_into(staging, source, config)
         _check_splits(writers, config)
         meta = build_meta(request, writers)
-        with open(staging / META_NAME, "w") as f:
-            f.write(json.dumps(meta, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(staging)
-        _install(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful install
+        (staging / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     seconds = time.monotonic() - started
     tokens = sum(w.tokens for w in writers.values())
     log(f"prepared {out} in {seconds:.1f}s ({tokens / seconds:,.0f} tokens/s): " + ", ".join(

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import tiktoken
 
+from model.atomic import atomic_open
+
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = 50256
@@ -81,9 +83,8 @@ def install_vocab(source: Path | None = None, directory: Path | None = None) -> 
                 f"{source} is not the GPT-2 vocabulary: sha256 {digest[:12]}…, expected {R50K_SHA256[:12]}…"
             )
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(target)
+    with atomic_open(target) as f:
+        f.write(data)
     return target
 
 

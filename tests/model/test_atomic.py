@@ -1,6 +1,10 @@
+import os
+import stat
+import subprocess
+
 import pytest
 
-from model.atomic import atomic_open
+from model.atomic import atomic_directory, atomic_open
 
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
@@ -20,3 +24,54 @@ def test_completed_write_replaces_the_file(tmp_path):
         f.write(b"new")
     assert target.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["data.bin"]
+
+
+def names(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_directory_appears_complete_and_replaces_the_old_one_whole(tmp_path):
+    target = tmp_path / "dataset"
+    target.mkdir()
+    (target / "old.bin").write_bytes(b"old")
+    with atomic_directory(target) as staging:
+        (staging / "new.bin").write_bytes(b"new")
+        assert not (target / "new.bin").exists()  # nothing shows under the final name before the end
+    assert names(target) == ["new.bin"] and names(tmp_path) == ["dataset"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755  # shared like an ordinary directory
+
+
+def test_failed_directory_write_keeps_the_old_directory_and_leaves_nothing(tmp_path):
+    target = tmp_path / "dataset"
+    target.mkdir()
+    (target / "old.bin").write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt), atomic_directory(target) as staging:
+        (staging / "new.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+    assert names(target) == ["old.bin"] and names(tmp_path) == ["dataset"]
+
+
+def test_a_refusal_just_before_the_swap_leaves_the_target_alone(tmp_path):
+    def refuse(path):
+        raise ValueError(f"{path} changed meanwhile")
+
+    with pytest.raises(ValueError, match="changed meanwhile"), atomic_directory(tmp_path / "d", refuse) as staging:
+        (staging / "new.bin").write_bytes(b"new")
+    assert names(tmp_path) == []
+
+
+def test_leftovers_of_dead_writers_are_removed_and_a_live_writers_kept(tmp_path):
+    dead = _pid_of_finished_process()
+    stale = [tmp_path / f".d.{kind}-{dead}-x" for kind in ("partial", "old")]
+    live = tmp_path / f".d.partial-{os.getpid()}-y"
+    for leftover in (*stale, live):
+        leftover.mkdir()
+    with atomic_directory(tmp_path / "d"):
+        pass
+    assert names(tmp_path) == [live.name, "d"]
+
+
+def _pid_of_finished_process() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
