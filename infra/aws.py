@@ -42,17 +42,19 @@ class AwsCluster(CloudCluster):
             worker_subnet = self._routed_subnet(vpc, zone, "private", WORKER_SUBNET_CIDR, {"nat_gateway_id": nat.id})
 
         # Members: all traffic from members only. Head SSH: port 22 from the operator's CIDR only.
+        # Descriptions: EC2 takes only a-zA-Z0-9, space and ._-:/()#,@[]+=;{}!$* (no apostrophe),
+        # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html
         members = aws.ec2.SecurityGroup(
             f"{name}-members", vpc_id=vpc.id, description=f"{name}: nodes of the cluster",
             tags={**tags, "Name": f"{name}-members"}, opts=self.child(),
         )
         aws.vpc.SecurityGroupIngressRule(
             f"{name}-intra-cluster", security_group_id=members.id, referenced_security_group_id=members.id,
-            ip_protocol="-1", description="All traffic among the cluster's own nodes", opts=self.child(),
+            ip_protocol="-1", description="All traffic among the nodes of the cluster", opts=self.child(),
         )
         aws.vpc.SecurityGroupEgressRule(
             f"{name}-egress", security_group_id=members.id, cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
-            description="Outbound for the bootstrap (apt, pip) and the operator's downloads", opts=self.child(),
+            description="Outbound for the bootstrap (apt, pip) and downloads by the operator", opts=self.child(),
         )
         head_ssh = aws.ec2.SecurityGroup(
             f"{name}-head-ssh", vpc_id=vpc.id, description=f"{name}: SSH to the head",

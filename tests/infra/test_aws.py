@@ -1,5 +1,7 @@
 """AWS cluster: resources and their key properties for 1 and 3 nodes (Pulumi mocks)."""
 
+import re
+
 import pytest
 import yaml
 
@@ -96,3 +98,20 @@ def test_bake_image_makes_an_ami_of_the_head():
     run = run_stack(stack_config("aws", nodes=1, bakeImage=True))
     (ami,) = run.of_type("aws:ec2/amiFromInstance:AmiFromInstance")
     assert ami.get("sourceInstanceId") == "nanocluster-dev-0-id"
+
+
+# EC2 accepts only these characters in security group and rule descriptions; a rule that references
+# a group (UserIdGroupPair) does not take '&' either, so neither does this check.
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_IpRange.html
+EC2_DESCRIPTION = re.compile(r"[a-zA-Z0-9 ._\-:/()#,@\[\]+=;{}!$*]{0,255}")
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_security_group_and_rule_descriptions_use_only_characters_ec2_accepts(nodes):
+    run = cached_stack("aws", nodes)
+    described = [r for r in run.resources if r.type.startswith(("aws:ec2/securityGroup", "aws:vpc/securityGroup"))]
+    assert len(described) == 5  # two groups, two ingress rules, one egress rule
+    for resource in described:
+        description = resource.get()["description"]
+        assert EC2_DESCRIPTION.fullmatch(description), f"{resource.name}: {description!r}"
