@@ -9,6 +9,9 @@ from infra import cloudinit
 from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster
 
 UBUNTU = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
+OS_DISK_SKU = "Premium_LRS"
+"""Premium SSD: only sizes with 's' in their features take it, so infra/prices.py lists only those
+(https://learn.microsoft.com/en-us/azure/virtual-machines/vm-naming-conventions)."""
 
 
 class AzureCluster(CloudCluster):
@@ -113,7 +116,7 @@ class AzureCluster(CloudCluster):
                             "create_option": "FromImage",
                             "disk_size_gb": cfg.disk_gb,
                             "delete_option": "Delete",
-                            "managed_disk": {"storage_account_type": "Premium_LRS"},
+                            "managed_disk": {"storage_account_type": OS_DISK_SKU},
                         },
                     },
                     os_profile={

@@ -47,10 +47,13 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("aws", "m7i.4xlarge", 16, 8, 64, AMX, 0.8064),
         MachineType("aws", "c7i.4xlarge", 16, 8, 32, AMX, 0.714),
         MachineType("aws", "r7iz.4xlarge", 16, 8, 128, AMX, 1.488),
-        # Azure: Dv5 is Ice Lake (the guide's D16s_v5 / D32_v5); Dv6 is Emerald Rapids with AMX.
+        # Azure: Dv5 is Ice Lake (the guide's D16s_v5 / D32_v5); Dv6 is Emerald Rapids with AMX. Only
+        # sizes with 's' (premium storage) are listed: every OS disk is Premium SSD (infra/azure.py),
+        # which D32_v5 does not take; D32s_v5 is the same machine at the same price.
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/dv5-dsv5-series
         MachineType("azure", "Standard_D8s_v5", 8, 4, 32, NO_BF16, 0.384, trusted_launch=True),
         MachineType("azure", "Standard_D16s_v5", 16, 8, 64, NO_BF16, 0.768, trusted_launch=True),
-        MachineType("azure", "Standard_D32_v5", 32, 16, 128, NO_BF16, 1.536, trusted_launch=True),
+        MachineType("azure", "Standard_D32s_v5", 32, 16, 128, NO_BF16, 1.536, trusted_launch=True),
         MachineType("azure", "Standard_D16s_v6", 16, 8, 64, AMX, 0.808, trusted_launch=True),
     )
 }

@@ -1,9 +1,12 @@
 """Azure cluster: resources and their key properties for 1 and 3 nodes (Pulumi mocks)."""
 
+import re
+
 import pytest
 import yaml
 
 from infra.cloudinit import decode
+from infra.prices import MACHINE_TYPES
 from tests.infra.harness import SSH_CIDR, cached_stack, is_secret, run_stack, stack_config
 
 VM = "azure-native:compute:VirtualMachine"
@@ -93,3 +96,18 @@ def test_bake_image_goes_to_its_own_resource_group():
     (image,) = run.of_type("azure-native:compute:Image")
     assert image.get("resourceGroupName") == "nanocluster-dev-images"
     assert image.get("storageProfile")["osDisk"]["snapshot"] == {"id": "nanocluster-dev-head-id"}
+
+
+# A size takes Premium SSD disks only when its name has 's' among the feature letters after the
+# vCPU count ("Standard_D32s_v5" does, "Standard_D32_v5" does not).
+# https://learn.microsoft.com/en-us/azure/virtual-machines/vm-naming-conventions
+# https://learn.microsoft.com/en-us/azure/virtual-machines/dv5-dsv5-series (Dv5: premium storage not supported)
+PREMIUM_CAPABLE = re.compile(r"Standard_[A-Z]+\d+[a-z]*s[a-z]*_v\d+")
+
+
+@pytest.mark.parametrize("size", sorted(m.name for m in MACHINE_TYPES.values() if m.cloud == "azure"))
+def test_every_offered_size_takes_the_premium_os_disk(size):
+    (vm,) = run_stack(stack_config("azure", nodes=1, machineType=size)).of_type(VM)
+    disk = vm.get("storageProfile", "osDisk", "managedDisk", "storageAccountType")
+    assert disk == "Premium_LRS"
+    assert PREMIUM_CAPABLE.fullmatch(size), f"{size} does not support {disk} OS disks"
