@@ -44,6 +44,11 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from model.token_format import TOKEN_DTYPE, write_split  # noqa: E402
+from model.tokenizer import VOCAB_SIZE  # noqa: E402
+
 ACCUMULATION = 4
 WARMUP_STEPS = 2
 
@@ -51,7 +56,7 @@ WARMUP_STEPS = 2
 def write_random_tokens(data_dir: Path, tokens: int = 1_000_000) -> None:
     rng = np.random.default_rng(0)
     for split, n in (("train", tokens), ("val", tokens // 10)):
-        rng.integers(0, 50257, n, dtype=np.uint16).tofile(data_dir / f"{split}.bin")
+        write_split(data_dir, split, rng.integers(0, VOCAB_SIZE, n, dtype=TOKEN_DTYPE))
 
 
 def tokens_per_s(

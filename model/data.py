@@ -1,4 +1,5 @@
-"""Training batches: random block_size windows from the token files model.prepare writes.
+"""Training batches: random block_size windows from the token files model.prepare writes
+(their layout: model.token_format).
 
 Which windows a batch holds is a pure function of (seed, rank, split, stream, iteration,
 micro_step): every rank draws different windows, a resumed run draws exactly the batches the
@@ -14,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SPLITS = ("train", "val")
-TOKEN_DTYPE = np.uint16
+from model.token_format import SPLITS, TOKEN_DTYPE, split_path
+
 # A separate random stream for evaluation batches, so evaluating never shifts the training batches.
 STREAMS = {"train": 0, "eval": 1}
 
@@ -29,7 +30,7 @@ class TokenBatches:
 
     def __init__(self, data_dir: str | Path, block_size: int, batch_size: int, seed: int, rank: int):
         self.block_size, self.batch_size, self.seed, self.rank = block_size, batch_size, seed, rank
-        self.paths = {split: Path(data_dir) / f"{split}.bin" for split in SPLITS}
+        self.paths = {split: split_path(data_dir, split) for split in SPLITS}
         self.tokens = {split: self._check(path) for split, path in self.paths.items()}
 
     def _check(self, path: Path) -> int:
@@ -39,10 +40,9 @@ class TokenBatches:
                 f"`python -m model.prepare SOURCE --out {path.parent}` (or `fab prepare-data`)"
             )
         size = path.stat().st_size
-        itemsize = np.dtype(TOKEN_DTYPE).itemsize
-        if size % itemsize:
-            raise DataError(f"token file {path} has {size} bytes, not a whole number of uint16 tokens")
-        tokens = size // itemsize
+        if size % TOKEN_DTYPE.itemsize:
+            raise DataError(f"token file {path} has {size} bytes, not a whole number of {TOKEN_DTYPE} tokens")
+        tokens = size // TOKEN_DTYPE.itemsize
         if tokens < self.block_size + 1:
             raise DataError(
                 f"token file {path} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}: "

@@ -4,7 +4,7 @@
                             [--limit N] [--field NAME] [--split NAME] [--workers N]
 
 DIR receives train.bin and val.bin (uint16 token ids, every document followed by <|endoftext|>)
-and meta.json (see `build_meta`). SOURCE is described in model.sources.
+and meta.json (the layout is model.token_format's). SOURCE is described in model.sources.
 
 Each document goes to val or train by a seeded hash of its content, and to a shard by an unseeded
 hash of it, so the split does not depend on order, workers or sharding: the union of N shards is
@@ -20,7 +20,6 @@ import argparse
 import functools
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import signal
@@ -38,12 +37,21 @@ from tqdm import tqdm
 
 from model.atomic import atomic_directory
 from model.sources import Source, SourceError, open_source
-from model.tokenizer import EOT_TOKEN, VOCAB_SIZE, TokenizerUnavailable, gpt2_encoding
+from model.token_format import (
+    FORMAT_VERSION,
+    META_NAME,
+    SPLITS,
+    TOKEN_DTYPE,
+    SplitRecord,
+    build_meta,
+    files_match,
+    read_meta,
+    split_path,
+    write_meta,
+)
+from model.tokenizer import EOT_TOKEN, TokenizerUnavailable, gpt2_encoding
 
-FORMAT_VERSION = 1
 TOKENIZER = "gpt2 (tiktoken r50k_base)"
-SPLITS = ("train", "val")
-META_NAME = "meta.json"
 
 
 def available_cores() -> int:
@@ -121,7 +129,7 @@ class ChunkResult:
     seen: int
     """Documents of the chunk, including those of other shards (for progress)."""
     tokens: dict[str, np.ndarray]
-    """Per split: the chunk's documents in order, each followed by EOT, as uint16."""
+    """Per split: the chunk's documents in order, each followed by EOT, as TOKEN_DTYPE."""
     documents: dict[str, int]
     """Per split: how many documents `tokens` holds."""
 
@@ -148,7 +156,7 @@ def tokenize_chunk(documents: list[str], plan: SplitPlan) -> ChunkResult:
             parts[split] += (_encode(text), _EOT)
     return ChunkResult(
         seen=len(documents),
-        tokens={s: np.concatenate(p).astype(np.uint16) if p else np.empty(0, np.uint16) for s, p in parts.items()},
+        tokens={s: np.concatenate(p).astype(TOKEN_DTYPE) if p else np.empty(0, TOKEN_DTYPE) for s, p in parts.items()},
         documents={s: len(p) // 2 for s, p in parts.items()},
     )
 
@@ -180,7 +188,7 @@ def _ordered_map(executor: Executor, fn: Callable, items: Iterable, in_flight: i
 # ----------------------------------------------------------------------------- writing
 
 class _SplitWriter:
-    """Appends uint16 tokens to one .bin file, counting (Python ints: 64-bit safe) and hashing."""
+    """Appends tokens to one split's file, counting (Python ints: 64-bit safe) and hashing."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -198,6 +206,9 @@ class _SplitWriter:
 
     def close(self) -> None:
         self.file.close()  # fsynced with the whole directory by atomic_directory
+
+    def record(self) -> SplitRecord:
+        return SplitRecord(self.path.name, self.documents, self.tokens, self.sha256.hexdigest())
 
 
 class _LineStream:
@@ -224,7 +235,7 @@ def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> di
         total = config.limit
     chunks = _chunks(documents, config.chunk_chars)
     job = functools.partial(tokenize_chunk, plan=plan)  # picklable for the pool
-    writers = {split: _SplitWriter(directory / f"{split}.bin") for split in SPLITS}
+    writers = {split: _SplitWriter(split_path(directory, split)) for split in SPLITS}
     executor = None
     try:
         if config.workers > 1:
@@ -283,37 +294,11 @@ def request_of(config: PrepareConfig, source: Source) -> dict:
     }
 
 
-def build_meta(request: dict, writers: dict[str, _SplitWriter]) -> dict:
-    """meta.json: the request, plus per split its file, documents, tokens and sha256."""
-    return {
-        **request,
-        "vocab_size": VOCAB_SIZE,
-        "eot_token": EOT_TOKEN,
-        "dtype": "uint16",
-        "splits": {
-            split: {"file": w.path.name, "documents": w.documents, "tokens": w.tokens,
-                    "sha256": w.sha256.hexdigest()}
-            for split, w in writers.items()
-        },
-    }
-
-
-def read_meta(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / META_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _up_to_date(out: Path, request: dict) -> dict | None:
     """The existing meta.json when it answers this request and its files have the recorded sizes."""
     meta = read_meta(out)
-    if meta is None or any(meta.get(k) != v for k, v in request.items()):
+    if meta is None or any(meta.get(k) != v for k, v in request.items()) or not files_match(out, meta):
         return None
-    for info in meta.get("splits", {}).values():
-        path = out / info["file"]
-        if not path.is_file() or path.stat().st_size != 2 * info["tokens"]:
-            return None
     return meta
 
 
@@ -340,8 +325,8 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     with atomic_directory(out, before_swap=_check_replaceable) as staging:
         writers = _tokenize_into(staging, source, config)
         _check_splits(writers, config)
-        meta = build_meta(request, writers)
-        (staging / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+        meta = build_meta(request, {split: writer.record() for split, writer in writers.items()})
+        write_meta(staging, meta)
     seconds = time.monotonic() - started
     tokens = sum(w.tokens for w in writers.values())
     log(f"prepared {out} in {seconds:.1f}s ({tokens / seconds:,.0f} tokens/s): " + ", ".join(

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from model.model import GPT, GPTConfig
+from model.token_format import write_split
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512, dropout=0.0)
 
@@ -37,10 +38,10 @@ def checkpoint_payload(model: GPT, **extra) -> dict:
 
 
 def write_tokens(directory: Path, train: np.ndarray, val: np.ndarray) -> Path:
-    """train.bin / val.bin in the uint16 layout model.prepare writes."""
+    """train.bin / val.bin in the layout model.prepare writes."""
     directory.mkdir(parents=True, exist_ok=True)
-    train.astype(np.uint16).tofile(directory / "train.bin")
-    val.astype(np.uint16).tofile(directory / "val.bin")
+    write_split(directory, "train", train)
+    write_split(directory, "val", val)
     return directory
 
 

@@ -1,0 +1,88 @@
+"""A prepared dataset on disk: what model.prepare writes, the trainer reads and the launcher copies.
+
+    DIR/train.bin, DIR/val.bin   GPT-2 token ids as uint16 (the vocabulary, 50257, fits), each
+                                 document followed by <|endoftext|>
+    DIR/meta.json                the request that made them (source, seed, shard, ...) and per split:
+                                 its file, documents, tokens and sha256
+
+Free of torch, so model.prepare's tokenizer processes import it cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.tokenizer import EOT_TOKEN, VOCAB_SIZE
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+TOKEN_DTYPE = np.dtype(np.uint16)
+META_NAME = "meta.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRecord:
+    """What meta.json says of one split's token file."""
+
+    file: str
+    """The file's name in the dataset directory (train.bin, val.bin)."""
+    documents: int
+    """Documents in the file, each ending with <|endoftext|>."""
+    tokens: int
+    """Tokens in the file: its size is tokens x TOKEN_DTYPE's itemsize."""
+    sha256: str
+    """Hex digest of the file's bytes, checked by the launcher after every copy."""
+
+
+def split_path(directory: str | Path, split: str) -> Path:
+    """The token file of split ("train" or "val") in a dataset directory."""
+    return Path(directory) / f"{split}.bin"
+
+
+def write_split(directory: str | Path, split: str, tokens: np.ndarray) -> Path:
+    """Write token ids as split's file in one go (tests, benchmarks; model.prepare streams instead)."""
+    path = split_path(directory, split)
+    np.asarray(tokens).astype(TOKEN_DTYPE).tofile(path)
+    return path
+
+
+def build_meta(request: Mapping[str, Any], splits: Mapping[str, SplitRecord]) -> dict[str, Any]:
+    """meta.json's content: the request, the token encoding, and per split its SplitRecord."""
+    return {
+        **request,
+        "vocab_size": VOCAB_SIZE,
+        "eot_token": EOT_TOKEN,
+        "dtype": TOKEN_DTYPE.name,
+        "splits": {split: dataclasses.asdict(record) for split, record in splits.items()},
+    }
+
+
+def write_meta(directory: str | Path, meta: Mapping[str, Any]) -> Path:
+    """Write meta.json into a dataset directory (model.prepare's staging directory, fsynced with it)."""
+    path = Path(directory) / META_NAME
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+    return path
+
+
+def read_meta(directory: str | Path) -> dict[str, Any] | None:
+    """meta.json of a dataset directory, or None when it is missing or unreadable."""
+    try:
+        return json.loads((Path(directory) / META_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def files_match(directory: str | Path, meta: Mapping[str, Any]) -> bool:
+    """Every split file meta lists is present with the size its token count gives (a quick check;
+    the launcher compares sha256 after copies)."""
+    for info in meta.get("splits", {}).values():
+        path = Path(directory) / info["file"]
+        if not path.is_file() or path.stat().st_size != TOKEN_DTYPE.itemsize * info["tokens"]:
+            return False
+    return True
