@@ -10,7 +10,8 @@ set -euo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 readonly script_dir
-readonly min_python="3.10"
+# numpy 2.4 (requirements-*.txt) installs only on Python >= 3.11: Ubuntu 24.04 has 3.12, 22.04 has 3.10.
+readonly min_python="3.11"
 
 usage() {
     cat <<'EOF'
@@ -22,7 +23,7 @@ Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,ru
   --user USER              owner of ~/nanocluster (default: the current user; another user needs root)
   --profile NAME           default: CPU torch + gloo; intel: torch 2.8 + intel-extension-for-pytorch
                            + oneCCL bindings + Intel MPI runtime (default: default)
-  --python PY              interpreter for the venv, >= 3.10 (default: python3)
+  --python PY              interpreter for the venv, >= 3.11 (default: python3)
   --pip-args "ARGS"        extra pip install arguments, e.g. "--no-index --find-links /wheels"
   --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync
   --check                  change nothing; exit 0 if this node is ready, 3 if not
@@ -172,6 +173,11 @@ install_system_packages() {
 
 python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
 
+# Checked before anything is installed: an older Python would fail only in pip, minutes later.
+command -v "$python" >/dev/null || die "python '$python' not found: install it or pass --python PATH"
+"$python" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$min_python'.split('.'))))" ||
+    die "$python is Python $(python_version "$python"); the node's pinned requirements (numpy 2.4) need Python >= $min_python: install python$min_python or newer and pass --python, or use an Ubuntu 24.04 image"
+
 log "bootstrapping $root_dir for $user (profile $profile)"
 if ((install_system_packages)); then
     install_system_packages
@@ -179,9 +185,6 @@ else
     log "skipping system packages (--skip-system-packages)"
 fi
 
-command -v "$python" >/dev/null || die "python '$python' not found: install it or pass --python PATH"
-"$python" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$min_python'.split('.'))))" ||
-    die "$python is $(python_version "$python"); nanocluster needs Python >= $min_python (pass --python)"
 wanted_python=$(python_version "$python")
 
 as_user mkdir -p "$root_dir/code" "$root_dir/data" "$root_dir/runs"

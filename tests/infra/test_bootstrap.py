@@ -63,6 +63,25 @@ def test_bad_usage_exits_with_one_clear_error_line(tmp_path, args, status, error
     assert not (tmp_path / "nanocluster" / "venv").exists()
 
 
+def test_python_older_than_the_pins_need_is_refused_with_one_clear_error(tmp_path):
+    # A Python 3.10 (Ubuntu 22.04's): numpy's pin needs 3.11, so pip would fail only after minutes.
+    old_python = tmp_path / "python3.10"
+    old_python.write_text(
+        "#!/bin/sh\n"  # answers every `-c CODE` as Python 3.10 would about its version
+        f'shift; exec {sys.executable} -c "import sys; sys.version_info = (3, 10, 12, \'final\', 0); exec(sys.argv[1])" "$1"\n'
+    )
+    old_python.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    result = bootstrap(home, "--skip-system-packages", "--python", str(old_python))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: {old_python} is Python 3.10; the node's pinned requirements (numpy 2.4) need Python >= 3.11: "
+        "install python3.11 or newer and pass --python, or use an Ubuntu 24.04 image"
+    )
+    assert not (home / "nanocluster" / "venv").exists()
+
+
 def test_check_reports_a_fresh_machine_as_not_ready(tmp_path):
     result = bootstrap(tmp_path, "--check")
     assert result.returncode == 3 and "not bootstrapped" in result.stdout
