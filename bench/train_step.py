@@ -2,7 +2,7 @@
 
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile] [--profile]
 
-A step is forward + backward + AdamW (the trainer's: model.train.build_optimizer, fused) on one
+A step is forward + backward + AdamW (the trainer's: model.optim.build_optimizer, fused) on one
 1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
 this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
@@ -72,7 +72,7 @@ def measure_matmul_peaks(seconds: float = 1.0) -> dict[str, float]:
     """FLOP/s of large square matmuls in fp32 and bf16 on the current threads (best size)."""
     import torch
 
-    from model.train import measure_matmul_peak
+    from model.mfu import measure_matmul_peak
 
     return {
         name: max(measure_matmul_peak(dtype, seconds=seconds, n=n) for n in PEAK_SIZES)
@@ -103,8 +103,8 @@ def measure_train_step(
 
     from model.config import TrainConfig
     from model.model import GPT, GPTConfig
+    from model.optim import build_optimizer
     from model.precision import autocast, maybe_compile, resolve_dtype
-    from model.train import build_optimizer
 
     mixed_precision, compile_model = MODES[mode]
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""Numeric precision and CPU acceleration choices, shared by the trainer, sampling and benchmarks.
+"""Numeric precision and CPU acceleration choices, shared by the trainer, sampling and benchmarks
+(the fused AdamW kernel is model.optim's).
 
 bf16 autocast pays off only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere
 PyTorch emulates it and it is slower than fp32. intel-extension-for-pytorch (IPEX) is optional and
@@ -13,7 +14,6 @@ import ctypes
 import importlib.metadata
 import logging
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,18 +129,6 @@ def maybe_ipex_optimize(
         model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
     log.info("IPEX %s applied (dtype %s)", ipex.__version__, dtype)
     return model, optimizer, True
-
-
-def adamw(
-    param_groups: Iterable[Any],
-    lr: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    weight_decay: float = 0.0,
-) -> torch.optim.AdamW:
-    """AdamW with the fused CPU kernel: one pass over parameters, gradients and both moments instead
-    of the default foreach implementation's several (bench/train_step.py: its step for GPT-2 small on
-    2 cores drops from ~0.3 s to ~0.08 s, which lifts the whole training step by 8-14%)."""
-    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
 
 
 # glibc mallopt parameters (malloc.h).

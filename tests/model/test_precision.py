@@ -113,11 +113,6 @@ def test_matching_ipex_optimizes_model_and_optimizer(monkeypatch: pytest.MonkeyP
     assert calls == [torch.bfloat16]
 
 
-def test_adamw_uses_the_fused_kernel() -> None:
-    optimizer = precision.adamw(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
-    assert optimizer.defaults["fused"] is True
-
-
 def test_compile_only_when_enabled() -> None:
     model = torch.nn.Linear(2, 2)
     assert precision.maybe_compile(model, enabled=False) is model

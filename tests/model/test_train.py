@@ -1,8 +1,7 @@
-"""The trainer as one process: schedule, optimizer groups, outputs, and the errors a user meets."""
+"""The trainer as one process: outputs, and the errors a user meets."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -11,31 +10,9 @@ import pytest
 import torch
 
 from model.checkpoint import load_checkpoint, load_model
-from model.config import load_config
-from model.model import GPT, GPTConfig
-from model.train import build_optimizer, learning_rate_at, main
+from model.model import GPT
+from model.train import main
 from tests.model.conftest import TINY_RUN
-
-
-def test_learning_rate_warms_up_then_decays_to_min_lr():
-    cfg = load_config(
-        overrides=["learning_rate=1e-4", "min_lr=1e-5", "warmup_iters=10", "lr_decay_iters=110"]
-    )
-    lrs = [learning_rate_at(i, cfg) for i in range(130)]
-    assert lrs[0] < lrs[5] < lrs[9] < 1e-4
-    assert lrs[10] == pytest.approx(1e-4)
-    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
-    assert lrs[60] == pytest.approx(5.5e-5)  # cosine midpoint
-    assert lrs[110] == lrs[129] == pytest.approx(1e-5)
-    assert learning_rate_at(50, load_config(overrides=["decay_lr=false", "learning_rate=2e-4"])) == 2e-4
-
-
-def test_weight_decay_applies_to_matrices_only():
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
-    decay, no_decay = build_optimizer(model, load_config(overrides=["weight_decay=0.2"])).param_groups
-    assert decay["weight_decay"] == 0.2 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
 def run_main(*args: str) -> int:

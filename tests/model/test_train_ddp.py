@@ -8,7 +8,8 @@ import torch
 from model.config import load_config
 from model.data import TokenBatches
 from model.model import GPT
-from model.train import build_optimizer, learning_rate_at, scratch_model_config
+from model.optim import build_optimizer, learning_rate_at
+from model.start import scratch_model_config
 from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration

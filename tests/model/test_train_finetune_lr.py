@@ -38,8 +38,9 @@ from model.checkpoint import load_model
 from model.config import FINE_TUNE_LR
 from model.conventions import CKPT_NAME
 from model.export import export_model
+from model.metrics import METRICS_NAME
 from model.model import GPT, GPTConfig
-from model.train import METRICS_NAME, main
+from model.train import main
 from tests.model.conftest import write_tokens
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,121 @@
+"""Where a run starts from: the snapshot in out_dir (resume), pretrained weights, or scratch.
+
+Rank 0 alone decides and reads (only the head node needs the run directory and the network); every
+rank receives what it found as a StartState, and rank 0 also keeps the tensors it read (the model's
+weights, and on a resume the optimizer's state) to hand over through the process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import hf
+from model.checkpoint import CheckpointError, load_checkpoint
+from model.collectives import on_rank0
+from model.config import ConfigError, TrainConfig
+from model.conventions import CKPT_NAME, SNAPSHOT_NAME
+from model.distributed import RankEnv
+from model.model import GPT, GPTConfig
+
+log = logging.getLogger(__name__)
+
+# What reading the start can fail with that the user fixes; raised on every rank, not only rank 0.
+START_ERRORS = (ConfigError, CheckpointError)
+# A snapshot resumes only with these unchanged: they fix which batches each iteration draws.
+RESUME_KEYS = ("block_size", "batch_size", "gradient_accumulation_steps")
+
+
+@dataclasses.dataclass
+class StartState:
+    """What rank 0 read at start, as every rank receives it."""
+
+    model_config: dict[str, Any]
+    """GPTConfig fields of the model to build."""
+    iter_num: int = 0
+    """The iteration the run continues from (0 unless resumed)."""
+    best_val_loss: float = float("inf")
+    """Best val loss so far, so a resumed run replaces ckpt.pt only with a better model."""
+    rng: list[dict[str, Any]] | None = None
+    """Each rank's RNG states saved in the snapshot (resume only)."""
+    resumed_from: str | None = None
+    """The snapshot's path when resuming, else None."""
+
+
+def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
+    """The model init_from=scratch trains: cfg.model's shape with cfg.block_size of context."""
+    return GPTConfig(block_size=cfg.block_size, **dataclasses.asdict(cfg.model))
+
+
+def pretrained_model(cfg: TrainConfig) -> GPT:
+    """GPT-2 weights from the hub name or Hugging Face directory in init_from, cropped to block_size."""
+    try:
+        return hf.load_pretrained(cfg.init_from, dropout=cfg.model.dropout, block_size=cfg.block_size)
+    except hf.HFCheckpointError as e:
+        raise ConfigError(f"init_from={cfg.init_from!r}: {e}") from None
+    except ValueError as e:  # the checkpoint's context is shorter than block_size
+        raise ConfigError(
+            f"init_from={cfg.init_from!r} cannot train on block_size {cfg.block_size}: {e}"
+        ) from None
+
+
+def check_resumable(cfg: TrainConfig, snapshot_config: dict[str, Any]) -> None:
+    """Refuse to resume a snapshot trained with a different batch shape."""
+    for key in RESUME_KEYS:
+        if snapshot_config.get(key) != getattr(cfg, key):
+            raise ConfigError(
+                f"{key} is {getattr(cfg, key)} but the snapshot in {Path(cfg.out_dir)} was trained with "
+                f"{snapshot_config.get(key)}: keep it to resume, or use another out_dir for a new run"
+            )
+
+
+def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[str, Any] | None]:
+    """Every rank: the StartState; rank 0 also gets the tensors it read ("model", "optimizer"), if any."""
+    payload_box: dict[str, Any] = {}
+
+    def read() -> StartState:
+        snapshot = Path(cfg.out_dir) / SNAPSHOT_NAME
+        if snapshot.exists():
+            try:
+                payload = load_checkpoint(snapshot)
+            except CheckpointError as e:
+                raise CheckpointError(
+                    f"{e}. Delete it (or choose another out_dir) to start over; {CKPT_NAME} next "
+                    "to it holds the best weights so far"
+                ) from None
+            check_resumable(cfg, payload["config"])
+            payload_box.update(payload)
+            return StartState(
+                payload["model_config"],
+                payload["iter_num"],
+                payload["best_val_loss"],
+                payload.get("rng"),
+                str(snapshot),
+            )
+        if cfg.init_from == "scratch":
+            return StartState(dataclasses.asdict(scratch_model_config(cfg)))
+        model = pretrained_model(cfg)
+        payload_box["model"] = model.state_dict()
+        return StartState(dataclasses.asdict(model.config))
+
+    start = on_rank0(read, env.world_size, START_ERRORS)
+    return start, (payload_box if env.rank == 0 and payload_box else None)
+
+
+def restore_rng(start: StartState, cfg: TrainConfig, env: RankEnv) -> None:
+    """This rank's RNG as the snapshot left it; else a fresh seed per rank (different dropout masks
+    per rank, reproducibly)."""
+    if start.rng is not None and len(start.rng) == env.world_size:
+        torch.set_rng_state(start.rng[env.rank]["torch"])
+        return
+    if start.rng is not None:
+        log.warning(
+            "snapshot holds RNG states of %d ranks, this run has %d: dropout masks are reseeded",
+            len(start.rng),
+            env.world_size,
+        )
+    torch.manual_seed(cfg.seed + 1 + env.rank + start.iter_num * env.world_size)

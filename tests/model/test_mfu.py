@@ -1,0 +1,19 @@
+"""model.mfu: the measured matmul peak MFU is reported against."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from model.mfu import measure_matmul_peak, model_flops_utilization
+
+
+def test_matmul_peak_is_a_plausible_rate():
+    peak = measure_matmul_peak(torch.float32, seconds=0.05, n=128)
+    assert math.isfinite(peak) and 1e8 < peak < 1e15  # a CPU core does GFLOP/s, nothing does PFLOP/s
+
+
+def test_utilization_is_achieved_over_peak():
+    assert model_flops_utilization(flops_per_token=6e6, tokens_per_s=1000, peak_flops=2e10) == pytest.approx(0.3)
