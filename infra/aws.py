@@ -90,6 +90,9 @@ class AwsCluster(CloudCluster):
                     vpc_security_group_ids=[members.id, head_ssh.id] if rank == 0 else [members.id],
                     placement_group=placement.name,
                     user_data_base64=self.user_data(rank).apply(cloudinit.base64_gzip),
+                    # A user data change would stop and start the instance (and cannot, for a one-time
+                    # spot instance); it is ignored below instead, and never replaces the instance.
+                    user_data_replace_on_change=False,
                     metadata_options={"http_tokens": "required", "http_endpoint": "enabled", "http_put_response_hop_limit": 1},
                     root_block_device={"encrypted": True, "volume_type": "gp3", "volume_size": cfg.disk_gb, "delete_on_termination": True},
                     instance_market_options=(
@@ -98,7 +101,8 @@ class AwsCluster(CloudCluster):
                     ),
                     tags={**tags, "Name": node_name, "rank": str(rank)},
                     volume_tags={**tags, "Name": node_name},
-                    opts=self.child(ignore_changes=["ami"]),
+                    # A newer AMI or node/ bootstrap is for new instances: `fab setup` updates existing ones.
+                    opts=self.child(ignore_changes=["ami", "userDataBase64"]),
                 )
             )
         head_address = aws.ec2.Eip(

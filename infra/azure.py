@@ -142,7 +142,9 @@ class AzureCluster(CloudCluster):
                         if cfg.spot else {}
                     ),
                     **node_in_group,
-                    opts=self.child(),
+                    # Azure refuses any change to customData (PropertyChangeNotAllowed): a newer node/
+                    # bootstrap is for new VMs, and `fab setup` updates existing ones.
+                    opts=self.child(ignore_changes=["osProfile.customData"]),
                 )
             )
 

@@ -1,8 +1,14 @@
 """The cloud-init user data every node boots with (the same document on every cloud).
 
-It creates the SSH user with the cluster key, installs the node's stack-generated host key (so
-known_hosts is pinned), writes the cluster's known_hosts for node-to-node SSH, ships node/ to
-/opt/nanocluster/node/ and runs the bootstrap once, logging to /var/log/nanocluster-bootstrap.log.
+It creates the SSH user with the cluster's public key, installs the node's stack-generated host key
+(so the launcher's known_hosts is pinned from the stack), ships node/ to /opt/nanocluster/node/ and
+runs the bootstrap once, logging to /var/log/nanocluster-bootstrap.log.
+
+A node's document depends on that node alone: no other node's address or key, and no private key
+of the cluster key. The launcher (`fab setup`, `fab train`) installs the cluster private key and the
+known_hosts of every node over SSH, so adding a node changes nothing on the nodes that exist. The
+clouds ignore later changes to the document (ignore_changes on user data): an existing VM keeps the
+bootstrap it booted with, `fab setup` brings it up to date, and new VMs boot with the current one.
 """
 
 from __future__ import annotations
@@ -32,19 +38,17 @@ _Dumper.add_representer(
 
 @dataclass(frozen=True)
 class NodeIdentity:
-    """What one node's user data carries besides the shared node/ files."""
+    """What one node's user data carries besides the shared node/ files: nothing of another node."""
 
     cloud: str
     rank: int
     node_name: str
     ssh_user: str
     profile: str
-    cluster_private_key: str
     cluster_public_key: str
     host_private_key: str
+    """This node's own SSH host key (so its pinned public half is valid from first boot)."""
     host_public_key: str
-    known_hosts: tuple[tuple[str, str], ...]
-    """(private IP, host public key) of every node, rank-ordered."""
 
 
 def firstboot_script(node: NodeIdentity) -> str:
@@ -61,11 +65,10 @@ echo "nanocluster first boot of {node.node_name} (rank {node.rank}) at $(date -u
 
 
 def render(node: NodeIdentity) -> str:
-    """The #cloud-config document for one node (contains private keys: keep it a secret)."""
+    """The #cloud-config document for one node (contains its host private key: keep it a secret)."""
     home = f"/home/{node.ssh_user}"
     owner = f"{node.ssh_user}:{node.ssh_user}"
     requirements = NODE_DIR / f"requirements-{node.profile}.txt"
-    known_hosts = "".join(f"{ip} {key}\n" for ip, key in node.known_hosts)
     document = {
         "users": [
             {
@@ -89,8 +92,6 @@ def render(node: NodeIdentity) -> str:
             # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is
             # rewritten whole: on a node from a baked image it still lists the old stack's key.
             {"path": f"{home}/.ssh/authorized_keys", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_public_key + "\n"},
-            {"path": f"{home}/.ssh/id_ed25519", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_private_key},
-            {"path": f"{home}/.ssh/known_hosts", "owner": owner, "permissions": "0644", "defer": True, "content": known_hosts},
         ],
         "runcmd": [[FIRSTBOOT]],
     }

@@ -77,13 +77,15 @@ class CloudCluster(pulumi.ComponentResource):
         return host_in(NODE_SUBNET_CIDR, rank)
 
     def user_data(self, rank: int) -> pulumi.Output[str]:
-        """The node's cloud-init document, as a secret (it carries private keys)."""
+        """The node's cloud-init document, as a secret (it carries the node's host private key).
+
+        It depends on this node alone (see infra/cloudinit.py): growing the cluster leaves the
+        documents of existing nodes as they are."""
         keys = self.args.keys
         cfg = self.config
-        ips = [self.planned_ip(r) for r in range(cfg.nodes)]
 
         def render(values: list[str]) -> str:
-            cluster_private, cluster_public, host_private, *host_publics = values
+            cluster_public, host_private, host_public = values
             return cloudinit.render(
                 cloudinit.NodeIdentity(
                     cloud=cfg.cloud,
@@ -91,17 +93,13 @@ class CloudCluster(pulumi.ComponentResource):
                     node_name=self.node_names[rank],
                     ssh_user=cfg.ssh_user,
                     profile=cfg.profile,
-                    cluster_private_key=cluster_private,
                     cluster_public_key=cluster_public,
                     host_private_key=host_private,
-                    host_public_key=host_publics[rank],
-                    known_hosts=tuple(zip(ips, host_publics, strict=True)),
+                    host_public_key=host_public,
                 )
             )
 
-        rendered = pulumi.Output.all(
-            keys.cluster_private_key, keys.cluster_public_key, keys.host_private_keys[rank], *keys.host_public_keys
-        ).apply(render)
+        rendered = pulumi.Output.all(keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank]).apply(render)
         return pulumi.Output.secret(rendered)
 
     def cost(self) -> CostEstimate:

@@ -104,7 +104,8 @@ class GcpCluster(CloudCluster):
                     scheduling=self._scheduling(),
                     allow_stopping_for_update=True,
                     # No service account: nodes never call Google APIs.
-                    opts=self.child(ignore_changes=["bootDisk.initializeParams.image"]),
+                    # A newer image or node/ bootstrap is for new VMs: `fab setup` updates existing ones.
+                    opts=self.child(ignore_changes=["bootDisk.initializeParams.image", 'metadata["user-data"]']),
                 )
             )
 

@@ -52,6 +52,7 @@ class UnmockedInvoke(AssertionError):
     """The program called a data source the tests do not know: mock it, never reach a cloud."""
 
 
+@functools.cache  # the OpenSSH encoding has random check bytes: the same text, as state keeps it
 def _ed25519_key(name: str) -> dict[str, str]:
     """A real ED25519 key pair in the tls provider's output format (what pulumi_tls would return),
     the same for the same resource name in every run (state keeps a stack's keys between runs)."""
