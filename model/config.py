@@ -8,7 +8,7 @@ error names the field, the allowed range and the value. Unknown keys are errors 
 key meant), so a typo never silently falls back to a default.
 
 The Intel guides' gpt2_train_cfg.yaml layout (optimizer_config / trainer_config sections) is
-accepted too and translated by `translate_intel_layout`.
+accepted too and translated once, on reading the file, by model.intel_layout.
 
 The defaults fine-tune pretrained GPT-2: a small peak learning rate (6e-5, against nanoGPT's
 pretraining 6e-4, which makes fine-tuning loss rise), a short warmup and cosine decay.
@@ -18,23 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from model.conventions import BACKEND_CHOICES, CKPT_NAME, SNAPSHOT_NAME
+from model.config_values import ConfigError, coerce, dotted_fields, flatten, get_dotted, parse_overrides
+from model.conventions import BACKEND_CHOICES
+from model.intel_layout import translate_intel_layout
+from model.model import SHAPE_RULES
 from model.precision import MIXED_PRECISION_CHOICES
 
 FINE_TUNE_LR = 6e-5
 SCRATCH_LR = 1e-3
-
-
-class ConfigError(ValueError):
-    """A configuration file or override is malformed, unknown or out of range."""
 
 
 @dataclass
@@ -53,6 +50,9 @@ class ModelShape:
     """Biases in Linear layers and LayerNorms (scratch only; GPT-2 checkpoints have them)."""
     dropout: float = 0.0
     """Dropout probability, applied to pretrained and scratch models alike; 0 is usual for fine-tuning."""
+
+
+MODEL_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 
 
 @dataclass
@@ -191,159 +191,27 @@ class TrainConfig:
             ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
             ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
-            ("model.n_layer", self.model.n_layer >= 1, ">= 1"),
-            ("model.n_head", self.model.n_head >= 1, ">= 1"),
-            (
-                "model.n_embd",
-                self.model.n_embd >= 1 and self.model.n_embd % max(self.model.n_head, 1) == 0,
-                f">= 1 and divisible by model.n_head ({self.model.n_head})",
+            # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.
+            *(
+                (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))
+                for rule in SHAPE_RULES
+                if rule.field in MODEL_SHAPE_FIELDS
             ),
-            ("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"),
             ("init_from", bool(self.init_from), "scratch, a GPT-2 name or a Hugging Face directory"),
             ("data_dir", bool(self.data_dir), "a directory path"),
             ("out_dir", bool(self.out_dir), "a directory path"),
         ]
         for name, ok, allowed in checks:
             if not ok:
-                raise ConfigError(f"{name} must be {allowed}, got {_get(self, name)!r}")
+                raise ConfigError(f"{name} must be {allowed}, got {get_dotted(self, name)!r}")
 
 
 # --- loading -------------------------------------------------------------------------------------
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _fields(cls: type, prefix: str = "") -> dict[str, Any]:
-    """Dotted field name -> resolved type annotation, for cls and its nested dataclasses."""
-    out: dict[str, Any] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(_fields(tp, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = tp
-    return out
-
-
-def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
-def _coerce(name: str, value: Any, tp: Any) -> Any:
-    """value (from YAML or a command-line string) as type tp, or ConfigError naming the field."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-    try:
-        if tp is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).lower()
-            if text in _TRUE | _FALSE:
-                return text in _TRUE
-            raise ValueError
-        if tp is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        if tp is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if tp is str:
-            if isinstance(value, (dict, list)):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError):
-        pass
-    raise ConfigError(f"{name} must be {getattr(tp, '__name__', tp)}, got {value!r}")
-
-
-def translate_intel_layout(raw: dict[str, Any]) -> dict[str, Any]:
-    """Map the Intel guides' gpt2_train_cfg.yaml layout onto our flat keys.
-
-    optimizer_config {learning_rate, weight_decay, beta1, beta2} and trainer_config {...} become
-    top-level keys of the same name, with these differences: trainer_config.device must be cpu;
-    max_lr is the schedule's peak (our learning_rate) when decay_lr is on, else learning_rate is;
-    model_path / snapshot_path set out_dir (their directory), their file names being fixed as
-    ckpt.pt / snapshot.pt. Keys we do not know stay in place, so they are reported as unknown.
-    """
-    if "optimizer_config" not in raw and "trainer_config" not in raw:
-        return raw
-    out = {k: v for k, v in raw.items() if k not in ("optimizer_config", "trainer_config")}
-    optimizer = dict(raw.get("optimizer_config") or {})
-    trainer = dict(raw.get("trainer_config") or {})
-    for section, values in (("optimizer_config", optimizer), ("trainer_config", trainer)):
-        if not isinstance(values, dict):
-            raise ConfigError(f"{section} must be a mapping, got {values!r}")
-
-    device = str(trainer.pop("device", "cpu")).lower()
-    if device != "cpu":
-        raise ConfigError(f"trainer_config.device must be cpu (nanocluster trains on CPUs), got {device!r}")
-    max_lr = trainer.pop("max_lr", None)
-    decay_lr = _coerce("trainer_config.decay_lr", trainer.get("decay_lr", True), bool)
-    if max_lr is not None and (decay_lr or "learning_rate" not in optimizer):
-        optimizer["learning_rate"] = max_lr
-
-    run_dirs = set()
-    for key, fixed_name in (("model_path", CKPT_NAME), ("snapshot_path", SNAPSHOT_NAME)):
-        if key not in trainer:
-            continue
-        path = PurePath(str(trainer.pop(key)))
-        if path.name != fixed_name:
-            raise ConfigError(
-                f"trainer_config.{key} must name a file called {fixed_name} (the launcher and "
-                f"model.sample look for out_dir/{fixed_name}), got {str(path)!r}"
-            )
-        run_dirs.add(str(path.parent))
-    if len(run_dirs) > 1:
-        raise ConfigError(
-            f"trainer_config.model_path and snapshot_path must be in the same directory (our out_dir), "
-            f"got {sorted(run_dirs)}"
-        )
-    if run_dirs and "out_dir" not in out:
-        out["out_dir"] = run_dirs.pop()
-
-    for section, values in (("optimizer_config", optimizer), ("trainer_config", trainer)):
-        for key, value in values.items():
-            if key in out:
-                raise ConfigError(f"{key} is set both at the top level and in {section}")
-            out[key] = value
-    return out
-
-
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    """["a=1", "model.n_layer=2"] -> {"a": "1", "model.n_layer": "2"}."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. learning_rate=3e-5)")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def build_config(values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from a (possibly nested, possibly Intel-layout) mapping; validated."""
-    flat = _flatten(translate_intel_layout(values))
-    known = _fields(TrainConfig)
+def build_config(flat: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from our keys, dotted (see config_values.flatten); converted and validated."""
+    known = dotted_fields(TrainConfig)
     unknown = [k for k in flat if k not in known]
     if unknown:
         hints = []
@@ -357,7 +225,7 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
         target = cfg
         for part in parents:
             target = getattr(target, part)
-        setattr(target, leaf, _coerce(key, value, known[key]))
+        setattr(target, leaf, coerce(key, value, known[key]))
     cfg.validate()
     return cfg
 
@@ -376,6 +244,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must be a mapping of keys to values")
         values = translate_intel_layout(loaded or {})
-    values = _flatten(values)
+    values = flatten(values)
     values.update(parse_overrides(overrides or []))
     return build_config(values)

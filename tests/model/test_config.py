@@ -5,6 +5,7 @@ import textwrap
 import pytest
 
 from model.config import ConfigError, TrainConfig, load_config
+from model.model import GPTConfig
 
 
 def write(tmp_path, text: str):
@@ -137,3 +138,30 @@ def test_every_field_has_a_docstring():
                     f"{cls.name}.{node.target.id} has no docstring"
                 )
     assert TrainConfig.__doc__
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"n_layer": 0},
+        {"n_head": 0},
+        {"n_embd": 0},
+        {"n_embd": 100, "n_head": 6},
+        {"n_embd": 96, "n_head": 4},
+        {"dropout": 1.0},
+        {"dropout": 0.1},
+    ],
+)
+def test_the_config_accepts_exactly_the_model_shapes_gptconfig_accepts(shape):
+    try:
+        GPTConfig(**shape)
+        gpt_accepts = True
+    except ValueError:
+        gpt_accepts = False
+    overrides = [f"model.{key}={value}" for key, value in shape.items()]
+    try:
+        load_config(overrides=["init_from=scratch", *overrides])
+        config_accepts = True
+    except ConfigError:
+        config_accepts = False
+    assert config_accepts == gpt_accepts
