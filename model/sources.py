@@ -12,6 +12,7 @@ SOURCE, as given to `python -m model.prepare`:
                                  anything `datasets.load_dataset` opens, e.g. a local parquet directory
     PATH | DIR | GLOB            your files: .txt/.md (one document per file), .jsonl (one per line,
                                  --field), .parquet (one per row, --field); directories recursively
+                                 (model.source_files)
 
 The preset names win over a local path of the same name (write ./builtin for the directory).
 Documents are yielded in a fixed order, so the same source always gives the same stream.
@@ -19,20 +20,19 @@ Documents are yielded in a fixed order, so the same source always gives the same
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
-import json
 import os
 import shutil
 import urllib.error
 import urllib.request
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from model.atomic import atomic_open
+from model.documents import Source, SourceError, read_text_file
+from model.source_files import FilesSource, expand_files
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # Long texts (tiny-shakespeare, each pydoc topic) become documents of whole paragraphs grouped up to
@@ -44,38 +44,13 @@ ALPACA_REPO = "tatsu-lab/alpaca"
 # How an alpaca record becomes one document; the Input block is left out when the record has none.
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n{output}"
 ALPACA_INPUT_BLOCK = "### Input:\n{input}\n\n"
-TEXT_SUFFIXES = (".txt", ".md")
-FILE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
 DOWNLOAD_TIMEOUT_S = 60.0
-_GLOB_CHARS = set("*?[")
-
-
-class SourceError(ValueError):
-    """Bad or unreadable input; the message names the file (and line) and the fix."""
 
 
 def cache_dir() -> Path:
     """Downloads are kept under $XDG_CACHE_HOME/nanocluster/downloads (default ~/.cache/...)."""
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(root) / "nanocluster" / "downloads"
-
-
-class Source(ABC):
-    """A stream of documents with a stable identity (what meta.json records to detect changes)."""
-
-    spec: str
-
-    @abstractmethod
-    def identity(self) -> dict:
-        """Everything that determines the documents: equal identity => equal document stream."""
-
-    @abstractmethod
-    def total_documents(self) -> int | None:
-        """How many documents `documents()` yields, when cheap to know (for the progress bar)."""
-
-    @abstractmethod
-    def documents(self) -> Iterator[str]:
-        """The documents in a fixed order; empty documents are skipped."""
 
 
 @dataclass
@@ -231,156 +206,6 @@ def render_alpaca(record: dict) -> str:
     return ALPACA_TEMPLATE.format(instruction=instruction, input_block=input_block, output=output)
 
 
-@dataclass
-class FilesSource(Source):
-    """Local .txt/.md (one document per file), .jsonl (one per line) and .parquet (one per row)."""
-
-    spec: str
-    files: list[Path]
-    text_field: str = "text"
-
-    def identity(self) -> dict:
-        # Names, sizes and modification times: a change to any file means the output is stale.
-        digest = hashlib.sha256()
-        for path in self.files:
-            stat = path.stat()
-            digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-        return {"kind": "files", "files": len(self.files), "field": self.text_field,
-                "stat_sha256": digest.hexdigest()}
-
-    def total_documents(self) -> int:
-        return sum(_count_documents(path) for path in self.files)
-
-    def documents(self) -> Iterator[str]:
-        for path in self.files:
-            suffix = path.suffix.lower()
-            if suffix in TEXT_SUFFIXES:
-                text = read_text_file(path)
-                if text:
-                    yield text
-            elif suffix == ".jsonl":
-                yield from read_jsonl(path, self.text_field)
-            else:
-                yield from read_parquet(path, self.text_field)
-
-
-def _count_documents(path: Path) -> int:
-    suffix = path.suffix.lower()
-    if suffix in TEXT_SUFFIXES:
-        return 1
-    if suffix == ".parquet":
-        return _parquet_file(path).metadata.num_rows
-    lines, last = 0, b"\n"
-    with open(path, "rb") as f:  # counting newlines runs at disk speed, far ahead of tokenizing
-        while block := f.read(1 << 24):
-            lines += block.count(b"\n")
-            last = block[-1:]
-    return lines + (last != b"\n")  # blank lines are counted too: the bar's total is an upper bound
-
-
-def _decode(data: bytes, where: str) -> str:
-    if (nul := data.find(b"\0")) != -1:
-        raise SourceError(f"{where}: looks like a binary file (NUL byte at offset {nul}), not text; "
-                          "leave it out of the source (use a glob such as 'DIR/**/*.txt')")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SourceError(f"{where}: not valid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}); "
-                          "convert it, e.g. `iconv -f latin1 -t utf-8`") from err
-
-
-def read_text_file(path: Path) -> str:
-    text = _decode(path.read_bytes(), str(path))
-    return text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the text
-
-
-def read_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            line = _decode(raw, where)
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise SourceError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from err
-            if not isinstance(record, dict):
-                raise SourceError(f"{where}: expected a JSON object with a {text_field!r} field, "
-                                  f"got {type(record).__name__}")
-            if text_field not in record:
-                raise SourceError(f"{where}: no field {text_field!r} (fields: {', '.join(record) or 'none'}); "
-                                  "choose one with --field")
-            text = record[text_field]
-            if text is None:
-                continue
-            if not isinstance(text, str):
-                raise SourceError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
-            if text:
-                yield text
-
-
-def _parquet_file(path: Path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as err:
-        raise SourceError(f"{path}: reading parquet needs pyarrow: pip install 'nanocluster[hub]'") from err
-    try:
-        return pq.ParquetFile(path)
-    except Exception as err:  # pyarrow raises ArrowInvalid / OSError for a file that is not parquet
-        raise SourceError(f"{path}: not a readable parquet file ({err})") from err
-
-
-def read_parquet(path: Path, column: str) -> Iterator[str]:
-    import pyarrow as pa
-
-    parquet = _parquet_file(path)
-    schema = parquet.schema_arrow
-    if column not in schema.names:
-        raise SourceError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                          "choose one with --field")
-    kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise SourceError(f"{path}: column {column!r} holds {kind}, expected strings")
-    for batch in parquet.iter_batches(batch_size=1024, columns=[column]):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield text
-
-
-def _expand(spec: str) -> list[Path]:
-    """The files a path, directory or glob names, in a fixed order."""
-    if _GLOB_CHARS & set(spec):
-        matches = sorted(glob.glob(spec, recursive=True))
-        if not matches:
-            raise SourceError(f"{spec!r} matches no files")
-        roots = [Path(m) for m in matches]
-    else:
-        root = Path(spec)
-        if not root.exists():
-            raise SourceError(
-                f"{spec!r} is not a known source or an existing path. Known sources: builtin, shakespeare, "
-                "openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], or a file, directory or glob of "
-                f"{', '.join(FILE_SUFFIXES)} files")
-        roots = [root]
-    files: list[Path] = []
-    for root in roots:
-        if root.is_dir():
-            found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES
-                           and not any(part.startswith(".") for part in p.relative_to(root).parts))
-            if not found and len(roots) == 1:
-                raise SourceError(f"{root} holds no {', '.join(FILE_SUFFIXES)} files: empty source")
-            files.extend(found)
-        elif root.suffix.lower() in FILE_SUFFIXES:
-            files.append(root)
-        elif len(roots) == 1:
-            raise SourceError(f"{root}: unsupported file type {root.suffix or '(none)'!r}; "
-                              f"supported: {', '.join(FILE_SUFFIXES)}")
-    if not files:
-        raise SourceError(f"{spec!r} names no {', '.join(FILE_SUFFIXES)} files: empty source")
-    return files
-
-
 def _parse_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
     """hf:OWNER/NAME[:CONFIG][@REVISION] -> (path, config, revision)."""
     rest, _, revision = spec.removeprefix("hf:").partition("@")
@@ -404,4 +229,4 @@ def open_source(spec: str, text_field: str = "text", split: str = "train") -> So
     if spec.startswith("hf:"):
         path, config, revision = _parse_hub_spec(spec)
         return HubSource(path=path, spec=spec, columns=(text_field,), config=config, revision=revision, split=split)
-    return FilesSource(spec=spec, files=_expand(spec), text_field=text_field)
+    return FilesSource(spec=spec, files=expand_files(spec), text_field=text_field)
