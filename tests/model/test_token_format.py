@@ -4,39 +4,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from model.token_format import (
-    SplitRecord,
-    build_meta,
-    files_match,
-    read_meta,
-    split_path,
-    write_meta,
-    write_split,
-)
+from model import token_format
 
 
 def test_meta_round_trips_and_describes_the_token_encoding(tmp_path):
-    record = SplitRecord(file="train.bin", documents=2, tokens=5, sha256="ab")
-    meta = build_meta({"source": "builtin", "seed": 3}, {"train": record})
-    write_meta(tmp_path, meta)
-    assert read_meta(tmp_path) == meta
+    record = token_format.SplitRecord(file="train.bin", documents=2, tokens=5, sha256="ab")
+    meta = token_format.build_meta({"source": "builtin", "seed": 3}, {"train": record})
+    token_format.write_meta(tmp_path, meta)
+    assert token_format.read_meta(tmp_path) == meta
     assert meta["source"] == "builtin" and meta["seed"] == 3
     assert (meta["dtype"], meta["vocab_size"], meta["eot_token"]) == ("uint16", 50257, 50256)
     assert meta["splits"]["train"] == {"file": "train.bin", "documents": 2, "tokens": 5, "sha256": "ab"}
 
 
 def test_missing_or_malformed_meta_reads_as_none(tmp_path):
-    assert read_meta(tmp_path) is None
+    assert token_format.read_meta(tmp_path) is None
     (tmp_path / "meta.json").write_text("{not json")
-    assert read_meta(tmp_path) is None
+    assert token_format.read_meta(tmp_path) is None
 
 
 def test_files_match_only_when_every_split_file_has_its_recorded_size(tmp_path):
-    write_split(tmp_path, "train", np.arange(5))
-    assert np.array_equal(np.fromfile(split_path(tmp_path, "train"), dtype=np.uint16), np.arange(5))
-    meta = build_meta({}, {"train": SplitRecord("train.bin", 1, 5, ""), "val": SplitRecord("val.bin", 1, 2, "")})
-    assert not files_match(tmp_path, meta)  # val.bin missing
-    write_split(tmp_path, "val", np.arange(3))
-    assert not files_match(tmp_path, meta)  # val.bin holds 3 tokens, meta says 2
-    write_split(tmp_path, "val", np.arange(2))
-    assert files_match(tmp_path, meta)
+    token_format.write_split(tmp_path, "train", np.arange(5))
+    assert np.array_equal(np.fromfile(token_format.split_path(tmp_path, "train"), dtype=np.uint16), np.arange(5))
+    meta = token_format.build_meta({}, {"train": token_format.SplitRecord("train.bin", 1, 5, ""), "val": token_format.SplitRecord("val.bin", 1, 2, "")})
+    assert not token_format.files_match(tmp_path, meta)  # val.bin missing
+    token_format.write_split(tmp_path, "val", np.arange(3))
+    assert not token_format.files_match(tmp_path, meta)  # val.bin holds 3 tokens, meta says 2
+    token_format.write_split(tmp_path, "val", np.arange(2))
+    assert token_format.files_match(tmp_path, meta)
