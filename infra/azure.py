@@ -22,7 +22,9 @@ class AzureCluster(CloudCluster):
         name = cfg.cluster_name
         common = {"location": cfg.region, "tags": dict(cfg.labels)}
 
-        group = azure.resources.ResourceGroup(name, resource_group_name=name, **common, opts=self.child())
+        # The group is named <cluster>-<random suffix> by Pulumi (unique in the subscription, kept in
+        # state); everything else lives inside it, so the names below need only be unique there.
+        group = azure.resources.ResourceGroup(name, **common, opts=self.child())
         in_group = {"resource_group_name": group.name, **common}
         members = azure.network.ApplicationSecurityGroup(f"{name}-members", **in_group, opts=self.child())
         head = azure.network.ApplicationSecurityGroup(f"{name}-head", **in_group, opts=self.child())
@@ -152,9 +154,9 @@ class AzureCluster(CloudCluster):
         self.private_ips = [nic.ip_configurations.apply(lambda c: c[0].private_ip_address) for nic in nics]
         if cfg.bake_image:
             # Its own resource group, kept on destroy: deleting the cluster's group deletes its contents.
-            images = azure.resources.ResourceGroup(
-                f"{name}-images", resource_group_name=f"{name}-images", **common, opts=self.child(retain_on_delete=True)
-            )
+            # Kept by `pulumi destroy` (the image is what you want back) and auto-named, so a bake after
+            # a destroy makes a new group instead of meeting the one left behind.
+            images = azure.resources.ResourceGroup(f"{name}-images", **common, opts=self.child(retain_on_delete=True))
             in_images = {"resource_group_name": images.name, **common}
             snapshot = azure.compute.Snapshot(
                 f"{name}-head",

@@ -22,6 +22,7 @@ from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType
 CLOUDS = ("gcp", "aws", "azure")
 PROFILES = ("default", "intel")
 MAX_NODES = 64  # the address plan gives each rank a fixed private IP in one /24
+MAX_CLUSTER_NAME = 40  # + "-intra-cluster" + Pulumi's "-" and 7-character suffix = 62 <= GCP's 63
 MIN_DISK_GB, MAX_DISK_GB = 30, 4096
 RESERVED_USERS = {"root", "admin", "administrator", "user", "guest", "test", "ubuntu"}
 
@@ -66,7 +67,8 @@ class ClusterConfig:
     cloud: str
     """gcp, aws or azure (nanocluster:cloud)."""
     cluster_name: str
-    """nanocluster-<stack>: prefix of every resource name, value of the `cluster` label."""
+    """nanocluster-<stack> (at most 40 characters): every logical name starts with it, physical names add
+    Pulumi's random suffix; value of the `cluster` label."""
     machine: MachineType
     """Row of infra/prices.py for nanocluster:machineType (default: the Intel guide's type per cloud)."""
     ssh_allowed_cidr: str
@@ -260,7 +262,8 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     pattern, shape = IMAGE_FORMATS[cloud]
     if image and not pattern.fullmatch(image):
         raise _fail("nanocluster:image", f"'{image}' is not an image reference for {cloud}", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
-    cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower()).strip("-")[:40]
+    # Logical names and labels; physical names add Pulumi's random suffix (GCP's limit is 63).
+    cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower())[:MAX_CLUSTER_NAME].strip("-")
     region, zone, project = _location(raw, cloud, env)
     return ClusterConfig(
         cloud=cloud,

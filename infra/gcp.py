@@ -1,4 +1,10 @@
-"""GCP: a custom VPC, tag-scoped firewall rules, Cloud NAT and N Shielded VMs."""
+"""GCP: a custom VPC, tag-scoped firewall rules, Cloud NAT and N Shielded VMs.
+
+No resource sets its `name`: Pulumi names each <logical name>-<random suffix>, kept in the stack's
+state, so two stacks called `dev` in one project never collide
+(https://www.pulumi.com/docs/iac/concepts/resources/names/). Network tags are per network, and
+every stack has its own network.
+"""
 
 from __future__ import annotations
 
@@ -73,8 +79,7 @@ class GcpCluster(CloudCluster):
                 access = [{}]  # an ephemeral public address (nanocluster:publicWorkers)
             instances.append(
                 gcp.compute.Instance(
-                    node_name,
-                    name=node_name,
+                    node_name,  # named <node_name>-<random suffix> by Pulumi, unique in the project
                     zone=cfg.zone,
                     machine_type=cfg.machine.name,
                     tags=[member_tag, head_tag] if rank == 0 else [member_tag],
@@ -119,9 +124,9 @@ class GcpCluster(CloudCluster):
                 labels=dict(cfg.labels),
                 opts=self.child(retain_on_delete=True),
             )
+            # No image family: another stack of the same name would share it; use the exported id.
             baked = gcp.compute.Image(
                 f"{name}-node",
-                family=f"{name}-node",
                 source_snapshot=snapshot.self_link,
                 guest_os_features=[{"type": "GVNIC"}, {"type": "UEFI_COMPATIBLE"}],
                 labels=dict(cfg.labels),
