@@ -28,8 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.launcher.integration.conftest import FAB, TINY_CONFIG, Fab  # noqa: E402
-from tests.launcher.integration.nodes import TestNodes, missing_requirements  # noqa: E402
+from launcher.testing.fab import FAB, TINY_CONFIG, Fab  # noqa: E402
+from launcher.testing.nodes import TestNodes, missing_requirements  # noqa: E402
 
 
 def one_launch(fab: Fab, nodes: TestNodes, config: Path, run: str) -> tuple[float, float]:

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model.conventions import BF16_CPU_FLAGS
+
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
 """Environment variable naming the cluster when --cluster is not given."""
 LOCAL_HOME_ENV = "NANOCLUSTER_HOME"
@@ -25,6 +27,8 @@ LOCAL_HOME_ENV = "NANOCLUSTER_HOME"
 CLOUDS = ("gcp", "aws", "azure", "static", "local")
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""Cluster, node, run and dataset names: each becomes a file or directory name somewhere."""
+NAME_RULE = "may use only letters, digits, '.', '_' and '-'"
 STACK_TIMEOUT_S = 60
 
 
@@ -85,6 +89,19 @@ class Cluster:
     def head(self) -> Node:
         return self.nodes[0]
 
+    def select(self, count: int | None) -> tuple[Node, ...]:
+        """The first `count` nodes (all when None): what `--nodes N` means for every task."""
+        if count is None:
+            return self.nodes
+        if count < 1:
+            raise InventoryError(f"--nodes must be >= 1, got {count}")
+        if count > len(self.nodes):
+            raise InventoryError(
+                f"--nodes {count} but cluster {self.cluster_name!r} has {len(self.nodes)} node(s): "
+                f"use --nodes <= {len(self.nodes)}, or grow the cluster (pulumi config set nanocluster:nodes {count})"
+            )
+        return self.nodes[:count]
+
     def describe(self) -> str:
         extra = ", ".join(x for x in (self.machine_type, self.region) if x)
         cost = f", ${self.hourly_cost_usd:.2f}/h" if self.hourly_cost_usd is not None else ""
@@ -93,6 +110,28 @@ class Cluster:
             f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
             f"{len(self.nodes)} node(s), {self.cores_per_node} cores each, {where}; from {self.source}"
         )
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine: the nodes (rank slots) that share an address. On a cloud every node is its own
+    host; the local cluster's ranks all share this machine."""
+
+    address: str
+    nodes: tuple[Node, ...]
+
+    @property
+    def node(self) -> Node:
+        """The node that stands for the machine (the first): commands for the machine run through it."""
+        return self.nodes[0]
+
+
+def group_by_host(nodes: tuple[Node, ...] | list[Node]) -> list[Host]:
+    """Distinct addresses in rank order, each with its nodes in rank order."""
+    grouped: dict[str, list[Node]] = {}
+    for node in nodes:
+        grouped.setdefault(node.private_ip, []).append(node)
+    return [Host(address, tuple(members)) for address, members in grouped.items()]
 
 
 def physical_cores() -> int:
@@ -124,7 +163,7 @@ def local_cluster(nodes: int) -> Cluster:
     flags = ()
     try:
         cpuinfo = set(Path("/proc/cpuinfo").read_text().split())
-        flags = tuple(f for f in ("amx_bf16", "avx512_bf16") if f in cpuinfo)
+        flags = tuple(f for f in BF16_CPU_FLAGS if f in cpuinfo)
     except OSError:
         pass
     return Cluster(
@@ -207,7 +246,7 @@ def parse_contract(data: object, source: str) -> Cluster:
         raise fail(f"'cloud' must be one of {', '.join(CLOUDS)}, got {cloud!r}")
     name = need("cluster_name", str, "a name such as 'nanocluster-dev'")
     if not NAME_PATTERN.match(name):
-        raise fail(f"'cluster_name' {name!r} may use only letters, digits, '.', '_' and '-'")
+        raise fail(f"'cluster_name' {name!r} {NAME_RULE}")
     user = need("ssh_user", str, "the login user on every node")
     if not user or not NAME_PATTERN.match(user):
         raise fail(f"'ssh_user' {user!r} is not a valid user name")
@@ -231,7 +270,7 @@ def parse_contract(data: object, source: str) -> Cluster:
             raise fail(f"{key!r} has {len(values)} entries but 'private_ips' has {len(ips)}; one per node")
     for i, node_name in enumerate(names):
         if not isinstance(node_name, str) or not NAME_PATTERN.match(node_name):
-            raise fail(f"'node_names'[{i}] = {node_name!r} may use only letters, digits, '.', '_' and '-'")
+            raise fail(f"'node_names'[{i}] = {node_name!r} {NAME_RULE}")
     if len(set(names)) != len(names):
         raise fail(f"'node_names' lists a name twice: {names}")
     pinned = [_host_key(k, f"'host_public_keys'[{i}]", fail) for i, k in enumerate(host_keys)]

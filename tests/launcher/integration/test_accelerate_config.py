@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.inventory import local_cluster
-from launcher.render import LaunchPlan, NodeFacts, run_files
+from launcher.launch.plan import LaunchPlan, NodeFacts
+from launcher.launch.render import run_files
 
 WORLD_PROBE = """\
 import torch.distributed as dist

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from launcher.inventory import load_cluster
-from launcher.ssh import NodeError, connect
-from tests.launcher.integration.conftest import Fab
-from tests.launcher.integration.nodes import TestNodes
+from launcher.testing.fab import Fab
+from launcher.testing.nodes import TestNodes
+from launcher.transport import NodeError, connect
 
 RUN_TIMEOUT_S = 180
 
@@ -192,7 +192,7 @@ def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_conf
 
 
 def test_a_node_that_stops_answering_mid_copy_fails_the_fetch_instead_of_hanging(nodes, tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.ssh.TRANSFER_STALL_S", 2)
+    monkeypatch.setattr("launcher.transport.ssh.TRANSFER_STALL_S", 2)
     big = nodes.home(0) / "nanocluster" / "runs" / "stall" / "big.bin"
     big.parent.mkdir(parents=True, exist_ok=True)
     big.write_bytes(os.urandom(256 << 20))

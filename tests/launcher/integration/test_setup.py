@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.launcher.integration.conftest import Fab
-from tests.launcher.integration.nodes import TestNodes
+from launcher.testing.fab import Fab
+from launcher.testing.nodes import TestNodes
 
 
 def operator_pip_args() -> str:

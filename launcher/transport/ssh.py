@@ -1,10 +1,9 @@
-"""Shells on the nodes: SSH (Fabric/paramiko) for real clusters, subprocesses for the local cluster.
+"""SSH shells (Fabric/paramiko) for every cluster but the local one.
 
-Both run a shell command with optional stdin and a deadline, or stream its output line by line, so
-the tasks above are written once. SSH connections use the contract's key (written 0600), pin every
-host key from the contract (an unknown or changed key is refused), reach workers through the head
-(ProxyJump: a direct-tcpip channel over the head's connection), and bound connecting by a timeout:
-a dead node is an error naming it within CONNECT_TIMEOUT_S, never a hang.
+Connections use the contract's key (written 0600), pin every host key from the contract (an unknown
+or changed key is refused), reach workers through the head (ProxyJump: a direct-tcpip channel over
+the head's connection), and bound connecting by a timeout: a dead node is an error naming it within
+CONNECT_TIMEOUT_S, never a hang.
 """
 
 from __future__ import annotations
@@ -13,109 +12,25 @@ import base64
 import contextlib
 import os
 import shlex
-import shutil
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import fabric
 import paramiko
 
 from launcher.inventory import Cluster, Node, local_home
-from launcher.render import CONNECT_TIMEOUT_S, KEEPALIVE_S
+from launcher.site import REMOTE_ROOT
+from launcher.transport.shell import MAX_PARALLEL, NodeError, Result, Shell
 
+CONNECT_TIMEOUT_S = 10
+"""Seconds to reach a node (TCP, banner, auth, channel); also the nodes' own ssh ConnectTimeout."""
+KEEPALIVE_S = 15
+"""Keepalive interval of every connection, here and in the nodes' ssh config."""
 # A copy from a node that sends nothing for this long fails: paramiko sends keepalives but never acts
 # on missing replies, so a node that stops answering mid-copy would otherwise hang `fab fetch` forever.
 TRANSFER_STALL_S = 60
-
-
-class NodeError(RuntimeError):
-    """A node could not be reached or a command on it failed; the message names the node."""
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-
-class Shell:
-    """Runs shell commands on one node. `root` is the node's nanocluster directory as a shell word."""
-
-    node: Node
-    root: str
-
-    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
-        raise NotImplementedError
-
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
-        """Run command, calling on_line for every line of merged stdout/stderr; returns the exit code."""
-        raise NotImplementedError
-
-    def check(self, command: str, what: str, stdin: bytes = b"", timeout: float = 120) -> Result:
-        """run() that raises NodeError naming the node and the step when the command fails."""
-        result = self.run(command, stdin=stdin, timeout=timeout)
-        if not result.ok:
-            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
-            raise NodeError(f"{self.node.name}: {what} failed (exit {result.returncode}): {' | '.join(detail)}")
-        return result
-
-    def fetch(self, relative: str, local: Path) -> None:
-        """Copy root/<relative> from the node to a local file."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class LocalShell(Shell):
-    """A rank slot of the local cluster: commands are bash subprocesses on this machine."""
-
-    def __init__(self, node: Node):
-        self.node = node
-        self.root = _sh_path(local_home())
-
-    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
-        try:
-            out = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}") from e
-        return Result(out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
-
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
-        proc = subprocess.Popen(
-            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        timer = threading.Timer(timeout, proc.kill) if timeout else None
-        if timer:
-            timer.start()
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                on_line(raw.decode(errors="replace").rstrip("\n"))
-            return proc.wait()
-        finally:
-            if timer:
-                timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-    def fetch(self, relative: str, local: Path) -> None:
-        try:
-            shutil.copyfile(local_home() / relative, local)
-        except OSError as e:
-            raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
 
 
 class PinnedConnection(fabric.Connection):
@@ -142,7 +57,7 @@ class PinnedConnection(fabric.Connection):
 class SSHShell(Shell):
     def __init__(self, node: Node, connection: PinnedConnection):
         self.node = node
-        self.root = '"$HOME"/nanocluster'
+        self.root = REMOTE_ROOT
         self.connection = connection
 
     @contextlib.contextmanager
@@ -251,10 +166,6 @@ def _send_input(chan: paramiko.Channel, data: bytes) -> None:
             raise
 
 
-def _sh_path(path: Path) -> str:
-    return shlex.quote(str(path))
-
-
 def key_file(cluster: Cluster) -> Path:
     """The cluster key on this machine, written 0600 (ssh and paramiko refuse looser keys)."""
     path = local_home() / "clusters" / cluster.cluster_name / "id_cluster"
@@ -311,20 +222,8 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
     conn.transport.set_keepalive(KEEPALIVE_S)
 
 
-def connect(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> dict[int, Shell]:
-    """A shell per node, keyed by node index; raises one NodeError naming every unreachable node."""
-    shells, errors = connect_reachable(cluster, nodes)
-    if errors:
-        for shell in shells.values():
-            shell.close()
-        raise NodeError("; ".join(errors.values()))
-    return shells
-
-
-def connect_reachable(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[dict[int, Shell], dict[int, str]]:
+def open_ssh(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[dict[int, Shell], dict[int, str]]:
     """(shells of the nodes that answered, error per node that did not); workers in parallel via the head."""
-    if cluster.is_local:
-        return {n.index: LocalShell(n) for n in nodes}, {}
     key_path = key_file(cluster)
     head = _connection(cluster, cluster.head, key_path, None)
     try:
@@ -343,7 +242,7 @@ def connect_reachable(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) ->
         return SSHShell(node, conn)
 
     errors: dict[int, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(workers)))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(workers)))) as pool:
         futures = {n.index: pool.submit(open_worker, n) for n in workers}
         for index, future in futures.items():
             try:
@@ -351,20 +250,3 @@ def connect_reachable(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) ->
             except NodeError as e:
                 errors[index] = str(e)
     return shells, errors
-
-
-def parallel(shells: list[Shell], action: Callable[[Shell], object]) -> list[object]:
-    """Run action on every shell at once; raise one NodeError listing every node that failed."""
-    if not shells:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(shells))) as pool:
-        futures = [pool.submit(action, s) for s in shells]
-        results, errors = [], []
-        for future in futures:
-            try:
-                results.append(future.result())
-            except NodeError as e:
-                errors.append(str(e))
-    if errors:
-        raise NodeError("\n".join(errors))
-    return results

@@ -1,51 +1,19 @@
 """Starting, following and stopping launch units on a node with plain shell commands.
 
-A unit (a rank for the fabric launcher, a node's torchrun, or the head's mpirun) runs detached in its
-own session: `setsid sh -c 'sh UNIT.sh >> logs/UNIT.log 2>&1; echo "$? $(date +%s.%N)" > UNIT.exit'`.
+A unit (a rank for the fabric launcher, a machine's torchrun, or the head's mpirun) runs detached in
+its own session: `setsid sh -c 'sh UNIT.sh >> logs/UNIT.log 2>&1; echo "$? $(date +%s.%N)" > UNIT.exit'`.
 UNIT.pid holds the session's process group, so stopping kills every process the unit started;
 UNIT.started and UNIT.exit record when it started and how and when it ended (the monitor names the
-first failure by that time).
+first failure by that time). Commands take the node root as a shell word and unit names (file stems).
 """
 
 from __future__ import annotations
 
-import io
-import tarfile
-
-from launcher.render import SSH_DIR
+from launcher.site import run_dir
+from launcher.transport.cluster_ssh import install_ssh_command
 
 EXIT_MARKER = "@@nanocluster-exit"
 STOP_GRACE_S = 10
-
-
-def payload(files: dict[str, str], executable: tuple[str, ...] = ()) -> bytes:
-    """A tar of rendered files (relative path -> text); names in `executable` get mode 0755."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(data), 0
-            info.mode = 0o755 if name in executable else 0o600 if name.startswith("ssh/") else 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def run_dir(root: str, run: str) -> str:
-    return f"{root}/runs/{run}"
-
-
-def install_ssh_command(root: str) -> str:
-    """Move the ssh/ files of a payload into ~/.ssh/nanocluster and include them from ~/.ssh/config."""
-    include = f"Include ~/{SSH_DIR}/config"
-    return (
-        f'mkdir -p -m 700 "$HOME/.ssh" "$HOME/{SSH_DIR}" && '
-        f'for f in {root}/ssh/*; do cmp -s "$f" "$HOME/{SSH_DIR}/${{f##*/}}" || install -m 600 "$f" "$HOME/{SSH_DIR}/"; done && '
-        f"rm -rf {root}/ssh && "
-        f'{{ grep -qsxF "{include}" "$HOME/.ssh/config" || '
-        f'{{ {{ echo "{include}"; cat "$HOME/.ssh/config" 2>/dev/null || true; }} > "$HOME/.ssh/config.nc" && '
-        f'chmod 600 "$HOME/.ssh/config.nc" && mv "$HOME/.ssh/config.nc" "$HOME/.ssh/config"; }}; }}'
-    )
 
 
 def running_check(directory: str) -> str:
@@ -129,3 +97,9 @@ def alive_command(root: str, run: str) -> str:
         'if kill -0 -"$(cat "$f")" 2>/dev/null; then echo "$u running"; '
         'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; else echo "$u lost"; fi; done'
     )
+
+
+def log_command(root: str, run: str, unit: str, lines: int, follow: bool) -> str:
+    """The last lines of a unit's log, and with follow every new one until interrupted."""
+    flag = "-F" if follow else ""
+    return f"tail -n {int(lines)} {flag} {run_dir(root, run)}/logs/{unit}.log"

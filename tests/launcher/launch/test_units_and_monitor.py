@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from launcher import launch
 from launcher.inventory import local_cluster
-from launcher.monitor import Monitor, RunFailed
-from launcher.render import LaunchPlan
-from launcher.ssh import connect
+from launcher.launch import units as launch
+from launcher.launch.monitor import Monitor, RunFailed
+from launcher.launch.plan import LaunchPlan
+from launcher.transport import connect, payload
 
 RUN = "unit"
 
@@ -31,7 +31,7 @@ def start(plan, shells, scripts: dict[str, str]) -> None:
     files = {f"runs/{RUN}/{unit}.sh": body for unit, body in scripts.items()}
     shell = shells[0]
     shell.check(launch.start_command(shell.root, RUN, list(scripts), ssh_files=False), "start",
-                stdin=launch.payload(files))
+                stdin=payload(files))
 
 
 def alive(pid: int) -> bool:
@@ -77,7 +77,7 @@ def test_a_running_run_is_not_started_twice(local):
     start(plan, shells, {"rank0": "sleep 30\n"})
     try:
         result = shells[0].run(launch.start_command(shells[0].root, RUN, ["rank0"], ssh_files=False),
-                               stdin=launch.payload({f"runs/{RUN}/rank0.sh": "true\n"}))
+                               stdin=payload({f"runs/{RUN}/rank0.sh": "true\n"}))
         assert result.returncode == 3 and "already running (rank0" in result.stderr and "fab stop" in result.stderr
     finally:
         shells[0].check(launch.stop_command(shells[0].root, RUN), "stop")

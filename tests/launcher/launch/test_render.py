@@ -5,20 +5,8 @@ import pytest
 import yaml
 
 from launcher.inventory import local_cluster, parse_contract
-from launcher.render import (
-    LaunchPlan,
-    NodeFacts,
-    accelerate_config,
-    deepspeed_hostfile,
-    env_file,
-    known_hosts,
-    mpi_hostfile,
-    rank_env,
-    run_files,
-    ssh_config,
-    trainer_args,
-    unit_script,
-)
+from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
+from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, rank_env, run_files, unit_script
 
 
 def plan_for(cluster, nodes=None, **kwargs):
@@ -70,7 +58,6 @@ def test_local_ranks_split_the_cores_and_use_loopback(tmp_path, monkeypatch):
     assert env["GLOO_SOCKET_IFNAME"] == "lo"
     assert [(r.local_rank, r.local_world_size) for r in plan.ranks] == [(0, 3), (1, 3), (2, 3)]
     assert mpi_hostfile(plan) == "127.0.0.1:3\n"
-    assert deepspeed_hostfile(plan) == "127.0.0.1 slots=3\n"
 
 
 def test_jemalloc_gets_its_tuning_and_no_allocator_means_no_preload(cluster):
@@ -97,7 +84,6 @@ def test_auto_backend_is_ccl_only_when_every_node_has_the_bindings(cluster):
 def test_hostfiles_list_each_node_once_in_rank_order(cluster):
     plan = plan_for(cluster, nodes=2)
     assert mpi_hostfile(plan) == "10.0.0.2:1\n10.0.0.3:1\n"
-    assert deepspeed_hostfile(plan) == "10.0.0.2 slots=1\n10.0.0.3 slots=1\n"
 
 
 def test_accelerate_config_per_rank_names_its_machine_rank(cluster):
@@ -121,7 +107,8 @@ def test_trainer_gets_launcher_keys_then_user_overrides(cluster):
 
 
 def test_fabric_unit_script_sources_env_and_starts_the_trainer(cluster):
-    script = unit_script(plan_for(cluster), "rank1")
+    plan = plan_for(cluster)
+    script = unit_script(plan, plan.unit("rank1"))
     lines = script.splitlines()
     assert ". ./env.sh" in lines and ". ./rank1.env" in lines
     assert lines[-1].startswith('exec "$HOME"/nanocluster/venv/bin/python -m model.train ')
@@ -130,33 +117,24 @@ def test_fabric_unit_script_sources_env_and_starts_the_trainer(cluster):
 
 def test_torchrun_unit_is_per_node_with_node_rank(cluster):
     plan = plan_for(cluster, launcher="torchrun")
-    assert plan.units() == ["node0", "node1", "node2"]
-    script = unit_script(plan, "node2")
+    assert [u.name for u in plan.units()] == ["node0", "node1", "node2"]
+    script = unit_script(plan, plan.unit("node2"))
     assert "--nnodes=3 --nproc-per-node=1 --node-rank=2 --master-addr=10.0.0.2 --master-port=29500" in script
 
 
 def test_mpirun_unit_runs_on_the_head_over_the_rendered_ssh_config(cluster):
     plan = plan_for(cluster, launcher="mpirun")
-    assert plan.units() == ["mpirun"]
-    command = unit_script(plan, "mpirun").splitlines()[-1]
+    assert [u.name for u in plan.units()] == ["mpirun"]
+    command = unit_script(plan, plan.unit("mpirun")).splitlines()[-1]
     words = shlex.split(command.replace("$(dirname", "").replace("$HOME", "HOME"))
     assert words[words.index("-machinefile") + 1] == "hostfile"
     assert words[words.index("-n") + 1] == "3" and words[words.index("-iface") + 1] == "ens0"
     assert "-bootstrap-exec-args" in words
 
 
-def test_ssh_config_pins_host_keys_for_every_alias(cluster):
-    config = ssh_config(cluster)
-    assert config.count("StrictHostKeyChecking yes") == 3
-    assert "Host lab-1 10.0.0.3\n    HostName 10.0.0.3\n    User ubuntu" in config
-    assert "ConnectTimeout" in config and "ServerAliveInterval" in config
-    lines = known_hosts(cluster).splitlines()
-    assert lines[1] == f"lab-1,10.0.0.3 {cluster.nodes[1].host_public_key}"
-
-
 def test_run_files_hold_only_this_nodes_ranks(cluster):
     files = run_files(plan_for(cluster), cluster.nodes[1])
-    assert set(files) == {"env.sh", "hostfile", "hostfile.deepspeed", "plan.json", "rank1.env",
+    assert set(files) == {"env.sh", "hostfile", "plan.json", "rank1.env",
                           "accelerate/rank1.yaml", "rank1.sh"}
 
 

@@ -1,5 +1,8 @@
 """sshd test nodes: each a network namespace on a bridge with its own address, hostname and home.
 
+The launcher's integration tests and bench/launch.py build their clusters with this (needs root,
+sshd and iproute2: `make system-deps`).
+
     with TestNodes(3, workdir) as nodes:
         nodes.contract_path     # the output contract describing them (cloud "static")
 

@@ -4,6 +4,7 @@ One thread per launch unit streams its log from the node (`tail -F` until the un
 is gone, then the unit's exit record); one more streams rank 0's metrics.jsonl. The first unit to
 end non-zero (by the time it recorded, so the rank that died first is named, not the peers that
 then lost it) stops every unit on every node, and its last lines are printed. Ctrl-C does the same.
+follow_units (one thread per unit, lines labelled by the unit) also serves `fab logs`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from launcher.launch import EXIT_MARKER, follow_command, metrics_command
-from launcher.render import LaunchPlan
-from launcher.ssh import NodeError, Shell
+from launcher.launch.plan import LaunchPlan, Unit
+from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
+from launcher.transport import NodeError, Shell
 
 TAIL_LINES = 25
 FAILURE_GRACE_S = 1.0
@@ -72,11 +73,22 @@ class Progress:
         return " | ".join(parts) or "no step logged yet"
 
 
-def unit_prefix(plan: LaunchPlan, unit: str) -> str:
-    node = plan.unit_node(unit)
-    if unit.startswith("rank"):
-        return f"[rank {unit[4:]} {node.name}]"
-    return f"[{unit} {node.name}]"
+def follow_units(units: Sequence[Unit], shells: dict[int, Shell], command: Callable[[Unit, Shell], str],
+                 on_line: Callable[[Unit, str], None], on_lost: Callable[[Unit, NodeError], None]) -> list[threading.Thread]:
+    """Start one daemon thread per unit that streams command(unit, shell) on the unit's node,
+    calling on_line(unit, line) for every line, or on_lost(unit, error) when the node is lost."""
+
+    def follow(unit: Unit) -> None:
+        shell = shells[unit.node.index]
+        try:
+            shell.stream(command(unit, shell), lambda line: on_line(unit, line))
+        except NodeError as e:
+            on_lost(unit, e)
+
+    threads = [threading.Thread(target=follow, args=(u,), daemon=True) for u in units]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def _raise_interrupt(signum, frame) -> None:
@@ -95,7 +107,7 @@ class Monitor:
     ):
         self.plan, self.shells, self.stop_all, self.out = plan, shells, stop_all, out
         self.events: queue.Queue = queue.Queue()
-        self.tails = {unit: deque(maxlen=TAIL_LINES) for unit in plan.units()}
+        self.tails = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
         self.print_lock = threading.Lock()
 
@@ -103,29 +115,23 @@ class Monitor:
         with self.print_lock:
             self.out(text)
 
-    def _follow(self, unit: str) -> None:
-        shell = self.shells[self.plan.unit_node(unit).index]
-        prefix = unit_prefix(self.plan, unit)
+    def _on_line(self, unit: Unit, line: str) -> None:
+        if line.startswith(EXIT_MARKER):
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].lstrip("-").isdigit():
+                self.events.put(("exit", unit, int(fields[1]), float(fields[2])))
+            else:
+                self.events.put(("exit", unit, None, time.time()))
+            return
+        self.tails[unit.name].append(line)
+        self.emit(unit.label(line))
 
-        def on_line(line: str) -> None:
-            if line.startswith(EXIT_MARKER):
-                fields = line.split()
-                if len(fields) >= 3 and fields[1].lstrip("-").isdigit():
-                    self.events.put(("exit", unit, int(fields[1]), float(fields[2])))
-                else:
-                    self.events.put(("exit", unit, None, time.time()))
-                return
-            self.tails[unit].append(line)
-            self.emit(line if line.startswith("[rank ") else f"{prefix} {line}")
-
-        try:
-            shell.stream(follow_command(shell.root, self.plan.run, unit), on_line)
-        except NodeError as e:
-            self.events.put(("lost", unit, str(e), time.time()))
+    def _on_lost(self, unit: Unit, error: NodeError) -> None:
+        self.events.put(("lost", unit, str(error), time.time()))
 
     def _metrics(self) -> None:
         unit = self.plan.units()[0]
-        shell = self.shells[self.plan.unit_node(unit).index]
+        shell = self.shells[unit.node.index]
 
         def on_line(line: str) -> None:
             try:
@@ -136,7 +142,7 @@ class Monitor:
                 self.events.put(("progress",))
 
         with contextlib.suppress(NodeError):  # the unit followers report lost nodes
-            shell.stream(metrics_command(shell.root, self.plan.run, unit), on_line)
+            shell.stream(metrics_command(shell.root, self.plan.run, unit.name), on_line)
 
     def watch(self) -> Progress:
         # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does (signals reach the main thread only).
@@ -149,11 +155,11 @@ class Monitor:
             signal.signal(signal.SIGTERM, previous)
 
     def _watch(self) -> Progress:
-        threads = [threading.Thread(target=self._follow, args=(u,), daemon=True) for u in self.plan.units()]
-        threads.append(threading.Thread(target=self._metrics, daemon=True))
-        for t in threads:
-            t.start()
-        remaining = set(self.plan.units())
+        units = self.plan.units()
+        follow_units(units, self.shells, lambda u, s: follow_command(s.root, self.plan.run, u.name),
+                     self._on_line, self._on_lost)
+        threading.Thread(target=self._metrics, daemon=True).start()
+        remaining = set(units)
         last_progress = 0.0
         try:
             while remaining:
@@ -188,7 +194,7 @@ class Monitor:
             if event[0] in ("exit", "lost") and event[2] != 0:
                 failures.append(event)
         kind, unit, detail, _ = min(failures, key=lambda e: e[3])
-        self.emit(f"{unit_prefix(self.plan, unit)} failed first: stopping every rank on every node ...")
+        self.emit(f"{unit.prefix} failed first: stopping every rank on every node ...")
         self.stop_all()
         if kind == "lost":
             reason = f"lost contact: {detail}"
@@ -196,8 +202,8 @@ class Monitor:
             reason = "ended without an exit record (killed together with its wrapper)"
         else:
             reason = f"exited with code {detail}" + (f" (signal {detail - 128})" if 128 < detail < 128 + 65 else "")
-        what = unit_prefix(self.plan, unit).strip("[]")
-        lines = list(self.tails[unit])
+        what = unit.prefix.strip("[]")
+        lines = list(self.tails[unit.name])
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:
             self.emit(f"  {line}")

@@ -1,0 +1,132 @@
+"""`fab doctor`: preflight every node and print each problem with its fix.
+
+Checks: SSH to every node, the node environment, identical Python/torch/accelerate versions,
+physical cores and the private address's interface against the contract, free disk, the dataset's
+checksums, and the rendezvous port from every node to the head.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.table import Table
+
+from launcher.console import console, say
+from launcher.data.fanout import verify_data_command
+from launcher.remote import script
+from launcher.session import Session, machines, resolve_cluster
+from launcher.site import DEFAULT_PORT
+
+MIN_FREE_GB = 5.0
+VERIFY_TIMEOUT_S = 600
+PORT_LISTEN_S = 15
+"""How long the head's listener waits for the peers."""
+
+Problem = tuple[str, str, str, str]
+"""(check, node, what is wrong, fix): one row of the table."""
+
+
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT) -> int:
+    """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
+    cluster = resolve_cluster(cluster_spec, None)
+    problems: list[Problem] = []
+    with Session.open(cluster, machines(cluster.nodes), dataset, reachable_only=True) as session:
+        for index, error in session.unreachable.items():
+            problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1],
+                             "start the node; check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"))
+        if session.nodes:
+            problems += node_problems(session, dataset)
+            problems += port_problems(session, port)
+    table = Table(title=f"fab doctor: {cluster.cluster_name}")
+    for col in ("check", "node", "problem", "fix"):
+        table.add_column(col, overflow="fold")
+    for row in problems:
+        table.add_row(*row)
+    if problems:
+        console.print(table)
+        say(f"{len(problems)} problem(s)")
+        return 1
+    say(f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
+        f"network interface, data/{dataset} checksums, rendezvous port {port}")
+    return 0
+
+
+def node_problems(session: Session, dataset: str) -> list[Problem]:
+    problems = []
+    cluster, site = session.cluster, session.site
+    hosts = session.hosts()
+    for node in hosts:
+        r = session.report(node)
+        if r.missing:
+            problems.append(("environment", node.name, f"missing {', '.join(r.missing)}", "fab setup"))
+            continue
+        if site.checks_contract and r.cores != cluster.cores_per_node:
+            problems.append(("cores", node.name, f"{r.cores} physical cores, the contract says {cluster.cores_per_node}",
+                             "fix cores_per_node in the contract (threads per rank are derived from it)"))
+        if r.free_gb < MIN_FREE_GB:
+            problems.append(("disk", node.name, f"{r.free_gb} GB free (< {MIN_FREE_GB})",
+                             "free space or grow the disk (nanocluster:diskGb)"))
+        if site.checks_contract and not r.interface:
+            problems.append(("network", node.name, f"no interface holds {node.private_ip}",
+                             "fix private_ips in the contract: ranks rendezvous on these addresses"))
+    ready = [n for n in hosts if not session.report(n).missing]
+    for key in ("python", "torch", "accelerate"):
+        versions = {getattr(session.report(n), key) for n in ready}
+        if len(versions) > 1:
+            listing = ", ".join(f"{n.name} {getattr(session.report(n), key) or 'none'}" for n in ready)
+            problems.append(("versions", "all", f"{key} differs: {listing}",
+                             "fab setup on every node (the same node/requirements file everywhere)"))
+    with_data = [n for n in ready if session.report(n).data_meta]
+    for node in ready:
+        if node not in with_data:
+            problems.append(("data", node.name, f"data/{dataset} missing", f"fab prepare-data --dataset {dataset}"))
+    verify = script("verify_data")
+    for node in with_data:
+        shell = session.shell(node)
+        result = shell.run(verify_data_command(site.python, site.data_dir(dataset)), stdin=verify,
+                           timeout=VERIFY_TIMEOUT_S)
+        if not result.ok:
+            problems.append(("data", node.name, f"data/{dataset}: {result.stdout.strip()}",
+                             f"fab prepare-data --dataset {dataset} (copies a verified dataset again)"))
+    return problems
+
+
+def port_problems(session: Session, port: int) -> list[Problem]:
+    """Listen on the head's private address, connect from every other node."""
+    head = session.head
+    if head.index != session.cluster.head.index or session.report(head).missing:
+        return []
+    peers = [n for n in session.hosts() if n.index != head.index and not session.report(n).missing]
+    check = script("port_check")
+    python = session.site.python
+    head_shell = session.shell(head)
+    listening = threading.Event()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if line == "listening":
+            listening.set()
+
+    count = max(1, len(peers))
+    listener = threading.Thread(target=lambda: head_shell.stream(
+        f"{python} - listen {head.private_ip} {port} {count} {PORT_LISTEN_S} <<'EOF'\n{check.decode()}\nEOF",
+        on_line, timeout=30), daemon=True)
+    listener.start()
+    peers_shells = [session.shell(n) for n in peers] if peers else [head_shell]
+    deadline = time.monotonic() + 20
+    while not listening.is_set() and listener.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not listening.is_set():
+        listener.join(5)
+        return [("rendezvous", head.name, " ".join(lines) or f"could not listen on port {port}",
+                 f"stop what holds port {port} (a running job: fab status / fab stop) or pass --port")]
+    problems = []
+    for shell in peers_shells:
+        result = shell.run(f"{python} - connect {head.private_ip} {port} 5", stdin=check, timeout=30)
+        if not result.ok:
+            problems.append(("rendezvous", shell.node.name, f"{result.stdout.strip()} (head {head.name})",
+                             f"allow TCP {port} and up between the cluster's nodes (firewall / security group)"))
+    listener.join(20)
+    return problems

@@ -1,0 +1,211 @@
+"""One training launch: which nodes, which ranks, which launch units, with what.
+
+The plan is made once per `fab train` from the contract and the probe. Everything after it (the
+rendered files, the start commands, the monitor, `fab logs`) reads its ranks and units from it, or
+from the plan.json it writes into the run directory, and never parses a unit's name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from launcher.inventory import Cluster, Host, Node, group_by_host
+from model.conventions import BACKEND_CHOICES
+
+LAUNCHERS = ("fabric", "mpirun", "torchrun")
+UNIT_KINDS = ("rank", "node", "mpirun")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a launch needs to know about a node from its probe (launcher.probe)."""
+
+    interface: str = ""
+    """Network interface holding the node's private address (for gloo / CCL / Intel MPI)."""
+    allocator: str = ""
+    """Path of libjemalloc or libtcmalloc on the node, empty when neither is installed."""
+    ccl: bool = False
+    """oneccl_bindings_for_pytorch imports on the node."""
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    node: Node
+    local_rank: int
+    local_world_size: int
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A launch unit: one script started detached on one node, with its own log, pid and exit files.
+
+    The fabric launcher starts a unit per rank, torchrun one per machine (it starts that machine's
+    ranks), mpirun one on the head (it starts every rank)."""
+
+    name: str
+    """The files' stem in the run directory: rank<R>, node<i> or mpirun."""
+    kind: str
+    """One of UNIT_KINDS: rank, node or mpirun."""
+    node: Node
+    """Where it runs."""
+    rank: int | None = None
+    """The rank it is (kind rank), else None."""
+
+    @property
+    def prefix(self) -> str:
+        """How its output lines are labelled: [rank R node] or [UNIT node]."""
+        if self.rank is not None:
+            return f"[rank {self.rank} {self.node.name}]"
+        return f"[{self.name} {self.node.name}]"
+
+    def label(self, line: str) -> str:
+        """A line of its output with its prefix (the trainer's own [rank R host] lines are kept as they are)."""
+        return line if line.startswith("[rank ") else f"{self.prefix} {line}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "node": self.node.name, "rank": self.rank}
+
+    @classmethod
+    def from_json(cls, record: dict, cluster: Cluster) -> Unit:
+        by_name = {n.name: n for n in cluster.nodes}
+        return cls(record["name"], record["kind"], by_name[record["node"]], record["rank"])
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One training launch: which nodes, how many ranks, with what."""
+
+    cluster: Cluster
+    """The cluster, validated."""
+    nodes: tuple[Node, ...]
+    """The nodes used (the first N of the cluster); the head is the first."""
+    run: str
+    """Run name: the directory under runs/ (a rerun of the same name resumes from its snapshot)."""
+    dataset: str
+    """Dataset directory name under data/."""
+    python: str
+    """Python on the nodes, as a shell word (may use "$HOME")."""
+    code_dir: str
+    """Directory on the nodes holding model/ (PYTHONPATH), as a shell word."""
+    launcher: str = "fabric"
+    """fabric (one process per rank started over SSH), mpirun (Intel MPI from the head) or torchrun."""
+    backend: str = "auto"
+    """auto (ccl where the bindings import on every node, else gloo), ccl or gloo."""
+    master_port: int = 29500
+    """Rendezvous port on the head."""
+    collective_timeout_s: float = 120.0
+    """Passed to the trainer: how long a collective may wait for a lost peer (fab train --collective-timeout)."""
+    config_file: str = ""
+    """Trainer YAML copied into the run directory as train.yaml, if given."""
+    overrides: tuple[str, ...] = ()
+    """Trainer key=value overrides, passed through."""
+    facts: dict[int, NodeFacts] = field(default_factory=dict)
+    """Probe results per node index."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        if self.backend not in BACKEND_CHOICES:
+            raise ValueError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}, got {self.backend!r}")
+        if not 1024 <= self.master_port <= 65535:
+            raise ValueError(f"--port (the rendezvous port on the head) must be in 1024..65535, got {self.master_port}")
+
+    @property
+    def master_addr(self) -> str:
+        return self.nodes[0].private_ip
+
+    @cached_property
+    def hosts(self) -> list[Host]:
+        """The machines in rank order with the nodes (rank slots) on each (the local cluster has one)."""
+        return group_by_host(self.nodes)
+
+    def host_of(self, node: Node) -> Host:
+        return next(h for h in self.hosts if h.address == node.private_ip)
+
+    @cached_property
+    def ranks(self) -> list[Rank]:
+        out = []
+        for i, node in enumerate(self.nodes):
+            peers = self.host_of(node).nodes
+            out.append(Rank(i, node, peers.index(node), len(peers)))
+        return out
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes)
+
+    def node_facts(self, node: Node) -> NodeFacts:
+        return self.facts.get(node.index, NodeFacts())
+
+    def resolved_backend(self) -> str:
+        """What the ranks will use: ccl only when asked for or when every node has the bindings."""
+        if self.backend != "auto":
+            return self.backend
+        return "ccl" if all(self.node_facts(n).ccl for n in self.nodes) else "gloo"
+
+    def threads_per_rank(self, node: Node) -> int:
+        return max(1, self.cluster.cores_per_node // len(self.host_of(node).nodes))
+
+    def units(self) -> list[Unit]:
+        """Launch units in start order: per rank (fabric), per machine (torchrun) or one (mpirun)."""
+        return list(self._units)
+
+    @cached_property
+    def _units(self) -> tuple[Unit, ...]:
+        if self.launcher == "fabric":
+            return tuple(Unit(f"rank{r.rank}", "rank", r.node, r.rank) for r in self.ranks)
+        if self.launcher == "torchrun":
+            return tuple(Unit(f"node{h.node.index}", "node", h.node) for h in self.hosts)
+        return (Unit("mpirun", "mpirun", self.nodes[0]),)
+
+    def unit(self, name: str) -> Unit:
+        """The unit of this name (rank<R>, node<i> or mpirun)."""
+        return next(u for u in self._units if u.name == name)
+
+    def ranks_on(self, host: Host) -> list[Rank]:
+        return [r for r in self.ranks if r.node.private_ip == host.address]
+
+    def units_on(self, host: Host) -> list[Unit]:
+        return [u for u in self._units if u.node.private_ip == host.address]
+
+
+def trainer_args(plan: LaunchPlan) -> list[str]:
+    """The trainer's command line after `python -m model.train`: launcher-owned keys, then the user's."""
+    args = ["--config", "train.yaml"] if plan.config_file else []
+    args += [
+        f"data_dir=../../data/{plan.dataset}",
+        "out_dir=.",
+        f"expected_world_size={plan.world_size}",
+        f"backend={plan.backend}",
+        f"collective_timeout_s={plan.collective_timeout_s:g}",
+    ]
+    return args + list(plan.overrides)
+
+
+def plan_json(plan: LaunchPlan) -> str:
+    """plan.json: what was launched, read back by `fab logs`."""
+    return json.dumps(
+        {
+            "run": plan.run,
+            "launcher": plan.launcher,
+            "backend": plan.resolved_backend(),
+            "world_size": plan.world_size,
+            "nodes": [n.name for n in plan.nodes],
+            "units": [u.to_json() for u in plan.units()],
+            "dataset": plan.dataset,
+            "trainer_args": trainer_args(plan),
+        },
+        indent=2,
+    ) + "\n"
+
+
+def units_from_plan_json(text: str, cluster: Cluster) -> tuple[str, list[Unit]]:
+    """(launcher, units) of a plan.json; ValueError when it is not one this launcher wrote."""
+    try:
+        record = json.loads(text)
+        return record["launcher"], [Unit.from_json(u, cluster) for u in record["units"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not a plan.json of this launcher ({type(e).__name__}: {e})") from None

@@ -1,0 +1,170 @@
+"""The files a run directory gets, rendered from the plan (pure functions).
+
+A node's run directory (~/nanocluster/runs/<run>/) gets:
+
+    env.sh                   per node: OMP/KMP threads, allocator preload, socket interface, CCL variables
+    rank<R>.env              per rank: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+    rank<R>.sh / node<i>.sh / mpirun.sh   what one launch unit runs (a rank, a machine's torchrun, mpirun)
+    accelerate/rank<R>.yaml  accelerate config per rank (see accelerate_config for the world-size trap)
+    hostfile                 Intel MPI machine file (address:ranks), for the mpirun launcher
+    plan.json                what was launched (read back by `fab logs`)
+
+The cluster's own SSH files (~/.ssh/nanocluster) come from launcher.transport.cluster_ssh.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import yaml
+
+from launcher.inventory import Node
+from launcher.launch.plan import LaunchPlan, Rank, Unit, plan_json, trainer_args
+from launcher.transport.cluster_ssh import SSH_DIR_SH
+from model.conventions import BF16_CPU_FLAGS
+
+# Intel's recommended jemalloc settings for PyTorch on Xeon: keep freed pages for reuse.
+JEMALLOC_CONF = (
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+    "dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+)
+
+
+def env_file(plan: LaunchPlan, node: Node) -> str:
+    """env.sh for one node: threads, allocator, network interface, CCL."""
+    facts = plan.node_facts(node)
+    threads = plan.threads_per_rank(node)
+    ranks_here = len(plan.host_of(node).nodes)
+    lines = [
+        f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} physical core(s)",
+        f"export OMP_NUM_THREADS={threads}",
+        # Pin each OpenMP thread to a core and let idle threads sleep at once (Intel's PyTorch tuning).
+        "export KMP_AFFINITY=granularity=fine,compact,1,0",
+        "export KMP_BLOCKTIME=1",
+    ]
+    if facts.allocator:
+        lines.append(f"export LD_PRELOAD={shlex.quote(facts.allocator)}${{LD_PRELOAD:+:$LD_PRELOAD}}")
+        if "jemalloc" in facts.allocator:
+            lines.append(f"export MALLOC_CONF={JEMALLOC_CONF}")
+    if facts.interface:
+        # Without this gloo binds to whatever the hostname resolves to (often loopback or nothing).
+        lines += [f"export GLOO_SOCKET_IFNAME={facts.interface}", f"export TP_SOCKET_IFNAME={facts.interface}"]
+    if plan.resolved_backend() == "ccl":
+        lines += [
+            "export CCL_WORKER_COUNT=1",
+            "export CCL_ATL_TRANSPORT=ofi",
+            "export FI_PROVIDER=tcp",
+            "export CCL_ZE_ENABLE=0",
+            # Under mpirun oneCCL takes ranks from PMI; otherwise from the env the launcher sets.
+            f"export CCL_PROCESS_LAUNCHER={'hydra' if plan.launcher == 'mpirun' else 'none'}",
+        ]
+        if facts.interface:
+            lines.append(f"export FI_TCP_IFACE={facts.interface}")
+    lines.append("export PYTHONUNBUFFERED=1")
+    lines.append(f"export PYTHONPATH={plan.code_dir}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return "\n".join(lines) + "\n"
+
+
+def rank_env(plan: LaunchPlan, rank: Rank) -> str:
+    """rank<R>.env: the variables torch.distributed's env:// rendezvous reads."""
+    values = {
+        "RANK": rank.rank,
+        "WORLD_SIZE": plan.world_size,
+        "LOCAL_RANK": rank.local_rank,
+        "LOCAL_WORLD_SIZE": rank.local_world_size,
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": plan.master_port,
+    }
+    if plan.resolved_backend() == "ccl":
+        values |= {"CCL_LOCAL_RANK": rank.local_rank, "CCL_LOCAL_SIZE": rank.local_world_size}
+    return "".join(f"export {k}={v}\n" for k, v in values.items())
+
+
+def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
+    """accelerate config for one rank (machine_rank = its node's position).
+
+    accelerate's MULTI_CPU launcher without mpirun starts ONE process and sets only MASTER_ADDR/PORT,
+    so on its own it silently trains with world size 1. It passes the environment through, so with
+    env.sh and rank<R>.env sourced first every rank joins the real world."""
+    body = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_CPU",
+        "use_cpu": True,
+        "num_machines": plan.world_size,
+        "num_processes": plan.world_size,
+        "machine_rank": rank.rank,
+        "main_process_ip": plan.master_addr,
+        "main_process_port": plan.master_port,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "mixed_precision": "bf16" if set(BF16_CPU_FLAGS) & set(plan.cluster.cpu_flags) else "no",
+        "main_training_function": "main",
+        "debug": False,
+    }
+    header = (
+        f"# rank {rank.rank} of {plan.world_size} on {rank.node.name}. Source env.sh and rank{rank.rank}.env first:\n"
+        "# accelerate's MULTI_CPU launcher without mpirun takes RANK/WORLD_SIZE from the environment\n"
+        "# and runs world size 1 without them.\n"
+        f"#   . ./env.sh && . ./rank{rank.rank}.env && accelerate launch --config_file accelerate/rank{rank.rank}.yaml -m model.train ...\n"
+    )
+    return header + yaml.safe_dump(body, sort_keys=False)
+
+
+def mpi_hostfile(plan: LaunchPlan) -> str:
+    """Intel MPI machine file: one line per host, address:ranks, head first."""
+    return "".join(f"{host.address}:{len(host.nodes)}\n" for host in plan.hosts)
+
+
+def unit_script(plan: LaunchPlan, unit: Unit) -> str:
+    """The shell script one launch unit runs, from its run directory."""
+    python = plan.python
+    train = " ".join(shlex.quote(a) for a in trainer_args(plan))
+    lines = ["#!/bin/sh", f"# {unit.name} of run {plan.run!r} ({plan.launcher} launcher), rendered by `fab train`"]
+    lines += ['cd "$(dirname "$0")" || exit 1', ". ./env.sh"]
+    if unit.kind == "rank":
+        lines += [f". ./rank{unit.rank}.env", f"exec {python} -m model.train {train}"]
+    elif unit.kind == "node":
+        host = plan.host_of(unit.node)
+        lines.append(
+            f"exec {python} -m torch.distributed.run --nnodes={len(plan.hosts)} --nproc-per-node={len(host.nodes)} "
+            f"--node-rank={plan.hosts.index(host)} --master-addr={plan.master_addr} --master-port={plan.master_port} "
+            f"-m model.train {train}"
+        )
+    else:
+        lines.append(mpirun_command(plan, python, train))
+    return "\n".join(lines) + "\n"
+
+
+def mpirun_command(plan: LaunchPlan, python: str, train: str) -> str:
+    """Intel MPI from the head: hydra reaches workers over the rendered ssh config (pinned host keys)."""
+    iface = plan.node_facts(plan.nodes[0]).interface
+    # Each rank sources its node's env.sh (threads, interface) before the trainer starts.
+    rank_cmd = f". ./env.sh && exec {python} -m model.train {train}"
+    # impi-rt's mpirun finds mpiexec.hydra and the hydra proxies on PATH, next to the node's python.
+    parts = [
+        f'PATH="$(dirname {python}):$PATH" exec mpirun -bootstrap ssh',
+        f'-bootstrap-exec-args "-F {SSH_DIR_SH}/config"',
+        "-machinefile hostfile",
+        f"-n {plan.world_size}",
+        f"-genv MASTER_ADDR {plan.master_addr} -genv MASTER_PORT {plan.master_port}",
+    ]
+    if iface:
+        parts.append(f"-iface {iface}")
+    parts.append(f"sh -c {shlex.quote(rank_cmd)}")
+    return " ".join(parts)
+
+
+def run_files(plan: LaunchPlan, node: Node) -> dict[str, str]:
+    """Everything one machine's run directory needs (relative path -> content)."""
+    files = {
+        "env.sh": env_file(plan, node),
+        "hostfile": mpi_hostfile(plan),
+        "plan.json": plan_json(plan),
+    }
+    host = plan.host_of(node)
+    for rank in plan.ranks_on(host):
+        files[f"rank{rank.rank}.env"] = rank_env(plan, rank)
+        files[f"accelerate/rank{rank.rank}.yaml"] = accelerate_config(plan, rank)
+    for unit in plan.units_on(host):
+        files[f"{unit.name}.sh"] = unit_script(plan, unit)
+    return files

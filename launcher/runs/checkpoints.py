@@ -1,0 +1,71 @@
+"""What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launcher.console import TaskError, out_line, say
+from launcher.session import Session, resolve_cluster
+from launcher.setup.ready import ensure_ready
+from launcher.site import run_dir
+from launcher.transport import NodeError, Shell
+from model.conventions import CKPT_NAME, SNAPSHOT_NAME
+
+SAMPLE_TIMEOUT_S = 600
+
+
+def best_checkpoint(shell: Shell, run: str) -> str:
+    """The run's ckpt.pt (best val loss), else its snapshot.pt, as a path on the node."""
+    directory = run_dir(shell.root, run)
+    result = shell.run(f"cd {directory} 2>/dev/null && ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1")
+    name = result.stdout.strip()
+    if not name:
+        raise TaskError(f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on {shell.node.name}: "
+                        f"train first (fab train --run {run})")
+    return f"{directory}/{name}"
+
+
+def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int = 200, seed: int = 1337) -> None:
+    cluster = resolve_cluster(cluster_spec, 1)
+    with Session.open(cluster, cluster.nodes[:1]) as session:
+        ensure_ready(session)
+        head, shell, site = session.head, session.shell(session.head), session.site
+        ckpt = best_checkpoint(shell, run)
+        say(f"sampling from {site.shown(ckpt)} on {head.name}")
+        args = ["--ckpt", "CKPT", "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
+                "--top-k", str(top_k), "--seed", str(seed)]
+        if prompt:
+            args += ["--prompt", prompt]
+        quoted = " ".join(shlex.quote(a) for a in args).replace("CKPT", ckpt)
+        status = shell.stream(f"PYTHONPATH={site.code_dir} {site.python} -m model.sample {quoted} 2>&1",
+                              out_line, timeout=SAMPLE_TIMEOUT_S)
+        if status != 0:
+            raise TaskError(f"model.sample failed on {head.name} (exit {status}); its output is above")
+
+
+def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
+    """Copy the run's best checkpoint and metrics from the head to this machine (checked by size)."""
+    cluster = resolve_cluster(cluster_spec, 1)
+    target_dir = Path(dest or Path("runs") / run).expanduser()
+    with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
+        shell = session.shell(session.head)
+        ckpt = best_checkpoint(shell, run)
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl"):
+            relative = f"runs/{run}/{name}"
+            size = int(shell.check(f"wc -c < {shell.root}/{relative}", f"reading {relative}").stdout.strip())
+            target = target_dir / name
+            partial = target.with_name(target.name + ".partial")
+            try:
+                shell.fetch(relative, partial)
+            except NodeError as e:
+                partial.unlink(missing_ok=True)
+                raise TaskError(str(e)) from None
+            if partial.stat().st_size != size:
+                partial.unlink()
+                raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run fetch again")
+            partial.replace(target)
+            say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")
+        return target_dir / ckpt.rsplit("/", 1)[1]

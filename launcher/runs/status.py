@@ -1,0 +1,45 @@
+"""`fab status`: every node (down ones included), its readiness and the run's units, as a table."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from rich.table import Table
+
+from launcher.console import console, say
+from launcher.launch.monitor import Progress
+from launcher.launch.units import alive_command
+from launcher.session import Session, machines, resolve_cluster
+
+METRICS_LINES = 50
+
+
+def status(cluster_spec: str | None, run: str = "main") -> int:
+    """A table of every node (down ones included) and the run's units; 1 when a node is down."""
+    cluster = resolve_cluster(cluster_spec, None)
+    shown = machines(cluster.nodes)
+    table = Table(title=f"{cluster.cluster_name}: run {run}")
+    for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "job"):
+        table.add_column(col, overflow="fold")
+    with Session.open(cluster, shown, reachable_only=True) as session:
+        jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (
+            n.index, " ".join(s.run(alive_command(s.root, run)).stdout.split()) or "-")))
+        for node in shown:
+            if node.index in session.unreachable:
+                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", session.unreachable[node.index])
+                continue
+            r = session.report(node)
+            ready = f"not ready ({', '.join(r.missing)})" if r.missing else "ready"
+            table.add_row(node.name, node.private_ip, ready, r.hostname, f"{r.python or '?'}/{r.torch or '-'}",
+                          "" if r.free_gb is None else str(r.free_gb), jobs.get(node.index, "-"))
+        console.print(table)
+        if cluster.head.index in session.shells:
+            head = session.shell(cluster.head)
+            last = head.run(f"tail -n {METRICS_LINES} {session.site.run_dir(run)}/metrics.jsonl 2>/dev/null").stdout
+            progress = Progress()
+            for line in last.splitlines():
+                with contextlib.suppress(ValueError):
+                    progress.update(json.loads(line))
+            say(f"run {run}, last logged: {progress.summary()}")
+    return 1 if session.unreachable else 0

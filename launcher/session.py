@@ -1,0 +1,140 @@
+"""A task's nodes: connected once, probed once, and what the probe found.
+
+Every task starts here: resolve --cluster, take the first N nodes, connect to them all in parallel
+(one thread per node; workers through the head) and probe each machine in one round trip. A task
+then runs its steps on the session's shells, and reads the probe reports instead of asking again.
+The reports change only through the session itself: reprobe() after a step changed a node (a
+bootstrap, a new dataset), code_installed() after a code sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from launcher.console import TaskError, say
+from launcher.inventory import Cluster, InventoryError, Node, group_by_host, load_cluster
+from launcher.probe import NodeReport, probe
+from launcher.site import Site, site_of
+from launcher.transport import NodeError, Shell, connect, connect_reachable, parallel
+
+
+def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
+    """--cluster as a validated Cluster (printed: every task says which cluster it uses)."""
+    try:
+        cluster = load_cluster(spec, local_nodes=nodes or 3)
+    except InventoryError as e:
+        raise TaskError(str(e)) from None
+    say(f"using {cluster.describe()}")
+    return cluster
+
+
+def select_nodes(cluster: Cluster, count: int | None) -> tuple[Node, ...]:
+    try:
+        return cluster.select(count)
+    except InventoryError as e:
+        raise TaskError(str(e)) from None
+
+
+def machines(nodes: Sequence[Node]) -> list[Node]:
+    """One node per distinct address (the local cluster's ranks share one machine)."""
+    return [host.node for host in group_by_host(tuple(nodes))]
+
+
+class Session:
+    """Shells on a cluster's nodes and their probe reports; close() (or `with`) disconnects."""
+
+    def __init__(self, cluster: Cluster, nodes: Sequence[Node], shells: dict[int, Shell],
+                 unreachable: dict[int, str] | None = None, dataset: str = "-"):
+        self.cluster = cluster
+        self.site: Site = site_of(cluster)
+        self.nodes = tuple(nodes)
+        """The nodes that answered, in rank order."""
+        self.shells = shells
+        self.unreachable = unreachable or {}
+        """Error per node that did not answer (only with reachable_only)."""
+        self.dataset = dataset
+        """The dataset whose meta.json the probe reports."""
+        self.reports: dict[int, NodeReport] = {}
+
+    @classmethod
+    def open(cls, cluster: Cluster, nodes: Sequence[Node], dataset: str = "-", probe: bool = True,
+             reachable_only: bool = False) -> Session:
+        """Connect to the nodes (every one must answer unless reachable_only) and probe them."""
+        try:
+            if reachable_only:
+                shells, unreachable = connect_reachable(cluster, tuple(nodes))
+            else:
+                shells, unreachable = connect(cluster, tuple(nodes)), {}
+        except NodeError as e:
+            raise TaskError(str(e)) from None
+        session = cls(cluster, [n for n in nodes if n.index in shells], shells, unreachable, dataset)
+        if probe:
+            try:
+                session.reprobe(session.nodes)
+            except TaskError:
+                session.close()
+                raise
+        return session
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    def hosts(self) -> list[Node]:
+        """One node per machine: where per-machine steps (setup, data, starting units) run."""
+        return machines(self.nodes)
+
+    def shell(self, node: Node) -> Shell:
+        return self.shells[node.index]
+
+    def report(self, node: Node) -> NodeReport:
+        return self.reports[node.index]
+
+    def not_ready(self) -> list[Node]:
+        """Machines whose node environment is incomplete."""
+        return [n for n in self.hosts() if self.report(n).missing]
+
+    def connect(self, nodes: Sequence[Node]) -> None:
+        """Add shells for nodes not connected yet (without probing them)."""
+        wanted = [n for n in nodes if n.index not in self.shells]
+        try:
+            self.shells |= connect(self.cluster, wanted)
+        except NodeError as e:
+            raise TaskError(str(e)) from None
+        self.nodes = tuple(n for n in self.cluster.nodes if n.index in self.shells)
+
+    def reprobe(self, nodes: Sequence[Node]) -> None:
+        """Probe the machines of these nodes (one round trip each, in parallel); a machine's report
+        stands for every node on it."""
+        hosts = machines(nodes)
+        found = dict(zip([n.index for n in hosts],
+                         self.run_everywhere(hosts, lambda n, s: probe(self.site, s, self.dataset)), strict=True))
+        by_address = {n.private_ip: found[n.index] for n in hosts}
+        for node in self.nodes:
+            if node.private_ip in by_address:
+                self.reports[node.index] = by_address[node.private_ip]
+
+    def code_installed(self, nodes: Sequence[Node], digest: str) -> None:
+        """Record a code sync in the reports (launcher.setup.code)."""
+        addresses = {n.private_ip for n in nodes}
+        for node in self.nodes:
+            if node.private_ip in addresses:
+                self.reports[node.index] = replace(self.reports[node.index], code_sha256=digest)
+
+    def run_everywhere(self, nodes: Sequence[Node], action: Callable[[Node, Shell], object]) -> list:
+        """action(node, shell) on every node at once, results in order; one TaskError naming every failure."""
+        try:
+            return parallel([self.shell(n) for n in nodes], lambda s: action(s.node, s))
+        except NodeError as e:
+            raise TaskError(str(e)) from None
+
+    def close(self) -> None:
+        for shell in self.shells.values():
+            shell.close()

@@ -1,0 +1,1 @@
+"""Making nodes ready: the node environment (bootstrap), the cluster's SSH, the model code."""

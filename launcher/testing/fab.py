@@ -1,0 +1,47 @@
+"""The real `fab` command line against one cluster contract, as an operator runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.site import REPO_ROOT
+
+FAB = str(Path(sys.executable).with_name("fab"))
+"""The fab of this Python's environment."""
+# A model small enough that a 3-rank step takes tens of milliseconds on a shared 2-core machine;
+# one thread per rank, as the nodes share this machine's cores.
+TINY_CONFIG = """\
+init_from: scratch
+model: {n_layer: 1, n_head: 2, n_embd: 32}
+block_size: 32
+batch_size: 2
+gradient_accumulation_steps: 1
+max_iters: 20
+eval_interval: 10
+eval_iters: 2
+log_interval: 5
+peak_flops: 1.0e12
+threads: 1
+"""
+
+
+class Fab:
+    """Runs the real `fab` CLI (from this checkout) against one contract, with its own operator state directory."""
+
+    def __init__(self, contract: Path, home: Path):
+        self.env = os.environ | {
+            "NANOCLUSTER_CLUSTER": str(contract),
+            "NANOCLUSTER_HOME": str(home),
+            "OMP_NUM_THREADS": "1",
+            "COLUMNS": "200",
+        }
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([FAB, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def popen(self, *args: str, log: Path) -> subprocess.Popen:
+        out = open(log, "w")  # noqa: SIM115 (closed by the test via the process)
+        return subprocess.Popen([FAB, *args], cwd=REPO_ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)

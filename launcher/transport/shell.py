@@ -1,0 +1,95 @@
+"""The interface every transport implements, and what works on any set of shells.
+
+A Shell runs a shell command on one node with optional stdin and a deadline, or streams its
+output line by line, so the tasks are written once for SSH nodes and the local cluster alike.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.inventory import Node
+
+MAX_PARALLEL = 32
+"""Nodes driven at once (one thread each)."""
+
+
+class NodeError(RuntimeError):
+    """A node could not be reached or a command on it failed; the message names the node."""
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class Shell:
+    """Runs shell commands on one node. `root` is the node's nanocluster directory as a shell word."""
+
+    node: Node
+    root: str
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        raise NotImplementedError
+
+    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+        """Run command, calling on_line for every line of merged stdout/stderr; returns the exit code."""
+        raise NotImplementedError
+
+    def check(self, command: str, what: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        """run() that raises NodeError naming the node and the step when the command fails."""
+        result = self.run(command, stdin=stdin, timeout=timeout)
+        if not result.ok:
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
+            raise NodeError(f"{self.node.name}: {what} failed (exit {result.returncode}): {' | '.join(detail)}")
+        return result
+
+    def fetch(self, relative: str, local: Path) -> None:
+        """Copy root/<relative> from the node to a local file."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def parallel(shells: list[Shell], action: Callable[[Shell], object]) -> list[object]:
+    """Run action on every shell at once; raise one NodeError listing every node that failed."""
+    if not shells:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(shells))) as pool:
+        futures = [pool.submit(action, s) for s in shells]
+        results, errors = [], []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except NodeError as e:
+                errors.append(str(e))
+    if errors:
+        raise NodeError("\n".join(errors))
+    return results
+
+
+def payload(files: dict[str, str], executable: tuple[str, ...] = ()) -> bytes:
+    """A tar of files (relative path -> text) to unpack on a node from stdin, in one round trip.
+
+    Names in `executable` get mode 0755, names under ssh/ (the cluster key) 0600, the rest 0644."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            info.mode = 0o755 if name in executable else 0o600 if name.startswith("ssh/") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
