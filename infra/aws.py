@@ -1,8 +1,14 @@
 """AWS: a VPC with a public subnet (head, NAT gateway) and a private one (workers), a
-self-referencing security group, a cluster placement group and N IMDSv2-only instances."""
+self-referencing security group, a cluster placement group and N IMDSv2-only instances.
+
+Every instance boots with a route out, as the bootstrap downloads at first boot: the head's Elastic
+IP is attached to its network interface before the instance exists, and workers are created after
+their subnet's route to the NAT gateway.
+"""
 
 from __future__ import annotations
 
+import pulumi
 import pulumi_aws as aws
 
 from infra import cloudinit
@@ -31,15 +37,15 @@ class AwsCluster(CloudCluster):
             tags={**tags, "Name": name}, opts=self.child(),
         )
         gateway = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=self.child())
-        public_subnet = self._routed_subnet(vpc, zone, "public", NODE_SUBNET_CIDR, {"gateway_id": gateway.id})
-        worker_subnet = public_subnet
+        public_subnet, public_route = self._routed_subnet(vpc, zone, "public", NODE_SUBNET_CIDR, {"gateway_id": gateway.id})
+        worker_subnet, worker_route = public_subnet, public_route
         if self.nat_clients:
             nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
             nat = aws.ec2.NatGateway(
                 name, allocation_id=nat_address.allocation_id, subnet_id=public_subnet.id,
                 tags={**tags, "Name": name}, opts=self.child(depends_on=[gateway]),
             )
-            worker_subnet = self._routed_subnet(vpc, zone, "private", WORKER_SUBNET_CIDR, {"nat_gateway_id": nat.id})
+            worker_subnet, worker_route = self._routed_subnet(vpc, zone, "private", WORKER_SUBNET_CIDR, {"nat_gateway_id": nat.id})
 
         # Members: all traffic from members only. Head SSH: port 22 from the operator's CIDR only.
         # Descriptions: EC2 takes only a-zA-Z0-9, space and ._-:/()#,@[]+=;{}!$* (no apostrophe),
@@ -76,18 +82,37 @@ class AwsCluster(CloudCluster):
                 {"name": "virtualization-type", "values": ["hvm"]},
             ],
         ).id
+        # The head's address, subnet and groups live on a network interface that has its Elastic IP
+        # before the head is launched on it (an address cannot be attached to an instance that does
+        # not exist yet; one attached after launch leaves the first boot without a route out).
+        head_nic = aws.ec2.NetworkInterface(
+            f"{name}-head", subnet_id=public_subnet.id, private_ips=[self.planned_ip(0)],
+            security_groups=[members.id, head_ssh.id], tags={**tags, "Name": f"{name}-head"}, opts=self.child(),
+        )
+        head_address = aws.ec2.Eip(
+            f"{name}-head", domain="vpc", network_interface=head_nic.id, tags={**tags, "Name": f"{name}-head"},
+            opts=self.child(depends_on=[gateway]),
+        )
         instances = []
         for rank, node_name in enumerate(self.node_names):
             public = self.has_public_ip(rank)
+            if rank == 0:
+                network = {"primary_network_interface": {"network_interface_id": head_nic.id}}
+                ready: list[pulumi.Resource] = [head_address, public_route]
+            else:
+                network = {
+                    "subnet_id": public_subnet.id if public else worker_subnet.id,
+                    "private_ip": self.planned_ip(rank),
+                    "associate_public_ip_address": public,  # nanocluster:publicWorkers: an address at launch
+                    "vpc_security_group_ids": [members.id],
+                }
+                ready = [public_route if public else worker_route]
             instances.append(
                 aws.ec2.Instance(
                     node_name,
                     ami=ami,
                     instance_type=cfg.machine.name,
-                    subnet_id=public_subnet.id if public else worker_subnet.id,
-                    private_ip=self.planned_ip(rank),
-                    associate_public_ip_address=public and rank > 0,  # the head gets an Elastic IP
-                    vpc_security_group_ids=[members.id, head_ssh.id] if rank == 0 else [members.id],
+                    **network,
                     placement_group=placement.name,
                     user_data_base64=self.user_data(rank).apply(cloudinit.base64_gzip),
                     # A user data change would stop and start the instance (and cannot, for a one-time
@@ -101,25 +126,31 @@ class AwsCluster(CloudCluster):
                     ),
                     tags={**tags, "Name": node_name, "rank": str(rank)},
                     volume_tags={**tags, "Name": node_name},
-                    # A newer AMI or node/ bootstrap is for new instances: `fab setup` updates existing ones.
-                    opts=self.child(ignore_changes=["ami", "userDataBase64"]),
+                    opts=self.child(
+                        depends_on=ready,  # booted with a route out: the bootstrap downloads at once
+                        # A newer AMI or node/ bootstrap is for new instances: `fab setup` updates existing ones.
+                        ignore_changes=["ami", "userDataBase64"],
+                        # A replacement needs the fixed address (and the head its interface) first.
+                        delete_before_replace=True,
+                    ),
                 )
             )
-        head_address = aws.ec2.Eip(
-            f"{name}-head", domain="vpc", instance=instances[0].id, tags={**tags, "Name": f"{name}-head"},
-            opts=self.child(depends_on=[gateway]),
-        )
         self.head_public_ip = head_address.public_ip
-        self.private_ips = [i.private_ip for i in instances]
+        self.private_ips = [head_nic.private_ips.apply(lambda ips: ips[0])] + [i.private_ip for i in instances[1:]]
         if cfg.bake_image:
+            # Without a reboot: a run on the head goes on. The snapshot is crash-consistent, like
+            # GCP's and Azure's disk snapshots; bake while the head is idle (after fab doctor).
             baked = aws.ec2.AmiFromInstance(
-                f"{name}-node", source_instance_id=instances[0].id, tags={**tags, "Name": f"{name}-node"},
-                opts=self.child(retain_on_delete=True),
+                f"{name}-node", source_instance_id=instances[0].id, snapshot_without_reboot=True,
+                tags={**tags, "Name": f"{name}-node"}, opts=self.child(retain_on_delete=True),
             )
             self.baked_image = baked.id
 
-    def _routed_subnet(self, vpc: aws.ec2.Vpc, zone: str, role: str, cidr: str, default_route: dict) -> aws.ec2.Subnet:
-        """Subnet <cluster>-<role> whose traffic beyond the VPC takes default_route (internet or NAT gateway)."""
+    def _routed_subnet(
+        self, vpc: aws.ec2.Vpc, zone: str, role: str, cidr: str, default_route: dict
+    ) -> tuple[aws.ec2.Subnet, aws.ec2.RouteTableAssociation]:
+        """Subnet <cluster>-<role> whose traffic beyond the VPC takes default_route (internet or NAT
+        gateway), and the association that puts the route in force (what an instance waits for)."""
         name = f"{self.config.cluster_name}-{role}"
         tags = {**self.config.labels, "Name": name}
         subnet = aws.ec2.Subnet(
@@ -129,8 +160,8 @@ class AwsCluster(CloudCluster):
         routes = aws.ec2.RouteTable(
             name, vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", **default_route}], tags=tags, opts=self.child(),
         )
-        aws.ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
-        return subnet
+        association = aws.ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
+        return subnet, association
 
     def _zone_offering(self, instance_type: str) -> str:
         """The first availability zone of the region that offers the machine type."""

@@ -146,7 +146,8 @@ class AzureCluster(CloudCluster):
                     **node_in_group,
                     # Azure refuses any change to customData (PropertyChangeNotAllowed): a newer node/
                     # bootstrap is for new VMs, and `fab setup` updates existing ones.
-                    opts=self.child(ignore_changes=["osProfile.customData"]),
+                    # A replacement VM needs the NIC (and its fixed address) the old one holds.
+                    opts=self.child(ignore_changes=["osProfile.customData"], delete_before_replace=True),
                 )
             )
 

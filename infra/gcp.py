@@ -8,6 +8,7 @@ every stack has its own network.
 
 from __future__ import annotations
 
+import pulumi
 import pulumi_gcp as gcp
 
 from infra.cluster import NODE_SUBNET_CIDR, CloudCluster
@@ -54,9 +55,10 @@ class GcpCluster(CloudCluster):
             description="SSH to the head from nanocluster:sshAllowedCidr only",
             opts=self.child(),
         )
+        nat: list[pulumi.Resource] = []  # what a worker without an address waits for: its route out
         if self.nat_clients:
             router = gcp.compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
-            gcp.compute.RouterNat(
+            nat = [gcp.compute.RouterNat(
                 name,
                 router=router.name,
                 region=cfg.region,
@@ -64,7 +66,7 @@ class GcpCluster(CloudCluster):
                 source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
                 subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
                 opts=self.child(),
-            )
+            )]
 
         image = cfg.image or gcp.compute.get_image(**UBUNTU).self_link
         head_address = gcp.compute.Address(
@@ -110,7 +112,13 @@ class GcpCluster(CloudCluster):
                     allow_stopping_for_update=True,
                     # No service account: nodes never call Google APIs.
                     # A newer image or node/ bootstrap is for new VMs: `fab setup` updates existing ones.
-                    opts=self.child(ignore_changes=["bootDisk.initializeParams.image", 'metadata["user-data"]']),
+                    opts=self.child(
+                        # Booted with a route out (the bootstrap downloads at once): the head has its
+                        # static address; a worker without one waits for Cloud NAT.
+                        depends_on=[] if access else nat,
+                        ignore_changes=["bootDisk.initializeParams.image", 'metadata["user-data"]'],
+                        delete_before_replace=True,  # a replacement needs the fixed private address first
+                    ),
                 )
             )
 

@@ -106,6 +106,7 @@ class Options:
     ignore_changes: tuple[str, ...] = ()
     """Input paths a later update leaves as they are (engine names: camelCase, dotted)."""
     retain_on_delete: bool = False
+    delete_before_replace: bool = False
     dependencies: tuple[str, ...] = ()
     """URNs of the resources this one waits for (depends_on and inputs' resources)."""
 
@@ -121,6 +122,7 @@ class RecordingMonitor(MockMonitor):
         self.options[(request.type, request.name)] = Options(
             ignore_changes=tuple(request.ignoreChanges),
             retain_on_delete=bool(request.retainOnDelete),
+            delete_before_replace=bool(request.deleteBeforeReplace),
             dependencies=tuple(request.dependencies),
         )
         return super().RegisterResource(request)

@@ -72,6 +72,11 @@ def _head(instances: list[Resource]) -> Resource:
 def _aws(run: StackRun, cidr: str, public_workers: bool) -> list[str]:
     found = []
     instances = run.of_type("aws:ec2/instance:Instance")
+    # An instance launched on a network interface (the head: its Elastic IP is on the interface before
+    # launch) has that interface's security groups.
+    nic = {i.id: (i.get().get("primaryNetworkInterface") or {}).get("networkInterfaceId") for i in instances}
+    nic_groups = {n.id: n.get().get("securityGroups") or [] for n in run.of_type("aws:ec2/networkInterface:NetworkInterface")}
+    groups = {i.id: (i.get().get("vpcSecurityGroupIds") or []) + nic_groups.get(nic[i.id], []) for i in instances}
     rules = [(r.name, r.get("securityGroupId"), r.get()) for r in run.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
     for group in run.of_type("aws:ec2/securityGroup:SecurityGroup"):
         rules += [(group.name, group.id, _inline_rule(rule)) for rule in group.get().get("ingress") or []]
@@ -80,14 +85,15 @@ def _aws(run: StackRun, cidr: str, public_workers: bool) -> list[str]:
             continue  # members only
         sources = [rule[k] for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "referencedSecurityGroupId") if rule.get(k)]
         ports = [f"{rule['fromPort']:.0f}"] if rule.get("fromPort") is not None and rule.get("fromPort") == rule.get("toPort") else ["range"]
-        reached = [i.name for i in instances if group_id in (i.get().get("vpcSecurityGroupIds") or [])]
+        reached = [i.name for i in instances if group_id in groups[i.id]]
         if sources != [cidr] or not _ssh_only(str(rule.get("ipProtocol")), ports) or reached != [_head(instances).name]:
             found.append(f"aws ingress {name}: {sources} -> {rule.get('ipProtocol')}:{ports[0]} on {reached}")
-    head_eips = {e.get().get("instance") for e in run.of_type("aws:ec2/eip:Eip")}
+    eip_targets = {e.get().get(k) for e in run.of_type("aws:ec2/eip:Eip") for k in ("instance", "networkInterface")} - {None}
     for instance in instances:
         values = instance.get()
         worker = _rank(values.get("tags")) != "0"
-        if worker and not public_workers and (values.get("associatePublicIpAddress") or instance.id in head_eips):
+        with_eip = instance.id in eip_targets or nic[instance.id] in eip_targets
+        if worker and not public_workers and (values.get("associatePublicIpAddress") or with_eip):
             found.append(f"aws instance {instance.name}: a worker with a public address")
         if (values.get("metadataOptions") or {}).get("httpTokens") != "required":
             found.append(f"aws instance {instance.name}: IMDSv1 allowed (metadata_options.http_tokens is not 'required')")

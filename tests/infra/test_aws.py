@@ -47,8 +47,10 @@ def test_security_groups_self_reference_for_members_and_ssh_from_the_cidr_for_th
         "nanocluster-dev-head-ssh-id", SSH_CIDR, "tcp", 22, 22,
     )
     assert len(rules) == 2
-    groups = [i.get("vpcSecurityGroupIds") for i in run.of_type(INSTANCE)]
-    assert groups == [["nanocluster-dev-members-id", "nanocluster-dev-head-ssh-id"]] + [["nanocluster-dev-members-id"]] * 2
+    groups = [i.get("vpcSecurityGroupIds") for i in run.of_type(INSTANCE)[1:]]
+    assert groups == [["nanocluster-dev-members-id"]] * 2
+    (head_nic,) = run.of_type("aws:ec2/networkInterface:NetworkInterface")
+    assert head_nic.get("securityGroups") == ["nanocluster-dev-members-id", "nanocluster-dev-head-ssh-id"]
 
 
 @pytest.mark.parametrize("nodes", [1, 3])
@@ -56,11 +58,12 @@ def test_instances_are_rank_ordered_and_only_the_head_has_a_public_address(nodes
     run = cached_stack("aws", nodes)
     instances = run.of_type(INSTANCE)
     assert [i.name for i in instances] == [f"nanocluster-dev-{r}" for r in range(nodes)]
-    assert [i.get("privateIp") for i in instances] == ["10.42.0.10"] + [f"10.42.1.{10 + r}" for r in range(1, nodes)]
-    assert [i.get("subnetId") for i in instances] == ["nanocluster-dev-public-id"] + ["nanocluster-dev-private-id"] * (nodes - 1)
-    eips = {e.name: e.get() for e in run.of_type("aws:ec2/eip:Eip")}
-    assert eips["nanocluster-dev-head"]["instance"] == instances[0].id
-    assert all(i.get("associatePublicIpAddress") is False for i in instances)
+    # The head's address, subnet and groups are on its network interface (see the Elastic IP test).
+    assert [i.get("privateIp") for i in instances[1:]] == [f"10.42.1.{10 + r}" for r in range(1, nodes)]
+    assert [i.get("subnetId") for i in instances[1:]] == ["nanocluster-dev-private-id"] * (nodes - 1)
+    assert run.outputs["private_ips"] == ["10.42.0.10"] + [f"10.42.1.{10 + r}" for r in range(1, nodes)]
+    assert all(i.get("associatePublicIpAddress") is False for i in instances[1:])
+    assert "associatePublicIpAddress" not in instances[0].get()
 
 
 def test_instances_require_imdsv2_encrypt_disks_and_share_a_cluster_placement_group():
@@ -115,3 +118,34 @@ def test_security_group_and_rule_descriptions_use_only_characters_ec2_accepts(no
     for resource in described:
         description = resource.get()["description"]
         assert EC2_DESCRIPTION.fullmatch(description), f"{resource.name}: {description!r}"
+
+
+def test_the_head_boots_with_its_elastic_ip_already_attached():
+    """The bootstrap's first downloads need a route out: the Elastic IP goes on the head's network
+    interface before the instance exists (an instance never runs without its address)."""
+    run = cached_stack("aws", 3)
+    (nic,) = run.of_type("aws:ec2/networkInterface:NetworkInterface")
+    assert (nic.get("subnetId"), nic.get("privateIps")) == ("nanocluster-dev-public-id", ["10.42.0.10"])
+    assert nic.get("securityGroups") == ["nanocluster-dev-members-id", "nanocluster-dev-head-ssh-id"]
+    eip = run.named("aws:ec2/eip:Eip", "nanocluster-dev-head")
+    assert eip.get("networkInterface") == nic.id and "instance" not in eip.get()
+    head = run.of_type(INSTANCE)[0]
+    assert head.get("primaryNetworkInterface") == {"networkInterfaceId": nic.id}
+    assert head.waits_for(eip)
+
+
+def test_workers_boot_after_their_route_to_the_nat_gateway_exists():
+    run = cached_stack("aws", 3)
+    association = run.named("aws:ec2/routeTableAssociation:RouteTableAssociation", "nanocluster-dev-private")
+    for worker in run.of_type(INSTANCE)[1:]:
+        assert worker.waits_for(association), worker.name
+
+
+def test_an_instance_is_deleted_before_its_replacement_takes_its_fixed_address():
+    for instance in cached_stack("aws", 3).of_type(INSTANCE):
+        assert instance.options.delete_before_replace, instance.name
+
+
+def test_baking_snapshots_the_head_without_rebooting_it():
+    (ami,) = run_stack(stack_config("aws", nodes=1, bakeImage=True)).of_type("aws:ec2/amiFromInstance:AmiFromInstance")
+    assert ami.get("snapshotWithoutReboot") is True  # a run on the head is not interrupted

@@ -111,3 +111,8 @@ def test_every_offered_size_takes_the_premium_os_disk(size):
     disk = vm.get("storageProfile", "osDisk", "managedDisk", "storageAccountType")
     assert disk == "Premium_LRS"
     assert PREMIUM_CAPABLE.fullmatch(size), f"{size} does not support {disk} OS disks"
+
+
+def test_a_vm_is_deleted_before_its_replacement_takes_its_nic():
+    for vm in cached_stack("azure", 3).of_type(VM):
+        assert vm.options.delete_before_replace, vm.name

@@ -98,3 +98,15 @@ def test_bake_image_snapshots_the_head():
     (snapshot,) = run.of_type("gcp:compute/snapshot:Snapshot")
     assert image.get("sourceSnapshot") == "projects/my-project/global/snapshots/nanocluster-dev-head"
     assert snapshot.get("zone") == "us-central1-a"
+
+
+def test_workers_boot_after_cloud_nat_gives_them_a_route_out():
+    run = cached_stack("gcp", 3)
+    (nat,) = run.of_type("gcp:compute/routerNat:RouterNat")
+    for worker in run.of_type(INSTANCE)[1:]:
+        assert worker.waits_for(nat), worker.name
+
+
+def test_an_instance_is_deleted_before_its_replacement_takes_its_fixed_address():
+    for instance in cached_stack("gcp", 3).of_type(INSTANCE):
+        assert instance.options.delete_before_replace, instance.name
