@@ -1,8 +1,11 @@
-"""Contracts for launcher unit tests: a valid three-node static cluster, built fresh per test."""
+"""Contracts for launcher unit tests: a valid three-node static cluster, built fresh per test; and the
+local cluster in a temporary home, for the tests that run the launcher against local shells."""
 
 import copy
 
 import pytest
+
+from launcher.inventory import CLUSTER_ENV, local_cluster
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKUbFoPX5PZSIIM22CpSRTA0TLF1uKKqRK6NCmNPpTCn"
 CONTRACT = {
@@ -26,3 +29,19 @@ CONTRACT = {
 @pytest.fixture
 def contract() -> dict:
     return copy.deepcopy(CONTRACT)
+
+
+@pytest.fixture
+def local_home(tmp_path, monkeypatch):
+    """The local cluster's root (NANOCLUSTER_HOME) in a temporary directory; --cluster defaults to local."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    return home
+
+
+@pytest.fixture
+def local3(local_home):
+    """The local cluster with 3 ranks (what `--cluster local` gives the tasks by default)."""
+    return local_cluster(3)

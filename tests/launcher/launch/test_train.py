@@ -1,0 +1,30 @@
+"""`fab train` up to the start of the units, on the local cluster: the dry run and the data checks."""
+
+import pytest
+
+from launcher.console import TaskError
+from launcher.launch.train import place_data, train
+from launcher.session import Session
+
+
+def test_a_dry_run_shows_every_file_and_start_command_and_connects_nothing(local3, local_home, capsys):
+    train(None, nodes=3, run="r", dry_run=True, port=29612)
+    out = capsys.readouterr().out
+    for name in ("env.sh", "hostfile", "plan.json", "rank2.env", "accelerate/rank2.yaml", "rank2.sh", "train.yaml"):
+        assert f"----- local0: {local_home}/runs/r/{name}\n" in out
+    assert "----- local1: start rank1 (detached, in " in out
+    assert "export MASTER_PORT=29612" in out and "ssh/" not in out  # the local cluster needs no cluster key
+    assert not (local_home / "runs").exists()
+
+
+def test_training_without_prepared_data_says_to_prepare_it(local3):
+    with Session.open(local3, local3.nodes, dataset="absent") as session, \
+            pytest.raises(TaskError, match=r"data/absent is not prepared on local0: run `fab prepare-data` first"):
+        place_data(session, "absent")
+
+
+def test_bad_names_are_refused_before_anything_connects(local3):
+    with pytest.raises(TaskError, match=r"run 'a b' may use only letters, digits"):
+        train(None, run="a b", dry_run=True)
+    with pytest.raises(TaskError, match=r"--launcher must be one of fabric, mpirun, torchrun, got 'slurm'"):
+        train(None, launcher="slurm", dry_run=True)

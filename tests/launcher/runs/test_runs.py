@@ -1,0 +1,90 @@
+"""`fab logs`, `fab status`, `fab stop` and `fab fetch` on the local cluster, for a run of stand-in units."""
+
+import json
+
+import pytest
+
+from launcher.console import TaskError, console
+from launcher.launch.plan import LaunchPlan, plan_json
+from launcher.launch.stop import stop
+from launcher.launch.units import alive_command, start_command, stop_command
+from launcher.runs.checkpoints import fetch
+from launcher.runs.logs import logs
+from launcher.runs.status import status
+from launcher.transport import connect, payload
+
+RUN = "r1"
+
+
+def start(cluster, scripts: dict[str, str]) -> None:
+    """Start stand-in units as `fab train` would, with the plan.json of a 3-rank fabric launch."""
+    plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes, run=RUN, dataset="d", python="python", code_dir=".")
+    files = {f"runs/{RUN}/{unit}.sh": body for unit, body in scripts.items()} | {f"runs/{RUN}/plan.json": plan_json(plan)}
+    shell = connect(cluster, cluster.nodes[:1])[0]
+    shell.check(start_command(shell.root, RUN, list(scripts), ssh_files=False), "start", stdin=payload(files))
+
+
+@pytest.fixture
+def finished(local3):
+    """A run whose three units have written their logs and exit records."""
+    start(local3, {f"rank{r}": f"echo line a of {r}; echo line b of {r}\n" for r in range(3)})
+    wait(local3, f"[ -f {RUN}/rank0.exit ] && [ -f {RUN}/rank1.exit ] && [ -f {RUN}/rank2.exit ]")
+    return local3
+
+
+def wait(cluster, condition: str) -> None:
+    shell = connect(cluster, cluster.nodes[:1])[0]
+    shell.check(f"cd {shell.root}/runs && until {condition}; do sleep 0.05; done", f"waiting for {condition}", timeout=30)
+
+
+def test_logs_labels_every_ranks_lines_as_fab_train_does(finished, capsys):
+    logs(None, run=RUN, lines=1)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(line for line in out if line.startswith("[rank")) == [
+        "[rank 0 local0] line b of 0", "[rank 1 local1] line b of 1", "[rank 2 local2] line b of 2"]
+
+
+def test_logs_of_one_rank_and_of_a_rank_that_does_not_exist(finished, capsys):
+    logs(None, run=RUN, rank=2, lines=5)
+    assert [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[rank")] == [
+        "[rank 2 local2] line a of 2", "[rank 2 local2] line b of 2"]
+    with pytest.raises(TaskError, match=r"run 'r1' has no log for rank 7 \(fabric launcher; its logs: rank0, rank1, rank2\)"):
+        logs(None, run=RUN, rank=7)
+
+
+def test_logs_of_a_run_that_never_started(local3):
+    with pytest.raises(TaskError, match=r"no run 'nope' on local0: start one with `fab train --run nope`"):
+        logs(None, run="nope")
+
+
+def test_status_shows_each_unit_and_the_last_logged_step(finished, local_home, capsys, monkeypatch):
+    monkeypatch.setattr(console, "width", 200)  # the table on one line per node
+    wait(finished, f"[ \"$(cd .. && {alive_command('.', RUN)})\" = \"$(printf 'rank%s exited 0\\n' 0 1 2)\" ]")
+    (local_home / "runs" / RUN / "metrics.jsonl").write_text(
+        json.dumps({"kind": "train", "iter": 7, "loss": 3.5, "tokens_per_s": 1000}) + "\n")
+    assert status(None, run=RUN) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "local0" in line and "127.0.0.1" in line)
+    assert "ready" in row and "rank0 exited 0 rank1 exited 0 rank2 exited 0" in row
+    assert "run r1, last logged: iter 7 | loss 3.5000 | 1,000 tok/s" in out
+
+
+def test_stop_ends_every_running_unit(local3, local_home, capsys):
+    start(local3, {f"rank{r}": "sleep 60\n" for r in range(3)})
+    assert stop(None, run=RUN) == 0
+    assert "run r1: every rank stopped on local0" in capsys.readouterr().out
+    shell = connect(local3, local3.nodes[:1])[0]
+    assert shell.run(stop_command(shell.root, RUN)).stdout == ""  # nothing left to stop
+
+
+def test_fetch_copies_the_best_checkpoint_and_metrics(local3, local_home, tmp_path):
+    run_dir = local_home / "runs" / RUN
+    run_dir.mkdir(parents=True)
+    (run_dir / "snapshot.pt").write_bytes(b"s" * 10)
+    (run_dir / "ckpt.pt").write_bytes(b"c" * 20)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    assert fetch(None, run=RUN, dest=str(tmp_path / "here")) == tmp_path / "here" / "ckpt.pt"
+    assert (tmp_path / "here" / "ckpt.pt").read_bytes() == b"c" * 20
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["ckpt.pt", "metrics.jsonl"]
+    with pytest.raises(TaskError, match=r"run 'other' has no ckpt.pt or snapshot.pt on local0"):
+        fetch(None, run="other", dest=str(tmp_path / "x"))
