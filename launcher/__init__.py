@@ -1,0 +1,15 @@
+"""The operator's side of nanocluster: the `fab` tasks (fabfile.py) and the library behind them.
+
+    tasks.py      every fab task, by the module that holds it
+    inventory.py  which machines: --cluster -> a validated Cluster (the output contract)
+    site.py       where things are on the nodes; what the local cluster does differently
+    transport/    how a command reaches a node (SSH, or a subprocess for the local cluster)
+    session.py    a task's nodes, connected once and probed once (probe.py, remote/probe.py)
+    setup/        ready nodes: bootstrap, the cluster's SSH, model/ code
+    data/         prepare a dataset and give every node a checked copy
+    launch/       plan, rendered files, unit commands, start, monitor, stop (`fab train`, `fab stop`)
+    runs/         status, logs, sample, fetch
+    doctor.py     preflight checks with their fixes
+    remote/       standard-library scripts run with the node's Python
+    testing/      sshd test nodes and the fab runner, for tests and bench/launch.py
+"""

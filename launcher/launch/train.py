@@ -20,6 +20,7 @@ from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
+from launcher.probe import NodeReport
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
@@ -35,6 +36,11 @@ def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFa
                           **plan_args)
     except ValueError as e:
         raise TaskError(str(e)) from None
+
+
+def launch_facts(report: NodeReport) -> NodeFacts:
+    """What the plan takes from a node's probe."""
+    return NodeFacts(interface=report.interface, allocator=report.allocator, ccl=report.ccl)
 
 
 def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> dict[str, str]:
@@ -73,9 +79,8 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     with Session.open(cluster, selected, dataset) as session:
         ensure_ready(session)
         place_data(session, dataset)
-        facts = {n.index: NodeFacts(interface=r.interface, allocator=r.allocator, ccl=r.ccl)
-                 for n, r in ((n, session.report(n)) for n in session.nodes)}
-        plan = make_plan(cluster, session.nodes, facts, **plan_args)
+        plan = make_plan(cluster, session.nodes, {n.index: launch_facts(session.report(n)) for n in session.nodes},
+                         **plan_args)
         start_units(session, plan, config_text)
         say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} launcher, "
             f"backend {plan.resolved_backend()}, run dir runs/{run} ({time.monotonic() - started:.1f} s after start)")

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+import launcher.session
 from launcher.inventory import CLUSTER_ENV, local_cluster
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKUbFoPX5PZSIIM22CpSRTA0TLF1uKKqRK6NCmNPpTCn"
@@ -45,3 +46,17 @@ def local_home(tmp_path, monkeypatch):
 def local3(local_home):
     """The local cluster with 3 ranks (what `--cluster local` gives the tasks by default)."""
     return local_cluster(3)
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Every probe a session runs, by node name."""
+    calls = []
+    real = launcher.session.probe
+
+    def counting(site, shell, dataset):
+        calls.append(shell.node.name)
+        return real(site, shell, dataset)
+
+    monkeypatch.setattr(launcher.session, "probe", counting)
+    return calls

@@ -5,23 +5,8 @@ import sys
 
 import pytest
 
-import launcher.session
 from launcher.console import TaskError
 from launcher.session import Session, machines, select_nodes
-
-
-@pytest.fixture
-def probes(monkeypatch):
-    """Every probe the session runs, by node name."""
-    calls = []
-    real = launcher.session.probe
-
-    def counting(site, shell, dataset):
-        calls.append(shell.node.name)
-        return real(site, shell, dataset)
-
-    monkeypatch.setattr(launcher.session, "probe", counting)
-    return calls
 
 
 def test_the_ranks_of_one_machine_share_one_probe(local3, probes):

@@ -5,6 +5,8 @@ import pytest
 from launcher.console import TaskError
 from launcher.launch.train import place_data, train
 from launcher.session import Session
+from launcher.setup.ready import ensure_ready
+from tests.launcher.dataset import write_dataset
 
 
 def test_a_dry_run_shows_every_file_and_start_command_and_connects_nothing(local3, local_home, capsys):
@@ -15,6 +17,14 @@ def test_a_dry_run_shows_every_file_and_start_command_and_connects_nothing(local
     assert "----- local1: start rank1 (detached, in " in out
     assert "export MASTER_PORT=29612" in out and "ssh/" not in out  # the local cluster needs no cluster key
     assert not (local_home / "runs").exists()
+
+
+def test_the_steps_before_a_launch_probe_each_machine_once(local3, local_home, probes):
+    write_dataset(local_home / "data" / "d")
+    with Session.open(local3, local3.nodes, dataset="d") as session:
+        ensure_ready(session)
+        place_data(session, "d")
+    assert probes == ["local0"]
 
 
 def test_training_without_prepared_data_says_to_prepare_it(local3):
