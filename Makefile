@@ -34,8 +34,10 @@ quickstart: setup
 	$(BIN)/fab train --nodes 3
 	$(BIN)/fab sample
 
+# ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: setup system-deps lint
 	$(BIN)/pytest

@@ -9,7 +9,7 @@ their subnet's route to the NAT gateway.
 from __future__ import annotations
 
 import pulumi
-import pulumi_aws as aws
+from pulumi_aws import ec2, vpc
 
 from infra import cloudinit
 from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in
@@ -32,48 +32,52 @@ class AwsCluster(CloudCluster):
         tags = dict(cfg.labels)
         zone = self.zone = self._zone_offering(cfg.machine.name)
 
-        vpc = aws.ec2.Vpc(
+        cluster_vpc = ec2.Vpc(
             name, cidr_block=NETWORK_CIDR, enable_dns_support=True, enable_dns_hostnames=True,
             tags={**tags, "Name": name}, opts=self.child(),
         )
-        gateway = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=self.child())
-        public_subnet, public_route = self._routed_subnet(vpc, zone, "public", NODE_SUBNET_CIDR, {"gateway_id": gateway.id})
+        gateway = ec2.InternetGateway(name, vpc_id=cluster_vpc.id, tags={**tags, "Name": name}, opts=self.child())
+        public_subnet, public_route = self._routed_subnet(
+            cluster_vpc, zone, "public", NODE_SUBNET_CIDR, {"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}
+        )
         worker_subnet, worker_route = public_subnet, public_route
         if self.nat_clients:
-            nat_address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
-            nat = aws.ec2.NatGateway(
+            nat_address = ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
+            nat = ec2.NatGateway(
                 name, allocation_id=nat_address.allocation_id, subnet_id=public_subnet.id,
                 tags={**tags, "Name": name}, opts=self.child(depends_on=[gateway]),
             )
-            worker_subnet, worker_route = self._routed_subnet(vpc, zone, "private", WORKER_SUBNET_CIDR, {"nat_gateway_id": nat.id})
+            worker_subnet, worker_route = self._routed_subnet(
+                cluster_vpc, zone, "private", WORKER_SUBNET_CIDR, {"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}
+            )
 
         # Members: all traffic from members only. Head SSH: port 22 from the operator's CIDR only.
         # Descriptions: EC2 takes only a-zA-Z0-9, space and ._-:/()#,@[]+=;{}!$* (no apostrophe),
         # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html
-        members = aws.ec2.SecurityGroup(
-            f"{name}-members", vpc_id=vpc.id, description=f"{name}: nodes of the cluster",
+        members = ec2.SecurityGroup(
+            f"{name}-members", vpc_id=cluster_vpc.id, description=f"{name}: nodes of the cluster",
             tags={**tags, "Name": f"{name}-members"}, opts=self.child(),
         )
-        aws.vpc.SecurityGroupIngressRule(
+        vpc.SecurityGroupIngressRule(
             f"{name}-intra-cluster", security_group_id=members.id, referenced_security_group_id=members.id,
             ip_protocol="-1", description="All traffic among the nodes of the cluster", opts=self.child(),
         )
-        aws.vpc.SecurityGroupEgressRule(
+        vpc.SecurityGroupEgressRule(
             f"{name}-egress", security_group_id=members.id, cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
             description="Outbound for the bootstrap (apt, pip) and downloads by the operator", opts=self.child(),
         )
-        head_ssh = aws.ec2.SecurityGroup(
-            f"{name}-head-ssh", vpc_id=vpc.id, description=f"{name}: SSH to the head",
+        head_ssh = ec2.SecurityGroup(
+            f"{name}-head-ssh", vpc_id=cluster_vpc.id, description=f"{name}: SSH to the head",
             tags={**tags, "Name": f"{name}-head-ssh"}, opts=self.child(),
         )
-        aws.vpc.SecurityGroupIngressRule(
+        vpc.SecurityGroupIngressRule(
             f"{name}-ssh-head", security_group_id=head_ssh.id, cidr_ipv4=cfg.ssh_allowed_cidr,
             ip_protocol="tcp", from_port=22, to_port=22,
             description="SSH to the head from nanocluster:sshAllowedCidr only", opts=self.child(),
         )
-        placement = aws.ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
+        placement = ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
 
-        ami = cfg.image or aws.ec2.get_ami(
+        ami = cfg.image or ec2.get_ami(
             most_recent=True,
             owners=[CANONICAL],
             filters=[
@@ -85,34 +89,30 @@ class AwsCluster(CloudCluster):
         # The head's address, subnet and groups live on a network interface that has its Elastic IP
         # before the head is launched on it (an address cannot be attached to an instance that does
         # not exist yet; one attached after launch leaves the first boot without a route out).
-        head_nic = aws.ec2.NetworkInterface(
+        head_nic = ec2.NetworkInterface(
             f"{name}-head", subnet_id=public_subnet.id, private_ips=[self.planned_ip(0)],
             security_groups=[members.id, head_ssh.id], tags={**tags, "Name": f"{name}-head"}, opts=self.child(),
         )
-        head_address = aws.ec2.Eip(
+        head_address = ec2.Eip(
             f"{name}-head", domain="vpc", network_interface=head_nic.id, tags={**tags, "Name": f"{name}-head"},
             opts=self.child(depends_on=[gateway]),
         )
-        instances = []
+        instances: list[ec2.Instance] = []
         for rank, node_name in enumerate(self.node_names):
-            public = self.has_public_ip(rank)
-            if rank == 0:
-                network = {"primary_network_interface": {"network_interface_id": head_nic.id}}
-                ready: list[pulumi.Resource] = [head_address, public_route]
-            else:
-                network = {
-                    "subnet_id": public_subnet.id if public else worker_subnet.id,
-                    "private_ip": self.planned_ip(rank),
-                    "associate_public_ip_address": public,  # nanocluster:publicWorkers: an address at launch
-                    "vpc_security_group_ids": [members.id],
-                }
-                ready = [public_route if public else worker_route]
+            head, public = rank == 0, self.has_public_ip(rank)
+            ready: list[pulumi.Resource] = [head_address, public_route] if head else [public_route if public else worker_route]
             instances.append(
-                aws.ec2.Instance(
+                ec2.Instance(
                     node_name,
                     ami=ami,
                     instance_type=cfg.machine.name,
-                    **network,
+                    # The head: on its interface (which has its address, subnet and groups). A worker: its
+                    # own, an address at launch only with nanocluster:publicWorkers.
+                    primary_network_interface={"network_interface_id": head_nic.id} if head else None,
+                    subnet_id=None if head else public_subnet.id if public else worker_subnet.id,
+                    private_ip=None if head else self.planned_ip(rank),
+                    associate_public_ip_address=None if head else public,
+                    vpc_security_group_ids=None if head else [members.id],
                     placement_group=placement.name,
                     user_data_base64=self.user_data(rank).apply(cloudinit.base64_gzip),
                     # A user data change would stop and start the instance (and cannot, for a one-time
@@ -140,32 +140,32 @@ class AwsCluster(CloudCluster):
         if cfg.bake_image:
             # Without a reboot: a run on the head goes on. The snapshot is crash-consistent, like
             # GCP's and Azure's disk snapshots; bake while the head is idle (after fab doctor).
-            baked = aws.ec2.AmiFromInstance(
+            baked = ec2.AmiFromInstance(
                 f"{name}-node", source_instance_id=instances[0].id, snapshot_without_reboot=True,
                 tags={**tags, "Name": f"{name}-node"}, opts=self.child(retain_on_delete=True),
             )
             self.baked_image = baked.id
 
     def _routed_subnet(
-        self, vpc: aws.ec2.Vpc, zone: str, role: str, cidr: str, default_route: dict
-    ) -> tuple[aws.ec2.Subnet, aws.ec2.RouteTableAssociation]:
+        self, cluster_vpc: ec2.Vpc, zone: str, role: str, cidr: str, default_route: ec2.RouteTableRouteArgsDict
+    ) -> tuple[ec2.Subnet, ec2.RouteTableAssociation]:
         """Subnet <cluster>-<role> whose traffic beyond the VPC takes default_route (internet or NAT
         gateway), and the association that puts the route in force (what an instance waits for)."""
         name = f"{self.config.cluster_name}-{role}"
         tags = {**self.config.labels, "Name": name}
-        subnet = aws.ec2.Subnet(
-            name, vpc_id=vpc.id, cidr_block=cidr, availability_zone=zone,
+        subnet = ec2.Subnet(
+            name, vpc_id=cluster_vpc.id, cidr_block=cidr, availability_zone=zone,
             map_public_ip_on_launch=False, tags=tags, opts=self.child(),
         )
-        routes = aws.ec2.RouteTable(
-            name, vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", **default_route}], tags=tags, opts=self.child(),
+        routes = ec2.RouteTable(
+            name, vpc_id=cluster_vpc.id, routes=[default_route], tags=tags, opts=self.child(),
         )
-        association = aws.ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
+        association = ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
         return subnet, association
 
     def _zone_offering(self, instance_type: str) -> str:
         """The first availability zone of the region that offers the machine type."""
-        offerings = aws.ec2.get_instance_type_offerings(
+        offerings = ec2.get_instance_type_offerings(
             location_type="availability-zone", filters=[{"name": "instance-type", "values": [instance_type]}]
         )
         if not offerings.locations:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import pulumi
 
@@ -21,6 +21,17 @@ from infra.prices import CostEstimate, estimate
 NETWORK_CIDR = "10.42.0.0/16"
 NODE_SUBNET_CIDR = "10.42.0.0/24"
 FIRST_HOST = 10  # clouds reserve the first addresses of a subnet (Azure: 4, AWS: 4, GCP: 2)
+
+
+T = TypeVar("T")
+
+
+def present(value: T | None, what: str) -> T:
+    """An output the SDK types as optional that the cloud always sets for this program (a private
+    address it was given, a Static public IP): its value, or an error naming it."""
+    if value is None or value == "":
+        raise ValueError(f"the cloud returned no {what}")
+    return value
 
 
 def host_in(subnet_cidr: str, rank: int) -> str:

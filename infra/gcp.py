@@ -9,11 +9,11 @@ every stack has its own network.
 from __future__ import annotations
 
 import pulumi
-import pulumi_gcp as gcp
+from pulumi_gcp import compute
 
-from infra.cluster import NODE_SUBNET_CIDR, CloudCluster
+from infra.cluster import NODE_SUBNET_CIDR, CloudCluster, present
 
-UBUNTU = {"project": "ubuntu-os-cloud", "family": "ubuntu-2404-lts-amd64"}
+UBUNTU_PROJECT, UBUNTU_FAMILY = "ubuntu-os-cloud", "ubuntu-2404-lts-amd64"
 
 
 class GcpCluster(CloudCluster):
@@ -25,8 +25,8 @@ class GcpCluster(CloudCluster):
         member_tag, head_tag = f"{name}-node", f"{name}-head"
         self.zone = cfg.zone
 
-        network = gcp.compute.Network(name, auto_create_subnetworks=False, opts=self.child())
-        subnet = gcp.compute.Subnetwork(
+        network = compute.Network(name, auto_create_subnetworks=False, opts=self.child())
+        subnet = compute.Subnetwork(
             name,
             network=network.id,
             region=cfg.region,
@@ -35,7 +35,7 @@ class GcpCluster(CloudCluster):
             opts=self.child(),
         )
         # A custom VPC denies all ingress unless a rule allows it: these two are the only ones.
-        gcp.compute.Firewall(
+        compute.Firewall(
             f"{name}-intra-cluster",
             network=network.id,
             direction="INGRESS",
@@ -45,7 +45,7 @@ class GcpCluster(CloudCluster):
             description="All traffic among the cluster's own nodes (DDP collectives, mpirun, ssh)",
             opts=self.child(),
         )
-        gcp.compute.Firewall(
+        compute.Firewall(
             f"{name}-ssh-head",
             network=network.id,
             direction="INGRESS",
@@ -57,8 +57,8 @@ class GcpCluster(CloudCluster):
         )
         nat: list[pulumi.Resource] = []  # what a worker without an address waits for: its route out
         if self.nat_clients:
-            router = gcp.compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
-            nat = [gcp.compute.RouterNat(
+            router = compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
+            nat = [compute.RouterNat(
                 name,
                 router=router.name,
                 region=cfg.region,
@@ -68,19 +68,19 @@ class GcpCluster(CloudCluster):
                 opts=self.child(),
             )]
 
-        image = cfg.image or gcp.compute.get_image(**UBUNTU).self_link
-        head_address = gcp.compute.Address(
+        image = cfg.image or compute.get_image(project=UBUNTU_PROJECT, family=UBUNTU_FAMILY).self_link
+        head_address = compute.Address(
             f"{name}-head", region=cfg.region, address_type="EXTERNAL", labels=dict(cfg.labels), opts=self.child()
         )
-        instances = []
+        instances: list[compute.Instance] = []
         for rank, node_name in enumerate(self.node_names):
-            access = []
+            access: list[compute.InstanceNetworkInterfaceAccessConfigArgsDict] = []
             if rank == 0:
                 access = [{"nat_ip": head_address.address}]
             elif self.has_public_ip(rank):
                 access = [{}]  # an ephemeral public address (nanocluster:publicWorkers)
             instances.append(
-                gcp.compute.Instance(
+                compute.Instance(
                     node_name,  # named <node_name>-<random suffix> by Pulumi, unique in the project
                     zone=cfg.zone,
                     machine_type=cfg.machine.name,
@@ -123,9 +123,9 @@ class GcpCluster(CloudCluster):
             )
 
         self.head_public_ip = head_address.address
-        self.private_ips = [i.network_interfaces.apply(lambda nics: nics[0].network_ip) for i in instances]
+        self.private_ips = [i.network_interfaces.apply(lambda nics: present(nics[0].network_ip, "instance address")) for i in instances]
         if cfg.bake_image:
-            snapshot = gcp.compute.Snapshot(
+            snapshot = compute.Snapshot(
                 f"{name}-head",
                 source_disk=instances[0].boot_disk.source,
                 zone=cfg.zone,
@@ -133,7 +133,7 @@ class GcpCluster(CloudCluster):
                 opts=self.child(retain_on_delete=True),
             )
             # No image family: another stack of the same name would share it; use the exported id.
-            baked = gcp.compute.Image(
+            baked = compute.Image(
                 f"{name}-node",
                 source_snapshot=snapshot.self_link,
                 guest_os_features=[{"type": "GVNIC"}, {"type": "UEFI_COMPATIBLE"}],
@@ -142,7 +142,7 @@ class GcpCluster(CloudCluster):
             )
             self.baked_image = baked.self_link
 
-    def _scheduling(self) -> dict:
+    def _scheduling(self) -> compute.InstanceSchedulingArgsDict:
         if self.config.spot:
             return {
                 "provisioning_model": "SPOT",

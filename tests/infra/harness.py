@@ -80,6 +80,17 @@ class ClusterMocks(pulumi.runtime.Mocks):
         "azure-native:network:PublicIPAddress": lambda name: {"ipAddress": HEAD_PUBLIC_IP["azure"]},
     }
 
+    # Outputs a cloud computes from the inputs, by resource type.
+    COMPUTED_FROM_INPUTS: ClassVar[dict[str, Callable[[str, dict], dict]]] = {
+        "azure-native:compute:VirtualMachine": lambda name, inputs: {"storageProfile": {
+            **inputs.get("storageProfile", {}),
+            "osDisk": {
+                **inputs.get("storageProfile", {}).get("osDisk", {}),
+                "managedDisk": {"id": f"/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/{name}"},
+            },
+        }},
+    }
+
     def __init__(self) -> None:
         self.invokes: list[tuple[str, dict]] = []
         self.recorded: list[Resource] = []
@@ -96,6 +107,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
         state = dict(args.inputs)
         state.setdefault("name", args.name)  # what a provider names a resource given no name
         state.update(self.COMPUTED.get(args.typ, lambda name: {})(args.name))
+        state.update(self.COMPUTED_FROM_INPUTS.get(args.typ, lambda name, inputs: {})(args.name, dict(args.inputs)))
         return resource.id, state
 
 

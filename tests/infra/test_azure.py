@@ -96,6 +96,10 @@ def test_bake_image_goes_to_its_own_resource_group():
     (image,) = run.of_type("azure-native:compute:Image")
     assert image.get("resourceGroupName") == "nanocluster-dev-images"
     assert image.get("storageProfile")["osDisk"]["snapshot"] == {"id": "nanocluster-dev-head-id"}
+    (snapshot,) = run.of_type("azure-native:compute:Snapshot")
+    assert snapshot.get("creationData") == {
+        "createOption": "Copy", "sourceResourceId": "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/nanocluster-dev-0",
+    }
 
 
 # A size takes Premium SSD disks only when its name has 's' among the feature letters after the
