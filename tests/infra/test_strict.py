@@ -1,0 +1,68 @@
+"""Every cloud, every configuration that changes the resource graph: each resource's and invoke's
+inputs fit the SDK's typed arguments (tests/infra/strict.py) and break no documented provider limit
+(policy/constraints.py). "Passes under mocks" then means a real provider accepts the inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.prices import MACHINE_TYPES
+from tests.infra.harness import cached_stack
+from tests.infra.policy import constraint_breaches
+from tests.infra.strict import schema_violations
+
+CLOUDS = ("gcp", "aws", "azure")
+CUSTOM_IMAGE = {
+    "gcp": "projects/my-project/global/images/nanocluster-node",
+    "aws": "ami-0123456789abcdef0",
+    "azure": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/images/providers/Microsoft.Compute/images/nanocluster-node",
+}
+CONFIGURATIONS = {
+    "1-node": {"nodes": 1},
+    "3-nodes": {"nodes": 3},
+    "64-nodes": {"nodes": 64},
+    "spot": {"nodes": 3, "spot": True},
+    "bake-image": {"nodes": 2, "bakeImage": True},
+    "public-workers": {"nodes": 3, "publicWorkers": True},
+    "custom-image": {"nodes": 2, "image": "custom"},
+    "intel-profile": {"nodes": 2, "profile": "intel"},  # the largest user data
+}
+
+
+AZURE_ONLY = {"marketplace-image": {"nodes": 2, "image": "Canonical:ubuntu-24_04-lts:server:latest"}}
+CASES = [pytest.param(cloud, name, id=f"{cloud}-{name}") for cloud in CLOUDS for name in CONFIGURATIONS]
+CASES += [pytest.param("azure", name, id=f"azure-{name}") for name in AZURE_ONLY]
+MACHINES = [pytest.param(m.cloud, m.name, id=m.name) for m in MACHINE_TYPES.values()]
+
+
+def stack(cloud: str, name: str):
+    """The configuration's run, shared with the other modules' cached_stack calls."""
+    settings = dict({**CONFIGURATIONS, **AZURE_ONLY}[name])
+    if settings.get("image") == "custom":
+        settings["image"] = CUSTOM_IMAGE[cloud]
+    nodes = settings.pop("nodes")
+    return cached_stack(cloud, nodes, **settings)
+
+
+@pytest.mark.parametrize(("cloud", "name"), CASES)
+def test_sdk_types_accept_every_input(cloud, name):
+    run = stack(cloud, name)
+    assert run.resources and schema_violations(run) == []
+
+
+@pytest.mark.parametrize(("cloud", "name"), CASES)
+def test_no_input_breaks_a_documented_provider_limit(cloud, name):
+    run = stack(cloud, name)
+    assert constraint_breaches(run) == []
+
+
+@pytest.mark.parametrize(("cloud", "machine"), MACHINES)
+def test_every_offered_machine_type_fits_its_disks_and_network(cloud, machine):
+    """Each row of infra/prices.py (premium disks need an 's' size, C3 needs gVNIC, ...)."""
+    run = cached_stack(cloud, 1, machineType=machine)
+    assert schema_violations(run) == [] and constraint_breaches(run) == []
+
+
+def test_the_harness_sees_the_invokes_too():
+    invoked = {token for cloud in ("gcp", "aws") for token, _ in cached_stack(cloud, 1).invokes}
+    assert {"gcp:compute/getImage:getImage", "aws:ec2/getAmi:getAmi"} <= invoked
