@@ -107,7 +107,9 @@ class AwsCluster(CloudCluster):
                     ami=ami,
                     instance_type=cfg.machine.name,
                     # The head: on its interface (which has its address, subnet and groups). A worker: its
-                    # own, an address at launch only with nanocluster:publicWorkers.
+                    # own, an address at launch only with nanocluster:publicWorkers. primary_network_interface
+                    # came with Terraform's AWS provider 6.10 (pulumi-aws 7), replacing network_interface:
+                    # https://github.com/hashicorp/terraform-provider-aws/pull/43953
                     primary_network_interface={"network_interface_id": head_nic.id} if head else None,
                     subnet_id=None if head else public_subnet.id if public else worker_subnet.id,
                     private_ip=None if head else self.planned_ip(rank),
