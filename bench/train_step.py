@@ -1,11 +1,16 @@
-"""One GPT-2-small training step on this CPU: tokens/s and MFU in fp32, bf16 autocast and bf16 + compile.
+"""One GPT-2-small training step on this CPU: tokens/s and MFU in fp32, bf16 autocast and with torch.compile.
 
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile] [--profile]
+
+The default modes follow what the trainer would choose here (mixed_precision=auto): fp32, bf16 and
+bf16+compile on a CPU with amx_bf16 or avx512_bf16; fp32 and fp32+compile elsewhere, where bf16 is
+emulated (an emulated bf16 4096-square GEMM takes minutes) and the trainer never picks it.
 
 A step is forward + backward + AdamW (the trainer's: model.optim.build_optimizer, fused) on one
 1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
-this machine's matmul reaches with the same threads: large square GEMMs in fp32 and in bf16.
+this machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes
+use; the summary's MFU is against the peak of the dtype the trainer chooses on this CPU.
 
 Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per mode and one
 mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
@@ -34,11 +39,13 @@ from pathlib import Path
 
 MODES = {
     # name: (mixed_precision, torch.compile); bf16+compile is what the trainer runs with
-    # mixed_precision=auto compile=true on a bf16-capable CPU.
+    # mixed_precision=auto compile=true on a bf16-capable CPU, fp32+compile elsewhere.
     "fp32": ("fp32", False),
+    "fp32+compile": ("fp32", True),
     "bf16": ("bf16", False),
     "bf16+compile": ("bf16", True),
 }
+DEFAULT_MODES = {True: ("fp32", "bf16", "bf16+compile"), False: ("fp32", "fp32+compile")}  # by native bf16
 PEAK_SIZES = (2048, 4096)
 # Profiler op names -> the share of the step they are reported under (--profile); the rest is "other".
 OP_CATEGORIES = {
@@ -68,16 +75,30 @@ def peak_rss_gb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
 
 
-def measure_matmul_peaks(seconds: float = 1.0) -> dict[str, float]:
-    """FLOP/s of large square matmuls in fp32 and bf16 on the current threads (best size)."""
+def measure_matmul_peaks(dtypes: list[str], seconds: float = 1.0) -> dict[str, float]:
+    """FLOP/s of large square matmuls in each named dtype on the current threads (best size)."""
     import torch
 
     from model.mfu import measure_matmul_peak
 
     return {
-        name: max(measure_matmul_peak(dtype, seconds=seconds, n=n) for n in PEAK_SIZES)
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        name: max(measure_matmul_peak(getattr(torch, DTYPES[name]), seconds=seconds, n=n) for n in PEAK_SIZES)
+        for name in dtypes
     }
+
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def time_by_category(step) -> dict[str, float]:
@@ -173,6 +194,8 @@ def run_child(args: argparse.Namespace, what: str) -> dict:
         str(args.block_size),
         "--batch-size",
         str(args.batch_size),
+        "--peak-dtypes",
+        args.peak_dtypes,
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -196,7 +219,7 @@ def child_main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child == "peak":
-        result = {"peaks": measure_matmul_peaks(), "threads": torch.get_num_threads()}
+        result = {"peaks": measure_matmul_peaks(args.peak_dtypes.split(",")), "threads": torch.get_num_threads()}
     else:
         result = measure_train_step(
             args.child, args.iters, args.warmup, args.block_size, args.batch_size, args.profile
@@ -204,7 +227,7 @@ def child_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def print_time_shares(results: dict[str, dict], peaks: dict[str, float]) -> None:
+def print_time_shares(results: dict[str, dict], reference_peak: float) -> None:
     print("where a profiled step's time goes (ops' own time; the profiler itself adds a little):")
     print(
         f"{'mode':<14}"
@@ -217,7 +240,7 @@ def print_time_shares(results: dict[str, dict], peaks: dict[str, float]) -> None
         # Weight GEMMs do the 6N part of the FLOPs; the ceiling lets everything else take no time.
         gemm_flops = 6 * r["params"] * r["tokens_per_s"] * r["step_s"]
         gemm_rate = gemm_flops / shares["GEMMs"]
-        ceiling = r["flops_per_token"] * r["tokens_per_s"] * r["step_s"] / shares["GEMMs"] / peaks["bf16"]
+        ceiling = r["flops_per_token"] * r["tokens_per_s"] * r["step_s"] / shares["GEMMs"] / reference_peak
         print(
             f"{mode:<14}"
             + "".join(f"{shares[c] / total:>11.0%}" for c in shares)
@@ -242,7 +265,9 @@ def main() -> None:
         "--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)"
     )
     parser.add_argument(
-        "--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}"
+        "--modes",
+        default="",
+        help=f"comma-separated subset of {', '.join(MODES)}; default: what the trainer would choose here",
     )
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=1)
@@ -256,13 +281,18 @@ def main() -> None:
         "--profile", action="store_true", help="print where each mode's step time goes (one profiled step)"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--peak-dtypes", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(args)
         return
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    from model.conventions import BF16_CPU_FLAGS
+    from model.precision import cpu_bf16_capable
+
+    native_bf16 = cpu_bf16_capable()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] or list(DEFAULT_MODES[native_bf16])
     unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
+    if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     if args.iters < 1 or args.warmup < 1:
         parser.error("--iters and --warmup must be >= 1")
@@ -271,11 +301,19 @@ def main() -> None:
     elif args.allocator == "tcmalloc" and not find_tcmalloc():
         parser.error("--allocator tcmalloc: libtcmalloc not found (apt-get install libtcmalloc-minimal4)")
 
+    # MFU's reference: the peak of the dtype mixed_precision=auto runs in on this CPU.
+    reference = "bf16" if native_bf16 else "fp32"
+    print(
+        f"CPU: {cpu_name()}; native bf16 ({' or '.join(BF16_CPU_FLAGS)}): {'yes' if native_bf16 else 'no'}, "
+        f"so the trainer runs {reference}"
+    )
+    args.peak_dtypes = ",".join(sorted({reference, *(MODES[m][0] for m in modes)}))
     peak = run_child(args, "peak")
     peaks = peak["peaks"]
     print(
-        f"matmul peak, {peak['threads']} threads: fp32 {peaks['fp32'] / 1e12:.2f} TFLOP/s, "
-        f"bf16 {peaks['bf16'] / 1e12:.2f} TFLOP/s (square GEMMs {', '.join(map(str, PEAK_SIZES))})"
+        f"matmul peak, {peak['threads']} threads: "
+        + ", ".join(f"{name} {flops / 1e12:.2f} TFLOP/s" for name, flops in peaks.items())
+        + f" (square GEMMs {', '.join(map(str, PEAK_SIZES))})"
     )
     results = {mode: run_child(args, mode) for mode in modes}
     first = next(iter(results.values()))
@@ -285,25 +323,25 @@ def main() -> None:
         f"{first['allocator']} malloc"
     )
     print(
-        f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU bf16':>10}"
+        f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU ' + reference:>10}"
         f"{'peak RSS':>10}{'median s':>10}"
     )
     for mode, r in results.items():
         achieved = r["tokens_per_s"] * r["flops_per_token"]
-        own_peak = peaks["bf16" if MODES[mode][0] == "bf16" else "fp32"]
+        own_peak = peaks[MODES[mode][0]]
         print(
             f"{mode:<14}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
-            f"{achieved / own_peak:>9.1%}{achieved / peaks['bf16']:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
+            f"{achieved / own_peak:>9.1%}{achieved / peaks[reference]:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
             f"{r['median_s']:>10.3f}"
         )
     if args.profile:
-        print_time_shares(results, peaks)
+        print_time_shares(results, peaks[reference])
     best_mode = max(results, key=lambda m: results[m]["tokens_per_s"])
     best = results[best_mode]
-    best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks["bf16"]
+    best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks[reference]
     summary = (
         f"train_step: best {best_mode} {best['tokens_per_s']:.0f} tokens/s, "
-        f"MFU {best_mfu:.1%} of measured bf16 peak {peaks['bf16'] / 1e12:.2f} TFLOP/s"
+        f"MFU {best_mfu:.1%} of measured {reference} peak {peaks[reference] / 1e12:.2f} TFLOP/s"
     )
     if "fp32" in results:
         fp32 = results["fp32"]
