@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from infra.config import MAX_DISK_GB, ConfigError
 from infra.prices import MACHINE_TYPES
 from tests.infra.harness import cached_stack
 from tests.infra.policy import constraint_breaches
@@ -66,3 +67,30 @@ def test_every_offered_machine_type_fits_its_disks_and_network(cloud, machine):
 def test_the_harness_sees_the_invokes_too():
     invoked = {token for cloud in ("gcp", "aws") for token, _ in cached_stack(cloud, 1).invokes}
     assert {"gcp:compute/getImage:getImage", "aws:ec2/getAmi:getAmi"} <= invoked
+
+
+# Settings at the edge of what infra/config.py accepts. Each must be refused by the config (with its
+# clear error) or accepted by the provider; xfail marks the ones config lets through today although
+# the provider refuses them (reported to infra/config.py's owner): the mark goes once config refuses.
+MANY_LABELS = ",".join(f"k{i}=v{i}" for i in range(60))
+REFUSED_TODAY = "infra/config.py accepts it, the provider refuses it"
+EDGES = [
+    *(pytest.param(cloud, {"diskGb": MAX_DISK_GB}, id=f"{cloud}-diskGb-max") for cloud in ("gcp", "aws")),
+    pytest.param("azure", {"diskGb": MAX_DISK_GB}, id="azure-diskGb-max", marks=pytest.mark.xfail(strict=True, reason=REFUSED_TODAY + ": OS disks end at 4095 GiB")),
+    *(pytest.param(cloud, {"sshUser": "david"}, id=f"{cloud}-sshUser-david") for cloud in ("gcp", "aws")),
+    pytest.param("azure", {"sshUser": "david"}, id="azure-sshUser-david", marks=pytest.mark.xfail(strict=True, reason=REFUSED_TODAY + ": a reserved adminUsername")),
+    pytest.param("gcp", {"labels": MANY_LABELS}, id="gcp-60-labels"),
+    *(
+        pytest.param(cloud, {"labels": MANY_LABELS}, id=f"{cloud}-60-labels", marks=pytest.mark.xfail(strict=True, reason=REFUSED_TODAY + ": at most 50 tags"))
+        for cloud in ("aws", "azure")
+    ),
+]
+
+
+@pytest.mark.parametrize(("cloud", "settings"), EDGES)
+def test_settings_at_the_configs_limits_are_refused_by_it_or_accepted_by_the_provider(cloud, settings):
+    try:
+        run = cached_stack(cloud, 1, **settings)
+    except ConfigError:
+        return  # refused with a message naming the setting and the fix
+    assert schema_violations(run) == [] and constraint_breaches(run) == []
