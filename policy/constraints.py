@@ -47,6 +47,28 @@ def _name(r: Resource, prop: str) -> str | None:
     return _text(value)
 
 
+@dataclass(frozen=True)
+class TagRules:
+    """A cloud's limits on the key/value maps it stores with a resource (tags, labels)."""
+
+    most: int
+    key_ok: Callable[[str], bool]
+    value_ok: Callable[[str], bool]
+    says: str
+    props: tuple[str, ...] = ("tags",)
+
+    def __call__(self, r: Resource) -> Iterator[str]:
+        for prop in self.props:
+            tags = get(r.props, prop)
+            if not isinstance(tags, Mapping) or not known(tags):
+                continue
+            if len(tags) > self.most:
+                yield f"{prop}: {len(tags)} entries, at most {self.most}"
+            for key, value in tags.items():
+                if not (self.key_ok(key) and isinstance(value, str) and self.value_ok(value)):
+                    yield f"{prop}.{key}={value!r}: {self.says}"
+
+
 # --- AWS ------------------------------------------------------------------------------------------
 
 EC2_DESCRIPTION = re.compile(r"[a-zA-Z0-9 ._\-:/()#,@\[\]+=&;{}!$*]*")
@@ -87,25 +109,17 @@ def _ec2_group(r: Resource) -> Iterator[str]:
         yield f"name {name!r}: at most 255 characters, not starting with sg-"
 
 
+AWS_TAGS = TagRules(
+    50, lambda k: len(k) <= 128 and not k.lower().startswith("aws:"), lambda v: len(v) <= 256,
+    "keys up to 128 characters, not starting with aws:; values up to 256", ("tags", "volumeTags"),
+)
+
+
 def _aws_user_data(r: Resource) -> Iterator[str]:
     raw, encoded = _text(get(r.props, "userData")), _text(get(r.props, "userDataBase64"))
     size = len(raw.encode()) if raw is not None else decoded_size(encoded) if encoded is not None else 0
     if size > 16 * 1024:
         yield f"user data is {size} bytes; EC2 takes 16 KB (16384 bytes) before base64"
-
-
-def _aws_tags(r: Resource) -> Iterator[str]:
-    for prop in ("tags", "volumeTags"):
-        tags = get(r.props, prop)
-        if not isinstance(tags, Mapping) or not known(tags):
-            continue
-        if len(tags) > 50:
-            yield f"{prop}: {len(tags)} tags, at most 50"
-        for key, value in tags.items():
-            if len(key) > 128 or key.lower().startswith("aws:"):
-                yield f"{prop}.{key}: keys are at most 128 characters and never start with aws:"
-            if isinstance(value, str) and len(value) > 256:
-                yield f"{prop}.{key}: value of {len(value)} characters, at most 256"
 
 
 # --- Azure ----------------------------------------------------------------------------------------
@@ -205,17 +219,10 @@ def _azure_security_rule(rule: Any, path: str) -> Iterator[str]:
         yield f"{path}description: {len(description)} characters, at most 140"
 
 
-def _azure_tags(r: Resource) -> Iterator[str]:
-    tags = get(r.props, "tags")
-    if not isinstance(tags, Mapping) or not known(tags):
-        return
-    if len(tags) > 50:
-        yield f"tags: {len(tags)} tags, at most 50"
-    for key, value in tags.items():
-        if len(key) > 512 or set(key) & set("<>%&\\?/"):
-            yield f"tags.{key}: names are at most 512 characters, none of <>%&\\?/"
-        if isinstance(value, str) and len(value) > 256:
-            yield f"tags.{key}: value of {len(value)} characters, at most 256"
+AZURE_TAGS = TagRules(
+    50, lambda k: len(k) <= 512 and not set(k) & set("<>%&\\?/"), lambda v: len(v) <= 256,
+    "names up to 512 characters, none of <>%&\\?/; values up to 256",
+)
 
 
 # --- GCP ------------------------------------------------------------------------------------------
@@ -224,23 +231,16 @@ RFC1035 = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 GCP_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 GCP_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 GCP_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
+GCP_LABELS = TagRules(
+    64, lambda k: bool(GCP_LABEL_KEY.fullmatch(k)), lambda v: bool(GCP_LABEL_VALUE.fullmatch(v)),
+    "keys 1-63 and values 0-63 lowercase letters, digits, '_' or '-'; keys start with a letter", ("labels",),
+)
 
 
 def _gcp_name(r: Resource) -> Iterator[str]:
     name = _name(r, "name")
     if name is not None and not RFC1035.fullmatch(name):
         yield f"name {name!r}: 1-63 lowercase letters, digits and '-' (RFC 1035), starting with a letter"
-
-
-def _gcp_labels(r: Resource) -> Iterator[str]:
-    labels = get(r.props, "labels")
-    if not isinstance(labels, Mapping) or not known(labels):
-        return
-    if len(labels) > 64:
-        yield f"labels: {len(labels)} labels, at most 64"
-    for key, value in labels.items():
-        if not GCP_LABEL_KEY.fullmatch(key) or not (isinstance(value, str) and GCP_LABEL_VALUE.fullmatch(value)):
-            yield f"labels.{key}={value!r}: keys 1-63 and values 0-63 lowercase letters, digits, '_' or '-'; keys start with a letter"
 
 
 def _gcp_instance(r: Resource) -> Iterator[str]:
@@ -301,7 +301,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "Tags: at most 50, keys up to 128 characters not starting with aws:, values up to 256",
         "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions",
         ("aws:",),
-        _aws_tags,
+        AWS_TAGS,
     ),
     Constraint(
         "azure-premium-storage-size",
@@ -346,7 +346,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "Tags: at most 50, names up to 512 characters without <>%&\\?/, values up to 256",
         "https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/tag-resources#limitations",
         ("azure-native:",),
-        _azure_tags,
+        AZURE_TAGS,
     ),
     Constraint(
         "gcp-names",
@@ -360,7 +360,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "Labels: at most 64; keys 1-63 and values 0-63 of lowercase letters, digits, '_' and '-'; keys start with a letter",
         "https://cloud.google.com/resource-manager/docs/labels-overview#requirements",
         ("gcp:",),
-        _gcp_labels,
+        GCP_LABELS,
     ),
     Constraint(
         "gcp-instance",

@@ -66,6 +66,13 @@ def _is_head(tags: Any) -> bool:
     return get(tags, "rank") == "0"
 
 
+def _public_worker(settings: Settings, rank_tags: Any, has_public_address: bool) -> list[str]:
+    """A worker (not rank 0) with a public address nobody asked for."""
+    if has_public_address and not settings.public_workers and not _is_head(rank_tags):
+        return ["a worker with a public address (nanocluster:publicWorkers is off)"]
+    return []
+
+
 def _refers(holder: Resource, prop: str, values: Any, target: Resource, *, by_dependency: bool = True) -> bool:
     """Whether holder's property `prop` (one value or a list) names target: by id, or, where the value
     or target's id is not known (a preview; a stack view without ids), by the engine's record that the
@@ -150,11 +157,8 @@ def _gcp_firewall(r: Resource, settings: Settings) -> list[str]:
 
 
 def _gcp_instance(r: Resource, settings: Settings) -> list[str]:
-    if settings.public_workers or _is_head(get(r.props, "labels")):
-        return []
-    if any(items(nic, "accessConfigs") for nic in items(r.props, "networkInterfaces")):
-        return ["a worker with a public address (nanocluster:publicWorkers is off)"]
-    return []
+    public = any(items(nic, "accessConfigs") for nic in items(r.props, "networkInterfaces"))
+    return _public_worker(settings, get(r.props, "labels"), public)
 
 
 def _gcp_reach(resources: Sequence[Resource]) -> Iterator[str]:
@@ -213,9 +217,8 @@ def _aws_rules(r: Resource, settings: Settings) -> list[str]:
 
 
 def _aws_instance(r: Resource, settings: Settings) -> list[str]:
-    p, found = r.props, []
-    if get(p, "associatePublicIpAddress") is True and not settings.public_workers and not _is_head(get(p, "tags")):
-        found.append("a worker with a public address (nanocluster:publicWorkers is off)")
+    p = r.props
+    found = _public_worker(settings, get(p, "tags"), get(p, "associatePublicIpAddress") is True)
     tokens = get(p, "metadataOptions", "httpTokens")
     if known(tokens) and tokens != "required":
         found.append("IMDSv1 allowed (metadata_options.http_tokens is not 'required')")
@@ -309,11 +312,8 @@ def _azure_rules(r: Resource, settings: Settings) -> list[str]:
 
 
 def _azure_nic(r: Resource, settings: Settings) -> list[str]:
-    if settings.public_workers or _is_head(get(r.props, "tags")):
-        return []
-    if any(get(c, "publicIPAddress") for c in items(r.props, "ipConfigurations")):
-        return ["a worker with a public address (nanocluster:publicWorkers is off)"]
-    return []
+    public = any(get(c, "publicIPAddress") for c in items(r.props, "ipConfigurations"))
+    return _public_worker(settings, get(r.props, "tags"), public)
 
 
 def _azure_vm(r: Resource, settings: Settings) -> list[str]:
