@@ -130,7 +130,7 @@ def input_schema(cls: type) -> Schema:
         fields[wire_name] = Field(hints[wire_name], values)
     required = frozenset(
         python_names[p.name]
-        for p in inspect.signature(cls.__init__).parameters.values()
+        for p in inspect.signature(cls).parameters.values()
         if p.default is inspect.Parameter.empty and p.name in python_names
     )
     return Schema(cls.__qualname__, fields, required)
