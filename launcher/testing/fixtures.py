@@ -1,0 +1,39 @@
+"""pytest fixtures for tests that drive the launcher on sshd test nodes (as fabric.testing.fixtures).
+
+Import the ones a test module or conftest.py needs:
+
+    from launcher.testing.fixtures import fab, nodes, tiny_config  # noqa: F401 (pytest fixtures)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.testing.fab import TINY_CONFIG, Fab
+from launcher.testing.nodes import TestNodes, missing_requirements
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    """Three sshd test nodes for the module (skipped where they cannot be built: not root, no sshd)."""
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"sshd test nodes unavailable: {reason}")
+    with TestNodes(3, tmp_path_factory.mktemp("nodes")) as built:
+        yield built
+
+
+@pytest.fixture(scope="module")
+def fab(nodes, tmp_path_factory) -> Fab:
+    """The fab CLI against the nodes' contract, with its own operator state directory."""
+    return Fab(nodes.contract_path, tmp_path_factory.mktemp("operator"))
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    """A trainer YAML whose steps take milliseconds (launcher.testing.fab.TINY_CONFIG)."""
+    path = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    path.write_text(TINY_CONFIG)
+    return path
