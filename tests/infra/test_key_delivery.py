@@ -11,18 +11,9 @@ import stat
 import pytest
 
 from launcher.testing.fab import Fab
-from launcher.testing.nodes import TestNodes, missing_requirements
+from launcher.testing.nodes import TestNodes
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"sshd test nodes unavailable: {reason}")
-    with TestNodes(3, tmp_path_factory.mktemp("nodes")) as built:
-        yield built
 
 
 def ssh_files(nodes: TestNodes, i: int) -> dict[str, str]:
