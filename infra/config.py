@@ -23,8 +23,33 @@ CLOUDS = ("gcp", "aws", "azure")
 PROFILES = ("default", "intel")
 MAX_NODES = 64  # the address plan gives each rank a fixed private IP in one /24
 MAX_CLUSTER_NAME = 40  # + "-intra-cluster" + Pulumi's "-" and 7-character suffix = 62 <= GCP's 63
-MIN_DISK_GB, MAX_DISK_GB = 30, 4096
+MIN_DISK_GB = 30
+# Largest boot disk per cloud, GB. 4096 is nanocluster's own ceiling where the provider allows more: a GCP
+# Persistent Disk holds up to 64 TiB (https://cloud.google.com/compute/docs/disks/persistent-disks), an AWS
+# gp3 volume up to 16,384 GiB (https://docs.aws.amazon.com/sdk-for-kotlin/api/latest/ec2/
+# aws.sdk.kotlin.services.ec2.model/-launch-template-ebs-block-device-request/volume-size.html). An Azure OS
+# disk holds at most 4,095 GiB (https://learn.microsoft.com/en-us/azure/virtual-machines/managed-disks-overview#os-disk).
+MAX_DISK_GB = {"gcp": 4096, "aws": 4096, "azure": 4095}
 RESERVED_USERS = {"root", "admin", "administrator", "user", "guest", "test", "ubuntu"}
+# User names Azure refuses as a VM's osProfile.adminUsername ("Disallowed values",
+# https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/create-or-update#osprofile).
+# policy/constraints.py keeps its own copy (the policy pack does not import the program), citing the same page.
+AZURE_DISALLOWED_USERS = {
+    "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
+    "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root",
+    "server", "sql", "support", "support_388945a0", "sys", "test2", "test3", "user4", "user5",
+}
+# Tags (labels on GCP) one resource may carry: AWS 50
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions), Azure 50
+# (https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/tag-resources#limitations), GCP 64
+# (https://cloud.google.com/resource-manager/docs/creating-managing-labels#requirements).
+MAX_TAGS = {"gcp": 64, "aws": 50, "azure": 50}
+# The keys the stack sets itself on a resource: ClusterConfig.labels' own, each VM's rank, AWS's Name.
+STACK_TAG_KEYS = {
+    "gcp": ("cluster", "owner", "managed-by", "rank"),
+    "aws": ("cluster", "owner", "managed-by", "Name", "rank"),
+    "azure": ("cluster", "owner", "managed-by", "rank"),
+}
 
 # Every key in the nanocluster: namespace (Pulumi.yaml declares the same ones).
 KEYS = (
@@ -147,6 +172,54 @@ def _labels(raw: object, owner: str) -> dict[str, str]:
     return {"owner": owner, **given}
 
 
+def _within_tag_limit(labels: dict[str, str], cloud: str) -> dict[str, str]:
+    """The labels, if the user's ones and the stack's own fit on one resource of the cloud."""
+    yours = [k for k in labels if k not in STACK_TAG_KEYS[cloud]]
+    room = MAX_TAGS[cloud] - len(STACK_TAG_KEYS[cloud])
+    if len(yours) > room:
+        raise _fail(
+            "nanocluster:labels",
+            f"{len(yours)} labels, but {cloud} takes at most {MAX_TAGS[cloud]} tags per resource and the stack sets "
+            f"{len(STACK_TAG_KEYS[cloud])} itself ({', '.join(STACK_TAG_KEYS[cloud])}), so at most {room} of yours",
+            f"drop {len(yours) - room} of them",
+        )
+    return labels
+
+
+def _disk_gb(raw: Mapping[str, object], cloud: str) -> int:
+    key, largest = "nanocluster:diskGb", MAX_DISK_GB[cloud]
+    disk_gb = _int(raw, key, 100)
+    if disk_gb < MIN_DISK_GB:
+        raise _fail(
+            key,
+            f"{disk_gb} GB is outside {MIN_DISK_GB}..{largest} (the venv and a tokenized dataset need ~{MIN_DISK_GB})",
+            f"pulumi config set {key} 100",
+        )
+    if disk_gb > largest:
+        why = f"an Azure OS disk holds at most {largest} GiB" if cloud == "azure" else f"nanocluster's ceiling on {cloud}"
+        raise _fail(key, f"{disk_gb} GB is outside {MIN_DISK_GB}..{largest} ({why})", f"pulumi config set {key} {largest} (or less)")
+    return disk_gb
+
+
+def _ssh_user(raw: Mapping[str, object], cloud: str) -> str:
+    key, fix = "nanocluster:sshUser", "pulumi config set nanocluster:sshUser nanocluster"
+    ssh_user = str(raw.get(key) or "nanocluster")
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", ssh_user) or ssh_user in RESERVED_USERS:
+        raise _fail(
+            key,
+            f"'{ssh_user}' is not a usable login name (lowercase, at most 32 characters, not {', '.join(sorted(RESERVED_USERS))})",
+            fix,
+        )
+    if cloud == "azure" and ssh_user in AZURE_DISALLOWED_USERS:
+        raise _fail(
+            key,
+            f"'{ssh_user}' is a name Azure refuses for a VM's admin user "
+            f"(osProfile.adminUsername; Azure disallows {', '.join(sorted(AZURE_DISALLOWED_USERS))})",
+            fix,
+        )
+    return ssh_user
+
+
 def _owner() -> str:
     """Who runs `pulumi up`, in label alphabet; nanocluster:labels owner=... overrides it."""
     try:
@@ -241,20 +314,8 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     nodes = _int(raw, "nanocluster:nodes", 3)
     if not 1 <= nodes <= MAX_NODES:
         raise _fail("nanocluster:nodes", f"{nodes} is outside 1..{MAX_NODES}", "pulumi config set nanocluster:nodes 3")
-    disk_gb = _int(raw, "nanocluster:diskGb", 100)
-    if not MIN_DISK_GB <= disk_gb <= MAX_DISK_GB:
-        raise _fail(
-            "nanocluster:diskGb",
-            f"{disk_gb} GB is outside {MIN_DISK_GB}..{MAX_DISK_GB} (the venv and a tokenized dataset need ~{MIN_DISK_GB})",
-            "pulumi config set nanocluster:diskGb 100",
-        )
-    ssh_user = str(raw.get("nanocluster:sshUser") or "nanocluster")
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", ssh_user) or ssh_user in RESERVED_USERS:
-        raise _fail(
-            "nanocluster:sshUser",
-            f"'{ssh_user}' is not a usable login name (lowercase, at most 32 characters, not {', '.join(sorted(RESERVED_USERS))})",
-            "pulumi config set nanocluster:sshUser nanocluster",
-        )
+    disk_gb = _disk_gb(raw, cloud)
+    ssh_user = _ssh_user(raw, cloud)
     profile = str(raw.get("nanocluster:profile") or "default")
     if profile not in PROFILES:
         raise _fail("nanocluster:profile", f"'{profile}' is not a node profile", "pulumi config set nanocluster:profile default (or intel)")
@@ -281,7 +342,9 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         bake_image=_bool(raw, "nanocluster:bakeImage"),
         profile=profile,
         image=image,
-        labels={"cluster": cluster_name, "managed-by": "pulumi", **_labels(raw.get("nanocluster:labels"), _owner())},
+        labels=_within_tag_limit(
+            {"cluster": cluster_name, "managed-by": "pulumi", **_labels(raw.get("nanocluster:labels"), _owner())}, cloud
+        ),
     )
 
 

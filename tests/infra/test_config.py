@@ -25,6 +25,16 @@ def test_labels_name_cluster_and_owner_and_take_extra_ones():
     assert config.labels == {"cluster": "nanocluster-dev", "managed-by": "pulumi", "owner": "ana", "team": "ml"}
 
 
+def test_a_limit_of_one_cloud_does_not_refuse_the_setting_on_the_others():
+    assert parsed("gcp", sshUser="david").ssh_user == parsed("aws", sshUser="david").ssh_user == "david"
+    assert parsed("gcp", diskGb=4096).disk_gb == parsed("aws", diskGb=4096).disk_gb == 4096
+    assert parsed("azure", diskGb=4095).disk_gb == 4095
+    # owner overrides the stack's owner label, so it does not count against the user's share
+    many = ",".join([*(f"k{i}=v" for i in range(45)), "owner=ana"])
+    assert len(parsed("aws", labels=many).labels) == 48
+    assert len(parsed("gcp", labels=",".join(f"k{i}=v" for i in range(60))).labels) == 63
+
+
 def test_world_ssh_is_accepted_with_the_explicit_opt_in():
     assert parsed(sshAllowedCidr="0.0.0.0/0", allowSshFromAnywhere=True).ssh_allowed_cidr == "0.0.0.0/0"
 
@@ -47,6 +57,13 @@ INVALID = [
     ("gcp", {"allowSshFromAnywhere": "yes"}, "nanocluster:allowSshFromAnywhere: 'yes' is not true or false"),
     ("gcp", {"diskGb": 10}, "nanocluster:diskGb: 10 GB is outside 30..4096"),
     ("gcp", {"sshUser": "root"}, "nanocluster:sshUser: 'root' is not a usable login name"),
+    ("azure", {"diskGb": 4096}, "nanocluster:diskGb: 4096 GB is outside 30..4095 (an Azure OS disk holds at most 4095 GiB). Fix: pulumi config set nanocluster:diskGb 4095 (or less)"),
+    ("gcp", {"diskGb": 4097}, "nanocluster:diskGb: 4097 GB is outside 30..4096 (nanocluster's ceiling on gcp). Fix: pulumi config set nanocluster:diskGb 4096"),
+    ("azure", {"sshUser": "david"}, "nanocluster:sshUser: 'david' is a name Azure refuses for a VM's admin user (osProfile.adminUsername; Azure disallows 1, 123, a, actuser,"),
+    ("azure", {"sshUser": "support_388945a0"}, "Fix: pulumi config set nanocluster:sshUser nanocluster"),
+    ("aws", {"labels": ",".join(f"k{i}=v" for i in range(46))}, "nanocluster:labels: 46 labels, but aws takes at most 50 tags per resource and the stack sets 5 itself (cluster, owner, managed-by, Name, rank), so at most 45 of yours. Fix: drop 1 of them"),
+    ("azure", {"labels": ",".join(f"k{i}=v" for i in range(60))}, "nanocluster:labels: 60 labels, but azure takes at most 50 tags per resource and the stack sets 4 itself (cluster, owner, managed-by, rank), so at most 46 of yours. Fix: drop 14 of them"),
+    ("gcp", {"labels": ",".join(f"k{i}=v" for i in range(61))}, "at most 64 tags per resource and the stack sets 4 itself"),
     ("gcp", {"profile": "cuda"}, "nanocluster:profile: 'cuda' is not a node profile"),
     ("aws", {"image": "ubuntu-24.04"}, "nanocluster:image: 'ubuntu-24.04' is not an image reference for aws. Fix: use an AMI id"),
     ("azure", {"image": "Canonical:ubuntu"}, "is not an image reference for azure"),
