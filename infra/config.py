@@ -33,7 +33,7 @@ MAX_DISK_GB = {"gcp": 4096, "aws": 4096, "azure": 4095}
 RESERVED_USERS = {"root", "admin", "administrator", "user", "guest", "test", "ubuntu"}
 # User names Azure refuses as a VM's osProfile.adminUsername ("Disallowed values",
 # https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/create-or-update#osprofile).
-# policy/constraints.py keeps its own copy (the policy pack does not import the program), citing the same page.
+# The policy pack (policy/constraints.py) checks VMs against this same list.
 AZURE_DISALLOWED_USERS = {
     "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
     "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root",

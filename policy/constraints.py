@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# Azure's admin-name and OS-disk limits are written once, where the program's config refuses them.
+from infra.config import AZURE_DISALLOWED_USERS, MAX_DISK_GB
 from policy.props import decoded_size, get, items, known
 from policy.rules import Resource
 
@@ -159,15 +161,8 @@ def _azure_custom_data(r: Resource) -> Iterator[str]:
 
 def _azure_os_disk_size(r: Resource) -> Iterator[str]:
     size = get(r.props, "storageProfile", "osDisk", "diskSizeGB")
-    if isinstance(size, (int, float)) and size > 4095:
-        yield f"storageProfile.osDisk.diskSizeGB {size:.0f}: an OS disk holds at most 4,095 GiB"
-
-
-AZURE_DISALLOWED_USERS = {
-    "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
-    "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root",
-    "server", "sql", "support", "support_388945a0", "sys", "test2", "test3", "user4", "user5",
-}
+    if isinstance(size, (int, float)) and size > MAX_DISK_GB["azure"]:
+        yield f"storageProfile.osDisk.diskSizeGB {size:.0f}: an OS disk holds at most {MAX_DISK_GB['azure']:,} GiB"
 
 
 def _azure_os_profile(r: Resource) -> Iterator[str]:
