@@ -3,12 +3,23 @@
 A unit (a rank for the fabric launcher, a machine's torchrun, or the head's mpirun) runs detached in
 its own session: `setsid sh -c 'sh UNIT.sh >> logs/UNIT.log 2>&1; echo "$? $(date +%s.%N)" > UNIT.exit'`.
 UNIT.pid holds the session's process group, so stopping kills every process the unit started;
-UNIT.started and UNIT.exit record when it started and how and when it ended (the monitor names the
-first failure by that time). Commands take the node root as a shell word and unit names (file stems).
+UNIT.identity holds the node's boot id and the leader's start time, and every command here that
+acts on a unit (the running check before a start, alive, follow, metrics, stop) first verifies both
+with launch/identity.py's shell functions: a record from another boot, or a pid now held by another
+process, is a lost unit, never treated as running and never signalled. UNIT.started and UNIT.exit
+record when it started and how and when it ended (the monitor names the first failure by that
+time). Commands take the node root as a shell word and unit names (file stems).
+
+Why not `systemd-run --collect` (a transient unit whose cgroup, not a number, holds the unit): the
+identity check is needed anyway where PID 1 is not systemd (the sshd test nodes, containers, the
+local cluster on a workstation or CI runner), and one mechanism everywhere is the one the tests
+exercise. A cgroup would also catch a process that leaves the unit's session (a double-forking
+daemon); the trainer and its launchers do not do that, so the process group is enough.
 """
 
 from __future__ import annotations
 
+from launcher.launch.identity import LOST_REASONS, with_identity
 from launcher.site import run_dir
 from launcher.transport.cluster_ssh import install_ssh_command
 
@@ -17,11 +28,11 @@ STOP_GRACE_S = 10
 
 
 def running_check(directory: str) -> str:
-    """Exit 3 with a message when a unit of this run is still alive on the node."""
+    """Exit 3 with a message when a unit of this run is still alive on the node (verified as ours)."""
     return (
-        f'for f in {directory}/*.pid; do [ -f "$f" ] || continue; '
-        'if kill -0 -"$(cat "$f")" 2>/dev/null; then '
-        'echo "already running ($(basename "$f" .pid), process group $(cat "$f")): fab stop first" >&2; exit 3; fi; done'
+        f'for f in {directory}/*.pid; do [ -f "$f" ] || continue; u=${{f%.pid}}; '
+        'if nc_unit "$u" && kill -0 -"$nc_pid" 2>/dev/null; then '
+        'echo "already running ($(basename "$u"), process group $nc_pid): fab stop first" >&2; exit 3; fi; done'
     )
 
 
@@ -46,20 +57,20 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool) -> str
             f"setsid sh -c 'date +%s.%N > {unit}.started; sh ./{unit}.sh >> {log} 2>&1; "
             f"echo \"$? $(date +%s.%N)\" > {unit}.exit' "
             "< /dev/null > /dev/null 2>&1 &",
-            f"echo $! > {unit}.pid",
+            f"nc_record {unit} $!; echo $! > {unit}.pid",
             f'echo "{unit} $!"',
         ]
-    return "\n".join(lines)
+    return with_identity("\n".join(lines))
 
 
 def follow_command(root: str, run: str, unit: str, from_start: bool = True) -> str:
     """Stream a unit's log until the unit ends, then one line: EXIT_MARKER CODE TIME (or 'lost')."""
     directory = run_dir(root, run)
     start = "+1" if from_start else "0"
-    return (
-        f"cd {directory} || exit 1; pid=$(cat {unit}.pid 2>/dev/null); "
-        f'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then '
-        f"tail -s 0.2 -n {start} -F --pid=$pid logs/{unit}.log 2>/dev/null; "
+    return with_identity(
+        f"cd {directory} || exit 1; "
+        f'if nc_unit {unit} && kill -0 "$nc_pid" 2>/dev/null; then '
+        f'tail -s 0.2 -n {start} -F --pid="$nc_pid" logs/{unit}.log 2>/dev/null; '
         f"else cat logs/{unit}.log 2>/dev/null; fi; "
         f'echo "{EXIT_MARKER} $(cat {unit}.exit 2>/dev/null || echo lost)"'
     )
@@ -68,34 +79,57 @@ def follow_command(root: str, run: str, unit: str, from_start: bool = True) -> s
 def metrics_command(root: str, run: str, unit: str) -> str:
     """Stream new lines of rank 0's metrics.jsonl while the unit that writes it is alive."""
     directory = run_dir(root, run)
-    return (
-        f"cd {directory} || exit 1; pid=$(cat {unit}.pid 2>/dev/null) || exit 0; "
-        f"tail -s 0.5 -n 0 -F --pid=$pid metrics.jsonl 2>/dev/null"
+    return with_identity(
+        f"cd {directory} || exit 1; nc_unit {unit} || exit 0; "
+        f'tail -s 0.5 -n 0 -F --pid="$nc_pid" metrics.jsonl 2>/dev/null'
     )
 
 
 def stop_command(root: str, run: str) -> str:
-    """TERM every unit's process group of the run on this node, KILL what is left after the grace."""
+    """TERM every unit's process group of the run on this node, KILL what is left after the grace.
+
+    Only units verified as ours before the first signal are stopped. During the grace a group whose
+    leader has exited (state gone) is still followed: Linux does not hand out a number still used
+    as a process group id, so while any member lives the group is the unit's."""
     directory = run_dir(root, run)
     ticks = STOP_GRACE_S * 5
-    return (
-        f"cd {directory} 2>/dev/null || exit 0; pids=$(cat *.pid 2>/dev/null) || true; "
-        '[ -n "$pids" ] || exit 0; '
-        'for p in $pids; do kill -TERM -"$p" 2>/dev/null; done; '
+    return with_identity(
+        f"cd {directory} 2>/dev/null || exit 0; units=; "
+        'for f in *.pid; do [ -f "$f" ] || continue; nc_unit "${f%.pid}" && units="$units ${f%.pid}"; done; '
+        '[ -n "$units" ] || exit 0; '
+        'held() { { nc_unit "$1" || [ "$nc_state" = gone ]; } && kill -0 -"$nc_pid" 2>/dev/null; }; '
+        'for u in $units; do nc_unit "$u" && kill -TERM -"$nc_pid" 2>/dev/null; done; '
         f"i=0; while [ $i -lt {ticks} ]; do alive=; "
-        'for p in $pids; do kill -0 -"$p" 2>/dev/null && alive="$alive $p"; done; '
+        'for u in $units; do held "$u" && alive="$alive $u"; done; '
         '[ -n "$alive" ] || exit 0; sleep 0.2; i=$((i+1)); done; '
-        'for p in $alive; do kill -KILL -"$p" 2>/dev/null; done; echo "killed (no exit after TERM):$alive"'
+        'for u in $alive; do held "$u" && kill -KILL -"$nc_pid" 2>/dev/null; done; '
+        'echo "killed (no exit after TERM):$alive"'
     )
 
 
 def alive_command(root: str, run: str) -> str:
-    """Print 'UNIT running|exited CODE|lost' for each unit of the run on this node (lost: gone without an exit record)."""
+    """Print 'UNIT running|exited CODE|lost[: why]' for each unit of the run on this node
+    (lost: not running as recorded and no exit record; why from identity.LOST_REASONS)."""
     directory = run_dir(root, run)
-    return (
+    reasons = " ".join(f'{state}) echo "$u {why}";;' for state, why in LOST_REASONS.items())
+    return with_identity(
         f"cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f \"$f\" ] || continue; u=${{f%.pid}}; "
-        'if kill -0 -"$(cat "$f")" 2>/dev/null; then echo "$u running"; '
-        'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; else echo "$u lost"; fi; done'
+        'if nc_unit "$u" && kill -0 -"$nc_pid" 2>/dev/null; then echo "$u running"; '
+        'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; '
+        f'else case $nc_state in {reasons} *) echo "$u lost";; esac; fi; done'
+    )
+
+
+def boot_command(root: str, run: str) -> str:
+    """One line: whether the run's units on this node were started in its current boot
+    ('current boot', 'earlier boot: the node rebooted since', or '-' when none was started)."""
+    directory = run_dir(root, run)
+    return with_identity(
+        f"cd {directory} 2>/dev/null || {{ echo -; exit 0; }}; b=$(nc_boot_id); seen=; other=; "
+        'for f in *.identity; do [ -f "$f" ] || continue; seen=1; r=; read -r r rest < "$f" || true; '
+        '[ "$r" = "$b" ] || other=1; done; '
+        'if [ -n "$other" ]; then echo "earlier boot: the node rebooted since"; '
+        'elif [ -n "$seen" ]; then echo "current boot"; else echo -; fi'
     )
 
 

@@ -9,10 +9,18 @@ from rich.table import Table
 
 from launcher.console import console, say
 from launcher.launch.monitor import Progress
-from launcher.launch.units import alive_command
+from launcher.launch.units import alive_command, boot_command
 from launcher.session import Session, machines, resolve_cluster
+from launcher.transport import Shell
 
 METRICS_LINES = 50
+
+
+def units_of(shell: Shell, run: str) -> tuple[str, str]:
+    """(which boot the run's units were started in, each unit's state) on one node, in one round trip."""
+    out = shell.run(f"({boot_command(shell.root, run)}); ({alive_command(shell.root, run)})").stdout
+    boot, _, units = out.partition("\n")
+    return boot.strip() or "-", " ".join(units.split()) or "-"
 
 
 def status(cluster_spec: str | None, run: str = "main") -> int:
@@ -20,19 +28,18 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     cluster = resolve_cluster(cluster_spec, None)
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
-    for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "job"):
+    for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
         table.add_column(col, overflow="fold")
     with Session.open(cluster, shown, reachable_only=True) as session:
-        jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (
-            n.index, " ".join(s.run(alive_command(s.root, run)).stdout.split()) or "-")))
+        jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
         for node in shown:
             if node.index in session.unreachable:
-                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", session.unreachable[node.index])
+                table.add_row(node.name, node.private_ip, "DOWN", "", "", "", "", session.unreachable[node.index])
                 continue
             r = session.report(node)
             ready = f"not ready ({', '.join(r.missing)})" if r.missing else "ready"
             table.add_row(node.name, node.private_ip, ready, r.hostname, f"{r.python or '?'}/{r.torch or '-'}",
-                          "" if r.free_gb is None else str(r.free_gb), jobs.get(node.index, "-"))
+                          "" if r.free_gb is None else str(r.free_gb), *jobs.get(node.index, ("-", "-")))
         console.print(table)
         if cluster.head.index in session.shells:
             head = session.shell(cluster.head)

@@ -1,0 +1,59 @@
+"""Which process group is a unit: the one shell library every unit command verifies it with.
+
+A process id alone does not name a unit: after a node reboots (a spot VM stopped and started, a
+maintenance restart, the operator's own machine for the local cluster) the run directory still holds
+UNIT.pid, and the number may now belong to sshd, the guest agent or the user's own work. So when a
+unit starts, UNIT.identity records, beside UNIT.pid, the node's boot id
+(/proc/sys/kernel/random/boot_id) and the leader's start time (field 22 of /proc/PID/stat, in clock
+ticks since boot). A command treats the group as the unit, or signals it, only when both still match
+(DESIGN.md, "A unit on a node ... identified by the node's boot id and the leader's start time").
+
+nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`:
+
+    ours        the boot id and the leader's start time match: the unit's leader is alive
+    rebooted    the record is from another boot: the node rebooted, the unit is lost
+    reused      the pid now belongs to another process (its start time differs): lost
+    gone        no process has the pid any more
+    unrecorded  UNIT.pid without UNIT.identity (a run started before identities): never signalled
+    none        no UNIT.pid
+
+Test seam: NANOCLUSTER_BOOT_ID_FILE, when set in the environment of the node's shell, replaces
+/proc/sys/kernel/random/boot_id, so a test can simulate a reboot by changing that file's content
+(the sshd test nodes set it for every session; see launcher/testing/nodes.py).
+"""
+
+from __future__ import annotations
+
+BOOT_ID_ENV = "NANOCLUSTER_BOOT_ID_FILE"
+"""Test seam: the file read instead of /proc/sys/kernel/random/boot_id."""
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+LOST_REASONS = {
+    "rebooted": "lost: the node rebooted",
+    "reused": "lost: its pid is now another process",
+    "unrecorded": "lost: no identity record",
+    "gone": "lost",
+}
+"""What `fab status` says of a unit that is not running and left no exit record, by nc_state."""
+
+# POSIX sh (bash and dash): the remote login shell or the local cluster's bash runs it. The stat line
+# is cut after its last ')' because comm (field 2) may hold spaces and parentheses; field 22 is then
+# the 20th word, since the rest starts at field 3.
+UNIT_IDENTITY_SH = rf"""nc_boot_id() {{ cat "${{{BOOT_ID_ENV}:-{BOOT_ID_FILE}}}" 2>/dev/null; }}
+nc_start_time() {{ nc_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; nc_s=${{nc_s##*\)}}; set -- $nc_s; \
+[ -n "${{20}}" ] && echo "${{20}}"; }}
+nc_record() {{ echo "$(nc_boot_id) $(nc_start_time "$2" || echo -)" > "$1.identity"; }}
+nc_unit() {{ nc_state=none; nc_pid=$(cat "$1.pid" 2>/dev/null); [ -n "$nc_pid" ] || return 1
+nc_boot=; nc_start=; read -r nc_boot nc_start 2>/dev/null < "$1.identity" || true
+if [ -z "$nc_boot" ]; then nc_state=unrecorded; return 1; fi
+if [ "$nc_boot" != "$(nc_boot_id)" ]; then nc_state=rebooted; return 1; fi
+nc_now=$(nc_start_time "$nc_pid") || {{ nc_state=gone; return 1; }}
+if [ "$nc_now" != "$nc_start" ]; then nc_state=reused; return 1; fi
+nc_state=ours; }}
+"""
+"""Shell functions prepended to every command that acts on a unit (units.py)."""
+
+
+def with_identity(command: str) -> str:
+    """command with the unit identity functions defined before it."""
+    return UNIT_IDENTITY_SH + command
