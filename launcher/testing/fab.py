@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.site import REPO_ROOT
@@ -45,3 +47,12 @@ class Fab:
     def popen(self, *args: str, log: Path) -> subprocess.Popen:
         out = open(log, "w")  # noqa: SIM115 (closed by the test via the process)
         return subprocess.Popen([FAB, *args], cwd=REPO_ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll predicate until it holds; AssertionError naming what was awaited after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)

@@ -12,7 +12,12 @@ UTS namespace (hostname node<i>) and mount namespace, where the node's own direc
 bind-mounted over /root: every node sees the same home path, like identical VMs, yet each home is
 separate (this machine's Python installation, if it lives under /root, is bound back in). sshd
 listens only on the node's address with a fresh ED25519 host key. Teardown kills every process in
-each namespace by PID, deletes the namespaces, the veths and the bridge.
+each namespace (each through a pidfd, once it is checked to be still in the namespace), deletes the
+namespaces, the veths and the bridge.
+
+Every session on node i has NANOCLUSTER_BOOT_ID_FILE (launcher/launch/identity.py's test seam) set
+to boot_id_file(i), which starts as this machine's boot id; reboot(i) simulates a reboot: every
+process of the node but its sshd listener is killed and the node gets a new boot id.
 
 The nodes share this machine's filesystem otherwise, so they run the trainer with this checkout's
 .venv (the contract's node_python), unless built `bare` (no node_python: `fab setup` must bootstrap).
@@ -31,9 +36,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from launcher.inventory import physical_cores
+from launcher.launch.identity import BOOT_ID_ENV, BOOT_ID_FILE
 
 NODE_HOME = Path("/root")
 SSHD = "/usr/sbin/sshd"
@@ -96,6 +103,10 @@ class TestNodes:
         """Node i's home directory as seen from this machine."""
         return self.workdir / f"node{i}" / "home"
 
+    def boot_id_file(self, i: int) -> Path:
+        """What node i's sessions read as the node's boot id (the BOOT_ID_ENV test seam)."""
+        return self.workdir / f"node{i}" / "boot_id"
+
     def __enter__(self) -> TestNodes:
         try:
             self._build()
@@ -151,6 +162,7 @@ class TestNodes:
         vocab = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or Path.home() / ".cache" / "nanocluster" / "tiktoken")
         if vocab.is_dir():
             shutil.copytree(vocab, home / ".cache" / "nanocluster" / "tiktoken", dirs_exist_ok=True)
+        self.boot_id_file(i).write_text(Path(BOOT_ID_FILE).read_text())
         host_key = base / "ssh_host_ed25519_key"
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
         keep = python_under_home()
@@ -162,7 +174,7 @@ class TestNodes:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nAuthorizedKeysFile .ssh/authorized_keys\nSubsystem sftp internal-sftp\n"
             "MaxSessions 64\nMaxStartups 64:30:128\nPrintMotd no\nLogLevel ERROR\n"
-            "SetEnv PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin\n"
+            f"SetEnv PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin {BOOT_ID_ENV}={self.boot_id_file(i)}\n"
         )
         run("ip", "netns", "add", ns)
         veth = f"{self.tag}v{i}"
@@ -225,12 +237,38 @@ class TestNodes:
                    "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
                    f"root@{self.ips[i]}", command, check=False, timeout=timeout)
 
-    # ------------------------------------------------------------------ teardown
+    # ------------------------------------------------------------------ reboots and teardown
+    def reboot(self, i: int) -> None:
+        """Simulate node i rebooting: every process of the node but its sshd listener (which is back at
+        once, as after a boot) is killed, and the node's boot id changes."""
+        self.kill_all(i, keep=self.sshd[i].pid)
+        self.boot_id_file(i).write_text(f"{uuid.uuid4()}\n")
+
+    def kill_all(self, i: int, keep: int | None = None) -> None:
+        """SIGKILL every process in node i's network namespace but `keep`. Each is signalled through a
+        pidfd opened before checking that it is still in the namespace, so a reused pid never is."""
+        try:
+            namespace = os.stat(f"/run/netns/{self.namespaces[i]}")
+        except FileNotFoundError:
+            return
+        for pid in self.pids(i):
+            if pid == keep:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # it ended on its own
+                    inside = os.stat(f"/proc/{pid}/ns/net")
+                    if (inside.st_dev, inside.st_ino) == (namespace.st_dev, namespace.st_ino):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+            finally:
+                os.close(fd)
+
     def teardown(self) -> None:
         for i in range(len(self.sshd)):
-            for pid in self.pids(i):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            self.kill_all(i)
         for proc in self.sshd:
             if proc.poll() is None:
                 proc.kill()

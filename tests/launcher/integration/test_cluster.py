@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher.inventory import load_cluster
-from launcher.testing.fab import Fab
+from launcher.testing.fab import Fab, wait_for
 from launcher.testing.nodes import TestNodes
 from launcher.transport import NodeError, connect
 
@@ -80,14 +80,6 @@ def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_t
     finally:
         for shell in shells.values():
             shell.close()
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path):

@@ -1,0 +1,42 @@
+"""A run whose nodes reboot under it: the units are lost, and the next `fab train` resumes the run."""
+
+from __future__ import annotations
+
+import re
+
+from launcher.testing.fab import wait_for
+
+RUN = "rebooted"
+RUN_TIMEOUT_S = 180
+
+
+def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, fab, tiny_config, tmp_path,
+                                                                         monkeypatch):
+    assert fab("prepare-data").returncode == 0
+    run_dir = nodes.home(0) / f"nanocluster/runs/{RUN}"
+    proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", RUN,
+                     "--set", "max_iters=100000", "--set", "eval_interval=5", log=tmp_path / "first.log")
+    try:
+        wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+    finally:  # the operator's fab goes away (its ranks are detached and keep training), then the nodes reboot
+        proc.kill()
+        proc.wait()
+    for i in range(3):
+        assert nodes.processes(i, "model.train"), f"a trainer runs on node{i}"
+        nodes.reboot(i)  # every process of the node but its sshd listener, and a new boot id
+    for i in range(3):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived the reboot of node{i}"
+        assert (nodes.home(i) / f"nanocluster/runs/{RUN}/rank{i}.pid").exists()  # the stale records stay
+
+    monkeypatch.setitem(fab.env, "COLUMNS", "400")  # one table line per node
+    shown = fab("status", "--run", RUN)
+    rows = [line for line in shown.stdout.splitlines() if re.search(r"\bnode[0-2]\b", line)]
+    assert len(rows) == 3, shown.stdout
+    for i, row in enumerate(rows):
+        assert f"rank{i} lost: the node rebooted" in row and "earlier boot" in row, shown.stdout
+
+    rerun = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", RUN,
+                "--set", "max_iters=12", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    assert rerun.returncode == 0, rerun.stderr + rerun.stdout[-3000:]
+    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), \
+        rerun.stdout[-3000:]
