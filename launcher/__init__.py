@@ -7,7 +7,7 @@
     session.py    a task's nodes, connected once and probed once (probe.py, remote/probe.py)
     setup/        ready nodes: bootstrap, the cluster's SSH, model/ code
     data/         prepare a dataset and give every node a checked copy
-    launch/       plan, rendered files, unit commands, start, monitor, stop (`fab train`, `fab stop`)
+    launch/       plan, rendered files, unit commands and identities, start, monitor, stop (`fab train`, `fab stop`)
     runs/         status, logs, sample, fetch
     doctor.py     preflight checks with their fixes
     remote/       standard-library scripts run with the node's Python
