@@ -13,7 +13,8 @@ nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`:
     ours        the boot id and the leader's start time match: the unit's leader is alive
     rebooted    the record is from another boot: the node rebooted, the unit is lost
     reused      the pid now belongs to another process (its start time differs): lost
-    gone        no process has the pid any more
+    gone        no process has the pid any more, or the leader has ended and awaits its reaper (a
+                zombie: kill -0 still succeeds on it, and a container's init may reap it late)
     unrecorded  UNIT.pid without UNIT.identity (a run started before identities): never signalled
     none        no UNIT.pid
 
@@ -40,15 +41,17 @@ LOST_REASONS = {
 # is cut after its last ')' because comm (field 2) may hold spaces and parentheses; field 22 is then
 # the 20th word, since the rest starts at field 3.
 UNIT_IDENTITY_SH = rf"""nc_boot_id() {{ cat "${{{BOOT_ID_ENV}:-{BOOT_ID_FILE}}}" 2>/dev/null; }}
-nc_start_time() {{ nc_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; nc_s=${{nc_s##*\)}}; set -- $nc_s; \
-[ -n "${{20}}" ] && echo "${{20}}"; }}
+nc_stat() {{ nc_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; nc_s=${{nc_s##*\)}}; set -- $nc_s; \
+nc_pstate=$1; nc_pstart=${{20}}; [ -n "$nc_pstart" ]; }}
+nc_start_time() {{ nc_stat "$1" && echo "$nc_pstart"; }}
 nc_record() {{ echo "$(nc_boot_id) $(nc_start_time "$2" || echo -)" > "$1.identity"; }}
 nc_unit() {{ nc_state=none; nc_pid=$(cat "$1.pid" 2>/dev/null); [ -n "$nc_pid" ] || return 1
 nc_boot=; nc_start=; read -r nc_boot nc_start 2>/dev/null < "$1.identity" || true
 if [ -z "$nc_boot" ]; then nc_state=unrecorded; return 1; fi
 if [ "$nc_boot" != "$(nc_boot_id)" ]; then nc_state=rebooted; return 1; fi
-nc_now=$(nc_start_time "$nc_pid") || {{ nc_state=gone; return 1; }}
-if [ "$nc_now" != "$nc_start" ]; then nc_state=reused; return 1; fi
+nc_stat "$nc_pid" || {{ nc_state=gone; return 1; }}
+if [ "$nc_pstart" != "$nc_start" ]; then nc_state=reused; return 1; fi
+if [ "$nc_pstate" = Z ]; then nc_state=gone; return 1; fi
 nc_state=ours; }}
 """
 """Shell functions prepended to every command that acts on a unit (units.py)."""
