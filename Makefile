@@ -28,7 +28,7 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
-# launcher/quickstart.yaml (about 2 minutes on 2 cores); data and runs in ~/nanocluster.
+# launcher/quickstart.yaml (2 to 7 minutes on 2 cores: README); data and runs in ~/nanocluster.
 quickstart: setup
 	$(BIN)/fab prepare-data
 	$(BIN)/fab train --nodes 3
