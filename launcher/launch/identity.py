@@ -8,7 +8,8 @@ unit starts, UNIT.identity records, beside UNIT.pid, the node's boot id
 ticks since boot). A command treats the group as the unit, or signals it, only when both still match
 (DESIGN.md, "A unit on a node ... identified by the node's boot id and the leader's start time").
 
-nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`:
+nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`; nc_running UNIT also needs
+some process of the unit's group alive:
 
     ours        the boot id and the leader's start time match: the unit's leader is alive
     rebooted    the record is from another boot: the node rebooted, the unit is lost
@@ -53,6 +54,7 @@ nc_stat "$nc_pid" || {{ nc_state=gone; return 1; }}
 if [ "$nc_pstart" != "$nc_start" ]; then nc_state=reused; return 1; fi
 if [ "$nc_pstate" = Z ]; then nc_state=gone; return 1; fi
 nc_state=ours; }}
+nc_running() {{ nc_unit "$1" && kill -0 -"$nc_pid" 2>/dev/null; }}
 """
 """Shell functions prepended to every command that acts on a unit (units.py)."""
 

@@ -31,7 +31,7 @@ def running_check(directory: str) -> str:
     """Exit 3 with a message when a unit of this run is still alive on the node (verified as ours)."""
     return (
         f'for f in {directory}/*.pid; do [ -f "$f" ] || continue; u=${{f%.pid}}; '
-        'if nc_unit "$u" && kill -0 -"$nc_pid" 2>/dev/null; then '
+        'if nc_running "$u"; then '
         'echo "already running ($(basename "$u"), process group $nc_pid): fab stop first" >&2; exit 3; fi; done'
     )
 
@@ -114,7 +114,7 @@ def alive_command(root: str, run: str) -> str:
     reasons = " ".join(f'{state}) echo "$u {why}";;' for state, why in LOST_REASONS.items())
     return with_identity(
         f"cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f \"$f\" ] || continue; u=${{f%.pid}}; "
-        'if nc_unit "$u" && kill -0 -"$nc_pid" 2>/dev/null; then echo "$u running"; '
+        'if nc_running "$u"; then echo "$u running"; '
         'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; '
         f'else case $nc_state in {reasons} *) echo "$u lost";; esac; fi; done'
     )
