@@ -18,3 +18,17 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
+
+# How a rank's process ends, as its exit status: the launcher's self-healing retries only failures
+# from outside the program (a peer lost, a stop signal it did not send, a signal death such as the
+# OOM killer's 137), never the program's own errors.
+EXIT_PROGRAM_ERROR = 1
+"""Bad config, missing data or an exception in training: rerunning would fail the same way."""
+
+EXIT_PEER_LOST = 75
+"""A collective with the other ranks failed (a peer died, hung past collective_timeout_s or became
+unreachable): this rank is fine and a restart may succeed. 75 is sysexits' EX_TEMPFAIL."""
+
+EXIT_STOPPED = 130
+"""Stopped by SIGINT/SIGTERM (`fab stop`, Ctrl-C, or a cloud's preemption notice) after keeping the
+last snapshot intact."""

@@ -30,7 +30,7 @@ from model import distributed
 from model.checkpoint import CheckpointError, save_checkpoint
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
-from model.conventions import CKPT_NAME, SNAPSHOT_NAME
+from model.conventions import CKPT_NAME, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED, SNAPSHOT_NAME
 from model.data import DataError, TokenBatches
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"collective_timeout_s, or is unreachable ({type(e).__name__}: {first_line})",
                 file=sys.stderr,
             )
+            return EXIT_PEER_LOST
         else:
             logging.getLogger("model.train").exception("training failed")
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
@@ -302,12 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         distributed.destroy_process_group()
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-    return 1
+    return EXIT_PROGRAM_ERROR
 
 
 def report_interrupted() -> int:
     print("error: interrupted (SIGINT/SIGTERM); the last snapshot is intact", file=sys.stderr)
-    return 130
+    return EXIT_STOPPED
 
 
 if __name__ == "__main__":
