@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import distributed
+from model import comm_hooks, distributed
 from model.checkpoint import CheckpointError, save_checkpoint
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
@@ -83,6 +83,7 @@ class Trainer:
             self.ddp = DistributedDataParallel(
                 self.model, bucket_cap_mb=cfg.ddp_bucket_cap_mb, gradient_as_bucket_view=True
             )
+            comm_hooks.register(self.ddp, cfg)
         self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
         self.tokens_per_iter = (
@@ -170,15 +171,20 @@ class Trainer:
             self.metrics.eval(self.iter_num, losses["train"], losses["val"])
         if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
             return
-        rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)  # every rank takes part
+        self.save_snapshot()
+        if self.is_rank0 and improved:
+            save_checkpoint(self.checkpoint_payload(), self.out_dir / CKPT_NAME)
+            log.info("val loss improved: wrote %s", self.out_dir / CKPT_NAME)
+
+    def save_snapshot(self) -> None:
+        """Write snapshot.pt (weights, optimizer, every rank's RNG) at the last completed optimizer
+        step. A collective: every rank calls it at the same step; rank 0 writes."""
+        rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)
         if self.is_rank0:
             save_checkpoint(
                 self.checkpoint_payload(optimizer=self.optimizer.state_dict(), rng=rng),
                 self.out_dir / SNAPSHOT_NAME,
             )
-            if improved:
-                save_checkpoint(self.checkpoint_payload(), self.out_dir / CKPT_NAME)
-                log.info("val loss improved: wrote %s", self.out_dir / CKPT_NAME)
 
     def run(self) -> None:
         cfg = self.cfg
