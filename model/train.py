@@ -186,6 +186,10 @@ class Trainer:
                 self.out_dir / SNAPSHOT_NAME,
             )
 
+    def wait_for_snapshot(self) -> None:
+        """Return once the last snapshot asked for is on disk (before exiting, or before writing
+        another out of turn). save_snapshot writes synchronously, so it is on disk already."""
+
     def run(self) -> None:
         cfg = self.cfg
         if self.is_rank0:
