@@ -21,6 +21,7 @@ from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
 from launcher.probe import NodeReport
+from launcher.runs.record import append_event, launch_fields
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
@@ -82,13 +83,16 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         plan = make_plan(cluster, session.nodes, {n.index: launch_facts(session.report(n)) for n in session.nodes},
                          **plan_args)
         start_units(session, plan, config_text)
+        append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
         say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} launcher, "
             f"backend {plan.resolved_backend()}, run dir runs/{run} ({time.monotonic() - started:.1f} s after start)")
         monitor = Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line)
         try:
             progress = monitor.watch()
         except RunFailed as e:
+            append_event(cluster, run, "end", outcome="failed", reason=str(e), exit_code=e.exit_code)
             raise TaskError(str(e)) from None
+        append_event(cluster, run, "end", outcome="finished", iter=progress.iter)
         say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; "
             f"best checkpoint runs/{run}/ckpt.pt on {session.head.name} (fab sample, fab fetch)")
 
