@@ -133,6 +133,15 @@ class TrainConfig:
     """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
     ddp_bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MB: gradients are all-reduced bucket by bucket while backward runs."""
+    keep_global_batch: bool = False
+    """On a resume with a different world size (fewer or more nodes), set gradient_accumulation_steps
+    so that batch_size x gradient_accumulation_steps x world size equals the snapshot's global batch
+    (sequences per optimizer step), and log it. false: a resume whose global batch differs from the
+    snapshot's is an error. The launcher sets it when it resumes a run on fewer nodes (--min-nodes)."""
+    stop_grace_s: float = 25.0
+    """Seconds a stop signal (SIGTERM/SIGINT) leaves to finish the step in progress and write its
+    snapshot before the process stops at once, keeping the previous snapshot. Below the 30 s that
+    GCP and Azure give a preempted VM (README, "Preemption")."""
 
     # ------------------------------------------------------------------------------------------------
     def peak_learning_rate(self) -> float:
@@ -191,6 +200,7 @@ class TrainConfig:
             ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
             ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
+            ("stop_grace_s", self.stop_grace_s > 0, "> 0"),
             # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.
             *(
                 (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))

@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 # What reading the start can fail with that the user fixes; raised on every rank, not only rank 0.
 START_ERRORS = (ConfigError, CheckpointError)
-# A snapshot resumes only with these unchanged: they fix which batches each iteration draws.
-RESUME_KEYS = ("block_size", "batch_size", "gradient_accumulation_steps")
+# A snapshot resumes only with these unchanged: they fix the shape of each micro-batch. The global
+# batch (sequences per optimizer step) must be unchanged too: see resume_accumulation.
+RESUME_KEYS = ("block_size", "batch_size")
 
 
 @dataclasses.dataclass
@@ -44,6 +45,8 @@ class StartState:
     """Each rank's RNG states saved in the snapshot (resume only)."""
     resumed_from: str | None = None
     """The snapshot's path when resuming, else None."""
+    gradient_accumulation_steps: int | None = None
+    """On a resume: the accumulation that keeps the snapshot's global batch on this world size."""
 
 
 def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
@@ -73,6 +76,49 @@ def check_resumable(cfg: TrainConfig, snapshot_config: dict[str, Any]) -> None:
             )
 
 
+def global_batch(batch_size: int, gradient_accumulation_steps: int, world_size: int) -> int:
+    """Sequences per optimizer step over all ranks."""
+    return batch_size * gradient_accumulation_steps * world_size
+
+
+def snapshot_global_batch(payload: dict[str, Any]) -> tuple[int, int]:
+    """(world size, global batch) a snapshot was trained with. Snapshots from before they were
+    recorded: the world size is the number of RNG states it holds (one per rank)."""
+    snap = payload["config"]
+    world_size = payload.get("world_size") or len(payload.get("rng") or [None])
+    default = global_batch(snap["batch_size"], snap["gradient_accumulation_steps"], world_size)
+    return world_size, payload.get("global_batch") or default
+
+
+def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, Any]) -> int:
+    """gradient_accumulation_steps for resuming this snapshot on world_size ranks: cfg's own when the
+    global batch is unchanged; with keep_global_batch, the one that keeps it; otherwise an error."""
+    snap_world, snap_global = snapshot_global_batch(payload)
+    ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, world_size)
+    if ours == snap_global:
+        return cfg.gradient_accumulation_steps
+    snap = payload["config"]
+    was = (
+        f"the snapshot in {Path(cfg.out_dir)} was trained with a global batch of {snap_global} sequences "
+        f"per optimizer step (batch_size {snap['batch_size']} x gradient_accumulation_steps "
+        f"{snap['gradient_accumulation_steps']} x world size {snap_world})"
+    )
+    if not cfg.keep_global_batch:
+        raise ConfigError(
+            f"{was}; this run would use {ours} (batch_size {cfg.batch_size} x gradient_accumulation_steps "
+            f"{cfg.gradient_accumulation_steps} x world size {world_size}): pass keep_global_batch=true "
+            "to set gradient_accumulation_steps so the global batch stays the same, or use another out_dir"
+        )
+    per_accumulation = cfg.batch_size * world_size
+    if snap_global % per_accumulation:
+        raise ConfigError(
+            f"keep_global_batch=true: {was}, which is not a multiple of batch_size {cfg.batch_size} x world "
+            f"size {world_size} = {per_accumulation}: choose a batch_size or number of ranks whose product "
+            f"divides {snap_global}"
+        )
+    return snap_global // per_accumulation
+
+
 def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[str, Any] | None]:
     """Every rank: the StartState; rank 0 also gets the tensors it read ("model", "optimizer"), if any."""
     payload_box: dict[str, Any] = {}
@@ -95,6 +141,7 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
                 payload["best_val_loss"],
                 payload.get("rng"),
                 str(snapshot),
+                resume_accumulation(cfg, env.world_size, payload),
             )
         if cfg.init_from == "scratch":
             return StartState(dataclasses.asdict(scratch_model_config(cfg)))
@@ -103,6 +150,18 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
         return StartState(dataclasses.asdict(model.config))
 
     start = on_rank0(read, env.world_size, START_ERRORS)
+    accumulation = start.gradient_accumulation_steps
+    if accumulation is not None and accumulation != cfg.gradient_accumulation_steps:
+        if env.rank == 0:
+            log.info(
+                "keep_global_batch: world size %d, gradient_accumulation_steps %d -> %d keeps the snapshot's "
+                "%d sequences per optimizer step",
+                env.world_size,
+                cfg.gradient_accumulation_steps,
+                accumulation,
+                global_batch(cfg.batch_size, accumulation, env.world_size),
+            )
+        cfg.gradient_accumulation_steps = accumulation
     return start, (payload_box if env.rank == 0 and payload_box else None)
 
 

@@ -15,10 +15,8 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from model.model import GPT, GPTConfig
 from model.optim import build_optimizer, learning_rate_at
 from model.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
 from model.start import read_start_state, restore_rng
+from model.stop_signal import StopRequested, StopSignal, snapshot_and_stop
 
 log = logging.getLogger("model.train")
 
@@ -51,6 +50,9 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedS
 class Trainer:
     """One rank's part of the run: built from where the run starts (model.start), run() trains to
     max_iters, evaluating and writing snapshot.pt / ckpt.pt every eval_interval steps."""
+
+    stop_signal: StopSignal | None = None
+    """Set by main(): checked after every optimizer step, so a stop snapshots a completed step."""
 
     def __init__(self, cfg: TrainConfig, env: distributed.RankEnv):
         self.cfg, self.env = cfg, env
@@ -157,6 +159,9 @@ class Trainer:
             config=self.cfg.to_dict(),
             iter_num=self.iter_num,
             best_val_loss=self.best_val_loss,
+            # What a resume on another world size checks (model.start.resume_accumulation).
+            world_size=self.env.world_size,
+            global_batch=self.cfg.batch_size * self.cfg.gradient_accumulation_steps * self.env.world_size,
             **extra,
         )
 
@@ -208,6 +213,8 @@ class Trainer:
             if self.iter_num % cfg.log_interval == 0:
                 self.log_step(all_ranks_mean(loss, self.env.world_size), iter_s)
             self.iter_num += 1
+            if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
+                snapshot_and_stop(self, self.stop_signal)
 
     def log_step(self, loss: float, iter_s: float) -> None:
         tokens_per_s = self.tokens_per_iter / iter_s
@@ -238,8 +245,9 @@ def setup_logging(rank: int) -> None:
     root.setLevel(logging.INFO)
 
 
-def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
-    """Join the job (several ranks), train to max_iters, leave; the finished Trainer is returned."""
+def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = None) -> Trainer:
+    """Join the job (several ranks), train to max_iters, leave; the finished Trainer is returned.
+    With a StopSignal, a stop signal ends the run after a snapshot of the last completed step."""
     distributed.check_world_size(env, cfg.expected_world_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -248,6 +256,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
         distributed.init_process_group(env, backend, cfg.collective_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env)
+    trainer.stop_signal = stop
     trainer.run()
     # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
     digest = hashlib.sha256()
@@ -260,17 +269,6 @@ def train(cfg: TrainConfig, env: distributed.RankEnv) -> Trainer:
     return trainer
 
 
-# Set by the SIGINT/SIGTERM handler. The exception that reaches main() is not always the
-# KeyboardInterrupt it raised: raised inside torch.save's write callback, it comes out of torch's
-# archive writer as a RuntimeError ("unexpected pos"), yet the run was stopped, not broken.
-stop_requested = threading.Event()
-
-
-def interrupt(signum: int, frame: Any) -> None:
-    stop_requested.set()
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -278,21 +276,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, dotted for nesting")
     args = parser.parse_args(argv)
-    # `fab stop` and schedulers send SIGTERM: unwind like Ctrl-C, so a snapshot being written is
-    # abandoned cleanly (its temporary file removed) and the exit is reported.
-    stop_requested.clear()
-    previous_handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        previous_handlers = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # `fab stop`, schedulers and clouds about to preempt send SIGTERM: finish the step, snapshot it
+    # on every rank, exit (model.stop_signal). A second signal or the grace running out: at once.
+    stop = StopSignal(grace_s=TrainConfig.stop_grace_s)  # the config's, once it is read
+    stop.install()
     try:
         env = distributed.detect_rank_env()
         setup_logging(env.rank)
-        train(load_config(args.config, args.overrides), env)
+        cfg = load_config(args.config, args.overrides)
+        stop.grace_s = cfg.stop_grace_s
+        train(cfg, env, stop)
         return 0
+    except StopRequested as e:
+        cause = stop.signal_name or "another rank was signalled"
+        print(f"error: interrupted ({cause}); {e}, snapshot written", file=sys.stderr)
+        return EXIT_STOPPED
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
     except Exception as e:
-        if stop_requested.is_set():
+        # A KeyboardInterrupt raised inside torch.save's write callback comes out of torch's archive
+        # writer as a RuntimeError ("unexpected pos"), yet the run was stopped, not broken.
+        if stop.forced.is_set():
             return report_interrupted()
         if is_peer_failure(e):
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -311,13 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         # Every way out leaves the group while the interpreter is whole: a group left to interpreter
         # shutdown takes gloo's threads down with it (SIGABRT). Local for gloo: safe while peers run.
         distributed.destroy_process_group()
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        stop.uninstall()
     return EXIT_PROGRAM_ERROR
 
 
 def report_interrupted() -> int:
-    print("error: interrupted (SIGINT/SIGTERM); the last snapshot is intact", file=sys.stderr)
+    print("error: interrupted (SIGINT/SIGTERM) mid-step; the previous snapshot is intact", file=sys.stderr)
     return EXIT_STOPPED
 
 

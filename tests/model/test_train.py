@@ -22,8 +22,9 @@ def run_main(*args: str) -> int:
 def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
     tmp_path, random_tokens, monkeypatch, capsys
 ):
-    # SIGTERM lands while torch.save writes: torch's archive writer turns the KeyboardInterrupt
-    # raised in its write callback into a RuntimeError, yet the run was stopped, not broken.
+    # A second SIGTERM (the first only asks to stop after the step) lands while torch.save writes:
+    # torch's archive writer turns the KeyboardInterrupt raised in its write callback into a
+    # RuntimeError, yet the run was stopped, not broken.
     real_save = torch.save
 
     class SignalOnFirstWrite:
@@ -33,6 +34,7 @@ def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
         def write(self, data):
             if not self.signalled:
                 self.signalled = True
+                os.kill(os.getpid(), signal.SIGTERM)
                 os.kill(os.getpid(), signal.SIGTERM)
             return self.f.write(data)
 
