@@ -55,12 +55,15 @@ def _number(flag: str, value, kind: type = int):
     "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
     "skip_system_packages": "no apt on the nodes (python3-venv must be there already)",
     "nodes": "only the first N nodes (default all)",
+    "idle_minutes": "power each node off after N minutes with no run and no SSH session (0: never; "
+                    "default: keep the node's setting, nanocluster:idleMinutes on a stack)",
 })
 @_errors_to_exit
-def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=False, nodes=None):
+def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=False, nodes=None,
+          idle_minutes=None):
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
     tasks.setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
-                nodes=_number("nodes", nodes))
+                nodes=_number("nodes", nodes), idle_minutes=_number("idle-minutes", idle_minutes))
 
 
 @task(help={

@@ -104,6 +104,7 @@ class CloudCluster(pulumi.ComponentResource):
                     node_name=self.node_names[rank],
                     ssh_user=cfg.ssh_user,
                     profile=cfg.profile,
+                    idle_minutes=cfg.idle_minutes,
                     cluster_public_key=cluster_public,
                     host_private_key=host_private,
                     host_public_key=host_public,

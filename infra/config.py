@@ -52,6 +52,9 @@ STACK_TAG_KEYS = {
 }
 
 # Every key in the nanocluster: namespace (Pulumi.yaml declares the same ones).
+MAX_IDLE_MINUTES = 7 * 24 * 60
+"""nanocluster:idleMinutes's upper bound (a week): beyond it, turn the idle stop off (0)."""
+
 KEYS = (
     "cloud",
     "nodes",
@@ -66,6 +69,7 @@ KEYS = (
     "profile",
     "image",
     "labels",
+    "idleMinutes",
 )
 
 IMAGE_FORMATS = {
@@ -122,6 +126,10 @@ class ClusterConfig:
     """Base image; empty means the newest Ubuntu 24.04 LTS image, looked up (nanocluster:image)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Labels/tags on every resource: cluster, owner, managed-by, plus nanocluster:labels."""
+    idle_minutes: int = 0
+    """Power a node off after this many minutes with no run and no SSH session; 0 never
+    (nanocluster:idleMinutes, 0..MAX_IDLE_MINUTES). Given to new VMs in their user data; existing
+    VMs take a change from `fab setup --idle-minutes N` (user data is in ignore_changes)."""
 
 
 def _fail(key: str, problem: str, fix: str) -> ConfigError:
@@ -319,6 +327,10 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     profile = str(raw.get("nanocluster:profile") or "default")
     if profile not in PROFILES:
         raise _fail("nanocluster:profile", f"'{profile}' is not a node profile", "pulumi config set nanocluster:profile default (or intel)")
+    idle_minutes = _int(raw, "nanocluster:idleMinutes", 0)
+    if not 0 <= idle_minutes <= MAX_IDLE_MINUTES:
+        raise _fail("nanocluster:idleMinutes", f"{idle_minutes} is outside 0..{MAX_IDLE_MINUTES}",
+                    "pulumi config set nanocluster:idleMinutes 60 (0 turns the idle stop off)")
     image = str(raw.get("nanocluster:image") or "").strip()
     pattern, shape = IMAGE_FORMATS[cloud]
     if image and not pattern.fullmatch(image):
@@ -342,6 +354,7 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         bake_image=_bool(raw, "nanocluster:bakeImage"),
         profile=profile,
         image=image,
+        idle_minutes=idle_minutes,
         labels=_within_tag_limit(
             {"cluster": cluster_name, "managed-by": "pulumi", **_labels(raw.get("nanocluster:labels"), _owner())}, cloud
         ),

@@ -16,7 +16,7 @@ readonly min_python="3.11"
 usage() {
     cat <<'EOF'
 usage: bootstrap.sh [--user USER] [--profile default|intel] [--python PY]
-                    [--pip-args "ARGS"] [--skip-system-packages] [--check]
+                    [--pip-args "ARGS"] [--skip-system-packages] [--idle-minutes N] [--check]
 
 Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,runs}.
 
@@ -26,6 +26,9 @@ Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,ru
   --python PY              interpreter for the venv, >= 3.11 (default: python3)
   --pip-args "ARGS"        extra pip install arguments, e.g. "--no-index --find-links /wheels"
   --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync
+  --idle-minutes N         power the node off after N minutes with no run and no SSH session (0: never;
+                           default: leave the setting as it is). Installs node/autostop.sh as a
+                           systemd timer (cron without systemd); needs root for that
   --check                  change nothing; exit 0 if this node is ready, 3 if not
   -h, --help               this text
 
@@ -45,16 +48,18 @@ python=python3
 pip_args=""
 install_system_packages=1
 check_only=0
+idle_minutes=""
 
 while (($#)); do
     case "$1" in
-        --user | --profile | --python | --pip-args)
+        --user | --profile | --python | --pip-args | --idle-minutes)
             (($# >= 2)) || usage_error "$1 needs a value"
             case "$1" in
                 --user) user=$2 ;;
                 --profile) profile=$2 ;;
                 --python) python=$2 ;;
                 --pip-args) pip_args=$2 ;;
+                --idle-minutes) idle_minutes=$2 ;;
             esac
             shift 2
             ;;
@@ -69,6 +74,8 @@ case "$profile" in
     default | intel) ;;
     *) usage_error "--profile must be 'default' or 'intel', not '$profile'" ;;
 esac
+[[ -z "$idle_minutes" || "$idle_minutes" =~ ^[0-9]+$ ]] ||
+    usage_error "--idle-minutes must be a whole number of minutes (0 turns the idle stop off), not '$idle_minutes'"
 requirements="$script_dir/requirements-$profile.txt"
 [[ -r "$requirements" ]] || die "$requirements is missing: copy the whole node/ directory, not only bootstrap.sh"
 
@@ -128,6 +135,51 @@ exec {lock_fd}<"$lock"
 if ! flock -n "$lock_fd"; then
     log "another bootstrap is running for $user; waiting for it (up to 1 hour)"
     flock -w 3600 "$lock_fd" || die "another bootstrap has held $lock for an hour: see /var/log/nanocluster-bootstrap.log or its terminal"
+fi
+
+# The idle stop (node/autostop.sh, run every minute as root): its settings in ~/nanocluster/autostop.env,
+# its schedule a systemd timer, or /etc/cron.d where PID 1 is not systemd. Done before the ready check,
+# so `fab setup --idle-minutes N` changes it on a node that is ready already.
+readonly autostop_lib=/usr/local/lib/nanocluster
+install_autostop() {
+    write_file_as_user "$root_dir/autostop.env" "IDLE_MINUTES=$idle_minutes
+"
+    log "idle stop: ${idle_minutes} minutes (0: off), settings in $root_dir/autostop.env"
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        if ! sudo -n true 2>/dev/null; then
+            log "warning: the idle stop is not scheduled: installing its timer needs root or passwordless sudo"
+            return 0
+        fi
+        sudo=(sudo -n)
+    fi
+    "${sudo[@]}" install -d -m 0755 "$autostop_lib"
+    "${sudo[@]}" install -m 0755 "$script_dir/autostop.sh" "$autostop_lib/autostop.sh"
+    "${sudo[@]}" install -m 0644 "$script_dir/unit_identity.sh" "$autostop_lib/unit_identity.sh"
+    local run="/bin/bash $autostop_lib/autostop.sh --root $root_dir"
+    if [[ -d /run/systemd/system ]]; then
+        printf '[Unit]\nDescription=nanocluster idle stop check\n[Service]\nType=oneshot\nExecStart=%s\n' "$run" |
+            "${sudo[@]}" tee /etc/systemd/system/nanocluster-autostop.service >/dev/null
+        printf '[Unit]\nDescription=nanocluster idle stop, every minute\n[Timer]\nOnBootSec=2min\nOnUnitActiveSec=1min\n[Install]\nWantedBy=timers.target\n' |
+            "${sudo[@]}" tee /etc/systemd/system/nanocluster-autostop.timer >/dev/null
+        "${sudo[@]}" systemctl daemon-reload
+        "${sudo[@]}" systemctl enable --now nanocluster-autostop.timer >/dev/null 2>&1 ||
+            die "systemctl enable --now nanocluster-autostop.timer failed: see systemctl status nanocluster-autostop.timer"
+        log "idle stop scheduled: systemd timer nanocluster-autostop.timer"
+    elif [[ -d /etc/cron.d ]]; then
+        printf '* * * * * root %s >/dev/null 2>&1\n' "$run" | "${sudo[@]}" tee /etc/cron.d/nanocluster-autostop >/dev/null
+        log "idle stop scheduled: /etc/cron.d/nanocluster-autostop"
+    else
+        log "warning: the idle stop is not scheduled: neither systemd nor cron (/etc/cron.d) is on this node"
+    fi
+}
+
+write_file_as_user() { # path, content: written whole or not at all
+    # shellcheck disable=SC2016 # $1/$2 belong to the inner shell
+    as_user bash -c 'umask 022 && printf "%s" "$2" >"$1.tmp" && mv -f "$1.tmp" "$1"' _ "$1" "$2"
+}
+if [[ -n "$idle_minutes" ]]; then
+    install_autostop
 fi
 is_ready && already_ready
 
@@ -225,10 +277,6 @@ if [[ -z "$tcmalloc" ]]; then
 fi
 [[ -n "$tcmalloc" ]] || log "warning: tcmalloc not found; ranks will use glibc malloc"
 
-write_file_as_user() { # path, content: written whole or not at all
-    # shellcheck disable=SC2016 # $1/$2 belong to the inner shell
-    as_user bash -c 'umask 022 && printf "%s" "$2" >"$1.tmp" && mv -f "$1.tmp" "$1"' _ "$1" "$2"
-}
 write_file_as_user "$node_env" "NANOCLUSTER_PROFILE=$profile
 NANOCLUSTER_VENV=$venv
 NANOCLUSTER_TORCH_VERSION=$torch_version

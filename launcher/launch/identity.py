@@ -26,6 +26,8 @@ Test seam: NANOCLUSTER_BOOT_ID_FILE, when set in the environment of the node's s
 
 from __future__ import annotations
 
+from launcher.site import REPO_ROOT
+
 BOOT_ID_ENV = "NANOCLUSTER_BOOT_ID_FILE"
 """Test seam: the file read instead of /proc/sys/kernel/random/boot_id."""
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -38,24 +40,10 @@ LOST_REASONS = {
 }
 """What `fab status` says of a unit that is not running and left no exit record, by nc_state."""
 
-# POSIX sh (bash and dash): the remote login shell or the local cluster's bash runs it. The stat line
-# is cut after its last ')' because comm (field 2) may hold spaces and parentheses; field 22 is then
-# the 20th word, since the rest starts at field 3.
-UNIT_IDENTITY_SH = rf"""nc_boot_id() {{ cat "${{{BOOT_ID_ENV}:-{BOOT_ID_FILE}}}" 2>/dev/null; }}
-nc_stat() {{ nc_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; nc_s=${{nc_s##*\)}}; set -- $nc_s; \
-nc_pstate=$1; nc_pstart=${{20}}; [ -n "$nc_pstart" ]; }}
-nc_start_time() {{ nc_stat "$1" && echo "$nc_pstart"; }}
-nc_record() {{ echo "$(nc_boot_id) $(nc_start_time "$2" || echo -)" > "$1.identity"; }}
-nc_unit() {{ nc_state=none; nc_pid=$(cat "$1.pid" 2>/dev/null); [ -n "$nc_pid" ] || return 1
-nc_boot=; nc_start=; read -r nc_boot nc_start 2>/dev/null < "$1.identity" || true
-if [ -z "$nc_boot" ]; then nc_state=unrecorded; return 1; fi
-if [ "$nc_boot" != "$(nc_boot_id)" ]; then nc_state=rebooted; return 1; fi
-nc_stat "$nc_pid" || {{ nc_state=gone; return 1; }}
-if [ "$nc_pstart" != "$nc_start" ]; then nc_state=reused; return 1; fi
-if [ "$nc_pstate" = Z ]; then nc_state=gone; return 1; fi
-nc_state=ours; }}
-nc_running() {{ nc_unit "$1" && kill -0 -"$nc_pid" 2>/dev/null; }}
-"""
+# POSIX sh (bash and dash), kept in node/ because the node's idle stop (node/autostop.sh) sources the
+# same functions. The stat line is cut after its last ')' because comm (field 2) may hold spaces and
+# parentheses; field 22 is then the 20th word, since the rest starts at field 3.
+UNIT_IDENTITY_SH = (REPO_ROOT / "node" / "unit_identity.sh").read_text()
 """Shell functions prepended to every command that acts on a unit (units.py)."""
 
 

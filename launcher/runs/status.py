@@ -10,6 +10,7 @@ from rich.table import Table
 from launcher.console import console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
+from launcher.runs.autostop import idle_stop_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
 
@@ -41,6 +42,8 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
             table.add_row(node.name, node.private_ip, ready, r.hostname, f"{r.python or '?'}/{r.torch or '-'}",
                           "" if r.free_gb is None else str(r.free_gb), *jobs.get(node.index, ("-", "-")))
         console.print(table)
+        for line in idle_stop_lines(session):
+            say(line)
         if cluster.head.index in session.shells:
             head = session.shell(cluster.head)
             last = head.run(f"tail -n {METRICS_LINES} {session.site.run_dir(run)}/metrics.jsonl 2>/dev/null").stdout

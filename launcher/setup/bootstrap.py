@@ -20,7 +20,7 @@ BOOTSTRAP_TIMEOUT_S = 3600
 
 
 def bootstrap(session: Session, nodes: Sequence[Node], profile: str = "default", pip_args: str = "",
-              skip_system_packages: bool = False) -> None:
+              skip_system_packages: bool = False, idle_minutes: int | None = None) -> None:
     """Run node/bootstrap.sh on the nodes, output streamed with a [setup NODE] prefix."""
     cluster = session.cluster
     if cluster.node_python:
@@ -41,6 +41,8 @@ def bootstrap(session: Session, nodes: Sequence[Node], profile: str = "default",
         flags += f" --pip-args {shlex.quote(pip_args)}"
     if skip_system_packages:
         flags += " --skip-system-packages"
+    if idle_minutes is not None:  # None keeps the node's setting (from its user data or an earlier setup)
+        flags += f" --idle-minutes {idle_minutes}"
 
     def one(node: Node, shell: Shell) -> None:
         prefix = f"[setup {node.name}]"

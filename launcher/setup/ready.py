@@ -45,13 +45,16 @@ def ensure_ready(session: Session) -> None:
 
 
 def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "",
-          skip_system_packages: bool = False, nodes: int | None = None) -> None:
-    """`fab setup`: the bootstrap on every node (idempotent), the cluster's SSH, the model code."""
+          skip_system_packages: bool = False, nodes: int | None = None, idle_minutes: int | None = None) -> None:
+    """`fab setup`: the bootstrap on every node (idempotent), the cluster's SSH, the model code; with
+    idle_minutes, the nodes' idle stop (node/autostop.sh) set to it."""
+    if idle_minutes is not None and idle_minutes < 0:
+        raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
     cluster = resolve_cluster(cluster_spec, nodes)
     with Session.open(cluster, select_nodes(cluster, nodes)) as session:
         started = time.monotonic()
         if session.site.bootstraps:
-            bootstrap(session, session.hosts(), profile, pip_args, skip_system_packages)
+            bootstrap(session, session.hosts(), profile, pip_args, skip_system_packages, idle_minutes)
             session.reprobe(session.hosts())
         distribute_keys(session)
         ensure_ready(session)

@@ -65,6 +65,7 @@ INVALID = [
     ("azure", {"labels": ",".join(f"k{i}=v" for i in range(60))}, "nanocluster:labels: 60 labels, but azure takes at most 50 tags per resource and the stack sets 4 itself (cluster, owner, managed-by, rank), so at most 46 of yours. Fix: drop 14 of them"),
     ("gcp", {"labels": ",".join(f"k{i}=v" for i in range(61))}, "at most 64 tags per resource and the stack sets 4 itself"),
     ("gcp", {"profile": "cuda"}, "nanocluster:profile: 'cuda' is not a node profile"),
+    ("gcp", {"idleMinutes": -1}, "nanocluster:idleMinutes: -1 is outside 0..10080"),
     ("aws", {"image": "ubuntu-24.04"}, "nanocluster:image: 'ubuntu-24.04' is not an image reference for aws. Fix: use an AMI id"),
     ("azure", {"image": "Canonical:ubuntu"}, "is not an image reference for azure"),
     ("gcp", {"labels": "Team=ML"}, "nanocluster:labels: label Team=ML is not lowercase"),
