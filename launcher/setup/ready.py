@@ -51,6 +51,9 @@ def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = ""
     if idle_minutes is not None and idle_minutes < 0:
         raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
     cluster = resolve_cluster(cluster_spec, nodes)
+    if idle_minutes is not None and cluster.is_local:
+        raise TaskError("--idle-minutes powers nodes off when idle: the local cluster is this machine; "
+                        "use it on cloud or your own nodes")
     with Session.open(cluster, select_nodes(cluster, nodes)) as session:
         started = time.monotonic()
         if session.site.bootstraps:

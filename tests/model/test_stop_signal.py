@@ -4,17 +4,18 @@ every rank, even when only one rank was signalled, and the resumed run continues
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import time
 
 import pytest
 import torch
 
 from model.conventions import EXIT_STOPPED
+from model.stop_signal import StopSignal
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 from tests.model.test_train_faults import wait_for_line
-
-pytestmark = pytest.mark.integration
 
 TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu")
 
@@ -60,6 +61,7 @@ def stop_mid_run(tmp_path, data_dir, signalled: list[int]) -> int:
     return stopped_at
 
 
+@pytest.mark.integration
 def test_sigterm_to_every_rank_snapshots_the_last_step_and_the_resume_continues_its_losses(
     tmp_path, random_tokens
 ):
@@ -74,6 +76,7 @@ def test_sigterm_to_every_rank_snapshots_the_last_step_and_the_resume_continues_
     assert resumed == straight
 
 
+@pytest.mark.integration
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_snapshot(tmp_path, random_tokens):
     stopped_at = stop_mid_run(tmp_path, random_tokens, signalled=[1])  # rank 0 was not told, yet writes
     # The node that got the notice does not come back: the launcher resumes on the one left (world
@@ -83,3 +86,29 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_snapshot(t
     assert wait_all(launch_ranks(1, args, logs), logs, timeout=90) == [0], rank_log(logs, 0)
     assert "gradient_accumulation_steps 2 -> 4 keeps the snapshot's 16 sequences" in rank_log(logs, 0, "out")
     assert train_records(tmp_path / "run")[-1]["iter"] == stopped_at
+
+
+def test_a_first_signal_only_asks_a_second_stops_at_once():
+    stop = StopSignal(grace_s=60)
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.agreed(world_size=1) and stop.signal_name == "SIGTERM" and not stop.forced.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.forced.is_set()
+    finally:
+        stop.uninstall()
+
+
+def test_the_grace_period_running_out_stops_at_once():
+    stop = StopSignal(grace_s=0.2)
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(30)  # a step that outlives the grace
+        assert stop.forced.is_set()
+    finally:
+        stop.uninstall()  # also cancels the hard exit that would follow
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

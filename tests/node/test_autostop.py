@@ -131,3 +131,12 @@ def test_fab_status_reads_the_deadline_the_node_recorded(node):
     assert deadline_of(NodeShell()) == ""  # idle stop never ran: nothing to show
     node.decide(NOW)
     assert deadline_of(NodeShell()) == "2027-01-15T08:10:00Z"
+
+
+def test_fab_setup_refuses_an_idle_stop_for_the_local_cluster(tmp_path, monkeypatch):
+    from launcher.console import TaskError
+    from launcher.setup.ready import setup
+
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
+    with pytest.raises(TaskError, match="the local cluster is this machine"):
+        setup("local", idle_minutes=30)
