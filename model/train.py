@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from model import comm_hooks, distributed
-from model.checkpoint import CheckpointError, save_checkpoint
+from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
 from model.conventions import CKPT_NAME, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED, SNAPSHOT_NAME
@@ -35,6 +35,7 @@ from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
 from model.optim import build_optimizer, learning_rate_at
 from model.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
+from model.snapshot_writer import SnapshotWriter, capture
 from model.start import read_start_state, restore_rng
 from model.stop_signal import StopRequested, StopSignal, snapshot_and_stop
 
@@ -92,6 +93,7 @@ class Trainer:
             cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size
         )
         self.metrics = MetricsLog(self.out_dir)
+        self.snapshot_writer = SnapshotWriter()  # rank 0 writes snapshots in the background
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
@@ -176,24 +178,29 @@ class Trainer:
             self.metrics.eval(self.iter_num, losses["train"], losses["val"])
         if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
             return
-        self.save_snapshot()
+        self.save_snapshot(also_checkpoint=improved)
         if self.is_rank0 and improved:
-            save_checkpoint(self.checkpoint_payload(), self.out_dir / CKPT_NAME)
-            log.info("val loss improved: wrote %s", self.out_dir / CKPT_NAME)
+            log.info("val loss improved: writing %s", self.out_dir / CKPT_NAME)
 
-    def save_snapshot(self) -> None:
-        """Write snapshot.pt (weights, optimizer, every rank's RNG) at the last completed optimizer
-        step. A collective: every rank calls it at the same step; rank 0 writes."""
+    def save_snapshot(self, also_checkpoint: bool = False) -> None:
+        """Snapshot (weights, optimizer, every rank's RNG) the last completed optimizer step, and
+        with also_checkpoint write ckpt.pt (weights only) of it too. A collective: every rank calls
+        it at the same step. Rank 0 copies the state in memory and writes snapshot.pt then ckpt.pt
+        in the background (model.snapshot_writer), waiting first for any previous write."""
         rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)
         if self.is_rank0:
-            save_checkpoint(
-                self.checkpoint_payload(optimizer=self.optimizer.state_dict(), rng=rng),
-                self.out_dir / SNAPSHOT_NAME,
-            )
+            self.snapshot_writer.wait()  # never two copies of the state in memory at once
+            payload = capture(self.checkpoint_payload())
+            snapshot = payload | dict(optimizer=capture(self.optimizer.state_dict()), rng=rng)
+            writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
+            if also_checkpoint:
+                writes.append((payload, self.out_dir / CKPT_NAME))
+            self.snapshot_writer.submit(writes)
 
     def wait_for_snapshot(self) -> None:
         """Return once the last snapshot asked for is on disk (before exiting, or before writing
-        another out of turn). save_snapshot writes synchronously, so it is on disk already."""
+        another out of turn); raises if that write failed."""
+        self.snapshot_writer.wait()
 
     def run(self) -> None:
         cfg = self.cfg
@@ -257,7 +264,15 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env)
     trainer.stop_signal = stop
-    trainer.run()
+    forced = False
+    try:
+        trainer.run()
+    except KeyboardInterrupt:  # a forced stop leaves at once: a background write under way is
+        forced = True  # abandoned with the process, and the previous snapshot stays (model.atomic)
+        raise
+    finally:  # every other way out: the snapshot being written in the background reaches the disk
+        if not forced:
+            trainer.wait_for_snapshot()
     # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
     digest = hashlib.sha256()
     for tensor in trainer.raw_model.state_dict().values():
