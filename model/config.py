@@ -138,6 +138,11 @@ class TrainConfig:
     so that batch_size x gradient_accumulation_steps x world size equals the snapshot's global batch
     (sequences per optimizer step), and log it. false: a resume whose global batch differs from the
     snapshot's is an error. The launcher sets it when it resumes a run on fewer nodes (--min-nodes)."""
+    zero_stage: int = 0
+    """1: shard AdamW's state over the ranks (ZeRO stage 1, torch's ZeroRedundancyOptimizer; the role
+    DeepSpeed ZeRO-1 plays): each rank keeps the moments of about 1/world size of the parameters,
+    saving 8 bytes per parameter times (world size - 1)/world size on every rank, for one broadcast
+    of the updated parameters per step. Snapshots stay one loadable file (model.zero). 0: off."""
     stop_grace_s: float = 25.0
     """Seconds a stop signal (SIGTERM/SIGINT) leaves to finish the step in progress and write its
     snapshot before the process stops at once, keeping the previous snapshot. Below the 30 s that
@@ -201,6 +206,7 @@ class TrainConfig:
             ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
             ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
             ("stop_grace_s", self.stop_grace_s > 0, "> 0"),
+            ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
             # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.
             *(
                 (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))

@@ -41,11 +41,15 @@ def adamw(
     return torch.optim.AdamW(param_groups, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (embeddings included), none on biases and norms."""
+def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (embeddings included), none on biases and norms."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
+    return [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return adamw(groups, lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over param_groups (the sharded variant is model.zero's)."""
+    return adamw(param_groups(model, cfg), lr=cfg.peak_learning_rate(), betas=(cfg.beta1, cfg.beta2))

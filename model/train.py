@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import comm_hooks, distributed
+from model import comm_hooks, distributed, zero
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
@@ -33,7 +33,7 @@ from model.data import DataError, TokenBatches
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
-from model.optim import build_optimizer, learning_rate_at
+from model.optim import learning_rate_at
 from model.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
 from model.snapshot_writer import SnapshotWriter, capture
 from model.start import read_start_state, restore_rng
@@ -70,7 +70,7 @@ class Trainer:
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
         self.start_iter = start.iter_num if start.resumed_from else None
 
-        self.optimizer = build_optimizer(self.raw_model, cfg)
+        self.optimizer = zero.build_optimizer(self.raw_model, cfg, env.world_size)
         optimizer_state = payload.pop("optimizer", None) if payload else None
         if start.resumed_from:
             if env.world_size > 1:
@@ -190,8 +190,10 @@ class Trainer:
         rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)
         if self.is_rank0:
             self.snapshot_writer.wait()  # never two copies of the state in memory at once
+        optimizer_state = zero.optimizer_state_on_rank0(self.optimizer, self.is_rank0)
+        if self.is_rank0:
             payload = capture(self.checkpoint_payload())
-            snapshot = payload | dict(optimizer=capture(self.optimizer.state_dict()), rng=rng)
+            snapshot = payload | dict(optimizer=capture(optimizer_state), rng=rng)
             writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
             if also_checkpoint:
                 writes.append((payload, self.out_dir / CKPT_NAME))
