@@ -94,6 +94,7 @@ class Trainer:
         )
         self.metrics = MetricsLog(self.out_dir)
         self.snapshot_writer = SnapshotWriter()  # rank 0 writes snapshots in the background
+        self.snapshot_copy: dict[str, Any] | None = None  # rank 0: the state copy it writes, reused
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
@@ -192,8 +193,10 @@ class Trainer:
             self.snapshot_writer.wait()  # never two copies of the state in memory at once
         optimizer_state = zero.optimizer_state_on_rank0(self.optimizer, self.is_rank0)
         if self.is_rank0:
-            payload = capture(self.checkpoint_payload())
-            snapshot = payload | dict(optimizer=capture(optimizer_state), rng=rng)
+            state = dict(payload=self.checkpoint_payload(), optimizer=optimizer_state)
+            self.snapshot_copy = state = capture(state, reuse=self.snapshot_copy)
+            payload = state["payload"]
+            snapshot = payload | dict(optimizer=state["optimizer"], rng=rng)
             writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
             if also_checkpoint:
                 writes.append((payload, self.out_dir / CKPT_NAME))

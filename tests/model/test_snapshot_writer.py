@@ -106,3 +106,12 @@ def test_capture_copies_nested_tensors():
     state["b"][0].add_(1)
     assert torch.equal(copy["a"][0], torch.zeros(2)) and torch.equal(copy["b"][0], torch.ones(1))
     assert copy["b"][1] == 5 and copy["c"] == "x"
+
+
+def test_capture_reuses_an_earlier_copys_memory():
+    state = {"w": torch.zeros(3), "opt": [torch.ones(2)]}
+    first = capture(state)
+    state["w"].add_(2)
+    second = capture(state, reuse=first)
+    assert second["w"].data_ptr() == first["w"].data_ptr() and torch.equal(second["w"], torch.full((3,), 2.0))
+    assert capture({"w": torch.zeros(4)}, reuse=first)["w"].shape == (4,)  # another shape: a new tensor
