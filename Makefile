@@ -28,11 +28,12 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
-# launcher/quickstart.yaml (2 to 7 minutes on 2 cores: README); data and runs in ~/nanocluster.
+# launcher/quickstart.yaml (150 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
+# The sample continues an English prompt (the builtin corpus is Python's documentation).
 quickstart: setup
 	$(BIN)/fab prepare-data
 	$(BIN)/fab train --nodes 3
-	$(BIN)/fab sample
+	$(BIN)/fab sample --prompt "The Python interpreter"
 
 # ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]).
 lint: setup
