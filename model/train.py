@@ -195,6 +195,7 @@ class Trainer:
         if self.is_rank0:
             state = dict(payload=self.checkpoint_payload(), optimizer=optimizer_state)
             self.snapshot_copy = state = capture(state, reuse=self.snapshot_copy)
+            zero.release_consolidated(self.optimizer)
             payload = state["payload"]
             snapshot = payload | dict(optimizer=state["optimizer"], rng=rng)
             writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
