@@ -35,6 +35,11 @@ def _errors_to_exit(fn):
     return wrapper
 
 
+def _given(**flags) -> dict:
+    """The flags the operator gave, so the task's own default stays the one definition."""
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def _number(flag: str, value, kind: type = int):
     """A numeric flag as kind (None when not given), or a TaskError naming the flag.
 
@@ -75,15 +80,18 @@ def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=
     "seed": "seed of the train/val split",
     "limit": "read only the first N documents of the source",
     "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
+    "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
+    "split": "the split of an hf: dataset to read (default train)",
+    "workers": "tokenizer processes (default model.prepare's)",
 })
 @_errors_to_exit
 def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
-                 limit=None, sharded=False):
+                 limit=None, sharded=False, field=None, split=None, workers=None):
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     tasks.prepare_data(cluster, source=source, dataset=dataset, nodes=_number("nodes", nodes),
                        val_fraction=_number("val-fraction", val_fraction, float),
                        seed=_number("seed", seed), limit=_number("limit", limit),
-                       sharded=sharded)
+                       sharded=sharded, field=field, split=split, workers=_number("workers", workers))
 
 
 @task(
@@ -100,15 +108,18 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
         "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",
         "dry_run": "print every rendered file and command, start nothing",
         "collective_timeout": "seconds a rank waits for a lost peer before failing (default 120)",
+        "max_restarts": "restarts after a failure outside the program (a killed rank, a lost node, a preemption);"
+                        " a program error is never retried (default 3, 0 = fail fast)",
     },
 )
 @_errors_to_exit
 def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
-          port=None, config=None, set_=None, dry_run=False, collective_timeout="120"):
+          port=None, config=None, set_=None, dry_run=False, collective_timeout="120", max_restarts=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     tasks.train(cluster, nodes=_number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
                 backend=backend, port=_number("port", port), config=config, overrides=list(set_ or []), dry_run=dry_run,
-                collective_timeout_s=_number("collective-timeout", collective_timeout, float))
+                collective_timeout_s=_number("collective-timeout", collective_timeout, float),
+                **_given(max_restarts=_number("max-restarts", max_restarts)))
 
 
 @task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})

@@ -25,16 +25,15 @@ def dataset_name(source: str) -> str:
 
 def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
                  nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
-                 limit: int | None = None, sharded: bool = False) -> None:
+                 limit: int | None = None, sharded: bool = False, field: str | None = None,
+                 split: str | None = None, workers: int | None = None) -> None:
     """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)
-        args = [source, "--out", f"data/{dataset}"]
-        for flag, value in (("--val-fraction", val_fraction), ("--seed", seed), ("--limit", limit)):
-            if value is not None:
-                args += [flag, str(value)]
+        args = prepare_args(source, dataset, val_fraction=val_fraction, seed=seed, limit=limit, field=field,
+                            split=split, workers=workers)
         hosts = session.hosts()
         started = time.monotonic()
         if sharded and len(hosts) > 1:
@@ -49,6 +48,23 @@ def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str
         if len(hosts) > 1:
             session.reprobe(hosts[:1])  # the head's data/<dataset> is new: learn its meta.json
             fan_out(session, dataset, verify_existing=True)
+
+
+# fab prepare-data's options that model.prepare takes as they are (None: model.prepare's default).
+PASSED_OPTIONS = {"val_fraction": "--val-fraction", "seed": "--seed", "limit": "--limit", "field": "--field",
+                  "split": "--split", "workers": "--workers"}
+
+
+def prepare_args(source: str, dataset: str, **options: object) -> list[str]:
+    """model.prepare's command line: the source, data/<dataset>, and each option given (see PASSED_OPTIONS)."""
+    unknown = set(options) - set(PASSED_OPTIONS)
+    if unknown:
+        raise ValueError(f"model.prepare has no option {sorted(unknown)}; known: {sorted(PASSED_OPTIONS)}")
+    args = [source, "--out", f"data/{dataset}"]
+    for name, flag in PASSED_OPTIONS.items():
+        if options.get(name) is not None:
+            args += [flag, str(options[name])]
+    return args
 
 
 def run_prepare(session: Session, node: Node, args: list[str]) -> None:

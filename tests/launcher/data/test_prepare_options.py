@@ -1,0 +1,32 @@
+"""fab prepare-data passes model.prepare's options through (issue 12: a .jsonl keyed `body`)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from launcher.data.prepare import prepare_args
+from launcher.testing.fab import FAB
+
+
+def test_given_options_reach_model_prepare_and_absent_ones_keep_its_defaults():
+    args = prepare_args("notes.jsonl", "notes", field="body", split=None, workers=2, seed=None)
+    assert args == ["notes.jsonl", "--out", "data/notes", "--field", "body", "--workers", "2"]
+    with pytest.raises(ValueError, match="no option"):
+        prepare_args("x", "x", colour="red")
+
+
+def test_fab_prepare_data_field_body_prepares_a_jsonl_keyed_body(tmp_path):
+    source = tmp_path / "notes.jsonl"
+    lines = [json.dumps({"id": i, "body": f"Note {i}: the quick brown fox jumps over the lazy dog. " * 20})
+             for i in range(40)]
+    source.write_text("\n".join(lines) + "\n")
+    env = os.environ | {"NANOCLUSTER_HOME": str(tmp_path / "home")}
+    env.pop("NANOCLUSTER_CLUSTER", None)
+    done = subprocess.run([FAB, "prepare-data", "--source", str(source), "--dataset", "notes", "--field", "body",
+                           "--nodes", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    meta = json.loads((tmp_path / "home" / "data" / "notes" / "meta.json").read_text())
+    assert "body" in json.dumps(meta)
+    assert (tmp_path / "home" / "data" / "notes" / "train.bin").stat().st_size > 0
