@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from launcher.launch.plan import LaunchPlan, Unit
 from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
+from launcher.recover.classify import FirstFailure
 from launcher.transport import NodeError, Shell
 
 TAIL_LINES = 25
@@ -32,9 +33,11 @@ PROGRESS_EVERY_S = 15.0
 class RunFailed(RuntimeError):
     """A unit failed (or the operator interrupted); every unit has been stopped. exit_code for the CLI."""
 
-    def __init__(self, message: str, exit_code: int = 1):
+    def __init__(self, message: str, exit_code: int = 1, failure: FirstFailure | None = None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.failure = failure
+        """The unit that failed first (None when the operator interrupted): launcher.recover classifies it."""
 
 
 @dataclass
@@ -207,4 +210,5 @@ class Monitor:
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:
             self.emit(f"  {line}")
-        raise RunFailed(f"{what} {reason}; every rank was stopped")
+        failure = FirstFailure(what, kind, None if kind == "lost" else detail, detail if kind == "lost" else "")
+        raise RunFailed(f"{what} {reason}; every rank was stopped", failure=failure)

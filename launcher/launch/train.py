@@ -21,6 +21,8 @@ from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
 from launcher.probe import NodeReport
+from launcher.recover.classify import DEFAULT_MAX_RESTARTS
+from launcher.recover.policy import restart_cause
 from launcher.runs.record import append_event, launch_fields
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
@@ -56,7 +58,8 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
-          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0) -> None:
+          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0,
+          max_restarts: int = DEFAULT_MAX_RESTARTS) -> None:
     started = time.monotonic()
     check_name(run, "run")
     check_name(dataset, "dataset")
@@ -78,21 +81,32 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
         return
     with Session.open(cluster, selected, dataset) as session:
-        ensure_ready(session)
-        place_data(session, dataset)
-        plan = make_plan(cluster, session.nodes, {n.index: launch_facts(session.report(n)) for n in session.nodes},
-                         **plan_args)
-        start_units(session, plan, config_text)
-        append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
-        say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} launcher, "
-            f"backend {plan.resolved_backend()}, run dir runs/{run} ({time.monotonic() - started:.1f} s after start)")
-        monitor = Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line)
-        try:
-            progress = monitor.watch()
-        except RunFailed as e:
-            append_event(cluster, run, "end", outcome="failed", reason=str(e), exit_code=e.exit_code)
-            raise TaskError(str(e)) from None
-        append_event(cluster, run, "end", outcome="finished", iter=progress.iter)
+        attempt = 0
+        while True:
+            ensure_ready(session)
+            place_data(session, dataset)
+            plan = make_plan(cluster, session.nodes,
+                             {n.index: launch_facts(session.report(n)) for n in session.nodes}, **plan_args)
+            start_units(session, plan, config_text)
+            if attempt == 0:
+                append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
+            say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
+                f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
+                f"({time.monotonic() - started:.1f} s after start)")
+            monitor = Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line)
+            try:
+                progress = monitor.watch()
+                break
+            except RunFailed as e:
+                cause = restart_cause(e, attempt, max_restarts, say)
+                if cause is None:
+                    append_event(cluster, run, "end", outcome="failed", reason=str(e), exit_code=e.exit_code)
+                    raise TaskError(str(e)) from None
+            attempt += 1
+            say(f"restart {attempt}/{max_restarts}: {cause}; every rank resumes from the newest snapshot")
+            append_event(cluster, run, "restart", cause=cause, attempt=attempt,
+                         nodes=[n.name for n in session.nodes])
+        append_event(cluster, run, "end", outcome="finished", iter=progress.iter, restarts=attempt)
         say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; "
             f"best checkpoint runs/{run}/ckpt.pt on {session.head.name} (fab sample, fab fetch)")
 

@@ -87,7 +87,7 @@ def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_
     run_dir = nodes.home(0) / "nanocluster/runs/killed"
     log = tmp_path / "fab.log"
     proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",
-                     "--set", "max_iters=100000", "--set", "eval_interval=5", log=log)
+                     "--max-restarts", "0", "--set", "max_iters=100000", "--set", "eval_interval=5", log=log)
     try:
         wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
         victims = nodes.processes(1, "model.train")

@@ -1,0 +1,69 @@
+"""Which first failure of a run is worth a restart.
+
+The monitor names the unit that failed first (by the time it recorded), so the failure classified
+here is never one the launcher caused by stopping the other ranks afterwards. A failure outside the
+program -- a peer lost in a collective, a death by signal (SIGKILL, the OOM killer), a stop signal
+the launcher did not send (a preemption), a node that stopped answering -- is retried; the program's
+own error (bad config, missing data, an exception) would fail the same way again, so it is not.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from model.conventions import EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
+
+DEFAULT_MAX_RESTARTS = 3
+"""Restarts per `fab train` before giving up. SkyPilot's managed jobs default max_restarts_on_errors
+to 0 (they recover preemptions without counting them) and Ray Train's FailureConfig(max_failures)
+to 0; here only failures outside the program are retried at all, so a few restarts cost nothing
+on a healthy run and carry a spot run through a handful of preemptions, while a node that keeps
+failing still ends the run instead of looping."""
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The unit that failed first, as the monitor saw it.
+
+    kind: "exit" (the unit's exit record was read) or "lost" (its node stopped answering).
+    code: the exit status for "exit"; None when the unit ended without an exit record.
+    detail: the transport's error for "lost".
+    """
+
+    unit: str
+    kind: str
+    code: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    retry: bool
+    cause: str
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return f"signal {code - 128}"
+
+
+def classify(failure: FirstFailure) -> Verdict:
+    """Retry or not, with the cause in words for the log and the run record."""
+    who = failure.unit
+    if failure.kind == "lost":
+        return Verdict(True, f"{who}: node lost ({failure.detail})")
+    code = failure.code
+    if code is None:
+        return Verdict(True, f"{who}: killed with its wrapper (no exit record)")
+    if code == EXIT_PEER_LOST:
+        return Verdict(True, f"{who}: a peer was lost in a collective (exit {code})")
+    if code == EXIT_STOPPED:
+        return Verdict(True, f"{who}: stopped by a signal the launcher did not send (exit {code}, preemption?)")
+    if 128 < code < 128 + 65:
+        return Verdict(True, f"{who}: killed by {signal_name(code)} (exit {code})")
+    if code == EXIT_PROGRAM_ERROR:
+        return Verdict(False, f"{who}: program error (exit {code}); not retried")
+    return Verdict(False, f"{who}: exited with code {code}; not retried")

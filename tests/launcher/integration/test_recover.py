@@ -1,0 +1,42 @@
+"""Self-healing runs (issue 11) on the sshd test nodes: a killed rank is restarted from the snapshot."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from launcher.testing.fab import wait_for
+
+RUN_TIMEOUT_S = 240
+RUN_SETTINGS = ("--nodes", "3", "--set", "max_iters=30", "--set", "eval_interval=5")
+
+
+def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
+        nodes, fab, tiny_config, tmp_path):
+    assert fab("prepare-data").returncode == 0
+    run_dir = nodes.home(0) / "nanocluster/runs/healed"
+    log = tmp_path / "fab.log"
+    proc = fab.popen("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "healed", log=log)
+    try:
+        wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+        victims = nodes.processes(1, "model.train")
+        assert victims, "rank 1's trainer runs on node1"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        code = proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert re.search(r"restart 1/3: rank 1 node1: killed by SIGKILL \(exit 137\)", output), output[-3000:]
+    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", output), output[-3000:]
+    for i in range(3):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    # Steps after the snapshot ran twice, before the kill and after the restart: the same loss both times.
+    losses: dict[str, set[str]] = {}
+    for step, loss in re.findall(r"\[rank 0 node0\] iter (\d+): loss ([0-9.]+)", output):
+        losses.setdefault(step, set()).add(loss)
+    assert all(len(seen) == 1 for seen in losses.values()), losses
