@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+from pathlib import Path
 
 from launcher.testing.fab import wait_for
 
@@ -35,8 +37,25 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
     assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", output), output[-3000:]
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    events_file, = Path(fab.env["NANOCLUSTER_HOME"]).rglob("runs/healed/events.jsonl")
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    restarts = [e for e in events if e["event"] == "restart"]
+    assert [(e["attempt"], "SIGKILL" in e["cause"], len(e["nodes"])) for e in restarts] == [(1, True, 3)], events
+    assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events
     # Steps after the snapshot ran twice, before the kill and after the restart: the same loss both times.
     losses: dict[str, set[str]] = {}
     for step, loss in re.findall(r"\[rank 0 node0\] iter (\d+): loss ([0-9.]+)", output):
         losses.setdefault(step, set()).add(loss)
     assert all(len(seen) == 1 for seen in losses.values()), losses
+
+
+def test_a_program_error_is_not_retried_and_is_named(nodes, fab, tiny_config):
+    assert fab("prepare-data").returncode == 0
+    result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "broken",
+                 "--set", "no_such_key=1", timeout=RUN_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "program error (exit 1); not retried" in output, output[-3000:]
+    assert "restart 1/" not in output
+    for i in range(3):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
