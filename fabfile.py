@@ -83,15 +83,17 @@ def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=
     "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
     "split": "the split of an hf: dataset to read (default train)",
     "workers": "tokenizer processes (default model.prepare's)",
+    "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
 })
 @_errors_to_exit
 def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
-                 limit=None, sharded=False, field=None, split=None, workers=None):
+                 limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     tasks.prepare_data(cluster, source=source, dataset=dataset, nodes=_number("nodes", nodes),
                        val_fraction=_number("val-fraction", val_fraction, float),
                        seed=_number("seed", seed), limit=_number("limit", limit),
-                       sharded=sharded, field=field, split=split, workers=_number("workers", workers))
+                       sharded=sharded, field=field, split=split, workers=_number("workers", workers),
+                       text_chars=_number("text-chars", text_chars))
 
 
 @task(

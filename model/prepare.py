@@ -78,6 +78,8 @@ class PrepareConfig:
     """Field / column holding the text, for .jsonl, .parquet and hf: sources."""
     split: str = "train"
     """Which split of an hf: dataset to read (the output's own train/val split is made here)."""
+    text_chars: int = 0
+    """> 0: cut each .txt/.md into documents of about this many characters at paragraph breaks (0: one per file)."""
     workers: int = field(default_factory=available_cores)
     """Tokenizer processes (>= 1); 1 tokenizes in this process. Does not change the output."""
     chunk_chars: int = 1 << 20
@@ -92,6 +94,7 @@ class PrepareConfig:
              f"--shard-index must be in [0, {self.shards}) for --shards {self.shards}, got {self.shard_index}"),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
             (bool(self.text_field), "--field must not be empty"),
+            (self.text_chars >= 0, f"--text-chars must be >= 0, got {self.text_chars}"),
             (self.workers >= 1, f"--workers must be >= 1, got {self.workers}"),
             (self.chunk_chars > 0, f"chunk_chars must be > 0, got {self.chunk_chars}"),
         ]
@@ -275,7 +278,8 @@ def _check_splits(writers: dict[str, _SplitWriter], config: PrepareConfig) -> No
         raise SourceError(f"{config.source}: empty source ({where} yielded no documents)")
     for split, writer in writers.items():
         if writer.documents == 0:
-            fix = "raise --val-fraction or add documents" if split == "val" else "lower --val-fraction"
+            fix = ("raise --val-fraction, add documents, or cut a .txt into documents with --text-chars N (e.g. 20000)"
+                   if split == "val" else "lower --val-fraction")
             raise PrepareError(f"the {split} split would be empty: {kept} documents of {where} with "
                                f"--val-fraction {config.val_fraction} --seed {config.seed} put none in {split}; {fix}")
 
@@ -311,7 +315,8 @@ def _check_replaceable(out: Path) -> None:
 
 def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     """Prepare config.out (or find it up to date) and return its meta.json."""
-    source = open_source(config.source, text_field=config.text_field, split=config.split)
+    source = open_source(config.source, text_field=config.text_field, split=config.split,
+                         text_chars=config.text_chars)
     out = config.out.absolute()
     request = request_of(config, source)
     if (meta := _up_to_date(out, request)) is not None:
@@ -350,6 +355,8 @@ def parse_args(argv: list[str] | None = None) -> PrepareConfig:
     parser.add_argument("--limit", type=int, help="read only the first N documents")
     parser.add_argument("--field", dest="text_field", default=defaults.text_field, help="text field/column (jsonl, parquet, hf:)")
     parser.add_argument("--split", default=defaults.split, help="split of an hf: dataset to read")
+    parser.add_argument("--text-chars", type=int, default=defaults.text_chars,
+                        help="cut each .txt/.md into documents of about N characters at paragraph breaks (0: one per file)")
     parser.add_argument("--workers", type=int, default=defaults.workers,
                         help="tokenizer processes (default: available cores, %(default)s)")
     args = parser.parse_args(argv)

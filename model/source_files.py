@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,9 @@ class FilesSource(Source):
     spec: str
     files: list[Path]
     text_field: str = "text"
+    text_chars: int = 0
+    """> 0: each .txt/.md is cut into documents of about this many characters at paragraph breaks
+    (a one-file corpus then has documents for val too); 0: one document per file."""
 
     def identity(self) -> dict:
         # Names, sizes and modification times: a change to any file means the output is stale.
@@ -36,9 +40,12 @@ class FilesSource(Source):
             stat = path.stat()
             digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
         return {"kind": "files", "files": len(self.files), "field": self.text_field,
-                "stat_sha256": digest.hexdigest()}
+                **({"text_chars": self.text_chars} if self.text_chars else {}), "stat_sha256": digest.hexdigest()}
 
     def total_documents(self) -> int:
+        if self.text_chars:  # the bar's total is an upper bound: pieces end at paragraph breaks, so are longer
+            return sum(max(1, path.stat().st_size // self.text_chars) if path.suffix.lower() in TEXT_SUFFIXES
+                       else _count_documents(path) for path in self.files)
         return sum(_count_documents(path) for path in self.files)
 
     def documents(self) -> Iterator[str]:
@@ -46,12 +53,31 @@ class FilesSource(Source):
             suffix = path.suffix.lower()
             if suffix in TEXT_SUFFIXES:
                 text = read_text_file(path)
-                if text:
+                if text and self.text_chars:
+                    yield from split_text(text, self.text_chars)
+                elif text:
                     yield text
             elif suffix == ".jsonl":
                 yield from read_jsonl(path, self.text_field)
             else:
                 yield from read_parquet(path, self.text_field)
+
+
+def split_text(text: str, chars: int) -> Iterator[str]:
+    """Consecutive paragraphs (blank-line separated) joined until a piece has at least `chars` characters,
+    as nanoGPT's data scripts cut one text by position, but never inside a paragraph."""
+    piece: list[str] = []
+    size = 0
+    for paragraph in re.split(r"\n\s*\n", text):
+        if not paragraph.strip():
+            continue
+        piece.append(paragraph)
+        size += len(paragraph) + 2
+        if size >= chars:
+            yield "\n\n".join(piece)
+            piece, size = [], 0
+    if piece:
+        yield "\n\n".join(piece)
 
 
 def _count_documents(path: Path) -> int:

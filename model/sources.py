@@ -215,7 +215,7 @@ def _parse_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
     return path, config or None, revision or None
 
 
-def open_source(spec: str, text_field: str = "text", split: str = "train") -> Source:
+def open_source(spec: str, text_field: str = "text", split: str = "train", text_chars: int = 0) -> Source:
     """The Source that SOURCE names (see the module docstring)."""
     if spec == "builtin":
         return BuiltinSource()
@@ -229,4 +229,4 @@ def open_source(spec: str, text_field: str = "text", split: str = "train") -> So
     if spec.startswith("hf:"):
         path, config, revision = _parse_hub_spec(spec)
         return HubSource(path=path, spec=spec, columns=(text_field,), config=config, revision=revision, split=split)
-    return FilesSource(spec=spec, files=expand_files(spec), text_field=text_field)
+    return FilesSource(spec=spec, files=expand_files(spec), text_field=text_field, text_chars=text_chars)

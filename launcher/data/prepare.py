@@ -26,14 +26,14 @@ def dataset_name(source: str) -> str:
 def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
                  nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
                  limit: int | None = None, sharded: bool = False, field: str | None = None,
-                 split: str | None = None, workers: int | None = None) -> None:
+                 split: str | None = None, workers: int | None = None, text_chars: int | None = None) -> None:
     """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)
         args = prepare_args(source, dataset, val_fraction=val_fraction, seed=seed, limit=limit, field=field,
-                            split=split, workers=workers)
+                            split=split, workers=workers, text_chars=text_chars)
         hosts = session.hosts()
         started = time.monotonic()
         if sharded and len(hosts) > 1:
@@ -52,7 +52,7 @@ def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str
 
 # fab prepare-data's options that model.prepare takes as they are (None: model.prepare's default).
 PASSED_OPTIONS = {"val_fraction": "--val-fraction", "seed": "--seed", "limit": "--limit", "field": "--field",
-                  "split": "--split", "workers": "--workers"}
+                  "split": "--split", "workers": "--workers", "text_chars": "--text-chars"}
 
 
 def prepare_args(source: str, dataset: str, **options: object) -> list[str]:

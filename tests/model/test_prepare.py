@@ -211,7 +211,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "binary": ([str(tmp / "binary.md")], ["binary.md: looks like a binary file"]),
         "malformed line": ([str(good_then_malformed)], ["late.jsonl:301: malformed JSON"]),
         "missing field": ([str(tmp / "field.jsonl")], ["field.jsonl:1: no field 'text'", "--field"]),
-        "empty val": ([str(tmp / "one.txt")], ["the val split would be empty", "raise --val-fraction"]),
+        "empty val": ([str(tmp / "one.txt")], ["the val split would be empty", "raise --val-fraction",
+                                               "--text-chars"]),
     }
 
 
@@ -229,6 +230,29 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(tmp_path, capsys, case
     for text in expected:
         assert text in error
     assert not out.exists() and leftovers(out) == []
+
+
+def test_one_large_txt_cut_by_text_chars_has_a_val_split_at_paragraph_breaks(tmp_path, capsys):
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(english_documents(2000, seed=3)[3:]))
+    assert book.stat().st_size > 1_000_000
+    # One file is one document: the val split is empty, and the error names the option that fixes it.
+    assert main([str(book), "--out", str(tmp_path / "whole"), "--workers", "1"]) == 1
+    assert "--text-chars" in capsys.readouterr().err
+    meta = prepare(parse_args([str(book), "--out", str(tmp_path / "cut"), "--workers", "1", "--text-chars", "20000"]),
+                   log=lambda line: None)
+    counts = json.dumps(meta)
+    assert (tmp_path / "cut" / "val.bin").stat().st_size > 0, counts
+    assert (tmp_path / "cut" / "train.bin").stat().st_size > (tmp_path / "cut" / "val.bin").stat().st_size
+
+
+def test_split_text_joins_whole_paragraphs_up_to_the_size():
+    from model.source_files import split_text
+
+    text = "\n\n".join(f"paragraph {i} " + "x" * 40 for i in range(10))
+    pieces = list(split_text(text, 100))
+    assert "\n\n".join(pieces) == text  # nothing lost, nothing cut inside a paragraph
+    assert len(pieces) == 5 and all(len(p) >= 100 for p in pieces[:-1])
 
 
 def test_existing_directory_that_is_not_a_dataset_is_left_alone(tmp_path, capsys):
