@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (see README.md):
-#   make quickstart   set up, then prepare the builtin corpus and train 3 local ranks
+#   make quickstart   install torch and the launcher extra only, then prepare the builtin corpus and train 3 local ranks
 #   make test         set up (including the apt packages the tests need), then lint and run every test
 PYTHON ?= python3
 VENV := .venv
@@ -14,12 +14,27 @@ setup: $(VENV)/.installed
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
+# Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_INDEX) $(TORCH)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python -m model.tokenizer install
+	touch $@
+
+# Only what the local cluster needs (the launcher extra): no cloud SDK, transformers or Intel MPI.
+# A venv that already has dev is enough as it is.
+$(VENV)/.installed-local: pyproject.toml
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then \
+		echo "$(VENV) has the dev install: nothing to add for the quickstart"; \
+	else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet $(TORCH_INDEX) $(TORCH) && \
+		$(BIN)/pip install --quiet -e '.[launcher]' && \
+		$(BIN)/python -m model.tokenizer install; \
+	fi
 	touch $@
 
 # sshd and iproute2 for the test nodes (network namespaces); installed only when missing.
@@ -30,7 +45,7 @@ system-deps:
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
 # launcher/quickstart.yaml (150 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
 # The sample continues an English prompt (the builtin corpus is Python's documentation).
-quickstart: setup
+quickstart: $(VENV)/.installed-local
 	$(BIN)/fab prepare-data
 	$(BIN)/fab train --nodes 3
 	$(BIN)/fab sample --prompt "The Python interpreter"
