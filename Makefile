@@ -43,7 +43,7 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
-# launcher/quickstart.yaml (150 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
+# launcher/quickstart.yaml (100 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
 # The sample continues an English prompt (the builtin corpus is Python's documentation).
 quickstart: $(VENV)/.installed-local
 	$(BIN)/fab prepare-data
@@ -55,5 +55,8 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Unit tests spread over every core (they share nothing); integration tests (sshd nodes, several
+# processes, timeouts) run one at a time after them, as before.
 test: setup system-deps lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not integration" -n auto
+	$(BIN)/pytest -m integration
