@@ -183,23 +183,30 @@ class TestNodes:
         run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
         run("ip", "-n", ns, "link", "set", "eth0", "up")
         run("ip", "-n", ns, "link", "set", "lo", "up")
+        self.sshd.append(self._spawn_sshd(i))
+        return (base / "ssh_host_ed25519_key.pub").read_text().strip()
+
+    def _spawn_sshd(self, i: int) -> subprocess.Popen:
+        """Node i's sshd listener in fresh UTS and mount namespaces (hostname, home bound over /root)."""
+        base, home, keep = self.workdir / f"node{i}", self.home(i), python_under_home()
         Path("/run/sshd").mkdir(exist_ok=True)
         # /etc/passwd is left alone: a bind mount over it vanishes when anything rewrites it (useradd).
         keep_python = f"mount --bind {keep} {home / keep.relative_to(NODE_HOME)} && " if keep else ""
         inner = (
             f"hostname node{i} && {keep_python}mount --rbind {home} {NODE_HOME} && "
-            f"exec {SSHD} -D -e -f {config}"
+            f"exec {SSHD} -D -e -f {base / 'sshd_config'}"
         )
-        log = open(base / "sshd.log", "wb")  # noqa: SIM115 (lives as long as sshd)
-        self.sshd.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", inner],
+        log = open(base / "sshd.log", "ab")  # noqa: SIM115 (lives as long as sshd)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespaces[i], "unshare", "--uts", "--mount", "--propagation", "private",
+             "sh", "-c", inner],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
-        return (base / "ssh_host_ed25519_key.pub").read_text().strip()
+        )
 
-    def _wait_listening(self) -> None:
+    def _wait_listening(self, which: range | None = None) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        for i, ip in enumerate(self.ips[: self.count]):
+        for i in which or range(self.count):
+            ip = self.ips[i]
             while True:
                 if self.sshd[i].poll() is not None:
                     log = (self.workdir / f"node{i}" / "sshd.log").read_text()
@@ -243,6 +250,31 @@ class TestNodes:
         once, as after a boot) is killed, and the node's boot id changes."""
         self.kill_all(i, keep=self.sshd[i].pid)
         self.boot_id_file(i).write_text(f"{uuid.uuid4()}\n")
+
+    def stop_sshd(self, i: int, unplug: bool = False) -> None:
+        """Take node i away, as a preempted VM goes: every process of the node, its sshd listener
+        included, is killed, so SSH to its address fails until start_sshd(i). A guest shutdown (GCP's
+        and Azure's preemption) closes its TCP connections, as the killed processes' sockets do here;
+        with `unplug` the node's link goes down first, so nothing it had open is closed and its peers
+        hear nothing at all (a VM the hypervisor removed), and new connections fail once ARP gives up."""
+        if unplug:
+            run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "down")
+        self.kill_all(i)
+        if self.sshd[i].poll() is None:  # outside the namespace only while `ip netns exec` starts it
+            self.sshd[i].kill()
+        self.sshd[i].wait(timeout=10)
+
+    def start_sshd(self, i: int, new_boot: bool = True) -> None:
+        """Bring node i back after stop_sshd(i): the same address, home and host key, sshd listening
+        before this returns; with `new_boot` (a VM started again) its boot id changes, so the launcher
+        sees that nothing it started there survived."""
+        if self.sshd[i].poll() is None:
+            raise RuntimeError(f"node{i}'s sshd is running: start_sshd follows stop_sshd")
+        run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "up")
+        if new_boot:
+            self.boot_id_file(i).write_text(f"{uuid.uuid4()}\n")
+        self.sshd[i] = self._spawn_sshd(i)
+        self._wait_listening(range(i, i + 1))
 
     def kill_all(self, i: int, keep: int | None = None) -> None:
         """SIGKILL every process in node i's network namespace but `keep`. Each is signalled through a

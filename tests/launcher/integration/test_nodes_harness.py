@@ -1,0 +1,51 @@
+"""The sshd test nodes' stop_sshd/start_sshd: a node that goes away (a preempted VM) and comes back."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from launcher.testing.nodes import TestNodes, missing_requirements
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(f"sshd test nodes unavailable: {reason}")
+    with TestNodes(1, tmp_path_factory.mktemp("nodes")) as built:
+        yield built
+
+
+def boot_id(nodes: TestNodes) -> str:
+    result = nodes.ssh(0, 'cat "$NANOCLUSTER_BOOT_ID_FILE"')
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("unplug", [False, True], ids=["shutdown", "unplugged"])
+def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node, unplug):
+    before = boot_id(node)
+    assert node.ssh(0, "setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null &").returncode == 0
+    assert node.processes(0, "sleep 300"), "the node's process did not start"
+
+    node.stop_sshd(0, unplug=unplug)
+    assert node.pids(0) == []  # nothing of the node is left, its sshd included
+    with pytest.raises(OSError):  # refused (shutdown) or unanswered (unplugged): no sshd at the address
+        socket.create_connection((node.ips[0], 22), timeout=2).close()
+
+    node.start_sshd(0)
+    # The same address and the same pinned host key (StrictHostKeyChecking=yes in nodes.ssh), a new boot.
+    back = node.ssh(0, "hostname")
+    assert (back.returncode, back.stdout.strip()) == (0, "node0"), back.stderr
+    assert boot_id(node) != before
+    assert node.processes(0, "sleep 300") == []
+    assert node.ssh(0, "test -f ~/.ssh/authorized_keys").returncode == 0  # the home (the disk) is kept
+
+
+def test_start_keeps_the_boot_id_when_asked(node):
+    before = boot_id(node)
+    node.stop_sshd(0)
+    node.start_sshd(0, new_boot=False)
+    assert boot_id(node) == before
