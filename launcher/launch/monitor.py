@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from launcher.launch.plan import LaunchPlan, Unit
 from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
 from launcher.recover.classify import FirstFailure
+from launcher.recover.heartbeat import watch_nodes
 from launcher.transport import NodeError, Shell
 
 TAIL_LINES = 25
@@ -77,9 +78,11 @@ class Progress:
 
 
 def follow_units(units: Sequence[Unit], shells: dict[int, Shell], command: Callable[[Unit, Shell], str],
-                 on_line: Callable[[Unit, str], None], on_lost: Callable[[Unit, NodeError], None]) -> list[threading.Thread]:
+                 on_line: Callable[[Unit, str], None], on_lost: Callable[[Unit, NodeError], None],
+                 on_end: Callable[[Unit], None] | None = None) -> list[threading.Thread]:
     """Start one daemon thread per unit that streams command(unit, shell) on the unit's node,
-    calling on_line(unit, line) for every line, or on_lost(unit, error) when the node is lost."""
+    calling on_line(unit, line) for every line, or on_lost(unit, error) when the node is lost,
+    and on_end(unit) when the stream ended without an error."""
 
     def follow(unit: Unit) -> None:
         shell = shells[unit.node.index]
@@ -87,6 +90,9 @@ def follow_units(units: Sequence[Unit], shells: dict[int, Shell], command: Calla
             shell.stream(command(unit, shell), lambda line: on_line(unit, line))
         except NodeError as e:
             on_lost(unit, e)
+            return
+        if on_end:
+            on_end(unit)
 
     threads = [threading.Thread(target=follow, args=(u,), daemon=True) for u in units]
     for t in threads:
@@ -113,6 +119,8 @@ class Monitor:
         self.tails = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
         self.print_lock = threading.Lock()
+        self.exit_seen: set[str] = set()
+        """Units whose exit record arrived: a stream that ends without one lost its node."""
 
     def emit(self, text: str) -> None:
         with self.print_lock:
@@ -120,6 +128,7 @@ class Monitor:
 
     def _on_line(self, unit: Unit, line: str) -> None:
         if line.startswith(EXIT_MARKER):
+            self.exit_seen.add(unit.name)
             fields = line.split()
             if len(fields) >= 3 and fields[1].lstrip("-").isdigit():
                 self.events.put(("exit", unit, int(fields[1]), float(fields[2])))
@@ -129,8 +138,19 @@ class Monitor:
         self.tails[unit.name].append(line)
         self.emit(unit.label(line))
 
-    def _on_lost(self, unit: Unit, error: NodeError) -> None:
+    def _on_lost(self, unit: Unit, error: NodeError | str) -> None:
         self.events.put(("lost", unit, str(error), time.time()))
+
+    def _on_end(self, unit: Unit) -> None:
+        # The SSH connection closed under the stream (its node went down, or sshd was killed): the
+        # follow command always ends with the exit record otherwise.
+        if unit.name not in self.exit_seen:
+            self._on_lost(unit, f"{unit.node.name}: the SSH connection closed before the unit's exit record")
+
+    def _on_node_lost(self, shell: Shell, why: str) -> None:
+        for unit in self.plan.units():
+            if unit.node.private_ip == shell.node.private_ip:
+                self._on_lost(unit, why)
 
     def _metrics(self) -> None:
         unit = self.plan.units()[0]
@@ -160,8 +180,10 @@ class Monitor:
     def _watch(self) -> Progress:
         units = self.plan.units()
         follow_units(units, self.shells, lambda u, s: follow_command(s.root, self.plan.run, u.name),
-                     self._on_line, self._on_lost)
+                     self._on_line, self._on_lost, self._on_end)
         threading.Thread(target=self._metrics, daemon=True).start()
+        stop_heartbeat = threading.Event()
+        watch_nodes([self.shells[h.node.index] for h in self.plan.hosts], self._on_node_lost, stop_heartbeat)
         remaining = set(units)
         last_progress = 0.0
         try:
@@ -177,6 +199,8 @@ class Monitor:
                         self.emit(self.progress.line())
                     continue
                 kind, unit, detail, _ = event
+                if unit not in remaining:  # the heartbeat's word on a unit that already ended
+                    continue
                 remaining.discard(unit)
                 if kind == "exit" and detail == 0:
                     continue
@@ -185,6 +209,8 @@ class Monitor:
             self.emit("interrupted: stopping every rank on every node ...")
             self.stop_all()
             raise RunFailed("interrupted (Ctrl-C): every rank was stopped", exit_code=130) from None
+        finally:
+            stop_heartbeat.set()
         return self.progress
 
     def _fail(self, failures: list[tuple]) -> None:
