@@ -51,6 +51,25 @@ class Node:
 
 
 @dataclass(frozen=True)
+class PulumiStack:
+    """The Pulumi stack a cluster was read from: what the CLI is run on to read it again or to bring
+    its lost nodes back (launcher/recover/revive.py)."""
+
+    name: str
+    """The stack named by --cluster stack:NAME; empty for the project's selected stack."""
+    project_dir: Path
+    """Where `pulumi` runs: the directory the cluster was resolved in, as `pulumi` itself finds the
+    project (Pulumi.yaml) from its working directory."""
+
+    def command(self, *args: str) -> list[str]:
+        """A `pulumi` command line on this stack."""
+        return ["pulumi", *args, *(["--stack", self.name] if self.name else [])]
+
+    def describe(self) -> str:
+        return f"Pulumi stack {self.name or '(selected)'}"
+
+
+@dataclass(frozen=True)
 class Cluster:
     """A validated output contract (see DESIGN.md) plus where it came from."""
 
@@ -84,6 +103,9 @@ class Cluster:
     """Python with the node environment on every node; empty means the bootstrap's ~/nanocluster/venv."""
     is_local: bool = False
     """The built-in local cluster: ranks are processes on this machine, started without SSH."""
+    stack: PulumiStack | None = None
+    """The Pulumi stack the contract came from; None for a JSON contract or the local cluster, whose
+    lost nodes nothing here can bring back."""
 
     @property
     def head(self) -> Node:
@@ -184,8 +206,8 @@ def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
     if spec == "local":
         return local_cluster(local_nodes)
     if spec == "stack" or spec.startswith("stack:"):
-        stack = spec.partition(":")[2]
-        return parse_contract(read_stack_outputs(stack), f"Pulumi stack {stack or '(selected)'}")
+        stack = PulumiStack(spec.partition(":")[2], Path.cwd())
+        return parse_contract(read_stack_outputs(stack), stack.describe(), stack=stack)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise InventoryError(
@@ -199,18 +221,16 @@ def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
     return parse_contract(data, str(path))
 
 
-def read_stack_outputs(stack: str) -> dict:
+def read_stack_outputs(stack: PulumiStack) -> dict:
     """The stack's outputs, secrets included (the cluster key is one)."""
     if not shutil.which("pulumi"):
         raise InventoryError(
             "the Pulumi CLI is not installed: install it (https://www.pulumi.com/docs/install/) "
             "or pass --cluster PATH.json with the contract"
         )
-    cmd = ["pulumi", "stack", "output", "--json", "--show-secrets"]
-    if stack:
-        cmd += ["--stack", stack]
+    cmd = stack.command("stack", "output", "--json", "--show-secrets")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=STACK_TIMEOUT_S)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=STACK_TIMEOUT_S, cwd=stack.project_dir)
     except subprocess.TimeoutExpired as e:
         raise InventoryError(f"`{' '.join(cmd)}` did not answer within {STACK_TIMEOUT_S} s") from e
     if out.returncode != 0:
@@ -220,12 +240,13 @@ def read_stack_outputs(stack: str) -> dict:
     except json.JSONDecodeError as e:
         raise InventoryError(f"`{' '.join(cmd)}` printed something that is not JSON ({e})") from e
     if outputs == {}:
-        raise InventoryError(f"Pulumi stack {stack or '(selected)'} has no outputs yet: run `pulumi up` first")
+        raise InventoryError(f"{stack.describe()} has no outputs yet: run `pulumi up` first")
     return outputs
 
 
-def parse_contract(data: object, source: str) -> Cluster:
-    """Validate an output contract; every problem is named with the key and what it should be."""
+def parse_contract(data: object, source: str, stack: PulumiStack | None = None) -> Cluster:
+    """Validate an output contract; every problem is named with the key and what it should be.
+    `stack`: the Pulumi stack it was read from, if any."""
 
     def fail(message: str) -> InventoryError:
         return InventoryError(f"{source}: {message}")
@@ -311,6 +332,7 @@ def parse_contract(data: object, source: str) -> Cluster:
         region=str(data.get("region") or data.get("zone") or ""),
         hourly_cost_usd=float(cost) if cost is not None else None,
         node_python=node_python,
+        stack=stack,
     )
 
 
