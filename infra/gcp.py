@@ -110,6 +110,12 @@ class GcpCluster(CloudCluster):
                     },
                     scheduling=self._scheduling(),
                     allow_stopping_for_update=True,
+                    # A preempted spot VM (instance_termination_action STOP) or an idle-stopped one is
+                    # TERMINATED. With a desired status set, a refresh records the real one and `pulumi up
+                    # --refresh` starts the VM again; without it the provider ignores the status and leaves
+                    # the VM stopped (resourceComputeInstanceRead and ...Update in terraform-provider-google,
+                    # google/services/compute/resource_compute_instance.go).
+                    desired_status="RUNNING",
                     # No service account: nodes never call Google APIs.
                     # A newer image or node/ bootstrap is for new VMs: `fab setup` updates existing ones.
                     opts=self.child(

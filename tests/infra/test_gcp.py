@@ -88,6 +88,7 @@ def test_spot_and_a_given_image():
     (instance,) = run.of_type(INSTANCE)
     assert instance.get("scheduling")["provisioningModel"] == "SPOT"
     assert instance.get("scheduling")["preemptible"] is True
+    assert instance.get("desiredStatus") == "RUNNING"  # `pulumi up --refresh` starts a preempted (stopped) VM
     assert instance.get("bootDisk")["initializeParams"]["image"] == image
     assert run.invokes == []  # no lookup when the image is given
 
