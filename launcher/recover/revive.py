@@ -42,6 +42,17 @@ UP_FLAGS = ("--refresh", "--yes", "--skip-preview", "--non-interactive", "--supp
             "--suppress-outputs", "--color", "never")
 
 
+NOT_STARTED_BY_UP = {
+    # azure-native's VirtualMachine has no power-state input: a spot VM evicted with the Deallocate
+    # policy (infra/azure.py) stays deallocated through `pulumi up --refresh`. Its name is the node's.
+    "azure": "a deallocated Azure spot VM is not started by `pulumi up`: "
+             "`az vm start --ids $(az vm list --query \"[?name=='{node}'].id\" -o tsv)` for each; "
+             "the launcher takes it back while it waits",
+}
+"""What the operator still has to do on a cloud where `pulumi up` does not start a stopped VM
+(README, "Self-healing runs"); {node} is a lost node's name."""
+
+
 def up_command(stack: PulumiStack) -> list[str]:
     return stack.command("up", *UP_FLAGS)
 
@@ -73,6 +84,8 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
         out.write(f"===== {ended} after {took:.0f} s\n")
     if code == 0:
         say(f"`pulumi up --refresh` finished in {took:.0f} s: {stack.describe()} declares {names} again")
+        if cluster.cloud in NOT_STARTED_BY_UP:
+            say("note: " + NOT_STARTED_BY_UP[cluster.cloud].format(node=lost[0].name if lost else "NODE"))
         return True
     say(f"`pulumi up --refresh` {ended} after {took:.0f} s: see {log}; "
         f"waiting for {names} to answer until the recover timeout")

@@ -61,6 +61,18 @@ def test_pulumi_up_refresh_runs_on_the_stack_in_its_project_dir_with_the_output_
     assert "bringing lab-1 back" in said and "declares lab-1 again" in said
 
 
+def test_on_azure_it_says_how_to_start_a_deallocated_vm(tmp_path, monkeypatch, contract, capsys):
+    path = tmp_path / "contract.json"
+    path.write_text(json.dumps(contract | {"cloud": "azure"}))
+    monkeypatch.chdir(tmp_path)
+    with StandinPulumi(tmp_path / "pulumi", path) as standin:
+        for key, value in standin.env.items():
+            monkeypatch.setenv(key, value)
+        cluster = load_cluster("stack")
+        assert revive(cluster, cluster.nodes[1:2], tmp_path / "revive.log") is True
+    assert "az vm start --ids $(az vm list --query \"[?name=='lab-1'].id\" -o tsv)" in capsys.readouterr().out
+
+
 def test_a_failing_pulumi_up_is_reported_with_the_log_and_does_not_raise(stack, tmp_path, capsys):
     cluster = load_cluster("stack:dev")
     stack.fail_up("creating instance lab-1: ZONE_RESOURCE_POOL_EXHAUSTED")
