@@ -7,6 +7,8 @@ Import the ones a test module or conftest.py needs:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,20 @@ from launcher.testing.fab import TINY_CONFIG, Fab
 from launcher.testing.nodes import TestNodes, missing_requirements
 
 
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    """Three sshd test nodes for the module (skipped where they cannot be built: not root, no sshd)."""
+@contextlib.contextmanager
+def sshd_nodes(count: int, workdir: Path) -> Iterator[TestNodes]:
+    """TestNodes(count, workdir) for the block; the test is skipped where they cannot be built."""
     reason = missing_requirements()
     if reason:
         pytest.skip(f"sshd test nodes unavailable: {reason}")
-    with TestNodes(3, tmp_path_factory.mktemp("nodes")) as built:
+    with TestNodes(count, workdir) as built:
+        yield built
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    """Three sshd test nodes for the module (skipped where they cannot be built: not root, no sshd)."""
+    with sshd_nodes(3, tmp_path_factory.mktemp("nodes")) as built:
         yield built
 
 

@@ -6,15 +6,13 @@ import socket
 
 import pytest
 
-from launcher.testing.nodes import TestNodes, missing_requirements
+from launcher.testing.fixtures import sshd_nodes
+from launcher.testing.nodes import TestNodes
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    reason = missing_requirements()
-    if reason:
-        pytest.skip(f"sshd test nodes unavailable: {reason}")
-    with TestNodes(1, tmp_path_factory.mktemp("nodes")) as built:
+    with sshd_nodes(1, tmp_path_factory.mktemp("nodes")) as built:
         yield built
 
 
