@@ -213,6 +213,8 @@ class Trainer:
         if self.is_rank0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.metrics.begin(resumed_at=self.start_iter)
+            self.metrics.start(self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter,
+                               self.env.world_size)
         while True:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
@@ -279,6 +281,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     finally:  # every other way out: the snapshot being written in the background reaches the disk
         if not forced:
             trainer.wait_for_snapshot()
+        trainer.metrics.close()  # TensorBoard's last events reach the disk
     # Every rank logs a digest of its final weights: equal digests show DDP kept the replicas identical.
     digest = hashlib.sha256()
     for tensor in trainer.raw_model.state_dict().values():

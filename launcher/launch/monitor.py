@@ -23,6 +23,7 @@ from launcher.launch.plan import LaunchPlan, Unit
 from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
 from launcher.recover.classify import FirstFailure
 from launcher.recover.heartbeat import watch_nodes
+from launcher.runs.recorder import RunRecorder
 from launcher.transport import NodeError, Shell
 
 TAIL_LINES = 25
@@ -118,6 +119,7 @@ class Monitor:
         self.events: queue.Queue = queue.Queue()
         self.tails = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
+        self.recorder = RunRecorder(plan.cluster, plan.run)  # the operator's metrics copy, plot, cost
         self.print_lock = threading.Lock()
         self.exit_seen: set[str] = set()
         """Units whose exit record arrived: a stream that ends without one lost its node."""
@@ -161,11 +163,13 @@ class Monitor:
                 record = json.loads(line)
             except ValueError:
                 return
+            self.recorder.add(line, record)
             if self.progress.update(record):
                 self.events.put(("progress",))
 
         with contextlib.suppress(NodeError):  # the unit followers report lost nodes
             shell.stream(metrics_command(shell.root, self.plan.run, unit.name), on_line)
+        self.recorder.stream_ended()
 
     def watch(self) -> Progress:
         # A CI timeout or `kill` of fab stops the ranks too, as Ctrl-C does (signals reach the main thread only).
@@ -196,7 +200,7 @@ class Monitor:
                     now = time.monotonic()
                     if now - last_progress >= PROGRESS_EVERY_S:
                         last_progress = now
-                        self.emit(self.progress.line())
+                        self.emit(self.progress.line() + self.recorder.progress_suffix())
                     continue
                 kind, unit, detail, _ = event
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended
@@ -211,6 +215,7 @@ class Monitor:
             raise RunFailed("interrupted (Ctrl-C): every rank was stopped", exit_code=130) from None
         finally:
             stop_heartbeat.set()
+            self.recorder.close()  # the plot's last drawing
         return self.progress
 
     def _fail(self, failures: list[tuple]) -> None:

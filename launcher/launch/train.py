@@ -23,6 +23,7 @@ from launcher.launch.units import start_command
 from launcher.probe import NodeReport
 from launcher.recover.classify import DEFAULT_MAX_RESTARTS
 from launcher.recover.policy import restart_cause
+from launcher.runs.estimate import final_cost
 from launcher.runs.record import append_event, launch_fields
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
@@ -107,7 +108,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             append_event(cluster, run, "restart", cause=cause, attempt=attempt,
                          nodes=[n.name for n in session.nodes])
         append_event(cluster, run, "end", outcome="finished", iter=progress.iter, restarts=attempt)
-        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; "
+        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(cluster, run)}; "
             f"best checkpoint runs/{run}/ckpt.pt on {session.head.name} (fab sample, fab fetch)")
 
 

@@ -1,16 +1,21 @@
-"""What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here."""
+"""What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here
+(with its metrics, TensorBoard files and the plot fab train drew)."""
 
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 from launcher.console import TaskError, out_line, say
+from launcher.runs.metrics_copy import PLOT_NAME
+from launcher.runs.record import cluster_dir
 from launcher.session import Session, resolve_cluster
 from launcher.setup.ready import ensure_ready
 from launcher.site import run_dir
 from launcher.transport import NodeError, Shell
 from model.conventions import CKPT_NAME, SNAPSHOT_NAME
+from model.tensorboard_log import TB_DIR
 
 SAMPLE_TIMEOUT_S = 600
 
@@ -46,26 +51,38 @@ def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_ne
 
 
 def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
-    """Copy the run's best checkpoint and metrics from the head to this machine (checked by size)."""
+    """Copy the run's best checkpoint, metrics and TensorBoard files from the head to this machine
+    (each checked by size), and the run's plot from this machine's run record."""
     cluster = resolve_cluster(cluster_spec, 1)
     target_dir = Path(dest or Path("runs") / run).expanduser()
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run)
         target_dir.mkdir(parents=True, exist_ok=True)
-        for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl"):
-            relative = f"runs/{run}/{name}"
-            size = int(shell.check(f"wc -c < {shell.root}/{relative}", f"reading {relative}").stdout.strip())
-            target = target_dir / name
-            partial = target.with_name(target.name + ".partial")
-            try:
-                shell.fetch(relative, partial)
-            except NodeError as e:
-                partial.unlink(missing_ok=True)
-                raise TaskError(str(e)) from None
-            if partial.stat().st_size != size:
-                partial.unlink()
-                raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run fetch again")
-            partial.replace(target)
-            say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")
+        listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
+        for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
+            fetch_file(shell, f"runs/{run}/{name}", target_dir / name)
+        plot = cluster_dir(cluster) / "runs" / run / PLOT_NAME
+        if plot.exists():
+            shutil.copyfile(plot, target_dir / PLOT_NAME)
+            say(f"copied the run's plot {plot} -> {target_dir / PLOT_NAME}")
+        if listed:
+            say(f"TensorBoard: tensorboard --logdir {target_dir / TB_DIR}")
         return target_dir / ckpt.rsplit("/", 1)[1]
+
+
+def fetch_file(shell: Shell, relative: str, target: Path) -> None:
+    """Copy root/<relative> from the node to target, through a .partial file checked by size."""
+    size = int(shell.check(f"wc -c < {shell.root}/{relative}", f"reading {relative}").stdout.strip())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        shell.fetch(relative, partial)
+    except NodeError as e:
+        partial.unlink(missing_ok=True)
+        raise TaskError(str(e)) from None
+    if partial.stat().st_size != size:
+        partial.unlink()
+        raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run fetch again")
+    partial.replace(target)
+    say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")

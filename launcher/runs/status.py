@@ -11,6 +11,7 @@ from launcher.console import console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
 from launcher.runs.autostop import idle_stop_lines
+from launcher.runs.estimate import status_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
 
@@ -52,4 +53,6 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 with contextlib.suppress(ValueError):
                     progress.update(json.loads(line))
             say(f"run {run}, last logged: {progress.summary()}")
+        for line in status_lines(cluster, run):  # chart, elapsed, time to finish, cost, restarts
+            say(line)
     return 1 if session.unreachable else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from model.metrics import METRICS_NAME, MetricsLog
+from model.metrics import METRICS_NAME, MetricsLog, one_series, read_metrics
 
 
 def records(out_dir) -> list[tuple[str, int]]:
@@ -48,3 +48,35 @@ def test_a_resumed_run_keeps_what_came_before_its_snapshot(tmp_path):
 def test_resuming_with_no_file_is_not_an_error(tmp_path):
     MetricsLog(tmp_path).begin(resumed_at=3)
     assert not (tmp_path / METRICS_NAME).exists()
+
+
+def test_each_start_is_recorded_with_what_estimates_need(tmp_path):
+    metrics = MetricsLog(tmp_path)
+    metrics.begin(resumed_at=None)
+    metrics.start(0, resumed=False, max_iters=100, tokens_per_iter=512, world_size=2)
+    run_until(metrics, 3)
+    metrics.begin(resumed_at=2)
+    metrics.start(2, resumed=True, max_iters=100, tokens_per_iter=512, world_size=2)
+    assert records(tmp_path) == [("start", 0), ("eval", 0), ("train", 0), ("train", 1), ("eval", 2), ("start", 2)]
+    assert read_metrics(tmp_path / METRICS_NAME)[-1] == {
+        "kind": "start", "iter": 2, "resumed": True, "max_iters": 100, "tokens_per_iter": 512, "world_size": 2}
+
+
+def test_one_series_reads_appended_restarts_as_the_uninterrupted_run(tmp_path):
+    def train(i, loss):
+        return {"kind": "train", "iter": i, "loss": loss}
+
+    def start(i, resumed):
+        return {"kind": "start", "iter": i, "resumed": resumed}
+
+    stream = [
+        start(0, False), train(0, 9.0),  # an earlier run of the same name: replaced by the new run
+        start(0, False), {"kind": "eval", "iter": 0}, train(0, 5.0), train(1, 4.0), {"kind": "eval", "iter": 2},
+        train(2, 3.9), train(3, 3.8),  # then the crash: the snapshot is at the eval of iteration 2
+        train(1, 4.0),  # the stream saw the rewound file again
+        start(2, True), train(2, 3.5),
+    ]
+    series = one_series(stream)
+    assert sorted((r["kind"], r["iter"], r.get("loss")) for r in series) == [
+        ("eval", 0, None), ("eval", 2, None), ("start", 0, None), ("start", 2, None),
+        ("train", 0, 5.0), ("train", 1, 4.0), ("train", 2, 3.5)]

@@ -12,6 +12,7 @@ import torch
 
 from model.checkpoint import load_checkpoint, load_model
 from model.model import GPT
+from model.tensorboard_log import TB_DIR
 from model.train import main
 from tests.model.conftest import TINY_RUN
 
@@ -52,8 +53,8 @@ def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
         if thread.name == "snapshot-writer":
             thread.join(timeout=60)
     files = sorted(p.name for p in out.iterdir())
-    assert set(files) <= {"metrics.jsonl", "snapshot.pt", "ckpt.pt"}, files
-    for name in set(files) - {"metrics.jsonl"}:
+    assert set(files) <= {"metrics.jsonl", "snapshot.pt", "ckpt.pt", TB_DIR}, files
+    for name in set(files) - {"metrics.jsonl", TB_DIR}:
         load_checkpoint(out / name)
 
 
@@ -84,7 +85,7 @@ def test_single_process_run_writes_metrics_snapshot_and_best_checkpoint(tmp_path
 def test_eval_only_writes_no_checkpoint(tmp_path, random_tokens):
     out = tmp_path / "run"
     assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "eval_only=true") == 0
-    assert [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()] == ["eval"]
+    assert [json.loads(line)["kind"] for line in (out / "metrics.jsonl").read_text().splitlines()] == ["start", "eval"]
     assert not (out / "snapshot.pt").exists()
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from model.conventions import EXIT_PEER_LOST
+from model.tensorboard_log import TB_DIR
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ def test_sigterm_stops_a_rank_with_an_error_line_and_no_partial_files(tmp_path, 
     proc.send_signal(signal.SIGTERM)
     assert wait_all([proc], logs, timeout=30) == [130]
     assert rank_log(logs, 0).strip().splitlines()[-1].startswith("error: interrupted")
-    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl", "snapshot.pt"]
+    assert sorted(p.name for p in out.iterdir() if p.name != TB_DIR) == ["ckpt.pt", "metrics.jsonl", "snapshot.pt"]
 
 
 def test_damaged_snapshot_on_rank0_stops_every_rank_with_its_reason(tmp_path, random_tokens):

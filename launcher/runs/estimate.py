@@ -1,0 +1,145 @@
+"""Time and money of a run, from the operator's record (events.jsonl and the metrics copy): elapsed
+time, time to finish, node-hours and cost so far and at the end, restarts.
+
+- The run is what followed its last "launch" event (a run name used again starts a new record).
+- Elapsed: from the launch event to its "end" event, or to now while it goes on.
+- Time to finish: the median of the last STEP_WINDOW logged step times x the iterations left to
+  max_iters (from the trainer's "start" record). Evals and snapshots are not in it: a lower bound.
+- Cost: the contract's hourly_cost_usd (the whole cluster's price per hour, recorded in the launch
+  event) x elapsed hours; node-hours: the cluster's node count x elapsed hours. The cluster is billed
+  whether or not a rank runs, so both count every node of the contract.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.inventory import Cluster
+from launcher.runs.chart import loss_chart
+from launcher.runs.metrics_copy import Series, read_series
+from launcher.runs.record import cluster_dir, read_events
+
+STEP_WINDOW = 10
+NO_PRICE = "no price in the contract"
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """One run's time and cost figures (seconds, USD)."""
+
+    elapsed_s: float
+    eta_s: float | None
+    """Time to finish; None when unknown (no step logged, or no max_iters), 0 once finished."""
+    cluster_nodes: int
+    hourly_cost_usd: float | None
+    restarts: int
+    finished: bool
+
+    @property
+    def node_hours(self) -> float:
+        return self.cluster_nodes * self.elapsed_s / 3600
+
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self.hourly_cost_usd is None else self.hourly_cost_usd * self.elapsed_s / 3600
+
+    @property
+    def cost_at_end_usd(self) -> float | None:
+        if self.hourly_cost_usd is None or self.eta_s is None:
+            return None
+        return self.hourly_cost_usd * (self.elapsed_s + self.eta_s) / 3600
+
+
+def current_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events from the last "launch" on."""
+    launches = [i for i, e in enumerate(events) if e.get("event") == "launch"]
+    return events[launches[-1]:] if launches else []
+
+
+def time_to_finish(series: Series) -> float | None:
+    """Seconds until max_iters at the recent step time; None when it cannot be known yet."""
+    if series.max_iters is None or not series.train_iters:
+        return None
+    recent = [ms for ms in series.iter_ms[-STEP_WINDOW:] if ms is not None]
+    if not recent:
+        return None
+    left = max(0, series.max_iters - (series.train_iters[-1] + 1))
+    return left * statistics.median(recent) / 1e3
+
+
+def run_clock(events: list[dict[str, Any]], series: Series, now: float | None = None) -> RunClock | None:
+    """The figures of the run the events describe; None when it was never launched."""
+    run = current_run(events)
+    if not run:
+        return None
+    launch, end = run[0], next((e for e in run if e.get("event") == "end"), None)
+    finished = end is not None
+    stop = end["time"] if finished else (time.time() if now is None else now)
+    return RunClock(
+        elapsed_s=max(0.0, stop - launch["time"]),
+        eta_s=0.0 if finished else time_to_finish(series),
+        cluster_nodes=launch.get("cluster_nodes") or len(launch.get("nodes", ())),
+        hourly_cost_usd=launch.get("hourly_cost_usd"),
+        restarts=sum(1 for e in run if e.get("event") == "restart"),
+        finished=finished,
+    )
+
+
+def duration(seconds: float) -> str:
+    """3 h 02 min, 4 min 05 s, 12 s."""
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def cost_text(clock: RunClock) -> str:
+    """"$0.42 (0.53 node-h at $2.40/h)", or the node-hours and NO_PRICE."""
+    if clock.cost_usd is None:
+        return f"{clock.node_hours:.2f} node-h, {NO_PRICE}"
+    return f"${clock.cost_usd:.2f} ({clock.node_hours:.2f} node-h at ${clock.hourly_cost_usd:.2f}/h)"
+
+
+def clock_lines(clock: RunClock) -> list[str]:
+    """What `fab status` says of the run's time and money."""
+    if clock.finished:
+        time_line = f"elapsed {duration(clock.elapsed_s)} (finished)"
+        cost_line = f"cost: {cost_text(clock)}"
+    else:
+        eta = "unknown until a step is logged" if clock.eta_s is None else duration(clock.eta_s)
+        time_line = f"elapsed {duration(clock.elapsed_s)} | time to finish {eta} (logged step time x steps left)"
+        at_end = "" if clock.cost_at_end_usd is None else f"; about ${clock.cost_at_end_usd:.2f} at the end"
+        cost_line = f"cost so far: {cost_text(clock)}{at_end}"
+    return [time_line, cost_line, f"restarts: {clock.restarts}"]
+
+
+def progress_suffix(clock: RunClock | None) -> str:
+    """The live progress line's tail: " | ETA 4 min 10 s | $0.02 so far"."""
+    if clock is None:
+        return ""
+    eta = "" if clock.eta_s is None else f" | ETA {duration(clock.eta_s)}"
+    cost = "" if clock.cost_usd is None else f" | ${clock.cost_usd:.2f} so far"
+    restarts = f" | {clock.restarts} restart(s)" if clock.restarts else ""
+    return eta + cost + restarts
+
+
+def status_lines(cluster: Cluster, run: str) -> list[str]:
+    """`fab status`'s view of the run from the operator's record: the loss chart, then time and cost."""
+    record_dir = cluster_dir(cluster) / "runs" / run
+    series = read_series(record_dir)
+    clock = run_clock(read_events(cluster, run), series)
+    if clock is None:
+        return [f"run {run}: no launch recorded on this machine ({record_dir})"]
+    chart = loss_chart(series)
+    return [*(chart.splitlines() if chart else ["no loss logged yet"]), *clock_lines(clock)]
+
+
+def final_cost(cluster: Cluster, run: str) -> str:
+    """The run's cost for its last line ("cost $0.42 (...)"), from the launch and end events."""
+    clock = run_clock(read_events(cluster, run), Series())
+    return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"

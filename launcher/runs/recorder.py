@@ -1,0 +1,58 @@
+"""What `fab train` keeps on the operator's machine while it follows a run: the metrics copy
+(launcher.runs.metrics_copy), the plot redrawn at each eval and at the end (launcher.runs.plot), and
+the time/cost tail of the live progress line (launcher.runs.estimate). The monitor calls it from its
+metrics thread; nothing here blocks following the logs (the plot is drawn on its own thread)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from launcher.inventory import Cluster
+from launcher.runs.estimate import progress_suffix, run_clock
+from launcher.runs.metrics_copy import MetricsCopy, Series
+from launcher.runs.record import read_events, run_record_dir
+
+if TYPE_CHECKING:
+    from launcher.runs.plot import PlotRefresher
+
+REDRAW_KINDS = ("eval",)
+STREAM_END_WAIT_S = 10.0
+"""At the end, how long the last drawing waits for the metrics stream to deliver its last lines."""
+
+
+class RunRecorder:
+    def __init__(self, cluster: Cluster, run: str):
+        self.cluster, self.run = cluster, run
+        self.records: list[dict[str, Any]] = []
+        self.copy: MetricsCopy | None = None  # the record directory is made on the first line
+        self.plotter: PlotRefresher | None = None
+        self.stream_done = threading.Event()
+
+    def add(self, line: str, record: dict[str, Any]) -> None:
+        """One line streamed from rank 0's metrics.jsonl (record: its parsed JSON)."""
+        if self.copy is None:
+            record_dir = run_record_dir(self.cluster, self.run)
+            self.copy = MetricsCopy(record_dir)
+            from launcher.runs.plot import PlotRefresher  # matplotlib: imported by the runs that plot
+
+            self.plotter = PlotRefresher(record_dir)
+        self.copy.append(line)
+        self.records.append(record)
+        if record.get("kind") in REDRAW_KINDS:
+            self.plotter.request()
+
+    def progress_suffix(self) -> str:
+        """ETA, cost so far and restarts for the live progress line ("" before anything is known)."""
+        clock = run_clock(read_events(self.cluster, self.run), Series.of(self.records))
+        return progress_suffix(clock)
+
+    def stream_ended(self) -> None:
+        """The metrics stream has ended (rank 0's unit is gone): every line has been added."""
+        self.stream_done.set()
+
+    def close(self) -> None:
+        """The last drawing, with everything streamed (returns once it is on disk)."""
+        self.stream_done.wait(STREAM_END_WAIT_S)
+        if self.plotter is not None:
+            self.plotter.close()

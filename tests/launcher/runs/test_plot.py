@@ -1,0 +1,95 @@
+"""The run's plot and terminal chart are drawn from the operator's metrics copy, one series across restarts."""
+
+import json
+
+import pytest
+
+from launcher.runs.chart import loss_chart
+from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series, read_series
+from launcher.runs.plot import PlotRefresher, draw, save_plot
+from model.metrics import METRICS_NAME, read_metrics
+
+TOKENS_PER_ITER = 256
+
+
+def stream_of_a_restarted_run() -> list[dict]:
+    """What fab train streams: a run crashed after step 5 (snapshot at the eval of 4), then resumed."""
+    records = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 8, "tokens_per_iter": TOKENS_PER_ITER}]
+    for i in range(6):
+        if i % 2 == 0:
+            records.append({"kind": "eval", "iter": i, "train_loss": 9.0 - i, "val_loss": 9.5 - i})
+        records.append({"kind": "train", "iter": i, "loss": 10.0 - i, "lr": 1e-3 * (i + 1), "iter_ms": 100.0,
+                        "tokens_per_s": 1000.0 + i})
+    records.append({"kind": "start", "iter": 4, "resumed": True, "max_iters": 8, "tokens_per_iter": TOKENS_PER_ITER})
+    for i in range(4, 8):
+        if i % 2 == 0 and i > 4:
+            records.append({"kind": "eval", "iter": i, "train_loss": 4.0 - i / 10, "val_loss": 4.5 - i / 10})
+        records.append({"kind": "train", "iter": i, "loss": 5.0 - i / 10, "lr": 2e-3, "iter_ms": 120.0,
+                        "tokens_per_s": 2000.0 + i})
+    records.append({"kind": "eval", "iter": 8, "train_loss": 3.0, "val_loss": 3.2})
+    return records
+
+
+@pytest.fixture
+def record_dir(tmp_path):
+    copy = MetricsCopy(tmp_path)
+    for record in stream_of_a_restarted_run():
+        copy.append(json.dumps(record))
+    return tmp_path
+
+
+def lines_of(figure) -> dict[tuple[str, str], tuple[list, list]]:
+    """(panel title, line label) -> the (x, y) data matplotlib holds for that line."""
+    return {(ax.get_title(), line.get_label()): (list(line.get_xdata()), list(line.get_ydata()))
+            for ax in figure.axes for line in ax.get_lines()}
+
+
+def test_the_plot_draws_exactly_the_series_of_metrics_jsonl(record_dir):
+    # Regenerate the data from metrics.jsonl independently of the plot module: the resumed run's
+    # records replace the crashed run's from the snapshot (iteration 4) on.
+    records = read_metrics(record_dir / METRICS_NAME)
+    crashed, resumed = records[:10], records[10:]
+    train = {r["iter"]: r for r in crashed if r["kind"] == "train" and r["iter"] < 4}
+    train |= {r["iter"]: r for r in resumed if r["kind"] == "train"}
+    evals = {r["iter"]: r for r in records if r["kind"] == "eval"}
+    iters, eval_iters = sorted(train), sorted(evals)
+    assert iters == list(range(8)) and eval_iters == [0, 2, 4, 6, 8]
+
+    drawn = lines_of(draw(read_series(record_dir)))
+    assert drawn[("loss", "train loss")] == (iters, [train[i]["loss"] for i in iters])
+    assert drawn[("loss", "val loss")] == (eval_iters, [evals[i]["val_loss"] for i in eval_iters])
+    assert drawn[("loss against tokens", "train loss")] == ([i * TOKENS_PER_ITER for i in iters],
+                                                            [train[i]["loss"] for i in iters])
+    assert drawn[("loss against tokens", "val loss")] == ([i * TOKENS_PER_ITER for i in eval_iters],
+                                                          [evals[i]["val_loss"] for i in eval_iters])
+    assert drawn[("throughput (whole cluster)", "tokens/s")] == (iters, [train[i]["tokens_per_s"] for i in iters])
+    assert drawn[("learning rate", "learning rate")] == (iters, [train[i]["lr"] for i in iters])
+
+
+def test_the_png_is_written_whole_and_redrawn_off_the_callers_thread(record_dir, tmp_path_factory):
+    assert save_plot(record_dir) == record_dir / PLOT_NAME
+    assert (record_dir / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(record_dir.glob("*.partial"))
+    assert save_plot(tmp_path_factory.mktemp("empty")) is None  # nothing streamed yet: no plot
+
+    (record_dir / PLOT_NAME).unlink()
+    refresher = PlotRefresher(record_dir)
+    refresher.request()
+    refresher.request()
+    refresher.close()  # the last drawing is on disk when close returns
+    assert (record_dir / PLOT_NAME).exists() and not refresher.thread.is_alive()
+
+
+def test_a_run_without_start_records_plots_loss_by_iteration_only(tmp_path):
+    series = Series.of([{"kind": "train", "iter": 0, "loss": 3.0, "lr": 1e-3, "tokens_per_s": 5.0}])
+    titles = [ax.get_title() for ax in draw(series).axes]
+    assert "loss against tokens: tokens per step unknown (no start record)" in titles
+
+
+def test_the_terminal_chart_is_plain_text_with_both_losses(record_dir):
+    chart = loss_chart(read_series(record_dir), width=60, height=12)
+    lines = chart.splitlines()
+    assert "\x1b" not in chart and len(lines) == 12
+    assert any("train loss" in line for line in lines) and any("val loss" in line for line in lines)
+    assert "iteration" in lines[-1]
+    assert loss_chart(Series()) == ""
