@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from model.config_values import ConfigError, coerce, dotted_fields, flatten, get_dotted, parse_overrides
-from model.conventions import BACKEND_CHOICES
+from model.conventions import BACKEND_CHOICES, GRAD_COMPRESSION_CHOICES
 from model.intel_layout import translate_intel_layout
 from model.model import SHAPE_RULES
 from model.precision import MIXED_PRECISION_CHOICES
@@ -133,6 +133,16 @@ class TrainConfig:
     """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
     ddp_bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MB: gradients are all-reduced bucket by bucket while backward runs."""
+    grad_compression: str = "auto"
+    """What crosses the link for the gradients (model.comm_hooks): none (fp32 all-reduce), bf16 or
+    fp16 (half the bytes, rounded), powersgd (a low-rank approximation with error feedback: ~1-2% of
+    the bytes for GPT-2 small), or auto: time an all-reduce at start and pick by how long the fp32
+    gradients would take against the step's compute (README, "Performance"). One process: unused."""
+    powersgd_rank: int = 4
+    """PowerSGD's matrix approximation rank: bytes sent grow with it, and so does accuracy."""
+    powersgd_start_iter: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter; the
+    first steps are the most sensitive to approximate gradients). Counted again from a resume."""
     keep_global_batch: bool = False
     """On a resume with a different world size (fewer or more nodes), set gradient_accumulation_steps
     so that batch_size x gradient_accumulation_steps x world size equals the snapshot's global batch
@@ -205,6 +215,17 @@ class TrainConfig:
             ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
             ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
+            (
+                "grad_compression",
+                self.grad_compression in GRAD_COMPRESSION_CHOICES,
+                f"one of {', '.join(GRAD_COMPRESSION_CHOICES)}",
+            ),
+            ("powersgd_rank", self.powersgd_rank >= 1, ">= 1"),
+            (
+                "powersgd_start_iter",
+                self.powersgd_start_iter >= 2,
+                ">= 2 (PowerSGD's error feedback starts after DDP's first two steps)",
+            ),
             ("stop_grace_s", self.stop_grace_s > 0, "> 0"),
             ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
             # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.

@@ -32,3 +32,6 @@ unreachable): this rank is fine and a restart may succeed. 75 is sysexits' EX_TE
 EXIT_STOPPED = 130
 """Stopped by SIGINT/SIGTERM (`fab stop`, Ctrl-C, or a cloud's preemption notice) after keeping the
 last snapshot intact."""
+
+GRAD_COMPRESSION_CHOICES = ("auto", "none", "bf16", "fp16", "powersgd")
+"""How DDP sends gradients between ranks (model.comm_hooks): auto picks by a link measurement at start."""
