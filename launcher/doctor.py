@@ -2,7 +2,8 @@
 
 Checks: SSH to every node, the node environment, identical Python/torch/accelerate versions,
 physical cores and the private address's interface against the contract, free disk, the dataset's
-checksums, and the rendezvous port from every node to the head.
+checksums, the rendezvous port from every node to the head, and the bandwidth between the nodes
+(launcher.bandwidth).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 
 from rich.table import Table
 
+from launcher.bandwidth import SEND_S, bandwidth_problems
 from launcher.console import console, say
 from launcher.data.fanout import verify_data_command
 from launcher.remote import script
@@ -27,7 +29,8 @@ Problem = tuple[str, str, str, str]
 """(check, node, what is wrong, fix): one row of the table."""
 
 
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT) -> int:
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT,
+           bandwidth_s: float = SEND_S) -> int:
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
     cluster = resolve_cluster(cluster_spec, None)
     problems: list[Problem] = []
@@ -38,6 +41,7 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAU
         if session.nodes:
             problems += node_problems(session, dataset)
             problems += port_problems(session, port)
+            problems += bandwidth_problems(session, port, bandwidth_s) if bandwidth_s > 0 else []
     table = Table(title=f"fab doctor: {cluster.cluster_name}")
     for col in ("check", "node", "problem", "fix"):
         table.add_column(col, overflow="fold")

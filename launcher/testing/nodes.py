@@ -244,6 +244,18 @@ class TestNodes:
                    "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
                    f"root@{self.ips[i]}", command, check=False, timeout=timeout)
 
+    def shape_egress(self, i: int, mbit_s: float | None) -> None:
+        """Limit node i's egress to mbit_s with a token bucket (tc tbf) on its eth0, inside its
+        namespace (never the root one); None removes the limit. The bucket holds one timer tick's
+        worth at the rate (HZ 250) and at least 64 KB, as tc-tbf(8) requires."""
+        ns = self.namespaces[i]
+        if mbit_s is None:
+            run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+            return
+        burst_kb = max(64, int(mbit_s * 1e6 / 8 / 250 / 1024) + 1)
+        run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+            "rate", f"{mbit_s}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
+
     # ------------------------------------------------------------------ reboots and teardown
     def reboot(self, i: int) -> None:
         """Simulate node i rebooting: every process of the node but its sshd listener (which is back at
