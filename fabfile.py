@@ -179,8 +179,11 @@ def stop(c, cluster=None, run="main"):
     "cluster": CLUSTER_HELP,
     "dataset": "dataset whose checksums to verify on every node (default builtin)",
     "port": "rendezvous port to test between the nodes (default 29500)",
+    "bandwidth_seconds": "seconds each node streams to the next to measure the links (default 1.5, 0 skips)",
 })
 @_errors_to_exit
-def doctor(c, cluster=None, dataset="builtin", port="29500"):
-    """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums; each failure with its fix."""
-    return tasks.doctor(cluster, dataset=dataset, port=_number("port", port))
+def doctor(c, cluster=None, dataset="builtin", port="29500", bandwidth_seconds="1.5"):
+    """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
+    each failure with its fix."""
+    return tasks.doctor(cluster, dataset=dataset, port=_number("port", port),
+                        bandwidth_s=_number("bandwidth-seconds", bandwidth_seconds, float))
