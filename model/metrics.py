@@ -37,7 +37,7 @@ class MetricsLog:
             self.path.unlink(missing_ok=True)
         else:
             rewind_metrics(self.path, resumed_at)
-        self.tensorboard = open_tensorboard(self.path.parent, resumed_at, read_metrics(self.path))
+        self.tensorboard = open_tensorboard(self.path.parent, resumed_at, read_jsonl(self.path))
 
     def start(self, iteration: int, resumed: bool, max_iters: int, tokens_per_iter: int, world_size: int) -> None:
         self._append({"kind": "start", "iter": iteration, "resumed": resumed, "max_iters": max_iters,
@@ -77,8 +77,9 @@ class MetricsLog:
             self.tensorboard = None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Every record of a metrics.jsonl, in order; a line cut short by a crash is skipped."""
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a .jsonl file (metrics.jsonl, the launcher's events.jsonl), in order; a line
+    cut short by a crash is skipped; no file reads as no records."""
     if not path.exists():
         return []
     records = []

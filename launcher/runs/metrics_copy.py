@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.metrics import METRICS_NAME, one_series, read_metrics
+from model.metrics import METRICS_NAME, one_series, read_jsonl
 
 PLOT_NAME = "plot.png"
 """The run's plot in its record directory (launcher.runs.plot draws it; `fab fetch` copies it)."""
@@ -80,4 +80,4 @@ class Series:
 
 def read_series(record_dir: Path) -> Series:
     """The run's series from the operator's copy (empty when nothing was streamed yet)."""
-    return Series.of(read_metrics(record_dir / METRICS_NAME))
+    return Series.of(read_jsonl(record_dir / METRICS_NAME))

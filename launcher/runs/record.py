@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.inventory import Cluster, local_home
+from model.metrics import read_jsonl
 
 EVENTS_NAME = "events.jsonl"
 
@@ -43,16 +44,7 @@ def append_event(cluster: Cluster, run: str, event: str, **fields: Any) -> dict[
 
 def read_events(cluster: Cluster, run: str) -> list[dict[str, Any]]:
     """Every event recorded for the run, oldest first; a line cut short by a crash is skipped."""
-    path = cluster_dir(cluster) / "runs" / run / EVENTS_NAME
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
+    return read_jsonl(cluster_dir(cluster) / "runs" / run / EVENTS_NAME)
 
 
 def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, Any]:

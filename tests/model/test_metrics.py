@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from model.metrics import METRICS_NAME, MetricsLog, one_series, read_metrics
+from model.metrics import METRICS_NAME, MetricsLog, one_series, read_jsonl
 
 
 def records(out_dir) -> list[tuple[str, int]]:
@@ -58,7 +58,7 @@ def test_each_start_is_recorded_with_what_estimates_need(tmp_path):
     metrics.begin(resumed_at=2)
     metrics.start(2, resumed=True, max_iters=100, tokens_per_iter=512, world_size=2)
     assert records(tmp_path) == [("start", 0), ("eval", 0), ("train", 0), ("train", 1), ("eval", 2), ("start", 2)]
-    assert read_metrics(tmp_path / METRICS_NAME)[-1] == {
+    assert read_jsonl(tmp_path / METRICS_NAME)[-1] == {
         "kind": "start", "iter": 2, "resumed": True, "max_iters": 100, "tokens_per_iter": 512, "world_size": 2}
 
 

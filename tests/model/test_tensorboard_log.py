@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from model.metrics import METRICS_NAME, MetricsLog, read_metrics
+from model.metrics import METRICS_NAME, MetricsLog, read_jsonl
 from model.tensorboard_log import TB_DIR, open_tensorboard, scalars_of
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -23,7 +23,7 @@ def board_scalars(out_dir) -> dict[str, list[tuple[int, float]]]:
 def file_scalars(out_dir) -> dict[str, list[tuple[int, float]]]:
     """The same, from metrics.jsonl (float32, as event files store values)."""
     expected: dict[str, list[tuple[int, float]]] = {}
-    for record in read_metrics(out_dir / METRICS_NAME):
+    for record in read_jsonl(out_dir / METRICS_NAME):
         for tag, value in scalars_of(record).items():
             expected.setdefault(tag, []).append((record["iter"], pytest.approx(value, rel=1e-6)))
     return expected

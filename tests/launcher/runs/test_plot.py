@@ -7,7 +7,7 @@ import pytest
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series, read_series
 from launcher.runs.plot import PlotRefresher, draw, save_plot
-from model.metrics import METRICS_NAME, read_metrics
+from model.metrics import METRICS_NAME, read_jsonl
 
 TOKENS_PER_ITER = 256
 
@@ -47,7 +47,7 @@ def lines_of(figure) -> dict[tuple[str, str], tuple[list, list]]:
 def test_the_plot_draws_exactly_the_series_of_metrics_jsonl(record_dir):
     # Regenerate the data from metrics.jsonl independently of the plot module: the resumed run's
     # records replace the crashed run's from the snapshot (iteration 4) on.
-    records = read_metrics(record_dir / METRICS_NAME)
+    records = read_jsonl(record_dir / METRICS_NAME)
     crashed, resumed = records[:10], records[10:]
     train = {r["iter"]: r for r in crashed if r["kind"] == "train" and r["iter"] < 4}
     train |= {r["iter"]: r for r in resumed if r["kind"] == "train"}
