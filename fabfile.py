@@ -14,6 +14,7 @@ from fabric import task
 from invoke.exceptions import Exit
 
 from launcher import tasks
+from launcher.recover.loop import RecoverOptions
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default main)"
@@ -112,16 +113,23 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
         "collective_timeout": "seconds a rank waits for a lost peer before failing (default 120)",
         "max_restarts": "restarts after a failure outside the program (a killed rank, a lost node, a preemption);"
                         " a program error is never retried (default 3, 0 = fail fast)",
+        "recover_timeout": "seconds to wait for a lost node to answer SSH again before stopping (or, with "
+                           "--min-nodes, going on without it); default 600",
+        "min_nodes": "when a lost node does not come back, resume on the nodes that answer if at least this many"
+                     " do, with the same tokens per optimizer step (default: stop with an error)",
     },
 )
 @_errors_to_exit
 def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
-          port=None, config=None, set_=None, dry_run=False, collective_timeout="120", max_restarts=None):
+          port=None, config=None, set_=None, dry_run=False, collective_timeout="120", max_restarts=None,
+          recover_timeout=None, min_nodes=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     tasks.train(cluster, nodes=_number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
                 backend=backend, port=_number("port", port), config=config, overrides=list(set_ or []), dry_run=dry_run,
                 collective_timeout_s=_number("collective-timeout", collective_timeout, float),
-                **_given(max_restarts=_number("max-restarts", max_restarts)))
+                recover=RecoverOptions(**_given(max_restarts=_number("max-restarts", max_restarts),
+                                                recover_timeout_s=_number("recover-timeout", recover_timeout, float),
+                                                min_nodes=_number("min-nodes", min_nodes))))
 
 
 @task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})

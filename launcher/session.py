@@ -77,6 +77,14 @@ class Session:
                 raise
         return session
 
+    def reopen(self, cluster: Cluster | None = None, nodes: Sequence[Node] | None = None, probe: bool = True,
+               reachable_only: bool = False) -> Session:
+        """This session closed and a new one on fresh connections, to the same nodes unless given
+        (fewer, or as a re-read cluster lists them): a node that went away took its connection along."""
+        self.close()
+        return Session.open(cluster or self.cluster, self.nodes if nodes is None else nodes, self.dataset,
+                            probe=probe, reachable_only=reachable_only)
+
     def __enter__(self) -> Session:
         return self
 

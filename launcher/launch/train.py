@@ -1,5 +1,6 @@
 """`fab train`: plan the launch, place every node's files and start its units in one command, then
-watch them until they end (or stop them all when one fails).
+watch them until they end (or stop them all when one fails). The restarts after a failure outside
+the program, and the wait for lost nodes, are launcher/recover/loop.py's.
 
 A launch costs two round trips per machine after connecting: the session's probe, and one command
 that unpacks the rendered files and starts the machine's units detached. Code and data are sent
@@ -15,14 +16,13 @@ from pathlib import Path
 from launcher.console import TaskError, check_name, out_line, say
 from launcher.data.fanout import check_shards, fan_out, splits_digest
 from launcher.inventory import Cluster, Node
-from launcher.launch.monitor import Monitor, RunFailed
+from launcher.launch.monitor import Monitor, Progress
 from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
 from launcher.probe import NodeReport
-from launcher.recover.classify import DEFAULT_MAX_RESTARTS
-from launcher.recover.policy import restart_cause
+from launcher.recover.loop import RecoverOptions, Recovery
 from launcher.runs.estimate import final_cost
 from launcher.runs.record import append_event, launch_fields
 from launcher.session import Session, resolve_cluster, select_nodes
@@ -60,12 +60,15 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
           overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0,
-          max_restarts: int = DEFAULT_MAX_RESTARTS) -> None:
+          recover: RecoverOptions | None = None) -> None:
+    """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py)."""
     started = time.monotonic()
     check_name(run, "run")
     check_name(dataset, "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     selected = select_nodes(cluster, nodes)
+    recover = recover or RecoverOptions()
+    recover.check(len(selected))
     site = site_of(cluster)
     if config is None and site.default_config:
         config = site.default_config
@@ -81,35 +84,26 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     if dry_run:
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
         return
-    with Session.open(cluster, selected, dataset) as session:
-        attempt = 0
-        while True:
-            ensure_ready(session)
-            place_data(session, dataset)
-            plan = make_plan(cluster, session.nodes,
-                             {n.index: launch_facts(session.report(n)) for n in session.nodes}, **plan_args)
-            start_units(session, plan, config_text)
-            if attempt == 0:
-                append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
-            say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
-                f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
-                f"({time.monotonic() - started:.1f} s after start)")
-            monitor = Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line)
-            try:
-                progress = monitor.watch()
-                break
-            except RunFailed as e:
-                cause = restart_cause(e, attempt, max_restarts, say)
-                if cause is None:
-                    append_event(cluster, run, "end", outcome="failed", reason=str(e), exit_code=e.exit_code)
-                    raise TaskError(str(e)) from None
-            attempt += 1
-            say(f"restart {attempt}/{max_restarts}: {cause}; every rank resumes from the newest snapshot")
-            append_event(cluster, run, "restart", cause=cause, attempt=attempt,
-                         nodes=[n.name for n in session.nodes])
-        append_event(cluster, run, "end", outcome="finished", iter=progress.iter, restarts=attempt)
+    def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:
+        ensure_ready(session)
+        place_data(session, dataset)
+        plan = make_plan(session.cluster, session.nodes,
+                         {n.index: launch_facts(session.report(n)) for n in session.nodes},
+                         **(plan_args | {"overrides": tuple(overrides) + extra_overrides}))
+        start_units(session, plan, config_text)
+        if restarts == 0:
+            append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
+        say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
+            f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
+            f"({time.monotonic() - started:.1f} s after start)")
+        return Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line).watch()
+
+    with Recovery(Session.open(cluster, selected, dataset), run, recover,
+                  resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
+        progress = recovery.run(launch)
+        append_event(cluster, run, "end", outcome="finished", iter=progress.iter, restarts=recovery.restarts)
         say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(cluster, run)}; "
-            f"best checkpoint runs/{run}/ckpt.pt on {session.head.name} (fab sample, fab fetch)")
+            f"best checkpoint runs/{run}/ckpt.pt on {recovery.session.head.name} (fab sample, fab fetch)")
 
 
 def place_data(session: Session, dataset: str) -> None:

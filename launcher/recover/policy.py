@@ -1,9 +1,12 @@
-"""Whether `fab train` restarts a failed launch: the first failure retryable and restarts left."""
+"""Whether `fab train` restarts a failed launch (the first failure retryable and restarts left), and
+on which nodes it resumes when a lost node does not come back (--min-nodes)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from launcher.console import TaskError
+from launcher.inventory import Node
 from launcher.launch.monitor import RunFailed
 from launcher.recover.classify import classify
 
@@ -21,3 +24,28 @@ def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callab
         say(f"not restarting: {verdict.cause}, and --max-restarts {max_restarts} restart(s) are used up")
         return None
     return verdict.cause
+
+
+def nodes_to_resume_on(nodes: Sequence[Node], still_lost: dict[int, str], min_nodes: int | None,
+                       timeout_s: float) -> tuple[Node, ...]:
+    """The nodes the run resumes on once the wait for lost nodes is over: every node when none is
+    still lost; the ones that answer when --min-nodes allows it; otherwise a TaskError naming the
+    lost node(s), the timeout and what to do. The head cannot be left out: it is rank 0's node and
+    every connection to a worker goes through it."""
+    if not still_lost:
+        return tuple(nodes)
+    lost = [n for n in nodes if n.index in still_lost]
+    answering = tuple(n for n in nodes if n.index not in still_lost)
+    names = ", ".join(n.name for n in lost)
+    reasons = "; ".join(still_lost[n.index] for n in lost)
+    gone = f"{names} did not answer SSH within --recover-timeout {timeout_s:g} s (last: {reasons})"
+    fix = "check the VM (is it running?), run `pulumi up --refresh` on its stack, then rerun the same fab train"
+    if nodes[0].index in still_lost:
+        raise TaskError(f"{gone}; the head {nodes[0].name} cannot be left out (rank 0, and the way to every "
+                        f"worker): {fix} (it resumes from the snapshot)")
+    if min_nodes is None:
+        raise TaskError(f"{gone}: {fix} (it resumes from the snapshot), or rerun with --min-nodes "
+                        f"{len(answering)} to go on without {'them' if len(lost) > 1 else 'it'}")
+    if len(answering) < min_nodes:
+        raise TaskError(f"{gone}, and only {len(answering)} node(s) answer, fewer than --min-nodes {min_nodes}: {fix}")
+    return answering

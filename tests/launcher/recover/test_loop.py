@@ -1,0 +1,170 @@
+"""fab train's restart loop with lost nodes (fake sessions and clock: no SSH, no sleeping)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import launcher.recover.loop as loop
+from launcher.console import TaskError
+from launcher.inventory import parse_contract
+from launcher.launch.monitor import Progress, RunFailed
+from launcher.recover.classify import FirstFailure
+from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions, Recovery
+from launcher.runs.record import read_events
+from tests.launcher.recover.test_wait import FakeClock
+
+
+class World:
+    """Which nodes answer, as a function of the fake clock: node index -> time it answers again."""
+
+    def __init__(self, cluster, clock, back_at: dict[int, float]):
+        self.cluster, self.clock, self.back_at = cluster, clock, back_at
+        self.stopped: list[tuple[str, ...]] = []
+
+    def answers(self, cluster, node) -> str | None:
+        return None if self.clock.now >= self.back_at.get(node.index, 0) else f"{node.name}: connection refused"
+
+
+class FakeSession:
+    def __init__(self, world: World, cluster, nodes, reachable_only=False):
+        self.world, self.cluster = world, cluster
+        self.unreachable = {n.index: why for n in nodes if (why := world.answers(cluster, n))}
+        if self.unreachable and not reachable_only:
+            raise TaskError("; ".join(self.unreachable.values()))
+        self.nodes = tuple(n for n in nodes if n.index not in self.unreachable)
+        self.closed = False
+
+    @property
+    def head(self):
+        return self.nodes[0]
+
+    def reopen(self, cluster=None, nodes=None, probe=True, reachable_only=False):
+        self.closed = True
+        return FakeSession(self.world, cluster or self.cluster, self.nodes if nodes is None else nodes, reachable_only)
+
+    def reprobe(self, nodes):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def setting(contract, tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
+    cluster = parse_contract(contract, "lab.json")
+    clock = FakeClock()
+    world = World(cluster, clock, {})
+    monkeypatch.setattr(loop, "node_answers", world.answers)
+    monkeypatch.setattr(loop, "stop_units", lambda session, run: world.stopped.append(
+        tuple(n.name for n in session.nodes)))
+    monkeypatch.setattr(loop, "wait_for_nodes", functools.partial(loop.wait_for_nodes, clock=clock, sleep=clock.sleep))
+    return cluster, clock, world
+
+
+def lost(name):
+    return RunFailed(f"rank x {name} lost contact", failure=FirstFailure(f"rank x {name}", "lost", detail="closed"))
+
+
+def scripted(outcomes):
+    """A launch that raises each outcome in turn (an exception) and returns Progress at the end."""
+    calls = []
+
+    def launch(session, restarts, overrides):
+        calls.append(([n.name for n in session.nodes], restarts, overrides))
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, Exception):
+            outcome.node_down(session) if hasattr(outcome, "node_down") else None
+            raise outcome
+        return Progress(iter=20)
+
+    return launch, calls
+
+
+def test_a_lost_node_is_waited_for_and_the_run_resumes_on_every_node(setting):
+    cluster, clock, world = setting
+    session = FakeSession(world, cluster, cluster.nodes[:2])
+    world.back_at = {1: 20}  # node1 went away during the run and answers again 20 s into the wait
+    launch, calls = scripted([lost("lab-1"), None])
+    with Recovery(session, "r", RecoverOptions(recover_timeout_s=60), resolve=lambda: cluster) as recovery:
+        progress = recovery.run(launch)
+    assert progress.iter == 20 and recovery.restarts == 1
+    assert calls[1] == (["lab-0", "lab-1"], 1, ())
+    assert clock.now == 20
+    assert world.stopped == [("lab-0",), ("lab-0", "lab-1")]  # the survivors first, everything after the return
+    restart, = [e for e in read_events(cluster, "r") if e["event"] == "restart"]
+    assert restart["nodes"] == ["lab-0", "lab-1"] and "dropped" not in restart and "lab-1" in restart["cause"]
+
+
+def test_with_min_nodes_the_run_goes_on_without_a_node_that_never_returns(setting):
+    cluster, clock, world = setting
+    session = FakeSession(world, cluster, cluster.nodes)
+    world.back_at = {2: float("inf")}
+    launch, calls = scripted([lost("lab-2"), None])
+    with Recovery(session, "r", RecoverOptions(recover_timeout_s=15, min_nodes=2), resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    assert calls[1] == (["lab-0", "lab-1"], 1, (KEEP_GLOBAL_BATCH,))
+    assert clock.now == pytest.approx(15, abs=1)  # the timeout, less the real time recovery took
+    restart, = [e for e in read_events(cluster, "r") if e["event"] == "restart"]
+    assert restart["nodes"] == ["lab-0", "lab-1"] and restart["dropped"] == ["lab-2"]
+
+
+def test_without_min_nodes_the_run_ends_naming_the_node_and_the_timeout(setting):
+    cluster, clock, world = setting
+    session = FakeSession(world, cluster, cluster.nodes)
+    world.back_at = {2: float("inf")}
+    launch, calls = scripted([lost("lab-2")])
+    with pytest.raises(TaskError, match=r"lab-2 did not answer SSH within --recover-timeout 15 s"), \
+            Recovery(session, "r", RecoverOptions(recover_timeout_s=15), resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    assert len(calls) == 1 and clock.now == pytest.approx(15, abs=1)
+    end = read_events(cluster, "r")[-1]
+    assert end["event"] == "end" and end["outcome"] == "failed" and "lab-2" in end["reason"]
+
+
+def test_a_node_lost_while_starting_again_is_a_restart_and_a_setup_error_is_not(setting):
+    cluster, clock, world = setting
+
+    class NodeGoesDown(TaskError):
+        def node_down(self, session):
+            world.back_at = {1: clock.now + 30}
+
+    launch, calls = scripted([NodeGoesDown("lab-1: lost the SSH connection"), None])
+    with Recovery(FakeSession(world, cluster, cluster.nodes[:2]), "r", RecoverOptions(recover_timeout_s=60),
+                  resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    assert recovery.restarts == 1 and calls[1][0] == ["lab-0", "lab-1"]
+    launch, calls = scripted([TaskError("data/builtin is not prepared on lab-0")])
+    with pytest.raises(TaskError, match="not prepared"), \
+            Recovery(FakeSession(world, cluster, cluster.nodes[:2]), "r", RecoverOptions(),
+                     resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    assert len(calls) == 1
+
+
+def test_a_revived_cluster_is_read_again_before_waiting(setting, contract):
+    cluster, _, world = setting
+    session = FakeSession(world, cluster, cluster.nodes)
+    world.back_at = {1: 10}
+    moved = parse_contract(contract | {"private_ips": ["10.0.0.2", "10.0.0.9", "10.0.0.4"]}, "stack")
+    revived = []
+
+    def revive(c, lost_nodes, log, timeout_s):
+        revived.append(([n.name for n in lost_nodes], log.name, timeout_s))
+        return True
+
+    launch, _ = scripted([lost("lab-1"), None])
+    seen = []
+    original = launch
+
+    def launch_seeing(session, restarts, overrides):
+        seen.append(session.cluster)
+        return original(session, restarts, overrides)
+
+    with Recovery(session, "r", RecoverOptions(), resolve=lambda: moved,
+                  revive=revive) as recovery:
+        recovery.run(launch_seeing)
+    assert revived == [(["lab-1"], loop.REVIVE_LOG, 600.0)]
+    assert seen[1] is moved and recovery.session.nodes[1].private_ip == "10.0.0.9"
