@@ -12,7 +12,9 @@ from model.mfu import measure_matmul_peak, model_flops_utilization
 
 def test_matmul_peak_is_a_plausible_rate():
     peak = measure_matmul_peak(torch.float32, seconds=0.05, n=128)
-    assert math.isfinite(peak) and 1e8 < peak < 1e15  # a CPU core does GFLOP/s, nothing does PFLOP/s
+    # A core does GFLOP/s alone; shared with a busy machine (CI beside other jobs) it was measured at
+    # 7.6e7, so the floor only rules out a broken timer or unit. Nothing does PFLOP/s.
+    assert math.isfinite(peak) and 1e6 < peak < 1e15
 
 
 def test_utilization_is_achieved_over_peak():
