@@ -17,14 +17,13 @@ import hashlib
 import logging
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import comm_hooks, distributed, zero
+from model import comm_hooks, distributed, step_timing, zero
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
@@ -81,12 +80,13 @@ class Trainer:
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         self.ddp = None
+        self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
         if env.world_size > 1:
             # Constructing DDP broadcasts rank 0's parameters, so every rank starts from its weights.
             self.ddp = DistributedDataParallel(
                 self.model, bucket_cap_mb=cfg.ddp_bucket_cap_mb, gradient_as_bucket_view=True
             )
-            comm_hooks.register(self.ddp, cfg)
+            comm_hooks.register(self.ddp, cfg, wrap=self.step_timer.wrap)
         self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
         self.tokens_per_iter = (
@@ -220,18 +220,29 @@ class Trainer:
             at_end = self.iter_num >= cfg.max_iters
             if cfg.eval_only or ((self.iter_num % cfg.eval_interval == 0 or at_end) and not resuming_here):
                 self.eval_and_checkpoint()
+                self.realign()
             if cfg.eval_only or at_end:
                 return
-            started = time.perf_counter()
+            self.step_timer.start()
             loss = self.train_step()
-            iter_s = time.perf_counter() - started
+            step = self.step_timer.stop()
             if self.iter_num % cfg.log_interval == 0:
-                self.log_step(all_ranks_mean(loss, self.env.world_size), iter_s)
+                self.log_step(all_ranks_mean(loss, self.env.world_size), step)
             self.iter_num += 1
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
                 snapshot_and_stop(self, self.stop_signal)
 
-    def log_step(self, loss: float, iter_s: float) -> None:
+    def realign(self) -> None:
+        """Start the next step on every rank together. Rank 0 copies a snapshot after the others left
+        its collective: without this barrier they would wait for it inside their next step, and rank
+        0's next step, never waiting, would log about half the steady time (model.step_timing)."""
+        waited = step_timing.realign(self.env.world_size)
+        if self.is_rank0 and self.env.world_size > 1:  # the last to arrive: the barrier's own cost
+            log.info("iter %d: ranks realigned after the eval in %.1f ms", self.iter_num, waited * 1e3)
+
+    def log_step(self, loss: float, step: step_timing.StepTime) -> None:
+        iter_s = step.step_s
+        by_rank = step_timing.gather_step_times(step, self.env.world_size)  # a collective: every rank
         tokens_per_s = self.tokens_per_iter / iter_s
         mfu = model_flops_utilization(self.flops_per_token, tokens_per_s, self.peak_flops * self.env.world_size)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -246,7 +257,7 @@ class Trainer:
             tokens_per_s,
             100 * mfu,
         )
-        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu)
+        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank)
 
 
 # --- entry point ---------------------------------------------------------------------------------
