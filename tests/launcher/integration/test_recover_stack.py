@@ -1,0 +1,66 @@
+"""Must-show 2 of issue 11, the stack part: on a cluster from a Pulumi stack, a node that goes away
+mid-run (its trainer and sshd gone, as a preempted VM) is brought back by `pulumi up --refresh` (a
+stand-in CLI that revives the sshd test node), joins the resumed run, and the run finishes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.site import REPO_ROOT
+from launcher.testing.fab import Fab, wait_for
+from launcher.testing.fixtures import sshd_nodes
+from launcher.testing.pulumi_standin import StandinPulumi
+
+RUN = "preempted"
+RUN_TIMEOUT_S = 240
+SETTINGS = ("--nodes", "2", "--set", "max_iters=20", "--set", "eval_interval=5", "--recover-timeout", "120")
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    with sshd_nodes(2, tmp_path / "nodes") as built:
+        yield built
+
+
+def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resumed_run(nodes, tiny_config, tmp_path):
+    with StandinPulumi(tmp_path / "pulumi", nodes.contract_path, on_up=lambda: nodes.start_sshd(1)) as pulumi:
+        fab = Fab(nodes.contract_path, tmp_path / "operator")
+        fab.env |= pulumi.env | {"NANOCLUSTER_CLUSTER": "stack"}  # the contract comes from `pulumi stack output`
+        assert fab("prepare-data").returncode == 0
+        run_dir = nodes.home(0) / f"nanocluster/runs/{RUN}"
+        log = tmp_path / "fab.log"
+        proc = fab.popen("train", *SETTINGS, "--config", str(tiny_config), "--run", RUN, log=log)
+        try:
+            wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+            assert nodes.processes(1, "model.train"), "rank 1's trainer runs on node1"
+            nodes.stop_sshd(1)  # node1 is gone: its trainer, every other process and its sshd
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert pulumi.errors == []
+    calls = pulumi.calls()
+    ups = [call for call in calls if call["argv"][0] == "up"]
+    assert len(ups) == 1, calls
+    assert ups[0]["argv"][:3] == ["up", "--refresh", "--yes"] and ups[0]["cwd"] == str(REPO_ROOT), ups
+    after_up = calls[calls.index(ups[0]) + 1:]
+    assert any(call["argv"][:2] == ["stack", "output"] for call in after_up), calls  # the cluster is read again
+    # The revived node took part in the resumed run: its rank resumed from the snapshot and finished.
+    restarted = output[output.index("restart 1/"):]
+    assert re.search(r"\[rank 1 node1\] resumed from .*snapshot.pt at iteration [1-9]\d*", restarted), output[-3000:]
+    assert re.search(r"\[rank 1 node1\] .*final parameters sha256", restarted), output[-3000:]
+    for i in range(2):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    events_file, = Path(fab.env["NANOCLUSTER_HOME"]).rglob(f"runs/{RUN}/events.jsonl")
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert [e["event"] for e in events].count("restart") == 1, events
+    assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events
+    revive_logs = list(events_file.parent.glob("*.log"))
+    assert any("Resources: 1 updated (stand-in)" in p.read_text() for p in revive_logs), revive_logs
