@@ -11,7 +11,7 @@ hook with the observer the trainer passes. The options (TrainConfig.grad_compres
 - powersgd: each gradient matrix is sent as a rank-r factorisation P Q^T (Vogels et al. 2019),
   with error feedback: what the approximation lost is added to the next step's gradient, so
   nothing is dropped for good. Plain all-reduce runs for the first powersgd_start_iter steps.
-  For GPT-2 small at rank 4 that is ~1-2% of the fp32 bytes; the price is the factorisation's
+  For GPT-2 small at rank 4 that is 0.74% of the fp32 bytes; the price is the factorisation's
   compute (two matmuls and a QR per matrix per step) and 4 bytes per parameter of error buffer.
 - auto: measure the link at start (a timed all-reduce) and pick by how long the fp32 gradients
   would take to cross it against the step's compute (choose_compression; README, "Performance").
@@ -52,7 +52,7 @@ CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 # plain all-reduce; estimated compute 8.96 s at the ~85 GFLOP/s matmul peak): 10 Gbit/s, ratio 0.045:
 # 96% efficiency; 1 Gbit/s, ratio 0.45: 77%; 250 Mbit/s, ratio 1.8: 30%. DDP hides up to ~0.05 of
 # fp32 traffic behind the backward pass, so none up to 0.05; bf16 sends half the bytes, so it up to
-# 0.1; beyond, only PowerSGD's ~1% of the bytes keeps the step near 95% (bench/scaling.py).
+# 0.1; beyond, only PowerSGD (0.74% of the bytes at rank 4) keeps the step near 95% (bench/scaling.py).
 NONE_MAX_RATIO = 0.05
 BF16_MAX_RATIO = 0.1
 
