@@ -12,12 +12,19 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from launcher.testing.fab import wait_for
 
 RUN_TIMEOUT_S = 300
 AWAY_S = 20
-RECOVER_TIMEOUT = "15"
-SETTINGS = ("--set", "max_iters=30", "--set", "eval_interval=5")
+RECOVER_TIMEOUT = "10"
+SETTINGS = ("--set", "eval_interval=5")  # the first snapshot at iteration 5 of TINY_CONFIG's 20
+
+
+@pytest.fixture(scope="module")
+def prepared(fab):
+    assert fab("prepare-data").returncode == 0
 
 
 def events_of(fab, run: str) -> list[dict]:
@@ -30,12 +37,13 @@ def no_trainer_left(nodes, live: range) -> None:
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
 
 
-def run_until_snapshot_then(nodes, fab, tmp_path, run: str, args: tuple[str, ...], take_away) -> tuple[int, str]:
-    """Start fab train, call take_away() once the run's first snapshot exists, return (exit code, output)."""
+def run_until_then(nodes, fab, tmp_path, run: str, args: tuple[str, ...], take_away,
+                   when: str = "snapshot.pt", on: int = 0) -> tuple[int, str]:
+    """Start fab train, call take_away() once runs/<run>/<when> exists on node `on`, return (exit code, output)."""
     log = tmp_path / f"{run}.log"
     proc = fab.popen("train", *args, "--run", run, log=log)
     try:
-        wait_for(lambda: (nodes.home(0) / f"nanocluster/runs/{run}/snapshot.pt").exists(), 120, "the first snapshot")
+        wait_for(lambda: (nodes.home(on) / f"nanocluster/runs/{run}/{when}").exists(), 120, f"runs/{run}/{when}")
         take_away()
         code = proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
@@ -45,8 +53,7 @@ def run_until_snapshot_then(nodes, fab, tmp_path, run: str, args: tuple[str, ...
     return code, log.read_text()
 
 
-def test_a_node_taken_away_and_returned_rejoins_the_resumed_run(nodes, fab, tiny_config, tmp_path):
-    assert fab("prepare-data").returncode == 0
+def test_a_node_taken_away_and_returned_rejoins_the_resumed_run(nodes, fab, tiny_config, tmp_path, prepared):
     returned = threading.Timer(AWAY_S, nodes.start_sshd, args=(1,))
 
     def take_node1_away():
@@ -54,7 +61,7 @@ def test_a_node_taken_away_and_returned_rejoins_the_resumed_run(nodes, fab, tiny
         returned.start()
 
     try:
-        code, output = run_until_snapshot_then(
+        code, output = run_until_then(
             nodes, fab, tmp_path, "away", ("--nodes", "2", "--config", str(tiny_config), *SETTINGS,
                                             "--recover-timeout", "120"), take_node1_away)
     finally:
@@ -73,13 +80,12 @@ def test_a_node_taken_away_and_returned_rejoins_the_resumed_run(nodes, fab, tiny
     no_trainer_left(nodes, range(3))
 
 
-def test_a_node_that_never_returns_with_and_without_min_nodes(nodes, fab, tiny_config, tmp_path):
+def test_a_node_that_never_returns_with_and_without_min_nodes(nodes, fab, tiny_config, tmp_path, prepared):
     """3 nodes, node2 gone for good: --min-nodes 2 finishes on 2 nodes with the same tokens per
     optimizer step (gradient accumulation 2 -> 3); without it the run stops naming node2."""
-    assert fab("prepare-data").returncode == 0
     args = ("--nodes", "3", "--config", str(tiny_config), *SETTINGS, "--set", "gradient_accumulation_steps=2",
             "--recover-timeout", RECOVER_TIMEOUT)
-    code, output = run_until_snapshot_then(nodes, fab, tmp_path, "smaller", (*args, "--min-nodes", "2"),
+    code, output = run_until_then(nodes, fab, tmp_path, "smaller", (*args, "--min-nodes", "2"),
                                            lambda: nodes.stop_sshd(2))
     assert code == 0, output[-4000:]
     assert "continuing on 2 node(s) without node2 (--min-nodes 2)" in output, output[-4000:]
@@ -93,10 +99,12 @@ def test_a_node_that_never_returns_with_and_without_min_nodes(nodes, fab, tiny_c
     no_trainer_left(nodes, range(2))
 
     nodes.start_sshd(2)
-    code, output = run_until_snapshot_then(nodes, fab, tmp_path, "stops", args, lambda: nodes.stop_sshd(2))
+    # No snapshot needed here: node2 goes away as soon as its rank is started.
+    code, output = run_until_then(nodes, fab, tmp_path, "stops", args, lambda: nodes.stop_sshd(2),
+                                  when="rank2.pid", on=2)
     assert code == 1, output[-4000:]
     error = output.strip().splitlines()[-1]
-    assert error.startswith("error: node2 did not answer SSH within --recover-timeout 15 s"), output[-4000:]
+    assert error.startswith("error: node2 did not answer SSH within --recover-timeout 10 s"), output[-4000:]
     assert "--min-nodes 2" in error and "pulumi up --refresh" in error, error
     end = events_of(fab, "stops")[-1]
     assert end["event"] == "end" and end["outcome"] == "failed" and "node2" in end["reason"], end
