@@ -24,6 +24,7 @@ from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
 from launcher.recover.classify import FirstFailure
 from launcher.recover.heartbeat import watch_nodes
 from launcher.runs.recorder import RunRecorder
+from launcher.runs.slow_nodes import SlowRankWatch
 from launcher.transport import NodeError, Shell
 
 TAIL_LINES = 25
@@ -120,6 +121,7 @@ class Monitor:
         self.tails = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
         self.recorder = RunRecorder(plan.cluster, plan.run)  # the operator's metrics copy, plot, cost
+        self.slow_ranks = SlowRankWatch({r.rank: r.node.name for r in plan.ranks})  # names a rank that stays slow
         self.print_lock = threading.Lock()
         self.exit_seen: set[str] = set()
         """Units whose exit record arrived: a stream that ends without one lost its node."""
@@ -164,6 +166,8 @@ class Monitor:
             except ValueError:
                 return
             self.recorder.add(line, record)
+            for report in self.slow_ranks.update(record):  # once per episode (launcher.runs.slow_nodes)
+                self.emit(report)
             if self.progress.update(record):
                 self.events.put(("progress",))
 

@@ -12,6 +12,7 @@ from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
 from launcher.runs.autostop import idle_stop_lines
 from launcher.runs.estimate import status_lines
+from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
 
@@ -53,6 +54,8 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 with contextlib.suppress(ValueError):
                     progress.update(json.loads(line))
             say(f"run {run}, last logged: {progress.summary()}")
+            for line in slow_node_lines(cluster, run, last.splitlines()):  # the slowest rank and node
+                say(line)
         for line in status_lines(cluster, run):  # chart, elapsed, time to finish, cost, restarts
             say(line)
     return 1 if session.unreachable else 0
