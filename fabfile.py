@@ -190,8 +190,8 @@ def stop(c, cluster=None, run="main"):
     "bandwidth_seconds": "seconds each node streams to the next to measure the links (default 1.5, 0 skips)",
 })
 @_errors_to_exit
-def doctor(c, cluster=None, dataset="builtin", port="29500", bandwidth_seconds="1.5"):
+def doctor(c, cluster=None, dataset="builtin", port="29500", bandwidth_seconds=None):
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
     return tasks.doctor(cluster, dataset=dataset, port=_number("port", port),
-                        bandwidth_s=_number("bandwidth-seconds", bandwidth_seconds, float))
+                        **_given(bandwidth_s=_number("bandwidth-seconds", bandwidth_seconds, float)))
