@@ -271,20 +271,31 @@ class TestNodes:
         hear nothing at all (a VM the hypervisor removed), and new connections fail once ARP gives up."""
         if unplug:
             run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "down")
-        self.kill_all(i)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.pids(i):  # SIGKILL is delivered asynchronously; a process may fork meanwhile
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node{i} still has processes {self.pids(i)} {START_TIMEOUT_S} s after SIGKILL")
+            self.kill_all(i)
+            time.sleep(0.05)
         if self.sshd[i].poll() is None:  # outside the namespace only while `ip netns exec` starts it
             self.sshd[i].kill()
         self.sshd[i].wait(timeout=10)
 
-    def start_sshd(self, i: int, new_boot: bool = True) -> None:
+    def start_sshd(self, i: int, new_boot: bool = True, new_host_key: bool = False) -> None:
         """Bring node i back after stop_sshd(i): the same address, home and host key, sshd listening
         before this returns; with `new_boot` (a VM started again) its boot id changes, so the launcher
-        sees that nothing it started there survived."""
+        sees that nothing it started there survived. `new_host_key`: a VM replaced by something that
+        did not install the key the contract pins (the contract is left as it was)."""
         if self.sshd[i].poll() is None:
             raise RuntimeError(f"node{i}'s sshd is running: start_sshd follows stop_sshd")
         run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "up")
         if new_boot:
             self.boot_id_file(i).write_text(f"{uuid.uuid4()}\n")
+        if new_host_key:
+            host_key = self.workdir / f"node{i}" / "ssh_host_ed25519_key"
+            host_key.unlink()
+            host_key.with_suffix(".pub").unlink()
+            run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
         self.sshd[i] = self._spawn_sshd(i)
         self._wait_listening(range(i, i + 1))
 

@@ -6,6 +6,8 @@ import socket
 
 import pytest
 
+from launcher.inventory import load_cluster
+from launcher.recover.wait import node_answers
 from launcher.testing.fixtures import sshd_nodes
 from launcher.testing.nodes import TestNodes
 
@@ -22,8 +24,8 @@ def boot_id(nodes: TestNodes) -> str:
     return result.stdout.strip()
 
 
-@pytest.mark.parametrize("unplug", [False, True], ids=["shutdown", "unplugged"])
-def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node, unplug):
+@pytest.mark.parametrize(("unplug", "new_boot"), [(False, True), (True, False)], ids=["shutdown", "unplugged"])
+def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node, unplug, new_boot):
     before = boot_id(node)
     assert node.ssh(0, "setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null &").returncode == 0
     assert node.processes(0, "sleep 300"), "the node's process did not start"
@@ -33,17 +35,22 @@ def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node
     with pytest.raises(OSError):  # refused (shutdown) or unanswered (unplugged): no sshd at the address
         socket.create_connection((node.ips[0], 22), timeout=2).close()
 
-    node.start_sshd(0)
-    # The same address and the same pinned host key (StrictHostKeyChecking=yes in nodes.ssh), a new boot.
+    node.start_sshd(0, new_boot=new_boot)
+    # The same address and the same pinned host key (StrictHostKeyChecking=yes in nodes.ssh).
     back = node.ssh(0, "hostname")
     assert (back.returncode, back.stdout.strip()) == (0, "node0"), back.stderr
-    assert boot_id(node) != before
+    assert (boot_id(node) != before) is new_boot  # a VM started again boots anew unless told otherwise
     assert node.processes(0, "sleep 300") == []
     assert node.ssh(0, "test -f ~/.ssh/authorized_keys").returncode == 0  # the home (the disk) is kept
 
 
-def test_start_keeps_the_boot_id_when_asked(node):
-    before = boot_id(node)
+def test_a_node_back_with_a_host_key_the_contract_does_not_pin_is_refused(node):
+    """A VM replaced outside the stack (its host key not the contract's) is never trusted: the
+    launcher's wait for a lost node reports the mismatch (and goes on waiting until its timeout)."""
+    cluster = load_cluster(str(node.contract_path))
+    assert node_answers(cluster, cluster.nodes[0]) is None
     node.stop_sshd(0)
-    node.start_sshd(0, new_boot=False)
-    assert boot_id(node) == before
+    node.start_sshd(0, new_host_key=True)
+    reason = node_answers(cluster, cluster.nodes[0])
+    assert reason is not None and "host key does not match the one the contract pins" in reason, reason
+    assert node.ssh(0, "true").returncode == 255  # StrictHostKeyChecking with the contract's key
