@@ -25,7 +25,7 @@ from tests.launcher.dataset import write_dataset
 
 RUN = "priced"
 PRICE = 3.6
-MAX_ITERS = 60
+MAX_ITERS = 80
 
 
 @pytest.fixture
@@ -56,8 +56,8 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
     thread.start()
     record_dir = run_record_dir(priced, RUN)
     try:
-        wait_for(lambda: len(read_series(record_dir).train_iters) >= 3 or not thread.is_alive(), 120,
-                 "three steps in the operator's metrics copy")
+        wait_for(lambda: read_series(record_dir).train_iters or not thread.is_alive(), 120,
+                 "a step in the operator's metrics copy")
         assert thread.is_alive(), failure
         status(None, run=RUN)
         during = capsys.readouterr().out
@@ -73,7 +73,7 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
     assert "; cost $" in done and f"node-h at ${PRICE:.2f}/h)" in done
     assert (record_dir / PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
     series = read_series(record_dir)
-    assert series.eval_iters == [0, 20, 40, MAX_ITERS] and series.max_iters == MAX_ITERS  # the last eval too
+    assert series.eval_iters == [0, 20, 40, 60, MAX_ITERS] and series.max_iters == MAX_ITERS  # the last eval too
 
     status(None, run=RUN)
     after = capsys.readouterr().out
