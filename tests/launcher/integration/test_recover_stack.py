@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.site import REPO_ROOT
-from launcher.testing.fab import Fab, wait_for
+from launcher.testing.fab import Fab
 from launcher.testing.fixtures import sshd_nodes
+from launcher.testing.interrupt import train_interrupted
 from launcher.testing.pulumi_standin import StandinPulumi
 
 RUN = "preempted"
@@ -31,19 +32,14 @@ def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resume
         fab = Fab(nodes.contract_path, tmp_path / "operator")
         fab.env |= pulumi.env | {"NANOCLUSTER_CLUSTER": "stack"}  # the contract comes from `pulumi stack output`
         assert fab("prepare-data").returncode == 0
-        run_dir = nodes.home(0) / f"nanocluster/runs/{RUN}"
-        log = tmp_path / "fab.log"
-        proc = fab.popen("train", *SETTINGS, "--config", str(tiny_config), "--run", RUN, log=log)
-        try:
-            wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+
+        def take_node1_away() -> None:
             assert nodes.processes(1, "model.train"), "rank 1's trainer runs on node1"
             nodes.stop_sshd(1)  # node1 is gone: its trainer, every other process and its sshd
-            code = proc.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    output = log.read_text()
+
+        code, output = train_interrupted(
+            fab, (*SETTINGS, "--config", str(tiny_config), "--run", RUN), tmp_path / "fab.log",
+            nodes.home(0) / f"nanocluster/runs/{RUN}/snapshot.pt", take_node1_away, RUN_TIMEOUT_S)
     assert code == 0, output[-3000:]
     assert pulumi.errors == []
     calls = pulumi.calls()
