@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -72,27 +73,54 @@ def free_gb() -> float:
 def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int, accumulation: int,
             option: str, steps: int, overrides: list[str]) -> tuple[float, float | None, str]:
     """(median step seconds, median share of the step rank 0 waited for the gradients if the trainer
-    logs it, what auto chose or '') of one `fab train`."""
+    logs it, what auto chose or '') of one `fab train`. The run is stopped once its last measured
+    step is recorded: the final eval and snapshot would only cost time."""
     skipped = SKIPPED_STEPS.get(option, 1)
+    last = skipped + steps - 1
     command = [FAB, "train", "--config", str(config), "--run", run, "--nodes", str(node_count),
-               "--set", f"gradient_accumulation_steps={accumulation}", "--set", f"grad_compression={option}",
-               "--set", f"max_iters={skipped + steps}"]
+               "--max-restarts", "0", "--set", f"gradient_accumulation_steps={accumulation}",
+               "--set", f"grad_compression={option}", "--set", f"max_iters={last + 2}"]
     command += [arg for override in overrides for arg in ("--set", override)]
-    proc = subprocess.run(command, cwd=REPO, env=fab.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     run_dir = nodes.home(0) / "nanocluster" / "runs" / run
+    proc = subprocess.Popen(command, cwd=REPO, env=fab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    timer = threading.Timer(RUN_TIMEOUT_S, proc.kill)
+    timer.start()
+    output, records = [], []
     try:
-        if proc.returncode != 0:
-            raise SystemExit(f"fab train failed ({' '.join(command[1:])}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        measured = [r for r in records if r.get("kind") == "train" and r["iter"] >= skipped]
-        times = [r["iter_ms"] / 1e3 for r in measured]
-        waits = [max(r["rank_wait_ms"]) / r["iter_ms"] for r in measured if r.get("rank_wait_ms")]
-        chose = next((line.split("auto -> ")[1].split(":")[0] for line in proc.stdout.splitlines()
-                      if "grad_compression auto -> " in line), "")
-        return statistics.median(times), statistics.median(waits) if waits else None, chose
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            if f"] iter {last}: loss" in line:
+                records = wait_for_record(run_dir / "metrics.jsonl", last)
+                break
+        if not records:
+            raise SystemExit(f"fab train ended before iteration {last} ({' '.join(command[1:])}):\n"
+                             f"{''.join(output[-40:])}")
     finally:
-        for i in range(node_count):  # snapshots are 1.5 GB each
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()  # fab, then every process it started on the nodes but their sshd
+        proc.wait()
+        for i in range(node_count):
+            nodes.kill_all(i, keep=nodes.sshd[i].pid)
             shutil.rmtree(nodes.home(i) / "nanocluster" / "runs" / run, ignore_errors=True)
+    measured = [r for r in records if r.get("kind") == "train" and r["iter"] >= skipped]
+    times = [r["iter_ms"] / 1e3 for r in measured]
+    waits = [max(r["rank_wait_ms"]) / r["iter_ms"] for r in measured if r.get("rank_wait_ms")]
+    chose = next((line.split("auto -> ")[1].split(":")[0] for line in output if "grad_compression auto -> " in line), "")
+    return statistics.median(times), statistics.median(waits) if waits else None, chose
+
+
+def wait_for_record(metrics: Path, iteration: int, timeout: float = 30) -> list[dict]:
+    """metrics.jsonl's records once it holds the train record of `iteration` (rank 0 appends it just
+    after logging the step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")]
+        if any(r.get("kind") == "train" and r["iter"] == iteration for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def link_name(link: str) -> str:
