@@ -67,17 +67,12 @@ def test_the_plot_draws_exactly_the_series_of_metrics_jsonl(record_dir):
 
 
 def test_the_png_is_written_whole_and_redrawn_off_the_callers_thread(record_dir, tmp_path_factory):
-    assert save_plot(record_dir) == record_dir / PLOT_NAME
-    assert (record_dir / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not list(record_dir.glob("*.partial"))
-    assert save_plot(tmp_path_factory.mktemp("empty")) is None  # nothing streamed yet: no plot
-
-    (record_dir / PLOT_NAME).unlink()
     refresher = PlotRefresher(record_dir)
-    refresher.request()
-    refresher.request()
+    refresher.request()  # returns at once: the worker thread draws
     refresher.close()  # the last drawing is on disk when close returns
-    assert (record_dir / PLOT_NAME).exists() and not refresher.thread.is_alive()
+    assert (record_dir / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(record_dir.glob("*.partial")) and not refresher.thread.is_alive()
+    assert save_plot(tmp_path_factory.mktemp("empty")) is None  # nothing streamed yet: no plot
 
 
 def test_a_run_without_start_records_plots_loss_by_iteration_only(tmp_path):
