@@ -1,11 +1,13 @@
-"""Must-show 2 of issue 11, the stack part: on a cluster from a Pulumi stack, a node that goes away
-mid-run (its trainer and sshd gone, as a preempted VM) is brought back by `pulumi up --refresh` (a
-stand-in CLI that revives the sshd test node), joins the resumed run, and the run finishes."""
+"""Must-show 2 of issue 11 on a cluster from a Pulumi stack: a node that goes away mid-run (its
+trainer and sshd gone, as a preempted VM) is brought back by `pulumi up --refresh` (a stand-in CLI),
+answers SSH ~20 s later (as a VM that `pulumi up` left running still boots: the launcher waits for
+it), joins the resumed run, and the run finishes."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from launcher.testing.pulumi_standin import StandinPulumi
 
 RUN = "preempted"
 RUN_TIMEOUT_S = 240
+BOOT_S = 20
+"""How long after `pulumi up` returns the revived node's sshd answers (a VM booting)."""
 SETTINGS = ("--nodes", "2", "--set", "max_iters=20", "--set", "eval_interval=5", "--recover-timeout", "120")
 
 
@@ -28,7 +32,8 @@ def nodes(tmp_path):
 
 
 def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resumed_run(nodes, tiny_config, tmp_path):
-    with StandinPulumi(tmp_path / "pulumi", nodes.contract_path, on_up=lambda: nodes.start_sshd(1)) as pulumi:
+    booted = threading.Timer(BOOT_S, nodes.start_sshd, args=(1,))
+    with StandinPulumi(tmp_path / "pulumi", nodes.contract_path, on_up=booted.start) as pulumi:
         fab = Fab(nodes.contract_path, tmp_path / "operator")
         fab.env |= pulumi.env | {"NANOCLUSTER_CLUSTER": "stack"}  # the contract comes from `pulumi stack output`
         assert fab("prepare-data").returncode == 0
@@ -37,9 +42,14 @@ def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resume
             assert nodes.processes(1, "model.train"), "rank 1's trainer runs on node1"
             nodes.stop_sshd(1)  # node1 is gone: its trainer, every other process and its sshd
 
-        code, output = train_interrupted(
-            fab, (*SETTINGS, "--config", str(tiny_config), "--run", RUN), tmp_path / "fab.log",
-            nodes.home(0) / f"nanocluster/runs/{RUN}/snapshot.pt", take_node1_away, RUN_TIMEOUT_S)
+        try:
+            code, output = train_interrupted(
+                fab, (*SETTINGS, "--config", str(tiny_config), "--run", RUN), tmp_path / "fab.log",
+                nodes.home(0) / f"nanocluster/runs/{RUN}/snapshot.pt", take_node1_away, RUN_TIMEOUT_S)
+        finally:
+            booted.cancel()  # not started yet when `pulumi up` was never called
+            if booted.ident is not None:
+                booted.join()
     assert code == 0, output[-3000:]
     assert pulumi.errors == []
     calls = pulumi.calls()
@@ -48,6 +58,9 @@ def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resume
     assert ups[0]["argv"][:3] == ["up", "--refresh", "--yes"] and ups[0]["cwd"] == str(REPO_ROOT), ups
     after_up = calls[calls.index(ups[0]) + 1:]
     assert any(call["argv"][:2] == ["stack", "output"] for call in after_up), calls  # the cluster is read again
+    assert re.search(r"lost: node1 \(.*\); the ranks on the nodes that answer are stopped; waiting up to 120 s",
+                     output), output[-3000:]
+    assert "node1 answers SSH again" in output.split("`pulumi up --refresh` finished")[1], output[-3000:]
     # The revived node took part in the resumed run: its rank resumed from the snapshot and finished.
     restarted = output[output.index("restart 1/"):]
     assert re.search(r"\[rank 1 node1\] resumed from .*snapshot.pt at iteration [1-9]\d*", restarted), output[-3000:]
