@@ -100,13 +100,13 @@ def realign(world_size: int, clock: Callable[[], float] = time.perf_counter) -> 
 
 def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]:
     """Every rank's figures, by rank, in milliseconds: one all_gather of three float64s per rank.
-    A collective: every rank calls it at the same (log) step. Keys are metrics.jsonl's fields."""
+    A collective: every rank calls it at the same (log) step. Keys are metrics.jsonl's fields; one
+    process has no other rank to compare with: no fields."""
+    if world_size <= 1:
+        return {}
     mine = torch.tensor([step.step_s, step.compute_s, step.wait_s], dtype=torch.float64) * 1e3
-    if world_size > 1:
-        parts = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(parts, mine)
-    else:
-        parts = [mine]
+    parts = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(parts, mine)
     by_rank = torch.stack(parts).tolist()
     return {
         "rank_step_ms": [round(r[0], 3) for r in by_rank],

@@ -93,15 +93,14 @@ def test_stop_without_start_is_a_clear_error():
         StepTimer().stop()
 
 
-def test_one_process_gathers_its_own_figures_in_ms_and_needs_no_barrier():
-    figures = gather_step_times(StepTime(step_s=0.5, compute_s=0.375, wait_s=0.125), world_size=1)
-    assert figures == {"rank_step_ms": [500.0], "rank_compute_ms": [375.0], "rank_wait_ms": [125.0]}
+def test_one_process_has_no_per_rank_figures_and_needs_no_barrier():
+    assert gather_step_times(StepTime(step_s=0.5, compute_s=0.375, wait_s=0.125), world_size=1) == {}
     assert realign(world_size=1) == 0.0
 
 
 # --- the step after an eval or a snapshot (2 ranks) -------------------------------------------------
 
-SNAPSHOT_COPY_S = 0.5
+SNAPSHOT_COPY_S = 1.0
 # Trains like `python -m model.train`, with rank 0 spending SNAPSHOT_COPY_S more after each snapshot
 # collective, as a model larger than the tiny one does copying its state (GPT-2 small: 0.2 s alone).
 SLOW_SNAPSHOT_DRIVER = f"""
@@ -122,8 +121,9 @@ train.train(load_config(None, sys.argv[1:]), env)
 
 @pytest.mark.integration
 def test_steps_after_an_eval_and_snapshot_are_timed_like_the_others(tmp_path, random_tokens):
-    args = [*TINY_RUN, "peak_flops=0", f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}",
-            "max_iters=7", "eval_interval=3", "backend=gloo", "expected_world_size=2"]  # peak measured
+    args = [*TINY_RUN, "block_size=4", "batch_size=2", "gradient_accumulation_steps=1", "peak_flops=0",  # measured
+            f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "max_iters=7", "eval_interval=3",
+            "backend=gloo", "expected_world_size=2"]
     procs = launch_ranks(2, args, tmp_path / "logs", driver=SLOW_SNAPSHOT_DRIVER)
     assert wait_all(procs, tmp_path / "logs", timeout=300) == [0, 0], rank_log(tmp_path / "logs", 0)
 
@@ -131,11 +131,12 @@ def test_steps_after_an_eval_and_snapshot_are_timed_like_the_others(tmp_path, ra
     steps = {r["iter"]: r for r in records if r["kind"] == "train"}
     after_snapshot = [3, 6]  # evals at 0 (no snapshot: nothing trained), 3, 6, 7 (the end)
     assert {r["iter"] for r in records if r["kind"] == "eval"} == {0, 3, 6, 7}
-    steady = statistics.median(steps[i]["iter_ms"] for i in steps if i not in (0, *after_snapshot))
+    others = [steps[i]["iter_ms"] for i in steps if i not in (0, *after_snapshot)]  # 0 warms up
     for i in after_snapshot:
-        # Noise bound: 0.6 x the median of the other steps (the first one, warming up, left out);
-        # before the fix rank 0 logged about half the steady time here.
-        assert steps[i]["iter_ms"] >= 0.6 * steady, (i, steps[i]["iter_ms"], steady)
+        # Noise bound: 0.6 x the median of the other steps, or within their range on a machine
+        # so busy that they spread wider; before the fix rank 0 logged about half the steady time.
+        bound = min(0.6 * statistics.median(others), min(others))
+        assert steps[i]["iter_ms"] >= bound, (i, steps[i]["iter_ms"], others)
         # Every rank started the step together: rank 1 did not spend rank 0's copy in it.
         rank0, rank1 = steps[i]["rank_step_ms"]
         assert rank1 - rank0 < SNAPSHOT_COPY_S * 1e3 / 2, (i, steps[i]["rank_step_ms"])
