@@ -34,10 +34,15 @@ def pending_hook(futures: list[torch.futures.Future]):
     return hook
 
 
-def test_waiting_for_the_last_reduction_is_wait_and_the_rest_is_compute():
+def timed_hook():
+    """A hand-moved clock, the hook's pending futures, a StepTimer on that clock and its wrapped hook."""
     clock, futures = Clock(), []
     timer = StepTimer(clock)
-    hook = timer.wrap(pending_hook(futures))
+    return clock, futures, timer, timer.wrap(pending_hook(futures))
+
+
+def test_waiting_for_the_last_reduction_is_wait_and_the_rest_is_compute():
+    clock, futures, timer, hook = timed_hook()
     timer.start()
     clock.now = 1.0
     first = hook(None, "bucket 0")
@@ -53,9 +58,7 @@ def test_waiting_for_the_last_reduction_is_wait_and_the_rest_is_compute():
 
 
 def test_reductions_done_before_backward_ends_are_no_wait():
-    clock, futures = Clock(), []
-    timer = StepTimer(clock)
-    hook = timer.wrap(pending_hook(futures))
+    clock, futures, timer, hook = timed_hook()
     timer.start()
     clock.now = 1.0
     hook(None, "bucket")
@@ -65,9 +68,7 @@ def test_reductions_done_before_backward_ends_are_no_wait():
 
 
 def test_a_step_without_reductions_is_all_compute_and_steps_do_not_leak_into_each_other():
-    clock, futures = Clock(), []
-    timer = StepTimer(clock)
-    hook = timer.wrap(pending_hook(futures))
+    clock, futures, timer, hook = timed_hook()
     timer.start()
     hook(None, "bucket")
     clock.now = 5.0
