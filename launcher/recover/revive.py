@@ -26,7 +26,7 @@ UP_TIMEOUT_S = 900.0
 """The bound on one `pulumi up --refresh`. A refresh reads each resource (tens of seconds) and
 starting or recreating a VM takes one to a few minutes on each cloud; 15 minutes is far past a
 working update, so only a CLI that hangs (a stack lock held elsewhere, a cloud API retrying) reaches
-it. The caller passes less when its --recover-timeout has less left."""
+it. `fab train` passes its --recover-timeout; the smaller bound applies."""
 CANCEL_GRACE_S = 60.0
 """After the bound, SIGINT asks the CLI to cancel cleanly (it lets in-flight resource operations
 finish and saves the state); after this much more it is killed, which can leave pending operations
@@ -61,7 +61,8 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
     """Ask the cluster's infrastructure to bring the lost nodes back; the CLI's output is appended to
     `log` and one line is said. True when `pulumi up` succeeded (re-read the cluster: the stack has
     the nodes again); False when there is nothing to ask (not a stack) or the update failed (said
-    with the log's path) -- the caller then waits for the nodes until its own timeout either way."""
+    with the log's path) -- the caller then waits for the nodes until its own timeout either way.
+    The update is bounded by timeout_s, and never by more than UP_TIMEOUT_S."""
     stack = cluster.stack
     if stack is None:
         return False
@@ -79,7 +80,7 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
         out.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} lost: {names}\n"
                   f"===== in {stack.project_dir}: {shown}\n")
         out.flush()
-        code, ended = run_bounded(command, stack.project_dir, out, timeout_s)
+        code, ended = run_bounded(command, stack.project_dir, out, min(timeout_s, UP_TIMEOUT_S))
         took = time.monotonic() - started
         out.write(f"===== {ended} after {took:.0f} s\n")
     if code == 0:
