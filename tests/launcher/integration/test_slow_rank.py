@@ -34,7 +34,7 @@ def trainer_pidfd(run_dir: Path, unit: str) -> int:
         except OSError:
             return False
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-        return int(fields[3]) == session and b"model.train" in cmdline and Path(cwd) == run_dir
+        return int(fields[3]) == session and b"model.train" in cmdline and Path(cwd) == run_dir.resolve()
 
     candidates = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_trainer(int(p))]
     assert len(candidates) == 1, f"{unit}'s trainer in session {session}: {candidates}"
