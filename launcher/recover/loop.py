@@ -96,6 +96,10 @@ class Recovery:
             except TaskError as e:
                 self.record_end(str(e), 1)
                 raise
+            except KeyboardInterrupt:  # Ctrl-C while waiting: the ranks that answer are stopped already
+                self.record_end("interrupted while recovering", 130)
+                raise TaskError("interrupted (Ctrl-C) while recovering; rerun the same fab train to resume "
+                                "from the snapshot") from None
             append_event(self.session.cluster, self.run_name, "restart", cause=cause, attempt=self.restarts,
                          nodes=[n.name for n in self.session.nodes],
                          **({"dropped": [n.name for n in dropped]} if dropped else {}))

@@ -169,3 +169,20 @@ def test_a_revived_cluster_is_read_again_before_waiting(setting, contract):
         recovery.run(launch_seeing)
     assert revived == [(["lab-1"], loop.REVIVE_LOG, 600.0)]
     assert seen[1] is moved and recovery.session.nodes[1].private_ip == "10.0.0.9"
+
+
+def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypatch):
+    cluster, _, world = setting
+    session = FakeSession(world, cluster, cluster.nodes[:2])
+    world.back_at = {1: float("inf")}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "wait_for_nodes", interrupted)
+    launch, _ = scripted([lost("lab-1")])
+    with pytest.raises(TaskError, match=r"interrupted \(Ctrl-C\) while recovering; rerun the same fab train"), \
+            Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    end = read_events(cluster, "r")[-1]
+    assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "failed", 130)
