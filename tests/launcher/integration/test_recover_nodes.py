@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.testing.fab import wait_for
+from launcher.testing.interrupt import train_interrupted
 
 RUN_TIMEOUT_S = 300
 AWAY_S = 20
@@ -40,17 +40,8 @@ def no_trainer_left(nodes, live: range) -> None:
 def run_until_then(nodes, fab, tmp_path, run: str, args: tuple[str, ...], take_away,
                    when: str = "snapshot.pt", on: int = 0) -> tuple[int, str]:
     """Start fab train, call take_away() once runs/<run>/<when> exists on node `on`, return (exit code, output)."""
-    log = tmp_path / f"{run}.log"
-    proc = fab.popen("train", *args, "--run", run, log=log)
-    try:
-        wait_for(lambda: (nodes.home(on) / f"nanocluster/runs/{run}/{when}").exists(), 120, f"runs/{run}/{when}")
-        take_away()
-        code = proc.wait(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return code, log.read_text()
+    return train_interrupted(fab, (*args, "--run", run), tmp_path / f"{run}.log",
+                             nodes.home(on) / f"nanocluster/runs/{run}/{when}", take_away, RUN_TIMEOUT_S)
 
 
 def test_a_node_taken_away_and_returned_rejoins_the_resumed_run(nodes, fab, tiny_config, tmp_path, prepared):
