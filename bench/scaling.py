@@ -14,9 +14,10 @@ every other option at the first accumulation. Per run it prints the median step 
 first step, and after PowerSGD's plain all-reduce steps), the share of the step spent waiting for
 the gradients (the step time above one node alone's, over the step time; "(timer)": rank 0's own
 measure of its wait when the trainer logs it), and the efficiency (one node alone's step time over
-it: 100% is perfect scaling). Rounds interleave the configurations; the best of the rounds is kept
+it: 100% is perfect scaling), and against the unshaped link (what the link itself costs, apart from
+two ranks sharing this machine's CPU). Rounds interleave the configurations; the best of the rounds is kept
 (the machine is shared). --budget-min starts no run after that many minutes; Ctrl-C prints the
-table of what finished. Last line: a one-line summary of the default's efficiency.
+table of what finished; --replay LOG prints the table again from a run's output. Last line: a one-line summary of the default's efficiency.
 
 Which cloud link a figure stands for: one node's measured step here over a cloud node's
 (--cloud-step-s: a 4-core AMX node runs GPT-2 small ~10-15x faster than one idle thread here,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -163,7 +165,11 @@ def main() -> None:
     parser.add_argument("--cloud-step-s", type=float, default=0.5,
                         help="GPT-2 small micro-batch step on a 4-core AMX cloud node (default 0.5 s: 10-15x "
                              "one idle thread here, issue 17)")
+    parser.add_argument("--replay", metavar="LOG", help="print the table from a earlier run's output instead")
     args = parser.parse_args()
+    if args.replay:
+        report(*replay(Path(args.replay).read_text()), args.cloud_step_s)
+        return
     reason = missing_requirements()
     if reason:
         raise SystemExit(f"cannot build test nodes: {reason}")
@@ -207,8 +213,9 @@ def run_all(args, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[t
             seconds, waited, chose = one_run(fab, nodes, config, f"scaling{runs}", 1 if link == "one node" else 2,
                                              accumulation, option, steps_at[accumulation], args.set)
             print(f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option}"
-                  f"{' -> ' + chose if chose else ''}: {seconds:.2f} s/step "
-                  f"({time.monotonic() - started:.0f} s so far)", flush=True)
+                  f"{' -> ' + chose if chose else ''}: {seconds:.2f} s/step, rank 0 waited "
+                  f"{'-' if waited is None else f'{waited:.1%}'} ({time.monotonic() - started:.0f} s so far)",
+                  flush=True)
             if key not in best or seconds < best[key][0]:
                 best[key] = (seconds, waited)
             if chose:
@@ -221,7 +228,7 @@ def report(best: dict[tuple, tuple[float, float | None]], chosen: dict[tuple, st
     for (accumulation, link, _), option in chosen.items():
         rows.setdefault((accumulation, link, option), best[(accumulation, link, "auto")])
     print(f"\n{'accum':>5} {'link':>14} {'stands for':>11} {'option':>15} {'step s':>7} {'waiting':>8} "
-          f"{'(timer)':>8} {'efficiency':>10}")
+          f"{'(timer)':>8} {'efficiency':>10} {'vs unshaped':>11}")
     summary = []
     for (accumulation, link, option), (seconds, waited) in sorted(rows.items(), key=row_order):
         if (accumulation, "one node", "none") not in best:
@@ -237,12 +244,33 @@ def report(best: dict[tuple, tuple[float, float | None]], chosen: dict[tuple, st
         stands = "-" if link == "unshaped" else f"~{int(link) * ratio / 1000:.1f} Gbit/s"
         efficiency = alone / seconds
         timer = f"{waited:8.0%}" if waited is not None else f"{'-':>8}"
+        # Against the unshaped link: what the link itself costs, apart from two ranks sharing the CPU.
+        unshaped = best.get((accumulation, "unshaped", "none"))
+        vs_unshaped = f"{unshaped[0] / seconds:11.0%}" if unshaped else f"{'-':>11}"
         print(f"{accumulation:5d} {link_name(link):>14} {stands:>11} {label:>15} {seconds:7.2f} "
-              f"{max(0.0, 1 - efficiency):8.0%} {timer} {efficiency:10.0%}")
+              f"{max(0.0, 1 - efficiency):8.0%} {timer} {efficiency:10.0%} {vs_unshaped}")
         if option == "auto":
             summary.append(f"accum {accumulation} {link_name(link)} {label} {efficiency:.0%}")
     print(f"scaling (2 nodes x 1 thread, GPT-2 small, efficiency vs one node, cloud step {cloud_step_s:g} s): "
           f"{', '.join(summary) or 'no auto runs'}")
+
+
+RUN_LINE = re.compile(r"round \d+: accumulation (\d+), ([^,]+|[\d,]+ Mbit/s), (\w+)(?: -> (\w+))?: "
+                      r"([\d.]+) s/step(?:, rank 0 waited ([\d.]+)%)?")
+
+
+def replay(output: str) -> tuple[dict, dict]:
+    """best and chosen from the per-run lines a run printed (the best of the rounds)."""
+    best, chosen = {}, {}
+    for m in RUN_LINE.finditer(output):
+        accumulation, link, option, chose, seconds, waited = m.groups()
+        key = (int(accumulation), link.removesuffix(" Mbit/s").replace(",", ""), option)
+        value = (float(seconds), float(waited) / 100 if waited else None)
+        if key not in best or value[0] < best[key][0]:
+            best[key] = value
+        if chose:
+            chosen[key] = chose
+    return best, chosen
 
 
 def row_order(item: tuple) -> tuple:
