@@ -14,10 +14,11 @@ every other option at the first accumulation. Per run it prints the median step 
 first step, and after PowerSGD's plain all-reduce steps), the share of the step spent waiting for
 the gradients (the step time above one node alone's, over the step time; "(timer)": rank 0's own
 measure of its wait when the trainer logs it), and the efficiency (one node alone's step time over
-it: 100% is perfect scaling), and against the unshaped link (what the link itself costs, apart from
-two ranks sharing this machine's CPU). Rounds interleave the configurations; the best of the rounds is kept
-(the machine is shared). --budget-min starts no run after that many minutes; Ctrl-C prints the
-table of what finished; --replay LOG prints the table again from a run's output. Last line: a one-line summary of the default's efficiency.
+it: 100% is perfect scaling), and against the unshaped link (what the link itself costs, apart
+from two ranks sharing this machine's CPU). Rounds interleave the configurations; the best of the
+rounds is kept (the machine is shared). --budget-min starts no run after that many minutes; Ctrl-C
+prints the table of what finished; --replay LOG prints the table again from a run's output. Last
+line: a one-line summary of the default's efficiency.
 
 Which cloud link a figure stands for: one node's measured step here over a cloud node's
 (--cloud-step-s: a 4-core AMX node runs GPT-2 small ~10-15x faster than one idle thread here,
