@@ -22,6 +22,8 @@ from model.atomic import atomic_open
 from model.tensorboard_log import TensorBoardLog, open_tensorboard
 
 METRICS_NAME = "metrics.jsonl"
+TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu", "rank_step_ms", "rank_compute_ms", "rank_wait_ms")
+"""A train record's measured times and rates: two runs of the same steps differ in these only."""
 
 
 class MetricsLog:

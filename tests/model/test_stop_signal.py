@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from model.conventions import EXIT_STOPPED
+from model.metrics import TIMING_FIELDS
 from model.stop_signal import StopSignal
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 from tests.model.test_train_faults import wait_for_line
-
-TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu")
 
 
 def run_args(data_dir, out_dir, max_iters: int) -> list[str]:

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from model.metrics import TIMING_FIELDS
 from tests.model.conftest import TINY_RUN, launch_ranks, wait_all
 
 pytestmark = pytest.mark.integration
 
-TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu")
 
 
 def train(tmp_path, out_dir, max_iters: int, data_dir) -> None:

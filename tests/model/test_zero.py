@@ -10,9 +10,8 @@ import torch
 
 from model.checkpoint import load_checkpoint
 from model.config import ConfigError, load_config
+from model.metrics import TIMING_FIELDS
 from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, rank_log, wait_all
-
-TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu")
 
 
 def train(tmp_path, out_dir, data_dir, max_iters: int, zero_stage: int) -> None:
