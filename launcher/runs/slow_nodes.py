@@ -8,8 +8,9 @@ longer, the others wait for it. The launcher reads those records from the stream
 
 A rank whose compute time is more than SLOW_RATIO x the median of the ranks' at SLOW_STEPS
 consecutive logged steps is reported once (one line: rank, node, figures). That is an episode: it
-ends, and is said to end, when the rank is back within the bound for SLOW_STEPS logged steps, and a
-later slowdown is a new episode. Why SLOW_STEPS = 3: a logged step is log_interval steps (10 by
+ends, and is said to end, when the rank is back within the bound for CALM_STEPS logged steps, and a
+later slowdown is a new episode. CALM_STEPS is twice SLOW_STEPS so that a rank slowed in bursts,
+whose steps now and then escape the burst, is not said to be back and slow again every few steps. Why SLOW_STEPS = 3: a logged step is log_interval steps (10 by
 default), and one slow logged step is common and harmless (rank 0 writing a snapshot in the
 background, a GC pause, a neighbour's burst on a shared host); three in a row (30 steps by default)
 is a rank that stays slower, reported while it is still news. Why the median: with one slow rank
@@ -31,7 +32,9 @@ from launcher.runs.record import read_events
 SLOW_RATIO = 1.2
 """A rank is slow at a logged step when its compute time exceeds this many times the ranks' median."""
 SLOW_STEPS = 3
-"""Consecutive logged steps over (or back within) the bound that start (or end) an episode."""
+"""Consecutive logged steps over the bound that start an episode."""
+CALM_STEPS = 2 * SLOW_STEPS
+"""Consecutive logged steps back within the bound that end an episode."""
 STATUS_STEPS = 10
 """How many of the last logged steps `fab status` averages to name the slowest node."""
 
@@ -76,6 +79,7 @@ class SlowRankWatch:
     """Rank -> node name, to say where the slow rank runs."""
     ratio: float = SLOW_RATIO
     steps: int = SLOW_STEPS
+    calm_steps: int = CALM_STEPS
     _streak: dict[int, list[StepFigures]] = field(default_factory=dict)
     _reported: set[int] = field(default_factory=set)
     _calm: dict[int, int] = field(default_factory=dict)
@@ -105,11 +109,11 @@ class SlowRankWatch:
                     streak.clear()
             else:
                 self._calm[rank] = 0 if slow else self._calm[rank] + 1
-                if self._calm[rank] >= self.steps:
+                if self._calm[rank] >= self.calm_steps:
                     self._reported.discard(rank)
                     lines.append(
                         f"slow rank: {where(rank, self.node_of)} is back within {self._bound()} of the median "
-                        f"compute time since iter {figures.iter - self.steps + 1} "
+                        f"compute time since iter {figures.iter - self.calm_steps + 1} "
                         f"({compute:.0f} ms against {figures.median_ms:.0f} ms at iter {figures.iter})"
                     )
         return lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.runs.slow_nodes import SLOW_STEPS, SlowRankWatch, node_names, slowest_line
+from launcher.runs.slow_nodes import CALM_STEPS, SLOW_STEPS, SlowRankWatch, node_names, slowest_line
 
 NODES = {0: "node0", 1: "node1", 2: "node2"}
 
@@ -37,12 +37,17 @@ def test_fewer_slow_steps_than_the_window_or_within_the_bound_are_not_reported()
 def test_an_episode_ends_when_the_rank_is_back_and_a_new_slowdown_is_reported_again():
     watch = SlowRankWatch(NODES)
     slow = [train(i, [100, 250, 100]) for i in range(SLOW_STEPS)]
-    back = [train(i, [100, 100, 100]) for i in range(SLOW_STEPS, 2 * SLOW_STEPS)]
-    again = [train(i, [100, 250, 100]) for i in range(2 * SLOW_STEPS, 3 * SLOW_STEPS)]
-    lines = feed(watch, slow + back + again)
+    escaped = [train(i, [100, 100, 100]) for i in range(SLOW_STEPS, SLOW_STEPS + CALM_STEPS - 1)]
+    burst = [train(SLOW_STEPS + CALM_STEPS, [100, 250, 100])]
+    assert len(feed(watch, slow + escaped + burst)) == 1  # slowed in bursts: reported, never back yet
+    start = SLOW_STEPS + CALM_STEPS + 1
+    back = [train(i, [100, 100, 100]) for i in range(start, start + CALM_STEPS)]
+    again = [train(i, [100, 250, 100]) for i in range(start + CALM_STEPS, start + CALM_STEPS + SLOW_STEPS)]
+    lines = feed(watch, back + again)
     assert [line.split(" computed")[0].split(" is back")[0] for line in lines] == [
-        "slow rank: rank 1 (node1)", "slow rank: rank 1 (node1)", "slow rank: rank 1 (node1)"]
-    assert "is back within 20% of the median compute time since iter 3" in lines[1]
+        "slow rank: rank 1 (node1)", "slow rank: rank 1 (node1)"]
+    assert f"is back within 20% of the median compute time since iter {start}" in lines[0]
+    assert "computed 250 ms per step" in lines[1]
 
 
 def test_a_restart_forgets_the_ranks_streaks_and_records_without_per_rank_figures_are_ignored():
