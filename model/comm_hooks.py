@@ -55,6 +55,10 @@ CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 # 0.1; beyond, only PowerSGD (0.74% of the bytes at rank 4) keeps the step near 95% (bench/scaling.py).
 NONE_MAX_RATIO = 0.05
 BF16_MAX_RATIO = 0.1
+MIN_TRANSFER_S = 0.05
+"""Below this many seconds of fp32 all-reduce per step auto keeps none whatever the ratio: so few
+bytes cross in the collective's latency, which compression does not shorten (PowerSGD even adds two
+collectives per step), and a small model's run stays exact and reproducible across restarts."""
 
 PROBE_BYTES = 16 * 2**20
 """Bytes all-reduced to measure the link: long enough at 250 Mbit/s (~0.5 s) to outlast a tc burst."""
@@ -77,14 +81,20 @@ class LinkEstimate:
         return self.gradient_bytes * self.allreduce_s_per_byte / self.compute_s
 
     @property
+    def transfer_s(self) -> float:
+        """Seconds the step's fp32 gradients take to all-reduce over the measured link."""
+        return self.gradient_bytes * self.allreduce_s_per_byte
+
+    @property
     def gbit_s(self) -> float:
         """The all-reduce's effective rate: bytes all-reduced per second, in Gbit/s."""
         return 8e-9 / self.allreduce_s_per_byte
 
 
-def choose_compression(ratio: float) -> str:
-    """auto's choice for a link ratio (fp32 all-reduce seconds / compute seconds per step)."""
-    if ratio <= NONE_MAX_RATIO:
+def choose_compression(ratio: float, transfer_s: float = float("inf")) -> str:
+    """auto's choice for a link ratio (fp32 all-reduce seconds / compute seconds per step) and the
+    fp32 all-reduce's seconds per step."""
+    if ratio <= NONE_MAX_RATIO or transfer_s < MIN_TRANSFER_S:
         return "none"
     if ratio <= BF16_MAX_RATIO:
         return "bf16"
@@ -95,6 +105,21 @@ def bf16_hook(state: Any, bucket):  # no annotations: DDP compares them with the
     """torch's bf16_compress_hook under another name: DDP refuses that name unless NCCL or XCCL is
     present, although gloo all-reduces bf16 on CPUs (checked in tests/model/test_comm_hooks.py)."""
     return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def powersgd_in_bucket_order(state: Any, bucket):  # no annotations: see bf16_hook
+    """torch's powerSGD_hook, one bucket at a time once compression has started. The hook chains
+    its second all-reduce (Q) in a callback that runs on a gloo thread when the first (P) completes,
+    while DDP's next bucket issues its P from the autograd thread: the two race for the process
+    group's next collective, so the ranks can issue them in different orders. Seen on 2 test nodes
+    (GPT-2 small, ~20 buckets, accumulation 4): 'Received data size doesn't match expected size'.
+    Waiting for each bucket's chain keeps one order on every rank; PowerSGD's traffic is small, so
+    little overlap is lost. The plain all-reduce steps before powersgd_start_iter (one collective
+    per bucket, issued in bucket order) are not waited for."""
+    future = powerSGD_hook.powerSGD_hook(state, bucket)
+    if state.iter >= state.start_powerSGD_iter:
+        future.wait()
+    return future
 
 
 def gradient_hook(cfg: TrainConfig, compression: str | None = None) -> tuple[Any, CommHook]:
@@ -116,7 +141,7 @@ def gradient_hook(cfg: TrainConfig, compression: str | None = None) -> tuple[Any
             warm_start=True,
             random_seed=cfg.seed,
         )
-        return state, powerSGD_hook.powerSGD_hook
+        return state, powersgd_in_bucket_order
     raise ValueError(f"grad_compression {compression!r} has no hook (auto is resolved by register)")
 
 
@@ -157,12 +182,12 @@ def register(ddp: DistributedDataParallel, cfg: TrainConfig,
         log.info("grad_compression auto -> none: every rank on this host (no link between them)")
     elif compression == "auto":
         link = measure_link(ddp, cfg)
-        compression = choose_compression(link.ratio)
+        compression = choose_compression(link.ratio, link.transfer_s)
         log.info(
-            "grad_compression auto -> %s: all-reduce at %.2f Gbit/s, fp32 gradients %.2f s vs "
-            "~%.2f s compute per step (ratio %.3f; none <= %g < bf16 <= %g < powersgd)",
-            compression, link.gbit_s, link.gradient_bytes * link.allreduce_s_per_byte, link.compute_s,
-            link.ratio, NONE_MAX_RATIO, BF16_MAX_RATIO,
+            "grad_compression auto -> %s: all-reduce at %.2f Gbit/s, fp32 gradients %.3f s vs "
+            "~%.3f s compute per step (ratio %.3f; none <= %g < bf16 <= %g < powersgd; none below %g s)",
+            compression, link.gbit_s, link.transfer_s, link.compute_s,
+            link.ratio, NONE_MAX_RATIO, BF16_MAX_RATIO, MIN_TRANSFER_S,
         )
     else:
         log.info("grad_compression %s", compression)

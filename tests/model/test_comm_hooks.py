@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from model.comm_hooks import BF16_MAX_RATIO, NONE_MAX_RATIO, choose_compression
+from model.comm_hooks import BF16_MAX_RATIO, MIN_TRANSFER_S, NONE_MAX_RATIO, choose_compression
 from model.config import ConfigError, load_config
 from tests.model.conftest import TINY_RUN, free_port, launch_ranks, rank_log, wait_all
 
@@ -96,6 +96,9 @@ def test_auto_keeps_fp32_on_fast_links_and_compresses_more_as_the_link_slows():
     assert choose_compression(NONE_MAX_RATIO / 2) == "none"
     assert choose_compression((NONE_MAX_RATIO + BF16_MAX_RATIO) / 2) == "bf16"
     assert choose_compression(BF16_MAX_RATIO * 4) == "powersgd"
+    # a small model's gradients cross within the collective's latency: nothing to save, keep it exact
+    assert choose_compression(BF16_MAX_RATIO * 4, transfer_s=MIN_TRANSFER_S / 2) == "none"
+    assert choose_compression(BF16_MAX_RATIO * 4, transfer_s=MIN_TRANSFER_S * 2) == "powersgd"
 
 
 @pytest.mark.parametrize(
