@@ -73,6 +73,10 @@ def free_gb() -> float:
     return 0.0
 
 
+class RunFailed(RuntimeError):
+    """A `fab train` that ended before its last measured step: reported, and the bench goes on."""
+
+
 def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int, accumulation: int,
             option: str, steps: int, overrides: list[str]) -> tuple[float, float | None, str]:
     """(median step seconds, median share of the step rank 0 waited for the gradients if the trainer
@@ -98,7 +102,7 @@ def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int,
                 records = wait_for_record(run_dir / "metrics.jsonl", last)
                 break
         if not records:
-            raise SystemExit(f"fab train ended before iteration {last} ({' '.join(command[1:])}):\n"
+            raise RunFailed(f"fab train ended before iteration {last} ({' '.join(command[1:])}):\n"
                              f"{''.join(output[-40:])}")
     finally:
         timer.cancel()
@@ -211,8 +215,13 @@ def run_all(args, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[t
             for i in range(2):
                 nodes.shape_egress(i, None if link in ("unshaped", "one node") else float(link))
             runs += 1
-            seconds, waited, chose = one_run(fab, nodes, config, f"scaling{runs}", 1 if link == "one node" else 2,
-                                             accumulation, option, steps_at[accumulation], args.set)
+            try:
+                seconds, waited, chose = one_run(fab, nodes, config, f"scaling{runs}", 1 if link == "one node" else 2,
+                                                 accumulation, option, steps_at[accumulation], args.set)
+            except RunFailed as e:
+                print(f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option} FAILED: {e}",
+                      flush=True)
+                continue
             print(f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option}"
                   f"{' -> ' + chose if chose else ''}: {seconds:.2f} s/step, rank 0 waited "
                   f"{'-' if waited is None else f'{waited:.1%}'} ({time.monotonic() - started:.0f} s so far)",
