@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
     assert healed_digests == reference_digests, (healed_digests, reference_digests)
 
 
-def test_a_program_error_is_not_retried_and_is_named(nodes, fab, tiny_config):
+def test_a_program_error_or_missing_data_is_not_retried_and_is_named(nodes, fab, tiny_config):
     assert fab("prepare-data").returncode == 0
     result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "broken",
                  "--set", "no_such_key=1", timeout=RUN_TIMEOUT_S)
@@ -73,3 +74,11 @@ def test_a_program_error_is_not_retried_and_is_named(nodes, fab, tiny_config):
     assert "restart 1/" not in output
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    # The dataset removed from every node before the run: named with its fix, never restarted.
+    for i in range(3):
+        shutil.rmtree(nodes.home(i) / "nanocluster/data/builtin")
+    result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "no-data", timeout=RUN_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "data/builtin is not prepared on node0: run `fab prepare-data` first" in output, output[-3000:]
+    assert "restart 1/" not in output
