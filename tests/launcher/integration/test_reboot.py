@@ -30,7 +30,7 @@ def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, f
 
     monkeypatch.setitem(fab.env, "COLUMNS", "400")  # one table line per node
     shown = fab("status", "--run", RUN)
-    rows = [line for line in shown.stdout.splitlines() if re.search(r"\bnode[0-2]\b", line)]
+    rows = [line for line in shown.stdout.splitlines() if re.search(r"^\W*node[0-2]\b", line)]  # the table's rows
     assert len(rows) == 3, shown.stdout
     for i, row in enumerate(rows):
         assert f"rank{i} lost: the node rebooted" in row and "earlier boot" in row, shown.stdout
