@@ -15,11 +15,13 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
 # Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters.
+# --no-compile: Python compiles a module when it is first imported; compiling all of the cloud SDKs
+# at install (~1 GB of source; Azure's alone took 32 s here) is time nothing uses.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH_INDEX) $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile $(TORCH_INDEX) $(TORCH)
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
 	$(BIN)/python -m model.tokenizer install
 	touch $@
 
@@ -31,8 +33,8 @@ $(VENV)/.installed-local: pyproject.toml
 	else \
 		$(PYTHON) -m venv $(VENV) && \
 		$(BIN)/pip install --quiet --upgrade pip && \
-		$(BIN)/pip install --quiet $(TORCH_INDEX) $(TORCH) && \
-		$(BIN)/pip install --quiet -e '.[launcher]' && \
+		$(BIN)/pip install --quiet --no-compile $(TORCH_INDEX) $(TORCH) && \
+		$(BIN)/pip install --quiet --no-compile -e '.[launcher]' && \
 		$(BIN)/python -m model.tokenizer install; \
 	fi
 	touch $@
@@ -55,8 +57,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# Unit tests spread over every core (they share nothing); integration tests (sshd nodes, several
-# processes, timeouts) run one at a time after them, as before.
+# Every test but those marked `alone` spread over every core, a test file per worker (each builds its
+# own test nodes, on its own subnet and ports); then the `alone` ones (bounds in seconds or Mbit/s:
+# fail-fast times, link rates, step times) one at a time with nothing beside them.
 test: setup system-deps lint
-	$(BIN)/pytest -m "not integration" -n auto
-	$(BIN)/pytest -m integration
+	$(BIN)/pytest -m "not alone" -n auto --dist loadfile
+	$(BIN)/pytest -m alone

@@ -23,6 +23,7 @@ def test_parse_reads_the_rate_or_says_why_not():
 
 
 @pytest.mark.integration
+@pytest.mark.alone
 def test_doctor_reports_each_links_bandwidth_within_20_percent_of_the_tc_rate(tmp_path):
     with sshd_nodes(2, tmp_path / "nodes") as nodes:
         for i, rate in enumerate(RATES):

@@ -11,7 +11,7 @@ from model.conventions import EXIT_PEER_LOST
 from model.tensorboard_log import TB_DIR
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 TIMEOUT_S = 8
 

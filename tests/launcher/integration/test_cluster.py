@@ -82,6 +82,7 @@ def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_t
             shell.close()
 
 
+@pytest.mark.alone
 def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path):
     assert fab("prepare-data").returncode == 0
     run_dir = nodes.home(0) / "nanocluster/runs/killed"
@@ -113,6 +114,7 @@ def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_
     assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), rerun.stdout[-3000:]
 
 
+@pytest.mark.alone
 def test_an_unreachable_node_fails_within_the_connect_timeout(tmp_path):
     with TestNodes(1, tmp_path / "nodes", dead=1) as partial:
         fab = Fab(partial.contract_path, tmp_path / "operator")
@@ -183,6 +185,7 @@ def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_conf
     assert "do not hold one shard each" in refused.stderr and "--sharded" in refused.stderr
 
 
+@pytest.mark.alone
 def test_a_node_that_stops_answering_mid_copy_fails_the_fetch_instead_of_hanging(nodes, tmp_path, monkeypatch):
     monkeypatch.setattr("launcher.transport.ssh.TRANSFER_STALL_S", 2)
     big = nodes.home(0) / "nanocluster" / "runs" / "stall" / "big.bin"

@@ -11,8 +11,12 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from launcher.testing.fab import FAB, TINY_CONFIG, wait_for
 from tests.launcher.dataset import write_dataset
+
+pytestmark = pytest.mark.alone  # the slow rank is told from the others by its step times
 
 RUN = "slow"
 SLOW_RANK = 2
