@@ -78,7 +78,7 @@ class LinkEstimate:
 
     @property
     def ratio(self) -> float:
-        return self.gradient_bytes * self.allreduce_s_per_byte / self.compute_s
+        return self.transfer_s / self.compute_s
 
     @property
     def transfer_s(self) -> float:
