@@ -116,6 +116,8 @@ def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int,
     times = [r["iter_ms"] / 1e3 for r in measured]
     waits = [max(r["rank_wait_ms"]) / r["iter_ms"] for r in measured if r.get("rank_wait_ms")]
     chose = next((line.split("auto -> ")[1].split(":")[0] for line in output if "grad_compression auto -> " in line), "")
+    every = [(r["iter"], r["iter_ms"] / 1e3) for r in records if r.get("kind") == "train"]
+    print(f"    {run}: step seconds by iteration {', '.join(f'{i}: {t:.2f}' for i, t in every)}", flush=True)
     return statistics.median(times), statistics.median(waits) if waits else None, chose
 
 
