@@ -114,8 +114,29 @@ class CloudCluster(pulumi.ComponentResource):
         rendered = pulumi.Output.all(keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank]).apply(render)
         return pulumi.Output.secret(rendered)
 
-    def cost(self) -> CostEstimate:
+    def cost(self, spot: bool = False) -> CostEstimate | None:
+        """Hourly cost of the cluster at the machine's spot or on-demand price (infra/prices.py);
+        None for spot when the price table has no spot figure."""
         cfg = self.config
         public_nodes = cfg.nodes - self.nat_clients
         # Cloud NAT's address and the NAT gateways' addresses are public IPv4 too.
-        return estimate(cfg.machine, cfg.nodes, cfg.disk_gb, public_nodes + (self.nat_clients > 0), self.nat_clients)
+        public_ips = public_nodes + (self.nat_clients > 0)
+        return estimate(cfg.machine, cfg.nodes, cfg.disk_gb, public_ips, self.nat_clients, spot=spot)
+
+    def billed_cost(self) -> CostEstimate:
+        """What the cluster pays per hour: the spot figure with nanocluster:spot when the table has
+        one, the on-demand figure otherwise (with a warning when spot was asked)."""
+        on_demand = self.cost()
+        assert on_demand is not None  # every row of the table has an on-demand price
+        if not self.config.spot:
+            return on_demand
+        spot = self.cost(spot=True)
+        if spot is None:
+            machine = self.config.machine
+            pulumi.log.warn(
+                f"nanocluster:spot is on but the price table has no spot price for {machine.name}: "
+                f"hourly_cost_usd is the on-demand figure (an upper bound); "
+                f"`python -m infra.prices refresh --cloud {machine.cloud}` fetches spot prices where the provider publishes them openly (Azure, GCP)"
+            )
+            return on_demand
+        return spot

@@ -1,6 +1,11 @@
 """The stack outputs: the output contract of shared/DESIGN.md, identical on every cloud.
 
 `pulumi stack output --json --show-secrets` is what the launcher reads (`--cluster stack`).
+
+Prices: hourly_cost_usd is what the whole cluster pays per hour (nodes, disks, public addresses,
+NAT); with `spot` true it is the spot figure when the price table has one (hourly_cost_spot_usd,
+null otherwise), else the on-demand one (hourly_cost_on_demand_usd). prices_as_of dates the
+machine price (infra/price_table.json).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ CONTRACT_KEYS = (
     "region",
     "zone",
     "hourly_cost_usd",
+    "hourly_cost_on_demand_usd",
+    "hourly_cost_spot_usd",
+    "spot",
+    "prices_as_of",
 )
 BAKED_IMAGE_KEY = "baked_image"
 """Exported only with nanocluster:bakeImage: the image id to put in another stack's nanocluster:image."""
@@ -34,6 +43,8 @@ def contract(cluster: CloudCluster) -> dict[str, object]:
     """The contract's values for a declared cluster, in CONTRACT_KEYS order."""
     cfg = cluster.config
     keys = cluster.args.keys
+    billed, on_demand, spot = cluster.billed_cost(), cluster.cost(), cluster.cost(spot=True)
+    assert on_demand is not None
     return {
         "cloud": cfg.cloud,
         "cluster_name": cfg.cluster_name,
@@ -49,7 +60,12 @@ def contract(cluster: CloudCluster) -> dict[str, object]:
         "machine_type": cfg.machine.name,
         "region": cfg.region,
         "zone": cluster.zone,
-        "hourly_cost_usd": cluster.cost().total,
+        # What the cluster pays: the spot figure when its nodes are spot and a spot price is known.
+        "hourly_cost_usd": billed.total,
+        "hourly_cost_on_demand_usd": on_demand.total,
+        "hourly_cost_spot_usd": None if spot is None else spot.total,
+        "spot": cfg.spot,
+        "prices_as_of": on_demand.as_of,
     }
 
 

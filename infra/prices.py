@@ -1,18 +1,30 @@
-"""The machine types nanocluster knows, with approximate on-demand prices.
+"""The machine types nanocluster knows, and what they cost per hour.
 
-The stack exports cores_per_node, cpu_flags and hourly_cost_usd from this table, so a machine type
-must be listed here to be used: add a row (vCPUs, physical cores, the bf16 flags its CPU has, the
-on-demand price) to use another one. Prices are Linux on-demand list prices in the reference region
-of each cloud, rounded; other regions differ by a few percent, spot/preemptible capacity costs less
-and varies, so hourly_cost_usd is an on-demand estimate (an upper bound for spot).
+Machine facts (vCPUs, physical cores, memory, the bf16 flags of the CPU, Trusted Launch) are Python,
+here. Prices are data: infra/price_table.json holds, per machine type, the on-demand and spot USD per
+hour in the reference region of its cloud, the date they were fetched and where from.
+`python -m infra.prices refresh` rewrites it from the providers' public price lists (infra/pricing/).
+
+The stack exports cores_per_node, cpu_flags and the hourly cost figures from these two, so a machine
+type must be listed here and priced in the table to be used: add a MachineType row, then a row to
+the table (or refresh that cloud). Prices are list prices in REFERENCE_REGION; other regions differ
+by a few percent. Disks, public addresses and NAT are priced from the constants below (2025-06,
+not refreshed); data transfer is not counted.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-PRICES_AS_OF = "2025-06"
+PRICE_TABLE = Path(__file__).with_name("price_table.json")
 REFERENCE_REGION = {"gcp": "us-central1", "aws": "us-east-1", "azure": "eastus"}
+DATE_PATTERN = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+"""A price's date: the day it was fetched (2026-11-23), or the month of a hand-kept figure (2025-06)."""
 
 AMX = ("amx_bf16", "avx512_bf16")  # Sapphire Rapids and newer
 NO_BF16: tuple[str, ...] = ()  # Ice Lake / Cascade Lake: AVX-512 without bf16 instructions
@@ -26,8 +38,8 @@ class MachineType:
     cores: int
     """Physical cores (vCPUs are hyperthreads): one OMP thread per core per node."""
     memory_gb: int
+    """Memory as the cloud states it (GCP: GiB, which its RAM price is per)."""
     cpu_flags: tuple[str, ...]
-    usd_per_hour: float
     trusted_launch: bool = False
     """Azure only: the size supports Trusted Launch (secure boot + vTPM)."""
 
@@ -36,33 +48,126 @@ MACHINE_TYPES: dict[str, MachineType] = {
     m.name: m
     for m in (
         # GCP: C3 is Sapphire Rapids (the Intel guide's c3-highmem-8); N2 is Ice/Cascade Lake.
-        MachineType("gcp", "c3-standard-8", 8, 4, 32, AMX, 0.4177),
-        MachineType("gcp", "c3-highmem-8", 8, 4, 64, AMX, 0.5637),
-        MachineType("gcp", "c3-standard-22", 22, 11, 88, AMX, 1.1490),
-        MachineType("gcp", "c3-highmem-22", 22, 11, 176, AMX, 1.5503),
-        MachineType("gcp", "n2-standard-8", 8, 4, 32, NO_BF16, 0.3885),
+        MachineType("gcp", "c3-standard-8", 8, 4, 32, AMX),
+        MachineType("gcp", "c3-highmem-8", 8, 4, 64, AMX),
+        MachineType("gcp", "c3-standard-22", 22, 11, 88, AMX),
+        MachineType("gcp", "c3-highmem-22", 22, 11, 176, AMX),
+        MachineType("gcp", "n2-standard-8", 8, 4, 32, NO_BF16),
         # AWS: m6i (the guide's choice) is Ice Lake; the 7th generation (m7i, c7i, r7iz) has AMX.
-        MachineType("aws", "m6i.2xlarge", 8, 4, 32, NO_BF16, 0.384),
-        MachineType("aws", "m6i.4xlarge", 16, 8, 64, NO_BF16, 0.768),
-        MachineType("aws", "m7i.4xlarge", 16, 8, 64, AMX, 0.8064),
-        MachineType("aws", "c7i.4xlarge", 16, 8, 32, AMX, 0.714),
-        MachineType("aws", "r7iz.4xlarge", 16, 8, 128, AMX, 1.488),
+        MachineType("aws", "m6i.2xlarge", 8, 4, 32, NO_BF16),
+        MachineType("aws", "m6i.4xlarge", 16, 8, 64, NO_BF16),
+        MachineType("aws", "m7i.4xlarge", 16, 8, 64, AMX),
+        MachineType("aws", "c7i.4xlarge", 16, 8, 32, AMX),
+        MachineType("aws", "r7iz.4xlarge", 16, 8, 128, AMX),
         # Azure: Dv5 is Ice Lake (the guide's D16s_v5 / D32_v5); Dv6 is Emerald Rapids with AMX. Only
         # sizes with 's' (premium storage) are listed: every OS disk is Premium SSD (infra/azure.py),
         # which D32_v5 does not take; D32s_v5 is the same machine at the same price.
         # https://learn.microsoft.com/en-us/azure/virtual-machines/dv5-dsv5-series
-        MachineType("azure", "Standard_D8s_v5", 8, 4, 32, NO_BF16, 0.384, trusted_launch=True),
-        MachineType("azure", "Standard_D16s_v5", 16, 8, 64, NO_BF16, 0.768, trusted_launch=True),
-        MachineType("azure", "Standard_D32s_v5", 32, 16, 128, NO_BF16, 1.536, trusted_launch=True),
-        MachineType("azure", "Standard_D16s_v6", 16, 8, 64, AMX, 0.808, trusted_launch=True),
+        MachineType("azure", "Standard_D8s_v5", 8, 4, 32, NO_BF16, trusted_launch=True),
+        MachineType("azure", "Standard_D16s_v5", 16, 8, 64, NO_BF16, trusted_launch=True),
+        MachineType("azure", "Standard_D32s_v5", 32, 16, 128, NO_BF16, trusted_launch=True),
+        MachineType("azure", "Standard_D16s_v6", 16, 8, 64, AMX, trusted_launch=True),
     )
 }
 
 DEFAULT_MACHINE_TYPE = {"gcp": "c3-highmem-8", "aws": "m6i.4xlarge", "azure": "Standard_D16s_v5"}
 
+OTHER_PRICES_AS_OF = "2025-06"
+"""Date of the disk, address and NAT figures below (list prices, not refreshed)."""
 DISK_USD_PER_GB_MONTH = {"gcp": 0.10, "aws": 0.08, "azure": 0.15}  # pd-balanced, gp3, Premium SSD
 PUBLIC_IPV4_USD_PER_HOUR = 0.005  # the same on all three clouds
 HOURS_PER_MONTH = 730
+
+
+class PriceTableError(ValueError):
+    """The price table is unreadable, malformed or lacks a machine type; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class MachinePrice:
+    """One row of the price table: a machine type's hourly list prices in one region."""
+
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float | None
+    """Spot / preemptible price; None where the provider publishes none without credentials."""
+    as_of: str
+    """When these figures were fetched (DATE_PATTERN)."""
+    region: str
+    source: str
+    """Where they came from (a URL, or a note for hand-kept figures)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
+            "spot_usd_per_hour": self.spot_usd_per_hour,
+            "as_of": self.as_of,
+            "region": self.region,
+            "source": self.source,
+        }
+
+
+FIELDS = ("on_demand_usd_per_hour", "spot_usd_per_hour", "as_of", "region", "source")
+
+
+def parse_table(data: object, where: str, complete: bool = True) -> dict[str, MachinePrice]:
+    """Validate a price table document ({"machines": {name: row}}): a row per known machine type
+    (`complete`), or rows for some of them (what a refresh starts from)."""
+    fix = "restore it with `git checkout infra/price_table.json`"
+
+    def fail(message: str) -> PriceTableError:
+        return PriceTableError(f"{where}: {message}; {fix}")
+
+    rows = data.get("machines") if isinstance(data, dict) else None
+    if not isinstance(rows, dict):
+        raise fail('expected a JSON object with a "machines" object (machine type -> prices)')
+    table: dict[str, MachinePrice] = {}
+    for name, row in rows.items():
+        if name not in MACHINE_TYPES:
+            raise fail(f"{name!r} is not a machine type of infra/prices.py (add it there, or remove its row)")
+        if not isinstance(row, dict) or set(row) != set(FIELDS):
+            raise fail(f"{name}: a row has exactly the keys {', '.join(FIELDS)}, got {row!r}")
+        on_demand, spot = row["on_demand_usd_per_hour"], row["spot_usd_per_hour"]
+        for key, value in (("on_demand_usd_per_hour", on_demand), ("spot_usd_per_hour", spot)):
+            if value is None and key == "spot_usd_per_hour":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise fail(f"{name}: {key} must be a positive number of USD per hour, got {value!r}")
+        if not isinstance(row["as_of"], str) or not DATE_PATTERN.match(row["as_of"]):
+            raise fail(f"{name}: as_of must be a date YYYY-MM-DD (or YYYY-MM), got {row['as_of']!r}")
+        for key in ("region", "source"):
+            if not isinstance(row[key], str) or not row[key]:
+                raise fail(f"{name}: {key} must be a non-empty string, got {row[key]!r}")
+        table[name] = MachinePrice(float(on_demand), None if spot is None else float(spot), row["as_of"], row["region"], row["source"])
+    missing = sorted(set(MACHINE_TYPES) - set(table))
+    if missing and complete:
+        clouds = sorted({MACHINE_TYPES[m].cloud for m in missing})
+        raise PriceTableError(
+            f"{where}: no price for {', '.join(missing)}; add a row for each, or run "
+            f"`python -m infra.prices refresh --cloud {clouds[0]}`" + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
+        )
+    return table
+
+
+def read_table(path: Path, complete: bool = True) -> dict[str, MachinePrice]:
+    """The price table at `path`, validated (see parse_table)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise PriceTableError(
+            f"{path}: not readable as JSON ({e}); restore it with `git checkout infra/price_table.json`"
+        ) from e
+    return parse_table(data, str(path), complete)
+
+
+@functools.cache
+def load_table(path: Path) -> dict[str, MachinePrice]:
+    """The complete price table at `path`, read once per process."""
+    return read_table(path)
+
+
+def price_of(machine: MachineType) -> MachinePrice:
+    """The machine type's row of the price table (PRICE_TABLE)."""
+    return load_table(PRICE_TABLE)[machine.name]
 
 
 def nat_usd_per_hour(cloud: str, nat_clients: int) -> float:
@@ -80,17 +185,36 @@ class CostEstimate:
     disks: float
     public_ips: float
     nat: float
+    spot: bool = False
+    """The nodes are priced at their spot figure."""
+    as_of: str = ""
+    """Date of the machine price (MachinePrice.as_of)."""
 
     @property
     def total(self) -> float:
         return round(self.nodes + self.disks + self.public_ips + self.nat, 4)
 
 
-def estimate(machine: MachineType, nodes: int, disk_gb: int, public_ips: int, nat_clients: int) -> CostEstimate:
-    """On-demand cost per hour of a cluster, from this table (data transfer not included)."""
+def estimate(
+    machine: MachineType, nodes: int, disk_gb: int, public_ips: int, nat_clients: int, spot: bool = False
+) -> CostEstimate | None:
+    """Cost per hour of a cluster from the price table (data transfer not included): at the spot
+    price when `spot`, on demand otherwise. None when `spot` and the table has no spot figure."""
+    price = price_of(machine)
+    per_node = price.spot_usd_per_hour if spot else price.on_demand_usd_per_hour
+    if per_node is None:
+        return None
     return CostEstimate(
-        nodes=machine.usd_per_hour * nodes,
+        nodes=per_node * nodes,
         disks=nodes * disk_gb * DISK_USD_PER_GB_MONTH[machine.cloud] / HOURS_PER_MONTH,
         public_ips=public_ips * PUBLIC_IPV4_USD_PER_HOUR,
         nat=nat_usd_per_hour(machine.cloud, nat_clients),
+        spot=spot,
+        as_of=price.as_of,
     )
+
+
+if __name__ == "__main__":  # python -m infra.prices refresh [...]
+    from infra.pricing.refresh import main
+
+    sys.exit(main(sys.argv[1:]))

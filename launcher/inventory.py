@@ -29,6 +29,8 @@ HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """Cluster, node, run and dataset names: each becomes a file or directory name somewhere."""
 NAME_RULE = "may use only letters, digits, '.', '_' and '-'"
+PRICE_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+"""The contract's prices_as_of: the day prices were fetched, or the month of hand-kept ones."""
 STACK_TIMEOUT_S = 60
 
 
@@ -98,7 +100,15 @@ class Cluster:
     region: str = ""
     """Region or zone, for display."""
     hourly_cost_usd: float | None = None
-    """Cost of the whole cluster per hour, for display."""
+    """What the whole cluster costs per hour (the spot figure when price_is_spot)."""
+    hourly_cost_on_demand_usd: float | None = None
+    """The cluster's hourly cost at on-demand prices (None in contracts older than the key)."""
+    hourly_cost_spot_usd: float | None = None
+    """The cluster's hourly cost at spot prices; None when no spot price is known."""
+    spot: bool | None = None
+    """The nodes are spot / preemptible capacity; None when the contract does not say."""
+    prices_as_of: str = ""
+    """Date of the machine prices (YYYY-MM-DD or YYYY-MM); empty when the contract does not say."""
     node_python: str = ""
     """Python with the node environment on every node; empty means the bootstrap's ~/nanocluster/venv."""
     is_local: bool = False
@@ -124,14 +134,32 @@ class Cluster:
             )
         return self.nodes[:count]
 
+    @property
+    def price_is_spot(self) -> bool | None:
+        """Whether hourly_cost_usd is a spot price: spot nodes with a known spot figure (the
+        contract's rule); None when the contract does not say whether the nodes are spot."""
+        if self.spot is None:
+            return None
+        return self.spot and self.hourly_cost_spot_usd is not None
+
     def describe(self) -> str:
         extra = ", ".join(x for x in (self.machine_type, self.region) if x)
-        cost = f", ${self.hourly_cost_usd:.2f}/h" if self.hourly_cost_usd is not None else ""
+        cost = ""
+        if self.hourly_cost_usd is not None:
+            cost = f", {price_text(self.hourly_cost_usd, self.price_is_spot, self.prices_as_of)}"
         where = "this machine" if self.is_local else f"head {self.head_public_ip}"
         return (
             f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
             f"{len(self.nodes)} node(s), {self.cores_per_node} cores each, {where}; from {self.source}"
         )
+
+
+def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None) -> str:
+    """An hourly price with what it is: "$2.40/h spot, prices of 2026-11-23", "$2.40/h on-demand,
+    prices of 2025-06", or "$2.40/h, price date unknown" (a contract or record from before prices
+    carried their date and kind)."""
+    kind = {True: " spot", False: " on-demand", None: ""}[spot]
+    return f"${usd_per_hour:.2f}/h{kind}, " + (f"prices of {as_of}" if as_of else "price date unknown")
 
 
 @dataclass(frozen=True)
@@ -311,9 +339,23 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         flags = flags.split(",") if flags else []
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise fail(f"'cpu_flags' must be a list of strings such as ['amx_bf16'], got {flags!r}")
-    cost = data.get("hourly_cost_usd")
-    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0):
-        raise fail(f"'hourly_cost_usd' must be a non-negative number, got {cost!r}")
+
+    def price(key: str) -> float | None:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise fail(f"{key!r} must be a non-negative number (USD per hour) or null, got {value!r}")
+        return None if value is None else float(value)
+
+    cost, on_demand, spot_cost = price("hourly_cost_usd"), price("hourly_cost_on_demand_usd"), price("hourly_cost_spot_usd")
+    spot = data.get("spot")
+    if spot is not None and not isinstance(spot, bool):
+        raise fail(f"'spot' must be true or false (whether the nodes are spot capacity), got {spot!r}")
+    if spot and spot_cost is not None and cost is not None and cost != spot_cost:
+        raise fail(f"'spot' is true and 'hourly_cost_spot_usd' is {spot_cost}, so 'hourly_cost_usd' must be it too, got {cost}")
+    prices_as_of = data.get("prices_as_of")
+    prices_as_of = "" if prices_as_of is None else prices_as_of
+    if not isinstance(prices_as_of, str) or (prices_as_of and not PRICE_DATE.match(prices_as_of)):
+        raise fail(f"'prices_as_of' must be a date YYYY-MM-DD (or YYYY-MM), got {prices_as_of!r}")
     node_python = data.get("node_python", "")
     if not isinstance(node_python, str) or (node_python and not node_python.startswith("/")):
         raise fail(f"'node_python' must be an absolute path to python on every node, got {node_python!r}")
@@ -330,7 +372,11 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         cpu_flags=tuple(f.strip() for f in flags if f.strip()),
         machine_type=str(data.get("machine_type", "")),
         region=str(data.get("region") or data.get("zone") or ""),
-        hourly_cost_usd=float(cost) if cost is not None else None,
+        hourly_cost_usd=cost,
+        hourly_cost_on_demand_usd=on_demand,
+        hourly_cost_spot_usd=spot_cost,
+        spot=spot,
+        prices_as_of=prices_as_of,
         node_python=node_python,
         stack=stack,
     )

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.inventory import Cluster
+from launcher.inventory import Cluster, price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import cluster_dir, read_events
@@ -37,6 +37,10 @@ class RunClock:
     hourly_cost_usd: float | None
     restarts: int
     finished: bool
+    price_is_spot: bool | None = None
+    """hourly_cost_usd is a spot price; None when the launch event predates the field."""
+    prices_as_of: str = ""
+    """Date of that price (empty when the launch event predates the field)."""
 
     @property
     def node_hours(self) -> float:
@@ -85,6 +89,8 @@ def run_clock(events: list[dict[str, Any]], series: Series, now: float | None = 
         hourly_cost_usd=launch.get("hourly_cost_usd"),
         restarts=sum(1 for e in run if e.get("event") == "restart"),
         finished=finished,
+        price_is_spot=launch.get("price_is_spot"),
+        prices_as_of=launch.get("prices_as_of") or "",
     )
 
 
@@ -99,10 +105,11 @@ def duration(seconds: float) -> str:
 
 
 def cost_text(clock: RunClock) -> str:
-    """"$0.42 (0.53 node-h at $2.40/h)", or the node-hours and NO_PRICE."""
-    if clock.cost_usd is None:
+    """"$0.42 (0.53 node-h at $2.40/h spot, prices of 2026-11-23)", or the node-hours and NO_PRICE."""
+    if clock.cost_usd is None or clock.hourly_cost_usd is None:
         return f"{clock.node_hours:.2f} node-h, {NO_PRICE}"
-    return f"${clock.cost_usd:.2f} ({clock.node_hours:.2f} node-h at ${clock.hourly_cost_usd:.2f}/h)"
+    price = price_text(clock.hourly_cost_usd, clock.price_is_spot, clock.prices_as_of)
+    return f"${clock.cost_usd:.2f} ({clock.node_hours:.2f} node-h at {price})"
 
 
 def clock_lines(clock: RunClock) -> list[str]:

@@ -55,4 +55,6 @@ def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, 
         cluster_nodes=len(cluster.nodes),
         world_size=world_size,
         hourly_cost_usd=cluster.hourly_cost_usd,
+        price_is_spot=cluster.price_is_spot,  # what the price is and its date, shown with every cost
+        prices_as_of=cluster.prices_as_of,
     )

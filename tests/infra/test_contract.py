@@ -1,13 +1,16 @@
 """The exported output contract (shared/DESIGN.md): the same keys and meanings on every cloud."""
 
+import json
+import logging
 import runpy
 from pathlib import Path
 
 import pulumi_gcp as gcp
 import pytest
 
+from infra import prices
 from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
-from infra.prices import MACHINE_TYPES, estimate
+from infra.prices import MACHINE_TYPES, estimate, price_of
 from launcher.inventory import parse_contract
 from tests.infra.harness import HEAD_PUBLIC_IP, UnmockedInvoke, cached_stack, run_stack, stack_config
 
@@ -75,7 +78,44 @@ def test_hourly_cost_counts_nodes_disks_public_addresses_and_nat(cloud):
     machine = MACHINE_TYPES[one["machine_type"]]
     assert one["hourly_cost_usd"] == estimate(machine, nodes=1, disk_gb=100, public_ips=1, nat_clients=0).total
     assert three["hourly_cost_usd"] == estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2).total
-    assert three["hourly_cost_usd"] > 3 * machine.usd_per_hour
+    assert three["hourly_cost_usd"] > 3 * price_of(machine).on_demand_usd_per_hour
+    # Not spot: what it pays is the on-demand figure; the committed table has no spot prices yet.
+    assert (three["spot"], three["hourly_cost_on_demand_usd"], three["hourly_cost_spot_usd"]) == (False, three["hourly_cost_usd"], None)
+    assert three["prices_as_of"] == price_of(machine).as_of
+
+
+@pytest.fixture
+def spot_prices(tmp_path, monkeypatch):
+    """The price table with a spot figure (30% of on demand, dated 2026-11-23) for every machine type."""
+    data = json.loads(prices.PRICE_TABLE.read_text())
+    for row in data["machines"].values():
+        row.update(spot_usd_per_hour=round(0.3 * row["on_demand_usd_per_hour"], 4), as_of="2026-11-23")
+    path = tmp_path / "price_table.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(prices, "PRICE_TABLE", path)
+
+
+def test_a_spot_stack_exports_the_spot_figure_and_the_launcher_shows_it(spot_prices):
+    """Issue 16, must-show 4 (second half)."""
+    outputs = run_stack(stack_config("gcp", nodes=3, spot=True)).outputs
+    machine = MACHINE_TYPES[outputs["machine_type"]]
+    spot = estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2, spot=True)
+    on_demand = estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2)
+    assert spot is not None and on_demand is not None
+    assert outputs["hourly_cost_usd"] == outputs["hourly_cost_spot_usd"] == spot.total < on_demand.total
+    assert (outputs["hourly_cost_on_demand_usd"], outputs["spot"], outputs["prices_as_of"]) == (on_demand.total, True, "2026-11-23")
+    cluster = parse_contract(outputs, source="stack (gcp)")
+    assert cluster.price_is_spot and f"${spot.total:.2f}/h spot, prices of 2026-11-23" in cluster.describe()
+
+
+def test_a_spot_stack_without_a_spot_price_pays_on_demand_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING):
+        outputs = run_stack(stack_config("aws", nodes=1, spot=True)).outputs
+    assert outputs["spot"] is True and outputs["hourly_cost_spot_usd"] is None
+    assert outputs["hourly_cost_usd"] == outputs["hourly_cost_on_demand_usd"]
+    assert "nanocluster:spot is on but the price table has no spot price for m6i.4xlarge" in caplog.text
+    cluster = parse_contract(outputs, source="stack (aws)")
+    assert cluster.price_is_spot is False and "/h on-demand, prices of 2025-06" in cluster.describe()
 
 
 @pytest.mark.parametrize(("cloud", "heading"), [("gcp", "### GCP"), ("aws", "### AWS"), ("azure", "### Azure")])

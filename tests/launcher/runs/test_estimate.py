@@ -57,7 +57,7 @@ def test_status_lines_without_a_price_say_so(tmp_path, monkeypatch):
     assert lines[3] == "restarts: 0"
     append_event(cluster, "r", "end", outcome="finished")
     assert final_cost(cluster, "r").endswith(NO_PRICE)
-    priced = dataclasses.replace(cluster, hourly_cost_usd=3.0)
+    priced = dataclasses.replace(cluster, hourly_cost_usd=3.0, hourly_cost_spot_usd=3.0, spot=True, prices_as_of="2026-11-23")
     append_event(priced, "r", "launch", **launch_fields(priced, priced.nodes, world_size=2))
     append_event(priced, "r", "end", outcome="finished")
-    assert final_cost(priced, "r").startswith("cost $0.00 (0.00 node-h at $3.00/h)")
+    assert final_cost(priced, "r").startswith("cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)")

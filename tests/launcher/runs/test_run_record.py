@@ -31,7 +31,7 @@ MAX_ITERS = 80
 @pytest.fixture
 def priced(local3, monkeypatch):
     """The local cluster with a price per hour, as a cloud contract gives one."""
-    cluster = dataclasses.replace(local3, hourly_cost_usd=PRICE)
+    cluster = dataclasses.replace(local3, hourly_cost_usd=PRICE, spot=False, prices_as_of="2026-11-23")
     for module in (launcher.launch.train, launcher.runs.status, launcher.runs.checkpoints):
         monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None: cluster)
     monkeypatch.setattr(console, "width", 200)
@@ -66,11 +66,11 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
     assert not thread.is_alive() and not failure, failure
     assert "train loss" in during and "iteration" in during  # the chart
     assert "| time to finish " in during and "(logged step time x steps left)" in during
-    assert "cost so far: $" in during and f"node-h at ${PRICE:.2f}/h); about $" in during
+    assert "cost so far: $" in during and f"node-h at ${PRICE:.2f}/h on-demand, prices of 2026-11-23); about $" in during
     assert "restarts: 0" in during
 
     done = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done in "))
-    assert "; cost $" in done and f"node-h at ${PRICE:.2f}/h)" in done
+    assert "; cost $" in done and f"node-h at ${PRICE:.2f}/h on-demand, prices of 2026-11-23)" in done
     assert (record_dir / PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
     series = read_series(record_dir)
     assert series.eval_iters == [0, 20, 40, 60, MAX_ITERS] and series.max_iters == MAX_ITERS  # the last eval too

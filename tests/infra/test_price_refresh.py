@@ -1,0 +1,182 @@
+"""`python -m infra.prices refresh`: each provider's parser on recorded responses, and the rewrite of
+the table (dated, printed, atomic, untouched on error). No test touches the network: every fetch
+gets the recorded responses of tests/infra/price_responses/ through its `get` argument."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from infra import prices
+from infra.prices import MACHINE_TYPES, MachinePrice, parse_table
+from infra.pricing import FetchError, Row, aws, azure, gcp, http_get
+from infra.pricing.refresh import main
+
+RESPONSES = Path(__file__).parent / "price_responses"
+TODAY = "2026-11-23"
+
+
+def machines(cloud: str):
+    return [m for m in MACHINE_TYPES.values() if m.cloud == cloud]
+
+
+def recorded(name: str):
+    return json.loads((RESPONSES / name).read_text())
+
+
+class RecordedGet:
+    """A `get` answering every request from recorded pages: the first page for a fresh query, the
+    page a next-page link or token names after it. Keeps each request's URL and headers."""
+
+    def __init__(self, first: str, following: dict[str, str]):
+        self.first, self.following = first, following
+        self.requests: list[tuple[str, dict]] = []
+
+    def __call__(self, url: str, headers=None):
+        self.requests.append((url, dict(headers or {})))
+        page = next((name for marker, name in self.following.items() if marker in url), self.first)
+        return recorded(page)
+
+
+def azure_get() -> RecordedGet:
+    return RecordedGet("azure_page1.json", {"$skip=100": "azure_page2.json"})
+
+
+def gcp_get() -> RecordedGet:
+    return RecordedGet("gcp_skus_page1.json", {"pageToken=page-2": "gcp_skus_page2.json"})
+
+
+@contextmanager
+def aws_csv(url: str):
+    yield (RESPONSES / "aws_ec2_us-east-1.csv").open("rb")
+
+
+def test_azure_reads_linux_pay_as_you_go_and_spot_meters_across_pages():
+    get = azure_get()
+    rows = {r.machine: r for r in azure.fetch(machines("azure"), "eastus", get=get)}
+    # The latest Linux Consumption item: not the older price, the Windows meter, Low Priority or DevTest.
+    assert rows["Standard_D16s_v5"] == Row("Standard_D16s_v5", 0.768, 0.0842, "eastus")  # spot from page 2, eastus only
+    assert rows["Standard_D8s_v5"] == Row("Standard_D8s_v5", 0.384, 0.0421, "eastus")
+    assert rows["Standard_D32s_v5"].spot_usd_per_hour is None  # no Spot meter in the response
+    assert rows["Standard_D16s_v6"].on_demand_usd_per_hour == 0.808
+    queried = [url for url, _ in get.requests if "$skip" not in url]
+    assert len(queried) == 4 and all("armSkuName+eq+%27Standard_D" in url and "priceType+eq+%27Consumption%27" in url for url in queried)
+
+
+def test_aws_reads_shared_linux_on_demand_rows_and_leaves_spot_unknown():
+    rows = {r.machine: r for r in aws.fetch(machines("aws"), "us-east-1", get=aws_csv)}
+    assert set(rows) == {m.name for m in machines("aws")}
+    # Not the Dedicated, Reserved, Windows, RHEL, SQL or capacity-reservation rows of m6i.4xlarge.
+    assert rows["m6i.4xlarge"] == Row("m6i.4xlarge", 0.768, None, "us-east-1")
+    assert rows["r7iz.4xlarge"].on_demand_usd_per_hour == 1.488
+
+
+def test_aws_refuses_two_prices_for_one_machine_type():
+    text = (RESPONSES / "aws_ec2_us-east-1.csv").read_text()
+    last = text.splitlines()[6].replace("0.3840000000", "0.4000000000")  # m6i.2xlarge again, another price
+    with pytest.raises(FetchError, match=r"m6i.2xlarge has several Linux on-demand prices in us-east-1: \[0.384, 0.4\]"):
+        aws.parse(io.StringIO(text + last + "\n"), machines("aws"), "us-east-1")
+
+
+def test_gcp_prices_a_machine_type_from_its_series_core_and_memory_skus(monkeypatch):
+    monkeypatch.setenv(gcp.API_KEY_ENV, "test-key")
+    get = gcp_get()
+    rows = {r.machine: r for r in gcp.fetch(machines("gcp"), "us-central1", get=get)}
+    # vCPUs x core + GiB x RAM, Americas SKUs (not Belgium, C3D, sole tenancy, commitments, custom).
+    assert rows["c3-standard-8"] == Row("c3-standard-8", round(8 * 0.034 + 32 * 0.0046, 6), round(8 * 0.012 + 32 * 0.0016, 6), "us-central1")
+    assert rows["c3-highmem-22"].on_demand_usd_per_hour == round(22 * 0.034 + 176 * 0.0046, 6)
+    assert rows["n2-standard-8"] == Row("n2-standard-8", round(8 * 0.031 + 32 * 0.0042, 6), None, "us-central1")  # no spot RAM SKU
+    # The key travels in a header, never in a URL (URLs end up in errors and in the table).
+    assert [h for _, h in get.requests] == [{"x-goog-api-key": "test-key"}] * 2
+    assert all("test-key" not in url for url, _ in get.requests)
+
+
+def test_gcp_without_an_api_key_says_which_variable_to_set(monkeypatch):
+    monkeypatch.delenv(gcp.API_KEY_ENV, raising=False)
+    with pytest.raises(FetchError, match=r"needs an API key: set NANOCLUSTER_GCP_API_KEY .* --cloud azure / --cloud aws"):
+        gcp.fetch(machines("gcp"), "us-central1", get=gcp_get())
+
+
+def test_http_get_decodes_json_and_names_what_failed(tmp_path):
+    page = tmp_path / "page.json"
+    page.write_text('{"Items": []}')
+    assert http_get(page.as_uri()) == {"Items": []}
+    page.write_text("<html>")
+    with pytest.raises(FetchError, match="not JSON"):
+        http_get(page.as_uri())
+    with pytest.raises(FetchError, match="no answer from"):
+        http_get((tmp_path / "missing.json").as_uri())
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    """A copy of the committed table, and every provider answering from the recorded responses."""
+    path = tmp_path / "price_table.json"
+    shutil.copy(prices.PRICE_TABLE, path)
+    monkeypatch.setenv(gcp.API_KEY_ENV, "test-key")
+    for provider, get in ((azure, azure_get()), (gcp, gcp_get()), (aws, aws_csv)):
+        monkeypatch.setattr(provider, "fetch", functools.partial(provider.fetch, get=get))
+    return path
+
+
+def read(path: Path) -> dict[str, MachinePrice]:
+    return parse_table(json.loads(path.read_text()), str(path))
+
+
+def test_refresh_rewrites_every_row_dated_and_prints_the_changes(table, capsys):
+    before = read(table)
+    assert main(["refresh", "--table", str(table)], today=TODAY) == 0
+    after = read(table)  # a complete, valid table
+    assert after["Standard_D16s_v5"] == MachinePrice(0.768, 0.0842, TODAY, "eastus", azure.SOURCE)
+    assert after["m6i.4xlarge"] == MachinePrice(0.768, None, TODAY, "us-east-1", aws.URL.format(region="us-east-1"))
+    assert after["c3-highmem-8"].spot_usd_per_hour == round(8 * 0.012 + 64 * 0.0016, 6)
+    assert {p.as_of for p in after.values()} == {TODAY}
+    out = capsys.readouterr().out
+    old = before["Standard_D16s_v5"].on_demand_usd_per_hour
+    assert f"Standard_D16s_v5 (eastus): on-demand ${old:.4f}/h (2025-06) -> $0.7680/h ({TODAY}); spot unknown -> $0.0842/h" in out
+    assert "note: aws: spot prices unknown for some machine types: AWS publishes spot prices only through the EC2 API" in out
+    assert not list(table.parent.glob(".price_table.json.*"))  # no temporary file left behind
+
+
+def test_refresh_of_one_cloud_keeps_the_other_rows_and_dry_run_writes_nothing(table, capsys):
+    text = table.read_text()
+    assert main(["refresh", "--cloud", "azure", "--table", str(table), "--dry-run"], today=TODAY) == 0
+    assert table.read_text() == text
+    assert "dry run" in capsys.readouterr().out
+    assert main(["refresh", "--cloud", "azure", "--table", str(table)], today=TODAY) == 0
+    before, after = parse_table(json.loads(text), "before"), read(table)
+    assert {n for n in after if after[n] != before[n]} == {m.name for m in machines("azure")}
+
+
+@pytest.mark.parametrize(
+    ("cloud", "break_it", "message"),
+    [
+        ("aws", lambda mp: mp.setattr(aws, "fetch", functools.partial(aws.fetch.func, get=_unreachable)),
+         r"refresh failed: aws: no answer from https://pricing.us-east-1.amazonaws.com/\S+ within 60 s"),
+        ("gcp", lambda mp: mp.delenv(gcp.API_KEY_ENV), r"refresh failed: gcp: the Cloud Billing Catalog API needs an API key"),
+        ("azure", lambda mp: mp.setattr(azure, "fetch", lambda machines, region: azure.parse({"Items": []}, machines, region)),
+         r"refresh failed: azure: no Linux on-demand price for Standard_D16s_v5, .* in eastus"),
+    ],
+    ids=["aws-unreachable", "gcp-without-key", "azure-missing-machine"],
+)
+def test_a_failed_fetch_leaves_the_table_unchanged_and_names_the_cloud(table, monkeypatch, capsys, cloud, break_it, message):
+    text = table.read_text()
+    break_it(monkeypatch)
+    assert main(["refresh", "--table", str(table)], today=TODAY) == 1
+    assert table.read_text() == text
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert f"{table} is unchanged" in err
+
+
+@contextmanager
+def _unreachable(url: str):
+    raise FetchError(f"no answer from {url} within 60 s (connection refused)")
+    yield  # pragma: no cover
