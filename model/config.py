@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from model.config_values import ConfigError, coerce, dotted_fields, flatten, get_dotted, parse_overrides
-from model.conventions import BACKEND_CHOICES, GRAD_COMPRESSION_CHOICES
+from model.conventions import BACKEND_CHOICES, DEFAULT_MAX_ITERS, GRAD_COMPRESSION_CHOICES
 from model.intel_layout import translate_intel_layout
 from model.model import SHAPE_RULES
 from model.precision import MIXED_PRECISION_CHOICES
@@ -79,7 +79,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = 8
     """Micro-batches per optimizer step on each rank; gradients are all-reduced once per step.
     Tokens per optimizer step = batch_size x block_size x gradient_accumulation_steps x world size."""
-    max_iters: int = 200
+    max_iters: int = DEFAULT_MAX_ITERS
     """Optimizer steps to train for (the run ends at this iteration, resumed runs included)."""
     learning_rate: float | None = None
     """Peak learning rate. None: 6e-5 when fine-tuning a pretrained model, 1e-3 from scratch."""
@@ -158,6 +158,19 @@ class TrainConfig:
     snapshot before the process stops at once, keeping the previous snapshot. Below the 30 s that
     GCP and Azure give a preempted VM (README, "Preemption")."""
 
+    # --- budget (model.budget; `fab train --budget` sets these) ------------------------------------
+    budget_usd: float = 0.0
+    """Stop the run, with a snapshot of the last completed step and exit status 3 (EXIT_BUDGET),
+    before the next snapshot would take its spend past this many US dollars. 0: no budget."""
+    budget_usd_per_hour: float = 0.0
+    """What the run costs per hour (the cluster's hourly_cost_usd, every node of it); spend is this
+    price x the time since budget_clock_start. Must be > 0 with a budget."""
+    budget_clock_start: float = 0.0
+    """Unix time the run's spend is counted from: the launch, so restarts and the downtime between
+    them count. 0: when this trainer started."""
+    budget_spent_usd: float = 0.0
+    """What the run's earlier attempts spent before this launch (counted against budget_usd)."""
+
     # ------------------------------------------------------------------------------------------------
     def peak_learning_rate(self) -> float:
         if self.learning_rate is not None:
@@ -227,6 +240,14 @@ class TrainConfig:
                 ">= 2 (PowerSGD's error feedback starts after DDP's first two steps)",
             ),
             ("stop_grace_s", self.stop_grace_s > 0, "> 0"),
+            ("budget_usd", self.budget_usd >= 0, ">= 0 (0: no budget)"),
+            (
+                "budget_usd_per_hour",
+                self.budget_usd_per_hour > 0 if self.budget_usd > 0 else self.budget_usd_per_hour >= 0,
+                "> 0 with a budget (spend is this price x the time since budget_clock_start)",
+            ),
+            ("budget_clock_start", self.budget_clock_start >= 0, ">= 0 (Unix seconds; 0: the trainer's start)"),
+            ("budget_spent_usd", self.budget_spent_usd >= 0, ">= 0"),
             ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
             # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.
             *(

@@ -35,3 +35,13 @@ last snapshot intact."""
 
 GRAD_COMPRESSION_CHOICES = ("auto", "none", "bf16", "fp16", "powersgd")
 """How DDP sends gradients between ranks (model.comm_hooks): auto picks by a link measurement at start."""
+
+EXIT_BUDGET = 3
+"""Stopped at the run's budget (model.budget) with a snapshot of the last completed step: not a
+failure and not retried; `fab train` exits with it too, so scripts tell "stopped at budget" from
+"finished" (0) and "failed" (1). 3 is none of the above, no signal death (128 + n) and not
+argparse's usage error (2)."""
+
+DEFAULT_MAX_ITERS = 200
+"""Optimizer steps of a run whose config sets no max_iters (TrainConfig's default; the launcher's
+budget estimate reads it here)."""

@@ -4,6 +4,7 @@
     {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ...}
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.step_timing)
+    {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": ..., "budget_usd": ...}   (model.budget)
 
 A new run starts a new file. A resumed run first drops what the crashed run wrote after its last
 snapshot, since it redoes those steps: the file then reads like the uninterrupted run's. Every
@@ -65,6 +66,10 @@ class MetricsLog:
             }
             | (by_rank or {})
         )
+
+    def stop(self, iteration: int, reason: str, **fields: Any) -> None:
+        """The run stopped early at iteration (its snapshot's), e.g. at its budget (model.budget)."""
+        self._append({"kind": "stop", "iter": iteration, "reason": reason, **fields})
 
     def _append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

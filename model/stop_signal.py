@@ -10,6 +10,9 @@ the program mid-step; it only raises a flag:
   a cloud preempts one node and the signal may reach only some ranks. Every rank then stops at the
   same step and takes part in the snapshot collective, so rank 0 writes even when only another
   node was told, and still writes when its own node is the one going away.
+- The program can ask for the same stop (request()): rank 0's budget rule (model.budget) does. The
+  agreement is then a MAX over a small code (STOP_SIGNALLED, STOP_BUDGET), so a budget stop costs no
+  collective of its own and every rank learns why it stops.
 - A second signal, or the grace period running out, unwinds at once (KeyboardInterrupt): the write
   in progress is abandoned and the previous snapshot stays intact (model.atomic). If the main
   thread cannot unwind (blocked in a collective with a vanished peer), the process exits outright
@@ -35,6 +38,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # After the grace period the main thread gets a KeyboardInterrupt; if it has not exited this much
 # later (stuck inside a C++ collective, where Python cannot raise), the process leaves with os._exit.
 HARD_EXIT_AFTER_S = 5.0
+# Why the ranks stop, as the after-step agreement's MAX all-reduce carries it (0: go on).
+STOP_SIGNALLED = 1
+"""A rank received SIGTERM/SIGINT: exit EXIT_STOPPED."""
+STOP_BUDGET = 2
+"""Rank 0's budget rule asked for the stop (model.budget): exit EXIT_BUDGET. Wins over a signal:
+either way every rank snapshots the same step, and a budget stop is the one not to restart."""
 
 
 class StopRequested(Exception):
@@ -53,6 +62,9 @@ class StopSignal:
         self.signal_name: str | None = None  # the first signal received, if any
         self.requested = threading.Event()  # a signal arrived: stop after the current step
         self.forced = threading.Event()  # a second signal or the grace ran out: unwinding now
+        self.requested_code = 0  # a stop the program asked for (request()), e.g. STOP_BUDGET
+        self.requested_reason = ""
+        self.agreed_code = 0  # what the last agreement settled on: 0, STOP_SIGNALLED or STOP_BUDGET
         self._previous: dict[int, Any] = {}
         self._timers: list[threading.Timer] = []
 
@@ -96,15 +108,29 @@ class StopSignal:
 
     # -- agreement --
 
+    def request(self, code: int, reason: str) -> None:
+        """Ask every rank to stop after this step (at the next agreement), for the reason code gives."""
+        if code > self.requested_code:
+            self.requested_code, self.requested_reason = code, reason
+
     def agreed(self, world_size: int) -> bool:
-        """Whether any rank was asked to stop: every rank calls it after the same step (a collective)."""
-        if world_size == 1:
-            return self.requested.is_set()
-        flag = torch.tensor([1 if self.requested.is_set() else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        """Whether any rank was asked to stop: every rank calls it after the same step (a collective).
+        agreed_code then says why (the highest code asked for on any rank)."""
+        code = max(STOP_SIGNALLED if self.requested.is_set() else 0, self.requested_code)
+        if world_size > 1:
+            flag = torch.tensor([code], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            code = int(flag.item())
+        self.agreed_code = code
+        return bool(code)
+
+    @property
+    def budget_stop(self) -> bool:
+        return self.agreed_code == STOP_BUDGET
 
     def reason(self) -> str:
+        if self.budget_stop:
+            return self.requested_reason or "stopped at budget (rank 0's rule)"
         return f"{self.signal_name} on this rank" if self.signal_name else "a stop signal on another rank"
 
 
@@ -115,4 +141,6 @@ def snapshot_and_stop(trainer: Any, stop: StopSignal) -> None:
     reason = stop.reason()
     if trainer.is_rank0:
         log.info("stop: saved snapshot at iteration %d (%s)", trainer.iter_num, reason)
+        if stop.budget_stop and trainer.budget is not None:
+            trainer.budget.stopped(trainer.iter_num, trainer.metrics)
     raise StopRequested(trainer.iter_num, reason)

@@ -24,10 +24,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from model import comm_hooks, distributed, step_timing, zero
+from model.budget import BudgetWatch, budget_watch
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
 from model.config import ConfigError, TrainConfig, load_config
-from model.conventions import CKPT_NAME, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED, SNAPSHOT_NAME
+from model.conventions import (
+    CKPT_NAME,
+    EXIT_BUDGET,
+    EXIT_PEER_LOST,
+    EXIT_PROGRAM_ERROR,
+    EXIT_STOPPED,
+    SNAPSHOT_NAME,
+)
 from model.data import DataError, TokenBatches
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
@@ -53,6 +61,8 @@ class Trainer:
 
     stop_signal: StopSignal | None = None
     """Set by main(): checked after every optimizer step, so a stop snapshots a completed step."""
+    budget: BudgetWatch | None = None
+    """Rank 0's budget rule when the run has one (model.budget): it asks stop_signal for the stop."""
 
     def __init__(self, cfg: TrainConfig, env: distributed.RankEnv):
         self.cfg, self.env = cfg, env
@@ -229,6 +239,8 @@ class Trainer:
             if self.iter_num % cfg.log_interval == 0:
                 self.log_step(all_ranks_mean(loss, self.env.world_size), step)
             self.iter_num += 1
+            if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
+                self.budget.check(self.iter_num, step.step_s, self.stop_signal)
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
                 snapshot_and_stop(self, self.stop_signal)
 
@@ -282,7 +294,9 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
         distributed.init_process_group(env, backend, cfg.collective_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env)
-    trainer.stop_signal = stop
+    if stop is None and cfg.budget_usd > 0:  # the budget stop travels in the stop agreement
+        stop = StopSignal(cfg.stop_grace_s)
+    trainer.stop_signal, trainer.budget = stop, budget_watch(cfg, trainer.is_rank0)
     forced = False
     try:
         trainer.run()
@@ -323,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg, env, stop)
         return 0
     except StopRequested as e:
+        if stop.budget_stop:  # rank 0 logged "stopped at budget: spent $X of $Y at iteration N"
+            return EXIT_BUDGET
         cause = stop.signal_name or "another rank was signalled"
         print(f"error: interrupted ({cause}); {e}, snapshot written", file=sys.stderr)
         return EXIT_STOPPED
