@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pulumi
 
-from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType
+from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType, PriceTableError, price_of
 
 CLOUDS = ("gcp", "aws", "azure")
 PROFILES = ("default", "intel")
@@ -276,6 +276,10 @@ def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
             f"'{name}' is not in the machine table (infra/prices.py), so its cores and price are unknown",
             f"use one of {', '.join(known)}, or add a row for it to infra/prices.py",
         )
+    try:  # before any resource is declared: a broken price table must not stop `pulumi up` halfway
+        price_of(machine)
+    except PriceTableError as e:
+        raise ConfigError(f"{key}: {name} has no usable price: {e}") from e
     return machine
 
 

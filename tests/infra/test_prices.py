@@ -8,7 +8,9 @@ import json
 import pytest
 
 from infra import prices
+from infra.config import ConfigError, parse
 from infra.prices import MACHINE_TYPES, PriceTableError, estimate, load_table, parse_table, price_of
+from tests.infra.harness import stack_config
 
 
 def committed() -> dict:
@@ -76,3 +78,11 @@ def test_spot_is_priced_at_the_spot_figure_and_unknown_without_one(tmp_path, mon
     assert on_demand.nodes == 2 * price_of(d8).on_demand_usd_per_hour and not on_demand.spot
     assert (spot.disks, spot.public_ips, spot.nat) == (on_demand.disks, on_demand.public_ips, on_demand.nat)
     assert estimate(d16, 2, 100, 1, 1, spot=True) is None
+
+
+def test_a_broken_table_stops_the_stack_at_its_config_before_any_resource(tmp_path, monkeypatch):
+    path = tmp_path / "price_table.json"
+    path.write_text('{"machines": {}}')
+    monkeypatch.setattr(prices, "PRICE_TABLE", path)
+    with pytest.raises(ConfigError, match=r"nanocluster:machineType: m6i.4xlarge has no usable price: .*no price for .*m6i.4xlarge"):
+        parse(stack_config("aws", nodes=1), "dev")
