@@ -15,6 +15,7 @@ from invoke.exceptions import Exit
 
 from launcher import tasks
 from launcher.recover.loop import RecoverOptions
+from model.conventions import EXIT_BUDGET
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default main)"
@@ -117,19 +118,25 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
                            "--min-nodes, going on without it); default 600",
         "min_nodes": "when a lost node does not come back, resume on the nodes that answer if at least this many"
                      " do, with the same tokens per optimizer step (default: stop with an error)",
+        "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
+                  "attempts since it last finished included): refused before launch when the estimate exceeds it;"
+                  f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
+                  "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
     },
 )
 @_errors_to_exit
 def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
           port=None, config=None, set_=None, dry_run=False, collective_timeout="120", max_restarts=None,
-          recover_timeout=None, min_nodes=None):
+          recover_timeout=None, min_nodes=None, budget=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
-    tasks.train(cluster, nodes=_number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
-                backend=backend, port=_number("port", port), config=config, overrides=list(set_ or []), dry_run=dry_run,
-                collective_timeout_s=_number("collective-timeout", collective_timeout, float),
-                recover=RecoverOptions(**_given(max_restarts=_number("max-restarts", max_restarts),
-                                                recover_timeout_s=_number("recover-timeout", recover_timeout, float),
-                                                min_nodes=_number("min-nodes", min_nodes))))
+    return tasks.train(cluster, nodes=_number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
+                       backend=backend, port=_number("port", port), config=config, overrides=list(set_ or []),
+                       dry_run=dry_run, collective_timeout_s=_number("collective-timeout", collective_timeout, float),
+                       recover=RecoverOptions(**_given(
+                           max_restarts=_number("max-restarts", max_restarts),
+                           recover_timeout_s=_number("recover-timeout", recover_timeout, float),
+                           min_nodes=_number("min-nodes", min_nodes))),
+                       budget_usd=_number("budget", budget, float))
 
 
 @task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})

@@ -23,6 +23,7 @@ from launcher.launch.plan import LaunchPlan, Unit
 from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
 from launcher.recover.classify import FirstFailure
 from launcher.recover.heartbeat import watch_nodes
+from launcher.runs import budget
 from launcher.runs.recorder import RunRecorder
 from launcher.runs.slow_nodes import SlowRankWatch
 from launcher.transport import NodeError, Shell
@@ -52,6 +53,8 @@ class Progress:
     loss: float | None = None
     tokens_per_s: float | None = None
     val_loss: float | None = None
+    stopped_at_budget: bool = False
+    """The ranks ended together at the run's budget (EXIT_BUDGET, model.budget): not a failure."""
 
     def update(self, record: dict) -> bool:
         if record.get("kind") == "train":
@@ -204,13 +207,17 @@ class Monitor:
                     now = time.monotonic()
                     if now - last_progress >= PROGRESS_EVERY_S:
                         last_progress = now
-                        self.emit(self.progress.line() + self.recorder.progress_suffix())
+                        self.emit(self.progress.line() + self.recorder.progress_suffix()
+                                  + budget.progress_suffix(self.plan.cluster, self.plan.run))
                     continue
                 kind, unit, detail, _ = event
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended
                     continue
                 remaining.discard(unit)
                 if kind == "exit" and detail == 0:
+                    continue
+                if kind == "exit" and detail == budget.BUDGET_EXIT:  # every rank stops at the same step
+                    self.progress.stopped_at_budget = True
                     continue
                 self._fail([event])
         except KeyboardInterrupt:

@@ -23,8 +23,9 @@ from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
 from launcher.probe import NodeReport
 from launcher.recover.loop import RecoverOptions, Recovery
+from launcher.runs import budget
 from launcher.runs.estimate import final_cost
-from launcher.runs.record import append_event, launch_fields
+from launcher.runs.record import append_event, launch_fields, run_record_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
@@ -60,8 +61,10 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
           overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0,
-          recover: RecoverOptions | None = None) -> None:
-    """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py)."""
+          recover: RecoverOptions | None = None, budget_usd: float | None = None) -> int:
+    """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py); budget_usd: stop
+    before the run's spend would cross it (launcher/runs/budget.py). Returns the exit status: 0
+    finished, budget.BUDGET_EXIT stopped at the budget (a failure raises)."""
     started = time.monotonic()
     check_name(run, "run")
     check_name(dataset, "dataset")
@@ -79,11 +82,20 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             config_text = Path(config).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config}: {e.strerror}") from None
+    trainer_values = budget.trainer_values(config_text, overrides)
+    fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
+    spend = None if budget_usd is None else budget.plan_budget(
+        budget_usd, cluster, run, trainer_values, len(selected), budget.read_cluster_runs(cluster), say)
+    clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
+    overrides = tuple(overrides) + (spend.overrides(clock_start) if spend else ())
     plan_args = dict(run=run, dataset=dataset, launcher=launcher, backend=backend, master_port=site.port(port),
-                     config_file=config or "", overrides=tuple(overrides), collective_timeout_s=collective_timeout_s)
+                     config_file=config or "", overrides=overrides, collective_timeout_s=collective_timeout_s)
     if dry_run:
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
-        return
+        return 0
+    metrics_mark = budget.metrics_mark(run_record_dir(cluster, run))
+    launched: list[bool] = []  # the launch event is recorded once, by the first attempt that starts units
+
     def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:
         ensure_ready(session)
         place_data(session, dataset)
@@ -91,8 +103,10 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
                          {n.index: launch_facts(session.report(n)) for n in session.nodes},
                          **(plan_args | {"overrides": tuple(overrides) + extra_overrides}))
         start_units(session, plan, config_text)
-        if restarts == 0:
-            append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size))
+        if not launched:  # timed at the clock start: setting the nodes up is part of the run's cost
+            launched.append(True)
+            append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size),
+                         time=clock_start, config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
         say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
             f"({time.monotonic() - started:.1f} s after start)")
@@ -101,9 +115,16 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     with Recovery(Session.open(cluster, selected, dataset), run, recover,
                   resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
         progress = recovery.run(launch)
-        append_event(cluster, run, "end", outcome="finished", iter=progress.iter, restarts=recovery.restarts)
-        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(cluster, run)}; "
+        end = budget.ending(cluster, run, metrics_mark, clock_start, progress.iter, progress.stopped_at_budget, spend)
+        append_event(cluster, run, "end", restarts=recovery.restarts, **end.fields)
+        if end.stopped:
+            say(budget.stopped_line(run, end.fields.get("spent_usd", 0.0), budget_usd or 0.0, end.fields["iter"],
+                                    end.fields.get("max_iters")))
+            return budget.BUDGET_EXIT
+        spent = f" (${end.fields['spent_usd']:.2f} of the ${budget_usd:.2f} budget)" if spend else ""
+        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(cluster, run)}{spent}; "
             f"best checkpoint runs/{run}/ckpt.pt on {recovery.session.head.name} (fab sample, fab fetch)")
+    return 0
 
 
 def place_data(session: Session, dataset: str) -> None:

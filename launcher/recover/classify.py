@@ -4,7 +4,9 @@ The monitor names the unit that failed first (by the time it recorded), so the f
 here is never one the launcher caused by stopping the other ranks afterwards. A failure outside the
 program -- a peer lost in a collective, a death by signal (SIGKILL, the OOM killer), a stop signal
 the launcher did not send (a preemption), a node that stopped answering -- is retried; the program's
-own error (bad config, missing data, an exception) would fail the same way again, so it is not.
+own error (bad config, missing data, an exception) would fail the same way again, so it is not, and
+neither is a stop at the run's budget. (The monitor ends a launch whose ranks all stopped at the
+budget without a failure; this names a budget stop that comes first in a failed launch.)
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from model.conventions import EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
+from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 
 DEFAULT_MAX_RESTARTS = 3
 """Restarts per `fab train` before giving up. SkyPilot's managed jobs default max_restarts_on_errors
@@ -64,6 +66,8 @@ def classify(failure: FirstFailure) -> Verdict:
         return Verdict(True, f"{who}: stopped by a signal the launcher did not send (exit {code}, preemption?)")
     if 128 < code < 128 + 65:
         return Verdict(True, f"{who}: killed by {signal_name(code)} (exit {code})")
+    if code == EXIT_BUDGET:  # the budget would be crossed again at once: a rerun with a larger one resumes
+        return Verdict(False, f"{who}: stopped at budget (exit {code}); not retried")
     if code == EXIT_PROGRAM_ERROR:
         return Verdict(False, f"{who}: program error (exit {code}); not retried")
     return Verdict(False, f"{who}: exited with code {code}; not retried")

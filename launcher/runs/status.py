@@ -11,6 +11,7 @@ from launcher.console import console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
 from launcher.runs.autostop import idle_stop_lines
+from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
@@ -56,6 +57,6 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
             say(f"run {run}, last logged: {progress.summary()}")
             for line in slow_node_lines(cluster, run, last.splitlines()):  # the slowest rank and node
                 say(line)
-        for line in status_lines(cluster, run):  # chart, elapsed, time to finish, cost, restarts
+        for line in [*status_lines(cluster, run), *budget_lines(cluster, run)]:  # chart, time, cost, budget
             say(line)
     return 1 if session.unreachable else 0

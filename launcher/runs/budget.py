@@ -1,0 +1,360 @@
+"""`fab train --budget USD`: the launcher's side of a run that cannot overspend (the trainer's is
+model/budget.py).
+
+- Spend is the cluster's hourly_cost_usd (every node of the contract bills while the run goes on)
+  x the time since the launch, plus what the run's earlier attempts spent: every `fab train` of
+  this run name since it last finished (each is a "launch" event and what follows it in the run's
+  events.jsonl, priced as launch to "end"; an attempt without an end counts to its last event).
+- Before anything touches a node, the cost of what is left is estimated: iterations left (from
+  max_iters and the snapshot the run resumes from) x seconds per iteration, evals, snapshots and
+  start-up included, from an earlier attempt of this run ("measured") or another run of this cluster
+  with the same trainer config and world size ("recorded": the launch event's config_fingerprint).
+  Spent + estimate over the budget refuses the launch, naming the flags that change the figures.
+- The trainer gets the budget, the price, the clock start (the launch event's time) and the spend
+  before as overrides on every (re)launch, so restarts and the downtime between them count.
+- Records, read by `fab status`, the progress line and `fab cost`: the launch event's
+  config_fingerprint (every run), budget_usd and budget_spent_before_usd (runs with a budget); the
+  "end" event's outcome "budget" (with iter, spent_usd, budget_usd), and on every ended attempt
+  start_iter, max_iters, step_s and s_per_iter (what later estimates read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launcher.console import TaskError
+from launcher.inventory import Cluster
+from launcher.runs.record import EVENTS_NAME, cluster_dir, read_events
+from model.config_values import ConfigError, flatten, parse_overrides
+from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
+from model.intel_layout import translate_intel_layout
+from model.metrics import METRICS_NAME, one_series, read_jsonl
+
+BUDGET_EXIT = EXIT_BUDGET
+"""fab train's exit status when the run stopped at its budget: the trainer's own (model.conventions)."""
+NOT_FINGERPRINTED = ("max_iters", "budget_usd", "budget_usd_per_hour", "budget_clock_start", "budget_spent_usd")
+"""Trainer keys that do not change the time a step takes: runs that differ only in them match."""
+
+
+# --- what the record holds ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One `fab train` of a run: its "launch" event and the events that followed it."""
+
+    run: str
+    events: list[dict[str, Any]]
+
+    @property
+    def launch(self) -> dict[str, Any]:
+        return self.events[0]
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("event") == "end"), None)
+
+    def spent_usd(self, now: float | None = None) -> float:
+        """The cluster's price x launch to end (to now while it goes on, when now is given)."""
+        end = self.end
+        stop = end["time"] if end else (now if now is not None else self.events[-1]["time"])
+        return (self.launch.get("hourly_cost_usd") or 0.0) * max(0.0, stop - self.launch["time"]) / 3600
+
+
+def attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:
+    """The run's attempts, oldest first (events before the first launch are ignored)."""
+    bounds = [i for i, e in enumerate(events) if e.get("event") == "launch"] + [len(events)]
+    return [Attempt(run, events[i:j]) for i, j in itertools.pairwise(bounds)]
+
+
+def spent_before(earlier: list[Attempt]) -> float:
+    """What the attempts since the run last finished spent: the work a rerun continues."""
+    finished = [i for i, a in enumerate(earlier) if (a.end or {}).get("outcome") == "finished"]
+    return sum((a.spent_usd() for a in earlier[finished[-1] + 1 if finished else 0:]), 0.0)
+
+
+def metrics_records(record_dir: Path, since: int = 0) -> list[dict[str, Any]]:
+    """The operator's metrics copy from byte offset since on (what one attempt streamed)."""
+    path = record_dir / METRICS_NAME
+    if not path.exists():
+        return []
+    with open(path, "rb") as f:
+        f.seek(since)
+        lines = f.read().decode(errors="replace").splitlines()
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def metrics_mark(record_dir: Path) -> int:
+    """Where the next attempt's lines will begin in the metrics copy."""
+    path = record_dir / METRICS_NAME
+    return path.stat().st_size if path.exists() else 0
+
+
+def stop_iter(records: list[dict[str, Any]]) -> int | None:
+    """The iteration of the last budget stop's snapshot, from the trainer's "stop" record."""
+    stops = [r["iter"] for r in records if r.get("kind") == "stop" and r.get("reason") == "budget"]
+    return stops[-1] if stops else None
+
+
+def attempt_figures(records: list[dict[str, Any]], elapsed_s: float, reached: int | None) -> dict[str, Any]:
+    """What an ended attempt leaves for later estimates (its metrics records; reached: the iteration
+    its snapshot holds): start_iter, max_iters, step_s (median logged step) and s_per_iter
+    (elapsed / iterations gained: evals, snapshots, start-up and redone steps included)."""
+    starts = [r for r in records if r.get("kind") == "start"]
+    if not starts:
+        return {}
+    figures: dict[str, Any] = {"start_iter": starts[0]["iter"], "max_iters": starts[-1].get("max_iters")}
+    steps = [r["iter_ms"] for r in records if r.get("kind") == "train" and r.get("iter_ms")]
+    if steps:
+        figures["step_s"] = round(statistics.median(steps) / 1e3, 6)
+    if reached is not None and reached > starts[0]["iter"]:
+        figures["s_per_iter"] = round(elapsed_s / (reached - starts[0]["iter"]), 6)
+    return figures
+
+
+def resume_iter(records: list[dict[str, Any]]) -> int:
+    """The iteration the run's newest snapshot holds, as far as the operator's record tells: an eval
+    (each writes one) or a budget stop. A preemption's snapshot is not in it: then this runs low."""
+    kept = one_series(records)
+    return max([r["iter"] for r in kept if r.get("kind") == "stop" or (r.get("kind") == "eval" and r["iter"] > 0)],
+               default=0)
+
+
+# --- the config a step time belongs to -----------------------------------------------------------
+
+
+def trainer_values(config_text: str, overrides: Sequence[str]) -> dict[str, Any] | None:
+    """The trainer keys the YAML and overrides set (dotted, as the trainer reads them); None when
+    they cannot be read here (the trainer will say why)."""
+    try:
+        loaded = yaml.safe_load(config_text) if config_text else {}
+        values = flatten(translate_intel_layout(loaded or {})) if isinstance(loaded or {}, dict) else None
+        if values is None:
+            return None
+        values.update(parse_overrides(list(overrides)))
+    except (yaml.YAMLError, ConfigError):
+        return None
+    return values
+
+
+def config_fingerprint(values: dict[str, Any] | None, world_size: int) -> str | None:
+    """A digest of what sets the time a step takes: the trainer's keys (but NOT_FINGERPRINTED) and the world size."""
+    if values is None:
+        return None
+    kept = {k: str(v) for k, v in sorted(values.items()) if k not in NOT_FINGERPRINTED}
+    return hashlib.sha256(json.dumps([kept, world_size]).encode()).hexdigest()[:16]
+
+
+def max_iters_of(values: dict[str, Any] | None) -> int | None:
+    if values is None:
+        return None
+    try:
+        return int(values.get("max_iters", DEFAULT_MAX_ITERS))
+    except (TypeError, ValueError):
+        return None
+
+
+# --- before the launch ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Seconds per iteration of an earlier attempt with the same fingerprint."""
+
+    s_per_iter: float
+    source: str
+    """"measured" (this run's earlier attempt) or "recorded" (another run of this cluster)."""
+    run: str
+    when: float
+
+
+def find_rate(cluster_runs: dict[str, list[Attempt]], run: str, fingerprint: str | None) -> Rate | None:
+    """This run's latest measured rate, else the cluster's latest recorded one; None without a match."""
+    if fingerprint is None:
+        return None
+
+    def rates(name: str, source: str) -> list[Rate]:
+        return [Rate(a.end["s_per_iter"], source, name, a.end["time"]) for a in cluster_runs.get(name, ())
+                if a.launch.get("config_fingerprint") == fingerprint and (a.end or {}).get("s_per_iter")]
+
+    own = rates(run, "measured")
+    if own:
+        return own[-1]
+    others = [r for name in cluster_runs if name != run for r in rates(name, "recorded")]
+    return max(others, key=lambda r: r.when) if others else None
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """A run's budget as the launch passes it on."""
+
+    usd: float
+    usd_per_hour: float
+    spent_before_usd: float
+
+    def overrides(self, clock_start: float) -> tuple[str, ...]:
+        return (f"budget_usd={self.usd!r}", f"budget_usd_per_hour={self.usd_per_hour!r}",
+                f"budget_clock_start={clock_start!r}", f"budget_spent_usd={self.spent_before_usd!r}")
+
+    def launch_fields(self) -> dict[str, Any]:
+        return {"budget_usd": self.usd, "budget_spent_before_usd": round(self.spent_before_usd, 6)}
+
+
+def check_budget_flag(usd: float, cluster: Cluster) -> float:
+    """The cluster's price per hour, or a TaskError naming what is wrong and the fix."""
+    if not usd > 0:
+        raise TaskError(f"--budget must be a number of US dollars > 0, got {usd:g}")
+    if cluster.hourly_cost_usd is None:
+        raise TaskError(f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
+                        "\"hourly_cost_usd\": <USD per hour for the whole cluster> to the contract JSON (a stack "
+                        "exports it from infra/prices.py), or run without --budget")
+    return cluster.hourly_cost_usd
+
+
+def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] | None, world_size: int,
+                cluster_runs: dict[str, list[Attempt]], say: Callable[[str], None]) -> BudgetPlan:
+    """Check the budget against what the run already spent and the estimate of what is left; print
+    both; a TaskError (nothing started) when they exceed it. cluster_runs: every run's attempts on
+    this cluster, by name (read_cluster_runs)."""
+    price = check_budget_flag(usd, cluster)
+    earlier = cluster_runs.get(run, [])
+    before = spent_before(earlier)
+    plan = BudgetPlan(usd, price, before)
+    if before:
+        say(f"budget ${usd:.2f}: ${before:.2f} already spent by this run's earlier attempts since it last "
+            "finished (they count against it)")
+    if before >= usd:
+        raise TaskError(f"run {run} already spent ${before:.2f} of --budget ${usd:.2f}: raise --budget above "
+                        f"${before:.2f} to continue it (it resumes from its snapshot)")
+    rate = find_rate(cluster_runs, run, config_fingerprint(values, world_size))
+    max_iters = max_iters_of(values)
+    if rate is None or max_iters is None:
+        say("no step time recorded for this config on this cluster: no estimate before launch; the trainer "
+            f"stops at the budget (${usd:.2f} at ${price:.2f}/h)")
+        return plan
+    start = resume_iter(read_jsonl(cluster_runs_dir(cluster) / run / METRICS_NAME)) if earlier else 0
+    left = max(0, max_iters - start)
+    estimate = price * left * rate.s_per_iter / 3600
+    origin = ("measured by this run's earlier attempt" if rate.source == "measured"
+              else f"recorded by run {rate.run} on this cluster with the same config and world size")
+    say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}) x "
+        f"{rate.s_per_iter:.3g} s each (evals, snapshots and start-up included) at ${price:.2f}/h; step time "
+        f"{origin} (ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)")
+    total = before + estimate
+    if total <= usd:
+        return plan
+    # Rounded to the cent first, so float noise (3.2 x 100 = 320.00000000000006) does not add a cent or step.
+    fits = start + math.floor(round((usd - before) * 3600 / price / rate.s_per_iter, 6))
+    ways = [f"raise --budget to ${math.ceil(round(total * 100, 6)) / 100:.2f}"]
+    if fits > start:
+        ways.append(f"--set max_iters={fits} (fits the budget)")
+    raise TaskError(
+        f"the run would cost about ${total:.2f}" + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
+        + f", over --budget ${usd:.2f}; nothing was started: " + ", or ".join(ways)
+        + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists")
+
+
+def cluster_runs_dir(cluster: Cluster) -> Path:
+    return cluster_dir(cluster) / "runs"
+
+
+def read_cluster_runs(cluster: Cluster) -> dict[str, list[Attempt]]:
+    """Every run's attempts on this cluster, from this machine's records."""
+    root = cluster_runs_dir(cluster)
+    paths = sorted(root.glob(f"*/{EVENTS_NAME}")) if root.exists() else []
+    return {p.parent.name: attempts(read_jsonl(p), p.parent.name) for p in paths}
+
+
+# --- while it runs, and at the end -------------------------------------------------------------------
+
+
+def spend_of(attempt: Attempt, now: float | None = None) -> tuple[float, float] | None:
+    """(spent, budget) of an attempt with a budget, earlier attempts included; None without one."""
+    launch = attempt.launch
+    if not launch.get("budget_usd"):
+        return None
+    now = time.time() if now is None and attempt.end is None else now
+    return launch.get("budget_spent_before_usd", 0.0) + attempt.spent_usd(now), launch["budget_usd"]
+
+
+def current_attempt(cluster: Cluster, run: str) -> Attempt | None:
+    runs = attempts(read_events(cluster, run), run)
+    return runs[-1] if runs else None
+
+
+def progress_suffix(cluster: Cluster, run: str) -> str:
+    """The live progress line's budget part: " | $0.12 of $0.50 budget" ("" without a budget)."""
+    attempt = current_attempt(cluster, run)
+    spend = spend_of(attempt) if attempt else None
+    return "" if spend is None else f" | ${spend[0]:.2f} of ${spend[1]:.2f} budget"
+
+
+def stopped_line(run: str, spent: float, budget: float, iteration: int, max_iters: int | None) -> str:
+    of = f" of max_iters {max_iters}" if max_iters else ""
+    return (f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
+            f"`fab train --run {run} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
+            f"from the snapshot at iteration {iteration}")
+
+
+def status_lines(cluster: Cluster, run: str) -> list[str]:
+    """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it."""
+    attempt = current_attempt(cluster, run)
+    spend = spend_of(attempt) if attempt else None
+    if spend is None:
+        return []
+    spent, budget = spend
+    end = attempt.end
+    if end is None:
+        return [f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that "
+                "would cross it)"]
+    if end.get("outcome") == "budget":
+        return [stopped_line(run, spent, budget, end.get("iter"), end.get("max_iters"))]
+    return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a watched launch ended, for its "end" event and last line."""
+
+    stopped: bool
+    fields: dict[str, Any]
+
+
+def ending(cluster: Cluster, run: str, since: int, clock_start: float, last_logged: int | None,
+           stopped: bool, plan: BudgetPlan | None) -> Ending:
+    """The "end" event's fields of an attempt that finished or stopped at its budget. since: where the
+    attempt's lines begin in the metrics copy; last_logged: the last train iteration the monitor saw."""
+    records = metrics_records(cluster_runs_dir(cluster) / run, since)
+    now = time.time()
+    starts = [r for r in records if r.get("kind") == "start"]
+    max_iters = starts[-1].get("max_iters") if starts else None
+    if stopped:
+        reached = stop_iter(records)
+        if reached is None and last_logged is not None:  # the stop record did not arrive: a lower bound
+            reached = last_logged + 1
+    else:
+        reached = max_iters
+    fields: dict[str, Any] = {"outcome": "budget" if stopped else "finished",
+                              "iter": reached if stopped else last_logged}
+    fields |= attempt_figures(records, now - clock_start, reached)
+    if plan is not None:
+        fields |= {"spent_usd": round(plan.spent_before_usd + plan.usd_per_hour * (now - clock_start) / 3600, 6),
+                   "budget_usd": plan.usd}
+    return Ending(stopped, fields)

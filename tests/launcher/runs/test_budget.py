@@ -1,0 +1,175 @@
+"""`fab train --budget` before and after the run (launcher.runs.budget): what the run already spent,
+the estimate (none, recorded by another run, measured by this one), the refusal with its figures
+and flags (must-show 2: before any node is touched), status lines and the "end" event's fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from launcher.console import TaskError
+from launcher.inventory import local_cluster, parse_contract
+from launcher.recover.classify import FirstFailure, classify
+from launcher.runs import budget
+from launcher.runs.record import EVENTS_NAME, run_record_dir
+from launcher.testing.fab import Fab
+from model.conventions import EXIT_BUDGET
+from model.metrics import METRICS_NAME
+
+PRICE = 2.4  # $/h for the whole cluster
+SETTINGS = ["eval_interval=10"]
+
+
+@pytest.fixture
+def cluster(local_home):
+    return dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
+
+
+def fingerprint(world_size: int = 2, settings=SETTINGS) -> str:
+    return budget.config_fingerprint(budget.trainer_values("", settings), world_size)
+
+
+def write(cluster, run: str, events: list[dict], metrics: list[dict] = ()) -> None:
+    directory = run_record_dir(cluster, run)
+    (directory / EVENTS_NAME).write_text("".join(json.dumps(e) + "\n" for e in events))
+    (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in metrics))
+
+
+def launch(time: float, **fields) -> dict:
+    return {"event": "launch", "time": time, "hourly_cost_usd": PRICE, "world_size": 2,
+            "config_fingerprint": fingerprint(), **fields}
+
+
+def end(time: float, outcome: str, **fields) -> dict:
+    return {"event": "end", "time": time, "outcome": outcome, **fields}
+
+
+def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: int = 2):
+    said: list[str] = []
+    result = budget.plan_budget(usd, cluster, run, budget.trainer_values("", settings), world_size,
+                                budget.read_cluster_runs(cluster), said.append)
+    return result, said
+
+
+def test_the_budget_needs_a_price_and_a_positive_amount(local_home):
+    with pytest.raises(TaskError, match=r"has no hourly_cost_usd; add \"hourly_cost_usd\".* to the contract JSON"):
+        budget.check_budget_flag(1.0, local_cluster(2))
+    with pytest.raises(TaskError, match="--budget must be a number of US dollars > 0, got 0"):
+        budget.check_budget_flag(0.0, dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE))
+
+
+def test_without_a_recorded_step_time_it_says_so_and_goes_on(cluster):
+    result, said = plan(cluster, 5.0)
+    assert result == budget.BudgetPlan(5.0, PRICE, 0.0)
+    assert said == ["no step time recorded for this config on this cluster: no estimate before launch; the "
+                    "trainer stops at the budget ($5.00 at $2.40/h)"]
+    assert result.overrides(1234.5) == ("budget_usd=5.0", "budget_usd_per_hour=2.4", "budget_clock_start=1234.5",
+                                        "budget_spent_usd=0.0")
+
+
+def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(cluster):
+    # 'earlier' ran 200 iterations in 1800 s: 9 s each, all in. 200 x 9 s at $2.40/h = $1.20.
+    write(cluster, "earlier", [launch(0.0), end(1800.0, "finished", s_per_iter=9.0)])
+    write(cluster, "other-size", [launch(0.0, config_fingerprint=fingerprint(3)), end(1.0, "finished", s_per_iter=1.0)])
+    result, said = plan(cluster, 2.0, run="new")
+    assert result.spent_before_usd == 0
+    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200) x 9 s each")
+    assert "step time recorded by run earlier on this cluster with the same config and world size (ended" in said[0]
+    # Another world size is another fingerprint: 3 ranks match 'other-size' only, 4 nothing.
+    assert "recorded by run other-size" in plan(cluster, 2.0, run="new", world_size=3)[1][0]
+    assert "no step time recorded" in plan(cluster, 2.0, run="new", world_size=4)[1][0]
+
+
+def test_a_rerun_after_a_budget_stop_counts_what_it_spent_and_measures_from_its_snapshot(cluster):
+    # The first attempt was stopped at its budget at iteration 30 after 300 s at $2.40/h ($0.20); an
+    # earlier, finished use of the name costs nothing against this budget.
+    events = [launch(0.0), end(100.0, "finished", s_per_iter=1.0),
+              launch(1000.0, budget_usd=0.2), end(1300.0, "budget", iter=30, s_per_iter=10.0)]
+    metrics = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
+               {"kind": "eval", "iter": 0}, {"kind": "eval", "iter": 10}, {"kind": "eval", "iter": 20},
+               {"kind": "train", "iter": 29}, {"kind": "stop", "iter": 30, "reason": "budget"}]
+    write(cluster, "main", events, metrics)
+    result, said = plan(cluster, 1.0, settings=[*SETTINGS, "max_iters=100"])
+    assert result.spent_before_usd == pytest.approx(0.2)
+    assert said[0].startswith("budget $1.00: $0.20 already spent by this run's earlier attempts")
+    # 70 iterations left x 10 s at $2.40/h = $0.47; with the $0.20 spent, $0.67 fits $1.00.
+    assert said[1].startswith("estimate: $0.47 for 70 iteration(s) (from 30 to max_iters 100) x 10 s each")
+    assert "step time measured by this run's earlier attempt (ended" in said[1]
+
+
+def test_an_estimate_over_the_budget_is_refused_with_the_figures_and_the_flags_that_change_them(cluster):
+    write(cluster, "earlier", [launch(0.0), end(1800.0, "finished", s_per_iter=9.0)])
+    with pytest.raises(TaskError) as refused:
+        plan(cluster, 0.5, run="new")
+    # 200 x 9 s at $2.40/h = $1.20; $0.50 buys 0.5 x 3600 / 2.4 / 9 = 83 iterations.
+    assert str(refused.value) == (
+        "the run would cost about $1.20, over --budget $0.50; nothing was started: raise --budget to $1.20, or "
+        "--set max_iters=83 (fits the budget). Fewer --nodes would not lower it: every node of the cluster bills "
+        "while it exists")
+
+
+def test_a_run_that_spent_its_budget_already_is_refused(cluster):
+    write(cluster, "main", [launch(0.0, budget_usd=0.1), end(600.0, "budget", iter=5)])  # $0.40 spent
+    with pytest.raises(TaskError, match=r"run main already spent \$0.40 of --budget \$0.30: raise --budget above"):
+        plan(cluster, 0.3)
+
+
+def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
+    write(cluster, "main", [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25)])
+    assert budget.status_lines(cluster, "nothing") == []
+    (line,) = budget.status_lines(cluster, "main")
+    assert line.startswith("budget: $") and " of $1.00 spent (the trainer stops before the snapshot" in line
+    write(cluster, "main", [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25),
+                            end(900.0, "budget", iter=42, max_iters=100)])
+    assert budget.status_lines(cluster, "main") == [
+        "stopped at budget: spent $0.85 of $1.00 at iteration 42 of max_iters 100; to continue, rerun `fab train "
+        "--run main --budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"]
+    assert budget.progress_suffix(cluster, "main") == " | $0.85 of $1.00 budget"
+
+
+def test_the_end_of_a_budget_stop_records_where_it_stopped_what_it_spent_and_its_pace(cluster):
+    directory = run_record_dir(cluster, "main")
+    (directory / METRICS_NAME).write_text(json.dumps({"kind": "train", "iter": 3}) + "\n")  # an earlier attempt's
+    mark = budget.metrics_mark(directory)
+    with open(directory / METRICS_NAME, "a") as f:
+        for record in [{"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
+                       {"kind": "train", "iter": 10, "iter_ms": 400.0}, {"kind": "train", "iter": 11, "iter_ms": 600.0},
+                       {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": 0.3}]:
+            f.write(json.dumps(record) + "\n")
+    start = budget.time.time() - 20.0
+    ending = budget.ending(cluster, "main", mark, start, last_logged=11, stopped=True,
+                           plan=budget.BudgetPlan(1.0, 36.0, 0.1))
+    fields = ending.fields
+    assert ending.stopped and fields["outcome"] == "budget" and fields["iter"] == 12
+    assert fields["start_iter"] == 10 and fields["max_iters"] == 100 and fields["step_s"] == pytest.approx(0.5)
+    assert fields["s_per_iter"] == pytest.approx(10.0, rel=0.05)  # 20 s for 2 iterations
+    assert fields["spent_usd"] == pytest.approx(0.1 + 0.2, rel=0.05) and fields["budget_usd"] == 1.0
+
+
+def test_a_budget_stop_is_not_retried():
+    verdict = classify(FirstFailure("rank 0", "exit", EXIT_BUDGET))
+    assert not verdict.retry and verdict.cause == "rank 0: stopped at budget (exit 3); not retried"
+
+
+def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path, contract, monkeypatch):
+    """Must-show 2 through the real CLI: the contract's nodes are addresses nothing answers (TEST-NET),
+    so touching one would hang and fail on SSH instead; a run recorded on this cluster priced the config."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    (tmp_path / "lab.json").write_text(json.dumps(contract))
+    settings = ["max_iters=400", "eval_interval=50"]
+    write(parse_contract(contract, "test"), "yesterday",
+          [launch(0.0, config_fingerprint=fingerprint(3, settings)), end(3600.0, "finished", s_per_iter=12.0)])
+    sets = [arg for s in settings for arg in ("--set", s)]
+    result = Fab(tmp_path / "lab.json", home)("train", "--run", "today", "--budget", "1", *sets, timeout=60)
+    # 400 x 12 s at $2.40/h = $3.20; $1 buys 1 x 3600 / 2.4 / 12 = 125 iterations.
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "estimate: $3.20 for 400 iteration(s) (from 0 to max_iters 400) x 12 s each" in result.stdout
+    assert "recorded by run yesterday on this cluster" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the run would cost about $3.20, over --budget $1.00; nothing was started: raise --budget to $3.20, "
+        "or --set max_iters=125 (fits the budget). Fewer --nodes would not lower it: every node of the cluster "
+        "bills while it exists")
+    assert "started" not in result.stdout and not (home / "clusters" / "lab" / "runs" / "today").exists()
