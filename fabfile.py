@@ -202,3 +202,15 @@ def doctor(c, cluster=None, dataset="builtin", port="29500", bandwidth_seconds=N
     each failure with its fix."""
     return tasks.doctor(cluster, dataset=dataset, port=_number("port", port),
                         **_given(bandwidth_s=_number("bandwidth-seconds", bandwidth_seconds, float)))
+
+
+@task(help={
+    "cluster": "only this cluster's records (its name, as in ~/nanocluster/clusters/NAME)",
+    "since": "only runs started on or after this date, YYYY-MM-DD or 'YYYY-MM-DD HH:MM' (UTC)",
+    "json": "print the ledger as JSON instead of tables",
+})
+@_errors_to_exit
+def cost(c, cluster=None, since=None, json=False):
+    """The ledger of your runs from this machine's records: per run node-hours, cost, tokens and cost per
+    million tokens; per cluster how long it was up and the share of that idle. Needs no node."""
+    return tasks.cost(cluster, since=since, as_json=json)

@@ -2,7 +2,7 @@
 
 The report says whether the node environment is complete, its versions, cores and free disk, the
 network interface holding its private address, the allocator to preload, the digest of the model
-code it holds and the meta.json of the dataset a task names.
+code it holds, the meta.json of the dataset a task names and when the machine booted.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class NodeReport:
     """Digest of the model code in <root>/code (see launcher.setup.code)."""
     data_meta: dict | None = field(default=None, hash=False)
     """data/<dataset>/meta.json of the dataset probed for, None when absent."""
+    boot_time: int | None = None
+    """When the machine booted (Unix seconds, /proc/stat btime); None when unknown."""
 
     @classmethod
     def from_literal(cls, found: dict) -> NodeReport:

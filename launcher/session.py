@@ -15,6 +15,7 @@ from dataclasses import replace
 from launcher.console import TaskError, say
 from launcher.inventory import Cluster, InventoryError, Node, group_by_host, load_cluster
 from launcher.probe import NodeReport, probe
+from launcher.runs.cluster_life import record_sighting
 from launcher.site import Site, site_of
 from launcher.transport import NodeError, Shell, connect, connect_reachable, parallel
 
@@ -75,6 +76,7 @@ class Session:
             except TaskError:
                 session.close()
                 raise
+        record_sighting(session)  # the cluster's life for `fab cost` (nodes seen, their boot times)
         return session
 
     def reopen(self, cluster: Cluster | None = None, nodes: Sequence[Node] | None = None, probe: bool = True,

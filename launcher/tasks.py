@@ -11,8 +11,9 @@ from launcher.doctor import doctor
 from launcher.launch.stop import stop
 from launcher.launch.train import train
 from launcher.runs.checkpoints import fetch, sample
+from launcher.runs.cost import cost
 from launcher.runs.logs import logs
 from launcher.runs.status import status
 from launcher.setup.ready import setup
 
-__all__ = ["TaskError", "doctor", "fetch", "logs", "prepare_data", "sample", "setup", "status", "stop", "train"]
+__all__ = ["TaskError", "cost", "doctor", "fetch", "logs", "prepare_data", "sample", "setup", "status", "stop", "train"]

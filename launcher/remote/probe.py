@@ -89,6 +89,14 @@ def read(path: str) -> str:
         return ""
 
 
+def boot_time():
+    """When the machine booted (Unix seconds, /proc/stat's btime): the cost ledger's start of its life."""
+    for line in read("/proc/stat").splitlines():
+        if line.startswith("btime "):
+            return int(line.split()[1])
+    return None
+
+
 def main() -> None:
     root, ip_line, dataset = sys.argv[1], sys.argv[2], sys.argv[3]
     add_site_packages()
@@ -109,6 +117,7 @@ def main() -> None:
         "allocator": allocator(),
         "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
         "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
+        "boot_time": boot_time(),
     }))
 
 

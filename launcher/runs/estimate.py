@@ -6,8 +6,9 @@ time, time to finish, node-hours and cost so far and at the end, restarts.
 - Time to finish: the median of the last STEP_WINDOW logged step times x the iterations left to
   max_iters (from the trainer's "start" record). Evals and snapshots are not in it: a lower bound.
 - Cost: the contract's hourly_cost_usd (the whole cluster's price per hour, recorded in the launch
-  event) x elapsed hours; node-hours: the cluster's node count x elapsed hours. The cluster is billed
-  whether or not a rank runs, so both count every node of the contract.
+  event) x elapsed hours; node-hours: the cluster's machines x elapsed hours (billed_machines: the
+  local cluster's ranks are processes on one machine). The cluster is billed whether or not a rank
+  runs, so both count every machine of the contract.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RunClock:
     eta_s: float | None
     """Time to finish; None when unknown (no step logged, or no max_iters), 0 once finished."""
     cluster_nodes: int
+    """Machines the cluster bills for (billed_machines), not ranks."""
     hourly_cost_usd: float | None
     restarts: int
     finished: bool
@@ -55,6 +57,16 @@ class RunClock:
         if self.hourly_cost_usd is None or self.eta_s is None:
             return None
         return self.hourly_cost_usd * (self.elapsed_s + self.eta_s) / 3600
+
+
+def billed_machines(launch: dict[str, Any]) -> int:
+    """The machines a launch event's cluster bills for: every machine of the contract, where the local
+    cluster's ranks share one (a record older than cluster_machines: the cluster named local)."""
+    if launch.get("cluster_machines"):
+        return launch["cluster_machines"]
+    if launch.get("cluster_name") == "local":  # inventory.local_cluster's name
+        return 1
+    return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
 
 
 def current_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,7 +97,7 @@ def run_clock(events: list[dict[str, Any]], series: Series, now: float | None = 
     return RunClock(
         elapsed_s=max(0.0, stop - launch["time"]),
         eta_s=0.0 if finished else time_to_finish(series),
-        cluster_nodes=launch.get("cluster_nodes") or len(launch.get("nodes", ())),
+        cluster_nodes=billed_machines(launch),
         hourly_cost_usd=launch.get("hourly_cost_usd"),
         restarts=sum(1 for e in run if e.get("event") == "restart"),
         finished=finished,

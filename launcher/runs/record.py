@@ -16,15 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.inventory import Cluster, local_home
-from model.metrics import read_jsonl
+from launcher.inventory import Cluster, group_by_host, local_home
+from model.metrics import METRICS_NAME, read_jsonl
 
 EVENTS_NAME = "events.jsonl"
 
 
+def clusters_root() -> Path:
+    """Where this machine keeps every cluster's directory (the cost ledger reads them all)."""
+    return local_home() / "clusters"
+
+
 def cluster_dir(cluster: Cluster) -> Path:
     """This machine's directory for one cluster (its key, its runs' records)."""
-    return local_home() / "clusters" / cluster.cluster_name
+    return clusters_root() / cluster.cluster_name
 
 
 def run_record_dir(cluster: Cluster, run: str) -> Path:
@@ -37,7 +42,11 @@ def run_record_dir(cluster: Cluster, run: str) -> Path:
 def append_event(cluster: Cluster, run: str, event: str, **fields: Any) -> dict[str, Any]:
     """Append one event (with the current time) to the run's events.jsonl; returns it."""
     record = {"event": event, "time": time.time(), **fields}
-    with open(run_record_dir(cluster, run) / EVENTS_NAME, "a") as f:
+    directory = run_record_dir(cluster, run)
+    if event == "launch":  # where this launch's lines begin in the metrics copy (the cost ledger splits it there)
+        copy = directory / METRICS_NAME
+        record["metrics_offset"] = copy.stat().st_size if copy.exists() else 0
+    with open(directory / EVENTS_NAME, "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
 
@@ -53,6 +62,7 @@ def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, 
         cluster_name=cluster.cluster_name,
         nodes=[n.name for n in nodes],
         cluster_nodes=len(cluster.nodes),
+        cluster_machines=len(group_by_host(cluster.nodes)),  # the local cluster's ranks share one machine
         world_size=world_size,
         hourly_cost_usd=cluster.hourly_cost_usd,
         price_is_spot=cluster.price_is_spot,  # what the price is and its date, shown with every cost

@@ -31,6 +31,8 @@ def test_probe_finds_this_environments_packages_without_site(tmp_path):
     assert report["missing"] == []
     assert report["torch"] == torch.__version__
     assert report["python_path"] == sys.executable
+    btime = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+    assert report["boot_time"] == int(btime.split()[1])  # the cost ledger's start of the machine's life
 
 
 def test_probe_reads_a_fresh_venvs_own_site_packages(tmp_path):
