@@ -33,8 +33,10 @@ from model.stop_signal import STOP_BUDGET
 
 log = logging.getLogger(__name__)
 
-STOP_MARGIN_S = 2.0
-"""Seconds added to every projection: the exit after the snapshot and the launcher recording the end."""
+STOP_MARGIN_S = 5.0
+"""Seconds added to every projection for the exit after the stop's snapshot (closing the process group
+and the interpreter: 3.6 s from the stop to the last rank's exit record in a 2-rank local run on a
+loaded 2-core machine), which is where the launcher's record of the run ends."""
 STEP_WINDOW = 5
 """Recent steps whose median is the step time the projection uses."""
 

@@ -55,6 +55,9 @@ class Progress:
     val_loss: float | None = None
     stopped_at_budget: bool = False
     """The ranks ended together at the run's budget (EXIT_BUDGET, model.budget): not a failure."""
+    ended_at: float | None = None
+    """When the last unit exited (Unix time of its exit record): the run's end, before the plot's
+    last drawing and the bookkeeping that follow."""
 
     def update(self, record: dict) -> bool:
         if record.get("kind") == "train":
@@ -214,10 +217,10 @@ class Monitor:
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended
                     continue
                 remaining.discard(unit)
-                if kind == "exit" and detail == 0:
-                    continue
-                if kind == "exit" and detail == budget.BUDGET_EXIT:  # every rank stops at the same step
-                    self.progress.stopped_at_budget = True
+                if kind == "exit" and detail in (0, budget.BUDGET_EXIT):
+                    self.progress.ended_at = max(self.progress.ended_at or 0.0, event[3])
+                    # Every rank stops at the same step at the budget: an end by design, not a failure.
+                    self.progress.stopped_at_budget |= detail == budget.BUDGET_EXIT
                     continue
                 self._fail([event])
         except KeyboardInterrupt:

@@ -115,8 +115,11 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     with Recovery(Session.open(cluster, selected, dataset), run, recover,
                   resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
         progress = recovery.run(launch)
-        end = budget.ending(cluster, run, metrics_mark, clock_start, progress.iter, progress.stopped_at_budget, spend)
-        append_event(cluster, run, "end", restarts=recovery.restarts, **end.fields)
+        # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
+        ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))
+        end = budget.ending(cluster, run, metrics_mark, clock_start, ended_at, progress.iter,
+                            progress.stopped_at_budget, spend)
+        append_event(cluster, run, "end", restarts=recovery.restarts, time=ended_at, **end.fields)
         if end.stopped:
             say(budget.stopped_line(run, end.fields.get("spent_usd", 0.0), budget_usd or 0.0, end.fields["iter"],
                                     end.fields.get("max_iters")))

@@ -337,12 +337,13 @@ class Ending:
     fields: dict[str, Any]
 
 
-def ending(cluster: Cluster, run: str, since: int, clock_start: float, last_logged: int | None,
+def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at: float, last_logged: int | None,
            stopped: bool, plan: BudgetPlan | None) -> Ending:
     """The "end" event's fields of an attempt that finished or stopped at its budget. since: where the
-    attempt's lines begin in the metrics copy; last_logged: the last train iteration the monitor saw."""
+    attempt's lines begin in the metrics copy; ended_at: when its last rank exited; last_logged: the
+    last train iteration the monitor saw."""
     records = metrics_records(cluster_runs_dir(cluster) / run, since)
-    now = time.time()
+    now = ended_at
     starts = [r for r in records if r.get("kind") == "start"]
     max_iters = starts[-1].get("max_iters") if starts else None
     if stopped:

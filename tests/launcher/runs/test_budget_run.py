@@ -74,6 +74,8 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     records = [json.loads(line) for line in (run_dir / METRICS_NAME).read_text().splitlines()]
     assert [r["iter"] for r in records if r["kind"] == "train"][-1] == stopped_at - 1
     assert records[-1] == records[-1] | {"kind": "stop", "iter": stopped_at, "reason": "budget"}
+    for rank in (0, 1):  # every rank stopped at the budget, not only rank 0 whose rule asked
+        assert (run_dir / f"rank{rank}.exit").read_text().split()[0] == str(EXIT_BUDGET)
     assert trainers_under(local_home) == []
 
     code = train(None, **args, overrides=[*SETTINGS, f"max_iters={stopped_at + 3}"], budget_usd=BUDGET * 100)
