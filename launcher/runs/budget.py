@@ -15,7 +15,7 @@ model/budget.py).
 - Records, read by `fab status`, the progress line and `fab cost`: the launch event's
   config_fingerprint (every run), budget_usd and budget_spent_before_usd (runs with a budget); the
   "end" event's outcome "budget" (with iter, spent_usd, budget_usd), and on every ended attempt
-  start_iter, max_iters, step_s and s_per_iter (what later estimates read).
+  start_iter, max_iters, step_s, s_per_iter and overhead_s (what later estimates read).
 """
 
 from __future__ import annotations
@@ -84,14 +84,14 @@ def spent_before(earlier: list[Attempt]) -> float:
     return sum((a.spent_usd() for a in earlier[finished[-1] + 1 if finished else 0:]), 0.0)
 
 
-def metrics_records(record_dir: Path, since: int = 0) -> list[dict[str, Any]]:
-    """The operator's metrics copy from byte offset since on (what one attempt streamed)."""
+def metrics_records(record_dir: Path, since: int = 0, until: int | None = None) -> list[dict[str, Any]]:
+    """The operator's metrics copy between two byte offsets (from since on: what one attempt streamed)."""
     path = record_dir / METRICS_NAME
     if not path.exists():
         return []
     with open(path, "rb") as f:
         f.seek(since)
-        lines = f.read().decode(errors="replace").splitlines()
+        lines = f.read(None if until is None else max(0, until - since)).decode(errors="replace").splitlines()
     records = []
     for line in lines:
         try:
@@ -113,19 +113,24 @@ def stop_iter(records: list[dict[str, Any]]) -> int | None:
     return stops[-1] if stops else None
 
 
-def attempt_figures(records: list[dict[str, Any]], elapsed_s: float, reached: int | None) -> dict[str, Any]:
-    """What an ended attempt leaves for later estimates (its metrics records; reached: the iteration
-    its snapshot holds): start_iter, max_iters, step_s (median logged step) and s_per_iter
-    (elapsed / iterations gained: evals, snapshots, start-up and redone steps included)."""
+def attempt_figures(records: list[dict[str, Any]], start: int, elapsed_s: float, reached: int | None) -> dict[str, Any]:
+    """What an ended attempt leaves for later estimates (its metrics records; start: the iteration it
+    resumed from; reached: the one its snapshot holds): start_iter, max_iters, step_s (median logged
+    step), s_per_iter (elapsed / iterations gained: evals, snapshots, start-up and redone steps
+    included) and overhead_s (elapsed less the iterations' steps: start-up, evals, snapshots, exit).
+    A resumed trainer rewrites its metrics file, so the stream repeats the records before start:
+    only steps from start on are this attempt's."""
     starts = [r for r in records if r.get("kind") == "start"]
     if not starts:
         return {}
-    figures: dict[str, Any] = {"start_iter": starts[0]["iter"], "max_iters": starts[-1].get("max_iters")}
-    steps = [r["iter_ms"] for r in records if r.get("kind") == "train" and r.get("iter_ms")]
+    figures: dict[str, Any] = {"start_iter": start, "max_iters": starts[-1].get("max_iters")}
+    steps = [r["iter_ms"] for r in records if r.get("kind") == "train" and r.get("iter_ms") and r["iter"] >= start]
     if steps:
         figures["step_s"] = round(statistics.median(steps) / 1e3, 6)
-    if reached is not None and reached > starts[0]["iter"]:
-        figures["s_per_iter"] = round(elapsed_s / (reached - starts[0]["iter"]), 6)
+    if reached is not None and reached > start:
+        figures["s_per_iter"] = round(elapsed_s / (reached - start), 6)
+        if steps:
+            figures["overhead_s"] = round(max(0.0, elapsed_s - (reached - start) * figures["step_s"]), 3)
     return figures
 
 
@@ -183,6 +188,29 @@ class Rate:
     """"measured" (this run's earlier attempt) or "recorded" (another run of this cluster)."""
     run: str
     when: float
+    overhead_s: float | None = None
+    """Start-up, evals, snapshots and exit of that attempt, with step_s its median step."""
+    step_s: float | None = None
+
+    def seconds(self, iterations: int) -> float:
+        """Time for that many iterations: the attempt's pace all in, or (when larger, as for a short
+        resumed run) its whole overhead as a fixed cost plus the steps."""
+        fixed = (self.overhead_s + iterations * self.step_s) if self.overhead_s is not None and self.step_s else 0.0
+        return max(iterations * self.s_per_iter, fixed)
+
+    def iterations_within(self, seconds: float) -> int:
+        """The most iterations seconds() fits in (rounded first: float noise adds no step)."""
+        most = math.floor(round(seconds / self.s_per_iter, 6))
+        if self.overhead_s is not None and self.step_s:
+            most = min(most, math.floor(round((seconds - self.overhead_s) / self.step_s, 6)))
+        return most
+
+    def describe(self, iterations: int) -> str:
+        pace = f"{iterations} x {self.s_per_iter:.3g} s per iteration all in (evals, snapshots and start-up)"
+        if self.overhead_s is None or not self.step_s:
+            return pace
+        return (f"the larger of {pace} and {self.overhead_s:.0f} s of start-up, evals and exit + {iterations} x "
+                f"{self.step_s:.3g} s steps")
 
 
 def find_rate(cluster_runs: dict[str, list[Attempt]], run: str, fingerprint: str | None) -> Rate | None:
@@ -191,7 +219,8 @@ def find_rate(cluster_runs: dict[str, list[Attempt]], run: str, fingerprint: str
         return None
 
     def rates(name: str, source: str) -> list[Rate]:
-        return [Rate(a.end["s_per_iter"], source, name, a.end["time"]) for a in cluster_runs.get(name, ())
+        return [Rate(a.end["s_per_iter"], source, name, a.end["time"], a.end.get("overhead_s"), a.end.get("step_s"))
+                for a in cluster_runs.get(name, ())
                 if a.launch.get("config_fingerprint") == fingerprint and (a.end or {}).get("s_per_iter")]
 
     own = rates(run, "measured")
@@ -251,22 +280,23 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
         return plan
     start = resume_iter(read_jsonl(cluster_runs_dir(cluster) / run / METRICS_NAME)) if earlier else 0
     left = max(0, max_iters - start)
-    estimate = price * left * rate.s_per_iter / 3600
+    seconds = rate.seconds(left)
+    estimate = price * seconds / 3600
     origin = ("measured by this run's earlier attempt" if rate.source == "measured"
               else f"recorded by run {rate.run} on this cluster with the same config and world size")
-    say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}) x "
-        f"{rate.s_per_iter:.3g} s each (evals, snapshots and start-up included) at ${price:.2f}/h; step time "
-        f"{origin} (ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)")
+    say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
+        f"at ${price:.2f}/h, {rate.describe(left)}; step time {origin} "
+        f"(ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)")
     total = before + estimate
     if total <= usd:
         return plan
-    # Rounded to the cent first, so float noise (3.2 x 100 = 320.00000000000006) does not add a cent or step.
-    fits = start + math.floor(round((usd - before) * 3600 / price / rate.s_per_iter, 6))
-    ways = [f"raise --budget to ${math.ceil(round(total * 100, 6)) / 100:.2f}"]
+    fits = start + rate.iterations_within((usd - before) * 3600 / price)
+    need = math.ceil(round(total * 100, 6)) / 100  # rounded first: float noise (3.2 x 100) adds no cent
+    ways = [f"raise --budget to ${need:.2f}"]
     if fits > start:
         ways.append(f"--set max_iters={fits} (fits the budget)")
     raise TaskError(
-        f"the run would cost about ${total:.2f}" + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
+        f"the run would cost about ${need:.2f}" + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
         + f", over --budget ${usd:.2f}; nothing was started: " + ", or ".join(ways)
         + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists")
 
@@ -343,6 +373,7 @@ def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at:
     attempt's lines begin in the metrics copy; ended_at: when its last rank exited; last_logged: the
     last train iteration the monitor saw."""
     records = metrics_records(cluster_runs_dir(cluster) / run, since)
+    start = resume_iter(metrics_records(cluster_runs_dir(cluster) / run, 0, since))  # what the trainer resumed from
     now = ended_at
     starts = [r for r in records if r.get("kind") == "start"]
     max_iters = starts[-1].get("max_iters") if starts else None
@@ -354,7 +385,7 @@ def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at:
         reached = max_iters
     fields: dict[str, Any] = {"outcome": "budget" if stopped else "finished",
                               "iter": reached if stopped else last_logged}
-    fields |= attempt_figures(records, now - clock_start, reached)
+    fields |= attempt_figures(records, start, now - clock_start, reached)
     if plan is not None:
         fields |= {"spent_usd": round(plan.spent_before_usd + plan.usd_per_hour * (now - clock_start) / 3600, 6),
                    "budget_usd": plan.usd}

@@ -75,7 +75,8 @@ def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(c
     write(cluster, "other-size", [launch(0.0, config_fingerprint=fingerprint(3)), end(1.0, "finished", s_per_iter=1.0)])
     result, said = plan(cluster, 2.0, run="new")
     assert result.spent_before_usd == 0
-    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200) x 9 s each")
+    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200): 1800 s at $2.40/h, "
+                              "200 x 9 s per iteration all in (evals, snapshots and start-up)")
     assert "step time recorded by run earlier on this cluster with the same config and world size (ended" in said[0]
     # Another world size is another fingerprint: 3 ranks match 'other-size' only, 4 nothing.
     assert "recorded by run other-size" in plan(cluster, 2.0, run="new", world_size=3)[1][0]
@@ -95,7 +96,7 @@ def test_a_rerun_after_a_budget_stop_counts_what_it_spent_and_measures_from_its_
     assert result.spent_before_usd == pytest.approx(0.2)
     assert said[0].startswith("budget $1.00: $0.20 already spent by this run's earlier attempts")
     # 70 iterations left x 10 s at $2.40/h = $0.47; with the $0.20 spent, $0.67 fits $1.00.
-    assert said[1].startswith("estimate: $0.47 for 70 iteration(s) (from 30 to max_iters 100) x 10 s each")
+    assert said[1].startswith("estimate: $0.47 for 70 iteration(s) (from 30 to max_iters 100): 700 s at $2.40/h")
     assert "step time measured by this run's earlier attempt (ended" in said[1]
 
 
@@ -108,6 +109,24 @@ def test_an_estimate_over_the_budget_is_refused_with_the_figures_and_the_flags_t
         "the run would cost about $1.20, over --budget $0.50; nothing was started: raise --budget to $1.20, or "
         "--set max_iters=83 (fits the budget). Fewer --nodes would not lower it: every node of the cluster bills "
         "while it exists")
+
+
+def test_a_short_resumed_run_pays_the_whole_start_up_of_the_attempt_it_was_measured_on(cluster):
+    # 100 iterations in 100 s: 50 of them steps of 0.5 s, 50 start-up, evals and exit. 10 more
+    # iterations: not 10 x 1 s but 50 + 10 x 0.5 = 55 s; $1 at $36/h buys 100 s: 50 + 100 x 0.5.
+    write(cluster, "main", [launch(0.0, hourly_cost_usd=36.0),
+                            end(100.0, "budget", iter=100, s_per_iter=1.0, step_s=0.5, overhead_s=50.0)],
+          [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 1000}, {"kind": "stop", "iter": 100,
+                                                                                 "reason": "budget"}])
+    cluster = dataclasses.replace(cluster, hourly_cost_usd=36.0)
+    said = plan(cluster, 2.0, settings=[*SETTINGS, "max_iters=110"])[1]
+    assert said[1].startswith("estimate: $0.55 for 10 iteration(s) (from 100 to max_iters 110): 55 s at $36.00/h, "
+                              "the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
+                              "of start-up, evals and exit + 10 x 0.5 s steps")
+    # $1 spent: $0.52 left buys 52 s, 50 of them the overhead: 4 steps.
+    with pytest.raises(TaskError, match=r"about \$1.55 \(\$1.00 spent \+ \$0.55 to go\), over --budget \$1.52; "
+                                        r"nothing was started: raise --budget to \$1.55, or --set max_iters=104 \(fits"):
+        plan(cluster, 1.52, settings=[*SETTINGS, "max_iters=110"])
 
 
 def test_a_run_that_spent_its_budget_already_is_refused(cluster):
@@ -130,11 +149,13 @@ def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
 
 
 def test_the_end_of_a_budget_stop_records_where_it_stopped_what_it_spent_and_its_pace(cluster):
+    earlier = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
+               {"kind": "train", "iter": 3, "iter_ms": 9000.0}, {"kind": "eval", "iter": 10}]  # snapshot at 10
     directory = run_record_dir(cluster, "main")
-    (directory / METRICS_NAME).write_text(json.dumps({"kind": "train", "iter": 3}) + "\n")  # an earlier attempt's
+    (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in earlier))
     mark = budget.metrics_mark(directory)
-    with open(directory / METRICS_NAME, "a") as f:
-        for record in [{"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
+    with open(directory / METRICS_NAME, "a") as f:  # the resumed trainer's rewritten file streams again first
+        for record in [*earlier, {"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
                        {"kind": "train", "iter": 10, "iter_ms": 400.0}, {"kind": "train", "iter": 11, "iter_ms": 600.0},
                        {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": 0.3}]:
             f.write(json.dumps(record) + "\n")
@@ -144,6 +165,7 @@ def test_the_end_of_a_budget_stop_records_where_it_stopped_what_it_spent_and_its
     assert ending.stopped and fields["outcome"] == "budget" and fields["iter"] == 12
     assert fields["start_iter"] == 10 and fields["max_iters"] == 100 and fields["step_s"] == pytest.approx(0.5)
     assert fields["s_per_iter"] == pytest.approx(10.0)  # 20 s for 2 iterations
+    assert fields["overhead_s"] == pytest.approx(19.0)  # less their 2 x 0.5 s steps
     assert fields["spent_usd"] == pytest.approx(0.1 + 0.2) and fields["budget_usd"] == 1.0
 
 
@@ -165,7 +187,7 @@ def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path
     result = Fab(tmp_path / "lab.json", home)("train", "--run", "today", "--budget", "1", *sets, timeout=60)
     # 400 x 12 s at $2.40/h = $3.20; $1 buys 1 x 3600 / 2.4 / 12 = 125 iterations.
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "estimate: $3.20 for 400 iteration(s) (from 0 to max_iters 400) x 12 s each" in result.stdout
+    assert "estimate: $3.20 for 400 iteration(s) (from 0 to max_iters 400): 4800 s at $2.40/h" in result.stdout
     assert "recorded by run yesterday on this cluster" in result.stdout
     assert result.stderr.strip().splitlines()[-1] == (
         "error: the run would cost about $3.20, over --budget $1.00; nothing was started: raise --budget to $3.20, "
