@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import launcher.launch.train
+import launcher.runs.status
 from launcher.inventory import local_cluster
 from launcher.launch.train import train
 from launcher.runs.record import read_events
+from launcher.runs.status import status
 from launcher.testing.fab import TINY_CONFIG
 from model.conventions import EXIT_BUDGET, SNAPSHOT_NAME
 from model.metrics import METRICS_NAME
@@ -31,7 +33,8 @@ SETTINGS = ["eval_interval=5", "log_interval=1"]
 @pytest.fixture
 def priced(local_home, monkeypatch):
     cluster = dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
-    monkeypatch.setattr(launcher.launch.train, "resolve_cluster", lambda spec, nodes=None: cluster)
+    for module in (launcher.launch.train, launcher.runs.status):
+        monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None: cluster)
     return cluster
 
 
@@ -77,6 +80,9 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     for rank in (0, 1):  # every rank stopped at the budget, not only rank 0 whose rule asked
         assert (run_dir / f"rank{rank}.exit").read_text().split()[0] == str(EXIT_BUDGET)
     assert trainers_under(local_home) == []
+    status(None, run=RUN)  # fab status says it too, from the record
+    assert f"stopped at budget: spent ${end['spent_usd']:.2f} of ${BUDGET:.2f} at iteration {stopped_at} " in \
+        capsys.readouterr().out
 
     code = train(None, **args, overrides=[*SETTINGS, f"max_iters={stopped_at + 3}"], budget_usd=BUDGET * 100)
     out = capsys.readouterr().out
