@@ -6,13 +6,19 @@ launcher prints through say() (operator messages) or out_line() (rank and node o
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
 
 from launcher.inventory import NAME_PATTERN, NAME_RULE
 
-console = Console(highlight=False)
+PIPED_WIDTH = 160
+"""Columns when output goes to a file or pipe (logs, CI) and COLUMNS is unset: rich assumes 80
+there, which folds a `fab cost` or `fab status` table row into a dozen lines. A terminal keeps its width."""
+
+console = Console(highlight=False,
+                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
 
 
 class TaskError(RuntimeError):
