@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from launcher.console import TaskError
-from launcher.inventory import Cluster
+from launcher.inventory import Cluster, price_text
 from launcher.runs.record import EVENTS_NAME, cluster_dir, read_events
 from model.config_values import ConfigError, flatten, parse_overrides
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
@@ -266,6 +266,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     earlier = cluster_runs.get(run, [])
     before = spent_before(earlier)
     plan = BudgetPlan(usd, price, before)
+    shown_price = price_text(price, cluster.price_is_spot, cluster.prices_as_of)
     if before:
         say(f"budget ${usd:.2f}: ${before:.2f} already spent by this run's earlier attempts since it last "
             "finished (they count against it)")
@@ -276,7 +277,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     max_iters = max_iters_of(values)
     if rate is None or max_iters is None:
         say("no step time recorded for this config on this cluster: no estimate before launch; the trainer "
-            f"stops at the budget (${usd:.2f} at ${price:.2f}/h)")
+            f"stops at the budget (${usd:.2f} at {shown_price})")
         return plan
     start = resume_iter(read_jsonl(cluster_runs_dir(cluster) / run / METRICS_NAME)) if earlier else 0
     left = max(0, max_iters - start)
@@ -285,7 +286,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     origin = ("measured by this run's earlier attempt" if rate.source == "measured"
               else f"recorded by run {rate.run} on this cluster with the same config and world size")
     say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
-        f"at ${price:.2f}/h, {rate.describe(left)}; step time {origin} "
+        f"at {shown_price}; {rate.describe(left)}; step time {origin} "
         f"(ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)")
     total = before + estimate
     if total <= usd:

@@ -64,7 +64,7 @@ def test_without_a_recorded_step_time_it_says_so_and_goes_on(cluster):
     result, said = plan(cluster, 5.0)
     assert result == budget.BudgetPlan(5.0, PRICE, 0.0)
     assert said == ["no step time recorded for this config on this cluster: no estimate before launch; the "
-                    "trainer stops at the budget ($5.00 at $2.40/h)"]
+                    "trainer stops at the budget ($5.00 at $2.40/h, price date unknown)"]
     assert result.overrides(1234.5) == ("budget_usd=5.0", "budget_usd_per_hour=2.4", "budget_clock_start=1234.5",
                                         "budget_spent_usd=0.0")
 
@@ -75,8 +75,8 @@ def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(c
     write(cluster, "other-size", [launch(0.0, config_fingerprint=fingerprint(3)), end(1.0, "finished", s_per_iter=1.0)])
     result, said = plan(cluster, 2.0, run="new")
     assert result.spent_before_usd == 0
-    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200): 1800 s at $2.40/h, "
-                              "200 x 9 s per iteration all in (evals, snapshots and start-up)")
+    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200): 1800 s at $2.40/h, price "
+                              "date unknown; 200 x 9 s per iteration all in (evals, snapshots and start-up)")
     assert "step time recorded by run earlier on this cluster with the same config and world size (ended" in said[0]
     # Another world size is another fingerprint: 3 ranks match 'other-size' only, 4 nothing.
     assert "recorded by run other-size" in plan(cluster, 2.0, run="new", world_size=3)[1][0]
@@ -121,7 +121,7 @@ def test_a_short_resumed_run_pays_the_whole_start_up_of_the_attempt_it_was_measu
     cluster = dataclasses.replace(cluster, hourly_cost_usd=36.0)
     said = plan(cluster, 2.0, settings=[*SETTINGS, "max_iters=110"])[1]
     assert said[1].startswith("estimate: $0.55 for 10 iteration(s) (from 100 to max_iters 110): 55 s at $36.00/h, "
-                              "the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
+                              "price date unknown; the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
                               "of start-up, evals and exit + 10 x 0.5 s steps")
     # $1 spent: $0.52 left buys 52 s, 50 of them the overhead: 4 steps.
     with pytest.raises(TaskError, match=r"about \$1.55 \(\$1.00 spent \+ \$0.55 to go\), over --budget \$1.52; "
