@@ -1,7 +1,7 @@
 """Must-show 2 of issue 11 on a cluster from a Pulumi stack: a node that goes away mid-run (its
 trainer and sshd gone, as a preempted VM) is brought back by `pulumi up --refresh` (a stand-in CLI),
-answers SSH ~20 s later (as a VM that `pulumi up` left running still boots: the launcher waits for
-it), joins the resumed run, and the run finishes."""
+answers SSH a few seconds later (as a VM that `pulumi up` left running still boots: the launcher
+waits for it), joins the resumed run, and the run finishes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.recover.wait import POLL_EVERY_S
 from launcher.site import REPO_ROOT
 from launcher.testing.fab import Fab
 from launcher.testing.fixtures import sshd_nodes
@@ -20,8 +21,9 @@ from launcher.testing.pulumi_standin import StandinPulumi
 
 RUN = "preempted"
 RUN_TIMEOUT_S = 240
-BOOT_S = 20
-"""How long after `pulumi up` returns the revived node's sshd answers (a VM booting)."""
+BOOT_S = 2 * POLL_EVERY_S
+"""How long after `pulumi up` the revived node's sshd answers (a VM booting): the launcher's first
+polls find it silent and it waits (a real VM takes minutes; the wait is the same, only longer)."""
 SETTINGS = ("--nodes", "2", "--set", "max_iters=20", "--set", "eval_interval=5", "--recover-timeout", "120")
 
 
