@@ -11,7 +11,7 @@ from model.conventions import EXIT_PEER_LOST
 from model.tensorboard_log import TB_DIR
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 
-pytestmark = [pytest.mark.integration, pytest.mark.alone]
+pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 8
 
@@ -24,6 +24,7 @@ def wait_for_line(log_dir, rank: int, text: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.alone  # bounded in seconds: the survivors' exit within the collective timeout
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_survivors_exit_nonzero_within_the_collective_timeout(tmp_path, random_tokens, fault):
     logs = tmp_path / "logs"
