@@ -15,13 +15,15 @@ def operator_pip_args() -> str:
     """This machine's package sources for the nodes' pip (they have no internet of their own).
 
     A real offline cluster passes its wheelhouse the same way: --pip-args "--find-links /wheels".
-    --retries 0: an index the nodes cannot reach (the PyTorch CPU index here) fails at once."""
+    --retries 0: an index the nodes cannot reach (the PyTorch CPU index here) fails at once.
+    --no-compile: as `make setup`, modules are compiled when first imported (the bootstrap's import
+    check does it for what the trainer uses), not all of torch's at install."""
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
                          timeout=60).stdout
     settings = [line.split("=", 1) for line in out.splitlines() if "=" in line]
     settings += [(f"env.{k[4:].lower().replace('_', '-')}", v) for k, v in os.environ.items()
                  if k in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")]
-    args = ["--retries", "0"]
+    args = ["--retries", "0", "--no-compile"]
     for key, value in settings:
         option = key.rsplit(".", 1)[-1]
         if option in ("find-links", "index-url", "extra-index-url"):
