@@ -22,6 +22,15 @@ from launcher.transport import NodeError, connect
 RUN_TIMEOUT_S = 180
 
 
+@pytest.fixture(scope="module")
+def prepared(fab) -> str:
+    """The builtin dataset prepared on the head and copied to every node, once for the module's tests
+    (each further `fab prepare-data` would only verify the copies); fab's output."""
+    result = fab("prepare-data")
+    assert result.returncode == 0, result.stderr + result.stdout
+    return result.stdout
+
+
 def test_setup_distributes_keys_and_head_reaches_workers_with_pinned_host_keys(nodes, fab):
     result = fab("setup")
     assert result.returncode == 0, result.stderr + result.stdout
@@ -42,9 +51,8 @@ def test_setup_distributes_keys_and_head_reaches_workers_with_pinned_host_keys(n
     assert nodes.ssh(0, "ssh -o BatchMode=yes node1 true").returncode == 0
 
 
-def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config, tmp_path):
-    prepared = fab("prepare-data")
-    assert prepared.returncode == 0, prepared.stderr + prepared.stdout
+def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config, tmp_path,
+                                                                     prepared):
     for i in range(3):  # the head prepared it, the workers got a checksummed copy
         assert (nodes.home(i) / "nanocluster/data/builtin/train.bin").stat().st_size > 0
     result = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "world3", timeout=RUN_TIMEOUT_S)
@@ -83,8 +91,7 @@ def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_t
 
 
 @pytest.mark.alone
-def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path):
-    assert fab("prepare-data").returncode == 0
+def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path, prepared):
     run_dir = nodes.home(0) / "nanocluster/runs/killed"
     log = tmp_path / "fab.log"
     proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",
@@ -139,8 +146,7 @@ def test_more_nodes_than_the_cluster_has_is_a_clear_error(fab, nodes_wanted):
     assert f"--nodes {nodes_wanted} but cluster" in result.stderr and "has 3 node(s)" in result.stderr
 
 
-def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab):
-    assert fab("prepare-data").returncode == 0
+def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab, prepared):
     healthy = fab("doctor")
     assert healthy.returncode == 0, healthy.stdout
     assert "all checks passed on 3 node(s)" in healthy.stdout
@@ -157,10 +163,9 @@ def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab):
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-def test_mpirun_and_torchrun_launchers_put_one_rank_on_each_node(nodes, fab, tiny_config, launcher):
+def test_mpirun_and_torchrun_launchers_put_one_rank_on_each_node(nodes, fab, tiny_config, launcher, prepared):
     if launcher == "mpirun" and not (Path(sys.executable).parent / "mpirun").exists():
         pytest.fail("Intel MPI is missing: pip install 'impi-rt==2021.18.*' (the dev extra has it)")
-    assert fab("prepare-data").returncode == 0
     result = fab("train", "--launcher", launcher, "--config", str(tiny_config), "--run", f"via-{launcher}",
                  "--set", "max_iters=6", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stderr + result.stdout[-3000:]
