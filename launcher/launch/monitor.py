@@ -65,7 +65,8 @@ class Progress:
             self.tokens_per_s = record.get("tokens_per_s")
             return True
         if record.get("kind") == "eval":
-            self.val_loss = record.get("val_loss")
+            # The last eval comes at max_iters, after the last logged step (log_interval apart).
+            self.iter, self.val_loss = record.get("iter", self.iter), record.get("val_loss")
             return True
         return False
 
