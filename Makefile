@@ -58,9 +58,8 @@ lint: setup
 	$(BIN)/mypy
 
 # Every test but those marked `alone` spread over every core, a test file per worker (each builds its
-# own test nodes, on its own subnet and ports), the longest files first (tests/conftest.py; xdist's
-# own reorder would put them last); then the `alone` ones (bounds in seconds or Mbit/s: fail-fast
-# times, link rates, step times) one at a time with nothing beside them.
+# own test nodes, on its own subnet and ports); then the `alone` ones (bounds in seconds or Mbit/s:
+# fail-fast times, link rates, step times) one at a time with nothing beside them.
 test: setup system-deps lint
-	$(BIN)/pytest -m "not alone" -n auto --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -m "not alone" -n auto --dist loadfile
 	$(BIN)/pytest -m alone
