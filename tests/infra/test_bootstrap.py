@@ -116,6 +116,14 @@ def overlapping_runs(tmp_path_factory) -> Overlap:
             first.kill()
 
 
+def bootstrapped_copy(overlap: Overlap, home: Path) -> Path:
+    """A copy of the module's bootstrapped node home at `home` (the venv, its marker and node.env):
+    a node that already went through a first bootstrap, without building another venv (`python -m
+    venv` with its pip is most of a bootstrap's time). Returns home."""
+    shutil.copytree(overlap.home, home, symlinks=True)
+    return home
+
+
 @pytest.mark.integration
 def test_a_concurrent_run_waits_for_the_first_then_finds_the_node_ready(overlapping_runs):
     assert overlapping_runs.first == 0
@@ -145,12 +153,12 @@ def test_second_run_changes_nothing_and_says_so(overlapping_runs):
 
 
 @pytest.mark.integration
-def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_marker(tmp_path):
+def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_marker(tmp_path, overlapping_runs):
     node_dir = tmp_path / "node"
     shutil.copytree(NODE_DIR, node_dir)
-    home = tmp_path / "home"
-    home.mkdir()
-    assert offline(home, node_dir=node_dir).returncode == 0
+    home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
+    ready = offline(home, node_dir=node_dir)  # the same requirements: the node is ready as it is
+    assert ready.returncode == 0 and "nothing to do" in ready.stdout
 
     with (node_dir / "requirements-default.txt").open("a") as requirements:
         requirements.write("nanocluster-package-that-does-not-exist==1.0\n")
@@ -164,7 +172,7 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
 
 
 @pytest.mark.integration
-def test_tcmalloc_listed_early_in_a_long_library_cache_is_recorded(tmp_path):
+def test_tcmalloc_listed_early_in_a_long_library_cache_is_recorded(tmp_path, overlapping_runs):
     # ldconfig is still writing when the match is found: a reader that stops there kills it with
     # SIGPIPE, which pipefail and set -e turned into a failed bootstrap (exit 141).
     fake_bin = tmp_path / "bin"
@@ -177,8 +185,11 @@ def test_tcmalloc_listed_early_in_a_long_library_cache_is_recorded(tmp_path):
         '  echo "\tlibother$i.so.1 (libc6,x86-64) => /usr/lib/libother$i.so.1"; i=$((i+1)); done\n'
     )
     ldconfig.chmod(0o755)
-    home = tmp_path / "home"
-    home.mkdir()
+    # A node whose venv is in place but not ready (as after an interrupted bootstrap): this run goes
+    # through the install, the import check and the library lookup as a first one does.
+    home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
+    (home / "nanocluster" / "venv" / ".nanocluster-ready").unlink()
+    (home / "nanocluster" / "node.env").unlink()
     env = node_env(home)
     env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
     result = subprocess.run(["bash", str(BOOTSTRAP), *OFFLINE], capture_output=True, text=True, env=env, timeout=300)
