@@ -90,17 +90,6 @@ def measure_matmul_peaks(dtypes: list[str], seconds: float = 1.0) -> dict[str, f
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
-def cpu_name() -> str:
-    """The CPU's model name, as /proc/cpuinfo gives it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def time_by_category(step) -> dict[str, float]:
     """Seconds of one call of step() spent in each OP_CATEGORIES share (ops' own time, not children's)."""
     from torch.profiler import ProfilerActivity, profile
@@ -303,6 +292,8 @@ def main() -> None:
 
     # MFU's reference: the peak of the dtype mixed_precision=auto runs in on this CPU.
     reference = "bf16" if native_bf16 else "fp32"
+    from model.mfu import cpu_name
+
     print(
         f"CPU: {cpu_name()}; native bf16 ({' or '.join(BF16_CPU_FLAGS)}): {'yes' if native_bf16 else 'no'}, "
         f"so the trainer runs {reference}"

@@ -12,7 +12,8 @@ hook with the observer the trainer passes. The options (TrainConfig.grad_compres
   with error feedback: what the approximation lost is added to the next step's gradient, so
   nothing is dropped for good. Plain all-reduce runs for the first powersgd_start_iter steps.
   For GPT-2 small at rank 4 that is 0.74% of the fp32 bytes; the price is the factorisation's
-  compute (two matmuls and a QR per matrix per step) and 4 bytes per parameter of error buffer.
+  compute (three skinny matmuls and an orthogonalisation per matrix per step) and 4 bytes per
+  parameter of error buffer. model/powersgd.py: torch's algorithm, laid out for CPUs.
 - auto: measure the link at start (a timed all-reduce) and pick by how long the fp32 gradients
   would take to cross it against the step's compute (choose_compression; README, "Performance").
 
@@ -35,9 +36,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from model import powersgd
 from model.config import TrainConfig
 from model.mfu import measure_matmul_peak
 from model.precision import resolve_dtype
@@ -107,21 +109,6 @@ def bf16_hook(state: Any, bucket):  # no annotations: DDP compares them with the
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def powersgd_in_bucket_order(state: Any, bucket):  # no annotations: see bf16_hook
-    """torch's powerSGD_hook, one bucket at a time once compression has started. The hook chains
-    its second all-reduce (Q) in a callback that runs on a gloo thread when the first (P) completes,
-    while DDP's next bucket issues its P from the autograd thread: the two race for the process
-    group's next collective, so the ranks can issue them in different orders. Seen on 2 test nodes
-    (GPT-2 small, ~20 buckets, accumulation 4): 'Received data size doesn't match expected size'.
-    Waiting for each bucket's chain keeps one order on every rank; PowerSGD's traffic is small, so
-    little overlap is lost. The plain all-reduce steps before powersgd_start_iter (one collective
-    per bucket, issued in bucket order) are not waited for."""
-    future = powerSGD_hook.powerSGD_hook(state, bucket)
-    if state.iter >= state.start_powerSGD_iter:
-        future.wait()
-    return future
-
-
 def gradient_hook(cfg: TrainConfig, compression: str | None = None) -> tuple[Any, CommHook]:
     """The hook's state and the hook for `compression` (default: the config's; auto must be resolved
     first, by register)."""
@@ -133,15 +120,8 @@ def gradient_hook(cfg: TrainConfig, compression: str | None = None) -> tuple[Any
     if compression == "fp16":
         return None, default_hooks.fp16_compress_hook
     if compression == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None,
-            matrix_approximation_rank=cfg.powersgd_rank,
-            start_powerSGD_iter=cfg.powersgd_start_iter,
-            use_error_feedback=True,
-            warm_start=True,
-            random_seed=cfg.seed,
-        )
-        return state, powersgd_in_bucket_order
+        state = powersgd.PowerSGDState(rank=cfg.powersgd_rank, start_iter=cfg.powersgd_start_iter, seed=cfg.seed)
+        return state, powersgd.powersgd_hook
     raise ValueError(f"grad_compression {compression!r} has no hook (auto is resolved by register)")
 
 

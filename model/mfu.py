@@ -9,6 +9,7 @@ bench/train_step.py measures its peaks with the same function.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,3 +29,14 @@ def measure_matmul_peak(dtype: torch.dtype, seconds: float = 0.3, n: int = 1024)
 def model_flops_utilization(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
     """Achieved FLOP/s over peak FLOP/s (the peak of every process that produced tokens_per_s)."""
     return flops_per_token * tokens_per_s / peak_flops
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
