@@ -21,9 +21,10 @@ from launcher.testing.pulumi_standin import StandinPulumi
 
 RUN = "preempted"
 RUN_TIMEOUT_S = 240
-BOOT_S = 2 * POLL_EVERY_S
+BOOT_S = POLL_EVERY_S
 """How long after `pulumi up` the revived node's sshd answers (a VM booting): the launcher's first
-polls find it silent and it waits (a real VM takes minutes; the wait is the same, only longer)."""
+poll finds it silent and it waits for the next (a real VM takes minutes; the wait is the same, only
+longer)."""
 SETTINGS = ("--nodes", "2", "--set", "max_iters=20", "--set", "eval_interval=5", "--recover-timeout", "120")
 
 
