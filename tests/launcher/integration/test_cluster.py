@@ -20,6 +20,8 @@ from launcher.testing.nodes import TestNodes
 from launcher.transport import NodeError, connect
 
 RUN_TIMEOUT_S = 180
+WORLD3_ITERS = 10
+"""The three-node run's length: TINY_CONFIG's one eval (at 10) is its last."""
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,8 @@ def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fa
                                                                      prepared):
     for i in range(3):  # the head prepared it, the workers got a checksummed copy
         assert (nodes.home(i) / "nanocluster/data/builtin/train.bin").stat().st_size > 0
-    result = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "world3", timeout=RUN_TIMEOUT_S)
+    result = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "world3",
+                 "--set", f"max_iters={WORLD3_ITERS}", timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stderr + result.stdout[-3000:]
     for rank in range(3):
         assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank}", result.stdout)
@@ -63,7 +66,7 @@ def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fa
     assert sorted(r for r, _ in digests) == ["0", "1", "2"], "every rank logs its final parameter digest"
     assert len({d for _, d in digests}) == 1, digests
     metrics = (nodes.home(0) / "nanocluster/runs/world3/metrics.jsonl").read_text().splitlines()
-    assert json.loads(metrics[-1])["iter"] == 20
+    assert json.loads(metrics[-1])["iter"] == WORLD3_ITERS
     for i in range(3):  # per-node log files
         assert "world size 3" in (nodes.home(i) / f"nanocluster/runs/world3/logs/rank{i}.log").read_text()
     fetched = fab("fetch", "--run", "world3", "--dest", str(tmp_path / "fetched"))
