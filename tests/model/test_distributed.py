@@ -16,6 +16,7 @@ from model.distributed import (
     resolve_backend,
 )
 from tests.model.conftest import PYTHON, REPO, TINY_RUN, free_port, rank_env
+from tests.model.small_vocab import small_vocab_run
 
 VENV_BIN = str(Path(PYTHON).parent)
 
@@ -113,7 +114,7 @@ def run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
 def test_mpirun_accelerate_launch_with_per_rank_configs_trains_two_ranks(tmp_path, random_tokens):
     port = free_port()
     args = [
-        *TINY_RUN,
+        *small_vocab_run(tmp_path),
         f"data_dir={random_tokens}",
         f"out_dir={tmp_path / 'run'}",
         "max_iters=2",

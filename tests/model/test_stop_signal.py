@@ -15,13 +15,14 @@ import torch
 from model.conventions import EXIT_STOPPED
 from model.metrics import TIMING_FIELDS
 from model.stop_signal import StopSignal
-from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
+from tests.model.conftest import launch_ranks, rank_log, wait_all
+from tests.model.small_vocab import small_vocab_run
 from tests.model.test_train_faults import wait_for_line
 
 
 def run_args(data_dir, out_dir, max_iters: int) -> list[str]:
     return [
-        *TINY_RUN,
+        *small_vocab_run(out_dir.parent),
         f"data_dir={data_dir}",
         f"out_dir={out_dir}",
         f"max_iters={max_iters}",

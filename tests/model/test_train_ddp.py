@@ -7,10 +7,10 @@ import torch
 
 from model.config import load_config
 from model.data import TokenBatches
-from model.model import GPT
 from model.optim import build_optimizer, learning_rate_at
-from model.start import scratch_model_config
-from tests.model.conftest import RANK_PARAMS_DRIVER, TINY_RUN, launch_ranks, rank_log, wait_all
+from model.start import pretrained_model
+from tests.model.conftest import RANK_PARAMS_DRIVER, launch_ranks, rank_log, wait_all
+from tests.model.small_vocab import small_vocab_run
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +20,7 @@ WORLD, ACCUMULATION, STEPS = 3, 2, 3
 def single_process_reference(cfg, steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
     """One process, no DDP: each step averages the loss over every rank's micro-batches.
     Returns the final parameters and each step's gradient norm before clipping."""
-    torch.manual_seed(cfg.seed)
-    model = GPT(scratch_model_config(cfg))
+    model = pretrained_model(cfg)
     optimizer = build_optimizer(model, cfg)
     readers = [TokenBatches(cfg.data_dir, cfg.block_size, cfg.batch_size, cfg.seed, r) for r in range(WORLD)]
     norms = []
@@ -40,7 +39,7 @@ def single_process_reference(cfg, steps: int) -> tuple[dict[str, torch.Tensor], 
 
 def test_three_gloo_ranks_with_accumulation_match_one_process_on_the_union(tmp_path, random_tokens):
     args = [
-        *TINY_RUN,
+        *small_vocab_run(tmp_path),
         f"data_dir={random_tokens}",
         f"out_dir={tmp_path / 'run'}",
         f"gradient_accumulation_steps={ACCUMULATION}",
@@ -66,8 +65,7 @@ def test_three_gloo_ranks_with_accumulation_match_one_process_on_the_union(tmp_p
 
     cfg = load_config(None, args)
     reference, _ = single_process_reference(cfg, STEPS)
-    torch.manual_seed(cfg.seed)
-    initial = GPT(scratch_model_config(cfg)).state_dict()
+    initial = pretrained_model(cfg).state_dict()
     moved = 0
     for name, tensor in reference.items():
         torch.testing.assert_close(ranks[0][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
@@ -93,8 +91,8 @@ def test_a_finished_rank_has_stopped_every_collective_thread(tmp_path, random_to
     # Threads still running at interpreter shutdown die mid-teardown: now and then a rank that had
     # finished aborted with "terminate called without an active exception".
     world = 2
-    args = [*TINY_RUN, f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "max_iters=1",
-            f"expected_world_size={world}", "backend=gloo"]
+    args = [*small_vocab_run(tmp_path), f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}",
+            "max_iters=1", f"expected_world_size={world}", "backend=gloo"]
     procs = launch_ranks(world, args, tmp_path / "logs", driver=THREADS_LEFT_DRIVER)
     assert wait_all(procs, tmp_path / "logs", timeout=120) == [0] * world
     for rank in range(world):
