@@ -4,8 +4,10 @@ init_from=scratch (TINY_RUN) always builds GPT-2's 50257-token embedding and out
 width of 32 that is 97% of the parameters, and its logits and their softmax most of every step (a
 2-rank 6-step run with two evals and snapshots took 45 s that way, 24 s with 512 tokens, on the busy
 2-core development machine). The random_tokens fixture draws from TINY's 512 tokens, so tests whose
-behaviour depends neither on the vocabulary nor on starting from scratch (resumes, stops, sharding)
-start from TINY exported as a Hugging Face checkpoint instead: the run is otherwise the same.
+behaviour depends neither on the vocabulary nor on starting from scratch (resumes, stops, sharding,
+DDP against one process, launchers) start from TINY exported as a Hugging Face checkpoint instead:
+the run is otherwise the same. Gradient compression keeps scratch's vocabulary: how much an option
+loses depends on the shape of the matrices it compresses, the embedding's the largest.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from model.conventions import EXIT_STOPPED
 from model.metrics import TIMING_FIELDS
 from model.stop_signal import StopSignal
 from tests.model.conftest import launch_ranks, rank_log, wait_all
+from tests.model.run_sequence import launch_run_sequence, training_log
 from tests.model.small_vocab import small_vocab_run
 from tests.model.test_train_faults import wait_for_line
 
@@ -67,10 +68,12 @@ def test_sigterm_to_every_rank_snapshots_the_last_step_and_the_resume_continues_
 ):
     stopped_at = stop_mid_run(tmp_path, random_tokens, signalled=[0, 1])
     end = stopped_at + 2
-    for name in ("run", "straight"):
-        logs = tmp_path / f"logs-{name}"
-        procs = launch_ranks(2, run_args(random_tokens, tmp_path / name, end), logs)
-        assert wait_all(procs, logs, timeout=90) == [0, 0], rank_log(logs, 0)
+    # The resume first in new processes, as after a preemption; the uninterrupted run after it in
+    # the same ones (one start for both).
+    logs = tmp_path / "logs-resumed"
+    trainings = [run_args(random_tokens, tmp_path / name, end) for name in ("run", "straight")]
+    assert wait_all(launch_run_sequence(2, trainings, logs), logs, timeout=90) == [0, 0], rank_log(logs, 0)
+    assert "resumed from" in training_log(rank_log(logs, 0, "out"), tmp_path / "run")
     resumed, straight = train_records(tmp_path / "run"), train_records(tmp_path / "straight")
     assert [r["iter"] for r in resumed] == list(range(end))
     assert resumed == straight
