@@ -17,10 +17,10 @@ On one rank there is nothing to shard: the plain optimizer is used.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from model.config import TrainConfig
 from model.optim import build_optimizer as build_plain_optimizer
@@ -28,12 +28,24 @@ from model.optim import param_groups
 
 log = logging.getLogger("model.zero")
 
+ZERO_MODULE = "torch.distributed.optim.zero_redundancy_optimizer"
+"""Imported only when zero_stage=1 builds one: torch.distributed.optim takes ~2 s to import (it pulls in
+FSDP), paid by every rank start otherwise."""
+
+
+def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this is a ZeroRedundancyOptimizer (never, unless build_optimizer imported it)."""
+    module = sys.modules.get(ZERO_MODULE)
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
+
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, world_size: int) -> torch.optim.Optimizer:
     """The trainer's AdamW, sharded over the ranks when zero_stage=1 and there are several ranks.
     Call after the process group is up (sharding asks it for the ranks)."""
     if cfg.zero_stage == 0 or world_size == 1:
         return build_plain_optimizer(model, cfg)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     log.info("zero_stage=1: AdamW state sharded over %d ranks", world_size)
     return ZeroRedundancyOptimizer(
         param_groups(model, cfg),
@@ -47,7 +59,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, world_size: int) -
 def optimizer_state_on_rank0(optimizer: torch.optim.Optimizer, is_rank0: bool) -> dict[str, Any] | None:
     """The whole optimizer state on rank 0, None elsewhere. With ZeRO a collective: every rank calls
     it at the same step (each sends its shard to rank 0)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if is_sharded(optimizer):
         optimizer.consolidate_state_dict(to=0)
     return optimizer.state_dict() if is_rank0 else None
 
@@ -57,5 +69,5 @@ def release_consolidated(optimizer: torch.optim.Optimizer) -> None:
     (8 bytes per parameter: 2.6 GB for gpt2-medium) once the snapshot has its own copy. torch keeps
     it in a private list until the next consolidation; without it state_dict() raises, as before
     any consolidation, which is what the next snapshot's consolidate_state_dict refills."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer) and hasattr(optimizer, "_all_state_dicts"):
+    if is_sharded(optimizer) and hasattr(optimizer, "_all_state_dicts"):
         optimizer._all_state_dicts = []
