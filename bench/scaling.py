@@ -23,8 +23,9 @@ line: a one-line summary of the default's efficiency.
 Which cloud link a figure stands for: one node's measured step here over a cloud node's
 (--cloud-step-s: a 4-core AMX node runs GPT-2 small ~10-15x faster than one idle thread here,
 issue 17) is the compute ratio; the same step over a link here stands for that step over a link
-that many times faster there. A GPT-2 small step here takes ~6 s on an idle machine and far
-longer on a shared one: one full table is ~12 runs of a few minutes each.
+that many times faster there. A GPT-2 small step on one thread takes 6 s on a fast Xeon and
+~20 s on an AMD EPYC without AVX-512, far longer on a shared machine: one round of the full table
+is ~10 runs of 1.5-3 minutes each.
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ def report(best: dict[tuple, tuple[float, float | None]], chosen: dict[tuple, st
         print(f"{accumulation:5d} {link_name(link):>14} {stands:>11} {label:>15} {seconds:7.2f} "
               f"{max(0.0, 1 - efficiency):8.0%} {timer} {efficiency:10.0%} {vs_unshaped}")
         if option == "auto":
-            summary.append(f"accum {accumulation} {link_name(link)} {label} {efficiency:.0%}")
+            against = f" ({unshaped[0] / seconds:.0%} vs unshaped)" if unshaped else ""
+            summary.append(f"accum {accumulation} {link_name(link)} {label} {efficiency:.0%}{against}")
     print(f"scaling (2 nodes x 1 thread, GPT-2 small, efficiency vs one node, cloud step {cloud_step_s:g} s): "
           f"{', '.join(summary) or 'no auto runs'}")
 
