@@ -221,8 +221,19 @@ class TestNodes:
 
     # ------------------------------------------------------------------ inspection
     def pids(self, i: int) -> list[int]:
-        out = run("ip", "netns", "pids", self.namespaces[i], check=False).stdout
-        return [int(p) for p in out.split()]
+        for _ in range(3):  # `ip netns pids` can fail when a process exits while it scans /proc: again
+            listed = run("ip", "netns", "pids", self.namespaces[i], check=False)
+            if listed.returncode == 0:
+                break
+        return [int(p) for p in listed.stdout.split()]
+
+    def wait_for_processes(self, i: int, needle: str, timeout: float = 10) -> list[int]:
+        """processes(i, needle) once it finds one, or [] after timeout seconds: a command started in
+        the background over ssh may not be listed yet when ssh returns on a busy machine."""
+        deadline = time.monotonic() + timeout
+        while not (found := self.processes(i, needle)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found
 
     def processes(self, i: int, needle: str) -> list[int]:
         """PIDs in node i whose command line contains needle."""

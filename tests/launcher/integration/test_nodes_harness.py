@@ -28,7 +28,7 @@ def boot_id(nodes: TestNodes) -> str:
 def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node, unplug, new_boot):
     before = boot_id(node)
     assert node.ssh(0, "setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null &").returncode == 0
-    assert node.processes(0, "sleep 300"), "the node's process did not start"
+    assert node.wait_for_processes(0, "sleep 300"), "the node's process did not start"
 
     node.stop_sshd(0, unplug=unplug)
     assert node.pids(0) == []  # nothing of the node is left, its sshd included
