@@ -84,16 +84,21 @@ def powersgd_hook(state: PowerSGDState, bucket):  # no annotations: DDP compares
     world = dist.get_world_size()
     buffer = bucket.buffer()
     index = bucket.index()
-    gradients = bucket.gradients()
-    matrices = [g.view(g.shape[0], -1) for g in gradients if compressible(g.shape, state.rank)]
-    vectors = [g for g in gradients if not compressible(g.shape, state.rank)]
-    ranks = [min(state.rank, *m.shape) for m in matrices]
-
     error = state.errors.get(index)
     if error is None:  # zeros where vectors sit: they are sent exactly and keep no error
         error = state.errors[index] = torch.zeros_like(buffer)
     else:
         buffer.add_(error)
+    # The gradients are views of the bucket's buffer; each matrix's error sits at the same place.
+    matrices, errors, vectors = [], [], []
+    for gradient in bucket.gradients():
+        if compressible(gradient.shape, state.rank):
+            offset = (gradient.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+            matrices.append(gradient.view(gradient.shape[0], -1))
+            errors.append(error[offset:offset + gradient.numel()].view_as(matrices[-1]))
+        else:
+            vectors.append(gradient)
+    ranks = [min(state.rank, *m.shape) for m in matrices]
     if index not in state.qs:
         generator = torch.Generator().manual_seed(state.seed * 1000 + index)
         q_numel = sum(r * m.shape[1] for r, m in zip(ranks, matrices, strict=True))
@@ -121,7 +126,6 @@ def powersgd_hook(state: PowerSGDState, bucket):  # no annotations: DDP compares
     def decompress(future: torch.futures.Future) -> torch.Tensor:
         future.value()  # re-raises a failed all-reduce
         state.qs[index].div_(world)
-        errors = error_views(error, buffer, gradients, state.rank)
         for matrix, p, q, err in zip(matrices, ps, qs, errors, strict=True):
             torch.addmm(matrix, p.t(), q, alpha=-1, out=err)  # what P Q^T leaves out stays here
             torch.mm(p.t(), q, out=matrix)  # not matrix - err: that would round differently per rank
@@ -138,14 +142,3 @@ def split_rows(flat: torch.Tensor, ranks: list[int], widths: list[int]) -> list[
         offset += r * width
     return views
 
-
-def error_views(error: torch.Tensor, buffer: torch.Tensor, gradients: list[torch.Tensor],
-                rank: int) -> list[torch.Tensor]:
-    """The error buffer's 2-D views at the compressible gradients' places in the bucket's buffer
-    (the gradients are views of it)."""
-    views = []
-    for gradient in gradients:
-        if compressible(gradient.shape, rank):
-            offset = (gradient.data_ptr() - buffer.data_ptr()) // buffer.element_size()
-            views.append(error[offset:offset + gradient.numel()].view(gradient.shape[0], -1))
-    return views
