@@ -5,39 +5,50 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps quickstart test lint
+.PHONY: setup system-deps quickstart test lint lock lock-upgrade
 
 setup: $(VENV)/.installed
 
-# torch is pinned to the CPU wheel this project is tested with. On PyPI that version is a CUDA
-# build; elsewhere add TORCH_INDEX='--index-url https://download.pytorch.org/whl/cpu' for the CPU one.
-TORCH ?= torch==2.13.0
+# Every install takes its versions from requirements.lock (pip -c): development, CI and the nodes
+# (node/requirements-*.txt, written from the same lock) run the same releases. The lock pins the
+# CPU build of torch (2.13.0+cpu): where pip's configuration does not find it, add
+# TORCH_INDEX='--index-url https://download.pytorch.org/whl/cpu'.
+LOCK := requirements.lock
 TORCH_INDEX ?=
-
-# Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters.
 # --no-compile: Python compiles a module when it is first imported; compiling all of the cloud SDKs
 # at install (~1 GB of source; Azure's alone took 32 s here) is time nothing uses.
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile $(TORCH_INDEX) $(TORCH)
-	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
-	$(BIN)/python -m model.tokenizer install
+PIP_INSTALL := $(BIN)/pip install --quiet --no-compile --constraint $(LOCK)
+
+# The locked pip and setuptools first: the project is built with the locked setuptools
+# (--no-build-isolation), not whichever release is newest that day.
+install_locked = $(PYTHON) -m venv $(VENV) \
+	&& $(PIP_INSTALL) pip setuptools \
+	&& $(PIP_INSTALL) $(TORCH_INDEX) torch \
+	&& $(PIP_INSTALL) --no-build-isolation -e '.[$(1)]' \
+	&& $(BIN)/python -m model.tokenizer install
+
+# Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters.
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(call install_locked,dev)
 	touch $@
 
 # Only what the local cluster needs (the launcher extra): no cloud SDK, transformers or Intel MPI.
 # A venv that already has dev is enough as it is.
-$(VENV)/.installed-local: pyproject.toml
-	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then \
+$(VENV)/.installed-local: pyproject.toml $(LOCK)
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt $(LOCK) ] && [ $(VENV)/.installed -nt pyproject.toml ]; then \
 		echo "$(VENV) has the dev install: nothing to add for the quickstart"; \
 	else \
-		$(PYTHON) -m venv $(VENV) && \
-		$(BIN)/pip install --quiet --upgrade pip && \
-		$(BIN)/pip install --quiet --no-compile $(TORCH_INDEX) $(TORCH) && \
-		$(BIN)/pip install --quiet --no-compile -e '.[launcher]' && \
-		$(BIN)/python -m model.tokenizer install; \
+		$(call install_locked,launcher); \
 	fi
 	touch $@
+
+# After changing pyproject.toml's dependencies or requirements.in: resolve the lock again, keeping
+# every version that still fits, and write the nodes' pins from it. lock-upgrade takes the newest
+# releases the ranges allow (then run make test). Both need the package index.
+lock: setup
+	$(BIN)/python tools/lock.py update
+lock-upgrade: setup
+	$(BIN)/python tools/lock.py update --upgrade
 
 # sshd and iproute2 for the test nodes (network namespaces); installed only when missing.
 system-deps:
@@ -52,10 +63,12 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab train --nodes 3
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
-# ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]).
+# ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]);
+# the nodes' pins against the lock.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python tools/lock.py check
 
 # Every test but those marked `alone` spread over workers, a test file per worker (each builds its
 # own test nodes, on its own subnet and ports); then the `alone` ones (bounds in seconds or Mbit/s:

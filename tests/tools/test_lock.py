@@ -1,0 +1,121 @@
+"""tools/lock.py: one locked set of versions for development, CI and the nodes."""
+
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tools import lock
+
+LOCKED_FILES = (lock.LOCK, *(profile.path for profile in lock.PROFILES))
+
+
+def copy_of_the_lock(tmp_path: Path) -> Path:
+    for relative in LOCKED_FILES:
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(lock.ROOT / relative, tmp_path / relative)
+    return tmp_path
+
+
+def change_pin(path: Path, name: str, version: str) -> str:
+    """Rewrites `name==...` in a copied file; returns the version it replaced."""
+    lines = path.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if lock.canonical(line.split("==")[0]) == name)
+    old = lines[index].split("==")[1]
+    lines[index] = f"{name}=={version}"
+    path.write_text("\n".join(lines) + "\n")
+    return old
+
+
+def test_the_nodes_pins_agree_with_the_lock():
+    assert lock.disagreements() == []
+    default = lock.pins((lock.ROOT / "node/requirements-default.txt").read_text())
+    # What the trainer imports, and what those pull in, are all pinned (not left to float on a node).
+    assert {"torch", "numpy", "tiktoken", "safetensors", "pyyaml", "tqdm", "accelerate", "regex", "sympy"} <= default.keys()
+    assert default["torch"].endswith("+cpu")
+
+
+def test_the_development_venv_runs_the_locked_versions():
+    locked = lock.pins((lock.ROOT / lock.LOCK).read_text())
+    assert len(locked) > 50
+    installed = {name: metadata.version(name) for name in locked}
+    assert installed == locked
+
+
+def test_a_changed_node_pin_fails_naming_both_versions_and_the_fix(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    locked = change_pin(root / "node/requirements-default.txt", "pyyaml", "6.0.3.post9")
+    assert lock.disagreements(root) == [
+        f"node/requirements-default.txt pins pyyaml==6.0.3.post9 but requirements.lock has pyyaml=={locked}: "
+        "run `make lock` (it writes both)"
+    ]
+
+
+def test_a_changed_lock_pin_fails_for_every_profile_that_installs_it(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    change_pin(root / lock.LOCK, "numpy", "1.0.0")
+    problems = lock.disagreements(root)
+    assert [problem.split(" pins ")[0] for problem in problems] == [profile.path for profile in lock.PROFILES]
+    assert all("numpy" in problem and "requirements.lock has numpy==1.0.0" in problem for problem in problems)
+
+
+def test_the_intel_stack_is_the_one_part_the_lock_does_not_decide(tmp_path):
+    intel = next(profile for profile in lock.PROFILES if profile.name == "intel")
+    pinned = lock.pins((lock.ROOT / intel.path).read_text())
+    assert pinned["torch"] == "2.8.0+cpu" != lock.pins((lock.ROOT / lock.LOCK).read_text())["torch"]
+    assert pinned["intel-extension-for-pytorch"] == "2.8.0"
+    root = copy_of_the_lock(tmp_path)
+    change_pin(root / intel.path, "tqdm", "0.1")
+    assert [problem.split(":")[0] for problem in lock.disagreements(root)] == [
+        f"{intel.path} pins tqdm==0.1 but requirements.lock has tqdm=={pinned['tqdm']}"
+    ]
+
+
+def test_a_node_pin_the_lock_lacks_is_reported(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    with (root / "node/requirements-default.txt").open("a") as requirements:
+        requirements.write("left-pad==1.0\n")
+    assert lock.disagreements(root) == [
+        "node/requirements-default.txt pins left-pad==1.0, which requirements.lock does not hold: run `make lock`"
+    ]
+
+
+def test_check_command_exits_1_with_one_error_line_per_disagreement(tmp_path):
+    command = [sys.executable, str(lock.ROOT / "tools/lock.py"), "check", "--root"]
+    assert subprocess.run([*command, str(lock.ROOT)], capture_output=True, text=True, timeout=60).returncode == 0
+    root = copy_of_the_lock(tmp_path)
+    change_pin(root / "node/requirements-default.txt", "safetensors", "0.0.1")
+    result = subprocess.run([*command, str(root)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(result.stderr.splitlines()) == 1 and "safetensors==0.0.1" in result.stderr
+
+
+def test_a_missing_lock_is_one_line_naming_the_command(tmp_path):
+    assert lock.disagreements(tmp_path) == ["requirements.lock is missing: run `make lock`"]
+
+
+def test_the_lock_holds_no_path_of_the_machine_that_made_it():
+    text = (lock.ROOT / lock.LOCK).read_text()
+    assert "file://" not in text and "nanocluster @" not in text
+    compiled = "aaa==1\n    # via x\nnanocluster @ file:///home/someone/nanocluster\n    # via nanocluster\nzzz==2\n"
+    assert lock.without_project(compiled) == "aaa==1\n    # via x\nzzz==2\n"
+
+
+def test_node_files_carry_their_indexes_and_the_intel_stack_replaces_torch():
+    intel = next(profile for profile in lock.PROFILES if profile.name == "intel")
+    resolved = "numpy==2.4.6\ntorch==2.13.0+cpu\nimpi-rt==2021.18.1\n"
+    text = lock.node_requirements(intel, resolved)
+    assert [line for line in text.splitlines() if line.startswith("--")] == [f"--extra-index-url {url}" for url in intel.indexes]
+    assert lock.pins(text) == {
+        "numpy": "2.4.6", "impi-rt": "2021.18.1", "torch": "2.8.0+cpu",
+        "intel-extension-for-pytorch": "2.8.0", "oneccl-bind-pt": "2.8.0+cpu",
+    }
+
+
+@pytest.mark.parametrize("name", ["Typing_Extensions", "typing.extensions", "typing-extensions"])
+def test_names_compare_as_pip_compares_them(name):
+    assert lock.pins(f"{name}==4.16.0  # via x\n") == {"typing-extensions": "4.16.0"}

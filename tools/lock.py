@@ -1,0 +1,219 @@
+"""One locked set of versions for development, CI and the nodes.
+
+    python tools/lock.py update [--upgrade]   what `make lock` / `make lock-upgrade` run
+    python tools/lock.py check                what `make lint` runs: offline, no resolver
+
+`update` resolves pyproject.toml's ranges (every extra, through `dev`) plus requirements.in's exact
+pins with pip-compile into requirements.lock, keeping the versions already locked unless
+--upgrade; then it resolves each node profile (the base dependencies and the `node` extra, plus
+`intel` for that profile) constrained by the lock into node/requirements-PROFILE.txt, so a node
+installs exactly the versions the tests ran against.
+
+pip-compile, not uv: it resolves with pip itself, so the lock is made with the same finder and pip
+configuration (indexes, find-links, the CPU build of torch) that `make setup` and the node
+bootstrap install it with; uv reads none of pip's configuration and its lock is not a file pip can
+install.
+
+The intel profile's own stack (Intel's wheel index, torch held at the release its extension
+supports) cannot be resolved from PyPI: it replaces torch in the default closure and is the only
+part of a node's pins the lock does not decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = "requirements.lock"
+LOCK_INPUTS = ("pyproject.toml", "requirements.in")
+UPDATE_COMMAND = "make lock"
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """One `node/bootstrap.sh --profile`: which extras its venv holds and where pip finds them."""
+
+    name: str
+    summary: str
+    """What the profile runs, the first line of its file."""
+    extras: tuple[str, ...]
+    """pyproject extras installed besides the base dependencies."""
+    indexes: tuple[str, ...]
+    """Package indexes beside PyPI (pip --extra-index-url), written at the top of the file."""
+    own_stack: tuple[str, ...] = ()
+    """Exact pins the lock cannot decide, which replace torch in the resolved closure."""
+
+    @property
+    def path(self) -> str:
+        return f"node/requirements-{self.name}.txt"
+
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PROFILES = (
+    NodeProfile(
+        "default",
+        "stock CPU PyTorch (gloo, bf16 autocast, oneDNN); the CPU index, not PyPI's CUDA build",
+        ("node",),
+        (TORCH_CPU_INDEX,),
+    ),
+    NodeProfile(
+        "intel",
+        "torch + intel-extension-for-pytorch + oneCCL bindings (backend=ccl) + Intel MPI",
+        ("node", "intel"),
+        (TORCH_CPU_INDEX, "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"),
+        # Both Intel packages are archived upstream; 2.8 is their last CPU release, and IPEX refuses
+        # to load beside another torch major.minor.
+        ("torch==2.8.0+cpu", "intel-extension-for-pytorch==2.8.0", "oneccl_bind_pt==2.8.0+cpu"),
+    ),
+)
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalized name: PyYAML, pyyaml and py_yaml are one project."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(text: str) -> dict[str, str]:
+    """name -> version of every `name==version` line (comments, options and annotations skipped)."""
+    found = {}
+    for line in text.splitlines():
+        match = PIN.match(line.split("#", 1)[0].strip())
+        if match:
+            found[canonical(match.group(1))] = match.group(2)
+    return found
+
+
+def disagreements(root: Path = ROOT) -> list[str]:
+    """One line per node pin that the lock does not hold at the same version."""
+    lock_path = root / LOCK
+    if not lock_path.is_file():
+        return [f"{LOCK} is missing: run `{UPDATE_COMMAND}`"]
+    locked = pins(lock_path.read_text())
+    problems = []
+    for profile in PROFILES:
+        path = root / profile.path
+        if not path.is_file():
+            problems.append(f"{profile.path} is missing: run `{UPDATE_COMMAND}` (it writes the lock and the nodes' pins)")
+            continue
+        own = {canonical(name) for name in pins("\n".join(profile.own_stack))}
+        node_pins = pins(path.read_text())
+        if not node_pins:
+            problems.append(f"{profile.path} pins nothing: run `{UPDATE_COMMAND}`")
+        for name, version in sorted(node_pins.items()):
+            if name in own:
+                continue
+            if name not in locked:
+                problems.append(f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`")
+            elif locked[name] != version:
+                problems.append(
+                    f"{profile.path} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: "
+                    f"run `{UPDATE_COMMAND}` (it writes both)"
+                )
+    return problems
+
+
+def pip_compile(*args: str, output: Path) -> str:
+    """Runs pip-compile from the project root into `output` and returns what it wrote."""
+    command = [
+        sys.executable, "-m", "piptools", "compile", "--quiet", "--strip-extras", "--allow-unsafe",
+        "--no-emit-index-url", "--no-emit-find-links", "--output-file", str(output), *args,
+    ]
+    env = {**os.environ, "CUSTOM_COMPILE_COMMAND": UPDATE_COMMAND}
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
+    return output.read_text()
+
+
+def without_project(lock_text: str) -> str:
+    """The lock minus the project itself, which `dev`'s self-reference (nanocluster[...]) adds as a
+    `nanocluster @ file:///...` line: a path on the machine that made the lock, not a pin."""
+    kept, skipping = [], False
+    for line in lock_text.splitlines(keepends=True):
+        if line.startswith("nanocluster @ "):
+            skipping = True
+            continue
+        if skipping and line.startswith("    #"):
+            continue
+        skipping = False
+        kept.append(line)
+    return "".join(kept)
+
+
+def node_requirements(profile: NodeProfile, resolved: str) -> str:
+    """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
+    the profile's own stack)."""
+    own = {canonical(name) for name in pins("\n".join(profile.own_stack))}
+    lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
+    if own:
+        lines = [line for line in lines if pins(line).keys().isdisjoint(own | {"torch"})] + list(profile.own_stack)
+    header = [
+        f"# Node environment, profile {profile.name}: {profile.summary}.",
+        f"# Written by `{UPDATE_COMMAND}` (tools/lock.py) from {LOCK}: edit pyproject.toml or",
+        "# requirements.in and rerun it; `make lint` fails while this file and the lock disagree.",
+        *(f"--extra-index-url {index}" for index in profile.indexes),
+    ]
+    return "\n".join(header + sorted(lines, key=lambda line: canonical(line.split("==")[0]))) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def update(upgrade: bool) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        # pip-compile keeps what its output file already pins: start from the current lock.
+        draft = Path(scratch) / LOCK
+        if (ROOT / LOCK).is_file() and not upgrade:
+            draft.write_text((ROOT / LOCK).read_text())
+        lock_text = without_project(
+            pip_compile("--extra", "dev", *(["--upgrade"] if upgrade else []), *LOCK_INPUTS, output=draft)
+        )
+        draft.write_text(lock_text)
+        node_files = {}
+        for profile in PROFILES:
+            extras = [arg for extra in profile.extras for arg in ("--extra", extra)]
+            resolved = pip_compile(
+                "--no-annotate", "--no-header", "--constraint", str(draft), *extras, "pyproject.toml",
+                output=Path(scratch) / f"{profile.name}.txt",
+            )
+            node_files[profile.path] = node_requirements(profile, resolved)
+    # Written only once everything resolved: a failed update leaves the old, agreeing files.
+    write_atomically(ROOT / LOCK, lock_text)
+    for relative, text in node_files.items():
+        write_atomically(ROOT / relative, text)
+    print(f"wrote {LOCK} ({len(pins(lock_text))} pins) and {', '.join(node_files)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    update_parser = commands.add_parser("update", help="resolve the lock and the nodes' pins (needs the package index)")
+    update_parser.add_argument("--upgrade", action="store_true", help="take the newest releases pyproject's ranges allow")
+    check_parser = commands.add_parser("check", help="exit 1 when the nodes' pins and the lock disagree (offline)")
+    check_parser.add_argument("--root", type=Path, default=ROOT, help="project root (default: this checkout)")
+    args = parser.parse_args(argv)
+    if args.command == "update":
+        try:
+            update(args.upgrade)
+        except subprocess.CalledProcessError as err:
+            print(f"error: pip-compile failed (exit {err.returncode}, its output is above); nothing was written", file=sys.stderr)
+            return 1
+        return 0
+    problems = disagreements(args.root)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
