@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from launcher.setup.bootstrap import NODE_DIR
 from launcher.testing.fab import Fab
 from launcher.testing.nodes import TestNodes
 
 
-def operator_pip_args() -> str:
-    """This machine's package sources for the nodes' pip (they have no internet of their own).
-
-    A real offline cluster passes its wheelhouse the same way: --pip-args "--find-links /wheels".
-    --retries 0: an index the nodes cannot reach (the PyTorch CPU index here) fails at once.
-    --no-compile: as `make setup`, modules are compiled when first imported (the bootstrap's import
-    check does it for what the trainer uses), not all of torch's at install."""
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                         timeout=60).stdout
-    settings = [line.split("=", 1) for line in out.splitlines() if "=" in line]
-    settings += [(f"env.{k[4:].lower().replace('_', '-')}", v) for k, v in os.environ.items()
-                 if k in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")]
-    args = ["--retries", "0", "--no-compile"]
-    for key, value in settings:
-        option = key.rsplit(".", 1)[-1]
-        if option in ("find-links", "index-url", "extra-index-url"):
-            for item in value.strip("'\"").split():
-                if item not in args:
-                    args += [f"--{option}", item]
-    return " ".join(args)
+def node_wheelhouse(dest: Path) -> Path:
+    """What an operator does for a cluster with no internet (the test nodes have none): download the
+    node's pinned requirements where there is internet, then point the nodes' pip at the folder
+    (--pip-args "--no-index --find-links DIR"). --no-deps: the file pins every package a node installs.
+    --retries 0: the PyTorch CPU index the file names is unreachable here; pip's own configuration
+    finds the CPU torch this machine has."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--retries", "0", "--dest", str(dest),
+         "-r", str(NODE_DIR / "requirements-default.txt")],
+        check=True, timeout=900,
+    )
+    return dest
 
 
 def tree_state(root: Path) -> dict[str, tuple[int, int]]:
@@ -44,7 +36,9 @@ def test_setup_bootstraps_a_bare_node_and_a_second_run_changes_nothing(tmp_path)
     with TestNodes(1, tmp_path / "nodes", bare=True) as bare:
         fab = Fab(bare.contract_path, tmp_path / "operator")
         # --skip-system-packages: the node is this machine; apt must not touch it from a test.
-        args = ("setup", "--skip-system-packages", "--pip-args", operator_pip_args())
+        # --no-compile: as `make setup`, modules are compiled when first imported.
+        wheelhouse = node_wheelhouse(tmp_path / "wheelhouse")
+        args = ("setup", "--skip-system-packages", "--pip-args", f"--no-index --find-links {wheelhouse} --no-compile")
         first = fab(*args, timeout=900)
         assert first.returncode == 0, first.stderr + first.stdout[-3000:]
         check = bare.ssh(0, "~/nanocluster/venv/bin/python -c 'import torch, numpy, tiktoken, yaml; print(torch.__version__)'")
