@@ -22,7 +22,7 @@ line: a one-line summary of the default's efficiency.
 
 Which cloud link a figure stands for: one node's measured step here over a cloud node's
 (--cloud-step-s: a 4-core AMX node runs GPT-2 small ~10-15x faster than one idle thread here,
-issue 17) is the compute ratio; the same step over a link here stands for that step over a link
+as measured on both) is the compute ratio; the same step over a link here stands for that step over a link
 that many times faster there. A GPT-2 small step on one thread takes 6 s on a fast Xeon and
 ~20 s on an AMD EPYC without AVX-512, far longer on a shared machine: one round of the full table
 is ~10 runs of 1.5-3 minutes each.
@@ -172,7 +172,7 @@ def main() -> None:
                         help="start no run after this many minutes; the table shows what finished")
     parser.add_argument("--cloud-step-s", type=float, default=0.5,
                         help="GPT-2 small micro-batch step on a 4-core AMX cloud node (default 0.5 s: 10-15x "
-                             "one idle thread here, issue 17)")
+                             "one idle thread here, as measured on both)")
     parser.add_argument("--replay", metavar="LOG", help="print the table from a earlier run's output instead")
     args = parser.parse_args()
     if args.replay:

@@ -50,7 +50,7 @@ CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 # auto's thresholds on the link ratio: seconds the fp32 gradients take to all-reduce over the
 # measured link, divided by the optimizer step's estimated compute seconds (LinkEstimate). Calibrated
-# on issue 17's measurements (GPT-2 small, block 1024, micro-batch 1, 2 test nodes x 1 idle thread,
+# on measurements over shaped links (GPT-2 small, block 1024, micro-batch 1, 2 test nodes x 1 idle thread,
 # plain all-reduce; estimated compute 8.96 s at the ~85 GFLOP/s matmul peak): 10 Gbit/s, ratio 0.045:
 # 96% efficiency; 1 Gbit/s, ratio 0.45: 77%; 250 Mbit/s, ratio 1.8: 30%. DDP hides up to ~0.05 of
 # fp32 traffic behind the backward pass, so none up to 0.05; bf16 sends half the bytes, so it up to

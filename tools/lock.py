@@ -30,6 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.atomic import atomic_open
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "requirements.lock"
 LOCK_INPUTS = ("pyproject.toml", "requirements.in")
@@ -53,6 +55,11 @@ class NodeProfile:
     @property
     def path(self) -> str:
         return f"node/requirements-{self.name}.txt"
+
+    @property
+    def own_names(self) -> set[str]:
+        """The projects of own_stack (torch among them when there is one)."""
+        return set(pins("\n".join(self.own_stack)))
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -78,7 +85,7 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
 def canonical(name: str) -> str:
-    """PEP 503 normalized name: PyYAML, pyyaml and py_yaml are one project."""
+    """PEP 503 normalized name: PyYAML and pyyaml, typing_extensions and typing-extensions are one project."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -104,12 +111,11 @@ def disagreements(root: Path = ROOT) -> list[str]:
         if not path.is_file():
             problems.append(f"{profile.path} is missing: run `{UPDATE_COMMAND}` (it writes the lock and the nodes' pins)")
             continue
-        own = {canonical(name) for name in pins("\n".join(profile.own_stack))}
         node_pins = pins(path.read_text())
         if not node_pins:
             problems.append(f"{profile.path} pins nothing: run `{UPDATE_COMMAND}`")
         for name, version in sorted(node_pins.items()):
-            if name in own:
+            if name in profile.own_names:
                 continue
             if name not in locked:
                 problems.append(f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`")
@@ -150,10 +156,8 @@ def without_project(lock_text: str) -> str:
 def node_requirements(profile: NodeProfile, resolved: str) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
     the profile's own stack)."""
-    own = {canonical(name) for name in pins("\n".join(profile.own_stack))}
-    lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
-    if own:
-        lines = [line for line in lines if pins(line).keys().isdisjoint(own | {"torch"})] + list(profile.own_stack)
+    resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
+    lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(profile.own_stack)
     header = [
         f"# Node environment, profile {profile.name}: {profile.summary}.",
         f"# Written by `{UPDATE_COMMAND}` (tools/lock.py) from {LOCK}: edit pyproject.toml or",
@@ -161,12 +165,6 @@ def node_requirements(profile: NodeProfile, resolved: str) -> str:
         *(f"--extra-index-url {index}" for index in profile.indexes),
     ]
     return "\n".join(header + sorted(lines, key=lambda line: canonical(line.split("==")[0]))) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def update(upgrade: bool) -> None:
@@ -188,9 +186,9 @@ def update(upgrade: bool) -> None:
             )
             node_files[profile.path] = node_requirements(profile, resolved)
     # Written only once everything resolved: a failed update leaves the old, agreeing files.
-    write_atomically(ROOT / LOCK, lock_text)
-    for relative, text in node_files.items():
-        write_atomically(ROOT / relative, text)
+    for relative, text in {LOCK: lock_text, **node_files}.items():
+        with atomic_open(ROOT / relative, "w") as out:
+            out.write(text)
     print(f"wrote {LOCK} ({len(pins(lock_text))} pins) and {', '.join(node_files)}")
 
 

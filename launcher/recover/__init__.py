@@ -1,1 +1,1 @@
-"""Self-healing runs (issue 11): which failures `fab train` retries, and how many times."""
+"""Self-healing runs (no controller: the launcher itself recovers): which failures `fab train` retries, and how many times."""

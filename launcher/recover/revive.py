@@ -1,4 +1,4 @@
-"""Bring a cluster's lost nodes back through the infrastructure that made them (issue 11).
+"""Bring a cluster's lost nodes back through the infrastructure that made them.
 
 A cluster read from a Pulumi stack can ask the stack: `pulumi up --refresh` first reads every
 resource's real state from the cloud (a preempted spot VM shows as stopped, or is gone), then

@@ -96,7 +96,7 @@ def spot_prices(tmp_path, monkeypatch):
 
 
 def test_a_spot_stack_exports_the_spot_figure_and_the_launcher_shows_it(spot_prices):
-    """Issue 16, must-show 4 (second half)."""
+    """A spot cluster is priced as spot from the stack to `fab status`."""
     outputs = run_stack(stack_config("gcp", nodes=3, spot=True)).outputs
     machine = MACHINE_TYPES[outputs["machine_type"]]
     spot = estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2, spot=True)

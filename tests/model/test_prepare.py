@@ -1,4 +1,4 @@
-"""model.prepare: round trip, shards, determinism, idempotency, atomicity and bad input (issue 3, items 1-4)."""
+"""model.prepare: round trip, shards, determinism, idempotency, atomicity and bad input."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import pytest
 from tools import lock
 
 LOCKED_FILES = (lock.LOCK, *(profile.path for profile in lock.PROFILES))
+INTEL = next(profile for profile in lock.PROFILES if profile.name == "intel")
 
 
 def copy_of_the_lock(tmp_path: Path) -> Path:
@@ -63,7 +64,7 @@ def test_a_changed_lock_pin_fails_for_every_profile_that_installs_it(tmp_path):
 
 
 def test_the_intel_stack_is_the_one_part_the_lock_does_not_decide(tmp_path):
-    intel = next(profile for profile in lock.PROFILES if profile.name == "intel")
+    intel = INTEL
     pinned = lock.pins((lock.ROOT / intel.path).read_text())
     assert pinned["torch"] == "2.8.0+cpu" != lock.pins((lock.ROOT / lock.LOCK).read_text())["torch"]
     assert pinned["intel-extension-for-pytorch"] == "2.8.0"
@@ -106,7 +107,7 @@ def test_the_lock_holds_no_path_of_the_machine_that_made_it():
 
 
 def test_node_files_carry_their_indexes_and_the_intel_stack_replaces_torch():
-    intel = next(profile for profile in lock.PROFILES if profile.name == "intel")
+    intel = INTEL
     resolved = "numpy==2.4.6\ntorch==2.13.0+cpu\nimpi-rt==2021.18.1\n"
     text = lock.node_requirements(intel, resolved)
     assert [line for line in text.splitlines() if line.startswith("--")] == [f"--extra-index-url {url}" for url in intel.indexes]

@@ -1,4 +1,4 @@
-"""fab prepare-data passes model.prepare's options through (issue 12: a .jsonl keyed `body`)."""
+"""fab prepare-data passes model.prepare's options through (a .jsonl keyed `body`)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Self-healing runs (issue 11) on the sshd test nodes: a killed rank is restarted from the snapshot."""
+"""Self-healing runs on the sshd test nodes: a killed rank is restarted from the snapshot."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Self-healing runs with a lost node that never returns (issue 11, must-shows 3 and 7) on the sshd
+"""Self-healing runs with a lost node that never returns, on the sshd
 test nodes: node2 goes away for good during 3-node runs, which finish on 2 nodes with --min-nodes 2
 and stop naming node2 without it; no trainer is left on any node afterwards. A node that goes away
-and comes back (must-show 2) is test_recover_stack.py's scenario: the same wait, plus the revival
+and comes back is test_recover_stack.py's scenario: the same wait, plus the revival
 through the stack."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Must-show 2 of issue 11 on a cluster from a Pulumi stack: a node that goes away mid-run (its
+"""Self-healing on a cluster from a Pulumi stack: a node that goes away mid-run (its
 trainer and sshd gone, as a preempted VM) is brought back by `pulumi up --refresh` (a stand-in CLI),
 answers SSH a few seconds later (as a VM that `pulumi up` left running still boots: the launcher
 waits for it), joins the resumed run, and the run finishes."""

@@ -1,5 +1,5 @@
 """A rank slowed by SIGSTOP/SIGCONT bursts on a local 3-rank run is named while the run goes on
-(fab train's output) and as the slowest node by `fab status` (issue 12)."""
+(fab train's output) and as the slowest node by `fab status`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A node that stops answering is reported lost within a bound, never waited on forever (issue 11)."""
+"""A node that stops answering is reported lost within a bound, never waited on forever."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`fab train --budget` before and after the run (launcher.runs.budget): what the run already spent,
 the estimate (none, recorded by another run, measured by this one), the refusal with its figures
-and flags (must-show 2: before any node is touched), status lines and the "end" event's fields."""
+and flags (before any node is touched), status lines and the "end" event's fields."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_a_budget_stop_is_not_retried():
 
 
 def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path, contract, monkeypatch):
-    """Must-show 2 through the real CLI: the contract's nodes are addresses nothing answers (TEST-NET),
+    """The refusal through the real CLI: the contract's nodes are addresses nothing answers (TEST-NET),
     so touching one would hang and fail on SSH instead; a run recorded on this cluster priced the config."""
     home = tmp_path / "home"
     monkeypatch.setenv("NANOCLUSTER_HOME", str(home))

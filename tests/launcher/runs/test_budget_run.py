@@ -1,4 +1,4 @@
-"""Must-show 1 of issue 16: a local run on a priced cluster with a budget reached within seconds stops
+"""A budget in action: a local run on a priced cluster with a budget reached within seconds stops
 by itself, says "stopped at budget" and exits 3, leaving a snapshot of its last completed step and no
 trainer; a rerun with a larger budget counts what the first spent, estimates the rest from it
 ("measured"), resumes from that snapshot and finishes."""

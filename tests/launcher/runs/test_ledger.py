@@ -1,4 +1,4 @@
-"""`fab cost` (issue 16, must-show 3): the ledger of several recorded runs -- prices, a restart, a run
+"""`fab cost`: the ledger of several recorded runs -- prices, a restart, a run
 name used again, a launch without an end, the local cluster -- equals the recorded intervals x prices,
 cost per million tokens is cost / tokens x 1e6, and a cluster's idle share comes from its sightings."""
 
