@@ -3,7 +3,7 @@
 Machine facts (vCPUs, physical cores, memory, the bf16 flags of the CPU, Trusted Launch) are Python,
 here. Prices are data: infra/price_table.json holds, per machine type, the on-demand and spot USD per
 hour in the reference region of its cloud, the date they were fetched and where from.
-`python -m infra.prices refresh` rewrites it from the providers' public price lists (infra/pricing/).
+`python -m infra.pricing refresh` rewrites it from the providers' public price lists (infra/pricing/).
 
 The stack exports cores_per_node, cpu_flags and the hourly cost figures from these two, so a machine
 type must be listed here and priced in the table to be used: add a MachineType row, then a row to
@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def parse_table(data: object, where: str, complete: bool = True) -> dict[str, Ma
         clouds = sorted({MACHINE_TYPES[m].cloud for m in missing})
         raise PriceTableError(
             f"{where}: no price for {', '.join(missing)}; add a row for each, or run "
-            f"`python -m infra.prices refresh --cloud {clouds[0]}`" + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
+            f"`python -m infra.pricing refresh --cloud {clouds[0]}`" + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
         )
     return table
 
@@ -212,9 +211,3 @@ def estimate(
         spot=spot,
         as_of=price.as_of,
     )
-
-
-if __name__ == "__main__":  # python -m infra.prices refresh [...]
-    from infra.pricing.refresh import main
-
-    sys.exit(main(sys.argv[1:]))

@@ -10,7 +10,7 @@ One module per cloud, each of one shape:
 - `SOURCE`: the documented URL the figures come from, and `SPOT`: what the provider publishes of
   spot prices (printed by the refresh when a spot figure stays unknown).
 
-refresh.py runs them (`python -m infra.prices refresh`) and rewrites the table.
+refresh.py runs them (`python -m infra.pricing refresh`) and rewrites the table.
 """
 
 from __future__ import annotations

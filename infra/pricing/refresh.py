@@ -1,4 +1,4 @@
-"""`python -m infra.prices refresh [--cloud gcp|aws|azure] [--dry-run] [--table PATH]`.
+"""`python -m infra.pricing refresh [--cloud gcp|aws|azure] [--dry-run] [--table PATH]`.
 
 Fetches every machine type's Linux on-demand and spot prices in its cloud's reference region
 (infra/prices.py REFERENCE_REGION) from the provider's public price list (infra/pricing/<cloud>.py),
@@ -27,7 +27,7 @@ from infra.pricing import FetchError, Row, aws, azure, gcp
 PROVIDERS: dict[str, ModuleType] = {"gcp": gcp, "aws": aws, "azure": azure}
 ABOUT = (
     "Hourly list prices per machine type (USD), read by infra/prices.py; rewritten by "
-    "`python -m infra.prices refresh`. spot_usd_per_hour is null where no spot figure is known."
+    "`python -m infra.pricing refresh`. spot_usd_per_hour is null where no spot figure is known."
 )
 
 
@@ -96,7 +96,7 @@ def write(path: Path, table: dict[str, MachinePrice]) -> None:
 
 
 def main(argv: Sequence[str], today: str | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.prices", description="The machine price table (infra/price_table.json).")
+    parser = argparse.ArgumentParser(prog="python -m infra.pricing", description="The machine price table (infra/price_table.json).")
     commands = parser.add_subparsers(dest="command", required=True)
     refresh = commands.add_parser("refresh", help="fetch current list prices from the providers and rewrite the table")
     refresh.add_argument("--cloud", choices=sorted(PROVIDERS), action="append",

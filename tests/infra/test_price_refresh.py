@@ -1,4 +1,4 @@
-"""`python -m infra.prices refresh`: each provider's parser on recorded responses, and the rewrite of
+"""`python -m infra.pricing refresh`: each provider's parser on recorded responses, and the rewrite of
 the table (dated, printed, atomic, untouched on error). No test touches the network: every fetch
 gets the recorded responses of tests/infra/price_responses/ through its `get` argument."""
 

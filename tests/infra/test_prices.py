@@ -36,7 +36,7 @@ def test_an_unreadable_table_names_the_file_and_how_to_restore_it(tmp_path):
 def test_a_machine_type_without_a_price_names_it_and_the_refresh_that_adds_it():
     data = committed()
     del data["machines"]["m7i.4xlarge"], data["machines"]["c3-standard-8"]
-    with pytest.raises(PriceTableError, match=r"t.json: no price for c3-standard-8, m7i.4xlarge; .* `python -m infra.prices refresh --cloud aws` \(and gcp\)"):
+    with pytest.raises(PriceTableError, match=r"t.json: no price for c3-standard-8, m7i.4xlarge; .* `python -m infra.pricing refresh --cloud aws` \(and gcp\)"):
         parse_table(data, "t.json")
     assert "m7i.4xlarge" not in parse_table(data, "t.json", complete=False)  # what a refresh starts from
 
