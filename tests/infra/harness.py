@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -140,6 +141,45 @@ class RecordingMonitor(MockMonitor):
         return super().RegisterResource(request)
 
 
+# Packages whose resources are checked; anything else but our own components is an error.
+SDK_PACKAGES = {"gcp": "pulumi_gcp", "aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tls": "pulumi_tls"}
+COMPONENT_PACKAGES = {"nanocluster"}
+
+
+class SchemaError(LookupError):
+    """A token the harness cannot map to an SDK class: the check itself is incomplete."""
+
+
+def split_token(token: str) -> tuple[str, str, str]:
+    parts = token.split(":")
+    if len(parts) != 3:
+        raise SchemaError(f"{token!r} is not a type token (package:module:Name)")
+    package, module, name = parts
+    return package, module, name
+
+
+@functools.cache
+def resource_class(token: str) -> type:
+    """The SDK's resource class for a type token, through the SDK's own module registry."""
+    package, module, _ = split_token(token)
+    if package not in SDK_PACKAGES:
+        raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")
+    importlib.import_module(SDK_PACKAGES[package])  # registers its modules with pulumi.runtime
+    for registered in rpc._RESOURCE_MODULES.get(f"{package}:{module}", []):
+        info = getattr(registered, "mod_info", {})
+        class_name = info.get("classes", {}).get(token)
+        if class_name:
+            return getattr(importlib.import_module(info["fqn"]), class_name)
+    raise SchemaError(f"no class registered for {token}")
+
+
+def known_type(token: str) -> None:
+    """Raise SchemaError unless a provider SDK (or our own components) defines the type token, so a
+    misspelled token in a test fails instead of selecting no resources."""
+    if split_token(token)[0] not in COMPONENT_PACKAGES:
+        resource_class(token)
+
+
 @dataclass
 class Resource:
     type: str
@@ -173,6 +213,7 @@ class StackRun:
     def of_type(self, type_: str) -> list[Resource]:
         """Resources of a type sorted by name, numbers numerically (so nodes come in rank order;
         registration order depends on when each resource's inputs resolve)."""
+        known_type(type_)
         natural = lambda r: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.name)]  # noqa: E731
         return sorted((r for r in self.resources if r.type == type_), key=natural)
 

@@ -33,13 +33,16 @@ from typing import Any
 
 import pulumi
 from pulumi import _types as pulumi_types
-from pulumi.runtime import rpc
 
-from tests.infra.harness import StackRun, plain
-
-# Packages whose resources are checked; anything else but our own components is an error.
-SDK_PACKAGES = {"gcp": "pulumi_gcp", "aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tls": "pulumi_tls"}
-COMPONENT_PACKAGES = {"nanocluster"}
+from tests.infra.harness import (
+    COMPONENT_PACKAGES,
+    SDK_PACKAGES,
+    SchemaError,
+    StackRun,
+    plain,
+    resource_class,
+    split_token,
+)
 
 # Enumerations their provider documents as incomplete: values outside them are valid.
 OPEN_ENUMS: dict[str, str] = {
@@ -54,29 +57,7 @@ OPEN_ENUMS: dict[str, str] = {
 DOCUMENTED_VALUES = re.compile(r"Possible values are: ((?:`[^`]+`(?:, )?)+)")
 
 
-class SchemaError(LookupError):
-    """A token the harness cannot map to an SDK class: the check itself is incomplete."""
-
-
 # --- token -> SDK ------------------------------------------------------------------------------
-
-
-def _split(token: str) -> tuple[str, str, str]:
-    package, module, name = token.split(":")
-    return package, module, name
-
-
-@functools.cache
-def resource_class(token: str) -> type:
-    """The SDK's resource class for a type token, through the SDK's own module registry."""
-    package, module, _ = _split(token)
-    importlib.import_module(SDK_PACKAGES[package])  # registers its modules with pulumi.runtime
-    for registered in rpc._RESOURCE_MODULES.get(f"{package}:{module}", []):
-        info = getattr(registered, "mod_info", {})
-        class_name = info.get("classes", {}).get(token)
-        if class_name:
-            return getattr(importlib.import_module(info["fqn"]), class_name)
-    raise SchemaError(f"no class registered for {token}")
 
 
 @functools.cache
@@ -93,7 +74,7 @@ def args_class(token: str) -> type:
 
 @functools.cache
 def invoke_function(token: str) -> Callable:
-    package, module, name = _split(token)
+    package, module, name = split_token(token)
     namespace = module.split("/")[0]
     python_module = importlib.import_module(f"{SDK_PACKAGES[package]}.{namespace}")
     function = getattr(python_module, re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(), None)

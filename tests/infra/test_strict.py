@@ -8,7 +8,7 @@ import pytest
 
 from infra.config import MAX_DISK_GB, MAX_TAGS, STACK_TAG_KEYS, ConfigError
 from infra.prices import MACHINE_TYPES
-from tests.infra.harness import cached_stack
+from tests.infra.harness import SchemaError, cached_stack
 from tests.infra.policy import constraint_breaches
 from tests.infra.strict import schema_violations
 
@@ -67,6 +67,22 @@ def test_every_offered_machine_type_fits_its_disks_and_network(cloud, machine):
 def test_the_harness_sees_the_invokes_too():
     invoked = {token for cloud in ("gcp", "aws") for token, _ in cached_stack(cloud, 1).invokes}
     assert {"gcp:compute/getImage:getImage", "aws:ec2/getAmi:getAmi"} <= invoked
+
+
+@pytest.mark.parametrize("token", [
+    "aws:ec2/natgateway:NatGateway",  # the module is natGateway
+    "gcp:compute/routerNAT:RouterNat",
+    "azure:network:Subnet",  # the package is azure-native
+    "Instance",
+])
+def test_a_misspelled_type_token_fails_instead_of_selecting_no_resources(token):
+    """A test asserting over of_type's resources would pass on a misspelled token if it returned []."""
+    with pytest.raises(SchemaError, match="token|no class|no SDK package"):
+        cached_stack("aws", 1).of_type(token)
+
+
+def test_a_known_type_the_stack_does_not_create_selects_nothing():
+    assert cached_stack("aws", 1).of_type("aws:ec2/natGateway:NatGateway") == []
 
 
 # Settings at the edge of what infra/config.py accepts, and just past it where the provider's limit is lower
