@@ -64,10 +64,11 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
 # ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]);
-# the nodes' pins against the lock.
+# the import layering (.importlinter); the nodes' pins against the lock.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/lock.py check
 
 # Every test but those marked `alone` spread over workers, a test file per worker (each builds its

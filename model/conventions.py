@@ -18,6 +18,8 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
+TB_DIR = "tb"
+"""TensorBoard's event files, under out_dir (model.tensorboard_log writes them; `fab fetch` copies them)."""
 
 # How a rank's process ends, as its exit status: the launcher's self-healing retries only failures
 # from outside the program (a peer lost, a stop signal it did not send, a signal death such as the

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-TB_DIR = "tb"
+from model.conventions import TB_DIR
+
 SCALAR_KINDS = ("train", "eval")
 """The metrics.jsonl record kinds that carry scalars (a "start" record describes the run)."""
 FLUSH_EVERY_S = 10

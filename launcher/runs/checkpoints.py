@@ -14,8 +14,7 @@ from launcher.session import Session, resolve_cluster
 from launcher.setup.ready import ensure_ready
 from launcher.site import run_dir
 from launcher.transport import NodeError, Shell
-from model.conventions import CKPT_NAME, SNAPSHOT_NAME
-from model.tensorboard_log import TB_DIR
+from model.conventions import CKPT_NAME, SNAPSHOT_NAME, TB_DIR
 
 SAMPLE_TIMEOUT_S = 600
 
