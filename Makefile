@@ -64,12 +64,17 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
 # ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]);
-# the import layering (.importlinter); the nodes' pins against the lock.
+# the import layering (.importlinter); the nodes' pins against the lock; docs/ built as a site
+# (mkdocs.yml, strict: a broken link or anchor fails), offline, into the ignored .venv/site. Its output is shown only when it fails: mkdocs 1.6's
+# --quiet would also stop strict mode from counting warnings, so the build passes with broken links.
+# NO_MKDOCS_2_WARNING silences Material's notice about MkDocs 2.0 (Material's documented switch).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/lock.py check
+	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site 2>&1) \
+		|| { echo "$$out"; echo "mkdocs build --strict failed"; exit 1; }
 
 # Every test but those marked `alone` spread over workers, a test file per worker (each builds its
 # own test nodes, on its own subnet and ports); then the `alone` ones (bounds in seconds or Mbit/s:

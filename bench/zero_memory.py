@@ -2,7 +2,7 @@
 
     python bench/zero_memory.py [--model gpt2-medium] [--block 128] [--steps 2]
 
-Each setting starts 2 ranks (1 thread each, gloo on loopback, as tests/model/conftest.launch_ranks)
+Each setting starts 2 ranks (1 thread each, gloo on loopback, as tests/model/conftest.py's launch_ranks)
 that build the trainer (scratch weights, random tokens), take --steps optimizer steps and report the
 kernel's high-water mark of their resident memory (VmHWM). No eval and no snapshot: this is the
 training footprint. A short block keeps the activations small, so the difference is the optimizer's

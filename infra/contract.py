@@ -1,4 +1,4 @@
-"""The stack outputs: the output contract of shared/DESIGN.md, identical on every cloud.
+"""The stack outputs: the output contract (docs/design.md, "The output contract"), identical on every cloud.
 
 `pulumi stack output --json --show-secrets` is what the launcher reads (`--cluster stack`).
 

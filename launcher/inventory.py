@@ -1,7 +1,7 @@
 """Which machines the launcher drives: a Pulumi stack, a JSON file in the output contract, or this machine.
 
 Every source ends as the same validated `Cluster`. The contract is the one `infra/` exports
-(DESIGN.md, "The output contract"); a person bringing their own machines writes the same JSON by
+(docs/design.md, "The output contract"); a person bringing their own machines writes the same JSON by
 hand with cloud "static", and the integration tests describe their sshd test nodes with it.
 """
 
@@ -73,7 +73,7 @@ class PulumiStack:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A validated output contract (see DESIGN.md) plus where it came from."""
+    """A validated output contract (docs/design.md, "The output contract") plus where it came from."""
 
     source: str
     """Human description of where this came from (printed by every task)."""

@@ -1,6 +1,6 @@
 """Where everything is on a cluster's nodes, and what driving that kind of cluster takes.
 
-Every node keeps the same layout under its root (DESIGN.md, "On a node"):
+Every node keeps the same layout under its root (docs/design.md, "On a node"):
 
     <root>/venv   <root>/code   <root>/data/<dataset>/   <root>/runs/<run>/
 

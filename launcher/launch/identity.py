@@ -6,7 +6,7 @@ UNIT.pid, and the number may now belong to sshd, the guest agent or the user's o
 unit starts, UNIT.identity records, beside UNIT.pid, the node's boot id
 (/proc/sys/kernel/random/boot_id) and the leader's start time (field 22 of /proc/PID/stat, in clock
 ticks since boot). A command treats the group as the unit, or signals it, only when both still match
-(DESIGN.md, "A unit on a node ... identified by the node's boot id and the leader's start time").
+(docs/design.md, "Unit identity").
 
 nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`; nc_running UNIT also needs
 some process of the unit's group alive:

@@ -1,4 +1,4 @@
-"""The exported output contract (shared/DESIGN.md): the same keys and meanings on every cloud."""
+"""The exported output contract (docs/design.md, "The output contract"): the same keys and meanings on every cloud."""
 
 import json
 import logging
