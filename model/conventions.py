@@ -15,6 +15,9 @@ ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 """/proc/cpuinfo flags of CPUs that multiply bf16 natively; elsewhere bf16 is emulated and slower."""
 
+MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
+"""The trainer's mixed_precision values (model.precision): auto picks bf16 where BF16_CPU_FLAGS say it is native."""
+
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
