@@ -48,3 +48,21 @@ argparse's usage error (2)."""
 DEFAULT_MAX_ITERS = 200
 """Optimizer steps of a run whose config sets no max_iters (TrainConfig's default; the launcher's
 budget estimate reads it here)."""
+
+DEFAULT_MASTER_PORT = 29500
+"""Rendezvous port on the head when none is given (torch.distributed's usual one); the local cluster
+picks a free loopback port instead."""
+
+LAUNCH_COLLECTIVE_TIMEOUT_S = 120.0
+"""collective_timeout_s of a run the launcher starts (`fab train --collective-timeout`); a trainer
+started by hand keeps TrainConfig's own default."""
+
+# `fab sample` and `python -m model.sample`: what the generated text looks like unless told otherwise.
+SAMPLE_MAX_NEW_TOKENS = 100
+"""Tokens to generate."""
+SAMPLE_TEMPERATURE = 0.8
+"""Softmax temperature; 0 always takes the most likely token."""
+SAMPLE_TOP_K = 200
+"""Sample only among the K most likely tokens."""
+SAMPLE_SEED = 1337
+"""Random seed: the same seed gives the same text."""

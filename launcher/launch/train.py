@@ -31,6 +31,7 @@ from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
 from launcher.transport import Shell, payload
 from launcher.transport.cluster_ssh import shown_path, ssh_files
+from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 
 
 def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], **plan_args) -> LaunchPlan:
@@ -60,7 +61,7 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
-          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0,
+          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S,
           recover: RecoverOptions | None = None, budget_usd: float | None = None) -> int:
     """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py); budget_usd: stop
     before the run's spend would cross it (launcher/runs/budget.py). Returns the exit status: 0

@@ -25,9 +25,9 @@ def test_fab_lists_every_task_with_one_line_help():
 
 @pytest.mark.parametrize("task", TASKS)
 def test_every_flag_is_explained(task):
-    import fabfile
+    from launcher.tasks import namespace
 
-    body = getattr(fabfile, task.replace("-", "_"))
+    body = namespace[task]
     flags = [p for p in inspect.signature(body.body).parameters if p != "c"]
     assert "cluster" in flags
     assert set(flags) == set(body.help), f"{task}: flags without help: {set(flags) - set(body.help)}"
