@@ -17,7 +17,7 @@ from launcher.console import TaskError, check_name, out_line, say
 from launcher.data.fanout import check_shards, fan_out, splits_digest
 from launcher.inventory import Cluster, Node
 from launcher.launch.monitor import Monitor, Progress
-from launcher.launch.plan import LaunchPlan, NodeFacts
+from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
@@ -29,6 +29,7 @@ from launcher.runs.record import append_event, launch_fields, run_record_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
+from launcher.trainer_config import check_trainer_config, resolved_config_text
 from launcher.transport import Shell, payload
 from launcher.transport.cluster_ssh import shown_path, ssh_files
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -83,6 +84,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             config_text = Path(config).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config}: {e.strerror}") from None
+    check_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
@@ -169,3 +171,5 @@ def print_dry_run(plan: LaunchPlan, site: Site, config_text: str) -> None:
     for unit in plan.units():
         say(f"----- {unit.node.name}: start {unit.name} (detached, in {site.shown_root}/runs/{plan.run})")
         out_line(start_command(site.shown_root, plan.run, [unit.name], ssh_files=False).splitlines()[-3])
+    say("----- the trainer's resolved config (model.config)")
+    out_line(resolved_config_text(plan.config_file, trainer_args(plan)).rstrip("\n"))
