@@ -32,6 +32,7 @@ def test_every_flag_is_explained(task):
     assert "cluster" in flags
     assert set(flags) == set(body.help), f"{task}: flags without help: {set(flags) - set(body.help)}"
     assert all(body.help[f].strip() for f in flags)
+    assert not any("{default}" in body.help[f] for f in flags)  # filled in from the signature
     assert "--cluster" in fab("--help", task).stdout
 
 
