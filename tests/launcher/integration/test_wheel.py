@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,9 @@ def timed(what: str, command: list[str], timeout: float, **kwargs) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh venv holding the wheel with its launcher extra, at the locked versions; its bin directory."""
+def installed(tmp_path_factory) -> Iterator[Path]:
+    """A fresh venv holding the wheel with its launcher extra, at the locked versions; its bin directory.
+    Removed afterwards: with torch it is about 1 GB."""
     work = tmp_path_factory.mktemp("wheel")
     source, wheels, env = work / "source", work / "dist", work / "venv"
     shutil.copytree(REPO_ROOT, source, ignore=left_out)
@@ -56,7 +58,8 @@ def installed(tmp_path_factory) -> Path:
     timed("python -m venv", [sys.executable, "-m", "venv", str(env)], timeout=120)
     timed("pip install", [str(env / "bin" / "pip"), "install", "--quiet", "--no-compile",
                           "--constraint", str(REPO_ROOT / "requirements.lock"), f"{wheel}[launcher]"], timeout=900)
-    return env / "bin"
+    yield env / "bin"
+    shutil.rmtree(work)
 
 
 def test_the_installed_command_trains_from_an_empty_directory(installed, tmp_path):
