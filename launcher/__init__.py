@@ -1,6 +1,8 @@
-"""The operator's side of nanocluster: the `fab` tasks (fabfile.py) and the library behind them.
+"""The operator's side of nanocluster: the tasks (`fab` in the checkout, the installed
+`nanocluster` command) and the library behind them.
 
-    tasks.py      every fab task, by the module that holds it
+    tasks/        every task, one thin module each: flags and help over a library function
+    cli.py        the `nanocluster` console command over tasks/
     inventory.py  which machines: --cluster -> a validated Cluster (the output contract)
     site.py       where things are on the nodes; what the local cluster does differently
     transport/    how a command reaches a node (SSH, or a subprocess for the local cluster)

@@ -1,6 +1,6 @@
 """What a task prints and how it refuses: one `error:` line for the operator, plain rank output.
 
-fabfile.py turns a TaskError into `error: MESSAGE` and exit code 1; every other module of the
+launcher.tasks.flags turns a TaskError into `error: MESSAGE` and exit code 1; every other module of the
 launcher prints through say() (operator messages) or out_line() (rank and node output, unwrapped).
 """
 

@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.inventory import Cluster, local_home
+from model.conventions import DEFAULT_MASTER_PORT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """This checkout: model/ is synced from here, and the local cluster runs it in place."""
 QUICKSTART_CONFIG = Path(__file__).with_name("quickstart.yaml")
 REMOTE_ROOT = '"$HOME"/nanocluster'
 """A remote node's nanocluster directory, as a shell word."""
-DEFAULT_PORT = 29500
-"""Rendezvous port on a remote head (torch.distributed's usual one)."""
+DEFAULT_PORT = DEFAULT_MASTER_PORT
+"""Rendezvous port on a remote head."""
 
 
 def run_dir(root: str, run: str) -> str:

@@ -25,10 +25,14 @@ from typing import Any
 import yaml
 
 from model.config_values import ConfigError, coerce, dotted_fields, flatten, get_dotted, parse_overrides
-from model.conventions import BACKEND_CHOICES, DEFAULT_MAX_ITERS, GRAD_COMPRESSION_CHOICES
+from model.conventions import (
+    BACKEND_CHOICES,
+    DEFAULT_MAX_ITERS,
+    GRAD_COMPRESSION_CHOICES,
+    MIXED_PRECISION_CHOICES,
+)
 from model.intel_layout import translate_intel_layout
-from model.model import SHAPE_RULES
-from model.precision import MIXED_PRECISION_CHOICES
+from model.shape_rules import SHAPE_RULES
 
 FINE_TUNE_LR = 6e-5
 SCRATCH_LR = 1e-3
@@ -249,7 +253,7 @@ class TrainConfig:
             ("budget_clock_start", self.budget_clock_start >= 0, ">= 0 (Unix seconds; 0: the trainer's start)"),
             ("budget_spent_usd", self.budget_spent_usd >= 0, ">= 0"),
             ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
-            # The shape's constraints are GPTConfig's own (model.model.SHAPE_RULES), worded for our keys.
+            # The shape's constraints are GPTConfig's own (model.shape_rules), worded for our keys.
             *(
                 (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))
                 for rule in SHAPE_RULES

@@ -15,6 +15,9 @@ ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 """/proc/cpuinfo flags of CPUs that multiply bf16 natively; elsewhere bf16 is emulated and slower."""
 
+MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
+"""The trainer's mixed_precision values (model.precision): auto picks bf16 where BF16_CPU_FLAGS say it is native."""
+
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
@@ -47,3 +50,21 @@ argparse's usage error (2)."""
 DEFAULT_MAX_ITERS = 200
 """Optimizer steps of a run whose config sets no max_iters (TrainConfig's default; the launcher's
 budget estimate reads it here)."""
+
+DEFAULT_MASTER_PORT = 29500
+"""Rendezvous port on the head when none is given (torch.distributed's usual one); the local cluster
+picks a free loopback port instead."""
+
+LAUNCH_COLLECTIVE_TIMEOUT_S = 120.0
+"""collective_timeout_s of a run the launcher starts (`fab train --collective-timeout`); a trainer
+started by hand keeps TrainConfig's own default."""
+
+# `fab sample` and `python -m model.sample`: what the generated text looks like unless told otherwise.
+SAMPLE_MAX_NEW_TOKENS = 100
+"""Tokens to generate."""
+SAMPLE_TEMPERATURE = 0.8
+"""Softmax temperature; 0 always takes the most likely token."""
+SAMPLE_TOP_K = 200
+"""Sample only among the K most likely tokens."""
+SAMPLE_SEED = 1337
+"""Random seed: the same seed gives the same text."""

@@ -26,11 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model.conventions import BACKEND_CHOICES, ONECCL_MODULE
+from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, ONECCL_MODULE
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MASTER_PORT = 29500
 
 
 class DistributedSetupError(RuntimeError):

@@ -20,11 +20,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from model.conventions import BF16_CPU_FLAGS
+from model.conventions import BF16_CPU_FLAGS, MIXED_PRECISION_CHOICES
 
 log = logging.getLogger(__name__)
 
-MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
 IPEX_DISTRIBUTION = "intel_extension_for_pytorch"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import CheckpointError, load_model
+from model.conventions import SAMPLE_MAX_NEW_TOKENS, SAMPLE_SEED, SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 from model.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
 from model.model import GPT
 from model.tokenizer import EOT_TOKEN, TokenizerUnavailable, gpt2_encoding
@@ -44,9 +45,9 @@ def sample_text(
     model: GPT,
     prompt: str,
     max_new_tokens: int,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
-    seed: int = 1337,
+    temperature: float = SAMPLE_TEMPERATURE,
+    top_k: int | None = SAMPLE_TOP_K,
+    seed: int = SAMPLE_SEED,
 ) -> str:
     """The prompt followed by max_new_tokens generated tokens, decoded. Same seed, same text."""
     encoding = gpt2_encoding()
@@ -91,22 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     parser.add_argument(
-        "--max-new-tokens", type=_positive_int, default=100, help="tokens to generate (default 100)"
+        "--max-new-tokens",
+        type=_positive_int,
+        default=SAMPLE_MAX_NEW_TOKENS,
+        help=f"tokens to generate (default {SAMPLE_MAX_NEW_TOKENS})",
     )
     parser.add_argument(
         "--temperature",
         type=_non_negative_float,
-        default=0.8,
-        help="softmax temperature; 0 = always the most likely token (default 0.8)",
+        default=SAMPLE_TEMPERATURE,
+        help=f"softmax temperature; 0 = always the most likely token (default {SAMPLE_TEMPERATURE:g})",
     )
     parser.add_argument(
         "--top-k",
         type=_positive_int,
-        default=200,
-        help="sample only among the k most likely tokens (default 200)",
+        default=SAMPLE_TOP_K,
+        help=f"sample only among the k most likely tokens (default {SAMPLE_TOP_K})",
     )
     parser.add_argument(
-        "--seed", type=int, default=1337, help="random seed; the same seed gives the same text"
+        "--seed", type=int, default=SAMPLE_SEED, help="random seed; the same seed gives the same text"
     )
     args = parser.parse_args(argv)
     try:

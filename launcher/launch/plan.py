@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from launcher.inventory import Cluster, Host, Node, group_by_host
-from model.conventions import BACKEND_CHOICES
+from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")
 UNIT_KINDS = ("rank", "node", "mpirun")
@@ -94,9 +94,9 @@ class LaunchPlan:
     """fabric (one process per rank started over SSH), mpirun (Intel MPI from the head) or torchrun."""
     backend: str = "auto"
     """auto (ccl where the bindings import on every node, else gloo), ccl or gloo."""
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
     """Rendezvous port on the head."""
-    collective_timeout_s: float = 120.0
+    collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S
     """Passed to the trainer: how long a collective may wait for a lost peer (fab train --collective-timeout)."""
     config_file: str = ""
     """Trainer YAML copied into the run directory as train.yaml, if given."""

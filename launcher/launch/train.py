@@ -17,7 +17,7 @@ from launcher.console import TaskError, check_name, out_line, say
 from launcher.data.fanout import check_shards, fan_out, splits_digest
 from launcher.inventory import Cluster, Node
 from launcher.launch.monitor import Monitor, Progress
-from launcher.launch.plan import LaunchPlan, NodeFacts
+from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import run_files
 from launcher.launch.stop import stop_units
 from launcher.launch.units import start_command
@@ -29,8 +29,10 @@ from launcher.runs.record import append_event, launch_fields, run_record_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
+from launcher.trainer_config import check_trainer_config, resolved_config_text
 from launcher.transport import Shell, payload
 from launcher.transport.cluster_ssh import shown_path, ssh_files
+from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 
 
 def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], **plan_args) -> LaunchPlan:
@@ -60,7 +62,7 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
-          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = 120.0,
+          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S,
           recover: RecoverOptions | None = None, budget_usd: float | None = None) -> int:
     """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py); budget_usd: stop
     before the run's spend would cross it (launcher/runs/budget.py). Returns the exit status: 0
@@ -82,6 +84,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             config_text = Path(config).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config}: {e.strerror}") from None
+    check_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
@@ -168,3 +171,5 @@ def print_dry_run(plan: LaunchPlan, site: Site, config_text: str) -> None:
     for unit in plan.units():
         say(f"----- {unit.node.name}: start {unit.name} (detached, in {site.shown_root}/runs/{plan.run})")
         out_line(start_command(site.shown_root, plan.run, [unit.name], ssh_files=False).splitlines()[-3])
+    say("----- the trainer's resolved config (model.config)")
+    out_line(resolved_config_text(plan.config_file, trainer_args(plan)).rstrip("\n"))

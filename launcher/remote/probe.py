@@ -31,7 +31,10 @@ def add_site_packages() -> None:
     try:  # a venv: Python 3.10 learns its prefix only in site, which -S skipped
         with open(os.path.join(env, "pyvenv.cfg")) as f:
             settings = f.read().replace(" ", "").lower().splitlines()
-        prefixes = [env] + ([sys.base_prefix] if "include-system-site-packages=true" in settings else [])
+        # Named by hand: Debian's Python (Ubuntu nodes too) patches getsitepackages to answer
+        # dist-packages when site has not marked the venv, which -S skips.
+        sys.path.append(os.path.join(env, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages"))
+        prefixes = [sys.base_prefix] if "include-system-site-packages=true" in settings else []
     except OSError:
         sys.path.append(site.getusersitepackages())  # pip install --user, outside venvs only
     sys.path.extend(site.getsitepackages(prefixes))

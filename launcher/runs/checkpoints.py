@@ -1,5 +1,6 @@
 """What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here
-(with its metrics, TensorBoard files and the plot fab train drew)."""
+(with its metrics, TensorBoard files and the plot fab train drew), under the nanocluster home unless
+the operator names a directory: the tool writes nothing into the directory it is run from."""
 
 from __future__ import annotations
 
@@ -8,13 +9,22 @@ import shutil
 from pathlib import Path
 
 from launcher.console import TaskError, out_line, say
+from launcher.inventory import Cluster
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.record import cluster_dir
 from launcher.session import Session, resolve_cluster
 from launcher.setup.ready import ensure_ready
 from launcher.site import run_dir
 from launcher.transport import NodeError, Shell
-from model.conventions import CKPT_NAME, SNAPSHOT_NAME, TB_DIR
+from model.conventions import (
+    CKPT_NAME,
+    SAMPLE_MAX_NEW_TOKENS,
+    SAMPLE_SEED,
+    SAMPLE_TEMPERATURE,
+    SAMPLE_TOP_K,
+    SNAPSHOT_NAME,
+    TB_DIR,
+)
 
 SAMPLE_TIMEOUT_S = 600
 
@@ -30,8 +40,8 @@ def best_checkpoint(shell: Shell, run: str) -> str:
     return f"{directory}/{name}"
 
 
-def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = 100,
-           temperature: float = 0.8, top_k: int = 200, seed: int = 1337) -> None:
+def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
+           temperature: float = SAMPLE_TEMPERATURE, top_k: int = SAMPLE_TOP_K, seed: int = SAMPLE_SEED) -> None:
     cluster = resolve_cluster(cluster_spec, 1)
     with Session.open(cluster, cluster.nodes[:1]) as session:
         ensure_ready(session)
@@ -49,11 +59,16 @@ def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_ne
             raise TaskError(f"model.sample failed on {head.name} (exit {status}); its output is above")
 
 
+def fetched_dir(cluster: Cluster, run: str) -> Path:
+    """Where `fab fetch` copies a run when no destination is given."""
+    return cluster_dir(cluster) / "fetched" / run
+
+
 def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
     """Copy the run's best checkpoint, metrics and TensorBoard files from the head to this machine
     (each checked by size), and the run's plot from this machine's run record."""
     cluster = resolve_cluster(cluster_spec, 1)
-    target_dir = Path(dest or Path("runs") / run).expanduser()
+    target_dir = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run)
@@ -67,6 +82,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
             say(f"copied the run's plot {plot} -> {target_dir / PLOT_NAME}")
         if listed:
             say(f"TensorBoard: tensorboard --logdir {target_dir / TB_DIR}")
+        say(f"run {run} fetched into {target_dir.resolve()}")
         return target_dir / ckpt.rsplit("/", 1)[1]
 
 

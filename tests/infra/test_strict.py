@@ -77,7 +77,7 @@ def test_the_harness_sees_the_invokes_too():
 ])
 def test_a_misspelled_type_token_fails_instead_of_selecting_no_resources(token):
     """A test asserting over of_type's resources would pass on a misspelled token if it returned []."""
-    with pytest.raises(SchemaError, match="token|no class|no SDK package"):
+    with pytest.raises(SchemaError, match=r"token|no class|no SDK package"):
         cached_stack("aws", 1).of_type(token)
 
 

@@ -10,9 +10,12 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
 import torch
 
 from launcher.remote import script
+
+DEBIAN_PYTHON = "/usr/bin/python3"
 
 
 def run_probe(python: str, root: Path, ip_line: str = "", dataset: str = "builtin") -> dict:
@@ -45,6 +48,20 @@ def test_probe_reads_a_fresh_venvs_own_site_packages(tmp_path):
     assert report["torch"] == "9.8.7"
     assert "torch" not in report["missing"]
     assert "tiktoken" in report["missing"]  # not in the venv, and the venv does not see this one's
+
+
+@pytest.mark.skipif(not Path(DEBIAN_PYTHON).exists(), reason="no system Python here")
+def test_probe_reads_a_venv_of_the_system_python(tmp_path):
+    """Debian's and Ubuntu's Python name dist-packages when asked under -S; a venv's packages are in site-packages."""
+    env = tmp_path / "venv"
+    subprocess.run([DEBIAN_PYTHON, "-m", "venv", "--without-pip", str(env)], check=True, timeout=60)
+    version = subprocess.run([str(env / "bin" / "python"), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    site_packages = env / "lib" / f"python{version}" / "site-packages"
+    (site_packages / "torch").mkdir(parents=True, exist_ok=True)
+    (site_packages / "torch" / "version.py").write_text("__version__: str = '9.8.7'\n")
+    report = run_probe(str(env / "bin" / "python"), tmp_path)
+    assert report["torch"] == "9.8.7"
 
 
 def test_probe_names_the_interface_from_ip_output(tmp_path):

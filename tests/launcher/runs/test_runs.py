@@ -8,7 +8,7 @@ from launcher.console import TaskError, console
 from launcher.launch.plan import LaunchPlan, plan_json
 from launcher.launch.stop import stop
 from launcher.launch.units import alive_command, start_command, stop_command
-from launcher.runs.checkpoints import fetch
+from launcher.runs.checkpoints import fetch, fetched_dir
 from launcher.runs.logs import logs
 from launcher.runs.status import status
 from launcher.transport import connect, payload
@@ -88,3 +88,19 @@ def test_fetch_copies_the_best_checkpoint_and_metrics(local3, local_home, tmp_pa
     assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["ckpt.pt", "metrics.jsonl"]
     with pytest.raises(TaskError, match=r"run 'other' has no ckpt.pt or snapshot.pt on local0"):
         fetch(None, run="other", dest=str(tmp_path / "x"))
+
+
+def test_fetch_without_a_destination_copies_under_the_home_not_the_cwd(local3, local_home, tmp_path, monkeypatch,
+                                                                       capsys):
+    run_dir = local_home / "runs" / RUN
+    run_dir.mkdir(parents=True)
+    (run_dir / "ckpt.pt").write_bytes(b"c" * 20)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    fetched = fetch(None, run=RUN)
+    assert fetched == fetched_dir(local3, RUN) / "ckpt.pt" and fetched.is_relative_to(local_home)
+    assert fetched.read_bytes() == b"c" * 20
+    assert list(cwd.iterdir()) == []
+    assert f"run {RUN} fetched into {fetched.parent}" in capsys.readouterr().out

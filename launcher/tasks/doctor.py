@@ -1,0 +1,24 @@
+"""`fab doctor`: the preflight checks (launcher.doctor)."""
+
+from __future__ import annotations
+
+from launcher import doctor as preflight
+from launcher.bandwidth import SEND_S
+from launcher.tasks.flags import CLUSTER_HELP, fab_task, given, number, shown
+from model.conventions import DEFAULT_MASTER_PORT
+
+PORT = shown(DEFAULT_MASTER_PORT)
+"""--port's default as a string (flags.number says why)."""
+
+
+@fab_task(help={
+    "cluster": CLUSTER_HELP,
+    "dataset": "dataset whose checksums to verify on every node (default {default})",
+    "port": "rendezvous port to test between the nodes (default {default})",
+    "bandwidth_seconds": f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)",
+})
+def doctor(c, cluster=None, dataset="builtin", port=PORT, bandwidth_seconds=None):
+    """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
+    each failure with its fix."""
+    return preflight.doctor(cluster, dataset=dataset, port=number("port", port),
+                            **given(bandwidth_s=number("bandwidth-seconds", bandwidth_seconds, float)))

@@ -1,0 +1,17 @@
+"""`fab fetch`: copy a run's best checkpoint and metrics to this machine (launcher.runs.checkpoints)."""
+
+from __future__ import annotations
+
+from launcher.runs import checkpoints
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
+
+
+@fab_task(help={
+    "cluster": CLUSTER_HELP,
+    "run": RUN_HELP,
+    "dest": "local directory (default: clusters/<cluster>/fetched/<run> in the nanocluster home, "
+            "$NANOCLUSTER_HOME or ~/nanocluster)",
+})
+def fetch(c, cluster=None, run="main", dest=None):
+    """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
+    checkpoints.fetch(cluster, run=run, dest=dest)

@@ -1,0 +1,18 @@
+"""`fab logs`: each rank's log from its node (launcher.runs.logs)."""
+
+from __future__ import annotations
+
+from launcher.runs import logs as rank_logs
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, number
+
+
+@fab_task(help={
+    "cluster": CLUSTER_HELP,
+    "run": RUN_HELP,
+    "rank": "only this rank (default every rank)",
+    "lines": "lines of history per rank (default {default})",
+    "follow": "keep streaming new lines until Ctrl-C",
+})
+def logs(c, cluster=None, run="main", rank=None, lines="50", follow=False):
+    """Show (or follow) each rank's log from its node."""
+    rank_logs.logs(cluster, run=run, rank=number("rank", rank), lines=number("lines", lines), follow=follow)

@@ -1,0 +1,30 @@
+"""`fab prepare-data`: tokenize a dataset on the head, copy it to every node (launcher.data.prepare)."""
+
+from __future__ import annotations
+
+from launcher.data import prepare
+from launcher.tasks.flags import CLUSTER_HELP, fab_task, number
+
+
+@fab_task(help={
+    "cluster": CLUSTER_HELP,
+    "source": "what to tokenize: {default} (default), shakespeare, openwebtext, alpaca, hf:OWNER/NAME, or files",
+    "dataset": "directory name under data/ (default derived from --source)",
+    "nodes": "only the first N nodes (default all)",
+    "val_fraction": "share of documents for val.bin (default model.prepare's)",
+    "seed": "seed of the train/val split",
+    "limit": "read only the first N documents of the source",
+    "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
+    "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
+    "split": "the split of an hf: dataset to read (default train)",
+    "workers": "tokenizer processes (default model.prepare's)",
+    "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
+})
+def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
+                 limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
+    """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
+    prepare.prepare_data(cluster, source=source, dataset=dataset, nodes=number("nodes", nodes),
+                         val_fraction=number("val-fraction", val_fraction, float),
+                         seed=number("seed", seed), limit=number("limit", limit),
+                         sharded=sharded, field=field, split=split, workers=number("workers", workers),
+                         text_chars=number("text-chars", text_chars))

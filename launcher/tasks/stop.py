@@ -1,0 +1,12 @@
+"""`fab stop`: stop a run's ranks everywhere (launcher.launch.stop)."""
+
+from __future__ import annotations
+
+from launcher.launch import stop as stop_run
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
+
+
+@fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
+def stop(c, cluster=None, run="main"):
+    """Stop every rank of a run on every node (TERM, then KILL after 10 s)."""
+    return stop_run.stop(cluster, run=run)

@@ -1,0 +1,53 @@
+"""`fab train`: launch DDP training and watch it (launcher.launch.train); the self-healing flags are
+launcher.recover.loop's RecoverOptions, whose defaults the help prints."""
+
+from __future__ import annotations
+
+from launcher.launch import train as launch
+from launcher.recover.loop import RecoverOptions
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, given, number, shown
+from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, LAUNCH_COLLECTIVE_TIMEOUT_S
+
+RECOVER_DEFAULTS = RecoverOptions()
+COLLECTIVE_TIMEOUT = shown(LAUNCH_COLLECTIVE_TIMEOUT_S)
+"""--collective-timeout's default as a string (flags.number says why)."""
+
+
+@fab_task(
+    iterable=["set_"],
+    help={
+        "cluster": CLUSTER_HELP,
+        "nodes": "ranks to run, one per node (the local cluster: processes); default every node",
+        "run": RUN_HELP + "; a rerun of the same name resumes from its snapshot",
+        "dataset": "data/<dataset> to train on (default {default})",
+        "launcher": "fabric (default: each rank started over SSH), mpirun (Intel MPI from the head) or torchrun",
+        "backend": "auto (ccl where the bindings import, else gloo), ccl or gloo",
+        "port": f"rendezvous port on the head (default {DEFAULT_MASTER_PORT}; the local cluster picks a free one)",
+        "config": "trainer YAML (default: the quickstart config on the local cluster, trainer defaults elsewhere)",
+        "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",
+        "dry_run": "print every rendered file and command, start nothing",
+        "collective_timeout": "seconds a rank waits for a lost peer before failing (default {default})",
+        "max_restarts": "restarts after a failure outside the program (a killed rank, a lost node, a preemption);"
+                        f" a program error is never retried (default {RECOVER_DEFAULTS.max_restarts}, 0 = fail fast)",
+        "recover_timeout": "seconds to wait for a lost node to answer SSH again before stopping (or, with "
+                           f"--min-nodes, going on without it); default {shown(RECOVER_DEFAULTS.recover_timeout_s)}",
+        "min_nodes": "when a lost node does not come back, resume on the nodes that answer if at least this many"
+                     " do, with the same tokens per optimizer step (default: stop with an error)",
+        "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
+                  "attempts since it last finished included): refused before launch when the estimate exceeds it;"
+                  f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
+                  "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
+    },
+)
+def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
+          port=None, config=None, set_=None, dry_run=False, collective_timeout=COLLECTIVE_TIMEOUT,
+          max_restarts=None, recover_timeout=None, min_nodes=None, budget=None):
+    """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
+    return launch.train(cluster, nodes=number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
+                        backend=backend, port=number("port", port), config=config, overrides=list(set_ or []),
+                        dry_run=dry_run, collective_timeout_s=number("collective-timeout", collective_timeout, float),
+                        recover=RecoverOptions(**given(
+                            max_restarts=number("max-restarts", max_restarts),
+                            recover_timeout_s=number("recover-timeout", recover_timeout, float),
+                            min_nodes=number("min-nodes", min_nodes))),
+                        budget_usd=number("budget", budget, float))

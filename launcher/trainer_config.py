@@ -1,0 +1,30 @@
+"""The trainer's config as the ranks will read it, checked on the operator's machine before any node
+is touched: model.config's own loader (torch-free) over the --config file and every --set, so a
+misspelled key or a value of the wrong type fails in a second instead of after every rank started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from launcher.console import TaskError
+from model.config import TrainConfig, load_config
+from model.config_values import ConfigError
+
+
+def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> TrainConfig:
+    """The TrainConfig the YAML file and key=value overrides make, or a TaskError naming the bad key."""
+    try:
+        return load_config(Path(config_file).expanduser() if config_file else None, list(overrides))
+    except ConfigError as e:
+        raise TaskError(f"trainer config (--config, --set): {e}") from None
+
+
+def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:
+    """What the ranks will run with, as YAML: the file under the launcher's keys and the overrides
+    (trainer_args is the rank's command line after `python -m model.train`; its --config is config_file)."""
+    overrides = [arg for arg in trainer_args if "=" in arg]
+    return yaml.safe_dump(check_trainer_config(config_file, overrides).to_dict(), sort_keys=False)

@@ -1,0 +1,43 @@
+"""The `nanocluster` command (launcher.cli): the installed task collection, from any directory, and
+light to start: neither it nor the tasks import torch."""
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.test_fabfile import TASKS
+
+NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
+
+
+def nanocluster(*args, cwd):
+    return subprocess.run([NANOCLUSTER, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_lists_every_task_outside_the_checkout(tmp_path):
+    result = nanocluster("-l", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert listed >= set(TASKS) | {"cost"}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_task_help_names_its_flags_and_the_defaults_from_their_definitions(tmp_path):
+    result = nanocluster("--help", "train", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "Usage: nanocluster [--core-opts] train" in text
+    for flag in ("--cluster", "--nodes", "--set", "--dry-run"):
+        assert flag in text
+    assert "(default 29500;" in text and "(default 120)" in text and "(default 3, 0 = fail fast)" in text
+    assert f"nanocluster {version('nanocluster')}" in nanocluster("--version", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize("module", ["launcher.tasks", "launcher.cli"])
+def test_importing_the_tasks_loads_no_torch(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
