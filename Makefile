@@ -56,7 +56,7 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
 # The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
-# launcher/quickstart.yaml (100 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
+# launcher/quickstart.yaml (300 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
 # The sample continues an English prompt (the builtin corpus is Python's documentation).
 quickstart: $(VENV)/.installed-local
 	$(BIN)/fab prepare-data

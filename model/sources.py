@@ -2,8 +2,9 @@
 
 SOURCE, as given to `python -m model.prepare`:
 
-    builtin                      English documentation that ships with Python (pydoc_data), no download;
-                                 each topic cut into passages of whole paragraphs (PASSAGE_CHARS)
+    builtin                      English documentation that ships with Python (pydoc_data), no download:
+                                 its prose paragraphs (prose_paragraphs), each topic cut into passages
+                                 of whole paragraphs (PASSAGE_CHARS)
     shakespeare                  tiny-shakespeare, downloaded over HTTPS once and cached, cut into
                                  passages of whole speeches
     openwebtext                  Skylion007/openwebtext from the Hugging Face hub, streamed
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -45,6 +47,11 @@ ALPACA_REPO = "tatsu-lab/alpaca"
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n{output}"
 ALPACA_INPUT_BLOCK = "### Input:\n{input}\n\n"
 DOWNLOAD_TIMEOUT_S = 60.0
+# What marks a pydoc paragraph as something other than running text: a doctest, a grammar production,
+# a table, a heading's underline.
+NOT_PROSE = re.compile(r">>>|::=|\||^\s*[*=\-+~^]{3,}\s*$", re.M)
+PROSE_LETTER_SHARE = 0.75
+"""Below this share of letters among its non-space characters, a paragraph is code or a signature."""
 
 
 def cache_dir() -> Path:
@@ -53,9 +60,24 @@ def cache_dir() -> Path:
     return Path(root) / "nanocluster" / "downloads"
 
 
+def prose_paragraphs(text: str) -> Iterator[str]:
+    """The paragraphs of running text, each on one line; code, grammar, tables and headings dropped.
+
+    Half of pydoc's topics is indented code, grammar and tables: a small model trained on them for a
+    few minutes (the quickstart) mostly learns to continue any prompt with runs of spaces, so the
+    builtin corpus keeps the sentences, which a few minutes of training turn into readable English."""
+    for paragraph in text.split("\n\n"):
+        if NOT_PROSE.search(paragraph):
+            continue
+        line = " ".join(paragraph.split())  # pydoc's hard line breaks and indents are layout, not text
+        letters = [c for c in line if not c.isspace()]
+        if line.endswith((".", ":")) and sum(c.isalpha() for c in letters) >= PROSE_LETTER_SHARE * len(letters):
+            yield line
+
+
 @dataclass
 class BuiltinSource(Source):
-    """Python's own documentation topics (pydoc_data), sorted by name, each cut into passages."""
+    """Python's own documentation topics (pydoc_data), sorted by name: their prose, cut into passages."""
 
     spec: str = "builtin"
 
@@ -68,14 +90,15 @@ class BuiltinSource(Source):
         digest = hashlib.sha256()
         for name, text in sorted(self._topics().items()):
             digest.update(name.encode() + b"\0" + text.encode() + b"\0")
-        return {"kind": "builtin", "content_sha256": digest.hexdigest(), "passage_chars": PASSAGE_CHARS}
+        return {"kind": "builtin", "content_sha256": digest.hexdigest(), "text": "prose paragraphs",
+                "passage_chars": PASSAGE_CHARS}
 
     def total_documents(self) -> int:
         return sum(1 for _ in self.documents())
 
     def documents(self) -> Iterator[str]:
         for _, text in sorted(self._topics().items()):
-            yield from passages(text)
+            yield from passages("\n\n".join(prose_paragraphs(text)))
 
 
 @dataclass

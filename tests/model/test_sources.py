@@ -31,16 +31,31 @@ def write_parquet(path: Path, columns: dict[str, list]) -> Path:
     return path
 
 
-def test_builtin_is_python_documentation_cut_into_whole_paragraph_passages():
+def test_builtin_is_python_documentations_prose_cut_into_whole_paragraph_passages():
     from pydoc_data.topics import topics
 
     documents = docs("builtin")
     assert documents == docs("builtin")
-    assert len(documents) > len(topics) > 50
-    paragraphs = [p for _, text in sorted(topics.items()) for p in text.split("\n\n") if p.strip()]
+    assert len(documents) > 50
+    paragraphs = [p for _, text in sorted(topics.items()) for p in sources.prose_paragraphs(text)]
     assert [p for d in documents for p in d.split("\n\n")] == paragraphs
-    assert sum(len(d) >= sources.PASSAGE_CHARS for d in documents) >= len(topics)
+    assert sum(len(d) >= sources.PASSAGE_CHARS for d in documents) >= 50
     assert open_source("builtin").total_documents() == len(documents)
+    text = "\n".join(documents)
+    assert "An identifier occurring as an atom is a name." in text  # running text, reflowed
+    assert ">>>" not in text and "::=" not in text and "   " not in text  # no doctest, grammar, indents
+
+
+def test_prose_keeps_sentences_and_drops_code_grammar_tables_and_headings():
+    text = "\n\n".join([
+        "Boolean operations\n******************",
+        "   or_test  ::= and_test | or_test \"or\" and_test",
+        "   >>> int.__subclasses__()\n   [<class 'bool'>]",
+        "+-----+-----+\n| a   | b   |\n+-----+-----+",
+        "codeobject.co_positions()",
+        "The value *n* is an integer, or an object\n   implementing \"__index__()\".",
+    ])
+    assert list(sources.prose_paragraphs(text)) == ['The value *n* is an integer, or an object implementing "__index__()".']
 
 
 def test_directory_gives_one_document_per_text_file_in_path_order(tmp_path):
