@@ -40,6 +40,7 @@ from model.config_values import ConfigError, flatten, parse_overrides
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
 from model.intel_layout import translate_intel_layout
 from model.metrics import METRICS_NAME, one_series, read_jsonl
+from model.spend import seconds_for, spend_usd
 
 BUDGET_EXIT = EXIT_BUDGET
 """fab train's exit status when the run stopped at its budget: the trainer's own (model.conventions)."""
@@ -69,7 +70,7 @@ class Attempt:
         """The cluster's price x launch to end (to now while it goes on, when now is given)."""
         end = self.end
         stop = end["time"] if end else (now if now is not None else self.events[-1]["time"])
-        return (self.launch.get("hourly_cost_usd") or 0.0) * max(0.0, stop - self.launch["time"]) / 3600
+        return spend_usd(self.launch.get("hourly_cost_usd") or 0.0, max(0.0, stop - self.launch["time"]))
 
 
 def attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:
@@ -282,7 +283,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     start = resume_iter(read_jsonl(cluster_runs_dir(cluster) / run / METRICS_NAME)) if earlier else 0
     left = max(0, max_iters - start)
     seconds = rate.seconds(left)
-    estimate = price * seconds / 3600
+    estimate = spend_usd(price, seconds)
     origin = ("measured by this run's earlier attempt" if rate.source == "measured"
               else f"recorded by run {rate.run} on this cluster with the same config and world size")
     say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
@@ -291,7 +292,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     total = before + estimate
     if total <= usd:
         return plan
-    fits = start + rate.iterations_within((usd - before) * 3600 / price)
+    fits = start + rate.iterations_within(seconds_for(usd - before, price))
     need = math.ceil(round(total * 100, 6)) / 100  # rounded first: float noise (3.2 x 100) adds no cent
     ways = [f"raise --budget to ${need:.2f}"]
     if fits > start:
@@ -388,6 +389,6 @@ def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at:
                               "iter": reached if stopped else last_logged}
     fields |= attempt_figures(records, start, now - clock_start, reached)
     if plan is not None:
-        fields |= {"spent_usd": round(plan.spent_before_usd + plan.usd_per_hour * (now - clock_start) / 3600, 6),
+        fields |= {"spent_usd": round(plan.spent_before_usd + spend_usd(plan.usd_per_hour, now - clock_start), 6),
                    "budget_usd": plan.usd}
     return Ending(stopped, fields)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.runs.record import cluster_dir
 from model.metrics import read_jsonl
+from model.spend import spend_usd
 
 if TYPE_CHECKING:
     from launcher.session import Session
@@ -130,7 +131,7 @@ class ClusterLife:
 
     @property
     def idle_cost_usd(self) -> float | None:
-        return None if self.hourly_cost_usd is None else self.hourly_cost_usd * self.idle_s / 3600
+        return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.idle_s)
 
 
 def cluster_life(sightings: list[dict[str, Any]], runs: list[Interval], since: float | None = None) -> ClusterLife | None:

@@ -22,6 +22,7 @@ from launcher.inventory import Cluster, price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import cluster_dir, read_events
+from model.spend import spend_usd
 
 STEP_WINDOW = 10
 NO_PRICE = "no price in the contract"
@@ -50,13 +51,13 @@ class RunClock:
 
     @property
     def cost_usd(self) -> float | None:
-        return None if self.hourly_cost_usd is None else self.hourly_cost_usd * self.elapsed_s / 3600
+        return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.elapsed_s)
 
     @property
     def cost_at_end_usd(self) -> float | None:
         if self.hourly_cost_usd is None or self.eta_s is None:
             return None
-        return self.hourly_cost_usd * (self.elapsed_s + self.eta_s) / 3600
+        return spend_usd(self.hourly_cost_usd, self.elapsed_s + self.eta_s)
 
 
 def billed_machines(launch: dict[str, Any]) -> int:
