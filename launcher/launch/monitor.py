@@ -211,8 +211,7 @@ class Monitor:
                     now = time.monotonic()
                     if now - last_progress >= PROGRESS_EVERY_S:
                         last_progress = now
-                        self.emit(self.progress.line() + self.recorder.progress_suffix()
-                                  + budget.progress_suffix(self.plan.cluster, self.plan.run))
+                        self.emit(self.progress.line() + self.recorder.progress_suffix())
                     continue
                 kind, unit, detail, _ = event
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended

@@ -25,7 +25,7 @@ from launcher.probe import NodeReport
 from launcher.recover.loop import RecoverOptions, Recovery
 from launcher.runs import budget
 from launcher.runs.estimate import final_cost
-from launcher.runs.record import append_event, launch_fields, run_record_dir
+from launcher.runs.record import RunRecord, launch_fields, read_cluster_runs
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import Site, site_of
@@ -85,7 +85,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     trainer_values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
-        budget_usd, cluster, run, trainer_values, len(selected), budget.read_cluster_runs(cluster), say)
+        budget_usd, cluster, run, trainer_values, len(selected), read_cluster_runs(cluster), say)
     clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
     overrides = tuple(overrides) + (spend.overrides(clock_start) if spend else ())
     plan_args = dict(run=run, dataset=dataset, launcher=launcher, backend=backend, master_port=site.port(port),
@@ -93,7 +93,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     if dry_run:
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
         return 0
-    metrics_mark = budget.metrics_mark(run_record_dir(cluster, run))
+    record = RunRecord.of(cluster, run)
     launched: list[bool] = []  # the launch event is recorded once, by the first attempt that starts units
 
     def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:
@@ -105,8 +105,8 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         start_units(session, plan, config_text)
         if not launched:  # timed at the clock start: setting the nodes up is part of the run's cost
             launched.append(True)
-            append_event(cluster, run, "launch", **launch_fields(cluster, session.nodes, plan.world_size),
-                         time=clock_start, config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
+            record.append("launch", **launch_fields(cluster, session.nodes, plan.world_size), time=clock_start,
+                          config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
         say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
             f"({time.monotonic() - started:.1f} s after start)")
@@ -117,15 +117,15 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         progress = recovery.run(launch)
         # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
         ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))
-        end = budget.ending(cluster, run, metrics_mark, clock_start, ended_at, progress.iter,
-                            progress.stopped_at_budget, spend)
-        append_event(cluster, run, "end", restarts=recovery.restarts, time=ended_at, **end.fields)
+        record = RunRecord.of(cluster, run)  # read again: the restart loop appended to it
+        end = budget.ending(record, clock_start, ended_at, progress.iter, progress.stopped_at_budget, spend)
+        record.append("end", restarts=recovery.restarts, time=ended_at, **end.fields)
         if end.stopped:
             say(budget.stopped_line(run, end.fields.get("spent_usd", 0.0), budget_usd or 0.0, end.fields["iter"],
                                     end.fields.get("max_iters")))
             return budget.BUDGET_EXIT
         spent = f" (${end.fields['spent_usd']:.2f} of the ${budget_usd:.2f} budget)" if spend else ""
-        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(cluster, run)}{spent}; "
+        say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
             f"best checkpoint runs/{run}/ckpt.pt on {recovery.session.head.name} (fab sample, fab fetch)")
     return 0
 

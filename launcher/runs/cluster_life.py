@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.runs.record import cluster_dir
+from launcher.inventory import cluster_dir
 from model.metrics import read_jsonl
 from model.spend import spend_usd
 

@@ -13,6 +13,7 @@ from launcher.launch.units import alive_command, boot_command
 from launcher.runs.autostop import idle_stop_lines
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
+from launcher.runs.record import RunRecord
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
@@ -34,6 +35,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
         table.add_column(col, overflow="fold")
+    record = RunRecord.of(cluster, run)  # the operator's record, read once for every line below
     with Session.open(cluster, shown, reachable_only=True) as session:
         jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
         for node in shown:
@@ -55,8 +57,8 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 with contextlib.suppress(ValueError):
                     progress.update(json.loads(line))
             say(f"run {run}, last logged: {progress.summary()}")
-            for line in slow_node_lines(cluster, run, last.splitlines()):  # the slowest rank and node
+            for line in slow_node_lines(record, last.splitlines()):  # the slowest rank and node
                 say(line)
-        for line in [*status_lines(cluster, run), *budget_lines(cluster, run)]:  # chart, time, cost, budget
+        for line in [*status_lines(record), *budget_lines(record)]:  # chart, time, cost, budget
             say(line)
     return 1 if session.unreachable else 0

@@ -16,7 +16,7 @@ from launcher.console import console
 from launcher.launch.train import train
 from launcher.runs.checkpoints import fetch
 from launcher.runs.metrics_copy import PLOT_NAME, read_series
-from launcher.runs.record import run_record_dir
+from launcher.runs.record import RunRecord
 from launcher.runs.status import status
 from launcher.testing.fab import TINY_CONFIG, wait_for
 from model.metrics import METRICS_NAME
@@ -54,7 +54,7 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
 
     thread = threading.Thread(target=run)
     thread.start()
-    record_dir = run_record_dir(priced, RUN)
+    record_dir = RunRecord.of(priced, RUN).made()
     try:
         wait_for(lambda: read_series(record_dir).train_iters or not thread.is_alive(), 120,
                  "a step in the operator's metrics copy")
