@@ -5,15 +5,15 @@ bench/launch.py call them directly. Each task resolves --cluster, opens a Sessio
 (launcher.session: connected once, probed once) and runs its steps on every node at once.
 """
 
+from launcher.checkpoints import fetch, sample
 from launcher.console import TaskError
 from launcher.data.prepare import prepare_data
 from launcher.doctor import doctor
+from launcher.launch.logs import logs
+from launcher.launch.status import status
 from launcher.launch.stop import stop
-from launcher.launch.train import train
-from launcher.runs.checkpoints import fetch, sample
 from launcher.runs.cost import cost
-from launcher.runs.logs import logs
-from launcher.runs.status import status
 from launcher.setup.ready import setup
+from launcher.train import train
 
 __all__ = ["TaskError", "cost", "doctor", "fetch", "logs", "prepare_data", "sample", "setup", "status", "stop", "train"]

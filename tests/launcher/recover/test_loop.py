@@ -9,8 +9,7 @@ import pytest
 import launcher.recover.loop as loop
 from launcher.console import TaskError
 from launcher.inventory import parse_contract
-from launcher.launch.monitor import Progress, RunFailed
-from launcher.recover.classify import FirstFailure
+from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions, Recovery
 from launcher.recover.wait import POLL_EVERY_S
 from launcher.runs.record import RunRecord

@@ -11,7 +11,8 @@ import pytest
 
 from launcher.console import TaskError
 from launcher.inventory import local_cluster, parse_contract
-from launcher.recover.classify import FirstFailure, classify
+from launcher.launch.monitor import FirstFailure
+from launcher.recover.classify import classify
 from launcher.runs import budget
 from launcher.runs.record import EVENTS_NAME, RunRecord, read_cluster_runs
 from launcher.testing.fab import Fab

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import launcher.launch.train
-import launcher.runs.status
+import launcher.launch.status
+import launcher.train
 from launcher.inventory import local_cluster
-from launcher.launch.train import train
+from launcher.launch.status import status
 from launcher.runs.record import RunRecord
-from launcher.runs.status import status
 from launcher.testing.fab import TINY_CONFIG
+from launcher.train import train
 from model.conventions import EXIT_BUDGET, SNAPSHOT_NAME
 from model.metrics import METRICS_NAME
 from tests.launcher.dataset import write_dataset
@@ -33,7 +33,7 @@ SETTINGS = ["eval_interval=5", "log_interval=1"]
 @pytest.fixture
 def priced(local_home, monkeypatch):
     cluster = dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
-    for module in (launcher.launch.train, launcher.runs.status):
+    for module in (launcher.train, launcher.launch.status):
         monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None: cluster)
     return cluster
 

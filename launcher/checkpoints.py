@@ -1,5 +1,5 @@
 """What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here
-(with its metrics, TensorBoard files and the plot fab train drew)."""
+(with its metrics, TensorBoard files and the plot fab train drew in the run's record)."""
 
 from __future__ import annotations
 
