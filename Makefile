@@ -64,9 +64,10 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
 # ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]);
-# the nodes' pins against the lock.
+# the import layers (.importlinter); the nodes' pins against the lock.
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/mypy
 	$(BIN)/python tools/lock.py check
 
