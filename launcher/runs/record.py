@@ -20,7 +20,6 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +76,10 @@ def split_attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:
     return [Attempt(run, events[i:j]) for i, j in itertools.pairwise(bounds)]
 
 
+def by_time(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(events, key=lambda e: e.get("time", 0))
+
+
 class RunRecord:
     """One run's record directory; its events are read once, on first use, and kept in step with
     what append() writes."""
@@ -84,16 +87,19 @@ class RunRecord:
     def __init__(self, directory: Path):
         self.directory = directory
         self.run = directory.name
+        self._events: list[dict[str, Any]] | None = None
 
     @classmethod
     def of(cls, cluster: Cluster, run: str) -> RunRecord:
         return cls(run_dir(cluster_dir(cluster), run))
 
-    @cached_property
+    @property
     def events(self) -> list[dict[str, Any]]:
         """Every event, by time (a launch event carries its clock start, recorded once its units
         started); a line cut short by a crash is skipped."""
-        return sorted(read_jsonl(self.directory / EVENTS_NAME), key=lambda e: e.get("time", 0))
+        if self._events is None:
+            self._events = by_time(read_jsonl(self.directory / EVENTS_NAME))
+        return self._events
 
     @property
     def attempts(self) -> list[Attempt]:
@@ -117,8 +123,8 @@ class RunRecord:
             record["metrics_offset"] = self.metrics_end()
         with open(self.made() / EVENTS_NAME, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if "events" in self.__dict__:
-            self.__dict__["events"] = sorted([*self.events, record], key=lambda e: e.get("time", 0))
+        if self._events is not None:
+            self._events = by_time([*self._events, record])
         return record
 
     @property
