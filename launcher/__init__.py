@@ -9,8 +9,12 @@
     session.py    a task's nodes, connected once and probed once (probe.py, remote/probe.py)
     setup/        ready nodes: bootstrap, the cluster's SSH, model/ code
     data/         prepare a dataset and give every node a checked copy
-    launch/       plan, rendered files, unit commands and identities, start, monitor, stop (`fab train`, `fab stop`)
-    runs/         status, logs, sample, fetch
+    runs/         the operator's record of runs and clusters on this machine: events, attempts, spend,
+                  budget, estimates, the cost ledger (`fab cost`); no node needed
+    launch/       plan, rendered files, unit commands and identities, start, monitor, stop, status, logs
+    recover/      the restart loop: which failures are retried, waiting for lost nodes
+    train.py      `fab train` from start to end: budget, launches, restarts, the run's record
+    checkpoints.py  `fab sample` and `fab fetch`: what a run produced
     doctor.py     preflight checks with their fixes
     remote/       standard-library scripts run with the node's Python
     testing/      sshd test nodes and the fab runner, for tests and bench/launch.py

@@ -206,6 +206,16 @@ def local_home() -> Path:
     return Path(os.environ.get(LOCAL_HOME_ENV) or Path.home() / "nanocluster").expanduser().resolve()
 
 
+def clusters_root() -> Path:
+    """Where this machine keeps every cluster's directory (the cost ledger reads them all)."""
+    return local_home() / "clusters"
+
+
+def cluster_dir(cluster: Cluster) -> Path:
+    """This machine's directory for one cluster: its key, its sightings, its runs' records."""
+    return clusters_root() / cluster.cluster_name
+
+
 def local_cluster(nodes: int) -> Cluster:
     """N ranks as processes on this machine, sharing local_home() as their node root."""
     if nodes < 1:

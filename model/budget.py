@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from model.spend import spend_usd
 from model.stop_signal import STOP_BUDGET
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class BudgetWatch:
         self.last_check: tuple[int, float] | None = None  # (iteration, monotonic time) of the last check
 
     def spent_usd(self) -> float:
-        return self.spent_before_usd + self.usd_per_hour * max(0.0, self.clock() - self.clock_start) / 3600
+        return self.spent_before_usd + spend_usd(self.usd_per_hour, max(0.0, self.clock() - self.clock_start))
 
     def step_s(self) -> float:
         return statistics.median(self.step_times)
@@ -85,7 +86,7 @@ class BudgetWatch:
         steps_left = next_snapshot_iter(iter_num, self.eval_interval, self.max_iters) - iter_num
         evals = evals_before(iter_num, self.eval_interval, self.max_iters)
         seconds = steps_left * self.step_s() + evals * self.eval_estimate_s() + STOP_MARGIN_S
-        return self.spent_usd() + self.usd_per_hour * seconds / 3600
+        return self.spent_usd() + spend_usd(self.usd_per_hour, seconds)
 
     def observe(self, iter_num: int, step_s: float) -> None:
         """Learn the step time (and, after an eval, the eval's) from the time between checks."""

@@ -41,8 +41,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model import powersgd
 from model.config import TrainConfig
-from model.mfu import measure_matmul_peak
-from model.precision import resolve_dtype
 
 log = logging.getLogger("model.comm_hooks")
 
@@ -134,8 +132,9 @@ def one_network(world_size: int) -> bool:
     return len(set(everyone)) == 1
 
 
-def measure_link(ddp: DistributedDataParallel, cfg: TrainConfig) -> LinkEstimate:
-    """Time an fp32 all-reduce of PROBE_BYTES and estimate the step's compute; a collective."""
+def measure_link(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: float) -> LinkEstimate:
+    """Time an fp32 all-reduce of PROBE_BYTES and estimate the step's compute at this rank's matmul
+    peak (the one the trainer measured for MFU); a collective."""
     dist.all_reduce(torch.zeros(1024))  # connections are set up outside the timing
     probe = torch.zeros(PROBE_BYTES // 4)
     best = float("inf")
@@ -146,22 +145,22 @@ def measure_link(ddp: DistributedDataParallel, cfg: TrainConfig) -> LinkEstimate
         best = min(best, time.perf_counter() - started)
     parameters = sum(p.numel() for p in ddp.module.parameters() if p.requires_grad)
     tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
-    peak = cfg.peak_flops or measure_matmul_peak(resolve_dtype(cfg.mixed_precision))
-    slowest = torch.tensor([best / PROBE_BYTES, 6 * parameters * tokens / peak], dtype=torch.float64)
+    slowest = torch.tensor([best / PROBE_BYTES, 6 * parameters * tokens / peak_flops], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank decides from the same numbers
     return LinkEstimate(slowest[0].item(), slowest[1].item(), 4 * parameters)
 
 
-def register(ddp: DistributedDataParallel, cfg: TrainConfig,
+def register(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: float,
              wrap: Callable[[CommHook], CommHook] | None = None) -> str:
     """Register the config's hook on ddp, wrapped by `wrap` (e.g. a timer) when given; returns the
-    compression used (auto resolved). A collective when grad_compression is auto."""
+    compression used (auto resolved). peak_flops: this rank's matmul peak (model.mfu), which prices
+    a step's compute for auto. A collective when grad_compression is auto."""
     compression = cfg.grad_compression
     if compression == "auto" and one_network(dist.get_world_size()):
         compression = "none"
         log.info("grad_compression auto -> none: every rank on this host (no link between them)")
     elif compression == "auto":
-        link = measure_link(ddp, cfg)
+        link = measure_link(ddp, cfg, peak_flops)
         compression = choose_compression(link.ratio, link.transfer_s)
         log.info(
             "grad_compression auto -> %s: all-reduce at %.2f Gbit/s, fp32 gradients %.3f s vs "

@@ -87,10 +87,13 @@ class MetricsLog:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a .jsonl file (metrics.jsonl, the launcher's events.jsonl), in order; a line
     cut short by a crash is skipped; no file reads as no records."""
-    if not path.exists():
-        return []
+    return parse_jsonl(path.read_text()) if path.exists() else []
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The records of .jsonl text, in order; a line cut short by a crash is skipped."""
     records = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except ValueError:

@@ -89,6 +89,8 @@ class Trainer:
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
         self.model = maybe_compile(self.raw_model, cfg.compile)
+        # Measured once: MFU's denominator, and the compute estimate grad_compression auto weighs.
+        self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
         self.ddp = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
         if env.world_size > 1:
@@ -96,8 +98,7 @@ class Trainer:
             self.ddp = DistributedDataParallel(
                 self.model, bucket_cap_mb=cfg.ddp_bucket_cap_mb, gradient_as_bucket_view=True
             )
-            comm_hooks.register(self.ddp, cfg, wrap=self.step_timer.wrap)
-        self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
+            comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=self.step_timer.wrap)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
         self.tokens_per_iter = (
             cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size

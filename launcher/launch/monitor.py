@@ -19,10 +19,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from launcher.launch.heartbeat import watch_nodes
 from launcher.launch.plan import LaunchPlan, Unit
 from launcher.launch.units import EXIT_MARKER, follow_command, metrics_command
-from launcher.recover.classify import FirstFailure
-from launcher.recover.heartbeat import watch_nodes
 from launcher.runs import budget
 from launcher.runs.recorder import RunRecorder
 from launcher.runs.slow_nodes import SlowRankWatch
@@ -32,6 +31,21 @@ TAIL_LINES = 25
 FAILURE_GRACE_S = 1.0
 """After the first failure, how long to collect other exits before naming the earliest."""
 PROGRESS_EVERY_S = 15.0
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The unit that failed first, as the monitor saw it.
+
+    kind: "exit" (the unit's exit record was read) or "lost" (its node stopped answering).
+    code: the exit status for "exit"; None when the unit ended without an exit record.
+    detail: the transport's error for "lost".
+    """
+
+    unit: str
+    kind: str
+    code: int | None = None
+    detail: str = ""
 
 
 class RunFailed(RuntimeError):
@@ -211,8 +225,7 @@ class Monitor:
                     now = time.monotonic()
                     if now - last_progress >= PROGRESS_EVERY_S:
                         last_progress = now
-                        self.emit(self.progress.line() + self.recorder.progress_suffix()
-                                  + budget.progress_suffix(self.plan.cluster, self.plan.run))
+                        self.emit(self.progress.line() + self.recorder.progress_suffix())
                     continue
                 kind, unit, detail, _ = event
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from launcher.launch.monitor import FirstFailure
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 
 DEFAULT_MAX_RESTARTS = 3
@@ -22,21 +23,6 @@ to 0 (they recover preemptions without counting them) and Ray Train's FailureCon
 to 0; here only failures outside the program are retried at all, so a few restarts cost nothing
 on a healthy run and carry a spot run through a handful of preemptions, while a node that keeps
 failing still ends the run instead of looping."""
-
-
-@dataclass(frozen=True)
-class FirstFailure:
-    """The unit that failed first, as the monitor saw it.
-
-    kind: "exit" (the unit's exit record was read) or "lost" (its node stopped answering).
-    code: the exit status for "exit"; None when the unit ended without an exit record.
-    detail: the transport's error for "lost".
-    """
-
-    unit: str
-    kind: str
-    code: int | None = None
-    detail: str = ""
 
 
 @dataclass(frozen=True)

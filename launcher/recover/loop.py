@@ -27,7 +27,7 @@ from launcher.recover.classify import DEFAULT_MAX_RESTARTS
 from launcher.recover.policy import nodes_to_resume_on, restart_cause
 from launcher.recover.revive import revive
 from launcher.recover.wait import DEFAULT_RECOVER_TIMEOUT_S, node_answers, wait_for_nodes
-from launcher.runs.record import append_event, run_record_dir
+from launcher.runs.record import RunRecord
 from launcher.session import Session
 
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
@@ -66,6 +66,7 @@ class Recovery:
                  revive: Callable[..., bool] = revive):
         self.session, self.run_name, self.options = session, run, options
         self.resolve, self.revive = resolve, revive
+        self.record = RunRecord.of(session.cluster, run)  # restarts and a failed end are recorded here
         self.restarts = 0
         self.overrides: tuple[str, ...] = ()
         """Trainer overrides the recovery adds (keep_global_batch=true once a node was left out)."""
@@ -100,12 +101,11 @@ class Recovery:
                 self.record_end("interrupted while recovering", 130)
                 raise TaskError("interrupted (Ctrl-C) while recovering; rerun the same fab train to resume "
                                 "from the snapshot") from None
-            append_event(self.session.cluster, self.run_name, "restart", cause=cause, attempt=self.restarts,
-                         nodes=[n.name for n in self.session.nodes],
-                         **({"dropped": [n.name for n in dropped]} if dropped else {}))
+            self.record.append("restart", cause=cause, attempt=self.restarts, nodes=[n.name for n in self.session.nodes],
+                               **({"dropped": [n.name for n in dropped]} if dropped else {}))
 
     def record_end(self, reason: str, exit_code: int) -> None:
-        append_event(self.session.cluster, self.run_name, "end", outcome="failed", reason=reason, exit_code=exit_code)
+        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
 
     def lost_while_starting(self, error: TaskError) -> str:
         """The restart cause when a step of the launch failed because a node stopped answering;
@@ -139,7 +139,7 @@ class Recovery:
         stop_units(self.session, self.run_name)
         say(f"lost: {names} ({self.session.unreachable[lost[0].index]}); the ranks on the nodes that answer "
             f"are stopped; waiting up to {options.recover_timeout_s:g} s (--recover-timeout) for {names}")
-        log = run_record_dir(cluster, self.run_name) / REVIVE_LOG
+        log = self.record.made() / REVIVE_LOG
         if self.revive(cluster, lost, log, timeout_s=options.recover_timeout_s):
             cluster = self.resolve()  # a node brought back may have a new address
             by_index = {n.index: n for n in cluster.nodes}

@@ -1,1 +1,2 @@
-"""Looking at a run: its state on every node, its logs, text from its checkpoint, a local copy."""
+"""The operator's record of runs and clusters, on this machine (no node needed): each run's events and
+metrics copy (record.py's RunRecord), budget and estimates read from them, plots, the cost ledger."""

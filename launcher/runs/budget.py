@@ -21,25 +21,24 @@ model/budget.py).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from launcher.console import TaskError
 from launcher.inventory import Cluster, price_text
-from launcher.runs.record import EVENTS_NAME, cluster_dir, read_events
+from launcher.runs.record import Attempt, RunRecord
 from model.config_values import ConfigError, flatten, parse_overrides
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
 from model.intel_layout import translate_intel_layout
-from model.metrics import METRICS_NAME, one_series, read_jsonl
+from model.metrics import one_series
+from model.spend import seconds_for, spend_usd
 
 BUDGET_EXIT = EXIT_BUDGET
 """fab train's exit status when the run stopped at its budget: the trainer's own (model.conventions)."""
@@ -47,64 +46,13 @@ NOT_FINGERPRINTED = ("max_iters", "budget_usd", "budget_usd_per_hour", "budget_c
 """Trainer keys that do not change the time a step takes: runs that differ only in them match."""
 
 
-# --- what the record holds ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One `fab train` of a run: its "launch" event and the events that followed it."""
-
-    run: str
-    events: list[dict[str, Any]]
-
-    @property
-    def launch(self) -> dict[str, Any]:
-        return self.events[0]
-
-    @property
-    def end(self) -> dict[str, Any] | None:
-        return next((e for e in self.events if e.get("event") == "end"), None)
-
-    def spent_usd(self, now: float | None = None) -> float:
-        """The cluster's price x launch to end (to now while it goes on, when now is given)."""
-        end = self.end
-        stop = end["time"] if end else (now if now is not None else self.events[-1]["time"])
-        return (self.launch.get("hourly_cost_usd") or 0.0) * max(0.0, stop - self.launch["time"]) / 3600
-
-
-def attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:
-    """The run's attempts, oldest first (events before the first launch are ignored)."""
-    bounds = [i for i, e in enumerate(events) if e.get("event") == "launch"] + [len(events)]
-    return [Attempt(run, events[i:j]) for i, j in itertools.pairwise(bounds)]
+# --- what earlier attempts tell ---------------------------------------------------------------------
 
 
 def spent_before(earlier: list[Attempt]) -> float:
     """What the attempts since the run last finished spent: the work a rerun continues."""
     finished = [i for i, a in enumerate(earlier) if (a.end or {}).get("outcome") == "finished"]
     return sum((a.spent_usd() for a in earlier[finished[-1] + 1 if finished else 0:]), 0.0)
-
-
-def metrics_records(record_dir: Path, since: int = 0, until: int | None = None) -> list[dict[str, Any]]:
-    """The operator's metrics copy between two byte offsets (from since on: what one attempt streamed)."""
-    path = record_dir / METRICS_NAME
-    if not path.exists():
-        return []
-    with open(path, "rb") as f:
-        f.seek(since)
-        lines = f.read(None if until is None else max(0, until - since)).decode(errors="replace").splitlines()
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
-
-
-def metrics_mark(record_dir: Path) -> int:
-    """Where the next attempt's lines will begin in the metrics copy."""
-    path = record_dir / METRICS_NAME
-    return path.stat().st_size if path.exists() else 0
 
 
 def stop_iter(records: list[dict[str, Any]]) -> int | None:
@@ -213,14 +161,14 @@ class Rate:
                 f"{self.step_s:.3g} s steps")
 
 
-def find_rate(cluster_runs: dict[str, list[Attempt]], run: str, fingerprint: str | None) -> Rate | None:
+def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | None) -> Rate | None:
     """This run's latest measured rate, else the cluster's latest recorded one; None without a match."""
     if fingerprint is None:
         return None
 
     def rates(name: str, source: str) -> list[Rate]:
         return [Rate(a.end["s_per_iter"], source, name, a.end["time"], a.end.get("overhead_s"), a.end.get("step_s"))
-                for a in cluster_runs.get(name, ())
+                for a in (cluster_runs[name].attempts if name in cluster_runs else ())
                 if a.launch.get("config_fingerprint") == fingerprint and (a.end or {}).get("s_per_iter")]
 
     own = rates(run, "measured")
@@ -258,12 +206,12 @@ def check_budget_flag(usd: float, cluster: Cluster) -> float:
 
 
 def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] | None, world_size: int,
-                cluster_runs: dict[str, list[Attempt]], say: Callable[[str], None]) -> BudgetPlan:
+                cluster_runs: dict[str, RunRecord], say: Callable[[str], None]) -> BudgetPlan:
     """Check the budget against what the run already spent and the estimate of what is left; print
-    both; a TaskError (nothing started) when they exceed it. cluster_runs: every run's attempts on
-    this cluster, by name (read_cluster_runs)."""
+    both; a TaskError (nothing started) when they exceed it. cluster_runs: every run's record on
+    this cluster, by name (launcher.runs.record.read_cluster_runs)."""
     price = check_budget_flag(usd, cluster)
-    earlier = cluster_runs.get(run, [])
+    earlier = cluster_runs[run].attempts if run in cluster_runs else []
     before = spent_before(earlier)
     plan = BudgetPlan(usd, price, before)
     shown_price = price_text(price, cluster.price_is_spot, cluster.prices_as_of)
@@ -279,10 +227,10 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
         say("no step time recorded for this config on this cluster: no estimate before launch; the trainer "
             f"stops at the budget (${usd:.2f} at {shown_price})")
         return plan
-    start = resume_iter(read_jsonl(cluster_runs_dir(cluster) / run / METRICS_NAME)) if earlier else 0
+    start = resume_iter(cluster_runs[run].metrics()) if earlier else 0
     left = max(0, max_iters - start)
     seconds = rate.seconds(left)
-    estimate = price * seconds / 3600
+    estimate = spend_usd(price, seconds)
     origin = ("measured by this run's earlier attempt" if rate.source == "measured"
               else f"recorded by run {rate.run} on this cluster with the same config and world size")
     say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
@@ -291,7 +239,7 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     total = before + estimate
     if total <= usd:
         return plan
-    fits = start + rate.iterations_within((usd - before) * 3600 / price)
+    fits = start + rate.iterations_within(seconds_for(usd - before, price))
     need = math.ceil(round(total * 100, 6)) / 100  # rounded first: float noise (3.2 x 100) adds no cent
     ways = [f"raise --budget to ${need:.2f}"]
     if fits > start:
@@ -300,17 +248,6 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
         f"the run would cost about ${need:.2f}" + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
         + f", over --budget ${usd:.2f}; nothing was started: " + ", or ".join(ways)
         + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists")
-
-
-def cluster_runs_dir(cluster: Cluster) -> Path:
-    return cluster_dir(cluster) / "runs"
-
-
-def read_cluster_runs(cluster: Cluster) -> dict[str, list[Attempt]]:
-    """Every run's attempts on this cluster, from this machine's records."""
-    root = cluster_runs_dir(cluster)
-    paths = sorted(root.glob(f"*/{EVENTS_NAME}")) if root.exists() else []
-    return {p.parent.name: attempts(read_jsonl(p), p.parent.name) for p in paths}
 
 
 # --- while it runs, and at the end -------------------------------------------------------------------
@@ -325,14 +262,9 @@ def spend_of(attempt: Attempt, now: float | None = None) -> tuple[float, float] 
     return launch.get("budget_spent_before_usd", 0.0) + attempt.spent_usd(now), launch["budget_usd"]
 
 
-def current_attempt(cluster: Cluster, run: str) -> Attempt | None:
-    runs = attempts(read_events(cluster, run), run)
-    return runs[-1] if runs else None
-
-
-def progress_suffix(cluster: Cluster, run: str) -> str:
+def progress_suffix(record: RunRecord) -> str:
     """The live progress line's budget part: " | $0.12 of $0.50 budget" ("" without a budget)."""
-    attempt = current_attempt(cluster, run)
+    attempt = record.current
     spend = spend_of(attempt) if attempt else None
     return "" if spend is None else f" | ${spend[0]:.2f} of ${spend[1]:.2f} budget"
 
@@ -344,9 +276,9 @@ def stopped_line(run: str, spent: float, budget: float, iteration: int, max_iter
             f"from the snapshot at iteration {iteration}")
 
 
-def status_lines(cluster: Cluster, run: str) -> list[str]:
+def status_lines(record: RunRecord) -> list[str]:
     """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it."""
-    attempt = current_attempt(cluster, run)
+    attempt = record.current
     spend = spend_of(attempt) if attempt else None
     if spend is None:
         return []
@@ -356,7 +288,7 @@ def status_lines(cluster: Cluster, run: str) -> list[str]:
         return [f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that "
                 "would cross it)"]
     if end.get("outcome") == "budget":
-        return [stopped_line(run, spent, budget, end.get("iter"), end.get("max_iters"))]
+        return [stopped_line(record.run, spent, budget, end.get("iter"), end.get("max_iters"))]
     return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
 
 
@@ -368,13 +300,13 @@ class Ending:
     fields: dict[str, Any]
 
 
-def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at: float, last_logged: int | None,
-           stopped: bool, plan: BudgetPlan | None) -> Ending:
-    """The "end" event's fields of an attempt that finished or stopped at its budget. since: where the
-    attempt's lines begin in the metrics copy; ended_at: when its last rank exited; last_logged: the
-    last train iteration the monitor saw."""
-    records = metrics_records(cluster_runs_dir(cluster) / run, since)
-    start = resume_iter(metrics_records(cluster_runs_dir(cluster) / run, 0, since))  # what the trainer resumed from
+def ending(record: RunRecord, clock_start: float, ended_at: float, last_logged: int | None, stopped: bool,
+           plan: BudgetPlan | None) -> Ending:
+    """The "end" event's fields of the record's latest attempt, which finished or stopped at its
+    budget. ended_at: when its last rank exited; last_logged: the last train iteration the monitor saw."""
+    since, _ = record.metrics_span(-1)
+    records = record.metrics(since)
+    start = resume_iter(record.metrics(0, since))  # what the trainer resumed from
     now = ended_at
     starts = [r for r in records if r.get("kind") == "start"]
     max_iters = starts[-1].get("max_iters") if starts else None
@@ -388,6 +320,6 @@ def ending(cluster: Cluster, run: str, since: int, clock_start: float, ended_at:
                               "iter": reached if stopped else last_logged}
     fields |= attempt_figures(records, start, now - clock_start, reached)
     if plan is not None:
-        fields |= {"spent_usd": round(plan.spent_before_usd + plan.usd_per_hour * (now - clock_start) / 3600, 6),
+        fields |= {"spent_usd": round(plan.spent_before_usd + spend_usd(plan.usd_per_hour, now - clock_start), 6),
                    "budget_usd": plan.usd}
     return Ending(stopped, fields)

@@ -25,13 +25,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from launcher.runs.record import cluster_dir
+from launcher.inventory import Cluster, Node, cluster_dir
 from model.metrics import read_jsonl
-
-if TYPE_CHECKING:
-    from launcher.session import Session
+from model.spend import spend_usd
 
 CLUSTER_RECORD_NAME = "cluster.jsonl"
 BOOT_BILLED_CLOUDS = ("gcp", "aws", "azure")
@@ -40,7 +38,16 @@ BOOT_BILLED_CLOUDS = ("gcp", "aws", "azure")
 Interval = tuple[float, float]
 
 
-def record_sighting(session: Session, now: float | None = None) -> None:
+class Sighting(Protocol):
+    """What a task's session saw (launcher.session.Session, which records its sightings here)."""
+
+    cluster: Cluster
+    nodes: tuple[Node, ...]
+    reports: dict[int, Any]
+    """The probe's report per node index (its boot_time)."""
+
+
+def record_sighting(session: Sighting, now: float | None = None) -> None:
     """Append what the session sees of a non-local cluster to its cluster.jsonl (never fails a task:
     the record is for the ledger, and a full disk must not stop a run)."""
     cluster = session.cluster
@@ -130,7 +137,7 @@ class ClusterLife:
 
     @property
     def idle_cost_usd(self) -> float | None:
-        return None if self.hourly_cost_usd is None else self.hourly_cost_usd * self.idle_s / 3600
+        return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.idle_s)
 
 
 def cluster_life(sightings: list[dict[str, Any]], runs: list[Interval], since: float | None = None) -> ClusterLife | None:

@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 from rich.table import Table
 
 from launcher.console import TaskError, check_name, console, out_line, say
-from launcher.inventory import price_text
+from launcher.inventory import clusters_root, price_text
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, ClusterLife, cluster_life, read_sightings
 from launcher.runs.estimate import NO_PRICE, duration
 from launcher.runs.ledger import LedgerRow, Totals, ledger_rows
-from launcher.runs.record import clusters_root
+from launcher.runs.record import EVENTS_NAME, run_dir
 
 LEFT_OUT = "not counted: disks, images, egress, NAT, and machines stopped while idle (they bill no compute)"
 
@@ -143,7 +143,7 @@ def no_runs(cluster: str | None, since: float | None, every_row: list[LedgerRow]
     """Why no run is shown, and what would make one."""
     if every_row:
         return f"no run started since {when(since)} UTC ({len(every_row)} earlier: drop --since to see them)"
-    where = clusters_root() / (cluster or "*") / "runs" / "*" / "events.jsonl"
+    where = run_dir(clusters_root() / (cluster or "*"), "*") / EVENTS_NAME
     return f"no run recorded on this machine ({where}): `fab train` records each run as it launches"
 
 

@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.inventory import Cluster, price_text
+from launcher.inventory import price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import cluster_dir, read_events
+from launcher.runs.record import Attempt, RunRecord
+from model.spend import spend_usd
 
 STEP_WINDOW = 10
 NO_PRICE = "no price in the contract"
@@ -50,13 +51,13 @@ class RunClock:
 
     @property
     def cost_usd(self) -> float | None:
-        return None if self.hourly_cost_usd is None else self.hourly_cost_usd * self.elapsed_s / 3600
+        return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.elapsed_s)
 
     @property
     def cost_at_end_usd(self) -> float | None:
         if self.hourly_cost_usd is None or self.eta_s is None:
             return None
-        return self.hourly_cost_usd * (self.elapsed_s + self.eta_s) / 3600
+        return spend_usd(self.hourly_cost_usd, self.elapsed_s + self.eta_s)
 
 
 def billed_machines(launch: dict[str, Any]) -> int:
@@ -67,12 +68,6 @@ def billed_machines(launch: dict[str, Any]) -> int:
     if launch.get("cluster_name") == "local":  # inventory.local_cluster's name
         return 1
     return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
-
-
-def current_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events from the last "launch" on."""
-    launches = [i for i, e in enumerate(events) if e.get("event") == "launch"]
-    return events[launches[-1]:] if launches else []
 
 
 def time_to_finish(series: Series) -> float | None:
@@ -86,20 +81,17 @@ def time_to_finish(series: Series) -> float | None:
     return left * statistics.median(recent) / 1e3
 
 
-def run_clock(events: list[dict[str, Any]], series: Series, now: float | None = None) -> RunClock | None:
-    """The figures of the run the events describe; None when it was never launched."""
-    run = current_run(events)
-    if not run:
+def run_clock(attempt: Attempt | None, series: Series, now: float | None = None) -> RunClock | None:
+    """The figures of an attempt (a run's latest: RunRecord.current); None when it was never launched."""
+    if attempt is None:
         return None
-    launch, end = run[0], next((e for e in run if e.get("event") == "end"), None)
-    finished = end is not None
-    stop = end["time"] if finished else (time.time() if now is None else now)
+    launch, finished = attempt.launch, attempt.end is not None
     return RunClock(
-        elapsed_s=max(0.0, stop - launch["time"]),
+        elapsed_s=max(0.0, attempt.stop_time(time.time() if now is None else now) - launch["time"]),
         eta_s=0.0 if finished else time_to_finish(series),
         cluster_nodes=billed_machines(launch),
         hourly_cost_usd=launch.get("hourly_cost_usd"),
-        restarts=sum(1 for e in run if e.get("event") == "restart"),
+        restarts=attempt.restarts,
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
         prices_as_of=launch.get("prices_as_of") or "",
@@ -147,18 +139,17 @@ def progress_suffix(clock: RunClock | None) -> str:
     return eta + cost + restarts
 
 
-def status_lines(cluster: Cluster, run: str) -> list[str]:
+def status_lines(record: RunRecord) -> list[str]:
     """`fab status`'s view of the run from the operator's record: the loss chart, then time and cost."""
-    record_dir = cluster_dir(cluster) / "runs" / run
-    series = read_series(record_dir)
-    clock = run_clock(read_events(cluster, run), series)
+    series = read_series(record.directory)
+    clock = run_clock(record.current, series)
     if clock is None:
-        return [f"run {run}: no launch recorded on this machine ({record_dir})"]
+        return [f"run {record.run}: no launch recorded on this machine ({record.directory})"]
     chart = loss_chart(series)
     return [*(chart.splitlines() if chart else ["no loss logged yet"]), *clock_lines(clock)]
 
 
-def final_cost(cluster: Cluster, run: str) -> str:
+def final_cost(record: RunRecord) -> str:
     """The run's cost for its last line ("cost $0.42 (...)"), from the launch and end events."""
-    clock = run_clock(read_events(cluster, run), Series())
+    clock = run_clock(record.current, Series())
     return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"

@@ -33,8 +33,7 @@ from typing import Any
 
 from launcher.runs.estimate import RunClock, run_clock
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import EVENTS_NAME
-from model.metrics import METRICS_NAME, read_jsonl
+from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
 
 OUTCOMES = {"finished": "finished", "failed": "failed", "budget": "stopped at budget"}
 """The "end" event's outcome as the ledger says it (an outcome not listed is shown as recorded)."""
@@ -148,45 +147,32 @@ def first_seen(data: bytes) -> list[tuple[int, dict[str, Any]]]:
     return found
 
 
-def metrics_slices(events: list[dict[str, Any]], launches: list[int], copy: Path) -> list[list[dict] | None]:
-    """Each launch's new lines of the metrics copy (None where its bounds were not recorded)."""
-    data = copy.read_bytes() if copy.exists() else b""
-    lines = first_seen(data)
-    offsets = [events[i].get("metrics_offset") for i in launches]
-    offsets[0] = 0 if offsets[0] is None else offsets[0]
-    slices: list[list[dict] | None] = []
-    for k, begin in enumerate(offsets):
-        end = len(data) if k == len(offsets) - 1 else offsets[k + 1]
-        slices.append(None if begin is None or end is None else [r for at, r in lines if begin <= at < end])
-    return slices
-
-
-def run_rows(cluster: str, run: str, record_dir: Path) -> list[LedgerRow]:
+def run_rows(cluster: str, record: RunRecord) -> list[LedgerRow]:
     """Every launch of one run name, oldest first."""
-    events = sorted(read_jsonl(record_dir / EVENTS_NAME), key=lambda e: e.get("time", 0))
-    launches = [i for i, e in enumerate(events) if e.get("event") == "launch" and "time" in e]
-    if not launches:
+    attempts = record.attempts
+    if not attempts:
         return []
-    copy = record_dir / METRICS_NAME
-    slices = metrics_slices(events, launches, copy)
+    data = record.metrics_path.read_bytes() if record.metrics_path.exists() else b""
+    lines = first_seen(data)
     rows = []
-    for k, first in enumerate(launches):
-        is_last = k == len(launches) - 1
-        launch_events = events[first:None if is_last else launches[k + 1]]
-        launch = launch_events[0]
-        end = next((e for e in launch_events if e.get("event") == "end"), None)
+    for k, attempt in enumerate(attempts):
+        is_last = k == len(attempts) - 1
+        launch, end = attempt.launch, attempt.end
+        begin, until = record.metrics_span(k)
+        until = len(data) if is_last else until
+        new_lines = None if begin is None or until is None else [r for at, r in lines if begin <= at < until]
         if end is not None:
             ended = end["time"]
         else:  # the last recorded event, or the metrics copy's last line for the latest launch
-            ended = max(e.get("time", launch["time"]) for e in launch_events)
-            if is_last and slices[k]:
-                ended = max(ended, copy.stat().st_mtime)
-        steps, tokens = trained(slices[k]) if slices[k] is not None else (None, None)
+            ended = max(e.get("time", launch["time"]) for e in attempt.events)
+            if is_last and new_lines:
+                ended = max(ended, record.metrics_path.stat().st_mtime)
+        steps, tokens = trained(new_lines) if new_lines is not None else (None, None)
         rows.append(LedgerRow(
-            cluster=cluster, run=run, started=launch["time"], ended=ended,
+            cluster=cluster, run=record.run, started=launch["time"], ended=ended,
             end_recorded=end is not None,
             outcome=NO_END if end is None else OUTCOMES.get(end.get("outcome"), str(end.get("outcome"))),
-            clock=run_clock(launch_events, Series(), now=ended), world_size=launch.get("world_size"),
+            clock=run_clock(attempt, Series(), now=ended), world_size=launch.get("world_size"),
             prices_as_of=launch.get("prices_as_of"), spot=launch.get("price_is_spot"), steps=steps, tokens=tokens,
         ))
     return rows
@@ -195,9 +181,9 @@ def run_rows(cluster: str, run: str, record_dir: Path) -> list[LedgerRow]:
 def ledger_rows(clusters_root: Path, cluster: str | None = None, since: float | None = None) -> list[LedgerRow]:
     """Every launch recorded under clusters_root (of one cluster directory, started since), by start."""
     rows = []
-    for record_dir in sorted(clusters_root.glob(f"{cluster or '*'}/runs/*")):
+    for record_dir in sorted(clusters_root.glob(str(run_dir(Path(cluster or "*"), "*")))):
         if (record_dir / EVENTS_NAME).is_file():
-            rows += run_rows(record_dir.parent.parent.name, record_dir.name, record_dir)
+            rows += run_rows(record_dir.parent.parent.name, RunRecord(record_dir))
     return sorted((r for r in rows if since is None or r.started >= since), key=lambda r: r.started)
 
 

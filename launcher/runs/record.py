@@ -1,59 +1,166 @@
 """The operator's record of a run, on the machine `fab` runs on: what the launcher saw happen.
 
     ~/nanocluster/clusters/<cluster>/runs/<run>/events.jsonl
+    ~/nanocluster/clusters/<cluster>/runs/<run>/metrics.jsonl   (launcher.runs.metrics_copy)
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
 "launch" (the nodes, world size, the cluster's hourly price), "restart" (its cause), "end" (how the
 run ended). It is kept where no node needs to be up: status, plots and the cost ledger read it
 after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
 it streamed) live in the same directory.
+
+RunRecord is the one reader: budget, estimate, ledger, status, the monitor and the restart loop take
+a run's directory, its events, its attempts (each `fab train`: a "launch" event and what followed
+it), their spend and where each attempt's lines begin in the metrics copy from it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.inventory import Cluster, group_by_host, local_home
-from model.metrics import METRICS_NAME, read_jsonl
+from launcher.inventory import Cluster, cluster_dir, group_by_host
+from model.metrics import METRICS_NAME, parse_jsonl, read_jsonl
+from model.spend import spend_usd
 
 EVENTS_NAME = "events.jsonl"
 
 
-def clusters_root() -> Path:
-    """Where this machine keeps every cluster's directory (the cost ledger reads them all)."""
-    return local_home() / "clusters"
+def run_dir(cluster_directory: Path, run: str) -> Path:
+    """A run's record directory in its cluster's directory (run may be a glob pattern)."""
+    return cluster_directory / "runs" / run
 
 
-def cluster_dir(cluster: Cluster) -> Path:
-    """This machine's directory for one cluster (its key, its runs' records)."""
-    return clusters_root() / cluster.cluster_name
+@dataclass(frozen=True)
+class Attempt:
+    """One `fab train` of a run: its "launch" event and the events that followed it."""
+
+    run: str
+    events: list[dict[str, Any]]
+
+    @property
+    def launch(self) -> dict[str, Any]:
+        return self.events[0]
+
+    @property
+    def end(self) -> dict[str, Any] | None:
+        return next((e for e in self.events if e.get("event") == "end"), None)
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for e in self.events if e.get("event") == "restart")
+
+    @property
+    def metrics_offset(self) -> int | None:
+        """Where its lines begin in the metrics copy; None for a launch recorded before the field."""
+        return self.launch.get("metrics_offset")
+
+    def stop_time(self, now: float | None = None) -> float:
+        """Its end event's time; without one, now when given, else its last event's time."""
+        end = self.end
+        return end["time"] if end else (now if now is not None else self.events[-1]["time"])
+
+    def spent_usd(self, now: float | None = None) -> float:
+        """The cluster's price x launch to end (to now while it goes on, when now is given)."""
+        return spend_usd(self.launch.get("hourly_cost_usd") or 0.0, max(0.0, self.stop_time(now) - self.launch["time"]))
 
 
-def run_record_dir(cluster: Cluster, run: str) -> Path:
-    """The run's record directory, created on first use."""
-    path = cluster_dir(cluster) / "runs" / run
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def split_attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:
+    """A run's attempts, oldest first: each "launch" event and what follows it up to the next one
+    (events before the first launch are ignored)."""
+    bounds = [i for i, e in enumerate(events) if e.get("event") == "launch" and "time" in e] + [len(events)]
+    return [Attempt(run, events[i:j]) for i, j in itertools.pairwise(bounds)]
 
 
-def append_event(cluster: Cluster, run: str, event: str, **fields: Any) -> dict[str, Any]:
-    """Append one event (with the current time) to the run's events.jsonl; returns it."""
-    record = {"event": event, "time": time.time(), **fields}
-    directory = run_record_dir(cluster, run)
-    if event == "launch":  # where this launch's lines begin in the metrics copy (the cost ledger splits it there)
-        copy = directory / METRICS_NAME
-        record["metrics_offset"] = copy.stat().st_size if copy.exists() else 0
-    with open(directory / EVENTS_NAME, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    return record
+def by_time(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(events, key=lambda e: e.get("time", 0))
 
 
-def read_events(cluster: Cluster, run: str) -> list[dict[str, Any]]:
-    """Every event recorded for the run, oldest first; a line cut short by a crash is skipped."""
-    return read_jsonl(cluster_dir(cluster) / "runs" / run / EVENTS_NAME)
+class RunRecord:
+    """One run's record directory; its events are read once, on first use, and kept in step with
+    what append() writes."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.run = directory.name
+        self._events: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def of(cls, cluster: Cluster, run: str) -> RunRecord:
+        return cls(run_dir(cluster_dir(cluster), run))
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every event, by time (a launch event carries its clock start, recorded once its units
+        started); a line cut short by a crash is skipped."""
+        if self._events is None:
+            self._events = by_time(read_jsonl(self.directory / EVENTS_NAME))
+        return self._events
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return split_attempts(self.events, self.run)
+
+    @property
+    def current(self) -> Attempt | None:
+        """The latest attempt (the run a name used again starts); None when never launched."""
+        attempts = self.attempts
+        return attempts[-1] if attempts else None
+
+    def made(self) -> Path:
+        """The directory, created on first use."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self.directory
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one event (with the current time unless given) to events.jsonl; returns it."""
+        record = {"event": event, "time": time.time(), **fields}
+        if event == "launch":  # where this attempt's lines begin in the metrics copy
+            record["metrics_offset"] = self.metrics_end()
+        with open(self.made() / EVENTS_NAME, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._events is not None:
+            self._events = by_time([*self._events, record])
+        return record
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.directory / METRICS_NAME
+
+    def metrics_end(self) -> int:
+        """The metrics copy's size: where the next attempt's lines will begin."""
+        return self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+
+    def metrics_span(self, attempt: int) -> tuple[int | None, int | None]:
+        """Where an attempt's lines (by index in attempts; -1 the latest) begin and end in the metrics
+        copy: its launch's metrics_offset (0 for the first attempt when it predates the field; None
+        when unknown) to the next attempt's (None: to the end of the copy, or unknown)."""
+        attempts = self.attempts
+        index = attempt % len(attempts)
+        begin = attempts[index].metrics_offset
+        if index == 0 and begin is None:
+            begin = 0
+        end = attempts[index + 1].metrics_offset if index + 1 < len(attempts) else None
+        return begin, end
+
+    def metrics(self, since: int = 0, until: int | None = None) -> list[dict[str, Any]]:
+        """The metrics copy's records between two byte offsets (from since on: what one attempt streamed)."""
+        if not self.metrics_path.exists():
+            return []
+        with open(self.metrics_path, "rb") as f:
+            f.seek(since)
+            data = f.read(None if until is None else max(0, until - since))
+        return parse_jsonl(data.decode(errors="replace"))
+
+
+def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:
+    """Every run recorded on this machine for the cluster, by name."""
+    paths = sorted(cluster_dir(cluster).glob(f"runs/*/{EVENTS_NAME}"))
+    return {p.parent.name: RunRecord(p.parent) for p in paths}
 
 
 def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, Any]:

@@ -9,9 +9,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from launcher.inventory import Cluster
+from launcher.runs import budget
 from launcher.runs.estimate import progress_suffix, run_clock
 from launcher.runs.metrics_copy import MetricsCopy, Series
-from launcher.runs.record import read_events, run_record_dir
+from launcher.runs.record import RunRecord
 
 if TYPE_CHECKING:
     from launcher.runs.plot import PlotRefresher
@@ -32,7 +33,7 @@ class RunRecorder:
     def add(self, line: str, record: dict[str, Any]) -> None:
         """One line streamed from rank 0's metrics.jsonl (record: its parsed JSON)."""
         if self.copy is None:
-            record_dir = run_record_dir(self.cluster, self.run)
+            record_dir = RunRecord.of(self.cluster, self.run).made()
             self.copy = MetricsCopy(record_dir)
             from launcher.runs.plot import PlotRefresher  # matplotlib: imported by the runs that plot
 
@@ -43,9 +44,10 @@ class RunRecorder:
             self.plotter.request()
 
     def progress_suffix(self) -> str:
-        """ETA, cost so far and restarts for the live progress line ("" before anything is known)."""
-        clock = run_clock(read_events(self.cluster, self.run), Series.of(self.records))
-        return progress_suffix(clock)
+        """ETA, cost so far, restarts and the budget for the live progress line ("" before anything
+        is known), from one reading of the run's events."""
+        record = RunRecord.of(self.cluster, self.run)
+        return progress_suffix(run_clock(record.current, Series.of(self.records))) + budget.progress_suffix(record)
 
     def stream_ended(self) -> None:
         """The metrics stream has ended (rank 0's unit is gone): every line has been added."""

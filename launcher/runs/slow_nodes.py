@@ -26,8 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.inventory import Cluster
-from launcher.runs.record import read_events
+from launcher.runs.record import RunRecord
 
 SLOW_RATIO = 1.2
 """A rank is slow at a logged step when its compute time exceeds this many times the ranks' median."""
@@ -165,11 +164,11 @@ def node_names(events: Iterable[dict[str, Any]]) -> dict[int, str]:
     return dict(enumerate(nodes))
 
 
-def status_lines(cluster: Cluster, run: str, metrics_lines: Iterable[str]) -> list[str]:
+def status_lines(record: RunRecord, metrics_lines: Iterable[str]) -> list[str]:
     """`fab status`: the slowest node line from the last metrics.jsonl lines, if they have per-rank figures."""
     records = []
     for line in metrics_lines:
         with contextlib.suppress(ValueError):
             records.append(json.loads(line))
-    line = slowest_line(records, node_names(read_events(cluster, run)))
+    line = slowest_line(records, node_names(record.events))
     return [line] if line else []

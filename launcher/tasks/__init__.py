@@ -1,5 +1,5 @@
 """Every `fab` / `nanocluster` task, one thin module each: its flags and their help, parsed and
-handed to the library function that does the work (launcher.launch.train.train, ...).
+handed to the library function that does the work (launcher.train.train, ...).
 
     namespace   the invoke Collection of every task: fabfile.py exposes it to `fab` in the
                 checkout, launcher.cli to the installed `nanocluster` command

@@ -1,8 +1,8 @@
-"""`fab fetch`: copy a run's best checkpoint and metrics to this machine (launcher.runs.checkpoints)."""
+"""`fab fetch`: copy a run's best checkpoint and metrics to this machine (launcher.checkpoints)."""
 
 from __future__ import annotations
 
-from launcher.runs import checkpoints
+from launcher import checkpoints
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 

@@ -1,8 +1,8 @@
-"""`fab logs`: each rank's log from its node (launcher.runs.logs)."""
+"""`fab logs`: each rank's log from its node (launcher.launch.logs)."""
 
 from __future__ import annotations
 
-from launcher.runs import logs as rank_logs
+from launcher.launch import logs as rank_logs
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, number
 
 

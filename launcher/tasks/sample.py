@@ -1,9 +1,9 @@
-"""`fab sample`: text from the run's best checkpoint, generated on the head (launcher.runs.checkpoints);
+"""`fab sample`: text from the run's best checkpoint, generated on the head (launcher.checkpoints);
 the sampling defaults are model.conventions', which `python -m model.sample` shares."""
 
 from __future__ import annotations
 
-from launcher.runs import checkpoints
+from launcher import checkpoints
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, number, shown
 from model.conventions import SAMPLE_MAX_NEW_TOKENS, SAMPLE_SEED, SAMPLE_TEMPERATURE, SAMPLE_TOP_K
 

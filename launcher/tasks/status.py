@@ -1,8 +1,8 @@
-"""`fab status`: the nodes and the run as a table (launcher.runs.status)."""
+"""`fab status`: the nodes and the run as a table (launcher.launch.status)."""
 
 from __future__ import annotations
 
-from launcher.runs import status as run_status
+from launcher.launch import status as run_status
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 

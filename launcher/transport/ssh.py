@@ -20,7 +20,7 @@ from pathlib import Path
 import fabric
 import paramiko
 
-from launcher.inventory import Cluster, Node, local_home
+from launcher.inventory import Cluster, Node, cluster_dir
 from launcher.site import REMOTE_ROOT
 from launcher.transport.shell import MAX_PARALLEL, NodeError, Result, Shell
 
@@ -168,7 +168,7 @@ def _send_input(chan: paramiko.Channel, data: bytes) -> None:
 
 def key_file(cluster: Cluster) -> Path:
     """The cluster key on this machine, written 0600 (ssh and paramiko refuse looser keys)."""
-    path = local_home() / "clusters" / cluster.cluster_name / "id_cluster"
+    path = cluster_dir(cluster) / "id_cluster"
     path.parent.mkdir(parents=True, exist_ok=True)
     content = cluster.ssh_private_key.strip() + "\n"
     if not path.exists() or path.read_text() != content:

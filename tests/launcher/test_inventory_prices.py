@@ -7,7 +7,7 @@ import pytest
 from launcher.inventory import InventoryError, parse_contract, price_text
 from launcher.runs.estimate import cost_text, run_clock
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import launch_fields
+from launcher.runs.record import launch_fields, split_attempts
 
 PRICED = {"hourly_cost_usd": 0.8, "hourly_cost_on_demand_usd": 2.4, "hourly_cost_spot_usd": 0.8, "spot": True, "prices_as_of": "2026-11-23"}
 
@@ -51,8 +51,8 @@ def test_a_price_says_its_kind_and_date():
 def test_a_run_cost_says_what_its_price_was_and_when(contract):
     cluster = parse_contract({**contract, **PRICED}, "lab.json")
     launch = {"event": "launch", "time": 0.0, **launch_fields(cluster, cluster.nodes, world_size=3)}
-    clock = run_clock([launch, {"event": "end", "time": 1800.0}], Series())
+    clock = run_clock(split_attempts([launch, {"event": "end", "time": 1800.0}], "r")[-1], Series())
     assert cost_text(clock) == "$0.40 (1.50 node-h at $0.80/h spot, prices of 2026-11-23)"
     old = {"event": "launch", "time": 0.0, "cluster_nodes": 3, "hourly_cost_usd": 2.4}  # recorded before the fields
-    clock = run_clock([old, {"event": "end", "time": 1800.0}], Series())
+    clock = run_clock(split_attempts([old, {"event": "end", "time": 1800.0}], "r")[-1], Series())
     assert cost_text(clock) == "$1.20 (1.50 node-h at $2.40/h, price date unknown)"

@@ -120,7 +120,7 @@ def test_the_idle_stop_setting_reaches_the_bootstrap_from_the_stack_and_from_fab
 
 
 def test_fab_status_reads_the_deadline_the_node_recorded(node):
-    from launcher.runs.autostop import deadline_of
+    from launcher.launch.status import deadline_of
 
     class NodeShell:  # the one Shell method deadline_of uses, run here instead of over SSH
         root = str(node.root)

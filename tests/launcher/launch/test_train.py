@@ -3,9 +3,9 @@
 import pytest
 
 from launcher.console import TaskError
-from launcher.launch.train import place_data, train
 from launcher.session import Session
 from launcher.setup.ready import ensure_ready
+from launcher.train import place_data, train
 from tests.launcher.dataset import write_dataset
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import launcher.launch.train
+import launcher.train
 from launcher.console import TaskError
-from launcher.launch.train import train
 from launcher.runs.cost import cost
+from launcher.train import train
 
 NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
 BAD_OVERRIDES = [
@@ -31,7 +31,7 @@ def unroutable(contract, tmp_path, local_home, monkeypatch):
     def no_session(*args, **kwargs):
         raise AssertionError("a node was contacted")
 
-    monkeypatch.setattr(launcher.launch.train.Session, "open", no_session)
+    monkeypatch.setattr(launcher.train.Session, "open", no_session)
     return path
 
 

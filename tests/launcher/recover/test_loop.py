@@ -9,11 +9,10 @@ import pytest
 import launcher.recover.loop as loop
 from launcher.console import TaskError
 from launcher.inventory import parse_contract
-from launcher.launch.monitor import Progress, RunFailed
-from launcher.recover.classify import FirstFailure
+from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions, Recovery
 from launcher.recover.wait import POLL_EVERY_S
-from launcher.runs.record import read_events
+from launcher.runs.record import RunRecord
 from tests.launcher.recover.test_wait import FakeClock
 
 
@@ -95,7 +94,7 @@ def test_a_lost_node_is_waited_for_and_the_run_resumes_on_every_node(setting):
     assert calls[1] == (["lab-0", "lab-1"], 1, ())
     assert 20 <= clock.now < 20 + POLL_EVERY_S  # waited until the node answered, polling
     assert world.stopped == [("lab-0",), ("lab-0", "lab-1")]  # the survivors first, everything after the return
-    restart, = [e for e in read_events(cluster, "r") if e["event"] == "restart"]
+    restart, = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
     assert restart["nodes"] == ["lab-0", "lab-1"] and "dropped" not in restart and "lab-1" in restart["cause"]
 
 
@@ -108,7 +107,7 @@ def test_with_min_nodes_the_run_goes_on_without_a_node_that_never_returns(settin
         recovery.run(launch)
     assert calls[1] == (["lab-0", "lab-1"], 1, (KEEP_GLOBAL_BATCH,))
     assert clock.now == pytest.approx(15, abs=1)  # the timeout, less the real time recovery took
-    restart, = [e for e in read_events(cluster, "r") if e["event"] == "restart"]
+    restart, = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
     assert restart["nodes"] == ["lab-0", "lab-1"] and restart["dropped"] == ["lab-2"]
 
 
@@ -121,7 +120,7 @@ def test_without_min_nodes_the_run_ends_naming_the_node_and_the_timeout(setting)
             Recovery(session, "r", RecoverOptions(recover_timeout_s=15), resolve=lambda: cluster) as recovery:
         recovery.run(launch)
     assert len(calls) == 1 and clock.now == pytest.approx(15, abs=1)
-    end = read_events(cluster, "r")[-1]
+    end = RunRecord.of(cluster, "r").events[-1]
     assert end["event"] == "end" and end["outcome"] == "failed" and "lab-2" in end["reason"]
 
 
@@ -184,5 +183,5 @@ def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypa
     with pytest.raises(TaskError, match=r"interrupted \(Ctrl-C\) while recovering; rerun the same fab train"), \
             Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster) as recovery:
         recovery.run(launch)
-    end = read_events(cluster, "r")[-1]
+    end = RunRecord.of(cluster, "r").events[-1]
     assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "failed", 130)

@@ -1,5 +1,4 @@
-from launcher.launch.monitor import RunFailed
-from launcher.recover.classify import FirstFailure
+from launcher.launch.monitor import FirstFailure, RunFailed
 from launcher.recover.policy import restart_cause
 
 

@@ -11,9 +11,10 @@ import pytest
 
 from launcher.console import TaskError
 from launcher.inventory import local_cluster, parse_contract
-from launcher.recover.classify import FirstFailure, classify
+from launcher.launch.monitor import FirstFailure
+from launcher.recover.classify import classify
 from launcher.runs import budget
-from launcher.runs.record import EVENTS_NAME, run_record_dir
+from launcher.runs.record import EVENTS_NAME, RunRecord, read_cluster_runs
 from launcher.testing.fab import Fab
 from model.conventions import EXIT_BUDGET
 from model.metrics import METRICS_NAME
@@ -32,7 +33,7 @@ def fingerprint(world_size: int = 2, settings=SETTINGS) -> str:
 
 
 def write(cluster, run: str, events: list[dict], metrics: list[dict] = ()) -> None:
-    directory = run_record_dir(cluster, run)
+    directory = RunRecord.of(cluster, run).made()
     (directory / EVENTS_NAME).write_text("".join(json.dumps(e) + "\n" for e in events))
     (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in metrics))
 
@@ -49,7 +50,7 @@ def end(time: float, outcome: str, **fields) -> dict:
 def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: int = 2):
     said: list[str] = []
     result = budget.plan_budget(usd, cluster, run, budget.trainer_values("", settings), world_size,
-                                budget.read_cluster_runs(cluster), said.append)
+                                read_cluster_runs(cluster), said.append)
     return result, said
 
 
@@ -137,30 +138,30 @@ def test_a_run_that_spent_its_budget_already_is_refused(cluster):
 
 def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
     write(cluster, "main", [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25)])
-    assert budget.status_lines(cluster, "nothing") == []
-    (line,) = budget.status_lines(cluster, "main")
+    assert budget.status_lines(RunRecord.of(cluster, "nothing")) == []
+    (line,) = budget.status_lines(RunRecord.of(cluster, "main"))
     assert line.startswith("budget: $") and " of $1.00 spent (the trainer stops before the snapshot" in line
     write(cluster, "main", [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25),
                             end(900.0, "budget", iter=42, max_iters=100)])
-    assert budget.status_lines(cluster, "main") == [
+    assert budget.status_lines(RunRecord.of(cluster, "main")) == [
         "stopped at budget: spent $0.85 of $1.00 at iteration 42 of max_iters 100; to continue, rerun `fab train "
         "--run main --budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"]
-    assert budget.progress_suffix(cluster, "main") == " | $0.85 of $1.00 budget"
+    assert budget.progress_suffix(RunRecord.of(cluster, "main")) == " | $0.85 of $1.00 budget"
 
 
 def test_the_end_of_a_budget_stop_records_where_it_stopped_what_it_spent_and_its_pace(cluster):
     earlier = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
                {"kind": "train", "iter": 3, "iter_ms": 9000.0}, {"kind": "eval", "iter": 10}]  # snapshot at 10
-    directory = run_record_dir(cluster, "main")
+    run_record = RunRecord.of(cluster, "main")
+    directory = run_record.made()
     (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in earlier))
-    mark = budget.metrics_mark(directory)
+    run_record.append("launch", time=1000.0)  # records where this attempt's lines begin in the metrics copy
     with open(directory / METRICS_NAME, "a") as f:  # the resumed trainer's rewritten file streams again first
         for record in [*earlier, {"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
                        {"kind": "train", "iter": 10, "iter_ms": 400.0}, {"kind": "train", "iter": 11, "iter_ms": 600.0},
                        {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": 0.3}]:
             f.write(json.dumps(record) + "\n")
-    ending = budget.ending(cluster, "main", mark, 1000.0, 1020.0, last_logged=11, stopped=True,
-                           plan=budget.BudgetPlan(1.0, 36.0, 0.1))
+    ending = budget.ending(run_record, 1000.0, 1020.0, last_logged=11, stopped=True, plan=budget.BudgetPlan(1.0, 36.0, 0.1))
     fields = ending.fields
     assert ending.stopped and fields["outcome"] == "budget" and fields["iter"] == 12
     assert fields["start_iter"] == 10 and fields["max_iters"] == 100 and fields["step_s"] == pytest.approx(0.5)

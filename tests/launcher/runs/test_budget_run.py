@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import launcher.launch.train
-import launcher.runs.status
+import launcher.launch.status
+import launcher.train
 from launcher.inventory import local_cluster
-from launcher.launch.train import train
-from launcher.runs.record import read_events
-from launcher.runs.status import status
+from launcher.launch.status import status
+from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
+from launcher.train import train
 from model.conventions import EXIT_BUDGET, SNAPSHOT_NAME
 from model.metrics import METRICS_NAME
 from tests.launcher.dataset import write_dataset
@@ -33,7 +33,7 @@ SETTINGS = ["eval_interval=5", "log_interval=1"]
 @pytest.fixture
 def priced(local_home, monkeypatch):
     cluster = dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
-    for module in (launcher.launch.train, launcher.runs.status):
+    for module in (launcher.train, launcher.launch.status):
         monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None: cluster)
     return cluster
 
@@ -63,7 +63,7 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     out = capsys.readouterr().out
     assert code == EXIT_BUDGET, out[-3000:]
     assert "no step time recorded for this config on this cluster: no estimate before launch" in out
-    end = read_events(priced, RUN)[-1]
+    end = RunRecord.of(priced, RUN).events[-1]
     stopped_at = end["iter"]
     assert end["event"] == "end" and end["outcome"] == "budget" and end["budget_usd"] == BUDGET, end
     last = out.strip().splitlines()[-1]
@@ -91,7 +91,7 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     assert "estimate: $" in out and f"for 3 iteration(s) (from {stopped_at} to max_iters {stopped_at + 3})" in out
     assert "step time measured by this run's earlier attempt (ended" in out
     assert f"resumed from {SNAPSHOT_NAME} at iteration {stopped_at}" in out
-    assert read_events(priced, RUN)[-1]["outcome"] == "finished"
+    assert RunRecord.of(priced, RUN).events[-1]["outcome"] == "finished"
     done = out.strip().splitlines()[-1]
     assert done.startswith("done in ") and f" of the ${BUDGET * 100:.2f} budget); best checkpoint" in done
     assert torch.load(run_dir / SNAPSHOT_NAME, weights_only=False)["iter_num"] == stopped_at + 3

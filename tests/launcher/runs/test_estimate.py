@@ -7,9 +7,15 @@ import pytest
 from launcher.inventory import LOCAL_HOME_ENV, local_cluster
 from launcher.runs.estimate import NO_PRICE, final_cost, progress_suffix, run_clock, status_lines
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import append_event, launch_fields
+from launcher.runs.record import RunRecord, launch_fields, split_attempts
 
 LAUNCH = {"event": "launch", "time": 1000.0, "nodes": ["a", "b"], "cluster_nodes": 3, "hourly_cost_usd": 2.4}
+
+
+def latest(events: list[dict]):
+    """The events' latest attempt (RunRecord.current for a record on disk)."""
+    attempts = split_attempts(events, "r")
+    return attempts[-1] if attempts else None
 
 
 def series(last_iter: int, max_iters: int, iter_ms: list[float]) -> Series:
@@ -20,7 +26,7 @@ def series(last_iter: int, max_iters: int, iter_ms: list[float]) -> Series:
 
 def test_a_run_going_on_is_priced_so_far_and_at_its_end():
     # 30 min in, 400 steps left at the median recent step time (one slow outlier ignored) of 1.5 s.
-    clock = run_clock([LAUNCH], series(99, 500, [1500.0] * 9 + [9000.0]), now=1000.0 + 1800)
+    clock = run_clock(latest([LAUNCH]), series(99, 500, [1500.0] * 9 + [9000.0]), now=1000.0 + 1800)
     assert clock.eta_s == pytest.approx(400 * 1.5)
     assert clock.node_hours == pytest.approx(1.5) and clock.cost_usd == pytest.approx(1.2)
     assert clock.cost_at_end_usd == pytest.approx(2.4 * (1800 + 600) / 3600)
@@ -32,32 +38,32 @@ def test_a_finished_run_counts_its_restarts_and_ignores_an_earlier_run_of_the_sa
               {"event": "restart", "time": 10.0}, {"event": "end", "time": 20.0},  # the earlier run
               LAUNCH, {"event": "restart", "time": 1100.0}, {"event": "restart", "time": 1200.0},
               {"event": "end", "time": 1000.0 + 3600}]
-    clock = run_clock(events, Series(), now=99999.0)
+    clock = run_clock(latest(events), Series(), now=99999.0)
     assert clock.finished and clock.restarts == 2 and clock.eta_s == 0
     assert clock.elapsed_s == 3600 and clock.cost_usd == pytest.approx(2.4)
     assert progress_suffix(clock) == " | ETA 0 s | $2.40 so far | 2 restart(s)"
 
 
 def test_time_to_finish_is_unknown_before_a_step_or_without_max_iters():
-    assert run_clock([LAUNCH], Series(max_iters=10), now=1010.0).eta_s is None
-    assert run_clock([LAUNCH], dataclasses.replace(series(3, 10, [5.0]), max_iters=None), now=1010.0).eta_s is None
-    assert run_clock([], Series()) is None
+    assert run_clock(latest([LAUNCH]), Series(max_iters=10), now=1010.0).eta_s is None
+    assert run_clock(latest([LAUNCH]), dataclasses.replace(series(3, 10, [5.0]), max_iters=None), now=1010.0).eta_s is None
+    assert run_clock(latest([]), Series()) is None
 
 
 def test_status_lines_without_a_price_say_so(tmp_path, monkeypatch):
     monkeypatch.setenv(LOCAL_HOME_ENV, str(tmp_path))
     cluster = local_cluster(2)  # the local cluster has no price
-    assert status_lines(cluster, "r") == [f"run r: no launch recorded on this machine "
+    assert status_lines(RunRecord.of(cluster, "r")) == [f"run r: no launch recorded on this machine "
                                           f"({tmp_path / 'clusters' / 'local' / 'runs' / 'r'})"]
-    append_event(cluster, "r", "launch", **launch_fields(cluster, cluster.nodes, world_size=2))
-    lines = status_lines(cluster, "r")
+    RunRecord.of(cluster, "r").append("launch", **launch_fields(cluster, cluster.nodes, world_size=2))
+    lines = status_lines(RunRecord.of(cluster, "r"))
     assert lines[0] == "no loss logged yet"
     assert lines[1].startswith("elapsed ") and "time to finish unknown until a step is logged" in lines[1]
     assert lines[2].startswith("cost so far: 0.00 node-h, ") and lines[2].endswith(NO_PRICE)
     assert lines[3] == "restarts: 0"
-    append_event(cluster, "r", "end", outcome="finished")
-    assert final_cost(cluster, "r").endswith(NO_PRICE)
+    RunRecord.of(cluster, "r").append("end", outcome="finished")
+    assert final_cost(RunRecord.of(cluster, "r")).endswith(NO_PRICE)
     priced = dataclasses.replace(cluster, hourly_cost_usd=3.0, hourly_cost_spot_usd=3.0, spot=True, prices_as_of="2026-11-23")
-    append_event(priced, "r", "launch", **launch_fields(priced, priced.nodes, world_size=2))
-    append_event(priced, "r", "end", outcome="finished")
-    assert final_cost(priced, "r").startswith("cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)")
+    RunRecord.of(priced, "r").append("launch", **launch_fields(priced, priced.nodes, world_size=2))
+    RunRecord.of(priced, "r").append("end", outcome="finished")
+    assert final_cost(RunRecord.of(priced, "r")).startswith("cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)")

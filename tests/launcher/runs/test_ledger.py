@@ -19,7 +19,7 @@ from launcher.runs.cost import cost
 from launcher.runs.estimate import billed_machines, run_clock
 from launcher.runs.ledger import trained
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import EVENTS_NAME, append_event, launch_fields
+from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields, split_attempts
 from launcher.testing.fab import Fab
 from model.metrics import METRICS_NAME
 from tests.launcher.conftest import CONTRACT
@@ -245,13 +245,13 @@ def test_a_session_on_a_cloud_cluster_records_its_nodes_and_boot_times(home):
 
 def test_a_launch_records_machines_not_ranks_and_where_its_metrics_begin(home):
     cluster = local_cluster(3)
-    append_event(cluster, "r", "launch", **launch_fields(cluster, cluster.nodes, world_size=3))
+    RunRecord.of(cluster, "r").append("launch", **launch_fields(cluster, cluster.nodes, world_size=3))
     record_dir = home / "clusters" / "local" / "runs" / "r"
     (record_dir / METRICS_NAME).write_text('{"kind": "start", "iter": 0}\n')
-    append_event(cluster, "r", "launch", **launch_fields(cluster, cluster.nodes, world_size=3))
+    RunRecord.of(cluster, "r").append("launch", **launch_fields(cluster, cluster.nodes, world_size=3))
     events = [json.loads(line) for line in (record_dir / EVENTS_NAME).read_text().splitlines()]
     assert [e["metrics_offset"] for e in events] == [0, 29]
     assert billed_machines(events[0]) == 1
-    clock = run_clock([events[0], {"event": "end", "time": events[0]["time"] + 108}], Series())
+    clock = run_clock(split_attempts([events[0], {"event": "end", "time": events[0]["time"] + 108}], "r")[-1], Series())
     assert clock.node_hours == pytest.approx(108 / H)  # was 0.09 node-h: every rank counted as a node
     assert billed_machines({"cluster_nodes": 3, "nodes": ["a", "b"]}) == 3

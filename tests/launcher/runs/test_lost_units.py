@@ -10,10 +10,10 @@ import pytest
 
 from launcher.console import console
 from launcher.launch.identity import UNIT_IDENTITY_SH
+from launcher.launch.status import status
 from launcher.launch.stop import stop
-from launcher.launch.train import train
-from launcher.runs.status import status
 from launcher.testing.fab import TINY_CONFIG
+from launcher.train import train
 from tests.launcher.dataset import write_dataset
 
 RUN = "back"

@@ -9,16 +9,16 @@ import threading
 
 import pytest
 
-import launcher.launch.train
-import launcher.runs.checkpoints
-import launcher.runs.status
+import launcher.checkpoints
+import launcher.launch.status
+import launcher.train
+from launcher.checkpoints import fetch
 from launcher.console import console
-from launcher.launch.train import train
-from launcher.runs.checkpoints import fetch
+from launcher.launch.status import status
 from launcher.runs.metrics_copy import PLOT_NAME, read_series
-from launcher.runs.record import run_record_dir
-from launcher.runs.status import status
+from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG, wait_for
+from launcher.train import train
 from model.metrics import METRICS_NAME
 from model.tensorboard_log import TB_DIR
 from tests.launcher.dataset import write_dataset
@@ -32,7 +32,7 @@ MAX_ITERS = 80
 def priced(local3, monkeypatch):
     """The local cluster with a price per hour, as a cloud contract gives one."""
     cluster = dataclasses.replace(local3, hourly_cost_usd=PRICE, spot=False, prices_as_of="2026-11-23")
-    for module in (launcher.launch.train, launcher.runs.status, launcher.runs.checkpoints):
+    for module in (launcher.train, launcher.launch.status, launcher.checkpoints):
         monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None: cluster)
     monkeypatch.setattr(console, "width", 200)
     return cluster
@@ -54,7 +54,7 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
 
     thread = threading.Thread(target=run)
     thread.start()
-    record_dir = run_record_dir(priced, RUN)
+    record_dir = RunRecord.of(priced, RUN).made()
     try:
         wait_for(lambda: read_series(record_dir).train_iters or not thread.is_alive(), 120,
                  "a step in the operator's metrics copy")

@@ -1,6 +1,7 @@
 """What a run produced: `fab sample` from its best checkpoint on the head, `fab fetch` a copy here
-(with its metrics, TensorBoard files and the plot fab train drew), under the nanocluster home unless
-the operator names a directory: the tool writes nothing into the directory it is run from."""
+(with its metrics, TensorBoard files and the plot fab train drew in the run's record), under the
+nanocluster home unless the operator names a directory: the tool writes nothing into the directory
+it is run from."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import shutil
 from pathlib import Path
 
 from launcher.console import TaskError, out_line, say
-from launcher.inventory import Cluster
+from launcher.inventory import Cluster, cluster_dir
 from launcher.runs.metrics_copy import PLOT_NAME
-from launcher.runs.record import cluster_dir
+from launcher.runs.record import RunRecord
 from launcher.session import Session, resolve_cluster
 from launcher.setup.ready import ensure_ready
 from launcher.site import run_dir
@@ -76,7 +77,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
         for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
             fetch_file(shell, f"runs/{run}/{name}", target_dir / name)
-        plot = cluster_dir(cluster) / "runs" / run / PLOT_NAME
+        plot = RunRecord.of(cluster, run).directory / PLOT_NAME
         if plot.exists():
             shutil.copyfile(plot, target_dir / PLOT_NAME)
             say(f"copied the run's plot {plot} -> {target_dir / PLOT_NAME}")

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-import launcher.recover.heartbeat as heartbeat
+import launcher.launch.heartbeat as heartbeat
 from launcher.inventory import parse_contract
+from launcher.launch.heartbeat import answers, watch_nodes
 from launcher.launch.monitor import Monitor, RunFailed
 from launcher.launch.plan import LaunchPlan
-from launcher.recover.heartbeat import answers, watch_nodes
 from launcher.transport import NodeError, Result, Shell
 
 

@@ -1,4 +1,11 @@
-"""`fab status`: every node (down ones included), its readiness and the run's units, as a table."""
+"""`fab status`: every node (down ones included), its readiness and the run's units, as a table;
+then the idle stop, the last logged step, the slowest node, and the run's chart, time, cost and
+budget from the operator's record (launcher.runs).
+
+The idle-stop line: node/autostop.sh keeps ~/nanocluster/autostop.deadline (epoch seconds, then the
+ISO time) while the idle stop is on; a live run unit or an SSH session (fab status's own included)
+pushes it forward.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,30 @@ from rich.table import Table
 from launcher.console import console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
-from launcher.runs.autostop import idle_stop_lines
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
+from launcher.runs.record import RunRecord
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
 
 METRICS_LINES = 50
+DEADLINE_FILE = "autostop.deadline"
+
+
+def deadline_of(shell: Shell) -> str:
+    """The node's idle-stop time (ISO, UTC), or "" when its idle stop is off or not installed."""
+    fields = shell.run(f"cat {shell.root}/{DEADLINE_FILE} 2>/dev/null || true").stdout.split()
+    return fields[1] if len(fields) == 2 else ""
+
+
+def idle_stop_lines(session: Session) -> list[str]:
+    """One line naming the reachable nodes' idle-stop times, or nothing when no node has one."""
+    deadlines = dict(session.run_everywhere(session.hosts(), lambda node, shell: (node.name, deadline_of(shell))))
+    shown = [f"{name} at {when}" for name, when in sorted(deadlines.items()) if when]
+    if not shown:
+        return []
+    return [f"idle stop (if still idle then; a run or an SSH session moves it): {', '.join(shown)}"]
 
 
 def units_of(shell: Shell, run: str) -> tuple[str, str]:
@@ -34,6 +57,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
         table.add_column(col, overflow="fold")
+    record = RunRecord.of(cluster, run)  # the operator's record, read once for every line below
     with Session.open(cluster, shown, reachable_only=True) as session:
         jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
         for node in shown:
@@ -55,8 +79,8 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 with contextlib.suppress(ValueError):
                     progress.update(json.loads(line))
             say(f"run {run}, last logged: {progress.summary()}")
-            for line in slow_node_lines(cluster, run, last.splitlines()):  # the slowest rank and node
+            for line in slow_node_lines(record, last.splitlines()):  # the slowest rank and node
                 say(line)
-        for line in [*status_lines(cluster, run), *budget_lines(cluster, run)]:  # chart, time, cost, budget
+        for line in [*status_lines(record), *budget_lines(record)]:  # chart, time, cost, budget
             say(line)
     return 1 if session.unreachable else 0
