@@ -5,6 +5,7 @@
     cli.py        the `nanocluster` console command over tasks/
     inventory.py  which machines: --cluster -> a validated Cluster (the output contract)
     site.py       where things are on the nodes; what the local cluster does differently
+    trainer_config.py  the trainer's config (--config, --set) checked before any node is touched
     transport/    how a command reaches a node (SSH, or a subprocess for the local cluster)
     session.py    a task's nodes, connected once and probed once (probe.py, remote/probe.py)
     setup/        ready nodes: bootstrap, the cluster's SSH, model/ code
