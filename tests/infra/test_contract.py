@@ -15,7 +15,9 @@ from launcher.inventory import parse_contract
 from tests.infra.harness import HEAD_PUBLIC_IP, UnmockedInvoke, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CLOUDS_PAGE = ROOT / "docs" / "clouds.md"
 PRIVATE_IPS = {
     "gcp": ["10.42.0.10", "10.42.0.11", "10.42.0.12"],
     "aws": ["10.42.0.10", "10.42.1.11", "10.42.1.12"],  # workers in the private subnet
@@ -118,11 +120,14 @@ def test_a_spot_stack_without_a_spot_price_pays_on_demand_and_says_so(caplog):
     assert cluster.price_is_spot is False and "/h on-demand, prices of 2025-06" in cluster.describe()
 
 
-@pytest.mark.parametrize(("cloud", "heading"), [("gcp", "### GCP"), ("aws", "### AWS"), ("azure", "### Azure")])
-def test_readme_quotes_the_cost_the_stack_exports(cloud, heading):
-    section = README.read_text().split(heading, 1)[1].split("\n### ", 1)[0]
-    assert f"**≈ ${cached_stack(cloud, 3).outputs['hourly_cost_usd']:.2f}/h**" in section
-    assert f"one node ≈ ${cached_stack(cloud, 1).outputs['hourly_cost_usd']:.2f}/h" in section
+@pytest.mark.parametrize(("cloud", "heading"), [("gcp", "GCP"), ("aws", "AWS"), ("azure", "Azure")])
+def test_the_docs_quote_the_cost_the_stack_exports(cloud, heading):
+    """README's per-cloud section and docs/clouds.md's give the hourly cost of the example stack."""
+    three, one = (cached_stack(cloud, nodes).outputs["hourly_cost_usd"] for nodes in (3, 1))
+    readme = README.read_text().split(f"### {heading}\n", 1)[1].split("\n### ", 1)[0]
+    assert f"about ${three:.2f}/h on-demand" in readme
+    page = CLOUDS_PAGE.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    assert f"**≈ ${three:.2f}/h**" in page and f"one node ≈ ${one:.2f}/h" in page
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)

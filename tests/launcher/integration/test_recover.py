@@ -67,11 +67,14 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
 
 def test_a_program_error_or_missing_data_is_not_retried_and_is_named(nodes, fab, tiny_config):
     assert fab("prepare-data").returncode == 0
+    # A checkpoint directory missing on the nodes: only the program can find that out (a misspelled key
+    # is refused before launch, tests/launcher/launch/test_trainer_config.py).
     result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "broken",
-                 "--set", "no_such_key=1", timeout=RUN_TIMEOUT_S)
+                 "--set", "init_from=/no/such/checkpoint", timeout=RUN_TIMEOUT_S)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "program error (exit 1); not retried" in output, output[-3000:]
+    assert "/no/such/checkpoint: no such directory" in output, output[-3000:]
     assert "restart 1/" not in output
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
