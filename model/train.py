@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import comm_hooks, distributed, step_timing, zero
+from model import comm_hooks, distributed, health_probe, step_timing, zero
 from model.budget import BudgetWatch, budget_watch
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
@@ -37,6 +37,7 @@ from model.conventions import (
     SNAPSHOT_NAME,
 )
 from model.data import DataError, TokenBatches
+from model.health import TrainingDiverged, json_number
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
@@ -49,7 +50,7 @@ from model.stop_signal import StopRequested, StopSignal, snapshot_and_stop
 log = logging.getLogger("model.train")
 
 # Errors with a message that says everything: reported as one line, no traceback.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedSetupError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedSetupError, TrainingDiverged)
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -88,6 +89,7 @@ class Trainer:
         restore_rng(start, cfg, env)
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
+        self.install_health(cfg, env)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         self.ddp = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
@@ -120,6 +122,17 @@ class Trainer:
             "peak_flops" if cfg.peak_flops else f"measured matmul peak, {torch.get_num_threads()} threads",
         )
 
+    def install_health(self, cfg: TrainConfig, env: distributed.RankEnv) -> None:
+        """Per-block statistics, the step guard and the test seam (model.health, model.health_probe)."""
+        blocks = self.raw_model.transformer.h
+        self.probe = health_probe.HealthProbe(blocks, env.world_size) if cfg.health.interval else None
+        self.guard = health_probe.StepGuard(cfg.health) if cfg.health.guard else None
+        self.fault = cfg.health.fault()
+        if self.fault is not None and self.fault.kind != "spike":
+            if self.fault.block >= len(blocks):
+                raise ConfigError(f"health.test_fault names block {self.fault.block}, the model has {len(blocks)}")
+            health_probe.install_fault(blocks, self.fault, lambda: self.iter_num, env.rank)
+
     # -- steps --
 
     @torch.no_grad()
@@ -146,6 +159,10 @@ class Trainer:
             group["lr"] = lr
         steps = self.cfg.gradient_accumulation_steps
         model = self.ddp or self.model
+        measuring = self.probe is not None and self.iter_num % self.cfg.health.interval == 0
+        if measuring:
+            self.probe.start()
+        spike = self.fault is not None and self.fault.kind == "spike" and self.fault.active(self.iter_num, self.env.rank)
         total = 0.0
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
@@ -154,14 +171,51 @@ class Trainer:
             with sync:
                 with autocast(self.dtype):
                     _, loss = model(x, y)
+                if spike:  # the test seam: a loss spike with finite gradients
+                    loss = loss * 100
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
                 (loss / steps).backward()
             total += loss.item()
+        if measuring:
+            self.probe.after_backward()  # gradient norms before clipping
+        norm = None
         if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
+        loss, problem = total / steps, None
+        if self.guard is not None:
+            # Every rank decides on the same numbers: the mean loss, and the gradients DDP averaged.
+            loss = all_ranks_mean(loss, self.env.world_size)
+            norm = norm.item() if norm is not None else health_probe.grad_norm(list(self.raw_model.parameters()))
+            problem = self.guard.check(loss, norm)
+        if problem is None:
+            if measuring:
+                self.probe.before_update()
+            self.optimizer.step()
+            if self.guard is not None:
+                self.guard.applied(loss)
         self.optimizer.zero_grad(set_to_none=True)
-        return total / steps
+        if measuring:
+            self.record_health()
+        if problem is not None:
+            self.skip_step(*problem)
+        return loss
+
+    def record_health(self) -> None:
+        blocks, growth = self.probe.finish(self.iter_num)
+        if self.is_rank0:
+            self.metrics.health(self.iter_num, blocks, growth)
+            if growth and growth["growth"] >= 2:
+                log.warning("iter %d: %s's gain grew x%.3g since iter %d (model.health)",
+                            self.iter_num, growth["block"], growth["growth"], growth["since"])
+
+    def skip_step(self, reason: str, value: float) -> None:
+        """The guard rejected this step: nothing was applied. Record it; roll back when it says so."""
+        if self.is_rank0:
+            log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged",
+                        self.iter_num, reason, value)
+            self.metrics.event("skip", self.iter_num, reason, value=json_number(value))
+        if self.guard.skipped():
+            health_probe.roll_back(self, f"{self.guard.consecutive_skips} skipped steps in a row")
 
     # -- outputs (rank 0) --
 
