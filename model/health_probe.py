@@ -99,10 +99,12 @@ class HealthProbe:
         Without before_update (a skipped step), the update ratio is 0."""
         acts = torch.stack([torch.stack(a) if a else torch.zeros(1, 4) for a in self._acts])  # (blocks, micro, 4)
         maxes = torch.stack([acts[:, :, 0].amax(1), acts[:, :, 3].amax(1)])
-        sums = torch.stack([acts[:, :, 1].sum(1), acts[:, :, 2].sum(1)]).double()
+        # The sums, and which maxes are NaN (gloo's MAX drops NaNs, yet one rank's NaN is the news).
+        sums = torch.cat([acts[:, :, 1].sum(1)[None], acts[:, :, 2].sum(1)[None], maxes.isnan()]).double()
         if self.world_size > 1:  # activations differ by rank (their batches); gradients do not
             dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
             dist.all_reduce(sums)
+            maxes[sums[2:] > 0] = math.nan
         ratios = torch.zeros(len(self.blocks))
         if self._weights is not None:
             for i, (params, before) in enumerate(zip(self.params, self._weights, strict=True)):
@@ -110,7 +112,7 @@ class HealthProbe:
                 weight = torch.stack(torch._foreach_norm(before))
                 ratios[i] = torch.linalg.vector_norm(delta) / torch.linalg.vector_norm(weight).clamp_min(1e-12)
         act_max, in_max = maxes.tolist()
-        sq, count = sums.tolist()
+        sq, count = sums[:2].tolist()
         grads, ratios_list = self._grad_norms.tolist(), ratios.tolist()
         blocks = {}
         for i in range(len(self.blocks)):
