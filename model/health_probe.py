@@ -42,6 +42,7 @@ from torch import nn
 
 from model.checkpoint import CheckpointError, load_checkpoint
 from model.collectives import broadcast_tensors, on_rank0
+from model.config_values import ConfigError
 from model.conventions import SNAPSHOT_NAME
 from model.health import Fault, HealthConfig, TrainingDiverged, json_number, largest_growth
 
@@ -164,6 +165,40 @@ class StepGuard:
     def rolled_back(self) -> None:
         self.consecutive_skips = 0
         self.applied_since_rollback = False
+
+
+def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None, Fault | None]:
+    """The trainer's probe (None: health.interval=0), guard (None: health.guard=false) and test fault,
+    whose hook it installs."""
+    blocks = trainer.raw_model.transformer.h
+    probe = HealthProbe(blocks, trainer.env.world_size) if cfg.interval else None
+    guard = StepGuard(cfg) if cfg.guard else None
+    fault = cfg.fault()
+    if fault is not None and fault.kind != "spike":
+        if fault.block >= len(blocks):
+            raise ConfigError(f"health.test_fault names block {fault.block}, the model has {len(blocks)}")
+        install_fault(blocks, fault, lambda: trainer.iter_num, trainer.env.rank)
+    return probe, guard, fault
+
+
+def record_health(trainer: Any) -> None:
+    """After a measuring step: every rank finishes the measurement, rank 0 records it."""
+    blocks, growth = trainer.probe.finish(trainer.iter_num)
+    if trainer.is_rank0:
+        trainer.metrics.health(trainer.iter_num, blocks, growth)
+        if growth and growth["growth"] >= 2:
+            log.warning("iter %d: %s's gain grew x%.3g since iter %d (model.health)",
+                        trainer.iter_num, growth["block"], growth["growth"], growth["since"])
+
+
+def skip_step(trainer: Any, reason: str, value: float) -> None:
+    """The guard rejected this step, which was not applied: log and record it; roll back when due."""
+    if trainer.is_rank0:
+        log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged",
+                    trainer.iter_num, reason, value)
+        trainer.metrics.event("skip", trainer.iter_num, reason, value=json_number(value))
+    if trainer.guard.skipped():
+        roll_back(trainer, f"{trainer.guard.consecutive_skips} skipped steps in a row")
 
 
 def install_fault(blocks: nn.ModuleList, fault: Fault, iteration: Any, rank: int) -> Any:

@@ -37,7 +37,7 @@ from model.conventions import (
     SNAPSHOT_NAME,
 )
 from model.data import DataError, TokenBatches
-from model.health import TrainingDiverged, json_number
+from model.health import TrainingDiverged
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
@@ -89,7 +89,8 @@ class Trainer:
         restore_rng(start, cfg, env)
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
-        self.install_health(cfg, env)
+        # Per-block statistics, the step guard and its test seam (model.health_probe).
+        self.probe, self.guard, self.fault = health_probe.install(self, cfg.health)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         self.ddp = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
@@ -121,17 +122,6 @@ class Trainer:
             self.peak_flops / 1e9,
             "peak_flops" if cfg.peak_flops else f"measured matmul peak, {torch.get_num_threads()} threads",
         )
-
-    def install_health(self, cfg: TrainConfig, env: distributed.RankEnv) -> None:
-        """Per-block statistics, the step guard and the test seam (model.health, model.health_probe)."""
-        blocks = self.raw_model.transformer.h
-        self.probe = health_probe.HealthProbe(blocks, env.world_size) if cfg.health.interval else None
-        self.guard = health_probe.StepGuard(cfg.health) if cfg.health.guard else None
-        self.fault = cfg.health.fault()
-        if self.fault is not None and self.fault.kind != "spike":
-            if self.fault.block >= len(blocks):
-                raise ConfigError(f"health.test_fault names block {self.fault.block}, the model has {len(blocks)}")
-            health_probe.install_fault(blocks, self.fault, lambda: self.iter_num, env.rank)
 
     # -- steps --
 
@@ -195,27 +185,10 @@ class Trainer:
                 self.guard.applied(loss)
         self.optimizer.zero_grad(set_to_none=True)
         if measuring:
-            self.record_health()
-        if problem is not None:
-            self.skip_step(*problem)
+            health_probe.record_health(self)
+        if problem is not None:  # nothing was applied: record it, and roll back if it is time
+            health_probe.skip_step(self, *problem)
         return loss
-
-    def record_health(self) -> None:
-        blocks, growth = self.probe.finish(self.iter_num)
-        if self.is_rank0:
-            self.metrics.health(self.iter_num, blocks, growth)
-            if growth and growth["growth"] >= 2:
-                log.warning("iter %d: %s's gain grew x%.3g since iter %d (model.health)",
-                            self.iter_num, growth["block"], growth["growth"], growth["since"])
-
-    def skip_step(self, reason: str, value: float) -> None:
-        """The guard rejected this step: nothing was applied. Record it; roll back when it says so."""
-        if self.is_rank0:
-            log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged",
-                        self.iter_num, reason, value)
-            self.metrics.event("skip", self.iter_num, reason, value=json_number(value))
-        if self.guard.skipped():
-            health_probe.roll_back(self, f"{self.guard.consecutive_skips} skipped steps in a row")
 
     # -- outputs (rank 0) --
 
