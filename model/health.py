@@ -52,7 +52,9 @@ class HealthConfig:
 
     interval: int = 10
     """Measure per-block statistics every this many steps (a "health" record); 0: never. Measuring
-    steps register forward hooks and copy the blocks' weights; other steps pay nothing."""
+    steps register forward hooks and copy the blocks' weights; other steps pay nothing. With
+    compile=true the activation statistics are not measured ("nan"): hooks added to a compiled model
+    are not traced."""
     guard: bool = True
     """Skip an optimizer step whose loss or gradient norm is not finite, or whose loss is a spike
     (spike_factor), and roll back after rollback_after skipped steps in a row. false: every step is

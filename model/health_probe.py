@@ -53,8 +53,9 @@ class HealthProbe:
     """Measures blocks (named h.<i>) during one step: start(), after_backward(), before_update(),
     finish()."""
 
-    def __init__(self, blocks: nn.ModuleList, world_size: int):
+    def __init__(self, blocks: nn.ModuleList, world_size: int, activations: bool = True):
         self.blocks = list(blocks)
+        self.activations = activations
         self.params = [[p for p in b.parameters() if p.requires_grad] for b in self.blocks]
         self.world_size = world_size
         self.previous: dict[str, dict[str, float]] | None = None
@@ -67,7 +68,8 @@ class HealthProbe:
     def start(self) -> None:
         """Hook every block's forward for this step's training micro-steps."""
         self._acts = [[] for _ in self.blocks]
-        self._handles = [b.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
+        if self.activations:
+            self._handles = [b.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
 
     def _hook(self, index: int):
         def hook(module, args, output):
@@ -98,7 +100,8 @@ class HealthProbe:
     def finish(self, iteration: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
         """The blocks' statistics and the largest growth (see model.health); all ranks call it, together.
         Without before_update (a skipped step), the update ratio is 0."""
-        acts = torch.stack([torch.stack(a) if a else torch.zeros(1, 4) for a in self._acts])  # (blocks, micro, 4)
+        nothing = torch.tensor([[math.nan, math.nan, 1.0, math.nan]])  # no activations measured
+        acts = torch.stack([torch.stack(a) if a else nothing for a in self._acts])  # (blocks, micro, 4)
         maxes = torch.stack([acts[:, :, 0].amax(1), acts[:, :, 3].amax(1)])
         # The sums, and which maxes are NaN (gloo's MAX drops NaNs, yet one rank's NaN is the news).
         sums = torch.cat([acts[:, :, 1].sum(1)[None], acts[:, :, 2].sum(1)[None], maxes.isnan()]).double()
@@ -171,7 +174,10 @@ def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGu
     """The trainer's probe (None: health.interval=0), guard (None: health.guard=false) and test fault,
     whose hook it installs."""
     blocks = trainer.raw_model.transformer.h
-    probe = HealthProbe(blocks, trainer.env.world_size) if cfg.interval else None
+    # Hooks added to a compiled model on measuring steps would not be traced: gradients and updates only.
+    probe = HealthProbe(blocks, trainer.env.world_size, activations=not trainer.cfg.compile) if cfg.interval else None
+    if probe is not None and trainer.cfg.compile and trainer.is_rank0:
+        log.info("health: no activation statistics with compile=true (gradient norms and update ratios only)")
     guard = StepGuard(cfg) if cfg.guard else None
     fault = cfg.fault()
     if fault is not None and fault.kind != "spike":
