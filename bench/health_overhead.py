@@ -1,6 +1,6 @@
 """What per-layer health costs a training step: the trainer with health off against the defaults.
 
-    python bench/health_overhead.py [--rounds 20] [--layers 6] [--embd 384] [--block 256] [--batch 2]
+    python bench/health_overhead.py [--rounds 20] [--layers 6] [--embd 384] [--block 256] [--batch 2] [--cpu-time]
 
 One process, one Trainer (model.train) on random tokens, a scratch model of the given shape with
 GPT-2's vocabulary. Rounds alternate between "off" (no statistics, no guard) and "on" (the defaults:
@@ -9,9 +9,12 @@ at a multiple of it, so an "on" round holds exactly one measuring step. The same
 of the same shape throughout; the trainer's own train_step is timed.
 
 Reported: the median over rounds of the mean step time of each, and the overhead: the median over
-neighbouring pairs of rounds of on/off - 1 (noisy on a shared machine); and, steadier, the cost of one measuring step against the median ordinary
-step of the same rounds, which the interval divides. In one process the guard costs one .item() of
-the gradient norm clipping already computes; with several ranks it adds an all-reduce of one number.
+neighbouring pairs of rounds of on/off - 1 (noisy on a shared machine); and, steadier, the cost of
+one measuring step against the median ordinary step of the same rounds, which the interval divides.
+In one process the guard costs one .item() of the gradient norm clipping already computes; with
+several ranks it adds an all-reduce of one number. With other work on the cores, wall times swing
+by tens of percent from one round to the next; --cpu-time times the steps in this process's CPU
+seconds instead, which waiting for a core does not inflate.
 """
 
 from __future__ import annotations
@@ -41,7 +44,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time steps in this process's CPU seconds (all threads) instead of wall time: "
+                        "steadier when other work shares the cores")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     keep_freed_memory()  # as `python -m model.train` does: steps reuse freed buffers
 
     with tempfile.TemporaryDirectory(prefix="health_overhead_") as tmp:
@@ -68,9 +75,9 @@ def main() -> None:
             trainer.probe, trainer.guard = settings[name]
             times = []
             for _ in range(interval):
-                start = time.perf_counter()
+                start = clock()
                 trainer.train_step()
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
                 trainer.iter_num += 1
             return times
 
@@ -91,6 +98,7 @@ def main() -> None:
     ordinary = 1e3 * statistics.median(x for t in rounds["on"] for x in t[1:])
     per_step = 100 * (measuring - ordinary) / ordinary / interval
     print(f"CPU: {cpu_name()}, {args.threads} threads, dtype {str(trainer.dtype).removeprefix('torch.')}")
+    print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}")
     print(f"model: {args.layers} layers x {args.embd}, block {args.block}, batch {args.batch}, vocab 50257; "
           f"health.interval={interval}, {args.rounds} interleaved rounds of {interval} steps each")
     print(f"health off: {mean_ms['off']:.1f} ms/step; on (defaults): {mean_ms['on']:.1f} ms/step; "
