@@ -143,7 +143,9 @@ class Trainer:
         return losses
 
     def train_step(self) -> float:
-        """One optimizer step: accumulate gradients over the micro-batches, syncing on the last."""
+        """One optimizer step: accumulate gradients over the micro-batches, syncing on the last; the
+        step guard may leave it unapplied (model.health_probe). Returns the step's loss (with the
+        guard, already the mean over ranks)."""
         lr = learning_rate_at(self.iter_num, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
