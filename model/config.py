@@ -31,6 +31,7 @@ from model.conventions import (
     GRAD_COMPRESSION_CHOICES,
     MIXED_PRECISION_CHOICES,
 )
+from model.health import HealthConfig
 from model.intel_layout import translate_intel_layout
 from model.shape_rules import SHAPE_RULES
 
@@ -175,6 +176,11 @@ class TrainConfig:
     budget_spent_usd: float = 0.0
     """What the run's earlier attempts spent before this launch (counted against budget_usd)."""
 
+    # --- training health (model.health) ------------------------------------------------------------
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Per-layer statistics every health.interval steps, and the guard that skips non-finite or
+    spiking steps (dotted keys: health.interval=10, health.spike_factor=3)."""
+
     # ------------------------------------------------------------------------------------------------
     def peak_learning_rate(self) -> float:
         if self.learning_rate is not None:
@@ -253,6 +259,7 @@ class TrainConfig:
             ("budget_clock_start", self.budget_clock_start >= 0, ">= 0 (Unix seconds; 0: the trainer's start)"),
             ("budget_spent_usd", self.budget_spent_usd >= 0, ">= 0"),
             ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
+            *self.health.checks(),
             # The shape's constraints are GPTConfig's own (model.shape_rules), worded for our keys.
             *(
                 (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))

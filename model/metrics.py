@@ -5,6 +5,9 @@
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.step_timing)
     {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": ..., "budget_usd": ...}   (model.budget)
+    {"kind": "health", "iter": 120, "blocks": {"h.0": {"act_max": ..., ...}, ...}, "largest_growth": ...}
+    {"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"}        (all three: model.health)
+    {"kind": "rollback", "iter": 121, "reason": ..., "to_iter": 100}
 
 A new run starts a new file. A resumed run first drops what the crashed run wrote after its last
 snapshot, since it redoes those steps: the file then reads like the uninterrupted run's. Every
@@ -70,6 +73,14 @@ class MetricsLog:
     def stop(self, iteration: int, reason: str, **fields: Any) -> None:
         """The run stopped early at iteration (its snapshot's), e.g. at its budget (model.budget)."""
         self._append({"kind": "stop", "iter": iteration, "reason": reason, **fields})
+
+    def health(self, iteration: int, blocks: dict[str, dict[str, Any]], largest_growth: dict[str, Any] | None) -> None:
+        """Per-block statistics of a measuring step and the block that grew most (model.health)."""
+        self._append({"kind": "health", "iter": iteration, "blocks": blocks, "largest_growth": largest_growth})
+
+    def event(self, kind: str, iteration: int, reason: str, **fields: Any) -> None:
+        """A step the guard skipped ("skip") or a rollback to the last snapshot ("rollback")."""
+        self._append({"kind": kind, "iter": iteration, "reason": reason, **fields})
 
     def _append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

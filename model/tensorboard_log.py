@@ -8,7 +8,8 @@ its own writer thread, so a step pays a queue put, not a file write.
 
 Each train/eval record of metrics.jsonl becomes one scalar per numeric field, tagged "<kind>/<field>"
 (train/loss, train/lr, train/iter_ms, train/tokens_per_s, train/mfu, eval/train_loss, eval/val_loss)
-at step = the record's iteration. A resumed run asks TensorBoard to purge what the crashed run wrote
+at step = the record's iteration. A "health" record (model.health) gives health/<block>/<stat> per
+block and health/largest_growth; a guard's "skip" or "rollback" gives events/<kind> = 1. A resumed run asks TensorBoard to purge what the crashed run wrote
 from the resume iteration on (SummaryWriter's purge_step), as model.metrics rewinds metrics.jsonl.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from model.conventions import TB_DIR
+from model.health import EVENT_KINDS
 
 SCALAR_KINDS = ("train", "eval")
 """The metrics.jsonl record kinds that carry scalars (a "start" record describes the run)."""
@@ -32,6 +34,14 @@ log = logging.getLogger("model.train")
 def scalars_of(record: dict[str, Any]) -> dict[str, float]:
     """The TensorBoard scalars (tag -> value) of one metrics.jsonl record; none for other kinds."""
     kind = record.get("kind")
+    if kind == "health":
+        out = {f"health/{block}/{stat}": float(value)
+               for block, stats in record.get("blocks", {}).items() for stat, value in stats.items()}
+        if record.get("largest_growth"):
+            out["health/largest_growth"] = float(record["largest_growth"]["growth"])
+        return out
+    if kind in EVENT_KINDS:
+        return {f"events/{kind}": 1.0}
     if kind not in SCALAR_KINDS:
         return {}
     return {

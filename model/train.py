@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import comm_hooks, distributed, step_timing, zero
+from model import comm_hooks, distributed, health_probe, step_timing, zero
 from model.budget import BudgetWatch, budget_watch
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
@@ -37,6 +37,7 @@ from model.conventions import (
     SNAPSHOT_NAME,
 )
 from model.data import DataError, TokenBatches
+from model.health import TrainingDiverged
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
@@ -49,7 +50,7 @@ from model.stop_signal import StopRequested, StopSignal, snapshot_and_stop
 log = logging.getLogger("model.train")
 
 # Errors with a message that says everything: reported as one line, no traceback.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedSetupError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedSetupError, TrainingDiverged)
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -88,6 +89,8 @@ class Trainer:
         restore_rng(start, cfg, env)
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
+        # Per-block statistics, the step guard and its test seam (model.health_probe).
+        self.probe, self.guard, self.fault = health_probe.install(self, cfg.health)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         # Measured once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
@@ -141,12 +144,18 @@ class Trainer:
         return losses
 
     def train_step(self) -> float:
-        """One optimizer step: accumulate gradients over the micro-batches, syncing on the last."""
+        """One optimizer step: accumulate gradients over the micro-batches, syncing on the last; the
+        step guard may leave it unapplied (model.health_probe). Returns the step's loss (with the
+        guard, already the mean over ranks)."""
         lr = learning_rate_at(self.iter_num, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         steps = self.cfg.gradient_accumulation_steps
         model = self.ddp or self.model
+        measuring = self.probe is not None and self.iter_num % self.cfg.health.interval == 0
+        if measuring:
+            self.probe.start()
+        spike = self.fault is not None and self.fault.kind == "spike" and self.fault.active(self.iter_num, self.env.rank)
         total = 0.0
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
@@ -155,14 +164,34 @@ class Trainer:
             with sync:
                 with autocast(self.dtype):
                     _, loss = model(x, y)
+                if spike:  # the test seam: a loss spike with finite gradients
+                    loss = loss * 100
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
                 (loss / steps).backward()
             total += loss.item()
+        if measuring:
+            self.probe.after_backward()  # gradient norms before clipping
+        norm = None
         if self.cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
+        loss, problem = total / steps, None
+        if self.guard is not None:
+            # Every rank decides on the same numbers: the mean loss, and the gradients DDP averaged.
+            loss = all_ranks_mean(loss, self.env.world_size)
+            norm = norm.item() if norm is not None else health_probe.grad_norm(list(self.raw_model.parameters()))
+            problem = self.guard.check(loss, norm)
+        if problem is None:
+            if measuring:
+                self.probe.before_update()
+            self.optimizer.step()
+            if self.guard is not None:
+                self.guard.applied(loss)
         self.optimizer.zero_grad(set_to_none=True)
-        return total / steps
+        if measuring:
+            health_probe.record_health(self)
+        if problem is not None:  # nothing was applied: record it, and roll back if it is time
+            health_probe.skip_step(self, *problem)
+        return loss
 
     # -- outputs (rank 0) --
 
