@@ -1,5 +1,5 @@
 """`fab status`: every node (down ones included), its readiness and the run's units, as a table;
-then the idle stop, the last logged step, the slowest node, and the run's chart, time, cost and
+then the idle stop, the last logged step, training health (model.health), the slowest node, and the run's chart, time, cost and
 budget from the operator's record (launcher.runs).
 
 The idle-stop line: node/autostop.sh keeps ~/nanocluster/autostop.deadline (epoch seconds, then the
@@ -23,6 +23,7 @@ from launcher.runs.record import RunRecord
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
+from model.health import status_line as health_line
 
 METRICS_LINES = 50
 DEADLINE_FILE = "autostop.deadline"
@@ -74,11 +75,17 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         if cluster.head.index in session.shells:
             head = session.shell(cluster.head)
             last = head.run(f"tail -n {METRICS_LINES} {session.site.run_dir(run)}/metrics.jsonl 2>/dev/null").stdout
-            progress = Progress()
+            records = []
             for line in last.splitlines():
                 with contextlib.suppress(ValueError):
-                    progress.update(json.loads(line))
+                    records.append(json.loads(line))
+            progress = Progress()
+            for metrics_record in records:
+                progress.update(metrics_record)
             say(f"run {run}, last logged: {progress.summary()}")
+            health = health_line(records)  # the block that grew most, steps skipped or rolled back
+            if health:
+                say(health)
             for line in slow_node_lines(record, last.splitlines()):  # the slowest rank and node
                 say(line)
         for line in [*status_lines(record), *budget_lines(record)]:  # chart, time, cost, budget

@@ -69,6 +69,20 @@ def test_status_shows_each_unit_and_the_last_logged_step(finished, local_home, c
     assert "run r1, last logged: iter 7 | loss 3.5000 | 1,000 tok/s" in out
 
 
+def test_status_names_the_block_that_grew_most_and_the_skipped_steps(finished, local_home, capsys):
+    blocks = {"h.0": {"act_max": 1.0, "act_rms": 0.1, "gain": 1.0, "grad_norm": 0.5, "update_ratio": 1e-3},
+              "h.1": {"act_max": 812.0, "act_rms": 9.0, "gain": 31.6, "grad_norm": 4.1, "update_ratio": 2.1e-3}}
+    records = [{"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"},
+               {"kind": "train", "iter": 118, "loss": 3.5, "tokens_per_s": 1000},
+               {"kind": "health", "iter": 120, "blocks": blocks,
+                "largest_growth": {"block": "h.1", "growth": 31.6, "since": 110}}]
+    (local_home / "runs" / RUN / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    status(None, run=RUN)
+    out = capsys.readouterr().out
+    assert "health at iter 120: h.1 grew most (gain x31.6 since iter 110" in out, out
+    assert "1 step skipped (last at iter 117: nonfinite_grad)" in out, out
+
+
 def test_stop_ends_every_running_unit(local3, local_home, capsys):
     start(local3, {f"rank{r}": "sleep 60\n" for r in range(3)})
     assert stop(None, run=RUN) == 0
