@@ -55,6 +55,10 @@ class HealthConfig:
     steps register forward hooks and copy the blocks' weights; other steps pay nothing. With
     compile=true the activation statistics are not measured ("nan"): hooks added to a compiled model
     are not traced."""
+    warn_growth: float = 10.0
+    """Log a warning when the block that grew most grew its gain by at least this factor since the
+    previous measurement: a diverging block shows x10 and more within a few measurements, while a
+    model trained from scratch moves its gains by about x2 in its first steps. 0: never warn."""
     guard: bool = True
     """Skip an optimizer step whose loss or gradient norm is not finite, or whose loss is a spike
     (spike_factor), and roll back after rollback_after skipped steps in a row. false: every step is
@@ -83,6 +87,7 @@ class HealthConfig:
         """(field, holds, allowed) for TrainConfig.validate, which names the first that fails."""
         return [
             ("health.interval", self.interval >= 0, ">= 0 (0: off)"),
+            ("health.warn_growth", self.warn_growth == 0 or self.warn_growth > 1, "> 1, or 0 (never warn)"),
             ("health.spike_factor", self.spike_factor == 0 or self.spike_factor > 1, "> 1, or 0 (no spike check)"),
             ("health.spike_window", self.spike_window >= 1, ">= 1"),
             ("health.spike_warmup", self.spike_warmup >= 0, ">= 0"),

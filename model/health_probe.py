@@ -192,7 +192,8 @@ def record_health(trainer: Any) -> None:
     blocks, growth = trainer.probe.finish(trainer.iter_num)
     if trainer.is_rank0:
         trainer.metrics.health(trainer.iter_num, blocks, growth)
-        if growth and growth["growth"] >= 2:
+        warn_at = trainer.cfg.health.warn_growth
+        if growth and warn_at and growth["growth"] >= warn_at:
             log.warning("iter %d: %s's gain grew x%.3g since iter %d (model.health)",
                         trainer.iter_num, growth["block"], growth["growth"], growth["since"])
 

@@ -65,12 +65,15 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 # --- an exploding block is named ---------------------------------------------------------------------
 
 
-def test_an_exploding_block_is_named_in_the_health_record_tensorboard_and_status(tmp_path, random_tokens):
+def test_an_exploding_block_is_named_in_the_health_record_tensorboard_and_status(tmp_path, random_tokens, capsys):
     # Block 0 explodes from step 3: block 1 carries its activations in the residual stream (its act_max
     # grows as much), yet the growth is measured on each block's own gain, so h.0 is named.
     args = run_args(tmp_path, random_tokens, "max_iters=10", "health.interval=2", "health.test_fault=explode:0@3-99",
-                    "health.guard=false")
+                    "health.guard=false", "health.warn_growth=3")
     assert train.main(args) == 0
+    output = capsys.readouterr()
+    warned = [line for line in (output.out + output.err).splitlines() if "gain grew" in line]
+    assert warned and all("h.0's gain grew x" in m for m in warned), warned
     health = records(tmp_path, "health")
     assert [r["iter"] for r in health] == [0, 2, 4, 6, 8]
     assert health[0]["largest_growth"] is None  # nothing to compare the first with
