@@ -90,7 +90,7 @@ class BuiltinSource(Source):
         digest = hashlib.sha256()
         for name, text in sorted(self._topics().items()):
             digest.update(name.encode() + b"\0" + text.encode() + b"\0")
-        return {"kind": "builtin", "content_sha256": digest.hexdigest(), "text": "prose paragraphs",
+        return {"kind": "builtin", "content_sha256": digest.hexdigest(), "text": "prose paragraphs, one a line",
                 "passage_chars": PASSAGE_CHARS}
 
     def total_documents(self) -> int:
@@ -98,7 +98,10 @@ class BuiltinSource(Source):
 
     def documents(self) -> Iterator[str]:
         for _, text in sorted(self._topics().items()):
-            yield from passages("\n\n".join(prose_paragraphs(text)))
+            # One paragraph a line: with blank lines between them, a small model's samples are half
+            # runs of blank lines.
+            for passage in passages("\n\n".join(prose_paragraphs(text))):
+                yield passage.replace("\n\n", "\n")
 
 
 @dataclass

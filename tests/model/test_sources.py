@@ -38,12 +38,13 @@ def test_builtin_is_python_documentations_prose_cut_into_whole_paragraph_passage
     assert documents == docs("builtin")
     assert len(documents) > 50
     paragraphs = [p for _, text in sorted(topics.items()) for p in sources.prose_paragraphs(text)]
-    assert [p for d in documents for p in d.split("\n\n")] == paragraphs
+    assert [p for d in documents for p in d.split("\n")] == paragraphs
     assert sum(len(d) >= sources.PASSAGE_CHARS for d in documents) >= 50
     assert open_source("builtin").total_documents() == len(documents)
     text = "\n".join(documents)
     assert "An identifier occurring as an atom is a name." in text  # running text, reflowed
     assert ">>>" not in text and "::=" not in text and "   " not in text  # no doctest, grammar, indents
+    assert "\n\n" not in text  # one paragraph a line
 
 
 def test_prose_keeps_sentences_and_drops_code_grammar_tables_and_headings():
