@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from model.checkpoint import CheckpointError, load_checkpoint
-from model.collectives import broadcast_tensors, on_rank0
+from model.collectives import all_ranks_mean, broadcast_tensors, on_rank0
 from model.config_values import ConfigError
 from model.conventions import SNAPSHOT_NAME
 from model.health import Fault, HealthConfig, TrainingDiverged, json_number, largest_growth
@@ -154,6 +154,15 @@ class StepGuard:
                 return "loss_spike", loss
         return None
 
+    def judge(self, local_loss: float, clipped_norm: torch.Tensor | None, params: Any,
+              world_size: int) -> tuple[float, tuple[str, float] | None]:
+        """(the step's loss as the mean over ranks, check()'s answer). Every rank decides on the same
+        numbers: that mean, and the norm of the gradients DDP averaged (clip_grad_norm_'s, when the
+        trainer clips; else computed here)."""
+        loss = all_ranks_mean(local_loss, world_size)
+        norm = clipped_norm.item() if clipped_norm is not None else grad_norm(list(params))
+        return loss, self.check(loss, norm)
+
     def applied(self, loss: float) -> None:
         self.losses.append(loss)
         self.applied_steps += 1
@@ -170,9 +179,9 @@ class StepGuard:
         self.applied_since_rollback = False
 
 
-def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None, Fault | None]:
-    """The trainer's probe (None: health.interval=0), guard (None: health.guard=false) and test fault,
-    whose hook it installs."""
+def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None]:
+    """The trainer's probe (None: health.interval=0) and guard (None: health.guard=false); the test
+    fault's hook, if one is configured."""
     blocks = trainer.raw_model.transformer.h
     # Hooks added to a compiled model on measuring steps would not be traced: gradients and updates only.
     probe = HealthProbe(blocks, trainer.env.world_size, activations=not trainer.cfg.compile) if cfg.interval else None
@@ -180,11 +189,11 @@ def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGu
         log.info("health: no activation statistics with compile=true (gradient norms and update ratios only)")
     guard = StepGuard(cfg) if cfg.guard else None
     fault = cfg.fault()
-    if fault is not None and fault.kind != "spike":
-        if fault.block >= len(blocks):
+    if fault is not None:
+        if fault.kind != "spike" and fault.block >= len(blocks):
             raise ConfigError(f"health.test_fault names block {fault.block}, the model has {len(blocks)}")
-        install_fault(blocks, fault, lambda: trainer.iter_num, trainer.env.rank)
-    return probe, guard, fault
+        install_fault(trainer.raw_model, fault, lambda: trainer.iter_num, trainer.env.rank)
+    return probe, guard
 
 
 def record_health(trainer: Any) -> None:
@@ -208,14 +217,18 @@ def skip_step(trainer: Any, reason: str, value: float) -> None:
         roll_back(trainer, f"{trainer.guard.consecutive_skips} skipped steps in a row")
 
 
-def install_fault(blocks: nn.ModuleList, fault: Fault, iteration: Any, rank: int) -> Any:
+def install_fault(model: nn.Module, fault: Fault, iteration: Any, rank: int) -> Any:
     """The health.test_fault seam: a forward hook making block fault.block misbehave while
-    fault.active(iteration(), rank) (spike faults act on the loss, in the trainer). Returns the handle."""
+    fault.active(iteration(), rank), or for a spike the model's loss (gradients stay finite).
+    Returns the handle."""
 
     def hook(module, args, output):
         i = iteration()
         if not module.training or not fault.active(i, rank):
             return None
+        if fault.kind == "spike":
+            logits, loss = output
+            return logits, loss * 100
         if fault.kind == "nan":
             return output * math.nan
         if fault.kind == "explode":  # what the block adds to the stream, doubling every step
@@ -223,7 +236,8 @@ def install_fault(blocks: nn.ModuleList, fault: Fault, iteration: Any, rank: int
             return x + (output - x) * 2.0 ** (i - fault.first + 1)
         return None
 
-    return blocks[fault.block].register_forward_hook(hook)
+    target = model if fault.kind == "spike" else model.transformer.h[fault.block]
+    return target.register_forward_hook(hook)
 
 
 def grad_norm(params: list[torch.Tensor]) -> float:

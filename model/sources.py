@@ -28,7 +28,7 @@ import re
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,8 +100,7 @@ class BuiltinSource(Source):
         for _, text in sorted(self._topics().items()):
             # One paragraph a line: with blank lines between them, a small model's samples are half
             # runs of blank lines.
-            for passage in passages("\n\n".join(prose_paragraphs(text))):
-                yield passage.replace("\n\n", "\n")
+            yield from joined_passages(prose_paragraphs(text), "\n")
 
 
 @dataclass
@@ -127,18 +126,21 @@ class ShakespeareSource(Source):
 
 def passages(text: str, min_chars: int = PASSAGE_CHARS) -> Iterator[str]:
     """Blank lines separate paragraphs; join consecutive ones until a passage has min_chars."""
+    return joined_passages((p for p in text.split("\n\n") if p.strip()), "\n\n", min_chars)
+
+
+def joined_passages(paragraphs: Iterable[str], separator: str, min_chars: int = PASSAGE_CHARS) -> Iterator[str]:
+    """Consecutive paragraphs joined with separator until a passage has min_chars of paragraph text."""
     passage: list[str] = []
     size = 0
-    for paragraph in text.split("\n\n"):
-        if not paragraph.strip():
-            continue
+    for paragraph in paragraphs:
         passage.append(paragraph)
         size += len(paragraph)
         if size >= min_chars:
-            yield "\n\n".join(passage)
+            yield separator.join(passage)
             passage, size = [], 0
     if passage:
-        yield "\n\n".join(passage)
+        yield separator.join(passage)
 
 
 def download(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:

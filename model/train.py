@@ -90,7 +90,7 @@ class Trainer:
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
         # Per-block statistics, the step guard and its test seam (model.health_probe).
-        self.probe, self.guard, self.fault = health_probe.install(self, cfg.health)
+        self.probe, self.guard = health_probe.install(self, cfg.health)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         # Measured once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
@@ -155,7 +155,6 @@ class Trainer:
         measuring = self.probe is not None and self.iter_num % self.cfg.health.interval == 0
         if measuring:
             self.probe.start()
-        spike = self.fault is not None and self.fault.kind == "spike" and self.fault.active(self.iter_num, self.env.rank)
         total = 0.0
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
@@ -164,22 +163,16 @@ class Trainer:
             with sync:
                 with autocast(self.dtype):
                     _, loss = model(x, y)
-                if spike:  # the test seam: a loss spike with finite gradients
-                    loss = loss * 100
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
                 (loss / steps).backward()
             total += loss.item()
         if measuring:
             self.probe.after_backward()  # gradient norms before clipping
-        norm = None
-        if self.cfg.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
+        clip = self.cfg.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip) if clip else None
         loss, problem = total / steps, None
         if self.guard is not None:
-            # Every rank decides on the same numbers: the mean loss, and the gradients DDP averaged.
-            loss = all_ranks_mean(loss, self.env.world_size)
-            norm = norm.item() if norm is not None else health_probe.grad_norm(list(self.raw_model.parameters()))
-            problem = self.guard.check(loss, norm)
+            loss, problem = self.guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
         if problem is None:
             if measuring:
                 self.probe.before_update()
@@ -266,8 +259,8 @@ class Trainer:
             self.step_timer.start()
             loss = self.train_step()
             step = self.step_timer.stop()
-            if self.iter_num % cfg.log_interval == 0:
-                self.log_step(all_ranks_mean(loss, self.env.world_size), step)
+            if self.iter_num % cfg.log_interval == 0:  # the guard has averaged the loss over ranks already
+                self.log_step(loss if self.guard is not None else all_ranks_mean(loss, self.env.world_size), step)
             self.iter_num += 1
             if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
                 self.budget.check(self.iter_num, step.step_s, self.stop_signal)

@@ -9,9 +9,6 @@ pushes it forward.
 
 from __future__ import annotations
 
-import contextlib
-import json
-
 from rich.table import Table
 
 from launcher.console import console, say
@@ -24,6 +21,7 @@ from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
 from model.health import status_line as health_line
+from model.metrics import parse_jsonl
 
 METRICS_LINES = 50
 DEADLINE_FILE = "autostop.deadline"
@@ -75,10 +73,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         if cluster.head.index in session.shells:
             head = session.shell(cluster.head)
             last = head.run(f"tail -n {METRICS_LINES} {session.site.run_dir(run)}/metrics.jsonl 2>/dev/null").stdout
-            records = []
-            for line in last.splitlines():
-                with contextlib.suppress(ValueError):
-                    records.append(json.loads(line))
+            records = parse_jsonl(last)
             progress = Progress()
             for metrics_record in records:
                 progress.update(metrics_record)
@@ -86,7 +81,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
             health = health_line(records)  # the block that grew most, steps skipped or rolled back
             if health:
                 say(health)
-            for line in slow_node_lines(record, last.splitlines()):  # the slowest rank and node
+            for line in slow_node_lines(record, records):  # the slowest rank and node
                 say(line)
         for line in [*status_lines(record), *budget_lines(record)]:  # chart, time, cost, budget
             say(line)

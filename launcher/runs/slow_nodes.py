@@ -19,8 +19,6 @@ among several the median is a normal rank's time, so the bound does not move wit
 
 from __future__ import annotations
 
-import contextlib
-import json
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -164,11 +162,7 @@ def node_names(events: Iterable[dict[str, Any]]) -> dict[int, str]:
     return dict(enumerate(nodes))
 
 
-def status_lines(record: RunRecord, metrics_lines: Iterable[str]) -> list[str]:
-    """`fab status`: the slowest node line from the last metrics.jsonl lines, if they have per-rank figures."""
-    records = []
-    for line in metrics_lines:
-        with contextlib.suppress(ValueError):
-            records.append(json.loads(line))
-    line = slowest_line(records, node_names(record.events))
+def status_lines(record: RunRecord, metrics_records: list[dict[str, Any]]) -> list[str]:
+    """`fab status`: the slowest node line from the last metrics.jsonl records, if they have per-rank figures."""
+    line = slowest_line(metrics_records, node_names(record.events))
     return [line] if line else []
