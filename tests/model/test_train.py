@@ -45,13 +45,19 @@ def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
 
     monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, SignalOnFirstWrite(f)))
     out = tmp_path / "run"
-    assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "eval_interval=1") == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
-    # Snapshots are written in the background: a write the stop abandoned (here the thread lives on
-    # in pytest's process and completes it) leaves a complete snapshot or none, never a partial one.
-    for thread in threading.enumerate():
-        if thread.name == "snapshot-writer":
-            thread.join(timeout=60)
+    # The first write may happen in the snapshot-writer thread after the trainer has put back the
+    # handler it found: that handler must not be the default one, which would kill pytest's worker.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "eval_interval=1") == 130
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
+        # Snapshots are written in the background: a write the stop abandoned (here the thread lives
+        # on in pytest's process and completes it) leaves a complete snapshot or none, never a partial one.
+        for thread in threading.enumerate():
+            if thread.name == "snapshot-writer":
+                thread.join(timeout=60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     files = sorted(p.name for p in out.iterdir())
     assert set(files) <= {"metrics.jsonl", "snapshot.pt", "ckpt.pt", TB_DIR}, files
     for name in set(files) - {"metrics.jsonl", TB_DIR}:
