@@ -180,7 +180,7 @@ def resource_class(token: str) -> type:
         package = token[len(PROVIDER_PREFIX):]
         if package not in SDK_PACKAGES:
             raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")
-        return getattr(importlib.import_module(f"{SDK_PACKAGES[package]}.provider"), "Provider")
+        return importlib.import_module(f"{SDK_PACKAGES[package]}.provider").Provider
     package, module, _ = split_token(token)
     if package not in SDK_PACKAGES:
         raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")
