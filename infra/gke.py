@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
@@ -145,7 +146,7 @@ class GkeCluster(pulumi.ComponentResource):
         )
         return account
 
-    def _node_config(self, account: serviceaccount.Account, machine_type: str) -> dict:
+    def _node_config(self, account: serviceaccount.Account, machine_type: str) -> Any:
         """What every node of the cluster shares (pools add labels, taints, spot)."""
         return {
             "machine_type": machine_type,
@@ -198,8 +199,8 @@ class GkeCluster(pulumi.ComponentResource):
     def _pool(self, cluster: container.Cluster, account: serviceaccount.Account, pool: str) -> container.NodePool:
         cfg = self.config
         node_config = self._node_config(account, GKE_SYSTEM_MACHINE)
-        extra: dict = {}
-        if pool == TRAINING_POOL:
+        training = pool == TRAINING_POOL
+        if training:
             node_config |= {
                 "machine_type": cfg.machine.name,
                 "spot": cfg.spot,
@@ -207,18 +208,13 @@ class GkeCluster(pulumi.ComponentResource):
                 "labels": {POOL_LABEL: TRAINING_POOL},
                 "taints": [{"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"}],
             }
-            extra = {
-                "initial_node_count": 0,
-                # Totals over the pool's zones (a regional pool has several); ANY lets spot capacity
-                # come from whichever zone has it, BALANCED spreads on-demand nodes.
-                "autoscaling": {
-                    "total_min_node_count": 0,
-                    "total_max_node_count": cfg.nodes,
-                    "location_policy": "ANY" if cfg.spot else "BALANCED",
-                },
-            }
-        else:
-            extra = {"node_count": SYSTEM_NODES, "node_locations": [cfg.zone]}
+        # Totals over the pool's zones (a regional pool has several); ANY lets spot capacity come
+        # from whichever zone has it, BALANCED spreads on-demand nodes.
+        autoscaling: container.NodePoolAutoscalingArgsDict = {
+            "total_min_node_count": 0,
+            "total_max_node_count": cfg.nodes,
+            "location_policy": "ANY" if cfg.spot else "BALANCED",
+        }
         return container.NodePool(
             f"{cfg.cluster_name}-{pool}",
             name=pool,  # unique within its cluster; a suffixed name could pass GKE's 40 characters
@@ -226,6 +222,9 @@ class GkeCluster(pulumi.ComponentResource):
             location=self.location,
             node_config=node_config,
             management={"auto_repair": True, "auto_upgrade": True},
+            initial_node_count=0 if training else None,
+            autoscaling=autoscaling if training else None,
+            node_count=None if training else SYSTEM_NODES,
+            node_locations=None if training else [cfg.zone],
             opts=self.child(ignore_changes=["initialNodeCount"]),
-            **extra,
         )

@@ -81,13 +81,14 @@ class ClusterStorage(pulumi.ComponentResource):
             },
             opts=in_namespace,
         )
+        everyone = k8s.meta.v1.LabelSelectorArgs()  # an empty selector: every pod of the namespace
         k8s.networking.v1.NetworkPolicy(
             name,
-            metadata={"name": "same-namespace-only", "namespace": NAMESPACE, "labels": LABELS},
+            metadata=k8s.meta.v1.ObjectMetaArgs(name="same-namespace-only", namespace=NAMESPACE, labels=LABELS),
             spec=k8s.networking.v1.NetworkPolicySpecArgs(
-                pod_selector={},
+                pod_selector=everyone,
                 policy_types=["Ingress"],
-                ingress=[k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[{"pod_selector": {}}])],
+                ingress=[k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[k8s.networking.v1.NetworkPolicyPeerArgs(pod_selector=everyone)])],
             ),
             opts=in_namespace,
         )
