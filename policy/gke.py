@@ -58,7 +58,7 @@ def _authorized_networks(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
 
 
 def cluster_problems(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
-    found = []
+    found: list[str] = []
     if get(props, "enableAutopilot") is True:
         return found  # Autopilot manages nodes itself; nanocluster declares Standard clusters
     if get(props, "privateClusterConfig", "enablePrivateNodes") is not True and known(get(props, "privateClusterConfig")):
