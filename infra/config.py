@@ -347,8 +347,8 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
             f"pulumi config set nanocluster:cloud gcp (one of {', '.join(CLOUDS)})",
         )
     if cloud in KUBERNETES_CLOUDS:
-        for key in VM_ONLY_KEYS:
-            if raw.get(f"nanocluster:{key}") not in (None, ""):
+        for key in VM_ONLY_KEYS:  # Pulumi.yaml's defaults (false, 0, "") reach the program too: not an error
+            if str(raw.get(f"nanocluster:{key}") or "").strip().lower() not in ("", "false", "0"):
                 raise _fail(f"nanocluster:{key}", f"is a setting of VM clusters; nanocluster:cloud {cloud} is a Kubernetes cluster",
                             f"pulumi config rm nanocluster:{key}")
     regional = _bool(raw, "nanocluster:regional")

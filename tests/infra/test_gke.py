@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.config import ConfigError, parse
 from infra.contract import KUBERNETES_CONTRACT_KEYS
 from infra.gke import NODE_SCOPES, POOL_LABEL, TRAINING_POOL
 from infra.nfs import EXPORT_PATH, NFS_ADDRESS
@@ -183,3 +184,16 @@ def test_a_misspelled_field_fails_the_schema_check():
     misspelled = {**claim, "spec": {**{k: v for k, v in claim["spec"].items() if k != "accessModes"}, "accesModes": ["ReadWriteMany"]}}
     with pytest.raises(kubernetes_validate.ValidationError, match="accesModes"):
         kubernetes_validate.validate(misspelled, KUBERNETES_VERSION, strict=True)
+
+
+def test_gke_takes_gcp_machine_types_and_refuses_vm_only_settings():
+    base = stack_config("gke", nodes=2)
+    assert parse({**base, "nanocluster:machineType": "n2-standard-8"}, "dev", env={}).machine.name == "n2-standard-8"
+    with pytest.raises(ConfigError, match=r"'m6i\.4xlarge' is a machine type of aws, but nanocluster:cloud is gcp"):
+        parse({**base, "nanocluster:machineType": "m6i.4xlarge"}, "dev", env={})
+    with pytest.raises(ConfigError, match=r"^nanocluster:bakeImage: is a setting of VM clusters; nanocluster:cloud gke is a Kubernetes"):
+        parse({**base, "nanocluster:bakeImage": "true"}, "dev", env={})
+    # Pulumi.yaml's defaults reach the program as values: they are no error.
+    assert parse({**base, "nanocluster:publicWorkers": "false", "nanocluster:idleMinutes": "0"}, "dev", env={}).cloud == "gke"
+    with pytest.raises(ConfigError, match=r"^nanocluster:regional: is a setting of GKE clusters, not of gcp VMs"):
+        parse(stack_config("gcp", nodes=2, regional=True), "dev", env={})
