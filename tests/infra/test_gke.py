@@ -5,6 +5,8 @@ every Kubernetes object the stack creates against the API's OpenAPI schemas."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import kubernetes_validate
 import pytest
 import yaml
@@ -13,7 +15,14 @@ from infra.config import ConfigError, parse
 from infra.contract import KUBERNETES_CONTRACT_KEYS
 from infra.gke import NODE_SCOPES, POOL_LABEL, TRAINING_POOL
 from infra.nfs import EXPORT_PATH, NFS_ADDRESS
-from infra.prices import MACHINE_TYPES, gke_at_rest_usd, gke_node_hour_usd, price_of
+from infra.prices import (
+    GKE_MANAGEMENT_USD_PER_HOUR,
+    HOURS_PER_MONTH,
+    MACHINE_TYPES,
+    gke_at_rest_usd,
+    gke_node_hour_usd,
+    price_of,
+)
 from tests.infra.harness import (
     GKE_CA,
     GKE_ENDPOINT,
@@ -197,3 +206,14 @@ def test_gke_takes_gcp_machine_types_and_refuses_vm_only_settings():
     assert parse({**base, "nanocluster:publicWorkers": "false", "nanocluster:idleMinutes": "0"}, "dev", env={}).cloud == "gke"
     with pytest.raises(ConfigError, match=r"^nanocluster:regional: is a setting of GKE clusters, not of gcp VMs"):
         parse(stack_config("gcp", nodes=2, regional=True), "dev", env={})
+
+
+def test_the_docs_quote_the_costs_the_stack_exports():
+    outputs = gke().outputs
+    at_rest, node_hour = outputs["hourly_cost_at_rest_usd"], outputs["hourly_cost_usd"]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text()
+    section = page.split("## What it costs\n", 1)[1].split("\n## ", 1)[0]
+    assert f"**≈ ${at_rest:.2f}/h**, about ${at_rest * HOURS_PER_MONTH:.0f} a month" in section
+    assert f"**≈ ${node_hour:.2f} per training node-hour**" in section
+    assert f"3 nodes training **≈ ${at_rest + 3 * node_hour:.2f}/h** in all" in section
+    assert f"(${GKE_MANAGEMENT_USD_PER_HOUR:.2f}/h, flat per cluster)" in section
