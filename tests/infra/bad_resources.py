@@ -195,6 +195,9 @@ CONSTRAINTS: dict[str, Bad] = {
 # --- inputs the SDK types reject (tests/infra/strict.py) --------------------------------------------
 
 SCHEMA: dict[str, Bad] = {
+    "gke-misspelled-autoscaling-key": Bad("gke", lambda: gcp.container.NodePool(
+        "typo", cluster=CLUSTER, location="us-central1-a", autoscaling={"total_max_nodes": 3},
+    ), "NodePool typo: autoscaling.total_max_nodes: unknown key (not in NodePoolAutoscalingArgs)"),
     "misspelled-nested-key": Bad("aws", lambda: _aws_instance("typo", metadata_options={"http_tokenz": "required"}),
                                  "Instance typo: metadataOptions.http_tokenz: unknown key (not in InstanceMetadataOptionsArgs)"),
     "misspelled-key-three-deep": Bad("azure", lambda: azure.compute.VirtualMachine(
