@@ -19,7 +19,13 @@ import pulumi
 
 from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType, PriceTableError, price_of
 
-CLOUDS = ("gcp", "aws", "azure")
+CLOUDS = ("gcp", "aws", "azure", "gke")
+PROVIDER = {"gcp": "gcp", "aws": "aws", "azure": "azure", "gke": "gcp"}
+"""Whose machine types, locations, labels and disks a cloud uses: GKE's nodes are GCP VMs."""
+KUBERNETES_CLOUDS = ("gke",)
+"""Clouds whose stack is a Kubernetes cluster (contract kind "kubernetes"), not VMs over SSH."""
+VM_ONLY_KEYS = ("publicWorkers", "bakeImage", "image", "idleMinutes")
+"""Settings of VM clusters that a Kubernetes cluster has no use for (an error there, not ignored)."""
 PROFILES = ("default", "intel")
 MAX_NODES = 64  # the address plan gives each rank a fixed private IP in one /24
 MAX_CLUSTER_NAME = 40  # + "-intra-cluster" + Pulumi's "-" and 7-character suffix = 62 <= GCP's 63
@@ -70,6 +76,7 @@ KEYS = (
     "image",
     "labels",
     "idleMinutes",
+    "regional",
 )
 
 IMAGE_FORMATS = {
@@ -130,6 +137,18 @@ class ClusterConfig:
     """Power a node off after this many minutes with no run and no SSH session; 0 never
     (nanocluster:idleMinutes, 0..MAX_IDLE_MINUTES). Given to new VMs in their user data; existing
     VMs take a change from `fab setup --idle-minutes N` (user data is in ignore_changes)."""
+    regional: bool = False
+    """GKE only: a regional control plane (replicated in the region's zones, no free-tier credit)
+    instead of a zonal one in gcp:zone (nanocluster:regional)."""
+
+    @property
+    def provider(self) -> str:
+        """gcp, aws or azure: whose machine types, locations and labels this cloud uses."""
+        return PROVIDER[self.cloud]
+
+    @property
+    def kubernetes(self) -> bool:
+        return self.cloud in KUBERNETES_CLOUDS
 
 
 def _fail(key: str, problem: str, fix: str) -> ConfigError:
@@ -182,6 +201,7 @@ def _labels(raw: object, owner: str) -> dict[str, str]:
 
 def _within_tag_limit(labels: dict[str, str], cloud: str) -> dict[str, str]:
     """The labels, if the user's ones and the stack's own fit on one resource of the cloud."""
+    cloud = PROVIDER[cloud]
     yours = [k for k in labels if k not in STACK_TAG_KEYS[cloud]]
     room = MAX_TAGS[cloud] - len(STACK_TAG_KEYS[cloud])
     if len(yours) > room:
@@ -195,6 +215,7 @@ def _within_tag_limit(labels: dict[str, str], cloud: str) -> dict[str, str]:
 
 
 def _disk_gb(raw: Mapping[str, object], cloud: str) -> int:
+    cloud = PROVIDER[cloud]
     key, largest = "nanocluster:diskGb", MAX_DISK_GB[cloud]
     disk_gb = _int(raw, key, 100)
     if disk_gb < MIN_DISK_GB:
@@ -260,6 +281,7 @@ def _cidr(raw: Mapping[str, object], allow_world: bool) -> str:
 
 
 def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
+    cloud = PROVIDER[cloud]
     key = "nanocluster:machineType"
     name = str(raw.get(key) or DEFAULT_MACHINE_TYPE[cloud])
     known = sorted(m.name for m in MACHINE_TYPES.values() if m.cloud == cloud)
@@ -285,6 +307,7 @@ def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
 
 def _location(raw: Mapping[str, object], cloud: str, env: Mapping[str, str]) -> tuple[str, str, str]:
     """(region, zone, project) from the provider's own config keys (or its environment variables)."""
+    cloud = PROVIDER[cloud]
     if cloud == "gcp":
         zone = str(raw.get("gcp:zone") or env.get("GOOGLE_ZONE") or "")
         if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", zone):
@@ -323,6 +346,14 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
             f"'{cloud}' is not a supported cloud" if cloud else "is not set",
             f"pulumi config set nanocluster:cloud gcp (one of {', '.join(CLOUDS)})",
         )
+    if cloud in KUBERNETES_CLOUDS:
+        for key in VM_ONLY_KEYS:  # Pulumi.yaml's defaults (false, 0, "") reach the program too: not an error
+            if str(raw.get(f"nanocluster:{key}") or "").strip().lower() not in ("", "false", "0"):
+                raise _fail(f"nanocluster:{key}", f"is a setting of VM clusters; nanocluster:cloud {cloud} is a Kubernetes cluster",
+                            f"pulumi config rm nanocluster:{key}")
+    regional = _bool(raw, "nanocluster:regional")
+    if regional and cloud not in KUBERNETES_CLOUDS:
+        raise _fail("nanocluster:regional", f"is a setting of GKE clusters, not of {cloud} VMs", "pulumi config rm nanocluster:regional")
     nodes = _int(raw, "nanocluster:nodes", 3)
     if not 1 <= nodes <= MAX_NODES:
         raise _fail("nanocluster:nodes", f"{nodes} is outside 1..{MAX_NODES}", "pulumi config set nanocluster:nodes 3")
@@ -336,7 +367,7 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         raise _fail("nanocluster:idleMinutes", f"{idle_minutes} is outside 0..{MAX_IDLE_MINUTES}",
                     "pulumi config set nanocluster:idleMinutes 60 (0 turns the idle stop off)")
     image = str(raw.get("nanocluster:image") or "").strip()
-    pattern, shape = IMAGE_FORMATS[cloud]
+    pattern, shape = IMAGE_FORMATS[PROVIDER[cloud]]
     if image and not pattern.fullmatch(image):
         raise _fail("nanocluster:image", f"'{image}' is not an image reference for {cloud}", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
     # Logical names and labels; physical names add Pulumi's random suffix (GCP's limit is 63).
@@ -359,6 +390,7 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         profile=profile,
         image=image,
         idle_minutes=idle_minutes,
+        regional=regional,
         labels=_within_tag_limit(
             {"cluster": cluster_name, "managed-by": "pulumi", **_labels(raw.get("nanocluster:labels"), _owner())}, cloud
         ),

@@ -13,6 +13,9 @@ from __future__ import annotations
 import pulumi
 
 from infra.cluster import CloudCluster
+from infra.gke import POOL_LABEL, SYSTEM_NODES, TRAINING_POOL, GkeCluster, training_toleration
+from infra.kube_storage import CLAIM, STORAGE_CLASS
+from infra.prices import gke_at_rest_usd, gke_node_hour_usd, price_of
 
 CONTRACT_KEYS = (
     "cloud",
@@ -74,3 +77,80 @@ def export(cluster: CloudCluster) -> None:
         pulumi.export(key, value)
     if cluster.baked_image is not None:
         pulumi.export(BAKED_IMAGE_KEY, cluster.baked_image)
+
+
+KUBERNETES_CONTRACT_KEYS = (
+    "cloud",
+    "kind",
+    "cluster_name",
+    "kubeconfig",
+    "context",
+    "namespace",
+    "storage_class",
+    "storage_claim",
+    "storage_gib",
+    "max_nodes",
+    "node_selector",
+    "tolerations",
+    "machine_type",
+    "cores_per_node",
+    "memory_gib",
+    "cpu_flags",
+    "region",
+    "zone",
+    "hourly_cost_usd",
+    "hourly_cost_on_demand_usd",
+    "hourly_cost_spot_usd",
+    "spot",
+    "prices_as_of",
+    "hourly_cost_at_rest_usd",
+)
+"""The contract of kind "kubernetes": prices are per training node-hour (the pool is at 0 between
+runs), plus what the cluster costs per hour at rest."""
+SECRET_KEYS = ("kubeconfig",)
+
+
+def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
+    """The contract's values for a declared GKE cluster, in KUBERNETES_CONTRACT_KEYS order."""
+    cfg = cluster.config
+    on_demand, spot = gke_node_hour_usd(cfg.machine), gke_node_hour_usd(cfg.machine, spot=True)
+    assert on_demand is not None  # every row of the table has an on-demand price
+    billed = on_demand
+    if cfg.spot and spot is not None:
+        billed = spot
+    elif cfg.spot:
+        pulumi.log.warn(
+            f"nanocluster:spot is on but the price table has no spot price for {cfg.machine.name}: "
+            "hourly_cost_usd is the on-demand figure (an upper bound)"
+        )
+    return {
+        "cloud": cfg.cloud,
+        "kind": "kubernetes",
+        "cluster_name": cfg.cluster_name,
+        "kubeconfig": cluster.kubeconfig,
+        "context": cfg.cluster_name,
+        "namespace": cluster.storage.namespace,
+        "storage_class": STORAGE_CLASS,
+        "storage_claim": CLAIM,
+        "storage_gib": cfg.disk_gb,
+        "max_nodes": cfg.nodes,
+        "node_selector": {POOL_LABEL: TRAINING_POOL},
+        "tolerations": [training_toleration()],
+        "machine_type": cfg.machine.name,
+        "cores_per_node": cfg.machine.cores,
+        "memory_gib": float(cfg.machine.memory_gb),
+        "cpu_flags": list(cfg.machine.cpu_flags),
+        "region": cfg.region,
+        "zone": None if cfg.regional else cfg.zone,
+        "hourly_cost_usd": billed,
+        "hourly_cost_on_demand_usd": on_demand,
+        "hourly_cost_spot_usd": spot,
+        "spot": cfg.spot,
+        "prices_as_of": price_of(cfg.machine).as_of,
+        "hourly_cost_at_rest_usd": gke_at_rest_usd(SYSTEM_NODES, cfg.disk_gb),
+    }
+
+
+def export_kubernetes(cluster: GkeCluster) -> None:
+    for key, value in kubernetes_contract(cluster).items():
+        pulumi.export(key, pulumi.Output.secret(value) if key in SECRET_KEYS else value)

@@ -9,7 +9,8 @@ The stack exports cores_per_node, cpu_flags and the hourly cost figures from the
 type must be listed here and priced in the table to be used: add a MachineType row, then a row to
 the table (or refresh that cloud). Prices are list prices in REFERENCE_REGION; other regions differ
 by a few percent. Disks, public addresses and NAT are priced from the constants below (2025-06,
-not refreshed); data transfer is not counted.
+not refreshed), GKE's own items (management fee, system pool, NFS server) from GKE_* (2026-11);
+data transfer is not counted.
 """
 
 from __future__ import annotations
@@ -76,6 +77,20 @@ OTHER_PRICES_AS_OF = "2025-06"
 DISK_USD_PER_GB_MONTH = {"gcp": 0.10, "aws": 0.08, "azure": 0.15}  # pd-balanced, gp3, Premium SSD
 PUBLIC_IPV4_USD_PER_HOUR = 0.005  # the same on all three clouds
 HOURS_PER_MONTH = 730
+
+
+GKE_PRICES_AS_OF = "2026-11"
+"""Date of the GKE figures below (list prices in us-central1, not refreshed)."""
+GKE_MANAGEMENT_USD_PER_HOUR = 0.10
+"""Cluster management fee of a Standard cluster, zonal or regional: flat per cluster
+(https://cloud.google.com/kubernetes-engine/pricing). The free tier's monthly credit (one zonal
+cluster per billing account) is the account's, not the stack's: not subtracted here."""
+GKE_SYSTEM_MACHINE, GKE_SYSTEM_USD_PER_HOUR = "e2-standard-2", 0.067006
+"""The system pool's machine (kube-dns, konnectivity, metrics; never training pods) and its price."""
+NFS_MACHINE, NFS_USD_PER_HOUR = "e2-medium", 0.033503
+"""The shared volume's NFS server VM (infra/nfs.py) and its price."""
+GKE_BOOT_DISK_GB = 50
+"""pd-balanced boot disk of every GKE node and of the NFS server (priced at DISK_USD_PER_GB_MONTH)."""
 
 
 class PriceTableError(ValueError):
@@ -211,3 +226,23 @@ def estimate(
         spot=spot,
         as_of=price.as_of,
     )
+
+
+def gke_node_hour_usd(machine: MachineType, spot: bool = False) -> float | None:
+    """What one training node of a GKE pool costs per hour it is up: the machine (spot or on
+    demand), its boot disk and its share of Cloud NAT. None when `spot` and no spot figure is known."""
+    price = price_of(machine)
+    per_node = price.spot_usd_per_hour if spot else price.on_demand_usd_per_hour
+    if per_node is None:
+        return None
+    boot_disk = GKE_BOOT_DISK_GB * DISK_USD_PER_GB_MONTH["gcp"] / HOURS_PER_MONTH
+    return round(per_node + boot_disk + nat_usd_per_hour("gcp", 1), 4)
+
+
+def gke_at_rest_usd(system_nodes: int, storage_gb: int) -> float:
+    """What a GKE stack costs per hour with its training pool at 0: management fee, system pool,
+    NFS server and its data disk, Cloud NAT for those VMs."""
+    disk = DISK_USD_PER_GB_MONTH["gcp"] / HOURS_PER_MONTH
+    system = system_nodes * (GKE_SYSTEM_USD_PER_HOUR + GKE_BOOT_DISK_GB * disk)
+    nfs = NFS_USD_PER_HOUR + (GKE_BOOT_DISK_GB + storage_gb) * disk
+    return round(GKE_MANAGEMENT_USD_PER_HOUR + system + nfs + nat_usd_per_hour("gcp", system_nodes + 1), 4)

@@ -92,7 +92,9 @@ SECURITY = ResourceValidationPolicy(
     name="nanocluster-security",
     description=(
         "No world-open ingress but SSH from nanocluster:sshAllowedCidr; no public worker addresses unless "
-        "nanocluster:publicWorkers; encrypted disks; IMDSv2; no private key in inputs but a node's own host key."
+        "nanocluster:publicWorkers; encrypted disks; IMDSv2; no private key in inputs but a node's own host key; "
+        "GKE: private nodes, control plane from nanocluster:sshAllowedCidr only, Workload Identity, a dedicated "
+        "node service account without the cloud-platform scope, shielded nodes, NetworkPolicy enforced."
     ),
     enforcement_level=EnforcementLevel.MANDATORY,
     validate=_validate_security,

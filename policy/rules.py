@@ -9,7 +9,10 @@ stack on GCP, AWS or Azure, edited ones included:
 - disks encrypted: AWS EBS `encrypted`, Azure managed disks (always encrypted at rest, unlike VHDs in
   a storage account); GCP encrypts every persistent disk, with no switch to check;
 - AWS instances require IMDSv2 session tokens; no AWS subnet hands out public addresses;
-- no private key in any input but a node's own host key in its user data (policy/keys.py).
+- no private key in any input but a node's own host key in its user data (policy/keys.py);
+- GKE: private nodes, control plane only from nanocluster:sshAllowedCidr, Workload Identity, a
+  dedicated node service account without the cloud-platform scope, shielded nodes, NetworkPolicy
+  enforced (policy/gke.py).
 
 `resource_violations` needs one resource; `stack_violations` follows references between resources
 (which instances a firewall rule reaches, which instance an address is attached to). References are
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policy import gke
 from policy.keys import private_key_findings
 from policy.props import UNKNOWN, get, items, known
 
@@ -356,6 +360,8 @@ RESOURCE_RULES: dict[str, tuple[ResourceRule, ...]] = {
     AZURE_RULE: (_azure_rules,),
     AZURE_NIC: (_azure_nic,),
     "azure-native:compute:VirtualMachine": (_azure_vm,),
+    gke.CLUSTER: (lambda r, settings: gke.cluster_problems(r.props, settings.ssh_allowed_cidr),),
+    gke.NODE_POOL: (lambda r, settings: gke.node_pool_problems(r.props),),
 }
 
 

@@ -53,9 +53,60 @@ def _aws_instance(name: str, **kwargs) -> aws.ec2.Instance:
     return aws.ec2.Instance(name, **{**defaults, **kwargs})
 
 
+def _gke_node_config(**changes) -> dict:
+    config = {
+        "machine_type": "c3-highmem-8", "service_account": f"{CLUSTER}-nodes@my-project.iam.gserviceaccount.com",
+        "oauth_scopes": ["https://www.googleapis.com/auth/logging.write"],
+        "workload_metadata_config": {"mode": "GKE_METADATA"}, "shielded_instance_config": {"enable_secure_boot": True},
+    }
+    return {k: v for k, v in {**config, **changes}.items() if v is not None}
+
+
+def _gke_cluster(**changes) -> gcp.container.Cluster:
+    """A second cluster, sound but for `changes` (None removes an argument)."""
+    args = {
+        "location": "us-central1-a", "remove_default_node_pool": True, "initial_node_count": 1,
+        "node_config": _gke_node_config(),
+        "private_cluster_config": {"enable_private_nodes": True},
+        "master_authorized_networks_config": {"cidr_blocks": [{"cidr_block": SSH_CIDR}]},
+        "workload_identity_config": {"workload_pool": "my-project.svc.id.goog"},
+        "datapath_provider": "ADVANCED_DATAPATH",
+    }
+    return gcp.container.Cluster("second", **{k: v for k, v in {**args, **changes}.items() if v is not None})
+
+
+def _gke_pool(**node_config) -> gcp.container.NodePool:
+    return gcp.container.NodePool("extra", cluster=CLUSTER, location="us-central1-a", node_config=_gke_node_config(**node_config))
+
+
 # --- breaches of the security defaults (policy/rules.py) -------------------------------------------
 
 SECURITY: dict[str, Bad] = {
+    "gke-public-nodes": Bad("gke", lambda: _gke_cluster(private_cluster_config={"enable_private_nodes": False}),
+                            "Cluster second: nodes are not private"),
+    "gke-public-pool": Bad("gke", lambda: gcp.container.NodePool(
+        "extra", cluster=CLUSTER, location="us-central1-a", node_config=_gke_node_config(),
+        network_config={"enable_private_nodes": False},
+    ), "NodePool extra: networkConfig.enablePrivateNodes is false"),
+    "gke-control-plane-open-to-the-world": Bad("gke", lambda: _gke_cluster(
+        master_authorized_networks_config={"cidr_blocks": [{"cidr_block": "0.0.0.0/0"}]},
+    ), "Cluster second: master authorized networks ['0.0.0.0/0']: the control plane answers the whole internet"),
+    "gke-no-authorized-networks": Bad("gke", lambda: _gke_cluster(master_authorized_networks_config=None),
+                                      "Cluster second: no master authorized networks"),
+    "gke-control-plane-from-another-cidr": Bad("gke", lambda: _gke_cluster(
+        master_authorized_networks_config={"cidr_blocks": [{"cidr_block": "198.51.100.0/24"}]},
+    ), "Cluster second: master authorized networks ['198.51.100.0/24']: only nanocluster:sshAllowedCidr"),
+    "gke-no-workload-identity": Bad("gke", lambda: _gke_cluster(workload_identity_config=None),
+                                    "Cluster second: Workload Identity is off"),
+    "gke-pool-reads-node-metadata": Bad("gke", lambda: _gke_pool(workload_metadata_config={"mode": "GCE_METADATA"}),
+                                        "NodePool extra: nodeConfig: workloadMetadataConfig.mode is not GKE_METADATA"),
+    "gke-default-service-account": Bad("gke", lambda: _gke_pool(service_account=None),
+                                       "NodePool extra: nodeConfig: nodes run as the default compute service account"),
+    "gke-cloud-platform-scope": Bad("gke", lambda: _gke_pool(oauth_scopes=["https://www.googleapis.com/auth/cloud-platform"]),
+                                    "NodePool extra: nodeConfig: the cloud-platform OAuth scope"),
+    "gke-no-network-policy": Bad("gke", lambda: _gke_cluster(datapath_provider="LEGACY_DATAPATH"),
+                                 "Cluster second: NetworkPolicy is not enforced"),
+    "gke-legacy-abac": Bad("gke", lambda: _gke_cluster(enable_legacy_abac=True), "Cluster second: legacy ABAC is on"),
     "gcp-world-open-port": Bad("gcp", lambda: gcp.compute.Firewall(
         "notebook", network=f"{CLUSTER}-id", source_ranges=["0.0.0.0/0"],
         allows=[{"protocol": "tcp", "ports": ["8888"]}], target_tags=[f"{CLUSTER}-node"],
@@ -144,6 +195,9 @@ CONSTRAINTS: dict[str, Bad] = {
 # --- inputs the SDK types reject (tests/infra/strict.py) --------------------------------------------
 
 SCHEMA: dict[str, Bad] = {
+    "gke-misspelled-autoscaling-key": Bad("gke", lambda: gcp.container.NodePool(
+        "typo", cluster=CLUSTER, location="us-central1-a", autoscaling={"total_max_nodes": 3},
+    ), "NodePool typo: autoscaling.total_max_nodes: unknown key (not in NodePoolAutoscalingArgs)"),
     "misspelled-nested-key": Bad("aws", lambda: _aws_instance("typo", metadata_options={"http_tokenz": "required"}),
                                  "Instance typo: metadataOptions.http_tokenz: unknown key (not in InstanceMetadataOptionsArgs)"),
     "misspelled-key-three-deep": Bad("azure", lambda: azure.compute.VirtualMachine(

@@ -38,7 +38,10 @@ BASE_CONFIG = {
     "gcp": {"nanocluster:cloud": "gcp", "gcp:project": "my-project", "gcp:zone": "us-central1-a"},
     "aws": {"nanocluster:cloud": "aws", "aws:region": "us-east-1"},
     "azure": {"nanocluster:cloud": "azure", "azure-native:location": "eastus"},
+    "gke": {"nanocluster:cloud": "gke", "gcp:project": "my-project", "gcp:zone": "us-central1-a"},
 }
+GKE_ENDPOINT = "34.118.1.2"
+GKE_CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUMtdGVzdAotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg=="
 
 
 def stack_config(base: str, /, **settings: object) -> dict[str, str]:
@@ -74,15 +77,22 @@ class ClusterMocks(pulumi.runtime.Mocks):
     # Outputs a cloud computes, by resource type.
     COMPUTED: ClassVar[dict[str, Callable[[str], dict]]] = {
         "tls:index/privateKey:PrivateKey": _ed25519_key,
-        "gcp:compute/address:Address": lambda name: {"address": HEAD_PUBLIC_IP["gcp"]},
         "gcp:compute/image:Image": lambda name: {"selfLink": f"projects/my-project/global/images/{name}"},
         "gcp:compute/snapshot:Snapshot": lambda name: {"selfLink": f"projects/my-project/global/snapshots/{name}"},
+        "gcp:serviceaccount/account:Account": lambda name: {
+            "email": f"{name}@my-project.iam.gserviceaccount.com", "member": f"serviceAccount:{name}@my-project.iam.gserviceaccount.com",
+        },
         "aws:ec2/eip:Eip": lambda name: {"publicIp": HEAD_PUBLIC_IP["aws"], "allocationId": f"eipalloc-{name}"},
         "azure-native:network:PublicIPAddress": lambda name: {"ipAddress": HEAD_PUBLIC_IP["azure"]},
     }
 
     # Outputs a cloud computes from the inputs, by resource type.
     COMPUTED_FROM_INPUTS: ClassVar[dict[str, Callable[[str, dict], dict]]] = {
+        # An external address is the cloud's pick; an internal one may be asked for.
+        "gcp:compute/address:Address": lambda name, inputs: {"address": inputs.get("address") or HEAD_PUBLIC_IP["gcp"]},
+        "gcp:container/cluster:Cluster": lambda name, inputs: {
+            "endpoint": GKE_ENDPOINT, "masterAuth": {**inputs.get("masterAuth", {}), "clusterCaCertificate": GKE_CA},
+        },
         "azure-native:compute:VirtualMachine": lambda name, inputs: {"storageProfile": {
             **inputs.get("storageProfile", {}),
             "osDisk": {
@@ -142,7 +152,12 @@ class RecordingMonitor(MockMonitor):
 
 
 # Packages whose resources are checked; anything else but our own components is an error.
-SDK_PACKAGES = {"gcp": "pulumi_gcp", "aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tls": "pulumi_tls"}
+SDK_PACKAGES = {
+    "gcp": "pulumi_gcp", "aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tls": "pulumi_tls",
+    "kubernetes": "pulumi_kubernetes",
+}
+PROVIDER_PREFIX = "pulumi:providers:"
+"""Type tokens of explicit provider resources (pulumi:providers:kubernetes): the SDK's Provider class."""
 COMPONENT_PACKAGES = {"nanocluster"}
 
 
@@ -161,6 +176,11 @@ def split_token(token: str) -> tuple[str, str, str]:
 @functools.cache
 def resource_class(token: str) -> type:
     """The SDK's resource class for a type token, through the SDK's own module registry."""
+    if token.startswith(PROVIDER_PREFIX):
+        package = token[len(PROVIDER_PREFIX):]
+        if package not in SDK_PACKAGES:
+            raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")
+        return importlib.import_module(f"{SDK_PACKAGES[package]}.provider").Provider
     package, module, _ = split_token(token)
     if package not in SDK_PACKAGES:
         raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")

@@ -36,6 +36,7 @@ from pulumi import _types as pulumi_types
 
 from tests.infra.harness import (
     COMPONENT_PACKAGES,
+    PROVIDER_PREFIX,
     SDK_PACKAGES,
     SchemaError,
     StackRun,
@@ -243,7 +244,7 @@ def check_object(value: Mapping[str, Any], schema: Schema, path: str = "") -> li
 
 
 def resource_problems(token: str, inputs: Mapping[str, Any]) -> list[str]:
-    package = token.split(":")[0]
+    package = token.removeprefix(PROVIDER_PREFIX).split(":")[0]
     if package in COMPONENT_PACKAGES:
         return []
     if package not in SDK_PACKAGES:

@@ -20,7 +20,7 @@ CLOUDS = ("gcp", "aws", "azure")
 
 
 @pytest.mark.parametrize("nodes", [1, 3])
-@pytest.mark.parametrize("cloud", CLOUDS)
+@pytest.mark.parametrize("cloud", [*CLOUDS, "gke"])
 def test_default_stack_meets_the_policy(cloud, nodes):
     run = cached_stack(cloud, nodes)
     assert run.resources, "the policy must have resources to walk"

@@ -58,7 +58,7 @@ def pack_violations(run: StackRun) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("cloud", ["gcp", "aws", "azure"])
+@pytest.mark.parametrize("cloud", ["gcp", "aws", "azure", "gke"])
 def test_the_pack_passes_the_default_stacks(cloud):
     assert pack_violations(cached_stack(cloud, 3)) == []
 

@@ -99,6 +99,8 @@ EDGES = [
     *(pytest.param(cloud, {"sshUser": "david"}, id=f"{cloud}-sshUser-david") for cloud in CLOUDS),
     *(pytest.param(cloud, {"labels": MANY_LABELS}, id=f"{cloud}-60-labels") for cloud in CLOUDS),
     *(pytest.param(cloud, {"labels": labels(MAX_TAGS[cloud] - len(STACK_TAG_KEYS[cloud]))}, id=f"{cloud}-most-labels") for cloud in CLOUDS),
+    pytest.param("gke", {"diskGb": MAX_DISK_GB["gcp"]}, id="gke-diskGb-max"),  # the NFS server's data disk
+    pytest.param("gke", {"labels": labels(MAX_TAGS["gcp"] - len(STACK_TAG_KEYS["gcp"]))}, id="gke-most-labels"),
 ]
 
 

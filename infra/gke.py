@@ -1,0 +1,230 @@
+"""GKE: a Standard cluster in its own VPC, private nodes behind Cloud NAT, a small system pool and a
+training pool that the autoscaler takes from 0 to nanocluster:nodes and back, plus the shared volume
+(infra/nfs.py) and the Kubernetes objects that offer it to pods (infra/kube_storage.py).
+
+Security defaults (checked by the policy pack): nodes have no public address; the control plane's
+public endpoint answers nanocluster:sshAllowedCidr only (master authorized networks); Workload
+Identity on, so pods never see the node's credentials; shielded nodes with secure boot; the nodes
+run as a dedicated service account allowed to write logs and metrics, nothing else; Dataplane V2
+enforces NetworkPolicy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi_gcp import compute, container, projects, serviceaccount
+
+from infra.cluster import NODE_SUBNET_CIDR
+from infra.config import ClusterConfig
+from infra.kube_storage import ClusterStorage, StorageArgs
+from infra.kubeconfig import render_kubeconfig
+from infra.nfs import NfsServer, NfsServerArgs
+from infra.prices import GKE_BOOT_DISK_GB, GKE_SYSTEM_MACHINE
+
+POD_RANGE = ("pods", "10.44.0.0/16")  # a /24 per node (110 pods): room for 256 nodes
+SERVICE_RANGE = ("services", "10.48.0.0/20")
+RELEASE_CHANNEL = "REGULAR"
+SYSTEM_NODES = 1
+"""Nodes of the system pool (in gcp:zone, regional or not): what keeps kube-dns and friends up."""
+POOL_LABEL = "nanocluster.dev/pool"
+"""Label and taint key of the training pool: only pods that tolerate the taint land there, so no
+system pod keeps a training node up and the autoscaler can take the pool back to 0."""
+TRAINING_POOL = "training"
+NODE_SCOPES = ["https://www.googleapis.com/auth/logging.write", "https://www.googleapis.com/auth/monitoring"]
+"""The node service account's OAuth scopes: logs and metrics, no cloud-platform."""
+NODE_ROLE = "roles/container.defaultNodeServiceAccount"
+"""The least a GKE node's own service account needs (logging, monitoring, metadata)."""
+
+
+def account_id(cluster_name: str, suffix: str) -> str:
+    """A service account id (6..30 characters) for this cluster: the name when it fits, else a
+    prefix and a digest of it (ids are per project and not suffixed by Pulumi)."""
+    wanted = f"{cluster_name}-{suffix}"
+    if len(wanted) <= 30:
+        return wanted
+    digest = hashlib.sha256(wanted.encode()).hexdigest()[:8]
+    return f"{cluster_name[: 30 - len(suffix) - 10].rstrip('-')}-{digest}-{suffix}"
+
+
+def training_toleration() -> dict[str, str]:
+    """The toleration (Kubernetes API form) a pod needs to land on the training pool."""
+    return {"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class GkeArgs:
+    config: ClusterConfig
+
+
+class GkeCluster(pulumi.ComponentResource):
+    """A GKE Standard cluster whose training pool is 0 nodes between runs, with a shared volume."""
+
+    TYPE = "nanocluster:gke:Cluster"
+
+    kubeconfig: pulumi.Output[str]
+    """The kubeconfig YAML (secret), authenticating through gke-gcloud-auth-plugin."""
+    storage: ClusterStorage
+
+    def __init__(self, name: str, args: GkeArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(self.TYPE, name, None, opts)
+        self.config = cfg = args.config
+        self.location = cfg.region if cfg.regional else cfg.zone
+        self.node_tag = f"{cfg.cluster_name}-gke-node"
+        network, subnet = self._network()
+        account = self._node_account()
+        cluster = self._cluster(network, subnet, account)
+        self.system_pool = self._pool(cluster, account, "system")
+        self.training_pool = self._pool(cluster, account, TRAINING_POOL)
+        nfs = NfsServer(
+            f"{name}-nfs",
+            NfsServerArgs(cfg, network=network, subnet=subnet, client_tag=self.node_tag),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(cluster.endpoint, cluster.master_auth.cluster_ca_certificate).apply(
+                lambda values: render_kubeconfig(cfg.cluster_name, values[0], values[1] or "")
+            )
+        )
+        self.storage = ClusterStorage(
+            f"{name}-storage",
+            StorageArgs(cfg, kubeconfig=self.kubeconfig, nfs_address=nfs.address, depends_on=[self.system_pool]),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"kubeconfig": self.kubeconfig, "namespace": self.storage.namespace})
+
+    def child(self, **kwargs) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, **kwargs)
+
+    def _network(self) -> tuple[compute.Network, compute.Subnetwork]:
+        cfg = self.config
+        name = cfg.cluster_name
+        network = compute.Network(name, auto_create_subnetworks=False, opts=self.child())
+        subnet = compute.Subnetwork(
+            name,
+            network=network.id,
+            region=cfg.region,
+            ip_cidr_range=NODE_SUBNET_CIDR,
+            private_ip_google_access=True,  # private nodes reach Google APIs without NAT
+            secondary_ip_ranges=[
+                {"range_name": POD_RANGE[0], "ip_cidr_range": POD_RANGE[1]},
+                {"range_name": SERVICE_RANGE[0], "ip_cidr_range": SERVICE_RANGE[1]},
+            ],
+            opts=self.child(),
+        )
+        # Private nodes pull the stock Python image and pip packages through Cloud NAT.
+        router = compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
+        compute.RouterNat(
+            name,
+            router=router.name,
+            region=cfg.region,
+            nat_ip_allocate_option="AUTO_ONLY",
+            source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+            subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
+            opts=self.child(),
+        )
+        return network, subnet
+
+    def _node_account(self) -> serviceaccount.Account:
+        cfg = self.config
+        account = serviceaccount.Account(
+            f"{cfg.cluster_name}-nodes",
+            account_id=account_id(cfg.cluster_name, "nodes"),
+            display_name=f"GKE nodes of {cfg.cluster_name}",
+            project=cfg.project,
+            opts=self.child(),
+        )
+        projects.IAMMember(
+            f"{cfg.cluster_name}-nodes",
+            project=cfg.project,
+            role=NODE_ROLE,
+            member=account.member,
+            opts=self.child(),
+        )
+        return account
+
+    def _node_config(self, account: serviceaccount.Account, machine_type: str) -> Any:
+        """What every node of the cluster shares (pools add labels, taints, spot)."""
+        return {
+            "machine_type": machine_type,
+            "disk_size_gb": GKE_BOOT_DISK_GB,
+            "disk_type": "pd-balanced",
+            "image_type": "COS_CONTAINERD",
+            "service_account": account.email,
+            "oauth_scopes": NODE_SCOPES,
+            "workload_metadata_config": {"mode": "GKE_METADATA"},
+            "shielded_instance_config": {"enable_secure_boot": True, "enable_integrity_monitoring": True},
+            "tags": [self.node_tag],
+            "resource_labels": dict(self.config.labels),
+        }
+
+    def _cluster(self, network: compute.Network, subnet: compute.Subnetwork, account: serviceaccount.Account) -> container.Cluster:
+        cfg = self.config
+        return container.Cluster(
+            cfg.cluster_name,
+            name=cfg.cluster_name,  # at most 40 characters, as GKE allows: no random suffix
+            location=self.location,
+            network=network.id,
+            subnetwork=subnet.id,
+            # GKE creates a default pool it then removes; it too runs as the node account.
+            remove_default_node_pool=True,
+            initial_node_count=1,
+            node_config=self._node_config(account, GKE_SYSTEM_MACHINE),
+            deletion_protection=False,  # `pulumi destroy` is one of the four commands
+            release_channel={"channel": RELEASE_CHANNEL},
+            networking_mode="VPC_NATIVE",
+            ip_allocation_policy={
+                "cluster_secondary_range_name": POD_RANGE[0],
+                "services_secondary_range_name": SERVICE_RANGE[0],
+            },
+            private_cluster_config={"enable_private_nodes": True, "enable_private_endpoint": False},
+            master_authorized_networks_config={
+                "cidr_blocks": [{"cidr_block": cfg.ssh_allowed_cidr, "display_name": "nanocluster-sshAllowedCidr"}],
+                "gcp_public_cidrs_access_enabled": False,
+            },
+            master_auth={"client_certificate_config": {"issue_client_certificate": False}},
+            workload_identity_config={"workload_pool": f"{cfg.project}.svc.id.goog"},
+            datapath_provider="ADVANCED_DATAPATH",  # Dataplane V2: enforces NetworkPolicy
+            enable_shielded_nodes=True,
+            enable_legacy_abac=False,
+            # Removes unneeded nodes sooner than the balanced profile: the pool returns to 0 faster.
+            cluster_autoscaling={"autoscaling_profile": "OPTIMIZE_UTILIZATION"},
+            resource_labels=dict(cfg.labels),
+            opts=self.child(ignore_changes=["nodeConfig", "initialNodeCount"]),
+        )
+
+    def _pool(self, cluster: container.Cluster, account: serviceaccount.Account, pool: str) -> container.NodePool:
+        cfg = self.config
+        node_config = self._node_config(account, GKE_SYSTEM_MACHINE)
+        training = pool == TRAINING_POOL
+        if training:
+            node_config |= {
+                "machine_type": cfg.machine.name,
+                "spot": cfg.spot,
+                "gvnic": {"enabled": True},  # C3 machines take only gVNIC
+                "labels": {POOL_LABEL: TRAINING_POOL},
+                "taints": [{"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"}],
+            }
+        # Totals over the pool's zones (a regional pool has several); ANY lets spot capacity come
+        # from whichever zone has it, BALANCED spreads on-demand nodes.
+        autoscaling: container.NodePoolAutoscalingArgsDict = {
+            "total_min_node_count": 0,
+            "total_max_node_count": cfg.nodes,
+            "location_policy": "ANY" if cfg.spot else "BALANCED",
+        }
+        return container.NodePool(
+            f"{cfg.cluster_name}-{pool}",
+            name=pool,  # unique within its cluster; a suffixed name could pass GKE's 40 characters
+            cluster=cluster.name,
+            location=self.location,
+            node_config=node_config,
+            management={"auto_repair": True, "auto_upgrade": True},
+            initial_node_count=0 if training else None,
+            autoscaling=autoscaling if training else None,
+            node_count=None if training else SYSTEM_NODES,
+            node_locations=None if training else [cfg.zone],
+            opts=self.child(ignore_changes=["initialNodeCount"]),
+        )

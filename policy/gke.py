@@ -1,0 +1,87 @@
+"""GKE's security defaults as rules over a cluster and its node pools (one resource each):
+
+- private nodes: the cluster's privateClusterConfig.enablePrivateNodes, and no pool turning it off;
+- the control plane's endpoint only from nanocluster:sshAllowedCidr (master authorized networks on,
+  no world range, Google's public ranges not admitted);
+- Workload Identity: a workload pool on the cluster, GKE_METADATA on every node config, so pods
+  never read the node's credentials from the metadata server;
+- nodes run as a dedicated service account, never the project's default compute account and
+  never with the cloud-platform scope;
+- shielded nodes with secure boot; NetworkPolicy enforced (Dataplane V2 or Calico); no legacy ABAC,
+  no client certificate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy.props import get, items, known
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+WORLD = {"0.0.0.0/0", "::/0"}
+
+
+def _node_config(config: Any, where: str) -> list[str]:
+    """Problems of a node config (a pool's, or the cluster's default pool's)."""
+    if config is None or not known(config):
+        return [f"{where}: no node config (nodes would run as the default compute service account with its default scopes)"] if config is None else []
+    found = []
+    account = get(config, "serviceAccount")
+    if account in (None, "", "default") or str(account).endswith("-compute@developer.gserviceaccount.com"):
+        found.append(f"{where}: nodes run as the default compute service account (set a dedicated serviceAccount)")
+    if CLOUD_PLATFORM in items(config, "oauthScopes"):
+        found.append(f"{where}: the cloud-platform OAuth scope (every API the account may call; give logging.write and monitoring)")
+    if get(config, "workloadMetadataConfig", "mode") != "GKE_METADATA":
+        found.append(f"{where}: workloadMetadataConfig.mode is not GKE_METADATA (pods could read the node's credentials)")
+    if get(config, "shieldedInstanceConfig", "enableSecureBoot") is not True:
+        found.append(f"{where}: shielded nodes without secure boot")
+    return found
+
+
+def _authorized_networks(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
+    networks = get(props, "masterAuthorizedNetworksConfig")
+    if not known(networks):
+        return []
+    if networks is None:
+        return ["no master authorized networks: the control plane answers the whole internet"]
+    cidrs = [get(block, "cidrBlock") for block in items(networks, "cidrBlocks")]
+    found = []
+    if not cidrs or any(c in WORLD for c in cidrs):
+        found.append(f"master authorized networks {cidrs}: the control plane answers the whole internet")
+    elif ssh_allowed_cidr and cidrs != [ssh_allowed_cidr]:
+        found.append(f"master authorized networks {cidrs}: only nanocluster:sshAllowedCidr ({ssh_allowed_cidr}) may reach the control plane")
+    if get(networks, "gcpPublicCidrsAccessEnabled") is True:
+        found.append("master authorized networks admit Google Cloud's public ranges (any GCP VM)")
+    return found
+
+
+def cluster_problems(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
+    found: list[str] = []
+    if get(props, "enableAutopilot") is True:
+        return found  # Autopilot manages nodes itself; nanocluster declares Standard clusters
+    if get(props, "privateClusterConfig", "enablePrivateNodes") is not True and known(get(props, "privateClusterConfig")):
+        found.append("nodes are not private (privateClusterConfig.enablePrivateNodes): each would have a public address")
+    found += _authorized_networks(props, ssh_allowed_cidr)
+    if not get(props, "workloadIdentityConfig", "workloadPool") and known(get(props, "workloadIdentityConfig")):
+        found.append("Workload Identity is off (workloadIdentityConfig.workloadPool)")
+    if get(props, "enableShieldedNodes") is False:
+        found.append("shielded nodes are off (enableShieldedNodes)")
+    dataplane_v2 = get(props, "datapathProvider") == "ADVANCED_DATAPATH"
+    calico = get(props, "networkPolicy", "enabled") is True
+    if not (dataplane_v2 or calico) and known(get(props, "datapathProvider"), get(props, "networkPolicy")):
+        found.append("NetworkPolicy is not enforced (datapathProvider ADVANCED_DATAPATH, or networkPolicy with Calico)")
+    if get(props, "enableLegacyAbac") is True:
+        found.append("legacy ABAC is on (RBAC alone should authorize)")
+    if get(props, "masterAuth", "clientCertificateConfig", "issueClientCertificate") is True:
+        found.append("a client certificate is issued (a credential that cannot be revoked)")
+    found += _node_config(get(props, "nodeConfig"), "nodeConfig")
+    return found
+
+
+def node_pool_problems(props: Any) -> list[str]:
+    found = _node_config(get(props, "nodeConfig"), "nodeConfig")
+    if get(props, "networkConfig", "enablePrivateNodes") is False:
+        found.append("networkConfig.enablePrivateNodes is false: this pool's nodes get public addresses")
+    return found
