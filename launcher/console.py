@@ -1,6 +1,7 @@
 """What a task prints and how it refuses: one `error:` line for the operator, plain rank output.
 
-launcher.tasks.flags turns a TaskError into `error: MESSAGE` and exit code 1; every other module of the
+launcher.tasks.flags turns a TaskError into `error: MESSAGE` and exit code 1 (an Interrupted into
+its message and 130); every other module of the
 launcher prints through say() (operator messages) or out_line() (rank and node output, unwrapped).
 """
 
@@ -22,7 +23,19 @@ console = Console(highlight=False,
 
 
 class TaskError(RuntimeError):
-    """A task cannot go on; the message says what to do. The CLI prints it as `error: ...`, exit 1."""
+    """A task cannot go on; the message says what to do. The CLI prints it as `LABEL: MESSAGE` (the
+    message alone without a label) and exits with exit_code."""
+
+    label = "error"
+    exit_code = 1
+
+
+class Interrupted(TaskError):
+    """The operator stopped the run (Ctrl-C); the message says where it stopped and how to go on.
+    Exit 130 (128 + SIGINT), as torchrun and a shell give it."""
+
+    label = ""  # the message says "interrupted at ..."
+    exit_code = 130
 
 
 def say(text: str) -> None:

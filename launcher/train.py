@@ -29,9 +29,10 @@ from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
           overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S,
-          recover: RecoverOptions | None = None, budget_usd: float | None = None) -> int:
+          recover: RecoverOptions | None = None, budget_usd: float | None = None, rerun: str = "") -> int:
     """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py); budget_usd: stop
-    before the run's spend would cross it (launcher/runs/budget.py). Returns the exit status: 0
+    before the run's spend would cross it (launcher/runs/budget.py); rerun: the command that continues
+    the run after Ctrl-C (the flags as given; default `fab train --run RUN`). Returns the exit status: 0
     finished, budget.BUDGET_EXIT stopped at the budget (a failure raises)."""
     started = time.monotonic()
     check_name(run, "run")
@@ -82,7 +83,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         return Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line).watch()
 
     with Recovery(Session.open(cluster, selected, dataset), run, recover,
-                  resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
+                  resolve=lambda: resolve_cluster(cluster_spec, nodes), rerun=rerun or f"fab train --run {run}") as recovery:
         progress = recovery.run(launch)
         # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
         ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))

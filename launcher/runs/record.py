@@ -5,7 +5,8 @@
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
 "launch" (the nodes, world size, the cluster's hourly price), "restart" (its cause), "end" (how the
-run ended). It is kept where no node needs to be up: status, plots and the cost ledger read it
+run ended: outcome finished, budget, failed, or interrupted with the snapshot's iter and the command
+that continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
 after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
 it streamed) live in the same directory.
 
@@ -155,6 +156,14 @@ class RunRecord:
             f.seek(since)
             data = f.read(None if until is None else max(0, until - since))
         return parse_jsonl(data.decode(errors="replace"))
+
+
+def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
+    """Where an interrupted run stopped and the command that continues it (fab train's last line,
+    fab status); snapshot_iter None: no snapshot written by that launch."""
+    at = f"at iter {snapshot_iter} (every rank stopped after its snapshot)" if snapshot_iter is not None \
+        else "before this launch wrote a snapshot"
+    return f"interrupted {at}; continue with: {rerun}"
 
 
 def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:
