@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
-from launcher.inventory import NAME_PATTERN, NAME_RULE
+from launcher.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
 
+HOME_FIX = (f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
+            "cluster's nodes and what fab fetch copies; default ~/nanocluster)")
 PIPED_WIDTH = 160
 """Columns when output goes to a file or pipe (logs, CI) and COLUMNS is unset: rich assumes 80
 there, which folds a `fab cost` or `fab status` table row into a dozen lines. A terminal keeps its width."""
@@ -53,3 +56,14 @@ def check_name(value: str, what: str) -> str:
     if not NAME_PATTERN.match(value):
         raise TaskError(f"{what} {value!r} {NAME_RULE}")
     return value
+
+
+def writable_dir(path: Path, what: str, fix: str) -> Path:
+    """path made (with its parents) and writable, or a TaskError naming what it is, why not, and fix."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TaskError(f"{what} {path}: cannot be made ({e.strerror}); {fix}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TaskError(f"{what} {path}: not writable; {fix}")
+    return path

@@ -64,6 +64,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
         return 0
     record = RunRecord.of(cluster, run)
+    record.made()  # before any node is touched: a home this machine cannot write is the operator's to fix
     launched: list[bool] = []  # the launch event is recorded once, by the first attempt that starts units
 
     def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.console import HOME_FIX, writable_dir
 from launcher.inventory import Cluster, cluster_dir, group_by_host
 from model.metrics import METRICS_NAME, parse_jsonl, read_jsonl
 from model.spend import spend_usd
@@ -113,9 +114,8 @@ class RunRecord:
         return attempts[-1] if attempts else None
 
     def made(self) -> Path:
-        """The directory, created on first use."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return self.directory
+        """The directory, created on first use; a TaskError when this machine cannot write it."""
+        return writable_dir(self.directory, "the run's record directory", HOME_FIX)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (with the current time unless given) to events.jsonl; returns it."""
