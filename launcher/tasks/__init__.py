@@ -11,9 +11,9 @@ Every task takes --cluster: `local` (default: ranks as processes on this machine
 (bring-your-own machines). NANOCLUSTER_CLUSTER sets the default.
 """
 
-from launcher.console import TaskError
 from invoke import Collection
 
+from launcher.console import TaskError
 from launcher.tasks import cost, doctor, fetch, logs, prepare_data, sample, setup, status, stop, train
 
 namespace = Collection(

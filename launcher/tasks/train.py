@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from launcher import train as training
 from launcher.recover.loop import RecoverOptions
-from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, AS_GIVEN, fab_task, given, shown
+from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown
 from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 RECOVER_DEFAULTS = RecoverOptions()

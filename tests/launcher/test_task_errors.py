@@ -1,0 +1,72 @@
+"""A new user's mistakes, each answered by one line naming the fix and the right exit code (no
+traceback), and the help as a new user reads it: `-h` is help, flags show their type."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.site import REPO_ROOT
+from launcher.testing.fab import FAB
+
+NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
+
+
+def run(program: str, *args: str, home: Path, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "NANOCLUSTER_HOME": str(home), "NANOCLUSTER_CLUSTER": "local", "COLUMNS": "200"}
+    return subprocess.run([program, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def first_error(result: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines, result.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("program", [FAB, NANOCLUSTER])
+def test_dash_h_after_a_task_is_its_help_and_numeric_flags_show_int(program, tmp_path):
+    cwd = REPO_ROOT if program == FAB else tmp_path  # fab finds the checkout's fabfile; nanocluster runs anywhere
+    result = run(program, "prepare-data", "-h", home=tmp_path, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    assert "prepare-data [--options]" in result.stdout and "--sharded" in result.stdout
+    assert not (tmp_path / "data").exists()  # nothing prepared
+    help_text = run(program, "--help", "train", home=tmp_path, cwd=cwd).stdout
+    for flag in ("--nodes=INT", "--port=INT", "--max-restarts=INT", "--min-nodes=INT"):
+        assert flag in help_text
+    assert not any(line.lstrip().startswith("-") and not line.lstrip().startswith("--")
+                   for line in help_text.splitlines())  # no short flags
+
+
+def test_train_with_a_home_under_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run(FAB, "train", home=blocker / "home")
+    assert result.returncode == 1
+    assert first_error(result).startswith(f"error: the run's record directory {blocker}/home/")
+    assert "set NANOCLUSTER_HOME to a directory you can write" in first_error(result)
+
+
+def test_fetch_to_a_dest_that_cannot_be_made(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run(FAB, "fetch", "--dest", str(blocker / "out"), home=tmp_path / "home")
+    assert result.returncode == 1
+    assert first_error(result) == (f"error: --dest {blocker}/out: cannot be made (Not a directory); "
+                                   "give --dest a directory you can write")
+
+
+def test_status_of_a_run_that_does_not_exist(tmp_path):
+    result = run(FAB, "status", "--run", "nosuch", home=tmp_path)
+    assert result.returncode == 1
+    assert first_error(result).startswith("error: no run 'nosuch' on the nodes or in this machine's record")
+    assert "--run" in first_error(result)
+
+
+def test_a_bad_number_is_one_line(tmp_path):
+    result = run(FAB, "logs", "--lines", "ten", home=tmp_path)
+    assert result.returncode == 1
+    assert first_error(result) == "error: --lines must be a whole number, got 'ten'"
