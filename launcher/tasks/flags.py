@@ -15,10 +15,11 @@ from __future__ import annotations
 import inspect
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from functools import wraps
 from pathlib import Path
+from types import MappingProxyType
 
 from fabric import Task, task
 from invoke.exceptions import Exit
@@ -93,7 +94,7 @@ def fab_task(help: dict[str, str], numbers: dict[str, type] | None = None, **opt
         defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
         texts = {flag: text.replace(DEFAULT_SLOT, shown(defaults[flag])) for flag, text in help.items()}
         made = task(help=texts, auto_shortflags=False, klass=NumericTask, **options)(errors_to_exit(fn, numbers or {}))
-        made.numbers = dict(numbers or {})
+        made.numbers = MappingProxyType(dict(numbers or {}))
         return made
 
     return make
@@ -111,7 +112,8 @@ class NumericTask(Task):
     """A task whose whole-number flags show as INT in the help (invoke knows only STRING and INT:
     a decimal flag shows as STRING, its help text says what number it takes)."""
 
-    numbers: dict[str, type] = {}
+    numbers: Mapping[str, type] = MappingProxyType({})
+    """Parameter name: int or float (fab_task sets it)."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         return [WholeNumber(names=a.names, kind=int, default=a.default, help=a.help, positional=a.positional,
