@@ -15,11 +15,10 @@ from __future__ import annotations
 import inspect
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextvars import ContextVar
 from functools import wraps
 from pathlib import Path
-from types import MappingProxyType
 
 from fabric import Task, task
 from invoke.exceptions import Exit
@@ -94,7 +93,7 @@ def fab_task(help: dict[str, str], numbers: dict[str, type] | None = None, **opt
         defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
         texts = {flag: text.replace(DEFAULT_SLOT, shown(defaults[flag])) for flag, text in help.items()}
         made = task(help=texts, auto_shortflags=False, klass=NumericTask, **options)(errors_to_exit(fn, numbers or {}))
-        made.numbers = MappingProxyType(dict(numbers or {}))
+        made.numbers = tuple((numbers or {}).items())
         return made
 
     return make
@@ -112,13 +111,13 @@ class NumericTask(Task):
     """A task whose whole-number flags show as INT in the help (invoke knows only STRING and INT:
     a decimal flag shows as STRING, its help text says what number it takes)."""
 
-    numbers: Mapping[str, type] = MappingProxyType({})
-    """Parameter name: int or float (fab_task sets it)."""
+    numbers: tuple[tuple[str, type], ...] = ()
+    """(parameter, int or float) for each numeric flag (fab_task sets it)."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         return [WholeNumber(names=a.names, kind=int, default=a.default, help=a.help, positional=a.positional,
                             optional=a.optional, attr_name=a.attr_name)
-                if self.numbers.get(a.attr_name or a.name) is int else a
+                if dict(self.numbers).get(a.attr_name or a.name) is int else a
                 for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
 
 
