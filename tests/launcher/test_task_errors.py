@@ -3,14 +3,19 @@ traceback), and the help as a new user reads it: `-h` is help, flags show their 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from launcher.site import REPO_ROOT
 from launcher.testing.fab import FAB
+from tests.launcher.conftest import CONTRACT
 
 NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
 
@@ -70,3 +75,57 @@ def test_a_bad_number_is_one_line(tmp_path):
     result = run(FAB, "logs", "--lines", "ten", home=tmp_path)
     assert result.returncode == 1
     assert first_error(result) == "error: --lines must be a whole number, got 'ten'"
+
+
+def test_doctor_for_a_dataset_that_is_not_a_source_name_does_not_suggest_preparing_it_as_builtin(tmp_path):
+    result = run(FAB, "doctor", "--dataset", "nosuch", "--bandwidth-seconds", "0", home=tmp_path)
+    assert result.returncode == 1, result.stdout
+    text = " ".join(result.stdout.split())
+    assert "data/nosuch missing" in text
+    assert "fab prepare-data --source SOURCE --dataset nosuch (SOURCE: builtin, shakespeare" in text
+    assert "1 node(s)" in result.stdout.splitlines()[0]  # one machine to check, as the table says
+
+
+GARBAGE_HOST = "127.0.0.77"
+"""A loopback address of its own: its port 22 is free even where this machine runs an sshd."""
+
+
+@pytest.fixture
+def not_ssh(tmp_path):
+    """A contract whose one node's port 22 answers with an HTTP error and closes, like a web server."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((GARBAGE_HOST, 22))
+    except OSError as e:
+        pytest.skip(f"cannot listen on {GARBAGE_HOST}:22 ({e.strerror}; root needed)")
+    listener.listen()
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def answer() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                peer, _ = listener.accept()
+                peer.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                peer.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    contract = dict(CONTRACT, head_public_ip=GARBAGE_HOST, private_ips=[GARBAGE_HOST], node_names=["web0"],
+                    host_public_keys=CONTRACT["host_public_keys"][:1])
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(contract))
+    yield path
+    done.set()
+    thread.join()
+    listener.close()
+
+
+def test_doctor_against_a_port_22_that_is_not_ssh(not_ssh, tmp_path):
+    result = run(FAB, "doctor", "--cluster", str(not_ssh), "--bandwidth-seconds", "0", home=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == ""  # paramiko's traceback is not printed
+    text = " ".join(line.strip("│ ") for line in result.stdout.splitlines())
+    assert "port 22 answered, but not as an SSH server" in " ".join(text.split())
+    assert "point the contract's address at the node" in " ".join(text.split())
