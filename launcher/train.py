@@ -78,7 +78,9 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             launched.append(True)
             record.append("launch", **launch_fields(cluster, session.nodes, plan.world_size), time=clock_start,
                           config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
-        say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
+        machines = len(session.hosts())  # the local cluster's nodes share one machine
+        where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")
+        say(f"started {plan.world_size} rank(s) on {where} with the {launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
             f"({time.monotonic() - started:.1f} s after start)")
         return Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line).watch()

@@ -21,7 +21,7 @@ import yaml
 from launcher.inventory import Node
 from launcher.launch.plan import LaunchPlan, Rank, Unit, plan_json, trainer_args
 from launcher.transport.cluster_ssh import SSH_DIR_SH
-from model.conventions import BF16_CPU_FLAGS
+from model.conventions import BF16_CPU_FLAGS, LAUNCHER_ENV
 
 # Intel's recommended jemalloc settings for PyTorch on Xeon: keep freed pages for reuse.
 JEMALLOC_CONF = (
@@ -38,6 +38,7 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
     lines = [
         f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} physical core(s)",
         f"export OMP_NUM_THREADS={threads}",
+        f"export {LAUNCHER_ENV}={plan.launcher}",
         # Pin each OpenMP thread to a core and let idle threads sleep at once (Intel's PyTorch tuning).
         "export KMP_AFFINITY=granularity=fine,compact,1,0",
         "export KMP_BLOCKTIME=1",
