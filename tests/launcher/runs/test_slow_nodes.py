@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from launcher.runs.record import RunRecord
-from launcher.runs.slow_nodes import CALM_STEPS, SLOW_STEPS, SlowRankWatch, node_names, slowest_line, status_lines
+from launcher.runs.slow_nodes import (
+    CALM_STEPS,
+    SLOW_STEPS,
+    SlowRankWatch,
+    node_names,
+    slowest_line,
+    status_lines,
+)
 
 NODES = {0: "node0", 1: "node1", 2: "node2"}
 
