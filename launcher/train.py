@@ -17,7 +17,7 @@ from launcher.launch.start import launch_facts, make_plan, place_data, print_dry
 from launcher.launch.stop import stop_units
 from launcher.recover.loop import RecoverOptions, Recovery
 from launcher.runs import budget
-from launcher.runs.estimate import final_cost
+from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import RunRecord, launch_fields, read_cluster_runs
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
@@ -53,6 +53,10 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             raise TaskError(f"--config {config}: {e.strerror}") from None
     check_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
+    finished = already_finished(RunRecord.of(cluster, run), budget.max_iters_of(trainer_values))
+    if finished and not dry_run:  # known from this machine's record: no rank needs to start to find out
+        say(finished)
+        return 0
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
         budget_usd, cluster, run, trainer_values, len(selected), read_cluster_runs(cluster), say)

@@ -170,3 +170,18 @@ def final_cost(record: RunRecord) -> str:
     """The run's cost for its last line ("cost $0.42 (...)"), from the launch and end events."""
     clock = run_clock(record.current, Series())
     return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"
+
+
+def already_finished(record: RunRecord, max_iters: int | None) -> str | None:
+    """What a rerun of a run that finished says instead of starting ranks with nothing to train: its
+    last launch finished at its max_iters and this one asks for no more (None: there is training left,
+    or it cannot be told here)."""
+    attempt = record.current
+    if max_iters is None or attempt is None or (attempt.end or {}).get("outcome") != "finished":
+        return None
+    done = read_series(record.directory).max_iters
+    if done is None or max_iters > done:
+        return None
+    return (f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
+            f"its model: fab sample --run {record.run}, fab fetch --run {record.run}; to train further rerun with "
+            f"--set max_iters=N (N > {done}), or start over under another --run")

@@ -1,7 +1,8 @@
 """Ctrl-C during `fab train` on the local cluster, as a terminal sends it (SIGINT to fab's foreground
 process group): exit 130 and one line with the snapshot's iteration and the command that continues;
 `fab status` says "interrupted at iter N" with that command and the ranks "stopped"; the record
-counts exactly the steps each launch ran, and the continued launch starts at the snapshot."""
+counts exactly the steps each launch ran, and the continued launch starts at the snapshot; once it
+has finished, the same command says so at once."""
 
 from __future__ import annotations
 
@@ -66,3 +67,9 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
     assert [r.tokens for r in rows] == [stopped_at * tokens_per_step, (MAX_ITERS - stopped_at) * tokens_per_step]
     starts = [r for r in record.metrics() if r.get("kind") == "start"]
     assert starts and starts[-1]["iter"] == stopped_at
+
+    again = fab(*words[1:])  # a finished run is known from the record: no rank starts to find out
+    assert again.returncode == 0, again.stderr
+    assert f"run {RUN} already finished at iter {MAX_ITERS} (max_iters {MAX_ITERS}): nothing to train" in again.stdout
+    assert "started " not in again.stdout
+    assert len(RunRecord(record.directory).attempts) == 2  # no launch recorded
