@@ -129,3 +129,10 @@ def test_doctor_against_a_port_22_that_is_not_ssh(not_ssh, tmp_path):
     text = " ".join(line.strip("│ ") for line in result.stdout.splitlines())
     assert "port 22 answered, but not as an SSH server" in " ".join(text.split())
     assert "point the contract's address at the node" in " ".join(text.split())
+
+
+def test_a_budget_on_the_local_cluster_names_the_knob_it_has(tmp_path):
+    result = run(FAB, "train", "--budget", "5", home=tmp_path)
+    assert result.returncode == 1
+    assert first_error(result).startswith("error: --budget needs the cluster's price per hour, and the local "
+                                          "cluster (this machine) has none: limit the run with --set max_iters=N")
