@@ -8,6 +8,7 @@ checksums, the rendezvous port from every node to the head, and the bandwidth be
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 
@@ -89,9 +90,12 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
             problems.append(("versions", "all", f"{key} differs: {listing}",
                              "fab setup on every node (the same node/requirements file everywhere)"))
     with_data = [n for n in ready if session.report(n).data_meta]
+    # The source it was prepared from (meta.json), where a node has it: preparing it again needs that source.
+    source = next((meta["source"] for n in with_data
+                   if isinstance(meta := session.report(n).data_meta, dict) and isinstance(meta.get("source"), str)), None)
     for node in ready:
         if node not in with_data:
-            problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(dataset)))
+            problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(dataset, source)))
     verify = script("verify_data")
     for node in with_data:
         shell = session.shell(node)
@@ -99,13 +103,16 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
                            timeout=VERIFY_TIMEOUT_S)
         if not result.ok:
             problems.append(("data", node.name, f"data/{dataset}: {result.stdout.strip()}",
-                             f"{prepare_fix(dataset)} (copies a verified dataset again)"))
+                             f"{prepare_fix(dataset, source)} (copies a verified dataset again)"))
     return problems
 
 
-def prepare_fix(dataset: str) -> str:
-    """The command that makes data/<dataset>: a named source prepares under its own name; another
-    name needs its source given (prepare-data would tokenize the builtin corpus under it)."""
+def prepare_fix(dataset: str, source: str | None = None) -> str:
+    """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
+    named source prepares under its own name; another name needs its source given (prepare-data
+    would tokenize the builtin corpus under it)."""
+    if source is not None:
+        return f"fab prepare-data --source {shlex.quote(source)} --dataset {dataset}"
     if dataset in NAMED_SOURCES:
         return f"fab prepare-data --source {dataset}"
     return (f"fab prepare-data --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
