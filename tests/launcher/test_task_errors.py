@@ -136,3 +136,13 @@ def test_a_budget_on_the_local_cluster_names_the_knob_it_has(tmp_path):
     assert result.returncode == 1
     assert first_error(result).startswith("error: --budget needs the cluster's price per hour, and the local "
                                           "cluster (this machine) has none: limit the run with --set max_iters=N")
+
+
+@pytest.mark.parametrize("argv0", ["/venv/bin/fab", "/usr/local/bin/nanocluster"])
+def test_the_command_that_continues_a_run_is_the_one_typed_with_its_flags(monkeypatch, argv0):
+    from launcher.tasks.flags import command_line
+
+    monkeypatch.setattr(sys, "argv", [argv0, "train"])
+    given = {"nodes": "2", "run": "my run", "set_": ["max_iters=100", "eval_interval=5"], "dry_run": False}
+    assert command_line("train", given) == (f"{Path(argv0).name} train --nodes 2 --run 'my run' "
+                                            "--set max_iters=100 --set eval_interval=5")
