@@ -43,6 +43,9 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
     stopped_at = int(match[1])
     assert 0 < stopped_at < MAX_ITERS
     assert "Traceback" not in output
+    # The counts the rest of the output uses: two nodes of the local cluster, on one machine.
+    assert "started 2 rank(s) on 2 node(s) (1 machine) with the fabric launcher" in output
+    assert ", launcher fabric, rendezvous " in output and "launcher torchrun" not in output
 
     status = fab("status", "--run", RUN)
     assert status.returncode == 0, status.stderr
@@ -51,6 +54,7 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
         in status.stdout, status.stdout[-2000:]
     assert "rank0 stopped rank1 stopped" in status.stdout and " lost" not in status.stdout
     assert "(finished)" not in status.stdout
+    assert "slowest rank: rank " in status.stdout and "slowest node" not in status.stdout  # one machine
     assert f"last logged: iter {stopped_at - 1} " in status.stdout
     record = RunRecord(home / "clusters" / "local" / "runs" / RUN)
     assert read_series(record.directory).train_iters[-1] == stopped_at - 1  # the chart ends where the headline does
