@@ -111,7 +111,8 @@ class Recovery:
 
     def interrupted(self, snapshot_iter: int | None) -> None:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
-        self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=self.rerun, exit_code=130)
+        self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=self.rerun,
+                           exit_code=Interrupted.exit_code)
         raise Interrupted(interrupted_text(snapshot_iter, self.rerun)) from None
 
     def record_end(self, reason: str, exit_code: int) -> None:

@@ -24,7 +24,7 @@ from fabric import Task, task
 from invoke.exceptions import Exit
 from invoke.parser import Argument
 
-from launcher.console import TaskError
+from launcher.console import Interrupted, TaskError
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
@@ -32,8 +32,6 @@ DEFAULT_SLOT = "{default}"
 PROGRAMS = ("fab", "nanocluster")
 AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")
 """The running task's command line with the flags the operator gave (what a message says to rerun)."""
-EXIT_INTERRUPTED = 130
-"""Ctrl-C's exit status, as torchrun and shells give it (128 + SIGINT)."""
 
 
 def shown(value) -> str:
@@ -77,7 +75,7 @@ def errors_to_exit(fn: Callable, numbers: dict[str, type]) -> Callable:
             raise Exit(code=e.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted (Ctrl-C)", file=sys.stderr)
-            raise Exit(code=EXIT_INTERRUPTED) from None
+            raise Exit(code=Interrupted.exit_code) from None
         if isinstance(result, int) and result:
             raise Exit(code=result)
 
