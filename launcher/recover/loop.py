@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from launcher.console import Interrupted, TaskError, say
 from launcher.inventory import Cluster, Node
@@ -109,7 +110,7 @@ class Recovery:
             self.record.append("restart", cause=cause, attempt=self.restarts, nodes=[n.name for n in self.session.nodes],
                                **({"dropped": [n.name for n in dropped]} if dropped else {}))
 
-    def interrupted(self, snapshot_iter: int | None) -> None:
+    def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
         self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=self.rerun,
                            exit_code=Interrupted.exit_code)
