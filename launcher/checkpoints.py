@@ -9,7 +9,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from launcher.console import TaskError, out_line, say
+from launcher.console import HOME_FIX, TaskError, out_line, say, writable_dir
 from launcher.inventory import Cluster, cluster_dir
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.record import RunRecord
@@ -70,10 +70,11 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     (each checked by size), and the run's plot from this machine's run record."""
     cluster = resolve_cluster(cluster_spec, 1)
     target_dir = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
+    writable_dir(target_dir, "--dest" if dest else "the fetch directory",
+                 "give --dest a directory you can write" if dest else HOME_FIX)
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run)
-        target_dir.mkdir(parents=True, exist_ok=True)
         listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
         for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
             fetch_file(shell, f"runs/{run}/{name}", target_dir / name)

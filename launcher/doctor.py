@@ -8,6 +8,7 @@ checksums, the rendezvous port from every node to the head, and the bandwidth be
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 
@@ -19,6 +20,7 @@ from launcher.data.fanout import verify_data_command
 from launcher.remote import script
 from launcher.session import Session, machines, resolve_cluster
 from launcher.site import DEFAULT_PORT
+from model.sources import NAMED_SOURCES
 
 MIN_FREE_GB = 5.0
 VERIFY_TIMEOUT_S = 600
@@ -32,12 +34,11 @@ Problem = tuple[str, str, str, str]
 def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT,
            bandwidth_s: float = SEND_S) -> int:
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
-    cluster = resolve_cluster(cluster_spec, None)
+    cluster = resolve_cluster(cluster_spec, 1)  # the local cluster's ranks share one machine: one to check
     problems: list[Problem] = []
     with Session.open(cluster, machines(cluster.nodes), dataset, reachable_only=True) as session:
         for index, error in session.unreachable.items():
-            problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1],
-                             "start the node; check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"))
+            problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1], ssh_fix(error)))
         if session.nodes:
             problems += node_problems(session, dataset)
             problems += port_problems(session, port)
@@ -54,6 +55,13 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAU
     say(f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
         f"network interface, data/{dataset} checksums, rendezvous port {port}")
     return 0
+
+
+def ssh_fix(error: str) -> str:
+    """What to do about a node SSH could not reach (error: the transport's NodeError)."""
+    if "not as an SSH server" in error:
+        return "point the contract's address at the node (pulumi stack output, or the contract JSON) and check its sshd"
+    return "start the node; check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"
 
 
 def node_problems(session: Session, dataset: str) -> list[Problem]:
@@ -82,9 +90,12 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
             problems.append(("versions", "all", f"{key} differs: {listing}",
                              "fab setup on every node (the same node/requirements file everywhere)"))
     with_data = [n for n in ready if session.report(n).data_meta]
+    # The source it was prepared from (meta.json), where a node has it: preparing it again needs that source.
+    source = next((meta["source"] for n in with_data
+                   if isinstance(meta := session.report(n).data_meta, dict) and isinstance(meta.get("source"), str)), None)
     for node in ready:
         if node not in with_data:
-            problems.append(("data", node.name, f"data/{dataset} missing", f"fab prepare-data --dataset {dataset}"))
+            problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(dataset, source)))
     verify = script("verify_data")
     for node in with_data:
         shell = session.shell(node)
@@ -92,8 +103,20 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
                            timeout=VERIFY_TIMEOUT_S)
         if not result.ok:
             problems.append(("data", node.name, f"data/{dataset}: {result.stdout.strip()}",
-                             f"fab prepare-data --dataset {dataset} (copies a verified dataset again)"))
+                             f"{prepare_fix(dataset, source)} (copies a verified dataset again)"))
     return problems
+
+
+def prepare_fix(dataset: str, source: str | None = None) -> str:
+    """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
+    named source prepares under its own name; another name needs its source given (prepare-data
+    would tokenize the builtin corpus under it)."""
+    if source is not None:
+        return f"fab prepare-data --source {shlex.quote(source)} --dataset {dataset}"
+    if dataset in NAMED_SOURCES:
+        return f"fab prepare-data --source {dataset}"
+    return (f"fab prepare-data --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
+            "hf:OWNER/NAME or your files), or --dataset with the name you prepared")
 
 
 def port_problems(session: Session, port: int) -> list[Problem]:

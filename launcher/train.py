@@ -17,7 +17,7 @@ from launcher.launch.start import launch_facts, make_plan, place_data, print_dry
 from launcher.launch.stop import stop_units
 from launcher.recover.loop import RecoverOptions, Recovery
 from launcher.runs import budget
-from launcher.runs.estimate import final_cost
+from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import RunRecord, launch_fields, read_cluster_runs
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
@@ -29,9 +29,10 @@ from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
           launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
           overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S,
-          recover: RecoverOptions | None = None, budget_usd: float | None = None) -> int:
+          recover: RecoverOptions | None = None, budget_usd: float | None = None, rerun: str = "") -> int:
     """`fab train`; `recover` holds the self-healing flags (launcher/recover/loop.py); budget_usd: stop
-    before the run's spend would cross it (launcher/runs/budget.py). Returns the exit status: 0
+    before the run's spend would cross it (launcher/runs/budget.py); rerun: the command that continues
+    the run after Ctrl-C (the flags as given; default `fab train --run RUN`). Returns the exit status: 0
     finished, budget.BUDGET_EXIT stopped at the budget (a failure raises)."""
     started = time.monotonic()
     check_name(run, "run")
@@ -52,6 +53,10 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             raise TaskError(f"--config {config}: {e.strerror}") from None
     check_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
+    finished = already_finished(RunRecord.of(cluster, run), budget.max_iters_of(trainer_values))
+    if finished and not dry_run:  # known from this machine's record: no rank needs to start to find out
+        say(finished)
+        return 0
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
         budget_usd, cluster, run, trainer_values, len(selected), read_cluster_runs(cluster), say)
@@ -63,6 +68,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         print_dry_run(make_plan(cluster, selected, {}, **plan_args), site, config_text)
         return 0
     record = RunRecord.of(cluster, run)
+    record.made()  # before any node is touched: a home this machine cannot write is the operator's to fix
     launched: list[bool] = []  # the launch event is recorded once, by the first attempt that starts units
 
     def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:
@@ -76,13 +82,15 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             launched.append(True)
             record.append("launch", **launch_fields(cluster, session.nodes, plan.world_size), time=clock_start,
                           config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
-        say(f"started {plan.world_size} rank(s) on {len(session.hosts())} node(s) with the {launcher} "
+        machines = len(session.hosts())  # the local cluster's nodes share one machine
+        where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")
+        say(f"started {plan.world_size} rank(s) on {where} with the {launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{run} "
             f"({time.monotonic() - started:.1f} s after start)")
         return Monitor(plan, session.shells, lambda: stop_units(session, run), out=out_line).watch()
 
     with Recovery(Session.open(cluster, selected, dataset), run, recover,
-                  resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
+                  resolve=lambda: resolve_cluster(cluster_spec, nodes), rerun=rerun or f"fab train --run {run}") as recovery:
         progress = recovery.run(launch)
         # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
         ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))

@@ -68,3 +68,7 @@ SAMPLE_TOP_K = 200
 """Sample only among the K most likely tokens."""
 SAMPLE_SEED = 1337
 """Random seed: the same seed gives the same text."""
+
+LAUNCHER_ENV = "NANOCLUSTER_LAUNCHER"
+"""Set by `fab train` in every rank's environment: the launcher that started the rank (fabric, mpirun,
+torchrun), which the variables alone do not tell (fabric sets torchrun's RANK and WORLD_SIZE)."""

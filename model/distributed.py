@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, ONECCL_MODULE
+from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCHER_ENV, ONECCL_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ def detect_rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
         rank, world = _int(environ, rank_var), _int(environ, world_var)
         local_rank = _int(environ, local_rank_var) if local_rank_var in environ else 0
         ranks_on_this_host = _int(environ, local_size_var) if local_size_var in environ else None
+        launcher = environ.get(LAUNCHER_ENV) or launcher
 
     if world < 1 or not 0 <= rank < world:
         raise DistributedSetupError(f"{launcher} variables give rank {rank} of world size {world}")

@@ -5,6 +5,7 @@
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.step_timing)
     {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": ..., "budget_usd": ...}   (model.budget)
+    {"kind": "stop", "iter": 67, "reason": "signal", "cause": "SIGTERM on this rank"}   (model.stop_signal)
     {"kind": "health", "iter": 120, "blocks": {"h.0": {"act_max": ..., ...}, ...}, "largest_growth": ...}
     {"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"}        (all three: model.health)
     {"kind": "rollback", "iter": 121, "reason": ..., "to_iter": 100}

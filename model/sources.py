@@ -243,6 +243,10 @@ def _parse_hub_spec(spec: str) -> tuple[str, str | None, str | None]:
     return path, config or None, revision or None
 
 
+NAMED_SOURCES = ("builtin", "shakespeare", "openwebtext", "alpaca")
+"""The sources open_source knows by name (besides hf:OWNER/NAME and files)."""
+
+
 def open_source(spec: str, text_field: str = "text", split: str = "train", text_chars: int = 0) -> Source:
     """The Source that SOURCE names (see the module docstring)."""
     if spec == "builtin":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from model import hf
 from model.checkpoint import CheckpointError, load_checkpoint
 from model.collectives import on_rank0
 from model.config import ConfigError, TrainConfig
-from model.conventions import CKPT_NAME, SNAPSHOT_NAME
+from model.conventions import CKPT_NAME, LAUNCHER_ENV, SNAPSHOT_NAME
 from model.distributed import RankEnv
 from model.model import GPT, GPTConfig
 
@@ -66,13 +67,19 @@ def pretrained_model(cfg: TrainConfig) -> GPT:
         ) from None
 
 
+def new_run_knob() -> str:
+    """What starts a new run instead of resuming a snapshot, in the words of whoever started the
+    trainer: `fab train` (LAUNCHER_ENV set) names runs with --run, `python -m model.train` by out_dir."""
+    return "another --run" if os.environ.get(LAUNCHER_ENV) else "another out_dir"
+
+
 def check_resumable(cfg: TrainConfig, snapshot_config: dict[str, Any]) -> None:
     """Refuse to resume a snapshot trained with a different batch shape."""
     for key in RESUME_KEYS:
         if snapshot_config.get(key) != getattr(cfg, key):
             raise ConfigError(
                 f"{key} is {getattr(cfg, key)} but the snapshot in {Path(cfg.out_dir)} was trained with "
-                f"{snapshot_config.get(key)}: keep it to resume, or use another out_dir for a new run"
+                f"{snapshot_config.get(key)}: keep it to resume, or use {new_run_knob()} for a new run"
             )
 
 
@@ -107,7 +114,7 @@ def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, An
         raise ConfigError(
             f"{was}; this run would use {ours} (batch_size {cfg.batch_size} x gradient_accumulation_steps "
             f"{cfg.gradient_accumulation_steps} x world size {world_size}): pass keep_global_batch=true "
-            "to set gradient_accumulation_steps so the global batch stays the same, or use another out_dir"
+            f"to set gradient_accumulation_steps so the global batch stays the same, or use {new_run_knob()}"
         )
     per_accumulation = cfg.batch_size * world_size
     if snap_global % per_accumulation:
@@ -130,7 +137,7 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
                 payload = load_checkpoint(snapshot)
             except CheckpointError as e:
                 raise CheckpointError(
-                    f"{e}. Delete it (or choose another out_dir) to start over; {CKPT_NAME} next "
+                    f"{e}. Delete it (or choose {new_run_knob()}) to start over; {CKPT_NAME} next "
                     "to it holds the best weights so far"
                 ) from None
             check_resumable(cfg, payload["config"])

@@ -143,4 +143,6 @@ def snapshot_and_stop(trainer: Any, stop: StopSignal) -> None:
         log.info("stop: saved snapshot at iteration %d (%s)", trainer.iter_num, reason)
         if stop.budget_stop and trainer.budget is not None:
             trainer.budget.stopped(trainer.iter_num, trainer.metrics)
+        else:  # the launcher says where the run stopped and counts its steps from this record
+            trainer.metrics.stop(trainer.iter_num, "signal", cause=reason)
     raise StopRequested(trainer.iter_num, reason)

@@ -58,6 +58,15 @@ class RunFailed(RuntimeError):
         """The unit that failed first (None when the operator interrupted): launcher.recover classifies it."""
 
 
+class RunInterrupted(RunFailed):
+    """The operator stopped fab (Ctrl-C, or SIGTERM to fab); every unit has been stopped, each rank
+    after a snapshot of its last completed step (progress.stopped_at)."""
+
+    def __init__(self, progress: Progress):
+        super().__init__("interrupted (Ctrl-C): every rank was stopped", exit_code=130)
+        self.progress = progress
+
+
 @dataclass
 class Progress:
     """What the one-line summary shows, from metrics.jsonl."""
@@ -69,6 +78,8 @@ class Progress:
     val_loss: float | None = None
     stopped_at_budget: bool = False
     """The ranks ended together at the run's budget (EXIT_BUDGET, model.budget): not a failure."""
+    stopped_at: int | None = None
+    """The iteration of the snapshot the trainer wrote when it was stopped (its "stop" record)."""
     ended_at: float | None = None
     """When the last unit exited (Unix time of its exit record): the run's end, before the plot's
     last drawing and the bookkeeping that follow."""
@@ -82,6 +93,8 @@ class Progress:
             # The last eval comes at max_iters, after the last logged step (log_interval apart).
             self.iter, self.val_loss = record.get("iter", self.iter), record.get("val_loss")
             return True
+        if record.get("kind") == "stop":
+            self.stopped_at = record.get("iter")
         return False
 
     def line(self) -> str:
@@ -238,12 +251,12 @@ class Monitor:
                     continue
                 self._fail([event])
         except KeyboardInterrupt:
-            self.emit("interrupted: stopping every rank on every node ...")
+            self.emit("interrupted: stopping every rank on every node (each writes a snapshot first) ...")
             self.stop_all()
-            raise RunFailed("interrupted (Ctrl-C): every rank was stopped", exit_code=130) from None
+            raise RunInterrupted(self.progress) from None  # stopped_at once the close below has the stream's end
         finally:
             stop_heartbeat.set()
-            self.recorder.close()  # the plot's last drawing
+            self.recorder.close()  # the metrics stream's last lines (the trainer's stop record), the plot's last drawing
         return self.progress
 
     def _fail(self, failures: list[tuple]) -> None:

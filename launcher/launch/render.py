@@ -21,7 +21,7 @@ import yaml
 from launcher.inventory import Node
 from launcher.launch.plan import LaunchPlan, Rank, Unit, plan_json, trainer_args
 from launcher.transport.cluster_ssh import SSH_DIR_SH
-from model.conventions import BF16_CPU_FLAGS
+from model.conventions import BF16_CPU_FLAGS, LAUNCHER_ENV
 
 # Intel's recommended jemalloc settings for PyTorch on Xeon: keep freed pages for reuse.
 JEMALLOC_CONF = (
@@ -61,6 +61,7 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
     ranks_here = len(plan.host_of(node).nodes)
     lines = [
         f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} physical core(s)",
+        f"export {LAUNCHER_ENV}={plan.launcher}",
     ]
     lines += [f"export {k}={v}" for k, v in thread_variables(threads).items()]
     if facts.allocator:

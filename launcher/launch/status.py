@@ -9,14 +9,17 @@ pushes it forward.
 
 from __future__ import annotations
 
+import os
+
 from rich.table import Table
 
-from launcher.console import console, say
+from launcher.console import TaskError, console, say
+from launcher.inventory import CLUSTER_ENV, local_cluster
 from launcher.launch.monitor import Progress
 from launcher.launch.units import alive_command, boot_command
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, read_cluster_runs
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
@@ -49,9 +52,18 @@ def units_of(shell: Shell, run: str) -> tuple[str, str]:
     return boot.strip() or "-", " ".join(units.split()) or "-"
 
 
+def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
+    """The local cluster has as many nodes as a run asks for: the run's last launch's, so the
+    header counts what the run used (None for another cluster, or a run never launched here)."""
+    if (cluster_spec or os.environ.get(CLUSTER_ENV) or "local").strip() != "local":
+        return None
+    attempt = RunRecord.of(local_cluster(1), run).current
+    return len(attempt.launch.get("nodes") or ()) or None if attempt else None
+
+
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """A table of every node (down ones included) and the run's units; 1 when a node is down."""
-    cluster = resolve_cluster(cluster_spec, None)
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run))
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
@@ -59,6 +71,10 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     record = RunRecord.of(cluster, run)  # the operator's record, read once for every line below
     with Session.open(cluster, shown, reachable_only=True) as session:
         jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
+        if record.current is None and not session.unreachable and all(job == ("-", "-") for job in jobs.values()):
+            known = ", ".join(sorted(read_cluster_runs(cluster))) or "none yet"
+            raise TaskError(f"no run {run!r} on the nodes or in this machine's record (runs recorded here: "
+                            f"{known}): pick one with --run, or start it with `fab train --run {run}`")
         for node in shown:
             if node.index in session.unreachable:
                 table.add_row(node.name, node.private_ip, "DOWN", "", "", "", "", session.unreachable[node.index])

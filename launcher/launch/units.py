@@ -53,7 +53,7 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool) -> str
     for unit in units:
         log = f"logs/{unit}.log"
         lines += [
-            f"rm -f {unit}.exit",
+            f"rm -f {unit}.exit {unit}.stopped",
             f"if [ -s {log} ]; then mv {log} logs/{unit}.previous.log; fi",
             f": > {log}",
             f"setsid sh -c 'date +%s.%N > {unit}.started; sh ./{unit}.sh >> {log} 2>&1; "
@@ -88,7 +88,8 @@ def metrics_command(root: str, run: str, unit: str) -> str:
 
 
 def stop_command(root: str, run: str) -> str:
-    """TERM every unit's process group of the run on this node, KILL what is left after the grace.
+    """TERM every unit's process group of the run on this node (UNIT.stopped records that it was
+    stopped), KILL what is left after the grace.
 
     Only units verified as ours before the first signal are stopped. During the grace a group whose
     leader has exited (state gone) is still followed: Linux does not hand out a number still used
@@ -100,7 +101,7 @@ def stop_command(root: str, run: str) -> str:
         'for f in *.pid; do [ -f "$f" ] || continue; nc_unit "${f%.pid}" && units="$units ${f%.pid}"; done; '
         '[ -n "$units" ] || exit 0; '
         'held() { { nc_unit "$1" || [ "$nc_state" = gone ]; } && kill -0 -"$nc_pid" 2>/dev/null; }; '
-        'for u in $units; do nc_unit "$u" && kill -TERM -"$nc_pid" 2>/dev/null; done; '
+        'for u in $units; do nc_unit "$u" && date +%s > "$u.stopped" && kill -TERM -"$nc_pid" 2>/dev/null; done; '
         f"i=0; while [ $i -lt {ticks} ]; do alive=; "
         'for u in $units; do held "$u" && alive="$alive $u"; done; '
         '[ -n "$alive" ] || exit 0; sleep 0.2; i=$((i+1)); done; '
@@ -110,14 +111,16 @@ def stop_command(root: str, run: str) -> str:
 
 
 def alive_command(root: str, run: str) -> str:
-    """Print 'UNIT running|exited CODE|lost[: why]' for each unit of the run on this node
-    (lost: not running as recorded and no exit record; why from identity.LOST_REASONS)."""
+    """Print 'UNIT running|exited CODE|stopped|lost[: why]' for each unit of the run on this node
+    (stopped: by stop_command, which TERMs the unit's wrapper too, so it leaves no exit record; lost:
+    not running as recorded, no exit record and not stopped; why from identity.LOST_REASONS)."""
     directory = run_dir(root, run)
     reasons = " ".join(f'{state}) echo "$u {why}";;' for state, why in LOST_REASONS.items())
     return with_identity(
         f"cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f \"$f\" ] || continue; u=${{f%.pid}}; "
         'if nc_running "$u"; then echo "$u running"; '
         'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; '
+        'elif [ -f "$u.stopped" ]; then echo "$u stopped"; '
         f'else case $nc_state in {reasons} *) echo "$u lost";; esac; fi; done'
     )
 

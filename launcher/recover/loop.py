@@ -18,16 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
-from launcher.console import TaskError, say
+from launcher.console import Interrupted, TaskError, say
 from launcher.inventory import Cluster, Node
-from launcher.launch.monitor import Progress, RunFailed
+from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
 from launcher.launch.stop import stop_units
 from launcher.recover.classify import DEFAULT_MAX_RESTARTS
 from launcher.recover.policy import nodes_to_resume_on, restart_cause
 from launcher.recover.revive import revive
 from launcher.recover.wait import DEFAULT_RECOVER_TIMEOUT_S, node_answers, wait_for_nodes
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, interrupted_text
 from launcher.session import Session
 
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
@@ -63,8 +64,10 @@ class Recovery:
     """Owns the run's session across restarts (each recovery opens a fresh one); `with` closes it."""
 
     def __init__(self, session: Session, run: str, options: RecoverOptions, resolve: Callable[[], Cluster],
-                 revive: Callable[..., bool] = revive):
+                 revive: Callable[..., bool] = revive, rerun: str = "fab train"):
         self.session, self.run_name, self.options = session, run, options
+        self.rerun = rerun
+        """The command that continues the run after an interrupt (the flags as given)."""
         self.resolve, self.revive = resolve, revive
         self.record = RunRecord.of(session.cluster, run)  # restarts and a failed end are recorded here
         self.restarts = 0
@@ -82,6 +85,11 @@ class Recovery:
         while True:
             try:
                 return launch(self.session, self.restarts, self.overrides)
+            except RunInterrupted as e:
+                self.interrupted(e.progress.stopped_at)
+            except KeyboardInterrupt:  # while the run was being started: nothing of it may be left running
+                stop_units(self.session, self.run_name)
+                self.interrupted(None)
             except RunFailed as e:
                 cause = restart_cause(e, self.restarts, self.options.max_restarts, say)
                 if cause is None:
@@ -98,11 +106,15 @@ class Recovery:
                 self.record_end(str(e), 1)
                 raise
             except KeyboardInterrupt:  # Ctrl-C while waiting: the ranks that answer are stopped already
-                self.record_end("interrupted while recovering", 130)
-                raise TaskError("interrupted (Ctrl-C) while recovering; rerun the same fab train to resume "
-                                "from the snapshot") from None
+                self.interrupted(None)
             self.record.append("restart", cause=cause, attempt=self.restarts, nodes=[n.name for n in self.session.nodes],
                                **({"dropped": [n.name for n in dropped]} if dropped else {}))
+
+    def interrupted(self, snapshot_iter: int | None) -> NoReturn:
+        """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
+        self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=self.rerun,
+                           exit_code=Interrupted.exit_code)
+        raise Interrupted(interrupted_text(snapshot_iter, self.rerun)) from None
 
     def record_end(self, reason: str, exit_code: int) -> None:
         self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)

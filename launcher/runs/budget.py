@@ -198,6 +198,10 @@ def check_budget_flag(usd: float, cluster: Cluster) -> float:
     """The cluster's price per hour, or a TaskError naming what is wrong and the fix."""
     if not usd > 0:
         raise TaskError(f"--budget must be a number of US dollars > 0, got {usd:g}")
+    if cluster.hourly_cost_usd is None and cluster.is_local:
+        raise TaskError("--budget needs the cluster's price per hour, and the local cluster (this machine) has none: "
+                        "limit the run with --set max_iters=N instead, or run it on a priced cluster (--cluster "
+                        "stack, or a contract JSON with hourly_cost_usd)")
     if cluster.hourly_cost_usd is None:
         raise TaskError(f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
                         "\"hourly_cost_usd\": <USD per hour for the whole cluster> to the contract JSON (a stack "

@@ -21,7 +21,7 @@ from typing import Any
 from launcher.inventory import price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord
+from launcher.runs.record import Attempt, RunRecord, interrupted_text
 from model.spend import spend_usd
 
 STEP_WINDOW = 10
@@ -44,6 +44,9 @@ class RunClock:
     """hourly_cost_usd is a spot price; None when the launch event predates the field."""
     prices_as_of: str = ""
     """Date of that price (empty when the launch event predates the field)."""
+    ended: str = ""
+    """How it ended, as `fab status` says it ("finished", "interrupted at iter 30; continue with: ...");
+    empty while it goes on."""
 
     @property
     def node_hours(self) -> float:
@@ -95,7 +98,20 @@ def run_clock(attempt: Attempt | None, series: Series, now: float | None = None)
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
         prices_as_of=launch.get("prices_as_of") or "",
+        ended=ending_text(attempt.end),
     )
+
+
+def ending_text(end: dict[str, Any] | None) -> str:
+    """An end event as `fab status` says it; "" for none."""
+    if end is None:
+        return ""
+    outcome = end.get("outcome", "finished")
+    if outcome == "interrupted":
+        return interrupted_text(end.get("iter"), end.get("rerun") or "fab train")
+    if outcome == "failed":
+        return f"failed: {end['reason']}" if end.get("reason") else "failed"
+    return "stopped at its budget" if outcome == "budget" else outcome
 
 
 def duration(seconds: float) -> str:
@@ -119,7 +135,8 @@ def cost_text(clock: RunClock) -> str:
 def clock_lines(clock: RunClock) -> list[str]:
     """What `fab status` says of the run's time and money."""
     if clock.finished:
-        time_line = f"elapsed {duration(clock.elapsed_s)} (finished)"
+        time_line = f"elapsed {duration(clock.elapsed_s)}" + (
+            " (finished)" if clock.ended in ("", "finished") else f"; {clock.ended}")
         cost_line = f"cost: {cost_text(clock)}"
     else:
         eta = "unknown until a step is logged" if clock.eta_s is None else duration(clock.eta_s)
@@ -153,3 +170,18 @@ def final_cost(record: RunRecord) -> str:
     """The run's cost for its last line ("cost $0.42 (...)"), from the launch and end events."""
     clock = run_clock(record.current, Series())
     return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"
+
+
+def already_finished(record: RunRecord, max_iters: int | None) -> str | None:
+    """What a rerun of a run that finished says instead of starting ranks with nothing to train: its
+    last launch finished at its max_iters and this one asks for no more (None: there is training left,
+    or it cannot be told here)."""
+    attempt = record.current
+    if max_iters is None or attempt is None or (attempt.end or {}).get("outcome") != "finished":
+        return None
+    done = read_series(record.directory).max_iters
+    if done is None or max_iters > done:
+        return None
+    return (f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
+            f"its model: fab sample --run {record.run}, fab fetch --run {record.run}; to train further rerun with "
+            f"--set max_iters=N (N > {done}), or start over under another --run")

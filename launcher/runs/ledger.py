@@ -17,7 +17,8 @@ One row per "launch" event and what follows it (a run name used again starts a n
   tokens per step of the trainer's "start" record, a step redone after a restart counted again
   (its time is in the cost too, so cost per million tokens is what a token really cost). The steps
   that ran after each (re)start are read from the logged records (the last train record + 1, or
-  the last eval's iteration), so up to log_interval - 1 steps after the last logged one are missed.
+  the last eval's iteration, or the trainer's stop record when it was stopped: its snapshot's
+  iteration), so up to log_interval - 1 steps after the last logged one are missed otherwise.
   A line the stream delivered twice (a rewound file read again) counts once (first_seen).
 - The launch event's metrics_offset says where its lines begin in the metrics copy. A launch
   recorded before that field has its tokens only when it is the run's first launch.
@@ -35,7 +36,7 @@ from launcher.runs.estimate import RunClock, run_clock
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
 
-OUTCOMES = {"finished": "finished", "failed": "failed", "budget": "stopped at budget"}
+OUTCOMES = {"finished": "finished", "failed": "failed", "budget": "stopped at budget", "interrupted": "interrupted"}
 """The "end" event's outcome as the ledger says it (an outcome not listed is shown as recorded)."""
 NO_END = "no end recorded"
 
@@ -113,7 +114,7 @@ def trained(records: list[dict[str, Any]]) -> tuple[int | None, int | None]:
     segments: list[list] = []  # [start iteration, furthest iteration reached, tokens per step]
     for record in records:
         kind, iteration = record.get("kind"), record.get("iter")
-        if not isinstance(iteration, int) or kind not in ("start", "train", "eval"):
+        if not isinstance(iteration, int) or kind not in ("start", "train", "eval", "stop"):
             continue
         if kind == "start":
             segments.append([iteration, iteration, record.get("tokens_per_iter") or None])
@@ -121,7 +122,8 @@ def trained(records: list[dict[str, Any]]) -> tuple[int | None, int | None]:
         if not segments or iteration < segments[-1][1]:  # no start seen, or a step redone: a restart
             segments.append([iteration, iteration, None])
         segment = segments[-1]
-        segment[1] = max(segment[1], iteration + 1 if kind == "train" else iteration)  # a train record's step is done
+        # A train record's step is done; an eval or a stop (its snapshot's) is at the steps done so far.
+        segment[1] = max(segment[1], iteration + 1 if kind == "train" else iteration)
         if segment[2] is None and kind == "train":
             segment[2] = tokens_per_step(record)
     steps = sum(reached - start for start, reached, _ in segments)

@@ -5,7 +5,8 @@
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
 "launch" (the nodes, world size, the cluster's hourly price), "restart" (its cause), "end" (how the
-run ended). It is kept where no node needs to be up: status, plots and the cost ledger read it
+run ended: outcome finished, budget, failed, or interrupted with the snapshot's iter and the command
+that continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
 after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
 it streamed) live in the same directory.
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.console import HOME_FIX, writable_dir
 from launcher.inventory import Cluster, cluster_dir, group_by_host
 from model.metrics import METRICS_NAME, parse_jsonl, read_jsonl
 from model.spend import spend_usd
@@ -112,9 +114,8 @@ class RunRecord:
         return attempts[-1] if attempts else None
 
     def made(self) -> Path:
-        """The directory, created on first use."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return self.directory
+        """The directory, created on first use; a TaskError when this machine cannot write it."""
+        return writable_dir(self.directory, "the run's record directory", HOME_FIX)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (with the current time unless given) to events.jsonl; returns it."""
@@ -155,6 +156,14 @@ class RunRecord:
             f.seek(since)
             data = f.read(None if until is None else max(0, until - since))
         return parse_jsonl(data.decode(errors="replace"))
+
+
+def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
+    """Where an interrupted run stopped and the command that continues it (fab train's last line,
+    fab status); snapshot_iter None: stopped before its ranks ran (while starting or recovering)."""
+    at = f"at iter {snapshot_iter} (every rank stopped after its snapshot)" if snapshot_iter is not None \
+        else "(its newest snapshot is kept)"
+    return f"interrupted {at}; continue with: {rerun}"
 
 
 def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:

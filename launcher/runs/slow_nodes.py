@@ -130,9 +130,11 @@ class SlowRankWatch:
         )
 
 
-def slowest_line(records: Iterable[dict[str, Any]], node_of: dict[int, str], last: int = STATUS_STEPS) -> str | None:
-    """`fab status`'s line naming the slowest rank and node over the last logged steps, or None
-    when the records carry no per-rank figures (one rank, nothing logged yet, an older trainer)."""
+def slowest_line(records: Iterable[dict[str, Any]], node_of: dict[int, str], last: int = STATUS_STEPS,
+                 one_machine: bool = False) -> str | None:
+    """`fab status`'s line naming the slowest rank and node over the last logged steps (the slowest
+    rank, when every rank runs on one machine), or None when the records carry no per-rank figures
+    (one rank, nothing logged yet, an older trainer)."""
     figures = [f for f in map(step_figures, records) if f is not None]
     if not figures:
         return None
@@ -145,7 +147,7 @@ def slowest_line(records: Iterable[dict[str, Any]], node_of: dict[int, str], las
     median = statistics.median(compute)
     verdict = "over" if compute[slowest] > SLOW_RATIO * median else "within"
     return (
-        f"slowest node: {where(slowest, node_of)}, compute {compute[slowest]:.0f} ms per step, "
+        f"slowest {'rank' if one_machine else 'node'}: {where(slowest, node_of)}, compute {compute[slowest]:.0f} ms per step, "
         f"{percent_over(compute[slowest], median)} against the median of {len(compute)} ranks ({verdict} the "
         f"+{100 * (SLOW_RATIO - 1):.0f}% bound), waits {wait[slowest]:.0f} ms; the others wait up to "
         f"{max((wait[r] for r in ranks if r != slowest), default=0):.0f} ms (last {len(figures)} logged steps)"
@@ -164,5 +166,7 @@ def node_names(events: Iterable[dict[str, Any]]) -> dict[int, str]:
 
 def status_lines(record: RunRecord, metrics_records: list[dict[str, Any]]) -> list[str]:
     """`fab status`: the slowest node line from the last metrics.jsonl records, if they have per-rank figures."""
-    line = slowest_line(metrics_records, node_names(record.events))
+    attempt = record.current
+    one_machine = attempt is not None and attempt.launch.get("cluster_machines") == 1  # the local cluster
+    line = slowest_line(metrics_records, node_names(record.events), one_machine=one_machine)
     return [line] if line else []

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from launcher import doctor as preflight
 from launcher.bandwidth import SEND_S
-from launcher.tasks.flags import CLUSTER_HELP, fab_task, given, number, shown
+from launcher.tasks.flags import CLUSTER_HELP, fab_task, given, shown
 from model.conventions import DEFAULT_MASTER_PORT
 
 PORT = shown(DEFAULT_MASTER_PORT)
-"""--port's default as a string (flags.number says why)."""
+"""--port's default as a string (launcher.tasks.flags says why)."""
 
 
-@fab_task(help={
+@fab_task(numbers={"port": int, "bandwidth_seconds": float}, help={
     "cluster": CLUSTER_HELP,
     "dataset": "dataset whose checksums to verify on every node (default {default})",
     "port": "rendezvous port to test between the nodes (default {default})",
@@ -20,5 +20,4 @@ PORT = shown(DEFAULT_MASTER_PORT)
 def doctor(c, cluster=None, dataset="builtin", port=PORT, bandwidth_seconds=None):
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
-    return preflight.doctor(cluster, dataset=dataset, port=number("port", port),
-                            **given(bandwidth_s=number("bandwidth-seconds", bandwidth_seconds, float)))
+    return preflight.doctor(cluster, dataset=dataset, port=port, **given(bandwidth_s=bandwidth_seconds))

@@ -1,25 +1,37 @@
-"""What every task module shares: the --cluster and --run help, the numeric flag parser, and
-fab_task(), which makes a function a Fabric task whose TaskError is one `error:` line.
+"""What every task module shares: the --cluster and --run help, numeric flags, and fab_task(), which
+makes a function a Fabric task whose TaskError is one `error:` line.
 
 A flag's default is written once, in its task's signature: a help text says "{default}" where the
 default goes, and fab_task() fills it in from the signature.
+
+Numeric flags are declared in fab_task(numbers=...) and reach the task as int or float. invoke
+itself converts only a flag with an int default, and answers a bad value with a traceback; so they
+stay strings for invoke (defaults "50", not 50), fab_task converts them with one `error:` line for a
+bad value, and the help shows a whole-number flag as INT (NumericTask).
 """
 
 from __future__ import annotations
 
 import inspect
+import shlex
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from functools import wraps
+from pathlib import Path
 
-from fabric import task
+from fabric import Task, task
 from invoke.exceptions import Exit
+from invoke.parser import Argument
 
-from launcher.console import TaskError
+from launcher.console import Interrupted, TaskError
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
 DEFAULT_SLOT = "{default}"
+PROGRAMS = ("fab", "nanocluster")
+AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")
+"""The running task's command line with the flags the operator gave (what a message says to rerun)."""
 
 
 def shown(value) -> str:
@@ -27,44 +39,13 @@ def shown(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def errors_to_exit(fn: Callable) -> Callable:
-    """A TaskError is the user's to fix: one `error:` line and exit 1, no traceback. A task's
-    nonzero int result is its exit status."""
-
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            result = fn(*args, **kwargs)
-        except TaskError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise Exit(code=1) from None
-        if isinstance(result, int) and result:
-            raise Exit(code=result)
-
-    return wrapper
-
-
-def fab_task(help: dict[str, str], **options) -> Callable[[Callable], Callable]:
-    """@task(help=...) with each "{default}" in a help text replaced by that flag's default."""
-
-    def make(fn: Callable) -> Callable:
-        defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
-        texts = {flag: text.replace(DEFAULT_SLOT, shown(defaults[flag])) for flag, text in help.items()}
-        return task(help=texts, **options)(errors_to_exit(fn))
-
-    return make
-
-
-def given(**flags) -> dict:
-    """The flags the operator gave, so the library's own default stays the one definition."""
-    return {k: v for k, v in flags.items() if v is not None}
+def flag_name(param: str) -> str:
+    """A parameter's flag as invoke spells it: max_restarts -> max-restarts, set_ -> set."""
+    return param.strip("_").replace("_", "-")
 
 
 def number(flag: str, value, kind: type = int):
-    """A numeric flag as kind (None when not given), or a TaskError naming the flag.
-
-    Numeric flags are declared with string defaults ("50", not 50): invoke converts a flag with an
-    int or float default itself and answers a bad value with a traceback."""
+    """A numeric flag as kind (None when not given), or a TaskError naming the flag."""
     if value is None:
         return None
     try:
@@ -72,3 +53,91 @@ def number(flag: str, value, kind: type = int):
     except ValueError:
         what = "a whole number" if kind is int else "a number"
         raise TaskError(f"--{flag} must be {what}, got {value!r}") from None
+
+
+def errors_to_exit(fn: Callable, numbers: dict[str, type]) -> Callable:
+    """Numeric flags converted; a TaskError is the user's to fix: one line and its exit status (1
+    unless it says otherwise), no traceback; Ctrl-C exits 130 with one line. A task's nonzero int
+    result is its exit status."""
+
+    defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        AS_GIVEN.set(command_line(fn.__name__.replace("_", "-"),
+                                  {k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}))
+        try:
+            for param, kind in numbers.items():
+                kwargs[param] = number(flag_name(param), kwargs.get(param), kind)
+            result = fn(*args, **kwargs)
+        except TaskError as e:
+            print(f"{e.label}: {e}" if e.label else str(e), file=sys.stderr)
+            raise Exit(code=e.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted (Ctrl-C)", file=sys.stderr)
+            raise Exit(code=Interrupted.exit_code) from None
+        if isinstance(result, int) and result:
+            raise Exit(code=result)
+
+    return wrapper
+
+
+def fab_task(help: dict[str, str], numbers: dict[str, type] | None = None, **options) -> Callable[[Callable], Callable]:
+    """@task(help=...) with each "{default}" in a help text replaced by that flag's default, numbers
+    (parameter: int or float) converted, and no short flags: invoke would pick the first free letter
+    (prepare-data's --sharded took -h) and a letter of its choosing says nothing."""
+
+    def make(fn: Callable) -> Callable:
+        defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
+        texts = {flag: text.replace(DEFAULT_SLOT, shown(defaults[flag])) for flag, text in help.items()}
+        made = task(help=texts, auto_shortflags=False, klass=NumericTask, **options)(errors_to_exit(fn, numbers or {}))
+        made.numbers = tuple((numbers or {}).items())
+        return made
+
+    return make
+
+
+class WholeNumber(Argument):
+    """An INT flag in the help whose value reaches the task as given: fab_task converts it, with one
+    error line for a bad value (invoke's own conversion would answer with a traceback)."""
+
+    def set_value(self, value, cast: bool = True) -> None:
+        super().set_value(value, cast=False)
+
+
+class NumericTask(Task):
+    """A task whose whole-number flags show as INT in the help (invoke knows only STRING and INT:
+    a decimal flag shows as STRING, its help text says what number it takes)."""
+
+    numbers: tuple[tuple[str, type], ...] = ()
+    """(parameter, int or float) for each numeric flag (fab_task sets it)."""
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        return [WholeNumber(names=a.names, kind=int, default=a.default, help=a.help, positional=a.positional,
+                            optional=a.optional, attr_name=a.attr_name)
+                if dict(self.numbers).get(a.attr_name or a.name) is int else a
+                for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
+
+
+def program_name() -> str:
+    """The command the operator typed: fab in the checkout, nanocluster installed."""
+    name = Path(sys.argv[0]).name
+    return name if name in PROGRAMS else "fab"
+
+
+def command_line(task_name: str, flags: dict) -> str:
+    """The command that runs task_name with these flags (parameter: value; None and False left out,
+    True a bare flag, a list its flag repeated), quoted for a shell."""
+    words = [program_name(), task_name]
+    for param, value in flags.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        for one in values:
+            if one is None or one is False:
+                continue
+            words += [f"--{flag_name(param)}"] + ([] if one is True else [shown(one)])
+    return shlex.join(words)
+
+
+def given(**flags) -> dict:
+    """The flags the operator gave, so the library's own default stays the one definition."""
+    return {k: v for k, v in flags.items() if v is not None}

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from launcher.launch import logs as rank_logs
-from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, number
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 
-@fab_task(help={
+@fab_task(numbers={"rank": int, "lines": int}, help={
     "cluster": CLUSTER_HELP,
     "run": RUN_HELP,
     "rank": "only this rank (default every rank)",
@@ -15,4 +15,4 @@ from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, number
 })
 def logs(c, cluster=None, run="main", rank=None, lines="50", follow=False):
     """Show (or follow) each rank's log from its node."""
-    rank_logs.logs(cluster, run=run, rank=number("rank", rank), lines=number("lines", lines), follow=follow)
+    rank_logs.logs(cluster, run=run, rank=rank, lines=lines, follow=follow)

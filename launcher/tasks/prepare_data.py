@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from launcher.data import prepare
-from launcher.tasks.flags import CLUSTER_HELP, fab_task, number
+from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
 
-@fab_task(help={
+@fab_task(numbers={"nodes": int, "val_fraction": float, "seed": int, "limit": int, "workers": int,
+                   "text_chars": int}, help={
     "cluster": CLUSTER_HELP,
     "source": "what to tokenize: {default} (default), shakespeare, openwebtext, alpaca, hf:OWNER/NAME, or files",
     "dataset": "directory name under data/ (default derived from --source)",
@@ -23,8 +24,6 @@ from launcher.tasks.flags import CLUSTER_HELP, fab_task, number
 def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
                  limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
-    prepare.prepare_data(cluster, source=source, dataset=dataset, nodes=number("nodes", nodes),
-                         val_fraction=number("val-fraction", val_fraction, float),
-                         seed=number("seed", seed), limit=number("limit", limit),
-                         sharded=sharded, field=field, split=split, workers=number("workers", workers),
-                         text_chars=number("text-chars", text_chars))
+    prepare.prepare_data(cluster, source=source, dataset=dataset, nodes=nodes, val_fraction=val_fraction,
+                         seed=seed, limit=limit, sharded=sharded, field=field, split=split, workers=workers,
+                         text_chars=text_chars)

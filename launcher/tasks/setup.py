@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from launcher.setup import ready
-from launcher.tasks.flags import CLUSTER_HELP, fab_task, number
+from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
 
-@fab_task(help={
+@fab_task(numbers={"nodes": int, "idle_minutes": int}, help={
     "cluster": CLUSTER_HELP,
     "profile": "node environment: default (stock CPU torch, gloo) or intel (IPEX + oneCCL + Intel MPI)",
     "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
@@ -19,4 +19,4 @@ def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=
           idle_minutes=None):
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
     ready.setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
-                nodes=number("nodes", nodes), idle_minutes=number("idle-minutes", idle_minutes))
+                nodes=nodes, idle_minutes=idle_minutes)

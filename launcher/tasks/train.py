@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from launcher import train as training
 from launcher.recover.loop import RecoverOptions
-from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, given, number, shown
+from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown
 from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 RECOVER_DEFAULTS = RecoverOptions()
 COLLECTIVE_TIMEOUT = shown(LAUNCH_COLLECTIVE_TIMEOUT_S)
-"""--collective-timeout's default as a string (flags.number says why)."""
+"""--collective-timeout's default as a string (launcher.tasks.flags says why)."""
 
 
 @fab_task(
     iterable=["set_"],
+    numbers={"nodes": int, "port": int, "collective_timeout": float, "max_restarts": int, "recover_timeout": float,
+             "min_nodes": int, "budget": float},
     help={
         "cluster": CLUSTER_HELP,
         "nodes": "ranks to run, one per node (the local cluster: processes); default every node",
@@ -43,11 +45,9 @@ def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="
           port=None, config=None, set_=None, dry_run=False, collective_timeout=COLLECTIVE_TIMEOUT,
           max_restarts=None, recover_timeout=None, min_nodes=None, budget=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
-    return training.train(cluster, nodes=number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
-                        backend=backend, port=number("port", port), config=config, overrides=list(set_ or []),
-                        dry_run=dry_run, collective_timeout_s=number("collective-timeout", collective_timeout, float),
-                        recover=RecoverOptions(**given(
-                            max_restarts=number("max-restarts", max_restarts),
-                            recover_timeout_s=number("recover-timeout", recover_timeout, float),
-                            min_nodes=number("min-nodes", min_nodes))),
-                        budget_usd=number("budget", budget, float))
+    return training.train(cluster, nodes=nodes, run=run, dataset=dataset, launcher=launcher,
+                          backend=backend, port=port, config=config, overrides=list(set_ or []),
+                          dry_run=dry_run, collective_timeout_s=collective_timeout,
+                          recover=RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout,
+                                                         min_nodes=min_nodes)),
+                          budget_usd=budget, rerun=AS_GIVEN.get())

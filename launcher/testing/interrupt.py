@@ -1,11 +1,16 @@
-"""A `fab train` interrupted mid-run, the shape of every self-healing scenario on the test nodes."""
+"""A `fab train` interrupted mid-run: the shape of every self-healing scenario on the test nodes, and
+the operator's Ctrl-C."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launcher.testing.fab import Fab, wait_for
+from launcher.site import REPO_ROOT
+from launcher.testing.fab import FAB, Fab, wait_for
 
 SNAPSHOT_WAIT_S = 120
 """How long a tiny run may take to write its first snapshot on a loaded machine."""
@@ -19,6 +24,24 @@ def train_interrupted(fab: Fab, args: Sequence[str], log: Path, snapshot: Path, 
     try:
         wait_for(snapshot.exists, SNAPSHOT_WAIT_S, f"the first snapshot ({snapshot})")
         interrupt()
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, log.read_text()
+
+
+def train_ctrl_c(fab: Fab, args: Sequence[str], log: Path, snapshot: Path, timeout: float) -> tuple[int, str]:
+    """Start `fab train ARGS` in its own session and, once `snapshot` exists, send SIGINT to the
+    whole session, as a terminal's Ctrl-C does (fab and everything it started in the foreground);
+    return (fab's exit code, its output)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([FAB, "train", *args], cwd=REPO_ROOT, env=fab.env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(snapshot.exists, SNAPSHOT_WAIT_S, f"the first snapshot ({snapshot})")
+        os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import shlex
 import time
@@ -31,6 +32,9 @@ KEEPALIVE_S = 15
 # A copy from a node that sends nothing for this long fails: paramiko sends keepalives but never acts
 # on missing replies, so a node that stops answering mid-copy would otherwise hang `fab fetch` forever.
 TRANSFER_STALL_S = 60
+# paramiko's transport thread logs a failed handshake with its traceback (on stderr when nothing
+# configured logging); _open's NodeError names the node and the fix instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class PinnedConnection(fabric.Connection):
@@ -215,6 +219,11 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
     except paramiko.AuthenticationException as e:
         raise NodeError(f"{node.name} ({via}): the cluster key was refused for the contract's ssh_user: {e}") from e
     except (paramiko.SSHException, OSError, EOFError) as e:
+        if "protocol banner" in str(e):  # something answered on port 22 that does not speak SSH
+            raise NodeError(
+                f"{node.name} ({via}): port 22 answered, but not as an SSH server ({e}); is the contract's "
+                "address this node's, and is its sshd the one listening on port 22?"
+            ) from e
         raise NodeError(
             f"{node.name} ({via}): unreachable within {CONNECT_TIMEOUT_S} s ({e or type(e).__name__}); "
             "is it running, and does the firewall allow SSH from this machine?"

@@ -16,7 +16,7 @@ def test_doctor_passes_then_names_a_damaged_dataset(local3, local_home, capsys, 
     corrupt(local_home / "data" / "d" / "train.bin")
     assert doctor(None, dataset="d", port=port) == 1
     out = capsys.readouterr().out
-    assert "data/d: train:" in out and "fab prepare-data --dataset d" in out and "1 problem(s)" in out
+    assert "data/d: train:" in out and "fab prepare-data --source builtin --dataset d" in out and "1 problem(s)" in out
 
 
 def test_doctor_names_missing_data(local3, local_home, capsys, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model.config import ConfigError, load_config
+from model.conventions import LAUNCHER_ENV
 from model.start import resume_accumulation
 
 # A snapshot of 4 ranks x batch_size 4 x gradient_accumulation_steps 2 = 32 sequences per step.
@@ -37,6 +38,16 @@ def test_a_changed_global_batch_is_refused_naming_the_numbers_and_the_fix():
     assert "global batch of 32 sequences per optimizer step" in message
     assert "this run would use 24 (batch_size 4 x gradient_accumulation_steps 2 x world size 3)" in message
     assert "keep_global_batch=true" in message
+
+
+@pytest.mark.parametrize(("launcher", "knob"), [(None, "or use another out_dir"), ("fabric", "or use another --run")])
+def test_a_changed_global_batch_names_the_new_run_knob_of_whoever_started_the_trainer(monkeypatch, launcher, knob):
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    if launcher:
+        monkeypatch.setenv(LAUNCHER_ENV, launcher)  # as fab train's env.sh sets it
+    with pytest.raises(ConfigError) as e:
+        resume_accumulation(config(), 3, SNAPSHOT)
+    assert str(e.value).endswith(knob)
 
 
 def test_a_global_batch_that_cannot_be_split_evenly_is_refused():

@@ -1,5 +1,5 @@
 """A rank slowed by SIGSTOP/SIGCONT bursts on a local 3-rank run is named while the run goes on
-(fab train's output) and as the slowest node by `fab status`."""
+(fab train's output) and as the slowest rank by `fab status` (one machine: a rank, not a node)."""
 
 from __future__ import annotations
 
@@ -102,5 +102,5 @@ def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home,
     output = log.read_text()
     slow, median = map(int, reported.search(output).groups())
     assert slow > 1.2 * median, output[-3000:]
-    assert re.search(rf"slowest node: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step", status.stdout), \
+    assert re.search(rf"slowest rank: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step", status.stdout), \
         status.stdout + status.stderr

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 import launcher.recover.loop as loop
-from launcher.console import TaskError
+from launcher.console import Interrupted, TaskError
 from launcher.inventory import parse_contract
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions, Recovery
@@ -180,8 +180,8 @@ def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypa
 
     monkeypatch.setattr(loop, "wait_for_nodes", interrupted)
     launch, _ = scripted([lost("lab-1")])
-    with pytest.raises(TaskError, match=r"interrupted \(Ctrl-C\) while recovering; rerun the same fab train"), \
-            Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster) as recovery:
+    with pytest.raises(Interrupted, match=r"^interrupted \(its newest snapshot is kept\); continue with: fab train --run r$"), \
+            Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster, rerun="fab train --run r") as recovery:
         recovery.run(launch)
     end = RunRecord.of(cluster, "r").events[-1]
-    assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "failed", 130)
+    assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "interrupted", 130)

@@ -56,7 +56,13 @@ def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: 
 
 def test_the_budget_needs_a_price_and_a_positive_amount(local_home):
     with pytest.raises(TaskError, match=r"has no hourly_cost_usd; add \"hourly_cost_usd\".* to the contract JSON"):
-        budget.check_budget_flag(1.0, local_cluster(2))
+        budget.check_budget_flag(1.0, dataclasses.replace(local_cluster(2), is_local=False))
+    # The local cluster has no contract JSON to edit: its way out is a run length, or a priced cluster.
+    with pytest.raises(TaskError) as local:
+        budget.check_budget_flag(5.0, local_cluster(2))
+    assert str(local.value).startswith("--budget needs the cluster's price per hour, and the local cluster (this "
+                                       "machine) has none: limit the run with --set max_iters=N instead")
+    assert "contract JSON to" not in str(local.value)
     with pytest.raises(TaskError, match="--budget must be a number of US dollars > 0, got 0"):
         budget.check_budget_flag(0.0, dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE))
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from launcher.runs.slow_nodes import CALM_STEPS, SLOW_STEPS, SlowRankWatch, node_names, slowest_line
+from launcher.runs.record import RunRecord
+from launcher.runs.slow_nodes import (
+    CALM_STEPS,
+    SLOW_STEPS,
+    SlowRankWatch,
+    node_names,
+    slowest_line,
+    status_lines,
+)
 
 NODES = {0: "node0", 1: "node1", 2: "node2"}
 
@@ -80,3 +88,14 @@ def test_node_names_follow_the_last_launch_or_restart_of_the_run_record():
               {"event": "end", "outcome": "finished"}]
     assert node_names(events) == {0: "a", 1: "c"}
     assert node_names([]) == {}
+
+
+def test_status_names_the_slowest_rank_not_a_node_when_every_rank_shares_one_machine(tmp_path):
+    record = RunRecord(tmp_path / "run")
+    record.append("launch", nodes=["local0", "local1", "local2"], cluster_machines=1)
+    records = [{"kind": "train", "iter": i, "rank_compute_ms": [100, 150, 100], "rank_wait_ms": [50, 0, 50]}
+               for i in range(5)]
+    line, = status_lines(record, records)
+    assert line.startswith("slowest rank: rank 1 (local1), compute 150 ms per step")
+    record.append("launch", nodes=["node0", "node1", "node2"], cluster_machines=3)
+    assert status_lines(record, records)[0].startswith("slowest node: rank 1 (node1)")
