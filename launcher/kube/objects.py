@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from launcher.launch.render import rank_variables, thread_variables
 from launcher.launch.units import STOP_GRACE_S
 from launcher.site import run_dir
-from model.conventions import EXIT_BUDGET, EXIT_PROGRAM_ERROR
+from model.conventions import EXIT_BUDGET, EXIT_PROGRAM_ERROR, LAUNCHER_ENV
 
 MOUNT_PATH = "/nanocluster"
 """Where the shared claim is mounted in every pod: the node root of launcher.site's layout."""
@@ -185,7 +185,8 @@ def container_env(launch: PodLaunch) -> list[dict]:
     env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
     # No GLOO_SOCKET_IFNAME (a VM's env.sh names the probed interface): the pod's hostname resolves to
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
-    values = thread_variables(launch.cores) | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": CODE_DIR}
+    values = thread_variables(launch.cores) | {
+        "PYTHONUNBUFFERED": "1", "PYTHONPATH": CODE_DIR, LAUNCHER_ENV: "kubernetes"}
     return env + [{"name": k, "value": v} for k, v in values.items()]
 
 
