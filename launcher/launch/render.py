@@ -30,6 +30,30 @@ JEMALLOC_CONF = (
 )
 
 
+def thread_variables(threads: int) -> dict[str, str]:
+    """One rank's OpenMP settings (env.sh on a VM, the pod's environment on Kubernetes)."""
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        # Pin each OpenMP thread to a core and let idle threads sleep at once (Intel's PyTorch tuning).
+        "KMP_AFFINITY": "granularity=fine,compact,1,0",
+        "KMP_BLOCKTIME": "1",
+    }
+
+
+def rank_variables(rank: int, world_size: int, local_rank: int, local_world_size: int,
+                   master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables torch.distributed's env:// rendezvous reads (rank<R>.env on a VM, a pod's env)."""
+    values = {
+        "RANK": rank,
+        "WORLD_SIZE": world_size,
+        "LOCAL_RANK": local_rank,
+        "LOCAL_WORLD_SIZE": local_world_size,
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": master_port,
+    }
+    return {k: str(v) for k, v in values.items()}
+
+
 def env_file(plan: LaunchPlan, node: Node) -> str:
     """env.sh for one node: threads, allocator, network interface, CCL."""
     facts = plan.node_facts(node)
@@ -37,11 +61,8 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
     ranks_here = len(plan.host_of(node).nodes)
     lines = [
         f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} physical core(s)",
-        f"export OMP_NUM_THREADS={threads}",
-        # Pin each OpenMP thread to a core and let idle threads sleep at once (Intel's PyTorch tuning).
-        "export KMP_AFFINITY=granularity=fine,compact,1,0",
-        "export KMP_BLOCKTIME=1",
     ]
+    lines += [f"export {k}={v}" for k, v in thread_variables(threads).items()]
     if facts.allocator:
         lines.append(f"export LD_PRELOAD={shlex.quote(facts.allocator)}${{LD_PRELOAD:+:$LD_PRELOAD}}")
         if "jemalloc" in facts.allocator:
@@ -67,16 +88,11 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
 
 def rank_env(plan: LaunchPlan, rank: Rank) -> str:
     """rank<R>.env: the variables torch.distributed's env:// rendezvous reads."""
-    values = {
-        "RANK": rank.rank,
-        "WORLD_SIZE": plan.world_size,
-        "LOCAL_RANK": rank.local_rank,
-        "LOCAL_WORLD_SIZE": rank.local_world_size,
-        "MASTER_ADDR": plan.master_addr,
-        "MASTER_PORT": plan.master_port,
-    }
+    values = rank_variables(
+        rank.rank, plan.world_size, rank.local_rank, rank.local_world_size, plan.master_addr, plan.master_port
+    )
     if plan.resolved_backend() == "ccl":
-        values |= {"CCL_LOCAL_RANK": rank.local_rank, "CCL_LOCAL_SIZE": rank.local_world_size}
+        values |= {"CCL_LOCAL_RANK": str(rank.local_rank), "CCL_LOCAL_SIZE": str(rank.local_world_size)}
     return "".join(f"export {k}={v}\n" for k, v in values.items())
 
 

@@ -1,0 +1,266 @@
+"""A training run's Kubernetes objects: an Indexed Job and the headless Service naming its pods.
+
+Pure functions of a PodLaunch, returning the API's camelCase dicts (what `kubectl apply` reads and
+the official client accepts as a body). Pod k of the Job is rank k:
+
+    hostname <job>-k, resolvable as <job>-k.<service> (the Service is the pods' subdomain)
+    RANK = its completion index (downward API), WORLD_SIZE = nodes, MASTER_ADDR = <job>-0.<service>
+    runs <MOUNT_PATH>/venv/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/
+
+One trainer process per pod and one pod per node, as one rank per VM: the same variables as a VM
+rank's env.sh and rank<R>.env (launcher.launch.render), the same layout as a VM node's root
+(launcher.site) on the shared ReadWriteMany claim, so every rank reads one copy of code, data and
+the run directory.
+
+The Job controller does not heal a run: backoffLimit is 0, so the first failed pod fails the Job
+and the launcher recreates it (every rank resumes from the newest snapshot together; a lone
+replacement pod could not rejoin a process group that already broke). podFailurePolicy says why it
+failed: the Job's Failed condition has reason "PodFailurePolicy" when the trainer itself decided
+(its program error or its budget stop: not worth a retry), and "BackoffLimitExceeded" otherwise (a
+lost peer, a signal, the OOM killer, a disruption such as a spot reclaim or a drain: retry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from launcher.launch.render import rank_variables, thread_variables
+from launcher.launch.units import STOP_GRACE_S
+from launcher.site import run_dir
+from model.conventions import EXIT_BUDGET, EXIT_PROGRAM_ERROR
+
+MOUNT_PATH = "/nanocluster"
+"""Where the shared claim is mounted in every pod: the node root of launcher.site's layout."""
+NODE_PYTHON = f"{MOUNT_PATH}/venv/bin/python"
+"""The node environment's Python (built once on the claim by the setup Job)."""
+CODE_DIR = f"{MOUNT_PATH}/code"
+"""model/ on the claim (synced by digest): the trainer's PYTHONPATH."""
+DEFAULT_IMAGE = "python:3.11-slim"
+"""A stock Python image: the node environment on the claim is built with its interpreter."""
+
+LABEL_APP = "app.kubernetes.io/name"
+APP = "nanocluster"
+LABEL_RUN = "nanocluster.dev/run"
+"""Every object of a run carries its run name here (`fab stop` deletes by it)."""
+LABEL_ATTEMPT = "nanocluster.dev/attempt"
+"""Which launch of the run (0, then one more per recreation) a Job and its pods belong to."""
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+"""The Job controller's annotation on each pod of an Indexed Job: the pod's index, our rank."""
+CONTAINER = "trainer"
+VOLUME = "nanocluster"
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+DNS_LABEL_MAX = 63
+MAX_INDEX_DIGITS = 5
+JOB_NAME_MAX = DNS_LABEL_MAX - len("-") - MAX_INDEX_DIGITS
+"""A pod's hostname is <job>-<index>, which must stay a DNS label for any index up to 99999."""
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+# The trainer's own verdicts (model.conventions): a rerun would end the same way.
+FINAL_EXIT_CODES = sorted((EXIT_PROGRAM_ERROR, EXIT_BUDGET))
+
+
+@dataclass(frozen=True)
+class PodLaunch:
+    """One launch of a run on a Kubernetes cluster: what its Job and Service are made of."""
+
+    run: str
+    """The run name (--run): the directory runs/<run> on the claim and the LABEL_RUN value."""
+    job: str
+    """The Indexed Job's name, also the headless Service's (job_name())."""
+    namespace: str
+    """Where the Job, the Service and their pods live."""
+    nodes: int
+    """World size: completions = parallelism, one pod per node."""
+    port: int
+    """Rendezvous port on rank 0's pod."""
+    image: str
+    """The container image (DEFAULT_IMAGE: a stock Python of the node environment's version)."""
+    claim: str
+    """The ReadWriteMany PersistentVolumeClaim mounted at MOUNT_PATH."""
+    cores: int
+    """Physical cores of a node: the trainer's threads and the pod's CPU request."""
+    memory_gib: float
+    """Memory the pod requests and is limited to (what a node can give a pod: its allocatable memory)."""
+    node_selector: dict[str, str]
+    """Labels placing the pods on the training pool ({} for any node)."""
+    tolerations: tuple[dict, ...]
+    """Toleration dicts (API form) for the training pool's taint."""
+    trainer_args: tuple[str, ...]
+    """What follows `python -m model.train`, relative to the run directory as on a VM."""
+    attempt: int = 0
+    """Recreations of the Job so far (a recreated Job is a new object with the same name)."""
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("--run", len(self.run) <= DNS_LABEL_MAX and LABEL_VALUE.fullmatch(self.run) and self.run,
+             "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
+             "(it labels the run's Kubernetes objects)", self.run),
+            ("the Job name", len(self.job) <= JOB_NAME_MAX and DNS_LABEL.fullmatch(self.job),
+             f"a DNS label of at most {JOB_NAME_MAX} characters (use job_name())", self.job),
+            ("--nodes", self.nodes >= 1, ">= 1", self.nodes),
+            ("--port", 1024 <= self.port <= 65535, "in 1024..65535", self.port),
+            ("cores_per_node", self.cores >= 1, ">= 1", self.cores),
+            ("memory_gib", self.memory_gib > 0, "> 0", self.memory_gib),
+            ("the attempt", self.attempt >= 0, ">= 0", self.attempt),
+        )
+        for name, ok, constraint, value in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {constraint}, got {value!r}")
+
+    @property
+    def service(self) -> str:
+        return service_name(self.job)
+
+    @property
+    def master_addr(self) -> str:
+        """Rank 0's pod by the headless Service's name for it."""
+        return pod_address(self, 0)
+
+    @property
+    def run_dir(self) -> str:
+        return run_dir(MOUNT_PATH, self.run)
+
+
+def job_name(cluster_name: str, run: str) -> str:
+    """<cluster>-<run> as a DNS label short enough for the pods' hostnames; when that changed the
+    text (case, characters, length), a digest of it keeps two runs' names apart."""
+    wanted = f"{cluster_name}-{run}"
+    name = re.sub(r"[^a-z0-9]+", "-", wanted.lower()).strip("-")
+    if not name[:1].isalpha():
+        name = f"nc-{name}".rstrip("-")
+    if name == wanted and len(name) <= JOB_NAME_MAX:
+        return name
+    digest = hashlib.sha256(wanted.encode()).hexdigest()[:6]
+    return f"{name[:JOB_NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def service_name(job: str) -> str:
+    """The headless Service giving the Job's pods their DNS names: the Job's own name."""
+    return job
+
+
+def pod_address(launch: PodLaunch, index: int) -> str:
+    """Pod <index>'s name under the headless Service, as every pod of the namespace resolves it."""
+    return f"{launch.job}-{index}.{launch.service}"
+
+
+def labels(launch: PodLaunch) -> dict[str, str]:
+    """The labels of the Job, its pods and the Service: which run, which launch of it."""
+    return {LABEL_APP: APP, LABEL_RUN: launch.run, LABEL_ATTEMPT: str(launch.attempt)}
+
+
+def headless_service(launch: PodLaunch) -> dict:
+    """The Service whose name is the pods' subdomain: no cluster IP, an A record per pod.
+
+    It selects this attempt's pods only: a pod of the previous attempt still terminating has the same
+    hostname. Not-ready pods are published, so the ranks resolve each other as they start."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": launch.service, "namespace": launch.namespace, "labels": labels(launch)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": labels(launch),
+            "publishNotReadyAddresses": True,
+        },
+    }
+
+
+def container_env(launch: PodLaunch) -> list[dict]:
+    """The trainer container's environment: a VM rank's variables, RANK from the completion index."""
+    rank = rank_variables(0, launch.nodes, 0, 1, launch.master_addr, launch.port)
+    rank_from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+    env = [{"name": "RANK", "valueFrom": rank_from_index}]
+    env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
+    values = thread_variables(launch.cores) | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": CODE_DIR}
+    return env + [{"name": k, "value": v} for k, v in values.items()]
+
+
+def rank_environment(launch: PodLaunch, index: int) -> dict[str, str]:
+    """The environment pod <index>'s trainer gets from the Job (the downward API resolved, as the
+    kubelet does), besides what the image sets."""
+    if not 0 <= index < launch.nodes:
+        raise ValueError(f"pod index must be in 0..{launch.nodes - 1}, got {index}")
+    out = {}
+    for var in container_env(launch):
+        if "value" in var:
+            out[var["name"]] = var["value"]
+        elif var["valueFrom"]["fieldRef"]["fieldPath"].endswith(f"['{COMPLETION_INDEX_ANNOTATION}']"):
+            out[var["name"]] = str(index)
+        else:
+            raise ValueError(f"cannot resolve {var['name']}: {var['valueFrom']}")
+    return out
+
+
+def trainer_command(launch: PodLaunch) -> list[str]:
+    """What the trainer container runs (its command and args together), in launch.run_dir."""
+    return [NODE_PYTHON, "-m", "model.train", *launch.trainer_args]
+
+
+def pod_failure_policy() -> dict:
+    """Disruptions (preemption, eviction, drain) count as failures the launcher heals; the trainer's
+    own verdicts fail the Job by rule, so the Job's condition tells the two apart (module docstring).
+    A disruption is matched first: a pod stopped that way is retried whatever its exit code."""
+    return {
+        "rules": [
+            {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": FINAL_EXIT_CODES},
+            },
+        ]
+    }
+
+
+def training_job(launch: PodLaunch) -> dict:
+    """The Indexed Job: one pod per node, pod k runs rank k."""
+    command = trainer_command(launch)
+    memory = f"{int(launch.memory_gib * 1024)}Mi"
+    container = {
+        "name": CONTAINER,
+        "image": launch.image,
+        "command": command[:3],
+        "args": command[3:],
+        "workingDir": launch.run_dir,
+        "env": container_env(launch),
+        # No CPU limit: CFS quota would throttle the OpenMP threads' bursts; the pod is alone on its node.
+        "resources": {
+            "requests": {"cpu": str(launch.cores), "memory": memory},
+            "limits": {"memory": memory},
+        },
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
+    }
+    one_pod_per_node = {
+        "labelSelector": {"matchLabels": {LABEL_RUN: launch.run}},
+        "topologyKey": HOSTNAME_TOPOLOGY,
+    }
+    pod_spec = {
+        "restartPolicy": "Never",  # podFailurePolicy requires it; the launcher restarts, not the kubelet
+        "subdomain": launch.service,
+        # Finish the step and write the snapshot on SIGTERM (a drain, a spot notice, `fab stop`).
+        "terminationGracePeriodSeconds": STOP_GRACE_S,
+        # The environment is exactly ours: no <SERVICE>_PORT variables from the namespace's Services.
+        "enableServiceLinks": False,
+        "nodeSelector": dict(launch.node_selector),
+        "tolerations": [dict(t) for t in launch.tolerations],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [one_pod_per_node]}},
+        "containers": [container],
+        "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": launch.job, "namespace": launch.namespace, "labels": labels(launch)},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": launch.nodes,
+            "parallelism": launch.nodes,
+            "backoffLimit": 0,
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {"metadata": {"labels": labels(launch)}, "spec": pod_spec},
+        },
+    }
