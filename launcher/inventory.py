@@ -2,9 +2,10 @@
 (`kubeconfig:PATH[#CONTEXT]`), or this machine.
 
 Every source ends as the same validated `Cluster`, of kind "machines" (nodes over SSH) or
-"kubernetes" (pods through the API server; its keys are launcher/kube/contract.py's). The contract is the one `infra/` exports
-(docs/design.md, "The output contract"); a person bringing their own machines writes the same JSON by
-hand with cloud "static", and the integration tests describe their sshd test nodes with it.
+"kubernetes" (pods through the API server; its own keys are launcher/kube_contract.py's). The
+contract is the one `infra/` exports (docs/design.md, "The output contract"); a person bringing their
+own machines writes the same JSON by hand with cloud "static", and the integration tests describe
+their sshd test nodes with it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from launcher.kube import contract as kube_contract
+from launcher import kube_contract
 from model.conventions import BF16_CPU_FLAGS
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
@@ -249,7 +250,11 @@ def local_cluster(nodes: int) -> Cluster:
     )
 
 
-def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
+_read_ahead: dict[PulumiStack, dict] = {}
+"""A stack's outputs read to learn its kind (launcher/kinds.py), kept for the one load that follows."""
+
+
+def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = False) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
     or kubeconfig:PATH[#CONTEXT]."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
@@ -262,7 +267,10 @@ def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
                        kind=KUBERNETES, kube=access)
     if spec == "stack" or spec.startswith("stack:"):
         stack = PulumiStack(spec.partition(":")[2], Path.cwd())
-        return parse_contract(read_stack_outputs(stack), stack.describe(), stack=stack)
+        outputs = _read_ahead.pop(stack, None) or read_stack_outputs(stack)
+        if read_ahead:
+            _read_ahead[stack] = outputs
+        return parse_contract(outputs, stack.describe(), stack=stack)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise InventoryError(

@@ -22,7 +22,7 @@ from urllib3.exceptions import HTTPError
 from launcher.console import TaskError, say
 from launcher.inventory import Cluster, Node
 from launcher.kube import volume
-from launcher.kube.contract import KubeAccess
+from launcher.kube_contract import KubeAccess
 
 RWX_PROVISIONERS = (
     "filestore.csi.storage.gke.io",  # GKE Filestore
