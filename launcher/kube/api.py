@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -73,17 +74,18 @@ class Api:
     batch: client.BatchV1Api
     storage: client.StorageV1Api
     namespace: str
+    access: KubeAccess
 
     @classmethod
     def of(cls, access: KubeAccess) -> Api:
-        try:
-            api_client = config.new_client_from_config_dict(_yaml(access.kubeconfig), context=access.context,
-                                                           persist_config=False)
-        except (ConfigException, TypeError, ValueError) as e:
-            raise TaskError(f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster "
-                            "and user entries") from None
+        api_client = new_client(access)
         return cls(client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.StorageV1Api(api_client),
-                   access.namespace)
+                   access.namespace, access)
+
+    def exec_core(self) -> client.CoreV1Api:
+        """A CoreV1Api on a client of its own for an exec stream: kubernetes.stream swaps the request
+        function of the client it runs on, which would turn other threads' calls into websockets."""
+        return client.CoreV1Api(new_client(self.access))
 
     def exists(self, read, name: str, what: str) -> bool:
         """Whether read(name, namespace) finds the object (404: no)."""
@@ -98,10 +100,14 @@ class Api:
             raise api_error(e, what) from None
 
 
-def _yaml(text: str) -> dict:
-    import yaml
-
-    return yaml.safe_load(text)
+def new_client(access: KubeAccess) -> client.ApiClient:
+    """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written)."""
+    try:
+        return config.new_client_from_config_dict(yaml.safe_load(access.kubeconfig), context=access.context,
+                                                  persist_config=False)
+    except (ConfigException, TypeError, ValueError) as e:
+        raise TaskError(f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster "
+                        "and user entries") from None
 
 
 def offers_rwx(storage_class) -> bool:

@@ -13,6 +13,8 @@ from launcher.kube.api import Api, calling, connect
 from launcher.kube.objects import LABEL_RUN
 from launcher.session import resolve_cluster
 
+POLL_S = 1.0
+"""How often a restart looks whether the previous attempt's pods are gone."""
 GONE_TIMEOUT_S = 120.0
 """How long a restart waits for the previous attempt's pods to be gone (they finish their snapshot
 on SIGTERM within the trainer's stop grace)."""
@@ -53,7 +55,7 @@ def delete_run_objects(api: Api, run: str, quiet: bool = False, wait: bool = Fal
     if wait:
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while run_objects(api, run)[2] and time.monotonic() < deadline:
-            time.sleep(1.0)
+            time.sleep(POLL_S)
     return len(jobs) + len(services)
 
 

@@ -197,7 +197,7 @@ def exec_output(api: Api, pod: str, script: str) -> str:
     from kubernetes.stream import stream
 
     with calling(f"reading from pod {pod}"):
-        return stream(api.core.connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
+        return stream(api.exec_core().connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
                       stderr=False, stdin=False, stdout=True, tty=False)
 
 

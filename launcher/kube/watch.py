@@ -125,7 +125,7 @@ class PodWatch:
             with contextlib.suppress(Exception):
                 from kubernetes.stream import stream
 
-                ws = stream(self.api.core.connect_get_namespaced_pod_exec, pod.metadata.name, self.api.namespace,
+                ws = stream(self.api.exec_core().connect_get_namespaced_pod_exec, pod.metadata.name, self.api.namespace,
                             container=CONTAINER, command=["tail", "-n", "+1", "-F", path], stderr=False,
                             stdin=False, stdout=True, tty=False, _preload_content=False)
                 buffer = ""
@@ -173,6 +173,8 @@ class PodWatch:
             self.stop_all()
             raise RunFailed("interrupted (Ctrl-C): every pod was stopped", exit_code=130) from None
         finally:
+            if not self.metrics_started:
+                self.recorder.stream_ended()  # nothing to wait for: rank 0 never ran
             self.recorder.close()
 
     def check_pending(self, pods: list, waited: float) -> None:
