@@ -188,7 +188,7 @@ class PodWatch:
         why = unschedulable(waiting[0]) if waiting else "the Job created no pod"
         self.stop_all()
         names = ", ".join(p.metadata.name for p in waiting) or self.launch.job
-        raise StuckPending(f"{names} still Pending after {waited:.0f} s, --recover-timeout ({why}); "
+        raise StuckPending(f"{names} still Pending after {waited:.1f} s (--recover-timeout {self.pending_timeout_s:g} s): {why}; "
                            f"{len(placed)} of {self.launch.nodes} pod(s) found a node: grow the training pool "
                            "(max_nodes), use fewer --nodes or a longer --recover-timeout; the run's objects were deleted", len(placed))
 
