@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-pytest.importorskip("kmock")  # dev on Python >= 3.11 (pyproject)
-
-from launcher.cli import make_program  # noqa: E402
-from launcher.kube import connect, jobs, watch  # noqa: E402
-from tests.launcher.kube.fake import FakeKube, Script  # noqa: E402
+from launcher.cli import make_program
+from launcher.kube import connect, jobs, watch
 
 
 @pytest.fixture
-def script() -> Script:
+def script():
+    pytest.importorskip("kmock")  # in dev on Python >= 3.11 only (pyproject)
+    from tests.launcher.kube.fake import Script
+
     return Script()
 
 
@@ -24,6 +24,8 @@ def fake(script, monkeypatch, tmp_path):
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path / "home"))
     for module in (jobs, watch, connect):
         monkeypatch.setattr(module, "POLL_S", 0.01)
+    from tests.launcher.kube.fake import FakeKube
+
     cluster = FakeKube(script)
     yield cluster
     cluster.close()
