@@ -154,12 +154,19 @@ class PodWatch:
                         if rank_of(pod) == 0 and not self.metrics_started:
                             self.metrics_started = True
                             self.follow_metrics(pod)
+                # Every rank stops at the same step at the budget (an end by design, exit BUDGET_EXIT):
+                # the Job controller then fails the Job and stops the pods still ending; not a failure.
+                at_budget = [p for p in pods if exit_code(p) == budget.BUDGET_EXIT]
+                ended = [p for p in pods if p.status and p.status.phase in ("Succeeded", "Failed")]
+                if at_budget and len(ended) == len(pods):
+                    self.progress.stopped_at_budget = True
+                    self.progress.ended_at = time.time()
+                    return self.progress
                 failed = [p for p in pods if p.status and (p.status.phase == "Failed" or disruption(p))]
-                if failed:
+                if failed and not at_budget:
                     self.fail(failed)
                 done = [p for p in pods if p.status and p.status.phase == "Succeeded"]
                 if len(done) == self.launch.nodes:
-                    self.progress.stopped_at_budget = any(exit_code(p) == budget.BUDGET_EXIT for p in done)
                     self.progress.ended_at = time.time()
                     return self.progress
                 self.check_pending(pods, time.monotonic() - started)

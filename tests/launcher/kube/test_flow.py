@@ -96,3 +96,12 @@ def test_stop_deletes_everything_and_status_reads_it(fake, contract_file, task, 
     while fake.pods():
         assert time.monotonic() < deadline, "the run's pods stayed"
         time.sleep(0.02)
+
+
+def test_ranks_that_stop_at_the_budget_end_the_run_without_a_restart(fake, contract_file, task, script):
+    fake.seed()
+    script.fail[(0, 0)] = script.fail[(0, 1)] = 3  # EXIT_BUDGET: the trainer stopped before crossing --budget
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "b", "--budget", "5", *QUICK)
+    assert ran.code == 3, ran.err
+    assert "restart" not in ran.out + ran.err
+    assert len(training_jobs(fake)) == 1
