@@ -106,7 +106,7 @@ def from_kubeconfig(spec: str, fail: Fail) -> tuple[str, KubeAccess]:
 
 
 def parse_access(data: dict, fail: Fail) -> KubeAccess:
-    """The kind-kubernetes keys of a contract (docs/kubernetes.md), each checked with the fix named."""
+    """The kind-kubernetes keys of a contract (docs/kubernetes-byo.md), each checked with the fix named."""
     def need(key: str, kind: type | tuple[type, ...], what: str):
         value = data.get(key)
         if key not in data or not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
