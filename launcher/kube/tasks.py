@@ -18,14 +18,25 @@ import shlex
 import time
 from pathlib import Path
 
+from kubernetes.stream import stream
 from rich.table import Table
 
+from launcher.checkpoints import fetched_dir
 from launcher.console import TaskError, check_name, console, out_line, say
 from launcher.data.prepare import dataset_name, prepare_args
 from launcher.kube import volume
 from launcher.kube.api import Api, calling
 from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
-from launcher.kube.jobs import access_of, exit_code, log_lines, run_helper, stage
+from launcher.kube.jobs import (
+    PENDING_TIMEOUT_S,
+    access_of,
+    delete_job,
+    exit_code,
+    job_pods,
+    log_lines,
+    run_helper,
+    stage,
+)
 from launcher.kube.objects import CONTAINER, job_name
 from launcher.kube.watch import disruption, rank_of, unit_of
 from launcher.launch.monitor import Progress
@@ -155,15 +166,12 @@ def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_ne
 
 def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
     """The run's best checkpoint and metrics.jsonl from the claim, through a helper pod's exec stream."""
-    from launcher.checkpoints import fetched_dir
-
     check_name(run, "run")
     api, cluster = open_cluster(cluster_spec)
     target = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
     target.mkdir(parents=True, exist_ok=True)
     name = job_name("fetch", run)
     job = volume.helper_job(name, access_of(cluster), "fetch", "sleep 900", run=run)
-    from launcher.kube.jobs import delete_job
 
     delete_job(api, name)
     with calling(f"creating Job {name}"):
@@ -181,9 +189,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     return target
 
 
-def wait_running(api: Api, job: str, timeout_s: float = 600.0) -> str:
-    from launcher.kube.jobs import job_pods
-
+def wait_running(api: Api, job: str, timeout_s: float = PENDING_TIMEOUT_S) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pods = [p for p in job_pods(api, job) if p.status and p.status.phase == "Running"]
@@ -194,8 +200,6 @@ def wait_running(api: Api, job: str, timeout_s: float = 600.0) -> str:
 
 
 def exec_output(api: Api, pod: str, script: str) -> str:
-    from kubernetes.stream import stream
-
     with calling(f"reading from pod {pod}"):
         return stream(api.exec_core().connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
                       stderr=False, stdin=False, stdout=True, tty=False)
@@ -217,9 +221,14 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
     script = "; ".join(f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi"
                        for what, test in checks.items())
     missing: list[str] = []
-    job = volume.helper_job(job_name("doctor", dataset), access, "doctor", script)
-    run_helper(api, job, "checking the claim", on_line=lambda line: (say(line), line.startswith("missing")
-                                                                      and missing.append(line)))
+
+    def on_line(line: str) -> None:
+        say(line)
+        if line.startswith("missing"):
+            missing.append(line)
+
+    run_helper(api, volume.helper_job(job_name("doctor", dataset), access, "doctor", script), "checking the claim",
+               on_line=on_line)
     if missing:
         say("fix: `fab setup` builds the node environment and code; `fab prepare-data` writes the dataset")
     return 1 if missing else 0

@@ -21,4 +21,4 @@ def doctor(c, cluster=None, dataset="builtin", port=PORT, bandwidth_seconds=None
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
     return driver(cluster).doctor(cluster, dataset=dataset, port=number("port", port),
-                            **given(bandwidth_s=number("bandwidth-seconds", bandwidth_seconds, float)))
+                                  **given(bandwidth_s=number("bandwidth-seconds", bandwidth_seconds, float)))

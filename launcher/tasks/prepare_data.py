@@ -24,7 +24,7 @@ def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, va
                  limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     driver(cluster).prepare_data(cluster, source=source, dataset=dataset, nodes=number("nodes", nodes),
-                         val_fraction=number("val-fraction", val_fraction, float),
-                         seed=number("seed", seed), limit=number("limit", limit),
-                         sharded=sharded, field=field, split=split, workers=number("workers", workers),
-                         text_chars=number("text-chars", text_chars))
+                                 val_fraction=number("val-fraction", val_fraction, float),
+                                 seed=number("seed", seed), limit=number("limit", limit),
+                                 sharded=sharded, field=field, split=split, workers=number("workers", workers),
+                                 text_chars=number("text-chars", text_chars))

@@ -19,4 +19,4 @@ def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=
           idle_minutes=None):
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
     driver(cluster).setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
-                nodes=number("nodes", nodes), idle_minutes=number("idle-minutes", idle_minutes))
+                          nodes=number("nodes", nodes), idle_minutes=number("idle-minutes", idle_minutes))

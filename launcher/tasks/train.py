@@ -44,10 +44,10 @@ def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="
           max_restarts=None, recover_timeout=None, min_nodes=None, budget=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     return driver(cluster).train(cluster, nodes=number("nodes", nodes), run=run, dataset=dataset, launcher=launcher,
-                        backend=backend, port=number("port", port), config=config, overrides=list(set_ or []),
-                        dry_run=dry_run, collective_timeout_s=number("collective-timeout", collective_timeout, float),
-                        recover=RecoverOptions(**given(
-                            max_restarts=number("max-restarts", max_restarts),
-                            recover_timeout_s=number("recover-timeout", recover_timeout, float),
-                            min_nodes=number("min-nodes", min_nodes))),
-                        budget_usd=number("budget", budget, float))
+                               backend=backend, port=number("port", port), config=config, overrides=list(set_ or []),
+                               dry_run=dry_run, collective_timeout_s=number("collective-timeout", collective_timeout, float),
+                               recover=RecoverOptions(**given(
+                                   max_restarts=number("max-restarts", max_restarts),
+                                   recover_timeout_s=number("recover-timeout", recover_timeout, float),
+                                   min_nodes=number("min-nodes", min_nodes))),
+                               budget_usd=number("budget", budget, float))

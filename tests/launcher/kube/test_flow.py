@@ -105,3 +105,17 @@ def test_ranks_that_stop_at_the_budget_end_the_run_without_a_restart(fake, contr
     assert ran.code == 3, ran.err
     assert "restart" not in ran.out + ran.err
     assert len(training_jobs(fake)) == 1
+
+
+def test_prepare_data_writes_the_dataset_once_in_a_job_and_doctor_checks_the_claim(fake, contract_file, task):
+    fake.seed()
+    ran = task("prepare-data", "--cluster", str(contract_file), "--limit", "10")
+    assert ran.code == 0, ran.err
+    roles = [j["metadata"]["labels"].get("nanocluster.dev/role") for j in fake.created_jobs]
+    assert roles == ["staging", "prepare"]
+    script = fake.created_jobs[1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "/nanocluster/venv/bin/python -m model.prepare builtin --out data/builtin --limit 10" in script
+    assert "[prepare] helper ran" in ran.out
+    ran = task("doctor", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    assert "ok: API server, namespace nanocluster, StorageClass shared (ReadWriteMany), claim shared" in ran.out
