@@ -22,8 +22,6 @@ from launcher import checkpoints, doctor, train
 from launcher.console import TaskError
 from launcher.data import prepare
 from launcher.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
-from launcher.kube import tasks as kube_tasks
-from launcher.kube import train as kube_train
 from launcher.kube_contract import KUBECONFIG_PREFIX
 from launcher.launch import logs, status, stop
 from launcher.setup import ready
@@ -45,14 +43,19 @@ class Driver:
     doctor: Callable[..., Any]
 
 
-DRIVERS = {
-    MACHINES: Driver(MACHINES, setup=ready.setup, prepare_data=prepare.prepare_data, train=train.train,
-                     status=status.status, logs=logs.logs, stop=stop.stop, sample=checkpoints.sample,
-                     fetch=checkpoints.fetch, doctor=doctor.doctor),
-    KUBERNETES: Driver(KUBERNETES, setup=kube_tasks.setup, prepare_data=kube_tasks.prepare_data,
-                       train=kube_train.train, status=kube_tasks.status, logs=kube_tasks.logs, stop=kube_tasks.stop,
-                       sample=kube_tasks.sample, fetch=kube_tasks.fetch, doctor=kube_tasks.doctor),
-}
+MACHINES_DRIVER = Driver(MACHINES, setup=ready.setup, prepare_data=prepare.prepare_data, train=train.train,
+                         status=status.status, logs=logs.logs, stop=stop.stop, sample=checkpoints.sample,
+                         fetch=checkpoints.fetch, doctor=doctor.doctor)
+
+
+def kubernetes_driver() -> Driver:
+    """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
+    task on VMs does not pay."""
+    from launcher.kube import tasks, train
+
+    return Driver(KUBERNETES, setup=tasks.setup, prepare_data=tasks.prepare_data, train=train.train,
+                  status=tasks.status, logs=tasks.logs, stop=tasks.stop, sample=tasks.sample, fetch=tasks.fetch,
+                  doctor=tasks.doctor)
 
 
 def kind_of(spec: str | None) -> str:
@@ -71,4 +74,4 @@ def kind_of(spec: str | None) -> str:
 
 def driver(spec: str | None) -> Driver:
     """The driver of the kind of cluster --cluster names."""
-    return DRIVERS[kind_of(spec)]
+    return kubernetes_driver() if kind_of(spec) == KUBERNETES else MACHINES_DRIVER

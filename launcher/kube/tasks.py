@@ -18,7 +18,6 @@ import shlex
 import time
 from pathlib import Path
 
-from kubernetes.stream import stream
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
@@ -200,6 +199,8 @@ def wait_running(api: Api, job: str, timeout_s: float = PENDING_TIMEOUT_S) -> st
 
 
 def exec_output(api: Api, pod: str, script: str) -> str:
+    from kubernetes.stream import stream  # websocket-client: only fetch needs it
+
     with calling(f"reading from pod {pod}"):
         return stream(api.exec_core().connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
                       stderr=False, stdin=False, stdout=True, tty=False)

@@ -188,7 +188,7 @@ class PodWatch:
         """StuckPending when a rank has had no node for longer than the pending timeout."""
         if waited <= self.pending_timeout_s:
             return
-        placed = {rank_of(p) for p in pods if not unschedulable(p) and p.status and p.status.phase != "Pending"}
+        placed = {rank_of(p) for p in pods if not unschedulable(p)}
         waiting = [p for p in pods if p.status and p.status.phase == "Pending" and unschedulable(p)]
         if not waiting and len(pods) == self.launch.nodes:
             return

@@ -75,12 +75,12 @@ def test_a_kubeconfig_cluster_gets_its_claim_and_its_machine_facts_from_the_node
 def test_a_pod_stuck_pending_past_the_timeout(fake, contract_file, task, script):
     fake.seed()
     script.unschedulable.add((0, 1))
-    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "p", "--recover-timeout", "0.3")
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "p", "--recover-timeout", "1")
     assert ran.code == 1
     assert len(ran.error_lines) == 1
     line = ran.error_lines[0]
     assert line.startswith("error: fake-p-1-a0 still Pending after ")
-    assert line.endswith(" s (--recover-timeout 0.3 s): Unschedulable: 0/4 nodes are available: 4 Insufficient cpu; 1 of 2 "
+    assert line.endswith(" s (--recover-timeout 1 s): Unschedulable: 0/4 nodes are available: 4 Insufficient cpu; 1 of 2 "
                          "pod(s) found a node: grow the training pool (max_nodes), use fewer --nodes or a longer "
                          "--recover-timeout; the run's objects were deleted")
     assert not fake.jobs()
