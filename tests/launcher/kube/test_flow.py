@@ -119,3 +119,23 @@ def test_prepare_data_writes_the_dataset_once_in_a_job_and_doctor_checks_the_cla
     ran = task("doctor", "--cluster", str(contract_file))
     assert ran.code == 0, ran.err
     assert "ok: API server, namespace nanocluster, StorageClass shared (ReadWriteMany), claim shared" in ran.out
+
+
+def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monkeypatch):
+    fake.seed()
+    script.run_ticks = 10**9  # the pods would run on
+    from launcher.kube import watch
+
+    polls = []
+
+    def interrupt_once_running(self, pods, waited):  # Ctrl-C arrives while the watch polls
+        polls.append(waited)
+        if len([p for p in pods if p.status and p.status.phase == "Running"]) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch.PodWatch, "check_pending", interrupt_once_running)
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "c", *QUICK)
+    assert polls
+    assert ran.error_lines == ["error: interrupted (Ctrl-C): every pod was stopped"]
+    assert "interrupted: deleting the run's Job" in ran.out
+    assert not fake.jobs() and not fake.core.list_namespaced_service("nanocluster").items
