@@ -59,6 +59,13 @@ JOB_NAME_MAX = DNS_LABEL_MAX - len("-") - MAX_INDEX_DIGITS
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
+REQUEST_SHARE = 0.5
+"""The share of a node's cores and memory a training pod requests. The pod is alone on its node
+(anti-affinity) and uses all of it; the request has only to fit beside what the kubelet keeps (GKE:
+25% of the first 4 GiB down to 6% of a large node's memory, plus 100 MiB for eviction) and what the
+node's DaemonSets request, or the scheduler never places it and the autoscaler never adds a node for
+it (requests are checked against allocatable, never against the machine's size)."""
+
 # The trainer's own verdicts (model.conventions): a rerun would end the same way.
 FINAL_EXIT_CODES = sorted((EXIT_PROGRAM_ERROR, EXIT_BUDGET))
 
@@ -82,9 +89,9 @@ class PodLaunch:
     claim: str
     """The ReadWriteMany PersistentVolumeClaim mounted at MOUNT_PATH."""
     cores: int
-    """Physical cores of a node: the trainer's threads and the pod's CPU request."""
+    """Physical cores of a node: the trainer's threads (the pod requests REQUEST_SHARE of them)."""
     memory_gib: float
-    """Memory the pod requests and is limited to (what a node can give a pod: its allocatable memory)."""
+    """A node's memory: the pod's memory limit (it requests REQUEST_SHARE of it)."""
     node_selector: dict[str, str]
     """Labels placing the pods on the training pool ({} for any node)."""
     tolerations: tuple[dict, ...]
@@ -176,6 +183,8 @@ def container_env(launch: PodLaunch) -> list[dict]:
     rank_from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
     env = [{"name": "RANK", "valueFrom": rank_from_index}]
     env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
+    # No GLOO_SOCKET_IFNAME (a VM's env.sh names the probed interface): the pod's hostname resolves to
+    # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
     values = thread_variables(launch.cores) | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": CODE_DIR}
     return env + [{"name": k, "value": v} for k, v in values.items()]
 
@@ -219,7 +228,8 @@ def pod_failure_policy() -> dict:
 def training_job(launch: PodLaunch) -> dict:
     """The Indexed Job: one pod per node, pod k runs rank k."""
     command = trainer_command(launch)
-    memory = f"{int(launch.memory_gib * 1024)}Mi"
+    request = {"cpu": f"{int(launch.cores * REQUEST_SHARE * 1000)}m",
+               "memory": f"{int(launch.memory_gib * REQUEST_SHARE * 1024)}Mi"}
     container = {
         "name": CONTAINER,
         "image": launch.image,
@@ -227,11 +237,9 @@ def training_job(launch: PodLaunch) -> dict:
         "args": command[3:],
         "workingDir": launch.run_dir,
         "env": container_env(launch),
-        # No CPU limit: CFS quota would throttle the OpenMP threads' bursts; the pod is alone on its node.
-        "resources": {
-            "requests": {"cpu": str(launch.cores), "memory": memory},
-            "limits": {"memory": memory},
-        },
+        # Memory beyond the node's is killed as the pod's (OOMKilled), not by starving the node's
+        # daemons. No CPU limit: CFS quota would throttle the OpenMP threads, alone on the node anyway.
+        "resources": {"requests": request, "limits": {"memory": f"{int(launch.memory_gib * 1024)}Mi"}},
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
     }
     one_pod_per_node = {

@@ -267,6 +267,26 @@ class TestNodes:
         run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
             "rate", f"{mbit_s}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
 
+    # ------------------------------------------------------------------ a node's own view (pods)
+    def enter(self, i: int, cwd: str = "/") -> list[str]:
+        """The argv prefix that runs a command on node i as a container runtime starts a pod's process:
+        in the node's network, hostname and mounts (its sshd's namespaces), in cwd as the node sees
+        it, with exactly the environment it is given (no ssh session). The command becomes the
+        process itself (nsenter execs it), so its pid is the command's."""
+        pid = self.sshd[i].pid
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise RuntimeError(f"node{i}'s sshd ({pid}) is not in the node's own mount namespace")
+        return ["nsenter", f"--target={pid}", "--net", "--uts", "--mount", f"--wdns={cwd}"]
+
+    def set_hostname(self, i: int, name: str) -> None:
+        """Node i's hostname, for its sessions from now on (until start_sshd(i) renews its namespaces)."""
+        run(*self.enter(i), "hostname", name)
+
+    def bind_mount(self, i: int, source: Path, target: str, read_only: bool = False) -> None:
+        """Bind source over target (an existing file or directory) in node i's mount namespace only:
+        its sessions and enter(i) see it, this machine and the other nodes do not (until start_sshd(i))."""
+        run(*self.enter(i), "mount", "--bind", *(["-o", "ro"] if read_only else []), str(source), target)
+
     # ------------------------------------------------------------------ reboots and teardown
     def reboot(self, i: int) -> None:
         """Simulate node i rebooting: every process of the node but its sshd listener (which is back at

@@ -100,9 +100,27 @@ def test_one_pod_per_node_on_the_training_pool():
     assert term["labelSelector"]["matchLabels"] == {LABEL_RUN: "exp1"}
     assert job["spec"]["template"]["metadata"]["labels"][LABEL_RUN] == "exp1"
     assert pod["nodeSelector"] == launch.node_selector and pod["tolerations"] == list(launch.tolerations)
-    resources = container(job)["resources"]
-    assert resources["requests"] == {"cpu": "8", "memory": "31232Mi"}
-    assert resources["limits"] == {"memory": "31232Mi"}
+    assert container(job)["resources"]["limits"] == {"memory": "31232Mi"}  # the node's 30.5 GiB
+
+
+def gke_allocatable_gib(machine_gib: float) -> float:
+    """What a GKE node's kubelet leaves to pods (GKE's "plan node sizes" page): 25% of the first 4 GiB,
+    20% of the next 4, 10% of the next 8, 6% of the next 112, 2% above, and 100 MiB for eviction."""
+    kept, rest = 0.0, machine_gib
+    for size, share in ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02)):
+        kept += min(rest, size) * share
+        rest = max(0.0, rest - size)
+    return machine_gib - kept - 100 / 1024
+
+
+@pytest.mark.parametrize("vcpus, cores, machine_gib", [(8, 4, 8.0), (8, 8, 32.0), (16, 8, 64.0), (4, 4, 16.0)])
+def test_the_pod_fits_a_gke_node_beside_its_daemonsets(vcpus, cores, machine_gib):
+    """Requests are checked against allocatable: one of the machine's size would stay Pending and the
+    autoscaler would never add a node for it. 1 GiB and 0.5 CPU stand for the DaemonSets' requests;
+    a GKE node keeps 0.09 CPU of its first 8 (one core machines aside)."""
+    requests = container(training_job(launch_of(cores=cores, memory_gib=machine_gib)))["resources"]["requests"]
+    assert int(requests["memory"].removesuffix("Mi")) / 1024 <= gke_allocatable_gib(machine_gib) - 1.0
+    assert int(requests["cpu"].removesuffix("m")) / 1000 <= vcpus - 0.09 - 0.5
 
 
 def test_the_pod_runs_what_a_vm_rank_runs(contract):
