@@ -1,8 +1,11 @@
-"""Which machines the launcher drives: a Pulumi stack, a JSON file in the output contract, or this machine.
+"""Which cluster the launcher drives: a Pulumi stack, a JSON file in the output contract, a kubeconfig
+(`kubeconfig:PATH[#CONTEXT]`), or this machine.
 
-Every source ends as the same validated `Cluster`. The contract is the one `infra/` exports
-(docs/design.md, "The output contract"); a person bringing their own machines writes the same JSON by
-hand with cloud "static", and the integration tests describe their sshd test nodes with it.
+Every source ends as the same validated `Cluster`, of kind "machines" (nodes over SSH) or
+"kubernetes" (pods through the API server; its own keys are launcher/kube_contract.py's). The
+contract is the one `infra/` exports (docs/design.md, "The output contract"); a person bringing their
+own machines writes the same JSON by hand with cloud "static", and the integration tests describe
+their sshd test nodes with it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from launcher import kube_contract
 from model.conventions import BF16_CPU_FLAGS
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
@@ -25,6 +29,10 @@ LOCAL_HOME_ENV = "NANOCLUSTER_HOME"
 """Where the local cluster keeps data and runs (default ~/nanocluster, the same layout as a node)."""
 
 CLOUDS = ("gcp", "aws", "azure", "static", "local")
+KUBE_CLOUDS = ("gke", "kubernetes")
+"""The clouds of a kind-kubernetes contract: a GKE stack, or a cluster described by hand / a kubeconfig."""
+MACHINES, KUBERNETES = "machines", kube_contract.KIND
+"""The cluster kinds: nodes over SSH, or pods through a Kubernetes API server."""
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """Cluster, node, run and dataset names: each becomes a file or directory name somewhere."""
@@ -116,6 +124,10 @@ class Cluster:
     stack: PulumiStack | None = None
     """The Pulumi stack the contract came from; None for a JSON contract or the local cluster, whose
     lost nodes nothing here can bring back."""
+    kind: str = MACHINES
+    """MACHINES or KUBERNETES: which driver runs the tasks (launcher/kinds.py)."""
+    kube: kube_contract.KubeAccess | None = None
+    """How to reach a Kubernetes cluster (kind KUBERNETES); its nodes are the run's pod slots."""
 
     @property
     def head(self) -> Node:
@@ -148,10 +160,10 @@ class Cluster:
         if self.hourly_cost_usd is not None:
             cost = f", {price_text(self.hourly_cost_usd, self.price_is_spot, self.prices_as_of)}"
         where = "this machine" if self.is_local else f"head {self.head_public_ip}"
-        return (
-            f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
-            f"{len(self.nodes)} node(s), {self.cores_per_node} cores each, {where}; from {self.source}"
-        )
+        if self.kube:
+            where = f"namespace {self.kube.namespace}, context {self.kube.context}"
+        size = f"{len(self.nodes)} node(s), {self.cores_per_node} cores each" if self.nodes else "nodes read on connect"
+        return f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): {size}, {where}; from {self.source}"
 
 
 def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None) -> str:
@@ -238,18 +250,31 @@ def local_cluster(nodes: int) -> Cluster:
     )
 
 
-def load_cluster(spec: str | None, local_nodes: int = 3) -> Cluster:
-    """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME" or a JSON path."""
+_read_ahead: dict[PulumiStack, dict] = {}
+"""A stack's outputs read to learn its kind (launcher/kinds.py), kept for the one load that follows."""
+
+
+def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = False) -> Cluster:
+    """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
+    or kubeconfig:PATH[#CONTEXT]."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
         return local_cluster(local_nodes)
+    if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
+        name, access = kube_contract.from_kubeconfig(spec, InventoryError)
+        return Cluster(source=f"kubeconfig {access.config_path} (context {name})", cloud="kubernetes",
+                       cluster_name=re.sub(r"[^A-Za-z0-9._-]+", "-", name), nodes=(), cores_per_node=1,
+                       kind=KUBERNETES, kube=access)
     if spec == "stack" or spec.startswith("stack:"):
         stack = PulumiStack(spec.partition(":")[2], Path.cwd())
-        return parse_contract(read_stack_outputs(stack), stack.describe(), stack=stack)
+        outputs = _read_ahead.pop(stack, None) or read_stack_outputs(stack)
+        if read_ahead:
+            _read_ahead[stack] = outputs
+        return parse_contract(outputs, stack.describe(), stack=stack)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise InventoryError(
-            f"cluster {spec!r} is neither 'local', 'stack', 'stack:NAME' nor an existing JSON file; "
+            f"cluster {spec!r} is neither 'local', 'stack', 'stack:NAME' nor an existing JSON file (nor kubeconfig:PATH[#CONTEXT]); "
             f"set --cluster or {CLUSTER_ENV}"
         )
     try:
@@ -300,12 +325,20 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
             raise fail(f"{key!r} must be {what}, got {value!r}")
         return value
 
-    cloud = need("cloud", str, f"one of {', '.join(CLOUDS)}")
-    if cloud not in CLOUDS:
-        raise fail(f"'cloud' must be one of {', '.join(CLOUDS)}, got {cloud!r}")
+    kind = data.get("kind", MACHINES)
+    if kind not in (MACHINES, KUBERNETES):
+        raise fail(f"'kind' must be {MACHINES!r} or {KUBERNETES!r}, got {kind!r}")
+    clouds = KUBE_CLOUDS if kind == KUBERNETES else CLOUDS
+    cloud = need("cloud", str, f"one of {', '.join(clouds)}")
+    if cloud not in clouds:
+        raise fail(f"'cloud' must be one of {', '.join(clouds)}, got {cloud!r}" + (f" (kind {kind})" if kind != MACHINES else ""))
     name = need("cluster_name", str, "a name such as 'nanocluster-dev'")
     if not NAME_PATTERN.match(name):
         raise fail(f"'cluster_name' {name!r} {NAME_RULE}")
+    if kind == KUBERNETES:
+        access = kube_contract.parse_access(data, fail)
+        return replace(_machine_facts(data, fail, Cluster(source, cloud, name, (), 1)), kind=KUBERNETES, kube=access,
+                       nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(access.max_nodes)), stack=stack)
     user = need("ssh_user", str, "the login user on every node")
     if not user or not NAME_PATTERN.match(user):
         raise fail(f"'ssh_user' {user!r} is not a valid user name")
@@ -341,7 +374,28 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         )
     public_key = need("ssh_public_key", str, "the public half of ssh_private_key")
     _host_key(public_key, "'ssh_public_key'", fail)
-    cores = need("cores_per_node", int, "the number of physical cores per node (an integer >= 1)")
+    cluster = Cluster(
+        source=source,
+        cloud=cloud,
+        cluster_name=name,
+        ssh_user=user,
+        head_public_ip=head_ip,
+        nodes=tuple(Node(i, n, ip, k) for i, (n, ip, k) in enumerate(zip(names, ips, pinned, strict=True))),
+        ssh_private_key=private_key,
+        ssh_public_key=public_key.strip(),
+        cores_per_node=1,
+        stack=stack,
+    )
+    return _machine_facts(data, fail, cluster)
+
+
+def _machine_facts(data: dict, fail, cluster: Cluster) -> Cluster:
+    """The contract keys both kinds share: cores, CPU flags, machine type, region and prices."""
+    cores = data.get("cores_per_node")
+    if "cores_per_node" not in data:
+        raise fail("missing key 'cores_per_node' (the number of physical cores per node (an integer >= 1))")
+    if isinstance(cores, bool) or not isinstance(cores, int):
+        raise fail(f"'cores_per_node' must be the number of physical cores per node (an integer >= 1), got {cores!r}")
     if cores < 1:
         raise fail(f"'cores_per_node' must be >= 1, got {cores}")
     flags = data.get("cpu_flags", [])
@@ -369,15 +423,8 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
     node_python = data.get("node_python", "")
     if not isinstance(node_python, str) or (node_python and not node_python.startswith("/")):
         raise fail(f"'node_python' must be an absolute path to python on every node, got {node_python!r}")
-    return Cluster(
-        source=source,
-        cloud=cloud,
-        cluster_name=name,
-        ssh_user=user,
-        head_public_ip=head_ip,
-        nodes=tuple(Node(i, n, ip, k) for i, (n, ip, k) in enumerate(zip(names, ips, pinned, strict=True))),
-        ssh_private_key=private_key,
-        ssh_public_key=public_key.strip(),
+    return replace(
+        cluster,
         cores_per_node=cores,
         cpu_flags=tuple(f.strip() for f in flags if f.strip()),
         machine_type=str(data.get("machine_type", "")),
@@ -388,7 +435,6 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         spot=spot,
         prices_as_of=prices_as_of,
         node_python=node_python,
-        stack=stack,
     )
 
 

@@ -1,1 +1,15 @@
-"""The kubernetes cluster kind: the objects a run creates and the flow that drives them."""
+"""The kubernetes cluster kind: every task through the official `kubernetes` client (no kubectl).
+
+    api        the connection: the kubeconfig loaded into a client of its own, the checks before
+               anything is created (namespace, ReadWriteMany storage class, claim), errors as one line
+    connect    a task's start (resolve, connect) and a run's objects (list, delete)
+    objects    a run's Indexed Job and headless Service (pod k is rank k)
+    volume     what puts things on the shared claim: namespace, claim, staging ConfigMap, helper Jobs
+    jobs       helper Jobs run to their end with their log streamed; staging (node env, code, run files)
+    watch      a run's pods: [rank R host] logs, progress, fail-fast, the pending timeout
+    train      `fab train`: budget, record, and restarts with launcher.recover's policy
+    tasks      setup, prepare-data, status, logs, stop, sample, fetch, doctor
+
+The contract keys of this kind are launcher/kube_contract.py's (below launcher.inventory, which
+builds the Cluster); launcher/kinds.py sends a task here when the cluster's kind is kubernetes.
+"""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from launcher import doctor as preflight
 from launcher.bandwidth import SEND_S
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, fab_task, given, shown
 from model.conventions import DEFAULT_MASTER_PORT
 
@@ -20,4 +20,4 @@ PORT = shown(DEFAULT_MASTER_PORT)
 def doctor(c, cluster=None, dataset="builtin", port=PORT, bandwidth_seconds=None):
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
-    return preflight.doctor(cluster, dataset=dataset, port=port, **given(bandwidth_s=bandwidth_seconds))
+    return driver(cluster).doctor(cluster, dataset=dataset, port=port, **given(bandwidth_s=bandwidth_seconds))

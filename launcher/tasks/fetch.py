@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher import checkpoints
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 
@@ -14,4 +14,4 @@ from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 })
 def fetch(c, cluster=None, run="main", dest=None):
     """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
-    checkpoints.fetch(cluster, run=run, dest=dest)
+    driver(cluster).fetch(cluster, run=run, dest=dest)

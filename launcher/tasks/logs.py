@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.launch import logs as rank_logs
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 
@@ -15,4 +15,4 @@ from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 })
 def logs(c, cluster=None, run="main", rank=None, lines="50", follow=False):
     """Show (or follow) each rank's log from its node."""
-    rank_logs.logs(cluster, run=run, rank=rank, lines=lines, follow=follow)
+    driver(cluster).logs(cluster, run=run, rank=rank, lines=lines, follow=follow)

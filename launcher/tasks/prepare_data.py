@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.data import prepare
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
 
@@ -24,6 +24,6 @@ from launcher.tasks.flags import CLUSTER_HELP, fab_task
 def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
                  limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
-    prepare.prepare_data(cluster, source=source, dataset=dataset, nodes=nodes, val_fraction=val_fraction,
-                         seed=seed, limit=limit, sharded=sharded, field=field, split=split, workers=workers,
-                         text_chars=text_chars)
+    driver(cluster).prepare_data(cluster, source=source, dataset=dataset, nodes=nodes, val_fraction=val_fraction,
+                                  seed=seed, limit=limit, sharded=sharded, field=field, split=split, workers=workers,
+                                  text_chars=text_chars)

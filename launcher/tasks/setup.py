@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.setup import ready
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
 
@@ -18,5 +18,5 @@ from launcher.tasks.flags import CLUSTER_HELP, fab_task
 def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=False, nodes=None,
           idle_minutes=None):
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
-    ready.setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
-                nodes=nodes, idle_minutes=idle_minutes)
+    driver(cluster).setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
+                           nodes=nodes, idle_minutes=idle_minutes)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from launcher.launch import status as run_status
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 
 @fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
 def status(c, cluster=None, run="main"):
     """Nodes up/down, readiness, job state and last iteration/loss/tokens per second, as a table."""
-    return run_status.status(cluster, run=run)
+    return driver(cluster).status(cluster, run=run)

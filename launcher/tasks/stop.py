@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from launcher.launch import stop as stop_run
+from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
 
 @fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
 def stop(c, cluster=None, run="main"):
     """Stop every rank of a run on every node (TERM, then KILL after 10 s)."""
-    return stop_run.stop(cluster, run=run)
+    return driver(cluster).stop(cluster, run=run)

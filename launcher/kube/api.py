@@ -1,0 +1,184 @@
+"""The connection to a Kubernetes cluster: the official client, the checks made before anything is
+created, and the API's errors as one line each.
+
+connect() loads the cluster's kubeconfig into its own ApiClient (the operator's ~/.kube/config is
+never touched), then checks what every task needs: the namespace, a ReadWriteMany storage class and
+the claim on it. A cluster from `kubeconfig:PATH` gets its namespace and claim created and its
+machine facts read from its nodes; a contract's cluster (a stack) must have them already.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from urllib3.exceptions import HTTPError
+
+from launcher.console import TaskError, say
+from launcher.inventory import Cluster, Node
+from launcher.kube import volume
+from launcher.kube_contract import KubeAccess
+
+RWX_PROVISIONERS = (
+    "filestore.csi.storage.gke.io",  # GKE Filestore
+    "nfs.csi.k8s.io",  # csi-driver-nfs (on-premises NFS)
+    "efs.csi.aws.com",  # EKS: Amazon EFS
+    "file.csi.azure.com",  # AKS: Azure Files
+    "cephfs.csi.ceph.com",  # Rook/Ceph: CephFS
+    "nfs.openebs.io",  # OpenEBS dynamic NFS
+)
+"""Provisioners whose volumes offer ReadWriteMany with POSIX renames (a StorageClass does not say
+which access modes it offers). Object-storage FUSE drivers are left out: a snapshot relies on an
+atomic rename, which they do not give."""
+RWX_ANNOTATION = "nanocluster.dev/read-write-many"
+"""A StorageClass annotated "true" counts as ReadWriteMany whatever its provisioner."""
+REQUEST_TIMEOUT_S = 30
+
+
+def api_error(error: Exception, what: str) -> TaskError:
+    """One line for a failed API call: what was being done, the server's reason, and the fix."""
+    if isinstance(error, ApiException):
+        reason = error.reason or ""
+        if error.status == 401:
+            return TaskError(f"{what}: the API server refused the kubeconfig's credentials (401): refresh them "
+                             "(e.g. `gcloud container clusters get-credentials`)")
+        if error.status == 403:
+            return TaskError(f"{what}: forbidden (403 {reason}): the kubeconfig's user needs rights on the namespace")
+        return TaskError(f"{what}: the API server answered {error.status} {reason}".rstrip())
+    if isinstance(error, ConfigException):
+        return TaskError(f"{what}: the kubeconfig cannot be used ({error}); check its cluster and user entries")
+    return TaskError(f"{what}: the API server did not answer ({type(error).__name__}: {error}); check the "
+                     "kubeconfig's server address and your network (authorized networks on GKE)")
+
+
+@contextmanager
+def calling(what: str) -> Iterator[None]:
+    """Turn the client's exceptions inside into api_error's one line."""
+    try:
+        yield
+    except (ApiException, ConfigException, HTTPError, OSError) as e:
+        raise api_error(e, what) from None
+
+
+@dataclass
+class Api:
+    """The client's typed APIs on one cluster, with the namespace every object lives in."""
+
+    core: client.CoreV1Api
+    batch: client.BatchV1Api
+    storage: client.StorageV1Api
+    namespace: str
+    access: KubeAccess
+
+    @classmethod
+    def of(cls, access: KubeAccess) -> Api:
+        api_client = new_client(access)
+        return cls(client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.StorageV1Api(api_client),
+                   access.namespace, access)
+
+    def exec_core(self) -> client.CoreV1Api:
+        """A CoreV1Api on a client of its own for an exec stream: kubernetes.stream swaps the request
+        function of the client it runs on, which would turn other threads' calls into websockets."""
+        return client.CoreV1Api(new_client(self.access))
+
+    def exists(self, read, name: str, what: str) -> bool:
+        """Whether read(name, namespace) finds the object (404: no)."""
+        try:
+            read(name, self.namespace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise api_error(e, what) from None
+        except (ConfigException, HTTPError, OSError) as e:
+            raise api_error(e, what) from None
+
+
+def new_client(access: KubeAccess) -> client.ApiClient:
+    """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written)."""
+    try:
+        return config.new_client_from_config_dict(yaml.safe_load(access.kubeconfig), context=access.context,
+                                                  persist_config=False)
+    except (ConfigException, TypeError, ValueError) as e:
+        raise TaskError(f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster "
+                        "and user entries") from None
+
+
+def offers_rwx(storage_class) -> bool:
+    annotations = storage_class.metadata.annotations or {}
+    return storage_class.provisioner in RWX_PROVISIONERS or annotations.get(RWX_ANNOTATION) == "true"
+
+
+def connect(cluster: Cluster) -> tuple[Api, Cluster]:
+    """The API and the cluster completed with what only the server knows; a TaskError (one line) when
+    the namespace, the storage class or the claim is missing, or the server cannot be reached."""
+    access = cluster.kube
+    assert access is not None, "connect() is for kind kubernetes"
+    api = Api.of(access)
+    where = f"cluster {cluster.cluster_name!r}"
+    with calling(f"{where}: reading namespace {access.namespace}"):
+        if not api.exists(lambda name, _: api.core.read_namespace(name), access.namespace, "namespace"):
+            if not access.from_kubeconfig:
+                raise TaskError(f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
+                                "creates it: `pulumi up`) or fix the contract's 'namespace'")
+            say(f"creating namespace {access.namespace}")
+            api.core.create_namespace(volume.namespace(access.namespace))
+    with calling(f"{where}: reading storage classes"):
+        classes = api.storage.list_storage_class().items
+    if access.from_kubeconfig:
+        rwx = sorted(c.metadata.name for c in classes if offers_rwx(c))
+        if not rwx:
+            found = ", ".join(f"{c.metadata.name} ({c.provisioner})" for c in classes) or "none"
+            raise TaskError(f"{where}: no StorageClass offers ReadWriteMany (found: {found}): install an NFS-like "
+                            f"CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
+                            f"{RWX_ANNOTATION}=true")
+        access = replace(access, storage_class=rwx[0])
+    elif access.storage_class not in {c.metadata.name for c in classes}:
+        raise TaskError(f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
+                        "'storage_class' (it must offer ReadWriteMany)")
+    with calling(f"{where}: reading claim {access.storage_claim}"):
+        if not api.exists(api.core.read_namespaced_persistent_volume_claim, access.storage_claim, "claim"):
+            if not access.from_kubeconfig:
+                raise TaskError(f"{where}: PersistentVolumeClaim {access.storage_claim!r} does not exist in "
+                                f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'")
+            say(f"creating claim {access.storage_claim} ({access.storage_gib} GiB ReadWriteMany, {access.storage_class})")
+            api.core.create_namespaced_persistent_volume_claim(access.namespace, volume.claim(access))
+    if access.from_kubeconfig:
+        cluster = with_node_facts(api, cluster, access)
+    return api, replace(cluster, kube=access)
+
+
+def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
+    """A kubeconfig cluster's machine facts from its schedulable nodes: the smallest allocatable cpu and
+    memory (a pod asks for what every node can give) and their count as the most pods a run can have."""
+    with calling(f"cluster {cluster.cluster_name!r}: reading nodes"):
+        nodes = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
+    if not nodes:
+        raise TaskError(f"cluster {cluster.cluster_name!r} has no schedulable node: add nodes (or a node pool) first")
+    cores = min(max(1, math.floor(cpu_quantity(n.status.allocatable.get("cpu", "1")))) for n in nodes)
+    memory = min(memory_gib(n.status.allocatable.get("memory", "0")) for n in nodes)
+    access = replace(access, max_nodes=len(nodes), memory_gib=memory)
+    return replace(cluster, cores_per_node=cores, kube=access,
+                   nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(nodes))))
+
+
+def cpu_quantity(text: str) -> float:
+    """A Kubernetes cpu quantity ("4", "3920m") in cores."""
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def memory_gib(text: str) -> float:
+    """A Kubernetes memory quantity ("16318480Ki", "15Gi", "1e9") in GiB."""
+    for suffix, factor in BINARY_SUFFIXES.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor / 2**30
+    return float(text) / 2**30

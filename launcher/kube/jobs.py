@@ -1,0 +1,155 @@
+"""Helper Jobs run to their end: the staging Job (node environment, code, run files), the prepare
+Job (a dataset) and tool Jobs (`fab sample`). Each streams its pod's log here with a [role] prefix
+and ends in one line when it fails or its pod stays Pending.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from kubernetes.client.exceptions import ApiException
+
+from launcher.console import TaskError, out_line, say
+from launcher.inventory import Cluster
+from launcher.kube import volume
+from launcher.kube.api import Api, calling
+from launcher.kube.objects import job_name
+from launcher.kube_contract import KubeAccess
+from launcher.setup.code import code_archive
+from launcher.site import REPO_ROOT
+
+POLL_S = 1.0
+"""How often a Job's pods are listed (one light request; the tests make it shorter)."""
+PENDING_TIMEOUT_S = 600.0
+"""How long a helper pod may wait for a node (an image pull, a scale-up) before the task gives up."""
+REQUIREMENTS = REPO_ROOT / "node" / "requirements-default.txt"
+"""The node environment's pins (tools/lock.py writes them), as on a VM's bootstrap."""
+
+
+def access_of(cluster: Cluster) -> KubeAccess:
+    assert cluster.kube is not None, "a Kubernetes cluster has its access"
+    return cluster.kube
+
+
+def job_pods(api: Api, job: str) -> list:
+    """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint)."""
+    with calling(f"listing the pods of Job {job}"):
+        pods = api.core.list_namespaced_pod(api.namespace, label_selector=f"batch.kubernetes.io/job-name={job}").items
+    return [p for p in pods if (p.metadata.labels or {}).get("batch.kubernetes.io/job-name") == job]
+
+
+def delete_job(api: Api, name: str) -> None:
+    """Delete a Job and (in the background) its pods; nothing when it is gone already."""
+    try:
+        api.batch.delete_namespaced_job(name, api.namespace, propagation_policy="Background")
+    except ApiException as e:
+        if e.status != 404:
+            raise TaskError(f"deleting Job {name}: the API server answered {e.status} {e.reason}") from None
+
+
+def unschedulable(pod) -> str:
+    """Why a Pending pod has no node yet ("" when it is scheduled)."""
+    for condition in (pod.status.conditions or []) if pod.status else []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"{condition.reason or 'Unschedulable'}: {condition.message or 'no node fits'}"
+    return ""
+
+
+def exit_code(pod) -> int | None:
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.terminated:
+            return status.state.terminated.exit_code
+    return None
+
+
+def run_helper(api: Api, job: dict, what: str, on_line: Callable[[str], None] | None = None,
+               pending_timeout_s: float = PENDING_TIMEOUT_S) -> None:
+    """Create the Job (replacing an old one of the same name), stream its log, wait for its end."""
+    name = job["metadata"]["name"]
+    role = job["metadata"]["labels"][volume.LABEL_ROLE]
+    emit = on_line or (lambda line: out_line(f"[{role}] {line}"))
+    delete_job(api, name)
+    with calling(f"creating Job {name}"):
+        _create_when_gone(api, job)
+    started = time.monotonic()
+    while True:
+        pods = job_pods(api, name)
+        pod = pods[0] if pods else None
+        phase = pod.status.phase if pod and pod.status else "Pending"
+        if phase in ("Running", "Succeeded", "Failed"):
+            break
+        waited = time.monotonic() - started
+        if waited > pending_timeout_s:
+            why = unschedulable(pod) if pod else "no pod created"
+            delete_job(api, name)
+            raise TaskError(f"{what}: pod still Pending after {waited:.0f} s ({why or 'waiting for a node'}); "
+                            "check the cluster's capacity and the claim (kubectl describe pod), then rerun")
+        time.sleep(POLL_S)
+    assert pod is not None
+    with calling(f"reading the log of {pod.metadata.name}"):
+        stream = api.core.read_namespaced_pod_log(pod.metadata.name, api.namespace, follow=True,
+                                                  _preload_content=False)
+        for line in log_lines(stream):
+            emit(line)
+    while phase not in ("Succeeded", "Failed"):
+        time.sleep(POLL_S)
+        pods = job_pods(api, name)
+        phase = pods[0].status.phase if pods and pods[0].status else "Failed"
+        pod = pods[0] if pods else pod
+    if phase == "Failed":
+        raise TaskError(f"{what} failed (Job {name}, exit {exit_code(pod)}); its log is above")
+
+
+def _create_when_gone(api: Api, job: dict) -> None:
+    """Create the Job; a 409 means the old one of that name is still being deleted: wait for it."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            api.batch.create_namespaced_job(api.namespace, job)
+            return
+        except ApiException as e:
+            if e.status != 409 or time.monotonic() > deadline:
+                raise
+        time.sleep(POLL_S)
+
+
+def log_lines(stream) -> Iterator[str]:
+    """The decoded lines of a streamed HTTP response, as they arrive."""
+    buffer = b""
+    for chunk in stream.stream(amt=4096, decode_content=True):
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.decode(errors="replace")
+    if buffer:
+        yield buffer.decode(errors="replace")
+
+
+def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> None:
+    """The node environment, model/ and the run's files on the shared volume: one staging Job that
+    does only what differs (the venv once per requirements digest, the code once per code digest)."""
+    access = access_of(cluster)
+    archive, code_sha = code_archive()
+    requirements = REQUIREMENTS.read_bytes()
+    files = {"code.tar.gz": archive, "requirements.txt": requirements}
+    placed = {}
+    for i, (path, data) in enumerate(sorted((run_files or {}).items())):
+        files[f"file{i}"] = data
+        placed[path] = f"file{i}"
+    try:
+        configmap = volume.staging_configmap(access.namespace, files)
+    except ValueError as e:
+        raise TaskError(str(e)) from None
+    name = configmap["metadata"]["name"]
+    with calling(f"creating ConfigMap {name}"):
+        if not api.exists(api.core.read_namespaced_config_map, name, "ConfigMap"):
+            api.core.create_namespaced_config_map(access.namespace, configmap)
+    script = volume.staging_script(volume.digest_of({"r": requirements}), code_sha, placed)
+    job = volume.helper_job(job_name("stage", run or "setup"), access, "staging",
+                            script, run=run, configmap=name)
+    started = time.monotonic()
+    say(f"staging on claim {access.storage_claim}: node environment, model code {code_sha[:12]}"
+        + (f", runs/{run}'s files" if placed else ""))
+    run_helper(api, job, "staging the node environment and code")
+    say(f"staged in {time.monotonic() - started:.1f} s")

@@ -1,0 +1,235 @@
+"""The tasks other than `fab train` on a Kubernetes cluster, with the VM tasks' signatures
+(launcher/kinds.py picks these or the VM ones by the cluster's kind).
+
+    setup          the staging Job: node environment once, model/ by digest (launcher.kube.jobs)
+    prepare_data   a Job writing data/<dataset> once on the shared claim: every pod reads that copy
+    status         the run's pods (rank, node, phase) and this machine's record of the run
+    logs           each pod's log, [rank R host] as fab train prints it
+    stop           delete the run's Job and Service (every pod gets SIGTERM: it snapshots and exits)
+    sample         model.sample in a Job on the claim; its log is the text
+    fetch          the best checkpoint and metrics copied here from a helper pod (exec stream)
+    doctor         the cluster checks of connect(), then a Job checking environment, code and data
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from launcher.checkpoints import fetched_dir
+from launcher.console import TaskError, check_name, console, out_line, say
+from launcher.data.prepare import dataset_name, prepare_args
+from launcher.kube import volume
+from launcher.kube.api import Api, calling
+from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
+from launcher.kube.jobs import (
+    PENDING_TIMEOUT_S,
+    access_of,
+    delete_job,
+    exit_code,
+    job_pods,
+    log_lines,
+    run_helper,
+    stage,
+)
+from launcher.kube.objects import CONTAINER, job_name
+from launcher.kube.watch import disruption, rank_of, unit_of
+from launcher.launch.monitor import Progress
+from launcher.runs.budget import status_lines as budget_lines
+from launcher.runs.estimate import status_lines
+from launcher.runs.record import RunRecord
+from model.conventions import (
+    CKPT_NAME,
+    SAMPLE_MAX_NEW_TOKENS,
+    SAMPLE_SEED,
+    SAMPLE_TEMPERATURE,
+    SAMPLE_TOP_K,
+    SNAPSHOT_NAME,
+)
+
+
+def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "", skip_system_packages: bool = False,
+          nodes: int | None = None, idle_minutes: int | None = None) -> None:
+    if profile != "default" or pip_args or idle_minutes is not None:
+        raise TaskError("--profile, --pip-args and --idle-minutes are for VM nodes: a Kubernetes cluster's node "
+                        "environment is the default profile on the shared claim, and its pool scales to 0 by itself")
+    api, cluster = open_cluster(cluster_spec)
+    stage(api, cluster)
+
+
+def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
+                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
+                 limit: int | None = None, sharded: bool = False, field: str | None = None,
+                 split: str | None = None, workers: int | None = None, text_chars: int | None = None) -> None:
+    dataset = check_name(dataset or dataset_name(source), "dataset")
+    if sharded:
+        raise TaskError("--sharded is for VM nodes: on a Kubernetes cluster every pod reads the one copy on "
+                        "the shared claim (drop --sharded)")
+    args = prepare_args(source, dataset, val_fraction=val_fraction, seed=seed, limit=limit, field=field,
+                        split=split, workers=workers, text_chars=text_chars)
+    api, cluster = open_cluster(cluster_spec)
+    stage(api, cluster)
+    job = volume.helper_job(job_name("prepare", dataset), access_of(cluster), "prepare", volume.prepare_script(args))
+    started = time.monotonic()
+    say(f"preparing {source!r} as data/{dataset} on claim {access_of(cluster).storage_claim} (model.prepare in a "
+        "Job; a matching dataset is kept)")
+    run_helper(api, job, f"preparing data/{dataset}")
+    say(f"prepared in {time.monotonic() - started:.1f} s")
+
+
+def status(cluster_spec: str | None, run: str = "main") -> int:
+    """The run's pods as a table, then its progress, time and cost from this machine's record; 1
+    when a pod failed."""
+    api, cluster = open_cluster(cluster_spec)
+    jobs, services, pods = run_objects(api, run)
+    table = Table(title=f"{cluster.cluster_name}: run {run}")
+    for column in ("pod", "rank", "node", "phase", "detail"):
+        table.add_column(column, overflow="fold")
+    failed = 0
+    for pod in sorted(pods, key=rank_of):
+        phase = pod.status.phase if pod.status else "Unknown"
+        code = exit_code(pod)
+        detail = disruption(pod) or ("" if code is None else f"exit {code}")
+        failed += phase == "Failed"
+        table.add_row(pod.metadata.name, str(rank_of(pod)), unit_of(pod).node.name, phase, detail)
+    console.print(table)
+    job_state = ", ".join(f"{j.metadata.name} {job_condition(j)}" for j in jobs) or "no Job (not running)"
+    say(f"Job: {job_state}; Service: {', '.join(s.metadata.name for s in services) or 'none'}")
+    record = RunRecord.of(cluster, run)
+    progress = Progress()
+    for metrics_record in record.metrics():
+        progress.update(metrics_record)
+    say(f"run {run}, last logged: {progress.summary()}")
+    for line in [*status_lines(record), *budget_lines(record)]:
+        say(line)
+    return 1 if failed else 0
+
+
+def job_condition(job) -> str:
+    for condition in (job.status.conditions or []) if job.status else []:
+        if condition.status == "True" and condition.type in ("Complete", "Failed", "Suspended"):
+            return f"{condition.type}" + (f" ({condition.reason})" if condition.reason else "")
+    active = job.status.active if job.status else 0
+    return f"running ({active or 0} active pod(s))"
+
+
+def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50,
+         follow: bool = False) -> None:
+    api, _ = open_cluster(cluster_spec)
+    pods = sorted(run_objects(api, run)[2], key=rank_of)
+    if not pods:
+        raise TaskError(f"run {run!r} has no pod: start it with `fab train --run {run}` (a finished run's pods are "
+                        "deleted; its record is in `fab status`)")
+    if rank is not None:
+        pods = [p for p in pods if rank_of(p) == rank]
+        if not pods:
+            raise TaskError(f"run {run!r} has no pod of rank {rank}")
+    for pod in pods:
+        unit = unit_of(pod)
+        with calling(f"reading the log of {pod.metadata.name}"):
+            stream = api.core.read_namespaced_pod_log(pod.metadata.name, api.namespace, container=CONTAINER,
+                                                      tail_lines=lines, follow=follow, _preload_content=False)
+            for line in log_lines(stream):
+                out_line(unit.label(line))
+
+
+def stop(cluster_spec: str | None, run: str = "main") -> int:
+    api, _ = open_cluster(cluster_spec)
+    if not delete_run_objects(api, run):
+        say(f"run {run}: nothing to stop (no Job or Service)")
+    return 0
+
+
+def best_checkpoint_script(run: str) -> str:
+    """Shell setting $ckpt to the run's ckpt.pt, else its snapshot.pt (exit 3 when neither exists)."""
+    directory = volume.run_path(run, "")
+    return (f"cd {directory} 2>/dev/null && ckpt=$(ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1); "
+            f'[ -n "$ckpt" ] || {{ echo "run {run} has no {CKPT_NAME} or {SNAPSHOT_NAME}: train first"; exit 3; }}; '
+            f'ckpt="{directory}$ckpt"')
+
+
+def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
+           temperature: float = SAMPLE_TEMPERATURE, top_k: int = SAMPLE_TOP_K, seed: int = SAMPLE_SEED) -> None:
+    check_name(run, "run")
+    api, cluster = open_cluster(cluster_spec)
+    args = ["--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature), "--top-k", str(top_k),
+            "--seed", str(seed), *(["--prompt", prompt] if prompt else [])]
+    script = f'{best_checkpoint_script(run)}; {volume.node_program("model.sample", args)} --ckpt "$ckpt" 2>&1'
+    job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
+    run_helper(api, job, f"sampling run {run}", on_line=out_line)
+
+
+def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
+    """The run's best checkpoint and metrics.jsonl from the claim, through a helper pod's exec stream."""
+    check_name(run, "run")
+    api, cluster = open_cluster(cluster_spec)
+    target = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
+    target.mkdir(parents=True, exist_ok=True)
+    name = job_name("fetch", run)
+    job = volume.helper_job(name, access_of(cluster), "fetch", "sleep 900", run=run)
+
+    delete_job(api, name)
+    with calling(f"creating Job {name}"):
+        api.batch.create_namespaced_job(api.namespace, job)
+    try:
+        pod = wait_running(api, name)
+        for file in ("$ckpt", "metrics.jsonl"):
+            script = f"{best_checkpoint_script(run)}; cd {volume.run_path(run, '')} && base64 {file} && echo"
+            text = exec_output(api, pod, script)
+            wanted = "ckpt.pt" if file == "$ckpt" else file
+            (target / wanted).write_bytes(base64.b64decode(text))
+    finally:
+        delete_job(api, name)
+    say(f"fetched run {run} to {target}")
+    return target
+
+
+def wait_running(api: Api, job: str, timeout_s: float = PENDING_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pods = [p for p in job_pods(api, job) if p.status and p.status.phase == "Running"]
+        if pods:
+            return pods[0].metadata.name
+        time.sleep(1.0)
+    raise TaskError(f"helper pod of Job {job} not Running after {timeout_s:.0f} s: check the cluster's capacity")
+
+
+def exec_output(api: Api, pod: str, script: str) -> str:
+    from kubernetes.stream import stream  # websocket-client: only fetch needs it
+
+    with calling(f"reading from pod {pod}"):
+        return stream(api.exec_core().connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
+                      stderr=False, stdin=False, stdout=True, tty=False)
+
+
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
+    """connect()'s checks (server, credentials, namespace, RWX storage, claim), then a Job that checks the
+    node environment, the code and data/<dataset> on the claim; 1 with each problem and its fix."""
+    check_name(dataset, "dataset")
+    api, cluster = open_cluster(cluster_spec)
+    access = access_of(cluster)
+    say(f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
+        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores")
+    checks = {
+        "node environment": f"test -x {volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python",
+        "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
+        f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
+    }
+    script = "; ".join(f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi"
+                       for what, test in checks.items())
+    missing: list[str] = []
+
+    def on_line(line: str) -> None:
+        say(line)
+        if line.startswith("missing"):
+            missing.append(line)
+
+    run_helper(api, volume.helper_job(job_name("doctor", dataset), access, "doctor", script), "checking the claim",
+               on_line=on_line)
+    if missing:
+        say("fix: `fab setup` builds the node environment and code; `fab prepare-data` writes the dataset")
+    return 1 if missing else 0

@@ -1,0 +1,162 @@
+"""The objects that put things on the shared volume, as the API's camelCase dicts (pure functions).
+
+    namespace, claim      what a kubeconfig cluster gets when it lacks them
+    staging ConfigMap     model/ as a tarball, the node requirements and the run's files, named by
+                          their digest (a ConfigMap holds at most 1 MiB: the code is ~80 KB)
+    staging Job           builds <root>/venv once per requirements digest, installs <root>/code
+                          when its digest differs, writes the run's files; then exits
+    prepare Job           `python -m model.prepare` writing <root>/data/<dataset> once
+    tool Job              one program of the node environment (sample, a metrics tail): its log is the answer
+
+They run the stock image on any node (no training-pool selector, so the pool is not scaled up for
+them) with the claim at MOUNT_PATH, as the training pods see it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+
+from launcher.kube.objects import (
+    APP,
+    CODE_DIR,
+    DEFAULT_IMAGE,
+    LABEL_APP,
+    LABEL_RUN,
+    MOUNT_PATH,
+    NODE_PYTHON,
+    VOLUME,
+)
+from launcher.kube_contract import KubeAccess
+from launcher.setup.code import install_code_command
+from launcher.site import data_dir, run_dir
+
+CONFIGMAP_LIMIT_BYTES = 1024 * 1024
+"""The API server refuses a ConfigMap whose data exceeds 1 MiB."""
+STAGE_DIR = "/staging"
+"""Where the staging Job mounts its ConfigMap."""
+LABEL_ROLE = "nanocluster.dev/role"
+"""What a helper object is for: staging, prepare, tool."""
+VENV_MARKER = f"{MOUNT_PATH}/venv/.nanocluster-ready"
+"""The node environment's marker, holding the digest of the requirements it was built from."""
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def meta(name: str, namespace: str, role: str, run: str = "") -> dict:
+    labels = {LABEL_APP: APP, LABEL_ROLE: role} | ({LABEL_RUN: run} if run else {})
+    return {"name": name, "namespace": namespace, "labels": labels}
+
+
+def namespace(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {LABEL_APP: APP}}}
+
+
+def claim(access: KubeAccess) -> dict:
+    """The ReadWriteMany claim of a kubeconfig cluster (a stack creates its own)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta(access.storage_claim, access.namespace, "storage"),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": access.storage_class,
+            "resources": {"requests": {"storage": f"{access.storage_gib}Gi"}},
+        },
+    }
+
+
+def digest_of(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return h.hexdigest()
+
+
+def staging_configmap(namespace_name: str, files: dict[str, bytes]) -> dict:
+    """files (key -> bytes) as a ConfigMap named by their digest; a ValueError past the 1 MiB limit."""
+    size = sum(len(base64.b64encode(v)) for v in files.values())
+    if size > CONFIGMAP_LIMIT_BYTES:
+        raise ValueError(f"the staged files take {size} bytes, over a ConfigMap's {CONFIGMAP_LIMIT_BYTES}: "
+                         "keep model/ and the trainer config small")
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(f"nanocluster-stage-{digest_of(files)[:12]}", namespace_name, "staging"),
+        "binaryData": {k: base64.b64encode(v).decode() for k, v in files.items()},
+    }
+
+
+def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str]) -> str:
+    """Shell for the staging Job: venv when its marker differs, code when its digest differs, run files."""
+    venv = f"{MOUNT_PATH}/venv"
+    lines = [
+        "set -eu",
+        f'if [ "$(cat {VENV_MARKER} 2>/dev/null)" != {requirements_sha} ]; then',
+        f"  echo 'building the node environment in {venv} (once per requirements digest)'",
+        f"  rm -rf {venv} && python -m venv {venv}",
+        f"  {venv}/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt --extra-index-url {TORCH_INDEX}",
+        f"  echo {requirements_sha} > {VENV_MARKER}",
+        "fi",
+        f'if [ "$(cat {CODE_DIR}/.sha256 2>/dev/null)" != {code_sha} ]; then',
+        f"  echo 'installing model code {code_sha[:12]}'",
+        f"  {install_code_command(MOUNT_PATH, code_sha)} < {STAGE_DIR}/code.tar.gz",
+        "fi",
+    ]
+    for path, key in sorted(run_files.items()):
+        lines += [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", f"cp {STAGE_DIR}/{key} {shlex.quote(path)}"]
+    return "\n".join(lines) + "\n"
+
+
+def helper_job(name: str, access: KubeAccess, role: str, script: str, run: str = "",
+               configmap: str = "", workdir: str = MOUNT_PATH) -> dict:
+    """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
+    staging ConfigMap, if any); kept 10 minutes after it ends so its log can be read."""
+    mounts = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
+    volumes: list[dict] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": access.storage_claim}}]
+    if configmap:
+        mounts.append({"name": "staging", "mountPath": STAGE_DIR, "readOnly": True})
+        volumes.append({"name": "staging", "configMap": {"name": configmap}})
+    labels = meta(name, access.namespace, role, run)["labels"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(name, access.namespace, role, run),
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 600,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "enableServiceLinks": False,
+                    "containers": [{
+                        "name": role,
+                        "image": DEFAULT_IMAGE,
+                        "command": ["sh", "-c", script],
+                        "workingDir": workdir,
+                        "env": [{"name": "PYTHONPATH", "value": CODE_DIR}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def node_program(module: str, args: list[str]) -> str:
+    """`python -m module args` with the node environment, as a shell line."""
+    return " ".join([NODE_PYTHON, "-m", module, *(shlex.quote(a) for a in args)])
+
+
+def prepare_script(args: list[str]) -> str:
+    return f"set -eu\nmkdir -p {MOUNT_PATH}/data\n{node_program('model.prepare', args)}\n"
+
+
+def run_path(run: str, name: str) -> str:
+    return f"{run_dir(MOUNT_PATH, run)}/{name}"
+
+
+def dataset_path(dataset: str) -> str:
+    return data_dir(MOUNT_PATH, dataset)

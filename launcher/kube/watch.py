@@ -1,0 +1,228 @@
+"""Watching a run's pods: live [rank R host] logs, the progress line, and fail-fast.
+
+The pods are listed every POLL_S (one light request). Each pod that starts gets a thread following
+its log (the API's follow stream), labelled as the VM launcher labels a rank (launcher.launch.plan's
+Unit), so `fab train` reads the same on both kinds. Rank 0's metrics.jsonl is followed through an
+exec stream into its pod (a `tail -F` on the shared volume) for the progress line and the
+operator's metrics copy (launcher.runs.recorder). The first pod to fail -- its container exited
+non-zero, or it was evicted or preempted (condition DisruptionTarget) -- ends the watch: the
+caller's stop_all deletes the Job (every pod gets SIGTERM) and RunFailed names the rank, as the VM
+monitor's does, so launcher.recover's policy classifies it the same way. A pod that finds no node
+within the pending timeout ends the watch with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from launcher.inventory import Node
+from launcher.kube.api import Api
+from launcher.kube.jobs import exit_code, job_pods, log_lines, unschedulable
+from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
+from launcher.launch.monitor import (
+    FAILURE_GRACE_S,
+    PROGRESS_EVERY_S,
+    TAIL_LINES,
+    FirstFailure,
+    Progress,
+    RunFailed,
+    RunInterrupted,
+)
+from launcher.launch.plan import Unit
+from launcher.runs import budget
+from launcher.runs.recorder import RunRecorder
+
+POLL_S = 1.0
+"""How often the run's pods are listed."""
+DISRUPTION = "DisruptionTarget"
+"""The pod condition Kubernetes sets on a pod it is about to stop: preemption, eviction, a drain."""
+
+
+class StuckPending(RunFailed):
+    """A pod found no node within the pending timeout; placed: how many of the attempt's pods did."""
+
+    def __init__(self, message: str, placed: int):
+        super().__init__(message)
+        self.placed = placed
+
+
+def rank_of(pod) -> int:
+    annotations = pod.metadata.annotations or {}
+    value = annotations.get(COMPLETION_INDEX_ANNOTATION) or (pod.metadata.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
+    return int(value) if value is not None and str(value).isdigit() else -1
+
+
+def unit_of(pod) -> Unit:
+    """The pod as the VM launcher's rank unit: prefix [rank R host], host the node it runs on."""
+    rank = rank_of(pod)
+    host = (pod.spec.node_name if pod.spec else None) or pod.metadata.name
+    return Unit(f"rank{rank}", "rank", Node(rank, host, "", ""), rank)
+
+
+def disruption(pod) -> str:
+    """The reason a pod is being stopped by Kubernetes ("" when it is not)."""
+    for condition in (pod.status.conditions or []) if pod.status else []:
+        if condition.type == DISRUPTION and condition.status == "True":
+            return f"{condition.reason or 'disrupted'}: {condition.message or 'the pod was evicted'}"
+    return ""
+
+
+class PodWatch:
+    """Follows one attempt's pods until every rank succeeded; RunFailed otherwise."""
+
+    def __init__(self, api: Api, launch: PodLaunch, recorder: RunRecorder, stop_all: Callable[[], None],
+                 pending_timeout_s: float, out: Callable[[str], None] = print):
+        self.api, self.launch, self.recorder, self.stop_all = api, launch, recorder, stop_all
+        self.pending_timeout_s, self.out = pending_timeout_s, out
+        self.progress = Progress()
+        self.tails: dict[int, deque] = {}
+        self.followed: set[str] = set()
+        self.print_lock = threading.Lock()
+        self.metrics_started = False
+
+    def emit(self, text: str) -> None:
+        with self.print_lock:
+            self.out(text)
+
+    def pods(self) -> list:
+        """This attempt's pods (a recreated Job's pods carry the next attempt's label)."""
+        attempt = str(self.launch.attempt)
+        return [p for p in job_pods(self.api, self.launch.job)
+                if (p.metadata.labels or {}).get(LABEL_ATTEMPT, attempt) == attempt and rank_of(p) >= 0]
+
+    def follow_log(self, pod) -> None:
+        unit = unit_of(pod)
+        tail = self.tails.setdefault(unit.rank or 0, deque(maxlen=TAIL_LINES))
+
+        def follow() -> None:
+            with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
+                stream = self.api.core.read_namespaced_pod_log(pod.metadata.name, self.api.namespace, container=CONTAINER,
+                                                               follow=True, _preload_content=False)
+                for line in log_lines(stream):
+                    tail.append(line)
+                    self.emit(unit.label(line))
+
+        threading.Thread(target=follow, daemon=True).start()
+
+    def follow_metrics(self, pod) -> None:
+        """Rank 0's metrics.jsonl through an exec stream into its pod (best effort: a cluster that
+        refuses exec still trains; the progress line then stays empty)."""
+        path = f"{self.launch.run_dir}/metrics.jsonl"
+
+        def on_line(line: str) -> None:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return
+            self.recorder.add(line, record)
+            self.progress.update(record)
+
+        def follow() -> None:
+            with contextlib.suppress(Exception):
+                from kubernetes.stream import stream
+
+                ws = stream(self.api.exec_core().connect_get_namespaced_pod_exec, pod.metadata.name, self.api.namespace,
+                            container=CONTAINER, command=["tail", "-n", "+1", "-F", path], stderr=False,
+                            stdin=False, stdout=True, tty=False, _preload_content=False)
+                buffer = ""
+                while ws.is_open():
+                    ws.update(timeout=1)
+                    if ws.peek_stdout():
+                        buffer += ws.read_stdout()
+                        *complete, buffer = buffer.split("\n")
+                        for line in complete:
+                            on_line(line)
+            self.recorder.stream_ended()
+
+        threading.Thread(target=follow, daemon=True).start()
+
+    def watch(self) -> Progress:
+        started = time.monotonic()
+        last_progress = 0.0
+        try:
+            while True:
+                pods = self.pods()
+                for pod in pods:
+                    phase = pod.status.phase if pod.status else "Pending"
+                    if phase != "Pending" and pod.metadata.name not in self.followed:
+                        self.followed.add(pod.metadata.name)
+                        self.follow_log(pod)
+                        if rank_of(pod) == 0 and not self.metrics_started:
+                            self.metrics_started = True
+                            self.follow_metrics(pod)
+                # Every rank stops at the same step at the budget (an end by design, exit BUDGET_EXIT):
+                # the Job controller then fails the Job and stops the pods still ending; not a failure.
+                at_budget = [p for p in pods if exit_code(p) == budget.BUDGET_EXIT]
+                ended = [p for p in pods if p.status and p.status.phase in ("Succeeded", "Failed")]
+                if at_budget and len(ended) == len(pods):
+                    self.progress.stopped_at_budget = True
+                    self.progress.ended_at = time.time()
+                    return self.progress
+                failed = [p for p in pods if p.status and (p.status.phase == "Failed" or disruption(p))]
+                if failed and not at_budget:
+                    self.fail(failed)
+                done = [p for p in pods if p.status and p.status.phase == "Succeeded"]
+                if len(done) == self.launch.nodes:
+                    self.progress.ended_at = time.time()
+                    return self.progress
+                self.check_pending(pods, time.monotonic() - started)
+                now = time.monotonic()
+                if self.progress.iter is not None and now - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = now
+                    self.emit(self.progress.line() + self.recorder.progress_suffix())
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            self.emit("interrupted: deleting the run's Job (every pod gets SIGTERM) ...")
+            self.stop_all()
+            raise RunInterrupted(self.progress) from None
+        finally:
+            if not self.metrics_started:
+                self.recorder.stream_ended()  # nothing to wait for: rank 0 never ran
+            self.recorder.close()
+
+    def check_pending(self, pods: list, waited: float) -> None:
+        """StuckPending when a rank has had no node for longer than the pending timeout."""
+        if waited <= self.pending_timeout_s:
+            return
+        placed = {rank_of(p) for p in pods if not unschedulable(p)}
+        waiting = [p for p in pods if p.status and p.status.phase == "Pending" and unschedulable(p)]
+        if not waiting and len(pods) == self.launch.nodes:
+            return
+        why = unschedulable(waiting[0]) if waiting else "the Job created no pod"
+        self.stop_all()
+        names = ", ".join(p.metadata.name for p in waiting) or self.launch.job
+        raise StuckPending(f"{names} still Pending after {waited:.1f} s (--recover-timeout {self.pending_timeout_s:g} s): {why}; "
+                           f"{len(placed)} of {self.launch.nodes} pod(s) found a node: grow the training pool "
+                           "(max_nodes), use fewer --nodes or a longer --recover-timeout; the run's objects were deleted", len(placed))
+
+    def fail(self, failed: list) -> None:
+        time.sleep(min(FAILURE_GRACE_S, POLL_S))  # other pods that fail with it: name the earliest below
+        first = min(failed, key=lambda p: (finished_at(p), rank_of(p)))
+        unit = unit_of(first)
+        self.emit(f"{unit.prefix} failed first: deleting the run's Job (every pod gets SIGTERM) ...")
+        self.stop_all()
+        evicted = disruption(first)
+        code = exit_code(first)
+        what = unit.prefix.strip("[]")
+        lines = list(self.tails.get(rank_of(first), ()))
+        self.emit(f"---- last {len(lines)} line(s) of {what} ----")
+        for line in lines:
+            self.emit(f"  {line}")
+        if evicted:
+            raise RunFailed(f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
+                            failure=FirstFailure(what, "lost", None, f"pod {first.metadata.name} {evicted}"))
+        reason = "ended without an exit code" if code is None else f"exited with code {code}"
+        raise RunFailed(f"{what} {reason}; every pod was stopped", failure=FirstFailure(what, "exit", code))
+
+
+def finished_at(pod) -> float:
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        terminated = status.state.terminated if status.state else None
+        if terminated and terminated.finished_at:
+            return terminated.finished_at.timestamp()
+    return float("inf")

@@ -1,0 +1,146 @@
+"""The output contract of kind kubernetes, and `--cluster kubeconfig:PATH[#CONTEXT]`.
+
+Pure parsing (no API call, nothing of the launcher imported, so it sits below launcher.inventory
+and outside the launcher.kube package, which drives the API): launcher.inventory turns either into
+the same validated Cluster, whose `kube` field is the KubeAccess below. What only the API server
+knows (the RWX storage class of a kubeconfig cluster, its nodes' cores) launcher.kube.api adds when
+it connects. Every problem is one line naming the key or the file and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+KIND = "kubernetes"
+"""The contract's `kind` for a Kubernetes cluster (VM contracts have none, or "machines")."""
+KUBECONFIG_PREFIX = "kubeconfig:"
+"""`--cluster kubeconfig:PATH[#CONTEXT]`: any existing cluster from a kubeconfig file."""
+DEFAULT_NAMESPACE = "nanocluster"
+"""The namespace a kubeconfig cluster's objects live in (created when missing)."""
+DEFAULT_CLAIM = "nanocluster-shared"
+"""The ReadWriteMany claim a kubeconfig cluster's data, node environment and runs live on."""
+DEFAULT_STORAGE_GIB = 100
+"""Its size when the launcher creates it."""
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+Fail = Callable[[str], Exception]
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    """How the launcher reaches a Kubernetes cluster and where a run's pods go."""
+
+    kubeconfig: str = field(repr=False)
+    """The kubeconfig YAML text (secret: it may hold a token)."""
+    context: str
+    """The kubeconfig context used (its current-context when the contract says null)."""
+    namespace: str
+    """Where every object of the launcher lives."""
+    storage_class: str
+    """A StorageClass offering ReadWriteMany; empty until the launcher has asked a kubeconfig cluster."""
+    storage_claim: str
+    """The ReadWriteMany PersistentVolumeClaim holding data, the node environment and runs."""
+    storage_gib: int
+    """The claim's size."""
+    max_nodes: int
+    """The training pool's autoscaler maximum; 0 until a kubeconfig cluster's nodes are counted."""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    """Labels that place pods on the training pool (empty: any node)."""
+    tolerations: tuple[dict, ...] = ()
+    """Tolerations (the API's camelCase form) for the pool's taint."""
+    memory_gib: float = 0.0
+    """Memory per node; 0 when unknown."""
+    hourly_cost_at_rest_usd: float | None = None
+    """What the cluster costs per hour with the training pool at 0; None when unknown."""
+    from_kubeconfig: bool = False
+    """Built from `kubeconfig:PATH`: storage and machine facts are read from the cluster on connect."""
+    config_path: str = ""
+    """The kubeconfig file (kubeconfig:PATH), for messages; empty for a contract."""
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """`kubeconfig:PATH[#CONTEXT]` as (PATH, CONTEXT or None)."""
+    path, _, context = spec.removeprefix(KUBECONFIG_PREFIX).partition("#")
+    return path, context or None
+
+
+def check_kubeconfig(text: str, context: str | None, where: str, fail: Fail) -> str:
+    """The context the launcher will use, after checking the kubeconfig names it with a cluster and a user."""
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise fail(f"{where} is not a kubeconfig: not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("contexts"), list):
+        raise fail(f"{where} is not a kubeconfig: no 'contexts' list (export one with your cloud's CLI, "
+                   "e.g. `gcloud container clusters get-credentials`)")
+    names = [c.get("name") for c in config["contexts"] if isinstance(c, dict)]
+    chosen = context or config.get("current-context")
+    if not chosen:
+        raise fail(f"{where} has no current-context: name one as kubeconfig:PATH#CONTEXT (contexts: "
+                   f"{', '.join(map(str, names)) or 'none'})")
+    if chosen not in names:
+        raise fail(f"{where} has no context {chosen!r}: use one of {', '.join(map(str, names)) or 'none'}")
+    return chosen
+
+
+def from_kubeconfig(spec: str, fail: Fail) -> tuple[str, KubeAccess]:
+    """(cluster name, access) for `kubeconfig:PATH[#CONTEXT]`; the cluster name is the context's."""
+    path_text, context = split_spec(spec)
+    path = Path(path_text).expanduser()
+    if not path_text:
+        raise fail("--cluster kubeconfig: needs a path, e.g. kubeconfig:~/.kube/config#my-context")
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise fail(f"kubeconfig {path}: {e.strerror}; export it with your cloud's CLI or pass another path") from None
+    chosen = check_kubeconfig(text, context, f"kubeconfig {path}", fail)
+    access = KubeAccess(kubeconfig=text, context=chosen, namespace=DEFAULT_NAMESPACE, storage_class="",
+                        storage_claim=DEFAULT_CLAIM, storage_gib=DEFAULT_STORAGE_GIB, max_nodes=0,
+                        from_kubeconfig=True, config_path=str(path))
+    return chosen, access
+
+
+def parse_access(data: dict, fail: Fail) -> KubeAccess:
+    """The kind-kubernetes keys of a contract (docs/kubernetes.md, "Bring your own cluster"), each checked with the fix named."""
+    def need(key: str, kind: type | tuple[type, ...], what: str):
+        value = data.get(key)
+        if key not in data or not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise fail(f"{key!r} must be {what}, got {value!r}" if key in data else f"missing key {key!r} ({what})")
+        return value
+
+    kubeconfig = need("kubeconfig", str, "the kubeconfig YAML text")
+    context = data.get("context")
+    if context is not None and not isinstance(context, str):
+        raise fail(f"'context' must be a kubeconfig context name or null, got {context!r}")
+    chosen = check_kubeconfig(kubeconfig, context or None, "'kubeconfig'", fail)
+    for key in ("namespace", "storage_claim"):
+        if not re.match(DNS_LABEL, need(key, str, "a DNS label such as 'nanocluster'")):
+            raise fail(f"{key!r} {data[key]!r} is not a DNS label (lower-case letters, digits and '-')")
+    storage_class = need("storage_class", str, "a StorageClass offering ReadWriteMany")
+    if not storage_class:
+        raise fail("'storage_class' is empty: name a StorageClass that offers ReadWriteMany")
+    gib = need("storage_gib", int, "the claim's size in GiB")
+    max_nodes = need("max_nodes", int, "the training pool's autoscaler maximum")
+    if max_nodes < 1 or gib < 1:
+        raise fail(f"'max_nodes' and 'storage_gib' must be >= 1, got {max_nodes} and {gib}")
+    selector = data.get("node_selector") or {}
+    if not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values()):
+        raise fail(f"'node_selector' must map labels to strings, got {selector!r}")
+    tolerations = data.get("tolerations") or []
+    if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
+        raise fail(f"'tolerations' must be a list of Toleration objects, got {tolerations!r}")
+    memory = data.get("memory_gib") or 0.0
+    at_rest = data.get("hourly_cost_at_rest_usd")
+    for key, value in (("memory_gib", memory), ("hourly_cost_at_rest_usd", at_rest)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise fail(f"{key!r} must be a non-negative number or null, got {value!r}")
+    return KubeAccess(kubeconfig=kubeconfig, context=chosen, namespace=data["namespace"],
+                      storage_class=storage_class, storage_claim=data["storage_claim"], storage_gib=gib,
+                      max_nodes=max_nodes, node_selector=tuple(sorted(selector.items())),
+                      tolerations=tuple(tolerations), memory_gib=float(memory),
+                      hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest))

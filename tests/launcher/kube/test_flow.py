@@ -1,0 +1,143 @@
+"""The launcher's Kubernetes flow against an in-memory API (fake.py): the real tasks, the official
+client, HTTP to kmock's emulator; the Job controller's part played by the fake."""
+
+from __future__ import annotations
+
+from launcher.kube.objects import LABEL_RUN
+
+QUICK = ("--set", "max_iters=4")
+
+
+def env_of(job: dict) -> dict[str, object]:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def training_jobs(fake) -> list[dict]:
+    return [j for j in fake.created_jobs if j["spec"].get("completionMode") == "Indexed"]
+
+
+def test_train_creates_the_job_and_service_follows_logs_and_cleans_up(fake, contract_file, task):
+    fake.seed()
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "3", "--run", "r1", *QUICK)
+    assert ran.code == 0, ran.err
+    jobs = training_jobs(fake)
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    env = env_of(job)
+    assert env["WORLD_SIZE"] == "3"
+    assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-0.{job['metadata']['name']}"
+    assert env["RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "expected_world_size=3" in args and "max_iters=4" in args
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "train"}
+    # every pod's log line, with the VM launcher's [rank R host] prefix
+    assert "[rank 0 node-0] step 1 loss 4.2" in ran.out
+    assert "created Job" in ran.err + ran.out
+    # the staging Job ran before the training Job
+    roles = [j["metadata"]["labels"].get("nanocluster.dev/role") for j in fake.created_jobs]
+    assert roles[0] == "staging"
+    # a finished run leaves no Job, Service or pod behind
+    assert not [o for o in fake.jobs() if o.metadata.labels.get(LABEL_RUN) == "r1"]
+    assert not fake.core.list_namespaced_service("nanocluster").items
+
+
+def test_a_pod_failure_stops_the_run_and_a_restart_recreates_the_job(fake, contract_file, task, script):
+    fake.seed()
+    script.fail[(0, 1)] = 137  # rank 1 killed (SIGKILL: the OOM killer) in the first attempt
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r2", *QUICK)
+    assert ran.code == 0, ran.err
+    text = ran.out + ran.err
+    assert "[rank 1 node-1] failed first" in text
+    assert "restart 1/3: rank 1 node-1: killed by SIGKILL (exit 137)" in text
+    attempts = [j["metadata"]["labels"]["nanocluster.dev/attempt"] for j in training_jobs(fake)]
+    assert attempts == ["0", "1"]
+
+
+def test_an_evicted_pod_is_retried_and_a_program_error_is_not(fake, contract_file, task, script):
+    fake.seed()
+    script.fail[(0, 0)] = "evict"
+    script.fail[(1, 1)] = 1  # the trainer's own error in the second attempt: not retried
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r3", "--max-restarts", "3", *QUICK)
+    assert ran.code == 1
+    text = ran.out + ran.err
+    assert ("restart 1/3: rank 0 node-0: node lost (pod fake-r3-0-a0 PreemptionByScheduler: spot VM reclaimed)"
+            in text)
+    assert ran.error_lines == ["error: rank 1 node-1 exited with code 1; every pod was stopped"]
+    assert len(training_jobs(fake)) == 2
+
+
+def test_stop_deletes_everything_and_status_reads_it(fake, contract_file, task, script):
+    fake.seed()
+    script.run_ticks = 10**9  # the pods keep running
+    from launcher.kube import objects
+
+    launch = objects.PodLaunch(run="r4", job="fake-r4", namespace="nanocluster", nodes=2, port=29500,
+                               image=objects.DEFAULT_IMAGE, claim="shared", cores=4, memory_gib=15.0,
+                               node_selector={}, tolerations=(), trainer_args=())
+    fake.core.create_namespaced_service("nanocluster", objects.headless_service(launch))
+    fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
+    import time
+
+    deadline = time.monotonic() + 10
+    while len([p for p in fake.pods() if p.status and p.status.phase == "Running"]) < 2:
+        assert time.monotonic() < deadline, "the fake never ran the pods"
+        time.sleep(0.02)
+    ran = task("status", "--cluster", str(contract_file), "--run", "r4")
+    assert ran.code == 0, ran.err
+    assert "fake-r4-0-a0" in ran.out and "Running" in ran.out and "node-1" in ran.out
+    assert "fake-r4 running" in ran.out + ran.err
+    ran = task("stop", "--cluster", str(contract_file), "--run", "r4")
+    assert ran.code == 0, ran.err
+    assert "deleted run r4" in ran.out + ran.err
+    assert not fake.jobs() and not fake.core.list_namespaced_service("nanocluster").items
+    deadline = time.monotonic() + 10
+    while fake.pods():
+        assert time.monotonic() < deadline, "the run's pods stayed"
+        time.sleep(0.02)
+
+
+def test_ranks_that_stop_at_the_budget_end_the_run_without_a_restart(fake, contract_file, task, script):
+    fake.seed()
+    script.fail[(0, 0)] = script.fail[(0, 1)] = 3  # EXIT_BUDGET: the trainer stopped before crossing --budget
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "b", "--budget", "5", *QUICK)
+    assert ran.code == 3, ran.err
+    assert "restart" not in ran.out + ran.err
+    assert len(training_jobs(fake)) == 1
+
+
+def test_prepare_data_writes_the_dataset_once_in_a_job_and_doctor_checks_the_claim(fake, contract_file, task):
+    fake.seed()
+    ran = task("prepare-data", "--cluster", str(contract_file), "--limit", "10")
+    assert ran.code == 0, ran.err
+    roles = [j["metadata"]["labels"].get("nanocluster.dev/role") for j in fake.created_jobs]
+    assert roles == ["staging", "prepare"]
+    script = fake.created_jobs[1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "/nanocluster/venv/bin/python -m model.prepare builtin --out data/builtin --limit 10" in script
+    assert "[prepare] helper ran" in ran.out
+    ran = task("doctor", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    assert "ok: API server, namespace nanocluster, StorageClass shared (ReadWriteMany), claim shared" in ran.out
+
+
+def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monkeypatch):
+    fake.seed()
+    script.run_ticks = 10**9  # the pods would run on
+    from launcher.kube import watch
+
+    polls = []
+
+    def interrupt_once_running(self, pods, waited):  # Ctrl-C arrives while the watch polls
+        polls.append(waited)
+        if len([p for p in pods if p.status and p.status.phase == "Running"]) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch.PodWatch, "check_pending", interrupt_once_running)
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "c", *QUICK)
+    assert polls
+    assert ran.code == 130
+    assert ran.err.strip().splitlines()[-1].startswith("interrupted (its newest snapshot is kept); continue with: ")
+    assert "train --cluster" in ran.err and "--run c" in ran.err
+    assert "interrupted: deleting the run's Job" in ran.out
+    assert not fake.jobs() and not fake.core.list_namespaced_service("nanocluster").items
