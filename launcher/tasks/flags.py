@@ -7,7 +7,7 @@ default goes, and fab_task() fills it in from the signature.
 Numeric flags are declared in fab_task(numbers=...) and reach the task as int or float. invoke
 itself converts only a flag with an int default, and answers a bad value with a traceback; so they
 stay strings for invoke (defaults "50", not 50), fab_task converts them with one `error:` line for a
-bad value, and the help shows a whole-number flag as INT (NumericTask).
+bad value, and the help shows a whole-number flag as INT and any other number as NUMBER (NumericTask).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fabric import Task, task
 from invoke.exceptions import Exit
-from invoke.parser import Argument
+from invoke.parser import Argument, ParserContext
 
 from launcher.console import Interrupted, TaskError
 
@@ -105,18 +105,46 @@ class WholeNumber(Argument):
         super().set_value(value, cast=False)
 
 
+class DecimalNumber(Argument):
+    """A flag that takes any number: NUMBER in the help (fab_task converts it, as WholeNumber)."""
+
+
+def help_with_numbers(help_for: Callable) -> Callable:
+    """invoke's ParserContext.help_for, with a DecimalNumber shown as =NUMBER: invoke names only
+    str and int values (STRING, INT), and `fab` builds its parser contexts itself, so the help text
+    is the one place left to say it."""
+
+    @wraps(help_for)
+    def shown_with_numbers(context: ParserContext, flag: str) -> tuple[str, str]:
+        names, text = help_for(context, flag)
+        if isinstance(context.flags[flag], DecimalNumber):
+            names = names.replace("=STRING", "=NUMBER")
+        return names, text
+
+    return shown_with_numbers
+
+
+ParserContext.help_for = help_with_numbers(ParserContext.help_for)  # type: ignore[method-assign]
+
+
 class NumericTask(Task):
-    """A task whose whole-number flags show as INT in the help (invoke knows only STRING and INT:
-    a decimal flag shows as STRING, its help text says what number it takes)."""
+    """A task whose numeric flags show as INT or NUMBER in the help."""
 
     numbers: tuple[tuple[str, type], ...] = ()
     """(parameter, int or float) for each numeric flag (fab_task sets it)."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
-        return [WholeNumber(names=a.names, kind=int, default=a.default, help=a.help, positional=a.positional,
-                            optional=a.optional, attr_name=a.attr_name)
-                if dict(self.numbers).get(a.attr_name or a.name) is int else a
-                for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
+        kinds = dict(self.numbers)
+
+        def numeric(a: Argument) -> Argument:
+            kind = kinds.get(a.attr_name or a.name)
+            if kind is None:
+                return a
+            made = WholeNumber if kind is int else DecimalNumber
+            return made(names=a.names, kind=int if kind is int else str, default=a.default, help=a.help,
+                        positional=a.positional, optional=a.optional, attr_name=a.attr_name)
+
+        return [numeric(a) for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
 
 
 def program_name() -> str:

@@ -33,14 +33,15 @@ def first_error(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("program", [FAB, NANOCLUSTER])
-def test_dash_h_after_a_task_is_its_help_and_numeric_flags_show_int(program, tmp_path):
+def test_dash_h_after_a_task_is_its_help_and_numeric_flags_show_their_type(program, tmp_path):
     cwd = REPO_ROOT if program == FAB else tmp_path  # fab finds the checkout's fabfile; nanocluster runs anywhere
     result = run(program, "prepare-data", "-h", home=tmp_path, cwd=cwd)
     assert result.returncode == 0, result.stderr
     assert "prepare-data [--options]" in result.stdout and "--sharded" in result.stdout
     assert not (tmp_path / "data").exists()  # nothing prepared
     help_text = run(program, "--help", "train", home=tmp_path, cwd=cwd).stdout
-    for flag in ("--nodes=INT", "--port=INT", "--max-restarts=INT", "--min-nodes=INT"):
+    for flag in ("--nodes=INT", "--port=INT", "--max-restarts=INT", "--min-nodes=INT", "--budget=NUMBER",
+                 "--recover-timeout=NUMBER", "--collective-timeout=NUMBER", "--run=STRING"):
         assert flag in help_text
     assert not any(line.lstrip().startswith("-") and not line.lstrip().startswith("--")
                    for line in help_text.splitlines())  # no short flags
