@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.config import TrainConfig
+from model.shape_rules import PRESETS
 
 GB = 1e9
 RUNTIME_GB = 0.45
@@ -46,13 +47,7 @@ COMPILE_GB = 1.5
 SAFETY = 1.15
 """The computed sum is scaled by this: allocator fragmentation and buffers the parts leave out."""
 VOCAB_SIZE = 50257
-PRESET_SHAPES: dict[str, tuple[int, int]] = {  # n_layer, n_embd: what memory depends on
-    "gpt2": (12, 768),
-    "gpt2-medium": (24, 1024),
-    "gpt2-large": (36, 1280),
-    "gpt2-xl": (48, 1600),
-}
-"""OpenAI's released sizes (model.model.PRESETS has their heads too)."""
+"""GPT-2's vocabulary, as model.tokenizer.VOCAB_SIZE (not imported: it loads tiktoken, which the launcher does not need)."""
 
 
 def parameter_count(n_layer: int, n_embd: int, block_size: int, vocab_size: int = VOCAB_SIZE) -> int:
@@ -82,7 +77,8 @@ def shape_of(cfg: TrainConfig) -> tuple[int, int] | None:
     """(n_layer, n_embd) of the model the run trains; None for a checkpoint directory not read here."""
     if cfg.init_from == "scratch":
         return cfg.model.n_layer, cfg.model.n_embd
-    return PRESET_SHAPES.get(cfg.init_from)
+    preset = PRESETS.get(cfg.init_from)
+    return (preset["n_layer"], preset["n_embd"]) if preset else None
 
 
 def estimate_rank_memory(cfg: TrainConfig, world_size: int, rank0: bool, one_host: bool,
