@@ -32,9 +32,9 @@ from model.shape_rules import PRESETS
 
 GB = 1e9
 RUNTIME_GB = 0.45
-"""One trainer process before its model: Python, torch (~300 MB mapped and touched), numpy, gloo's
-threads and buffers, the matmul peak measurement (bench/fit_memory.py measured 0.33-0.40 GB with
-a model of a few MB)."""
+"""One trainer process before its model: Python, torch, numpy, gloo's threads and buffers, the matmul
+peak measurement. The tests' tiny config (1.6M parameters) measured 0.54-0.57 GB per rank in all
+(bench/fit_memory.py), most of it this."""
 ACTIVATION_BYTES_PER_LAYER = 17 * 4
 """Saved for backward per token and unit of n_embd in one block, fp32: both LayerNorms' inputs and
 outputs (4), q, k, v (3), the attention output (1), the MLP's 4x-wide input and GELU output (8) and
