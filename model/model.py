@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model.shape_rules import SHAPE_RULES
+from model.shape_rules import PRESETS, SHAPE_RULES  # noqa: F401 (PRESETS: OpenAI's sizes, imported from here)
 
 
 @dataclass
@@ -43,15 +43,6 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{rule.field} must be {rule.bound_text}, got {value}")
             if not rule.holds(self):
                 raise ValueError(f"GPTConfig.{rule.field} ({value}) must be {rule.relation_allows(self)}")
-
-
-# OpenAI's released sizes; anything else is a custom GPTConfig.
-PRESETS: dict[str, dict[str, int]] = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-}
 
 
 class CausalSelfAttention(nn.Module):

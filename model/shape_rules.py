@@ -60,3 +60,13 @@ SHAPE_RULES = (
     ),
     ShapeRule("dropout", lambda p: 0.0 <= p < 1.0, "in [0, 1)"),
 )
+
+
+# OpenAI's released sizes; anything else is a custom GPTConfig. Here, torch-free, so the launcher's
+# memory estimate (model.memory_estimate) reads them too.
+PRESETS: dict[str, dict[str, int]] = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}

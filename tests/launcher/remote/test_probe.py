@@ -80,3 +80,13 @@ def test_probe_reports_code_digest_and_dataset_meta_as_text(tmp_path):
     assert report["code_sha256"] == "abc123"
     assert json.loads(report["data_meta_json"]) == meta
     assert run_probe(sys.executable, tmp_path, dataset="absent")["data_meta_json"] == ""
+
+
+def test_probe_reports_this_machines_memory_and_oom_kill_count(tmp_path):
+    report = run_probe(sys.executable, tmp_path)
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total_gb = int(meminfo["MemTotal"].split()[0]) * 1024 / 1e9
+    assert report["mem_total_gb"] == pytest.approx(total_gb, abs=0.01)
+    assert 0 < report["mem_available_gb"] <= total_gb  # what fits: launcher/launch/fit.py
+    vmstat = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    assert report["oom_kills"] == int(vmstat["oom_kill"])

@@ -1,0 +1,38 @@
+"""The launcher's per-rank memory estimate counts the model the trainer builds, and its parts move
+with the settings that move memory (measured against real runs by bench/fit_memory.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from model.config import load_config
+from model.memory_estimate import estimate_rank_memory, parameter_count
+from model.model import GPT, PRESETS, GPTConfig
+
+
+@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=4, n_embd=128), dict(n_layer=1, n_head=2, n_embd=32)])
+def test_the_parameter_count_is_the_models(shape):
+    model = GPT(GPTConfig(block_size=64, **shape))
+    assert parameter_count(shape["n_layer"], shape["n_embd"], 64) == model.num_params(non_embedding=False)
+
+
+def test_pretrained_names_have_their_shapes_and_a_directory_has_none():
+    gpt2 = estimate_rank_memory(load_config(None, ["init_from=gpt2"]), 1, rank0=True, one_host=True)
+    assert gpt2 is not None and gpt2.parameters == parameter_count(PRESETS["gpt2"]["n_layer"],
+                                                                   PRESETS["gpt2"]["n_embd"], 256)
+    assert estimate_rank_memory(load_config(None, ["init_from=/some/dir"]), 1, rank0=True, one_host=True) is None
+
+
+def total(*overrides: str, world: int = 2, rank0: bool = False) -> float:
+    estimate = estimate_rank_memory(load_config(None, ["init_from=scratch", *overrides]), world, rank0, one_host=True)
+    assert estimate is not None
+    return estimate.total
+
+
+def test_memory_grows_with_the_micro_batch_bf16_and_compile_and_shrinks_with_zero():
+    base = total("mixed_precision=fp32")
+    assert total("mixed_precision=fp32", "batch_size=8") > base
+    assert total("mixed_precision=bf16") > base
+    assert total("mixed_precision=fp32", "compile=true") > base
+    assert total("mixed_precision=fp32", "zero_stage=1", world=4) < base
+    assert total("mixed_precision=fp32", rank0=True) > base  # the snapshot copy
