@@ -2,7 +2,8 @@
 
 The report says whether the node environment is complete, its versions, cores and free disk, the
 network interface holding its private address, the allocator to preload, the digest of the model
-code it holds, the meta.json of the dataset a task names and when the machine booted.
+code it holds, the meta.json of the dataset a task names, when the machine booted, its memory
+(total and available) and the kernel's count of OOM kills.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ class NodeReport:
     """data/<dataset>/meta.json of the dataset probed for, None when absent."""
     boot_time: int | None = None
     """When the machine booted (Unix seconds, /proc/stat btime); None when unknown."""
+    mem_total_gb: float | None = None
+    """The machine's memory (GB, 1e9 bytes; /proc/meminfo MemTotal)."""
+    mem_available_gb: float | None = None
+    """What new processes can take without an OOM kill: MemAvailable, or less under a cgroup memory
+    limit (a container's); None when unknown. A run's ranks on the machine must fit in it (launcher.launch.fit)."""
+    oom_kills: int | None = None
+    """The kernel's OOM kills since boot (/proc/vmstat oom_kill) when probed: a later count above it
+    means one happened since (launcher.recover.oom)."""
 
     @classmethod
     def from_literal(cls, found: dict) -> NodeReport:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.console import TaskError, check_name, out_line, say
+from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress
 from launcher.launch.start import launch_facts, make_plan, place_data, print_dry_run, start_units
 from launcher.launch.stop import stop_units
@@ -50,7 +51,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             config_text = Path(config).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config}: {e.strerror}") from None
-    check_trainer_config(config, overrides)  # before any record is written or node contacted
+    trainer_cfg = check_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(trainer_values, len(selected))  # matches later estimates to this run
     spend = None if budget_usd is None else budget.plan_budget(
@@ -67,6 +68,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
 
     def launch(session: Session, restarts: int, extra_overrides: tuple[str, ...]) -> Progress:
         ensure_ready(session)
+        check_fit(session.cluster, session.nodes, session.reports, trainer_cfg)  # nodes set up since, or fewer
         place_data(session, dataset)
         plan = make_plan(session.cluster, session.nodes,
                          {n.index: launch_facts(session.report(n)) for n in session.nodes},
@@ -83,6 +85,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
 
     with Recovery(Session.open(cluster, selected, dataset), run, recover,
                   resolve=lambda: resolve_cluster(cluster_spec, nodes)) as recovery:
+        check_fit(cluster, recovery.session.nodes, recovery.session.reports, trainer_cfg)  # before anything starts
         progress = recovery.run(launch)
         # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
         ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))

@@ -24,6 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from model import comm_hooks, distributed, health_probe, step_timing, zero
+from model.bucket_warmup import warm_up_buckets
 from model.budget import BudgetWatch, budget_watch
 from model.checkpoint import CheckpointError
 from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
@@ -317,6 +318,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
         distributed.init_process_group(env, backend, cfg.collective_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env)
+    warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
     if stop is None and cfg.budget_usd > 0:  # the budget stop travels in the stop agreement
         stop = StopSignal(cfg.stop_grace_s)
     trainer.stop_signal, trainer.budget = stop, budget_watch(cfg, trainer.is_rank0)

@@ -40,12 +40,15 @@ class FirstFailure:
     kind: "exit" (the unit's exit record was read) or "lost" (its node stopped answering).
     code: the exit status for "exit"; None when the unit ended without an exit record.
     detail: the transport's error for "lost".
+    node: the name of the unit's node; at: when it failed (Unix time of its exit record).
     """
 
     unit: str
     kind: str
     code: int | None = None
     detail: str = ""
+    node: str = ""
+    at: float = 0.0
 
 
 class RunFailed(RuntimeError):
@@ -255,7 +258,7 @@ class Monitor:
                 break
             if event[0] in ("exit", "lost") and event[2] != 0:
                 failures.append(event)
-        kind, unit, detail, _ = min(failures, key=lambda e: e[3])
+        kind, unit, detail, at = min(failures, key=lambda e: e[3])
         self.emit(f"{unit.prefix} failed first: stopping every rank on every node ...")
         self.stop_all()
         if kind == "lost":
@@ -269,5 +272,6 @@ class Monitor:
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:
             self.emit(f"  {line}")
-        failure = FirstFailure(what, kind, None if kind == "lost" else detail, detail if kind == "lost" else "")
+        failure = FirstFailure(what, kind, None if kind == "lost" else detail, detail if kind == "lost" else "",
+                               node=unit.node.name, at=at)
         raise RunFailed(f"{what} {reason}; every rank was stopped", failure=failure)

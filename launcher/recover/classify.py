@@ -5,8 +5,10 @@ here is never one the launcher caused by stopping the other ranks afterwards. A 
 program -- a peer lost in a collective, a death by signal (SIGKILL, the OOM killer), a stop signal
 the launcher did not send (a preemption), a node that stopped answering -- is retried; the program's
 own error (bad config, missing data, an exception) would fail the same way again, so it is not, and
-neither is a stop at the run's budget. (The monitor ends a launch whose ranks all stopped at the
-budget without a failure; this names a budget stop that comes first in a failed launch.)
+neither is a stop at the run's budget (the monitor ends a launch whose ranks all stopped at the
+budget without a failure; this names a budget stop that comes first in a failed launch), nor a
+kill by the kernel's OOM killer (oom.py finds its record on the node, oom_line names it): the same
+run at the same size would run out of memory again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 from dataclasses import dataclass
 
 from launcher.launch.monitor import FirstFailure
+from launcher.recover.oom import OomKill
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 
 DEFAULT_MAX_RESTARTS = 3
@@ -36,6 +39,20 @@ def signal_name(code: int) -> str:
         return signal.Signals(code - 128).name
     except ValueError:
         return f"signal {code - 128}"
+
+
+OOM_WAYS_OUT = ("fewer ranks per machine (--nodes), a smaller micro-batch or context (--set batch_size=N, "
+                "--set block_size=N), zero_stage=1 on several machines, or machines with more memory")
+"""What a run that ran out of memory can change; the same for a run refused before launch (launcher.launch.fit)."""
+
+
+def oom_line(failure: FirstFailure, oom: OomKill) -> str:
+    """"out of memory on NODE (rank R): what the node recorded ..." with the ways out."""
+    who = failure.unit.removesuffix(f" {oom.node}")
+    exit_text = f"exit {failure.code}" if failure.code is not None else "no exit record"
+    return (f"out of memory on {oom.node}" + (f" ({who})" if who != oom.node else "")
+            + f": {oom.detail} ({exit_text}); not retried at the same size, which would run out again: "
+            + OOM_WAYS_OUT)
 
 
 def classify(failure: FirstFailure) -> Verdict:

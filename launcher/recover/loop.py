@@ -1,6 +1,7 @@
 """`fab train`'s restart loop: relaunch after a failure outside the program, waiting for lost nodes.
 
     launch -> RunFailed (a rank killed, a peer lost, a node lost, a preemption)
+           -> an OOM kill recorded on the failed rank's node (oom.py) ends the run, naming it
            -> restart_cause (policy.py): retry, or end the run naming the cause
            -> recover(): fresh connections; the ranks on the nodes that answer stopped; for each lost
               node revive() (a Pulumi stack: `pulumi up --refresh`), then wait until it answers SSH
@@ -23,7 +24,8 @@ from launcher.console import TaskError, say
 from launcher.inventory import Cluster, Node
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.stop import stop_units
-from launcher.recover.classify import DEFAULT_MAX_RESTARTS
+from launcher.recover.classify import DEFAULT_MAX_RESTARTS, oom_line
+from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import nodes_to_resume_on, restart_cause
 from launcher.recover.revive import revive
 from launcher.recover.wait import DEFAULT_RECOVER_TIMEOUT_S, node_answers, wait_for_nodes
@@ -83,10 +85,12 @@ class Recovery:
             try:
                 return launch(self.session, self.restarts, self.overrides)
             except RunFailed as e:
-                cause = restart_cause(e, self.restarts, self.options.max_restarts, say)
+                oom = find_oom_kill(self.session, e.failure)
+                cause = restart_cause(e, self.restarts, self.options.max_restarts, say, oom)
                 if cause is None:
-                    self.record_end(str(e), e.exit_code)
-                    raise TaskError(str(e)) from None
+                    reason = oom_line(e.failure, oom) if oom and e.failure else str(e)
+                    self.record_end(reason, e.exit_code)
+                    raise TaskError(reason) from None
             except TaskError as e:
                 cause = self.lost_while_starting(e)
             self.restarts += 1

@@ -9,12 +9,15 @@ from launcher.console import TaskError
 from launcher.inventory import Node
 from launcher.launch.monitor import RunFailed
 from launcher.recover.classify import classify
+from launcher.recover.oom import OomKill
 
 
-def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callable[[str], None]) -> str | None:
+def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callable[[str], None],
+                  oom: OomKill | None = None) -> str | None:
     """The cause to log and record when restart number attempt + 1 is due; None when the run ends here.
-    An operator's interrupt (no first failure) is never retried; a program error is named as such."""
-    if error.failure is None:
+    An operator's interrupt (no first failure) is never retried; a program error is named as such;
+    an OOM kill (oom) ends the run whatever --min-nodes says (the caller reports it)."""
+    if error.failure is None or oom is not None:
         return None
     verdict = classify(error.failure)
     if not verdict.retry:

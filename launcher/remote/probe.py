@@ -100,6 +100,57 @@ def boot_time():
     return None
 
 
+def meminfo_kb(key: str):
+    for line in read("/proc/meminfo").splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            return int(value.split()[0])
+    return None
+
+
+CGROUP_LIMITS = (
+    ("0::", "/sys/fs/cgroup", "memory.max", "memory.current"),  # cgroup v2
+    (":memory:", "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),  # v1
+)
+
+
+def cgroup_room_bytes():
+    """The least room (limit - usage) of this process's memory cgroup and its ancestors: a
+    container's or a systemd slice's limit, which /proc/meminfo does not show. None without one."""
+    room = None
+    for line in read("/proc/self/cgroup").splitlines():
+        for marker, mount, limit_file, usage_file in CGROUP_LIMITS:
+            if marker not in line or (marker == "0::" and not line.startswith(marker)):
+                continue
+            parts = [p for p in line.split(marker, 1)[1].strip().split("/") if p]
+            for depth in range(len(parts), -1, -1):
+                directory = os.path.join(mount, *parts[:depth])
+                limit = read(os.path.join(directory, limit_file)).strip()
+                usage = read(os.path.join(directory, usage_file)).strip()
+                if limit.isdigit() and usage.isdigit() and int(limit) < 2**60:  # v1 says "no limit" with ~2^63
+                    left = max(0, int(limit) - int(usage))
+                    room = left if room is None else min(room, left)
+    return room
+
+
+def memory_available_gb():
+    """What a new process can take without swapping or an OOM kill: MemAvailable, or less under a cgroup limit."""
+    available = meminfo_kb("MemAvailable")
+    if available is None:
+        return None
+    room = cgroup_room_bytes()
+    found = available * 1024 if room is None else min(available * 1024, room)
+    return round(found / 1e9, 2)
+
+
+def oom_kills():
+    """The kernel's count of OOM kills since boot (/proc/vmstat oom_kill, Linux 4.13+); None when absent."""
+    for line in read("/proc/vmstat").splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return None
+
+
 def main() -> None:
     root, ip_line, dataset = sys.argv[1], sys.argv[2], sys.argv[3]
     add_site_packages()
@@ -121,6 +172,9 @@ def main() -> None:
         "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
         "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
         "boot_time": boot_time(),
+        "mem_total_gb": round((meminfo_kb("MemTotal") or 0) * 1024 / 1e9, 2) or None,
+        "mem_available_gb": memory_available_gb(),
+        "oom_kills": oom_kills(),
     }))
 
 

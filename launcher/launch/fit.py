@@ -1,0 +1,88 @@
+"""Refuse a run that cannot fit its machines, before any rank starts.
+
+Every machine must hold its ranks: the sum of their memory (model.memory_estimate: model shape,
+micro-batch, dtype, optimizer, ZeRO, activations, gradients, compile, rank 0's snapshot copy)
+within the memory the probe found available there (MemAvailable, or less under a cgroup limit), and
+at most MAX_RANKS_PER_CORE ranks per physical core. The local cluster's ranks all share this
+machine, so there `--nodes` is what grows both. Otherwise the kernel's OOM killer ends the run
+minutes later, and a machine with far more ranks than cores thrashes (99 local ranks on 2 cores ran
+at a load of ~130 and took other work on the machine down with it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.console import TaskError
+from launcher.inventory import Cluster, Node, group_by_host
+from launcher.probe import NodeReport
+from model.config import TrainConfig
+from model.memory_estimate import GB, estimate_rank_memory
+
+MAX_RANKS_PER_CORE = 2
+"""Ranks a machine may run per physical core. One rank per core is the fast layout; two still train
+(the quickstart runs 3 ranks on 2 cores, each with one thread); beyond that every all-reduce waits
+for ranks the scheduler has descheduled, and the machine stops answering anything else."""
+
+
+def checkpoint_shape(init_from: str) -> tuple[int, int] | None:
+    """(n_layer, n_embd) from a Hugging Face directory's config.json when it is on this machine (the
+    local cluster); None otherwise (the memory is then not estimated)."""
+    try:
+        found = json.loads((Path(init_from).expanduser() / "config.json").read_text())
+        return int(found["n_layer"]), int(found["n_embd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeReport], cfg: TrainConfig) -> None:
+    """A TaskError naming the first machine whose memory or cores its ranks exceed, with the figures
+    and the ways out. Machines whose probe did not report memory (no node Python yet) are checked
+    on cores only."""
+    hosts = group_by_host(tuple(nodes))
+    world = len(nodes)
+    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
+    for host in hosts:
+        report = reports.get(host.node.index)
+        cores = (report.cores if report and report.cores else 0) or cluster.cores_per_node
+        ranks = len(host.nodes)
+        estimates = [estimate_rank_memory(cfg, world, rank0=node.index == nodes[0].index, one_host=len(hosts) == 1,
+                                          shape=shape) for node in host.nodes]
+        available = report.mem_available_gb if report else None
+        need = sum(e.total for e in estimates) / GB if all(estimates) else None
+        too_many = ranks > MAX_RANKS_PER_CORE * cores
+        too_big = need is not None and available is not None and need > available
+        if not (too_many or too_big):
+            continue
+        where = "this machine" if cluster.is_local else host.node.name
+        largest = max((e for e in estimates if e), key=lambda e: e.total, default=None)
+        if need is not None and largest is not None:
+            memory = f"need ~{need:.1f} GB of memory (the largest rank ~{largest.describe()})"
+        else:
+            memory = "need memory not estimated (init_from a checkpoint directory not on this machine)"
+        memory += f" and it has {available:.1f} GB available" if available is not None else \
+            " and its available memory is unknown"
+        cpus = f"they would share {cores} physical core(s) (at most {MAX_RANKS_PER_CORE} ranks per core)"
+        raise TaskError(f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
+                        + ways_out(cluster, cfg, cores, available, estimates, too_big))
+
+
+def ways_out(cluster: Cluster, cfg: TrainConfig, cores: int, available: float | None, estimates: list,
+             memory_short: bool) -> str:
+    """What to change, with the figures that would fit where they can be computed."""
+    ways = []
+    if cluster.is_local:
+        fit = MAX_RANKS_PER_CORE * cores
+        if available is not None and all(estimates):
+            rank0, other = estimates[0].total / GB, max(e.total for e in estimates) / GB
+            fit = min(fit, 1 + max(0, int((available - rank0) // other)) if available >= rank0 else 0)
+        ways.append(f"fewer ranks (--nodes {fit})" if fit >= 1 else "fewer ranks (--nodes)")
+    if memory_short:
+        ways.append(f"a smaller micro-batch or context (--set batch_size=N below {cfg.batch_size}, "
+                    f"--set block_size=N below {cfg.block_size})")
+    if memory_short and cfg.zero_stage == 0 and not cluster.is_local:
+        ways.append("--set zero_stage=1 (AdamW state sharded over the machines)")
+    ways.append("a bigger machine" if cluster.is_local else "a machine type with more memory and cores")
+    return ", ".join(ways[:-1]) + " or " + ways[-1]
