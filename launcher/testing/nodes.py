@@ -43,13 +43,11 @@ from pathlib import Path
 
 from launcher.inventory import physical_cores
 from launcher.launch.identity import BOOT_ID_ENV, BOOT_ID_FILE
+from launcher.remote.oom_record import SEAM_ENV as KERNEL_LOG_ENV
 
 NODE_HOME = Path("/root")
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT_S = 15
-KERNEL_LOG_ENV = "NANOCLUSTER_KERNEL_LOG_FILE"
-"""Set in every session on a test node to kernel_log_file(i): the file that stands in for the node's
-kernel log (the machine's own is shared by every node and not theirs to write)."""
 
 
 def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -113,7 +111,9 @@ class TestNodes:
         return self.workdir / f"node{i}" / "boot_id"
 
     def kernel_log_file(self, i: int) -> Path:
-        """What node i's sessions read as its kernel log (KERNEL_LOG_ENV): record_oom_kill appends to it."""
+        """What node i's sessions read as its kernel log (KERNEL_LOG_ENV, in /dev/kmsg's record format):
+        the machine's own is shared by every node, and an OOM kill there of anything else is not theirs.
+        record_oom_kill appends to it."""
         return self.workdir / f"node{i}" / "kernel.log"
 
     def __enter__(self) -> TestNodes:
@@ -294,11 +294,14 @@ class TestNodes:
         self.sshd[i].wait(timeout=10)
 
     def record_oom_kill(self, i: int, pid: int, comm: str = "python") -> None:
-        """Append to node i's kernel log the line the kernel writes when its OOM killer kills pid
-        (mm/oom_kill.c's __oom_kill_process), stamped with seconds since boot as dmesg shows them."""
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        with self.kernel_log_file(i).open("a") as log:
-            log.write(f"[{uptime:12.6f}] Out of memory: Killed process {pid} ({comm}) total-vm:0kB, "
+        """Append to node i's kernel log the record the kernel writes when its OOM killer kills pid
+        (mm/oom_kill.c's __oom_kill_process, at pr_err priority 3), stamped now: /dev/kmsg's
+        "PRIORITY,SEQ,MICROSECONDS,FLAGS;MESSAGE" on the CLOCK_MONOTONIC clock."""
+        log = self.kernel_log_file(i)
+        sequence = len(log.read_text().splitlines())
+        micros = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        with log.open("a") as out:
+            out.write(f"3,{sequence},{micros},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB, "
                       "anon-rss:0kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0\n")
 
     def cut_link(self, i: int) -> None:
