@@ -269,7 +269,7 @@ def oom_leg(fab: Fab, chaos: Chaos, base: list[str], fault: Fault, log: Path) ->
         outcome.restarts = sum(1 for _, line in run.lines[mark:] if RESTART.search(line))
         outcome.note = f"NOT AS DESIGNED: retried ({restarted[2].group(2)}); fab exit {code}"
     elif named and code != 0:
-        outcome.note = f"as designed: `{named[0]}`, not retried; fab exit {code}"
+        outcome.note = f"as designed: `{named[2].group(0)}`, not retried; fab exit {code}"
     else:
         outcome.note = f"NOT AS DESIGNED: fab exit {code}, out of memory {'named' if named else 'not named'}"
     return outcome
