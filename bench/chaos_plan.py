@@ -14,7 +14,8 @@ class Kind:
     name: str
     scope: str
     """"rank": any rank's node (one rank per node), the head's included; "worker": a node other than
-    the head (the head is rank 0's node and the way to every worker: losing it is not healed)."""
+    the head (rank 0's node and the way to every worker: the launcher waits for it like any lost
+    node but can never go on without it, so the bench keeps it out of the node faults)."""
     expect: str
     """What the bench expects of the launcher, printed under the table."""
 
