@@ -17,7 +17,9 @@ namespaces, the veths and the bridge.
 
 Every session on node i has NANOCLUSTER_BOOT_ID_FILE (launcher/launch/identity.py's test seam) set
 to boot_id_file(i), which starts as this machine's boot id; reboot(i) simulates a reboot: every
-process of the node but its sshd listener is killed and the node gets a new boot id.
+process of the node but its sshd listener is killed and the node gets a new boot id. The faults
+bench/chaos.py injects are methods too: kill_sshd(i) (its trainers go on), cut_link(i) and
+restore_link(i) (eth0 down and up inside the namespace), send_signal(i, pids, sig).
 
 The nodes share this machine's filesystem otherwise, so they run the trainer with this checkout's
 .venv (the contract's node_python), unless built `bare` (no node_python: `fab setup` must bootstrap).
@@ -41,6 +43,7 @@ from pathlib import Path
 
 from launcher.inventory import physical_cores
 from launcher.launch.identity import BOOT_ID_ENV, BOOT_ID_FILE
+from launcher.remote.oom_record import SEAM_ENV as KERNEL_LOG_ENV
 
 NODE_HOME = Path("/root")
 SSHD = "/usr/sbin/sshd"
@@ -107,6 +110,12 @@ class TestNodes:
         """What node i's sessions read as the node's boot id (the BOOT_ID_ENV test seam)."""
         return self.workdir / f"node{i}" / "boot_id"
 
+    def kernel_log_file(self, i: int) -> Path:
+        """What node i's sessions read as its kernel log (KERNEL_LOG_ENV, in /dev/kmsg's record format):
+        the machine's own is shared by every node, and an OOM kill there of anything else is not theirs.
+        record_oom_kill appends to it."""
+        return self.workdir / f"node{i}" / "kernel.log"
+
     def __enter__(self) -> TestNodes:
         try:
             self._build()
@@ -163,6 +172,7 @@ class TestNodes:
         if vocab.is_dir():
             shutil.copytree(vocab, home / ".cache" / "nanocluster" / "tiktoken", dirs_exist_ok=True)
         self.boot_id_file(i).write_text(Path(BOOT_ID_FILE).read_text())
+        self.kernel_log_file(i).touch()
         host_key = base / "ssh_host_ed25519_key"
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
         keep = python_under_home()
@@ -174,7 +184,8 @@ class TestNodes:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nAuthorizedKeysFile .ssh/authorized_keys\nSubsystem sftp internal-sftp\n"
             "MaxSessions 64\nMaxStartups 64:30:128\nPrintMotd no\nLogLevel ERROR\n"
-            f"SetEnv PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin {BOOT_ID_ENV}={self.boot_id_file(i)}\n"
+            f"SetEnv PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin {BOOT_ID_ENV}={self.boot_id_file(i)} "
+            f"{KERNEL_LOG_ENV}={self.kernel_log_file(i)}\n"
         )
         run("ip", "netns", "add", ns)
         veth = f"{self.tag}v{i}"
@@ -287,6 +298,41 @@ class TestNodes:
         its sessions and enter(i) see it, this machine and the other nodes do not (until start_sshd(i))."""
         run(*self.enter(i), "mount", "--bind", *(["-o", "ro"] if read_only else []), str(source), target)
 
+    # ------------------------------------------------------------------ faults (bench/chaos.py)
+    def kill_sshd(self, i: int) -> None:
+        """Kill node i's sshd, its listener and every session, and nothing else: the node's trainers
+        go on, its SSH connections close, and new ones fail until start_sshd(i, new_boot=False)."""
+        sshd = os.path.realpath(SSHD)
+        daemons = []
+        for pid in self.pids(i):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                if os.readlink(f"/proc/{pid}/exe") == sshd:
+                    daemons.append(pid)
+        self.send_signal(i, daemons, signal.SIGKILL)
+        if self.sshd[i].poll() is None:  # outside the namespace only while `ip netns exec` starts it
+            self.sshd[i].kill()
+        self.sshd[i].wait(timeout=10)
+
+    def record_oom_kill(self, i: int, pid: int, comm: str = "python") -> None:
+        """Append to node i's kernel log the record the kernel writes when its OOM killer kills pid
+        (mm/oom_kill.c's __oom_kill_process, at pr_err priority 3), stamped now: /dev/kmsg's
+        "PRIORITY,SEQ,MICROSECONDS,FLAGS;MESSAGE" on the CLOCK_MONOTONIC clock."""
+        log = self.kernel_log_file(i)
+        sequence = len(log.read_text().splitlines())
+        micros = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        with log.open("a") as out:
+            out.write(f"3,{sequence},{micros},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB, "
+                      "anon-rss:0kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0\n")
+
+    def cut_link(self, i: int) -> None:
+        """Take node i's eth0 down inside its namespace: its peers and the operator hear nothing from
+        it and nothing it had open is closed, until restore_link(i)."""
+        run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "down")
+
+    def restore_link(self, i: int) -> None:
+        """Bring node i's eth0 up again after cut_link(i) (its address and route come back with it)."""
+        run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "up")
+
     # ------------------------------------------------------------------ reboots and teardown
     def reboot(self, i: int) -> None:
         """Simulate node i rebooting: every process of the node but its sshd listener (which is back at
@@ -331,15 +377,17 @@ class TestNodes:
         self._wait_listening(range(i, i + 1))
 
     def kill_all(self, i: int, keep: int | None = None) -> None:
-        """SIGKILL every process in node i's network namespace but `keep`. Each is signalled through a
-        pidfd opened before checking that it is still in the namespace, so a reused pid never is."""
+        """SIGKILL every process in node i's network namespace but `keep` (see send_signal)."""
+        self.send_signal(i, [pid for pid in self.pids(i) if pid != keep], signal.SIGKILL)
+
+    def send_signal(self, i: int, pids: list[int], sig: signal.Signals) -> None:
+        """Send sig to each of pids that is still in node i's network namespace. Each is signalled
+        through a pidfd opened before checking that it is still there, so a reused pid never is."""
         try:
             namespace = os.stat(f"/run/netns/{self.namespaces[i]}")
         except FileNotFoundError:
             return
-        for pid in self.pids(i):
-            if pid == keep:
-                continue
+        for pid in pids:
             try:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -348,7 +396,7 @@ class TestNodes:
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # it ended on its own
                     inside = os.stat(f"/proc/{pid}/ns/net")
                     if (inside.st_dev, inside.st_ino) == (namespace.st_dev, namespace.st_ino):
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        signal.pidfd_send_signal(fd, sig)
             finally:
                 os.close(fd)
 
