@@ -24,7 +24,7 @@ from launcher.kube import objects
 from launcher.kube.api import Api, calling
 from launcher.kube.connect import delete_run_objects, open_cluster
 from launcher.kube.jobs import access_of, stage
-from launcher.kube.watch import PodWatch, StuckPending
+from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions
@@ -144,6 +144,9 @@ class KubeRecovery:
                 self.record.append("end", outcome="interrupted", iter=e.progress.stopped_at, rerun=self.rerun,
                                    exit_code=Interrupted.exit_code)
                 raise Interrupted(interrupted_text(e.progress.stopped_at, self.rerun)) from None
+            except OutOfMemory as e:  # would run out again at the same size, whatever --min-nodes says
+                self.end(str(e), 1)
+                raise TaskError(str(e)) from None
             except RunFailed as e:
                 cause = restart_cause(e, self.restarts, self.options.max_restarts, say)
                 if cause is None:

@@ -34,11 +34,15 @@ from launcher.launch.monitor import (
     RunInterrupted,
 )
 from launcher.launch.plan import Unit
+from launcher.recover.classify import oom_line
+from launcher.recover.oom import OomKill
 from launcher.runs import budget
 from launcher.runs.recorder import RunRecorder
 
 POLL_S = 1.0
 """How often the run's pods are listed."""
+OOM_KILLED = "OOMKilled"
+"""The terminated reason the kubelet records for a container its cgroup's OOM killer killed."""
 DISRUPTION = "DisruptionTarget"
 """The pod condition Kubernetes sets on a pod it is about to stop: preemption, eviction, a drain."""
 
@@ -216,8 +220,25 @@ class PodWatch:
         if evicted:
             raise RunFailed(f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
                             failure=FirstFailure(what, "lost", None, f"pod {first.metadata.name} {evicted}"))
+        failure = FirstFailure(what, "exit", code, node=first.spec.node_name or "")
+        if terminated_reason(first) == OOM_KILLED:
+            oom = OomKill(first.spec.node_name or first.metadata.name,
+                          f"Kubernetes reported its container {OOM_KILLED} (the pod's memory limit or the node's)")
+            raise OutOfMemory(oom_line(failure, oom), failure=failure)
         reason = "ended without an exit code" if code is None else f"exited with code {code}"
-        raise RunFailed(f"{what} {reason}; every pod was stopped", failure=FirstFailure(what, "exit", code))
+        raise RunFailed(f"{what} {reason}; every pod was stopped", failure=failure)
+
+
+class OutOfMemory(RunFailed):
+    """A rank's container was OOM-killed (the kubelet's record): ended, never retried at the same size."""
+
+
+def terminated_reason(pod) -> str:
+    """Why the pod's container terminated, as the kubelet recorded it ("OOMKilled", "Error", ...)."""
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.terminated:
+            return status.state.terminated.reason or ""
+    return ""
 
 
 def finished_at(pod) -> float:

@@ -181,13 +181,17 @@ class FakeKube:
             self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": "Failed", "conditions": [
                 {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
                  "message": "spot VM reclaimed"}]}})
+        elif tick == self.script.run_ticks // 2 and fate == "oom":  # the kubelet's record of a cgroup OOM kill
+            self._phase(pod, "Failed", 137, reason="OOMKilled")
         elif tick == self.script.run_ticks // 2 and isinstance(fate, int):
             self._phase(pod, "Failed", fate)
         elif tick == (self.script.run_ticks if rank >= 0 else 2) and fate is None:  # helper Jobs end at once
             self._phase(pod, "Succeeded", 0)
 
-    def _phase(self, pod: str, phase: str, code: int | None = None) -> None:
+    def _phase(self, pod: str, phase: str, code: int | None = None, reason: str | None = None) -> None:
         state = {"running": {}} if code is None else {"terminated": {"exitCode": code}}
+        if reason:
+            state["terminated"]["reason"] = reason
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": phase, "containerStatuses": [
             {"name": "trainer", "ready": phase == "Running", "restartCount": 0, "image": "python:3.11-slim",
              "imageID": "", "state": state}]}})

@@ -141,3 +141,16 @@ def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monk
     assert "train --cluster" in ran.err and "--run c" in ran.err
     assert "interrupted: deleting the run's Job" in ran.out
     assert not fake.jobs() and not fake.core.list_namespaced_service("nanocluster").items
+
+
+def test_an_oom_killed_pod_is_reported_as_out_of_memory_and_not_retried(fake, contract_file, task, script):
+    fake.seed()
+    script.fail[(0, 1)] = "oom"  # the kubelet records the container as OOMKilled (exit 137)
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r5", "--max-restarts", "3",
+               "--min-nodes", "1", *QUICK)
+    assert ran.code == 1
+    assert len(ran.error_lines) == 1
+    assert ran.error_lines[0].startswith("error: out of memory on ")
+    assert "(rank 1" in ran.error_lines[0] and "not retried at the same size" in ran.error_lines[0]
+    assert "restart 1/" not in ran.out + ran.err
+    assert len(training_jobs(fake)) == 1
