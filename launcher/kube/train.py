@@ -25,6 +25,7 @@ from launcher.kube.api import Api, calling
 from launcher.kube.connect import delete_run_objects, open_cluster
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
+from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions
@@ -65,7 +66,8 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
             config_text = Path(config).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config}: {e.strerror}") from None
-    check_trainer_config(config, overrides)
+    trainer_cfg = check_trainer_config(config, overrides)
+    check_pod_fit(trainer_cfg, len(selected), access.memory_gib, cluster.describe())  # before any object exists
     values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(values, len(selected))
     spend = None if budget_usd is None else budget.plan_budget(

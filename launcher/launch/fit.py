@@ -21,6 +21,7 @@ from launcher.probe import NodeReport
 from model.config import TrainConfig
 from model.memory_estimate import GB, estimate_rank_memory
 
+GIB = 1024**3
 MAX_RANKS_PER_CORE = 2
 """Ranks a machine may run per physical core. One rank per core is the fast layout; two still train
 (the quickstart runs 3 ranks on 2 cores, each with one thread); beyond that every all-reduce waits
@@ -67,6 +68,20 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         cpus = f"they would share {cores} physical core(s) (at most {MAX_RANKS_PER_CORE} ranks per core)"
         raise TaskError(f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
                         + ways_out(cluster, cfg, cores, available, estimates, too_big))
+
+
+def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str) -> None:
+    """A Kubernetes rank's estimate against its pod's memory limit (one rank per pod, one pod per
+    node): a TaskError before any object is created, rather than an OOMKilled pod minutes later.
+    memory_gib 0 (unknown) checks nothing."""
+    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
+    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape)
+    if not memory_gib or estimate is None or estimate.total / GB <= memory_gib * GIB / GB:
+        return
+    raise TaskError(f"rank 0 does not fit a pod on {where}: it needs ~{estimate.describe()} and the pod may use "
+                    f"{memory_gib * GIB / GB:.1f} GB (the node's memory): a smaller micro-batch or context "
+                    f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
+                    "--set zero_stage=1, or a machine type with more memory")
 
 
 def ways_out(cluster: Cluster, cfg: TrainConfig, cores: int, available: float | None, estimates: list,

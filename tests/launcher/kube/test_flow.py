@@ -154,3 +154,14 @@ def test_an_oom_killed_pod_is_reported_as_out_of_memory_and_not_retried(fake, co
     assert "(rank 1" in ran.error_lines[0] and "not retried at the same size" in ran.error_lines[0]
     assert "restart 1/" not in ran.out + ran.err
     assert len(training_jobs(fake)) == 1
+
+
+def test_a_run_that_cannot_fit_a_pod_is_refused_before_any_object_exists(fake, contract_file, task):
+    fake.seed()
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "big", *QUICK,
+               "--set", "model.n_layer=48", "--set", "model.n_embd=1600", "--set", "model.n_head=25",
+               "--set", "block_size=1024", "--set", "init_from=scratch")
+    assert ran.code == 1
+    assert len(ran.error_lines) == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a pod on ")
+    assert "GB" in ran.error_lines[0] and "--set batch_size=N" in ran.error_lines[0]
+    assert not fake.jobs()
