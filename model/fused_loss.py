@@ -81,6 +81,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
+# Eager under torch.compile: the row loop's bounds depend on the data (ignored targets).
+@torch.compiler.disable
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...)."""
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
