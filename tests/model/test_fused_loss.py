@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from model.fused_loss import ROWS_PER_BLOCK, linear_cross_entropy
+from model.model import GPT, GPTConfig
 
 VOCAB, WIDTH = 300, 16
 ROWS = 2 * ROWS_PER_BLOCK + 5  # several row blocks and a partial one
@@ -61,3 +62,17 @@ def test_loss_without_gradients_matches_and_keeps_no_graph() -> None:
         loss = linear_cross_entropy(hidden, weight.requires_grad_(), targets)
     assert loss.grad_fn is None
     torch.testing.assert_close(loss, F.cross_entropy(hidden @ weight.detach().t(), targets))
+
+
+def test_compiled_model_trains_through_the_fused_loss() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=VOCAB))
+    idx = torch.randint(0, VOCAB, (2, 16))
+    eager_loss = model(idx, idx)[1]
+    eager_loss.backward()
+    eager_grad = model.lm_head.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    compiled_loss = torch.compile(model)(idx, idx)[1]
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    torch.testing.assert_close(model.lm_head.weight.grad, eager_grad)
