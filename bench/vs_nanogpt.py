@@ -39,7 +39,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from model.conventions import BF16_CPU_FLAGS  # noqa: E402
 from model.mfu import cpu_name  # noqa: E402
+from model.precision import cpu_flags  # noqa: E402
 from model.token_format import write_split  # noqa: E402
 from model.tokenizer import VOCAB_SIZE  # noqa: E402
 
@@ -125,7 +127,18 @@ def main() -> None:
     if min(args.rounds, args.steps, args.warmup, args.threads) < 1:
         parser.error("--rounds, --steps, --warmup and --threads must be >= 1")
 
-    work = Path(tempfile.mkdtemp(prefix="vs-nanogpt-"))
+    with tempfile.TemporaryDirectory(prefix="vs-nanogpt-") as work:
+        compare(args, Path(work))
+
+
+def describe_cpu() -> str:
+    """The CPU's name and which of the native-bf16 flags it has (a VM's name is often generic)."""
+    flags = cpu_flags()
+    native = [flag for flag in BF16_CPU_FLAGS if flag in flags]
+    return f"{cpu_name()} ({', '.join(native) if native else 'no ' + ' or '.join(BF16_CPU_FLAGS)})"
+
+
+def compare(args: argparse.Namespace, work: Path) -> None:
     data = work / "data"
     data.mkdir()
     tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, SYNTHETIC_TOKENS)
@@ -174,7 +187,7 @@ def main() -> None:
     )
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     allocator = env.get("LD_PRELOAD") or "the C library's malloc"
-    print(f"CPU: {cpu_name()}; {args.threads} threads; allocator: {allocator}; work dir {work}")
+    print(f"CPU: {describe_cpu()}; {args.threads} threads; allocator: {allocator}")
     for round_ in range(args.rounds):
         order = (nanogpt, ours) if round_ % 2 == 0 else (ours, nanogpt)
         for program in order:
@@ -197,7 +210,7 @@ def main() -> None:
     ratio = medians["nanoGPT"] / medians["nanocluster"]
     print(
         f"vs_nanogpt: {ratio:.2f}x stock nanoGPT ({medians['nanocluster']:.0f} vs {medians['nanoGPT']:.0f} ms/step, "
-        f"{ours.precision} vs {nanogpt.precision}) on {cpu_name()}, {args.threads} threads"
+        f"{ours.precision} vs {nanogpt.precision}) on {describe_cpu()}, {args.threads} threads"
     )
 
 
