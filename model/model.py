@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from model.fused_loss import linear_cross_entropy
 from model.shape_rules import PRESETS, SHAPE_RULES  # noqa: F401 (PRESETS: OpenAI's sizes, imported from here)
 
 
@@ -157,14 +158,14 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, vocab); loss when targets (B, T) are given
-        (positions with target -1 are ignored)."""
-        logits = self.lm_head(self.hidden_states(idx))
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, mean loss)
+        (positions with target -1 are ignored): the loss never materialises the logits
+        (model.fused_loss)."""
+        hidden = self.hidden_states(idx)
         if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+            return self.lm_head(hidden), None
+        return None, linear_cross_entropy(hidden, self.lm_head.weight, targets)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context (e.g. a 1024-token checkpoint fine-tuned on 256-token blocks)."""
