@@ -6,6 +6,7 @@ their phases) and the garbage collector (a deleted Job's pods). A test scripts w
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,10 @@ import kmock
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+# aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
+# captured stream ("Logging error ... I/O operation on closed file" in the run's output).
+logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 NAMESPACE = "nanocluster"
 TICK_S = 0.01
