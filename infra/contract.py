@@ -17,6 +17,9 @@ from infra.gke import POOL_LABEL, SYSTEM_NODES, TRAINING_POOL, GkeCluster, train
 from infra.kube_storage import CLAIM, STORAGE_CLASS
 from infra.prices import gke_at_rest_usd, gke_node_hour_usd, price_of
 
+PRICE_KEYS = ("hourly_cost_usd", "hourly_cost_on_demand_usd", "hourly_cost_spot_usd", "spot", "prices_as_of")
+"""What a node-hour costs, the same keys on both kinds of contract."""
+
 CONTRACT_KEYS = (
     "cloud",
     "cluster_name",
@@ -32,11 +35,7 @@ CONTRACT_KEYS = (
     "machine_type",
     "region",
     "zone",
-    "hourly_cost_usd",
-    "hourly_cost_on_demand_usd",
-    "hourly_cost_spot_usd",
-    "spot",
-    "prices_as_of",
+    *PRICE_KEYS,
 )
 BAKED_IMAGE_KEY = "baked_image"
 """Exported only with nanocluster:bakeImage: the image id to put in another stack's nanocluster:image."""
@@ -98,11 +97,7 @@ KUBERNETES_CONTRACT_KEYS = (
     "cpu_flags",
     "region",
     "zone",
-    "hourly_cost_usd",
-    "hourly_cost_on_demand_usd",
-    "hourly_cost_spot_usd",
-    "spot",
-    "prices_as_of",
+    *PRICE_KEYS,
     "hourly_cost_at_rest_usd",
 )
 """The contract of kind "kubernetes": prices are per training node-hour (the pool is at 0 between

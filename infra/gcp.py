@@ -57,16 +57,7 @@ class GcpCluster(CloudCluster):
         )
         nat: list[pulumi.Resource] = []  # what a worker without an address waits for: its route out
         if self.nat_clients:
-            router = compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
-            nat = [compute.RouterNat(
-                name,
-                router=router.name,
-                region=cfg.region,
-                nat_ip_allocate_option="AUTO_ONLY",
-                source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
-                subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
-                opts=self.child(),
-            )]
+            nat = [cloud_nat(name, network, subnet, cfg.region, self)]
 
         image = cfg.image or compute.get_image(project=UBUNTU_PROJECT, family=UBUNTU_FAMILY).self_link
         head_address = compute.Address(
@@ -159,3 +150,17 @@ class GcpCluster(CloudCluster):
             }
         return {"provisioning_model": "STANDARD", "automatic_restart": True, "on_host_maintenance": "MIGRATE"}
 
+
+def cloud_nat(name: str, network: compute.Network, subnet: compute.Subnetwork, region: str,
+              parent: pulumi.Resource) -> compute.RouterNat:
+    """A Cloud Router with NAT for the subnet: the way out of machines with no public address."""
+    router = compute.Router(name, network=network.id, region=region, opts=pulumi.ResourceOptions(parent=parent))
+    return compute.RouterNat(
+        name,
+        router=router.name,
+        region=region,
+        nat_ip_allocate_option="AUTO_ONLY",
+        source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+        subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
+        opts=pulumi.ResourceOptions(parent=parent),
+    )

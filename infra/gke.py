@@ -20,6 +20,7 @@ from pulumi_gcp import compute, container, projects, serviceaccount
 
 from infra.cluster import NODE_SUBNET_CIDR
 from infra.config import ClusterConfig
+from infra.gcp import cloud_nat
 from infra.kube_storage import ClusterStorage, StorageArgs
 from infra.kubeconfig import render_kubeconfig
 from infra.nfs import NfsServer, NfsServerArgs
@@ -116,16 +117,7 @@ class GkeCluster(pulumi.ComponentResource):
             opts=self.child(),
         )
         # Private nodes pull the stock Python image and pip packages through Cloud NAT.
-        router = compute.Router(name, network=network.id, region=cfg.region, opts=self.child())
-        compute.RouterNat(
-            name,
-            router=router.name,
-            region=cfg.region,
-            nat_ip_allocate_option="AUTO_ONLY",
-            source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
-            subnetworks=[{"name": subnet.id, "source_ip_ranges_to_nats": ["ALL_IP_RANGES"]}],
-            opts=self.child(),
-        )
+        cloud_nat(name, network, subnet, cfg.region, self)
         return network, subnet
 
     def _node_account(self) -> serviceaccount.Account:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from launcher.console import TaskError, check_name, out_line, say
+from launcher.console import check_name, out_line, say
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress
 from launcher.launch.start import launch_facts, make_plan, place_data, print_dry_run, start_units
@@ -23,7 +22,7 @@ from launcher.runs.record import RunRecord, launch_fields, read_cluster_runs
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.ready import ensure_ready
 from launcher.site import site_of
-from launcher.trainer_config import check_trainer_config
+from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 
 
@@ -46,13 +45,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
     if config is None and site.default_config:
         config = site.default_config
         say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
-    config_text = ""
-    if config:
-        try:
-            config_text = Path(config).expanduser().read_text()
-        except OSError as e:
-            raise TaskError(f"--config {config}: {e.strerror}") from None
-    trainer_cfg = check_trainer_config(config, overrides)  # before any record is written or node contacted
+    config_text, trainer_cfg = read_trainer_config(config, overrides)  # before any record is written or node contacted
     trainer_values = budget.trainer_values(config_text, overrides)
     finished = already_finished(RunRecord.of(cluster, run), budget.max_iters_of(trainer_values))
     if finished and not dry_run:  # known from this machine's record: no rank needs to start to find out

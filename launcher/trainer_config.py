@@ -23,6 +23,18 @@ def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> T
         raise TaskError(f"trainer config (--config, --set): {e}") from None
 
 
+def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tuple[str, TrainConfig]:
+    """--config's text ('' without one: it is shipped to the nodes as it is) and the checked
+    TrainConfig it makes with the overrides; a TaskError for a file that cannot be read or a bad key."""
+    text = ""
+    if config_file:
+        try:
+            text = Path(config_file).expanduser().read_text()
+        except OSError as e:
+            raise TaskError(f"--config {config_file}: {e.strerror}") from None
+    return text, check_trainer_config(config_file, overrides)
+
+
 def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:
     """What the ranks will run with, as YAML: the file under the launcher's keys and the overrides
     (trainer_args is the rank's command line after `python -m model.train`; its --config is config_file)."""

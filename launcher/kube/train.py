@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from launcher.console import Interrupted, TaskError, check_name, out_line, say
 from launcher.inventory import Cluster
@@ -34,7 +33,7 @@ from launcher.runs import budget
 from launcher.runs.estimate import final_cost
 from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs
 from launcher.runs.recorder import RunRecorder
-from launcher.trainer_config import check_trainer_config
+from launcher.trainer_config import read_trainer_config
 from model.conventions import DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 CONFIG_NAME = "train.yaml"
@@ -60,13 +59,7 @@ def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main",
         raise TaskError(str(e)) from None
     recover = recover or RecoverOptions()
     recover.check(len(selected))
-    config_text = ""
-    if config:
-        try:
-            config_text = Path(config).expanduser().read_text()
-        except OSError as e:
-            raise TaskError(f"--config {config}: {e.strerror}") from None
-    trainer_cfg = check_trainer_config(config, overrides)
+    config_text, trainer_cfg = read_trainer_config(config, overrides)
     check_pod_fit(trainer_cfg, len(selected), access.memory_gib, cluster.describe())  # before any object exists
     values = budget.trainer_values(config_text, overrides)
     fingerprint = budget.config_fingerprint(values, len(selected))
