@@ -6,8 +6,8 @@ The default modes follow what the trainer would choose here (mixed_precision=aut
 bf16+compile on a CPU with amx_bf16 or avx512_bf16; fp32 and fp32+compile elsewhere, where bf16 is
 emulated (an emulated bf16 4096-square GEMM takes minutes) and the trainer never picks it.
 
-A step is forward + backward + AdamW (the trainer's: model.optim.build_optimizer, fused) on one
-1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
+A step is the trainer's: forward + backward, gradient clipping to grad_clip's default
+(model.optim.clip_gradients) and AdamW (model.optim.build_optimizer, fused) on one 1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
 without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
 this machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes
 use; the summary's MFU is against the peak of the dtype the trainer chooses on this CPU.
@@ -113,13 +113,14 @@ def measure_train_step(
 
     from model.config import TrainConfig
     from model.model import GPT, GPTConfig
-    from model.optim import build_optimizer
+    from model.optim import build_optimizer, clip_gradients
     from model.precision import autocast, maybe_compile, resolve_dtype
 
     mixed_precision, compile_model = MODES[mode]
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=block_size))
-    optimizer = build_optimizer(model, TrainConfig())
+    cfg = TrainConfig()
+    optimizer = build_optimizer(model, cfg)
     dtype = resolve_dtype(mixed_precision)
     forward = maybe_compile(model, compile_model)
     x = torch.randint(0, model.config.vocab_size, (batch_size, block_size))
@@ -129,6 +130,7 @@ def measure_train_step(
         with autocast(dtype):
             _, loss = forward(x, y)
         loss.backward()
+        clip_gradients(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -310,7 +312,7 @@ def main() -> None:
     first = next(iter(results.values()))
     print(
         f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
-        f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), fused AdamW, "
+        f"{first['flops_per_token'] / 1e6:.0f} MFLOP/token (6N + 12·L·H·Q·T), clipping, fused AdamW, "
         f"{first['allocator']} malloc"
     )
     print(

@@ -44,22 +44,30 @@ class LinearCrossEntropy(torch.autograd.Function):
             scale = 1.0 / max(int(valid.sum()), 1)
             safe_targets = torch.where(valid, targets, 0)
             loss = torch.zeros((), dtype=torch.float32)
-            scratch = torch.empty(min(ROWS_PER_BLOCK, logits.size(0)), logits.size(1), dtype=torch.float32)
+            # In fp32 the logits are worked on in place; a lower compute dtype gets an fp32 copy of
+            # one row block at a time. Each step below is one same-dtype pass: a mixed-dtype op
+            # (bf16 in, fp32 out or back) costs CPU kernels ~3x a copy plus the op.
+            scratch = None
+            if logits.dtype != torch.float32:
+                scratch = torch.empty(min(ROWS_PER_BLOCK, logits.size(0)), logits.size(1))
             for start in range(0, logits.size(0), ROWS_PER_BLOCK):
                 block = logits[start : start + ROWS_PER_BLOCK]
                 n = block.size(0)
                 index, block_targets = torch.arange(n), safe_targets[start : start + n]
                 keep = valid[start : start + n]
-                target_scores = block[index, block_targets].float()
+                rows = block if scratch is None else scratch[:n].copy_(block)
+                target_scores = rows[index, block_targets]
                 # Log-sum-exp in fp32 with the exponentials kept: softmax is one multiply away.
-                shift = block.amax(dim=1, keepdim=True).float()
-                exps = torch.sub(block, shift, out=scratch[:n]).exp_()
+                shift = rows.amax(dim=1, keepdim=True)
+                exps = rows.sub_(shift).exp_()
                 sums = exps.sum(dim=1)
                 loss += ((shift.squeeze(1) + sums.log() - target_scores) * keep).sum()
                 if needs_grad:
                     # (softmax - one_hot(target)) / count, rounded to the compute dtype once.
                     exps[index, block_targets] -= sums
-                    torch.mul(exps, (keep * scale / sums)[:, None], out=block)
+                    exps.mul_((keep * scale / sums)[:, None])
+                    if scratch is not None:
+                        block.copy_(exps)
         if needs_grad:
             ctx.save_for_backward(logits, h, w)
         ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden.dtype

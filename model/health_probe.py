@@ -45,6 +45,7 @@ from model.collectives import all_ranks_mean, broadcast_tensors, on_rank0
 from model.config_values import ConfigError
 from model.conventions import SNAPSHOT_NAME
 from model.health import Fault, HealthConfig, TrainingDiverged, json_number, largest_growth
+from model.optim import gradient_norm
 
 log = logging.getLogger("model.train")
 
@@ -242,8 +243,7 @@ def install_fault(model: nn.Module, fault: Fault, iteration: Any, rank: int) -> 
 
 def grad_norm(params: list[torch.Tensor]) -> float:
     """The global gradient norm (for the guard when grad_clip=0, which computes none)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
+    return gradient_norm([p.grad for p in params if p.grad is not None]).item()
 
 
 def roll_back(trainer: Any, reason: str) -> None:

@@ -42,7 +42,7 @@ from model.health import TrainingDiverged
 from model.metrics import MetricsLog
 from model.mfu import measure_matmul_peak, model_flops_utilization
 from model.model import GPT, GPTConfig
-from model.optim import learning_rate_at
+from model.optim import clip_gradients, learning_rate_at
 from model.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
 from model.snapshot_writer import SnapshotWriter, capture
 from model.start import read_start_state, restore_rng
@@ -170,7 +170,7 @@ class Trainer:
         if measuring:
             self.probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip) if clip else None
+        norm = clip_gradients(self.raw_model.parameters(), clip) if clip else None
         loss, problem = total / steps, None
         if self.guard is not None:
             loss, problem = self.guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from model.model import GPT, PRESETS, GPTConfig
+from model.model import GPT, PRESETS, GPTConfig, gelu
 
 
 def tiny(**overrides) -> GPT:
@@ -144,3 +145,19 @@ def test_top_k_one_is_greedy() -> None:
         model.generate(idx, 6, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(0)),
         model.generate(idx, 6, temperature=0),
     )
+
+
+def test_gelu_is_gpt2s_tanh_form_in_fp32_and_within_a_bf16_rounding_step_of_it_in_bf16() -> None:
+    x = torch.linspace(-8, 8, 200_001)
+    assert torch.equal(gelu(x), F.gelu(x, approximate="tanh"))
+    inputs = x.bfloat16().unique()  # every bf16 value in [-8, 8]
+    assert len(inputs) > 2000
+    tanh_form = F.gelu(inputs.float(), approximate="tanh").bfloat16().float()
+    ours = gelu(inputs)
+    assert ours.dtype == torch.bfloat16
+    difference = (ours.float() - tanh_form).abs()
+    # Where bf16's rounding step exceeds the forms' 4.7e-4 gap, they round to the same value or a
+    # neighbour; near zero the gap itself bounds them.
+    step = torch.finfo(torch.bfloat16).eps * tanh_form.abs()
+    assert (difference <= torch.clamp(step, min=1e-3)).all()
+    assert (difference > 0).any(), "bf16 runs the erf form: some values round to a neighbour"

@@ -37,3 +37,41 @@ def test_weight_decay_applies_to_matrices_only():
 def test_adamw_uses_the_fused_kernel() -> None:
     optimizer = optim.adamw(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
     assert optimizer.defaults["fused"] is True
+
+
+def gradients(scale: float) -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in [(64, 32), (32,), (7, 5, 3)]]
+    for p in params:
+        p.grad = torch.randn(p.shape) * scale
+    return params
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 10.0])
+def test_clipping_matches_torchs_clip_grad_norm(scale: float) -> None:
+    ours, theirs = gradients(scale), gradients(scale)
+    norm = optim.clip_gradients(ours, max_norm=1.0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm=1.0)
+    assert norm.item() == pytest.approx(expected.item(), rel=1e-6)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    after = optim.gradient_norm([p.grad for p in ours]).item()
+    assert after == pytest.approx(min(norm.item(), 1.0), rel=1e-5)
+
+
+def test_gradients_within_the_bound_are_left_untouched() -> None:
+    params = gradients(0.01)
+    before = [p.grad.clone() for p in params]
+    assert optim.clip_gradients(params, max_norm=1.0) < 1.0
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before, strict=True))
+
+
+def test_a_non_finite_gradient_gives_a_non_finite_norm_and_is_not_scaled() -> None:
+    params = gradients(10.0)
+    params[1].grad[3] = float("nan")
+    before = [p.grad.clone() for p in params]
+    assert not optim.clip_gradients(params, max_norm=1.0).isfinite()
+    # The finite gradients keep their values (NaN != NaN, so compare with equal_nan).
+    assert all(
+        torch.allclose(p.grad, b, equal_nan=True, rtol=0, atol=0) for p, b in zip(params, before, strict=True)
+    )
