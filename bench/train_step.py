@@ -1,14 +1,15 @@
 """One GPT-2-small training step on this CPU: tokens/s and MFU in fp32, bf16 autocast and with torch.compile.
 
     python bench/train_step.py [--iters 5] [--threads N] [--modes fp32,bf16,bf16+compile] [--profile]
+                               [--against DIR] [--rounds R]
 
 The default modes follow what the trainer would choose here (mixed_precision=auto): fp32, bf16 and
 bf16+compile on a CPU with amx_bf16 or avx512_bf16; fp32 and fp32+compile elsewhere, where bf16 is
 emulated (an emulated bf16 4096-square GEMM takes minutes) and the trainer never picks it.
 
 A step is the trainer's: forward + backward, gradient clipping to grad_clip's default
-(model.optim.clip_gradients) and AdamW (model.optim.build_optimizer, fused) on one 1024-token sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters
-without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
+(model.optim.clip_gradients) and AdamW (model.optim.build_optimizer, fused) on one 1024-token
+sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
 this machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes
 use; the summary's MFU is against the peak of the dtype the trainer chooses on this CPU.
 
@@ -16,12 +17,18 @@ Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per
 mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
 steps (the kernel's high-water mark is reset after the warm-up, where compilation happens).
 Every mode runs with tcmalloc preloaded when it is installed, as the launcher runs the ranks on
-the nodes: glibc's malloc hands the step's large buffers (logits, vocabulary-sized gradients) back
-to the kernel on free, so every step page-faults ~1.7 GB in again (~400k faults, measured).
+the nodes, and otherwise keeps glibc's freed memory as the trainer does (model.precision.
+keep_freed_memory): left alone, glibc hands the step's large buffers (logits, vocabulary-sized
+gradients) back to the kernel on free, so every step page-faults ~1.7 GB in again (~400k faults).
 --profile adds one profiled step per mode and prints where its time goes: weight GEMMs, attention,
 dtype casts, the optimizer and the rest (element-wise ops, softmax, norms), as shares of the step,
 with the MFU the step would reach if everything but the GEMMs took no time: the ceiling that the
-memory-bound remainder leaves. The last line is a summary.
+memory-bound remainder leaves.
+
+--against DIR measures a change: DIR is another checkout of this repository (`git worktree add
+/tmp/before HEAD~1`), whose model package the same step code imports, and each mode runs on both,
+alternating which goes first, for --rounds rounds (2 by default with --against), against one peak
+measurement: the before-and-after rows of one run. The last line is a summary.
 """
 
 from __future__ import annotations
@@ -113,9 +120,15 @@ def measure_train_step(
 
     from model.config import TrainConfig
     from model.model import GPT, GPTConfig
-    from model.optim import build_optimizer, clip_gradients
-    from model.precision import autocast, maybe_compile, resolve_dtype
+    from model.optim import build_optimizer
+    from model.precision import autocast, keep_freed_memory, maybe_compile, resolve_dtype
 
+    try:
+        from model.optim import clip_gradients
+    except ImportError:  # a checkout from before it (--against), whose trainer clipped with torch's
+        from torch.nn.utils import clip_grad_norm_ as clip_gradients
+
+    keep_freed_memory()  # as python -m model.train does (a no-op beside a preloaded tcmalloc)
     mixed_precision, compile_model = MODES[mode]
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=block_size))
@@ -171,7 +184,8 @@ def find_tcmalloc() -> str | None:
     return ctypes.util.find_library("tcmalloc") or ctypes.util.find_library("tcmalloc_minimal")
 
 
-def run_child(args: argparse.Namespace, what: str) -> dict:
+def run_child(args: argparse.Namespace, what: str, code: Path | None = None) -> dict:
+    """Run one measurement in a fresh process; code: a checkout whose model package it imports."""
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -195,6 +209,8 @@ def run_child(args: argparse.Namespace, what: str) -> dict:
     env = dict(os.environ)
     if args.allocator == "tcmalloc":
         env["LD_PRELOAD"] = " ".join(filter(None, [find_tcmalloc(), env.get("LD_PRELOAD")]))
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
@@ -202,6 +218,26 @@ def run_child(args: argparse.Namespace, what: str) -> dict:
     if proc.returncode != 0:
         sys.exit(f"error: {what} failed with exit code {proc.returncode} (see its stderr above)")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def checkout_label(path: Path) -> str:
+    """A checkout's short commit (its directory name if git cannot tell), to label its rows."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return path.name
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One row from a mode's rounds: the fastest step of all, the median of the rounds' medians."""
+    best = min(runs, key=lambda r: r["step_s"])
+    return best | {
+        "median_s": statistics.median(r["median_s"] for r in runs),
+        "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+        "by_category": runs[0]["by_category"],
+    }
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -221,7 +257,7 @@ def child_main(args: argparse.Namespace) -> None:
 def print_time_shares(results: dict[str, dict], reference_peak: float) -> None:
     print("where a profiled step's time goes (ops' own time; the profiler itself adds a little):")
     print(
-        f"{'mode':<14}"
+        f"{'mode':<24}"
         + "".join(f"{c:>11}" for c in [*OP_CATEGORIES, "other"])
         + f"{'GEMM TFLOP/s':>14}{'MFU ceiling':>13}"
     )
@@ -233,7 +269,7 @@ def print_time_shares(results: dict[str, dict], reference_peak: float) -> None:
         gemm_rate = gemm_flops / shares["GEMMs"]
         ceiling = r["flops_per_token"] * r["tokens_per_s"] * r["step_s"] / shares["GEMMs"] / reference_peak
         print(
-            f"{mode:<14}"
+            f"{mode:<24}"
             + "".join(f"{shares[c] / total:>11.0%}" for c in shares)
             + f"{gemm_rate / 1e12:>14.2f}{ceiling:>13.0%}"
         )
@@ -271,6 +307,10 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="print where each mode's step time goes (one profiled step)"
     )
+    parser.add_argument(
+        "--against", type=Path, help="another checkout of this repository to measure each mode on too"
+    )
+    parser.add_argument("--rounds", type=int, default=0, help="rounds of every mode; default 1, 2 with --against")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--peak-dtypes", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -287,6 +327,14 @@ def main() -> None:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     if args.iters < 1 or args.warmup < 1:
         parser.error("--iters and --warmup must be >= 1")
+    if args.rounds < 0:
+        parser.error("--rounds must be >= 1 (0: 1, or 2 with --against)")
+    args.rounds = args.rounds or (2 if args.against else 1)
+    codes: dict[str, Path | None] = {"": None}
+    if args.against:
+        if not (args.against / "model" / "model.py").is_file():
+            parser.error(f"--against {args.against}: not a checkout of this repository (no model/model.py)")
+        codes[" @ " + checkout_label(args.against)] = args.against.resolve()
     if args.allocator == "auto":
         args.allocator = "tcmalloc" if find_tcmalloc() else "default"
     elif args.allocator == "tcmalloc" and not find_tcmalloc():
@@ -308,7 +356,14 @@ def main() -> None:
         + ", ".join(f"{name} {flops / 1e12:.2f} TFLOP/s" for name, flops in peaks.items())
         + f" (square GEMMs {', '.join(map(str, PEAK_SIZES))})"
     )
-    results = {mode: run_child(args, mode) for mode in modes}
+    rounds: dict[str, list[dict]] = {}
+    for round_index in range(args.rounds):
+        for mode in modes:
+            # Alternate which code goes first: a shared machine's speed drifts.
+            for label, code in list(codes.items())[:: -1 if round_index % 2 else 1]:
+                rounds.setdefault(mode + label, []).append(run_child(args, mode, code))
+    rows = [mode + label for mode in modes for label in codes]
+    results = {row: merge_rounds(rounds[row]) for row in rows}
     first = next(iter(results.values()))
     print(
         f"GPT-2 small: {first['params'] / 1e6:.1f}M parameters, block {args.block_size}, batch {args.batch_size}, "
@@ -316,26 +371,35 @@ def main() -> None:
         f"{first['allocator']} malloc"
     )
     print(
-        f"{'mode':<14}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU ' + reference:>10}"
+        f"{'mode':<24}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU own':>9}{'MFU ' + reference:>10}"
         f"{'peak RSS':>10}{'median s':>10}"
     )
     for mode, r in results.items():
         achieved = r["tokens_per_s"] * r["flops_per_token"]
-        own_peak = peaks[MODES[mode][0]]
+        own_peak = peaks[MODES[mode.split(" @ ")[0]][0]]
         print(
-            f"{mode:<14}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
+            f"{mode:<24}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
             f"{achieved / own_peak:>9.1%}{achieved / peaks[reference]:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
             f"{r['median_s']:>10.3f}"
         )
     if args.profile:
         print_time_shares(results, peaks[reference])
-    best_mode = max(results, key=lambda m: results[m]["tokens_per_s"])
-    best = results[best_mode]
-    best_mfu = best["tokens_per_s"] * best["flops_per_token"] / peaks[reference]
+    def best_of(label: str) -> tuple[str, dict, float]:
+        mode = max(modes, key=lambda m: results[m + label]["tokens_per_s"])
+        row = results[mode + label]
+        return mode, row, row["tokens_per_s"] * row["flops_per_token"] / peaks[reference]
+
+    best_mode, best, best_mfu = best_of("")
     summary = (
         f"train_step: best {best_mode} {best['tokens_per_s']:.0f} tokens/s, "
         f"MFU {best_mfu:.1%} of measured {reference} peak {peaks[reference] / 1e12:.2f} TFLOP/s"
     )
+    for label in list(codes)[1:]:
+        other_mode, other, other_mfu = best_of(label)
+        summary += (
+            f" (against{label}: best {other_mode} {other['tokens_per_s']:.0f} tokens/s, MFU {other_mfu:.1%}; "
+            f"{best['tokens_per_s'] / other['tokens_per_s']:.2f}x)"
+        )
     if "fp32" in results:
         fp32 = results["fp32"]
         summary += (

@@ -34,7 +34,10 @@ def thread_variables(threads: int) -> dict[str, str]:
     """One rank's OpenMP settings (env.sh on a VM, the pod's environment on Kubernetes)."""
     return {
         "OMP_NUM_THREADS": str(threads),
-        # Pin each OpenMP thread to a core and let idle threads sleep at once (Intel's PyTorch tuning).
+        # Intel OpenMP's pinning and sleep settings (Intel's PyTorch tuning), read where torch runs
+        # on libiomp5 (IPEX setups). Stock CPU wheels use GNU libgomp, which ignores them; its own
+        # binding (OMP_PROC_BIND) measured no faster here and passive waiting 7% slower
+        # (docs/performance.md), so none is set for it.
         "KMP_AFFINITY": "granularity=fine,compact,1,0",
         "KMP_BLOCKTIME": "1",
     }
