@@ -220,16 +220,6 @@ def run_child(args: argparse.Namespace, what: str, code: Path | None = None) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def checkout_label(path: Path) -> str:
-    """A checkout's short commit (its directory name if git cannot tell), to label its rows."""
-    try:
-        return subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return path.name
-
-
 def merge_rounds(runs: list[dict]) -> dict:
     """One row from a mode's rounds: the fastest step of all, the median of the rounds' medians."""
     best = min(runs, key=lambda r: r["step_s"])
@@ -332,8 +322,10 @@ def main() -> None:
     args.rounds = args.rounds or (2 if args.against else 1)
     codes: dict[str, Path | None] = {"": None}
     if args.against:
-        if not (args.against / "model" / "model.py").is_file():
-            parser.error(f"--against {args.against}: not a checkout of this repository (no model/model.py)")
+        from checkouts import checkout_label, checkout_problem  # bench/checkouts.py, beside this script
+
+        if problem := checkout_problem(args.against):
+            parser.error(problem)
         codes[" @ " + checkout_label(args.against)] = args.against.resolve()
     if args.allocator == "auto":
         args.allocator = "tcmalloc" if find_tcmalloc() else "default"

@@ -1,6 +1,6 @@
 """Stock nanoGPT's train.py against `python -m model.train`, side by side on this CPU.
 
-    python bench/vs_nanogpt.py --nanogpt /path/to/nanoGPT [--rounds 2] [--steps 6] [--threads 2]
+    python bench/vs_nanogpt.py --nanogpt /path/to/nanoGPT [--rounds 2] [--steps 6] [--threads 2] [--against DIR]
 
 Both train GPT-2 small from scratch (12 layers x 768, block 1024, micro-batch 1, no gradient
 accumulation) on the same synthetic tokens (uniform random GPT-2 ids, written once as the uint16
@@ -16,7 +16,9 @@ Shape arguments differ only where the programs' own defaults do: nanoGPT pads th
 Each program's step time is what it logs per iteration; the first --warmup steps (compilation,
 the first evaluation) are left out and the median of the next --steps is kept; peak RSS is the
 process's high-water mark (VmHWM) when its last measured step is logged, after which it is
-killed (neither writes a checkpoint). The last line is a summary. Run it on an otherwise idle
+killed (neither writes a checkpoint). --against DIR adds a third program: the trainer of another
+checkout of this repository (`git worktree add /tmp/before HEAD~1`), so a change's before and after
+meet nanoGPT in the same rounds. The last line is a summary. Run it on an otherwise idle
 machine: each process needs ~3.5 GB and both cores.
 """
 
@@ -39,6 +41,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.checkouts import checkout_label, checkout_problem  # noqa: E402
 from model.conventions import BF16_CPU_FLAGS  # noqa: E402
 from model.mfu import cpu_name  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402
@@ -64,6 +67,7 @@ class Program:
     steps_ms: list[float] = field(default_factory=list)
     peak_rss_gb: list[float] = field(default_factory=list)
     precision: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def peak_rss_gb(pid: int) -> float:
@@ -74,14 +78,14 @@ def peak_rss_gb(pid: int) -> float:
 def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], timeout_s: float) -> None:
     """Start the program, keep its step times after warmup, read its peak RSS, kill it."""
     proc = subprocess.Popen(
-        program.command, cwd=program.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        program.command, cwd=program.cwd, env=env | program.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     deadline, seen, times, tail = time.monotonic() + timeout_s, 0, [], []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail = [*tail, line][-20:]
-            if program.name == "nanocluster" and (m := TRAINER_DTYPE.search(line)):
+            if program.name.startswith("nanocluster") and (m := TRAINER_DTYPE.search(line)):
                 program.precision = f"{m.group(1)}, compile {m.group(2).lower()}"
             if match := program.step_line.search(line):
                 seen += 1
@@ -118,12 +122,17 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both programs")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one program may take per round")
+    parser.add_argument(
+        "--against", type=Path, help="another checkout of this repository whose trainer runs in the rounds too"
+    )
     args = parser.parse_args()
     missing = [f for f in NANOGPT_FILES if not (args.nanogpt / f).is_file()]
     if missing:
         parser.error(
             f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory"
         )
+    if args.against and (problem := checkout_problem(args.against)):
+        parser.error(problem)
     if min(args.rounds, args.steps, args.warmup, args.threads) < 1:
         parser.error("--rounds, --steps, --warmup and --threads must be >= 1")
 
@@ -171,26 +180,29 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         NANOGPT_STEP,
         precision="fp32 (no autocast on CPU), compile true",
     )
-    ours = Program(
-        "nanocluster",
-        [
+    def trainer(name: str, checkout: Path) -> Program:
+        command = [
             sys.executable,
             "-m",
             "model.train",
             "init_from=scratch",
             f"data_dir={data}",
-            f"out_dir={work / 'ours-out'}",
+            f"out_dir={work / (name + '-out')}",
             *(f"{'model.' if k.startswith('n_') else ''}{k}={v}" for k, v in shape.items()),
-        ],
-        REPO,
-        TRAINER_STEP,
-    )
+        ]
+        # The checkout's own model package, not the one this environment has installed.
+        return Program(name, command, checkout, TRAINER_STEP, env={"PYTHONPATH": str(checkout)})
+
+    ours = trainer("nanocluster", REPO)
+    programs = [nanogpt, ours]
+    if args.against:
+        programs.append(trainer(f"nanocluster@{checkout_label(args.against)}", args.against.resolve()))
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     allocator = env.get("LD_PRELOAD") or "the C library's malloc"
     print(f"CPU: {describe_cpu()}; {args.threads} threads; allocator: {allocator}")
     for round_ in range(args.rounds):
-        order = (nanogpt, ours) if round_ % 2 == 0 else (ours, nanogpt)
-        for program in order:
+        shift = round_ % len(programs)  # each round starts with the next program: speed drifts
+        for program in programs[shift:] + programs[:shift]:
             run_once(program, args.warmup, args.steps, env, args.timeout)
             print(
                 f"round {round_ + 1}: {program.name} median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
@@ -199,18 +211,21 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     print(
         f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch 1, {args.rounds} rounds x {args.steps} steps"
     )
-    print(f"{'program':<13}{'precision':<40}{'ms/step':>9}{'tokens/s':>10}{'peak RSS':>10}")
+    print(f"{'program':<21}{'precision':<40}{'ms/step':>9}{'tokens/s':>10}{'peak RSS':>10}")
     medians = {}
-    for program in (nanogpt, ours):
+    for program in programs:
         medians[program.name] = statistics.median(program.steps_ms)
         print(
-            f"{program.name:<13}{program.precision:<40}{medians[program.name]:>9.0f}"
+            f"{program.name:<21}{program.precision:<40}{medians[program.name]:>9.0f}"
             f"{BLOCK * 1000 / medians[program.name]:>10.0f}{max(program.peak_rss_gb):>8.2f}GB"
         )
     ratio = medians["nanoGPT"] / medians["nanocluster"]
+    against = "".join(
+        f" ({p.name}: {medians['nanoGPT'] / medians[p.name]:.2f}x, {medians[p.name]:.0f} ms/step)" for p in programs[2:]
+    )
     print(
         f"vs_nanogpt: {ratio:.2f}x stock nanoGPT ({medians['nanocluster']:.0f} vs {medians['nanoGPT']:.0f} ms/step, "
-        f"{ours.precision} vs {nanogpt.precision}) on {describe_cpu()}, {args.threads} threads"
+        f"{ours.precision} vs {nanogpt.precision}){against} on {describe_cpu()}, {args.threads} threads"
     )
 
 
