@@ -126,7 +126,9 @@ def measure_train_step(
     try:
         from model.optim import clip_gradients
     except ImportError:  # a checkout from before it (--against), whose trainer clipped with torch's
-        from torch.nn.utils import clip_grad_norm_ as clip_gradients
+
+        def clip_gradients(params, max_norm, optimizer):  # type: ignore[no-redef]
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     keep_freed_memory()  # as python -m model.train does (a no-op beside a preloaded tcmalloc)
     mixed_precision, compile_model = MODES[mode]
@@ -143,7 +145,7 @@ def measure_train_step(
         with autocast(dtype):
             _, loss = forward(x, y)
         loss.backward()
-        clip_gradients(model.parameters(), cfg.grad_clip)
+        clip_gradients(model.parameters(), cfg.grad_clip, optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -53,16 +53,36 @@ def gradient_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(squares).sum().sqrt()
 
 
-def clip_gradients(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_gradients(
+    params: Iterable[torch.Tensor], max_norm: float, optimizer: torch.optim.Optimizer | None = None
+) -> torch.Tensor:
     """Scale the gradients so their global L2 norm is at most max_norm; returns the norm before
     clipping, as torch.nn.utils.clip_grad_norm_ does. Unlike it, the gradients are left untouched
     when they are within the bound (it multiplies them by a coefficient clamped to 1, a pass over
-    every gradient each step) or not finite (the training guard sees the norm and skips the step)."""
+    every gradient each step) or not finite (the training guard sees the norm and skips the step).
+
+    Given the optimizer that steps next, and where that is torch's own fused Adam/AdamW, the scale
+    goes to its step instead: the grad_scale its kernel divides each gradient by as it reads it (the
+    hook torch's GradScaler uses), which saves a read and a write of every gradient (~25 ms of a
+    GPT-2-small step here). Elsewhere (ZeRO's wrapper, IPEX's step) the gradients are multiplied."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = gradient_norm(grads)
-    if norm.isfinite() and norm > max_norm:
-        torch._foreach_mul_(grads, max_norm / (float(norm) + 1e-6))
+    clipping = bool(norm.isfinite() and norm > max_norm)
+    divisor = (float(norm) + 1e-6) / max_norm  # the inverse of torch's clip coefficient
+    if takes_grad_scale(optimizer):
+        optimizer.grad_scale = torch.tensor(divisor) if clipping else None  # type: ignore[union-attr]
+    elif clipping:
+        torch._foreach_mul_(grads, 1.0 / divisor)
     return norm
+
+
+def takes_grad_scale(optimizer: torch.optim.Optimizer | None) -> bool:
+    """True for torch's fused Adam/AdamW with its own step: the optimizers whose step reads grad_scale."""
+    return (
+        isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+        and bool(optimizer.defaults.get("fused"))
+        and getattr(optimizer.step, "__func__", None) is type(optimizer).step
+    )
 
 
 def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:

@@ -170,7 +170,7 @@ class Trainer:
         if measuring:
             self.probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
-        norm = clip_gradients(self.raw_model.parameters(), clip) if clip else None
+        norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer) if clip else None
         loss, problem = total / steps, None
         if self.guard is not None:
             loss, problem = self.guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)

@@ -75,3 +75,47 @@ def test_a_non_finite_gradient_gives_a_non_finite_norm_and_is_not_scaled() -> No
     assert all(
         torch.allclose(p.grad, b, equal_nan=True, rtol=0, atol=0) for p, b in zip(params, before, strict=True)
     )
+
+
+def stepped(clip: str) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """Each parameter's first moment after one fused-AdamW step on gradients of norm ~60, clipped
+    to 1 as asked: (1 - beta1) x the gradient the step used (the update itself hardly depends on
+    the gradient's scale, Adam's normalises it away)."""
+    params = gradients(10.0)
+    optimizer = optim.adamw(params, lr=0.1)
+    if clip == "torch":
+        torch.nn.utils.clip_grad_norm_(params, max_norm=1.0)
+    elif clip != "none":
+        optim.clip_gradients(params, max_norm=1.0, optimizer=optimizer if clip == "in the step" else None)
+    optimizer.step()
+    return [optimizer.state[p]["exp_avg"].clone() for p in params], optimizer
+
+
+def test_clipping_handed_to_the_fused_step_updates_as_multiplied_gradients_do() -> None:
+    torch_clipped, _ = stepped("torch")
+    multiplied, _ = stepped("multiplied")
+    in_the_step, optimizer = stepped("in the step")
+    unclipped, _ = stepped("none")
+    assert optimizer.grad_scale is not None  # the scale went to the step, not through the gradients
+    for a, b, c, d in zip(torch_clipped, multiplied, in_the_step, unclipped, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(c, a, rtol=1e-6, atol=1e-9)
+        assert d.abs().sum() > 10 * a.abs().sum()
+
+
+def test_a_step_within_the_bound_leaves_no_scale_behind_and_other_optimizers_get_multiplied_gradients() -> None:
+    params = gradients(10.0)
+    fused = optim.adamw(params, lr=0.1)
+    optim.clip_gradients(params, max_norm=1.0, optimizer=fused)
+    assert fused.grad_scale is not None
+    for p in params:
+        p.grad.mul_(1e-4)
+    optim.clip_gradients(params, max_norm=1.0, optimizer=fused)
+    assert fused.grad_scale is None  # a later step must not divide by a stale scale
+
+    plain = torch.optim.AdamW(params, lr=0.1)  # not fused: its step would refuse a grad_scale
+    for p in params:
+        p.grad.mul_(1e4)
+    assert optim.clip_gradients(params, max_norm=1.0, optimizer=plain) > 1.0
+    assert not hasattr(plain, "grad_scale")
+    assert optim.gradient_norm([p.grad for p in params]).item() == pytest.approx(1.0, rel=1e-5)

@@ -37,6 +37,13 @@ def test_a_resumed_run_shows_what_the_rewound_metrics_keep(tmp_path):
             metrics.eval(i, train_loss=10.0 + i, val_loss=20.0 + i)
         metrics.step(i, loss=30.0 + i, lr=1e-3, iter_s=0.5, tokens_per_s=100.0, mfu=0.1)
     metrics.close()
+    # TensorBoard reads a directory's event files in name order, and a name starts with its writer's
+    # start second: a resumed run (a later process) sorts after the crashed one. Within one second
+    # a per-process writer counter decides, and "10" sorts before "9", so date the crashed run's
+    # file a second back, as it would be.
+    (crashed,) = (tmp_path / TB_DIR).glob("events.out.tfevents.*")
+    second = crashed.name.split(".")[3]
+    crashed.rename(crashed.with_name(crashed.name.replace(second, f"{int(second) - 1:010d}", 1)))
     metrics = MetricsLog(tmp_path)
     metrics.begin(resumed_at=2)
     for i in range(2, 4):  # the resumed run's steps differ from the crashed run's
