@@ -337,7 +337,7 @@ class TestNodes:
     def reboot(self, i: int) -> None:
         """Simulate node i rebooting: every process of the node but its sshd listener (which is back at
         once, as after a boot) is killed, and the node's boot id changes."""
-        self.kill_all(i, keep=self.sshd[i].pid)
+        self.kill_until_gone(i, keep=self.sshd[i].pid)
         self.boot_id_file(i).write_text(f"{uuid.uuid4()}\n")
 
     def stop_sshd(self, i: int, unplug: bool = False) -> None:
@@ -348,12 +348,7 @@ class TestNodes:
         hear nothing at all (a VM the hypervisor removed), and new connections fail once ARP gives up."""
         if unplug:
             run("ip", "-n", self.namespaces[i], "link", "set", "eth0", "down")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self.pids(i):  # SIGKILL is delivered asynchronously; a process may fork meanwhile
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"node{i} still has processes {self.pids(i)} {START_TIMEOUT_S} s after SIGKILL")
-            self.kill_all(i)
-            time.sleep(0.05)
+        self.kill_until_gone(i)
         if self.sshd[i].poll() is None:  # outside the namespace only while `ip netns exec` starts it
             self.sshd[i].kill()
         self.sshd[i].wait(timeout=10)
@@ -375,6 +370,16 @@ class TestNodes:
             run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(host_key))
         self.sshd[i] = self._spawn_sshd(i)
         self._wait_listening(range(i, i + 1))
+
+    def kill_until_gone(self, i: int, keep: int | None = None) -> None:
+        """kill_all until node i has no process but `keep`: SIGKILL is delivered asynchronously, so a
+        process is listed until it has exited, and one may fork meanwhile."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while left := [pid for pid in self.pids(i) if pid != keep]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node{i} still has processes {left} {START_TIMEOUT_S} s after SIGKILL")
+            self.kill_all(i, keep)
+            time.sleep(0.05)
 
     def kill_all(self, i: int, keep: int | None = None) -> None:
         """SIGKILL every process in node i's network namespace but `keep` (see send_signal)."""
