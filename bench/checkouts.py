@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def checkout_problem(path: Path) -> str | None:
@@ -22,3 +25,10 @@ def checkout_label(path: Path) -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return path.name
+
+
+def rotated(programs: list[T], round_index: int) -> list[T]:
+    """The order of one round: each round starts with the next program, as a shared machine's
+    speed drifts and the first to run would otherwise always meet the same conditions."""
+    shift = round_index % len(programs)
+    return programs[shift:] + programs[:shift]

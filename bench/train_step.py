@@ -9,9 +9,10 @@ emulated (an emulated bf16 4096-square GEMM takes minutes) and the trainer never
 
 A step is the trainer's: forward + backward, gradient clipping to grad_clip's default
 (model.optim.clip_gradients) and AdamW (model.optim.build_optimizer, fused) on one 1024-token
-sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters without the position embedding; attention per PaLM, appendix B). MFU is measured against the peak
-this machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes
-use; the summary's MFU is against the peak of the dtype the trainer chooses on this CPU.
+sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters without
+the position embedding; attention per PaLM, appendix B). MFU is measured against the peak this
+machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes use;
+the summary's MFU is against the peak of the dtype the trainer chooses on this CPU.
 
 Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per mode and one
 mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
@@ -43,6 +44,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from checkouts import checkout_label, checkout_problem, rotated  # bench/checkouts.py, beside this script
 
 MODES = {
     # name: (mixed_precision, torch.compile); bf16+compile is what the trainer runs with
@@ -324,8 +327,6 @@ def main() -> None:
     args.rounds = args.rounds or (2 if args.against else 1)
     codes: dict[str, Path | None] = {"": None}
     if args.against:
-        from checkouts import checkout_label, checkout_problem  # bench/checkouts.py, beside this script
-
         if problem := checkout_problem(args.against):
             parser.error(problem)
         codes[" @ " + checkout_label(args.against)] = args.against.resolve()
@@ -353,8 +354,7 @@ def main() -> None:
     rounds: dict[str, list[dict]] = {}
     for round_index in range(args.rounds):
         for mode in modes:
-            # Alternate which code goes first: a shared machine's speed drifts.
-            for label, code in list(codes.items())[:: -1 if round_index % 2 else 1]:
+            for label, code in rotated(list(codes.items()), round_index):
                 rounds.setdefault(mode + label, []).append(run_child(args, mode, code))
     rows = [mode + label for mode in modes for label in codes]
     results = {row: merge_rounds(rounds[row]) for row in rows}
@@ -370,7 +370,7 @@ def main() -> None:
     )
     for mode, r in results.items():
         achieved = r["tokens_per_s"] * r["flops_per_token"]
-        own_peak = peaks[MODES[mode.split(" @ ")[0]][0]]
+        own_peak = peaks[MODES[r["mode"]][0]]
         print(
             f"{mode:<24}{r['step_s']:>8.3f}{r['tokens_per_s']:>10.0f}{achieved / 1e12:>9.3f}"
             f"{achieved / own_peak:>9.1%}{achieved / peaks[reference]:>10.1%}{r['peak_rss_gb']:>8.2f}GB"
@@ -378,6 +378,7 @@ def main() -> None:
         )
     if args.profile:
         print_time_shares(results, peaks[reference])
+
     def best_of(label: str) -> tuple[str, dict, float]:
         mode = max(modes, key=lambda m: results[m + label]["tokens_per_s"])
         row = results[mode + label]

@@ -41,7 +41,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.checkouts import checkout_label, checkout_problem  # noqa: E402
+from bench.checkouts import checkout_label, checkout_problem, rotated  # noqa: E402
 from model.conventions import BF16_CPU_FLAGS  # noqa: E402
 from model.mfu import cpu_name  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402
@@ -201,8 +201,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     allocator = env.get("LD_PRELOAD") or "the C library's malloc"
     print(f"CPU: {describe_cpu()}; {args.threads} threads; allocator: {allocator}")
     for round_ in range(args.rounds):
-        shift = round_ % len(programs)  # each round starts with the next program: speed drifts
-        for program in programs[shift:] + programs[:shift]:
+        for program in rotated(programs, round_):
             run_once(program, args.warmup, args.steps, env, args.timeout)
             print(
                 f"round {round_ + 1}: {program.name} median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
