@@ -1,22 +1,23 @@
 """Which driver runs a task: the one place a cluster's kind is looked at.
 
-A Driver holds a kind's task functions, each with the signature of the VM one it stands for. The
-tasks (launcher/tasks/) call `driver(spec).train(spec, ...)`, so no task branches on the kind:
+A Driver holds a kind's task functions, each with the signature the Driver protocol fixes, so mypy
+checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
+`driver(spec).train(request)`, so no task branches on the kind:
 
     machines     nodes over SSH: a Pulumi stack of VMs, a contract file, the local cluster
                  (launcher.train, launcher.setup, launcher.data, launcher.launch, launcher.checkpoints, ...)
     kubernetes   pods through the API server: a GKE stack, a contract of kind kubernetes, or
                  kubeconfig:PATH[#CONTEXT] (launcher.kube)
 
+`fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Protocol
 
 from launcher import checkpoints, doctor, train
 from launcher.console import TaskError
@@ -24,38 +25,80 @@ from launcher.data import prepare
 from launcher.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
 from launcher.kube_contract import KUBECONFIG_PREFIX
 from launcher.launch import logs, status, stop
+from launcher.lifecycle import TrainRequest
 from launcher.setup import ready
 
 
-@dataclass(frozen=True)
-class Driver:
-    """A cluster kind's tasks; each takes --cluster's spec first, as the VM task functions do."""
+class Driver(Protocol):
+    """A cluster kind's tasks; each takes --cluster's spec first (train: in its request)."""
 
-    kind: str
-    setup: Callable[..., Any]
-    prepare_data: Callable[..., Any]
-    train: Callable[..., Any]
-    status: Callable[..., Any]
-    logs: Callable[..., Any]
-    stop: Callable[..., Any]
-    sample: Callable[..., Any]
-    fetch: Callable[..., Any]
-    doctor: Callable[..., Any]
+    @property
+    def kind(self) -> str: ...
+
+    def setup(self, cluster_spec: str | None, profile: str = ..., pip_args: str = ...,
+              skip_system_packages: bool = ..., nodes: int | None = ..., idle_minutes: int | None = ...) -> None: ...
+
+    def prepare_data(self, cluster_spec: str | None, source: str = ..., dataset: str | None = ...,
+                     nodes: int | None = ..., val_fraction: float | None = ..., seed: int | None = ...,
+                     limit: int | None = ..., sharded: bool = ..., field: str | None = ...,
+                     split: str | None = ..., workers: int | None = ..., text_chars: int | None = ...) -> None: ...
+
+    def train(self, request: TrainRequest) -> int: ...
+
+    def status(self, cluster_spec: str | None, run: str = ...) -> int: ...
+
+    def logs(self, cluster_spec: str | None, run: str = ..., rank: int | None = ..., lines: int = ...,
+             follow: bool = ...) -> None: ...
+
+    def stop(self, cluster_spec: str | None, run: str = ...) -> int: ...
+
+    def sample(self, cluster_spec: str | None, run: str = ..., prompt: str = ..., max_new_tokens: int = ...,
+               temperature: float = ..., top_k: int = ..., seed: int = ...) -> None: ...
+
+    def fetch(self, cluster_spec: str | None, run: str = ..., dest: str | None = ...) -> Path: ...
+
+    def doctor(self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...) -> int: ...
 
 
-MACHINES_DRIVER = Driver(MACHINES, setup=ready.setup, prepare_data=prepare.prepare_data, train=train.train,
-                         status=status.status, logs=logs.logs, stop=stop.stop, sample=checkpoints.sample,
-                         fetch=checkpoints.fetch, doctor=doctor.doctor)
+class MachinesDriver:
+    """Nodes over SSH."""
+
+    kind = MACHINES
+    setup = staticmethod(ready.setup)
+    prepare_data = staticmethod(prepare.prepare_data)
+    train = staticmethod(train.train)
+    status = staticmethod(status.status)
+    logs = staticmethod(logs.logs)
+    stop = staticmethod(stop.stop)
+    sample = staticmethod(checkpoints.sample)
+    fetch = staticmethod(checkpoints.fetch)
+    doctor = staticmethod(doctor.doctor)
+
+
+MACHINES_DRIVER: Driver = MachinesDriver()
 
 
 def kubernetes_driver() -> Driver:
     """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
     task on VMs does not pay."""
-    from launcher.kube import tasks, train
+    from launcher.kube import tasks
+    from launcher.kube import train as kube_train
 
-    return Driver(KUBERNETES, setup=tasks.setup, prepare_data=tasks.prepare_data, train=train.train,
-                  status=tasks.status, logs=tasks.logs, stop=tasks.stop, sample=tasks.sample, fetch=tasks.fetch,
-                  doctor=tasks.doctor)
+    class KubernetesDriver:
+        """Pods through the API server."""
+
+        kind = KUBERNETES
+        setup = staticmethod(tasks.setup)
+        prepare_data = staticmethod(tasks.prepare_data)
+        train = staticmethod(kube_train.train)
+        status = staticmethod(tasks.status)
+        logs = staticmethod(tasks.logs)
+        stop = staticmethod(tasks.stop)
+        sample = staticmethod(tasks.sample)
+        fetch = staticmethod(tasks.fetch)
+        doctor = staticmethod(tasks.doctor)
+
+    return KubernetesDriver()
 
 
 def kind_of(spec: str | None) -> str:

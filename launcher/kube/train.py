@@ -1,170 +1,177 @@
-"""`fab train` on a Kubernetes cluster: the same flags, budget, record and restart policy as on VMs.
+"""`fab train` on a Kubernetes cluster: what this kind supplies to the run lifecycle
+(launcher.lifecycle), which does the rest (checks, budget, record, restart policy, the end).
 
-    check flags, config and budget (launcher.runs.budget) before anything is created
-    stage: node environment, model/ and runs/<run>/train.yaml on the shared claim (launcher.kube.jobs)
-    launch: the headless Service and the Indexed Job (launcher.kube.objects), then PodWatch
-    a failure outside the program (a killed rank, a lost peer, an evicted or preempted pod)
-        -> launcher.recover.policy.restart_cause says whether to restart (--max-restarts)
-        -> delete the attempt's objects, recreate them with the next attempt number: the pods wait
-           for capacity (the autoscaler adds nodes for Pending pods) up to --recover-timeout, and
-           every rank resumes from the newest snapshot on the shared volume
-        -> a restart whose pods find too few nodes goes on with the ones placed when --min-nodes
-           allows it (keep_global_batch=true), or ends in one line naming the wait
+    open     connect to the API server (launcher.kube.connect), the run checked against a pod's
+             memory, then stage the node environment, model/ and runs/<run>/train.yaml on the
+             shared claim (launcher.kube.jobs)
+    start    delete what an earlier attempt left, create the headless Service and the Indexed Job
+             (launcher.kube.objects)
+    watch    PodWatch: each pod's log, rank 0's metrics, the first failed or evicted pod
+    recover  nothing to bring back by hand: the next attempt's pods wait for capacity (the autoscaler
+             adds nodes for Pending pods) up to --recover-timeout; a restart whose pods find too few
+             nodes goes on with the ones placed when --min-nodes allows it (keep_global_batch=true)
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-
-from launcher.console import Interrupted, TaskError, check_name, out_line, say
-from launcher.inventory import Cluster
+from launcher.console import TaskError, out_line, say
+from launcher.inventory import Cluster, Node
 from launcher.kube import objects
-from launcher.kube.api import Api, calling
-from launcher.kube.connect import delete_run_objects, open_cluster
+from launcher.kube.api import Api, calling, connect
+from launcher.kube.connect import delete_run_objects
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
-from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
+from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
-from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions
-from launcher.recover.policy import restart_cause
-from launcher.runs import budget
-from launcher.runs.estimate import final_cost
-from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs
+from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
+from launcher.lifecycle import train as run_lifecycle
+from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.runs.recorder import RunRecorder
-from launcher.trainer_config import read_trainer_config
-from model.conventions import DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
+from launcher.session import resolve_cluster
+from model.conventions import DEFAULT_MASTER_PORT
 
 CONFIG_NAME = "train.yaml"
 """The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
 
 
-def train(cluster_spec: str | None, nodes: int | None = None, run: str = "main", dataset: str = "builtin",
-          launcher: str = "fabric", backend: str = "auto", port: int | None = None, config: str | None = None,
-          overrides: Sequence[str] = (), dry_run: bool = False, collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S,
-          recover: RecoverOptions | None = None, budget_usd: float | None = None, rerun: str = "") -> int:
-    """launcher.train.train's contract on a Kubernetes cluster: 0 finished, BUDGET_EXIT stopped at the budget."""
-    started = time.monotonic()
-    check_name(run, "run")
-    check_name(dataset, "dataset")
-    if launcher != "fabric":
-        raise TaskError(f"--launcher {launcher}: a Kubernetes cluster runs one trainer per pod, started by its "
-                        "Job (drop --launcher)")
-    api, cluster = open_cluster(cluster_spec)
-    access = access_of(cluster)
-    try:
-        selected = cluster.select(nodes)
-    except ValueError as e:
-        raise TaskError(str(e)) from None
-    recover = recover or RecoverOptions()
-    recover.check(len(selected))
-    config_text, trainer_cfg = read_trainer_config(config, overrides)
-    check_pod_fit(trainer_cfg, len(selected), access.memory_gib, cluster.describe())  # before any object exists
-    values = budget.trainer_values(config_text, overrides)
-    fingerprint = budget.config_fingerprint(values, len(selected))
-    spend = None if budget_usd is None else budget.plan_budget(
-        budget_usd, cluster, run, values, len(selected), read_cluster_runs(cluster), say)
-    clock_start = time.time()
-    overrides = tuple(overrides) + (spend.overrides(clock_start) if spend else ())
+class KubeRun:
+    """A run's attempts on a Kubernetes cluster: one Indexed Job and headless Service per attempt."""
 
-    def launch_of(count: int, attempt: int, extra: tuple[str, ...]) -> objects.PodLaunch:
-        plan = LaunchPlan(cluster, selected[:count], run, dataset, objects.NODE_PYTHON, objects.CODE_DIR,
-                          backend=backend, master_port=port or DEFAULT_MASTER_PORT,
-                          collective_timeout_s=collective_timeout_s, config_file=config or "",
-                          overrides=overrides + extra)
-        return objects.PodLaunch(
-            run=run, job=objects.job_name(cluster.cluster_name, run), namespace=access.namespace, nodes=count,
-            port=plan.master_port, image=objects.DEFAULT_IMAGE, claim=access.storage_claim,
-            cores=cluster.cores_per_node, memory_gib=access.memory_gib or 1.0, node_selector=dict(access.node_selector),
-            tolerations=access.tolerations, trainer_args=tuple(trainer_args(plan)), attempt=attempt)
+    def __init__(self, request: TrainRequest, cluster: Cluster, nodes: tuple[Node, ...], api: Api | None = None):
+        self.request, self.cluster, self.nodes, self.api = request, cluster, nodes, api
+        self.access = access_of(cluster)
+        self.count = len(self.nodes)
+        """Pods in the next attempt (fewer after a restart that went on with the pods placed)."""
+        self.overrides: tuple[str, ...] = ()
+        """Overrides the recovery adds (keep_global_batch=true on fewer pods)."""
+        self.prepared: Prepared | None = None
+        self.launch: objects.PodLaunch | None = None
+        """The started attempt."""
 
-    try:
-        first = launch_of(len(selected), 0, ())
-    except ValueError as e:
-        raise TaskError(str(e)) from None
-    if dry_run:
+    @classmethod
+    def resolve(cls, request: TrainRequest) -> KubeRun:
+        """--cluster read and --nodes selected; a cluster given by kubeconfig is asked for its nodes."""
+        if request.launcher != "fabric":
+            raise TaskError(f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
+                            "by its Job (drop --launcher)")
+        cluster = resolve_cluster(request.cluster_spec)
+        if cluster.kube is None:
+            raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
+        api = None
+        if cluster.kube.from_kubeconfig:  # its node count and sizes are known only to the API server
+            api, cluster = connect(cluster)
+        try:
+            return cls(request, cluster, tuple(cluster.select(request.nodes)), api)
+        except ValueError as e:
+            raise TaskError(str(e)) from None
+
+    def default_config(self) -> str | None:
+        return None
+
+    def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> objects.PodLaunch:
+        request, cluster, access = self.request, self.cluster, self.access
+        plan = LaunchPlan(cluster, self.nodes[:self.count], request.run, request.dataset, objects.NODE_PYTHON,
+                          objects.CODE_DIR, backend=request.backend, master_port=request.port or DEFAULT_MASTER_PORT,
+                          collective_timeout_s=request.collective_timeout_s, config_file=prepared.config_file or "",
+                          overrides=prepared.overrides + extra)
+        try:
+            return objects.PodLaunch(
+                run=request.run, job=objects.job_name(cluster.cluster_name, request.run), namespace=access.namespace,
+                nodes=self.count, port=plan.master_port, image=objects.DEFAULT_IMAGE, claim=access.storage_claim,
+                cores=cluster.cores_per_node, memory_gib=access.memory_gib or 1.0,
+                node_selector=dict(access.node_selector), tolerations=access.tolerations,
+                trainer_args=tuple(trainer_args(plan)), attempt=attempt)
+        except ValueError as e:
+            raise TaskError(str(e)) from None
+
+    def check_fit(self, prepared: Prepared) -> None:
+        """A rank's memory estimate against its pod's limit, before any object exists."""
+        check_pod_fit(prepared.trainer_config, len(self.nodes), self.access.memory_gib, self.cluster.describe())
+
+    def dry_run(self, prepared: Prepared) -> None:
         import yaml
 
+        self.check_fit(prepared)
+        first = self.pod_launch(prepared, 0, ())
         for body in (objects.headless_service(first), objects.training_job(first)):
             out_line("---\n" + yaml.safe_dump(body, sort_keys=False).rstrip())
-        return 0
-    files = {f"{first.run_dir}/{CONFIG_NAME}": config_text.encode()} if config else {}
-    stage(api, cluster, run, files)
-    record = RunRecord.of(cluster, run)
-    record.append("launch", **launch_fields(cluster, selected, len(selected)), time=clock_start,
-                  config_fingerprint=fingerprint, **(spend.launch_fields() if spend else {}))
-    loop = KubeRecovery(api, cluster, run, recover, record, rerun)
-    progress = loop.run(launch_of, len(selected))
-    ended_at = min(time.time(), max(clock_start, progress.ended_at or time.time()))
-    record = RunRecord.of(cluster, run)
-    end = budget.ending(record, clock_start, ended_at, progress.iter, progress.stopped_at_budget, spend)
-    record.append("end", restarts=loop.restarts, time=ended_at, **end.fields)
-    delete_run_objects(api, run, quiet=True)
-    if end.stopped:
-        say(budget.stopped_line(run, end.fields.get("spent_usd", 0.0), budget_usd or 0.0, end.fields["iter"],
-                                end.fields.get("max_iters")))
-        return budget.BUDGET_EXIT
-    say(f"done in {time.monotonic() - started:.0f} s: {progress.summary()}; {final_cost(record)}; best checkpoint "
-        f"runs/{run}/ckpt.pt on claim {access.storage_claim} (fab sample, fab fetch)")
-    return 0
 
+    def open(self, prepared: Prepared) -> None:
+        request = self.request
+        self.check_fit(prepared)
+        first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
+        if self.api is None:
+            self.api, self.cluster = connect(self.cluster)
+            self.access = access_of(self.cluster)
+        self.prepared = prepared
+        files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
+        stage(self.api, self.cluster, request.run, files)
 
-class KubeRecovery:
-    """The restart loop of launcher.recover.loop, with Jobs recreated instead of nodes reconnected."""
+    def connected(self) -> Api:
+        assert self.api is not None, "open() first"
+        return self.api
 
-    def __init__(self, api: Api, cluster: Cluster, run: str, options: RecoverOptions, record: RunRecord,
-                 rerun: str = ""):
-        self.api, self.cluster, self.run_name, self.options, self.record = api, cluster, run, options, record
-        self.rerun = rerun
-        """The command that continues the run after a Ctrl-C (the flags as the operator gave them)."""
-        self.restarts = 0
-
-    def run(self, launch_of, count: int) -> Progress:
-        extra: tuple[str, ...] = ()
-        while True:
-            launch = launch_of(count, self.restarts, extra)
-            try:
-                return self.attempt(launch)
-            except StuckPending as e:
-                placed = e.placed
-                if not self.restarts or self.options.min_nodes is None or placed < self.options.min_nodes:
-                    self.end(str(e), 1)
-                    raise TaskError(str(e)) from None
-                say(f"continuing on {placed} pod(s) (--min-nodes {self.options.min_nodes}): {KEEP_GLOBAL_BATCH} "
-                    "raises gradient accumulation so the tokens per optimizer step stay the same")
-                count, extra = placed, (KEEP_GLOBAL_BATCH,)
-                cause = f"{launch.nodes - placed} pod(s) found no node within --recover-timeout"
-            except RunInterrupted as e:
-                self.record.append("end", outcome="interrupted", iter=e.progress.stopped_at, rerun=self.rerun,
-                                   exit_code=Interrupted.exit_code)
-                raise Interrupted(interrupted_text(e.progress.stopped_at, self.rerun)) from None
-            except OutOfMemory as e:  # would run out again at the same size, whatever --min-nodes says
-                self.end(str(e), 1)
-                raise TaskError(str(e)) from None
-            except RunFailed as e:
-                cause = restart_cause(e, self.restarts, self.options.max_restarts, say)
-                if cause is None:
-                    self.end(str(e), e.exit_code)
-                    raise TaskError(str(e)) from None
-            self.restarts += 1
-            say(f"restart {self.restarts}/{self.options.max_restarts}: {cause}; the Job is recreated, its pods "
-                f"wait up to {self.options.recover_timeout_s:g} s (--recover-timeout) for nodes, and every rank "
-                "resumes from the newest snapshot")
-            self.record.append("restart", cause=cause, attempt=self.restarts, nodes=[f"pod{i}" for i in range(count)])
-
-    def attempt(self, launch: objects.PodLaunch) -> Progress:
-        delete_run_objects(self.api, self.run_name, quiet=True, wait=True)
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        api, run = self.connected(), self.request.run
+        assert self.prepared is not None, "open() first"
+        launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
+        delete_run_objects(api, run, quiet=True, wait=True)
         with calling(f"creating the Service and Job {launch.job}"):
-            self.api.core.create_namespaced_service(self.api.namespace, objects.headless_service(launch))
-            self.api.batch.create_namespaced_job(self.api.namespace, objects.training_job(launch))
+            api.core.create_namespaced_service(api.namespace, objects.headless_service(launch))
+            api.batch.create_namespaced_job(api.namespace, objects.training_job(launch))
         say(f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node, "
             f"rank 0 at {launch.master_addr}:{launch.port}")
-        watch = PodWatch(self.api, launch, RunRecorder(self.cluster, self.run_name),
-                         lambda: delete_run_objects(self.api, self.run_name, quiet=True),
-                         self.options.recover_timeout_s, out=out_line)
+        return Started(self.nodes[:launch.nodes], launch.nodes)
+
+    def watch(self) -> Progress:
+        api, run = self.connected(), self.request.run
+        assert self.launch is not None, "start() first"
+        watch = PodWatch(api, self.launch, RunRecorder(self.cluster, run),
+                         lambda: delete_run_objects(api, run, quiet=True),
+                         self.request.recover.recover_timeout_s, out=out_line)
         return watch.watch()
 
-    def end(self, reason: str, exit_code: int) -> None:
-        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
+    def stop(self) -> None:
+        if self.api is not None:
+            delete_run_objects(self.api, self.request.run, quiet=True)
 
+    def unretryable(self, error: RunFailed) -> str | None:
+        """An OOM-killed container would run out again at the same size, whatever --min-nodes says."""
+        return str(error) if isinstance(error, OutOfMemory) else None
+
+    def own_restart(self, error: RunFailed, restarts: int) -> str | None:
+        """A restart whose pods found too few nodes goes on with the ones placed, when --min-nodes allows."""
+        min_nodes = self.request.recover.min_nodes
+        if not isinstance(error, StuckPending) or not restarts or min_nodes is None or error.placed < min_nodes:
+            return None
+        say(f"continuing on {error.placed} pod(s) (--min-nodes {min_nodes}): {KEEP_GLOBAL_BATCH} "
+            "raises gradient accumulation so the tokens per optimizer step stay the same")
+        cause = f"{self.count - error.placed} pod(s) found no node within --recover-timeout"
+        self.count, self.overrides = error.placed, (KEEP_GLOBAL_BATCH,)
+        return cause
+
+    def lost_while_starting(self, error: TaskError) -> str | None:
+        return None
+
+    def recover(self) -> Recovered:
+        say(f"the Job is recreated: its pods wait up to {self.request.recover.recover_timeout_s:g} s "
+            "(--recover-timeout) for nodes")
+        return Recovered(tuple(f"pod{i}" for i in range(self.count)))
+
+    def extra_overrides(self) -> tuple[str, ...]:
+        return self.overrides
+
+    def finish(self) -> None:
+        delete_run_objects(self.connected(), self.request.run, quiet=True)
+
+    def checkpoint_place(self) -> str:
+        return f"on claim {self.access.storage_claim}"
+
+    def close(self) -> None:
+        pass
+
+
+def train(request: TrainRequest) -> int:
+    """`fab train` on a Kubernetes cluster: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises)."""
+    return run_lifecycle(request, KubeRun.resolve)

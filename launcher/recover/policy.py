@@ -1,15 +1,44 @@
 """Whether `fab train` restarts a failed launch (the first failure retryable and restarts left), and
-on which nodes it resumes when a lost node does not come back (--min-nodes)."""
+on which nodes it resumes when a lost node does not come back (--min-nodes); the flags that set both
+(RecoverOptions), for every kind of cluster."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from launcher.console import TaskError
 from launcher.inventory import Node
 from launcher.launch.monitor import RunFailed
-from launcher.recover.classify import classify
+from launcher.recover.classify import DEFAULT_MAX_RESTARTS, classify
 from launcher.recover.oom import OomKill
+from launcher.recover.wait import DEFAULT_RECOVER_TIMEOUT_S
+
+KEEP_GLOBAL_BATCH = "keep_global_batch=true"
+"""The trainer override for a resume on fewer nodes: gradient accumulation rises so the sequences
+(and tokens) per optimizer step stay those of the snapshot (model/start.py, resume_accumulation)."""
+
+
+@dataclass(frozen=True)
+class RecoverOptions:
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    """Restarts after failures outside the program (classify.py); 0 fails fast."""
+    recover_timeout_s: float = DEFAULT_RECOVER_TIMEOUT_S
+    """Seconds to wait for a lost node to answer SSH again, or for a pod to find a node (wait.py says
+    why the default)."""
+    min_nodes: int | None = None
+    """With a lost node still silent after the timeout, resume on the nodes that answer if at least
+    this many do; None stops the run instead."""
+
+    def check(self, nodes: int) -> None:
+        """A TaskError naming the flag for a value out of range (nodes: the run's node count)."""
+        if self.max_restarts < 0:
+            raise TaskError(f"--max-restarts must be >= 0 (0 fails fast), got {self.max_restarts}")
+        if not self.recover_timeout_s > 0:
+            raise TaskError(f"--recover-timeout must be a number of seconds > 0, got {self.recover_timeout_s:g}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= nodes:
+            raise TaskError(f"--min-nodes must be between 1 and the run's {nodes} node(s) (--nodes), "
+                            f"got {self.min_nodes}")
 
 
 def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callable[[str], None],

@@ -1,10 +1,12 @@
-"""`fab train`: launch DDP training and watch it (launcher.train); the self-healing flags are
-launcher.recover.loop's RecoverOptions, whose defaults the help prints."""
+"""`fab train`: launch DDP training and watch it (launcher.lifecycle, with the cluster kind's part:
+launcher.train or launcher.kube.train); the self-healing flags are launcher.recover.policy's
+RecoverOptions, whose defaults the help prints."""
 
 from __future__ import annotations
 
 from launcher.kinds import driver
-from launcher.recover.loop import RecoverOptions
+from launcher.lifecycle import TrainRequest
+from launcher.recover.policy import RecoverOptions
 from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown
 from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, LAUNCH_COLLECTIVE_TIMEOUT_S
 
@@ -45,9 +47,10 @@ def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="
           port=None, config=None, set_=None, dry_run=False, collective_timeout=COLLECTIVE_TIMEOUT,
           max_restarts=None, recover_timeout=None, min_nodes=None, budget=None):
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
-    return driver(cluster).train(cluster, nodes=nodes, run=run, dataset=dataset, launcher=launcher,
-                                  backend=backend, port=port, config=config, overrides=list(set_ or []),
-                                  dry_run=dry_run, collective_timeout_s=collective_timeout,
-                                  recover=RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout,
-                                                                 min_nodes=min_nodes)),
-                                  budget_usd=budget, rerun=AS_GIVEN.get())
+    recover = RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout,
+                                     min_nodes=min_nodes))
+    request = TrainRequest(cluster, nodes=nodes, run=run, dataset=dataset, launcher=launcher, backend=backend,
+                           port=port, config=config, overrides=tuple(set_ or ()), dry_run=dry_run,
+                           collective_timeout_s=collective_timeout, recover=recover, budget_usd=budget,
+                           rerun=AS_GIVEN.get())
+    return driver(cluster).train(request)

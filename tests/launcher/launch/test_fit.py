@@ -11,6 +11,7 @@ import pytest
 from launcher.console import TaskError
 from launcher.inventory import local_cluster, parse_contract
 from launcher.launch.fit import check_fit
+from launcher.lifecycle import TrainRequest
 from launcher.probe import NodeReport
 from launcher.site import REPO_ROOT
 from launcher.testing.fab import TINY_CONFIG
@@ -32,7 +33,7 @@ def reports(nodes, available_gb: float, cores: int) -> dict[int, NodeReport]:
 
 def test_ninety_nine_local_ranks_are_refused_before_anything_starts_naming_memory_and_cores(local_home):
     with pytest.raises(TaskError) as refused:
-        train(None, nodes=99, run="huge")
+        train(TrainRequest(None, nodes=99, run="huge"))
     message = str(refused.value)
     assert message.startswith("99 rank(s) do not fit this machine: they need ~"), message
     assert " GB of memory (the largest rank ~" in message and " GB available; " in message, message

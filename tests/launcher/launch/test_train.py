@@ -3,6 +3,7 @@
 import pytest
 
 from launcher.console import TaskError
+from launcher.lifecycle import TrainRequest
 from launcher.session import Session
 from launcher.setup.ready import ensure_ready
 from launcher.train import place_data, train
@@ -10,7 +11,7 @@ from tests.launcher.dataset import write_dataset
 
 
 def test_a_dry_run_shows_every_file_and_start_command_and_connects_nothing(local3, local_home, capsys):
-    train(None, nodes=3, run="r", dry_run=True, port=29612)
+    train(TrainRequest(None, nodes=3, run="r", dry_run=True, port=29612))
     out = capsys.readouterr().out
     for name in ("env.sh", "hostfile", "plan.json", "rank2.env", "accelerate/rank2.yaml", "rank2.sh", "train.yaml"):
         assert f"----- local0: {local_home}/runs/r/{name}\n" in out
@@ -35,6 +36,6 @@ def test_training_without_prepared_data_says_to_prepare_it(local3):
 
 def test_bad_names_are_refused_before_anything_connects(local3):
     with pytest.raises(TaskError, match=r"run 'a b' may use only letters, digits"):
-        train(None, run="a b", dry_run=True)
+        train(TrainRequest(None, run="a b", dry_run=True))
     with pytest.raises(TaskError, match=r"--launcher must be one of fabric, mpirun, torchrun, got 'slurm'"):
-        train(None, launcher="slurm", dry_run=True)
+        train(TrainRequest(None, launcher="slurm", dry_run=True))

@@ -11,6 +11,7 @@ import pytest
 
 import launcher.train
 from launcher.console import TaskError
+from launcher.lifecycle import TrainRequest
 from launcher.runs.cost import cost
 from launcher.train import train
 
@@ -45,7 +46,7 @@ def nothing_recorded(home: Path, capsys) -> None:
 @pytest.mark.parametrize(("override", "message"), BAD_OVERRIDES)
 def test_a_bad_override_fails_naming_the_key_before_any_node(unroutable, local_home, capsys, override, message):
     with pytest.raises(TaskError) as failure:
-        train(str(unroutable), overrides=[override])
+        train(TrainRequest(str(unroutable), overrides=(override,)))
     assert message in str(failure.value)
     nothing_recorded(local_home, capsys)
 
@@ -54,7 +55,7 @@ def test_a_bad_config_file_fails_naming_the_key(unroutable, local_home, tmp_path
     config = tmp_path / "run.yaml"
     config.write_text("max_iters: 10\nlearning_rat: 1e-4\n")
     with pytest.raises(TaskError, match=r"learning_rat \(did you mean learning_rate\?\)"):
-        train(str(unroutable), config=str(config))
+        train(TrainRequest(str(unroutable), config=str(config)))
     nothing_recorded(local_home, capsys)
 
 
@@ -74,7 +75,7 @@ def test_the_command_prints_one_error_line(contract, tmp_path, override, message
 
 
 def test_the_dry_run_shows_the_resolved_trainer_config(local3, local_home, capsys):
-    train(None, nodes=2, run="r", dry_run=True, overrides=["max_iters=7", "model.n_layer=1"])
+    train(TrainRequest(None, nodes=2, run="r", dry_run=True, overrides=("max_iters=7", "model.n_layer=1")))
     resolved = capsys.readouterr().out.split("----- the trainer's resolved config (model.config)\n")[1]
     # The quickstart file, the launcher's own keys and the overrides, as the ranks will read them.
     for line in ("init_from: scratch", "max_iters: 7", "  n_layer: 1", "expected_world_size: 2",

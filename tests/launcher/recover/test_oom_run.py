@@ -13,7 +13,8 @@ import pytest
 
 from launcher.console import TaskError
 from launcher.inventory import local_cluster
-from launcher.recover.loop import RecoverOptions
+from launcher.lifecycle import TrainRequest
+from launcher.recover.policy import RecoverOptions
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
@@ -62,9 +63,9 @@ def test_an_oom_killed_rank_is_reported_and_not_retried(local_home, tmp_path, mo
     killer = threading.Thread(target=kill_as_the_oom_killer, args=(local_home, kernel_log, killed), daemon=True)
     killer.start()
     with pytest.raises(TaskError) as refused:
-        train(None, nodes=2, run=RUN, dataset="d", config=str(config),
-              overrides=["max_iters=100000", "eval_interval=5"],
-              recover=RecoverOptions(max_restarts=3, min_nodes=1))
+        train(TrainRequest(None, nodes=2, run=RUN, dataset="d", config=str(config),
+              overrides=("max_iters=100000", "eval_interval=5"),
+              recover=RecoverOptions(max_restarts=3, min_nodes=1)))
     killer.join()
     out = capsys.readouterr().out
     assert killed, out[-3000:]

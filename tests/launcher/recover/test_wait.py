@@ -6,8 +6,7 @@ import pytest
 
 from launcher.console import TaskError
 from launcher.inventory import parse_contract
-from launcher.recover.loop import RecoverOptions
-from launcher.recover.policy import nodes_to_resume_on
+from launcher.recover.policy import RecoverOptions, nodes_to_resume_on
 from launcher.recover.wait import wait_for_nodes
 
 

@@ -17,6 +17,7 @@ import launcher.launch.status
 import launcher.train
 from launcher.inventory import local_cluster
 from launcher.launch.status import status
+from launcher.lifecycle import TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
@@ -59,7 +60,7 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4"))  # write_dataset's 32 tokens
     args = dict(nodes=2, run=RUN, dataset="d", config=str(config))
 
-    code = train(None, **args, overrides=[*SETTINGS, "max_iters=100000"], budget_usd=BUDGET)
+    code = train(TrainRequest(None, **args, overrides=(*SETTINGS, "max_iters=100000"), budget_usd=BUDGET))
     out = capsys.readouterr().out
     assert code == EXIT_BUDGET, out[-3000:]
     assert "no step time recorded for this config on this cluster: no estimate before launch" in out
@@ -84,7 +85,7 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
     assert f"stopped at budget: spent ${end['spent_usd']:.2f} of ${BUDGET:.2f} at iteration {stopped_at} " in \
         capsys.readouterr().out
 
-    code = train(None, **args, overrides=[*SETTINGS, f"max_iters={stopped_at + 3}"], budget_usd=BUDGET * 100)
+    code = train(TrainRequest(None, **args, overrides=(*SETTINGS, f"max_iters={stopped_at + 3}"), budget_usd=BUDGET * 100))
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert f"budget ${BUDGET * 100:.2f}: $" in out and "already spent by this run's earlier attempts" in out

@@ -12,6 +12,7 @@ from launcher.console import console
 from launcher.launch.identity import UNIT_IDENTITY_SH
 from launcher.launch.status import status
 from launcher.launch.stop import stop
+from launcher.lifecycle import TrainRequest
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
 from tests.launcher.dataset import write_dataset
@@ -73,7 +74,7 @@ def test_a_stale_record_is_lost_not_stopped_and_the_run_starts_again(
     assert stop(None, run=RUN) == 0
     assert stranger.poll() is None, "fab stop signalled a process group that is not the run's"
 
-    train(None, nodes=1, run=RUN, dataset="d", config=tiny)  # not refused as "already running"
+    train(TrainRequest(None, nodes=1, run=RUN, dataset="d", config=tiny))  # not refused as "already running"
     assert (run_dir / "rank0.exit").read_text().startswith("0 ")
     assert stranger.poll() is None
 

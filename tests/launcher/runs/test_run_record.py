@@ -15,6 +15,7 @@ import launcher.train
 from launcher.checkpoints import fetch
 from launcher.console import console
 from launcher.launch.status import status
+from launcher.lifecycle import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME, read_series
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG, wait_for
@@ -48,7 +49,7 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
 
     def run() -> None:
         try:
-            train(None, nodes=3, run=RUN, dataset="d", config=str(config))
+            train(TrainRequest(None, nodes=3, run=RUN, dataset="d", config=str(config)))
         except BaseException as e:  # reported by the test's thread
             failure.append(e)
 

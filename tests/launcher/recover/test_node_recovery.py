@@ -1,4 +1,5 @@
-"""fab train's restart loop with lost nodes (fake sessions and clock: no SSH, no sleeping)."""
+"""fab train's restart loop (launcher.lifecycle) on machines with lost nodes (launcher.recover.nodes):
+fake sessions and clock, scripted attempts; no SSH, no sleeping."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import functools
 
 import pytest
 
-import launcher.recover.loop as loop
+import launcher.recover.nodes as loop
 from launcher.console import Interrupted, TaskError
 from launcher.inventory import parse_contract
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
-from launcher.recover.loop import KEEP_GLOBAL_BATCH, RecoverOptions, Recovery
+from launcher.lifecycle import Lifecycle, Started, TrainRequest
+from launcher.recover.nodes import NodeRecovery
+from launcher.recover.policy import KEEP_GLOBAL_BATCH, RecoverOptions
 from launcher.recover.wait import POLL_EVERY_S
 from launcher.runs.record import RunRecord
+from launcher.train import MachinesRun
 from tests.launcher.recover.test_wait import FakeClock
 
 
@@ -49,6 +53,48 @@ class FakeSession:
 
     def close(self):
         self.closed = True
+
+
+class ScriptedRun(MachinesRun):
+    """The machines kind with its real recovery over a fake session, and attempts that follow a script."""
+
+    def __init__(self, session, launch, options, resolve, rerun="", **recovery):
+        super().__init__(TrainRequest(None, run="r", recover=options, rerun=rerun), session.cluster, session.nodes)
+        self.recovery = NodeRecovery(session, "r", options, resolve=resolve, **recovery)
+        self.launch = launch
+
+    def start(self, attempt, extra_overrides):
+        self.progress = self.launch(self.session, attempt, extra_overrides)
+        return Started(self.session.nodes, len(self.session.nodes))
+
+    def watch(self):
+        return self.progress
+
+
+class Recovery:
+    """The lifecycle's restart loop over a ScriptedRun (what these tests drove before the loop was shared)."""
+
+    def __init__(self, session, run, options, resolve, rerun="", **recovery):
+        self.session_given, self.options, self.resolve, self.rerun, self.extra = session, options, resolve, rerun, recovery
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kind.close()
+
+    def run(self, launch):
+        self.kind = ScriptedRun(self.session_given, launch, self.options, self.resolve, self.rerun, **self.extra)
+        self.lifecycle = Lifecycle(self.kind.request, self.kind)
+        return self.lifecycle.attempts()
+
+    @property
+    def restarts(self):
+        return self.lifecycle.restarts
+
+    @property
+    def session(self):
+        return self.kind.session
 
 
 @pytest.fixture

@@ -1,0 +1,323 @@
+"""One run's lifecycle, the same for every kind of cluster: `fab train` from its checks to its end.
+
+    check     names, flags, the trainer config, already finished (this machine's record only),
+              the budget plan: before any node or API server is contacted
+    open      the kind connects, checks that the run fits, and makes its cluster ready
+    attempts  start an attempt, watch it to its end; a failure outside the program restarts it
+              (launcher.recover.policy: --max-restarts; an OOM kill or a program error never),
+              after the kind has brought its capacity back (lost nodes, fewer pods: --min-nodes)
+    end       the record's end event (budget spent, iteration), then the done, stopped-at-budget,
+              interrupted or failed line
+
+A kind of cluster supplies only what differs, through RunKind: how an attempt starts, is watched,
+stopped and recovered (launcher.train for machines over SSH, launcher.kube.train for Kubernetes).
+Every event of the run is appended to its RunRecord on this machine, which `fab status` and
+`fab cost` read after the cluster is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NoReturn, Protocol
+
+from launcher.console import Interrupted, TaskError, check_name, say
+from launcher.inventory import Cluster, Node
+from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
+from launcher.recover.policy import RecoverOptions, restart_cause
+from launcher.runs import budget
+from launcher.runs.estimate import already_finished, final_cost
+from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs
+from launcher.trainer_config import read_trainer_config
+from model.config import TrainConfig
+from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """`fab train`'s flags, as every kind reads them."""
+
+    cluster_spec: str | None
+    """--cluster: local, stack, stack:NAME, a contract file, or kubeconfig:PATH[#CONTEXT]."""
+    nodes: int | None = None
+    """--nodes: how many of the cluster's nodes the run uses (None: every node)."""
+    run: str = "main"
+    """--run: the run's name; a rerun of the same name resumes from its snapshot."""
+    dataset: str = "builtin"
+    """--dataset: data/<dataset> on the nodes."""
+    launcher: str = "fabric"
+    """--launcher: fabric, mpirun or torchrun (machines only)."""
+    backend: str = "auto"
+    """--backend: the process group's backend (auto, ccl, gloo)."""
+    port: int | None = None
+    """--port: the rendezvous port on rank 0's node (None: the kind's default)."""
+    config: str | None = None
+    """--config: the trainer's YAML file (None: the kind's default, if it has one)."""
+    overrides: tuple[str, ...] = ()
+    """--set key=value, in order."""
+    dry_run: bool = False
+    """--dry-run: print what would start, start nothing."""
+    collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S
+    """--collective-timeout: seconds a rank waits for a lost peer."""
+    recover: RecoverOptions = field(default_factory=RecoverOptions)
+    """The self-healing flags (--max-restarts, --recover-timeout, --min-nodes)."""
+    budget_usd: float | None = None
+    """--budget: US dollars the run may spend (None: no budget)."""
+    rerun: str = ""
+    """The command that continues the run after Ctrl-C (the flags as given; default `fab train --run RUN`)."""
+
+    @property
+    def rerun_command(self) -> str:
+        return self.rerun or f"fab train --run {self.run}"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the lifecycle's checks settled, for the kind to start attempts with."""
+
+    config_file: str | None
+    """--config, or the kind's default config (None: the trainer's defaults)."""
+    config_text: str
+    """Its text ('' without a file)."""
+    trainer_config: TrainConfig
+    """The checked trainer config the ranks will read."""
+    overrides: tuple[str, ...]
+    """--set and the budget's trainer keys (every attempt's overrides start with these)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """An attempt whose ranks were started."""
+
+    nodes: tuple[Node, ...]
+    """The nodes (or pods) it runs on."""
+    world_size: int
+    """Its ranks."""
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What the next attempt runs on, once the kind has brought its capacity back."""
+
+    nodes: tuple[str, ...]
+    """The names of the nodes (or pods) it will run on."""
+    dropped: tuple[str, ...] = ()
+    """Nodes left out under --min-nodes."""
+
+
+class RunKind(Protocol):
+    """What a kind of cluster supplies to the run lifecycle; everything else is shared."""
+
+    cluster: Cluster
+    """The resolved cluster (read without contacting it)."""
+    nodes: tuple[Node, ...]
+    """The nodes --nodes selected."""
+
+    def default_config(self) -> str | None:
+        """The trainer config a run without --config uses on this cluster (None: the trainer's defaults)."""
+        ...
+
+    def dry_run(self, prepared: Prepared) -> None:
+        """Print what an attempt would start; start nothing."""
+        ...
+
+    def open(self, prepared: Prepared) -> None:
+        """Connect, check that the run fits, make the cluster ready (a TaskError before anything starts)."""
+        ...
+
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        """Start attempt number `attempt` (0 first) with these overrides after the prepared ones."""
+        ...
+
+    def watch(self) -> Progress:
+        """Follow the started attempt to its end: its Progress, or RunFailed / RunInterrupted once every
+        rank was stopped."""
+        ...
+
+    def stop(self) -> None:
+        """Stop whatever of the run is running (Ctrl-C while an attempt was being started)."""
+        ...
+
+    def unretryable(self, error: RunFailed) -> str | None:
+        """The reason a failure must end the run whatever the policy says (an OOM kill), else None."""
+        ...
+
+    def own_restart(self, error: RunFailed, restarts: int) -> str | None:
+        """A restart cause the kind handles itself that the shared policy cannot see, else None."""
+        ...
+
+    def lost_while_starting(self, error: TaskError) -> str | None:
+        """The restart cause when a start failed because capacity went away, else None (the error stands)."""
+        ...
+
+    def recover(self) -> Recovered:
+        """Bring capacity back for the next attempt; a TaskError when the run cannot go on."""
+        ...
+
+    def extra_overrides(self) -> tuple[str, ...]:
+        """Trainer overrides the kind's recovery adds (keep_global_batch=true on fewer nodes)."""
+        ...
+
+    def finish(self) -> None:
+        """After the run's end event: remove what the finished run leaves on the cluster."""
+        ...
+
+    def checkpoint_place(self) -> str:
+        """Where the best checkpoint is, for the done line ("on NODE", "on claim NAME")."""
+        ...
+
+    def close(self) -> None:
+        """Release connections, whatever the end."""
+        ...
+
+
+class Lifecycle:
+    """One `fab train`: the checks, the clock, the record, the restart loop and the end."""
+
+    def __init__(self, request: TrainRequest, kind: RunKind, started: float | None = None):
+        self.request, self.kind = request, kind
+        self.started = time.monotonic() if started is None else started
+        """When `fab train` started (time.monotonic()), for the done line."""
+        self.record = RunRecord.of(kind.cluster, request.run)
+        self.restarts = 0
+        self.launched = False
+        self.clock_start = time.time()
+        """The run's clock: the launch event's time and the trainer's budget clock (set again once checked)."""
+        self.fingerprint: str | None = None
+        """What sets a step's time (budget.config_fingerprint), so later estimates match this run."""
+        self.spend: budget.BudgetPlan | None = None
+        """The budget's plan, with --budget."""
+
+    def train(self) -> int:
+        """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the
+        budget; a TaskError or Interrupted when it ended otherwise (recorded as such)."""
+        request, kind = self.request, self.kind
+        request.recover.check(len(kind.nodes))
+        config = request.config
+        if config is None and (config := kind.default_config()):
+            say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
+        config_text, trainer_cfg = read_trainer_config(config, request.overrides)  # before any node or API
+        values = budget.trainer_values(config_text, request.overrides)
+        finished = already_finished(self.record, budget.max_iters_of(values))
+        if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
+            say(finished)
+            return 0
+        world = len(kind.nodes)
+        self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
+        self.spend = None if request.budget_usd is None else budget.plan_budget(
+            request.budget_usd, kind.cluster, request.run, values, world, read_cluster_runs(kind.cluster), say)
+        self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
+        spend_overrides = self.spend.overrides(self.clock_start) if self.spend else ()
+        prepared = Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides)
+        if request.dry_run:
+            kind.dry_run(prepared)
+            return 0
+        self.record.made()  # before anything is contacted: a home this machine cannot write is the operator's
+        try:
+            kind.open(prepared)
+            progress = self.attempts()
+            return self.end(progress)
+        finally:
+            kind.close()
+
+    def attempts(self) -> Progress:
+        """Attempts until one ends by itself; restarts as the policy allows."""
+        while True:
+            try:
+                started = self.kind.start(self.restarts, self.kind.extra_overrides())
+                self.record_launch(started)
+                return self.kind.watch()
+            except RunInterrupted as e:
+                self.interrupted(e.progress.stopped_at)
+            except KeyboardInterrupt:  # while the attempt was being started: nothing of it may be left running
+                self.kind.stop()
+                self.interrupted(None)
+            except RunFailed as e:
+                cause = self.restart_cause(e)
+            except TaskError as e:
+                cause = self.lost_while_starting(e)
+            self.restarts += 1
+            say(f"restart {self.restarts}/{self.request.recover.max_restarts}: {cause}; "
+                "every rank resumes from the newest snapshot")
+            try:
+                recovered = self.kind.recover()
+            except TaskError as e:
+                self.record_failed(str(e), 1)
+                raise
+            except KeyboardInterrupt:  # Ctrl-C while waiting: the ranks that answer are stopped already
+                self.interrupted(None)
+            self.record.append("restart", cause=cause, attempt=self.restarts, nodes=list(recovered.nodes),
+                               **({"dropped": list(recovered.dropped)} if recovered.dropped else {}))
+
+    def restart_cause(self, error: RunFailed) -> str:
+        """The cause of the restart that is due, or the run's failed end (recorded, then a TaskError)."""
+        reason = self.kind.unretryable(error)
+        cause = None if reason else self.kind.own_restart(error, self.restarts)
+        if cause is None and reason is None:
+            cause = restart_cause(error, self.restarts, self.request.recover.max_restarts, say)
+        if cause is None:
+            reason = reason or str(error)
+            self.record_failed(reason, error.exit_code)
+            raise TaskError(reason) from None
+        return cause
+
+    def lost_while_starting(self, error: TaskError) -> str:
+        """The restart cause when a start failed because capacity went away; the error stands otherwise."""
+        cause = self.kind.lost_while_starting(error)
+        if cause is not None and self.restarts >= self.request.recover.max_restarts:
+            say(f"not restarting: {cause}, and --max-restarts {self.request.recover.max_restarts} restart(s) "
+                "are used up")
+            cause = None
+        if cause is None:
+            if self.restarts or self.launched:
+                self.record_failed(str(error), 1)
+            raise error
+        return cause
+
+    def record_launch(self, started: Started) -> None:
+        """The launch event, once, timed at the clock start: setting the cluster up is part of the cost."""
+        if self.launched:
+            return
+        self.launched = True
+        self.record.append("launch", **launch_fields(self.kind.cluster, started.nodes, started.world_size),
+                           time=self.clock_start, config_fingerprint=self.fingerprint,
+                           **(self.spend.launch_fields() if self.spend else {}))
+
+    def interrupted(self, snapshot_iter: int | None) -> NoReturn:
+        """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
+        rerun = self.request.rerun_command
+        self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=rerun,
+                           exit_code=Interrupted.exit_code)
+        raise Interrupted(interrupted_text(snapshot_iter, rerun)) from None
+
+    def record_failed(self, reason: str, exit_code: int) -> None:
+        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
+
+    def end(self, progress: Progress) -> int:
+        """The end event of a run that ended by itself, then its last line: done, or stopped at the budget."""
+        request = self.request
+        # Timed at the last rank's exit, as the launch is at the clock start: the interval the run held the cluster.
+        ended_at = min(time.time(), max(self.clock_start, progress.ended_at or time.time()))
+        record = RunRecord.of(self.kind.cluster, request.run)  # read again: the attempts appended to it
+        end = budget.ending(record, self.clock_start, ended_at, progress.iter, progress.stopped_at_budget, self.spend)
+        record.append("end", restarts=self.restarts, time=ended_at, **end.fields)
+        self.kind.finish()
+        if end.stopped:
+            say(budget.stopped_line(request.run, end.fields.get("spent_usd", 0.0), request.budget_usd or 0.0,
+                                    end.fields["iter"], end.fields.get("max_iters")))
+            return budget.BUDGET_EXIT
+        spent = (f" (${end.fields['spent_usd']:.2f} of the ${request.budget_usd:.2f} budget)"
+                 if self.spend and request.budget_usd is not None else "")
+        say(f"done in {time.monotonic() - self.started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
+            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} (fab sample, fab fetch)")
+        return 0
+
+
+def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind]) -> int:
+    """`fab train`: the names checked, the kind's cluster resolved (resolve reads it without contacting
+    it, and refuses flags the kind cannot honour), then the lifecycle (Lifecycle.train)."""
+    started = time.monotonic()
+    check_name(request.run, "run")
+    check_name(request.dataset, "dataset")
+    return Lifecycle(request, resolve(request), started).train()

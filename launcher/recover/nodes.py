@@ -1,0 +1,88 @@
+"""Bringing a cluster of machines back after a failure, between two attempts of a run.
+
+    recover(): fresh connections; the ranks on the nodes that answer stopped; for each lost node
+               revive() (a Pulumi stack: `pulumi up --refresh`), then wait until it answers SSH
+               (wait.py, bounded by --recover-timeout); resume on every node, or with --min-nodes on
+               the ones that answer (keep_global_batch=true: the same tokens per optimizer step)
+    lost_while_starting(): whether a launch step failed because a node stopped answering
+
+The restart loop itself (whether to restart, the record, the end) is the run lifecycle's
+(launcher.lifecycle), the same for every kind of cluster; the next launch sets each node up again
+(bootstrap where the probe finds it incomplete, code, keys, data) and the trainer resumes from the
+newest snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from launcher.console import say
+from launcher.inventory import Cluster, Node
+from launcher.launch.stop import stop_units
+from launcher.recover.policy import KEEP_GLOBAL_BATCH, RecoverOptions, nodes_to_resume_on
+from launcher.recover.revive import revive
+from launcher.recover.wait import node_answers, wait_for_nodes
+from launcher.runs.record import RunRecord
+from launcher.session import Session
+
+REVIVE_LOG = "recover.log"
+"""The file in the run record directory that keeps the output of the infrastructure's CLI."""
+
+
+class NodeRecovery:
+    """Owns the run's session across attempts: each recovery opens a fresh one."""
+
+    def __init__(self, session: Session, run: str, options: RecoverOptions, resolve: Callable[[], Cluster],
+                 revive: Callable[..., bool] = revive):
+        self.session, self.run_name, self.options = session, run, options
+        self.resolve, self.revive = resolve, revive
+        self.overrides: tuple[str, ...] = ()
+        """Trainer overrides the recovery adds (keep_global_batch=true once a node was left out)."""
+
+    def lost_while_starting(self) -> str | None:
+        """The restart cause when a step of the launch failed because a node stopped answering; None
+        when every node answers (the step's own failure)."""
+        cluster = self.session.cluster
+        silent = {n.index: why for n in self.session.nodes if (why := node_answers(cluster, n)) is not None}
+        if not silent:
+            return None
+        names = ", ".join(n.name for n in self.session.nodes if n.index in silent)
+        return f"{names}: node lost while the run was being started ({next(iter(silent.values()))})"
+
+    def recover(self) -> tuple[Node, ...]:
+        """Bring the session back to nodes that all answer, with nothing of the run left on them;
+        returns the nodes left out (--min-nodes). A TaskError when the run cannot go on."""
+        nodes, cluster, options = self.session.nodes, self.session.cluster, self.options
+        started = time.monotonic()
+        self.session = self.session.reopen(nodes=nodes, probe=False, reachable_only=True)
+        lost = [n for n in nodes if n.index in self.session.unreachable]
+        if not lost:
+            self.session.reprobe(self.session.nodes)
+            stop_units(self.session, self.run_name)
+            return ()
+        names = ", ".join(n.name for n in lost)
+        stop_units(self.session, self.run_name)
+        say(f"lost: {names} ({self.session.unreachable[lost[0].index]}); the ranks on the nodes that answer "
+            f"are stopped; waiting up to {options.recover_timeout_s:g} s (--recover-timeout) for {names}")
+        log = RunRecord.of(cluster, self.run_name).made() / REVIVE_LOG
+        if self.revive(cluster, lost, log, timeout_s=options.recover_timeout_s):
+            cluster = self.resolve()  # a node brought back may have a new address
+            by_index = {n.index: n for n in cluster.nodes}
+            nodes, lost = tuple(by_index[n.index] for n in nodes), [by_index[n.index] for n in lost]
+        left = max(0.0, options.recover_timeout_s - (time.monotonic() - started))
+        outcome = wait_for_nodes(lost, lambda node: node_answers(cluster, node), left, say)
+        kept = nodes_to_resume_on(nodes, outcome.still_lost, options.min_nodes, options.recover_timeout_s)
+        dropped = tuple(n for n in nodes if n not in kept)
+        if dropped:
+            self.overrides = (KEEP_GLOBAL_BATCH,)
+            say(f"continuing on {len(kept)} node(s) without {', '.join(n.name for n in dropped)} "
+                f"(--min-nodes {options.min_nodes}): {KEEP_GLOBAL_BATCH} raises gradient accumulation so the "
+                "tokens per optimizer step stay the same")
+        self.session = self.session.reopen(cluster, kept)
+        stop_units(self.session, self.run_name)  # a node that came back may still run its old ranks
+        return dropped
+
+    def close(self) -> None:
+        self.session.close()
+
