@@ -2,6 +2,7 @@
 local cluster in a temporary home, for the tests that run the launcher against local shells."""
 
 import copy
+import json
 
 import pytest
 
@@ -60,3 +61,62 @@ def probes(monkeypatch):
 
     monkeypatch.setattr(launcher.session, "probe", counting)
     return calls
+
+
+# --- the Kubernetes kind without a cluster (tests/launcher/kube/fake.py), and the task program ---
+
+
+@pytest.fixture
+def script():
+    pytest.importorskip("kmock")  # in dev on Python >= 3.11 only (pyproject)
+    from tests.launcher.kube.fake import Script
+
+    return Script()
+
+
+@pytest.fixture
+def fake(script, monkeypatch, tmp_path):
+    from launcher.kube import connect, jobs, watch
+
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path / "home"))
+    for module in (jobs, watch, connect):
+        monkeypatch.setattr(module, "POLL_S", 0.01)
+    from tests.launcher.kube.fake import FakeKube
+
+    cluster = FakeKube(script)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture
+def contract_file(fake, tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(fake.contract()))
+    return path
+
+
+class Ran:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture
+def task(capsys):
+    """task("train", "--cluster", X, ...) -> Ran(exit code, stdout, stderr), in this process."""
+    from launcher.cli import make_program
+
+    def run(*argv: str) -> Ran:
+        capsys.readouterr()
+        code = 0
+        try:
+            make_program().run(["nanocluster", *argv])
+        except SystemExit as e:
+            code = int(e.code or 0)
+        captured = capsys.readouterr()
+        return Ran(code, captured.out, captured.err)
+
+    return run

@@ -200,3 +200,19 @@ class FakeKube:
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": phase, "containerStatuses": [
             {"name": "trainer", "ready": phase == "Running", "restartCount": 0, "image": "python:3.11-slim",
              "imageID": "", "state": state}]}})
+
+
+def stream_metrics(monkeypatch, records: list[dict]) -> None:
+    """Rank 0's metrics.jsonl as the exec stream into its pod would deliver it (kmock has no exec
+    websocket): every attempt's rank 0 streams these records, then its stream ends."""
+    import json
+
+    from launcher.kube import watch
+
+    def follow_metrics(self, pod) -> None:
+        for record in records:
+            self.recorder.add(json.dumps(record), record)
+            self.progress.update(record)
+        self.recorder.stream_ended()
+
+    monkeypatch.setattr(watch.PodWatch, "follow_metrics", follow_metrics)
