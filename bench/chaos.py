@@ -35,7 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -80,6 +82,8 @@ BOOT_S = 3.0
 """After the stand-in `pulumi up` returns, when the revived node answers SSH (a VM booting)."""
 WAIT_S = 300.0
 """The longest the bench waits for any one thing (a step, a detection, a heal) before giving up on it."""
+
+P = ParamSpec("P")
 
 
 class FabRun:
@@ -168,7 +172,7 @@ class Chaos:
         """Nodes taken away by a `revive` fault: the next `pulumi up` brings them back."""
         self.timers: list[threading.Timer] = []
 
-    def later(self, seconds: float, action, *args, **kwargs) -> None:
+    def later(self, seconds: float, action: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
         timer = threading.Timer(seconds, action, args=args, kwargs=kwargs)
         timer.start()
         self.timers.append(timer)

@@ -154,10 +154,10 @@ def main() -> None:
         f"{args.steps} measured steps per run, best of {args.rounds} rounds",
         flush=True,
     )
-    with tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="ddp-bench-") as tmp_name:
+        tmp = Path(tmp_name)
         write_random_tokens(tmp)
-        rounds = []
+        rounds: list[tuple[float, float, float]] = []
         for round_no in range(1, args.rounds + 1):
             one = tokens_per_s(1, args, tmp, tmp / f"one{round_no}")
             two = tokens_per_s(2, args, tmp, tmp / f"two{round_no}")

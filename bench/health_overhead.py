@@ -68,7 +68,9 @@ def main() -> None:
         trainer.out_dir.mkdir(parents=True)
         trainer.metrics.begin(resumed_at=None)
         interval = cfg.health.interval
-        on = (health_probe.HealthProbe(trainer.raw_model.transformer.h, 1), health_probe.StepGuard(cfg.health))
+        blocks = trainer.raw_model.transformer.h
+        assert isinstance(blocks, torch.nn.ModuleList)  # a ModuleDict's item, typed as any module
+        on = (health_probe.HealthProbe(blocks, 1), health_probe.StepGuard(cfg.health))
         settings = {"off": (None, None), "on": on}
 
         def run_round(name: str) -> list[float]:

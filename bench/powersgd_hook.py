@@ -11,14 +11,15 @@ PowerSGD's plain all-reduce steps and its first step (which allocates its buffer
 tokens so the backward is short: the hooks' cost depends on the parameters, not on the tokens.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP compares a hook's annotations with the real types.
 import argparse
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,18 +32,20 @@ from model import powersgd
 from model.mfu import cpu_name
 from model.model import GPT, GPTConfig
 
+State = TypeVar("State")
+
 START_ITER = 2  # both hooks: plain all-reduce for 2 steps, as bench/scaling.py runs them
 WARMUP = START_ITER + 1  # and the first compressed step allocates the error, P and Q buffers
 
 
-class TimedHook:
+class TimedHook(Generic[State]):
     """A hook that adds the seconds of every bucket's call and wait to `seconds`. DDP needs a
     function (it reads the hook's __name__ and annotations): `function` is that."""
 
-    def __init__(self, hook):
+    def __init__(self, hook: Callable[[State, dist.GradBucket], torch.futures.Future[torch.Tensor]]) -> None:
         self.seconds = 0.0
 
-        def timed(state, bucket):
+        def timed(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             started = time.perf_counter()
             future = hook(state, bucket)
             future.wait()
@@ -78,7 +81,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=0, world_size=1)
     tokens = torch.randint(0, 50257, (1, 32), generator=torch.Generator().manual_seed(0))
-    runs = {}
+    runs: dict[str, tuple[DistributedDataParallel, TimedHook, list[float], list[float]]] = {}
     for name, (state, timed) in hooks(args.rank).items():
         torch.manual_seed(0)
         ddp = DistributedDataParallel(GPT(GPTConfig()), bucket_cap_mb=args.bucket_mb)

@@ -115,7 +115,7 @@ def run_prepare(corpus: Path, out: Path, workers: int) -> PrepareRun:
         summed_peak = max(summed_peak, sum(_status_kb(pid, "VmRSS") for pid in pids))
         time.sleep(0.05)
     seconds = time.perf_counter() - started
-    output = proc.stdout.read()
+    output = proc.communicate()[0]  # it has exited: what it printed
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed with exit code {proc.returncode}: {output}")
     meta = json.loads((out / "meta.json").read_text())
@@ -193,6 +193,7 @@ def main() -> None:
         print(f"prepare 2x: {tokens2:,} tokens in {run2.seconds:.1f}s = {tokens2 / run2.seconds:,.0f} tokens/s; "
               f"peak RSS {run2.rss_mb:,.0f} MB (largest sampled total {run2.summed_rss_mb:,.0f} MB)")
 
+    assert best_prepare is not None and best_baseline is not None, "--rounds must be at least 1"
     tokens = sum(split["tokens"] for split in best_prepare.meta["splits"].values())
     prepare_rate = tokens / best_prepare.seconds
     baseline_rate = best_baseline[2] / best_baseline[0]

@@ -66,6 +66,11 @@ SKIPPED_STEPS = {"powersgd": 2, "auto": 2}
 MIN_FREE_GB = 6 + 2 * 3  # keep 6 GB free; each GPT-2 small rank needs ~2-3 GB
 RUN_TIMEOUT_S = 1800
 
+Run = tuple[int, str, str]
+"""A planned run: (accumulation, link, option)."""
+Step = tuple[float, float | None]
+"""A run's best step: (seconds per step, the share rank 0 waited, or None when no timer)."""
+
 
 def free_gb() -> float:
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -137,14 +142,14 @@ def link_name(link: str) -> str:
     return link if link in ("unshaped", "one node") else f"{int(link):,} Mbit/s"
 
 
-def plan(accumulations: list[int], links: list[str], options: list[str], auto_links: list[str]) -> list[tuple]:
+def plan(accumulations: list[int], links: list[str], options: list[str], auto_links: list[str]) -> list[Run]:
     """(accumulation, link, option) in run order, the default's rows first so a budget cut leaves the
     targets' rows: per accumulation one node alone, then (at the first) the unshaped link with plain
     all-reduce (the reference the issue measured) and auto on every shaped link, (at later ones) auto
     on auto_links; last, the explicit options at the first accumulation (the one auto chose is not
     run again)."""
     shaped = [link for link in links if link != "unshaped"]
-    runs = []
+    runs: list[Run] = []
     for k, accumulation in enumerate(accumulations):
         runs.append((accumulation, "one node", "none"))
         if k == 0:
@@ -188,8 +193,8 @@ def main() -> None:
     steps = [int(n) for n in args.steps.split(",")]
     steps_at = {a: steps[min(k, len(steps) - 1)] for k, a in enumerate(accumulations)}
     runs_planned = plan(accumulations, links, options, args.auto_links.split(","))
-    best: dict[tuple, tuple[float, float | None]] = {}
-    chosen: dict[tuple, str] = {}
+    best: dict[Run, Step] = {}
+    chosen: dict[Run, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp, TestNodes(2, Path(tmp) / "nodes") as nodes:
         fab = Fab(nodes.contract_path, Path(tmp) / "operator")
         config = Path(tmp) / "gpt2-small.yaml"
@@ -204,8 +209,8 @@ def main() -> None:
     report(best, chosen, args.cloud_step_s)
 
 
-def run_all(args, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[tuple], steps_at: dict[int, int],
-            best: dict[tuple, tuple[float, float | None]], chosen: dict[tuple, str]) -> None:
+def run_all(args: argparse.Namespace, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[Run],
+            steps_at: dict[int, int], best: dict[Run, Step], chosen: dict[Run, str]) -> None:
     started, runs = time.monotonic(), 0
     for round_ in range(args.rounds):
         for key in runs_planned:
@@ -235,7 +240,7 @@ def run_all(args, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[t
                 chosen[key] = chose
 
 
-def report(best: dict[tuple, tuple[float, float | None]], chosen: dict[tuple, str], cloud_step_s: float) -> None:
+def report(best: dict[Run, Step], chosen: dict[Run, str], cloud_step_s: float) -> None:
     # Rows for the option auto chose come from the auto run, labelled with both.
     rows = dict(best)
     for (accumulation, link, _), option in chosen.items():
@@ -273,9 +278,10 @@ RUN_LINE = re.compile(r"round \d+: accumulation (\d+), ([^,]+|[\d,]+ Mbit/s), (\
                       r"([\d.]+) s/step(?:, rank 0 waited ([\d.]+)%)?")
 
 
-def replay(output: str) -> tuple[dict, dict]:
+def replay(output: str) -> tuple[dict[Run, Step], dict[Run, str]]:
     """best and chosen from the per-run lines a run printed (the best of the rounds)."""
-    best, chosen = {}, {}
+    best: dict[Run, Step] = {}
+    chosen: dict[Run, str] = {}
     for m in RUN_LINE.finditer(output):
         accumulation, link, option, chose, seconds, waited = m.groups()
         key = (int(accumulation), link.removesuffix(" Mbit/s").replace(",", ""), option)
@@ -287,7 +293,7 @@ def replay(output: str) -> tuple[dict, dict]:
     return best, chosen
 
 
-def row_order(item: tuple) -> tuple:
+def row_order(item: tuple[Run, Step]) -> tuple[int, float, int]:
     (accumulation, link, option), _ = item
     link_rank = {"one node": -2, "unshaped": -1}.get(link, 0) or -int(link) / 1e6
     return accumulation, link_rank, ["auto", "none", "bf16", "fp16", "powersgd"].index(option)

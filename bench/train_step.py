@@ -43,9 +43,16 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from checkouts import checkout_label, checkout_problem, rotated  # bench/checkouts.py, beside this script
+# Run as a script, bench/ is on sys.path and the repository is not (the model package comes from
+# PYTHONPATH: --against points it at the other checkout); mypy reads bench/ as a package.
+if TYPE_CHECKING:
+    from bench.checkouts import checkout_label, checkout_problem, rotated
+else:
+    from checkouts import checkout_label, checkout_problem, rotated  # bench/checkouts.py, beside this script
 
 MODES = {
     # name: (mixed_precision, torch.compile); bf16+compile is what the trainer runs with
@@ -100,7 +107,7 @@ def measure_matmul_peaks(dtypes: list[str], seconds: float = 1.0) -> dict[str, f
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
-def time_by_category(step) -> dict[str, float]:
+def time_by_category(step: Callable[[], None]) -> dict[str, float]:
     """Seconds of one call of step() spent in each OP_CATEGORIES share (ops' own time, not children's)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -130,7 +137,9 @@ def measure_train_step(
         from model.optim import clip_gradients
     except ImportError:  # a checkout from before it (--against), whose trainer clipped with torch's
 
-        def clip_gradients(params, max_norm, optimizer):  # type: ignore[no-redef]
+        def clip_gradients(
+            params: Iterable[torch.Tensor], max_norm: float, optimizer: torch.optim.Optimizer | None = None
+        ) -> torch.Tensor:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     keep_freed_memory()  # as python -m model.train does (a no-op beside a preloaded tcmalloc)

@@ -80,7 +80,9 @@ def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], tim
     proc = subprocess.Popen(
         program.command, cwd=program.cwd, env=env | program.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    deadline, seen, times, tail = time.monotonic() + timeout_s, 0, [], []
+    deadline, seen = time.monotonic() + timeout_s, 0
+    times: list[float] = []
+    tail: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

@@ -93,7 +93,10 @@ def main() -> None:
         results = {stage: run(stage, args, data_dir, 29500 + stage) for stage in (0, 1)}
     from model.model import GPT, GPTConfig
 
-    n = GPT(GPTConfig(**PRESETS[args.model], block_size=args.block, vocab_size=50257)).num_params(False)
+    shape = PRESETS[args.model]
+    config = GPTConfig(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"], block_size=args.block,
+                       vocab_size=50257)
+    n = GPT(config).num_params(False)
     share = 8 * n / 2 / 2**30  # AdamW's two fp32 moments, half of them on each of 2 ranks
     print(f"{args.model} ({n / 1e6:.0f}M parameters), block {args.block}, batch 1, fp32, 2 ranks x 1 thread")
     for stage, peaks in results.items():

@@ -198,7 +198,7 @@ class AzureCluster(CloudCluster):
     def _image_reference(self) -> compute.ImageReferenceArgsDict:
         image = self.config.image
         if not image:
-            return dict(UBUNTU)  # type: ignore[return-value]  # a copy; Azure resolves "latest" at creation
+            return UBUNTU.copy()  # Azure resolves "latest" at creation
         if image.startswith("/subscriptions/"):
             return {"id": image}
         publisher, offer, sku, version = image.split(":")

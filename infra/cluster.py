@@ -8,6 +8,7 @@ baked_image when nanocluster:bakeImage is on). Everything else is decided here o
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
@@ -73,8 +74,13 @@ class CloudCluster(pulumi.ComponentResource):
         zone, baked_image where they apply)."""
         raise NotImplementedError
 
-    def child(self, **kwargs) -> pulumi.ResourceOptions:
-        return pulumi.ResourceOptions(parent=self, **kwargs)
+    def child(
+        self, *, depends_on: Sequence[pulumi.Resource] | None = None, ignore_changes: list[str] | None = None,
+        delete_before_replace: bool | None = None, retain_on_delete: bool | None = None,
+    ) -> pulumi.ResourceOptions:
+        """Options for a resource of this component: the ones its resources set, named so a typo fails lint."""
+        return pulumi.ResourceOptions(parent=self, depends_on=depends_on, ignore_changes=ignore_changes,
+                                      delete_before_replace=delete_before_replace, retain_on_delete=retain_on_delete)
 
     def has_public_ip(self, rank: int) -> bool:
         return rank == 0 or self.config.public_workers

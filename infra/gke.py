@@ -12,8 +12,8 @@ enforces NetworkPolicy.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
@@ -97,8 +97,13 @@ class GkeCluster(pulumi.ComponentResource):
         )
         self.register_outputs({"kubeconfig": self.kubeconfig, "namespace": self.storage.namespace})
 
-    def child(self, **kwargs) -> pulumi.ResourceOptions:
-        return pulumi.ResourceOptions(parent=self, **kwargs)
+    def child(
+        self, *, depends_on: Sequence[pulumi.Resource] | None = None, ignore_changes: list[str] | None = None,
+        delete_before_replace: bool | None = None, retain_on_delete: bool | None = None,
+    ) -> pulumi.ResourceOptions:
+        """Options for a resource of this component: the ones its resources set, named so a typo fails lint."""
+        return pulumi.ResourceOptions(parent=self, depends_on=depends_on, ignore_changes=ignore_changes,
+                                      delete_before_replace=delete_before_replace, retain_on_delete=retain_on_delete)
 
     def _network(self) -> tuple[compute.Network, compute.Subnetwork]:
         cfg = self.config
@@ -138,8 +143,9 @@ class GkeCluster(pulumi.ComponentResource):
         )
         return account
 
-    def _node_config(self, account: serviceaccount.Account, machine_type: str) -> Any:
-        """What every node of the cluster shares (pools add labels, taints, spot)."""
+    def _node_config(self, account: serviceaccount.Account, machine_type: str) -> container.NodePoolNodeConfigArgsDict:
+        """What every node of the cluster shares (pools add labels, taints, spot); the cluster's default pool
+        takes it too (its node config has the same keys)."""
         return {
             "machine_type": machine_type,
             "disk_size_gb": GKE_BOOT_DISK_GB,
