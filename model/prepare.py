@@ -4,7 +4,7 @@
                             [--limit N] [--field NAME] [--split NAME] [--workers N]
 
 DIR receives train.bin and val.bin (uint16 token ids, every document followed by <|endoftext|>)
-and meta.json (the layout is model.token_format's). SOURCE is described in model.sources.
+and meta.json (the layout is model.data.token_format's). SOURCE is described in model.data.sources.
 
 Each document goes to val or train by a seeded hash of its content, and to a shard by an unseeded
 hash of it, so the split does not depend on order, workers or sharding: the union of N shards is
@@ -36,8 +36,8 @@ import numpy as np
 from tqdm import tqdm
 
 from model.atomic import atomic_directory
-from model.sources import Source, SourceError, open_source
-from model.token_format import (
+from model.data.sources import Source, SourceError, open_source
+from model.data.token_format import (
     FORMAT_VERSION,
     META_NAME,
     SPLITS,
@@ -61,7 +61,8 @@ def available_cores() -> int:
 @dataclass(frozen=True)
 class PrepareConfig:
     source: str
-    """SOURCE: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REV], or files (model.sources)."""
+    """SOURCE: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REV], or files
+    (model.data.sources)."""
     out: Path
     """Output directory; train.bin, val.bin and meta.json appear there only when complete."""
     val_fraction: float = 0.1

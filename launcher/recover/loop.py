@@ -35,7 +35,7 @@ from launcher.session import Session
 
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
 """The trainer override for a resume on fewer nodes: gradient accumulation rises so the sequences
-(and tokens) per optimizer step stay those of the snapshot (model/start.py, resume_accumulation)."""
+(and tokens) per optimizer step stay those of the snapshot (model/checkpointing/start.py, resume_accumulation)."""
 REVIVE_LOG = "recover.log"
 """The file in the run record directory that keeps the output of the infrastructure's CLI."""
 
