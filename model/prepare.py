@@ -31,6 +31,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -202,7 +203,7 @@ class _SplitWriter:
         self.tokens = 0
 
     def write(self, tokens: np.ndarray, documents: int) -> None:
-        data = memoryview(tokens).cast("B")
+        data = tokens.data.cast("B")  # the array's own buffer, as bytes
         self.file.write(data)
         self.sha256.update(data)
         self.documents += documents
@@ -218,7 +219,7 @@ class _SplitWriter:
 class _LineStream:
     """A progress bar redrawn with carriage returns, as one line per update (for logs and `fab`)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO):
         self.stream = stream
 
     def write(self, text: str) -> None:

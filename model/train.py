@@ -43,7 +43,7 @@ from model.monitoring.budget import BudgetWatch, budget_watch
 from model.monitoring.health import TrainingDiverged
 from model.monitoring.metrics import MetricsLog
 from model.monitoring.mfu import measure_matmul_peak, model_flops_utilization
-from model.monitoring.stop_signal import StopRequested, StopSignal, snapshot_and_stop
+from model.monitoring.stop_signal import StopRequested, StopSignal
 from model.parallel import comm_hooks, distributed, zero
 from model.parallel.bucket_warmup import warm_up_buckets
 from model.parallel.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
@@ -83,7 +83,7 @@ class Trainer:
         self.start_iter = start.iter_num if start.resumed_from else None
 
         self.optimizer = zero.build_optimizer(self.raw_model, cfg, env.world_size)
-        optimizer_state = payload.pop("optimizer", None) if payload else None
+        optimizer_state: Any = payload.pop("optimizer", None) if payload else None  # rank 0's, resuming
         if start.resumed_from:
             if env.world_size > 1:
                 optimizer_state = broadcast_tensors(optimizer_state)
@@ -154,9 +154,10 @@ class Trainer:
             group["lr"] = lr
         steps = self.cfg.gradient_accumulation_steps
         model = self.ddp or self.model
-        measuring = self.probe is not None and self.iter_num % self.cfg.health.interval == 0
-        if measuring:
-            self.probe.start()
+        guard = self.guard
+        probe = self.probe if self.probe is not None and self.iter_num % self.cfg.health.interval == 0 else None
+        if probe is not None:  # a measuring step
+            probe.start()
         total = 0.0
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
@@ -168,24 +169,24 @@ class Trainer:
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
                 (loss / steps).backward()
             total += loss.item()
-        if measuring:
-            self.probe.after_backward()  # gradient norms before clipping
+        if probe is not None:
+            probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
         norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer) if clip else None
         loss, problem = total / steps, None
-        if self.guard is not None:
-            loss, problem = self.guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
+        if guard is not None:
+            loss, problem = guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
         if problem is None:
-            if measuring:
-                self.probe.before_update()
+            if probe is not None:
+                probe.before_update()
             self.optimizer.step()
-            if self.guard is not None:
-                self.guard.applied(loss)
+            if guard is not None:
+                guard.applied(loss)
         self.optimizer.zero_grad(set_to_none=True)
-        if measuring:
-            health_probe.record_health(self)
-        if problem is not None:  # nothing was applied: record it, and roll back if it is time
-            health_probe.skip_step(self, *problem)
+        if probe is not None:
+            health_probe.record_health(self, probe)
+        if guard is not None and problem is not None:  # nothing was applied: record it, roll back if due
+            health_probe.skip_step(self, guard, *problem)
         return loss
 
     # -- outputs (rank 0) --
@@ -267,7 +268,21 @@ class Trainer:
             if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
                 self.budget.check(self.iter_num, step.step_s, self.stop_signal)
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
-                snapshot_and_stop(self, self.stop_signal)
+                self.snapshot_and_stop(self.stop_signal)
+
+    def snapshot_and_stop(self, stop: StopSignal) -> None:
+        """Every rank, after the same completed step: the snapshot collective, then StopRequested
+        (model.monitoring.stop_signal)."""
+        self.save_snapshot()
+        self.wait_for_snapshot()
+        reason = stop.reason()
+        if self.is_rank0:
+            log.info("stop: saved snapshot at iteration %d (%s)", self.iter_num, reason)
+            if stop.budget_stop and self.budget is not None:
+                self.budget.stopped(self.iter_num, self.metrics)
+            else:  # the launcher says where the run stopped and counts its steps from this record
+                self.metrics.stop(self.iter_num, "signal", cause=reason)
+        raise StopRequested(self.iter_num, reason)
 
     def realign(self) -> None:
         """Start the next step on every rank together. Rank 0 copies a snapshot after the others left

@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -40,7 +40,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupt or not one of ours."""
 
 
-def _sha256_of_prefix(f, length: int) -> hashlib._Hash:
+def _sha256_of_prefix(f: IO[bytes], length: int) -> hashlib._Hash:
     f.seek(0)
     digest = hashlib.sha256()
     remaining = length

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from model.data.documents import Source, SourceError, decode_text, read_text_file
 
@@ -120,7 +121,7 @@ def read_jsonl(path: Path, text_field: str) -> Iterator[str]:
                 yield text
 
 
-def _parquet_file(path: Path):
+def _parquet_file(path: Path) -> Any:  # pyarrow's ParquetFile (pyarrow has no type information)
     try:
         import pyarrow.parquet as pq
     except ImportError as err:

@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from model.atomic import atomic_open
 from model.data.documents import Source, SourceError, read_text_file
@@ -176,7 +177,7 @@ class HubSource(Source):
         return {"kind": "hub", "path": self.path, "config": self.config, "revision": self.revision,
                 "split": self.split, "columns": list(self.columns)}
 
-    def _open(self):
+    def _open(self) -> Any:  # datasets' IterableDataset (datasets has no type information)
         if self._dataset is not None:
             return self._dataset
         try:

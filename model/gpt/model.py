@@ -106,11 +106,21 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Transformer(nn.ModuleDict):
+    """The stack under GPT-2's own names (transformer.wte, transformer.h.0, ...), its parts typed."""
+
+    wte: nn.Embedding
+    wpe: nn.Embedding
+    drop: nn.Dropout
+    h: nn.ModuleList
+    ln_f: nn.LayerNorm
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
+        self.transformer = Transformer(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),

@@ -15,7 +15,7 @@ import importlib.metadata
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -108,9 +108,11 @@ def _installed_ipex_version() -> str | None:
         return None
 
 
-def maybe_ipex_optimize(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype
-) -> tuple[nn.Module, torch.optim.Optimizer | None, bool]:
+Model = TypeVar("Model", bound=nn.Module)
+Optimizer = TypeVar("Optimizer", bound="torch.optim.Optimizer | None")
+
+
+def maybe_ipex_optimize(model: Model, optimizer: Optimizer, dtype: torch.dtype) -> tuple[Model, Optimizer, bool]:
     """Apply ipex.optimize when IPEX is installed for this torch; returns (model, optimizer, applied)."""
     reason = ipex_skip_reason(_installed_ipex_version())
     if reason is not None:
@@ -159,4 +161,5 @@ def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
     """torch.compile(model) when enabled (the first steps are slow while it compiles); else model."""
     if not enabled:
         return model
-    return torch.compile(model)
+    # An OptimizedModule (an nn.Module); torch.compile's overloads say only Callable.
+    return cast(nn.Module, torch.compile(model))

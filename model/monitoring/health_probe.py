@@ -34,21 +34,54 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from model.checkpointing.checkpoint import CheckpointError, load_checkpoint
 from model.conventions import SNAPSHOT_NAME
+from model.gpt.model import GPT
 from model.gpt.optim import gradient_norm
 from model.monitoring.health import TrainingDiverged, json_number, largest_growth
+from model.monitoring.metrics import MetricsLog
 from model.parallel.collectives import all_ranks_mean, broadcast_tensors, on_rank0
+from model.parallel.distributed import RankEnv
+from model.settings.config import TrainConfig
 from model.settings.config_values import ConfigError
 from model.settings.health_config import Fault, HealthConfig
 
 log = logging.getLogger("model.train")
+
+ForwardHook = Callable[[nn.Module, tuple[Any, ...], Any], Any]
+"""A forward hook: (module, its inputs, its output) -> None, or what the module returns instead."""
+
+
+class GuardedTrainer(Protocol):
+    """What of the trainer (model.train.Trainer) the probe's and the guard's steps read; a rollback
+    restores raw_model's weights and optimizer's state in place."""
+
+    @property
+    def cfg(self) -> TrainConfig: ...
+    @property
+    def env(self) -> RankEnv: ...
+    @property
+    def is_rank0(self) -> bool: ...
+    @property
+    def iter_num(self) -> int: ...
+    @property
+    def out_dir(self) -> Path: ...
+    @property
+    def raw_model(self) -> GPT: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def metrics(self) -> MetricsLog: ...
+    def wait_for_snapshot(self) -> None: ...
 
 
 class HealthProbe:
@@ -62,7 +95,7 @@ class HealthProbe:
         self.world_size = world_size
         self.previous: dict[str, dict[str, float]] | None = None
         self.previous_iter: int | None = None
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         self._acts: list[list[torch.Tensor]] = []
         self._grad_norms: torch.Tensor | None = None
         self._weights: list[list[torch.Tensor]] | None = None
@@ -73,8 +106,8 @@ class HealthProbe:
         if self.activations:
             self._handles = [b.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
 
-    def _hook(self, index: int):
-        def hook(module, args, output):
+    def _hook(self, index: int) -> ForwardHook:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             if module.training:  # evaluation forwards are not the step's
                 x, y = args[0].detach(), output.detach()
                 # [max |out|, sum out^2, elements, max |in|]: summed or maxed over micro-steps and ranks
@@ -119,6 +152,7 @@ class HealthProbe:
                 ratios[i] = torch.linalg.vector_norm(delta) / torch.linalg.vector_norm(weight).clamp_min(1e-12)
         act_max, in_max = maxes.tolist()
         sq, count = sums[:2].tolist()
+        assert self._grad_norms is not None, "finish() before after_backward()"
         grads, ratios_list = self._grad_norms.tolist(), ratios.tolist()
         blocks = {}
         for i in range(len(self.blocks)):
@@ -181,7 +215,7 @@ class StepGuard:
         self.applied_since_rollback = False
 
 
-def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None]:
+def install(trainer: GuardedTrainer, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None]:
     """The trainer's probe (None: health.interval=0) and guard (None: health.guard=false); the test
     fault's hook, if one is configured."""
     blocks = trainer.raw_model.transformer.h
@@ -198,9 +232,9 @@ def install(trainer: Any, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGu
     return probe, guard
 
 
-def record_health(trainer: Any) -> None:
+def record_health(trainer: GuardedTrainer, probe: HealthProbe) -> None:
     """After a measuring step: every rank finishes the measurement, rank 0 records it."""
-    blocks, growth = trainer.probe.finish(trainer.iter_num)
+    blocks, growth = probe.finish(trainer.iter_num)
     if trainer.is_rank0:
         trainer.metrics.health(trainer.iter_num, blocks, growth)
         warn_at = trainer.cfg.health.warn_growth
@@ -209,22 +243,22 @@ def record_health(trainer: Any) -> None:
                         trainer.iter_num, growth["block"], growth["growth"], growth["since"])
 
 
-def skip_step(trainer: Any, reason: str, value: float) -> None:
+def skip_step(trainer: GuardedTrainer, guard: StepGuard, reason: str, value: float) -> None:
     """The guard rejected this step, which was not applied: log and record it; roll back when due."""
     if trainer.is_rank0:
         log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged",
                     trainer.iter_num, reason, value)
         trainer.metrics.event("skip", trainer.iter_num, reason, value=json_number(value))
-    if trainer.guard.skipped():
-        roll_back(trainer, f"{trainer.guard.consecutive_skips} skipped steps in a row")
+    if guard.skipped():
+        roll_back(trainer, guard, f"{guard.consecutive_skips} skipped steps in a row")
 
 
-def install_fault(model: nn.Module, fault: Fault, iteration: Any, rank: int) -> Any:
+def install_fault(model: GPT, fault: Fault, iteration: Callable[[], int], rank: int) -> RemovableHandle:
     """The health.test_fault seam: a forward hook making block fault.block misbehave while
     fault.active(iteration(), rank), or for a spike the model's loss (gradients stay finite).
     Returns the handle."""
 
-    def hook(module, args, output):
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         i = iteration()
         if not module.training or not fault.active(i, rank):
             return None
@@ -238,7 +272,7 @@ def install_fault(model: nn.Module, fault: Fault, iteration: Any, rank: int) -> 
             return x + (output - x) * 2.0 ** (i - fault.first + 1)
         return None
 
-    target = model if fault.kind == "spike" else model.transformer.h[fault.block]
+    target: nn.Module = model if fault.kind == "spike" else model.transformer.h[fault.block]
     return target.register_forward_hook(hook)
 
 
@@ -247,10 +281,10 @@ def grad_norm(params: list[torch.Tensor]) -> float:
     return gradient_norm([p.grad for p in params if p.grad is not None]).item()
 
 
-def roll_back(trainer: Any, reason: str) -> None:
+def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     """Every rank: restore the weights and optimizer state of the last snapshot (rank 0 reads it and
     hands it over), keeping the iteration: the batches since the snapshot are not replayed."""
-    guard, world_size, iteration = trainer.guard, trainer.env.world_size, trainer.iter_num
+    world_size, iteration = trainer.env.world_size, trainer.iter_num
     if not guard.applied_since_rollback:
         raise TrainingDiverged(f"iter {iteration}: {reason} right after a rollback: the run diverges "
                                "from the last snapshot too (lower the learning rate, or resume from ckpt.pt)")
@@ -267,7 +301,7 @@ def roll_back(trainer: Any, reason: str) -> None:
     to_iter = on_rank0(read, world_size, (TrainingDiverged, CheckpointError))
     if trainer.is_rank0:
         trainer.raw_model.load_state_dict(payload["model"])
-    optimizer_state = payload.get("optimizer")
+    optimizer_state: Any = payload.get("optimizer")  # rank 0's; the others receive it
     if world_size > 1:
         for tensor in trainer.raw_model.state_dict().values():  # views of the parameters: in place
             dist.broadcast(tensor, src=0)

@@ -141,7 +141,7 @@ def one_series(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     everything before it, a resumed one drops what followed its snapshot (precedes_resume). Of two
     records of one kind at one iteration that are still both there (a stream that saw a rewound file
     twice), the later one wins."""
-    kept: dict[tuple[str, int], dict[str, Any]] = {}
+    kept: dict[tuple[str | None, int], dict[str, Any]] = {}
     for record in records:
         if not isinstance(record.get("iter"), int):
             continue
@@ -151,6 +151,7 @@ def one_series(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 kept.clear()
             else:
                 kept = {k: r for k, r in kept.items() if precedes_resume(r, resume_iter)}
-        kept.pop((record.get("kind"), record.get("iter")), None)  # re-inserted last: file order
-        kept[(record.get("kind"), record.get("iter"))] = record
+        key = (record.get("kind"), record["iter"])
+        kept.pop(key, None)  # re-inserted last: file order
+        kept[key] = record
     return list(kept.values())

@@ -29,11 +29,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from model.parallel.comm_hooks import CommHook
+from model.parallel.collectives import CommHook, ddp_hook
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,8 @@ class StepTimer:
     def wrap(self, hook: CommHook) -> CommHook:
         """hook, noting when each bucket's reduction is launched and when it completes."""
 
-        # Unannotated on purpose: DDP checks a hook's annotations against the real classes, and this
-        # module's annotations are strings (from __future__ import annotations).
-        def timed_hook(state, bucket):
+        @ddp_hook
+        def timed_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             future = hook(state, bucket)
             self._last_launch = self.clock()  # after the hook's own work (e.g. compression): compute
             return future.then(self._note_done)

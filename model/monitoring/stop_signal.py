@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ class StopSignal:
         )
         self._start_timer(self.grace_s, self._grace_over)
 
-    def _start_timer(self, delay: float, action) -> None:
+    def _start_timer(self, delay: float, action: Callable[[], None]) -> None:
         timer = threading.Timer(delay, action)
         timer.daemon = True
         self._timers.append(timer)
@@ -101,7 +102,9 @@ class StopSignal:
     def _grace_over(self) -> None:
         log.warning("grace period of %.0f s over: stopping now, the previous snapshot is kept", self.grace_s)
         self._start_timer(HARD_EXIT_AFTER_S, self._hard_exit)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # unwinds via _handle
+        main = threading.main_thread().ident
+        assert main is not None  # the main thread runs: it started this one
+        signal.pthread_kill(main, signal.SIGINT)  # unwinds via _handle
 
     def _hard_exit(self) -> None:
         os._exit(EXIT_STOPPED)
@@ -132,17 +135,3 @@ class StopSignal:
         if self.budget_stop:
             return self.requested_reason or "stopped at budget (rank 0's rule)"
         return f"{self.signal_name} on this rank" if self.signal_name else "a stop signal on another rank"
-
-
-def snapshot_and_stop(trainer: Any, stop: StopSignal) -> None:
-    """Every rank, after the same completed step: the snapshot collective, then StopRequested."""
-    trainer.save_snapshot()
-    trainer.wait_for_snapshot()
-    reason = stop.reason()
-    if trainer.is_rank0:
-        log.info("stop: saved snapshot at iteration %d (%s)", trainer.iter_num, reason)
-        if stop.budget_stop and trainer.budget is not None:
-            trainer.budget.stopped(trainer.iter_num, trainer.metrics)
-        else:  # the launcher says where the run stopped and counts its steps from this record
-            trainer.metrics.stop(trainer.iter_num, "signal", cause=reason)
-    raise StopRequested(trainer.iter_num, reason)

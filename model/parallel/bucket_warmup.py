@@ -20,16 +20,37 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Protocol
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from model.data.batches import TokenBatches
 from model.gpt.precision import autocast
 
 log = logging.getLogger("model.parallel.bucket_warmup")
 
 
-def warm_up_buckets(trainer: Any) -> float | None:
+class ResumingTrainer(Protocol):
+    """What of the trainer (model.train.Trainer) the discarded step reads; it leaves no gradients."""
+
+    @property
+    def ddp(self) -> DistributedDataParallel | None: ...
+    @property
+    def start_iter(self) -> int | None: ...
+    @property
+    def data(self) -> TokenBatches: ...
+    @property
+    def iter_num(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def is_rank0(self) -> bool: ...
+
+
+def warm_up_buckets(trainer: ResumingTrainer) -> float | None:
     """On a resumed run with DDP: one discarded synchronised forward/backward, so the next step
     reduces in the rebuilt bucket layout. A collective (every rank calls it). Returns its seconds,
     None when nothing was needed (a fresh run, or one process)."""

@@ -2,15 +2,28 @@
 
 Every helper takes the world size and does nothing collective in a single process, so the trainer
 reads the same with one rank or many. All ranks must call a helper together (they are collectives).
+The communication hooks that move DDP's gradients (model.parallel.comm_hooks) share CommHook and
+ddp_hook from here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+"""A DDP communication hook: (its state, a bucket of gradients) -> the future of the reduced bucket."""
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def ddp_hook(hook: Hook) -> Hook:
+    """hook, with the annotations DDP's register_comm_hook checks made the classes it compares them
+    with: a module with `from __future__ import annotations` has them as strings, which DDP refuses."""
+    hook.__annotations__.update({"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]})
+    return hook
 
 
 def broadcast_tensors(obj: Any) -> Any:

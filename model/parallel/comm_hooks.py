@@ -40,11 +40,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from model.parallel import powersgd
+from model.parallel.collectives import CommHook, ddp_hook
 from model.settings.config import TrainConfig
 
 log = logging.getLogger("model.parallel.comm_hooks")
-
-CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 # auto's thresholds on the link ratio: seconds the fp32 gradients take to all-reduce over the
 # measured link, divided by the optimizer step's estimated compute seconds (LinkEstimate). Calibrated
@@ -101,7 +100,8 @@ def choose_compression(ratio: float, transfer_s: float = float("inf")) -> str:
     return "powersgd"
 
 
-def bf16_hook(state: Any, bucket):  # no annotations: DDP compares them with the real types
+@ddp_hook
+def bf16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """torch's bf16_compress_hook under another name: DDP refuses that name unless NCCL or XCCL is
     present, although gloo all-reduces bf16 on CPUs (checked in tests/model/test_comm_hooks.py)."""
     return default_hooks.bf16_compress_hook(state, bucket)

@@ -68,6 +68,7 @@ LAUNCHER_VARIABLES = (
 
 def detect_rank_env(environ: Mapping[str, str] = os.environ) -> RankEnv:
     """Read rank, world size and rendezvous address from whichever launcher started us."""
+    ranks_on_this_host: int | None  # None: the launcher does not say
     found = next((v for v in LAUNCHER_VARIABLES if v[1] in environ and v[2] in environ), None)
     if found is None:
         launcher, rank, world, local_rank, ranks_on_this_host = "single-process", 0, 1, 0, 1

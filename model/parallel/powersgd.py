@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from model.parallel.collectives import ddp_hook
+
 MIN_COMPRESSION_RATE = 2
 """A matrix is compressed only when its factors are at most this fraction of its elements (torch's
 default): below that the factorisation's compute buys too few bytes."""
@@ -74,12 +76,14 @@ def orthonormalise_rows(rows: torch.Tensor) -> None:
             row.zero_()
 
 
-def powersgd_hook(state: PowerSGDState, bucket):  # no annotations: DDP compares them with real types
+@ddp_hook
+def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: plain all-reduce for state.start_iter steps, then PowerSGD."""
     if state.iteration < state.start_iter:
         if bucket.is_last():
             state.iteration += 1
-        return default_hooks.allreduce_hook(None, bucket)
+        # None: the default group, as allreduce_hook reads it; its annotation says ProcessGroup only.
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
     world = dist.get_world_size()
     buffer = bucket.buffer()

@@ -29,7 +29,7 @@ def dotted_fields(cls: type, prefix: str = "") -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a nested section
             out.update(dotted_fields(tp, f"{prefix}{f.name}."))
         else:
             out[f"{prefix}{f.name}"] = tp
