@@ -63,7 +63,7 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab train --nodes 3
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
-# ruff over everything; mypy over infra/ against the cloud SDKs' own types (pyproject [tool.mypy]);
+# ruff over everything; mypy over infra/ against the cloud SDKs' own types and over model/ (pyproject [tool.mypy]);
 # the import layering (.importlinter); the nodes' pins against the lock; docs/ built as a site
 # (mkdocs.yml, strict: a broken link or anchor fails), offline, into the ignored .venv/site. Its output is shown only when it fails: mkdocs 1.6's
 # --quiet would also stop strict mode from counting warnings, so the build passes with broken links.

@@ -1,10 +1,15 @@
 """Another checkout of this repository, for a benchmark's --against: a change's before and after,
-measured in the same run (`git worktree add /tmp/before HEAD~1`)."""
+measured in the same run (`git worktree add /tmp/before HEAD~1`).
+
+Code that runs on either checkout imports the trainer's modules with model_module: a checkout from
+before model/'s subpackages has them side by side in model/ (model.optim, not model.gpt.optim)."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -15,6 +20,19 @@ def checkout_problem(path: Path) -> str | None:
     if not (path / "model" / "train.py").is_file():
         return f"--against {path}: not a checkout of this repository (no model/train.py)"
     return None
+
+
+def model_module(name: str, flat_name: str | None = None) -> ModuleType:
+    """The trainer's module name (model.gpt.optim) from the checkout on the import path; in a checkout
+    from before the subpackages, its flat name: flat_name, or model.<last part> (model.optim)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        # Only the subpackage or the module itself may be missing; a missing dependency is an error.
+        if missing == "model" or not (name == missing or name.startswith(missing + ".")):
+            raise
+        return importlib.import_module(flat_name or "model." + name.rsplit(".", 1)[1])
 
 
 def checkout_label(path: Path) -> str:

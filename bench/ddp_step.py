@@ -46,7 +46,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model.token_format import TOKEN_DTYPE, write_split  # noqa: E402
+from model.data.token_format import TOKEN_DTYPE, write_split  # noqa: E402
 from model.tokenizer import VOCAB_SIZE  # noqa: E402
 
 ACCUMULATION = 4

@@ -1,4 +1,4 @@
-"""Per-rank memory: model.memory_estimate's figure against the measured peak RSS of real runs.
+"""Per-rank memory: model.gpt.memory_estimate's figure against the measured peak RSS of real runs.
 
     python bench/fit_memory.py [--cases quickstart,baby-bf16,...] [--steps 4]
 
@@ -26,14 +26,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model.config import load_config  # noqa: E402
-from model.memory_estimate import GB, estimate_rank_memory  # noqa: E402
-from model.token_format import write_split  # noqa: E402
+from model.data.token_format import write_split  # noqa: E402
+from model.gpt.memory_estimate import GB, estimate_rank_memory  # noqa: E402
+from model.settings.config import load_config  # noqa: E402
 
 DRIVER = """
 import json, sys
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 env = distributed.detect_rank_env()
 train.setup_logging(env.rank)
 train.train(load_config(None, sys.argv[1:]), env)

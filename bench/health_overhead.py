@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import distributed, health_probe
-from model.config import load_config
-from model.mfu import cpu_name
-from model.precision import keep_freed_memory
-from model.token_format import write_split
+from model.data.token_format import write_split
+from model.gpt.precision import keep_freed_memory
+from model.monitoring import health_probe
+from model.monitoring.mfu import cpu_name
+from model.parallel import distributed
+from model.settings.config import load_config
 from model.train import Trainer
 
 

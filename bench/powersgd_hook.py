@@ -1,5 +1,5 @@
 """What PowerSGD's compression costs per optimizer step on GPT-2 small's gradients: torch's
-powerSGD_hook against model/powersgd.py, with plain all-reduce as the baseline.
+powerSGD_hook against model/parallel/powersgd.py, with plain all-reduce as the baseline.
 
     .venv/bin/python bench/powersgd_hook.py [--rounds 5] [--rank 4] [--threads 1] [--bucket-mb 25]
 
@@ -28,9 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model import powersgd
-from model.mfu import cpu_name
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
+from model.monitoring.mfu import cpu_name
+from model.parallel import powersgd
 
 State = TypeVar("State")
 
@@ -63,7 +63,7 @@ def hooks(rank: int) -> dict[str, tuple[object, TimedHook]]:
     return {
         "plain all-reduce": (None, TimedHook(default_hooks.allreduce_hook)),
         "torch powerSGD_hook": (torch_state, TimedHook(powerSGD_hook.powerSGD_hook)),
-        "model/powersgd.py": (powersgd.PowerSGDState(rank=rank, start_iter=START_ITER, seed=0),
+        "model/parallel/powersgd.py": (powersgd.PowerSGDState(rank=rank, start_iter=START_ITER, seed=0),
                               TimedHook(powersgd.powersgd_hook)),
     }
 

@@ -1,9 +1,9 @@
 """How long a snapshot stalls training: GPT-2 small + AdamW, written in the foreground vs captured in
-memory and written in the background (model.snapshot_writer).
+memory and written in the background (model.checkpointing.snapshot_writer).
 
     python bench/snapshot.py [--model gpt2] [--dir DIR] [--repeats 2]
 
-Builds the model from scratch (no download) with the trainer's optimizer (model.optim), takes one
+Builds the model from scratch (no download) with the trainer's optimizer (model.gpt.optim), takes one
 optimizer step so AdamW's moments exist, and builds the snapshot payload the trainer writes. Then:
 - foreground: save_checkpoint of the live state, as the trainer did before: every rank waits for it;
 - background: capture (the in-memory copy: the stall now; into the previous copy's memory, as the
@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model.checkpoint import save_checkpoint, verify_checkpoint
-from model.config import TrainConfig
-from model.model import GPT, PRESETS, GPTConfig
-from model.optim import build_optimizer
-from model.snapshot_writer import SnapshotWriter, capture
+from model.checkpointing.checkpoint import save_checkpoint, verify_checkpoint
+from model.checkpointing.snapshot_writer import SnapshotWriter, capture
+from model.gpt.model import GPT, PRESETS, GPTConfig
+from model.gpt.optim import build_optimizer
+from model.settings.config import TrainConfig
 
 
 def payload_of(model: GPT, optimizer: torch.optim.Optimizer) -> dict:

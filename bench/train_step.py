@@ -8,7 +8,7 @@ bf16+compile on a CPU with amx_bf16 or avx512_bf16; fp32 and fp32+compile elsewh
 emulated (an emulated bf16 4096-square GEMM takes minutes) and the trainer never picks it.
 
 A step is the trainer's: forward + backward, gradient clipping to grad_clip's default
-(model.optim.clip_gradients) and AdamW (model.optim.build_optimizer, fused) on one 1024-token
+(model.gpt.optim.clip_gradients) and AdamW (model.gpt.optim.build_optimizer, fused) on one 1024-token
 sequence of the 124M-parameter GPT-2. FLOPs per token are 6N + 12·L·H·Q·T (N parameters without
 the position embedding; attention per PaLM, appendix B). MFU is measured against the peak this
 machine's matmul reaches with the same threads: large square GEMMs in each dtype the modes use;
@@ -18,7 +18,7 @@ Each mode and the peak measurement run in a fresh subprocess, so peak RSS is per
 mode's allocator state or compile caches do not leak into the next; peak RSS counts the measured
 steps (the kernel's high-water mark is reset after the warm-up, where compilation happens).
 Every mode runs with tcmalloc preloaded when it is installed, as the launcher runs the ranks on
-the nodes, and otherwise keeps glibc's freed memory as the trainer does (model.precision.
+the nodes, and otherwise keeps glibc's freed memory as the trainer does (model.gpt.precision.
 keep_freed_memory): left alone, glibc hands the step's large buffers (logits, vocabulary-sized
 gradients) back to the kernel on free, so every step page-faults ~1.7 GB in again (~400k faults).
 --profile adds one profiled step per mode and prints where its time goes: weight GEMMs, attention,
@@ -43,16 +43,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Run as a script, bench/ is on sys.path and the repository is not (the model package comes from
 # PYTHONPATH: --against points it at the other checkout); mypy reads bench/ as a package.
 if TYPE_CHECKING:
-    from bench.checkouts import checkout_label, checkout_problem, rotated
-else:
-    from checkouts import checkout_label, checkout_problem, rotated  # bench/checkouts.py, beside this script
+    from bench.checkouts import checkout_label, checkout_problem, model_module, rotated
+else:  # bench/checkouts.py, beside this script
+    from checkouts import checkout_label, checkout_problem, model_module, rotated
 
 MODES = {
     # name: (mixed_precision, torch.compile); bf16+compile is what the trainer runs with
@@ -96,7 +96,7 @@ def measure_matmul_peaks(dtypes: list[str], seconds: float = 1.0) -> dict[str, f
     """FLOP/s of large square matmuls in each named dtype on the current threads (best size)."""
     import torch
 
-    from model.mfu import measure_matmul_peak
+    from model.monitoring.mfu import measure_matmul_peak
 
     return {
         name: max(measure_matmul_peak(getattr(torch, DTYPES[name]), seconds=seconds, n=n) for n in PEAK_SIZES)
@@ -128,19 +128,18 @@ def measure_train_step(
     """Fastest and median time of a training step after warm-up (compilation happens in the warm-up)."""
     import torch
 
-    from model.config import TrainConfig
-    from model.model import GPT, GPTConfig
-    from model.optim import build_optimizer
-    from model.precision import autocast, keep_freed_memory, maybe_compile, resolve_dtype
+    # This checkout's or --against's, whichever layout its model/ has (bench/checkouts.py).
+    gpt, optim = model_module("model.gpt.model"), model_module("model.gpt.optim")
+    precision = model_module("model.gpt.precision")
+    GPT, GPTConfig, build_optimizer = gpt.GPT, gpt.GPTConfig, optim.build_optimizer
+    autocast, keep_freed_memory = precision.autocast, precision.keep_freed_memory
+    maybe_compile, resolve_dtype = precision.maybe_compile, precision.resolve_dtype
+    TrainConfig = model_module("model.settings.config").TrainConfig
 
-    try:
-        from model.optim import clip_gradients
-    except ImportError:  # a checkout from before it (--against), whose trainer clipped with torch's
+    def clip_with_torch(params, max_norm, optimizer):  # a checkout from before clip_gradients (--against)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
-        def clip_gradients(
-            params: Iterable[torch.Tensor], max_norm: float, optimizer: torch.optim.Optimizer | None = None
-        ) -> torch.Tensor:
-            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    clip_gradients = getattr(optim, "clip_gradients", clip_with_torch)
 
     keep_freed_memory()  # as python -m model.train does (a no-op beside a preloaded tcmalloc)
     mixed_precision, compile_model = MODES[mode]
@@ -322,7 +321,7 @@ def main() -> None:
         child_main(args)
         return
     from model.conventions import BF16_CPU_FLAGS
-    from model.precision import cpu_bf16_capable
+    from model.gpt.precision import cpu_bf16_capable
 
     native_bf16 = cpu_bf16_capable()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] or list(DEFAULT_MODES[native_bf16])
@@ -346,7 +345,7 @@ def main() -> None:
 
     # MFU's reference: the peak of the dtype mixed_precision=auto runs in on this CPU.
     reference = "bf16" if native_bf16 else "fp32"
-    from model.mfu import cpu_name
+    from model.monitoring.mfu import cpu_name
 
     print(
         f"CPU: {cpu_name()}; native bf16 ({' or '.join(BF16_CPU_FLAGS)}): {'yes' if native_bf16 else 'no'}, "

@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.checkouts import checkout_label, checkout_problem, rotated  # noqa: E402
 from model.conventions import BF16_CPU_FLAGS  # noqa: E402
-from model.mfu import cpu_name  # noqa: E402
-from model.precision import cpu_flags  # noqa: E402
-from model.token_format import write_split  # noqa: E402
+from model.data.token_format import write_split  # noqa: E402
+from model.gpt.precision import cpu_flags  # noqa: E402
+from model.monitoring.mfu import cpu_name  # noqa: E402
 from model.tokenizer import VOCAB_SIZE  # noqa: E402
 
 BLOCK, LAYERS, HEADS, WIDTH = 1024, 12, 12, 768

@@ -25,13 +25,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model.model import PRESETS  # noqa: E402
-from model.token_format import write_split  # noqa: E402
+from model.data.token_format import write_split  # noqa: E402
+from model.gpt.model import PRESETS  # noqa: E402
 
 DRIVER = """
 import json, sys
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 env = distributed.detect_rank_env()
 cfg = load_config(None, sys.argv[1:])
 distributed.init_process_group(env, "gloo", 600)
@@ -91,7 +92,7 @@ def main() -> None:
         write_split(data_dir, "train", tokens)
         write_split(data_dir, "val", tokens[:20_000])
         results = {stage: run(stage, args, data_dir, 29500 + stage) for stage in (0, 1)}
-    from model.model import GPT, GPTConfig
+    from model.gpt.model import GPT, GPTConfig
 
     shape = PRESETS[args.model]
     config = GPTConfig(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"], block_size=args.block,

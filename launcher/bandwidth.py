@@ -5,7 +5,7 @@ same time, so the ring measures what training will see: each node's egress while
 busy too. Each node runs launcher/remote/bandwidth.py, which listens on the node's private address
 at the rendezvous port (already open between the nodes: the port check passed), sends for a
 bounded time, and ends itself by an alarm whatever happens. The slowest link bounds the all-reduce;
-the trainer's grad_compression=auto measures the same thing at start (model.comm_hooks).
+the trainer's grad_compression=auto measures the same thing at start (model.parallel.comm_hooks).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from launcher.data.fanout import verify_data_command
 from launcher.remote import script
 from launcher.session import Session, machines, resolve_cluster
 from launcher.site import DEFAULT_PORT
-from model.sources import NAMED_SOURCES
+from model.data.sources import NAMED_SOURCES
 
 MIN_FREE_GB = 5.0
 VERIFY_TIMEOUT_S = 600

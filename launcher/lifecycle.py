@@ -30,8 +30,8 @@ from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs
 from launcher.trainer_config import read_trainer_config
-from model.config import TrainConfig
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
+from model.settings.config import TrainConfig
 
 
 @dataclass(frozen=True)

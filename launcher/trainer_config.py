@@ -1,5 +1,5 @@
 """The trainer's config as the ranks will read it, checked on the operator's machine before any node
-is touched: model.config's own loader (torch-free) over the --config file and every --set, so a
+is touched: model.settings.config's own loader (torch-free) over the --config file and every --set, so a
 misspelled key or a value of the wrong type fails in a second instead of after every rank started.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from launcher.console import TaskError
-from model.config import TrainConfig, load_config
-from model.config_values import ConfigError
+from model.settings.config import TrainConfig, load_config
+from model.settings.config_values import ConfigError
 
 
 def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> TrainConfig:

@@ -16,13 +16,13 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 """/proc/cpuinfo flags of CPUs that multiply bf16 natively; elsewhere bf16 is emulated and slower."""
 
 MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
-"""The trainer's mixed_precision values (model.precision): auto picks bf16 where BF16_CPU_FLAGS say it is native."""
+"""The trainer's mixed_precision values (model.gpt.precision): auto picks bf16 where BF16_CPU_FLAGS say it is native."""
 
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"
 TB_DIR = "tb"
-"""TensorBoard's event files, under out_dir (model.tensorboard_log writes them; `fab fetch` copies them)."""
+"""TensorBoard's event files, under out_dir (model.monitoring.tensorboard_log writes them; `fab fetch` copies them)."""
 
 # How a rank's process ends, as its exit status: the launcher's self-healing retries only failures
 # from outside the program (a peer lost, a stop signal it did not send, a signal death such as the
@@ -39,10 +39,10 @@ EXIT_STOPPED = 130
 last snapshot intact."""
 
 GRAD_COMPRESSION_CHOICES = ("auto", "none", "bf16", "fp16", "powersgd")
-"""How DDP sends gradients between ranks (model.comm_hooks): auto picks by a link measurement at start."""
+"""How DDP sends gradients between ranks (model.parallel.comm_hooks): auto picks by a link measurement at start."""
 
 EXIT_BUDGET = 3
-"""Stopped at the run's budget (model.budget) with a snapshot of the last completed step: not a
+"""Stopped at the run's budget (model.monitoring.budget) with a snapshot of the last completed step: not a
 failure and not retried; `fab train` exits with it too, so scripts tell "stopped at budget" from
 "finished" (0) and "failed" (1). 3 is none of the above, no signal death (128 + n) and not
 argparse's usage error (2)."""

@@ -3,7 +3,7 @@
     python -m model.export --ckpt runs/demo/ckpt.pt --out gpt2-finetuned/
 
 writes config.json and model.safetensors, which transformers' GPT2LMHeadModel.from_pretrained (and
-model.hf.load_pretrained) load. The directory appears complete or not at all: it is written to a
+model.checkpointing.hf.load_pretrained) load. The directory appears complete or not at all: it is written to a
 temporary sibling and renamed into place (model.atomic.atomic_directory).
 """
 
@@ -18,9 +18,15 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from model.atomic import atomic_directory
-from model.checkpoint import CheckpointError, load_model
-from model.hf import CONFIG_FILE, SAFETENSORS_FILE, HFCheckpointError, hf_config_from_gpt, state_dict_to_hf
-from model.model import GPT
+from model.checkpointing.checkpoint import CheckpointError, load_model
+from model.checkpointing.hf import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    HFCheckpointError,
+    hf_config_from_gpt,
+    state_dict_to_hf,
+)
+from model.gpt.model import GPT
 
 
 class ExportError(RuntimeError):

@@ -4,7 +4,7 @@
                             [--limit N] [--field NAME] [--split NAME] [--workers N]
 
 DIR receives train.bin and val.bin (uint16 token ids, every document followed by <|endoftext|>)
-and meta.json (the layout is model.token_format's). SOURCE is described in model.sources.
+and meta.json (the layout is model.data.token_format's). SOURCE is described in model.data.sources.
 
 Each document goes to val or train by a seeded hash of its content, and to a shard by an unseeded
 hash of it, so the split does not depend on order, workers or sharding: the union of N shards is
@@ -31,13 +31,14 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 from tqdm import tqdm
 
 from model.atomic import atomic_directory
-from model.sources import Source, SourceError, open_source
-from model.token_format import (
+from model.data.sources import Source, SourceError, open_source
+from model.data.token_format import (
     FORMAT_VERSION,
     META_NAME,
     SPLITS,
@@ -61,7 +62,8 @@ def available_cores() -> int:
 @dataclass(frozen=True)
 class PrepareConfig:
     source: str
-    """SOURCE: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REV], or files (model.sources)."""
+    """SOURCE: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REV], or files
+    (model.data.sources)."""
     out: Path
     """Output directory; train.bin, val.bin and meta.json appear there only when complete."""
     val_fraction: float = 0.1
@@ -201,7 +203,7 @@ class _SplitWriter:
         self.tokens = 0
 
     def write(self, tokens: np.ndarray, documents: int) -> None:
-        data = memoryview(tokens).cast("B")
+        data = tokens.data.cast("B")  # the array's own buffer, as bytes
         self.file.write(data)
         self.sha256.update(data)
         self.documents += documents
@@ -217,7 +219,7 @@ class _SplitWriter:
 class _LineStream:
     """A progress bar redrawn with carriage returns, as one line per update (for logs and `fab`)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO):
         self.stream = stream
 
     def write(self, text: str) -> None:

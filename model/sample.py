@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import CheckpointError, load_model
+from model.checkpointing.checkpoint import CheckpointError, load_model
+from model.checkpointing.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
 from model.conventions import SAMPLE_MAX_NEW_TOKENS, SAMPLE_SEED, SAMPLE_TEMPERATURE, SAMPLE_TOP_K
-from model.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
-from model.model import GPT
+from model.gpt.model import GPT
 from model.tokenizer import EOT_TOKEN, TokenizerUnavailable, gpt2_encoding
 
 

@@ -101,8 +101,11 @@ def _extract_from_whisper_sdist(workdir: Path) -> Path:
         member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
         if member is None:
             raise TokenizerUnavailable(f"{sdists[0].name} holds no whisper/assets/gpt2.tiktoken")
+        extracted = tar.extractfile(member)
+        if extracted is None:  # a link or a directory under the vocabulary's name
+            raise TokenizerUnavailable(f"{sdists[0].name}: {member.name} is not a regular file")
         out = workdir / "gpt2.tiktoken"
-        out.write_bytes(tar.extractfile(member).read())
+        out.write_bytes(extracted.read())
     return out
 
 

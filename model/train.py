@@ -3,7 +3,7 @@
     python -m model.train [--config FILE.yaml] [key=value ...]
 
 Launch one process per rank with torchrun, mpirun or `mpirun ... accelerate launch` (see
-model.distributed); with no launcher it trains as a single process. Rank 0 alone reads the
+model.parallel.distributed); with no launcher it trains as a single process. Rank 0 alone reads the
 pretrained weights or the snapshot it resumes from and hands the state to the others over the
 process group, so only the head node needs the run directory. See README.md, "Training".
 """
@@ -23,12 +23,9 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from model import comm_hooks, distributed, health_probe, step_timing, zero
-from model.bucket_warmup import warm_up_buckets
-from model.budget import BudgetWatch, budget_watch
-from model.checkpoint import CheckpointError
-from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
-from model.config import ConfigError, TrainConfig, load_config
+from model.checkpointing.checkpoint import CheckpointError
+from model.checkpointing.snapshot_writer import SnapshotWriter, capture
+from model.checkpointing.start import read_start_state, restore_rng
 from model.conventions import (
     CKPT_NAME,
     EXIT_BUDGET,
@@ -37,16 +34,20 @@ from model.conventions import (
     EXIT_STOPPED,
     SNAPSHOT_NAME,
 )
-from model.data import DataError, TokenBatches
-from model.health import TrainingDiverged
-from model.metrics import MetricsLog
-from model.mfu import measure_matmul_peak, model_flops_utilization
-from model.model import GPT, GPTConfig
-from model.optim import clip_gradients, learning_rate_at
-from model.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
-from model.snapshot_writer import SnapshotWriter, capture
-from model.start import read_start_state, restore_rng
-from model.stop_signal import StopRequested, StopSignal, snapshot_and_stop
+from model.data.batches import DataError, TokenBatches
+from model.gpt.model import GPT, GPTConfig
+from model.gpt.optim import clip_gradients, learning_rate_at
+from model.gpt.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
+from model.monitoring import health_probe, step_timing
+from model.monitoring.budget import BudgetWatch, budget_watch
+from model.monitoring.health import TrainingDiverged
+from model.monitoring.metrics import MetricsLog
+from model.monitoring.mfu import measure_matmul_peak, model_flops_utilization
+from model.monitoring.stop_signal import StopRequested, StopSignal
+from model.parallel import comm_hooks, distributed, zero
+from model.parallel.bucket_warmup import warm_up_buckets
+from model.parallel.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, is_peer_failure
+from model.settings.config import ConfigError, TrainConfig, load_config
 
 log = logging.getLogger("model.train")
 
@@ -58,13 +59,13 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedS
 
 
 class Trainer:
-    """One rank's part of the run: built from where the run starts (model.start), run() trains to
+    """One rank's part of the run: built from where the run starts (model.checkpointing.start), run() trains to
     max_iters, evaluating and writing snapshot.pt / ckpt.pt every eval_interval steps."""
 
     stop_signal: StopSignal | None = None
     """Set by main(): checked after every optimizer step, so a stop snapshots a completed step."""
     budget: BudgetWatch | None = None
-    """Rank 0's budget rule when the run has one (model.budget): it asks stop_signal for the stop."""
+    """Rank 0's budget rule when the run has one (model.monitoring.budget): it asks stop_signal for the stop."""
 
     def __init__(self, cfg: TrainConfig, env: distributed.RankEnv):
         self.cfg, self.env = cfg, env
@@ -82,7 +83,7 @@ class Trainer:
         self.start_iter = start.iter_num if start.resumed_from else None
 
         self.optimizer = zero.build_optimizer(self.raw_model, cfg, env.world_size)
-        optimizer_state = payload.pop("optimizer", None) if payload else None
+        optimizer_state: Any = payload.pop("optimizer", None) if payload else None  # rank 0's, resuming
         if start.resumed_from:
             if env.world_size > 1:
                 optimizer_state = broadcast_tensors(optimizer_state)
@@ -90,7 +91,7 @@ class Trainer:
         restore_rng(start, cfg, env)
 
         self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
-        # Per-block statistics, the step guard and its test seam (model.health_probe).
+        # Per-block statistics, the step guard and its test seam (model.monitoring.health_probe).
         self.probe, self.guard = health_probe.install(self, cfg.health)
         self.model = maybe_compile(self.raw_model, cfg.compile)
         # Measured once: MFU's denominator, and the compute estimate grad_compression auto weighs.
@@ -146,16 +147,17 @@ class Trainer:
 
     def train_step(self) -> float:
         """One optimizer step: accumulate gradients over the micro-batches, syncing on the last; the
-        step guard may leave it unapplied (model.health_probe). Returns the step's loss (with the
+        step guard may leave it unapplied (model.monitoring.health_probe). Returns the step's loss (with the
         guard, already the mean over ranks)."""
         lr = learning_rate_at(self.iter_num, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         steps = self.cfg.gradient_accumulation_steps
         model = self.ddp or self.model
-        measuring = self.probe is not None and self.iter_num % self.cfg.health.interval == 0
-        if measuring:
-            self.probe.start()
+        guard = self.guard
+        probe = self.probe if self.probe is not None and self.iter_num % self.cfg.health.interval == 0 else None
+        if probe is not None:  # a measuring step
+            probe.start()
         total = 0.0
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
@@ -167,24 +169,24 @@ class Trainer:
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
                 (loss / steps).backward()
             total += loss.item()
-        if measuring:
-            self.probe.after_backward()  # gradient norms before clipping
+        if probe is not None:
+            probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
         norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer) if clip else None
         loss, problem = total / steps, None
-        if self.guard is not None:
-            loss, problem = self.guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
+        if guard is not None:
+            loss, problem = guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
         if problem is None:
-            if measuring:
-                self.probe.before_update()
+            if probe is not None:
+                probe.before_update()
             self.optimizer.step()
-            if self.guard is not None:
-                self.guard.applied(loss)
+            if guard is not None:
+                guard.applied(loss)
         self.optimizer.zero_grad(set_to_none=True)
-        if measuring:
-            health_probe.record_health(self)
-        if problem is not None:  # nothing was applied: record it, and roll back if it is time
-            health_probe.skip_step(self, *problem)
+        if probe is not None:
+            health_probe.record_health(self, probe)
+        if guard is not None and problem is not None:  # nothing was applied: record it, roll back if due
+            health_probe.skip_step(self, guard, *problem)
         return loss
 
     # -- outputs (rank 0) --
@@ -196,7 +198,7 @@ class Trainer:
             config=self.cfg.to_dict(),
             iter_num=self.iter_num,
             best_val_loss=self.best_val_loss,
-            # What a resume on another world size checks (model.start.resume_accumulation).
+            # What a resume on another world size checks (model.checkpointing.start.resume_accumulation).
             world_size=self.env.world_size,
             global_batch=self.cfg.batch_size * self.cfg.gradient_accumulation_steps * self.env.world_size,
             **extra,
@@ -221,7 +223,7 @@ class Trainer:
         """Snapshot (weights, optimizer, every rank's RNG) the last completed optimizer step, and
         with also_checkpoint write ckpt.pt (weights only) of it too. A collective: every rank calls
         it at the same step. Rank 0 copies the state in memory and writes snapshot.pt then ckpt.pt
-        in the background (model.snapshot_writer), waiting first for any previous write."""
+        in the background (model.checkpointing.snapshot_writer), waiting first for any previous write."""
         rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)
         if self.is_rank0:
             self.snapshot_writer.wait()  # never two copies of the state in memory at once
@@ -266,12 +268,26 @@ class Trainer:
             if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
                 self.budget.check(self.iter_num, step.step_s, self.stop_signal)
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
-                snapshot_and_stop(self, self.stop_signal)
+                self.snapshot_and_stop(self.stop_signal)
+
+    def snapshot_and_stop(self, stop: StopSignal) -> None:
+        """Every rank, after the same completed step: the snapshot collective, then StopRequested
+        (model.monitoring.stop_signal)."""
+        self.save_snapshot()
+        self.wait_for_snapshot()
+        reason = stop.reason()
+        if self.is_rank0:
+            log.info("stop: saved snapshot at iteration %d (%s)", self.iter_num, reason)
+            if stop.budget_stop and self.budget is not None:
+                self.budget.stopped(self.iter_num, self.metrics)
+            else:  # the launcher says where the run stopped and counts its steps from this record
+                self.metrics.stop(self.iter_num, "signal", cause=reason)
+        raise StopRequested(self.iter_num, reason)
 
     def realign(self) -> None:
         """Start the next step on every rank together. Rank 0 copies a snapshot after the others left
         its collective: without this barrier they would wait for it inside their next step, and rank
-        0's next step, never waiting, would log about half the steady time (model.step_timing)."""
+        0's next step, never waiting, would log about half the steady time (model.monitoring.step_timing)."""
         waited = step_timing.realign(self.env.world_size)
         if self.is_rank0 and self.env.world_size > 1:  # the last to arrive: the barrier's own cost
             log.info("iter %d: ranks realigned after the eval in %.1f ms", self.iter_num, waited * 1e3)
@@ -351,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, dotted for nesting")
     args = parser.parse_args(argv)
     # `fab stop`, schedulers and clouds about to preempt send SIGTERM: finish the step, snapshot it
-    # on every rank, exit (model.stop_signal). A second signal or the grace running out: at once.
+    # on every rank, exit (model.monitoring.stop_signal). A second signal or the grace running out: at once.
     stop = StopSignal(grace_s=TrainConfig.stop_grace_s)  # the config's, once it is read
     stop.install()
     try:

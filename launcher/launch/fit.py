@@ -1,6 +1,6 @@
 """Refuse a run that cannot fit its machines, before any rank starts.
 
-Every machine must hold its ranks: the sum of their memory (model.memory_estimate: model shape,
+Every machine must hold its ranks: the sum of their memory (model.gpt.memory_estimate: model shape,
 micro-batch, dtype, optimizer, ZeRO, activations, gradients, compile, rank 0's snapshot copy)
 within the memory the probe found available there (MemAvailable, or less under a cgroup limit), and
 at most MAX_RANKS_PER_CORE ranks per physical core. The local cluster's ranks all share this
@@ -18,8 +18,8 @@ from pathlib import Path
 from launcher.console import TaskError
 from launcher.inventory import Cluster, Node, group_by_host
 from launcher.probe import NodeReport
-from model.config import TrainConfig
-from model.memory_estimate import GB, estimate_rank_memory
+from model.gpt.memory_estimate import GB, estimate_rank_memory
+from model.settings.config import TrainConfig
 
 GIB = 1024**3
 MAX_RANKS_PER_CORE = 2

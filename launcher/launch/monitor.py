@@ -80,7 +80,7 @@ class Progress:
     tokens_per_s: float | None = None
     val_loss: float | None = None
     stopped_at_budget: bool = False
-    """The ranks ended together at the run's budget (EXIT_BUDGET, model.budget): not a failure."""
+    """The ranks ended together at the run's budget (EXIT_BUDGET, model.monitoring.budget): not a failure."""
     stopped_at: int | None = None
     """The iteration of the snapshot the trainer wrote when it was stopped (its "stop" record)."""
     ended_at: float | None = None

@@ -86,5 +86,5 @@ def print_dry_run(plan: LaunchPlan, site: Site, config_text: str) -> None:
     for unit in plan.units():
         say(f"----- {unit.node.name}: start {unit.name} (detached, in {site.shown_root}/runs/{plan.run})")
         out_line(start_command(site.shown_root, plan.run, [unit.name], ssh_files=False).splitlines()[-3])
-    say("----- the trainer's resolved config (model.config)")
+    say("----- the trainer's resolved config (model.settings.config)")
     out_line(resolved_config_text(plan.config_file, trainer_args(plan)).rstrip("\n"))

@@ -1,6 +1,6 @@
 """`fab status`: every node (down ones included), its readiness and the run's units, as a table;
-then the idle stop, the last logged step, training health (model.health), the slowest node, and the run's chart, time, cost and
-budget from the operator's record (launcher.runs).
+then the idle stop, the last logged step, training health (model.monitoring.health), the slowest node,
+and the run's chart, time, cost and budget from the operator's record (launcher.runs).
 
 The idle-stop line: node/autostop.sh keeps ~/nanocluster/autostop.deadline (epoch seconds, then the
 ISO time) while the idle stop is on; a live run unit or an SSH session (fab status's own included)
@@ -23,8 +23,8 @@ from launcher.runs.record import RunRecord, read_cluster_runs
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import Shell
-from model.health import status_line as health_line
-from model.metrics import parse_jsonl
+from model.monitoring.health import status_line as health_line
+from model.monitoring.metrics import parse_jsonl
 
 METRICS_LINES = 50
 DEADLINE_FILE = "autostop.deadline"

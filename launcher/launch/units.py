@@ -24,7 +24,7 @@ from launcher.site import run_dir
 from launcher.transport.cluster_ssh import install_ssh_command
 
 EXIT_MARKER = "@@nanocluster-exit"
-# Longer than the trainer's stop_grace_s (25 s, model.config) plus its hard exit (5 s): a stopped
+# Longer than the trainer's stop_grace_s (25 s, model.settings.config) plus its hard exit (5 s): a stopped
 # trainer finishes its step and writes the snapshot before anything is killed.
 STOP_GRACE_S = 35
 

@@ -16,7 +16,7 @@ from launcher.recover.wait import DEFAULT_RECOVER_TIMEOUT_S
 
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
 """The trainer override for a resume on fewer nodes: gradient accumulation rises so the sequences
-(and tokens) per optimizer step stay those of the snapshot (model/start.py, resume_accumulation)."""
+(and tokens) per optimizer step stay those of the snapshot (model/checkpointing/start.py, resume_accumulation)."""
 
 
 @dataclass(frozen=True)

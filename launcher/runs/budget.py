@@ -1,5 +1,5 @@
 """`fab train --budget USD`: the launcher's side of a run that cannot overspend (the trainer's is
-model/budget.py).
+model/monitoring/budget.py).
 
 - Spend is the cluster's hourly_cost_usd (every node of the contract bills while the run goes on)
   x the time since the launch, plus what the run's earlier attempts spent: every `fab train` of
@@ -34,11 +34,11 @@ import yaml
 from launcher.console import TaskError
 from launcher.inventory import Cluster, price_text
 from launcher.runs.record import Attempt, RunRecord
-from model.config_values import ConfigError, flatten, parse_overrides
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
-from model.intel_layout import translate_intel_layout
-from model.metrics import one_series
-from model.spend import seconds_for, spend_usd
+from model.monitoring.metrics import one_series
+from model.monitoring.spend import seconds_for, spend_usd
+from model.settings.config_values import ConfigError, flatten, parse_overrides
+from model.settings.intel_layout import translate_intel_layout
 
 BUDGET_EXIT = EXIT_BUDGET
 """fab train's exit status when the run stopped at its budget: the trainer's own (model.conventions)."""

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from launcher.inventory import Cluster, Node, cluster_dir
-from model.metrics import read_jsonl
-from model.spend import spend_usd
+from model.monitoring.metrics import read_jsonl
+from model.monitoring.spend import spend_usd
 
 CLUSTER_RECORD_NAME = "cluster.jsonl"
 BOOT_BILLED_CLOUDS = ("gcp", "aws", "azure")

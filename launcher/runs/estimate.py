@@ -22,7 +22,7 @@ from launcher.inventory import price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, interrupted_text
-from model.spend import spend_usd
+from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10
 NO_PRICE = "no price in the contract"

@@ -5,7 +5,7 @@
 `fab train` streams rank 0's metrics.jsonl as it grows (launcher.launch.monitor) and appends every
 line here, so plots, `fab status` and cost figures work after the cluster is gone. The copy is
 append-only across restarts: each (re)start of the trainer begins with a "start" record, and readers
-make one series of it with model.metrics.one_series, which applies what the trainer did to its own
+make one series of it with model.monitoring.metrics.one_series, which applies what the trainer did to its own
 file (a resume drops what followed the snapshot; of two records of one iteration the later wins).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.metrics import METRICS_NAME, one_series, read_jsonl
+from model.monitoring.metrics import METRICS_NAME, one_series, read_jsonl
 
 PLOT_NAME = "plot.png"
 """The run's plot in its record directory (launcher.runs.plot draws it; `fab fetch` copies it)."""

@@ -26,8 +26,8 @@ from typing import Any
 
 from launcher.console import HOME_FIX, writable_dir
 from launcher.inventory import Cluster, cluster_dir, group_by_host
-from model.metrics import METRICS_NAME, parse_jsonl, read_jsonl
-from model.spend import spend_usd
+from model.monitoring.metrics import METRICS_NAME, parse_jsonl, read_jsonl
+from model.monitoring.spend import spend_usd
 
 EVENTS_NAME = "events.jsonl"
 

@@ -1,7 +1,7 @@
 """Which rank is slow: the slowest node in `fab status`, and a rank that stays slow named while the run goes on.
 
 At every logged step rank 0's metrics.jsonl carries each rank's compute time and its time waiting
-for the gradient all-reduce (model.step_timing). Every rank waits for the slowest at every step, so
+for the gradient all-reduce (model.monitoring.step_timing). Every rank waits for the slowest at every step, so
 step times are equal everywhere and only compute tells the ranks apart: the slow rank computes
 longer, the others wait for it. The launcher reads those records from the stream it already follows
 (launcher.launch.monitor) or from the tail `fab status` reads; nothing more runs on the nodes.

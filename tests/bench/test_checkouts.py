@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from bench.checkouts import checkout_label, checkout_problem, rotated
@@ -26,3 +27,24 @@ def test_each_round_starts_with_the_next_program():
     assert [rotated(["a", "b", "c"], r) for r in range(4)] == [
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
     assert [rotated(["now", "before"], r) for r in range(2)] == [["now", "before"], ["before", "now"]]
+
+
+def test_a_trainer_module_is_found_in_either_layout(tmp_path):
+    """--against may name a checkout from before model/'s subpackages, whose modules sit in model/."""
+    flat = tmp_path / "flat" / "model"
+    flat.mkdir(parents=True)
+    (flat / "__init__.py").write_text("")
+    (flat / "optim.py").write_text("LAYOUT = 'flat'\n")
+    (flat / "data.py").write_text("LAYOUT = 'flat'\n")
+    code = ("from checkouts import model_module; "
+            "print(model_module('model.gpt.optim').LAYOUT, model_module('model.data.batches', 'model.data').LAYOUT, "
+            "model_module('model.gpt.optim').__name__)")
+    def run(root: Path, code: str = code) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env={"PYTHONPATH": f"{root}:{REPO / 'bench'}", "PATH": "/usr/bin:/bin"})
+
+    assert run(tmp_path / "flat").stdout.split() == ["flat", "flat", "model.optim"]
+    nested = run(REPO)  # this checkout: the subpackages' modules themselves
+    assert nested.returncode != 0 and "has no attribute 'LAYOUT'" in nested.stderr
+    missing = run(REPO, "from checkouts import model_module; model_module('model.gpt.nothing')")
+    assert "No module named 'model.nothing'" in missing.stderr  # neither layout has it

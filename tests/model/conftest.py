@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from model.model import GPT, GPTConfig
-from model.token_format import write_split
+from model.data.token_format import write_split
+from model.gpt.model import GPT, GPTConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512, dropout=0.0)
 
@@ -91,8 +91,9 @@ TINY_RUN = [
 # <out_dir>/rank<R>.pt so a test can compare every rank (the trainer itself saves rank 0's only).
 RANK_PARAMS_DRIVER = """
 import sys, torch
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 env = distributed.detect_rank_env()
 train.setup_logging(env.rank)
 cfg = load_config(None, sys.argv[1:])

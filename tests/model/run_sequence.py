@@ -18,8 +18,9 @@ from tests.model.conftest import free_port, launch_ranks
 # a header line before each and saving its final parameters to <out_dir>/rank<R>.pt.
 RUNS_DRIVER = """
 import json, os, sys, torch
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 for port, args in zip(sys.argv[1].split(","), json.loads(sys.argv[2])):
     os.environ["MASTER_PORT"] = port
     env = distributed.detect_rank_env()

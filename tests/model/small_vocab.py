@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from model.export import export_model
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
 from tests.model.conftest import TINY, TINY_RUN
 
 # TINY_RUN's batch, evaluation and precision settings; the shape comes from the checkpoint.

@@ -1,5 +1,5 @@
 """bf16 training follows fp32 training: the trainer's loss sequence in bf16 autocast (with the fused
-output projection + cross-entropy, model.fused_loss) stays within BF16_LOSS_TOLERANCE of fp32's."""
+output projection + cross-entropy, model.gpt.fused_loss) stays within BF16_LOSS_TOLERANCE of fp32's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trainer's budget rule (model.budget): spend is price x time since the clock start plus what was
+"""The trainer's budget rule (model.monitoring.budget): spend is price x time since the clock start plus what was
 spent before; after every step the run stops when the next snapshot point would cross the budget.
 (The stop itself, on every rank with a snapshot and exit 3: tests/launcher/runs/test_budget_run.py.)"""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.budget import BudgetWatch, budget_watch, evals_before, next_snapshot_iter
-from model.config import ConfigError, TrainConfig, load_config
-from model.stop_signal import STOP_BUDGET, STOP_SIGNALLED, StopSignal
+from model.monitoring.budget import BudgetWatch, budget_watch, evals_before, next_snapshot_iter
+from model.monitoring.stop_signal import STOP_BUDGET, STOP_SIGNALLED, StopSignal
+from model.settings.config import ConfigError, TrainConfig, load_config
 
 PER_SECOND = 3600.0  # $/h: one dollar a second keeps the figures readable
 

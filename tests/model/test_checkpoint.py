@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from model.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from model.checkpointing.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from tests.model.conftest import checkpoint_payload
 
 

@@ -1,4 +1,4 @@
-"""model.collectives: values moved between ranks, and which errors count as a failed peer."""
+"""model.parallel.collectives: values moved between ranks, and which errors count as a failed peer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 import pytest
 import torch.distributed as dist
 
-from model.collectives import all_ranks_mean, gather_on_rank0, is_peer_failure, on_rank0
+from model.parallel.collectives import all_ranks_mean, gather_on_rank0, is_peer_failure, on_rank0
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 
 
@@ -35,9 +35,9 @@ def test_peer_failures_are_told_from_bugs(error, peer):
 # Each rank prints what the helpers gave it, one Python literal per line.
 DRIVER = """
 import torch
-from model import distributed
-from model.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, on_rank0
-from model.config import ConfigError
+from model.parallel import distributed
+from model.parallel.collectives import all_ranks_mean, broadcast_tensors, gather_on_rank0, on_rank0
+from model.settings.config import ConfigError
 
 env = distributed.detect_rank_env()
 distributed.init_process_group(env, "gloo", 60)

@@ -1,4 +1,4 @@
-"""Gradient compression (model.comm_hooks): every option trains on 2 ranks, keeps the ranks
+"""Gradient compression (model.parallel.comm_hooks): every option trains on 2 ranks, keeps the ranks
 identical, and ends within a stated tolerance of the uncompressed run; auto's choice and the
 config's constraints."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from model.comm_hooks import BF16_MAX_RATIO, MIN_TRANSFER_S, NONE_MAX_RATIO, choose_compression
-from model.config import ConfigError, load_config
+from model.parallel.comm_hooks import BF16_MAX_RATIO, MIN_TRANSFER_S, NONE_MAX_RATIO, choose_compression
+from model.settings.config import ConfigError, load_config
 from tests.model.conftest import TINY_RUN, free_port, launch_ranks, rank_log, wait_all
 
 OPTIONS = ("none", "bf16", "fp16", "powersgd")
@@ -28,8 +28,9 @@ STEPS = 8
 # fresh port per option, and saves its final parameters per option for the test to compare.
 OPTIONS_DRIVER = """
 import os, sys, torch
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 ports, options, args = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3:]
 for port, option in zip(ports, options):
     os.environ["MASTER_PORT"] = port

@@ -4,8 +4,8 @@ import textwrap
 
 import pytest
 
-from model.config import ConfigError, TrainConfig, load_config
-from model.model import GPTConfig
+from model.gpt.model import GPTConfig
+from model.settings.config import ConfigError, TrainConfig, load_config
 
 
 def write(tmp_path, text: str):
@@ -124,7 +124,7 @@ def test_every_field_has_a_docstring():
     import ast
     import inspect
 
-    import model.config as module
+    import model.settings.config as module
 
     tree = ast.parse(inspect.getsource(module))
     for cls in (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.data import DataError, TokenBatches
+from model.data.batches import DataError, TokenBatches
 from tests.model.conftest import write_tokens
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model.distributed import (
+from model.parallel.distributed import (
     DistributedSetupError,
     RankEnv,
     check_world_size,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import save_checkpoint
+from model.checkpointing.checkpoint import save_checkpoint
+from model.checkpointing.hf import HFCheckpointError, load_pretrained
 from model.export import ExportError, export_model
-from model.hf import HFCheckpointError, load_pretrained
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
 from tests.model.conftest import checkpoint_payload, run_program
 
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""The fused output projection + cross-entropy (model.fused_loss) against the plain path."""
+"""The fused output projection + cross-entropy (model.gpt.fused_loss) against the plain path."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.fused_loss import ROWS_PER_BLOCK, linear_cross_entropy
-from model.model import GPT, GPTConfig
+from model.gpt.fused_loss import ROWS_PER_BLOCK, linear_cross_entropy
+from model.gpt.model import GPT, GPTConfig
 
 VOCAB, WIDTH = 300, 16
 ROWS = 2 * ROWS_PER_BLOCK + 5  # several row blocks and a partial one

@@ -1,4 +1,4 @@
-"""Per-layer training health (model.health): an exploding block is named, a NaN or spiking step never
+"""Per-layer training health (model.monitoring.health): an exploding block is named, a NaN or spiking step never
 reaches the weights (on one rank or two), a run that keeps failing rolls back, and the config says
 what it allows. The faults come from the health.test_fault seam, through the normal entry point."""
 
@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from model import train
-from model.config import ConfigError, load_config
-from model.health import parse_fault, status_line
-from model.metrics import METRICS_NAME, read_jsonl
-from model.tensorboard_log import scalars_of
+from model.monitoring.health import status_line
+from model.monitoring.metrics import METRICS_NAME, read_jsonl
+from model.monitoring.tensorboard_log import scalars_of
+from model.settings.config import ConfigError, load_config
+from model.settings.health_config import parse_fault
 from tests.model.conftest import REPO, launch_ranks, rank_log, wait_all
 from tests.model.small_vocab import small_vocab_run
 
@@ -109,8 +110,9 @@ def test_a_nan_step_is_skipped_leaving_weights_and_optimizer_state_untouched(tmp
 # Trains like `python -m model.train`, saving this rank's parameters around the faulty step 2 and at the end.
 AROUND_STEP_DRIVER = """
 import sys, torch
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 original = train.Trainer.train_step
 def recorded(trainer):
     if trainer.iter_num == 2:
@@ -255,5 +257,6 @@ def test_status_line_counts_the_events_and_names_the_block():
 
 
 def test_the_launchers_side_imports_no_torch():
-    code = "import sys, model.health, model.metrics; assert 'torch' not in sys.modules, 'torch imported'"
+    code = ("import sys, model.monitoring.health, model.monitoring.metrics; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

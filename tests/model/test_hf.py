@@ -1,4 +1,4 @@
-"""Loading Hugging Face GPT-2 checkpoints (model.hf) against transformers' own implementation."""
+"""Loading Hugging Face GPT-2 checkpoints (model.checkpointing.hf) against transformers' own implementation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from model import hf
-from model.hf import HFCheckpointError, load_pretrained
+from model.checkpointing import hf
+from model.checkpointing.hf import HFCheckpointError, load_pretrained
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,11 +1,11 @@
-"""model.intel_layout: the Intel guides' gpt2_train_cfg.yaml sections onto our keys."""
+"""model.settings.intel_layout: the Intel guides' gpt2_train_cfg.yaml sections onto our keys."""
 
 from __future__ import annotations
 
 import pytest
 
-from model.config import ConfigError, load_config
-from model.intel_layout import translate_intel_layout
+from model.settings.config import ConfigError, load_config
+from model.settings.intel_layout import translate_intel_layout
 
 
 def test_our_own_layout_passes_through_untouched():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.config import load_config
-from model.memory_estimate import estimate_rank_memory, parameter_count
-from model.model import GPT, PRESETS, GPTConfig
+from model.gpt.memory_estimate import estimate_rank_memory, parameter_count
+from model.gpt.model import GPT, PRESETS, GPTConfig
+from model.settings.config import load_config
 
 
 @pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=4, n_embd=128), dict(n_layer=1, n_head=2, n_embd=32)])

@@ -1,10 +1,10 @@
-"""model.metrics: the records of metrics.jsonl, and rewinding them for a resumed run."""
+"""model.monitoring.metrics: the records of metrics.jsonl, and rewinding them for a resumed run."""
 
 from __future__ import annotations
 
 import json
 
-from model.metrics import METRICS_NAME, MetricsLog, one_series, read_jsonl
+from model.monitoring.metrics import METRICS_NAME, MetricsLog, one_series, read_jsonl
 
 
 def records(out_dir) -> list[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""model.mfu: the measured matmul peak MFU is reported against."""
+"""model.monitoring.mfu: the measured matmul peak MFU is reported against."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from model.mfu import measure_matmul_peak, model_flops_utilization
+from model.monitoring.mfu import measure_matmul_peak, model_flops_utilization
 
 
 def test_matmul_peak_is_a_plausible_rate():

@@ -1,4 +1,4 @@
-"""The GPT-2 model itself (model.model): shapes, presets, cropping, loss and generation."""
+"""The GPT-2 model itself (model.gpt.model): shapes, presets, cropping, loss and generation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.model import GPT, PRESETS, GPTConfig, gelu
+from model.gpt.model import GPT, PRESETS, GPTConfig, gelu
 
 
 def tiny(**overrides) -> GPT:
@@ -48,7 +48,7 @@ def test_logits_and_loss_shapes() -> None:
     idx = torch.randint(0, 50, (3, 16))
     logits, loss = model(idx)
     assert logits.shape == (3, 16, 50) and loss is None
-    # With targets only the loss: the logits are never materialised (model.fused_loss).
+    # With targets only the loss: the logits are never materialised (model.gpt.fused_loss).
     logits, loss = model(idx, idx)
     assert logits is None
     assert loss.shape == () and loss.item() == pytest.approx(torch.log(torch.tensor(50.0)).item(), rel=0.1)

@@ -1,4 +1,4 @@
-"""model.optim: the learning-rate schedule and the optimizer's parameter groups."""
+"""model.gpt.optim: the learning-rate schedule and the optimizer's parameter groups."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from model import optim
-from model.config import load_config
-from model.model import GPT, GPTConfig
-from model.optim import build_optimizer, learning_rate_at
+from model.gpt import optim
+from model.gpt.model import GPT, GPTConfig
+from model.gpt.optim import build_optimizer, learning_rate_at
+from model.settings.config import load_config
 
 
 def test_learning_rate_warms_up_then_decays_to_min_lr():

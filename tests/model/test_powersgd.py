@@ -1,4 +1,4 @@
-"""model.powersgd on 2 gloo ranks, driven with DDP's bucket interface: what crosses is the ranks'
+"""model.parallel.powersgd on 2 gloo ranks, driven with DDP's bucket interface: what crosses is the ranks'
 mean where it must be exact, a rank-r approximation of it elsewhere, the same on every rank, and
 error feedback drops nothing for good."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from model.powersgd import compressible
+from model.parallel.powersgd import compressible
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration
@@ -20,8 +20,8 @@ SHAPES = [(48, 40), (40,), (6, 5), (12, 4, 5)]  # a matrix, a bias, one too smal
 # what it fed, what came back and its error buffer after the step, as JSON.
 DRIVER = f"""
 import json, torch
-from model import distributed
-from model.powersgd import PowerSGDState, powersgd_hook
+from model.parallel import distributed
+from model.parallel.powersgd import PowerSGDState, powersgd_hook
 
 class Bucket:  # DDP's GradBucket, as the hook uses it: one flat buffer, the gradients are views of it
     def __init__(self, shapes):

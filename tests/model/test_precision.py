@@ -1,4 +1,4 @@
-"""Precision and CPU-acceleration choices (model.precision)."""
+"""Precision and CPU-acceleration choices (model.gpt.precision)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import sys
 import pytest
 import torch
 
-from model import precision
-from model.precision import autocast, cpu_bf16_capable, ipex_skip_reason, maybe_ipex_optimize, resolve_dtype
+from model.gpt import precision
+from model.gpt.precision import (
+    autocast,
+    cpu_bf16_capable,
+    ipex_skip_reason,
+    maybe_ipex_optimize,
+    resolve_dtype,
+)
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 COOPER_LAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
@@ -45,7 +51,7 @@ def test_resolve_dtype(mixed_precision: str, cpuinfo: str, dtype: torch.dtype) -
 def test_explicit_bf16_without_native_support_is_honoured_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="model.precision"):
+    with caplog.at_level(logging.WARNING, logger="model.gpt.precision"):
         assert resolve_dtype("bf16", SKYLAKE) == torch.bfloat16
     assert "bf16 is emulated and slower than fp32" in caplog.text
 
@@ -88,7 +94,7 @@ def test_mismatched_ipex_is_skipped_without_importing_it(
     imported = []
     monkeypatch.setattr(precision, "_import_ipex", lambda: imported.append("ipex"))
     model, optimizer = torch.nn.Linear(2, 2), None
-    with caplog.at_level(logging.WARNING, logger="model.precision"):
+    with caplog.at_level(logging.WARNING, logger="model.gpt.precision"):
         assert maybe_ipex_optimize(model, optimizer, torch.bfloat16) == (model, optimizer, False)
     assert imported == []
     assert "IPEX skipped: intel-extension-for-pytorch 1.13.0 is built for a different torch" in caplog.text
@@ -122,8 +128,8 @@ def test_compile_only_when_enabled() -> None:
 # Training steps of a model whose logits (2 x 256 x 50257 fp32 = 103 MB) exceed glibc's mmap threshold.
 PAGE_FAULTS_PER_STEP = """
 import resource, sys, torch
-from model.model import GPT, GPTConfig
-from model.precision import keep_freed_memory
+from model.gpt.model import GPT, GPTConfig
+from model.gpt.precision import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 torch.manual_seed(0)

@@ -247,7 +247,7 @@ def test_one_large_txt_cut_by_text_chars_has_a_val_split_at_paragraph_breaks(tmp
 
 
 def test_split_text_joins_whole_paragraphs_up_to_the_size():
-    from model.source_files import split_text
+    from model.data.source_files import split_text
 
     text = "\n\n".join(f"paragraph {i} " + "x" * 40 for i in range(10))
     pieces = list(split_text(text, 100))

@@ -1,5 +1,5 @@
 """A 3-rank run whose rank is SIGKILLed after a snapshot, resumed by new processes, ends with the
-same weights, bit for bit, as the run nothing interrupted (model.bucket_warmup)."""
+same weights, bit for bit, as the run nothing interrupted (model.parallel.bucket_warmup)."""
 
 from __future__ import annotations
 

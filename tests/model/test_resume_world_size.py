@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from model.config import ConfigError, load_config
+from model.checkpointing.start import resume_accumulation
 from model.conventions import LAUNCHER_ENV
-from model.start import resume_accumulation
+from model.settings.config import ConfigError, load_config
 
 # A snapshot of 4 ranks x batch_size 4 x gradient_accumulation_steps 2 = 32 sequences per step.
 SNAPSHOT = {

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import save_checkpoint
+from model.checkpointing.checkpoint import save_checkpoint
 from model.export import export_model
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
 from model.sample import main
 from model.tokenizer import VOCAB_SIZE
 from tests.model.conftest import checkpoint_payload, run_program
@@ -49,7 +49,7 @@ def test_same_seed_same_text_other_seed_other_text(ckpt: Path, capsys: pytest.Ca
 def test_exported_directory_samples_the_same_text(
     ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from model.checkpoint import load_model
+    from model.checkpointing.checkpoint import load_model
 
     export_model(load_model(ckpt), tmp_path / "hf")
     args = ["--prompt", "Hello", "--max-new-tokens", "10", "--seed", "3"]

@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
-from model import snapshot_writer
-from model.checkpoint import load_checkpoint, save_checkpoint
-from model.snapshot_writer import SnapshotWriter, capture
+from model.checkpointing import snapshot_writer
+from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpointing.snapshot_writer import SnapshotWriter, capture
 from tests.model.conftest import PYTHON, REPO, checkpoint_payload, rank_env
 
 
@@ -65,10 +65,10 @@ def test_a_new_write_waits_for_the_previous_and_errors_surface(tmp_path, tiny_mo
 # filled the temporary file but before the rename.
 KILLED_WRITER = """
 import os, signal, sys, threading, torch
-from model import checkpoint
-from model.snapshot_writer import SnapshotWriter, capture
+from model.checkpointing import checkpoint
+from model.checkpointing.snapshot_writer import SnapshotWriter, capture
 from tests.model.conftest import checkpoint_payload, TINY
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
 path = sys.argv[1]
 model = GPT(GPTConfig(**TINY))
 checkpoint.save_checkpoint(checkpoint_payload(model, iter_num=1), path)

@@ -1,4 +1,4 @@
-"""model.sources: every kind of SOURCE yields the right documents in a fixed order, or a clear error."""
+"""model.data.sources: every kind of SOURCE yields the right documents in a fixed order, or a clear error."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from model import sources
-from model.sources import HubSource, SourceError, open_source
+from model.data import sources
+from model.data.sources import HubSource, SourceError, open_source
 
 
 def docs(spec: str, **kwargs) -> list[str]:

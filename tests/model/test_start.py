@@ -1,4 +1,4 @@
-"""model.start: where a single-process run starts from (the multi-rank paths run in test_train_ddp)."""
+"""model.checkpointing.start: where a single-process run starts from (the multi-rank paths run in test_train_ddp)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from model.checkpoint import save_checkpoint
-from model.config import ConfigError, load_config
-from model.distributed import RankEnv
-from model.model import GPT
-from model.start import check_resumable, read_start_state, restore_rng, scratch_model_config
+from model.checkpointing.checkpoint import save_checkpoint
+from model.checkpointing.start import check_resumable, read_start_state, restore_rng, scratch_model_config
+from model.gpt.model import GPT
+from model.parallel.distributed import RankEnv
+from model.settings.config import ConfigError, load_config
 from tests.model.conftest import checkpoint_payload
 
 SINGLE = RankEnv(0, 1, 0, "127.0.0.1", 29500, "single-process")

@@ -1,4 +1,4 @@
-"""model.step_timing: each rank's step split into compute and waiting for the gradient reductions."""
+"""model.monitoring.step_timing: each rank's step split into compute and waiting for the gradient reductions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from model.step_timing import StepTime, StepTimer, gather_step_times, realign
+from model.monitoring.step_timing import StepTime, StepTimer, gather_step_times, realign
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 
 
@@ -106,8 +106,9 @@ SNAPSHOT_COPY_S = 1.0
 # collective, as a model larger than the tiny one does copying its state (GPT-2 small: 0.2 s alone).
 SLOW_SNAPSHOT_DRIVER = f"""
 import sys, time
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 save_snapshot = train.Trainer.save_snapshot
 def save_and_copy(self, *args, **kwargs):
     save_snapshot(self, *args, **kwargs)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from model.conventions import EXIT_STOPPED
-from model.metrics import TIMING_FIELDS
-from model.stop_signal import StopSignal
+from model.monitoring.metrics import TIMING_FIELDS
+from model.monitoring.stop_signal import StopSignal
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 from tests.model.run_sequence import launch_run_sequence, training_log
 from tests.model.small_vocab import small_vocab_run

@@ -1,4 +1,4 @@
-"""model.tensorboard_log: TensorBoard's own reader finds the scalars metrics.jsonl holds (a real run's:
+"""model.monitoring.tensorboard_log: TensorBoard's own reader finds the scalars metrics.jsonl holds (a real run's:
 tests/launcher/runs/test_run_record.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from model.metrics import METRICS_NAME, MetricsLog, read_jsonl
-from model.tensorboard_log import TB_DIR, open_tensorboard, scalars_of
+from model.monitoring.metrics import METRICS_NAME, MetricsLog, read_jsonl
+from model.monitoring.tensorboard_log import TB_DIR, open_tensorboard, scalars_of
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

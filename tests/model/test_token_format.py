@@ -1,10 +1,10 @@
-"""model.token_format: the dataset layout model.prepare writes and the trainer reads."""
+"""model.data.token_format: the dataset layout model.prepare writes and the trainer reads."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from model import token_format
+from model.data import token_format
 
 
 def test_meta_round_trips_and_describes_the_token_encoding(tmp_path):

@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
-from model.checkpoint import load_checkpoint, load_model
-from model.model import GPT
-from model.tensorboard_log import TB_DIR
+from model.checkpointing.checkpoint import load_checkpoint, load_model
+from model.gpt.model import GPT
+from model.monitoring.tensorboard_log import TB_DIR
 from model.train import main
 from tests.model.conftest import TINY_RUN
 

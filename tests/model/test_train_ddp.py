@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.config import load_config
-from model.data import TokenBatches
-from model.optim import build_optimizer, learning_rate_at
-from model.start import pretrained_model
+from model.checkpointing.start import pretrained_model
+from model.data.batches import TokenBatches
+from model.gpt.optim import build_optimizer, learning_rate_at
+from model.settings.config import load_config
 from tests.model.conftest import RANK_PARAMS_DRIVER, launch_ranks, rank_log, wait_all
 from tests.model.small_vocab import small_vocab_run
 
@@ -77,8 +77,9 @@ def test_three_gloo_ranks_with_accumulation_match_one_process_on_the_union(tmp_p
 # process's threads that belong to the process group (gloo's workers and transport, the TCPStore).
 THREADS_LEFT_DRIVER = """
 import os, sys
-from model import distributed, train
-from model.config import load_config
+from model import train
+from model.parallel import distributed
+from model.settings.config import load_config
 env = distributed.detect_rank_env()
 train.setup_logging(env.rank)
 trainer = train.train(load_config(None, sys.argv[1:]), env)

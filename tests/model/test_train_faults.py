@@ -8,7 +8,7 @@ import time
 import pytest
 
 from model.conventions import EXIT_PEER_LOST
-from model.tensorboard_log import TB_DIR
+from model.monitoring.tensorboard_log import TB_DIR
 from tests.model.conftest import TINY_RUN, launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """The Intel guides' fine-tuning learning rate raises validation loss; our default lowers it.
 
 Intel's gpt2_train_cfg.yaml fine-tunes pretrained GPT-2 at learning rate 6e-4 (warmed up in two
-steps), the peak of GPT-2's own pretraining schedule. model/config.py claims that this makes the
+steps), the peak of GPT-2's own pretraining schedule. model/settings/config.py claims that this makes the
 fine-tuning validation loss rise, while our default (FINE_TUNE_LR, 6e-5, the floor of that schedule)
 lowers it. Both runs here start from the same pretrained model on the same data: one reads the
 guide's file in its own layout, the other the same file with its learning-rate lines deleted.
@@ -34,12 +34,12 @@ import pytest
 import torch
 import yaml
 
-from model.checkpoint import load_model
-from model.config import FINE_TUNE_LR
+from model.checkpointing.checkpoint import load_model
 from model.conventions import CKPT_NAME
 from model.export import export_model
-from model.metrics import METRICS_NAME
-from model.model import GPT, GPTConfig
+from model.gpt.model import GPT, GPTConfig
+from model.monitoring.metrics import METRICS_NAME
+from model.settings.config import FINE_TUNE_LR
 from model.train import main
 from tests.model.conftest import write_tokens
 

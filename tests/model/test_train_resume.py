@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from model.metrics import TIMING_FIELDS
+from model.monitoring.metrics import TIMING_FIELDS
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 from tests.model.run_sequence import launch_run_sequence
 from tests.model.small_vocab import small_vocab_run

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from model.checkpoint import load_checkpoint
-from model.config import ConfigError, load_config
-from model.metrics import TIMING_FIELDS
+from model.checkpointing.checkpoint import load_checkpoint
+from model.monitoring.metrics import TIMING_FIELDS
+from model.settings.config import ConfigError, load_config
 from tests.model.conftest import RANK_PARAMS_DRIVER, launch_ranks, rank_log, wait_all
 from tests.model.run_sequence import launch_run_sequence, training_log
 from tests.model.small_vocab import small_vocab_run

@@ -16,7 +16,7 @@ RUN_SETTINGS = ("--nodes", "3", "--set", "max_iters=20", "--set", "eval_interval
 """A snapshot every 5 iterations: rank 1 is killed once the first is written, 15 steps before the end.
 On 3 ranks the healed run still ends with the uninterrupted run's weights bit for bit: the resumed
 processes take one discarded step first, so they reduce in the same DDP bucket layout
-(model/bucket_warmup.py)."""
+(model/parallel/bucket_warmup.py)."""
 DIGEST = re.compile(r"\[rank (\d) node\d\] .*final parameters sha256 ([0-9a-f]+)")
 
 

@@ -16,7 +16,7 @@ from launcher.probe import NodeReport
 from launcher.site import REPO_ROOT
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
-from model.config import load_config
+from model.settings.config import load_config
 
 QUICKSTART = REPO_ROOT / "launcher" / "quickstart.yaml"
 

@@ -1,4 +1,4 @@
-"""`fab train` checks the trainer's config (--config, --set) with model.config's own loader before
+"""`fab train` checks the trainer's config (--config, --set) with model.settings.config's own loader before
 it writes a record or contacts a node; the dry run shows the config the ranks will run with."""
 
 import json
@@ -76,7 +76,7 @@ def test_the_command_prints_one_error_line(contract, tmp_path, override, message
 
 def test_the_dry_run_shows_the_resolved_trainer_config(local3, local_home, capsys):
     train(TrainRequest(None, nodes=2, run="r", dry_run=True, overrides=("max_iters=7", "model.n_layer=1")))
-    resolved = capsys.readouterr().out.split("----- the trainer's resolved config (model.config)\n")[1]
+    resolved = capsys.readouterr().out.split("----- the trainer's resolved config (model.settings.config)\n")[1]
     # The quickstart file, the launcher's own keys and the overrides, as the ranks will read them.
     for line in ("init_from: scratch", "max_iters: 7", "  n_layer: 1", "expected_world_size: 2",
                  "collective_timeout_s: 120.0", "out_dir: .", "mixed_precision: auto"):

@@ -120,7 +120,7 @@ def test_ctrl_c_stops_every_rank(local):
 
 def test_fab_stop_waits_longer_than_the_trainer_takes_to_snapshot_on_a_stop_signal():
     from launcher.launch.units import STOP_GRACE_S
-    from model.config import TrainConfig
-    from model.stop_signal import HARD_EXIT_AFTER_S
+    from model.monitoring.stop_signal import HARD_EXIT_AFTER_S
+    from model.settings.config import TrainConfig
 
     assert STOP_GRACE_S > TrainConfig().stop_grace_s + HARD_EXIT_AFTER_S

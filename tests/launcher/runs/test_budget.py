@@ -17,7 +17,7 @@ from launcher.runs import budget
 from launcher.runs.record import EVENTS_NAME, RunRecord, read_cluster_runs
 from launcher.testing.fab import Fab
 from model.conventions import EXIT_BUDGET
-from model.metrics import METRICS_NAME
+from model.monitoring.metrics import METRICS_NAME
 
 PRICE = 2.4  # $/h for the whole cluster
 SETTINGS = ["eval_interval=10"]

@@ -22,7 +22,7 @@ from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
 from model.conventions import EXIT_BUDGET, SNAPSHOT_NAME
-from model.metrics import METRICS_NAME
+from model.monitoring.metrics import METRICS_NAME
 from tests.launcher.dataset import write_dataset
 
 RUN = "capped"

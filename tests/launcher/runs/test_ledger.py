@@ -21,7 +21,7 @@ from launcher.runs.ledger import trained
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields, split_attempts
 from launcher.testing.fab import Fab
-from model.metrics import METRICS_NAME
+from model.monitoring.metrics import METRICS_NAME
 from tests.launcher.conftest import CONTRACT
 
 T0 = 1795132800.0  # 2026-11-20 00:00 UTC

@@ -7,7 +7,7 @@ import pytest
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series, read_series
 from launcher.runs.plot import PlotRefresher, draw, save_plot
-from model.metrics import METRICS_NAME, read_jsonl
+from model.monitoring.metrics import METRICS_NAME, read_jsonl
 
 TOKENS_PER_ITER = 256
 

@@ -20,8 +20,8 @@ from launcher.runs.metrics_copy import PLOT_NAME, read_series
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG, wait_for
 from launcher.train import train
-from model.metrics import METRICS_NAME
-from model.tensorboard_log import TB_DIR
+from model.monitoring.metrics import METRICS_NAME
+from model.monitoring.tensorboard_log import TB_DIR
 from tests.launcher.dataset import write_dataset
 
 RUN = "priced"

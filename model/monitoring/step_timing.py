@@ -1,0 +1,115 @@
+"""Per-rank step timing: how long each rank computes and how long it waits for the others.
+
+A data-parallel step ends with every rank waiting for the gradient all-reduce, so one slow rank
+makes every step slow, yet each rank's step time is the same: only the split shows who is slow.
+The timer wraps DDP's gradient hook (model.parallel.comm_hooks.register(..., wrap=timer.wrap)): for every
+bucket it notes when the hook launched the bucket's reduction and when that reduction completed.
+After backward the rank has launched its last bucket when it has computed every gradient, so
+
+    wait    = last reduction completed - last reduction launched   (0 if it was done by then)
+    compute = step time - wait
+
+A slow rank launches its last bucket late and finds the reduction done at once (wait ~ 0, compute
+high); the others wait for it (wait high, compute normal). The wait covers the gradient reductions,
+the collective every step runs; the loop's other small collectives (the stop check, the loss mean
+at log steps, ZeRO's parameter broadcast) count as compute. Cost: one clock read and one
+Future.then() callback per bucket, measured at 7.5 us per bucket on the busy 2-core development
+machine (GPT-2 small fills ~20 buckets of 25 MB: ~0.15 ms on a step of a second or more), plus 2 us
+for start() and stop(), plus one small all_gather at log steps.
+
+The figures reach rank 0 at log steps only, in one all_gather of three numbers per rank
+(gather_step_times). realign() is the barrier after an eval or a snapshot: rank 0 copies the
+snapshot after the others have left the collective, so without it the others would start the next
+step early, wait in its all-reduce for rank 0, and rank 0's own step (never waiting) would log about
+half the steady time and an MFU above 100%.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from model.parallel.collectives import CommHook, ddp_hook
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One rank's optimizer step, in seconds."""
+
+    step_s: float
+    compute_s: float
+    wait_s: float
+    """Time spent waiting for the gradient reductions once its own gradients were computed."""
+
+
+class StepTimer:
+    """Times one rank's steps; start() before the step, stop() after the optimizer step."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self._started: float | None = None
+        self._last_launch: float | None = None
+        self._last_done: float | None = None
+
+    def wrap(self, hook: CommHook) -> CommHook:
+        """hook, noting when each bucket's reduction is launched and when it completes."""
+
+        @ddp_hook
+        def timed_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            future = hook(state, bucket)
+            self._last_launch = self.clock()  # after the hook's own work (e.g. compression): compute
+            return future.then(self._note_done)
+
+        return timed_hook
+
+    def _note_done(self, future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        # Runs on the thread that completes the reduction (gloo's); DDP waits for every bucket's
+        # future before backward() returns. value() re-raises a failed reduction's error for DDP.
+        self._last_done = self.clock()
+        return future.value()
+
+    def start(self) -> None:
+        self._started = self.clock()
+        self._last_launch = self._last_done = None
+
+    def stop(self) -> StepTime:
+        if self._started is None:
+            raise RuntimeError("StepTimer.stop() without start()")
+        step = self.clock() - self._started
+        wait = 0.0
+        if self._last_launch is not None and self._last_done is not None:
+            wait = min(step, max(0.0, self._last_done - self._last_launch))
+        self._started = None
+        return StepTime(step, step - wait, wait)
+
+
+def realign(world_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Wait until every rank is here (a barrier), so the next step starts together on all of them;
+    returns the seconds this rank waited (for rank 0 after a snapshot: the barrier's own latency)."""
+    if world_size <= 1:
+        return 0.0
+    started = clock()
+    dist.barrier()
+    return clock() - started
+
+
+def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]:
+    """Every rank's figures, by rank, in milliseconds: one all_gather of three float64s per rank.
+    A collective: every rank calls it at the same (log) step. Keys are metrics.jsonl's fields; one
+    process has no other rank to compare with: no fields."""
+    if world_size <= 1:
+        return {}
+    mine = torch.tensor([step.step_s, step.compute_s, step.wait_s], dtype=torch.float64) * 1e3
+    parts = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(parts, mine)
+    by_rank = torch.stack(parts).tolist()
+    return {
+        "rank_step_ms": [round(r[0], 3) for r in by_rank],
+        "rank_compute_ms": [round(r[1], 3) for r in by_rank],
+        "rank_wait_ms": [round(r[2], 3) for r in by_rank],
+    }

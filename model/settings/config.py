@@ -1,0 +1,325 @@
+"""The trainer's configuration: typed dataclasses, YAML files and `key=value` overrides.
+
+    python -m model.train --config run.yaml learning_rate=3e-5 model.n_layer=4
+
+Values are read from the YAML file (if any), then overridden left to right by the command line;
+nested sections use dotted keys. Every value is converted to the field's type and validated, and an
+error names the field, the allowed range and the value. Unknown keys are errors (with a guess at the
+key meant), so a typo never silently falls back to a default.
+
+The Intel guides' gpt2_train_cfg.yaml layout (optimizer_config / trainer_config sections) is
+accepted too and translated once, on reading the file, by model.settings.intel_layout.
+
+The defaults fine-tune pretrained GPT-2: a small peak learning rate (6e-5, against nanoGPT's
+pretraining 6e-4, which makes fine-tuning loss rise), a short warmup and cosine decay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from model.conventions import (
+    BACKEND_CHOICES,
+    DEFAULT_MAX_ITERS,
+    GRAD_COMPRESSION_CHOICES,
+    MIXED_PRECISION_CHOICES,
+)
+from model.settings.config_values import (
+    ConfigError,
+    coerce,
+    dotted_fields,
+    flatten,
+    get_dotted,
+    parse_overrides,
+)
+from model.settings.health_config import HealthConfig
+from model.settings.intel_layout import translate_intel_layout
+from model.settings.shape_rules import SHAPE_RULES
+
+FINE_TUNE_LR = 6e-5
+SCRATCH_LR = 1e-3
+
+
+@dataclass
+class ModelShape:
+    """Shape of a model trained from scratch (init_from=scratch); pretrained checkpoints bring their own.
+
+    The defaults are nanoGPT's "baby GPT" (about 10M parameters plus GPT-2's embedding table)."""
+
+    n_layer: int = 6
+    """Transformer blocks (scratch only)."""
+    n_head: int = 6
+    """Attention heads per block; n_embd must be divisible by it (scratch only)."""
+    n_embd: int = 384
+    """Width of the residual stream (scratch only)."""
+    bias: bool = True
+    """Biases in Linear layers and LayerNorms (scratch only; GPT-2 checkpoints have them)."""
+    dropout: float = 0.0
+    """Dropout probability, applied to pretrained and scratch models alike; 0 is usual for fine-tuning."""
+
+
+MODEL_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
+
+
+@dataclass
+class TrainConfig:
+    """Everything `python -m model.train` reads. Keys are the YAML keys and the override names."""
+
+    # --- what to train, on what, and where to write -------------------------------------------
+    init_from: str = "gpt2"
+    """"scratch", a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl; from the Hugging Face hub,
+    needs internet or a warm cache) or a local Hugging Face GPT-2 directory. Ignored when out_dir
+    holds a valid snapshot.pt: then the run resumes from it."""
+    data_dir: str = "data"
+    """Directory with train.bin and val.bin (uint16 GPT-2 tokens, written by `python -m model.prepare`)."""
+    out_dir: str = "out"
+    """Run directory: metrics.jsonl, snapshot.pt (every eval) and ckpt.pt (best val loss)."""
+    model: ModelShape = field(default_factory=ModelShape)
+    """Model shape for init_from=scratch (dotted keys: model.n_layer=4)."""
+    block_size: int = 256
+    """Tokens per training sequence; a pretrained model's context is cropped to it. 1..1024 for GPT-2."""
+
+    # --- batch and schedule ----------------------------------------------------------------------
+    batch_size: int = 4
+    """Sequences per micro-batch on each rank."""
+    gradient_accumulation_steps: int = 8
+    """Micro-batches per optimizer step on each rank; gradients are all-reduced once per step.
+    Tokens per optimizer step = batch_size x block_size x gradient_accumulation_steps x world size."""
+    max_iters: int = DEFAULT_MAX_ITERS
+    """Optimizer steps to train for (the run ends at this iteration, resumed runs included)."""
+    learning_rate: float | None = None
+    """Peak learning rate. None: 6e-5 when fine-tuning a pretrained model, 1e-3 from scratch."""
+    min_lr: float | None = None
+    """Learning rate at the end of the cosine decay. None: learning_rate / 10."""
+    warmup_iters: int = 20
+    """Steps of linear warmup from 0 to learning_rate."""
+    lr_decay_iters: int | None = None
+    """Step at which the cosine decay reaches min_lr (held afterwards). None: max_iters."""
+    decay_lr: bool = True
+    """Warmup + cosine decay; false keeps learning_rate constant."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to matrices only (not biases, LayerNorms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    # --- evaluation, logging, checkpoints -------------------------------------------------------
+    eval_interval: int = 50
+    """Evaluate train/val loss (and write snapshot.pt) every this many steps, and at the last step."""
+    eval_iters: int = 20
+    """Batches per split averaged for an evaluation."""
+    log_interval: int = 10
+    """Print and record loss, lr, step time, tokens/s and MFU every this many steps."""
+    eval_only: bool = False
+    """Evaluate once and exit without training."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of ONE rank, the MFU denominator. 0: measure it at start with a square matmul in
+    the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
+    actually sustains."""
+
+    # --- numerics and speed ----------------------------------------------------------------------
+    mixed_precision: str = "auto"
+    """auto (bf16 autocast where the CPU has amx_bf16 or avx512_bf16, else fp32), fp32 or bf16."""
+    compile: bool = False
+    """torch.compile the model (the first steps are slow while it compiles)."""
+    threads: int = 0
+    """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
+    seed: int = 1337
+    """Seed for initialisation (identical on all ranks) and for batch selection (offset by rank)."""
+
+    # --- distributed -----------------------------------------------------------------------------
+    expected_world_size: int | None = None
+    """World size the launch planned; a different real world size is an error. None: not checked."""
+    backend: str = "auto"
+    """Collective backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), ccl or gloo."""
+    collective_timeout_s: float = 300.0
+    """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
+    ddp_bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MB: gradients are all-reduced bucket by bucket while backward runs."""
+    grad_compression: str = "auto"
+    """What crosses the link for the gradients (model.parallel.comm_hooks): none (fp32 all-reduce), bf16 or
+    fp16 (half the bytes, rounded), powersgd (a low-rank approximation with error feedback: 0.74% of
+    the bytes for GPT-2 small at rank 4), or auto: time an all-reduce at start and pick by how long the fp32
+    gradients would take against the step's compute (README, "Performance"). One process: unused."""
+    powersgd_rank: int = 4
+    """PowerSGD's matrix approximation rank: bytes sent grow with it, and so does accuracy."""
+    powersgd_start_iter: int = 10
+    """Optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter; the
+    first steps are the most sensitive to approximate gradients). Counted again from a resume."""
+    keep_global_batch: bool = False
+    """On a resume with a different world size (fewer or more nodes), set gradient_accumulation_steps
+    so that batch_size x gradient_accumulation_steps x world size equals the snapshot's global batch
+    (sequences per optimizer step), and log it. false: a resume whose global batch differs from the
+    snapshot's is an error. The launcher sets it when it resumes a run on fewer nodes (--min-nodes)."""
+    zero_stage: int = 0
+    """1: shard AdamW's state over the ranks (ZeRO stage 1, torch's ZeroRedundancyOptimizer; the role
+    DeepSpeed ZeRO-1 plays): each rank keeps the moments of about 1/world size of the parameters,
+    saving 8 bytes per parameter times (world size - 1)/world size on every rank, for one broadcast
+    of the updated parameters per step. Snapshots stay one loadable file (model.parallel.zero). 0: off."""
+    stop_grace_s: float = 25.0
+    """Seconds a stop signal (SIGTERM/SIGINT) leaves to finish the step in progress and write its
+    snapshot before the process stops at once, keeping the previous snapshot. Below the 30 s that
+    GCP and Azure give a preempted VM (README, "Preemption")."""
+
+    # --- budget (model.monitoring.budget; `fab train --budget` sets these) ------------------------
+    budget_usd: float = 0.0
+    """Stop the run, with a snapshot of the last completed step and exit status 3 (EXIT_BUDGET),
+    before the next snapshot would take its spend past this many US dollars. 0: no budget."""
+    budget_usd_per_hour: float = 0.0
+    """What the run costs per hour (the cluster's hourly_cost_usd, every node of it); spend is this
+    price x the time since budget_clock_start. Must be > 0 with a budget."""
+    budget_clock_start: float = 0.0
+    """Unix time the run's spend is counted from: the launch, so restarts and the downtime between
+    them count. 0: when this trainer started."""
+    budget_spent_usd: float = 0.0
+    """What the run's earlier attempts spent before this launch (counted against budget_usd)."""
+
+    # --- training health (model.monitoring.health) ------------------------------------------------
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Per-layer statistics every health.interval steps, and the guard that skips non-finite or
+    spiking steps (dotted keys: health.interval=10, health.spike_factor=3)."""
+
+    # ------------------------------------------------------------------------------------------------
+    def peak_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return SCRATCH_LR if self.init_from == "scratch" else FINE_TUNE_LR
+
+    def final_learning_rate(self) -> float:
+        return self.min_lr if self.min_lr is not None else self.peak_learning_rate() / 10
+
+    def decay_iters(self) -> int:
+        return self.lr_decay_iters if self.lr_decay_iters is not None else self.max_iters
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field outside its allowed range."""
+        checks: list[tuple[str, bool, str]] = [
+            ("block_size", 1 <= self.block_size <= 1_000_000, ">= 1 (<= 1024 for GPT-2 checkpoints)"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("gradient_accumulation_steps", self.gradient_accumulation_steps >= 1, ">= 1"),
+            ("max_iters", self.max_iters >= 0, ">= 0"),
+            ("learning_rate", self.learning_rate is None or 0 < self.learning_rate < 1, "in (0, 1) or null"),
+            (
+                "min_lr",
+                self.min_lr is None or 0 <= self.min_lr <= self.peak_learning_rate(),
+                f"in [0, learning_rate={self.peak_learning_rate():g}] or null",
+            ),
+            ("warmup_iters", self.warmup_iters >= 0, ">= 0"),
+            (
+                "lr_decay_iters",
+                self.lr_decay_iters is None or self.lr_decay_iters >= self.warmup_iters,
+                f">= warmup_iters ({self.warmup_iters}) or null",
+            ),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("beta1", 0 <= self.beta1 < 1, "in [0, 1)"),
+            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
+            ("grad_clip", self.grad_clip >= 0, ">= 0 (0 disables clipping)"),
+            ("eval_interval", self.eval_interval >= 1, ">= 1"),
+            ("eval_iters", self.eval_iters >= 1, ">= 1"),
+            ("log_interval", self.log_interval >= 1, ">= 1"),
+            ("peak_flops", self.peak_flops >= 0, ">= 0 (0 measures it)"),
+            (
+                "mixed_precision",
+                self.mixed_precision in MIXED_PRECISION_CHOICES,
+                f"one of {', '.join(MIXED_PRECISION_CHOICES)}",
+            ),
+            ("threads", self.threads >= 0, ">= 0 (0 keeps torch's default)"),
+            ("seed", 0 <= self.seed < 2**31, "in [0, 2^31)"),
+            (
+                "expected_world_size",
+                self.expected_world_size is None or self.expected_world_size >= 1,
+                ">= 1 or null",
+            ),
+            ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
+            ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
+            ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
+            (
+                "grad_compression",
+                self.grad_compression in GRAD_COMPRESSION_CHOICES,
+                f"one of {', '.join(GRAD_COMPRESSION_CHOICES)}",
+            ),
+            ("powersgd_rank", self.powersgd_rank >= 1, ">= 1"),
+            (
+                "powersgd_start_iter",
+                self.powersgd_start_iter >= 2,
+                ">= 2 (PowerSGD's error feedback starts after DDP's first two steps)",
+            ),
+            ("stop_grace_s", self.stop_grace_s > 0, "> 0"),
+            ("budget_usd", self.budget_usd >= 0, ">= 0 (0: no budget)"),
+            (
+                "budget_usd_per_hour",
+                self.budget_usd_per_hour > 0 if self.budget_usd > 0 else self.budget_usd_per_hour >= 0,
+                "> 0 with a budget (spend is this price x the time since budget_clock_start)",
+            ),
+            ("budget_clock_start", self.budget_clock_start >= 0, ">= 0 (Unix seconds; 0: the trainer's start)"),
+            ("budget_spent_usd", self.budget_spent_usd >= 0, ">= 0"),
+            ("zero_stage", self.zero_stage in (0, 1), "0 (off) or 1 (optimizer state sharded over the ranks)"),
+            *self.health.checks(),
+            # The shape's constraints are GPTConfig's own (model.settings.shape_rules), worded for our keys.
+            *(
+                (f"model.{rule.field}", rule.holds(self.model), rule.allowed(self.model, prefix="model."))
+                for rule in SHAPE_RULES
+                if rule.field in MODEL_SHAPE_FIELDS
+            ),
+            ("init_from", bool(self.init_from), "scratch, a GPT-2 name or a Hugging Face directory"),
+            ("data_dir", bool(self.data_dir), "a directory path"),
+            ("out_dir", bool(self.out_dir), "a directory path"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"{name} must be {allowed}, got {get_dotted(self, name)!r}")
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def build_config(flat: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from our keys, dotted (see config_values.flatten); converted and validated."""
+    known = dotted_fields(TrainConfig)
+    unknown = [k for k in flat if k not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise ConfigError(f"unknown config key(s): {', '.join(hints)}")
+    cfg = TrainConfig()
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        target = cfg
+        for part in parents:
+            target = getattr(target, part)
+        setattr(target, leaf, coerce(key, value, known[key]))
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML file (optional), apply `key=value` overrides, convert and validate."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must be a mapping of keys to values")
+        values = translate_intel_layout(loaded or {})
+    values = flatten(values)
+    values.update(parse_overrides(overrides or []))
+    return build_config(values)
