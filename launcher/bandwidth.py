@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.console import say
+from launcher.inventory import Node
 from launcher.remote import script
 from launcher.session import Session
-from launcher.transport.shell import parallel
+from launcher.transport.shell import Result, Shell, parallel
 
 SEND_S = 1.5
 """Seconds each node sends: ~47 MB at 250 Mbit/s, far beyond a token bucket's burst."""
@@ -53,12 +54,12 @@ def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
     following = {n.index: nodes[(k + 1) % len(nodes)] for k, n in enumerate(nodes)}
     previous = {following[n.index].index: n for n in nodes}
 
-    def run(shell):
+    def run(shell: Shell) -> tuple[Node, Result]:
         node = shell.node
         command = f"{python} - {node.private_ip} {port} {following[node.index].private_ip} {seconds} {LIMIT_S}"
         return node, shell.run(command, stdin=source, timeout=LIMIT_S + 15)
 
-    links = []
+    links: list[Link] = []
     for node, result in parallel([session.shell(n) for n in nodes], run):
         mbit_s, error = parse(result.stdout)
         links.append(Link(previous[node.index].name, node.name, mbit_s, error))
@@ -68,16 +69,16 @@ def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
 def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> list[Problem]:
     """Measure, print one line per link and the slowest; a problem row for each link that failed."""
     links = measure(session, port, seconds)
-    problems = []
+    problems: list[Problem] = []
     for link in links:
         if link.mbit_s is None:
             problems.append(("bandwidth", link.receiver, f"from {link.sender}: {link.error}",
                              f"allow TCP {port} between the cluster's nodes (firewall / security group)"))
         else:
             say(f"bandwidth {link.sender} -> {link.receiver}: {link.mbit_s:,.0f} Mbit/s")
-    measured = [link for link in links if link.mbit_s is not None]
+    measured = [(link.mbit_s, link) for link in links if link.mbit_s is not None]
     if measured:
-        slowest = min(measured, key=lambda link: link.mbit_s)
-        say(f"slowest link {slowest.sender} -> {slowest.receiver}: {slowest.mbit_s:,.0f} Mbit/s "
+        mbit_s, slowest = min(measured, key=lambda pair: pair[0])
+        say(f"slowest link {slowest.sender} -> {slowest.receiver}: {mbit_s:,.0f} Mbit/s "
             "(bounds the gradient all-reduce; README, \"Performance\")")
     return problems

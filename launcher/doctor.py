@@ -76,7 +76,7 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
         if site.checks_contract and r.cores != cluster.cores_per_node:
             problems.append(("cores", node.name, f"{r.cores} physical cores, the contract says {cluster.cores_per_node}",
                              "fix cores_per_node in the contract (threads per rank are derived from it)"))
-        if r.free_gb < MIN_FREE_GB:
+        if r.free_gb is not None and r.free_gb < MIN_FREE_GB:
             problems.append(("disk", node.name, f"{r.free_gb} GB free (< {MIN_FREE_GB})",
                              "free space or grow the disk (nanocluster:diskGb)"))
         if site.checks_contract and not r.interface:

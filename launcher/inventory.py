@@ -17,8 +17,10 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from launcher import kube_contract
 from model.conventions import BF16_CPU_FLAGS
@@ -40,6 +42,7 @@ NAME_RULE = "may use only letters, digits, '.', '_' and '-'"
 PRICE_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 """The contract's prices_as_of: the day prices were fetched, or the month of hand-kept ones."""
 STACK_TIMEOUT_S = 60
+T = TypeVar("T")
 
 
 class InventoryError(ValueError):
@@ -232,7 +235,7 @@ def local_cluster(nodes: int) -> Cluster:
     """N ranks as processes on this machine, sharing local_home() as their node root."""
     if nodes < 1:
         raise InventoryError(f"the local cluster needs at least 1 node, got {nodes}")
-    flags = ()
+    flags: tuple[str, ...] = ()
     try:
         cpuinfo = set(Path("/proc/cpuinfo").read_text().split())
         flags = tuple(f for f in BF16_CPU_FLAGS if f in cpuinfo)
@@ -317,7 +320,7 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
     if not isinstance(data, dict):
         raise fail(f"the contract must be a JSON object, got {type(data).__name__}")
 
-    def need(key: str, kind: type | tuple[type, ...], what: str):
+    def need(key: str, kind: type[T], what: str) -> T:
         if key not in data:
             raise fail(f"missing key {key!r} ({what})")
         value = data[key]
@@ -389,7 +392,7 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
     return _machine_facts(data, fail, cluster)
 
 
-def _machine_facts(data: dict, fail, cluster: Cluster) -> Cluster:
+def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError], cluster: Cluster) -> Cluster:
     """The contract keys both kinds share: cores, CPU flags, machine type, region and prices."""
     cores = data.get("cores_per_node")
     if "cores_per_node" not in data:
@@ -438,7 +441,7 @@ def _machine_facts(data: dict, fail, cluster: Cluster) -> Cluster:
     )
 
 
-def _host_key(value: object, what: str, fail) -> str:
+def _host_key(value: object, what: str, fail: Callable[[str], InventoryError]) -> str:
     """Normalise "TYPE BASE64 [comment]" to "TYPE BASE64"."""
     parts = value.split() if isinstance(value, str) else []
     if len(parts) < 2 or parts[0] not in HOST_KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+=*", parts[1]):

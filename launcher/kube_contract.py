@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -29,6 +30,7 @@ DEFAULT_STORAGE_GIB = 100
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 Fail = Callable[[str], Exception]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def from_kubeconfig(spec: str, fail: Fail) -> tuple[str, KubeAccess]:
 
 def parse_access(data: dict, fail: Fail) -> KubeAccess:
     """The kind-kubernetes keys of a contract (docs/kubernetes.md, "Bring your own cluster"), each checked with the fix named."""
-    def need(key: str, kind: type | tuple[type, ...], what: str):
+    def need(key: str, kind: type[T], what: str) -> T:
         value = data.get(key)
         if key not in data or not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise fail(f"{key!r} must be {what}, got {value!r}" if key in data else f"missing key {key!r} ({what})")

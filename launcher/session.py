@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from launcher.console import TaskError, say
 from launcher.inventory import Cluster, InventoryError, Node, group_by_host, load_cluster
@@ -18,6 +19,8 @@ from launcher.probe import NodeReport, probe
 from launcher.runs.cluster_life import record_sighting
 from launcher.site import Site, site_of
 from launcher.transport import NodeError, Shell, connect, connect_reachable, parallel
+
+T = TypeVar("T")
 
 
 def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
@@ -90,7 +93,7 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -138,7 +141,7 @@ class Session:
             if node.private_ip in addresses:
                 self.reports[node.index] = replace(self.reports[node.index], code_sha256=digest)
 
-    def run_everywhere(self, nodes: Sequence[Node], action: Callable[[Node, Shell], object]) -> list:
+    def run_everywhere(self, nodes: Sequence[Node], action: Callable[[Node, Shell], T]) -> list[T]:
         """action(node, shell) on every node at once, results in order; one TaskError naming every failure."""
         try:
             return parallel([self.shell(n) for n in nodes], lambda s: action(s.node, s))

@@ -79,12 +79,12 @@ def check_shards(session: Session, dataset: str) -> None:
     shards = head_meta.get("shards", 1)
     indexes = [metas[n.index].get("shard_index") for n in hosts]
     same = all(m.get("shards") == shards and m.get("source") == head_meta.get("source") for m in metas.values())
-    if not same or len(set(indexes)) != len(indexes):
+    if not same or None in indexes or len(set(indexes)) != len(indexes):
         raise TaskError(f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
                         f"run `fab prepare-data --sharded --nodes {len(hosts)}` again")
     if shards != len(hosts):
         say(f"note: data/{dataset} has {shards} shards; these {len(hosts)} node(s) train on "
-            f"shards {sorted(indexes)} only")
+            f"shards {sorted(i for i in indexes if i is not None)} only")
 
 
 def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> None:

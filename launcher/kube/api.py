@@ -10,9 +10,10 @@ machine facts read from its nodes; a contract's cluster (a stack) must have them
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import yaml
 from kubernetes import client, config
@@ -39,6 +40,23 @@ atomic rename, which they do not give."""
 RWX_ANNOTATION = "nanocluster.dev/read-write-many"
 """A StorageClass annotated "true" counts as ReadWriteMany whatever its provisioner."""
 REQUEST_TIMEOUT_S = 30
+
+
+class Named(Protocol):
+    """An object as the client returns it (its model makes every field optional)."""
+
+    @property
+    def metadata(self) -> client.V1ObjectMeta | None: ...
+
+
+def name_of(obj: Named) -> str:
+    """The object's name, which the API server always sends."""
+    assert obj.metadata is not None and obj.metadata.name is not None, "an object from the API server has a name"
+    return obj.metadata.name
+
+
+def labels_of(obj: Named) -> dict[str, str]:
+    return (obj.metadata.labels if obj.metadata else None) or {}
 
 
 def api_error(error: Exception, what: str) -> TaskError:
@@ -87,7 +105,7 @@ class Api:
         function of the client it runs on, which would turn other threads' calls into websockets."""
         return client.CoreV1Api(new_client(self.access))
 
-    def exists(self, read, name: str, what: str) -> bool:
+    def exists(self, read: Callable[[str, str], object], name: str, what: str) -> bool:
         """Whether read(name, namespace) finds the object (404: no)."""
         try:
             read(name, self.namespace)
@@ -110,8 +128,8 @@ def new_client(access: KubeAccess) -> client.ApiClient:
                         "and user entries") from None
 
 
-def offers_rwx(storage_class) -> bool:
-    annotations = storage_class.metadata.annotations or {}
+def offers_rwx(storage_class: client.V1StorageClass) -> bool:
+    annotations = (storage_class.metadata.annotations if storage_class.metadata else None) or {}
     return storage_class.provisioner in RWX_PROVISIONERS or annotations.get(RWX_ANNOTATION) == "true"
 
 
@@ -128,18 +146,18 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
                 raise TaskError(f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
                                 "creates it: `pulumi up`) or fix the contract's 'namespace'")
             say(f"creating namespace {access.namespace}")
-            api.core.create_namespace(volume.namespace(access.namespace))
+            api.core.create_namespace(client.V1Namespace.model_validate(volume.namespace(access.namespace)))
     with calling(f"{where}: reading storage classes"):
         classes = api.storage.list_storage_class().items
     if access.from_kubeconfig:
-        rwx = sorted(c.metadata.name for c in classes if offers_rwx(c))
+        rwx = sorted(name_of(c) for c in classes if offers_rwx(c))
         if not rwx:
-            found = ", ".join(f"{c.metadata.name} ({c.provisioner})" for c in classes) or "none"
+            found = ", ".join(f"{name_of(c)} ({c.provisioner})" for c in classes) or "none"
             raise TaskError(f"{where}: no StorageClass offers ReadWriteMany (found: {found}): install an NFS-like "
                             f"CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
                             f"{RWX_ANNOTATION}=true")
         access = replace(access, storage_class=rwx[0])
-    elif access.storage_class not in {c.metadata.name for c in classes}:
+    elif access.storage_class not in {name_of(c) for c in classes}:
         raise TaskError(f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
                         "'storage_class' (it must offer ReadWriteMany)")
     with calling(f"{where}: reading claim {access.storage_claim}"):
@@ -148,7 +166,8 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
                 raise TaskError(f"{where}: PersistentVolumeClaim {access.storage_claim!r} does not exist in "
                                 f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'")
             say(f"creating claim {access.storage_claim} ({access.storage_gib} GiB ReadWriteMany, {access.storage_class})")
-            api.core.create_namespaced_persistent_volume_claim(access.namespace, volume.claim(access))
+            api.core.create_namespaced_persistent_volume_claim(
+                access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access)))
     if access.from_kubeconfig:
         cluster = with_node_facts(api, cluster, access)
     return api, replace(cluster, kube=access)
@@ -161,11 +180,16 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         nodes = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
     if not nodes:
         raise TaskError(f"cluster {cluster.cluster_name!r} has no schedulable node: add nodes (or a node pool) first")
-    cores = min(max(1, math.floor(cpu_quantity(n.status.allocatable.get("cpu", "1")))) for n in nodes)
-    memory = min(memory_gib(n.status.allocatable.get("memory", "0")) for n in nodes)
+    cores = min(max(1, math.floor(cpu_quantity(allocatable(n).get("cpu", "1")))) for n in nodes)
+    memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in nodes)
     access = replace(access, max_nodes=len(nodes), memory_gib=memory)
     return replace(cluster, cores_per_node=cores, kube=access,
                    nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(nodes))))
+
+
+def allocatable(node: client.V1Node) -> dict[str, str]:
+    """What the node offers pods ({} before its kubelet reported it: the quantities' defaults apply)."""
+    return (node.status.allocatable if node.status else None) or {}
 
 
 def cpu_quantity(text: str) -> float:

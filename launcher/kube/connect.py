@@ -4,12 +4,15 @@ and delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
+from kubernetes.client import V1Job, V1Pod, V1Service
 from kubernetes.client.exceptions import ApiException
 
 from launcher.console import TaskError, say
 from launcher.inventory import Cluster
-from launcher.kube.api import Api, calling, connect
+from launcher.kube.api import Api, Named, calling, connect, labels_of, name_of
 from launcher.kube.objects import LABEL_RUN
 from launcher.session import resolve_cluster
 
@@ -18,6 +21,7 @@ POLL_S = 1.0
 GONE_TIMEOUT_S = 120.0
 """How long a restart waits for the previous attempt's pods to be gone (they finish their snapshot
 on SIGTERM within the trainer's stop grace)."""
+Obj = TypeVar("Obj", bound=Named)
 
 
 def open_cluster(spec: str | None) -> tuple[Api, Cluster]:
@@ -28,12 +32,12 @@ def open_cluster(spec: str | None) -> tuple[Api, Cluster]:
     return connect(cluster)
 
 
-def run_objects(api: Api, run: str) -> tuple[list, list, list]:
+def run_objects(api: Api, run: str) -> tuple[list[V1Job], list[V1Service], list[V1Pod]]:
     """(Jobs, Services, pods) labelled with the run (filtered here too: a selector is a hint)."""
     selector = f"{LABEL_RUN}={run}"
 
-    def mine(items: list) -> list:
-        return [o for o in items if (o.metadata.labels or {}).get(LABEL_RUN) == run]
+    def mine(items: list[Obj]) -> list[Obj]:
+        return [o for o in items if labels_of(o).get(LABEL_RUN) == run]
 
     with calling(f"listing run {run}'s objects"):
         return (mine(api.batch.list_namespaced_job(api.namespace, label_selector=selector).items),
@@ -46,12 +50,12 @@ def delete_run_objects(api: Api, run: str, quiet: bool = False, wait: bool = Fal
     with wait, return once its pods are gone. Returns how many objects were deleted."""
     jobs, services, _ = run_objects(api, run)
     for job in jobs:
-        _delete(api.batch.delete_namespaced_job, job.metadata.name, api.namespace, propagation_policy="Foreground")
+        _delete(api.batch.delete_namespaced_job, name_of(job), api.namespace, propagation_policy="Foreground")
     for service in services:
-        _delete(api.core.delete_namespaced_service, service.metadata.name, api.namespace)
+        _delete(api.core.delete_namespaced_service, name_of(service), api.namespace)
     if (jobs or services) and not quiet:
-        say(f"deleted run {run}: {', '.join(o.metadata.name for o in jobs)} (Job), "
-            f"{', '.join(o.metadata.name for o in services)} (Service)")
+        say(f"deleted run {run}: {', '.join(name_of(o) for o in jobs)} (Job), "
+            f"{', '.join(name_of(o) for o in services)} (Service)")
     if wait:
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while run_objects(api, run)[2] and time.monotonic() < deadline:
@@ -59,7 +63,7 @@ def delete_run_objects(api: Api, run: str, quiet: bool = False, wait: bool = Fal
     return len(jobs) + len(services)
 
 
-def _delete(call, name: str, namespace: str, **options) -> None:
+def _delete(call: Callable[..., object], name: str, namespace: str, **options: str) -> None:
     """call(name, namespace); nothing when the object is gone already."""
     try:
         call(name, namespace, **options)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
+from kubernetes.client import V1ConfigMap, V1Job, V1Pod
 from kubernetes.client.exceptions import ApiException
+from urllib3 import HTTPResponse
 
 from launcher.console import TaskError, out_line, say
 from launcher.inventory import Cluster
 from launcher.kube import volume
-from launcher.kube.api import Api, calling
+from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.objects import job_name
 from launcher.kube_contract import KubeAccess
 from launcher.setup.code import code_archive
@@ -32,11 +35,11 @@ def access_of(cluster: Cluster) -> KubeAccess:
     return cluster.kube
 
 
-def job_pods(api: Api, job: str) -> list:
+def job_pods(api: Api, job: str) -> list[V1Pod]:
     """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint)."""
     with calling(f"listing the pods of Job {job}"):
         pods = api.core.list_namespaced_pod(api.namespace, label_selector=f"batch.kubernetes.io/job-name={job}").items
-    return [p for p in pods if (p.metadata.labels or {}).get("batch.kubernetes.io/job-name") == job]
+    return [p for p in pods if labels_of(p).get("batch.kubernetes.io/job-name") == job]
 
 
 def delete_job(api: Api, name: str) -> None:
@@ -48,7 +51,7 @@ def delete_job(api: Api, name: str) -> None:
             raise TaskError(f"deleting Job {name}: the API server answered {e.status} {e.reason}") from None
 
 
-def unschedulable(pod) -> str:
+def unschedulable(pod: V1Pod) -> str:
     """Why a Pending pod has no node yet ("" when it is scheduled)."""
     for condition in (pod.status.conditions or []) if pod.status else []:
         if condition.type == "PodScheduled" and condition.status == "False":
@@ -56,7 +59,7 @@ def unschedulable(pod) -> str:
     return ""
 
 
-def exit_code(pod) -> int | None:
+def exit_code(pod: V1Pod) -> int | None:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.state and status.state.terminated:
             return status.state.terminated.exit_code
@@ -87,10 +90,9 @@ def run_helper(api: Api, job: dict, what: str, on_line: Callable[[str], None] | 
                             "check the cluster's capacity and the claim (kubectl describe pod), then rerun")
         time.sleep(POLL_S)
     assert pod is not None
-    with calling(f"reading the log of {pod.metadata.name}"):
-        stream = api.core.read_namespaced_pod_log(pod.metadata.name, api.namespace, follow=True,
-                                                  _preload_content=False)
-        for line in log_lines(stream):
+    with calling(f"reading the log of {name_of(pod)}"):
+        stream = api.core.read_namespaced_pod_log(name_of(pod), api.namespace, follow=True, _preload_content=False)
+        for line in log_lines(raw_response(stream)):
             emit(line)
     while phase not in ("Succeeded", "Failed"):
         time.sleep(POLL_S)
@@ -106,7 +108,7 @@ def _create_when_gone(api: Api, job: dict) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            api.batch.create_namespaced_job(api.namespace, job)
+            api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
             return
         except ApiException as e:
             if e.status != 409 or time.monotonic() > deadline:
@@ -114,7 +116,13 @@ def _create_when_gone(api: Api, job: dict) -> None:
         time.sleep(POLL_S)
 
 
-def log_lines(stream) -> Iterator[str]:
+def raw_response(answer: object) -> HTTPResponse:
+    """A call's answer with _preload_content=False: the client then returns the urllib3 response
+    undecoded, whatever type its method declares."""
+    return cast(HTTPResponse, answer)
+
+
+def log_lines(stream: HTTPResponse) -> Iterator[str]:
     """The decoded lines of a streamed HTTP response, as they arrive."""
     buffer = b""
     for chunk in stream.stream(amt=4096, decode_content=True):
@@ -133,7 +141,7 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     archive, code_sha = code_archive()
     requirements = REQUIREMENTS.read_bytes()
     files = {"code.tar.gz": archive, "requirements.txt": requirements}
-    placed = {}
+    placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):
         files[f"file{i}"] = data
         placed[path] = f"file{i}"
@@ -144,7 +152,7 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     name = configmap["metadata"]["name"]
     with calling(f"creating ConfigMap {name}"):
         if not api.exists(api.core.read_namespaced_config_map, name, "ConfigMap"):
-            api.core.create_namespaced_config_map(access.namespace, configmap)
+            api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
     script = volume.staging_script(volume.digest_of({"r": requirements}), code_sha, placed)
     job = volume.helper_job(job_name("stage", run or "setup"), access, "staging",
                             script, run=run, configmap=name)

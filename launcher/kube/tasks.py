@@ -18,13 +18,14 @@ import shlex
 import time
 from pathlib import Path
 
+from kubernetes.client import V1Job
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
 from launcher.console import TaskError, check_name, console, out_line, say
 from launcher.data.prepare import dataset_name, prepare_args
 from launcher.kube import volume
-from launcher.kube.api import Api, calling
+from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
 from launcher.kube.jobs import (
     PENDING_TIMEOUT_S,
@@ -33,6 +34,7 @@ from launcher.kube.jobs import (
     exit_code,
     job_pods,
     log_lines,
+    raw_response,
     run_helper,
     stage,
 )
@@ -95,10 +97,10 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         code = exit_code(pod)
         detail = disruption(pod) or ("" if code is None else f"exit {code}")
         failed += phase == "Failed"
-        table.add_row(pod.metadata.name, str(rank_of(pod)), unit_of(pod).node.name, phase, detail)
+        table.add_row(name_of(pod), str(rank_of(pod)), unit_of(pod).node.name, phase, detail)
     console.print(table)
-    job_state = ", ".join(f"{j.metadata.name} {job_condition(j)}" for j in jobs) or "no Job (not running)"
-    say(f"Job: {job_state}; Service: {', '.join(s.metadata.name for s in services) or 'none'}")
+    job_state = ", ".join(f"{name_of(j)} {job_condition(j)}" for j in jobs) or "no Job (not running)"
+    say(f"Job: {job_state}; Service: {', '.join(name_of(s) for s in services) or 'none'}")
     record = RunRecord.of(cluster, run)
     progress = Progress()
     for metrics_record in record.metrics():
@@ -109,7 +111,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     return 1 if failed else 0
 
 
-def job_condition(job) -> str:
+def job_condition(job: V1Job) -> str:
     for condition in (job.status.conditions or []) if job.status else []:
         if condition.status == "True" and condition.type in ("Complete", "Failed", "Suspended"):
             return f"{condition.type}" + (f" ({condition.reason})" if condition.reason else "")
@@ -130,10 +132,10 @@ def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, l
             raise TaskError(f"run {run!r} has no pod of rank {rank}")
     for pod in pods:
         unit = unit_of(pod)
-        with calling(f"reading the log of {pod.metadata.name}"):
-            stream = api.core.read_namespaced_pod_log(pod.metadata.name, api.namespace, container=CONTAINER,
+        with calling(f"reading the log of {name_of(pod)}"):
+            stream = api.core.read_namespaced_pod_log(name_of(pod), api.namespace, container=CONTAINER,
                                                       tail_lines=lines, follow=follow, _preload_content=False)
-            for line in log_lines(stream):
+            for line in log_lines(raw_response(stream)):
                 out_line(unit.label(line))
 
 
@@ -174,7 +176,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
 
     delete_job(api, name)
     with calling(f"creating Job {name}"):
-        api.batch.create_namespaced_job(api.namespace, job)
+        api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
     try:
         pod = wait_running(api, name)
         for file in ("$ckpt", "metrics.jsonl"):
@@ -193,7 +195,7 @@ def wait_running(api: Api, job: str, timeout_s: float = PENDING_TIMEOUT_S) -> st
     while time.monotonic() < deadline:
         pods = [p for p in job_pods(api, job) if p.status and p.status.phase == "Running"]
         if pods:
-            return pods[0].metadata.name
+            return name_of(pods[0])
         time.sleep(1.0)
     raise TaskError(f"helper pod of Job {job} not Running after {timeout_s:.0f} s: check the cluster's capacity")
 

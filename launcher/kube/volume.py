@@ -112,7 +112,7 @@ def helper_job(name: str, access: KubeAccess, role: str, script: str, run: str =
                configmap: str = "", workdir: str = MOUNT_PATH) -> dict:
     """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
     staging ConfigMap, if any); kept 10 minutes after it ends so its log can be read."""
-    mounts = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
+    mounts: list[dict] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
     volumes: list[dict] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": access.storage_claim}}]
     if configmap:
         mounts.append({"name": "staging", "mountPath": STAGE_DIR, "readOnly": True})

@@ -20,9 +20,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from kubernetes.client import V1Pod
+
 from launcher.inventory import Node
-from launcher.kube.api import Api
-from launcher.kube.jobs import exit_code, job_pods, log_lines, unschedulable
+from launcher.kube.api import Api, labels_of, name_of
+from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response, unschedulable
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
 from launcher.launch.monitor import (
     FAILURE_GRACE_S,
@@ -55,20 +57,25 @@ class StuckPending(RunFailed):
         self.placed = placed
 
 
-def rank_of(pod) -> int:
-    annotations = pod.metadata.annotations or {}
-    value = annotations.get(COMPLETION_INDEX_ANNOTATION) or (pod.metadata.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
+def rank_of(pod: V1Pod) -> int:
+    annotations = (pod.metadata.annotations if pod.metadata else None) or {}
+    value = annotations.get(COMPLETION_INDEX_ANNOTATION) or labels_of(pod).get(COMPLETION_INDEX_ANNOTATION)
     return int(value) if value is not None and str(value).isdigit() else -1
 
 
-def unit_of(pod) -> Unit:
+def node_of(pod: V1Pod) -> str:
+    """The node the pod was scheduled on ("" before it was)."""
+    return (pod.spec.node_name if pod.spec else None) or ""
+
+
+def unit_of(pod: V1Pod) -> Unit:
     """The pod as the VM launcher's rank unit: prefix [rank R host], host the node it runs on."""
     rank = rank_of(pod)
-    host = (pod.spec.node_name if pod.spec else None) or pod.metadata.name
+    host = node_of(pod) or name_of(pod)
     return Unit(f"rank{rank}", "rank", Node(rank, host, "", ""), rank)
 
 
-def disruption(pod) -> str:
+def disruption(pod: V1Pod) -> str:
     """The reason a pod is being stopped by Kubernetes ("" when it is not)."""
     for condition in (pod.status.conditions or []) if pod.status else []:
         if condition.type == DISRUPTION and condition.status == "True":
@@ -79,12 +86,12 @@ def disruption(pod) -> str:
 class PodWatch:
     """Follows one attempt's pods until every rank succeeded; RunFailed otherwise."""
 
-    def __init__(self, api: Api, launch: PodLaunch, recorder: RunRecorder, stop_all: Callable[[], None],
+    def __init__(self, api: Api, launch: PodLaunch, recorder: RunRecorder, stop_all: Callable[[], object],
                  pending_timeout_s: float, out: Callable[[str], None] = print):
         self.api, self.launch, self.recorder, self.stop_all = api, launch, recorder, stop_all
         self.pending_timeout_s, self.out = pending_timeout_s, out
         self.progress = Progress()
-        self.tails: dict[int, deque] = {}
+        self.tails: dict[int, deque[str]] = {}
         self.followed: set[str] = set()
         self.print_lock = threading.Lock()
         self.metrics_started = False
@@ -93,27 +100,27 @@ class PodWatch:
         with self.print_lock:
             self.out(text)
 
-    def pods(self) -> list:
+    def pods(self) -> list[V1Pod]:
         """This attempt's pods (a recreated Job's pods carry the next attempt's label)."""
         attempt = str(self.launch.attempt)
         return [p for p in job_pods(self.api, self.launch.job)
-                if (p.metadata.labels or {}).get(LABEL_ATTEMPT, attempt) == attempt and rank_of(p) >= 0]
+                if labels_of(p).get(LABEL_ATTEMPT, attempt) == attempt and rank_of(p) >= 0]
 
-    def follow_log(self, pod) -> None:
+    def follow_log(self, pod: V1Pod) -> None:
         unit = unit_of(pod)
         tail = self.tails.setdefault(unit.rank or 0, deque(maxlen=TAIL_LINES))
 
         def follow() -> None:
             with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
-                stream = self.api.core.read_namespaced_pod_log(pod.metadata.name, self.api.namespace, container=CONTAINER,
+                stream = self.api.core.read_namespaced_pod_log(name_of(pod), self.api.namespace, container=CONTAINER,
                                                                follow=True, _preload_content=False)
-                for line in log_lines(stream):
+                for line in log_lines(raw_response(stream)):
                     tail.append(line)
                     self.emit(unit.label(line))
 
         threading.Thread(target=follow, daemon=True).start()
 
-    def follow_metrics(self, pod) -> None:
+    def follow_metrics(self, pod: V1Pod) -> None:
         """Rank 0's metrics.jsonl through an exec stream into its pod (best effort: a cluster that
         refuses exec still trains; the progress line then stays empty)."""
         path = f"{self.launch.run_dir}/metrics.jsonl"
@@ -130,7 +137,7 @@ class PodWatch:
             with contextlib.suppress(Exception):
                 from kubernetes.stream import stream
 
-                ws = stream(self.api.exec_core().connect_get_namespaced_pod_exec, pod.metadata.name, self.api.namespace,
+                ws = stream(self.api.exec_core().connect_get_namespaced_pod_exec, name_of(pod), self.api.namespace,
                             container=CONTAINER, command=["tail", "-n", "+1", "-F", path], stderr=False,
                             stdin=False, stdout=True, tty=False, _preload_content=False)
                 buffer = ""
@@ -153,8 +160,8 @@ class PodWatch:
                 pods = self.pods()
                 for pod in pods:
                     phase = pod.status.phase if pod.status else "Pending"
-                    if phase != "Pending" and pod.metadata.name not in self.followed:
-                        self.followed.add(pod.metadata.name)
+                    if phase != "Pending" and name_of(pod) not in self.followed:
+                        self.followed.add(name_of(pod))
                         self.follow_log(pod)
                         if rank_of(pod) == 0 and not self.metrics_started:
                             self.metrics_started = True
@@ -189,7 +196,7 @@ class PodWatch:
                 self.recorder.stream_ended()  # nothing to wait for: rank 0 never ran
             self.recorder.close()
 
-    def check_pending(self, pods: list, waited: float) -> None:
+    def check_pending(self, pods: list[V1Pod], waited: float) -> None:
         """StuckPending when a rank has had no node for longer than the pending timeout."""
         if waited <= self.pending_timeout_s:
             return
@@ -199,12 +206,12 @@ class PodWatch:
             return
         why = unschedulable(waiting[0]) if waiting else "the Job created no pod"
         self.stop_all()
-        names = ", ".join(p.metadata.name for p in waiting) or self.launch.job
+        names = ", ".join(name_of(p) for p in waiting) or self.launch.job
         raise StuckPending(f"{names} still Pending after {waited:.1f} s (--recover-timeout {self.pending_timeout_s:g} s): {why}; "
                            f"{len(placed)} of {self.launch.nodes} pod(s) found a node: grow the training pool "
                            "(max_nodes), use fewer --nodes or a longer --recover-timeout; the run's objects were deleted", len(placed))
 
-    def fail(self, failed: list) -> None:
+    def fail(self, failed: list[V1Pod]) -> None:
         time.sleep(min(FAILURE_GRACE_S, POLL_S))  # other pods that fail with it: name the earliest below
         first = min(failed, key=lambda p: (finished_at(p), rank_of(p)))
         unit = unit_of(first)
@@ -219,10 +226,10 @@ class PodWatch:
             self.emit(f"  {line}")
         if evicted:
             raise RunFailed(f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
-                            failure=FirstFailure(what, "lost", None, f"pod {first.metadata.name} {evicted}"))
-        failure = FirstFailure(what, "exit", code, node=first.spec.node_name or "")
+                            failure=FirstFailure(what, "lost", None, f"pod {name_of(first)} {evicted}"))
+        failure = FirstFailure(what, "exit", code, node=node_of(first))
         if terminated_reason(first) == OOM_KILLED:
-            oom = OomKill(first.spec.node_name or first.metadata.name,
+            oom = OomKill(node_of(first) or name_of(first),
                           f"Kubernetes reported its container {OOM_KILLED} (the pod's memory limit or the node's)")
             raise OutOfMemory(oom_line(failure, oom), failure=failure)
         reason = "ended without an exit code" if code is None else f"exited with code {code}"
@@ -233,7 +240,7 @@ class OutOfMemory(RunFailed):
     """A rank's container was OOM-killed (the kubelet's record): ended, never retried at the same size."""
 
 
-def terminated_reason(pod) -> str:
+def terminated_reason(pod: V1Pod) -> str:
     """Why the pod's container terminated, as the kubelet recorded it ("OOMKilled", "Error", ...)."""
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.state and status.state.terminated:
@@ -241,7 +248,7 @@ def terminated_reason(pod) -> str:
     return ""
 
 
-def finished_at(pod) -> float:
+def finished_at(pod: V1Pod) -> float:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         terminated = status.state.terminated if status.state else None
         if terminated and terminated.finished_at:

@@ -52,7 +52,8 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         estimates = [estimate_rank_memory(cfg, world, rank0=node.index == nodes[0].index, one_host=len(hosts) == 1,
                                           shape=shape) for node in host.nodes]
         available = report.mem_available_gb if report else None
-        need = sum(e.total for e in estimates) / GB if all(estimates) else None
+        known = [e for e in estimates if e is not None]
+        need = sum(e.total for e in known) / GB if len(known) == len(estimates) else None
         too_many = ranks > MAX_RANKS_PER_CORE * cores
         too_big = need is not None and available is not None and need > available
         if not (too_many or too_big):

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 
 from launcher.launch.heartbeat import watch_nodes
 from launcher.launch.plan import LaunchPlan, Unit
@@ -139,7 +140,7 @@ def follow_units(units: Sequence[Unit], shells: dict[int, Shell], command: Calla
     return threads
 
 
-def _raise_interrupt(signum, frame) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
@@ -155,7 +156,7 @@ class Monitor:
     ):
         self.plan, self.shells, self.stop_all, self.out = plan, shells, stop_all, out
         self.events: queue.Queue = queue.Queue()
-        self.tails = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
+        self.tails: dict[str, deque[str]] = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
         self.progress = Progress()
         self.recorder = RunRecorder(plan.cluster, plan.run)  # the operator's metrics copy, plot, cost
         self.slow_ranks = SlowRankWatch({r.rank: r.node.name for r in plan.ranks})  # names a rank that stays slow

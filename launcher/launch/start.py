@@ -9,6 +9,8 @@ only to machines whose copy differs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from launcher.console import TaskError, out_line, say
 from launcher.data.fanout import check_shards, fan_out, splits_digest
 from launcher.inventory import Cluster, Node
@@ -23,7 +25,7 @@ from launcher.transport import Shell, payload
 from launcher.transport.cluster_ssh import shown_path, ssh_files
 
 
-def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], **plan_args) -> LaunchPlan:
+def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], **plan_args: Any) -> LaunchPlan:
     """The plan with the site's paths; a bad --launcher/--backend/--port is a TaskError."""
     site = site_of(cluster)
     try:
@@ -54,7 +56,7 @@ def place_data(session: Session, dataset: str) -> None:
     head = session.head
     if head in missing:
         raise TaskError(f"data/{dataset} is not prepared on {head.name}: run `fab prepare-data` first")
-    if (session.report(head).data_meta.get("shards") or 1) > 1:
+    if ((session.report(head).data_meta or {}).get("shards") or 1) > 1:  # a meta: the head is not missing
         check_shards(session, dataset)
     elif missing:
         fan_out(session, dataset)

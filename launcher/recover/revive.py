@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from launcher.console import say
 from launcher.inventory import Cluster, Node, PulumiStack
@@ -93,7 +94,7 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
     return False
 
 
-def run_bounded(command: list[str], cwd: Path, out, timeout_s: float) -> tuple[int | None, str]:
+def run_bounded(command: list[str], cwd: Path, out: TextIO, timeout_s: float) -> tuple[int | None, str]:
     """Run the command with its output into `out`, bounded by timeout_s (then SIGINT, then SIGKILL
     CANCEL_GRACE_S later). Returns (exit code or None, how it ended in words)."""
     try:

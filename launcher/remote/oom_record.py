@@ -22,7 +22,7 @@ SEAM_ENV = "NANOCLUSTER_OOM_LOG"
 MARKER = "Killed process "
 
 
-def records(path: str):
+def records(path: str) -> list[tuple[int, str]]:
     """The kernel log's records as (microseconds since boot, message); [] when unreadable."""
     if path != KMSG:
         with open(path, errors="replace") as f:
@@ -40,7 +40,7 @@ def records(path: str):
                     continue
         finally:
             os.close(fd)
-    found = []
+    found: list[tuple[int, str]] = []
     for line in lines:
         header, _, message = line.partition(";")
         fields = header.split(",")
@@ -49,10 +49,10 @@ def records(path: str):
     return found
 
 
-def killed(since: float, until: float, path: str):
+def killed(since: float, until: float, path: str) -> list[list[int | str | float]]:
     """[pid, command, unix time] of every OOM kill the log holds between since and until."""
     boot = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)  # the log's clock, as Unix time
-    out = []
+    out: list[list[int | str | float]] = []
     for micros, message in records(path):
         at = boot + micros / 1e6
         if MARKER not in message or not since <= at <= until:
@@ -65,7 +65,7 @@ def killed(since: float, until: float, path: str):
     return out
 
 
-def oom_kills():
+def oom_kills() -> int | None:
     try:
         with open("/proc/vmstat") as f:
             for line in f:

@@ -92,7 +92,7 @@ def read(path: str) -> str:
         return ""
 
 
-def boot_time():
+def boot_time() -> int | None:
     """When the machine booted (Unix seconds, /proc/stat's btime): the cost ledger's start of its life."""
     for line in read("/proc/stat").splitlines():
         if line.startswith("btime "):
@@ -100,7 +100,7 @@ def boot_time():
     return None
 
 
-def meminfo_kb(key: str):
+def meminfo_kb(key: str) -> int | None:
     for line in read("/proc/meminfo").splitlines():
         name, _, value = line.partition(":")
         if name == key:
@@ -114,10 +114,10 @@ CGROUP_LIMITS = (
 )
 
 
-def cgroup_room_bytes():
+def cgroup_room_bytes() -> int | None:
     """The least room (limit - usage) of this process's memory cgroup and its ancestors: a
     container's or a systemd slice's limit, which /proc/meminfo does not show. None without one."""
-    room = None
+    room: int | None = None
     for line in read("/proc/self/cgroup").splitlines():
         for marker, mount, limit_file, usage_file in CGROUP_LIMITS:
             if marker not in line or (marker == "0::" and not line.startswith(marker)):
@@ -133,7 +133,7 @@ def cgroup_room_bytes():
     return room
 
 
-def memory_available_gb():
+def memory_available_gb() -> float | None:
     """What a new process can take without swapping or an OOM kill: MemAvailable, or less under a cgroup limit."""
     available = meminfo_kb("MemAvailable")
     if available is None:
@@ -143,7 +143,7 @@ def memory_available_gb():
     return round(found / 1e9, 2)
 
 
-def oom_kills():
+def oom_kills() -> int | None:
     """The kernel's count of OOM kills since boot (/proc/vmstat oom_kill, Linux 4.13+); None when absent."""
     for line in read("/proc/vmstat").splitlines():
         if line.startswith("oom_kill "):

@@ -167,9 +167,13 @@ def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | N
         return None
 
     def rates(name: str, source: str) -> list[Rate]:
-        return [Rate(a.end["s_per_iter"], source, name, a.end["time"], a.end.get("overhead_s"), a.end.get("step_s"))
-                for a in (cluster_runs[name].attempts if name in cluster_runs else ())
-                if a.launch.get("config_fingerprint") == fingerprint and (a.end or {}).get("s_per_iter")]
+        found = []
+        for a in cluster_runs[name].attempts if name in cluster_runs else ():
+            end = a.end or {}
+            if a.launch.get("config_fingerprint") == fingerprint and end.get("s_per_iter"):
+                found.append(Rate(end["s_per_iter"], source, name, end["time"], end.get("overhead_s"),
+                                  end.get("step_s")))
+        return found
 
     own = rates(run, "measured")
     if own:
@@ -273,7 +277,7 @@ def progress_suffix(record: RunRecord) -> str:
     return "" if spend is None else f" | ${spend[0]:.2f} of ${spend[1]:.2f} budget"
 
 
-def stopped_line(run: str, spent: float, budget: float, iteration: int, max_iters: int | None) -> str:
+def stopped_line(run: str, spent: float, budget: float, iteration: int | None, max_iters: int | None) -> str:
     of = f" of max_iters {max_iters}" if max_iters else ""
     return (f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
             f"`fab train --run {run} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
@@ -284,7 +288,7 @@ def status_lines(record: RunRecord) -> list[str]:
     """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it."""
     attempt = record.current
     spend = spend_of(attempt) if attempt else None
-    if spend is None:
+    if attempt is None or spend is None:
         return []
     spent, budget = spend
     end = attempt.end
@@ -309,6 +313,7 @@ def ending(record: RunRecord, clock_start: float, ended_at: float, last_logged: 
     """The "end" event's fields of the record's latest attempt, which finished or stopped at its
     budget. ended_at: when its last rank exited; last_logged: the last train iteration the monitor saw."""
     since, _ = record.metrics_span(-1)
+    assert since is not None, "a launch this launcher recorded has its metrics_offset"
     records = record.metrics(since)
     start = resume_iter(record.metrics(0, since))  # what the trainer resumed from
     now = ended_at

@@ -141,7 +141,7 @@ def check_cluster(cluster: str | None) -> None:
 
 def no_runs(cluster: str | None, since: float | None, every_row: list[LedgerRow]) -> str:
     """Why no run is shown, and what would make one."""
-    if every_row:
+    if every_row and since is not None:  # rows, none of them since
         return f"no run started since {when(since)} UTC ({len(every_row)} earlier: drop --since to see them)"
     where = run_dir(clusters_root() / (cluster or "*"), "*") / EVENTS_NAME
     return f"no run recorded on this machine ({where}): `fab train` records each run as it launches"

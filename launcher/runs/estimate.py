@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from launcher.inventory import price_text
 from launcher.runs.chart import loss_chart
@@ -82,6 +82,14 @@ def time_to_finish(series: Series) -> float | None:
         return None
     left = max(0, series.max_iters - (series.train_iters[-1] + 1))
     return left * statistics.median(recent) / 1e3
+
+
+@overload
+def run_clock(attempt: Attempt, series: Series, now: float | None = None) -> RunClock: ...
+
+
+@overload
+def run_clock(attempt: Attempt | None, series: Series, now: float | None = None) -> RunClock | None: ...
 
 
 def run_clock(attempt: Attempt | None, series: Series, now: float | None = None) -> RunClock | None:

@@ -173,11 +173,17 @@ def run_rows(cluster: str, record: RunRecord) -> list[LedgerRow]:
         rows.append(LedgerRow(
             cluster=cluster, run=record.run, started=launch["time"], ended=ended,
             end_recorded=end is not None,
-            outcome=NO_END if end is None else OUTCOMES.get(end.get("outcome"), str(end.get("outcome"))),
+            outcome=NO_END if end is None else outcome_text(end),
             clock=run_clock(attempt, Series(), now=ended), world_size=launch.get("world_size"),
             prices_as_of=launch.get("prices_as_of"), spot=launch.get("price_is_spot"), steps=steps, tokens=tokens,
         ))
     return rows
+
+
+def outcome_text(end: dict[str, Any]) -> str:
+    """An end event's outcome as the ledger says it."""
+    outcome = str(end.get("outcome"))
+    return OUTCOMES.get(outcome, outcome)
 
 
 def ledger_rows(clusters_root: Path, cluster: str | None = None, since: float | None = None) -> list[LedgerRow]:
@@ -203,15 +209,15 @@ class Totals:
 
     @classmethod
     def of(cls, rows: list[LedgerRow]) -> Totals:
-        priced = [r for r in rows if r.cost_usd is not None]
-        counted = [r for r in priced if r.tokens]
+        priced = [(r.cost_usd, r.tokens) for r in rows if r.cost_usd is not None]
+        counted = [(cost, tokens) for cost, tokens in priced if tokens]
         tokens = [r.tokens for r in rows if r.tokens is not None]
         return cls(
             runs=len(rows),
             node_hours=sum(r.node_hours for r in rows),
-            cost_usd=sum(r.cost_usd for r in priced) if priced else None,
+            cost_usd=sum(cost for cost, _ in priced) if priced else None,
             unpriced=len(rows) - len(priced),
             tokens=sum(tokens) if tokens else None,
-            usd_per_million_tokens=per_million(sum(r.cost_usd for r in counted), sum(r.tokens for r in counted))
+            usd_per_million_tokens=per_million(sum(cost for cost, _ in counted), sum(n for _, n in counted))
             if counted else None,
         )

@@ -36,16 +36,17 @@ class MetricsCopy:
 
 @dataclass
 class Series:
-    """A run's metrics as one series, each list sorted by iteration (what plots and estimates read)."""
+    """A run's metrics as one series, each list sorted by iteration (what plots and estimates read);
+    a value is None where its record lacks it."""
 
     train_iters: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    lr: list[float] = field(default_factory=list)
-    tokens_per_s: list[float] = field(default_factory=list)
-    iter_ms: list[float] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    lr: list[float | None] = field(default_factory=list)
+    tokens_per_s: list[float | None] = field(default_factory=list)
+    iter_ms: list[float | None] = field(default_factory=list)
     eval_iters: list[int] = field(default_factory=list)
-    val_loss: list[float] = field(default_factory=list)
-    eval_train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float | None] = field(default_factory=list)
+    eval_train_loss: list[float | None] = field(default_factory=list)
     max_iters: int | None = None
     tokens_per_iter: int | None = None
     """From the last "start" record; None for a run whose trainer wrote none."""

@@ -40,7 +40,7 @@ class RunRecorder:
             self.plotter = PlotRefresher(record_dir)
         self.copy.append(line)
         self.records.append(record)
-        if record.get("kind") in REDRAW_KINDS:
+        if record.get("kind") in REDRAW_KINDS and self.plotter is not None:
             self.plotter.request()
 
     def progress_suffix(self) -> str:

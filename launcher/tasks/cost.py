@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.runs import cost as ledger
 from launcher.tasks.flags import fab_task
 
@@ -11,7 +13,7 @@ from launcher.tasks.flags import fab_task
     "since": "only runs started on or after this date, YYYY-MM-DD or 'YYYY-MM-DD HH:MM' (UTC)",
     "json": "print the ledger as JSON instead of tables",
 })
-def cost(c, cluster=None, since=None, json=False):
+def cost(c: Context, cluster: str | None = None, since: str | None = None, json: bool = False) -> int:
     """The ledger of your runs from this machine's records: per run node-hours, cost, tokens and cost per
     million tokens; per cluster how long it was up and the share of that idle. Needs no node."""
     return ledger.cost(cluster, since=since, as_json=json)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
 
@@ -12,6 +14,6 @@ from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
     "dest": "local directory (default: clusters/<cluster>/fetched/<run> in the nanocluster home, "
             "$NANOCLUSTER_HOME or ~/nanocluster)",
 })
-def fetch(c, cluster=None, run="main", dest=None):
+def fetch(c: Context, cluster: str | None = None, run: str = "main", dest: str | None = None) -> None:
     """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
     driver(cluster).fetch(cluster, run=run, dest=dest)

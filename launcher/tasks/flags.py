@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from functools import wraps
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from fabric import Task, task
 from invoke.exceptions import Exit
@@ -32,11 +33,18 @@ DEFAULT_SLOT = "{default}"
 PROGRAMS = ("fab", "nanocluster")
 AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")
 """The running task's command line with the flags the operator gave (what a message says to rerun)."""
+N = TypeVar("N", int, float)
 
 
-def shown(value) -> str:
+def shown(value: object) -> str:
     """A default as the help prints it: 120.0 as 120, 0.8 as 0.8."""
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def text_default(value: N) -> N:
+    """A numeric flag's default as its task's signature holds it: the number's text (invoke keeps it a
+    string, see above), typed as the number fab_task hands the task."""
+    return cast(N, shown(value))
 
 
 def flag_name(param: str) -> str:
@@ -44,7 +52,7 @@ def flag_name(param: str) -> str:
     return param.strip("_").replace("_", "-")
 
 
-def number(flag: str, value, kind: type = int):
+def number(flag: str, value: str | float | None, kind: type[int] | type[float] = int) -> int | float | None:
     """A numeric flag as kind (None when not given), or a TaskError naming the flag."""
     if value is None:
         return None
@@ -55,7 +63,7 @@ def number(flag: str, value, kind: type = int):
         raise TaskError(f"--{flag} must be {what}, got {value!r}") from None
 
 
-def errors_to_exit(fn: Callable, numbers: dict[str, type]) -> Callable:
+def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | type[float]]) -> Callable[..., None]:
     """Numeric flags converted; a TaskError is the user's to fix: one line and its exit status (1
     unless it says otherwise), no traceback; Ctrl-C exits 130 with one line. A task's nonzero int
     result is its exit status."""
@@ -63,12 +71,12 @@ def errors_to_exit(fn: Callable, numbers: dict[str, type]) -> Callable:
     defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
 
     @wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> None:
         AS_GIVEN.set(command_line(fn.__name__.replace("_", "-"),
                                   {k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}))
         try:
             for param, kind in numbers.items():
-                kwargs[param] = number(flag_name(param), kwargs.get(param), kind)
+                kwargs[param] = number(flag_name(param), kwargs.get(param, defaults.get(param)), kind)
             result = fn(*args, **kwargs)
         except TaskError as e:
             print(f"{e.label}: {e}" if e.label else str(e), file=sys.stderr)
@@ -82,12 +90,13 @@ def errors_to_exit(fn: Callable, numbers: dict[str, type]) -> Callable:
     return wrapper
 
 
-def fab_task(help: dict[str, str], numbers: dict[str, type] | None = None, **options) -> Callable[[Callable], Callable]:
+def fab_task(help: dict[str, str], numbers: dict[str, type[int] | type[float]] | None = None,
+             **options: Any) -> Callable[[Callable[..., object]], NumericTask]:
     """@task(help=...) with each "{default}" in a help text replaced by that flag's default, numbers
     (parameter: int or float) converted, and no short flags: invoke would pick the first free letter
     (prepare-data's --sharded took -h) and a letter of its choosing says nothing."""
 
-    def make(fn: Callable) -> Callable:
+    def make(fn: Callable[..., object]) -> NumericTask:
         defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
         texts = {flag: text.replace(DEFAULT_SLOT, shown(defaults[flag])) for flag, text in help.items()}
         made = task(help=texts, auto_shortflags=False, klass=NumericTask, **options)(errors_to_exit(fn, numbers or {}))
@@ -101,7 +110,7 @@ class WholeNumber(Argument):
     """An INT flag in the help whose value reaches the task as given: fab_task converts it, with one
     error line for a bad value (invoke's own conversion would answer with a traceback)."""
 
-    def set_value(self, value, cast: bool = True) -> None:
+    def set_value(self, value: Any, cast: bool = True) -> None:
         super().set_value(value, cast=False)
 
 
@@ -109,7 +118,10 @@ class DecimalNumber(Argument):
     """A flag that takes any number: NUMBER in the help (fab_task converts it, as WholeNumber)."""
 
 
-def help_with_numbers(help_for: Callable) -> Callable:
+HelpFor = Callable[[ParserContext, str], tuple[str, str]]
+
+
+def help_with_numbers(help_for: HelpFor) -> HelpFor:
     """invoke's ParserContext.help_for, with a DecimalNumber shown as =NUMBER: invoke names only
     str and int values (STRING, INT), and `fab` builds its parser contexts itself, so the help text
     is the one place left to say it."""
@@ -124,20 +136,21 @@ def help_with_numbers(help_for: Callable) -> Callable:
     return shown_with_numbers
 
 
-ParserContext.help_for = help_with_numbers(ParserContext.help_for)  # type: ignore[method-assign]
+# A plain function patched in as the method (mypy reads the class attribute as a bound method).
+ParserContext.help_for = help_with_numbers(ParserContext.help_for)  # type: ignore[method-assign,assignment]
 
 
 class NumericTask(Task):
     """A task whose numeric flags show as INT or NUMBER in the help."""
 
-    numbers: tuple[tuple[str, type], ...] = ()
+    numbers: tuple[tuple[str, type[int] | type[float]], ...] = ()
     """(parameter, int or float) for each numeric flag (fab_task sets it)."""
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         kinds = dict(self.numbers)
 
         def numeric(a: Argument) -> Argument:
-            kind = kinds.get(a.attr_name or a.name)
+            kind = kinds.get(a.attr_name or a.name or "")
             if kind is None:
                 return a
             made = WholeNumber if kind is int else DecimalNumber
@@ -153,7 +166,7 @@ def program_name() -> str:
     return name if name in PROGRAMS else "fab"
 
 
-def command_line(task_name: str, flags: dict) -> str:
+def command_line(task_name: str, flags: dict[str, object]) -> str:
     """The command that runs task_name with these flags (parameter: value; None and False left out,
     True a bare flag, a list its flag repeated), quoted for a shell."""
     words = [program_name(), task_name]
@@ -166,6 +179,6 @@ def command_line(task_name: str, flags: dict) -> str:
     return shlex.join(words)
 
 
-def given(**flags) -> dict:
+def given(**flags: Any) -> dict[str, Any]:
     """The flags the operator gave, so the library's own default stays the one definition."""
     return {k: v for k, v in flags.items() if v is not None}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.kinds import driver
-from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
+from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task, text_default
 
 
 @fab_task(numbers={"rank": int, "lines": int}, help={
@@ -13,6 +15,7 @@ from launcher.tasks.flags import CLUSTER_HELP, RUN_HELP, fab_task
     "lines": "lines of history per rank (default {default})",
     "follow": "keep streaming new lines until Ctrl-C",
 })
-def logs(c, cluster=None, run="main", rank=None, lines="50", follow=False):
+def logs(c: Context, cluster: str | None = None, run: str = "main", rank: int | None = None,
+         lines: int = text_default(50), follow: bool = False) -> None:
     """Show (or follow) each rank's log from its node."""
     driver(cluster).logs(cluster, run=run, rank=rank, lines=lines, follow=follow)

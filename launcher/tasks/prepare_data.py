@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
@@ -21,8 +23,10 @@ from launcher.tasks.flags import CLUSTER_HELP, fab_task
     "workers": "tokenizer processes (default model.prepare's)",
     "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
 })
-def prepare_data(c, cluster=None, source="builtin", dataset=None, nodes=None, val_fraction=None, seed=None,
-                 limit=None, sharded=False, field=None, split=None, workers=None, text_chars=None):
+def prepare_data(c: Context, cluster: str | None = None, source: str = "builtin", dataset: str | None = None,
+                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
+                 limit: int | None = None, sharded: bool = False, field: str | None = None, split: str | None = None,
+                 workers: int | None = None, text_chars: int | None = None) -> None:
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     driver(cluster).prepare_data(cluster, source=source, dataset=dataset, nodes=nodes, val_fraction=val_fraction,
                                   seed=seed, limit=limit, sharded=sharded, field=field, split=split, workers=workers,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.kinds import driver
 from launcher.tasks.flags import CLUSTER_HELP, fab_task
 
@@ -15,8 +17,8 @@ from launcher.tasks.flags import CLUSTER_HELP, fab_task
     "idle_minutes": "power each node off after N minutes with no run and no SSH session (0: never; "
                     "default: keep the node's setting, nanocluster:idleMinutes on a stack)",
 })
-def setup(c, cluster=None, profile="default", pip_args="", skip_system_packages=False, nodes=None,
-          idle_minutes=None):
+def setup(c: Context, cluster: str | None = None, profile: str = "default", pip_args: str = "",
+          skip_system_packages: bool = False, nodes: int | None = None, idle_minutes: int | None = None) -> None:
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
     driver(cluster).setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
                            nodes=nodes, idle_minutes=idle_minutes)

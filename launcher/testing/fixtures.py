@@ -28,20 +28,20 @@ def sshd_nodes(count: int, workdir: Path) -> Iterator[TestNodes]:
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestNodes]:
     """Three sshd test nodes for the module (skipped where they cannot be built: not root, no sshd)."""
     with sshd_nodes(3, tmp_path_factory.mktemp("nodes")) as built:
         yield built
 
 
 @pytest.fixture(scope="module")
-def fab(nodes, tmp_path_factory) -> Fab:
+def fab(nodes: TestNodes, tmp_path_factory: pytest.TempPathFactory) -> Fab:
     """The fab CLI against the nodes' contract, with its own operator state directory."""
     return Fab(nodes.contract_path, tmp_path_factory.mktemp("operator"))
 
 
 @pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory) -> Path:
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trainer YAML whose steps take milliseconds (launcher.testing.fab.TINY_CONFIG)."""
     path = tmp_path_factory.mktemp("config") / "tiny.yaml"
     path.write_text(TINY_CONFIG)

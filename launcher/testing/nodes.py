@@ -40,6 +40,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from launcher.inventory import physical_cores
 from launcher.launch.identity import BOOT_ID_ENV, BOOT_ID_FILE
@@ -77,7 +78,7 @@ def free_subnet() -> ipaddress.IPv4Network:
     used = run("ip", "-o", "-4", "addr", "show").stdout
     for attempt in range(64):
         n = (os.getpid() + attempt * 7919) % 2048
-        net = ipaddress.ip_network(f"10.{200 + n // 256}.{n % 256}.0/24")
+        net = ipaddress.IPv4Network(f"10.{200 + n // 256}.{n % 256}.0/24")
         if f" 10.{200 + n // 256}.{n % 256}." not in used:
             return net
     raise RuntimeError("no free 10.200.0.0/13 subnet for the test bridge")
@@ -124,7 +125,7 @@ class TestNodes:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.teardown()
 
     def _build(self) -> None:
@@ -139,7 +140,7 @@ class TestNodes:
             host_keys.append(self._node(i, key))
         host_keys += [host_keys[0]] * self.dead  # pinned keys for nodes that will never answer
         self._wait_listening()
-        self.contract = {
+        self.contract: dict[str, Any] = {  # the output contract's JSON object
             "cloud": "static",
             "cluster_name": f"test-{self.tag}",
             "ssh_user": "root",

@@ -95,22 +95,23 @@ class StandinPulumi:
     def __enter__(self) -> StandinPulumi:
         if self.on_up is not None:
             (self.directory / "up.handshake").touch()
-            self._watcher = threading.Thread(target=self._watch, name="pulumi-standin", daemon=True)
+            self._watcher = threading.Thread(target=self._watch, args=(self.on_up,), name="pulumi-standin",
+                                             daemon=True)
             self._watcher.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join(timeout=10)
 
-    def _watch(self) -> None:
+    def _watch(self, on_up: Callable[[], None]) -> None:
         requested = self.directory / "up.requested"
         while not self._stop.wait(0.1):
             if requested.exists():
                 requested.unlink()
                 try:
-                    self.on_up()
+                    on_up()
                 except Exception as e:  # the test sees it in .errors; this `up` fails with it at once
                     self.errors.append(e)
                     (self.directory / "up.error").write_text(f"on_up failed: {e!r}")

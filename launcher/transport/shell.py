@@ -12,11 +12,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from launcher.inventory import Node
 
 MAX_PARALLEL = 32
 """Nodes driven at once (one thread each)."""
+T = TypeVar("T")
 
 
 class NodeError(RuntimeError):
@@ -63,13 +65,14 @@ class Shell:
         pass
 
 
-def parallel(shells: list[Shell], action: Callable[[Shell], object]) -> list[object]:
+def parallel(shells: list[Shell], action: Callable[[Shell], T]) -> list[T]:
     """Run action on every shell at once; raise one NodeError listing every node that failed."""
     if not shells:
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(shells))) as pool:
         futures = [pool.submit(action, s) for s in shells]
-        results, errors = [], []
+        results: list[T] = []
+        errors: list[str] = []
         for future in futures:
             try:
                 results.append(future.result())

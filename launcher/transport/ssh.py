@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import fabric
 import paramiko
@@ -40,7 +41,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 class PinnedConnection(fabric.Connection):
     """A Fabric connection that accepts only the host key the contract pins and bounds the jump."""
 
-    def __init__(self, *args, host_key: str, key_names: list[str], **kwargs):
+    def __init__(self, *args: Any, host_key: str, key_names: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -50,7 +51,7 @@ class PinnedConnection(fabric.Connection):
             client.get_host_keys().add(name, key_type, pkey)
         self.client = client
 
-    def open_gateway(self):
+    def open_gateway(self) -> paramiko.Channel:
         # Fabric's own version waits for the head's TCP connect without a timeout.
         self.gateway.open()
         return self.gateway.transport.open_channel(
@@ -59,7 +60,7 @@ class PinnedConnection(fabric.Connection):
 
 
 class SSHShell(Shell):
-    def __init__(self, node: Node, connection: PinnedConnection):
+    def __init__(self, node: Node, connection: PinnedConnection) -> None:
         self.node = node
         self.root = REMOTE_ROOT
         self.connection = connection
