@@ -43,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,7 +136,9 @@ def measure_train_step(
     maybe_compile, resolve_dtype = precision.maybe_compile, precision.resolve_dtype
     TrainConfig = model_module("model.settings.config").TrainConfig
 
-    def clip_with_torch(params, max_norm, optimizer):  # a checkout from before clip_gradients (--against)
+    # A checkout from before clip_gradients (--against) clipped with torch's.
+    def clip_with_torch(params: Iterable[torch.Tensor], max_norm: float,
+                        optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     clip_gradients = getattr(optim, "clip_gradients", clip_with_torch)

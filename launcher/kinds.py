@@ -19,14 +19,18 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from launcher import checkpoints, doctor, train
+import launcher.checkpoints
+import launcher.data.prepare
+import launcher.doctor
+import launcher.launch.logs
+import launcher.launch.status
+import launcher.launch.stop
+import launcher.setup.ready
+import launcher.train
 from launcher.console import TaskError
-from launcher.data import prepare
 from launcher.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
 from launcher.kube_contract import KUBECONFIG_PREFIX
-from launcher.launch import logs, status, stop
 from launcher.lifecycle import TrainRequest
-from launcher.setup import ready
 
 
 class Driver(Protocol):
@@ -64,15 +68,15 @@ class MachinesDriver:
     """Nodes over SSH."""
 
     kind = MACHINES
-    setup = staticmethod(ready.setup)
-    prepare_data = staticmethod(prepare.prepare_data)
-    train = staticmethod(train.train)
-    status = staticmethod(status.status)
-    logs = staticmethod(logs.logs)
-    stop = staticmethod(stop.stop)
-    sample = staticmethod(checkpoints.sample)
-    fetch = staticmethod(checkpoints.fetch)
-    doctor = staticmethod(doctor.doctor)
+    setup = staticmethod(launcher.setup.ready.setup)
+    prepare_data = staticmethod(launcher.data.prepare.prepare_data)
+    train = staticmethod(launcher.train.train)
+    status = staticmethod(launcher.launch.status.status)
+    logs = staticmethod(launcher.launch.logs.logs)
+    stop = staticmethod(launcher.launch.stop.stop)
+    sample = staticmethod(launcher.checkpoints.sample)
+    fetch = staticmethod(launcher.checkpoints.fetch)
+    doctor = staticmethod(launcher.doctor.doctor)
 
 
 MACHINES_DRIVER: Driver = MachinesDriver()
@@ -81,22 +85,22 @@ MACHINES_DRIVER: Driver = MachinesDriver()
 def kubernetes_driver() -> Driver:
     """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
     task on VMs does not pay."""
-    from launcher.kube import tasks
-    from launcher.kube import train as kube_train
+    import launcher.kube.tasks as kube
+    import launcher.kube.train as kube_train
 
     class KubernetesDriver:
         """Pods through the API server."""
 
         kind = KUBERNETES
-        setup = staticmethod(tasks.setup)
-        prepare_data = staticmethod(tasks.prepare_data)
+        setup = staticmethod(kube.setup)
+        prepare_data = staticmethod(kube.prepare_data)
         train = staticmethod(kube_train.train)
-        status = staticmethod(tasks.status)
-        logs = staticmethod(tasks.logs)
-        stop = staticmethod(tasks.stop)
-        sample = staticmethod(tasks.sample)
-        fetch = staticmethod(tasks.fetch)
-        doctor = staticmethod(tasks.doctor)
+        status = staticmethod(kube.status)
+        logs = staticmethod(kube.logs)
+        stop = staticmethod(kube.stop)
+        sample = staticmethod(kube.sample)
+        fetch = staticmethod(kube.fetch)
+        doctor = staticmethod(kube.doctor)
 
     return KubernetesDriver()
 

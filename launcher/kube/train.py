@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from kubernetes.client import V1Job, V1Service
+
 from launcher.console import TaskError, out_line, say
 from launcher.inventory import Cluster, Node
 from launcher.kube import objects
@@ -118,8 +120,8 @@ class KubeRun:
         launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
         delete_run_objects(api, run, quiet=True, wait=True)
         with calling(f"creating the Service and Job {launch.job}"):
-            api.core.create_namespaced_service(api.namespace, objects.headless_service(launch))
-            api.batch.create_namespaced_job(api.namespace, objects.training_job(launch))
+            api.core.create_namespaced_service(api.namespace, V1Service.model_validate(objects.headless_service(launch)))
+            api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(objects.training_job(launch)))
         say(f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node, "
             f"rank 0 at {launch.master_addr}:{launch.port}")
         return Started(self.nodes[:launch.nodes], launch.nodes)

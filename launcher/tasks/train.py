@@ -4,14 +4,16 @@ RecoverOptions, whose defaults the help prints."""
 
 from __future__ import annotations
 
+from invoke import Context
+
 from launcher.kinds import driver
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
-from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown
+from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown, text_default
 from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 RECOVER_DEFAULTS = RecoverOptions()
-COLLECTIVE_TIMEOUT = shown(LAUNCH_COLLECTIVE_TIMEOUT_S)
+COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
 """--collective-timeout's default as a string (launcher.tasks.flags says why)."""
 
 
@@ -43,9 +45,11 @@ COLLECTIVE_TIMEOUT = shown(LAUNCH_COLLECTIVE_TIMEOUT_S)
                   "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
     },
 )
-def train(c, cluster=None, nodes=None, run="main", dataset="builtin", launcher="fabric", backend="auto",
-          port=None, config=None, set_=None, dry_run=False, collective_timeout=COLLECTIVE_TIMEOUT,
-          max_restarts=None, recover_timeout=None, min_nodes=None, budget=None):
+def train(c: Context, cluster: str | None = None, nodes: int | None = None, run: str = "main",
+          dataset: str = "builtin", launcher: str = "fabric", backend: str = "auto", port: int | None = None,
+          config: str | None = None, set_: list[str] | None = None, dry_run: bool = False,
+          collective_timeout: float = COLLECTIVE_TIMEOUT, max_restarts: int | None = None,
+          recover_timeout: float | None = None, min_nodes: int | None = None, budget: float | None = None) -> int:
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
     recover = RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout,
                                      min_nodes=min_nodes))
