@@ -79,5 +79,5 @@ def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> 
     if measured:
         slowest = min(measured, key=lambda link: link.mbit_s)
         say(f"slowest link {slowest.sender} -> {slowest.receiver}: {slowest.mbit_s:,.0f} Mbit/s "
-            "(bounds the gradient all-reduce; README, \"Performance\")")
+            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)")
     return problems
