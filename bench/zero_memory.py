@@ -6,8 +6,8 @@ Each setting starts 2 ranks (1 thread each, gloo on loopback, as tests/model/con
 that build the trainer (scratch weights, random tokens), take --steps optimizer steps and report the
 kernel's high-water mark of their resident memory (VmHWM). No eval and no snapshot: this is the
 training footprint. A short block keeps the activations small, so the difference is the optimizer's
-share; the full-block activations come on top (README, "Memory"). Check `free -g` first:
-gpt2-medium needs ~6 GB per rank unsharded. The last line is a summary.
+share; the full-block activations come on top (docs/training.md#memory-and-sharded-optimizer-state).
+Check `free -g` first: gpt2-medium needs ~6 GB per rank unsharded. The last line is a summary.
 """
 
 from __future__ import annotations

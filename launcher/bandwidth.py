@@ -80,5 +80,5 @@ def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> 
     if measured:
         mbit_s, slowest = min(measured, key=lambda pair: pair[0])
         say(f"slowest link {slowest.sender} -> {slowest.receiver}: {mbit_s:,.0f} Mbit/s "
-            "(bounds the gradient all-reduce; README, \"Performance\")")
+            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)")
     return problems

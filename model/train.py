@@ -5,7 +5,7 @@
 Launch one process per rank with torchrun, mpirun or `mpirun ... accelerate launch` (see
 model.parallel.distributed); with no launcher it trains as a single process. Rank 0 alone reads the
 pretrained weights or the snapshot it resumes from and hands the state to the others over the
-process group, so only the head node needs the run directory. See README.md, "Training".
+process group, so only the head node needs the run directory. See docs/training.md#the-trainer.
 """
 
 from __future__ import annotations

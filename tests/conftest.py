@@ -1,14 +1,25 @@
 """For every test: launcher code run in the test process (a cluster's key file, its sightings, its
 runs' records) writes under NANOCLUSTER_HOME, so that is a temporary directory, never the user's
-~/nanocluster. A test that needs its own home still sets one."""
+~/nanocluster. A test that needs its own home still sets one.
+
+Tests marked `fresh_process` (every test that calls torch.compile) run in a new Python process of
+their own: torch.compile walks what the process has imported (AOTAutograd's cache pickles its key,
+Dynamo looks up modules), and a cloud SDK's lazily loaded modules, left by an infra test in the same
+xdist worker, were then imported one by one: a compile test of seconds ran past the 600 s timeout."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from launcher.inventory import LOCAL_HOME_ENV
+
+FRESH_PROCESS_ENV = "NANOCLUSTER_TEST_FRESH_PROCESS"
+"""Set in the process a `fresh_process` test runs in, so that process runs the test itself."""
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,3 +27,33 @@ def local_home_outside_the_users(tmp_path_factory: pytest.TempPathFactory) -> It
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(LOCAL_HOME_ENV, str(tmp_path_factory.mktemp("nanocluster-home")))
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fresh_process: run the test in a new Python process (every test that calls torch.compile)"
+    )
+
+
+def in_fresh_process() -> bool:
+    return os.environ.get(FRESH_PROCESS_ENV) == "1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A `fresh_process` test runs as `pytest <its node id>` in a child process; its fixtures are still
+    set up here too (they are cheap ones: tmp_path and the like)."""
+    if pyfuncitem.get_closest_marker("fresh_process") is None or in_fresh_process():
+        return None
+    # The random-order plugin, if any, is left out: the one test in the child has no order.
+    command = [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        command,
+        cwd=pyfuncitem.config.rootpath,
+        env=os.environ | {FRESH_PROCESS_ENV: "1"},
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"{pyfuncitem.nodeid} failed in its own process:\n{result.stdout[-8000:]}{result.stderr[-4000:]}")
+    return True

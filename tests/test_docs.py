@@ -22,6 +22,13 @@ directory holding one; trailing sentence punctuation and '...' are dropped.
 
 The repository is what git lists: tracked files plus new files not ignored, so a page being written
 counts before its first commit and a build output never does.
+
+A section of a Markdown page is cited as `page.md#anchor` (in any line of a checked file, a
+message in Python code included, since an operator reads it), as a link `[text](#anchor)` inside a
+page, or by its heading, `page.md, "Heading"` (or `README, "Heading"`). The page must exist (from
+the repository root or the citing file's directory) and have that anchor: the ids mkdocs gives its
+headings, computed by Python-Markdown with mkdocs.yml's extensions (toc's default slugify:
+lowercase, punctuation removed, spaces to hyphens; a repeated heading gets _1, _2).
 """
 
 from __future__ import annotations
@@ -34,7 +41,12 @@ import subprocess
 import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+
+import markdown
+import yaml
+from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -169,7 +181,8 @@ def planted_tree(tmp_path: Path) -> list[str]:
         "guide/index.md": "# Guide\nBack to [the README](../README.md); [a section](#guide); [web](https://x.org/a.md).\n",
         "guide/plot.png": "",
         "engine/train.py": (
-            f'"""The trainer (guide/index.md, "Training"); see engine/{GONE} and {NOTES}."""\n'
+            # Two literals, so that this line holds no citation of a section of guide/index.md.
+            '"""The trainer (guide/index.md,' f' "Training"); see engine/{GONE} and {NOTES}."""\n'
             '# Paths that are not ours: /opt/engine/x.py ~/nanocluster/engine/y.py "$HOME"/engine/z.py\n'
             "# Patterns and placeholders: engine/*.py, engine/<name>.py, {root}/engine/w.py, engine/NAME.py\n"
             "# A URL: https://example.org/engine/v.py; the tree: engine/, engine/train.py, engine/...\n"
@@ -202,3 +215,153 @@ def test_a_missing_citation_is_reported_with_its_file_and_line(tmp_path):
     (tmp_path / "infra" / "contract.py").write_text(f'"""Line one."""\n# infra/{GONE}, the old home\n')
     missing, _ = missing_citations(tmp_path, ["infra/contract.py"])
     assert [str(c) for c in missing] == [f"infra/contract.py:2: infra/{GONE}"]
+
+
+# --- sections: a page's anchor or heading ---------------------------------------------------------
+
+ANCHORED = re.compile(r"(?<![\w/.~$-])((?:[\w.-]+/)*[\w.-]+\.md)#([\w-]+)")
+"""page.md#anchor, the page from the repository root or the citing file's directory."""
+NAMED = re.compile(r'(?<![\w/.~$-])((?:[\w.-]+/)*(?:[\w.-]+\.md|README)),\s*\\?"([^"\\]+)\\?"')
+"""page.md, "Heading" or README, "Heading" (in a Python string its quotes may be escaped)."""
+SECTIONS_NOT_CHECKED_IN = "tests/test_docs.py"
+"""This file: its examples and planted trees cite made-up pages and sections on purpose."""
+MKDOCS_DEFAULT_EXTENSIONS = ("toc", "tables", "fenced_code")
+"""What mkdocs always adds to the markdown_extensions of mkdocs.yml."""
+
+
+@dataclass(frozen=True)
+class SectionCitation:
+    file: str
+    line: int
+    cited: str
+    """As written: page.md#anchor, #anchor or page.md, "Heading"."""
+    candidates: tuple[str, ...]
+    """Where the page may be, from the repository root: the first listed file is it."""
+    anchor: str
+    """The id the section has on that page (a cited heading's: slugified)."""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.cited}"
+
+
+@cache
+def mkdocs_markdown() -> markdown.Markdown:
+    """Python-Markdown as mkdocs runs it: its default extensions and mkdocs.yml's, with their settings."""
+    names, settings = list(MKDOCS_DEFAULT_EXTENSIONS), {}
+    for entry in yaml.safe_load((ROOT / "mkdocs.yml").read_text()).get("markdown_extensions", []):
+        name, config = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
+        if name not in names:
+            names.append(name)
+        settings[name] = config or {}
+    return markdown.Markdown(extensions=names, extension_configs=settings)
+
+
+def page_anchors(text: str) -> set[str]:
+    """Every id the page has once rendered: its headings' (toc) and any HTML element's."""
+    md = mkdocs_markdown()
+    try:
+        return set(re.findall(r'\bid="([^"]+)"', md.convert(text)))
+    finally:
+        md.reset()
+
+
+def heading_anchor(heading: str) -> str:
+    return slugify(heading, "-")
+
+
+def section_citations_in(path: str, text: str, top_level: set[str]) -> Iterable[SectionCitation]:
+    """Every section `text` (the file at repo-relative `path`) cites, by the rules above; every line
+    is read, code too (a message that cites a section is read by an operator)."""
+    here = os.path.dirname(path)
+
+    def candidates(page: str) -> tuple[str, ...]:
+        from_root, from_here = os.path.normpath(page), os.path.normpath(os.path.join(here, page))
+        return (from_root, from_here) if from_root.split("/")[0] in top_level else (from_here, from_root)
+
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = URL.sub(" ", line)
+        found: set[SectionCitation] = set()
+        for page, anchor in ANCHORED.findall(line):
+            found.add(SectionCitation(path, number, f"{page}#{anchor}", candidates(page), anchor))
+        if path.endswith(".md"):
+            for target in MD_LINK.findall(line):
+                if target.startswith("#"):
+                    found.add(SectionCitation(path, number, target, (path,), target[1:]))
+        for page, heading in NAMED.findall(line):
+            page_file = page if page.endswith(".md") else f"{page}.md"
+            found.add(SectionCitation(path, number, f'{page}, "{heading}"', candidates(page_file),
+                                      heading_anchor(heading)))
+        yield from sorted(found, key=str)
+
+
+def missing_sections(root: Path, files: list[str]) -> tuple[list[str], int]:
+    """(one line per cited section whose page or anchor does not exist, how many were checked)."""
+    listed = set(files)
+    top_level = {f.split("/")[0] for f in files}
+    anchors: dict[str, set[str]] = {}
+    missing, checked = [], 0
+    for path in files:
+        if not is_checked(path) or path == SECTIONS_NOT_CHECKED_IN:
+            continue
+        try:
+            text = (root / path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for citation in section_citations_in(path, text, top_level):
+            checked += 1
+            page = next((c for c in citation.candidates if c in listed), None)
+            if page is None:
+                missing.append(f"{citation}: no page {citation.candidates[0]}")
+                continue
+            if page not in anchors:
+                anchors[page] = page_anchors((root / page).read_text(encoding="utf-8"))
+            if citation.anchor not in anchors[page]:
+                missing.append(f"{citation}: {page} has no anchor #{citation.anchor}")
+    return missing, checked
+
+
+def test_every_cited_section_is_an_anchor_of_its_page():
+    missing, checked = missing_sections(ROOT, listed_files(ROOT))
+    assert checked > 50, "the rules found almost no cited sections: are they still reading the tree?"
+    assert missing == [], "cited sections that do not exist:\n" + "\n".join(missing)
+
+
+# Made-up anchors and headings, built from parts so that this file itself cites none.
+NO_ANCHOR = "no-such" + "-section"
+GONE_PAGE = "gone" + ".md"
+
+
+def test_the_check_finds_missing_pages_and_anchors_and_nothing_else(tmp_path):
+    files = {
+        "docs/guide.md": (
+            "# The guide\n## Step time, after an eval\n## Setup\n## Setup\n"
+            f"See [setup](#setup), [again](#setup_1), [the trainer](other.md#the-trainer), [gone](#{NO_ANCHOR}).\n"
+            "```\n# not a heading\n```\n"
+        ),
+        "docs/other.md": f"# The trainer\nBack to [the guide](guide.md#the-guide), [nowhere](guide.md#{NO_ANCHOR}).\n",
+        "README.md": f"Read docs/guide.md#step-time-after-an-eval and docs/{GONE_PAGE}#setup.\n",
+        "engine/train.py": (
+            '"""The steps (docs/guide.md, "Step time, after an eval"); (README, "Setup")."""\n'
+            f'print("see docs/guide.md#{NO_ANCHOR}")  # a message: read too\n'
+            "# https://example.org/docs/guide.md#not-ours is a URL\n"
+            'NOTE = "(docs/other.md, \\"The trainer\\")"\n'
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    missing, checked = missing_sections(tmp_path, sorted(files))
+    assert missing == [
+        f"README.md:1: docs/{GONE_PAGE}#setup: no page docs/{GONE_PAGE}",
+        f"docs/guide.md:5: #{NO_ANCHOR}: docs/guide.md has no anchor #{NO_ANCHOR}",
+        f"docs/other.md:2: guide.md#{NO_ANCHOR}: docs/guide.md has no anchor #{NO_ANCHOR}",
+        'engine/train.py:1: README, "Setup": README.md has no anchor #setup',
+        f"engine/train.py:2: docs/guide.md#{NO_ANCHOR}: docs/guide.md has no anchor #{NO_ANCHOR}",
+    ]
+    assert checked == 12
+
+
+def test_a_heading_is_cited_by_the_anchor_mkdocs_gives_it():
+    assert heading_anchor("Idle stop (autostop)") == "idle-stop-autostop"
+    assert heading_anchor("`fab train`") == "fab-train"
+    assert "idle-stop-autostop" in page_anchors((ROOT / "docs" / "cost.md").read_text())

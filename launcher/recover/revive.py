@@ -3,7 +3,7 @@
 A cluster read from a Pulumi stack can ask the stack: `pulumi up --refresh` first reads every
 resource's real state from the cloud (a preempted spot VM shows as stopped, or is gone), then
 starts or recreates what the program declares and the cloud no longer has (what each cloud does is
-in README, "Self-healing runs"). The stack keeps each node's address and pinned host key, so the
+in docs/recovery.md#bringing-a-preempted-node-back). The stack keeps each node's address and pinned host key, so the
 node comes back as the same member of the cluster. A JSON contract or the local cluster has nothing
 to ask: the caller just waits for the node to answer again.
 """
@@ -51,7 +51,7 @@ NOT_STARTED_BY_UP = {
              "the launcher takes it back while it waits",
 }
 """What the operator still has to do on a cloud where `pulumi up` does not start a stopped VM
-(README, "Self-healing runs"); {node} is a lost node's name."""
+(docs/recovery.md#bringing-a-preempted-node-back); {node} is a lost node's name."""
 
 
 def up_command(stack: PulumiStack) -> list[str]:

@@ -2,11 +2,11 @@
 
 A cloud preempting a spot VM sends SIGTERM (systemd's stop of our unit does too) and gives the
 process a short grace period before killing it: GCP about 30 s, Azure's Scheduled Events at least
-30 s, AWS a 2-minute interruption notice (README, "Preemption"). So a stop signal does not unwind
+30 s, AWS a 2-minute interruption notice (docs/recovery.md#preemption). So a stop signal does not unwind
 the program mid-step; it only raises a flag:
 
 - The step in progress finishes. After every optimizer step the ranks all-reduce their flags
-  (agreed(), one 1-element MAX all-reduce: negligible next to the gradients, see README), because
+  (agreed(), one 1-element MAX all-reduce: negligible next to the gradients: docs/recovery.md#preemption), because
   a cloud preempts one node and the signal may reach only some ranks. Every rank then stops at the
   same step and takes part in the snapshot collective, so rank 0 writes even when only another
   node was told, and still writes when its own node is the one going away.

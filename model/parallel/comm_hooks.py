@@ -15,7 +15,8 @@ hook with the observer the trainer passes. The options (TrainConfig.grad_compres
   compute (three skinny matmuls and an orthogonalisation per matrix per step) and 4 bytes per
   parameter of error buffer. model/parallel/powersgd.py: torch's algorithm, laid out for CPUs.
 - auto: measure the link at start (a timed all-reduce) and pick by how long the fp32 gradients
-  would take to cross it against the step's compute (choose_compression; README, "Performance").
+  would take to cross it against the step's compute (choose_compression;
+  docs/training.md#gradient-communication-over-slow-links).
 
 PowerSGD on resume or restart: the hook's state starts afresh (plain all-reduce for
 powersgd_start_iter steps, then zero error feedback and a fresh random P). The error buffers are

@@ -149,7 +149,8 @@ class TrainConfig:
     """What crosses the link for the gradients (model.parallel.comm_hooks): none (fp32 all-reduce), bf16 or
     fp16 (half the bytes, rounded), powersgd (a low-rank approximation with error feedback: 0.74% of
     the bytes for GPT-2 small at rank 4), or auto: time an all-reduce at start and pick by how long the fp32
-    gradients would take against the step's compute (README, "Performance"). One process: unused."""
+    gradients would take against the step's compute (docs/training.md#gradient-communication-over-slow-links).
+    One process: unused."""
     powersgd_rank: int = 4
     """PowerSGD's matrix approximation rank: bytes sent grow with it, and so does accuracy."""
     powersgd_start_iter: int = 10
@@ -168,7 +169,7 @@ class TrainConfig:
     stop_grace_s: float = 25.0
     """Seconds a stop signal (SIGTERM/SIGINT) leaves to finish the step in progress and write its
     snapshot before the process stops at once, keeping the previous snapshot. Below the 30 s that
-    GCP and Azure give a preempted VM (README, "Preemption")."""
+    GCP and Azure give a preempted VM (docs/recovery.md#preemption)."""
 
     # --- budget (model.monitoring.budget; `fab train --budget` sets these) ------------------------
     budget_usd: float = 0.0

@@ -106,16 +106,25 @@ class Ran:
 
 @pytest.fixture
 def task(capsys):
-    """task("train", "--cluster", X, ...) -> Ran(exit code, stdout, stderr), in this process."""
+    """task("train", "--cluster", X, ...) -> Ran(exit code, stdout, stderr), in this process.
+
+    The program takes each flag's help off the shared task objects as it builds its parser (invoke's
+    Task.arg_opts pops them), so they are put back after every run: a later test in this process
+    (a help text, the docs' flag table) reads the tasks as they were defined."""
     from launcher.cli import make_program
+    from launcher.tasks import namespace
 
     def run(*argv: str) -> Ran:
         capsys.readouterr()
+        helps = {name: dict(defined.help) for name, defined in namespace.tasks.items()}
         code = 0
         try:
             make_program().run(["nanocluster", *argv])
         except SystemExit as e:
             code = int(e.code or 0)
+        finally:
+            for name, defined in namespace.tasks.items():
+                defined.help = helps[name]
         captured = capsys.readouterr()
         return Ran(code, captured.out, captured.err)
 

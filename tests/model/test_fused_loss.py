@@ -64,6 +64,7 @@ def test_loss_without_gradients_matches_and_keeps_no_graph() -> None:
     torch.testing.assert_close(loss, F.cross_entropy(hidden @ weight.detach().t(), targets))
 
 
+@pytest.mark.fresh_process  # torch.compile: apart from what other tests imported (tests/conftest.py)
 def test_compiled_model_trains_through_the_fused_loss() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=VOCAB))

@@ -107,3 +107,13 @@ def test_a_contract_of_kind_kubernetes_names_a_bad_key(fake, task, tmp_path):
     ran = task("status", "--cluster", str(path))
     assert ran.error_lines == [f"error: {path}: 'storage_claim' 'Shared_Data' is not a DNS label (lower-case "
                                "letters, digits and '-')"]
+
+
+def test_running_a_task_in_this_process_leaves_every_flag_its_help(task, tmp_path):
+    from launcher.tasks import namespace
+
+    helps = {name: dict(defined.help) for name, defined in namespace.tasks.items()}
+    assert helps["status"] and helps["train"]
+    task("status", "--cluster", f"kubeconfig:{tmp_path}/nope")
+    task("train", "--help")
+    assert {name: defined.help for name, defined in namespace.tasks.items()} == helps
