@@ -24,15 +24,15 @@ def checkout_problem(path: Path) -> str | None:
 
 def model_module(name: str, flat_name: str | None = None) -> ModuleType:
     """The trainer's module name (model.gpt.optim) from the checkout on the import path; in a checkout
-    from before the subpackages, its flat name: flat_name, or model.<last part> (model.optim)."""
-    try:
+    from before the subpackages, its flat name: flat_name, or model.<last part> (model.optim).
+    The layout is read from the model/ directory that was imported: an editable install of another
+    checkout would otherwise supply a subpackage the imported model/ does not have."""
+    package = importlib.import_module("model")
+    root = Path(next(iter(package.__path__)))
+    subpackage = name.split(".")[1]
+    if (root / subpackage / "__init__.py").is_file():
         return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        missing = err.name or ""
-        # Only the subpackage or the module itself may be missing; a missing dependency is an error.
-        if missing == "model" or not (name == missing or name.startswith(missing + ".")):
-            raise
-        return importlib.import_module(flat_name or "model." + name.rsplit(".", 1)[1])
+    return importlib.import_module(flat_name or "model." + name.rsplit(".", 1)[1])
 
 
 def checkout_label(path: Path) -> str:

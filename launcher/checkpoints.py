@@ -9,13 +9,13 @@ import shlex
 import shutil
 from pathlib import Path
 
+from launcher.cluster.inventory import Cluster, cluster_dir
+from launcher.cluster.node_layout import run_dir
 from launcher.console import HOME_FIX, TaskError, out_line, say, writable_dir
-from launcher.inventory import Cluster, cluster_dir
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.record import RunRecord
 from launcher.session import Session, resolve_cluster
-from launcher.setup.ready import ensure_ready
-from launcher.site import run_dir
+from launcher.setup.nodes import ensure_ready
 from launcher.transport import NodeError, Shell
 from model.conventions import (
     CKPT_NAME,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
+from launcher.cluster.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
 
 HOME_FIX = (f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
             "cluster's nodes and what fab fetch copies; default ~/nanocluster)")

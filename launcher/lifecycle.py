@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
+from launcher.cluster.inventory import Cluster, Node
 from launcher.console import Interrupted, TaskError, check_name, say
-from launcher.inventory import Cluster, Node
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
 from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget

@@ -2,7 +2,7 @@
 this kind supplies to the run lifecycle (launcher.lifecycle), which does the rest.
 
     open     one session to every node (SSH, probed once), the run checked against their memory and cores
-    start    set every node up (launcher.setup.ready), place the data, plan and render the run
+    start    set every node up (launcher.setup.nodes), place the data, plan and render the run
              directory, start each node's units (launcher.launch.start)
     watch    follow the units' logs and rank 0's metrics until they end, stopping every unit at the
              first failure (launcher.launch.monitor)
@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import time
 
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
-from launcher.inventory import Cluster, Node
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.start import launch_facts, make_plan, place_data, print_dry_run, start_units
-from launcher.launch.stop import stop_units
+from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
-from launcher.recover.classify import oom_line
 from launcher.recover.nodes import NodeRecovery
 from launcher.recover.oom import find_oom_kill
+from launcher.recover.policy import oom_line
 from launcher.session import Session, resolve_cluster, select_nodes
-from launcher.setup.ready import ensure_ready
-from launcher.site import Site, site_of
+from launcher.setup.nodes import ensure_ready
 
 
 class MachinesRun:

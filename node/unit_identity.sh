@@ -1,7 +1,7 @@
 # nanocluster unit identity: the shell functions every command that acts on a launch unit verifies
 # it with (a unit is alive only if the node's boot id and its leader's start time still match what
-# UNIT.identity recorded). The one definition: launcher/launch/identity.py prepends this text to its
-# commands; node/autostop.sh sources it. POSIX sh (bash and dash). See launcher/launch/identity.py.
+# UNIT.identity recorded). The one definition: launcher/launch/units.py prepends this text to its
+# commands; node/autostop.sh sources it. POSIX sh (bash and dash). See launcher/launch/units.py.
 # shellcheck disable=SC2086,SC2034 # the stat line is split into words on purpose; callers read nc_*
 nc_boot_id() { cat "${NANOCLUSTER_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}" 2>/dev/null; }
 nc_stat() { nc_s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; nc_s=${nc_s##*\)}; set -- $nc_s; \

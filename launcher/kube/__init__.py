@@ -10,6 +10,6 @@
     train      `fab train`: budget, record, and restarts with launcher.recover's policy
     tasks      setup, prepare-data, status, logs, stop, sample, fetch, doctor
 
-The contract keys of this kind are launcher/kube_contract.py's (below launcher.inventory, which
-builds the Cluster); launcher/kinds.py sends a task here when the cluster's kind is kubernetes.
+The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.inventory, which
+builds the Cluster); launcher/tasks/drivers.py sends a task here when the cluster's kind is kubernetes.
 """

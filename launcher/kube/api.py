@@ -21,10 +21,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.kube_contract import KubeAccess
 from launcher.console import TaskError, say
-from launcher.inventory import Cluster, Node
 from launcher.kube import volume
-from launcher.kube_contract import KubeAccess
 
 RWX_PROVISIONERS = (
     "filestore.csi.storage.gke.io",  # GKE Filestore

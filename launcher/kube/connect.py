@@ -10,8 +10,8 @@ from typing import TypeVar
 from kubernetes.client import V1Job, V1Pod, V1Service
 from kubernetes.client.exceptions import ApiException
 
+from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, say
-from launcher.inventory import Cluster
 from launcher.kube.api import Api, Named, calling, connect, labels_of, name_of
 from launcher.kube.objects import LABEL_RUN
 from launcher.session import resolve_cluster

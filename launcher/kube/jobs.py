@@ -13,14 +13,14 @@ from kubernetes.client import V1ConfigMap, V1Job, V1Pod
 from kubernetes.client.exceptions import ApiException
 from urllib3 import HTTPResponse
 
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.kube_contract import KubeAccess
+from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
-from launcher.inventory import Cluster
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.objects import job_name
-from launcher.kube_contract import KubeAccess
-from launcher.setup.code import code_archive
-from launcher.site import REPO_ROOT
+from launcher.setup.nodes import code_archive
 
 POLL_S = 1.0
 """How often a Job's pods are listed (one light request; the tests make it shorter)."""

@@ -9,7 +9,7 @@ the official client accepts as a body). Pod k of the Job is rank k:
 
 One trainer process per pod and one pod per node, as one rank per VM: the same variables as a VM
 rank's env.sh and rank<R>.env (launcher.launch.render), the same layout as a VM node's root
-(launcher.site) on the shared ReadWriteMany claim, so every rank reads one copy of code, data and
+(launcher.cluster.node_layout) on the shared ReadWriteMany claim, so every rank reads one copy of code, data and
 the run directory.
 
 The Job controller does not heal a run: backoffLimit is 0, so the first failed pod fails the Job
@@ -26,13 +26,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables
 from launcher.launch.units import STOP_GRACE_S
-from launcher.site import run_dir
 from model.conventions import EXIT_BUDGET, EXIT_PROGRAM_ERROR, LAUNCHER_ENV
 
 MOUNT_PATH = "/nanocluster"
-"""Where the shared claim is mounted in every pod: the node root of launcher.site's layout."""
+"""Where the shared claim is mounted in every pod: the node root of launcher.cluster.node_layout's layout."""
 NODE_PYTHON = f"{MOUNT_PATH}/venv/bin/python"
 """The node environment's Python (built once on the claim by the setup Job)."""
 CODE_DIR = f"{MOUNT_PATH}/code"

@@ -1,5 +1,5 @@
 """The tasks other than `fab train` on a Kubernetes cluster, with the VM tasks' signatures
-(launcher/kinds.py picks these or the VM ones by the cluster's kind).
+(launcher/tasks/drivers.py picks these or the VM ones by the cluster's kind).
 
     setup          the staging Job: node environment once, model/ by digest (launcher.kube.jobs)
     prepare_data   a Job writing data/<dataset> once on the shared claim: every pod reads that copy
@@ -23,7 +23,6 @@ from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
 from launcher.console import TaskError, check_name, console, out_line, say
-from launcher.data.prepare import dataset_name, prepare_args
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
@@ -44,6 +43,7 @@ from launcher.launch.monitor import Progress
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord
+from launcher.setup.data import dataset_name, prepare_args
 from model.conventions import (
     CKPT_NAME,
     SAMPLE_MAX_NEW_TOKENS,

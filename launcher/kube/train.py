@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from kubernetes.client import V1Job, V1Service
 
+from launcher.cluster.inventory import Cluster, Node
 from launcher.console import TaskError, out_line, say
-from launcher.inventory import Cluster, Node
 from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import delete_run_objects
@@ -29,7 +29,7 @@ from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.policy import KEEP_GLOBAL_BATCH
-from launcher.runs.recorder import RunRecorder
+from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT
 

@@ -18,6 +18,8 @@ import base64
 import hashlib
 import shlex
 
+from launcher.cluster.kube_contract import KubeAccess
+from launcher.cluster.node_layout import data_dir, run_dir
 from launcher.kube.objects import (
     APP,
     CODE_DIR,
@@ -28,9 +30,7 @@ from launcher.kube.objects import (
     NODE_PYTHON,
     VOLUME,
 )
-from launcher.kube_contract import KubeAccess
-from launcher.setup.code import install_code_command
-from launcher.site import data_dir, run_dir
+from launcher.setup.nodes import install_code_command
 
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024
 """The API server refuses a ConfigMap whose data exceeds 1 MiB."""

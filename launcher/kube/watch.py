@@ -4,7 +4,7 @@ The pods are listed every POLL_S (one light request). Each pod that starts gets 
 its log (the API's follow stream), labelled as the VM launcher labels a rank (launcher.launch.plan's
 Unit), so `fab train` reads the same on both kinds. Rank 0's metrics.jsonl is followed through an
 exec stream into its pod (a `tail -F` on the shared volume) for the progress line and the
-operator's metrics copy (launcher.runs.recorder). The first pod to fail -- its container exited
+operator's metrics copy (launcher.runs.metrics_copy). The first pod to fail -- its container exited
 non-zero, or it was evicted or preempted (condition DisruptionTarget) -- ends the watch: the
 caller's stop_all deletes the Job (every pod gets SIGTERM) and RunFailed names the rank, as the VM
 monitor's does, so launcher.recover's policy classifies it the same way. A pod that finds no node
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from kubernetes.client import V1Pod
 
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
 from launcher.kube.api import Api, labels_of, name_of
 from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response, unschedulable
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
@@ -36,10 +36,10 @@ from launcher.launch.monitor import (
     RunInterrupted,
 )
 from launcher.launch.plan import Unit
-from launcher.recover.classify import oom_line
 from launcher.recover.oom import OomKill
+from launcher.recover.policy import oom_line
 from launcher.runs import budget
-from launcher.runs.recorder import RunRecorder
+from launcher.runs.metrics_stream import RunRecorder
 
 POLL_S = 1.0
 """How often the run's pods are listed."""

@@ -15,9 +15,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.cluster.inventory import Cluster, Node, group_by_host
 from launcher.console import TaskError
-from launcher.inventory import Cluster, Node, group_by_host
-from launcher.probe import NodeReport
+from launcher.session import NodeReport
 from model.gpt.memory_estimate import GB, estimate_rank_memory
 from model.settings.config import TrainConfig
 

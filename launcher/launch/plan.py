@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from launcher.inventory import Cluster, Host, Node, group_by_host
+from launcher.cluster.inventory import Cluster, Host, Node, group_by_host
 from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")
@@ -20,7 +20,7 @@ UNIT_KINDS = ("rank", "node", "mpirun")
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What a launch needs to know about a node from its probe (launcher.probe)."""
+    """What a launch needs to know about a node from its probe (launcher.session)."""
 
     interface: str = ""
     """Network interface holding the node's private address (for gloo / CCL / Intel MPI)."""

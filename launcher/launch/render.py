@@ -9,7 +9,7 @@ A node's run directory (~/nanocluster/runs/<run>/) gets:
     hostfile                 Intel MPI machine file (address:ranks), for the mpirun launcher
     plan.json                what was launched (read back by `fab logs`)
 
-The cluster's own SSH files (~/.ssh/nanocluster) come from launcher.transport.cluster_ssh.
+The cluster's own SSH files (~/.ssh/nanocluster) come from launcher.transport.ssh.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import shlex
 
 import yaml
 
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
 from launcher.launch.plan import LaunchPlan, Rank, Unit, plan_json, trainer_args
-from launcher.transport.cluster_ssh import SSH_DIR_SH
+from launcher.transport.ssh import SSH_DIR_SH
 from model.conventions import BF16_CPU_FLAGS, LAUNCHER_ENV
 
 # Intel's recommended jemalloc settings for PyTorch on Xeon: keep freed pages for reuse.

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
-from launcher.data.fanout import check_shards, fan_out, splits_digest
-from launcher.inventory import Cluster, Node
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import run_files
 from launcher.launch.units import start_command
-from launcher.probe import NodeReport
-from launcher.session import Session
-from launcher.site import Site, site_of
+from launcher.session import NodeReport, Session
+from launcher.setup.data import check_shards, fan_out, splits_digest
 from launcher.trainer_config import resolved_config_text
 from launcher.transport import Shell, payload
-from launcher.transport.cluster_ssh import shown_path, ssh_files
+from launcher.transport.ssh import shown_path, ssh_files
 
 
 def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], **plan_args: Any) -> LaunchPlan:

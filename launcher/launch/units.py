@@ -15,13 +15,43 @@ identity check is needed anyway where PID 1 is not systemd (the sshd test nodes,
 local cluster on a workstation or CI runner), and one mechanism everywhere is the one the tests
 exercise. A cgroup would also catch a process that leaves the unit's session (a double-forking
 daemon); the trainer and its launchers do not do that, so the process group is enough.
+
+Which process group is a unit: the one shell library every unit command verifies it with.
+
+A process id alone does not name a unit: after a node reboots (a spot VM stopped and started, a
+maintenance restart, the operator's own machine for the local cluster) the run directory still holds
+UNIT.pid, and the number may now belong to sshd, the guest agent or the user's own work. So when a
+unit starts, UNIT.identity records, beside UNIT.pid, the node's boot id
+(/proc/sys/kernel/random/boot_id) and the leader's start time (field 22 of /proc/PID/stat, in clock
+ticks since boot). A command treats the group as the unit, or signals it, only when both still match
+(docs/design.md, "Unit identity").
+
+nc_unit UNIT sets nc_pid and nc_state, and succeeds only for `ours`; nc_running UNIT also needs
+some process of the unit's group alive:
+
+    ours        the boot id and the leader's start time match: the unit's leader is alive
+    rebooted    the record is from another boot: the node rebooted, the unit is lost
+    reused      the pid now belongs to another process (its start time differs): lost
+    gone        no process has the pid any more, or the leader has ended and awaits its reaper (a
+                zombie: kill -0 still succeeds on it, and a container's init may reap it late)
+    unrecorded  UNIT.pid without UNIT.identity (a run started before identities): never signalled
+    none        no UNIT.pid
+
+Test seam: NANOCLUSTER_BOOT_ID_FILE, when set in the environment of the node's shell, replaces
+/proc/sys/kernel/random/boot_id, so a test can simulate a reboot by changing that file's content
+(the sshd test nodes set it for every session; see launcher/testing/nodes.py).
+
+Stopping a run: TERM every unit's process group on every machine, KILL what is left after the grace.
 """
 
 from __future__ import annotations
 
-from launcher.launch.identity import LOST_REASONS, with_identity
-from launcher.site import run_dir
-from launcher.transport.cluster_ssh import install_ssh_command
+from launcher.cluster.inventory import Node
+from launcher.cluster.node_layout import REPO_ROOT, run_dir
+from launcher.console import out_line, say
+from launcher.session import Session, machines, resolve_cluster
+from launcher.transport import NodeError, Shell
+from launcher.transport.ssh import install_ssh_command
 
 EXIT_MARKER = "@@nanocluster-exit"
 # Longer than the trainer's stop_grace_s (25 s, model.settings.config) plus its hard exit (5 s): a stopped
@@ -142,3 +172,54 @@ def log_command(root: str, run: str, unit: str, lines: int, follow: bool) -> str
     """The last lines of a unit's log, and with follow every new one until interrupted."""
     flag = "-F" if follow else ""
     return f"tail -n {int(lines)} {flag} {run_dir(root, run)}/logs/{unit}.log"
+
+
+BOOT_ID_ENV = "NANOCLUSTER_BOOT_ID_FILE"
+"""Test seam: the file read instead of /proc/sys/kernel/random/boot_id."""
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+LOST_REASONS = {
+    "rebooted": "lost: the node rebooted",
+    "reused": "lost: its pid is now another process",
+    "unrecorded": "lost: no identity record",
+    "gone": "lost",
+}
+"""What `fab status` says of a unit that is not running and left no exit record, by nc_state."""
+
+# POSIX sh (bash and dash), kept in node/ because the node's idle stop (node/autostop.sh) sources the
+# same functions. The stat line is cut after its last ')' because comm (field 2) may hold spaces and
+# parentheses; field 22 is then the 20th word, since the rest starts at field 3.
+UNIT_IDENTITY_SH = (REPO_ROOT / "node" / "unit_identity.sh").read_text()
+"""Shell functions prepended to every command that acts on a unit (units.py)."""
+
+
+def with_identity(command: str) -> str:
+    """command with the unit identity functions defined before it."""
+    return UNIT_IDENTITY_SH + command
+
+
+def stop_units(session: Session, run: str) -> None:
+    """Stop the run's units on every machine; a node that cannot be reached is reported, not fatal."""
+    def one(node: Node, shell: Shell) -> None:
+        try:
+            result = shell.run(stop_command(shell.root, run), timeout=STOP_GRACE_S + 20)
+        except NodeError as e:
+            out_line(f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
+                     "collective_timeout_s, or run `fab stop` once the node is back")
+            return
+        if result.stdout.strip():
+            out_line(f"[stop {node.name}] {result.stdout.strip()}")
+
+    session.run_everywhere(session.hosts(), one)
+
+
+def stop(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab stop`: every unit of the run on every reachable node; 1 when a node could not be reached."""
+    cluster = resolve_cluster(cluster_spec, None)
+    with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
+        stop_units(session, run)
+        if session.nodes:
+            say(f"run {run}: every rank stopped on {', '.join(n.name for n in session.hosts())}")
+        for error in session.unreachable.values():
+            say(f"not stopped: {error}")
+    return 1 if session.unreachable else 0

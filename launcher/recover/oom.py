@@ -2,7 +2,7 @@
 
 A death by SIGKILL alone does not say who sent it (an operator, a chaos test, the OOM killer). So
 after a launch whose first failure is a SIGKILL (exit 137) or a unit gone without an exit record,
-the launcher asks that node (launcher/remote/oom_record.py, one round trip): the kernel log's
+the launcher asks that node (launcher/node_scripts/oom_record.py, one round trip): the kernel log's
 "Killed process PID (COMMAND)" records from OOM_WINDOW_S before the failure to just after it, or,
 where the log is not readable (kernel.dmesg_restrict without root), whether /proc/vmstat's OOM kill
 count rose since the probe at launch. Either is an OOM kill on that node; classify.py then ends
@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 
 from launcher.launch.monitor import FirstFailure
-from launcher.remote import script
+from launcher.node_scripts import script
 from launcher.session import Session
 from launcher.transport import NodeError
 

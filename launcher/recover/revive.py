@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from launcher.cluster.inventory import Cluster, Node, PulumiStack
 from launcher.console import say
-from launcher.inventory import Cluster, Node, PulumiStack
 
 UP_TIMEOUT_S = 900.0
 """The bound on one `pulumi up --refresh`. A refresh reads each resource (tens of seconds) and

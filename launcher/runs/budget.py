@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
+from launcher.cluster.inventory import Cluster, price_text
 from launcher.console import TaskError
-from launcher.inventory import Cluster, price_text
 from launcher.runs.record import Attempt, RunRecord
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
 from model.monitoring.metrics import one_series

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 from rich.table import Table
 
+from launcher.cluster.inventory import clusters_root, price_text
 from launcher.console import TaskError, check_name, console, out_line, say
-from launcher.inventory import clusters_root, price_text
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, ClusterLife, cluster_life, read_sightings
 from launcher.runs.estimate import NO_PRICE, duration
 from launcher.runs.ledger import LedgerRow, Totals, ledger_rows

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, overload
 
-from launcher.inventory import price_text
+from launcher.cluster.inventory import price_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, interrupted_text

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.site import REPO_ROOT
+from launcher.cluster.node_layout import REPO_ROOT
 
 FAB = str(Path(sys.executable).with_name("fab"))
 """The fab of this Python's environment."""

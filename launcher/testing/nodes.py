@@ -15,7 +15,7 @@ listens only on the node's address with a fresh ED25519 host key. Teardown kills
 each namespace (each through a pidfd, once it is checked to be still in the namespace), deletes the
 namespaces, the veths and the bridge.
 
-Every session on node i has NANOCLUSTER_BOOT_ID_FILE (launcher/launch/identity.py's test seam) set
+Every session on node i has NANOCLUSTER_BOOT_ID_FILE (launcher/launch/units.py's test seam) set
 to boot_id_file(i), which starts as this machine's boot id; reboot(i) simulates a reboot: every
 process of the node but its sshd listener is killed and the node gets a new boot id. The faults
 bench/chaos.py injects are methods too: kill_sshd(i) (its trainers go on), cut_link(i) and
@@ -42,9 +42,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from launcher.inventory import physical_cores
-from launcher.launch.identity import BOOT_ID_ENV, BOOT_ID_FILE
-from launcher.remote.oom_record import SEAM_ENV as KERNEL_LOG_ENV
+from launcher.cluster.inventory import physical_cores
+from launcher.launch.units import BOOT_ID_ENV, BOOT_ID_FILE
+from launcher.node_scripts.oom_record import SEAM_ENV as KERNEL_LOG_ENV
 
 NODE_HOME = Path("/root")
 SSHD = "/usr/sbin/sshd"

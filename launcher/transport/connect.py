@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from launcher.inventory import Cluster, Node, local_home
-from launcher.site import site_of
-from launcher.transport.local import LocalShell
-from launcher.transport.shell import NodeError, Shell
+from launcher.cluster.inventory import Cluster, Node, local_home
+from launcher.cluster.node_layout import site_of
+from launcher.transport.shell import LocalShell, NodeError, Shell
 from launcher.transport.ssh import open_ssh
 
 

@@ -2,19 +2,24 @@
 
 A Shell runs a shell command on one node with optional stdin and a deadline, or streams its
 output line by line, so the tasks are written once for SSH nodes and the local cluster alike.
+
+The local cluster's transport: a node is a rank slot on this machine, a command a bash subprocess.
 """
 
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
 import tarfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from launcher.inventory import Node
+from launcher.cluster.inventory import Node
 
 MAX_PARALLEL = 32
 """Nodes driven at once (one thread each)."""
@@ -96,3 +101,49 @@ def payload(files: dict[str, str], executable: tuple[str, ...] = ()) -> bytes:
             info.mode = 0o755 if name in executable else 0o600 if name.startswith("ssh/") else 0o644
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+class LocalShell(Shell):
+    """Runs commands as `bash -c` on this machine; `home` is the local cluster's root directory.
+
+    Each command runs in its own session, as it would on a node: a terminal's Ctrl-C reaches fab
+    alone, which then stops the run while its streams deliver the ranks' last lines."""
+
+    def __init__(self, node: Node, root: str, home: Path):
+        self.node = node
+        self.root = root
+        self.home = home
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        try:
+            out = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout,
+                                 start_new_session=True)
+        except subprocess.TimeoutExpired as e:
+            raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}") from e
+        return Result(out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
+
+    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+        proc = subprocess.Popen(
+            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        timer = threading.Timer(timeout, proc.kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                on_line(raw.decode(errors="replace").rstrip("\n"))
+            return proc.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def fetch(self, relative: str, local: Path) -> None:
+        try:
+            shutil.copyfile(self.home / relative, local)
+        except OSError as e:
+            raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e

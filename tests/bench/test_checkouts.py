@@ -30,7 +30,8 @@ def test_each_round_starts_with_the_next_program():
 
 
 def test_a_trainer_module_is_found_in_either_layout(tmp_path):
-    """--against may name a checkout from before model/'s subpackages, whose modules sit in model/."""
+    """--against may name a checkout from before model/'s subpackages, whose modules sit in model/: its
+    own, even where an editable install of this checkout could supply the subpackages."""
     flat = tmp_path / "flat" / "model"
     flat.mkdir(parents=True)
     (flat / "__init__.py").write_text("")
@@ -47,4 +48,4 @@ def test_a_trainer_module_is_found_in_either_layout(tmp_path):
     nested = run(REPO)  # this checkout: the subpackages' modules themselves
     assert nested.returncode != 0 and "has no attribute 'LAYOUT'" in nested.stderr
     missing = run(REPO, "from checkouts import model_module; model_module('model.gpt.nothing')")
-    assert "No module named 'model.nothing'" in missing.stderr  # neither layout has it
+    assert "No module named 'model.gpt.nothing'" in missing.stderr  # the imported layout's name for it

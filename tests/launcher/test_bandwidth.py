@@ -1,4 +1,4 @@
-"""fab doctor's node-to-node bandwidth (launcher.bandwidth): parsing, and on two sshd test nodes whose
+"""fab doctor's node-to-node bandwidth (launcher.doctor): parsing, and on two sshd test nodes whose
 egress is shaped with tc, each link measured within 20% of the rate set."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from launcher.bandwidth import parse
+from launcher.doctor import parse
 from launcher.testing.fab import Fab
 from launcher.testing.fixtures import sshd_nodes
 

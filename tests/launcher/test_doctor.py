@@ -1,8 +1,8 @@
 """`fab doctor` on the local cluster: every check passes, then a damaged dataset is named with its fix."""
 
+from launcher.cluster.node_layout import free_loopback_port
 from launcher.console import console
 from launcher.doctor import doctor
-from launcher.site import free_loopback_port
 from tests.launcher.dataset import corrupt, write_dataset
 
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from launcher.inventory import CLUSTER_ENV, InventoryError, load_cluster, parse_contract
+from launcher.cluster.inventory import CLUSTER_ENV, InventoryError, load_cluster, parse_contract
 
 
 def test_valid_contract_keeps_rank_order_and_normalises_keys(contract):

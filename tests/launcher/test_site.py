@@ -4,8 +4,8 @@ import shlex
 import socket
 import sys
 
-from launcher.inventory import parse_contract
-from launcher.site import QUICKSTART_CONFIG, REPO_ROOT, site_of
+from launcher.cluster.inventory import parse_contract
+from launcher.cluster.node_layout import QUICKSTART_CONFIG, REPO_ROOT, site_of
 
 
 def test_the_local_cluster_runs_this_checkout_with_this_python_in_its_home(local3, local_home):

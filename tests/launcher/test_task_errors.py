@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.site import REPO_ROOT
+from launcher.cluster.node_layout import REPO_ROOT
 from launcher.testing.fab import FAB
 from tests.launcher.conftest import CONTRACT
 

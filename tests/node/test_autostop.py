@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch.identity import BOOT_ID_ENV
-from launcher.site import REPO_ROOT
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.launch.units import BOOT_ID_ENV
 
 AUTOSTOP = REPO_ROOT / "node" / "autostop.sh"
 LIBRARY = REPO_ROOT / "node" / "unit_identity.sh"
@@ -135,7 +135,7 @@ def test_fab_status_reads_the_deadline_the_node_recorded(node):
 
 def test_fab_setup_refuses_an_idle_stop_for_the_local_cluster(tmp_path, monkeypatch):
     from launcher.console import TaskError
-    from launcher.setup.ready import setup
+    from launcher.setup.nodes import setup
 
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
     with pytest.raises(TaskError, match="the local cluster is this machine"):

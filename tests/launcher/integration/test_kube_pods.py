@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.inventory import parse_contract
+from launcher.cluster.inventory import parse_contract
+from launcher.cluster.node_layout import REPO_ROOT
 from launcher.kube.objects import (
     DEFAULT_IMAGE,
     MOUNT_PATH,
@@ -34,7 +35,6 @@ from launcher.kube.objects import (
     training_job,
 )
 from launcher.launch.plan import LaunchPlan, trainer_args
-from launcher.site import REPO_ROOT
 from launcher.testing.fab import TINY_CONFIG, wait_for
 from launcher.testing.fixtures import sshd_nodes
 from launcher.testing.nodes import missing_requirements

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from launcher.remote import oom_record
+from launcher.node_scripts import oom_record
 from launcher.testing.fixtures import sshd_nodes
 
 SLEEPER = "setsid nohup sleep 300 >/dev/null 2>&1 < /dev/null &"

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from launcher.inventory import load_cluster
-from launcher.recover.wait import node_answers
+from launcher.cluster.inventory import load_cluster
+from launcher.recover.nodes import node_answers
 from launcher.testing.fixtures import sshd_nodes
 from launcher.testing.nodes import TestNodes
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.recover.wait import POLL_EVERY_S
-from launcher.site import REPO_ROOT
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.recover.nodes import POLL_EVERY_S
 from launcher.testing.fab import Fab
 from launcher.testing.fixtures import sshd_nodes
 from launcher.testing.interrupt import train_interrupted

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.setup.bootstrap import NODE_DIR
+from launcher.setup.nodes import NODE_DIR
 from launcher.testing.fab import Fab
 from launcher.testing.nodes import TestNodes
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.site import REPO_ROOT
+from launcher.cluster.node_layout import REPO_ROOT
 from tests.launcher.test_fabfile import TASKS
 
 pytestmark = pytest.mark.integration

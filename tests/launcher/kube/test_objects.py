@@ -3,7 +3,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from launcher.inventory import parse_contract
+from launcher.cluster.inventory import parse_contract
 from launcher.kube.objects import (
     DEFAULT_IMAGE,
     LABEL_RUN,

@@ -9,10 +9,10 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 
-from launcher.data.prepare import prepare_args
+from launcher.cluster.kube_contract import KubeAccess
 from launcher.kube import objects, volume
 from launcher.kube.tasks import best_checkpoint_script
-from launcher.kube_contract import KubeAccess
+from launcher.setup.data import prepare_args
 
 GKE_REGULAR = "1.35.0"
 """The schema version checked: GKE's regular channel defaults to 1.35 (1.35.7/1.35.8-gke, its release

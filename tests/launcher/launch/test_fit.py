@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError
-from launcher.inventory import local_cluster, parse_contract
 from launcher.launch.fit import check_fit
 from launcher.lifecycle import TrainRequest
-from launcher.probe import NodeReport
-from launcher.site import REPO_ROOT
+from launcher.session import NodeReport
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
 from model.settings.config import load_config

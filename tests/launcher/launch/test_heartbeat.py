@@ -6,10 +6,9 @@ import threading
 
 import pytest
 
-import launcher.launch.heartbeat as heartbeat
-from launcher.inventory import parse_contract
-from launcher.launch.heartbeat import answers, watch_nodes
-from launcher.launch.monitor import Monitor, RunFailed
+import launcher.launch.monitor as heartbeat
+from launcher.cluster.inventory import parse_contract
+from launcher.launch.monitor import Monitor, RunFailed, answers, watch_nodes
 from launcher.launch.plan import LaunchPlan
 from launcher.transport import NodeError, Result, Shell
 

@@ -5,7 +5,7 @@ import pytest
 from launcher.console import TaskError
 from launcher.lifecycle import TrainRequest
 from launcher.session import Session
-from launcher.setup.ready import ensure_ready
+from launcher.setup.nodes import ensure_ready
 from launcher.train import place_data, train
 from tests.launcher.dataset import write_dataset
 

@@ -1,7 +1,7 @@
 import pytest
 
 from launcher.launch.monitor import FirstFailure
-from launcher.recover.classify import classify
+from launcher.recover.policy import classify
 from model.conventions import EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 
 

@@ -8,13 +8,12 @@ import functools
 import pytest
 
 import launcher.recover.nodes as loop
+from launcher.cluster.inventory import parse_contract
 from launcher.console import Interrupted, TaskError
-from launcher.inventory import parse_contract
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.lifecycle import Lifecycle, Started, TrainRequest
-from launcher.recover.nodes import NodeRecovery
+from launcher.recover.nodes import POLL_EVERY_S, NodeRecovery
 from launcher.recover.policy import KEEP_GLOBAL_BATCH, RecoverOptions
-from launcher.recover.wait import POLL_EVERY_S
 from launcher.runs.record import RunRecord
 from launcher.train import MachinesRun
 from tests.launcher.recover.test_wait import FakeClock

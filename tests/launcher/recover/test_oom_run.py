@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cluster.inventory import local_cluster
 from launcher.console import TaskError
-from launcher.inventory import local_cluster
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
 from launcher.runs.record import RunRecord

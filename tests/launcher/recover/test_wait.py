@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.cluster.inventory import parse_contract
 from launcher.console import TaskError
-from launcher.inventory import parse_contract
+from launcher.recover.nodes import wait_for_nodes
 from launcher.recover.policy import RecoverOptions, nodes_to_resume_on
-from launcher.recover.wait import wait_for_nodes
 
 
 class FakeClock:

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from launcher.cluster.inventory import local_cluster, parse_contract
 from launcher.console import TaskError
-from launcher.inventory import local_cluster, parse_contract
 from launcher.launch.monitor import FirstFailure
-from launcher.recover.classify import classify
+from launcher.recover.policy import classify
 from launcher.runs import budget
 from launcher.runs.record import EVENTS_NAME, RunRecord, read_cluster_runs
 from launcher.testing.fab import Fab

@@ -11,15 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
 from launcher.console import TaskError, console
-from launcher.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
-from launcher.probe import NodeReport
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, cluster_life, node_lives, record_sighting, union_s
 from launcher.runs.cost import cost
 from launcher.runs.estimate import billed_machines, run_clock
 from launcher.runs.ledger import trained
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields, split_attempts
+from launcher.session import NodeReport
 from launcher.testing.fab import Fab
 from model.monitoring.metrics import METRICS_NAME
 from tests.launcher.conftest import CONTRACT

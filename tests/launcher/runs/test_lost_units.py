@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.console import console
-from launcher.launch.identity import UNIT_IDENTITY_SH
 from launcher.launch.status import status
-from launcher.launch.stop import stop
+from launcher.launch.units import UNIT_IDENTITY_SH, stop
 from launcher.lifecycle import TrainRequest
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train

@@ -6,11 +6,9 @@ import pytest
 
 from launcher.checkpoints import fetch, fetched_dir
 from launcher.console import TaskError, console
-from launcher.launch.logs import logs
 from launcher.launch.plan import LaunchPlan, plan_json
-from launcher.launch.status import status
-from launcher.launch.stop import stop
-from launcher.launch.units import alive_command, start_command, stop_command
+from launcher.launch.status import logs, status
+from launcher.launch.units import alive_command, start_command, stop, stop_command
 from launcher.transport import connect, payload
 
 RUN = "r1"

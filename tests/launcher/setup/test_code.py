@@ -1,6 +1,6 @@
 import subprocess
 
-from launcher.setup.code import code_archive, install_code_command
+from launcher.setup.nodes import code_archive, install_code_command
 
 
 def make_tree(root, text="x = 1\n"):

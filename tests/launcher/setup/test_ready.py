@@ -6,7 +6,7 @@ import pytest
 
 from launcher.console import TaskError
 from launcher.session import Session
-from launcher.setup.ready import distribute_keys, ensure_ready
+from launcher.setup.nodes import distribute_keys, ensure_ready
 
 
 def test_a_ready_local_cluster_needs_nothing_sent(local3, local_home):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher.inventory import parse_contract
-from launcher.transport.cluster_ssh import known_hosts, ssh_config
+from launcher.cluster.inventory import parse_contract
+from launcher.transport.ssh import known_hosts, ssh_config
 
 
 @pytest.fixture

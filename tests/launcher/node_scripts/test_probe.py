@@ -1,4 +1,4 @@
-"""The node probe (launcher/remote/probe.py), run here as the launcher runs it on a node: `python -S -`."""
+"""The node probe (launcher/node_scripts/probe.py), run here as the launcher runs it on a node: `python -S -`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.remote import script
+from launcher.node_scripts import script
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 

@@ -2,7 +2,7 @@
 (`kubeconfig:PATH[#CONTEXT]`), or this machine.
 
 Every source ends as the same validated `Cluster`, of kind "machines" (nodes over SSH) or
-"kubernetes" (pods through the API server; its own keys are launcher/kube_contract.py's). The
+"kubernetes" (pods through the API server; its own keys are launcher/cluster/kube_contract.py's). The
 contract is the one `infra/` exports (docs/design.md, "The output contract"); a person bringing their
 own machines writes the same JSON by hand with cloud "static", and the integration tests describe
 their sshd test nodes with it.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
-from launcher import kube_contract
+from launcher.cluster import kube_contract
 from model.conventions import BF16_CPU_FLAGS
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
@@ -128,7 +128,7 @@ class Cluster:
     """The Pulumi stack the contract came from; None for a JSON contract or the local cluster, whose
     lost nodes nothing here can bring back."""
     kind: str = MACHINES
-    """MACHINES or KUBERNETES: which driver runs the tasks (launcher/kinds.py)."""
+    """MACHINES or KUBERNETES: which driver runs the tasks (launcher/tasks/drivers.py)."""
     kube: kube_contract.KubeAccess | None = None
     """How to reach a Kubernetes cluster (kind KUBERNETES); its nodes are the run's pod slots."""
 
@@ -254,7 +254,7 @@ def local_cluster(nodes: int) -> Cluster:
 
 
 _read_ahead: dict[PulumiStack, dict] = {}
-"""A stack's outputs read to learn its kind (launcher/kinds.py), kept for the one load that follows."""
+"""A stack's outputs read to learn its kind (launcher/tasks/drivers.py), kept for the one load that follows."""
 
 
 def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = False) -> Cluster:

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Protocol
 
 import launcher.checkpoints
-import launcher.data.prepare
 import launcher.doctor
-import launcher.launch.logs
 import launcher.launch.status
-import launcher.launch.stop
-import launcher.setup.ready
+import launcher.launch.units
+import launcher.setup.data
+import launcher.setup.nodes
 import launcher.train
+from launcher.cluster.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
+from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
-from launcher.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
-from launcher.kube_contract import KUBECONFIG_PREFIX
 from launcher.lifecycle import TrainRequest
 
 
@@ -68,12 +67,12 @@ class MachinesDriver:
     """Nodes over SSH."""
 
     kind = MACHINES
-    setup = staticmethod(launcher.setup.ready.setup)
-    prepare_data = staticmethod(launcher.data.prepare.prepare_data)
+    setup = staticmethod(launcher.setup.nodes.setup)
+    prepare_data = staticmethod(launcher.setup.data.prepare_data)
     train = staticmethod(launcher.train.train)
     status = staticmethod(launcher.launch.status.status)
-    logs = staticmethod(launcher.launch.logs.logs)
-    stop = staticmethod(launcher.launch.stop.stop)
+    logs = staticmethod(launcher.launch.status.logs)
+    stop = staticmethod(launcher.launch.units.stop)
     sample = staticmethod(launcher.checkpoints.sample)
     fetch = staticmethod(launcher.checkpoints.fetch)
     doctor = staticmethod(launcher.doctor.doctor)

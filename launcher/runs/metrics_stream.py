@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from launcher.inventory import Cluster
+from launcher.cluster.inventory import Cluster
 from launcher.runs import budget
 from launcher.runs.estimate import progress_suffix, run_clock
 from launcher.runs.metrics_copy import MetricsCopy, Series

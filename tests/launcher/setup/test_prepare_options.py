@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from launcher.data.prepare import prepare_args
+from launcher.setup.data import prepare_args
 from launcher.testing.fab import FAB
 
 

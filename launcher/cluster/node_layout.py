@@ -17,12 +17,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.inventory import Cluster, local_home
+from launcher.cluster.inventory import Cluster, local_home
 from model.conventions import DEFAULT_MASTER_PORT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = LAUNCHER_DIR.parent
 """This checkout: model/ is synced from here, and the local cluster runs it in place."""
-QUICKSTART_CONFIG = Path(__file__).with_name("quickstart.yaml")
+QUICKSTART_CONFIG = LAUNCHER_DIR / "quickstart.yaml"
 REMOTE_ROOT = '"$HOME"/nanocluster'
 """A remote node's nanocluster directory, as a shell word."""
 DEFAULT_PORT = DEFAULT_MASTER_PORT

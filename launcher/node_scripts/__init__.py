@@ -4,5 +4,5 @@ from pathlib import Path
 
 
 def script(name: str) -> bytes:
-    """Source of launcher/remote/<name>.py, to pipe into `python - ARGS` on a node."""
+    """Source of launcher/node_scripts/<name>.py, to pipe into `python - ARGS` on a node."""
     return (Path(__file__).parent / f"{name}.py").read_bytes()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher.data.fanout import verify_and_install_command, verify_data_command
-from launcher.remote import script
+from launcher.node_scripts import script
+from launcher.setup.data import verify_and_install_command, verify_data_command
 from launcher.transport import connect
 from tests.launcher.dataset import corrupt, write_dataset
 

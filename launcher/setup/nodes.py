@@ -1,0 +1,170 @@
+"""Ready nodes: what every task needs first, and `fab setup`, which does all of it on every node.
+
+Ready means: the node environment is complete (bootstrapped where missing), the cluster's SSH is in
+place where the head reaches workers over SSH, and the nodes hold this checkout's model/.
+
+node/bootstrap.sh on the nodes over SSH: the node environment where cloud-init did not build it.
+
+The bootstrap is idempotent (a ready node changes nothing), so `fab setup` runs it on every node
+and the other tasks run it only where the probe found the environment incomplete.
+
+The operator's model/ on the nodes, sent only when it changed.
+
+model/ travels as a deterministic archive whose sha256 the node remembers (code/.sha256); the
+probe reports that digest, so a launch sends the code only to nodes whose copy differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shlex
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.cluster.inventory import Node
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.console import TaskError, out_line, say
+from launcher.session import Session, resolve_cluster, select_nodes
+from launcher.transport import NodeError, Shell, payload
+from launcher.transport.ssh import install_ssh_command, ssh_files
+
+
+def distribute_keys(session: Session) -> None:
+    """Cluster key, node aliases and pinned host keys on every machine (head -> worker SSH, mpirun)."""
+    if not session.site.ships_keys:
+        return
+    files = payload(ssh_files(session.cluster))
+
+    def one(node: Node, shell: Shell) -> None:
+        shell.check(f"mkdir -p {shell.root} && tar -xf - -C {shell.root} && {install_ssh_command(shell.root)}",
+                    "installing the cluster key and ssh config", stdin=files)
+
+    session.run_everywhere(session.hosts(), one)
+
+
+def ensure_ready(session: Session) -> None:
+    """The environment (bootstrap where the probe found it incomplete) and current code."""
+    missing = session.not_ready()
+    if missing and not session.site.bootstraps:
+        raise TaskError(f"this machine's Python ({sys.executable}) lacks {list(session.report(missing[0]).missing)}: "
+                        "run `make setup` and use .venv/bin/fab")
+    if missing:
+        say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap (fab setup)")
+        bootstrap(session, missing)
+        session.reprobe(missing)
+    sync_code(session)
+
+
+def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "",
+          skip_system_packages: bool = False, nodes: int | None = None, idle_minutes: int | None = None) -> None:
+    """`fab setup`: the bootstrap on every node (idempotent), the cluster's SSH, the model code; with
+    idle_minutes, the nodes' idle stop (node/autostop.sh) set to it."""
+    if idle_minutes is not None and idle_minutes < 0:
+        raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
+    cluster = resolve_cluster(cluster_spec, nodes)
+    if idle_minutes is not None and cluster.is_local:
+        raise TaskError("--idle-minutes powers nodes off when idle: the local cluster is this machine; "
+                        "use it on cloud or your own nodes")
+    with Session.open(cluster, select_nodes(cluster, nodes)) as session:
+        started = time.monotonic()
+        if session.site.bootstraps:
+            bootstrap(session, session.hosts(), profile, pip_args, skip_system_packages, idle_minutes)
+            session.reprobe(session.hosts())
+        distribute_keys(session)
+        ensure_ready(session)
+        say(f"ready: {', '.join(n.name for n in session.hosts())} ({time.monotonic() - started:.1f} s)")
+
+
+NODE_DIR = REPO_ROOT / "node"
+BOOTSTRAP_TIMEOUT_S = 3600
+
+
+def bootstrap(session: Session, nodes: Sequence[Node], profile: str = "default", pip_args: str = "",
+              skip_system_packages: bool = False, idle_minutes: int | None = None) -> None:
+    """Run node/bootstrap.sh on the nodes, output streamed with a [setup NODE] prefix."""
+    cluster = session.cluster
+    if cluster.node_python:
+        missing = {n.name: session.report(n).missing for n in nodes if session.report(n).missing}
+        if missing:
+            missing_lists = {name: list(modules) for name, modules in missing.items()}
+            raise TaskError(
+                f"node_python {cluster.node_python} lacks {missing_lists}: install them there, or remove "
+                "node_python from the contract so `fab setup` builds ~/nanocluster/venv with the bootstrap"
+            )
+        return
+    archive = payload(
+        {f"bootstrap/{p.name}": p.read_text() for p in sorted(NODE_DIR.iterdir()) if p.is_file()},
+        executable=("bootstrap/bootstrap.sh",),
+    )
+    flags = f"--profile {shlex.quote(profile)}"
+    if pip_args:
+        flags += f" --pip-args {shlex.quote(pip_args)}"
+    if skip_system_packages:
+        flags += " --skip-system-packages"
+    if idle_minutes is not None:  # None keeps the node's setting (from its user data or an earlier setup)
+        flags += f" --idle-minutes {idle_minutes}"
+
+    def one(node: Node, shell: Shell) -> None:
+        prefix = f"[setup {node.name}]"
+        shell.check(f"mkdir -p {shell.root} && rm -rf {shell.root}/bootstrap && tar -xf - -C {shell.root}",
+                    "copying node/ to the node", stdin=archive)
+        status = shell.stream(f"bash {shell.root}/bootstrap/bootstrap.sh {flags} 2>&1",
+                              lambda line: out_line(f"{prefix} {line}"), timeout=BOOTSTRAP_TIMEOUT_S)
+        if status != 0:
+            raise NodeError(f"{node.name}: node bootstrap failed (exit {status}); its output is above")
+
+    session.run_everywhere(nodes, one)
+
+
+CODE_PACKAGES = ("model",)
+
+
+def code_files(repo: Path = REPO_ROOT) -> list[Path]:
+    files = []
+    for package in CODE_PACKAGES:
+        files += sorted(p for p in (repo / package).rglob("*.py") if "__pycache__" not in p.parts)
+    if not files:
+        raise FileNotFoundError(f"no Python files under {repo}/{'|'.join(CODE_PACKAGES)}")
+    return files
+
+
+def code_archive(repo: Path = REPO_ROOT) -> tuple[bytes, str]:
+    """(tar of model/, sha256 of its paths and contents); identical trees give identical digests."""
+    digest = hashlib.sha256()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in code_files(repo):
+            name = path.relative_to(repo).as_posix()
+            data = path.read_bytes()
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue(), digest.hexdigest()
+
+
+def install_code_command(root: str, sha256: str) -> str:
+    """Replace root/code with the archive on stdin, atomically (a rank never sees half a tree)."""
+    return (
+        f"set -e; mkdir -p {root}; cd {root}; rm -rf code.new code.old; mkdir code.new; "
+        f"tar -xzf - -C code.new; echo {sha256} > code.new/.sha256; "
+        "if [ -d code ]; then mv code code.old; fi; mv code.new code; rm -rf code.old"
+    )
+
+
+def sync_code(session: Session) -> None:
+    """Send model/ to the machines whose copy differs from this checkout's."""
+    if not session.site.ships_code:
+        return
+    archive, digest = code_archive()
+    stale = [n for n in session.hosts() if session.report(n).code_sha256 != digest]
+    if not stale:
+        return
+    say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
+    session.run_everywhere(stale, lambda n, s: s.check(install_code_command(s.root, digest), "syncing model code",
+                                                       stdin=archive))
+    session.code_installed(stale, digest)
