@@ -3,7 +3,7 @@
 Checks: SSH to every node, the node environment, identical Python/torch/accelerate versions,
 physical cores and the private address's interface against the contract, free disk, the dataset's
 checksums, the rendezvous port from every node to the head, and the bandwidth between the nodes
-(launcher.doctor).
+(below).
 
 `fab doctor`'s node-to-node bandwidth: every node streams to the next one in a ring, all at once.
 

@@ -5,7 +5,7 @@ its own session: `setsid sh -c 'sh UNIT.sh >> logs/UNIT.log 2>&1; echo "$? $(dat
 UNIT.pid holds the session's process group, so stopping kills every process the unit started;
 UNIT.identity holds the node's boot id and the leader's start time, and every command here that
 acts on a unit (the running check before a start, alive, follow, metrics, stop) first verifies both
-with launch/identity.py's shell functions: a record from another boot, or a pid now held by another
+with the shell functions below (UNIT_IDENTITY_SH): a record from another boot, or a pid now held by another
 process, is a lost unit, never treated as running and never signalled. UNIT.started and UNIT.exit
 record when it started and how and when it ended (the monitor names the first failure by that
 time). Commands take the node root as a shell word and unit names (file stems).

@@ -2,7 +2,7 @@
 
     recover(): fresh connections; the ranks on the nodes that answer stopped; for each lost node
                revive() (a Pulumi stack: `pulumi up --refresh`), then wait until it answers SSH
-               (wait.py, bounded by --recover-timeout); resume on every node, or with --min-nodes on
+               (wait_for_nodes below, bounded by --recover-timeout); resume on every node, or with --min-nodes on
                the ones that answer (keep_global_batch=true: the same tokens per optimizer step)
     lost_while_starting(): whether a launch step failed because a node stopped answering
 

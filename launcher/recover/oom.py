@@ -5,7 +5,7 @@ after a launch whose first failure is a SIGKILL (exit 137) or a unit gone withou
 the launcher asks that node (launcher/node_scripts/oom_record.py, one round trip): the kernel log's
 "Killed process PID (COMMAND)" records from OOM_WINDOW_S before the failure to just after it, or,
 where the log is not readable (kernel.dmesg_restrict without root), whether /proc/vmstat's OOM kill
-count rose since the probe at launch. Either is an OOM kill on that node; classify.py then ends
+count rose since the probe at launch. Either is an OOM kill on that node; launcher.recover.policy then ends
 the run instead of retrying it at the same size, where it would run out of memory again.
 """
 

@@ -47,9 +47,9 @@ KEEP_GLOBAL_BATCH = "keep_global_batch=true"
 @dataclass(frozen=True)
 class RecoverOptions:
     max_restarts: int = DEFAULT_MAX_RESTARTS
-    """Restarts after failures outside the program (classify.py); 0 fails fast."""
+    """Restarts after failures outside the program (classify below); 0 fails fast."""
     recover_timeout_s: float = DEFAULT_RECOVER_TIMEOUT_S
-    """Seconds to wait for a lost node to answer SSH again, or for a pod to find a node (wait.py says
+    """Seconds to wait for a lost node to answer SSH again, or for a pod to find a node (DEFAULT_RECOVER_TIMEOUT_S says
     why the default)."""
     min_nodes: int | None = None
     """With a lost node still silent after the timeout, resume on the nodes that answer if at least
