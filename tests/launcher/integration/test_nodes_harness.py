@@ -44,9 +44,15 @@ def test_a_stopped_node_refuses_ssh_and_loses_its_processes_then_comes_back(node
     assert node.ssh(0, "test -f ~/.ssh/authorized_keys").returncode == 0  # the home (the disk) is kept
 
 
-def test_a_node_back_with_a_host_key_the_contract_does_not_pin_is_refused(node):
+def test_a_node_back_with_a_host_key_the_contract_does_not_pin_is_refused(tmp_path):
     """A VM replaced outside the stack (its host key not the contract's) is never trusted: the
-    launcher's wait for a lost node reports the mismatch (and goes on waiting until its timeout)."""
+    launcher's wait for a lost node reports the mismatch (and goes on waiting until its timeout).
+    A node of its own: the module's node keeps the key the other tests pin, whatever the order."""
+    with sshd_nodes(1, tmp_path) as node:
+        refused_on_a_new_host_key(node)
+
+
+def refused_on_a_new_host_key(node: TestNodes) -> None:
     cluster = load_cluster(str(node.contract_path))
     assert node_answers(cluster, cluster.nodes[0]) is None
     node.stop_sshd(0)
