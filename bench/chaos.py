@@ -94,8 +94,9 @@ class FabRun:
         self.changed = threading.Condition()
         self.log = log.open("w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([FAB, "train", *args], cwd=REPO, env=fab.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [FAB, "train", *args], cwd=REPO, env=fab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.ended: float | None = None
@@ -250,7 +251,7 @@ def healed(run: FabRun, chaos: Chaos, fault: Fault) -> Outcome:
         return outcome
     outcome.resumed_at = int(resumed[2].group(1))
     outcome.healed_s = step[1] - t0
-    outcome.restarts = sum(1 for _, line in run.lines[mark:step[0]] if RESTART.search(line))
+    outcome.restarts = sum(1 for _, line in run.lines[mark : step[0]] if RESTART.search(line))
     outcome.note = restart[2].group(2)
     return outcome
 
@@ -293,15 +294,27 @@ def bench(size: int, args: argparse.Namespace, workdir: Path, logs: Path) -> lis
             prepared = fab("prepare-data", timeout=600)
             if prepared.returncode != 0:
                 raise SystemExit(f"fab prepare-data failed: {prepared.stdout[-2000:]}{prepared.stderr}")
-            base = ["--nodes", str(size), "--config", str(config), "--max-restarts", str(2 * args.faults + 2),
-                    "--recover-timeout", str(RECOVER_TIMEOUT_S)]
+            base = [
+                "--nodes",
+                str(size),
+                "--config",
+                str(config),
+                "--max-restarts",
+                str(2 * args.faults + 2),
+                "--recover-timeout",
+                str(RECOVER_TIMEOUT_S),
+            ]
             print(f"{size} nodes: uninterrupted run ...", flush=True)
-            plain = FabRun(fab, [*base, "--run", "plain", "--set", f"max_iters={args.max_iters}"], logs / f"plain{size}.log")
+            plain = FabRun(
+                fab, [*base, "--run", "plain", "--set", f"max_iters={args.max_iters}"], logs / f"plain{size}.log"
+            )
             plain_code, plain_s = plain.finish()
             if plain_code != 0:
                 raise SystemExit(f"the uninterrupted run failed (exit {plain_code}):\n{plain.tail()}")
             print(f"{size} nodes: faulted run, {len(faults)} faults (seed {args.seed}) ...", flush=True)
-            run = FabRun(fab, [*base, "--run", "chaos", "--set", f"max_iters={args.max_iters}"], logs / f"chaos{size}.log")
+            run = FabRun(
+                fab, [*base, "--run", "chaos", "--set", f"max_iters={args.max_iters}"], logs / f"chaos{size}.log"
+            )
             outcomes = []
             try:
                 for fault in faults:
@@ -318,13 +331,15 @@ def bench(size: int, args: argparse.Namespace, workdir: Path, logs: Path) -> lis
             oom_outcome = oom_leg(fab, chaos, [*base, "--run", "oom"], oom, logs / f"oom{size}.log")
             chaos.close()
     heals = sum(1 for o in outcomes if o.healed_s is not None)
-    lines = [f"== {size} nodes, seed {args.seed}: fab train --max-restarts {2 * args.faults + 2} "
-             f"--recover-timeout {RECOVER_TIMEOUT_S}, max_iters {args.max_iters}, a snapshot every 25 steps; "
-             f"faulted run exit {code}",
-             *fault_table(outcomes),
-             *summary(size, plain_s, faulted_s, len(faults), (plain.digest(), run.digest()), heals),
-             "OOM-style kill, a run of its own (expected: reported, not retried at the same size):",
-             *fault_table([oom_outcome])[1:]]
+    lines = [
+        f"== {size} nodes, seed {args.seed}: fab train --max-restarts {2 * args.faults + 2} "
+        f"--recover-timeout {RECOVER_TIMEOUT_S}, max_iters {args.max_iters}, a snapshot every 25 steps; "
+        f"faulted run exit {code}",
+        *fault_table(outcomes),
+        *summary(size, plain_s, faulted_s, len(faults), (plain.digest(), run.digest()), heals),
+        "OOM-style kill, a run of its own (expected: reported, not retried at the same size):",
+        *fault_table([oom_outcome])[1:],
+    ]
     return lines
 
 
@@ -332,8 +347,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="3,4", help="comma-separated node counts, each at least 2 (default 3,4)")
     parser.add_argument("--seed", type=int, default=1, help="the schedule's seed (default 1)")
-    parser.add_argument("--faults", type=int, default=8,
-                        help=f"faults in the faulted run, at least {len(KINDS)} (default 8)")
+    parser.add_argument(
+        "--faults", type=int, default=8, help=f"faults in the faulted run, at least {len(KINDS)} (default 8)"
+    )
     parser.add_argument("--max-iters", type=int, default=600, help="steps of each run (default 600)")
     parser.add_argument("--logs", type=Path, help="keep each fab train's output here (default: dropped)")
     args = parser.parse_args()

@@ -22,19 +22,42 @@ class Kind:
 
 KINDS = (
     Kind("sigkill", "rank", "the rank's trainer SIGKILLed: exit 137, restart from the snapshot"),
-    Kind("sigterm", "rank", "a preemption's SIGTERM to one rank: every rank snapshots that step and exits 130, "
-                            "restart with no step redone"),
-    Kind("sshd", "worker", "every sshd process of the node killed (its trainer goes on), the listener back 1 s "
-                           "later as systemd restarts it: the streams close at once, restart"),
-    Kind("link", "worker", "eth0 down inside the node's namespace (nothing closes): the heartbeat finds it within "
-                           "30 s, the link comes back once the launcher reports it, restart"),
-    Kind("reboot", "worker", "every process but the sshd listener killed and a new boot id: restart; the old "
-                             "units are recognized as lost, never signalled"),
-    Kind("revive", "worker", "the node gone (trainer, sshd): the launcher runs the stand-in `pulumi up`, which "
-                             "brings it back 3 s later; restart"),
+    Kind(
+        "sigterm",
+        "rank",
+        "a preemption's SIGTERM to one rank: every rank snapshots that step and exits 130, restart with no step redone",
+    ),
+    Kind(
+        "sshd",
+        "worker",
+        "every sshd process of the node killed (its trainer goes on), the listener back 1 s "
+        "later as systemd restarts it: the streams close at once, restart",
+    ),
+    Kind(
+        "link",
+        "worker",
+        "eth0 down inside the node's namespace (nothing closes): the heartbeat finds it within "
+        "30 s, the link comes back once the launcher reports it, restart",
+    ),
+    Kind(
+        "reboot",
+        "worker",
+        "every process but the sshd listener killed and a new boot id: restart; the old "
+        "units are recognized as lost, never signalled",
+    ),
+    Kind(
+        "revive",
+        "worker",
+        "the node gone (trainer, sshd): the launcher runs the stand-in `pulumi up`, which "
+        "brings it back 3 s later; restart",
+    ),
 )
-OOM = Kind("oom", "rank", "the rank SIGKILLed with the kernel's OOM record: reported as out of memory on its "
-                          "node and not retried at the same size, so the run ends (its own short run)")
+OOM = Kind(
+    "oom",
+    "rank",
+    "the rank SIGKILLed with the kernel's OOM record: reported as out of memory on its "
+    "node and not retried at the same size, so the run ends (its own short run)",
+)
 BY_NAME = {kind.name: kind for kind in (*KINDS, OOM)}
 
 
@@ -109,17 +132,22 @@ def seconds(value: float | None) -> str:
 
 def fault_table(outcomes: Sequence[Outcome]) -> list[str]:
     """One line per fault under a header."""
-    lines = [f"{'#':>2} {'kind':<8} {'node/rank':>9} {'step':>5} {'detected s':>10} {'healed s':>9} "
-             f"{'redone':>6} {'restarts':>8}  note"]
+    lines = [
+        f"{'#':>2} {'kind':<8} {'node/rank':>9} {'step':>5} {'detected s':>10} {'healed s':>9} "
+        f"{'redone':>6} {'restarts':>8}  note"
+    ]
     for k, o in enumerate(outcomes, 1):
         redone = "-" if o.redone is None else str(o.redone)
-        lines.append(f"{k:>2} {o.fault.kind:<8} {f'node{o.fault.node}/{o.fault.node}':>9} {o.injected_step:>5} "
-                     f"{seconds(o.detected_s):>10} {seconds(o.healed_s):>9} {redone:>6} {o.restarts:>8}  {o.note}")
+        lines.append(
+            f"{k:>2} {o.fault.kind:<8} {f'node{o.fault.node}/{o.fault.node}':>9} {o.injected_step:>5} "
+            f"{seconds(o.detected_s):>10} {seconds(o.healed_s):>9} {redone:>6} {o.restarts:>8}  {o.note}"
+        )
     return lines
 
 
-def summary(nodes: int, plain_s: float, faulted_s: float, faults: int, digests: tuple[str, str],
-            healed: int) -> list[str]:
+def summary(
+    nodes: int, plain_s: float, faulted_s: float, faults: int, digests: tuple[str, str], healed: int
+) -> list[str]:
     """The overall lines: wall times, overhead per fault, the digests compared."""
     plain, faulted = digests
     same = "bitwise equal" if plain and plain == faulted else "DIFFERENT"

@@ -59,9 +59,7 @@ def write_random_tokens(data_dir: Path, tokens: int = 1_000_000) -> None:
         write_split(data_dir, split, rng.integers(0, VOCAB_SIZE, n, dtype=TOKEN_DTYPE))
 
 
-def tokens_per_s(
-    world_size: int, args: argparse.Namespace, data_dir: Path, out_dir: Path, copies: int = 1
-) -> float:
+def tokens_per_s(world_size: int, args: argparse.Namespace, data_dir: Path, out_dir: Path, copies: int = 1) -> float:
     """Median steady-state tokens/s of a run, summed over `copies` independent runs side by side."""
     overrides = [
         "init_from=scratch",
@@ -134,9 +132,7 @@ def main() -> None:
         default=6,
         help=f"measured optimizer steps per run (after {WARMUP_STEPS} warm-up)",
     )
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="repetitions of every configuration; the best is kept"
-    )
+    parser.add_argument("--rounds", type=int, default=2, help="repetitions of every configuration; the best is kept")
     parser.add_argument("--n-layer", type=int, default=6)
     parser.add_argument("--n-head", type=int, default=6)
     parser.add_argument("--n-embd", type=int, default=384)

@@ -44,29 +44,104 @@ print(json.dumps({"rank": env.rank, "peak_rss_bytes": int(status["VmHWM"].split(
 
 SCRATCH = ["init_from=scratch"]
 CASES: dict[str, tuple[int, list[str]]] = {  # name: (ranks, overrides)
-    "tests-tiny": (3, [*SCRATCH, "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "block_size=32",
-                       "batch_size=2", "mixed_precision=fp32"]),
-    "quickstart": (2, [*SCRATCH, "model.n_layer=2", "model.n_head=4", "model.n_embd=128", "block_size=128",
-                       "batch_size=4", "mixed_precision=fp32"]),
-    "quickstart-bf16": (2, [*SCRATCH, "model.n_layer=2", "model.n_head=4", "model.n_embd=128",
-                            "block_size=128", "batch_size=4", "mixed_precision=bf16"]),
-    "baby-batch16": (2, [*SCRATCH, "model.n_layer=6", "model.n_head=6", "model.n_embd=384", "block_size=256",
-                         "batch_size=16", "mixed_precision=fp32"]),
-    "baby-zero1": (2, [*SCRATCH, "model.n_layer=6", "model.n_head=6", "model.n_embd=384", "block_size=256",
-                       "batch_size=4", "mixed_precision=fp32", "zero_stage=1"]),
-    "gpt2-block128": (1, [*SCRATCH, "model.n_layer=12", "model.n_head=12", "model.n_embd=768",
-                          "block_size=128", "batch_size=2", "mixed_precision=fp32"]),
+    "tests-tiny": (
+        3,
+        [
+            *SCRATCH,
+            "model.n_layer=1",
+            "model.n_head=2",
+            "model.n_embd=32",
+            "block_size=32",
+            "batch_size=2",
+            "mixed_precision=fp32",
+        ],
+    ),
+    "quickstart": (
+        2,
+        [
+            *SCRATCH,
+            "model.n_layer=2",
+            "model.n_head=4",
+            "model.n_embd=128",
+            "block_size=128",
+            "batch_size=4",
+            "mixed_precision=fp32",
+        ],
+    ),
+    "quickstart-bf16": (
+        2,
+        [
+            *SCRATCH,
+            "model.n_layer=2",
+            "model.n_head=4",
+            "model.n_embd=128",
+            "block_size=128",
+            "batch_size=4",
+            "mixed_precision=bf16",
+        ],
+    ),
+    "baby-batch16": (
+        2,
+        [
+            *SCRATCH,
+            "model.n_layer=6",
+            "model.n_head=6",
+            "model.n_embd=384",
+            "block_size=256",
+            "batch_size=16",
+            "mixed_precision=fp32",
+        ],
+    ),
+    "baby-zero1": (
+        2,
+        [
+            *SCRATCH,
+            "model.n_layer=6",
+            "model.n_head=6",
+            "model.n_embd=384",
+            "block_size=256",
+            "batch_size=4",
+            "mixed_precision=fp32",
+            "zero_stage=1",
+        ],
+    ),
+    "gpt2-block128": (
+        1,
+        [
+            *SCRATCH,
+            "model.n_layer=12",
+            "model.n_head=12",
+            "model.n_embd=768",
+            "block_size=128",
+            "batch_size=2",
+            "mixed_precision=fp32",
+        ],
+    ),
 }
 
 
 def run(ranks: int, overrides: list[str], data_dir: Path, out_dir: Path, port: int) -> list[int]:
     procs = []
     for rank in range(ranks):
-        env = os.environ | dict(RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank),
-                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                                PYTHONPATH=str(REPO))
-        procs.append(subprocess.Popen([sys.executable, "-c", DRIVER, *overrides], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = os.environ | dict(
+            RANK=str(rank),
+            WORLD_SIZE=str(ranks),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, *overrides],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     peaks = [0] * ranks
     for p in procs:
         out, err = p.communicate(timeout=1800)
@@ -91,8 +166,16 @@ def main() -> None:
         for i, name in enumerate(args.cases.split(",")):
             ranks, shape = CASES[name]
             out_dir = data_dir / f"out-{name}"
-            overrides = [*shape, f"data_dir={data_dir}", f"out_dir={out_dir}", f"max_iters={args.steps}",
-                         "eval_interval=2", "eval_iters=1", "log_interval=1", "threads=1"]
+            overrides = [
+                *shape,
+                f"data_dir={data_dir}",
+                f"out_dir={out_dir}",
+                f"max_iters={args.steps}",
+                "eval_interval=2",
+                "eval_iters=1",
+                "log_interval=1",
+                "threads=1",
+            ]
             peaks = run(ranks, overrides, data_dir, out_dir, 29700 + i)
             cfg = load_config(None, overrides)
             print(f"{name}: {ranks} rank(s), {' '.join(o for o in shape if o != 'init_from=scratch')}")
@@ -100,13 +183,17 @@ def main() -> None:
                 estimate = estimate_rank_memory(cfg, ranks, rank0=rank == 0, one_host=True)
                 assert estimate is not None
                 ratios.append((estimate.total / peak, name, rank))
-                print(f"  rank {rank}: measured {peak / GB:.3f} GB, estimated {estimate.describe()}, "
-                      f"estimate/measured {estimate.total / peak:.2f}")
+                print(
+                    f"  rank {rank}: measured {peak / GB:.3f} GB, estimated {estimate.describe()}, "
+                    f"estimate/measured {estimate.total / peak:.2f}"
+                )
     low, high = min(ratios), max(ratios)
     under = [f"{name} rank {rank}" for ratio, name, rank in ratios if ratio < 1]
-    print(f"summary: estimate/measured {low[0]:.2f} ({low[1]} rank {low[2]}) to {high[0]:.2f} ({high[1]} rank "
-          f"{high[2]}) over {len(ratios)} rank(s); " + (f"UNDER the measurement: {', '.join(under)}" if under
-                                                      else "every estimate above its measurement"))
+    print(
+        f"summary: estimate/measured {low[0]:.2f} ({low[1]} rank {low[2]}) to {high[0]:.2f} ({high[1]} rank "
+        f"{high[2]}) over {len(ratios)} rank(s); "
+        + (f"UNDER the measurement: {', '.join(under)}" if under else "every estimate above its measurement")
+    )
 
 
 if __name__ == "__main__":

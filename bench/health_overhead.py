@@ -45,9 +45,12 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time steps in this process's CPU seconds (all threads) instead of wall time: "
-                        "steadier when other work shares the cores")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps in this process's CPU seconds (all threads) instead of wall time: "
+        "steadier when other work shares the cores",
+    )
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     keep_freed_memory()  # as `python -m model.train` does: steps reuse freed buffers
@@ -58,12 +61,24 @@ def main() -> None:
         rng = np.random.default_rng(0)
         for split, n in (("train", 2_000_000), ("val", 100_000)):
             write_split(data, split, rng.integers(0, 50257, n))
-        cfg = load_config(None, [
-            "init_from=scratch", f"model.n_layer={args.layers}", f"model.n_head={args.embd // 64}",
-            f"model.n_embd={args.embd}", f"block_size={args.block}", f"batch_size={args.batch}",
-            "gradient_accumulation_steps=1", f"data_dir={data}", f"out_dir={Path(tmp) / 'run'}",
-            f"threads={args.threads}", "peak_flops=1e12", "max_iters=100000", "warmup_iters=0",
-        ])
+        cfg = load_config(
+            None,
+            [
+                "init_from=scratch",
+                f"model.n_layer={args.layers}",
+                f"model.n_head={args.embd // 64}",
+                f"model.n_embd={args.embd}",
+                f"block_size={args.block}",
+                f"batch_size={args.batch}",
+                "gradient_accumulation_steps=1",
+                f"data_dir={data}",
+                f"out_dir={Path(tmp) / 'run'}",
+                f"threads={args.threads}",
+                "peak_flops=1e12",
+                "max_iters=100000",
+                "warmup_iters=0",
+            ],
+        )
         torch.set_num_threads(args.threads)
         trainer = Trainer(cfg, distributed.detect_rank_env())
         trainer.out_dir.mkdir(parents=True)
@@ -102,12 +117,18 @@ def main() -> None:
     per_step = 100 * (measuring - ordinary) / ordinary / interval
     print(f"CPU: {cpu_name()}, {args.threads} threads, dtype {str(trainer.dtype).removeprefix('torch.')}")
     print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}")
-    print(f"model: {args.layers} layers x {args.embd}, block {args.block}, batch {args.batch}, vocab 50257; "
-          f"health.interval={interval}, {args.rounds} interleaved rounds of {interval} steps each")
-    print(f"health off: {mean_ms['off']:.1f} ms/step; on (defaults): {mean_ms['on']:.1f} ms/step; "
-          f"overhead {paired:+.2f}% (median over pairs of neighbouring rounds)")
-    print(f"a measuring step: {measuring:.1f} ms against {ordinary:.1f} ms for an ordinary one "
-          f"(+{100 * (measuring / ordinary - 1):.1f}%), i.e. {per_step:+.2f}% per step at interval {interval}")
+    print(
+        f"model: {args.layers} layers x {args.embd}, block {args.block}, batch {args.batch}, vocab 50257; "
+        f"health.interval={interval}, {args.rounds} interleaved rounds of {interval} steps each"
+    )
+    print(
+        f"health off: {mean_ms['off']:.1f} ms/step; on (defaults): {mean_ms['on']:.1f} ms/step; "
+        f"overhead {paired:+.2f}% (median over pairs of neighbouring rounds)"
+    )
+    print(
+        f"a measuring step: {measuring:.1f} ms against {ordinary:.1f} ms for an ordinary one "
+        f"(+{100 * (measuring / ordinary - 1):.1f}%), i.e. {per_step:+.2f}% per step at interval {interval}"
+    )
 
 
 if __name__ == "__main__":

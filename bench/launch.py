@@ -36,9 +36,25 @@ def one_launch(fab: Fab, nodes: TestNodes, config: Path, run: str) -> tuple[floa
     """(seconds to the first logged step, trainer start-up) for one `fab train`."""
     started = time.time()
     proc = subprocess.Popen(
-        [FAB, "train", "--config", str(config), "--run", run, "--set", "max_iters=1", "--set", "eval_iters=1",
-         "--set", "log_interval=1"],
-        cwd=REPO, env=fab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            FAB,
+            "train",
+            "--config",
+            str(config),
+            "--run",
+            run,
+            "--set",
+            "max_iters=1",
+            "--set",
+            "eval_iters=1",
+            "--set",
+            "log_interval=1",
+        ],
+        cwd=REPO,
+        env=fab.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     first_step = None
     output = []
@@ -68,8 +84,11 @@ def measure(size: int, repeats: int, workdir: Path) -> tuple[float, float, float
         for attempt in range(repeats):
             total, startup = one_launch(fab, nodes, config, run=f"bench{attempt}")
             overhead = total - startup
-            print(f"  {size:2d} nodes, try {attempt + 1}: to first step {total:6.2f} s, trainer start-up "
-                  f"{startup:6.2f} s, launch overhead {overhead:5.2f} s", flush=True)
+            print(
+                f"  {size:2d} nodes, try {attempt + 1}: to first step {total:6.2f} s, trainer start-up "
+                f"{startup:6.2f} s, launch overhead {overhead:5.2f} s",
+                flush=True,
+            )
             if best is None or overhead < best[2]:
                 best = (total, startup, overhead)
         assert best is not None

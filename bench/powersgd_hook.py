@@ -57,14 +57,20 @@ class TimedHook(Generic[State]):
 
 def hooks(rank: int) -> dict[str, tuple[object, TimedHook]]:
     torch_state = powerSGD_hook.PowerSGDState(
-        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=START_ITER,
-        use_error_feedback=True, warm_start=True, random_seed=0,
+        process_group=None,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=START_ITER,
+        use_error_feedback=True,
+        warm_start=True,
+        random_seed=0,
     )
     return {
         "plain all-reduce": (None, TimedHook(default_hooks.allreduce_hook)),
         "torch powerSGD_hook": (torch_state, TimedHook(powerSGD_hook.powerSGD_hook)),
-        "model/parallel/powersgd.py": (powersgd.PowerSGDState(rank=rank, start_iter=START_ITER, seed=0),
-                              TimedHook(powersgd.powersgd_hook)),
+        "model/parallel/powersgd.py": (
+            powersgd.PowerSGDState(rank=rank, start_iter=START_ITER, seed=0),
+            TimedHook(powersgd.powersgd_hook),
+        ),
     }
 
 
@@ -101,8 +107,10 @@ def main() -> None:
                 hook_s.append(timed.seconds)
                 backward_s.append(elapsed)
         if step >= WARMUP:
-            print(f"round {step - WARMUP + 1}: " + ", ".join(
-                f"{name} {run[2][-1]:.3f} s" for name, run in runs.items()), flush=True)
+            print(
+                f"round {step - WARMUP + 1}: " + ", ".join(f"{name} {run[2][-1]:.3f} s" for name, run in runs.items()),
+                flush=True,
+            )
 
     print(f"\n{'hook':<22} {'hook s/step best':>17} {'median':>8} {'backward s best':>16}")
     for name, (_, _, hook_s, backward_s) in runs.items():

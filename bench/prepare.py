@@ -39,8 +39,9 @@ def write_corpus(path: Path, size_bytes: int, seed: int) -> int:
     """English-like documents until the file holds size_bytes; returns the number of documents."""
     from pydoc_data.topics import topics
 
-    sentences = [s.strip() + "." for text in topics.values() for s in text.replace("\n", " ").split(". ")
-                 if len(s.split()) >= 4]
+    sentences = [
+        s.strip() + "." for text in topics.values() for s in text.replace("\n", " ").split(". ") if len(s.split()) >= 4
+    ]
     rng = random.Random(seed)
     documents = 0
     with open(path, "w") as f:
@@ -153,14 +154,24 @@ def tiktoken_batch(corpus: Path, threads: int) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=200, help="corpus size in MB (default %(default)s; 2x is run too)")
-    parser.add_argument("--workers", type=int, default=available_cores(),
-                        help="prepare workers = tiktoken threads (default: available cores, %(default)s)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="alternate baseline and prepare this many times on the 1x corpus and keep the best "
-                             "of each, which damps other load on a shared machine (default %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=available_cores(),
+        help="prepare workers = tiktoken threads (default: available cores, %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="alternate baseline and prepare this many times on the 1x corpus and keep the best "
+        "of each, which damps other load on a shared machine (default %(default)s)",
+    )
     args = parser.parse_args()
-    print(f"cpu: {os.cpu_count()} logical, {available_cores()} available; workers/threads: {args.workers}; "
-          f"load average {os.getloadavg()[0]:.1f} (other load makes the figures noisy)")
+    print(
+        f"cpu: {os.cpu_count()} logical, {available_cores()} available; workers/threads: {args.workers}; "
+        f"load average {os.getloadavg()[0]:.1f} (other load makes the figures noisy)"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         documents = write_corpus(corpus, args.mb * MB, seed=1)
@@ -170,15 +181,19 @@ def main() -> None:
         for round_ in range(1, args.rounds + 1):
             baseline = tiktoken_batch(corpus, args.workers)
             seconds, cpu_seconds, baseline_tokens = baseline
-            print(f"round {round_}: tiktoken encode_ordinary_batch ({args.workers} threads): "
-                  f"{baseline_tokens / seconds:,.0f} tokens/s ({baseline_tokens / cpu_seconds:,.0f} per CPU-second)")
+            print(
+                f"round {round_}: tiktoken encode_ordinary_batch ({args.workers} threads): "
+                f"{baseline_tokens / seconds:,.0f} tokens/s ({baseline_tokens / cpu_seconds:,.0f} per CPU-second)"
+            )
             run = run_prepare(corpus, Path(tmp) / "out", args.workers)
             tokens = sum(split["tokens"] for split in run.meta["splits"].values())
             eots = sum(split["documents"] for split in run.meta["splits"].values())
             assert baseline_tokens + eots == tokens, "prepare and the baseline saw different text"
-            print(f"round {round_}: prepare: {tokens:,} tokens in {run.seconds:.1f}s = {tokens / run.seconds:,.0f} "
-                  f"tokens/s ({tokens / run.cpu_seconds:,.0f} per CPU-second); peak RSS {run.rss_mb:,.0f} MB "
-                  f"(process tree, sum of per-process peaks; largest sampled total {run.summed_rss_mb:,.0f} MB)")
+            print(
+                f"round {round_}: prepare: {tokens:,} tokens in {run.seconds:.1f}s = {tokens / run.seconds:,.0f} "
+                f"tokens/s ({tokens / run.cpu_seconds:,.0f} per CPU-second); peak RSS {run.rss_mb:,.0f} MB "
+                f"(process tree, sum of per-process peaks; largest sampled total {run.summed_rss_mb:,.0f} MB)"
+            )
             if best_prepare is None or run.seconds < best_prepare.seconds:
                 best_prepare = run
             if best_baseline is None or seconds < best_baseline[0]:
@@ -190,8 +205,10 @@ def main() -> None:
         print(f"corpus 2x: {corpus2.stat().st_size / MB:,.0f} MB, {documents:,} documents")
         run2 = run_prepare(corpus2, Path(tmp) / "out2x", args.workers)
         tokens2 = sum(split["tokens"] for split in run2.meta["splits"].values())
-        print(f"prepare 2x: {tokens2:,} tokens in {run2.seconds:.1f}s = {tokens2 / run2.seconds:,.0f} tokens/s; "
-              f"peak RSS {run2.rss_mb:,.0f} MB (largest sampled total {run2.summed_rss_mb:,.0f} MB)")
+        print(
+            f"prepare 2x: {tokens2:,} tokens in {run2.seconds:.1f}s = {tokens2 / run2.seconds:,.0f} tokens/s; "
+            f"peak RSS {run2.rss_mb:,.0f} MB (largest sampled total {run2.summed_rss_mb:,.0f} MB)"
+        )
 
     assert best_prepare is not None and best_baseline is not None, "--rounds must be at least 1"
     tokens = sum(split["tokens"] for split in best_prepare.meta["splits"].values())
@@ -201,10 +218,12 @@ def main() -> None:
     cpu_ratio = (tokens / best_prepare.cpu_seconds) / (best_baseline[2] / best_baseline[1])
     print(f"best of {args.rounds}: prepare {prepare_rate:,.0f} tokens/s, tiktoken batch {baseline_rate:,.0f} tokens/s")
     print(f"ratio prepare / tiktoken batch: {ratio:.2f} wall clock (target >= 1.0), {cpu_ratio:.2f} per CPU-second")
-    print(f"summary: prepare {prepare_rate:,.0f} tok/s = {ratio:.2f}x tiktoken batch on {args.workers} threads "
-          f"({cpu_ratio:.2f}x per CPU-second); peak RSS {best_prepare.rss_mb:,.0f} MB at {args.mb} MB, "
-          f"{run2.rss_mb:,.0f} MB at {2 * args.mb} MB (targets: >= 1.0x, < 1024 MB, flat); "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"summary: prepare {prepare_rate:,.0f} tok/s = {ratio:.2f}x tiktoken batch on {args.workers} threads "
+        f"({cpu_ratio:.2f}x per CPU-second); peak RSS {best_prepare.rss_mb:,.0f} MB at {args.mb} MB, "
+        f"{run2.rss_mb:,.0f} MB at {2 * args.mb} MB (targets: >= 1.0x, < 1024 MB, flat); "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

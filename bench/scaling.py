@@ -83,20 +83,43 @@ class RunFailed(RuntimeError):
     """A `fab train` that ended before its last measured step: reported, and the bench goes on."""
 
 
-def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int, accumulation: int,
-            option: str, steps: int, overrides: list[str]) -> tuple[float, float | None, str]:
+def one_run(
+    fab: Fab,
+    nodes: TestNodes,
+    config: Path,
+    run: str,
+    node_count: int,
+    accumulation: int,
+    option: str,
+    steps: int,
+    overrides: list[str],
+) -> tuple[float, float | None, str]:
     """(median step seconds, median share of the step rank 0 waited for the gradients if the trainer
     logs it, what auto chose or '') of one `fab train`. The run is stopped once its last measured
     step is recorded: the final eval and snapshot would only cost time."""
     skipped = SKIPPED_STEPS.get(option, 1)
     last = skipped + steps - 1
-    command = [FAB, "train", "--config", str(config), "--run", run, "--nodes", str(node_count),
-               "--max-restarts", "0", "--set", f"gradient_accumulation_steps={accumulation}",
-               "--set", f"grad_compression={option}", "--set", f"max_iters={last + 2}"]
+    command = [
+        FAB,
+        "train",
+        "--config",
+        str(config),
+        "--run",
+        run,
+        "--nodes",
+        str(node_count),
+        "--max-restarts",
+        "0",
+        "--set",
+        f"gradient_accumulation_steps={accumulation}",
+        "--set",
+        f"grad_compression={option}",
+        "--set",
+        f"max_iters={last + 2}",
+    ]
     command += [arg for override in overrides for arg in ("--set", override)]
     run_dir = nodes.home(0) / "nanocluster" / "runs" / run
-    proc = subprocess.Popen(command, cwd=REPO, env=fab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(command, cwd=REPO, env=fab.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timer = threading.Timer(RUN_TIMEOUT_S, proc.kill)
     timer.start()
     output, records = [], []
@@ -108,8 +131,9 @@ def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int,
                 records = wait_for_record(run_dir / "metrics.jsonl", last)
                 break
         if not records:
-            raise RunFailed(f"fab train ended before iteration {last} ({' '.join(command[1:])}):\n"
-                             f"{''.join(output[-40:])}")
+            raise RunFailed(
+                f"fab train ended before iteration {last} ({' '.join(command[1:])}):\n{''.join(output[-40:])}"
+            )
     finally:
         timer.cancel()
         if proc.poll() is None:
@@ -121,7 +145,9 @@ def one_run(fab: Fab, nodes: TestNodes, config: Path, run: str, node_count: int,
     measured = [r for r in records if r.get("kind") == "train" and r["iter"] >= skipped]
     times = [r["iter_ms"] / 1e3 for r in measured]
     waits = [max(r["rank_wait_ms"]) / r["iter_ms"] for r in measured if r.get("rank_wait_ms")]
-    chose = next((line.split("auto -> ")[1].split(":")[0] for line in output if "grad_compression auto -> " in line), "")
+    chose = next(
+        (line.split("auto -> ")[1].split(":")[0] for line in output if "grad_compression auto -> " in line), ""
+    )
     every = [(r["iter"], r["iter_ms"] / 1e3) for r in records if r.get("kind") == "train"]
     print(f"    {run}: step seconds by iteration {', '.join(f'{i}: {t:.2f}' for i, t in every)}", flush=True)
     return statistics.median(times), statistics.median(waits) if waits else None, chose
@@ -162,22 +188,44 @@ def plan(accumulations: list[int], links: list[str], options: list[str], auto_li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--links", default="unshaped,1000,250", help="unshaped and/or Mbit/s (default unshaped,1000,250)")
-    parser.add_argument("--options", default="none,bf16,powersgd",
-                        help="grad_compression values besides auto, at the first accumulation (default none,bf16,powersgd)")
-    parser.add_argument("--accumulations", default="1,4",
-                        help="gradient_accumulation_steps: all options at the first, auto only after (default 1,4)")
+    parser.add_argument(
+        "--links", default="unshaped,1000,250", help="unshaped and/or Mbit/s (default unshaped,1000,250)"
+    )
+    parser.add_argument(
+        "--options",
+        default="none,bf16,powersgd",
+        help="grad_compression values besides auto, at the first accumulation (default none,bf16,powersgd)",
+    )
+    parser.add_argument(
+        "--accumulations",
+        default="1,4",
+        help="gradient_accumulation_steps: all options at the first, auto only after (default 1,4)",
+    )
     parser.add_argument("--auto-links", default="250", help="links auto runs on at the later accumulations")
-    parser.add_argument("--steps", default="2,1",
-                        help="measured steps per run, per accumulation (default 2 at the first, 1 after)")
+    parser.add_argument(
+        "--steps", default="2,1", help="measured steps per run, per accumulation (default 2 at the first, 1 after)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rounds over every configuration; best kept")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a trainer override for every run, e.g. ddp_bucket_cap_mb=100 (repeatable)")
-    parser.add_argument("--budget-min", type=float, default=float("inf"),
-                        help="start no run after this many minutes; the table shows what finished")
-    parser.add_argument("--cloud-step-s", type=float, default=0.5,
-                        help="GPT-2 small micro-batch step on a 4-core AMX cloud node (default 0.5 s: 10-15x "
-                             "one idle thread here, as measured on both)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer override for every run, e.g. ddp_bucket_cap_mb=100 (repeatable)",
+    )
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        default=float("inf"),
+        help="start no run after this many minutes; the table shows what finished",
+    )
+    parser.add_argument(
+        "--cloud-step-s",
+        type=float,
+        default=0.5,
+        help="GPT-2 small micro-batch step on a 4-core AMX cloud node (default 0.5 s: 10-15x "
+        "one idle thread here, as measured on both)",
+    )
     parser.add_argument("--replay", metavar="LOG", help="print the table from a earlier run's output instead")
     args = parser.parse_args()
     if args.replay:
@@ -209,8 +257,16 @@ def main() -> None:
     report(best, chosen, args.cloud_step_s)
 
 
-def run_all(args: argparse.Namespace, nodes: TestNodes, fab: Fab, config: Path, runs_planned: list[Run],
-            steps_at: dict[int, int], best: dict[Run, Step], chosen: dict[Run, str]) -> None:
+def run_all(
+    args: argparse.Namespace,
+    nodes: TestNodes,
+    fab: Fab,
+    config: Path,
+    runs_planned: list[Run],
+    steps_at: dict[int, int],
+    best: dict[Run, Step],
+    chosen: dict[Run, str],
+) -> None:
     started, runs = time.monotonic(), 0
     for round_ in range(args.rounds):
         for key in runs_planned:
@@ -224,16 +280,29 @@ def run_all(args: argparse.Namespace, nodes: TestNodes, fab: Fab, config: Path, 
                 nodes.shape_egress(i, None if link in ("unshaped", "one node") else float(link))
             runs += 1
             try:
-                seconds, waited, chose = one_run(fab, nodes, config, f"scaling{runs}", 1 if link == "one node" else 2,
-                                                 accumulation, option, steps_at[accumulation], args.set)
+                seconds, waited, chose = one_run(
+                    fab,
+                    nodes,
+                    config,
+                    f"scaling{runs}",
+                    1 if link == "one node" else 2,
+                    accumulation,
+                    option,
+                    steps_at[accumulation],
+                    args.set,
+                )
             except RunFailed as e:
-                print(f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option} FAILED: {e}",
-                      flush=True)
+                print(
+                    f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option} FAILED: {e}",
+                    flush=True,
+                )
                 continue
-            print(f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option}"
-                  f"{' -> ' + chose if chose else ''}: {seconds:.2f} s/step, rank 0 waited "
-                  f"{'-' if waited is None else f'{waited:.1%}'} ({time.monotonic() - started:.0f} s so far)",
-                  flush=True)
+            print(
+                f"  round {round_ + 1}: accumulation {accumulation}, {link_name(link)}, {option}"
+                f"{' -> ' + chose if chose else ''}: {seconds:.2f} s/step, rank 0 waited "
+                f"{'-' if waited is None else f'{waited:.1%}'} ({time.monotonic() - started:.0f} s so far)",
+                flush=True,
+            )
             if key not in best or seconds < best[key][0]:
                 best[key] = (seconds, waited)
             if chose:
@@ -245,8 +314,10 @@ def report(best: dict[Run, Step], chosen: dict[Run, str], cloud_step_s: float) -
     rows = dict(best)
     for (accumulation, link, _), option in chosen.items():
         rows.setdefault((accumulation, link, option), best[(accumulation, link, "auto")])
-    print(f"\n{'accum':>5} {'link':>14} {'stands for':>11} {'option':>15} {'step s':>7} {'waiting':>8} "
-          f"{'(timer)':>8} {'efficiency':>10} {'vs unshaped':>11}")
+    print(
+        f"\n{'accum':>5} {'link':>14} {'stands for':>11} {'option':>15} {'step s':>7} {'waiting':>8} "
+        f"{'(timer)':>8} {'efficiency':>10} {'vs unshaped':>11}"
+    )
     summary = []
     for (accumulation, link, option), (seconds, waited) in sorted(rows.items(), key=row_order):
         if (accumulation, "one node", "none") not in best:
@@ -265,17 +336,23 @@ def report(best: dict[Run, Step], chosen: dict[Run, str], cloud_step_s: float) -
         # Against the unshaped link: what the link itself costs, apart from two ranks sharing the CPU.
         unshaped = best.get((accumulation, "unshaped", "none"))
         vs_unshaped = f"{unshaped[0] / seconds:11.0%}" if unshaped else f"{'-':>11}"
-        print(f"{accumulation:5d} {link_name(link):>14} {stands:>11} {label:>15} {seconds:7.2f} "
-              f"{max(0.0, 1 - efficiency):8.0%} {timer} {efficiency:10.0%} {vs_unshaped}")
+        print(
+            f"{accumulation:5d} {link_name(link):>14} {stands:>11} {label:>15} {seconds:7.2f} "
+            f"{max(0.0, 1 - efficiency):8.0%} {timer} {efficiency:10.0%} {vs_unshaped}"
+        )
         if option == "auto":
             against = f" ({unshaped[0] / seconds:.0%} vs unshaped)" if unshaped else ""
             summary.append(f"accum {accumulation} {link_name(link)} {label} {efficiency:.0%}{against}")
-    print(f"scaling (2 nodes x 1 thread, GPT-2 small, efficiency vs one node, cloud step {cloud_step_s:g} s): "
-          f"{', '.join(summary) or 'no auto runs'}")
+    print(
+        f"scaling (2 nodes x 1 thread, GPT-2 small, efficiency vs one node, cloud step {cloud_step_s:g} s): "
+        f"{', '.join(summary) or 'no auto runs'}"
+    )
 
 
-RUN_LINE = re.compile(r"round \d+: accumulation (\d+), ([^,]+|[\d,]+ Mbit/s), (\w+)(?: -> (\w+))?: "
-                      r"([\d.]+) s/step(?:, rank 0 waited ([\d.]+)%)?")
+RUN_LINE = re.compile(
+    r"round \d+: accumulation (\d+), ([^,]+|[\d,]+ Mbit/s), (\w+)(?: -> (\w+))?: "
+    r"([\d.]+) s/step(?:, rank 0 waited ([\d.]+)%)?"
+)
 
 
 def replay(output: str) -> tuple[dict[Run, Step], dict[Run, str]]:

@@ -55,8 +55,16 @@ def main() -> None:
 
     torch.manual_seed(0)
     shape = PRESETS[args.model]
-    model = GPT(GPTConfig(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"], block_size=1024,
-                          vocab_size=50257, dropout=0.0))
+    model = GPT(
+        GPTConfig(
+            n_layer=shape["n_layer"],
+            n_head=shape["n_head"],
+            n_embd=shape["n_embd"],
+            block_size=1024,
+            vocab_size=50257,
+            dropout=0.0,
+        )
+    )
     optimizer = build_optimizer(model, TrainConfig())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)

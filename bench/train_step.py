@@ -115,9 +115,7 @@ def time_by_category(step: Callable[[], None]) -> dict[str, float]:
         step()
     shares = dict.fromkeys([*OP_CATEGORIES, "other"], 0.0)
     for event in prof.key_averages():
-        category = next(
-            (c for c, prefixes in OP_CATEGORIES.items() if event.key.startswith(prefixes)), "other"
-        )
+        category = next((c for c, prefixes in OP_CATEGORIES.items() if event.key.startswith(prefixes)), "other")
         shares[category] += event.self_cpu_time_total / 1e6
     return shares
 
@@ -137,8 +135,9 @@ def measure_train_step(
     TrainConfig = model_module("model.settings.config").TrainConfig
 
     # A checkout from before clip_gradients (--against) clipped with torch's.
-    def clip_with_torch(params: Iterable[torch.Tensor], max_norm: float,
-                        optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+    def clip_with_torch(
+        params: Iterable[torch.Tensor], max_norm: float, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     clip_gradients = getattr(optim, "clip_gradients", clip_with_torch)
@@ -253,9 +252,7 @@ def child_main(args: argparse.Namespace) -> None:
     if args.child == "peak":
         result = {"peaks": measure_matmul_peaks(args.peak_dtypes.split(",")), "threads": torch.get_num_threads()}
     else:
-        result = measure_train_step(
-            args.child, args.iters, args.warmup, args.block_size, args.batch_size, args.profile
-        )
+        result = measure_train_step(args.child, args.iters, args.warmup, args.block_size, args.batch_size, args.profile)
     print(json.dumps(result))
 
 
@@ -281,21 +278,15 @@ def print_time_shares(results: dict[str, dict], reference_peak: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--iters",
         type=int,
         default=5,
         help="measured steps per mode (the fastest is reported, with the median)",
     )
-    parser.add_argument(
-        "--warmup", type=int, default=2, help="unmeasured steps first (compilation happens here)"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)"
-    )
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (compilation happens here)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default (all cores)")
     parser.add_argument(
         "--modes",
         default="",
@@ -312,9 +303,7 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="print where each mode's step time goes (one profiled step)"
     )
-    parser.add_argument(
-        "--against", type=Path, help="another checkout of this repository to measure each mode on too"
-    )
+    parser.add_argument("--against", type=Path, help="another checkout of this repository to measure each mode on too")
     parser.add_argument("--rounds", type=int, default=0, help="rounds of every mode; default 1, 2 with --against")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--peak-dtypes", default="fp32", help=argparse.SUPPRESS)

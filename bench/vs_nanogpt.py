@@ -78,7 +78,12 @@ def peak_rss_gb(pid: int) -> float:
 def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], timeout_s: float) -> None:
     """Start the program, keep its step times after warmup, read its peak RSS, kill it."""
     proc = subprocess.Popen(
-        program.command, cwd=program.cwd, env=env | program.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        program.command,
+        cwd=program.cwd,
+        env=env | program.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline, seen = time.monotonic() + timeout_s, 0
     times: list[float] = []
@@ -100,9 +105,7 @@ def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], tim
             if time.monotonic() > deadline:
                 sys.exit(f"error: {program.name} logged {seen} steps in {timeout_s:.0f} s; raise --timeout")
         else:
-            sys.exit(
-                f"error: {program.name} exited with {proc.wait()} before {warmup + steps} steps:\n{''.join(tail)}"
-            )
+            sys.exit(f"error: {program.name} exited with {proc.wait()} before {warmup + steps} steps:\n{''.join(tail)}")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -111,17 +114,13 @@ def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], tim
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--nanogpt", required=True, type=Path, help="a nanoGPT checkout (train.py, model.py, configurator.py)"
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both programs")
     parser.add_argument("--steps", type=int, default=6, help="measured steps per program and round")
-    parser.add_argument(
-        "--warmup", type=int, default=2, help="steps left out first (compilation, first eval)"
-    )
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out first (compilation, first eval)")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for both programs")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds one program may take per round")
     parser.add_argument(
@@ -130,9 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     missing = [f for f in NANOGPT_FILES if not (args.nanogpt / f).is_file()]
     if missing:
-        parser.error(
-            f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory"
-        )
+        parser.error(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory")
     if args.against and (problem := checkout_problem(args.against)):
         parser.error(problem)
     if min(args.rounds, args.steps, args.warmup, args.threads) < 1:
@@ -182,6 +179,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         NANOGPT_STEP,
         precision="fp32 (no autocast on CPU), compile true",
     )
+
     def trainer(name: str, checkout: Path) -> Program:
         command = [
             sys.executable,
@@ -209,9 +207,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
                 f"round {round_ + 1}: {program.name} median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
             )
 
-    print(
-        f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch 1, {args.rounds} rounds x {args.steps} steps"
-    )
+    print(f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch 1, {args.rounds} rounds x {args.steps} steps")
     print(f"{'program':<21}{'precision':<40}{'ms/step':>9}{'tokens/s':>10}{'peak RSS':>10}")
     medians = {}
     for program in programs:

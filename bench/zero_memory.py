@@ -65,11 +65,24 @@ def run(zero_stage: int, args: argparse.Namespace, data_dir: Path, port: int) ->
     procs = []
     for rank in range(2):
         env = os.environ | dict(
-            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
         )
-        procs.append(subprocess.Popen([sys.executable, "-c", DRIVER, *overrides], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, *overrides],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
     peaks = [0.0, 0.0]
     for p in procs:
         out, _ = p.communicate(timeout=1800)
@@ -95,16 +108,23 @@ def main() -> None:
     from model.gpt.model import GPT, GPTConfig
 
     shape = PRESETS[args.model]
-    config = GPTConfig(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"], block_size=args.block,
-                       vocab_size=50257)
+    config = GPTConfig(
+        n_layer=shape["n_layer"],
+        n_head=shape["n_head"],
+        n_embd=shape["n_embd"],
+        block_size=args.block,
+        vocab_size=50257,
+    )
     n = GPT(config).num_params(False)
     share = 8 * n / 2 / 2**30  # AdamW's two fp32 moments, half of them on each of 2 ranks
     print(f"{args.model} ({n / 1e6:.0f}M parameters), block {args.block}, batch 1, fp32, 2 ranks x 1 thread")
     for stage, peaks in results.items():
         print(f"  zero_stage={stage}: peak RSS rank 0 {peaks[0]:.2f} GiB, rank 1 {peaks[1]:.2f} GiB")
     saved = [a - b for a, b in zip(results[0], results[1], strict=True)]
-    print(f"summary: zero_stage=1 saves {saved[0]:.2f} / {saved[1]:.2f} GiB per rank "
-          f"(optimizer-state share {share:.2f} GiB)")
+    print(
+        f"summary: zero_stage=1 saves {saved[0]:.2f} / {saved[1]:.2f} GiB per rank "
+        f"(optimizer-state share {share:.2f} GiB)"
+    )
 
 
 if __name__ == "__main__":

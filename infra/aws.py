@@ -33,8 +33,12 @@ class AwsCluster(CloudCluster):
         zone = self.zone = self._zone_offering(cfg.machine.name)
 
         cluster_vpc = ec2.Vpc(
-            name, cidr_block=NETWORK_CIDR, enable_dns_support=True, enable_dns_hostnames=True,
-            tags={**tags, "Name": name}, opts=self.child(),
+            name,
+            cidr_block=NETWORK_CIDR,
+            enable_dns_support=True,
+            enable_dns_hostnames=True,
+            tags={**tags, "Name": name},
+            opts=self.child(),
         )
         gateway = ec2.InternetGateway(name, vpc_id=cluster_vpc.id, tags={**tags, "Name": name}, opts=self.child())
         public_subnet, public_route = self._routed_subnet(
@@ -44,8 +48,11 @@ class AwsCluster(CloudCluster):
         if self.nat_clients:
             nat_address = ec2.Eip(f"{name}-nat", domain="vpc", tags={**tags, "Name": f"{name}-nat"}, opts=self.child())
             nat = ec2.NatGateway(
-                name, allocation_id=nat_address.allocation_id, subnet_id=public_subnet.id,
-                tags={**tags, "Name": name}, opts=self.child(depends_on=[gateway]),
+                name,
+                allocation_id=nat_address.allocation_id,
+                subnet_id=public_subnet.id,
+                tags={**tags, "Name": name},
+                opts=self.child(depends_on=[gateway]),
             )
             worker_subnet, worker_route = self._routed_subnet(
                 cluster_vpc, zone, "private", WORKER_SUBNET_CIDR, {"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}
@@ -55,52 +62,83 @@ class AwsCluster(CloudCluster):
         # Descriptions: EC2 takes only a-zA-Z0-9, space and ._-:/()#,@[]+=;{}!$* (no apostrophe),
         # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html
         members = ec2.SecurityGroup(
-            f"{name}-members", vpc_id=cluster_vpc.id, description=f"{name}: nodes of the cluster",
-            tags={**tags, "Name": f"{name}-members"}, opts=self.child(),
+            f"{name}-members",
+            vpc_id=cluster_vpc.id,
+            description=f"{name}: nodes of the cluster",
+            tags={**tags, "Name": f"{name}-members"},
+            opts=self.child(),
         )
         vpc.SecurityGroupIngressRule(
-            f"{name}-intra-cluster", security_group_id=members.id, referenced_security_group_id=members.id,
-            ip_protocol="-1", description="All traffic among the nodes of the cluster", opts=self.child(),
+            f"{name}-intra-cluster",
+            security_group_id=members.id,
+            referenced_security_group_id=members.id,
+            ip_protocol="-1",
+            description="All traffic among the nodes of the cluster",
+            opts=self.child(),
         )
         vpc.SecurityGroupEgressRule(
-            f"{name}-egress", security_group_id=members.id, cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
-            description="Outbound for the bootstrap (apt, pip) and downloads by the operator", opts=self.child(),
+            f"{name}-egress",
+            security_group_id=members.id,
+            cidr_ipv4="0.0.0.0/0",
+            ip_protocol="-1",
+            description="Outbound for the bootstrap (apt, pip) and downloads by the operator",
+            opts=self.child(),
         )
         head_ssh = ec2.SecurityGroup(
-            f"{name}-head-ssh", vpc_id=cluster_vpc.id, description=f"{name}: SSH to the head",
-            tags={**tags, "Name": f"{name}-head-ssh"}, opts=self.child(),
+            f"{name}-head-ssh",
+            vpc_id=cluster_vpc.id,
+            description=f"{name}: SSH to the head",
+            tags={**tags, "Name": f"{name}-head-ssh"},
+            opts=self.child(),
         )
         vpc.SecurityGroupIngressRule(
-            f"{name}-ssh-head", security_group_id=head_ssh.id, cidr_ipv4=cfg.ssh_allowed_cidr,
-            ip_protocol="tcp", from_port=22, to_port=22,
-            description="SSH to the head from nanocluster:sshAllowedCidr only", opts=self.child(),
+            f"{name}-ssh-head",
+            security_group_id=head_ssh.id,
+            cidr_ipv4=cfg.ssh_allowed_cidr,
+            ip_protocol="tcp",
+            from_port=22,
+            to_port=22,
+            description="SSH to the head from nanocluster:sshAllowedCidr only",
+            opts=self.child(),
         )
         placement = ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
 
-        ami = cfg.image or ec2.get_ami(
-            most_recent=True,
-            owners=[CANONICAL],
-            filters=[
-                {"name": "name", "values": [UBUNTU_AMI_NAME]},
-                {"name": "architecture", "values": ["x86_64"]},
-                {"name": "virtualization-type", "values": ["hvm"]},
-            ],
-        ).id
+        ami = (
+            cfg.image
+            or ec2.get_ami(
+                most_recent=True,
+                owners=[CANONICAL],
+                filters=[
+                    {"name": "name", "values": [UBUNTU_AMI_NAME]},
+                    {"name": "architecture", "values": ["x86_64"]},
+                    {"name": "virtualization-type", "values": ["hvm"]},
+                ],
+            ).id
+        )
         # The head's address, subnet and groups live on a network interface that has its Elastic IP
         # before the head is launched on it (an address cannot be attached to an instance that does
         # not exist yet; one attached after launch leaves the first boot without a route out).
         head_nic = ec2.NetworkInterface(
-            f"{name}-head", subnet_id=public_subnet.id, private_ips=[self.planned_ip(0)],
-            security_groups=[members.id, head_ssh.id], tags={**tags, "Name": f"{name}-head"}, opts=self.child(),
+            f"{name}-head",
+            subnet_id=public_subnet.id,
+            private_ips=[self.planned_ip(0)],
+            security_groups=[members.id, head_ssh.id],
+            tags={**tags, "Name": f"{name}-head"},
+            opts=self.child(),
         )
         head_address = ec2.Eip(
-            f"{name}-head", domain="vpc", network_interface=head_nic.id, tags={**tags, "Name": f"{name}-head"},
+            f"{name}-head",
+            domain="vpc",
+            network_interface=head_nic.id,
+            tags={**tags, "Name": f"{name}-head"},
             opts=self.child(depends_on=[gateway]),
         )
         instances: list[ec2.Instance] = []
         for rank, node_name in enumerate(self.node_names):
             head, public = rank == 0, self.has_public_ip(rank)
-            ready: list[pulumi.Resource] = [head_address, public_route] if head else [public_route if public else worker_route]
+            ready: list[pulumi.Resource] = (
+                [head_address, public_route] if head else [public_route if public else worker_route]
+            )
             instances.append(
                 ec2.Instance(
                     node_name,
@@ -120,11 +158,27 @@ class AwsCluster(CloudCluster):
                     # A user data change would stop and start the instance (and cannot, for a one-time
                     # spot instance); it is ignored below instead, and never replaces the instance.
                     user_data_replace_on_change=False,
-                    metadata_options={"http_tokens": "required", "http_endpoint": "enabled", "http_put_response_hop_limit": 1},
-                    root_block_device={"encrypted": True, "volume_type": "gp3", "volume_size": cfg.disk_gb, "delete_on_termination": True},
+                    metadata_options={
+                        "http_tokens": "required",
+                        "http_endpoint": "enabled",
+                        "http_put_response_hop_limit": 1,
+                    },
+                    root_block_device={
+                        "encrypted": True,
+                        "volume_type": "gp3",
+                        "volume_size": cfg.disk_gb,
+                        "delete_on_termination": True,
+                    },
                     instance_market_options=(
-                        {"market_type": "spot", "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"}}
-                        if cfg.spot else None
+                        {
+                            "market_type": "spot",
+                            "spot_options": {
+                                "spot_instance_type": "one-time",
+                                "instance_interruption_behavior": "terminate",
+                            },
+                        }
+                        if cfg.spot
+                        else None
                     ),
                     tags={**tags, "Name": node_name, "rank": str(rank)},
                     volume_tags={**tags, "Name": node_name},
@@ -143,8 +197,11 @@ class AwsCluster(CloudCluster):
             # Without a reboot: a run on the head goes on. The snapshot is crash-consistent, like
             # GCP's and Azure's disk snapshots; bake while the head is idle (after fab doctor).
             baked = ec2.AmiFromInstance(
-                f"{name}-node", source_instance_id=instances[0].id, snapshot_without_reboot=True,
-                tags={**tags, "Name": f"{name}-node"}, opts=self.child(retain_on_delete=True),
+                f"{name}-node",
+                source_instance_id=instances[0].id,
+                snapshot_without_reboot=True,
+                tags={**tags, "Name": f"{name}-node"},
+                opts=self.child(retain_on_delete=True),
             )
             self.baked_image = baked.id
 
@@ -156,11 +213,20 @@ class AwsCluster(CloudCluster):
         name = f"{self.config.cluster_name}-{role}"
         tags = {**self.config.labels, "Name": name}
         subnet = ec2.Subnet(
-            name, vpc_id=cluster_vpc.id, cidr_block=cidr, availability_zone=zone,
-            map_public_ip_on_launch=False, tags=tags, opts=self.child(),
+            name,
+            vpc_id=cluster_vpc.id,
+            cidr_block=cidr,
+            availability_zone=zone,
+            map_public_ip_on_launch=False,
+            tags=tags,
+            opts=self.child(),
         )
         routes = ec2.RouteTable(
-            name, vpc_id=cluster_vpc.id, routes=[default_route], tags=tags, opts=self.child(),
+            name,
+            vpc_id=cluster_vpc.id,
+            routes=[default_route],
+            tags=tags,
+            opts=self.child(),
         )
         association = ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
         return subnet, association

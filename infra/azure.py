@@ -12,7 +12,12 @@ from pulumi_azure_native import compute, network, resources
 from infra import cloudinit
 from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, present
 
-UBUNTU: compute.ImageReferenceArgsDict = {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
+UBUNTU: compute.ImageReferenceArgsDict = {
+    "publisher": "Canonical",
+    "offer": "ubuntu-24_04-lts",
+    "sku": "server",
+    "version": "latest",
+}
 OS_DISK_SKU = "Premium_LRS"
 """Premium SSD: only sizes with 's' in their features take it, so infra/prices.py lists only those
 (https://learn.microsoft.com/en-us/azure/virtual-machines/vm-naming-conventions)."""
@@ -47,24 +52,40 @@ class AzureCluster(CloudCluster):
             name,
             security_rules=[
                 {
-                    "name": "intra-cluster", "priority": 100, "direction": "Inbound", "access": "Allow", "protocol": "*",
-                    "source_port_range": "*", "destination_port_range": "*",
+                    "name": "intra-cluster",
+                    "priority": 100,
+                    "direction": "Inbound",
+                    "access": "Allow",
+                    "protocol": "*",
+                    "source_port_range": "*",
+                    "destination_port_range": "*",
                     "source_application_security_groups": [{"id": members.id}],
                     "destination_application_security_groups": [{"id": members.id}],
                     "description": "All traffic among the cluster's own nodes",
                 },
                 {
-                    "name": "ssh-head", "priority": 110, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
-                    "source_port_range": "*", "destination_port_range": "22",
+                    "name": "ssh-head",
+                    "priority": 110,
+                    "direction": "Inbound",
+                    "access": "Allow",
+                    "protocol": "Tcp",
+                    "source_port_range": "*",
+                    "destination_port_range": "22",
                     "source_address_prefix": cfg.ssh_allowed_cidr,
                     "destination_application_security_groups": [{"id": head.id}],
                     "description": "SSH to the head from nanocluster:sshAllowedCidr only",
                 },
                 {
                     # Overrides Azure's default AllowVnetInBound / AllowAzureLoadBalancerInBound.
-                    "name": "deny-all-inbound", "priority": 4096, "direction": "Inbound", "access": "Deny", "protocol": "*",
-                    "source_port_range": "*", "destination_port_range": "*",
-                    "source_address_prefix": "*", "destination_address_prefix": "*",
+                    "name": "deny-all-inbound",
+                    "priority": 4096,
+                    "direction": "Inbound",
+                    "access": "Deny",
+                    "protocol": "*",
+                    "source_port_range": "*",
+                    "destination_port_range": "*",
+                    "source_address_prefix": "*",
+                    "destination_address_prefix": "*",
                     "description": "Nothing else inbound",
                 },
             ],
@@ -72,15 +93,26 @@ class AzureCluster(CloudCluster):
             opts=self.child(),
         )
         vnet = network.VirtualNetwork(
-            name, address_space={"address_prefixes": [NETWORK_CIDR]}, **in_group, opts=self.child(),
+            name,
+            address_space={"address_prefixes": [NETWORK_CIDR]},
+            **in_group,
+            opts=self.child(),
         )
         nat = None
         if self.nat_clients:
             nat_address = network.PublicIPAddress(
-                f"{name}-nat", sku={"name": "Standard"}, public_ip_allocation_method="Static", **in_group, opts=self.child(),
+                f"{name}-nat",
+                sku={"name": "Standard"},
+                public_ip_allocation_method="Static",
+                **in_group,
+                opts=self.child(),
             )
             nat = network.NatGateway(
-                name, sku={"name": "Standard"}, public_ip_addresses=[{"id": nat_address.id}], **in_group, opts=self.child(),
+                name,
+                sku={"name": "Standard"},
+                public_ip_addresses=[{"id": nat_address.id}],
+                **in_group,
+                opts=self.child(),
             )
         subnet = network.Subnet(
             name,
@@ -106,18 +138,29 @@ class AzureCluster(CloudCluster):
                 "subnet": {"id": subnet.id},
                 "private_ip_allocation_method": "Static",
                 "private_ip_address": self.planned_ip(rank),
-                "application_security_groups": [{"id": members.id}, {"id": head.id}] if rank == 0 else [{"id": members.id}],
+                "application_security_groups": [{"id": members.id}, {"id": head.id}]
+                if rank == 0
+                else [{"id": members.id}],
             }
             if self.has_public_ip(rank):
                 address = network.PublicIPAddress(
-                    node_name, sku={"name": "Standard"}, public_ip_allocation_method="Static", **node_in_group, opts=self.child(),
+                    node_name,
+                    sku={"name": "Standard"},
+                    public_ip_allocation_method="Static",
+                    **node_in_group,
+                    opts=self.child(),
                 )
                 ip_configuration["public_ip_address"] = {"id": address.id}
                 if rank == 0:
-                    self.head_public_ip = address.ip_address.apply(lambda ip: present(ip, "Static public IP of the head"))
+                    self.head_public_ip = address.ip_address.apply(
+                        lambda ip: present(ip, "Static public IP of the head")
+                    )
             nic = network.NetworkInterface(
-                node_name, ip_configurations=[ip_configuration], enable_accelerated_networking=True,
-                **node_in_group, opts=self.child(),
+                node_name,
+                ip_configurations=[ip_configuration],
+                enable_accelerated_networking=True,
+                **node_in_group,
+                opts=self.child(),
             )
             nics.append(nic)
             vms.append(
@@ -144,15 +187,24 @@ class AzureCluster(CloudCluster):
                             "disable_password_authentication": True,
                             "ssh": {
                                 "public_keys": [
-                                    {"path": f"/home/{cfg.ssh_user}/.ssh/authorized_keys", "key_data": self.args.keys.cluster_public_key}
+                                    {
+                                        "path": f"/home/{cfg.ssh_user}/.ssh/authorized_keys",
+                                        "key_data": self.args.keys.cluster_public_key,
+                                    }
                                 ]
                             },
                         },
                     },
-                    network_profile={"network_interfaces": [{"id": nic.id, "primary": True, "delete_option": "Delete"}]},
+                    network_profile={
+                        "network_interfaces": [{"id": nic.id, "primary": True, "delete_option": "Delete"}]
+                    },
                     security_profile=(
-                        {"security_type": "TrustedLaunch", "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True}}
-                        if trusted_launch else None
+                        {
+                            "security_type": "TrustedLaunch",
+                            "uefi_settings": {"secure_boot_enabled": True, "v_tpm_enabled": True},
+                        }
+                        if trusted_launch
+                        else None
                     ),
                     priority="Spot" if cfg.spot else None,
                     eviction_policy="Deallocate" if cfg.spot else None,
@@ -185,11 +237,13 @@ class AzureCluster(CloudCluster):
             baked = compute.Image(
                 f"{name}-node",
                 hyper_v_generation="V2",
-                storage_profile={"os_disk": {
-                    "os_type": compute.OperatingSystemTypes.LINUX,
-                    "os_state": compute.OperatingSystemStateTypes.GENERALIZED,
-                    "snapshot": {"id": snapshot.id},
-                }},
+                storage_profile={
+                    "os_disk": {
+                        "os_type": compute.OperatingSystemTypes.LINUX,
+                        "os_state": compute.OperatingSystemStateTypes.GENERALIZED,
+                        "snapshot": {"id": snapshot.id},
+                    }
+                },
                 **in_images,
                 opts=self.child(retain_on_delete=True),
             )

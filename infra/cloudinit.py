@@ -99,7 +99,9 @@ class NodeIdentity:
 def firstboot_script(node: NodeIdentity) -> str:
     """The per-node wrapper cloud-init runs: the node bootstrap with this stack's settings."""
     idle = ["--idle-minutes", str(node.idle_minutes)] if node.idle_minutes else []
-    bootstrap = shlex.join([f"{REMOTE_NODE_DIR}/bootstrap.sh", "--user", node.ssh_user, "--profile", node.profile, *idle])
+    bootstrap = shlex.join(
+        [f"{REMOTE_NODE_DIR}/bootstrap.sh", "--user", node.ssh_user, "--profile", node.profile, *idle]
+    )
     return f"""#!/usr/bin/env bash
 # nanocluster first boot: {node.cloud} node {node.node_name} (rank {node.rank}).
 # Runs the node bootstrap (idempotent); its progress goes to {BOOTSTRAP_LOG} and the console.
@@ -133,15 +135,37 @@ def render(node: NodeIdentity) -> str:
         "ssh_genkeytypes": [],
         "ssh_keys": {"ed25519_private": node.host_private_key, "ed25519_public": node.host_public_key},
         "write_files": [
-            {"path": f"{REMOTE_NODE_DIR}/bootstrap.sh", "permissions": "0755", "content": (NODE_DIR / "bootstrap.sh").read_text()},
-            {"path": f"{REMOTE_NODE_DIR}/{requirements.name}", "permissions": "0644", "content": requirements.read_text()},
+            {
+                "path": f"{REMOTE_NODE_DIR}/bootstrap.sh",
+                "permissions": "0755",
+                "content": (NODE_DIR / "bootstrap.sh").read_text(),
+            },
+            {
+                "path": f"{REMOTE_NODE_DIR}/{requirements.name}",
+                "permissions": "0644",
+                "content": requirements.read_text(),
+            },
             # The idle stop the bootstrap installs with --idle-minutes, and the unit identity functions it uses.
-            {"path": f"{REMOTE_NODE_DIR}/autostop.sh", "permissions": "0755", "content": (NODE_DIR / "autostop.sh").read_text()},
-            {"path": f"{REMOTE_NODE_DIR}/unit_identity.sh", "permissions": "0644", "content": (NODE_DIR / "unit_identity.sh").read_text()},
+            {
+                "path": f"{REMOTE_NODE_DIR}/autostop.sh",
+                "permissions": "0755",
+                "content": (NODE_DIR / "autostop.sh").read_text(),
+            },
+            {
+                "path": f"{REMOTE_NODE_DIR}/unit_identity.sh",
+                "permissions": "0644",
+                "content": (NODE_DIR / "unit_identity.sh").read_text(),
+            },
             {"path": FIRSTBOOT, "permissions": "0755", "content": firstboot_script(node)},
             # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is
             # rewritten whole: on a node from a baked image it still lists the old stack's key.
-            {"path": f"{home}/.ssh/authorized_keys", "owner": owner, "permissions": "0600", "defer": True, "content": node.cluster_public_key + "\n"},
+            {
+                "path": f"{home}/.ssh/authorized_keys",
+                "owner": owner,
+                "permissions": "0600",
+                "defer": True,
+                "content": node.cluster_public_key + "\n",
+            },
             *([GCP_GUEST_AGENT_CONFIG] if node.cloud == "gcp" else []),
         ],
         "runcmd": [[FIRSTBOOT]],

@@ -75,12 +75,21 @@ class CloudCluster(pulumi.ComponentResource):
         raise NotImplementedError
 
     def child(
-        self, *, depends_on: Sequence[pulumi.Resource] | None = None, ignore_changes: list[str] | None = None,
-        delete_before_replace: bool | None = None, retain_on_delete: bool | None = None,
+        self,
+        *,
+        depends_on: Sequence[pulumi.Resource] | None = None,
+        ignore_changes: list[str] | None = None,
+        delete_before_replace: bool | None = None,
+        retain_on_delete: bool | None = None,
     ) -> pulumi.ResourceOptions:
         """Options for a resource of this component: the ones its resources set, named so a typo fails lint."""
-        return pulumi.ResourceOptions(parent=self, depends_on=depends_on, ignore_changes=ignore_changes,
-                                      delete_before_replace=delete_before_replace, retain_on_delete=retain_on_delete)
+        return pulumi.ResourceOptions(
+            parent=self,
+            depends_on=depends_on,
+            ignore_changes=ignore_changes,
+            delete_before_replace=delete_before_replace,
+            retain_on_delete=retain_on_delete,
+        )
 
     def has_public_ip(self, rank: int) -> bool:
         return rank == 0 or self.config.public_workers
@@ -117,7 +126,9 @@ class CloudCluster(pulumi.ComponentResource):
                 )
             )
 
-        rendered = pulumi.Output.all(keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank]).apply(render)
+        rendered = pulumi.Output.all(
+            keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank]
+        ).apply(render)
         return pulumi.Output.secret(rendered)
 
     def cost(self, spot: bool = False) -> CostEstimate | None:

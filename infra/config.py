@@ -41,9 +41,38 @@ RESERVED_USERS = {"root", "admin", "administrator", "user", "guest", "test", "ub
 # https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/create-or-update#osprofile).
 # The policy pack (policy/constraints.py) checks VMs against this same list.
 AZURE_DISALLOWED_USERS = {
-    "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1", "1", "123", "a",
-    "actuser", "adm", "admin2", "aspnet", "backup", "console", "david", "guest", "john", "owner", "root",
-    "server", "sql", "support", "support_388945a0", "sys", "test2", "test3", "user4", "user5",
+    "administrator",
+    "admin",
+    "user",
+    "user1",
+    "test",
+    "user2",
+    "test1",
+    "user3",
+    "admin1",
+    "1",
+    "123",
+    "a",
+    "actuser",
+    "adm",
+    "admin2",
+    "aspnet",
+    "backup",
+    "console",
+    "david",
+    "guest",
+    "john",
+    "owner",
+    "root",
+    "server",
+    "sql",
+    "support",
+    "support_388945a0",
+    "sys",
+    "test2",
+    "test3",
+    "user4",
+    "user5",
 }
 # Tags (labels on GCP) one resource may carry: AWS 50
 # (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions), Azure 50
@@ -81,12 +110,16 @@ KEYS = (
 
 IMAGE_FORMATS = {
     "gcp": (
-        re.compile(r"^(https://www\.googleapis\.com/compute/v1/)?projects/[a-z0-9-]+/global/images/(family/)?[a-z0-9-]+$"),
+        re.compile(
+            r"^(https://www\.googleapis\.com/compute/v1/)?projects/[a-z0-9-]+/global/images/(family/)?[a-z0-9-]+$"
+        ),
         "projects/PROJECT/global/images/NAME or projects/PROJECT/global/images/family/FAMILY",
     ),
     "aws": (re.compile(r"^ami-[0-9a-f]{8,17}$"), "an AMI id such as ami-0123456789abcdef0"),
     "azure": (
-        re.compile(r"^([^:/\s]+:[^:/\s]+:[^:/\s]+:[^:/\s]+|/subscriptions/[^\s]+/providers/Microsoft\.Compute/images/[^/\s]+)$"),
+        re.compile(
+            r"^([^:/\s]+:[^:/\s]+:[^:/\s]+:[^:/\s]+|/subscriptions/[^\s]+/providers/Microsoft\.Compute/images/[^/\s]+)$"
+        ),
         "a URN Publisher:Offer:Sku:Version or a managed image id /subscriptions/.../providers/Microsoft.Compute/images/NAME",
     ),
 }
@@ -183,11 +216,15 @@ def _labels(raw: object, owner: str) -> dict[str, str]:
         try:
             given = {str(k): str(v) for k, v in json.loads(str(raw)).items()}
         except (json.JSONDecodeError, AttributeError):
-            raise _fail(key, "is not a JSON object", "pulumi config set nanocluster:labels 'team=ml,owner=ana'") from None
+            raise _fail(
+                key, "is not a JSON object", "pulumi config set nanocluster:labels 'team=ml,owner=ana'"
+            ) from None
     else:
         pairs = [p.split("=", 1) for p in str(raw).split(",") if p.strip()]
         if any(len(p) != 2 for p in pairs):
-            raise _fail(key, f"'{raw}' is not key=value pairs", "pulumi config set nanocluster:labels 'team=ml,owner=ana'")
+            raise _fail(
+                key, f"'{raw}' is not key=value pairs", "pulumi config set nanocluster:labels 'team=ml,owner=ana'"
+            )
         given = {k.strip(): v.strip() for k, v in pairs}
     for k, v in given.items():
         if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) or not re.fullmatch(r"[a-z0-9_-]{0,63}", v):
@@ -225,8 +262,14 @@ def _disk_gb(raw: Mapping[str, object], cloud: str) -> int:
             f"pulumi config set {key} 100",
         )
     if disk_gb > largest:
-        why = f"an Azure OS disk holds at most {largest} GiB" if cloud == "azure" else f"nanocluster's ceiling on {cloud}"
-        raise _fail(key, f"{disk_gb} GB is outside {MIN_DISK_GB}..{largest} ({why})", f"pulumi config set {key} {largest} (or less)")
+        why = (
+            f"an Azure OS disk holds at most {largest} GiB" if cloud == "azure" else f"nanocluster's ceiling on {cloud}"
+        )
+        raise _fail(
+            key,
+            f"{disk_gb} GB is outside {MIN_DISK_GB}..{largest} ({why})",
+            f"pulumi config set {key} {largest} (or less)",
+        )
     return disk_gb
 
 
@@ -324,7 +367,9 @@ def _location(raw: Mapping[str, object], cloud: str, env: Mapping[str, str]) -> 
     location = str(raw.get("azure-native:location") or "")
     if not re.fullmatch(r"[a-z0-9]+", location):
         raise _fail(
-            "azure-native:location", f"'{location}' is not an Azure location", "pulumi config set azure-native:location eastus"
+            "azure-native:location",
+            f"'{location}' is not an Azure location",
+            "pulumi config set azure-native:location eastus",
         )
     return location, "", ""
 
@@ -349,11 +394,18 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     if cloud in KUBERNETES_CLOUDS:
         for key in VM_ONLY_KEYS:  # Pulumi.yaml's defaults (false, 0, "") reach the program too: not an error
             if str(raw.get(f"nanocluster:{key}") or "").strip().lower() not in ("", "false", "0"):
-                raise _fail(f"nanocluster:{key}", f"is a setting of VM clusters; nanocluster:cloud {cloud} is a Kubernetes cluster",
-                            f"pulumi config rm nanocluster:{key}")
+                raise _fail(
+                    f"nanocluster:{key}",
+                    f"is a setting of VM clusters; nanocluster:cloud {cloud} is a Kubernetes cluster",
+                    f"pulumi config rm nanocluster:{key}",
+                )
     regional = _bool(raw, "nanocluster:regional")
     if regional and cloud not in KUBERNETES_CLOUDS:
-        raise _fail("nanocluster:regional", f"is a setting of GKE clusters, not of {cloud} VMs", "pulumi config rm nanocluster:regional")
+        raise _fail(
+            "nanocluster:regional",
+            f"is a setting of GKE clusters, not of {cloud} VMs",
+            "pulumi config rm nanocluster:regional",
+        )
     nodes = _int(raw, "nanocluster:nodes", 3)
     if not 1 <= nodes <= MAX_NODES:
         raise _fail("nanocluster:nodes", f"{nodes} is outside 1..{MAX_NODES}", "pulumi config set nanocluster:nodes 3")
@@ -361,15 +413,26 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     ssh_user = _ssh_user(raw, cloud)
     profile = str(raw.get("nanocluster:profile") or "default")
     if profile not in PROFILES:
-        raise _fail("nanocluster:profile", f"'{profile}' is not a node profile", "pulumi config set nanocluster:profile default (or intel)")
+        raise _fail(
+            "nanocluster:profile",
+            f"'{profile}' is not a node profile",
+            "pulumi config set nanocluster:profile default (or intel)",
+        )
     idle_minutes = _int(raw, "nanocluster:idleMinutes", 0)
     if not 0 <= idle_minutes <= MAX_IDLE_MINUTES:
-        raise _fail("nanocluster:idleMinutes", f"{idle_minutes} is outside 0..{MAX_IDLE_MINUTES}",
-                    "pulumi config set nanocluster:idleMinutes 60 (0 turns the idle stop off)")
+        raise _fail(
+            "nanocluster:idleMinutes",
+            f"{idle_minutes} is outside 0..{MAX_IDLE_MINUTES}",
+            "pulumi config set nanocluster:idleMinutes 60 (0 turns the idle stop off)",
+        )
     image = str(raw.get("nanocluster:image") or "").strip()
     pattern, shape = IMAGE_FORMATS[PROVIDER[cloud]]
     if image and not pattern.fullmatch(image):
-        raise _fail("nanocluster:image", f"'{image}' is not an image reference for {cloud}", f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS")
+        raise _fail(
+            "nanocluster:image",
+            f"'{image}' is not an image reference for {cloud}",
+            f"use {shape}, or pulumi config rm nanocluster:image for Ubuntu 24.04 LTS",
+        )
     # Logical names and labels; physical names add Pulumi's random suffix (GCP's limit is 63).
     cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower())[:MAX_CLUSTER_NAME].strip("-")
     region, zone, project = _location(raw, cloud, env)

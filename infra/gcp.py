@@ -120,7 +120,9 @@ class GcpCluster(CloudCluster):
             )
 
         self.head_public_ip = head_address.address
-        self.private_ips = [i.network_interfaces.apply(lambda nics: present(nics[0].network_ip, "instance address")) for i in instances]
+        self.private_ips = [
+            i.network_interfaces.apply(lambda nics: present(nics[0].network_ip, "instance address")) for i in instances
+        ]
         if cfg.bake_image:
             snapshot = compute.Snapshot(
                 f"{name}-head",
@@ -151,8 +153,9 @@ class GcpCluster(CloudCluster):
         return {"provisioning_model": "STANDARD", "automatic_restart": True, "on_host_maintenance": "MIGRATE"}
 
 
-def cloud_nat(name: str, network: compute.Network, subnet: compute.Subnetwork, region: str,
-              parent: pulumi.Resource) -> compute.RouterNat:
+def cloud_nat(
+    name: str, network: compute.Network, subnet: compute.Subnetwork, region: str, parent: pulumi.Resource
+) -> compute.RouterNat:
     """A Cloud Router with NAT for the subnet: the way out of machines with no public address."""
     router = compute.Router(name, network=network.id, region=region, opts=pulumi.ResourceOptions(parent=parent))
     return compute.RouterNat(

@@ -98,12 +98,21 @@ class GkeCluster(pulumi.ComponentResource):
         self.register_outputs({"kubeconfig": self.kubeconfig, "namespace": self.storage.namespace})
 
     def child(
-        self, *, depends_on: Sequence[pulumi.Resource] | None = None, ignore_changes: list[str] | None = None,
-        delete_before_replace: bool | None = None, retain_on_delete: bool | None = None,
+        self,
+        *,
+        depends_on: Sequence[pulumi.Resource] | None = None,
+        ignore_changes: list[str] | None = None,
+        delete_before_replace: bool | None = None,
+        retain_on_delete: bool | None = None,
     ) -> pulumi.ResourceOptions:
         """Options for a resource of this component: the ones its resources set, named so a typo fails lint."""
-        return pulumi.ResourceOptions(parent=self, depends_on=depends_on, ignore_changes=ignore_changes,
-                                      delete_before_replace=delete_before_replace, retain_on_delete=retain_on_delete)
+        return pulumi.ResourceOptions(
+            parent=self,
+            depends_on=depends_on,
+            ignore_changes=ignore_changes,
+            delete_before_replace=delete_before_replace,
+            retain_on_delete=retain_on_delete,
+        )
 
     def _network(self) -> tuple[compute.Network, compute.Subnetwork]:
         cfg = self.config
@@ -159,7 +168,9 @@ class GkeCluster(pulumi.ComponentResource):
             "resource_labels": dict(self.config.labels),
         }
 
-    def _cluster(self, network: compute.Network, subnet: compute.Subnetwork, account: serviceaccount.Account) -> container.Cluster:
+    def _cluster(
+        self, network: compute.Network, subnet: compute.Subnetwork, account: serviceaccount.Account
+    ) -> container.Cluster:
         cfg = self.config
         return container.Cluster(
             cfg.cluster_name,

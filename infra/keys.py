@@ -29,4 +29,6 @@ class ClusterKeys(pulumi.ComponentResource):
         self.cluster_public_key = cluster.public_key_openssh.apply(str.strip)
         self.host_private_keys = [pulumi.Output.secret(h.private_key_openssh) for h in hosts]
         self.host_public_keys = [h.public_key_openssh.apply(str.strip) for h in hosts]
-        self.register_outputs({"cluster_public_key": self.cluster_public_key, "host_public_keys": self.host_public_keys})
+        self.register_outputs(
+            {"cluster_public_key": self.cluster_public_key, "host_public_keys": self.host_public_keys}
+        )

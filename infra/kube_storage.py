@@ -88,7 +88,11 @@ class ClusterStorage(pulumi.ComponentResource):
             spec=k8s.networking.v1.NetworkPolicySpecArgs(
                 pod_selector=everyone,
                 policy_types=["Ingress"],
-                ingress=[k8s.networking.v1.NetworkPolicyIngressRuleArgs(from_=[k8s.networking.v1.NetworkPolicyPeerArgs(pod_selector=everyone)])],
+                ingress=[
+                    k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                        from_=[k8s.networking.v1.NetworkPolicyPeerArgs(pod_selector=everyone)]
+                    )
+                ],
             ),
             opts=in_namespace,
         )

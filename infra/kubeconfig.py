@@ -18,17 +18,26 @@ def render_kubeconfig(context: str, endpoint: str, ca_certificate_base64: str) -
     document = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate_base64}}],
-        "users": [{
-            "name": context,
-            "user": {"exec": {
-                "apiVersion": "client.authentication.k8s.io/v1beta1",
-                "command": AUTH_PLUGIN,
-                "installHint": INSTALL_HINT,
-                "provideClusterInfo": True,
-                "interactiveMode": "IfAvailable",
-            }},
-        }],
+        "clusters": [
+            {
+                "name": context,
+                "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate_base64},
+            }
+        ],
+        "users": [
+            {
+                "name": context,
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": AUTH_PLUGIN,
+                        "installHint": INSTALL_HINT,
+                        "provideClusterInfo": True,
+                        "interactiveMode": "IfAvailable",
+                    }
+                },
+            }
+        ],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
         "current-context": context,
     }

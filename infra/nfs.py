@@ -58,8 +58,13 @@ class NfsServer(pulumi.ComponentResource):
         server_tag = f"{cfg.cluster_name}-nfs"
         child = pulumi.ResourceOptions(parent=self)
         address = compute.Address(
-            name, region=cfg.region, address_type="INTERNAL", subnetwork=args.subnet.id, address=NFS_ADDRESS,
-            labels=dict(cfg.labels), opts=child,
+            name,
+            region=cfg.region,
+            address_type="INTERNAL",
+            subnetwork=args.subnet.id,
+            address=NFS_ADDRESS,
+            labels=dict(cfg.labels),
+            opts=child,
         )
         compute.Firewall(
             name,
@@ -72,7 +77,12 @@ class NfsServer(pulumi.ComponentResource):
             opts=child,
         )
         disk = compute.Disk(
-            f"{name}-data", zone=cfg.zone, size=cfg.disk_gb, type="pd-balanced", labels=dict(cfg.labels), opts=child,
+            f"{name}-data",
+            zone=cfg.zone,
+            size=cfg.disk_gb,
+            type="pd-balanced",
+            labels=dict(cfg.labels),
+            opts=child,
         )
         image = compute.get_image(project=UBUNTU_PROJECT, family=UBUNTU_FAMILY).self_link
         compute.Instance(
@@ -81,11 +91,20 @@ class NfsServer(pulumi.ComponentResource):
             machine_type=NFS_MACHINE,
             tags=[server_tag],
             labels=dict(cfg.labels),
-            boot_disk={"auto_delete": True, "initialize_params": {"image": image, "size": GKE_BOOT_DISK_GB, "type": "pd-balanced"}},
+            boot_disk={
+                "auto_delete": True,
+                "initialize_params": {"image": image, "size": GKE_BOOT_DISK_GB, "type": "pd-balanced"},
+            },
             attached_disks=[{"source": disk.id, "device_name": DATA_DEVICE}],
-            network_interfaces=[{"subnetwork": args.subnet.id, "network_ip": address.address}],  # no public address: NAT
+            network_interfaces=[
+                {"subnetwork": args.subnet.id, "network_ip": address.address}
+            ],  # no public address: NAT
             metadata={"startup-script": startup_script(), "block-project-ssh-keys": "true"},
-            shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True},
+            shielded_instance_config={
+                "enable_secure_boot": True,
+                "enable_vtpm": True,
+                "enable_integrity_monitoring": True,
+            },
             allow_stopping_for_update=True,
             desired_status="RUNNING",
             # No service account: the server calls no Google API.

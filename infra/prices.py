@@ -151,13 +151,16 @@ def parse_table(data: object, where: str, complete: bool = True) -> dict[str, Ma
         for key in ("region", "source"):
             if not isinstance(row[key], str) or not row[key]:
                 raise fail(f"{name}: {key} must be a non-empty string, got {row[key]!r}")
-        table[name] = MachinePrice(float(on_demand), None if spot is None else float(spot), row["as_of"], row["region"], row["source"])
+        table[name] = MachinePrice(
+            float(on_demand), None if spot is None else float(spot), row["as_of"], row["region"], row["source"]
+        )
     missing = sorted(set(MACHINE_TYPES) - set(table))
     if missing and complete:
         clouds = sorted({MACHINE_TYPES[m].cloud for m in missing})
         raise PriceTableError(
             f"{where}: no price for {', '.join(missing)}; add a row for each, or run "
-            f"`python -m infra.pricing refresh --cloud {clouds[0]}`" + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
+            f"`python -m infra.pricing refresh --cloud {clouds[0]}`"
+            + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
         )
     return table
 

@@ -36,26 +36,48 @@ def best_checkpoint(shell: Shell, run: str) -> str:
     result = shell.run(f"cd {directory} 2>/dev/null && ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1")
     name = result.stdout.strip()
     if not name:
-        raise TaskError(f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on {shell.node.name}: "
-                        f"train first (fab train --run {run})")
+        raise TaskError(
+            f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on {shell.node.name}: "
+            f"train first (fab train --run {run})"
+        )
     return f"{directory}/{name}"
 
 
-def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
-           temperature: float = SAMPLE_TEMPERATURE, top_k: int = SAMPLE_TOP_K, seed: int = SAMPLE_SEED) -> None:
+def sample(
+    cluster_spec: str | None,
+    run: str = "main",
+    prompt: str = "",
+    max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
+    temperature: float = SAMPLE_TEMPERATURE,
+    top_k: int = SAMPLE_TOP_K,
+    seed: int = SAMPLE_SEED,
+) -> None:
     cluster = resolve_cluster(cluster_spec, 1)
     with Session.open(cluster, cluster.nodes[:1]) as session:
         ensure_ready(session)
         head, shell, site = session.head, session.shell(session.head), session.site
         ckpt = best_checkpoint(shell, run)
         say(f"sampling from {site.shown(ckpt)} on {head.name}")
-        args = ["--ckpt", "CKPT", "--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature),
-                "--top-k", str(top_k), "--seed", str(seed)]
+        args = [
+            "--ckpt",
+            "CKPT",
+            "--max-new-tokens",
+            str(max_new_tokens),
+            "--temperature",
+            str(temperature),
+            "--top-k",
+            str(top_k),
+            "--seed",
+            str(seed),
+        ]
         if prompt:
             args += ["--prompt", prompt]
         quoted = " ".join(shlex.quote(a) for a in args).replace("CKPT", ckpt)
-        status = shell.stream(f"PYTHONPATH={site.code_dir} {site.python} -m model.sample {quoted} 2>&1",
-                              out_line, timeout=SAMPLE_TIMEOUT_S)
+        status = shell.stream(
+            f"PYTHONPATH={site.code_dir} {site.python} -m model.sample {quoted} 2>&1",
+            out_line,
+            timeout=SAMPLE_TIMEOUT_S,
+        )
         if status != 0:
             raise TaskError(f"model.sample failed on {head.name} (exit {status}); its output is above")
 
@@ -70,8 +92,11 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     (each checked by size), and the run's plot from this machine's run record."""
     cluster = resolve_cluster(cluster_spec, 1)
     target_dir = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    writable_dir(target_dir, "--dest" if dest else "the fetch directory",
-                 "give --dest a directory you can write" if dest else HOME_FIX)
+    writable_dir(
+        target_dir,
+        "--dest" if dest else "the fetch directory",
+        "give --dest a directory you can write" if dest else HOME_FIX,
+    )
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run)

@@ -30,8 +30,14 @@ def installed_version() -> str:
 
 
 def make_program() -> Fab:
-    return Fab(name=NAME, binary=NAME, version=installed_version(), namespace=namespace,
-               executor_class=Executor, config_class=Config)
+    return Fab(
+        name=NAME,
+        binary=NAME,
+        version=installed_version(),
+        namespace=namespace,
+        executor_class=Executor,
+        config_class=Config,
+    )
 
 
 def main() -> None:

@@ -15,14 +15,15 @@ from rich.console import Console
 
 from launcher.cluster.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
 
-HOME_FIX = (f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
-            "cluster's nodes and what fab fetch copies; default ~/nanocluster)")
+HOME_FIX = (
+    f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
+    "cluster's nodes and what fab fetch copies; default ~/nanocluster)"
+)
 PIPED_WIDTH = 160
 """Columns when output goes to a file or pipe (logs, CI) and COLUMNS is unset: rich assumes 80
 there, which folds a `fab cost` or `fab status` table row into a dozen lines. A terminal keeps its width."""
 
-console = Console(highlight=False,
-                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+console = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
 
 
 class TaskError(RuntimeError):

@@ -48,8 +48,9 @@ Problem = tuple[str, str, str, str]
 """(check, node, what is wrong, fix): one row of the table."""
 
 
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT,
-           bandwidth_s: float = SEND_S) -> int:
+def doctor(
+    cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT, bandwidth_s: float = SEND_S
+) -> int:
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
     cluster = resolve_cluster(cluster_spec, 1)  # the local cluster's ranks share one machine: one to check
     problems: list[Problem] = []
@@ -69,8 +70,10 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAU
         console.print(table)
         say(f"{len(problems)} problem(s)")
         return 1
-    say(f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
-        f"network interface, data/{dataset} checksums, rendezvous port {port}")
+    say(
+        f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
+        f"network interface, data/{dataset} checksums, rendezvous port {port}"
+    )
     return 0
 
 
@@ -91,36 +94,73 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
             problems.append(("environment", node.name, f"missing {', '.join(r.missing)}", "fab setup"))
             continue
         if site.checks_contract and r.cores != cluster.cores_per_node:
-            problems.append(("cores", node.name, f"{r.cores} physical cores, the contract says {cluster.cores_per_node}",
-                             "fix cores_per_node in the contract (threads per rank are derived from it)"))
+            problems.append(
+                (
+                    "cores",
+                    node.name,
+                    f"{r.cores} physical cores, the contract says {cluster.cores_per_node}",
+                    "fix cores_per_node in the contract (threads per rank are derived from it)",
+                )
+            )
         if r.free_gb is not None and r.free_gb < MIN_FREE_GB:
-            problems.append(("disk", node.name, f"{r.free_gb} GB free (< {MIN_FREE_GB})",
-                             "free space or grow the disk (nanocluster:diskGb)"))
+            problems.append(
+                (
+                    "disk",
+                    node.name,
+                    f"{r.free_gb} GB free (< {MIN_FREE_GB})",
+                    "free space or grow the disk (nanocluster:diskGb)",
+                )
+            )
         if site.checks_contract and not r.interface:
-            problems.append(("network", node.name, f"no interface holds {node.private_ip}",
-                             "fix private_ips in the contract: ranks rendezvous on these addresses"))
+            problems.append(
+                (
+                    "network",
+                    node.name,
+                    f"no interface holds {node.private_ip}",
+                    "fix private_ips in the contract: ranks rendezvous on these addresses",
+                )
+            )
     ready = [n for n in hosts if not session.report(n).missing]
     for key in ("python", "torch", "accelerate"):
         versions = {getattr(session.report(n), key) for n in ready}
         if len(versions) > 1:
             listing = ", ".join(f"{n.name} {getattr(session.report(n), key) or 'none'}" for n in ready)
-            problems.append(("versions", "all", f"{key} differs: {listing}",
-                             "fab setup on every node (the same node/requirements file everywhere)"))
+            problems.append(
+                (
+                    "versions",
+                    "all",
+                    f"{key} differs: {listing}",
+                    "fab setup on every node (the same node/requirements file everywhere)",
+                )
+            )
     with_data = [n for n in ready if session.report(n).data_meta]
     # The source it was prepared from (meta.json), where a node has it: preparing it again needs that source.
-    source = next((meta["source"] for n in with_data
-                   if isinstance(meta := session.report(n).data_meta, dict) and isinstance(meta.get("source"), str)), None)
+    source = next(
+        (
+            meta["source"]
+            for n in with_data
+            if isinstance(meta := session.report(n).data_meta, dict) and isinstance(meta.get("source"), str)
+        ),
+        None,
+    )
     for node in ready:
         if node not in with_data:
             problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(dataset, source)))
     verify = script("verify_data")
     for node in with_data:
         shell = session.shell(node)
-        result = shell.run(verify_data_command(site.python, site.data_dir(dataset)), stdin=verify,
-                           timeout=VERIFY_TIMEOUT_S)
+        result = shell.run(
+            verify_data_command(site.python, site.data_dir(dataset)), stdin=verify, timeout=VERIFY_TIMEOUT_S
+        )
         if not result.ok:
-            problems.append(("data", node.name, f"data/{dataset}: {result.stdout.strip()}",
-                             f"{prepare_fix(dataset, source)} (copies a verified dataset again)"))
+            problems.append(
+                (
+                    "data",
+                    node.name,
+                    f"data/{dataset}: {result.stdout.strip()}",
+                    f"{prepare_fix(dataset, source)} (copies a verified dataset again)",
+                )
+            )
     return problems
 
 
@@ -132,8 +172,10 @@ def prepare_fix(dataset: str, source: str | None = None) -> str:
         return f"fab prepare-data --source {shlex.quote(source)} --dataset {dataset}"
     if dataset in NAMED_SOURCES:
         return f"fab prepare-data --source {dataset}"
-    return (f"fab prepare-data --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
-            "hf:OWNER/NAME or your files), or --dataset with the name you prepared")
+    return (
+        f"fab prepare-data --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
+        "hf:OWNER/NAME or your files), or --dataset with the name you prepared"
+    )
 
 
 def port_problems(session: Session, port: int) -> list[Problem]:
@@ -154,9 +196,14 @@ def port_problems(session: Session, port: int) -> list[Problem]:
             listening.set()
 
     count = max(1, len(peers))
-    listener = threading.Thread(target=lambda: head_shell.stream(
-        f"{python} - listen {head.private_ip} {port} {count} {PORT_LISTEN_S} <<'EOF'\n{check.decode()}\nEOF",
-        on_line, timeout=30), daemon=True)
+    listener = threading.Thread(
+        target=lambda: head_shell.stream(
+            f"{python} - listen {head.private_ip} {port} {count} {PORT_LISTEN_S} <<'EOF'\n{check.decode()}\nEOF",
+            on_line,
+            timeout=30,
+        ),
+        daemon=True,
+    )
     listener.start()
     peers_shells = [session.shell(n) for n in peers] if peers else [head_shell]
     deadline = time.monotonic() + 20
@@ -164,14 +211,26 @@ def port_problems(session: Session, port: int) -> list[Problem]:
         time.sleep(0.05)
     if not listening.is_set():
         listener.join(5)
-        return [("rendezvous", head.name, " ".join(lines) or f"could not listen on port {port}",
-                 f"stop what holds port {port} (a running job: fab status / fab stop) or pass --port")]
+        return [
+            (
+                "rendezvous",
+                head.name,
+                " ".join(lines) or f"could not listen on port {port}",
+                f"stop what holds port {port} (a running job: fab status / fab stop) or pass --port",
+            )
+        ]
     problems = []
     for shell in peers_shells:
         result = shell.run(f"{python} - connect {head.private_ip} {port} 5", stdin=check, timeout=30)
         if not result.ok:
-            problems.append(("rendezvous", shell.node.name, f"{result.stdout.strip()} (head {head.name})",
-                             f"allow TCP {port} and up between the cluster's nodes (firewall / security group)"))
+            problems.append(
+                (
+                    "rendezvous",
+                    shell.node.name,
+                    f"{result.stdout.strip()} (head {head.name})",
+                    f"allow TCP {port} and up between the cluster's nodes (firewall / security group)",
+                )
+            )
     listener.join(20)
     return problems
 
@@ -222,13 +281,21 @@ def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> 
     problems: list[Problem] = []
     for link in links:
         if link.mbit_s is None:
-            problems.append(("bandwidth", link.receiver, f"from {link.sender}: {link.error}",
-                             f"allow TCP {port} between the cluster's nodes (firewall / security group)"))
+            problems.append(
+                (
+                    "bandwidth",
+                    link.receiver,
+                    f"from {link.sender}: {link.error}",
+                    f"allow TCP {port} between the cluster's nodes (firewall / security group)",
+                )
+            )
         else:
             say(f"bandwidth {link.sender} -> {link.receiver}: {link.mbit_s:,.0f} Mbit/s")
     measured = [(link.mbit_s, link) for link in links if link.mbit_s is not None]
     if measured:
         mbit_s, slowest = min(measured, key=lambda pair: pair[0])
-        say(f"slowest link {slowest.sender} -> {slowest.receiver}: {mbit_s:,.0f} Mbit/s "
-            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)")
+        say(
+            f"slowest link {slowest.sender} -> {slowest.receiver}: {mbit_s:,.0f} Mbit/s "
+            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)"
+        )
     return problems

@@ -205,8 +205,13 @@ class Lifecycle:
             return 0
         world = len(kind.nodes)
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
-        self.spend = None if request.budget_usd is None else budget.plan_budget(
-            request.budget_usd, kind.cluster, request.run, values, world, read_cluster_runs(kind.cluster), say)
+        self.spend = (
+            None
+            if request.budget_usd is None
+            else budget.plan_budget(
+                request.budget_usd, kind.cluster, request.run, values, world, read_cluster_runs(kind.cluster), say
+            )
+        )
         self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
         spend_overrides = self.spend.overrides(self.clock_start) if self.spend else ()
         prepared = Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides)
@@ -238,8 +243,10 @@ class Lifecycle:
             except TaskError as e:
                 cause = self.lost_while_starting(e)
             self.restarts += 1
-            say(f"restart {self.restarts}/{self.request.recover.max_restarts}: {cause}; "
-                "every rank resumes from the newest snapshot")
+            say(
+                f"restart {self.restarts}/{self.request.recover.max_restarts}: {cause}; "
+                "every rank resumes from the newest snapshot"
+            )
             try:
                 recovered = self.kind.recover()
             except TaskError as e:
@@ -247,8 +254,13 @@ class Lifecycle:
                 raise
             except KeyboardInterrupt:  # Ctrl-C while waiting: the ranks that answer are stopped already
                 self.interrupted(None)
-            self.record.append("restart", cause=cause, attempt=self.restarts, nodes=list(recovered.nodes),
-                               **({"dropped": list(recovered.dropped)} if recovered.dropped else {}))
+            self.record.append(
+                "restart",
+                cause=cause,
+                attempt=self.restarts,
+                nodes=list(recovered.nodes),
+                **({"dropped": list(recovered.dropped)} if recovered.dropped else {}),
+            )
 
     def restart_cause(self, error: RunFailed) -> str:
         """The cause of the restart that is due, or the run's failed end (recorded, then a TaskError)."""
@@ -266,8 +278,10 @@ class Lifecycle:
         """The restart cause when a start failed because capacity went away; the error stands otherwise."""
         cause = self.kind.lost_while_starting(error)
         if cause is not None and self.restarts >= self.request.recover.max_restarts:
-            say(f"not restarting: {cause}, and --max-restarts {self.request.recover.max_restarts} restart(s) "
-                "are used up")
+            say(
+                f"not restarting: {cause}, and --max-restarts {self.request.recover.max_restarts} restart(s) "
+                "are used up"
+            )
             cause = None
         if cause is None:
             if self.restarts or self.launched:
@@ -280,15 +294,20 @@ class Lifecycle:
         if self.launched:
             return
         self.launched = True
-        self.record.append("launch", **launch_fields(self.kind.cluster, started.nodes, started.world_size),
-                           time=self.clock_start, config_fingerprint=self.fingerprint,
-                           **(self.spend.launch_fields() if self.spend else {}))
+        self.record.append(
+            "launch",
+            **launch_fields(self.kind.cluster, started.nodes, started.world_size),
+            time=self.clock_start,
+            config_fingerprint=self.fingerprint,
+            **(self.spend.launch_fields() if self.spend else {}),
+        )
 
     def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
         rerun = self.request.rerun_command
-        self.record.append("end", outcome="interrupted", iter=snapshot_iter, rerun=rerun,
-                           exit_code=Interrupted.exit_code)
+        self.record.append(
+            "end", outcome="interrupted", iter=snapshot_iter, rerun=rerun, exit_code=Interrupted.exit_code
+        )
         raise Interrupted(interrupted_text(snapshot_iter, rerun)) from None
 
     def record_failed(self, reason: str, exit_code: int) -> None:
@@ -304,13 +323,25 @@ class Lifecycle:
         record.append("end", restarts=self.restarts, time=ended_at, **end.fields)
         self.kind.finish()
         if end.stopped:
-            say(budget.stopped_line(request.run, end.fields.get("spent_usd", 0.0), request.budget_usd or 0.0,
-                                    end.fields["iter"], end.fields.get("max_iters")))
+            say(
+                budget.stopped_line(
+                    request.run,
+                    end.fields.get("spent_usd", 0.0),
+                    request.budget_usd or 0.0,
+                    end.fields["iter"],
+                    end.fields.get("max_iters"),
+                )
+            )
             return budget.BUDGET_EXIT
-        spent = (f" (${end.fields['spent_usd']:.2f} of the ${request.budget_usd:.2f} budget)"
-                 if self.spend and request.budget_usd is not None else "")
-        say(f"done in {time.monotonic() - self.started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
-            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} (fab sample, fab fetch)")
+        spent = (
+            f" (${end.fields['spent_usd']:.2f} of the ${request.budget_usd:.2f} budget)"
+            if self.spend and request.budget_usd is not None
+            else ""
+        )
+        say(
+            f"done in {time.monotonic() - self.started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
+            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} (fab sample, fab fetch)"
+        )
         return 0
 
 

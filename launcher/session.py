@@ -58,8 +58,14 @@ def machines(nodes: Sequence[Node]) -> list[Node]:
 class Session:
     """Shells on a cluster's nodes and their probe reports; close() (or `with`) disconnects."""
 
-    def __init__(self, cluster: Cluster, nodes: Sequence[Node], shells: dict[int, Shell],
-                 unreachable: dict[int, str] | None = None, dataset: str = "-"):
+    def __init__(
+        self,
+        cluster: Cluster,
+        nodes: Sequence[Node],
+        shells: dict[int, Shell],
+        unreachable: dict[int, str] | None = None,
+        dataset: str = "-",
+    ):
         self.cluster = cluster
         self.site: Site = site_of(cluster)
         self.nodes = tuple(nodes)
@@ -72,8 +78,14 @@ class Session:
         self.reports: dict[int, NodeReport] = {}
 
     @classmethod
-    def open(cls, cluster: Cluster, nodes: Sequence[Node], dataset: str = "-", probe: bool = True,
-             reachable_only: bool = False) -> Session:
+    def open(
+        cls,
+        cluster: Cluster,
+        nodes: Sequence[Node],
+        dataset: str = "-",
+        probe: bool = True,
+        reachable_only: bool = False,
+    ) -> Session:
         """Connect to the nodes (every one must answer unless reachable_only) and probe them."""
         try:
             if reachable_only:
@@ -92,13 +104,23 @@ class Session:
         record_sighting(session)  # the cluster's life for `fab cost` (nodes seen, their boot times)
         return session
 
-    def reopen(self, cluster: Cluster | None = None, nodes: Sequence[Node] | None = None, probe: bool = True,
-               reachable_only: bool = False) -> Session:
+    def reopen(
+        self,
+        cluster: Cluster | None = None,
+        nodes: Sequence[Node] | None = None,
+        probe: bool = True,
+        reachable_only: bool = False,
+    ) -> Session:
         """This session closed and a new one on fresh connections, to the same nodes unless given
         (fewer, or as a re-read cluster lists them): a node that went away took its connection along."""
         self.close()
-        return Session.open(cluster or self.cluster, self.nodes if nodes is None else nodes, self.dataset,
-                            probe=probe, reachable_only=reachable_only)
+        return Session.open(
+            cluster or self.cluster,
+            self.nodes if nodes is None else nodes,
+            self.dataset,
+            probe=probe,
+            reachable_only=reachable_only,
+        )
 
     def __enter__(self) -> Session:
         return self
@@ -137,8 +159,13 @@ class Session:
         """Probe the machines of these nodes (one round trip each, in parallel); a machine's report
         stands for every node on it."""
         hosts = machines(nodes)
-        found = dict(zip([n.index for n in hosts],
-                         self.run_everywhere(hosts, lambda n, s: probe(self.site, s, self.dataset)), strict=True))
+        found = dict(
+            zip(
+                [n.index for n in hosts],
+                self.run_everywhere(hosts, lambda n, s: probe(self.site, s, self.dataset)),
+                strict=True,
+            )
+        )
         by_address = {n.private_ip: found[n.index] for n in hosts}
         for node in self.nodes:
             if node.private_ip in by_address:
@@ -221,8 +248,9 @@ def probe_command(site: Site, shell: Shell, dataset: str) -> str:
 
 
 def probe(site: Site, shell: Shell, dataset: str) -> NodeReport:
-    result = shell.check(probe_command(site, shell, dataset), "probing the node", stdin=script("probe"),
-                         timeout=PROBE_TIMEOUT_S)
+    result = shell.check(
+        probe_command(site, shell, dataset), "probing the node", stdin=script("probe"), timeout=PROBE_TIMEOUT_S
+    )
     try:
         found = ast.literal_eval(result.stdout.strip().splitlines()[-1])
         return NodeReport.from_literal(found)

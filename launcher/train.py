@@ -54,13 +54,28 @@ class MachinesRun:
     def default_config(self) -> str | None:
         return self.site.default_config or None
 
-    def plan_for(self, cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFacts], prepared: Prepared,
-                 extra_overrides: tuple[str, ...] = ()) -> LaunchPlan:
+    def plan_for(
+        self,
+        cluster: Cluster,
+        nodes: tuple[Node, ...],
+        facts: dict[int, NodeFacts],
+        prepared: Prepared,
+        extra_overrides: tuple[str, ...] = (),
+    ) -> LaunchPlan:
         request = self.request
-        return make_plan(cluster, nodes, facts, run=request.run, dataset=request.dataset, launcher=request.launcher,
-                         backend=request.backend, master_port=self.master_port,
-                         config_file=prepared.config_file or "", overrides=prepared.overrides + extra_overrides,
-                         collective_timeout_s=request.collective_timeout_s)
+        return make_plan(
+            cluster,
+            nodes,
+            facts,
+            run=request.run,
+            dataset=request.dataset,
+            launcher=request.launcher,
+            backend=request.backend,
+            master_port=self.master_port,
+            config_file=prepared.config_file or "",
+            overrides=prepared.overrides + extra_overrides,
+            collective_timeout_s=request.collective_timeout_s,
+        )
 
     def dry_run(self, prepared: Prepared) -> None:
         plan = self.plan_for(self.cluster, self.nodes, {}, prepared)
@@ -70,8 +85,9 @@ class MachinesRun:
         self.prepared = prepared
         request = self.request
         session = Session.open(self.cluster, self.nodes, request.dataset)
-        self.recovery = NodeRecovery(session, request.run, request.recover,
-                                     resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes))
+        self.recovery = NodeRecovery(
+            session, request.run, request.recover, resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes)
+        )
         check_fit(self.cluster, session.nodes, session.reports, prepared.trainer_config)  # before anything starts
 
     @property
@@ -90,9 +106,11 @@ class MachinesRun:
         start_units(session, plan, prepared.config_text)
         machines = len(session.hosts())  # the local cluster's nodes share one machine
         where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")
-        say(f"started {plan.world_size} rank(s) on {where} with the {request.launcher} "
+        say(
+            f"started {plan.world_size} rank(s) on {where} with the {request.launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{request.run} "
-            f"({time.monotonic() - self.started:.1f} s after start)")
+            f"({time.monotonic() - self.started:.1f} s after start)"
+        )
         return Started(session.nodes, plan.world_size)
 
     def watch(self) -> Progress:

@@ -103,9 +103,7 @@ def _swap_into_place(staging: Path, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(
-    path: str | os.PathLike, before_swap: Callable[[Path], None] | None = None
-) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, before_swap: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield a hidden staging directory to fill; it becomes path only if the block completes.
 
     The staging directory is a sibling of path (same filesystem, so the rename is atomic), readable

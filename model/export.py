@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Export a nanocluster checkpoint (ckpt.pt or snapshot.pt) to a Hugging Face GPT-2 "
         "directory (config.json + model.safetensors) that transformers' GPT2LMHeadModel loads.",
     )
-    parser.add_argument(
-        "--ckpt", required=True, type=Path, help="ckpt.pt or snapshot.pt written by model.train"
-    )
+    parser.add_argument("--ckpt", required=True, type=Path, help="ckpt.pt or snapshot.pt written by model.train")
     parser.add_argument("--out", required=True, type=Path, help="directory to create")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
     args = parser.parse_args(argv)

@@ -92,8 +92,10 @@ class PrepareConfig:
             (0.0 < self.val_fraction < 1.0, f"--val-fraction must be in (0, 1), got {self.val_fraction}"),
             (0 <= self.seed < 2**64, f"--seed must be in [0, 2^64), got {self.seed}"),
             (self.shards >= 1, f"--shards must be >= 1, got {self.shards}"),
-            (0 <= self.shard_index < self.shards,
-             f"--shard-index must be in [0, {self.shards}) for --shards {self.shards}, got {self.shard_index}"),
+            (
+                0 <= self.shard_index < self.shards,
+                f"--shard-index must be in [0, {self.shards}) for --shards {self.shards}, got {self.shard_index}",
+            ),
             (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
             (bool(self.text_field), "--field must not be empty"),
             (self.text_chars >= 0, f"--text-chars must be >= 0, got {self.text_chars}"),
@@ -111,6 +113,7 @@ class PrepareError(RuntimeError):
 
 # ----------------------------------------------------------------------------- per-document plan
 
+
 @dataclass(frozen=True)
 class SplitPlan:
     """Where a document goes; a function of its content only (not its position or the worker)."""
@@ -121,7 +124,7 @@ class SplitPlan:
     shard_index: int
 
     def place(self, text: str) -> str | None:
-        """"train", "val", or None when the document belongs to another shard."""
+        """ "train", "val", or None when the document belongs to another shard."""
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         if self.shards > 1 and int.from_bytes(key[:8], "little") % self.shards != self.shard_index:
             return None
@@ -145,8 +148,9 @@ def _encode(text: str) -> np.ndarray:
         # Same ids as encode_ordinary, without building a Python list of ints.
         return encoding.encode_to_numpy(text, disallowed_special=())
     except UnicodeEncodeError:  # lone surrogates (possible in JSON): replaced, as encode_ordinary does
-        return encoding.encode_to_numpy(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
-                                        disallowed_special=())
+        return encoding.encode_to_numpy(
+            text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"), disallowed_special=()
+        )
 
 
 _EOT = np.array([EOT_TOKEN], dtype=np.uint32)
@@ -191,6 +195,7 @@ def _ordered_map(executor: Executor, fn: Callable, items: Iterable, in_flight: i
 
 
 # ----------------------------------------------------------------------------- writing
+
 
 class _SplitWriter:
     """Appends tokens to one split's file, counting (Python ints: 64-bit safe) and hashing."""
@@ -250,9 +255,13 @@ def _tokenize_into(directory: Path, source: Source, config: PrepareConfig) -> di
         else:
             results = map(job, chunks)
         interactive = sys.stderr.isatty()
-        with tqdm(total=total, unit="doc", desc=f"tokenizing {config.source}",
-                  mininterval=0.5 if interactive else 30,
-                  file=sys.stderr if interactive else _LineStream(sys.stderr)) as bar:
+        with tqdm(
+            total=total,
+            unit="doc",
+            desc=f"tokenizing {config.source}",
+            mininterval=0.5 if interactive else 30,
+            file=sys.stderr if interactive else _LineStream(sys.stderr),
+        ) as bar:
             started = time.monotonic()
             tokens = 0
             for result in results:
@@ -280,10 +289,15 @@ def _check_splits(writers: dict[str, _SplitWriter], config: PrepareConfig) -> No
         raise SourceError(f"{config.source}: empty source ({where} yielded no documents)")
     for split, writer in writers.items():
         if writer.documents == 0:
-            fix = ("raise --val-fraction, add documents, or cut a .txt into documents with --text-chars N (e.g. 20000)"
-                   if split == "val" else "lower --val-fraction")
-            raise PrepareError(f"the {split} split would be empty: {kept} documents of {where} with "
-                               f"--val-fraction {config.val_fraction} --seed {config.seed} put none in {split}; {fix}")
+            fix = (
+                "raise --val-fraction, add documents, or cut a .txt into documents with --text-chars N (e.g. 20000)"
+                if split == "val"
+                else "lower --val-fraction"
+            )
+            raise PrepareError(
+                f"the {split} split would be empty: {kept} documents of {where} with "
+                f"--val-fraction {config.val_fraction} --seed {config.seed} put none in {split}; {fix}"
+            )
 
 
 def request_of(config: PrepareConfig, source: Source) -> dict:
@@ -311,19 +325,21 @@ def _up_to_date(out: Path, request: dict) -> dict | None:
 def _check_replaceable(out: Path) -> None:
     """`out` may be replaced only when absent, empty, or an earlier prepared dataset."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / META_NAME).exists())):
-        raise PrepareError(f"{out} exists and is not a prepared dataset (no {META_NAME}); "
-                           "choose a new or empty --out directory")
+        raise PrepareError(
+            f"{out} exists and is not a prepared dataset (no {META_NAME}); choose a new or empty --out directory"
+        )
 
 
 def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
     """Prepare config.out (or find it up to date) and return its meta.json."""
-    source = open_source(config.source, text_field=config.text_field, split=config.split,
-                         text_chars=config.text_chars)
+    source = open_source(config.source, text_field=config.text_field, split=config.split, text_chars=config.text_chars)
     out = config.out.absolute()
     request = request_of(config, source)
     if (meta := _up_to_date(out, request)) is not None:
-        log(f"{out} is up to date (meta.json matches source {config.source!r}, seed {config.seed}, "
-            f"shard {config.shard_index}/{config.shards}); nothing to do")
+        log(
+            f"{out} is up to date (meta.json matches source {config.source!r}, seed {config.seed}, "
+            f"shard {config.shard_index}/{config.shards}); nothing to do"
+        )
         return meta
     gpt2_encoding()  # fail here, before any work, when the vocabulary is missing
     _check_replaceable(out)
@@ -336,31 +352,51 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         write_meta(staging, meta)
     seconds = time.monotonic() - started
     tokens = sum(w.tokens for w in writers.values())
-    log(f"prepared {out} in {seconds:.1f}s ({tokens / seconds:,.0f} tokens/s): " + ", ".join(
-        f"{split} {w.documents:,} documents / {w.tokens:,} tokens" for split, w in writers.items()))
+    log(
+        f"prepared {out} in {seconds:.1f}s ({tokens / seconds:,.0f} tokens/s): "
+        + ", ".join(f"{split} {w.documents:,} documents / {w.tokens:,} tokens" for split, w in writers.items())
+    )
     return meta
 
 
 def parse_args(argv: list[str] | None = None) -> PrepareConfig:
     defaults = PrepareConfig(source="", out=Path())
-    parser = argparse.ArgumentParser(prog="python -m model.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", metavar="SOURCE",
-                        help="builtin | shakespeare | openwebtext | alpaca | hf:OWNER/NAME[:CONFIG][@REVISION] "
-                             "| a .txt/.md/.jsonl/.parquet file, directory or glob")
+    parser = argparse.ArgumentParser(
+        prog="python -m model.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="builtin | shakespeare | openwebtext | alpaca | hf:OWNER/NAME[:CONFIG][@REVISION] "
+        "| a .txt/.md/.jsonl/.parquet file, directory or glob",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--val-fraction", type=float, default=defaults.val_fraction,
-                        help="share of documents in val.bin (default %(default)s)")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=defaults.val_fraction,
+        help="share of documents in val.bin (default %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the train/val draw")
     parser.add_argument("--shards", type=int, default=defaults.shards, help="number of shards")
     parser.add_argument("--shard-index", type=int, default=defaults.shard_index, help="the shard to prepare")
     parser.add_argument("--limit", type=int, help="read only the first N documents")
-    parser.add_argument("--field", dest="text_field", default=defaults.text_field, help="text field/column (jsonl, parquet, hf:)")
+    parser.add_argument(
+        "--field", dest="text_field", default=defaults.text_field, help="text field/column (jsonl, parquet, hf:)"
+    )
     parser.add_argument("--split", default=defaults.split, help="split of an hf: dataset to read")
-    parser.add_argument("--text-chars", type=int, default=defaults.text_chars,
-                        help="cut each .txt/.md into documents of about N characters at paragraph breaks (0: one per file)")
-    parser.add_argument("--workers", type=int, default=defaults.workers,
-                        help="tokenizer processes (default: available cores, %(default)s)")
+    parser.add_argument(
+        "--text-chars",
+        type=int,
+        default=defaults.text_chars,
+        help="cut each .txt/.md into documents of about N characters at paragraph breaks (0: one per file)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="tokenizer processes (default: available cores, %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         return PrepareConfig(**vars(args))
@@ -388,4 +424,3 @@ if __name__ == "__main__":
     # `kill` (e.g. fab stop) unwinds like Ctrl-C, so the temporary directory is removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
-

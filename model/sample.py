@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         default=SAMPLE_TOP_K,
         help=f"sample only among the k most likely tokens (default {SAMPLE_TOP_K})",
     )
-    parser.add_argument(
-        "--seed", type=int, default=SAMPLE_SEED, help="random seed; the same seed gives the same text"
-    )
+    parser.add_argument("--seed", type=int, default=SAMPLE_SEED, help="random seed; the same seed gives the same text")
     args = parser.parse_args(argv)
     try:
         model = load_for_sampling(args.ckpt)

@@ -89,14 +89,22 @@ def install_vocab(source: Path | None = None, directory: Path | None = None) -> 
 
 
 def _extract_from_whisper_sdist(workdir: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           "openai-whisper", "-d", str(workdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "openai-whisper",
+        "-d",
+        str(workdir),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sdists = list(workdir.glob("openai*whisper-*.tar.gz"))
     if proc.returncode != 0 or not sdists:
-        raise TokenizerUnavailable(
-            f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}. {_how_to_provide()}"
-        )
+        raise TokenizerUnavailable(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}. {_how_to_provide()}")
     with tarfile.open(sdists[0]) as tar:
         member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
         if member is None:
@@ -110,8 +118,9 @@ def _extract_from_whisper_sdist(workdir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.tokenizer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m model.tokenizer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     install = sub.add_parser("install", help="place the GPT-2 vocabulary where tiktoken finds it")
     install.add_argument("--from", dest="source", type=Path, help="an existing gpt2.tiktoken / r50k_base.tiktoken")

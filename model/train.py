@@ -105,9 +105,7 @@ class Trainer:
             )
             comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=self.step_timer.wrap)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
-        self.tokens_per_iter = (
-            cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size
-        )
+        self.tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size
         self.metrics = MetricsLog(self.out_dir)
         self.snapshot_writer = SnapshotWriter()  # rank 0 writes snapshots in the background
         self.snapshot_copy: dict[str, Any] | None = None  # rank 0: the state copy it writes, reused
@@ -209,9 +207,7 @@ class Trainer:
         improved = losses["val"] < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, losses["val"])
         if self.is_rank0:
-            log.info(
-                "eval iter %d: train loss %.4f, val loss %.4f", self.iter_num, losses["train"], losses["val"]
-            )
+            log.info("eval iter %d: train loss %.4f, val loss %.4f", self.iter_num, losses["train"], losses["val"])
             self.metrics.eval(self.iter_num, losses["train"], losses["val"])
         if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
             return
@@ -249,8 +245,9 @@ class Trainer:
         if self.is_rank0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.metrics.begin(resumed_at=self.start_iter)
-            self.metrics.start(self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter,
-                               self.env.world_size)
+            self.metrics.start(
+                self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter, self.env.world_size
+            )
         while True:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
@@ -361,9 +358,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--config", help="YAML file (our keys or the Intel guides' gpt2_train_cfg.yaml layout)"
-    )
+    parser.add_argument("--config", help="YAML file (our keys or the Intel guides' gpt2_train_cfg.yaml layout)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, dotted for nesting")
     args = parser.parse_args(argv)
     # `fab stop`, schedulers and clouds about to preempt send SIGTERM: finish the step, snapshot it

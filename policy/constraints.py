@@ -80,7 +80,14 @@ EC2_GROUP_RULE_DESCRIPTION = re.compile(r"[a-zA-Z0-9 ._\-:/()#,@\[\]+=;{}!$*]*")
 def _ec2_descriptions(r: Resource) -> Iterator[tuple[str, Any, bool]]:
     """(path, description, names a group or prefix list) of every rule description of a resource."""
     p = r.props
-    group_keys = ("referencedSecurityGroupId", "prefixListId", "sourceSecurityGroupId", "prefixListIds", "securityGroups", "self")
+    group_keys = (
+        "referencedSecurityGroupId",
+        "prefixListId",
+        "sourceSecurityGroupId",
+        "prefixListIds",
+        "securityGroups",
+        "self",
+    )
     if r.type == "aws:ec2/securityGroup:SecurityGroup":
         for direction in ("ingress", "egress"):
             for i, rule in enumerate(items(p, direction)):
@@ -112,8 +119,11 @@ def _ec2_group(r: Resource) -> Iterator[str]:
 
 
 AWS_TAGS = TagRules(
-    50, lambda k: len(k) <= 128 and not k.lower().startswith("aws:"), lambda v: len(v) <= 256,
-    "keys up to 128 characters, not starting with aws:; values up to 256", ("tags", "volumeTags"),
+    50,
+    lambda k: len(k) <= 128 and not k.lower().startswith("aws:"),
+    lambda v: len(v) <= 256,
+    "keys up to 128 characters, not starting with aws:; values up to 256",
+    ("tags", "volumeTags"),
 )
 
 
@@ -215,7 +225,9 @@ def _azure_security_rule(rule: Any, path: str) -> Iterator[str]:
 
 
 AZURE_TAGS = TagRules(
-    50, lambda k: len(k) <= 512 and not set(k) & set("<>%&\\?/"), lambda v: len(v) <= 256,
+    50,
+    lambda k: len(k) <= 512 and not set(k) & set("<>%&\\?/"),
+    lambda v: len(v) <= 256,
     "names up to 512 characters, none of <>%&\\?/; values up to 256",
 )
 
@@ -227,8 +239,11 @@ GCP_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 GCP_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
 GCP_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
 GCP_LABELS = TagRules(
-    64, lambda k: bool(GCP_LABEL_KEY.fullmatch(k)), lambda v: bool(GCP_LABEL_VALUE.fullmatch(v)),
-    "keys 1-63 and values 0-63 lowercase letters, digits, '_' or '-'; keys start with a letter", ("labels",),
+    64,
+    lambda k: bool(GCP_LABEL_KEY.fullmatch(k)),
+    lambda v: bool(GCP_LABEL_VALUE.fullmatch(v)),
+    "keys 1-63 and values 0-63 lowercase letters, digits, '_' or '-'; keys start with a letter",
+    ("labels",),
 )
 
 
@@ -273,8 +288,12 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "Security group rule descriptions: up to 255 of a-zA-Z0-9, space and ._-:/()#,@[]+=&;{}!$* ('&' not in rules naming a group or prefix list)",
         "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html ; "
         "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_IpRange.html",
-        ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
-         "aws:ec2/securityGroupRule:SecurityGroupRule", "aws:ec2/securityGroup:SecurityGroup"),
+        (
+            "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+            "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
+            "aws:ec2/securityGroupRule:SecurityGroupRule",
+            "aws:ec2/securityGroup:SecurityGroup",
+        ),
         _ec2_rule_descriptions,
     ),
     Constraint(

@@ -26,15 +26,25 @@ WORLD = {"0.0.0.0/0", "::/0"}
 def _node_config(config: Any, where: str) -> list[str]:
     """Problems of a node config (a pool's, or the cluster's default pool's)."""
     if config is None or not known(config):
-        return [f"{where}: no node config (nodes would run as the default compute service account with its default scopes)"] if config is None else []
+        return (
+            [
+                f"{where}: no node config (nodes would run as the default compute service account with its default scopes)"
+            ]
+            if config is None
+            else []
+        )
     found = []
     account = get(config, "serviceAccount")
     if account in (None, "", "default") or str(account).endswith("-compute@developer.gserviceaccount.com"):
         found.append(f"{where}: nodes run as the default compute service account (set a dedicated serviceAccount)")
     if CLOUD_PLATFORM in items(config, "oauthScopes"):
-        found.append(f"{where}: the cloud-platform OAuth scope (every API the account may call; give logging.write and monitoring)")
+        found.append(
+            f"{where}: the cloud-platform OAuth scope (every API the account may call; give logging.write and monitoring)"
+        )
     if get(config, "workloadMetadataConfig", "mode") != "GKE_METADATA":
-        found.append(f"{where}: workloadMetadataConfig.mode is not GKE_METADATA (pods could read the node's credentials)")
+        found.append(
+            f"{where}: workloadMetadataConfig.mode is not GKE_METADATA (pods could read the node's credentials)"
+        )
     if get(config, "shieldedInstanceConfig", "enableSecureBoot") is not True:
         found.append(f"{where}: shielded nodes without secure boot")
     return found
@@ -51,7 +61,9 @@ def _authorized_networks(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
     if not cidrs or any(c in WORLD for c in cidrs):
         found.append(f"master authorized networks {cidrs}: the control plane answers the whole internet")
     elif ssh_allowed_cidr and cidrs != [ssh_allowed_cidr]:
-        found.append(f"master authorized networks {cidrs}: only nanocluster:sshAllowedCidr ({ssh_allowed_cidr}) may reach the control plane")
+        found.append(
+            f"master authorized networks {cidrs}: only nanocluster:sshAllowedCidr ({ssh_allowed_cidr}) may reach the control plane"
+        )
     if get(networks, "gcpPublicCidrsAccessEnabled") is True:
         found.append("master authorized networks admit Google Cloud's public ranges (any GCP VM)")
     return found
@@ -61,8 +73,12 @@ def cluster_problems(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
     found: list[str] = []
     if get(props, "enableAutopilot") is True:
         return found  # Autopilot manages nodes itself; nanocluster declares Standard clusters
-    if get(props, "privateClusterConfig", "enablePrivateNodes") is not True and known(get(props, "privateClusterConfig")):
-        found.append("nodes are not private (privateClusterConfig.enablePrivateNodes): each would have a public address")
+    if get(props, "privateClusterConfig", "enablePrivateNodes") is not True and known(
+        get(props, "privateClusterConfig")
+    ):
+        found.append(
+            "nodes are not private (privateClusterConfig.enablePrivateNodes): each would have a public address"
+        )
     found += _authorized_networks(props, ssh_allowed_cidr)
     if not get(props, "workloadIdentityConfig", "workloadPool") and known(get(props, "workloadIdentityConfig")):
         found.append("Workload Identity is off (workloadIdentityConfig.workloadPool)")

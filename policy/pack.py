@@ -107,7 +107,8 @@ REACH = StackValidationPolicy(
 )
 PROVIDER_CONSTRAINTS = ResourceValidationPolicy(
     name="provider-constraints",
-    description="Limits the providers document that the SDK types do not encode: " + "; ".join(c.id for c in CONSTRAINTS),
+    description="Limits the providers document that the SDK types do not encode: "
+    + "; ".join(c.id for c in CONSTRAINTS),
     enforcement_level=EnforcementLevel.MANDATORY,
     validate=_validate_constraints,
 )

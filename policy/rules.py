@@ -92,7 +92,12 @@ def _refers(holder: Resource, prop: str, values: Any, target: Resource, *, by_de
     if target_known and target.id in values:
         return True
     unresolved = unknown or not target_known
-    return by_dependency and unresolved and bool(target.urn) and target.urn in holder.property_dependencies.get(prop, frozenset())
+    return (
+        by_dependency
+        and unresolved
+        and bool(target.urn)
+        and target.urn in holder.property_dependencies.get(prop, frozenset())
+    )
 
 
 # --- one rule: an address source may only be SSH from the configured CIDR --------------------------
@@ -101,7 +106,9 @@ def _refers(holder: Resource, prop: str, values: Any, target: Resource, *, by_de
 def _source_problems(sources: list[str], settings: Settings) -> list[str]:
     if settings.ssh_allowed_cidr:
         if sources != [settings.ssh_allowed_cidr]:
-            return [f"source {sources}: only nanocluster:sshAllowedCidr ({settings.ssh_allowed_cidr}) may connect from outside"]
+            return [
+                f"source {sources}: only nanocluster:sshAllowedCidr ({settings.ssh_allowed_cidr}) may connect from outside"
+            ]
         return []
     world = [s for s in sources if str(s).lower() in WORLD or _whole_internet(s)]
     return [f"source {world}: open to the whole internet"] if world else []
@@ -172,7 +179,11 @@ def _gcp_reach(resources: Sequence[Resource]) -> Iterator[str]:
         targets = get(rule.props, "targetTags")
         if ranges is None or not targets or not known(targets):
             continue
-        strays = [i.name for i in instances if set(targets) & set(items(i.props, "tags")) and not _is_head(get(i.props, "labels"))]
+        strays = [
+            i.name
+            for i in instances
+            if set(targets) & set(items(i.props, "tags")) and not _is_head(get(i.props, "labels"))
+        ]
         if strays:
             yield f"{rule.label()}: source {ranges} reaches {strays}, not the head alone"
 
@@ -200,20 +211,35 @@ def _aws_ingress(r: Resource) -> Iterator[_AwsIngress]:
         referenced, group = get(p, "referencedSecurityGroupId"), get(p, "securityGroupId")
         if referenced is not None and (not known(referenced, group) or referenced == group):
             return  # members only (or a reference not known yet: the group itself, in this program)
-        sources = [get(p, k) for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "referencedSecurityGroupId") if get(p, k)]
-        yield _AwsIngress(r, "securityGroupId", sources, (get(p, "ipProtocol"), _port_range(get(p, "fromPort"), get(p, "toPort"))))
+        sources = [
+            get(p, k) for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "referencedSecurityGroupId") if get(p, k)
+        ]
+        yield _AwsIngress(
+            r, "securityGroupId", sources, (get(p, "ipProtocol"), _port_range(get(p, "fromPort"), get(p, "toPort")))
+        )
     elif r.type == AWS_GROUP:
         for rule in items(p, "ingress"):
-            if get(rule, "self") is True and not any(get(rule, k) for k in ("cidrBlocks", "ipv6CidrBlocks", "prefixListIds", "securityGroups")):
+            if get(rule, "self") is True and not any(
+                get(rule, k) for k in ("cidrBlocks", "ipv6CidrBlocks", "prefixListIds", "securityGroups")
+            ):
                 continue
-            sources = [*items(rule, "cidrBlocks"), *items(rule, "ipv6CidrBlocks"), *items(rule, "prefixListIds"), *items(rule, "securityGroups")]
-            yield _AwsIngress(r, None, sources, (get(rule, "protocol"), _port_range(get(rule, "fromPort"), get(rule, "toPort"))))
+            sources = [
+                *items(rule, "cidrBlocks"),
+                *items(rule, "ipv6CidrBlocks"),
+                *items(rule, "prefixListIds"),
+                *items(rule, "securityGroups"),
+            ]
+            yield _AwsIngress(
+                r, None, sources, (get(rule, "protocol"), _port_range(get(rule, "fromPort"), get(rule, "toPort")))
+            )
     elif r.type == "aws:ec2/securityGroupRule:SecurityGroupRule" and get(p, "type") == "ingress":
         if get(p, "self") is True:
             return
         sources = [*items(p, "cidrBlocks"), *items(p, "ipv6CidrBlocks"), *items(p, "prefixListIds")]
         sources += [get(p, "sourceSecurityGroupId")] if get(p, "sourceSecurityGroupId") else []
-        yield _AwsIngress(r, "securityGroupId", sources, (get(p, "protocol"), _port_range(get(p, "fromPort"), get(p, "toPort"))))
+        yield _AwsIngress(
+            r, "securityGroupId", sources, (get(p, "protocol"), _port_range(get(p, "fromPort"), get(p, "toPort")))
+        )
 
 
 def _aws_rules(r: Resource, settings: Settings) -> list[str]:
@@ -238,7 +264,9 @@ def _aws_volume(r: Resource, settings: Settings) -> list[str]:
 
 
 def _aws_subnet(r: Resource, settings: Settings) -> list[str]:
-    return ["gives every instance launched in it a public address"] if get(r.props, "mapPublicIpOnLaunch") is True else []
+    return (
+        ["gives every instance launched in it a public address"] if get(r.props, "mapPublicIpOnLaunch") is True else []
+    )
 
 
 def _aws_nics_of(instance: Resource, nics: Sequence[Resource]) -> list[Resource]:
@@ -263,8 +291,14 @@ def _aws_reach(resources: Sequence[Resource], settings: Settings) -> Iterator[st
             if rule.group_prop is None:
                 owners = [rule.holder]
             else:
-                owners = [g for g in groups if _refers(rule.holder, rule.group_prop, get(rule.holder.props, rule.group_prop), g)]
-            strays = [i.name for i in instances for g in owners if in_group(i, g) and not _is_head(get(i.props, "tags"))]
+                owners = [
+                    g
+                    for g in groups
+                    if _refers(rule.holder, rule.group_prop, get(rule.holder.props, rule.group_prop), g)
+                ]
+            strays = [
+                i.name for i in instances for g in owners if in_group(i, g) and not _is_head(get(i.props, "tags"))
+            ]
             if strays:
                 yield f"{rule.holder.label()}: source {rule.sources} reaches {strays}, not the head alone"
     if settings.public_workers:
@@ -276,7 +310,10 @@ def _aws_reach(resources: Sequence[Resource], settings: Settings) -> Iterator[st
             if _is_head(get(instance.props, "tags")):
                 continue
             direct = _refers(address, instance_prop, get(address.props, instance_prop), instance, by_dependency=False)
-            via_nic = any(_refers(address, nic_prop, get(address.props, nic_prop), n, by_dependency=False) for n in nics_of[instance.name])
+            via_nic = any(
+                _refers(address, nic_prop, get(address.props, nic_prop), n, by_dependency=False)
+                for n in nics_of[instance.name]
+            )
             if direct or via_nic:
                 yield f"{address.label()}: a public address on worker {instance.name} (nanocluster:publicWorkers is off)"
 
@@ -308,10 +345,16 @@ def _azure_inbound(r: Resource) -> Iterator[tuple[str, Mapping[str, Any], list[s
 def _azure_rules(r: Resource, settings: Settings) -> list[str]:
     found = []
     for name, rule, sources in _azure_inbound(r):
-        ports = [get(rule, "destinationPortRange")] if get(rule, "destinationPortRange") else list(items(rule, "destinationPortRanges"))
+        ports = (
+            [get(rule, "destinationPortRange")]
+            if get(rule, "destinationPortRange")
+            else list(items(rule, "destinationPortRanges"))
+        )
         found += [f"rule {name}: {p}" for p in _address_rule(sources, [(get(rule, "protocol"), ports)], settings)]
         if not get(rule, "destinationApplicationSecurityGroups"):
-            found.append(f"rule {name}: source {sources} reaches every address behind the group (no destination application security group)")
+            found.append(
+                f"rule {name}: source {sources} reaches every address behind the group (no destination application security group)"
+            )
     return found
 
 
@@ -325,7 +368,9 @@ def _azure_vm(r: Resource, settings: Settings) -> list[str]:
     if not known(os_disk) or os_disk is None:
         return []
     if get(os_disk, "managedDisk") is None or get(os_disk, "vhd") is not None:
-        return ["OS disk is not a managed disk (managed disks are encrypted at rest; a VHD in a storage account need not be)"]
+        return [
+            "OS disk is not a managed disk (managed disks are encrypted at rest; a VHD in a storage account need not be)"
+        ]
     return []
 
 
@@ -335,8 +380,14 @@ def _azure_reach(resources: Sequence[Resource]) -> Iterator[str]:
         for name, rule, sources in _azure_inbound(resource):
             targets = {get(a, "id") for a in items(rule, "destinationApplicationSecurityGroups")} - {None, UNKNOWN}
             strays = [
-                n.name for n in nics
-                if targets & {get(a, "id") for c in items(n.props, "ipConfigurations") for a in items(c, "applicationSecurityGroups")}
+                n.name
+                for n in nics
+                if targets
+                & {
+                    get(a, "id")
+                    for c in items(n.props, "ipConfigurations")
+                    for a in items(c, "applicationSecurityGroups")
+                }
                 and not _is_head(get(n.props, "tags"))
             ]
             if strays:

@@ -79,7 +79,10 @@ def listed_files(root: Path) -> list[str]:
     """The repository's files as git lists them: tracked, and new ones not ignored."""
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=root, capture_output=True, text=True, check=True,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return sorted(set(out.stdout.splitlines()))
 
@@ -182,7 +185,8 @@ def planted_tree(tmp_path: Path) -> list[str]:
         "guide/plot.png": "",
         "engine/train.py": (
             # Two literals, so that this line holds no citation of a section of guide/index.md.
-            '"""The trainer (guide/index.md,' f' "Training"); see engine/{GONE} and {NOTES}."""\n'
+            '"""The trainer (guide/index.md,'
+            f' "Training"); see engine/{GONE} and {NOTES}."""\n'
             '# Paths that are not ours: /opt/engine/x.py ~/nanocluster/engine/y.py "$HOME"/engine/z.py\n'
             "# Patterns and placeholders: engine/*.py, engine/<name>.py, {root}/engine/w.py, engine/NAME.py\n"
             "# A URL: https://example.org/engine/v.py; the tree: engine/, engine/train.py, engine/...\n"
@@ -289,8 +293,9 @@ def section_citations_in(path: str, text: str, top_level: set[str]) -> Iterable[
                     found.add(SectionCitation(path, number, target, (path,), target[1:]))
         for page, heading in NAMED.findall(line):
             page_file = page if page.endswith(".md") else f"{page}.md"
-            found.add(SectionCitation(path, number, f'{page}, "{heading}"', candidates(page_file),
-                                      heading_anchor(heading)))
+            found.add(
+                SectionCitation(path, number, f'{page}, "{heading}"', candidates(page_file), heading_anchor(heading))
+            )
         yield from sorted(found, key=str)
 
 

@@ -109,7 +109,9 @@ def disagreements(root: Path = ROOT) -> list[str]:
     for profile in PROFILES:
         path = root / profile.path
         if not path.is_file():
-            problems.append(f"{profile.path} is missing: run `{UPDATE_COMMAND}` (it writes the lock and the nodes' pins)")
+            problems.append(
+                f"{profile.path} is missing: run `{UPDATE_COMMAND}` (it writes the lock and the nodes' pins)"
+            )
             continue
         node_pins = pins(path.read_text())
         if not node_pins:
@@ -118,7 +120,9 @@ def disagreements(root: Path = ROOT) -> list[str]:
             if name in profile.own_names:
                 continue
             if name not in locked:
-                problems.append(f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`")
+                problems.append(
+                    f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`"
+                )
             elif locked[name] != version:
                 problems.append(
                     f"{profile.path} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: "
@@ -130,8 +134,18 @@ def disagreements(root: Path = ROOT) -> list[str]:
 def pip_compile(*args: str, output: Path) -> str:
     """Runs pip-compile from the project root into `output` and returns what it wrote."""
     command = [
-        sys.executable, "-m", "piptools", "compile", "--quiet", "--strip-extras", "--allow-unsafe",
-        "--no-emit-index-url", "--no-emit-find-links", "--output-file", str(output), *args,
+        sys.executable,
+        "-m",
+        "piptools",
+        "compile",
+        "--quiet",
+        "--strip-extras",
+        "--allow-unsafe",
+        "--no-emit-index-url",
+        "--no-emit-find-links",
+        "--output-file",
+        str(output),
+        *args,
     ]
     env = {**os.environ, "CUSTOM_COMPILE_COMMAND": UPDATE_COMMAND}
     subprocess.run(command, cwd=ROOT, env=env, check=True)
@@ -157,7 +171,9 @@ def node_requirements(profile: NodeProfile, resolved: str) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
     the profile's own stack)."""
     resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
-    lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(profile.own_stack)
+    lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(
+        profile.own_stack
+    )
     header = [
         f"# Node environment, profile {profile.name}: {profile.summary}.",
         f"# Written by `{UPDATE_COMMAND}` (tools/lock.py) from {LOCK}: edit pyproject.toml or",
@@ -181,7 +197,12 @@ def update(upgrade: bool) -> None:
         for profile in PROFILES:
             extras = [arg for extra in profile.extras for arg in ("--extra", extra)]
             resolved = pip_compile(
-                "--no-annotate", "--no-header", "--constraint", str(draft), *extras, "pyproject.toml",
+                "--no-annotate",
+                "--no-header",
+                "--constraint",
+                str(draft),
+                *extras,
+                "pyproject.toml",
                 output=Path(scratch) / f"{profile.name}.txt",
             )
             node_files[profile.path] = node_requirements(profile, resolved)
@@ -193,10 +214,14 @@ def update(upgrade: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     update_parser = commands.add_parser("update", help="resolve the lock and the nodes' pins (needs the package index)")
-    update_parser.add_argument("--upgrade", action="store_true", help="take the newest releases pyproject's ranges allow")
+    update_parser.add_argument(
+        "--upgrade", action="store_true", help="take the newest releases pyproject's ranges allow"
+    )
     check_parser = commands.add_parser("check", help="exit 1 when the nodes' pins and the lock disagree (offline)")
     check_parser.add_argument("--root", type=Path, default=ROOT, help="project root (default: this checkout)")
     args = parser.parse_args(argv)
@@ -204,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             update(args.upgrade)
         except subprocess.CalledProcessError as err:
-            print(f"error: pip-compile failed (exit {err.returncode}, its output is above); nothing was written", file=sys.stderr)
+            print(
+                f"error: pip-compile failed (exit {err.returncode}, its output is above); nothing was written",
+                file=sys.stderr,
+            )
             return 1
         return 0
     problems = disagreements(args.root)

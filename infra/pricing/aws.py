@@ -85,7 +85,9 @@ def parse(lines: Iterable[str], machines: list[MachineType], region: str) -> lis
             except ValueError:
                 price = -1.0
             if price <= 0:
-                raise FetchError(f"PricePerUnit {row[at['PricePerUnit']]!r} of {row[at['Instance Type']]} is not a price")
+                raise FetchError(
+                    f"PricePerUnit {row[at['PricePerUnit']]!r} of {row[at['Instance Type']]} is not a price"
+                )
             found.setdefault(row[at["Instance Type"]], set()).add(price)
     rows = []
     for machine in machines:

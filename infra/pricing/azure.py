@@ -51,11 +51,15 @@ def fetch(machines: list[MachineType], region: str, get: Getter = http_get) -> l
                 break
             page = get(url)
             if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
-                raise FetchError(f"the Retail Prices API answered without an Items list for {machine.name}: {str(page)[:200]}")
+                raise FetchError(
+                    f"the Retail Prices API answered without an Items list for {machine.name}: {str(page)[:200]}"
+                )
             items += page["Items"]
             url = page.get("NextPageLink")
         else:
-            raise FetchError(f"more than {MAX_PAGES} pages of prices for {machine.name} in {region}: the filter matched too much")
+            raise FetchError(
+                f"more than {MAX_PAGES} pages of prices for {machine.name} in {region}: the filter matched too much"
+            )
     return parse({"Items": items}, machines, region)
 
 
@@ -80,7 +84,7 @@ def parse(response: dict[str, Any], machines: list[MachineType], region: str) ->
 
 
 def _kind(item: dict[str, Any], region: str) -> str | None:
-    """"on_demand" or "spot" for a Linux pay-as-you-go hourly VM meter of `region`; None otherwise."""
+    """ "on_demand" or "spot" for a Linux pay-as-you-go hourly VM meter of `region`; None otherwise."""
     if item.get("armRegionName") != region or item.get("type") != "Consumption":
         return None
     if item.get("unitOfMeasure") != "1 Hour" or item.get("currencyCode", "USD") != "USD":

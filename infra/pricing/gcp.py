@@ -92,7 +92,7 @@ def parse(response: dict[str, Any], machines: list[MachineType], region: str) ->
 
 
 def _series(machine: MachineType) -> str:
-    """"C3" for c3-highmem-8: how SKU descriptions name the series."""
+    """ "C3" for c3-highmem-8: how SKU descriptions name the series."""
     return machine.name.split("-")[0].upper()
 
 

@@ -53,7 +53,9 @@ def updated(table: dict[str, MachinePrice], rows: list[Row], cloud: str, today: 
     """The table with the fetched rows in place (dated `today`), every other row as it was."""
     new = dict(table)
     for row in rows:
-        new[row.machine] = MachinePrice(row.on_demand_usd_per_hour, row.spot_usd_per_hour, today, row.region, source(cloud))
+        new[row.machine] = MachinePrice(
+            row.on_demand_usd_per_hour, row.spot_usd_per_hour, today, row.region, source(cloud)
+        )
     return new
 
 
@@ -69,8 +71,10 @@ def changes(old: dict[str, MachinePrice], new: dict[str, MachinePrice]) -> list[
         if after is None or before == after:
             continue
         if before is None:
-            lines.append(f"{name} ({after.region}): new row, on-demand {money(after.on_demand_usd_per_hour)}, "
-                         f"spot {money(after.spot_usd_per_hour)} ({after.as_of})")
+            lines.append(
+                f"{name} ({after.region}): new row, on-demand {money(after.on_demand_usd_per_hour)}, "
+                f"spot {money(after.spot_usd_per_hour)} ({after.as_of})"
+            )
             continue
         figures = [
             f"on-demand {money(before.on_demand_usd_per_hour)} ({before.as_of}) -> {money(after.on_demand_usd_per_hour)} ({after.as_of})",
@@ -96,13 +100,21 @@ def write(path: Path, table: dict[str, MachinePrice]) -> None:
 
 
 def main(argv: Sequence[str], today: str | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.pricing", description="The machine price table (infra/price_table.json).")
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.pricing", description="The machine price table (infra/price_table.json)."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     refresh = commands.add_parser("refresh", help="fetch current list prices from the providers and rewrite the table")
-    refresh.add_argument("--cloud", choices=sorted(PROVIDERS), action="append",
-                         help="refresh this cloud's rows only (repeatable; default: all three; gcp needs NANOCLUSTER_GCP_API_KEY)")
+    refresh.add_argument(
+        "--cloud",
+        choices=sorted(PROVIDERS),
+        action="append",
+        help="refresh this cloud's rows only (repeatable; default: all three; gcp needs NANOCLUSTER_GCP_API_KEY)",
+    )
     refresh.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
-    refresh.add_argument("--table", type=Path, default=prices.PRICE_TABLE, help="the table to rewrite (default: %(default)s)")
+    refresh.add_argument(
+        "--table", type=Path, default=prices.PRICE_TABLE, help="the table to rewrite (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     today = today or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     try:

@@ -265,9 +265,15 @@ def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = Fals
         return local_cluster(local_nodes)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
-        return Cluster(source=f"kubeconfig {access.config_path} (context {name})", cloud="kubernetes",
-                       cluster_name=re.sub(r"[^A-Za-z0-9._-]+", "-", name), nodes=(), cores_per_node=1,
-                       kind=KUBERNETES, kube=access)
+        return Cluster(
+            source=f"kubeconfig {access.config_path} (context {name})",
+            cloud="kubernetes",
+            cluster_name=re.sub(r"[^A-Za-z0-9._-]+", "-", name),
+            nodes=(),
+            cores_per_node=1,
+            kind=KUBERNETES,
+            kube=access,
+        )
     if spec == "stack" or spec.startswith("stack:"):
         stack = PulumiStack(spec.partition(":")[2], Path.cwd())
         outputs = _read_ahead.pop(stack, None) or read_stack_outputs(stack)
@@ -334,14 +340,22 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
     clouds = KUBE_CLOUDS if kind == KUBERNETES else CLOUDS
     cloud = need("cloud", str, f"one of {', '.join(clouds)}")
     if cloud not in clouds:
-        raise fail(f"'cloud' must be one of {', '.join(clouds)}, got {cloud!r}" + (f" (kind {kind})" if kind != MACHINES else ""))
+        raise fail(
+            f"'cloud' must be one of {', '.join(clouds)}, got {cloud!r}"
+            + (f" (kind {kind})" if kind != MACHINES else "")
+        )
     name = need("cluster_name", str, "a name such as 'nanocluster-dev'")
     if not NAME_PATTERN.match(name):
         raise fail(f"'cluster_name' {name!r} {NAME_RULE}")
     if kind == KUBERNETES:
         access = kube_contract.parse_access(data, fail)
-        return replace(_machine_facts(data, fail, Cluster(source, cloud, name, (), 1)), kind=KUBERNETES, kube=access,
-                       nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(access.max_nodes)), stack=stack)
+        return replace(
+            _machine_facts(data, fail, Cluster(source, cloud, name, (), 1)),
+            kind=KUBERNETES,
+            kube=access,
+            nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(access.max_nodes)),
+            stack=stack,
+        )
     user = need("ssh_user", str, "the login user on every node")
     if not user or not NAME_PATTERN.match(user):
         raise fail(f"'ssh_user' {user!r} is not a valid user name")
@@ -413,12 +427,18 @@ def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError
             raise fail(f"{key!r} must be a non-negative number (USD per hour) or null, got {value!r}")
         return None if value is None else float(value)
 
-    cost, on_demand, spot_cost = price("hourly_cost_usd"), price("hourly_cost_on_demand_usd"), price("hourly_cost_spot_usd")
+    cost, on_demand, spot_cost = (
+        price("hourly_cost_usd"),
+        price("hourly_cost_on_demand_usd"),
+        price("hourly_cost_spot_usd"),
+    )
     spot = data.get("spot")
     if spot is not None and not isinstance(spot, bool):
         raise fail(f"'spot' must be true or false (whether the nodes are spot capacity), got {spot!r}")
     if spot and spot_cost is not None and cost is not None and cost != spot_cost:
-        raise fail(f"'spot' is true and 'hourly_cost_spot_usd' is {spot_cost}, so 'hourly_cost_usd' must be it too, got {cost}")
+        raise fail(
+            f"'spot' is true and 'hourly_cost_spot_usd' is {spot_cost}, so 'hourly_cost_usd' must be it too, got {cost}"
+        )
     prices_as_of = data.get("prices_as_of")
     prices_as_of = "" if prices_as_of is None else prices_as_of
     if not isinstance(prices_as_of, str) or (prices_as_of and not PRICE_DATE.match(prices_as_of)):
@@ -445,5 +465,7 @@ def _host_key(value: object, what: str, fail: Callable[[str], InventoryError]) -
     """Normalise "TYPE BASE64 [comment]" to "TYPE BASE64"."""
     parts = value.split() if isinstance(value, str) else []
     if len(parts) < 2 or parts[0] not in HOST_KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+=*", parts[1]):
-        raise fail(f"{what} must be an OpenSSH public key 'TYPE BASE64' with TYPE one of {', '.join(HOST_KEY_TYPES)}, got {value!r}")
+        raise fail(
+            f"{what} must be an OpenSSH public key 'TYPE BASE64' with TYPE one of {', '.join(HOST_KEY_TYPES)}, got {value!r}"
+        )
     return f"{parts[0]} {parts[1]}"

@@ -78,13 +78,17 @@ def check_kubeconfig(text: str, context: str | None, where: str, fail: Fail) -> 
     except yaml.YAMLError as e:
         raise fail(f"{where} is not a kubeconfig: not YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(config, dict) or not isinstance(config.get("contexts"), list):
-        raise fail(f"{where} is not a kubeconfig: no 'contexts' list (export one with your cloud's CLI, "
-                   "e.g. `gcloud container clusters get-credentials`)")
+        raise fail(
+            f"{where} is not a kubeconfig: no 'contexts' list (export one with your cloud's CLI, "
+            "e.g. `gcloud container clusters get-credentials`)"
+        )
     names = [c.get("name") for c in config["contexts"] if isinstance(c, dict)]
     chosen = context or config.get("current-context")
     if not chosen:
-        raise fail(f"{where} has no current-context: name one as kubeconfig:PATH#CONTEXT (contexts: "
-                   f"{', '.join(map(str, names)) or 'none'})")
+        raise fail(
+            f"{where} has no current-context: name one as kubeconfig:PATH#CONTEXT (contexts: "
+            f"{', '.join(map(str, names)) or 'none'})"
+        )
     if chosen not in names:
         raise fail(f"{where} has no context {chosen!r}: use one of {', '.join(map(str, names)) or 'none'}")
     return chosen
@@ -101,14 +105,23 @@ def from_kubeconfig(spec: str, fail: Fail) -> tuple[str, KubeAccess]:
     except OSError as e:
         raise fail(f"kubeconfig {path}: {e.strerror}; export it with your cloud's CLI or pass another path") from None
     chosen = check_kubeconfig(text, context, f"kubeconfig {path}", fail)
-    access = KubeAccess(kubeconfig=text, context=chosen, namespace=DEFAULT_NAMESPACE, storage_class="",
-                        storage_claim=DEFAULT_CLAIM, storage_gib=DEFAULT_STORAGE_GIB, max_nodes=0,
-                        from_kubeconfig=True, config_path=str(path))
+    access = KubeAccess(
+        kubeconfig=text,
+        context=chosen,
+        namespace=DEFAULT_NAMESPACE,
+        storage_class="",
+        storage_claim=DEFAULT_CLAIM,
+        storage_gib=DEFAULT_STORAGE_GIB,
+        max_nodes=0,
+        from_kubeconfig=True,
+        config_path=str(path),
+    )
     return chosen, access
 
 
 def parse_access(data: dict, fail: Fail) -> KubeAccess:
     """The kind-kubernetes keys of a contract (docs/kubernetes.md, "Bring your own cluster"), each checked with the fix named."""
+
     def need(key: str, kind: type[T], what: str) -> T:
         value = data.get(key)
         if key not in data or not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
@@ -141,8 +154,16 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
     for key, value in (("memory_gib", memory), ("hourly_cost_at_rest_usd", at_rest)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
             raise fail(f"{key!r} must be a non-negative number or null, got {value!r}")
-    return KubeAccess(kubeconfig=kubeconfig, context=chosen, namespace=data["namespace"],
-                      storage_class=storage_class, storage_claim=data["storage_claim"], storage_gib=gib,
-                      max_nodes=max_nodes, node_selector=tuple(sorted(selector.items())),
-                      tolerations=tuple(tolerations), memory_gib=float(memory),
-                      hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest))
+    return KubeAccess(
+        kubeconfig=kubeconfig,
+        context=chosen,
+        namespace=data["namespace"],
+        storage_class=storage_class,
+        storage_claim=data["storage_claim"],
+        storage_gib=gib,
+        max_nodes=max_nodes,
+        node_selector=tuple(sorted(selector.items())),
+        tolerations=tuple(tolerations),
+        memory_gib=float(memory),
+        hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest),
+    )

@@ -89,14 +89,28 @@ def site_of(cluster: Cluster) -> Site:
     if cluster.is_local:
         home = local_home()
         return Site(
-            root=shlex.quote(str(home)), shown_root=str(home), python=shlex.quote(cluster.node_python),
-            code_dir=shlex.quote(str(REPO_ROOT)), ships_code=False, ships_keys=False, bootstraps=False,
-            checks_contract=False, default_port=None, default_config=str(QUICKSTART_CONFIG),
+            root=shlex.quote(str(home)),
+            shown_root=str(home),
+            python=shlex.quote(cluster.node_python),
+            code_dir=shlex.quote(str(REPO_ROOT)),
+            ships_code=False,
+            ships_keys=False,
+            bootstraps=False,
+            checks_contract=False,
+            default_port=None,
+            default_config=str(QUICKSTART_CONFIG),
         )
     python = shlex.quote(cluster.node_python) if cluster.node_python else f"{REMOTE_ROOT}/venv/bin/python"
     return Site(
-        root=REMOTE_ROOT, shown_root="~/nanocluster", python=python, code_dir=f"{REMOTE_ROOT}/code",
-        ships_code=True, ships_keys=True, bootstraps=True, checks_contract=True, default_port=DEFAULT_PORT,
+        root=REMOTE_ROOT,
+        shown_root="~/nanocluster",
+        python=python,
+        code_dir=f"{REMOTE_ROOT}/code",
+        ships_code=True,
+        ships_keys=True,
+        bootstraps=True,
+        checks_contract=True,
+        default_port=DEFAULT_PORT,
         default_config="",
     )
 

@@ -64,15 +64,19 @@ def api_error(error: Exception, what: str) -> TaskError:
     if isinstance(error, ApiException):
         reason = error.reason or ""
         if error.status == 401:
-            return TaskError(f"{what}: the API server refused the kubeconfig's credentials (401): refresh them "
-                             "(e.g. `gcloud container clusters get-credentials`)")
+            return TaskError(
+                f"{what}: the API server refused the kubeconfig's credentials (401): refresh them "
+                "(e.g. `gcloud container clusters get-credentials`)"
+            )
         if error.status == 403:
             return TaskError(f"{what}: forbidden (403 {reason}): the kubeconfig's user needs rights on the namespace")
         return TaskError(f"{what}: the API server answered {error.status} {reason}".rstrip())
     if isinstance(error, ConfigException):
         return TaskError(f"{what}: the kubeconfig cannot be used ({error}); check its cluster and user entries")
-    return TaskError(f"{what}: the API server did not answer ({type(error).__name__}: {error}); check the "
-                     "kubeconfig's server address and your network (authorized networks on GKE)")
+    return TaskError(
+        f"{what}: the API server did not answer ({type(error).__name__}: {error}); check the "
+        "kubeconfig's server address and your network (authorized networks on GKE)"
+    )
 
 
 @contextmanager
@@ -97,8 +101,13 @@ class Api:
     @classmethod
     def of(cls, access: KubeAccess) -> Api:
         api_client = new_client(access)
-        return cls(client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.StorageV1Api(api_client),
-                   access.namespace, access)
+        return cls(
+            client.CoreV1Api(api_client),
+            client.BatchV1Api(api_client),
+            client.StorageV1Api(api_client),
+            access.namespace,
+            access,
+        )
 
     def exec_core(self) -> client.CoreV1Api:
         """A CoreV1Api on a client of its own for an exec stream: kubernetes.stream swaps the request
@@ -121,11 +130,13 @@ class Api:
 def new_client(access: KubeAccess) -> client.ApiClient:
     """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written)."""
     try:
-        return config.new_client_from_config_dict(yaml.safe_load(access.kubeconfig), context=access.context,
-                                                  persist_config=False)
+        return config.new_client_from_config_dict(
+            yaml.safe_load(access.kubeconfig), context=access.context, persist_config=False
+        )
     except (ConfigException, TypeError, ValueError) as e:
-        raise TaskError(f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster "
-                        "and user entries") from None
+        raise TaskError(
+            f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster and user entries"
+        ) from None
 
 
 def offers_rwx(storage_class: client.V1StorageClass) -> bool:
@@ -143,8 +154,10 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
     with calling(f"{where}: reading namespace {access.namespace}"):
         if not api.exists(lambda name, _: api.core.read_namespace(name), access.namespace, "namespace"):
             if not access.from_kubeconfig:
-                raise TaskError(f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
-                                "creates it: `pulumi up`) or fix the contract's 'namespace'")
+                raise TaskError(
+                    f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
+                    "creates it: `pulumi up`) or fix the contract's 'namespace'"
+                )
             say(f"creating namespace {access.namespace}")
             api.core.create_namespace(client.V1Namespace.model_validate(volume.namespace(access.namespace)))
     with calling(f"{where}: reading storage classes"):
@@ -153,21 +166,30 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
         rwx = sorted(name_of(c) for c in classes if offers_rwx(c))
         if not rwx:
             found = ", ".join(f"{name_of(c)} ({c.provisioner})" for c in classes) or "none"
-            raise TaskError(f"{where}: no StorageClass offers ReadWriteMany (found: {found}): install an NFS-like "
-                            f"CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
-                            f"{RWX_ANNOTATION}=true")
+            raise TaskError(
+                f"{where}: no StorageClass offers ReadWriteMany (found: {found}): install an NFS-like "
+                f"CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
+                f"{RWX_ANNOTATION}=true"
+            )
         access = replace(access, storage_class=rwx[0])
     elif access.storage_class not in {name_of(c) for c in classes}:
-        raise TaskError(f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
-                        "'storage_class' (it must offer ReadWriteMany)")
+        raise TaskError(
+            f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
+            "'storage_class' (it must offer ReadWriteMany)"
+        )
     with calling(f"{where}: reading claim {access.storage_claim}"):
         if not api.exists(api.core.read_namespaced_persistent_volume_claim, access.storage_claim, "claim"):
             if not access.from_kubeconfig:
-                raise TaskError(f"{where}: PersistentVolumeClaim {access.storage_claim!r} does not exist in "
-                                f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'")
-            say(f"creating claim {access.storage_claim} ({access.storage_gib} GiB ReadWriteMany, {access.storage_class})")
+                raise TaskError(
+                    f"{where}: PersistentVolumeClaim {access.storage_claim!r} does not exist in "
+                    f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'"
+                )
+            say(
+                f"creating claim {access.storage_claim} ({access.storage_gib} GiB ReadWriteMany, {access.storage_class})"
+            )
             api.core.create_namespaced_persistent_volume_claim(
-                access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access)))
+                access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
+            )
     if access.from_kubeconfig:
         cluster = with_node_facts(api, cluster, access)
     return api, replace(cluster, kube=access)
@@ -183,8 +205,9 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     cores = min(max(1, math.floor(cpu_quantity(allocatable(n).get("cpu", "1")))) for n in nodes)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in nodes)
     access = replace(access, max_nodes=len(nodes), memory_gib=memory)
-    return replace(cluster, cores_per_node=cores, kube=access,
-                   nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(nodes))))
+    return replace(
+        cluster, cores_per_node=cores, kube=access, nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(nodes)))
+    )
 
 
 def allocatable(node: client.V1Node) -> dict[str, str]:

@@ -40,9 +40,11 @@ def run_objects(api: Api, run: str) -> tuple[list[V1Job], list[V1Service], list[
         return [o for o in items if labels_of(o).get(LABEL_RUN) == run]
 
     with calling(f"listing run {run}'s objects"):
-        return (mine(api.batch.list_namespaced_job(api.namespace, label_selector=selector).items),
-                mine(api.core.list_namespaced_service(api.namespace, label_selector=selector).items),
-                mine(api.core.list_namespaced_pod(api.namespace, label_selector=selector).items))
+        return (
+            mine(api.batch.list_namespaced_job(api.namespace, label_selector=selector).items),
+            mine(api.core.list_namespaced_service(api.namespace, label_selector=selector).items),
+            mine(api.core.list_namespaced_pod(api.namespace, label_selector=selector).items),
+        )
 
 
 def delete_run_objects(api: Api, run: str, quiet: bool = False, wait: bool = False) -> int:
@@ -54,8 +56,10 @@ def delete_run_objects(api: Api, run: str, quiet: bool = False, wait: bool = Fal
     for service in services:
         _delete(api.core.delete_namespaced_service, name_of(service), api.namespace)
     if (jobs or services) and not quiet:
-        say(f"deleted run {run}: {', '.join(name_of(o) for o in jobs)} (Job), "
-            f"{', '.join(name_of(o) for o in services)} (Service)")
+        say(
+            f"deleted run {run}: {', '.join(name_of(o) for o in jobs)} (Job), "
+            f"{', '.join(name_of(o) for o in services)} (Service)"
+        )
     if wait:
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while run_objects(api, run)[2] and time.monotonic() < deadline:

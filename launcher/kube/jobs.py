@@ -66,8 +66,13 @@ def exit_code(pod: V1Pod) -> int | None:
     return None
 
 
-def run_helper(api: Api, job: dict, what: str, on_line: Callable[[str], None] | None = None,
-               pending_timeout_s: float = PENDING_TIMEOUT_S) -> None:
+def run_helper(
+    api: Api,
+    job: dict,
+    what: str,
+    on_line: Callable[[str], None] | None = None,
+    pending_timeout_s: float = PENDING_TIMEOUT_S,
+) -> None:
     """Create the Job (replacing an old one of the same name), stream its log, wait for its end."""
     name = job["metadata"]["name"]
     role = job["metadata"]["labels"][volume.LABEL_ROLE]
@@ -86,8 +91,10 @@ def run_helper(api: Api, job: dict, what: str, on_line: Callable[[str], None] | 
         if waited > pending_timeout_s:
             why = unschedulable(pod) if pod else "no pod created"
             delete_job(api, name)
-            raise TaskError(f"{what}: pod still Pending after {waited:.0f} s ({why or 'waiting for a node'}); "
-                            "check the cluster's capacity and the claim (kubectl describe pod), then rerun")
+            raise TaskError(
+                f"{what}: pod still Pending after {waited:.0f} s ({why or 'waiting for a node'}); "
+                "check the cluster's capacity and the claim (kubectl describe pod), then rerun"
+            )
         time.sleep(POLL_S)
     assert pod is not None
     with calling(f"reading the log of {name_of(pod)}"):
@@ -154,10 +161,11 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
         if not api.exists(api.core.read_namespaced_config_map, name, "ConfigMap"):
             api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
     script = volume.staging_script(volume.digest_of({"r": requirements}), code_sha, placed)
-    job = volume.helper_job(job_name("stage", run or "setup"), access, "staging",
-                            script, run=run, configmap=name)
+    job = volume.helper_job(job_name("stage", run or "setup"), access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
-    say(f"staging on claim {access.storage_claim}: node environment, model code {code_sha[:12]}"
-        + (f", runs/{run}'s files" if placed else ""))
+    say(
+        f"staging on claim {access.storage_claim}: node environment, model code {code_sha[:12]}"
+        + (f", runs/{run}'s files" if placed else "")
+    )
     run_helper(api, job, "staging the node environment and code")
     say(f"staged in {time.monotonic() - started:.1f} s")

@@ -103,11 +103,19 @@ class PodLaunch:
 
     def __post_init__(self) -> None:
         checks = (
-            ("--run", len(self.run) <= DNS_LABEL_MAX and LABEL_VALUE.fullmatch(self.run) and self.run,
-             "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
-             "(it labels the run's Kubernetes objects)", self.run),
-            ("the Job name", len(self.job) <= JOB_NAME_MAX and DNS_LABEL.fullmatch(self.job),
-             f"a DNS label of at most {JOB_NAME_MAX} characters (use job_name())", self.job),
+            (
+                "--run",
+                len(self.run) <= DNS_LABEL_MAX and LABEL_VALUE.fullmatch(self.run) and self.run,
+                "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit "
+                "(it labels the run's Kubernetes objects)",
+                self.run,
+            ),
+            (
+                "the Job name",
+                len(self.job) <= JOB_NAME_MAX and DNS_LABEL.fullmatch(self.job),
+                f"a DNS label of at most {JOB_NAME_MAX} characters (use job_name())",
+                self.job,
+            ),
             ("--nodes", self.nodes >= 1, ">= 1", self.nodes),
             ("--port", 1024 <= self.port <= 65535, "in 1024..65535", self.port),
             ("cores_per_node", self.cores >= 1, ">= 1", self.cores),
@@ -142,7 +150,7 @@ def job_name(cluster_name: str, run: str) -> str:
     if name == wanted and len(name) <= JOB_NAME_MAX:
         return name
     digest = hashlib.sha256(wanted.encode()).hexdigest()[:6]
-    return f"{name[:JOB_NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
+    return f"{name[: JOB_NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def service_name(job: str) -> str:
@@ -186,7 +194,10 @@ def container_env(launch: PodLaunch) -> list[dict]:
     # No GLOO_SOCKET_IFNAME (a VM's env.sh names the probed interface): the pod's hostname resolves to
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
     values = thread_variables(launch.cores) | {
-        "PYTHONUNBUFFERED": "1", "PYTHONPATH": CODE_DIR, LAUNCHER_ENV: "kubernetes"}
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": CODE_DIR,
+        LAUNCHER_ENV: "kubernetes",
+    }
     return env + [{"name": k, "value": v} for k, v in values.items()]
 
 
@@ -229,8 +240,10 @@ def pod_failure_policy() -> dict:
 def training_job(launch: PodLaunch) -> dict:
     """The Indexed Job: one pod per node, pod k runs rank k."""
     command = trainer_command(launch)
-    request = {"cpu": f"{int(launch.cores * REQUEST_SHARE * 1000)}m",
-               "memory": f"{int(launch.memory_gib * REQUEST_SHARE * 1024)}Mi"}
+    request = {
+        "cpu": f"{int(launch.cores * REQUEST_SHARE * 1000)}m",
+        "memory": f"{int(launch.memory_gib * REQUEST_SHARE * 1024)}Mi",
+    }
     container = {
         "name": CONTAINER,
         "image": launch.image,

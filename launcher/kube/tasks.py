@@ -54,31 +54,62 @@ from model.conventions import (
 )
 
 
-def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "", skip_system_packages: bool = False,
-          nodes: int | None = None, idle_minutes: int | None = None) -> None:
+def setup(
+    cluster_spec: str | None,
+    profile: str = "default",
+    pip_args: str = "",
+    skip_system_packages: bool = False,
+    nodes: int | None = None,
+    idle_minutes: int | None = None,
+) -> None:
     if profile != "default" or pip_args or idle_minutes is not None:
-        raise TaskError("--profile, --pip-args and --idle-minutes are for VM nodes: a Kubernetes cluster's node "
-                        "environment is the default profile on the shared claim, and its pool scales to 0 by itself")
+        raise TaskError(
+            "--profile, --pip-args and --idle-minutes are for VM nodes: a Kubernetes cluster's node "
+            "environment is the default profile on the shared claim, and its pool scales to 0 by itself"
+        )
     api, cluster = open_cluster(cluster_spec)
     stage(api, cluster)
 
 
-def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
-                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
-                 limit: int | None = None, sharded: bool = False, field: str | None = None,
-                 split: str | None = None, workers: int | None = None, text_chars: int | None = None) -> None:
+def prepare_data(
+    cluster_spec: str | None,
+    source: str = "builtin",
+    dataset: str | None = None,
+    nodes: int | None = None,
+    val_fraction: float | None = None,
+    seed: int | None = None,
+    limit: int | None = None,
+    sharded: bool = False,
+    field: str | None = None,
+    split: str | None = None,
+    workers: int | None = None,
+    text_chars: int | None = None,
+) -> None:
     dataset = check_name(dataset or dataset_name(source), "dataset")
     if sharded:
-        raise TaskError("--sharded is for VM nodes: on a Kubernetes cluster every pod reads the one copy on "
-                        "the shared claim (drop --sharded)")
-    args = prepare_args(source, dataset, val_fraction=val_fraction, seed=seed, limit=limit, field=field,
-                        split=split, workers=workers, text_chars=text_chars)
+        raise TaskError(
+            "--sharded is for VM nodes: on a Kubernetes cluster every pod reads the one copy on "
+            "the shared claim (drop --sharded)"
+        )
+    args = prepare_args(
+        source,
+        dataset,
+        val_fraction=val_fraction,
+        seed=seed,
+        limit=limit,
+        field=field,
+        split=split,
+        workers=workers,
+        text_chars=text_chars,
+    )
     api, cluster = open_cluster(cluster_spec)
     stage(api, cluster)
     job = volume.helper_job(job_name("prepare", dataset), access_of(cluster), "prepare", volume.prepare_script(args))
     started = time.monotonic()
-    say(f"preparing {source!r} as data/{dataset} on claim {access_of(cluster).storage_claim} (model.prepare in a "
-        "Job; a matching dataset is kept)")
+    say(
+        f"preparing {source!r} as data/{dataset} on claim {access_of(cluster).storage_claim} (model.prepare in a "
+        "Job; a matching dataset is kept)"
+    )
     run_helper(api, job, f"preparing data/{dataset}")
     say(f"prepared in {time.monotonic() - started:.1f} s")
 
@@ -119,13 +150,16 @@ def job_condition(job: V1Job) -> str:
     return f"running ({active or 0} active pod(s))"
 
 
-def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50,
-         follow: bool = False) -> None:
+def logs(
+    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+) -> None:
     api, _ = open_cluster(cluster_spec)
     pods = sorted(run_objects(api, run)[2], key=rank_of)
     if not pods:
-        raise TaskError(f"run {run!r} has no pod: start it with `fab train --run {run}` (a finished run's pods are "
-                        "deleted; its record is in `fab status`)")
+        raise TaskError(
+            f"run {run!r} has no pod: start it with `fab train --run {run}` (a finished run's pods are "
+            "deleted; its record is in `fab status`)"
+        )
     if rank is not None:
         pods = [p for p in pods if rank_of(p) == rank]
         if not pods:
@@ -133,8 +167,14 @@ def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, l
     for pod in pods:
         unit = unit_of(pod)
         with calling(f"reading the log of {name_of(pod)}"):
-            stream = api.core.read_namespaced_pod_log(name_of(pod), api.namespace, container=CONTAINER,
-                                                      tail_lines=lines, follow=follow, _preload_content=False)
+            stream = api.core.read_namespaced_pod_log(
+                name_of(pod),
+                api.namespace,
+                container=CONTAINER,
+                tail_lines=lines,
+                follow=follow,
+                _preload_content=False,
+            )
             for line in log_lines(raw_response(stream)):
                 out_line(unit.label(line))
 
@@ -149,17 +189,35 @@ def stop(cluster_spec: str | None, run: str = "main") -> int:
 def best_checkpoint_script(run: str) -> str:
     """Shell setting $ckpt to the run's ckpt.pt, else its snapshot.pt (exit 3 when neither exists)."""
     directory = volume.run_path(run, "")
-    return (f"cd {directory} 2>/dev/null && ckpt=$(ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1); "
-            f'[ -n "$ckpt" ] || {{ echo "run {run} has no {CKPT_NAME} or {SNAPSHOT_NAME}: train first"; exit 3; }}; '
-            f'ckpt="{directory}$ckpt"')
+    return (
+        f"cd {directory} 2>/dev/null && ckpt=$(ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1); "
+        f'[ -n "$ckpt" ] || {{ echo "run {run} has no {CKPT_NAME} or {SNAPSHOT_NAME}: train first"; exit 3; }}; '
+        f'ckpt="{directory}$ckpt"'
+    )
 
 
-def sample(cluster_spec: str | None, run: str = "main", prompt: str = "", max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
-           temperature: float = SAMPLE_TEMPERATURE, top_k: int = SAMPLE_TOP_K, seed: int = SAMPLE_SEED) -> None:
+def sample(
+    cluster_spec: str | None,
+    run: str = "main",
+    prompt: str = "",
+    max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS,
+    temperature: float = SAMPLE_TEMPERATURE,
+    top_k: int = SAMPLE_TOP_K,
+    seed: int = SAMPLE_SEED,
+) -> None:
     check_name(run, "run")
     api, cluster = open_cluster(cluster_spec)
-    args = ["--max-new-tokens", str(max_new_tokens), "--temperature", str(temperature), "--top-k", str(top_k),
-            "--seed", str(seed), *(["--prompt", prompt] if prompt else [])]
+    args = [
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--temperature",
+        str(temperature),
+        "--top-k",
+        str(top_k),
+        "--seed",
+        str(seed),
+        *(["--prompt", prompt] if prompt else []),
+    ]
     script = f'{best_checkpoint_script(run)}; {volume.node_program("model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
     run_helper(api, job, f"sampling run {run}", on_line=out_line)
@@ -204,8 +262,16 @@ def exec_output(api: Api, pod: str, script: str) -> str:
     from kubernetes.stream import stream  # websocket-client: only fetch needs it
 
     with calling(f"reading from pod {pod}"):
-        return stream(api.exec_core().connect_get_namespaced_pod_exec, pod, api.namespace, command=["sh", "-c", script],
-                      stderr=False, stdin=False, stdout=True, tty=False)
+        return stream(
+            api.exec_core().connect_get_namespaced_pod_exec,
+            pod,
+            api.namespace,
+            command=["sh", "-c", script],
+            stderr=False,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
 
 
 def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
@@ -214,15 +280,18 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
     check_name(dataset, "dataset")
     api, cluster = open_cluster(cluster_spec)
     access = access_of(cluster)
-    say(f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
-        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores")
+    say(
+        f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
+        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores"
+    )
     checks = {
         "node environment": f"test -x {volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python",
         "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
         f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
     }
-    script = "; ".join(f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi"
-                       for what, test in checks.items())
+    script = "; ".join(
+        f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi" for what, test in checks.items()
+    )
     missing: list[str] = []
 
     def on_line(line: str) -> None:
@@ -230,8 +299,12 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
         if line.startswith("missing"):
             missing.append(line)
 
-    run_helper(api, volume.helper_job(job_name("doctor", dataset), access, "doctor", script), "checking the claim",
-               on_line=on_line)
+    run_helper(
+        api,
+        volume.helper_job(job_name("doctor", dataset), access, "doctor", script),
+        "checking the claim",
+        on_line=on_line,
+    )
     if missing:
         say("fix: `fab setup` builds the node environment and code; `fab prepare-data` writes the dataset")
     return 1 if missing else 0

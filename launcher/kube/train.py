@@ -55,8 +55,10 @@ class KubeRun:
     def resolve(cls, request: TrainRequest) -> KubeRun:
         """--cluster read and --nodes selected; a cluster given by kubeconfig is asked for its nodes."""
         if request.launcher != "fabric":
-            raise TaskError(f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
-                            "by its Job (drop --launcher)")
+            raise TaskError(
+                f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
+                "by its Job (drop --launcher)"
+            )
         cluster = resolve_cluster(request.cluster_spec)
         if cluster.kube is None:
             raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
@@ -73,17 +75,35 @@ class KubeRun:
 
     def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> objects.PodLaunch:
         request, cluster, access = self.request, self.cluster, self.access
-        plan = LaunchPlan(cluster, self.nodes[:self.count], request.run, request.dataset, objects.NODE_PYTHON,
-                          objects.CODE_DIR, backend=request.backend, master_port=request.port or DEFAULT_MASTER_PORT,
-                          collective_timeout_s=request.collective_timeout_s, config_file=prepared.config_file or "",
-                          overrides=prepared.overrides + extra)
+        plan = LaunchPlan(
+            cluster,
+            self.nodes[: self.count],
+            request.run,
+            request.dataset,
+            objects.NODE_PYTHON,
+            objects.CODE_DIR,
+            backend=request.backend,
+            master_port=request.port or DEFAULT_MASTER_PORT,
+            collective_timeout_s=request.collective_timeout_s,
+            config_file=prepared.config_file or "",
+            overrides=prepared.overrides + extra,
+        )
         try:
             return objects.PodLaunch(
-                run=request.run, job=objects.job_name(cluster.cluster_name, request.run), namespace=access.namespace,
-                nodes=self.count, port=plan.master_port, image=objects.DEFAULT_IMAGE, claim=access.storage_claim,
-                cores=cluster.cores_per_node, memory_gib=access.memory_gib or 1.0,
-                node_selector=dict(access.node_selector), tolerations=access.tolerations,
-                trainer_args=tuple(trainer_args(plan)), attempt=attempt)
+                run=request.run,
+                job=objects.job_name(cluster.cluster_name, request.run),
+                namespace=access.namespace,
+                nodes=self.count,
+                port=plan.master_port,
+                image=objects.DEFAULT_IMAGE,
+                claim=access.storage_claim,
+                cores=cluster.cores_per_node,
+                memory_gib=access.memory_gib or 1.0,
+                node_selector=dict(access.node_selector),
+                tolerations=access.tolerations,
+                trainer_args=tuple(trainer_args(plan)),
+                attempt=attempt,
+            )
         except ValueError as e:
             raise TaskError(str(e)) from None
 
@@ -120,18 +140,27 @@ class KubeRun:
         launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
         delete_run_objects(api, run, quiet=True, wait=True)
         with calling(f"creating the Service and Job {launch.job}"):
-            api.core.create_namespaced_service(api.namespace, V1Service.model_validate(objects.headless_service(launch)))
+            api.core.create_namespaced_service(
+                api.namespace, V1Service.model_validate(objects.headless_service(launch))
+            )
             api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(objects.training_job(launch)))
-        say(f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node, "
-            f"rank 0 at {launch.master_addr}:{launch.port}")
-        return Started(self.nodes[:launch.nodes], launch.nodes)
+        say(
+            f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node, "
+            f"rank 0 at {launch.master_addr}:{launch.port}"
+        )
+        return Started(self.nodes[: launch.nodes], launch.nodes)
 
     def watch(self) -> Progress:
         api, run = self.connected(), self.request.run
         assert self.launch is not None, "start() first"
-        watch = PodWatch(api, self.launch, RunRecorder(self.cluster, run),
-                         lambda: delete_run_objects(api, run, quiet=True),
-                         self.request.recover.recover_timeout_s, out=out_line)
+        watch = PodWatch(
+            api,
+            self.launch,
+            RunRecorder(self.cluster, run),
+            lambda: delete_run_objects(api, run, quiet=True),
+            self.request.recover.recover_timeout_s,
+            out=out_line,
+        )
         return watch.watch()
 
     def stop(self) -> None:
@@ -147,8 +176,10 @@ class KubeRun:
         min_nodes = self.request.recover.min_nodes
         if not isinstance(error, StuckPending) or not restarts or min_nodes is None or error.placed < min_nodes:
             return None
-        say(f"continuing on {error.placed} pod(s) (--min-nodes {min_nodes}): {KEEP_GLOBAL_BATCH} "
-            "raises gradient accumulation so the tokens per optimizer step stay the same")
+        say(
+            f"continuing on {error.placed} pod(s) (--min-nodes {min_nodes}): {KEEP_GLOBAL_BATCH} "
+            "raises gradient accumulation so the tokens per optimizer step stay the same"
+        )
         cause = f"{self.count - error.placed} pod(s) found no node within --recover-timeout"
         self.count, self.overrides = error.placed, (KEEP_GLOBAL_BATCH,)
         return cause
@@ -157,8 +188,10 @@ class KubeRun:
         return None
 
     def recover(self) -> Recovered:
-        say(f"the Job is recreated: its pods wait up to {self.request.recover.recover_timeout_s:g} s "
-            "(--recover-timeout) for nodes")
+        say(
+            f"the Job is recreated: its pods wait up to {self.request.recover.recover_timeout_s:g} s "
+            "(--recover-timeout) for nodes"
+        )
         return Recovered(tuple(f"pod{i}" for i in range(self.count)))
 
     def extra_overrides(self) -> tuple[str, ...]:

@@ -77,8 +77,10 @@ def staging_configmap(namespace_name: str, files: dict[str, bytes]) -> dict:
     """files (key -> bytes) as a ConfigMap named by their digest; a ValueError past the 1 MiB limit."""
     size = sum(len(base64.b64encode(v)) for v in files.values())
     if size > CONFIGMAP_LIMIT_BYTES:
-        raise ValueError(f"the staged files take {size} bytes, over a ConfigMap's {CONFIGMAP_LIMIT_BYTES}: "
-                         "keep model/ and the trainer config small")
+        raise ValueError(
+            f"the staged files take {size} bytes, over a ConfigMap's {CONFIGMAP_LIMIT_BYTES}: "
+            "keep model/ and the trainer config small"
+        )
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -108,8 +110,9 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
     return "\n".join(lines) + "\n"
 
 
-def helper_job(name: str, access: KubeAccess, role: str, script: str, run: str = "",
-               configmap: str = "", workdir: str = MOUNT_PATH) -> dict:
+def helper_job(
+    name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
+) -> dict:
     """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
     staging ConfigMap, if any); kept 10 minutes after it ends so its log can be read."""
     mounts: list[dict] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
@@ -130,14 +133,19 @@ def helper_job(name: str, access: KubeAccess, role: str, script: str, run: str =
                 "spec": {
                     "restartPolicy": "Never",
                     "enableServiceLinks": False,
-                    "containers": [{
-                        "name": role,
-                        "image": DEFAULT_IMAGE,
-                        "command": ["sh", "-c", script],
-                        "workingDir": workdir,
-                        "env": [{"name": "PYTHONPATH", "value": CODE_DIR}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
-                        "volumeMounts": mounts,
-                    }],
+                    "containers": [
+                        {
+                            "name": role,
+                            "image": DEFAULT_IMAGE,
+                            "command": ["sh", "-c", script],
+                            "workingDir": workdir,
+                            "env": [
+                                {"name": "PYTHONPATH", "value": CODE_DIR},
+                                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                            ],
+                            "volumeMounts": mounts,
+                        }
+                    ],
                     "volumes": volumes,
                 },
             },

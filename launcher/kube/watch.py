@@ -86,8 +86,15 @@ def disruption(pod: V1Pod) -> str:
 class PodWatch:
     """Follows one attempt's pods until every rank succeeded; RunFailed otherwise."""
 
-    def __init__(self, api: Api, launch: PodLaunch, recorder: RunRecorder, stop_all: Callable[[], object],
-                 pending_timeout_s: float, out: Callable[[str], None] = print):
+    def __init__(
+        self,
+        api: Api,
+        launch: PodLaunch,
+        recorder: RunRecorder,
+        stop_all: Callable[[], object],
+        pending_timeout_s: float,
+        out: Callable[[str], None] = print,
+    ):
         self.api, self.launch, self.recorder, self.stop_all = api, launch, recorder, stop_all
         self.pending_timeout_s, self.out = pending_timeout_s, out
         self.progress = Progress()
@@ -103,8 +110,11 @@ class PodWatch:
     def pods(self) -> list[V1Pod]:
         """This attempt's pods (a recreated Job's pods carry the next attempt's label)."""
         attempt = str(self.launch.attempt)
-        return [p for p in job_pods(self.api, self.launch.job)
-                if labels_of(p).get(LABEL_ATTEMPT, attempt) == attempt and rank_of(p) >= 0]
+        return [
+            p
+            for p in job_pods(self.api, self.launch.job)
+            if labels_of(p).get(LABEL_ATTEMPT, attempt) == attempt and rank_of(p) >= 0
+        ]
 
     def follow_log(self, pod: V1Pod) -> None:
         unit = unit_of(pod)
@@ -112,8 +122,9 @@ class PodWatch:
 
         def follow() -> None:
             with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
-                stream = self.api.core.read_namespaced_pod_log(name_of(pod), self.api.namespace, container=CONTAINER,
-                                                               follow=True, _preload_content=False)
+                stream = self.api.core.read_namespaced_pod_log(
+                    name_of(pod), self.api.namespace, container=CONTAINER, follow=True, _preload_content=False
+                )
                 for line in log_lines(raw_response(stream)):
                     tail.append(line)
                     self.emit(unit.label(line))
@@ -137,9 +148,18 @@ class PodWatch:
             with contextlib.suppress(Exception):
                 from kubernetes.stream import stream
 
-                ws = stream(self.api.exec_core().connect_get_namespaced_pod_exec, name_of(pod), self.api.namespace,
-                            container=CONTAINER, command=["tail", "-n", "+1", "-F", path], stderr=False,
-                            stdin=False, stdout=True, tty=False, _preload_content=False)
+                ws = stream(
+                    self.api.exec_core().connect_get_namespaced_pod_exec,
+                    name_of(pod),
+                    self.api.namespace,
+                    container=CONTAINER,
+                    command=["tail", "-n", "+1", "-F", path],
+                    stderr=False,
+                    stdin=False,
+                    stdout=True,
+                    tty=False,
+                    _preload_content=False,
+                )
                 buffer = ""
                 while ws.is_open():
                     ws.update(timeout=1)
@@ -207,9 +227,12 @@ class PodWatch:
         why = unschedulable(waiting[0]) if waiting else "the Job created no pod"
         self.stop_all()
         names = ", ".join(name_of(p) for p in waiting) or self.launch.job
-        raise StuckPending(f"{names} still Pending after {waited:.1f} s (--recover-timeout {self.pending_timeout_s:g} s): {why}; "
-                           f"{len(placed)} of {self.launch.nodes} pod(s) found a node: grow the training pool "
-                           "(max_nodes), use fewer --nodes or a longer --recover-timeout; the run's objects were deleted", len(placed))
+        raise StuckPending(
+            f"{names} still Pending after {waited:.1f} s (--recover-timeout {self.pending_timeout_s:g} s): {why}; "
+            f"{len(placed)} of {self.launch.nodes} pod(s) found a node: grow the training pool "
+            "(max_nodes), use fewer --nodes or a longer --recover-timeout; the run's objects were deleted",
+            len(placed),
+        )
 
     def fail(self, failed: list[V1Pod]) -> None:
         time.sleep(min(FAILURE_GRACE_S, POLL_S))  # other pods that fail with it: name the earliest below
@@ -225,12 +248,16 @@ class PodWatch:
         for line in lines:
             self.emit(f"  {line}")
         if evicted:
-            raise RunFailed(f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
-                            failure=FirstFailure(what, "lost", None, f"pod {name_of(first)} {evicted}"))
+            raise RunFailed(
+                f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
+                failure=FirstFailure(what, "lost", None, f"pod {name_of(first)} {evicted}"),
+            )
         failure = FirstFailure(what, "exit", code, node=node_of(first))
         if terminated_reason(first) == OOM_KILLED:
-            oom = OomKill(node_of(first) or name_of(first),
-                          f"Kubernetes reported its container {OOM_KILLED} (the pod's memory limit or the node's)")
+            oom = OomKill(
+                node_of(first) or name_of(first),
+                f"Kubernetes reported its container {OOM_KILLED} (the pod's memory limit or the node's)",
+            )
             raise OutOfMemory(oom_line(failure, oom), failure=failure)
         reason = "ended without an exit code" if code is None else f"exited with code {code}"
         raise RunFailed(f"{what} {reason}; every pod was stopped", failure=failure)

@@ -49,8 +49,10 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         report = reports.get(host.node.index)
         cores = (report.cores if report and report.cores else 0) or cluster.cores_per_node
         ranks = len(host.nodes)
-        estimates = [estimate_rank_memory(cfg, world, rank0=node.index == nodes[0].index, one_host=len(hosts) == 1,
-                                          shape=shape) for node in host.nodes]
+        estimates = [
+            estimate_rank_memory(cfg, world, rank0=node.index == nodes[0].index, one_host=len(hosts) == 1, shape=shape)
+            for node in host.nodes
+        ]
         available = report.mem_available_gb if report else None
         known = [e for e in estimates if e is not None]
         need = sum(e.total for e in known) / GB if len(known) == len(estimates) else None
@@ -64,11 +66,16 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
             memory = f"need ~{need:.1f} GB of memory (the largest rank ~{largest.describe()})"
         else:
             memory = "need memory not estimated (init_from a checkpoint directory not on this machine)"
-        memory += f" and it has {available:.1f} GB available" if available is not None else \
-            " and its available memory is unknown"
+        memory += (
+            f" and it has {available:.1f} GB available"
+            if available is not None
+            else " and its available memory is unknown"
+        )
         cpus = f"they would share {cores} physical core(s) (at most {MAX_RANKS_PER_CORE} ranks per core)"
-        raise TaskError(f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
-                        + ways_out(cluster, cfg, cores, available, estimates, too_big))
+        raise TaskError(
+            f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
+            + ways_out(cluster, cfg, cores, available, estimates, too_big)
+        )
 
 
 def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str) -> None:
@@ -79,14 +86,17 @@ def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str) -
     estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape)
     if not memory_gib or estimate is None or estimate.total / GB <= memory_gib * GIB / GB:
         return
-    raise TaskError(f"rank 0 does not fit a pod on {where}: it needs ~{estimate.describe()} and the pod may use "
-                    f"{memory_gib * GIB / GB:.1f} GB (the node's memory): a smaller micro-batch or context "
-                    f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
-                    "--set zero_stage=1, or a machine type with more memory")
+    raise TaskError(
+        f"rank 0 does not fit a pod on {where}: it needs ~{estimate.describe()} and the pod may use "
+        f"{memory_gib * GIB / GB:.1f} GB (the node's memory): a smaller micro-batch or context "
+        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
+        "--set zero_stage=1, or a machine type with more memory"
+    )
 
 
-def ways_out(cluster: Cluster, cfg: TrainConfig, cores: int, available: float | None, estimates: list,
-             memory_short: bool) -> str:
+def ways_out(
+    cluster: Cluster, cfg: TrainConfig, cores: int, available: float | None, estimates: list, memory_short: bool
+) -> str:
     """What to change, with the figures that would fit where they can be computed."""
     ways = []
     if cluster.is_local:
@@ -96,8 +106,10 @@ def ways_out(cluster: Cluster, cfg: TrainConfig, cores: int, available: float | 
             fit = min(fit, 1 + max(0, int((available - rank0) // other)) if available >= rank0 else 0)
         ways.append(f"fewer ranks (--nodes {fit})" if fit >= 1 else "fewer ranks (--nodes)")
     if memory_short:
-        ways.append(f"a smaller micro-batch or context (--set batch_size=N below {cfg.batch_size}, "
-                    f"--set block_size=N below {cfg.block_size})")
+        ways.append(
+            f"a smaller micro-batch or context (--set batch_size=N below {cfg.batch_size}, "
+            f"--set block_size=N below {cfg.block_size})"
+        )
     if memory_short and cfg.zero_stage == 0 and not cluster.is_local:
         ways.append("--set zero_stage=1 (AdamW state sharded over the machines)")
     ways.append("a bigger machine" if cluster.is_local else "a machine type with more memory and cores")

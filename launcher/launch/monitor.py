@@ -128,9 +128,14 @@ class Progress:
         return " | ".join(parts) or "no step logged yet"
 
 
-def follow_units(units: Sequence[Unit], shells: dict[int, Shell], command: Callable[[Unit, Shell], str],
-                 on_line: Callable[[Unit, str], None], on_lost: Callable[[Unit, NodeError], None],
-                 on_end: Callable[[Unit], None] | None = None) -> list[threading.Thread]:
+def follow_units(
+    units: Sequence[Unit],
+    shells: dict[int, Shell],
+    command: Callable[[Unit, Shell], str],
+    on_line: Callable[[Unit, str], None],
+    on_lost: Callable[[Unit, NodeError], None],
+    on_end: Callable[[Unit], None] | None = None,
+) -> list[threading.Thread]:
     """Start one daemon thread per unit that streams command(unit, shell) on the unit's node,
     calling on_line(unit, line) for every line, or on_lost(unit, error) when the node is lost,
     and on_end(unit) when the stream ended without an error."""
@@ -236,8 +241,14 @@ class Monitor:
 
     def _watch(self) -> Progress:
         units = self.plan.units()
-        follow_units(units, self.shells, lambda u, s: follow_command(s.root, self.plan.run, u.name),
-                     self._on_line, self._on_lost, self._on_end)
+        follow_units(
+            units,
+            self.shells,
+            lambda u, s: follow_command(s.root, self.plan.run, u.name),
+            self._on_line,
+            self._on_lost,
+            self._on_end,
+        )
         threading.Thread(target=self._metrics, daemon=True).start()
         stop_heartbeat = threading.Event()
         watch_nodes([self.shells[h.node.index] for h in self.plan.hosts], self._on_node_lost, stop_heartbeat)
@@ -297,8 +308,9 @@ class Monitor:
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:
             self.emit(f"  {line}")
-        failure = FirstFailure(what, kind, None if kind == "lost" else detail, detail if kind == "lost" else "",
-                               node=unit.node.name, at=at)
+        failure = FirstFailure(
+            what, kind, None if kind == "lost" else detail, detail if kind == "lost" else "", node=unit.node.name, at=at
+        )
         raise RunFailed(f"{what} {reason}; every rank was stopped", failure=failure)
 
 
@@ -330,8 +342,13 @@ def answers(shell: Shell, timeout: float = HEARTBEAT_TIMEOUT_S) -> str | None:
     return outcome[0]
 
 
-def watch_nodes(shells: Sequence[Shell], on_lost: Callable[[Shell, str], None], stop: threading.Event,
-                every: float | None = None, timeout: float | None = None) -> threading.Thread:
+def watch_nodes(
+    shells: Sequence[Shell],
+    on_lost: Callable[[Shell, str], None],
+    stop: threading.Event,
+    every: float | None = None,
+    timeout: float | None = None,
+) -> threading.Thread:
     """A daemon thread that checks every shell each `every` seconds (all at once) until `stop` is set,
     calling on_lost(shell, why) once for each that does not answer (and no longer checking it).
     every/timeout default to HEARTBEAT_EVERY_S/HEARTBEAT_TIMEOUT_S as they are when it is called."""

@@ -187,19 +187,22 @@ def trainer_args(plan: LaunchPlan) -> list[str]:
 
 def plan_json(plan: LaunchPlan) -> str:
     """plan.json: what was launched, read back by `fab logs`."""
-    return json.dumps(
-        {
-            "run": plan.run,
-            "launcher": plan.launcher,
-            "backend": plan.resolved_backend(),
-            "world_size": plan.world_size,
-            "nodes": [n.name for n in plan.nodes],
-            "units": [u.to_json() for u in plan.units()],
-            "dataset": plan.dataset,
-            "trainer_args": trainer_args(plan),
-        },
-        indent=2,
-    ) + "\n"
+    return (
+        json.dumps(
+            {
+                "run": plan.run,
+                "launcher": plan.launcher,
+                "backend": plan.resolved_backend(),
+                "world_size": plan.world_size,
+                "nodes": [n.name for n in plan.nodes],
+                "units": [u.to_json() for u in plan.units()],
+                "dataset": plan.dataset,
+                "trainer_args": trainer_args(plan),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def units_from_plan_json(text: str, cluster: Cluster) -> tuple[str, list[Unit]]:

@@ -25,8 +25,7 @@ from model.conventions import BF16_CPU_FLAGS, LAUNCHER_ENV
 
 # Intel's recommended jemalloc settings for PyTorch on Xeon: keep freed pages for reuse.
 JEMALLOC_CONF = (
-    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
-    "dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
 )
 
 
@@ -43,8 +42,9 @@ def thread_variables(threads: int) -> dict[str, str]:
     }
 
 
-def rank_variables(rank: int, world_size: int, local_rank: int, local_world_size: int,
-                   master_addr: str, master_port: int) -> dict[str, str]:
+def rank_variables(
+    rank: int, world_size: int, local_rank: int, local_world_size: int, master_addr: str, master_port: int
+) -> dict[str, str]:
     """The variables torch.distributed's env:// rendezvous reads (rank<R>.env on a VM, a pod's env)."""
     values = {
         "RANK": rank,

@@ -28,8 +28,9 @@ def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFa
     """The plan with the site's paths; a bad --launcher/--backend/--port is a TaskError."""
     site = site_of(cluster)
     try:
-        return LaunchPlan(cluster=cluster, nodes=nodes, python=site.python, code_dir=site.code_dir, facts=facts,
-                          **plan_args)
+        return LaunchPlan(
+            cluster=cluster, nodes=nodes, python=site.python, code_dir=site.code_dir, facts=facts, **plan_args
+        )
     except ValueError as e:
         raise TaskError(str(e)) from None
 

@@ -77,16 +77,25 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
         if record.current is None and not session.unreachable and all(job == ("-", "-") for job in jobs.values()):
             known = ", ".join(sorted(read_cluster_runs(cluster))) or "none yet"
-            raise TaskError(f"no run {run!r} on the nodes or in this machine's record (runs recorded here: "
-                            f"{known}): pick one with --run, or start it with `fab train --run {run}`")
+            raise TaskError(
+                f"no run {run!r} on the nodes or in this machine's record (runs recorded here: "
+                f"{known}): pick one with --run, or start it with `fab train --run {run}`"
+            )
         for node in shown:
             if node.index in session.unreachable:
                 table.add_row(node.name, node.private_ip, "DOWN", "", "", "", "", session.unreachable[node.index])
                 continue
             r = session.report(node)
             ready = f"not ready ({', '.join(r.missing)})" if r.missing else "ready"
-            table.add_row(node.name, node.private_ip, ready, r.hostname, f"{r.python or '?'}/{r.torch or '-'}",
-                          "" if r.free_gb is None else str(r.free_gb), *jobs.get(node.index, ("-", "-")))
+            table.add_row(
+                node.name,
+                node.private_ip,
+                ready,
+                r.hostname,
+                f"{r.python or '?'}/{r.torch or '-'}",
+                "" if r.free_gb is None else str(r.free_gb),
+                *jobs.get(node.index, ("-", "-")),
+            )
         console.print(table)
         for line in idle_stop_lines(session):
             say(line)
@@ -118,24 +127,34 @@ def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
     try:
         return units_from_plan_json(result.stdout, session.cluster)
     except ValueError as e:
-        raise TaskError(f"runs/{run}/plan.json on {session.head.name}: {e}; was the run started by another "
-                        f"version of the launcher? its logs are in runs/{run}/logs/ on each node") from None
+        raise TaskError(
+            f"runs/{run}/plan.json on {session.head.name}: {e}; was the run started by another "
+            f"version of the launcher? its logs are in runs/{run}/logs/ on each node"
+        ) from None
 
 
-def logs(cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50,
-         follow: bool = False) -> None:
+def logs(
+    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+) -> None:
     cluster = resolve_cluster(cluster_spec, None)
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         launcher, units = read_plan(session, run)
         if rank is not None:
             chosen = [u for u in units if u.rank == rank]
             if not chosen:
-                raise TaskError(f"run {run!r} has no log for rank {rank} ({launcher} launcher; "
-                                f"its logs: {', '.join(u.name for u in units)})")
+                raise TaskError(
+                    f"run {run!r} has no log for rank {rank} ({launcher} launcher; "
+                    f"its logs: {', '.join(u.name for u in units)})"
+                )
             units = chosen
         session.connect([u.node for u in units])
-        threads = follow_units(units, session.shells, lambda u, s: log_command(s.root, run, u.name, lines, follow),
-                               lambda u, line: out_line(u.label(line)), lambda u, e: out_line(f"{u.prefix} {e}"))
+        threads = follow_units(
+            units,
+            session.shells,
+            lambda u, s: log_command(s.root, run, u.name, lines, follow),
+            lambda u, line: out_line(u.label(line)),
+            lambda u, e: out_line(f"{u.prefix} {e}"),
+        )
         try:
             for t in threads:
                 while t.is_alive():

@@ -87,7 +87,7 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool) -> str
             f"if [ -s {log} ]; then mv {log} logs/{unit}.previous.log; fi",
             f": > {log}",
             f"setsid sh -c 'date +%s.%N > {unit}.started; sh ./{unit}.sh >> {log} 2>&1; "
-            f"echo \"$? $(date +%s.%N)\" > {unit}.exit' "
+            f'echo "$? $(date +%s.%N)" > {unit}.exit\' '
             "< /dev/null > /dev/null 2>&1 &",
             f"nc_record {unit} $!; echo $! > {unit}.pid",
             f'echo "{unit} $!"',
@@ -147,7 +147,7 @@ def alive_command(root: str, run: str) -> str:
     directory = run_dir(root, run)
     reasons = " ".join(f'{state}) echo "$u {why}";;' for state, why in LOST_REASONS.items())
     return with_identity(
-        f"cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f \"$f\" ] || continue; u=${{f%.pid}}; "
+        f'cd {directory} 2>/dev/null || exit 0; for f in *.pid; do [ -f "$f" ] || continue; u=${{f%.pid}}; '
         'if nc_running "$u"; then echo "$u running"; '
         'elif [ -f "$u.exit" ]; then echo "$u exited $(cut -d" " -f1 "$u.exit")"; '
         'elif [ -f "$u.stopped" ]; then echo "$u stopped"; '
@@ -200,12 +200,15 @@ def with_identity(command: str) -> str:
 
 def stop_units(session: Session, run: str) -> None:
     """Stop the run's units on every machine; a node that cannot be reached is reported, not fatal."""
+
     def one(node: Node, shell: Shell) -> None:
         try:
             result = shell.run(stop_command(shell.root, run), timeout=STOP_GRACE_S + 20)
         except NodeError as e:
-            out_line(f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
-                     "collective_timeout_s, or run `fab stop` once the node is back")
+            out_line(
+                f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
+                "collective_timeout_s, or run `fab stop` once the node is back"
+            )
             return
         if result.stdout.strip():
             out_line(f"[stop {node.name}] {result.stdout.strip()}")

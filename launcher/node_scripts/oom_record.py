@@ -59,7 +59,7 @@ def killed(since: float, until: float, path: str) -> list[list[int | str | float
             continue
         rest = message.split(MARKER, 1)[1]
         pid, _, tail = rest.partition(" ")
-        command = tail[1:tail.find(")")] if tail.startswith("(") else ""
+        command = tail[1 : tail.find(")")] if tail.startswith("(") else ""
         if pid.isdigit():
             out.append([int(pid), command, round(at, 3)])
     return out

@@ -1,7 +1,7 @@
 """Rendezvous port check between nodes, standard library only.
 
-    python - listen IP PORT COUNT TIMEOUT < port_check.py   # prints "listening", then one line per peer
-    python - connect IP PORT TIMEOUT < port_check.py        # exit 0 when the head accepted us
+python - listen IP PORT COUNT TIMEOUT < port_check.py   # prints "listening", then one line per peer
+python - connect IP PORT TIMEOUT < port_check.py        # exit 0 when the head accepted us
 """
 
 import socket

@@ -157,25 +157,29 @@ def main() -> None:
     disk = os.statvfs(root if os.path.isdir(root) else os.path.expanduser("~"))
     # `ip -o -4 addr show to IP` prints "2: eth0    inet IP/24 ...": the interface is the second field.
     fields = ip_line.split()
-    print(repr({
-        "hostname": os.uname().nodename,
-        "python": ".".join(map(str, sys.version_info[:3])),
-        "python_path": sys.executable,
-        "missing": [m for m in NEEDED if importlib.util.find_spec(m) is None],
-        "torch": version("torch"),
-        "accelerate": version("accelerate"),
-        "ccl": importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None,
-        "cores": physical_cores(),
-        "free_gb": round(disk.f_bavail * disk.f_frsize / 1e9, 1),
-        "interface": fields[1].split("@")[0] if len(fields) > 1 else "",
-        "allocator": allocator(),
-        "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
-        "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
-        "boot_time": boot_time(),
-        "mem_total_gb": round((meminfo_kb("MemTotal") or 0) * 1024 / 1e9, 2) or None,
-        "mem_available_gb": memory_available_gb(),
-        "oom_kills": oom_kills(),
-    }))
+    print(
+        repr(
+            {
+                "hostname": os.uname().nodename,
+                "python": ".".join(map(str, sys.version_info[:3])),
+                "python_path": sys.executable,
+                "missing": [m for m in NEEDED if importlib.util.find_spec(m) is None],
+                "torch": version("torch"),
+                "accelerate": version("accelerate"),
+                "ccl": importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None,
+                "cores": physical_cores(),
+                "free_gb": round(disk.f_bavail * disk.f_frsize / 1e9, 1),
+                "interface": fields[1].split("@")[0] if len(fields) > 1 else "",
+                "allocator": allocator(),
+                "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
+                "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
+                "boot_time": boot_time(),
+                "mem_total_gb": round((meminfo_kb("MemTotal") or 0) * 1024 / 1e9, 2) or None,
+                "mem_available_gb": memory_available_gb(),
+                "oom_kills": oom_kills(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,14 @@ REVIVE_LOG = "recover.log"
 class NodeRecovery:
     """Owns the run's session across attempts: each recovery opens a fresh one."""
 
-    def __init__(self, session: Session, run: str, options: RecoverOptions, resolve: Callable[[], Cluster],
-                 revive: Callable[..., bool] = revive):
+    def __init__(
+        self,
+        session: Session,
+        run: str,
+        options: RecoverOptions,
+        resolve: Callable[[], Cluster],
+        revive: Callable[..., bool] = revive,
+    ):
         self.session, self.run_name, self.options = session, run, options
         self.resolve, self.revive = resolve, revive
         self.overrides: tuple[str, ...] = ()
@@ -76,8 +82,10 @@ class NodeRecovery:
             return ()
         names = ", ".join(n.name for n in lost)
         stop_units(self.session, self.run_name)
-        say(f"lost: {names} ({self.session.unreachable[lost[0].index]}); the ranks on the nodes that answer "
-            f"are stopped; waiting up to {options.recover_timeout_s:g} s (--recover-timeout) for {names}")
+        say(
+            f"lost: {names} ({self.session.unreachable[lost[0].index]}); the ranks on the nodes that answer "
+            f"are stopped; waiting up to {options.recover_timeout_s:g} s (--recover-timeout) for {names}"
+        )
         log = RunRecord.of(cluster, self.run_name).made() / REVIVE_LOG
         if self.revive(cluster, lost, log, timeout_s=options.recover_timeout_s):
             cluster = self.resolve()  # a node brought back may have a new address
@@ -89,9 +97,11 @@ class NodeRecovery:
         dropped = tuple(n for n in nodes if n not in kept)
         if dropped:
             self.overrides = (KEEP_GLOBAL_BATCH,)
-            say(f"continuing on {len(kept)} node(s) without {', '.join(n.name for n in dropped)} "
+            say(
+                f"continuing on {len(kept)} node(s) without {', '.join(n.name for n in dropped)} "
                 f"(--min-nodes {options.min_nodes}): {KEEP_GLOBAL_BATCH} raises gradient accumulation so the "
-                "tokens per optimizer step stay the same")
+                "tokens per optimizer step stay the same"
+            )
         self.session = self.session.reopen(cluster, kept)
         stop_units(self.session, self.run_name)  # a node that came back may still run its old ranks
         return dropped
@@ -113,10 +123,16 @@ class WaitOutcome:
     """Node index -> the last reason it did not answer, for each node that did not within the timeout."""
 
 
-def wait_for_nodes(lost: Sequence[Node], answers: Callable[[Node], str | None], timeout_s: float,
-                   say: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep, poll_s: float = POLL_EVERY_S,
-                   progress_s: float = PROGRESS_EVERY_S) -> WaitOutcome:
+def wait_for_nodes(
+    lost: Sequence[Node],
+    answers: Callable[[Node], str | None],
+    timeout_s: float,
+    say: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = POLL_EVERY_S,
+    progress_s: float = PROGRESS_EVERY_S,
+) -> WaitOutcome:
     """Poll answers(node) (None: it answers; else why not) for every lost node until all answer or
     timeout_s has passed (each node is asked at least once); a progress line every progress_s."""
     started = clock()
@@ -140,8 +156,10 @@ def wait_for_nodes(lost: Sequence[Node], answers: Callable[[Node], str | None], 
             next_progress = now + progress_s
             names = ", ".join(node.name for node in pending.values())
             last = why[next(iter(pending))]
-            say(f"waiting for {names} to answer SSH: {now - started:.0f} s of {timeout_s:.0f} s "
-                f"(--recover-timeout); last: {last}")
+            say(
+                f"waiting for {names} to answer SSH: {now - started:.0f} s of {timeout_s:.0f} s "
+                f"(--recover-timeout); last: {last}"
+            )
         sleep(max(0.0, min(poll_s, timeout_s - (now - started))))
     outcome.still_lost = {index: why[index] for index in pending}
     return outcome

@@ -65,6 +65,9 @@ def find_oom_kill(session: Session, failure: FirstFailure | None) -> OomKill | N
     before = session.reports[node.index].oom_kills if node.index in session.reports else None
     now = found.get("oom_kills")
     if not found.get("readable") and before is not None and now is not None and now > before:
-        return OomKill(node.name, f"the kernel counted {now - before} OOM kill(s) since the launch "
-                                  "(/proc/vmstat; its log is not readable here)")
+        return OomKill(
+            node.name,
+            f"the kernel counted {now - before} OOM kill(s) since the launch "
+            "(/proc/vmstat; its log is not readable here)",
+        )
     return None

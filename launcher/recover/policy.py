@@ -62,12 +62,14 @@ class RecoverOptions:
         if not self.recover_timeout_s > 0:
             raise TaskError(f"--recover-timeout must be a number of seconds > 0, got {self.recover_timeout_s:g}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= nodes:
-            raise TaskError(f"--min-nodes must be between 1 and the run's {nodes} node(s) (--nodes), "
-                            f"got {self.min_nodes}")
+            raise TaskError(
+                f"--min-nodes must be between 1 and the run's {nodes} node(s) (--nodes), got {self.min_nodes}"
+            )
 
 
-def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callable[[str], None],
-                  oom: OomKill | None = None) -> str | None:
+def restart_cause(
+    error: RunFailed, attempt: int, max_restarts: int, say: Callable[[str], None], oom: OomKill | None = None
+) -> str | None:
     """The cause to log and record when restart number attempt + 1 is due; None when the run ends here.
     An operator's interrupt (no first failure) is never retried; a program error is named as such;
     an OOM kill (oom) ends the run whatever --min-nodes says (the caller reports it)."""
@@ -83,8 +85,9 @@ def restart_cause(error: RunFailed, attempt: int, max_restarts: int, say: Callab
     return verdict.cause
 
 
-def nodes_to_resume_on(nodes: Sequence[Node], still_lost: dict[int, str], min_nodes: int | None,
-                       timeout_s: float) -> tuple[Node, ...]:
+def nodes_to_resume_on(
+    nodes: Sequence[Node], still_lost: dict[int, str], min_nodes: int | None, timeout_s: float
+) -> tuple[Node, ...]:
     """The nodes the run resumes on once the wait for lost nodes is over: every node when none is
     still lost; the ones that answer when --min-nodes allows it; otherwise a TaskError naming the
     lost node(s), the timeout and what to do. The head cannot be left out: it is rank 0's node and
@@ -98,11 +101,15 @@ def nodes_to_resume_on(nodes: Sequence[Node], still_lost: dict[int, str], min_no
     gone = f"{names} did not answer SSH within --recover-timeout {timeout_s:g} s (last: {reasons})"
     fix = "check the VM (is it running?), run `pulumi up --refresh` on its stack, then rerun the same fab train"
     if nodes[0].index in still_lost:
-        raise TaskError(f"{gone}; the head {nodes[0].name} cannot be left out (rank 0, and the way to every "
-                        f"worker): {fix} (it resumes from the snapshot)")
+        raise TaskError(
+            f"{gone}; the head {nodes[0].name} cannot be left out (rank 0, and the way to every "
+            f"worker): {fix} (it resumes from the snapshot)"
+        )
     if min_nodes is None:
-        raise TaskError(f"{gone}: {fix} (it resumes from the snapshot), or rerun with --min-nodes "
-                        f"{len(answering)} to go on without {'them' if len(lost) > 1 else 'it'}")
+        raise TaskError(
+            f"{gone}: {fix} (it resumes from the snapshot), or rerun with --min-nodes "
+            f"{len(answering)} to go on without {'them' if len(lost) > 1 else 'it'}"
+        )
     if len(answering) < min_nodes:
         raise TaskError(f"{gone}, and only {len(answering)} node(s) answer, fewer than --min-nodes {min_nodes}: {fix}")
     return answering
@@ -121,18 +128,23 @@ def signal_name(code: int) -> str:
         return f"signal {code - 128}"
 
 
-OOM_WAYS_OUT = ("fewer ranks per machine (--nodes), a smaller micro-batch or context (--set batch_size=N, "
-                "--set block_size=N), zero_stage=1 on several machines, or machines with more memory")
+OOM_WAYS_OUT = (
+    "fewer ranks per machine (--nodes), a smaller micro-batch or context (--set batch_size=N, "
+    "--set block_size=N), zero_stage=1 on several machines, or machines with more memory"
+)
 """What a run that ran out of memory can change; the same for a run refused before launch (launcher.launch.fit)."""
 
 
 def oom_line(failure: FirstFailure, oom: OomKill) -> str:
-    """"out of memory on NODE (rank R): what the node recorded ..." with the ways out."""
+    """ "out of memory on NODE (rank R): what the node recorded ..." with the ways out."""
     who = failure.unit.removesuffix(f" {oom.node}")
     exit_text = f"exit {failure.code}" if failure.code is not None else "no exit record"
-    return (f"out of memory on {oom.node}" + (f" ({who})" if who != oom.node else "")
-            + f": {oom.detail} ({exit_text}); not retried at the same size, which would run out again: "
-            + OOM_WAYS_OUT)
+    return (
+        f"out of memory on {oom.node}"
+        + (f" ({who})" if who != oom.node else "")
+        + f": {oom.detail} ({exit_text}); not retried at the same size, which would run out again: "
+        + OOM_WAYS_OUT
+    )
 
 
 def classify(failure: FirstFailure) -> Verdict:

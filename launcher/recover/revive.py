@@ -39,16 +39,24 @@ INTERRUPTED_UPDATES = "https://www.pulumi.com/docs/iac/troubleshooting/common-is
 # preview run (one program run instead of two), --non-interactive never prompts (stdin is closed
 # anyway), --suppress-progress and --color never keep the log plain text, --suppress-outputs keeps
 # the stack outputs (the contract, read again by the caller with --show-secrets) out of the log.
-UP_FLAGS = ("--refresh", "--yes", "--skip-preview", "--non-interactive", "--suppress-progress",
-            "--suppress-outputs", "--color", "never")
+UP_FLAGS = (
+    "--refresh",
+    "--yes",
+    "--skip-preview",
+    "--non-interactive",
+    "--suppress-progress",
+    "--suppress-outputs",
+    "--color",
+    "never",
+)
 
 
 NOT_STARTED_BY_UP = {
     # azure-native's VirtualMachine has no power-state input: a spot VM evicted with the Deallocate
     # policy (infra/azure.py) stays deallocated through `pulumi up --refresh`. Its name is the node's.
     "azure": "a deallocated Azure spot VM is not started by `pulumi up`: "
-             "`az vm start --ids $(az vm list --query \"[?name=='{node}'].id\" -o tsv)` for each; "
-             "the launcher takes it back while it waits",
+    "`az vm start --ids $(az vm list --query \"[?name=='{node}'].id\" -o tsv)` for each; "
+    "the launcher takes it back while it waits",
 }
 """What the operator still has to do on a cloud where `pulumi up` does not start a stopped VM
 (docs/recovery.md#bringing-a-preempted-node-back); {node} is a lost node's name."""
@@ -71,15 +79,19 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
     command = up_command(stack)
     shown = shlex.join(command)
     if not shutil.which("pulumi"):
-        say(f"cannot bring {names} back: the Pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/); "
-            f"waiting for the node(s) to answer again")
+        say(
+            f"cannot bring {names} back: the Pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/); "
+            f"waiting for the node(s) to answer again"
+        )
         return False
     log.parent.mkdir(parents=True, exist_ok=True)
     say(f"bringing {names} back: `{shown}` in {stack.project_dir} (output in {log})")
     started = time.monotonic()
     with log.open("a") as out:
-        out.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} lost: {names}\n"
-                  f"===== in {stack.project_dir}: {shown}\n")
+        out.write(
+            f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} lost: {names}\n"
+            f"===== in {stack.project_dir}: {shown}\n"
+        )
         out.flush()
         code, ended = run_bounded(command, stack.project_dir, out, min(timeout_s, UP_TIMEOUT_S))
         took = time.monotonic() - started
@@ -89,8 +101,10 @@ def revive(cluster: Cluster, lost: Sequence[Node], log: Path, timeout_s: float =
         if cluster.cloud in NOT_STARTED_BY_UP:
             say("note: " + NOT_STARTED_BY_UP[cluster.cloud].format(node=lost[0].name if lost else "NODE"))
         return True
-    say(f"`pulumi up --refresh` {ended} after {took:.0f} s: see {log}; "
-        f"waiting for {names} to answer until the recover timeout")
+    say(
+        f"`pulumi up --refresh` {ended} after {took:.0f} s: see {log}; "
+        f"waiting for {names} to answer until the recover timeout"
+    )
     return False
 
 
@@ -98,8 +112,9 @@ def run_bounded(command: list[str], cwd: Path, out: TextIO, timeout_s: float) ->
     """Run the command with its output into `out`, bounded by timeout_s (then SIGINT, then SIGKILL
     CANCEL_GRACE_S later). Returns (exit code or None, how it ended in words)."""
     try:
-        proc = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     except OSError as e:
         out.write(f"could not start: {e}\n")
         return None, f"could not start ({e.strerror or e})"
@@ -117,5 +132,7 @@ def run_bounded(command: list[str], cwd: Path, out: TextIO, timeout_s: float) ->
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return None, (f"timed out after {timeout_s:.0f} s and was killed; the stack may hold pending "
-                      f"operations ({INTERRUPTED_UPDATES})")
+        return None, (
+            f"timed out after {timeout_s:.0f} s and was killed; the stack may hold pending "
+            f"operations ({INTERRUPTED_UPDATES})"
+        )

@@ -52,7 +52,7 @@ NOT_FINGERPRINTED = ("max_iters", "budget_usd", "budget_usd_per_hour", "budget_c
 def spent_before(earlier: list[Attempt]) -> float:
     """What the attempts since the run last finished spent: the work a rerun continues."""
     finished = [i for i, a in enumerate(earlier) if (a.end or {}).get("outcome") == "finished"]
-    return sum((a.spent_usd() for a in earlier[finished[-1] + 1 if finished else 0:]), 0.0)
+    return sum((a.spent_usd() for a in earlier[finished[-1] + 1 if finished else 0 :]), 0.0)
 
 
 def stop_iter(records: list[dict[str, Any]]) -> int | None:
@@ -86,8 +86,9 @@ def resume_iter(records: list[dict[str, Any]]) -> int:
     """The iteration the run's newest snapshot holds, as far as the operator's record tells: an eval
     (each writes one) or a budget stop. A preemption's snapshot is not in it: then this runs low."""
     kept = one_series(records)
-    return max([r["iter"] for r in kept if r.get("kind") == "stop" or (r.get("kind") == "eval" and r["iter"] > 0)],
-               default=0)
+    return max(
+        [r["iter"] for r in kept if r.get("kind") == "stop" or (r.get("kind") == "eval" and r["iter"] > 0)], default=0
+    )
 
 
 # --- the config a step time belongs to -----------------------------------------------------------
@@ -157,8 +158,10 @@ class Rate:
         pace = f"{iterations} x {self.s_per_iter:.3g} s per iteration all in (evals, snapshots and start-up)"
         if self.overhead_s is None or not self.step_s:
             return pace
-        return (f"the larger of {pace} and {self.overhead_s:.0f} s of start-up, evals and exit + {iterations} x "
-                f"{self.step_s:.3g} s steps")
+        return (
+            f"the larger of {pace} and {self.overhead_s:.0f} s of start-up, evals and exit + {iterations} x "
+            f"{self.step_s:.3g} s steps"
+        )
 
 
 def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | None) -> Rate | None:
@@ -171,8 +174,9 @@ def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | N
         for a in cluster_runs[name].attempts if name in cluster_runs else ():
             end = a.end or {}
             if a.launch.get("config_fingerprint") == fingerprint and end.get("s_per_iter"):
-                found.append(Rate(end["s_per_iter"], source, name, end["time"], end.get("overhead_s"),
-                                  end.get("step_s")))
+                found.append(
+                    Rate(end["s_per_iter"], source, name, end["time"], end.get("overhead_s"), end.get("step_s"))
+                )
         return found
 
     own = rates(run, "measured")
@@ -191,8 +195,12 @@ class BudgetPlan:
     spent_before_usd: float
 
     def overrides(self, clock_start: float) -> tuple[str, ...]:
-        return (f"budget_usd={self.usd!r}", f"budget_usd_per_hour={self.usd_per_hour!r}",
-                f"budget_clock_start={clock_start!r}", f"budget_spent_usd={self.spent_before_usd!r}")
+        return (
+            f"budget_usd={self.usd!r}",
+            f"budget_usd_per_hour={self.usd_per_hour!r}",
+            f"budget_clock_start={clock_start!r}",
+            f"budget_spent_usd={self.spent_before_usd!r}",
+        )
 
     def launch_fields(self) -> dict[str, Any]:
         return {"budget_usd": self.usd, "budget_spent_before_usd": round(self.spent_before_usd, 6)}
@@ -203,18 +211,29 @@ def check_budget_flag(usd: float, cluster: Cluster) -> float:
     if not usd > 0:
         raise TaskError(f"--budget must be a number of US dollars > 0, got {usd:g}")
     if cluster.hourly_cost_usd is None and cluster.is_local:
-        raise TaskError("--budget needs the cluster's price per hour, and the local cluster (this machine) has none: "
-                        "limit the run with --set max_iters=N instead, or run it on a priced cluster (--cluster "
-                        "stack, or a contract JSON with hourly_cost_usd)")
+        raise TaskError(
+            "--budget needs the cluster's price per hour, and the local cluster (this machine) has none: "
+            "limit the run with --set max_iters=N instead, or run it on a priced cluster (--cluster "
+            "stack, or a contract JSON with hourly_cost_usd)"
+        )
     if cluster.hourly_cost_usd is None:
-        raise TaskError(f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
-                        "\"hourly_cost_usd\": <USD per hour for the whole cluster> to the contract JSON (a stack "
-                        "exports it from infra/prices.py), or run without --budget")
+        raise TaskError(
+            f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
+            '"hourly_cost_usd": <USD per hour for the whole cluster> to the contract JSON (a stack '
+            "exports it from infra/prices.py), or run without --budget"
+        )
     return cluster.hourly_cost_usd
 
 
-def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] | None, world_size: int,
-                cluster_runs: dict[str, RunRecord], say: Callable[[str], None]) -> BudgetPlan:
+def plan_budget(
+    usd: float,
+    cluster: Cluster,
+    run: str,
+    values: dict[str, Any] | None,
+    world_size: int,
+    cluster_runs: dict[str, RunRecord],
+    say: Callable[[str], None],
+) -> BudgetPlan:
     """Check the budget against what the run already spent and the estimate of what is left; print
     both; a TaskError (nothing started) when they exceed it. cluster_runs: every run's record on
     this cluster, by name (launcher.runs.record.read_cluster_runs)."""
@@ -224,26 +243,37 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     plan = BudgetPlan(usd, price, before)
     shown_price = price_text(price, cluster.price_is_spot, cluster.prices_as_of)
     if before:
-        say(f"budget ${usd:.2f}: ${before:.2f} already spent by this run's earlier attempts since it last "
-            "finished (they count against it)")
+        say(
+            f"budget ${usd:.2f}: ${before:.2f} already spent by this run's earlier attempts since it last "
+            "finished (they count against it)"
+        )
     if before >= usd:
-        raise TaskError(f"run {run} already spent ${before:.2f} of --budget ${usd:.2f}: raise --budget above "
-                        f"${before:.2f} to continue it (it resumes from its snapshot)")
+        raise TaskError(
+            f"run {run} already spent ${before:.2f} of --budget ${usd:.2f}: raise --budget above "
+            f"${before:.2f} to continue it (it resumes from its snapshot)"
+        )
     rate = find_rate(cluster_runs, run, config_fingerprint(values, world_size))
     max_iters = max_iters_of(values)
     if rate is None or max_iters is None:
-        say("no step time recorded for this config on this cluster: no estimate before launch; the trainer "
-            f"stops at the budget (${usd:.2f} at {shown_price})")
+        say(
+            "no step time recorded for this config on this cluster: no estimate before launch; the trainer "
+            f"stops at the budget (${usd:.2f} at {shown_price})"
+        )
         return plan
     start = resume_iter(cluster_runs[run].metrics()) if earlier else 0
     left = max(0, max_iters - start)
     seconds = rate.seconds(left)
     estimate = spend_usd(price, seconds)
-    origin = ("measured by this run's earlier attempt" if rate.source == "measured"
-              else f"recorded by run {rate.run} on this cluster with the same config and world size")
-    say(f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
+    origin = (
+        "measured by this run's earlier attempt"
+        if rate.source == "measured"
+        else f"recorded by run {rate.run} on this cluster with the same config and world size"
+    )
+    say(
+        f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
         f"at {shown_price}; {rate.describe(left)}; step time {origin} "
-        f"(ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)")
+        f"(ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)"
+    )
     total = before + estimate
     if total <= usd:
         return plan
@@ -253,9 +283,12 @@ def plan_budget(usd: float, cluster: Cluster, run: str, values: dict[str, Any] |
     if fits > start:
         ways.append(f"--set max_iters={fits} (fits the budget)")
     raise TaskError(
-        f"the run would cost about ${need:.2f}" + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
-        + f", over --budget ${usd:.2f}; nothing was started: " + ", or ".join(ways)
-        + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists")
+        f"the run would cost about ${need:.2f}"
+        + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
+        + f", over --budget ${usd:.2f}; nothing was started: "
+        + ", or ".join(ways)
+        + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists"
+    )
 
 
 # --- while it runs, and at the end -------------------------------------------------------------------
@@ -279,9 +312,11 @@ def progress_suffix(record: RunRecord) -> str:
 
 def stopped_line(run: str, spent: float, budget: float, iteration: int | None, max_iters: int | None) -> str:
     of = f" of max_iters {max_iters}" if max_iters else ""
-    return (f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
-            f"`fab train --run {run} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
-            f"from the snapshot at iteration {iteration}")
+    return (
+        f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
+        f"`fab train --run {run} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
+        f"from the snapshot at iteration {iteration}"
+    )
 
 
 def status_lines(record: RunRecord) -> list[str]:
@@ -293,8 +328,9 @@ def status_lines(record: RunRecord) -> list[str]:
     spent, budget = spend
     end = attempt.end
     if end is None:
-        return [f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that "
-                "would cross it)"]
+        return [
+            f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that would cross it)"
+        ]
     if end.get("outcome") == "budget":
         return [stopped_line(record.run, spent, budget, end.get("iter"), end.get("max_iters"))]
     return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
@@ -308,8 +344,14 @@ class Ending:
     fields: dict[str, Any]
 
 
-def ending(record: RunRecord, clock_start: float, ended_at: float, last_logged: int | None, stopped: bool,
-           plan: BudgetPlan | None) -> Ending:
+def ending(
+    record: RunRecord,
+    clock_start: float,
+    ended_at: float,
+    last_logged: int | None,
+    stopped: bool,
+    plan: BudgetPlan | None,
+) -> Ending:
     """The "end" event's fields of the record's latest attempt, which finished or stopped at its
     budget. ended_at: when its last rank exited; last_logged: the last train iteration the monitor saw."""
     since, _ = record.metrics_span(-1)
@@ -325,10 +367,14 @@ def ending(record: RunRecord, clock_start: float, ended_at: float, last_logged: 
             reached = last_logged + 1
     else:
         reached = max_iters
-    fields: dict[str, Any] = {"outcome": "budget" if stopped else "finished",
-                              "iter": reached if stopped else last_logged}
+    fields: dict[str, Any] = {
+        "outcome": "budget" if stopped else "finished",
+        "iter": reached if stopped else last_logged,
+    }
     fields |= attempt_figures(records, start, now - clock_start, reached)
     if plan is not None:
-        fields |= {"spent_usd": round(plan.spent_before_usd + spend_usd(plan.usd_per_hour, now - clock_start), 6),
-                   "budget_usd": plan.usd}
+        fields |= {
+            "spent_usd": round(plan.spent_before_usd + spend_usd(plan.usd_per_hour, now - clock_start), 6),
+            "budget_usd": plan.usd,
+        }
     return Ending(stopped, fields)

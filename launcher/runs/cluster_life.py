@@ -53,11 +53,18 @@ def record_sighting(session: Sighting, now: float | None = None) -> None:
     cluster = session.cluster
     if cluster.is_local:
         return
-    boots = {n.name: report.boot_time for n in session.nodes
-             if (report := session.reports.get(n.index)) is not None and report.boot_time}
-    line = {"time": time.time() if now is None else now, "cloud": cluster.cloud,
-            "nodes": [n.name for n in session.nodes], "boot_times": boots,
-            "hourly_cost_usd": cluster.hourly_cost_usd}
+    boots = {
+        n.name: report.boot_time
+        for n in session.nodes
+        if (report := session.reports.get(n.index)) is not None and report.boot_time
+    }
+    line = {
+        "time": time.time() if now is None else now,
+        "cloud": cluster.cloud,
+        "nodes": [n.name for n in session.nodes],
+        "boot_times": boots,
+        "hourly_cost_usd": cluster.hourly_cost_usd,
+    }
     with contextlib.suppress(OSError):
         directory = cluster_dir(cluster)
         directory.mkdir(parents=True, exist_ok=True)
@@ -67,8 +74,10 @@ def record_sighting(session: Sighting, now: float | None = None) -> None:
 
 def read_sightings(directory: Path) -> list[dict[str, Any]]:
     """A cluster directory's sightings, oldest first (none when no fab task recorded one)."""
-    return sorted((s for s in read_jsonl(directory / CLUSTER_RECORD_NAME) if isinstance(s.get("time"), int | float)),
-                  key=lambda s: s["time"])
+    return sorted(
+        (s for s in read_jsonl(directory / CLUSTER_RECORD_NAME) if isinstance(s.get("time"), int | float)),
+        key=lambda s: s["time"],
+    )
 
 
 def node_lives(sightings: list[dict[str, Any]]) -> list[Interval]:
@@ -140,7 +149,9 @@ class ClusterLife:
         return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.idle_s)
 
 
-def cluster_life(sightings: list[dict[str, Any]], runs: list[Interval], since: float | None = None) -> ClusterLife | None:
+def cluster_life(
+    sightings: list[dict[str, Any]], runs: list[Interval], since: float | None = None
+) -> ClusterLife | None:
     """The life from the sightings and the run intervals (from `since` on); None without a sighting:
     a cluster only its runs know of (the local cluster, records older than cluster.jsonl) has no
     known idle time."""
@@ -151,7 +162,13 @@ def cluster_life(sightings: list[dict[str, Any]], runs: list[Interval], since: f
     everything = lives + runs
     first = min(a for a, _ in everything)
     booted = sightings[0].get("cloud") in BOOT_BILLED_CLOUDS and any(
-        first == boot for s in sightings for boot in (s.get("boot_times") or {}).values())
-    return ClusterLife(first=first, starts_at_boot=booted, last_seen=max(b for _, b in everything),
-                       up_s=union_s(everything), busy_s=union_s(runs),
-                       hourly_cost_usd=sightings[-1].get("hourly_cost_usd"))
+        first == boot for s in sightings for boot in (s.get("boot_times") or {}).values()
+    )
+    return ClusterLife(
+        first=first,
+        starts_at_boot=booted,
+        last_seen=max(b for _, b in everything),
+        up_s=union_s(everything),
+        busy_s=union_s(runs),
+        hourly_cost_usd=sightings[-1].get("hourly_cost_usd"),
+    )

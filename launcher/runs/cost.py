@@ -50,7 +50,7 @@ def money(usd: float | None) -> str:
 
 
 def row_price(row: LedgerRow) -> str:
-    """"$2.40/h spot, prices of 2026-11-23": the price with its kind and date where the launch recorded them."""
+    """ "$2.40/h spot, prices of 2026-11-23": the price with its kind and date where the launch recorded them."""
     if row.hourly_cost_usd is None:
         return NO_PRICE
     return price_text(row.hourly_cost_usd, row.spot, row.prices_as_of)
@@ -69,7 +69,9 @@ def cost_with_unpriced(totals: Totals) -> str:
     return money(totals.cost_usd) + unpriced
 
 
-def cluster_rows(rows: list[LedgerRow], every_row: list[LedgerRow], names: list[str], since: float | None) -> list[ClusterRow]:
+def cluster_rows(
+    rows: list[LedgerRow], every_row: list[LedgerRow], names: list[str], since: float | None
+) -> list[ClusterRow]:
     """Per cluster: the totals of its rows shown, and its life from every run (clipped to since)."""
     result = []
     for name in names:
@@ -81,14 +83,35 @@ def cluster_rows(rows: list[LedgerRow], every_row: list[LedgerRow], names: list[
 
 def runs_table(rows: list[LedgerRow]) -> Table:
     table = Table(title="runs (one row per launch)")
-    for col in ("cluster", "run", "started (UTC)", "ended (UTC)", "machines", "node-h", "price", "cost",
-                "tokens", "$/M tokens", "outcome"):
+    for col in (
+        "cluster",
+        "run",
+        "started (UTC)",
+        "ended (UTC)",
+        "machines",
+        "node-h",
+        "price",
+        "cost",
+        "tokens",
+        "$/M tokens",
+        "outcome",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows:
         restarts = f", {r.restarts} restart(s)" if r.restarts else ""
-        table.add_row(r.cluster, r.run, when(r.started), when(r.ended), str(r.machines), f"{r.node_hours:.3f}",
-                      row_price(r), money(r.cost_usd), tokens_text(r.tokens), per_million_text(r.usd_per_million_tokens),
-                      r.outcome + restarts)
+        table.add_row(
+            r.cluster,
+            r.run,
+            when(r.started),
+            when(r.ended),
+            str(r.machines),
+            f"{r.node_hours:.3f}",
+            row_price(r),
+            money(r.cost_usd),
+            tokens_text(r.tokens),
+            per_million_text(r.usd_per_million_tokens),
+            r.outcome + restarts,
+        )
     return table
 
 
@@ -108,25 +131,60 @@ def clusters_table(clusters: list[ClusterRow], total: Totals) -> Table:
         table.add_column(col, overflow="fold")
     for c in clusters:
         t = c.totals
-        table.add_row(c.name, str(t.runs), f"{t.node_hours:.3f}", cost_with_unpriced(t), tokens_text(t.tokens),
-                      per_million_text(t.usd_per_million_tokens), *life_cells(c.life))
+        table.add_row(
+            c.name,
+            str(t.runs),
+            f"{t.node_hours:.3f}",
+            cost_with_unpriced(t),
+            tokens_text(t.tokens),
+            per_million_text(t.usd_per_million_tokens),
+            *life_cells(c.life),
+        )
     table.add_section()
-    table.add_row("total", str(total.runs), f"{total.node_hours:.3f}", cost_with_unpriced(total),
-                  tokens_text(total.tokens), per_million_text(total.usd_per_million_tokens), "", "", "")
+    table.add_row(
+        "total",
+        str(total.runs),
+        f"{total.node_hours:.3f}",
+        cost_with_unpriced(total),
+        tokens_text(total.tokens),
+        per_million_text(total.usd_per_million_tokens),
+        "",
+        "",
+        "",
+    )
     return table
 
 
 def row_json(r: LedgerRow) -> dict:
-    return dict(cluster=r.cluster, run=r.run, started=r.started, ended=r.ended, end_recorded=r.end_recorded,
-                outcome=r.outcome, restarts=r.restarts, machines=r.machines, world_size=r.world_size,
-                hours=r.hours, node_hours=r.node_hours, hourly_cost_usd=r.hourly_cost_usd,
-                prices_as_of=r.prices_as_of, spot=r.spot, cost_usd=r.cost_usd, steps=r.steps, tokens=r.tokens,
-                usd_per_million_tokens=r.usd_per_million_tokens)
+    return dict(
+        cluster=r.cluster,
+        run=r.run,
+        started=r.started,
+        ended=r.ended,
+        end_recorded=r.end_recorded,
+        outcome=r.outcome,
+        restarts=r.restarts,
+        machines=r.machines,
+        world_size=r.world_size,
+        hours=r.hours,
+        node_hours=r.node_hours,
+        hourly_cost_usd=r.hourly_cost_usd,
+        prices_as_of=r.prices_as_of,
+        spot=r.spot,
+        cost_usd=r.cost_usd,
+        steps=r.steps,
+        tokens=r.tokens,
+        usd_per_million_tokens=r.usd_per_million_tokens,
+    )
 
 
 def cluster_json(c: ClusterRow) -> dict:
-    life = None if c.life is None else asdict(c.life) | dict(
-        idle_s=c.life.idle_s, idle_share=c.life.idle_share, idle_cost_usd=c.life.idle_cost_usd)
+    life = (
+        None
+        if c.life is None
+        else asdict(c.life)
+        | dict(idle_s=c.life.idle_s, idle_share=c.life.idle_share, idle_cost_usd=c.life.idle_cost_usd)
+    )
     return dict(cluster=c.name, **asdict(c.totals), life=life)
 
 
@@ -135,8 +193,10 @@ def check_cluster(cluster: str | None) -> None:
     root = clusters_root()
     if cluster is not None and not (root / check_name(cluster, "--cluster")).is_dir():
         known = sorted(p.name for p in root.glob("*") if p.is_dir()) if root.is_dir() else []
-        raise TaskError(f"--cluster {cluster}: no records of that cluster in {root}"
-                        + (f"; clusters with records: {', '.join(known)}" if known else ""))
+        raise TaskError(
+            f"--cluster {cluster}: no records of that cluster in {root}"
+            + (f"; clusters with records: {', '.join(known)}" if known else "")
+        )
 
 
 def no_runs(cluster: str | None, since: float | None, every_row: list[LedgerRow]) -> str:
@@ -157,8 +217,17 @@ def cost(cluster: str | None = None, since: str | None = None, as_json: bool = F
     clusters = cluster_rows(rows, every_row, sorted({r.cluster for r in every_row} | sighted), start)
     total = Totals.of(rows)
     if as_json:
-        out_line(json.dumps({"since": start, "runs": [row_json(r) for r in rows],
-                             "clusters": [cluster_json(c) for c in clusters], "total": asdict(total)}, indent=1))
+        out_line(
+            json.dumps(
+                {
+                    "since": start,
+                    "runs": [row_json(r) for r in rows],
+                    "clusters": [cluster_json(c) for c in clusters],
+                    "total": asdict(total),
+                },
+                indent=1,
+            )
+        )
         return 0
     if rows:
         console.print(runs_table(rows))
@@ -167,8 +236,10 @@ def cost(cluster: str | None = None, since: str | None = None, as_json: bool = F
     if not rows and not any(c.life for c in clusters):
         return 0
     console.print(clusters_table(clusters, total))
-    say("cost: each launch's recorded interval x the contract's hourly price (the whole cluster); node-h: "
+    say(
+        "cost: each launch's recorded interval x the contract's hourly price (the whole cluster); node-h: "
         "machines x hours. tokens: optimizer steps that ran x tokens per step, steps redone after a restart "
         "counted again (they were paid for). known up: from a node's boot to the last time a fab task or run saw "
-        f"the cluster; idle: known up with no run. {LEFT_OUT}.")
+        f"the cluster; idle: known up with no run. {LEFT_OUT}."
+    )
     return 0

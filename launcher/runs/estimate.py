@@ -133,7 +133,7 @@ def duration(seconds: float) -> str:
 
 
 def cost_text(clock: RunClock) -> str:
-    """"$0.42 (0.53 node-h at $2.40/h spot, prices of 2026-11-23)", or the node-hours and NO_PRICE."""
+    """ "$0.42 (0.53 node-h at $2.40/h spot, prices of 2026-11-23)", or the node-hours and NO_PRICE."""
     if clock.cost_usd is None or clock.hourly_cost_usd is None:
         return f"{clock.node_hours:.2f} node-h, {NO_PRICE}"
     price = price_text(clock.hourly_cost_usd, clock.price_is_spot, clock.prices_as_of)
@@ -144,7 +144,8 @@ def clock_lines(clock: RunClock) -> list[str]:
     """What `fab status` says of the run's time and money."""
     if clock.finished:
         time_line = f"elapsed {duration(clock.elapsed_s)}" + (
-            " (finished)" if clock.ended in ("", "finished") else f"; {clock.ended}")
+            " (finished)" if clock.ended in ("", "finished") else f"; {clock.ended}"
+        )
         cost_line = f"cost: {cost_text(clock)}"
     else:
         eta = "unknown until a step is logged" if clock.eta_s is None else duration(clock.eta_s)
@@ -190,6 +191,8 @@ def already_finished(record: RunRecord, max_iters: int | None) -> str | None:
     done = read_series(record.directory).max_iters
     if done is None or max_iters > done:
         return None
-    return (f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
-            f"its model: fab sample --run {record.run}, fab fetch --run {record.run}; to train further rerun with "
-            f"--set max_iters=N (N > {done}), or start over under another --run")
+    return (
+        f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
+        f"its model: fab sample --run {record.run}, fab fetch --run {record.run}; to train further rerun with "
+        f"--set max_iters=N (N > {done}), or start over under another --run"
+    )

@@ -170,13 +170,22 @@ def run_rows(cluster: str, record: RunRecord) -> list[LedgerRow]:
             if is_last and new_lines:
                 ended = max(ended, record.metrics_path.stat().st_mtime)
         steps, tokens = trained(new_lines) if new_lines is not None else (None, None)
-        rows.append(LedgerRow(
-            cluster=cluster, run=record.run, started=launch["time"], ended=ended,
-            end_recorded=end is not None,
-            outcome=NO_END if end is None else outcome_text(end),
-            clock=run_clock(attempt, Series(), now=ended), world_size=launch.get("world_size"),
-            prices_as_of=launch.get("prices_as_of"), spot=launch.get("price_is_spot"), steps=steps, tokens=tokens,
-        ))
+        rows.append(
+            LedgerRow(
+                cluster=cluster,
+                run=record.run,
+                started=launch["time"],
+                ended=ended,
+                end_recorded=end is not None,
+                outcome=NO_END if end is None else outcome_text(end),
+                clock=run_clock(attempt, Series(), now=ended),
+                world_size=launch.get("world_size"),
+                prices_as_of=launch.get("prices_as_of"),
+                spot=launch.get("price_is_spot"),
+                steps=steps,
+                tokens=tokens,
+            )
+        )
     return rows
 
 
@@ -219,5 +228,6 @@ class Totals:
             unpriced=len(rows) - len(priced),
             tokens=sum(tokens) if tokens else None,
             usd_per_million_tokens=per_million(sum(cost for cost, _ in counted), sum(n for _, n in counted))
-            if counted else None,
+            if counted
+            else None,
         )

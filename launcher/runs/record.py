@@ -161,8 +161,11 @@ class RunRecord:
 def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
     """Where an interrupted run stopped and the command that continues it (fab train's last line,
     fab status); snapshot_iter None: stopped before its ranks ran (while starting or recovering)."""
-    at = f"at iter {snapshot_iter} (every rank stopped after its snapshot)" if snapshot_iter is not None \
+    at = (
+        f"at iter {snapshot_iter} (every rank stopped after its snapshot)"
+        if snapshot_iter is not None
         else "(its newest snapshot is kept)"
+    )
     return f"interrupted {at}; continue with: {rerun}"
 
 

@@ -130,8 +130,9 @@ class SlowRankWatch:
         )
 
 
-def slowest_line(records: Iterable[dict[str, Any]], node_of: dict[int, str], last: int = STATUS_STEPS,
-                 one_machine: bool = False) -> str | None:
+def slowest_line(
+    records: Iterable[dict[str, Any]], node_of: dict[int, str], last: int = STATUS_STEPS, one_machine: bool = False
+) -> str | None:
     """`fab status`'s line naming the slowest rank and node over the last logged steps (the slowest
     rank, when every rank runs on one machine), or None when the records carry no per-rank figures
     (one rank, nothing logged yet, an older trainer)."""

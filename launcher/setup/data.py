@@ -36,23 +36,48 @@ def dataset_name(source: str) -> str:
     return name or "dataset"
 
 
-def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str | None = None,
-                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
-                 limit: int | None = None, sharded: bool = False, field: str | None = None,
-                 split: str | None = None, workers: int | None = None, text_chars: int | None = None) -> None:
+def prepare_data(
+    cluster_spec: str | None,
+    source: str = "builtin",
+    dataset: str | None = None,
+    nodes: int | None = None,
+    val_fraction: float | None = None,
+    seed: int | None = None,
+    limit: int | None = None,
+    sharded: bool = False,
+    field: str | None = None,
+    split: str | None = None,
+    workers: int | None = None,
+    text_chars: int | None = None,
+) -> None:
     """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)
-        args = prepare_args(source, dataset, val_fraction=val_fraction, seed=seed, limit=limit, field=field,
-                            split=split, workers=workers, text_chars=text_chars)
+        args = prepare_args(
+            source,
+            dataset,
+            val_fraction=val_fraction,
+            seed=seed,
+            limit=limit,
+            field=field,
+            split=split,
+            workers=workers,
+            text_chars=text_chars,
+        )
         hosts = session.hosts()
         started = time.monotonic()
         if sharded and len(hosts) > 1:
-            say(f"preparing {source!r} as data/{dataset}: node i of {len(hosts)} keeps shard i (model.prepare --shards)")
-            session.run_everywhere(hosts, lambda n, s: run_prepare(
-                session, n, [*args, "--shards", str(len(hosts)), "--shard-index", str(hosts.index(n))]))
+            say(
+                f"preparing {source!r} as data/{dataset}: node i of {len(hosts)} keeps shard i (model.prepare --shards)"
+            )
+            session.run_everywhere(
+                hosts,
+                lambda n, s: run_prepare(
+                    session, n, [*args, "--shards", str(len(hosts)), "--shard-index", str(hosts.index(n))]
+                ),
+            )
             say(f"prepared {len(hosts)} shards in {time.monotonic() - started:.1f} s")
             return
         say(f"preparing {source!r} as data/{dataset} on {hosts[0].name} (model.prepare; a matching dataset is kept)")
@@ -64,8 +89,15 @@ def prepare_data(cluster_spec: str | None, source: str = "builtin", dataset: str
 
 
 # fab prepare-data's options that model.prepare takes as they are (None: model.prepare's default).
-PASSED_OPTIONS = {"val_fraction": "--val-fraction", "seed": "--seed", "limit": "--limit", "field": "--field",
-                  "split": "--split", "workers": "--workers", "text_chars": "--text-chars"}
+PASSED_OPTIONS = {
+    "val_fraction": "--val-fraction",
+    "seed": "--seed",
+    "limit": "--limit",
+    "field": "--field",
+    "split": "--split",
+    "workers": "--workers",
+    "text_chars": "--text-chars",
+}
 
 
 def prepare_args(source: str, dataset: str, **options: object) -> list[str]:
@@ -84,8 +116,10 @@ def run_prepare(session: Session, node: Node, args: list[str]) -> None:
     """`python -m model.prepare ARGS` in the node's nanocluster directory, output streamed."""
     shell = session.shell(node)
     site = session.site
-    command = (f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={site.code_dir} "
-               f"{site.python} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1")
+    command = (
+        f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={site.code_dir} "
+        f"{site.python} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1"
+    )
     status = shell.stream(command, lambda line: out_line(f"[prepare {node.name}] {line}"), timeout=PREPARE_TIMEOUT_S)
     if status != 0:
         raise NodeError(f"{node.name}: model.prepare failed (exit {status}); its output is above")
@@ -115,16 +149,18 @@ def fanout_command(root: str, dataset: str, workers: list[str]) -> str:
     into place only after its checksums match."""
     remote_data = f"{REMOTE_ROOT}/data"
     incoming = f".incoming-{dataset}"
-    receive = f"rm -rf {remote_data}/{incoming} && mkdir -p {remote_data}/{incoming} && tar -xf - -C {remote_data}/{incoming}"
+    receive = (
+        f"rm -rf {remote_data}/{incoming} && mkdir -p {remote_data}/{incoming} && tar -xf - -C {remote_data}/{incoming}"
+    )
     jobs = []
     for alias in workers:
         jobs.append(
             f"( tar -cf - -C {root}/data {shlex.quote(dataset)} | "
             f"ssh -F {SSH_DIR_SH}/config {shlex.quote(alias)} {shlex.quote(receive)} "
-            f"|| echo {shlex.quote(alias)} >> \"$failed\" ) &"
+            f'|| echo {shlex.quote(alias)} >> "$failed" ) &'
         )
     return (
-        'failed=$(mktemp); ' + " ".join(jobs) + " wait; "
+        "failed=$(mktemp); " + " ".join(jobs) + " wait; "
         'if [ -s "$failed" ]; then echo "copy failed to: $(tr "\\n" " " < "$failed")" >&2; rm -f "$failed"; exit 1; fi; '
         'rm -f "$failed"'
     )
@@ -150,11 +186,15 @@ def check_shards(session: Session, dataset: str) -> None:
     indexes = [metas[n.index].get("shard_index") for n in hosts]
     same = all(m.get("shards") == shards and m.get("source") == head_meta.get("source") for m in metas.values())
     if not same or None in indexes or len(set(indexes)) != len(indexes):
-        raise TaskError(f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
-                        f"run `fab prepare-data --sharded --nodes {len(hosts)}` again")
+        raise TaskError(
+            f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
+            f"run `fab prepare-data --sharded --nodes {len(hosts)}` again"
+        )
     if shards != len(hosts):
-        say(f"note: data/{dataset} has {shards} shards; these {len(hosts)} node(s) train on "
-            f"shards {sorted(i for i in indexes if i is not None)} only")
+        say(
+            f"note: data/{dataset} has {shards} shards; these {len(hosts)} node(s) train on "
+            f"shards {sorted(i for i in indexes if i is not None)} only"
+        )
 
 
 def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> None:
@@ -173,9 +213,17 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
     if verify_existing:
         # A copy whose meta.json matches may still have a damaged file: check the bytes too.
         current = [n for n in hosts[1:] if n not in stale]
-        checks = session.run_everywhere(current, lambda n, s: (n, s.run(
-            verify_data_command(session.site.python, data_dir(s.root, dataset)), stdin=verify,
-            timeout=VERIFY_TIMEOUT_S).ok))
+        checks = session.run_everywhere(
+            current,
+            lambda n, s: (
+                n,
+                s.run(
+                    verify_data_command(session.site.python, data_dir(s.root, dataset)),
+                    stdin=verify,
+                    timeout=VERIFY_TIMEOUT_S,
+                ).ok,
+            ),
+        )
         stale += [n for n, ok in checks if not ok]
     if not stale:
         say(f"data/{dataset} already matches on every node")
@@ -184,9 +232,17 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
     started = time.monotonic()
     say(f"copying data/{dataset} from {hosts[0].name} to {', '.join(n.name for n in stale)} over the private network")
     head = session.shell(hosts[0])
-    head.check(fanout_command(head.root, dataset, [n.name for n in stale]), "copying data to the workers",
-               timeout=COPY_TIMEOUT_S)
-    session.run_everywhere(stale, lambda n, s: s.check(
-        verify_and_install_command(session.site.python, s.root, dataset),
-        f"checking the copied data/{dataset} against meta.json", stdin=verify))
+    head.check(
+        fanout_command(head.root, dataset, [n.name for n in stale]),
+        "copying data to the workers",
+        timeout=COPY_TIMEOUT_S,
+    )
+    session.run_everywhere(
+        stale,
+        lambda n, s: s.check(
+            verify_and_install_command(session.site.python, s.root, dataset),
+            f"checking the copied data/{dataset} against meta.json",
+            stdin=verify,
+        ),
+    )
     say(f"data/{dataset} copied and checksummed on {len(stale)} node(s) in {time.monotonic() - started:.1f} s")

@@ -40,8 +40,11 @@ def distribute_keys(session: Session) -> None:
     files = payload(ssh_files(session.cluster))
 
     def one(node: Node, shell: Shell) -> None:
-        shell.check(f"mkdir -p {shell.root} && tar -xf - -C {shell.root} && {install_ssh_command(shell.root)}",
-                    "installing the cluster key and ssh config", stdin=files)
+        shell.check(
+            f"mkdir -p {shell.root} && tar -xf - -C {shell.root} && {install_ssh_command(shell.root)}",
+            "installing the cluster key and ssh config",
+            stdin=files,
+        )
 
     session.run_everywhere(session.hosts(), one)
 
@@ -50,8 +53,10 @@ def ensure_ready(session: Session) -> None:
     """The environment (bootstrap where the probe found it incomplete) and current code."""
     missing = session.not_ready()
     if missing and not session.site.bootstraps:
-        raise TaskError(f"this machine's Python ({sys.executable}) lacks {list(session.report(missing[0]).missing)}: "
-                        "run `make setup` and use .venv/bin/fab")
+        raise TaskError(
+            f"this machine's Python ({sys.executable}) lacks {list(session.report(missing[0]).missing)}: "
+            "run `make setup` and use .venv/bin/fab"
+        )
     if missing:
         say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap (fab setup)")
         bootstrap(session, missing)
@@ -59,16 +64,24 @@ def ensure_ready(session: Session) -> None:
     sync_code(session)
 
 
-def setup(cluster_spec: str | None, profile: str = "default", pip_args: str = "",
-          skip_system_packages: bool = False, nodes: int | None = None, idle_minutes: int | None = None) -> None:
+def setup(
+    cluster_spec: str | None,
+    profile: str = "default",
+    pip_args: str = "",
+    skip_system_packages: bool = False,
+    nodes: int | None = None,
+    idle_minutes: int | None = None,
+) -> None:
     """`fab setup`: the bootstrap on every node (idempotent), the cluster's SSH, the model code; with
     idle_minutes, the nodes' idle stop (node/autostop.sh) set to it."""
     if idle_minutes is not None and idle_minutes < 0:
         raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
     cluster = resolve_cluster(cluster_spec, nodes)
     if idle_minutes is not None and cluster.is_local:
-        raise TaskError("--idle-minutes powers nodes off when idle: the local cluster is this machine; "
-                        "use it on cloud or your own nodes")
+        raise TaskError(
+            "--idle-minutes powers nodes off when idle: the local cluster is this machine; "
+            "use it on cloud or your own nodes"
+        )
     with Session.open(cluster, select_nodes(cluster, nodes)) as session:
         started = time.monotonic()
         if session.site.bootstraps:
@@ -83,8 +96,14 @@ NODE_DIR = REPO_ROOT / "node"
 BOOTSTRAP_TIMEOUT_S = 3600
 
 
-def bootstrap(session: Session, nodes: Sequence[Node], profile: str = "default", pip_args: str = "",
-              skip_system_packages: bool = False, idle_minutes: int | None = None) -> None:
+def bootstrap(
+    session: Session,
+    nodes: Sequence[Node],
+    profile: str = "default",
+    pip_args: str = "",
+    skip_system_packages: bool = False,
+    idle_minutes: int | None = None,
+) -> None:
     """Run node/bootstrap.sh on the nodes, output streamed with a [setup NODE] prefix."""
     cluster = session.cluster
     if cluster.node_python:
@@ -110,10 +129,16 @@ def bootstrap(session: Session, nodes: Sequence[Node], profile: str = "default",
 
     def one(node: Node, shell: Shell) -> None:
         prefix = f"[setup {node.name}]"
-        shell.check(f"mkdir -p {shell.root} && rm -rf {shell.root}/bootstrap && tar -xf - -C {shell.root}",
-                    "copying node/ to the node", stdin=archive)
-        status = shell.stream(f"bash {shell.root}/bootstrap/bootstrap.sh {flags} 2>&1",
-                              lambda line: out_line(f"{prefix} {line}"), timeout=BOOTSTRAP_TIMEOUT_S)
+        shell.check(
+            f"mkdir -p {shell.root} && rm -rf {shell.root}/bootstrap && tar -xf - -C {shell.root}",
+            "copying node/ to the node",
+            stdin=archive,
+        )
+        status = shell.stream(
+            f"bash {shell.root}/bootstrap/bootstrap.sh {flags} 2>&1",
+            lambda line: out_line(f"{prefix} {line}"),
+            timeout=BOOTSTRAP_TIMEOUT_S,
+        )
         if status != 0:
             raise NodeError(f"{node.name}: node bootstrap failed (exit {status}); its output is above")
 
@@ -165,6 +190,7 @@ def sync_code(session: Session) -> None:
     if not stale:
         return
     say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
-    session.run_everywhere(stale, lambda n, s: s.check(install_code_command(s.root, digest), "syncing model code",
-                                                       stdin=archive))
+    session.run_everywhere(
+        stale, lambda n, s: s.check(install_code_command(s.root, digest), "syncing model code", stdin=archive)
+    )
     session.code_installed(stale, digest)

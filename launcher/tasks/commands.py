@@ -36,45 +36,85 @@ from model.conventions import (
 )
 
 
-@fab_task(numbers={"nodes": int, "idle_minutes": int}, help={
-    "cluster": CLUSTER_HELP,
-    "profile": "node environment: default (stock CPU torch, gloo) or intel (IPEX + oneCCL + Intel MPI)",
-    "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
-    "skip_system_packages": "no apt on the nodes (python3-venv must be there already)",
-    "nodes": "only the first N nodes (default all)",
-    "idle_minutes": "power each node off after N minutes with no run and no SSH session (0: never; "
-                    "default: keep the node's setting, nanocluster:idleMinutes on a stack)",
-})
-def setup(c: Context, cluster: str | None = None, profile: str = "default", pip_args: str = "",
-          skip_system_packages: bool = False, nodes: int | None = None, idle_minutes: int | None = None) -> None:
+@fab_task(
+    numbers={"nodes": int, "idle_minutes": int},
+    help={
+        "cluster": CLUSTER_HELP,
+        "profile": "node environment: default (stock CPU torch, gloo) or intel (IPEX + oneCCL + Intel MPI)",
+        "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
+        "skip_system_packages": "no apt on the nodes (python3-venv must be there already)",
+        "nodes": "only the first N nodes (default all)",
+        "idle_minutes": "power each node off after N minutes with no run and no SSH session (0: never; "
+        "default: keep the node's setting, nanocluster:idleMinutes on a stack)",
+    },
+)
+def setup(
+    c: Context,
+    cluster: str | None = None,
+    profile: str = "default",
+    pip_args: str = "",
+    skip_system_packages: bool = False,
+    nodes: int | None = None,
+    idle_minutes: int | None = None,
+) -> None:
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
-    driver(cluster).setup(cluster, profile=profile, pip_args=pip_args, skip_system_packages=skip_system_packages,
-                           nodes=nodes, idle_minutes=idle_minutes)
+    driver(cluster).setup(
+        cluster,
+        profile=profile,
+        pip_args=pip_args,
+        skip_system_packages=skip_system_packages,
+        nodes=nodes,
+        idle_minutes=idle_minutes,
+    )
 
 
-@fab_task(numbers={"nodes": int, "val_fraction": float, "seed": int, "limit": int, "workers": int,
-                   "text_chars": int}, help={
-    "cluster": CLUSTER_HELP,
-    "source": "what to tokenize: {default} (default), shakespeare, openwebtext, alpaca, hf:OWNER/NAME, or files",
-    "dataset": "directory name under data/ (default derived from --source)",
-    "nodes": "only the first N nodes (default all)",
-    "val_fraction": "share of documents for val.bin (default model.prepare's)",
-    "seed": "seed of the train/val split",
-    "limit": "read only the first N documents of the source",
-    "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
-    "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
-    "split": "the split of an hf: dataset to read (default train)",
-    "workers": "tokenizer processes (default model.prepare's)",
-    "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
-})
-def prepare_data(c: Context, cluster: str | None = None, source: str = "builtin", dataset: str | None = None,
-                 nodes: int | None = None, val_fraction: float | None = None, seed: int | None = None,
-                 limit: int | None = None, sharded: bool = False, field: str | None = None, split: str | None = None,
-                 workers: int | None = None, text_chars: int | None = None) -> None:
+@fab_task(
+    numbers={"nodes": int, "val_fraction": float, "seed": int, "limit": int, "workers": int, "text_chars": int},
+    help={
+        "cluster": CLUSTER_HELP,
+        "source": "what to tokenize: {default} (default), shakespeare, openwebtext, alpaca, hf:OWNER/NAME, or files",
+        "dataset": "directory name under data/ (default derived from --source)",
+        "nodes": "only the first N nodes (default all)",
+        "val_fraction": "share of documents for val.bin (default model.prepare's)",
+        "seed": "seed of the train/val split",
+        "limit": "read only the first N documents of the source",
+        "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
+        "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
+        "split": "the split of an hf: dataset to read (default train)",
+        "workers": "tokenizer processes (default model.prepare's)",
+        "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
+    },
+)
+def prepare_data(
+    c: Context,
+    cluster: str | None = None,
+    source: str = "builtin",
+    dataset: str | None = None,
+    nodes: int | None = None,
+    val_fraction: float | None = None,
+    seed: int | None = None,
+    limit: int | None = None,
+    sharded: bool = False,
+    field: str | None = None,
+    split: str | None = None,
+    workers: int | None = None,
+    text_chars: int | None = None,
+) -> None:
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
-    driver(cluster).prepare_data(cluster, source=source, dataset=dataset, nodes=nodes, val_fraction=val_fraction,
-                                  seed=seed, limit=limit, sharded=sharded, field=field, split=split, workers=workers,
-                                  text_chars=text_chars)
+    driver(cluster).prepare_data(
+        cluster,
+        source=source,
+        dataset=dataset,
+        nodes=nodes,
+        val_fraction=val_fraction,
+        seed=seed,
+        limit=limit,
+        sharded=sharded,
+        field=field,
+        split=split,
+        workers=workers,
+        text_chars=text_chars,
+    )
 
 
 RECOVER_DEFAULTS = RecoverOptions()
@@ -84,8 +124,15 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
 
 @fab_task(
     iterable=["set_"],
-    numbers={"nodes": int, "port": int, "collective_timeout": float, "max_restarts": int, "recover_timeout": float,
-             "min_nodes": int, "budget": float},
+    numbers={
+        "nodes": int,
+        "port": int,
+        "collective_timeout": float,
+        "max_restarts": int,
+        "recover_timeout": float,
+        "min_nodes": int,
+        "budget": float,
+    },
     help={
         "cluster": CLUSTER_HELP,
         "nodes": "ranks to run, one per node (the local cluster: processes); default every node",
@@ -99,29 +146,53 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "dry_run": "print every rendered file and command, start nothing",
         "collective_timeout": "seconds a rank waits for a lost peer before failing (default {default})",
         "max_restarts": "restarts after a failure outside the program (a killed rank, a lost node, a preemption);"
-                        f" a program error is never retried (default {RECOVER_DEFAULTS.max_restarts}, 0 = fail fast)",
+        f" a program error is never retried (default {RECOVER_DEFAULTS.max_restarts}, 0 = fail fast)",
         "recover_timeout": "seconds to wait for a lost node to answer SSH again before stopping (or, with "
-                           f"--min-nodes, going on without it); default {shown(RECOVER_DEFAULTS.recover_timeout_s)}",
+        f"--min-nodes, going on without it); default {shown(RECOVER_DEFAULTS.recover_timeout_s)}",
         "min_nodes": "when a lost node does not come back, resume on the nodes that answer if at least this many"
-                     " do, with the same tokens per optimizer step (default: stop with an error)",
+        " do, with the same tokens per optimizer step (default: stop with an error)",
         "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
-                  "attempts since it last finished included): refused before launch when the estimate exceeds it;"
-                  f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
-                  "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
+        "attempts since it last finished included): refused before launch when the estimate exceeds it;"
+        f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
+        "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
     },
 )
-def train(c: Context, cluster: str | None = None, nodes: int | None = None, run: str = "main",
-          dataset: str = "builtin", launcher: str = "fabric", backend: str = "auto", port: int | None = None,
-          config: str | None = None, set_: list[str] | None = None, dry_run: bool = False,
-          collective_timeout: float = COLLECTIVE_TIMEOUT, max_restarts: int | None = None,
-          recover_timeout: float | None = None, min_nodes: int | None = None, budget: float | None = None) -> int:
+def train(
+    c: Context,
+    cluster: str | None = None,
+    nodes: int | None = None,
+    run: str = "main",
+    dataset: str = "builtin",
+    launcher: str = "fabric",
+    backend: str = "auto",
+    port: int | None = None,
+    config: str | None = None,
+    set_: list[str] | None = None,
+    dry_run: bool = False,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
+    max_restarts: int | None = None,
+    recover_timeout: float | None = None,
+    min_nodes: int | None = None,
+    budget: float | None = None,
+) -> int:
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
-    recover = RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout,
-                                     min_nodes=min_nodes))
-    request = TrainRequest(cluster, nodes=nodes, run=run, dataset=dataset, launcher=launcher, backend=backend,
-                           port=port, config=config, overrides=tuple(set_ or ()), dry_run=dry_run,
-                           collective_timeout_s=collective_timeout, recover=recover, budget_usd=budget,
-                           rerun=AS_GIVEN.get())
+    recover = RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout, min_nodes=min_nodes))
+    request = TrainRequest(
+        cluster,
+        nodes=nodes,
+        run=run,
+        dataset=dataset,
+        launcher=launcher,
+        backend=backend,
+        port=port,
+        config=config,
+        overrides=tuple(set_ or ()),
+        dry_run=dry_run,
+        collective_timeout_s=collective_timeout,
+        recover=recover,
+        budget_usd=budget,
+        rerun=AS_GIVEN.get(),
+    )
     return driver(cluster).train(request)
 
 
@@ -131,15 +202,24 @@ def status(c: Context, cluster: str | None = None, run: str = "main") -> int:
     return driver(cluster).status(cluster, run=run)
 
 
-@fab_task(numbers={"rank": int, "lines": int}, help={
-    "cluster": CLUSTER_HELP,
-    "run": RUN_HELP,
-    "rank": "only this rank (default every rank)",
-    "lines": "lines of history per rank (default {default})",
-    "follow": "keep streaming new lines until Ctrl-C",
-})
-def logs(c: Context, cluster: str | None = None, run: str = "main", rank: int | None = None,
-         lines: int = text_default(50), follow: bool = False) -> None:
+@fab_task(
+    numbers={"rank": int, "lines": int},
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": RUN_HELP,
+        "rank": "only this rank (default every rank)",
+        "lines": "lines of history per rank (default {default})",
+        "follow": "keep streaming new lines until Ctrl-C",
+    },
+)
+def logs(
+    c: Context,
+    cluster: str | None = None,
+    run: str = "main",
+    rank: int | None = None,
+    lines: int = text_default(50),
+    follow: bool = False,
+) -> None:
     """Show (or follow) each rank's log from its node."""
     driver(cluster).logs(cluster, run=run, rank=rank, lines=lines, follow=follow)
 
@@ -158,29 +238,42 @@ MAX_NEW_TOKENS, TEMPERATURE = text_default(SAMPLE_MAX_NEW_TOKENS), text_default(
 TOP_K, SEED = text_default(SAMPLE_TOP_K), text_default(SAMPLE_SEED)
 
 
-@fab_task(numbers={"max_new_tokens": int, "temperature": float, "top_k": int, "seed": int}, help={
-    "cluster": CLUSTER_HELP,
-    "run": RUN_HELP,
-    "prompt": "text to continue (default: the start of a document)",
-    "max_new_tokens": "tokens to generate (default {default})",
-    "temperature": "sampling temperature (default {default}; 0 is greedy)",
-    "top_k": "sample among the K most likely tokens (default {default})",
-    "seed": "random seed; the same seed gives the same text",
-})
-def sample(c: Context, cluster: str | None = None, run: str = "main", prompt: str = "",
-           max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = TEMPERATURE, top_k: int = TOP_K,
-           seed: int = SEED) -> None:
+@fab_task(
+    numbers={"max_new_tokens": int, "temperature": float, "top_k": int, "seed": int},
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": RUN_HELP,
+        "prompt": "text to continue (default: the start of a document)",
+        "max_new_tokens": "tokens to generate (default {default})",
+        "temperature": "sampling temperature (default {default}; 0 is greedy)",
+        "top_k": "sample among the K most likely tokens (default {default})",
+        "seed": "random seed; the same seed gives the same text",
+    },
+)
+def sample(
+    c: Context,
+    cluster: str | None = None,
+    run: str = "main",
+    prompt: str = "",
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_k: int = TOP_K,
+    seed: int = SEED,
+) -> None:
     """Print text generated by the run's best checkpoint (ckpt.pt, else snapshot.pt) on the head."""
-    driver(cluster).sample(cluster, run=run, prompt=prompt, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_k=top_k, seed=seed)
+    driver(cluster).sample(
+        cluster, run=run, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed
+    )
 
 
-@fab_task(help={
-    "cluster": CLUSTER_HELP,
-    "run": RUN_HELP,
-    "dest": "local directory (default: clusters/<cluster>/fetched/<run> in the nanocluster home, "
-            "$NANOCLUSTER_HOME or ~/nanocluster)",
-})
+@fab_task(
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": RUN_HELP,
+        "dest": "local directory (default: clusters/<cluster>/fetched/<run> in the nanocluster home, "
+        "$NANOCLUSTER_HOME or ~/nanocluster)",
+    }
+)
 def fetch(c: Context, cluster: str | None = None, run: str = "main", dest: str | None = None) -> None:
     """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
     driver(cluster).fetch(cluster, run=run, dest=dest)
@@ -190,24 +283,34 @@ PORT = text_default(DEFAULT_MASTER_PORT)
 """--port's default as a string (launcher.tasks.flags says why)."""
 
 
-@fab_task(numbers={"port": int, "bandwidth_seconds": float}, help={
-    "cluster": CLUSTER_HELP,
-    "dataset": "dataset whose checksums to verify on every node (default {default})",
-    "port": "rendezvous port to test between the nodes (default {default})",
-    "bandwidth_seconds": f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)",
-})
-def doctor(c: Context, cluster: str | None = None, dataset: str = "builtin", port: int = PORT,
-           bandwidth_seconds: float | None = None) -> int:
+@fab_task(
+    numbers={"port": int, "bandwidth_seconds": float},
+    help={
+        "cluster": CLUSTER_HELP,
+        "dataset": "dataset whose checksums to verify on every node (default {default})",
+        "port": "rendezvous port to test between the nodes (default {default})",
+        "bandwidth_seconds": f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)",
+    },
+)
+def doctor(
+    c: Context,
+    cluster: str | None = None,
+    dataset: str = "builtin",
+    port: int = PORT,
+    bandwidth_seconds: float | None = None,
+) -> int:
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
     return driver(cluster).doctor(cluster, dataset=dataset, port=port, **given(bandwidth_s=bandwidth_seconds))
 
 
-@fab_task(help={
-    "cluster": "only this cluster's records (its name, as in ~/nanocluster/clusters/NAME)",
-    "since": "only runs started on or after this date, YYYY-MM-DD or 'YYYY-MM-DD HH:MM' (UTC)",
-    "json": "print the ledger as JSON instead of tables",
-})
+@fab_task(
+    help={
+        "cluster": "only this cluster's records (its name, as in ~/nanocluster/clusters/NAME)",
+        "since": "only runs started on or after this date, YYYY-MM-DD or 'YYYY-MM-DD HH:MM' (UTC)",
+        "json": "print the ledger as JSON instead of tables",
+    }
+)
 def cost(c: Context, cluster: str | None = None, since: str | None = None, json: bool = False) -> int:
     """The ledger of your runs from this machine's records: per run node-hours, cost, tokens and cost per
     million tokens; per cluster how long it was up and the share of that idle. Needs no node."""

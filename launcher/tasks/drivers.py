@@ -38,29 +38,58 @@ class Driver(Protocol):
     @property
     def kind(self) -> str: ...
 
-    def setup(self, cluster_spec: str | None, profile: str = ..., pip_args: str = ...,
-              skip_system_packages: bool = ..., nodes: int | None = ..., idle_minutes: int | None = ...) -> None: ...
+    def setup(
+        self,
+        cluster_spec: str | None,
+        profile: str = ...,
+        pip_args: str = ...,
+        skip_system_packages: bool = ...,
+        nodes: int | None = ...,
+        idle_minutes: int | None = ...,
+    ) -> None: ...
 
-    def prepare_data(self, cluster_spec: str | None, source: str = ..., dataset: str | None = ...,
-                     nodes: int | None = ..., val_fraction: float | None = ..., seed: int | None = ...,
-                     limit: int | None = ..., sharded: bool = ..., field: str | None = ...,
-                     split: str | None = ..., workers: int | None = ..., text_chars: int | None = ...) -> None: ...
+    def prepare_data(
+        self,
+        cluster_spec: str | None,
+        source: str = ...,
+        dataset: str | None = ...,
+        nodes: int | None = ...,
+        val_fraction: float | None = ...,
+        seed: int | None = ...,
+        limit: int | None = ...,
+        sharded: bool = ...,
+        field: str | None = ...,
+        split: str | None = ...,
+        workers: int | None = ...,
+        text_chars: int | None = ...,
+    ) -> None: ...
 
     def train(self, request: TrainRequest) -> int: ...
 
     def status(self, cluster_spec: str | None, run: str = ...) -> int: ...
 
-    def logs(self, cluster_spec: str | None, run: str = ..., rank: int | None = ..., lines: int = ...,
-             follow: bool = ...) -> None: ...
+    def logs(
+        self, cluster_spec: str | None, run: str = ..., rank: int | None = ..., lines: int = ..., follow: bool = ...
+    ) -> None: ...
 
     def stop(self, cluster_spec: str | None, run: str = ...) -> int: ...
 
-    def sample(self, cluster_spec: str | None, run: str = ..., prompt: str = ..., max_new_tokens: int = ...,
-               temperature: float = ..., top_k: int = ..., seed: int = ...) -> None: ...
+    def sample(
+        self,
+        cluster_spec: str | None,
+        run: str = ...,
+        prompt: str = ...,
+        max_new_tokens: int = ...,
+        temperature: float = ...,
+        top_k: int = ...,
+        seed: int = ...,
+    ) -> None: ...
 
     def fetch(self, cluster_spec: str | None, run: str = ..., dest: str | None = ...) -> Path: ...
 
-    def doctor(self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...) -> int: ...
+    def doctor(
+        self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...
+    ) -> int: ...
 
 
 class MachinesDriver:

@@ -72,8 +72,11 @@ def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | typ
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        AS_GIVEN.set(command_line(fn.__name__.replace("_", "-"),
-                                  {k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}))
+        AS_GIVEN.set(
+            command_line(
+                fn.__name__.replace("_", "-"), {k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}
+            )
+        )
         try:
             for param, kind in numbers.items():
                 kwargs[param] = number(flag_name(param), kwargs.get(param, defaults.get(param)), kind)
@@ -90,8 +93,9 @@ def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | typ
     return wrapper
 
 
-def fab_task(help: dict[str, str], numbers: dict[str, type[int] | type[float]] | None = None,
-             **options: Any) -> Callable[[Callable[..., object]], NumericTask]:
+def fab_task(
+    help: dict[str, str], numbers: dict[str, type[int] | type[float]] | None = None, **options: Any
+) -> Callable[[Callable[..., object]], NumericTask]:
     """@task(help=...) with each "{default}" in a help text replaced by that flag's default, numbers
     (parameter: int or float) converted, and no short flags: invoke would pick the first free letter
     (prepare-data's --sharded took -h) and a letter of its choosing says nothing."""
@@ -154,8 +158,15 @@ class NumericTask(Task):
             if kind is None:
                 return a
             made = WholeNumber if kind is int else DecimalNumber
-            return made(names=a.names, kind=int if kind is int else str, default=a.default, help=a.help,
-                        positional=a.positional, optional=a.optional, attr_name=a.attr_name)
+            return made(
+                names=a.names,
+                kind=int if kind is int else str,
+                default=a.default,
+                help=a.help,
+                positional=a.positional,
+                optional=a.optional,
+                attr_name=a.attr_name,
+            )
 
         return [numeric(a) for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
 

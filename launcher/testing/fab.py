@@ -42,14 +42,23 @@ class Fab:
         }
 
     def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([FAB, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [FAB, *args], cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def popen(self, *args: str, log: Path, new_session: bool = False) -> subprocess.Popen:
         """fab ARGS in the background, output to log; new_session: in a session of its own, as a
         terminal's foreground job, so a signal to its process group reaches fab and what it started."""
         out = open(log, "w")  # noqa: SIM115 (closed by the test via the process)
-        return subprocess.Popen([FAB, *args], cwd=REPO_ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=new_session)
+        return subprocess.Popen(
+            [FAB, *args],
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=new_session,
+        )
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

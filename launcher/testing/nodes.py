@@ -210,9 +210,23 @@ class TestNodes:
         )
         log = open(base / "sshd.log", "ab")  # noqa: SIM115 (lives as long as sshd)
         return subprocess.Popen(
-            ["ip", "netns", "exec", self.namespaces[i], "unshare", "--uts", "--mount", "--propagation", "private",
-             "sh", "-c", inner],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.namespaces[i],
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                inner,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def _wait_listening(self, which: range | None = None) -> None:
@@ -262,10 +276,26 @@ class TestNodes:
     def ssh(self, i: int, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """Run a command on node i as an operator would: ssh with the cluster key and pinned host key."""
         known = self.workdir / "known_hosts"
-        known.write_text("".join(f"{ip} {k}\n" for ip, k in zip(self.ips, self.contract["host_public_keys"], strict=False)))
-        return run("ssh", "-i", str(self.workdir / "cluster_key"), "-o", "StrictHostKeyChecking=yes",
-                   "-o", f"UserKnownHostsFile={known}", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-                   f"root@{self.ips[i]}", command, check=False, timeout=timeout)
+        known.write_text(
+            "".join(f"{ip} {k}\n" for ip, k in zip(self.ips, self.contract["host_public_keys"], strict=False))
+        )
+        return run(
+            "ssh",
+            "-i",
+            str(self.workdir / "cluster_key"),
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"root@{self.ips[i]}",
+            command,
+            check=False,
+            timeout=timeout,
+        )
 
     def shape_egress(self, i: int, mbit_s: float | None) -> None:
         """Limit node i's egress to mbit_s with a token bucket (tc tbf) on its eth0, inside its
@@ -276,8 +306,25 @@ class TestNodes:
             run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
             return
         burst_kb = max(64, int(mbit_s * 1e6 / 8 / 250 / 1024) + 1)
-        run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-            "rate", f"{mbit_s}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
+        run(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            f"{mbit_s}mbit",
+            "burst",
+            f"{burst_kb}kb",
+            "latency",
+            "50ms",
+        )
 
     # ------------------------------------------------------------------ a node's own view (pods)
     def enter(self, i: int, cwd: str = "/") -> list[str]:
@@ -322,8 +369,10 @@ class TestNodes:
         sequence = len(log.read_text().splitlines())
         micros = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         with log.open("a") as out:
-            out.write(f"3,{sequence},{micros},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB, "
-                      "anon-rss:0kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0\n")
+            out.write(
+                f"3,{sequence},{micros},-;Out of memory: Killed process {pid} ({comm}) total-vm:0kB, "
+                "anon-rss:0kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:0kB oom_score_adj:0\n"
+            )
 
     def cut_link(self, i: int) -> None:
         """Take node i's eth0 down inside its namespace: its peers and the operator hear nothing from

@@ -95,8 +95,7 @@ class StandinPulumi:
     def __enter__(self) -> StandinPulumi:
         if self.on_up is not None:
             (self.directory / "up.handshake").touch()
-            self._watcher = threading.Thread(target=self._watch, args=(self.on_up,), name="pulumi-standin",
-                                             daemon=True)
+            self._watcher = threading.Thread(target=self._watch, args=(self.on_up,), name="pulumi-standin", daemon=True)
             self._watcher.start()
         return self
 

@@ -18,7 +18,9 @@ def connect(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> dict[int,
     return shells
 
 
-def connect_reachable(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[dict[int, Shell], dict[int, str]]:
+def connect_reachable(
+    cluster: Cluster, nodes: list[Node] | tuple[Node, ...]
+) -> tuple[dict[int, Shell], dict[int, str]]:
     """(shells of the nodes that answered, error per node that did not)."""
     if cluster.is_local:
         root = site_of(cluster).root

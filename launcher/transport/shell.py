@@ -116,15 +116,19 @@ class LocalShell(Shell):
 
     def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
         try:
-            out = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout,
-                                 start_new_session=True)
+            out = subprocess.run(
+                ["bash", "-c", command], input=stdin, capture_output=True, timeout=timeout, start_new_session=True
+            )
         except subprocess.TimeoutExpired as e:
             raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}") from e
         return Result(out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
 
     def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
         proc = subprocess.Popen(
-            ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            ["bash", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         timer = threading.Timer(timeout, proc.kill) if timeout else None

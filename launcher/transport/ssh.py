@@ -104,7 +104,9 @@ class SSHShell(Shell):
                     if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                         break
                     if time.monotonic() > deadline:
-                        raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}")
+                        raise NodeError(
+                            f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}"
+                        )
                     time.sleep(0.005)
             code = chan.recv_exit_status()
         return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
@@ -244,8 +246,10 @@ def open_ssh(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[di
     try:
         _open(head, cluster.head, cluster.head_public_ip)
     except NodeError as e:
-        return {}, {n.index: str(e) if n.index == cluster.head.index else f"{n.name}: not reachable, the head is down"
-                    for n in nodes}
+        return {}, {
+            n.index: str(e) if n.index == cluster.head.index else f"{n.name}: not reachable, the head is down"
+            for n in nodes
+        }
     shells: dict[int, Shell] = {}
     if cluster.head in nodes:
         shells[cluster.head.index] = SSHShell(cluster.head, head)

@@ -1,7 +1,7 @@
 """What a run writes to survive and reads to start: checkpoints, snapshots, pretrained weights.
 
-    checkpoint       checkpoints that are complete and intact or refused (a sha256 in the archive)
-    snapshot_writer  snapshots copied in memory and written in the background
-    hf               Hugging Face GPT-2 checkpoints to and from our GPT, without transformers
-    start            where a run starts from: its snapshot (resume), pretrained weights, or scratch
+checkpoint       checkpoints that are complete and intact or refused (a sha256 in the archive)
+snapshot_writer  snapshots copied in memory and written in the background
+hf               Hugging Face GPT-2 checkpoints to and from our GPT, without transformers
+start            where a run starts from: its snapshot (resume), pretrained weights, or scratch
 """

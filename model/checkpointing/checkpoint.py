@@ -68,9 +68,7 @@ def save_checkpoint(payload: dict[str, Any], path: str | os.PathLike) -> None:
         f.seek(size - _EOCD_SIZE)
         eocd = f.read(_EOCD_SIZE)
         if eocd[:4] != _EOCD_SIGNATURE or eocd[-2:] != b"\x00\x00":
-            raise CheckpointError(
-                f"torch.save wrote an archive layout this module does not know (writing {path})"
-            )
+            raise CheckpointError(f"torch.save wrote an archive layout this module does not know (writing {path})")
         # The digest covers the archive exactly as torch wrote it (comment length 0).
         digest = _sha256_of_prefix(f, size).hexdigest().encode()
         f.seek(size - 2)

@@ -38,9 +38,7 @@ class HFCheckpointError(ValueError):
     """A Hugging Face checkpoint that cannot be loaded or written, with the reason and the fix."""
 
 
-def gpt_config_from_hf(
-    hf_config: dict[str, Any], dropout: float | None = None, where: str = CONFIG_FILE
-) -> GPTConfig:
+def gpt_config_from_hf(hf_config: dict[str, Any], dropout: float | None = None, where: str = CONFIG_FILE) -> GPTConfig:
     """GPTConfig from a transformers GPT2Config dict; refuses the variants our model does not implement.
 
     dropout None keeps the checkpoint's resid_pdrop (0.1 for OpenAI's releases).
@@ -113,9 +111,7 @@ def hf_config_from_gpt(config: GPTConfig) -> dict[str, Any]:
     }
 
 
-def state_dict_from_hf(
-    hf_state: dict[str, torch.Tensor], where: str = "checkpoint"
-) -> dict[str, torch.Tensor]:
+def state_dict_from_hf(hf_state: dict[str, torch.Tensor], where: str = "checkpoint") -> dict[str, torch.Tensor]:
     """Our parameter names and layouts (fp32) from a GPT2Model / GPT2LMHeadModel state dict."""
     ours: dict[str, torch.Tensor] = {}
     lm_head = None
@@ -131,13 +127,9 @@ def state_dict_from_hf(
         ours[f"transformer.{short}"] = tensor.to(torch.float32).contiguous()
     wte = ours.get("transformer.wte.weight")
     if wte is None:
-        raise HFCheckpointError(
-            f"{where} has no token embedding (transformer.wte.weight): not a GPT-2 state dict"
-        )
+        raise HFCheckpointError(f"{where} has no token embedding (transformer.wte.weight): not a GPT-2 state dict")
     if lm_head is not None and not torch.equal(lm_head.to(torch.float32), wte):
-        raise HFCheckpointError(
-            f"{where}: lm_head.weight differs from wte.weight; only tied GPT-2 heads are supported"
-        )
+        raise HFCheckpointError(f"{where}: lm_head.weight differs from wte.weight; only tied GPT-2 heads are supported")
     ours["lm_head.weight"] = wte
     return ours
 
@@ -154,9 +146,7 @@ def state_dict_to_hf(model: GPT) -> dict[str, torch.Tensor]:
     return hf_state
 
 
-def model_from_state_dict(
-    config: GPTConfig, state: dict[str, torch.Tensor], where: str = "checkpoint"
-) -> GPT:
+def model_from_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], where: str = "checkpoint") -> GPT:
     """A GPT holding exactly these weights. Built on the meta device so that large models are not
     randomly initialised (and held twice) only to be overwritten."""
     with torch.device("meta"):
@@ -205,9 +195,7 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(file))
         except (SafetensorError, OSError) as err:
-            raise HFCheckpointError(
-                f"cannot read {file}: {err} (truncated or not a safetensors file?)"
-            ) from err
+            raise HFCheckpointError(f"cannot read {file}: {err} (truncated or not a safetensors file?)") from err
     return state
 
 
@@ -260,18 +248,14 @@ def resolve_checkpoint_dir(source: str | Path) -> Path:
     return download_from_hub(str(source))
 
 
-def load_pretrained(
-    source: str | Path, *, dropout: float | None = None, block_size: int | None = None
-) -> GPT:
+def load_pretrained(source: str | Path, *, dropout: float | None = None, block_size: int | None = None) -> GPT:
     """GPT with the weights of a Hugging Face GPT-2 checkpoint (directory or hub id), on CPU, fp32.
 
     dropout overrides the checkpoint's resid_pdrop; block_size crops the position embedding
     (fine-tuning on shorter blocks than the 1024 GPT-2 was trained on saves memory and time).
     """
     directory = resolve_checkpoint_dir(source)
-    config = gpt_config_from_hf(
-        read_hf_config(directory), dropout=dropout, where=str(directory / CONFIG_FILE)
-    )
+    config = gpt_config_from_hf(read_hf_config(directory), dropout=dropout, where=str(directory / CONFIG_FILE))
     state = state_dict_from_hf(read_hf_weights(directory), where=str(directory))
     model = model_from_state_dict(config, state, where=str(directory))
     if block_size is not None and block_size != config.block_size:

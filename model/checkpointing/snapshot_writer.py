@@ -61,9 +61,7 @@ class SnapshotWriter:
         captured copies (capture): the caller goes on changing the live state. Waits for the
         previous submission first (and raises its error, if it failed)."""
         self.wait()
-        self._thread = threading.Thread(
-            target=self._write, args=(list(writes),), name="snapshot-writer", daemon=True
-        )
+        self._thread = threading.Thread(target=self._write, args=(list(writes),), name="snapshot-writer", daemon=True)
         self._thread.start()
 
     def _write(self, writes: list[tuple[dict[str, Any], str | os.PathLike]]) -> None:

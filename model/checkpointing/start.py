@@ -62,9 +62,7 @@ def pretrained_model(cfg: TrainConfig) -> GPT:
     except hf.HFCheckpointError as e:
         raise ConfigError(f"init_from={cfg.init_from!r}: {e}") from None
     except ValueError as e:  # the checkpoint's context is shorter than block_size
-        raise ConfigError(
-            f"init_from={cfg.init_from!r} cannot train on block_size {cfg.block_size}: {e}"
-        ) from None
+        raise ConfigError(f"init_from={cfg.init_from!r} cannot train on block_size {cfg.block_size}: {e}") from None
 
 
 def new_run_knob() -> str:

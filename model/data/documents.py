@@ -35,13 +35,17 @@ class Source(ABC):
 
 def decode_text(data: bytes, where: str) -> str:
     if (nul := data.find(b"\0")) != -1:
-        raise SourceError(f"{where}: looks like a binary file (NUL byte at offset {nul}), not text; "
-                          "leave it out of the source (use a glob such as 'DIR/**/*.txt')")
+        raise SourceError(
+            f"{where}: looks like a binary file (NUL byte at offset {nul}), not text; "
+            "leave it out of the source (use a glob such as 'DIR/**/*.txt')"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise SourceError(f"{where}: not valid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}); "
-                          "convert it, e.g. `iconv -f latin1 -t utf-8`") from err
+        raise SourceError(
+            f"{where}: not valid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}); "
+            "convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from err
 
 
 def read_text_file(path: Path) -> str:

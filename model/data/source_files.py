@@ -40,13 +40,22 @@ class FilesSource(Source):
         for path in self.files:
             stat = path.stat()
             digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-        return {"kind": "files", "files": len(self.files), "field": self.text_field,
-                **({"text_chars": self.text_chars} if self.text_chars else {}), "stat_sha256": digest.hexdigest()}
+        return {
+            "kind": "files",
+            "files": len(self.files),
+            "field": self.text_field,
+            **({"text_chars": self.text_chars} if self.text_chars else {}),
+            "stat_sha256": digest.hexdigest(),
+        }
 
     def total_documents(self) -> int:
         if self.text_chars:  # the bar's total is an upper bound: pieces end at paragraph breaks, so are longer
-            return sum(max(1, path.stat().st_size // self.text_chars) if path.suffix.lower() in TEXT_SUFFIXES
-                       else _count_documents(path) for path in self.files)
+            return sum(
+                max(1, path.stat().st_size // self.text_chars)
+                if path.suffix.lower() in TEXT_SUFFIXES
+                else _count_documents(path)
+                for path in self.files
+            )
         return sum(_count_documents(path) for path in self.files)
 
     def documents(self) -> Iterator[str]:
@@ -107,11 +116,13 @@ def read_jsonl(path: Path, text_field: str) -> Iterator[str]:
             except json.JSONDecodeError as err:
                 raise SourceError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from err
             if not isinstance(record, dict):
-                raise SourceError(f"{where}: expected a JSON object with a {text_field!r} field, "
-                                  f"got {type(record).__name__}")
+                raise SourceError(
+                    f"{where}: expected a JSON object with a {text_field!r} field, got {type(record).__name__}"
+                )
             if text_field not in record:
-                raise SourceError(f"{where}: no field {text_field!r} (fields: {', '.join(record) or 'none'}); "
-                                  "choose one with --field")
+                raise SourceError(
+                    f"{where}: no field {text_field!r} (fields: {', '.join(record) or 'none'}); choose one with --field"
+                )
             text = record[text_field]
             if text is None:
                 continue
@@ -138,8 +149,7 @@ def read_parquet(path: Path, column: str) -> Iterator[str]:
     parquet = _parquet_file(path)
     schema = parquet.schema_arrow
     if column not in schema.names:
-        raise SourceError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); "
-                          "choose one with --field")
+        raise SourceError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); choose one with --field")
     kind = schema.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise SourceError(f"{path}: column {column!r} holds {kind}, expected strings")
@@ -162,21 +172,28 @@ def expand_files(spec: str) -> list[Path]:
             raise SourceError(
                 f"{spec!r} is not a known source or an existing path. Known sources: builtin, shakespeare, "
                 "openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], or a file, directory or glob of "
-                f"{', '.join(FILE_SUFFIXES)} files")
+                f"{', '.join(FILE_SUFFIXES)} files"
+            )
         roots = [root]
     files: list[Path] = []
     for root in roots:
         if root.is_dir():
-            found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES
-                           and not any(part.startswith(".") for part in p.relative_to(root).parts))
+            found = sorted(
+                p
+                for p in root.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in FILE_SUFFIXES
+                and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            )
             if not found and len(roots) == 1:
                 raise SourceError(f"{root} holds no {', '.join(FILE_SUFFIXES)} files: empty source")
             files.extend(found)
         elif root.suffix.lower() in FILE_SUFFIXES:
             files.append(root)
         elif len(roots) == 1:
-            raise SourceError(f"{root}: unsupported file type {root.suffix or '(none)'!r}; "
-                              f"supported: {', '.join(FILE_SUFFIXES)}")
+            raise SourceError(
+                f"{root}: unsupported file type {root.suffix or '(none)'!r}; supported: {', '.join(FILE_SUFFIXES)}"
+            )
     if not files:
         raise SourceError(f"{spec!r} names no {', '.join(FILE_SUFFIXES)} files: empty source")
     return files

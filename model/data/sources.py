@@ -91,8 +91,12 @@ class BuiltinSource(Source):
         digest = hashlib.sha256()
         for name, text in sorted(self._topics().items()):
             digest.update(name.encode() + b"\0" + text.encode() + b"\0")
-        return {"kind": "builtin", "content_sha256": digest.hexdigest(), "text": "prose paragraphs, one a line",
-                "passage_chars": PASSAGE_CHARS}
+        return {
+            "kind": "builtin",
+            "content_sha256": digest.hexdigest(),
+            "text": "prose paragraphs, one a line",
+            "passage_chars": PASSAGE_CHARS,
+        }
 
     def total_documents(self) -> int:
         return sum(1 for _ in self.documents())
@@ -174,8 +178,14 @@ class HubSource(Source):
     _dataset: object = field(default=None, repr=False)
 
     def identity(self) -> dict:
-        return {"kind": "hub", "path": self.path, "config": self.config, "revision": self.revision,
-                "split": self.split, "columns": list(self.columns)}
+        return {
+            "kind": "hub",
+            "path": self.path,
+            "config": self.config,
+            "revision": self.revision,
+            "split": self.split,
+            "columns": list(self.columns),
+        }
 
     def _open(self) -> Any:  # datasets' IterableDataset (datasets has no type information)
         if self._dataset is not None:
@@ -193,15 +203,18 @@ class HubSource(Source):
             raise SourceError(
                 f"{where} still uses a loading script, which datasets>=4 does not run. Use its parquet "
                 f"export instead: hf:{self.path}@refs/convert/parquet (the hub's export of a large "
-                f"dataset can be partial), or a parquet mirror of it") from err
+                f"dataset can be partial), or a parquet mirror of it"
+            ) from err
         except Exception as err:  # not found, gated, offline, unknown split: datasets' message says which
             raise SourceError(f"could not open {where}, split {self.split!r}: {err}") from err
         known = dataset.column_names
         if known is not None:
             missing = [c for c in self.columns if c not in known]
             if missing:
-                raise SourceError(f"{where} has no column {missing[0]!r} (columns: {', '.join(known)})"
-                                  + ("; choose one with --field" if self.render is None else ""))
+                raise SourceError(
+                    f"{where} has no column {missing[0]!r} (columns: {', '.join(known)})"
+                    + ("; choose one with --field" if self.render is None else "")
+                )
             dataset = dataset.select_columns(list(self.columns))
         self._dataset = dataset
         return dataset
@@ -222,8 +235,9 @@ class HubSource(Source):
                 raise SourceError(f"{self.spec}: reading record {index} failed: {err}") from err
             missing = [c for c in self.columns if c not in record]
             if missing:
-                raise SourceError(f"{self.spec}: record {index} has no column {missing[0]!r} "
-                                  f"(columns: {', '.join(record)})")
+                raise SourceError(
+                    f"{self.spec}: record {index} has no column {missing[0]!r} (columns: {', '.join(record)})"
+                )
             text = self.render(record) if self.render else record[self.columns[0]]
             if text:
                 yield text
@@ -257,8 +271,9 @@ def open_source(spec: str, text_field: str = "text", split: str = "train", text_
     if spec == "openwebtext":
         return HubSource(path=OPENWEBTEXT_REPO, spec=spec, columns=("text",), split="train")
     if spec == "alpaca":
-        return HubSource(path=ALPACA_REPO, spec=spec, columns=("instruction", "input", "output"),
-                         render=render_alpaca, split="train")
+        return HubSource(
+            path=ALPACA_REPO, spec=spec, columns=("instruction", "input", "output"), render=render_alpaca, split="train"
+        )
     if spec.startswith("hf:"):
         path, config, revision = _parse_hub_spec(spec)
         return HubSource(path=path, spec=spec, columns=(text_field,), config=config, revision=revision, split=split)

@@ -75,9 +75,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         return loss * scale
 
     @staticmethod
-    def backward(
-        ctx: Any, grad_loss: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         grad_logits, h, w = ctx.saved_tensors
         with torch.autocast("cpu", enabled=False):
             grad_hidden = grad_weight = None
@@ -95,6 +93,4 @@ class LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...)."""
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return LinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), needs_grad
-    )
+    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), needs_grad)

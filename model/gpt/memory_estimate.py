@@ -70,7 +70,7 @@ class MemoryEstimate:
         return sum(self.parts.values()) * SAFETY
 
     def describe(self) -> str:
-        """"1.23 GB (runtime 0.45, weights 0.1, ...; x1.15)" with the largest parts."""
+        """ "1.23 GB (runtime 0.45, weights 0.1, ...; x1.15)" with the largest parts."""
         shown = ", ".join(f"{name} {value / GB:.2f}" for name, value in self.parts.items() if value >= 0.005 * GB)
         return f"{self.total / GB:.2f} GB ({shown}; x{SAFETY:g})"
 
@@ -83,8 +83,9 @@ def shape_of(cfg: TrainConfig) -> tuple[int, int] | None:
     return (preset["n_layer"], preset["n_embd"]) if preset else None
 
 
-def estimate_rank_memory(cfg: TrainConfig, world_size: int, rank0: bool, one_host: bool,
-                         shape: tuple[int, int] | None = None) -> MemoryEstimate | None:
+def estimate_rank_memory(
+    cfg: TrainConfig, world_size: int, rank0: bool, one_host: bool, shape: tuple[int, int] | None = None
+) -> MemoryEstimate | None:
     """One rank's peak; rank0 adds the snapshot copy; one_host: every rank on one machine (auto
     compression then sends fp32, no PowerSGD). shape: (n_layer, n_embd) when known otherwise (a
     checkpoint's config.json); None when the shape is unknown."""
@@ -95,8 +96,9 @@ def estimate_rank_memory(cfg: TrainConfig, world_size: int, rank0: bool, one_hos
     p = parameter_count(n_layer, n_embd, cfg.block_size)
     tokens = cfg.batch_size * cfg.block_size
     sharded = cfg.zero_stage == 1 and world_size > 1
-    powersgd = world_size > 1 and (cfg.grad_compression == "powersgd"
-                                   or (cfg.grad_compression == "auto" and not one_host))
+    powersgd = world_size > 1 and (
+        cfg.grad_compression == "powersgd" or (cfg.grad_compression == "auto" and not one_host)
+    )
     parts = {
         "runtime": RUNTIME_GB * GB,
         "weights": 4.0 * p,

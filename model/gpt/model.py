@@ -63,9 +63,7 @@ class CausalSelfAttention(nn.Module):
         # (B, T, C) -> (B, n_head, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # Fused kernel: no (T, T) mask buffer in the state dict, and flash-style memory use.
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -167,9 +165,7 @@ class GPT(nn.Module):
         """idx (B, T) token ids -> final LayerNorm output (B, T, n_embd), the input of lm_head."""
         _, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(
-                f"sequence of length {T} is longer than the model's block_size {self.config.block_size}"
-            )
+            raise ValueError(f"sequence of length {T} is longer than the model's block_size {self.config.block_size}")
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:

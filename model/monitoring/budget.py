@@ -57,8 +57,9 @@ def evals_before(iter_num: int, eval_interval: int, max_iters: int) -> int:
 class BudgetWatch:
     """Rank 0's spend and stop rule. after_step() once per optimizer step; True means stop now."""
 
-    def __init__(self, cfg: Any, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, cfg: Any, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic
+    ):
         self.budget_usd, self.usd_per_hour = cfg.budget_usd, cfg.budget_usd_per_hour
         self.spent_before_usd = cfg.budget_spent_usd
         self.clock, self.monotonic = clock, monotonic
@@ -114,9 +115,11 @@ class BudgetWatch:
             stop.request(STOP_BUDGET, self.reason(iter_num))
 
     def reason(self, iter_num: int) -> str:
-        return (f"stopped at budget: spent ${self.spent_usd():.2f} of ${self.budget_usd:.2f}, and the snapshot "
-                f"at iteration {next_snapshot_iter(iter_num, self.eval_interval, self.max_iters)} "
-                f"would have reached ${self.projected_usd(iter_num):.2f}")
+        return (
+            f"stopped at budget: spent ${self.spent_usd():.2f} of ${self.budget_usd:.2f}, and the snapshot "
+            f"at iteration {next_snapshot_iter(iter_num, self.eval_interval, self.max_iters)} "
+            f"would have reached ${self.projected_usd(iter_num):.2f}"
+        )
 
     def stopped(self, iter_num: int, metrics: Any) -> None:
         """After the stop's snapshot: the line operators look for, and the metrics record the launcher reads."""

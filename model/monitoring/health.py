@@ -47,8 +47,9 @@ def json_number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def largest_growth(blocks: dict[str, dict[str, float]], previous: dict[str, dict[str, float]] | None,
-                   since: int | None) -> dict[str, Any] | None:
+def largest_growth(
+    blocks: dict[str, dict[str, float]], previous: dict[str, dict[str, float]] | None, since: int | None
+) -> dict[str, Any] | None:
     """The block whose gain grew most since the previous measurement (see the module docstring)."""
     if not previous:
         return None

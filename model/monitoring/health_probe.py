@@ -111,10 +111,17 @@ class HealthProbe:
             if module.training:  # evaluation forwards are not the step's
                 x, y = args[0].detach(), output.detach()
                 # [max |out|, sum out^2, elements, max |in|]: summed or maxed over micro-steps and ranks
-                self._acts[index].append(torch.stack([
-                    y.abs().amax().float(), y.float().pow(2).sum(), torch.tensor(float(y.numel())),
-                    x.abs().amax().float(),
-                ]))
+                self._acts[index].append(
+                    torch.stack(
+                        [
+                            y.abs().amax().float(),
+                            y.float().pow(2).sum(),
+                            torch.tensor(float(y.numel())),
+                            x.abs().amax().float(),
+                        ]
+                    )
+                )
+
         return hook
 
     def after_backward(self) -> None:
@@ -125,8 +132,9 @@ class HealthProbe:
         norms = []
         for params in self.params:
             grads = [p.grad for p in params if p.grad is not None]
-            norms.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads
-                         else torch.zeros(()))
+            norms.append(
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+            )
         self._grad_norms = torch.stack(norms).float()
 
     def before_update(self) -> None:
@@ -158,8 +166,11 @@ class HealthProbe:
         for i in range(len(self.blocks)):
             gain = act_max[i] / in_max[i] if in_max[i] > 0 else math.nan
             blocks[f"h.{i}"] = {
-                "act_max": act_max[i], "act_rms": math.sqrt(sq[i] / max(count[i], 1)),
-                "gain": gain, "grad_norm": grads[i], "update_ratio": ratios_list[i],
+                "act_max": act_max[i],
+                "act_rms": math.sqrt(sq[i] / max(count[i], 1)),
+                "gain": gain,
+                "grad_norm": grads[i],
+                "update_ratio": ratios_list[i],
             }
         growth = largest_growth(blocks, self.previous, self.previous_iter)
         self.previous, self.previous_iter = blocks, iteration
@@ -190,8 +201,9 @@ class StepGuard:
                 return "loss_spike", loss
         return None
 
-    def judge(self, local_loss: float, clipped_norm: torch.Tensor | None, params: Any,
-              world_size: int) -> tuple[float, tuple[str, float] | None]:
+    def judge(
+        self, local_loss: float, clipped_norm: torch.Tensor | None, params: Any, world_size: int
+    ) -> tuple[float, tuple[str, float] | None]:
         """(the step's loss as the mean over ranks, check()'s answer). Every rank decides on the same
         numbers: that mean, and the norm of the gradients DDP averaged (clip_grad_norm_'s, when the
         trainer clips; else computed here)."""
@@ -239,15 +251,21 @@ def record_health(trainer: GuardedTrainer, probe: HealthProbe) -> None:
         trainer.metrics.health(trainer.iter_num, blocks, growth)
         warn_at = trainer.cfg.health.warn_growth
         if growth and warn_at and growth["growth"] >= warn_at:
-            log.warning("iter %d: %s's gain grew x%.3g since iter %d (model.monitoring.health)",
-                        trainer.iter_num, growth["block"], growth["growth"], growth["since"])
+            log.warning(
+                "iter %d: %s's gain grew x%.3g since iter %d (model.monitoring.health)",
+                trainer.iter_num,
+                growth["block"],
+                growth["growth"],
+                growth["since"],
+            )
 
 
 def skip_step(trainer: GuardedTrainer, guard: StepGuard, reason: str, value: float) -> None:
     """The guard rejected this step, which was not applied: log and record it; roll back when due."""
     if trainer.is_rank0:
-        log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged",
-                    trainer.iter_num, reason, value)
+        log.warning(
+            "iter %d: step skipped (%s: %s): weights and optimizer state unchanged", trainer.iter_num, reason, value
+        )
         trainer.metrics.event("skip", trainer.iter_num, reason, value=json_number(value))
     if guard.skipped():
         roll_back(trainer, guard, f"{guard.consecutive_skips} skipped steps in a row")
@@ -286,8 +304,10 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     hands it over), keeping the iteration: the batches since the snapshot are not replayed."""
     world_size, iteration = trainer.env.world_size, trainer.iter_num
     if not guard.applied_since_rollback:
-        raise TrainingDiverged(f"iter {iteration}: {reason} right after a rollback: the run diverges "
-                               "from the last snapshot too (lower the learning rate, or resume from ckpt.pt)")
+        raise TrainingDiverged(
+            f"iter {iteration}: {reason} right after a rollback: the run diverges "
+            "from the last snapshot too (lower the learning rate, or resume from ckpt.pt)"
+        )
     payload: dict[str, Any] = {}
 
     def read() -> int:
@@ -312,6 +332,11 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
         group["lr"] = lr
     guard.rolled_back()
     if trainer.is_rank0:
-        log.warning("iter %d: %s: rolled back to the snapshot of iter %d (weights and optimizer state); "
-                    "continuing with the next batches", iteration, reason, to_iter)
+        log.warning(
+            "iter %d: %s: rolled back to the snapshot of iter %d (weights and optimizer state); "
+            "continuing with the next batches",
+            iteration,
+            reason,
+            to_iter,
+        )
         trainer.metrics.event("rollback", iteration, reason, to_iter=to_iter)

@@ -47,14 +47,28 @@ class MetricsLog:
         self.tensorboard = open_tensorboard(self.path.parent, resumed_at, read_jsonl(self.path))
 
     def start(self, iteration: int, resumed: bool, max_iters: int, tokens_per_iter: int, world_size: int) -> None:
-        self._append({"kind": "start", "iter": iteration, "resumed": resumed, "max_iters": max_iters,
-                      "tokens_per_iter": tokens_per_iter, "world_size": world_size})
+        self._append(
+            {
+                "kind": "start",
+                "iter": iteration,
+                "resumed": resumed,
+                "max_iters": max_iters,
+                "tokens_per_iter": tokens_per_iter,
+                "world_size": world_size,
+            }
+        )
 
     def eval(self, iteration: int, train_loss: float, val_loss: float) -> None:
         self._append({"kind": "eval", "iter": iteration, "train_loss": train_loss, "val_loss": val_loss})
 
     def step(
-        self, iteration: int, loss: float, lr: float, iter_s: float, tokens_per_s: float, mfu: float,
+        self,
+        iteration: int,
+        loss: float,
+        lr: float,
+        iter_s: float,
+        tokens_per_s: float,
+        mfu: float,
         by_rank: dict[str, list[float]] | None = None,
     ) -> None:
         """by_rank: every rank's step/compute/wait times (model.monitoring.step_timing.gather_step_times)."""

@@ -88,9 +88,7 @@ class StopSignal:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
         self.requested.set()
-        log.info(
-            "%s received: stopping after the step in progress, within %.0f s", self.signal_name, self.grace_s
-        )
+        log.info("%s received: stopping after the step in progress, within %.0f s", self.signal_name, self.grace_s)
         self._start_timer(self.grace_s, self._grace_over)
 
     def _start_timer(self, delay: float, action: Callable[[], None]) -> None:

@@ -35,8 +35,11 @@ def scalars_of(record: dict[str, Any]) -> dict[str, float]:
     """The TensorBoard scalars (tag -> value) of one metrics.jsonl record; none for other kinds."""
     kind = record.get("kind")
     if kind == "health":
-        out = {f"health/{block}/{stat}": float(value)
-               for block, stats in record.get("blocks", {}).items() for stat, value in stats.items()}
+        out = {
+            f"health/{block}/{stat}": float(value)
+            for block, stats in record.get("blocks", {}).items()
+            for stat, value in stats.items()
+        }
         if record.get("largest_growth"):
             out["health/largest_growth"] = float(record["largest_growth"]["growth"])
         return out
@@ -78,8 +81,11 @@ def open_tensorboard(out_dir: Path, resumed_at: int | None, kept: Iterable[dict[
     try:
         import tensorboard  # noqa: F401 (torch.utils.tensorboard imports it lazily)
     except ImportError:
-        log.info("TensorBoard logging is off: the tensorboard package is not installed here "
-                 "(pip install 'nanocluster[tracking]' on the nodes to get event files in %s)", out_dir / TB_DIR)
+        log.info(
+            "TensorBoard logging is off: the tensorboard package is not installed here "
+            "(pip install 'nanocluster[tracking]' on the nodes to get event files in %s)",
+            out_dir / TB_DIR,
+        )
         return None
     directory = out_dir / TB_DIR
     if resumed_at is None:

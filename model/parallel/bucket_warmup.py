@@ -66,6 +66,9 @@ def warm_up_buckets(trainer: ResumingTrainer) -> float | None:
     torch.set_rng_state(rng)
     seconds = time.perf_counter() - started
     if trainer.is_rank0:
-        log.info("resumed: one discarded step (%.0f ms) so gradients reduce in the uninterrupted run's "
-                 "bucket layout (model.parallel.bucket_warmup)", seconds * 1e3)
+        log.info(
+            "resumed: one discarded step (%.0f ms) so gradients reduce in the uninterrupted run's "
+            "bucket layout (model.parallel.bucket_warmup)",
+            seconds * 1e3,
+        )
     return seconds

@@ -151,8 +151,12 @@ def measure_link(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: flo
     return LinkEstimate(slowest[0].item(), slowest[1].item(), 4 * parameters)
 
 
-def register(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: float,
-             wrap: Callable[[CommHook], CommHook] | None = None) -> str:
+def register(
+    ddp: DistributedDataParallel,
+    cfg: TrainConfig,
+    peak_flops: float,
+    wrap: Callable[[CommHook], CommHook] | None = None,
+) -> str:
     """Register the config's hook on ddp, wrapped by `wrap` (e.g. a timer) when given; returns the
     compression used (auto resolved). peak_flops: this rank's matmul peak (model.monitoring.mfu), which prices
     a step's compute for auto. A collective when grad_compression is auto."""
@@ -166,8 +170,14 @@ def register(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: float,
         log.info(
             "grad_compression auto -> %s: all-reduce at %.2f Gbit/s, fp32 gradients %.3f s vs "
             "~%.3f s compute per step (ratio %.3f; none <= %g < bf16 <= %g < powersgd; none below %g s)",
-            compression, link.gbit_s, link.transfer_s, link.compute_s,
-            link.ratio, NONE_MAX_RATIO, BF16_MAX_RATIO, MIN_TRANSFER_S,
+            compression,
+            link.gbit_s,
+            link.transfer_s,
+            link.compute_s,
+            link.ratio,
+            NONE_MAX_RATIO,
+            BF16_MAX_RATIO,
+            MIN_TRANSFER_S,
         )
     else:
         log.info("grad_compression %s", compression)

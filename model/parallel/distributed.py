@@ -52,17 +52,20 @@ def _int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(environ[name])
     except ValueError:
-        raise DistributedSetupError(
-            f"environment variable {name}={environ[name]!r} is not an integer"
-        ) from None
+        raise DistributedSetupError(f"environment variable {name}={environ[name]!r} is not an integer") from None
 
 
 # Each launcher's variables: (name, rank, world size, rank on this host, ranks on this host).
 LAUNCHER_VARIABLES = (
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
     ("intel-mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    (
+        "open-mpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
 )
 
 

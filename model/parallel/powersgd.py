@@ -99,7 +99,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
         if compressible(gradient.shape, state.rank):
             offset = (gradient.data_ptr() - buffer.data_ptr()) // buffer.element_size()
             matrices.append(gradient.view(gradient.shape[0], -1))
-            errors.append(error[offset:offset + gradient.numel()].view_as(matrices[-1]))
+            errors.append(error[offset : offset + gradient.numel()].view_as(matrices[-1]))
         else:
             vectors.append(gradient)
     ranks = [min(state.rank, *m.shape) for m in matrices]
@@ -121,7 +121,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     dist.all_reduce(sent)
     offset = 0
     for vector in vectors:
-        vector.copy_(sent[offset:offset + vector.numel()].view_as(vector)).div_(world)
+        vector.copy_(sent[offset : offset + vector.numel()].view_as(vector)).div_(world)
         offset += vector.numel()
     for matrix, p, q in zip(matrices, ps, qs, strict=True):
         orthonormalise_rows(p)
@@ -142,7 +142,6 @@ def split_rows(flat: torch.Tensor, ranks: list[int], widths: list[int]) -> list[
     """Views of `flat` as consecutive r x width matrices."""
     views, offset = [], 0
     for r, width in zip(ranks, widths, strict=True):
-        views.append(flat[offset:offset + r * width].view(r, width))
+        views.append(flat[offset : offset + r * width].view(r, width))
         offset += r * width
     return views
-

@@ -59,8 +59,11 @@ class HealthConfig:
             ("health.spike_window", self.spike_window >= 1, ">= 1"),
             ("health.spike_warmup", self.spike_warmup >= 0, ">= 0"),
             ("health.rollback_after", self.rollback_after >= 0, ">= 0 (0: never roll back)"),
-            ("health.test_fault", _valid_fault(self.test_fault),
-             '"" or <kind>:<block>@<iter>[-<last iter>][:<rank>] with kind one of ' + ", ".join(FAULT_KINDS)),
+            (
+                "health.test_fault",
+                _valid_fault(self.test_fault),
+                '"" or <kind>:<block>@<iter>[-<last iter>][:<rank>] with kind one of ' + ", ".join(FAULT_KINDS),
+            ),
         ]
 
 
@@ -91,4 +94,3 @@ def parse_fault(text: str) -> Fault | None:
 def _valid_fault(text: str) -> bool:
     match = FAULT_PATTERN.match(text) if text else None
     return not text or (match is not None and int(match.group(4) or match.group(3)) >= int(match.group(3)))
-

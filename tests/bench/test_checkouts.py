@@ -12,8 +12,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_checkout_is_labelled_by_its_short_commit_and_a_plain_directory_by_its_name(tmp_path):
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert checkout_label(REPO) == head
     assert checkout_label(tmp_path / "before") == "before"
 
@@ -25,7 +26,11 @@ def test_a_directory_without_the_trainer_is_refused_naming_it(tmp_path):
 
 def test_each_round_starts_with_the_next_program():
     assert [rotated(["a", "b", "c"], r) for r in range(4)] == [
-        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
     assert [rotated(["now", "before"], r) for r in range(2)] == [["now", "before"], ["before", "now"]]
 
 
@@ -37,12 +42,21 @@ def test_a_trainer_module_is_found_in_either_layout(tmp_path):
     (flat / "__init__.py").write_text("")
     (flat / "optim.py").write_text("LAYOUT = 'flat'\n")
     (flat / "data.py").write_text("LAYOUT = 'flat'\n")
-    code = ("from checkouts import model_module; "
-            "print(model_module('model.gpt.optim').LAYOUT, model_module('model.data.batches', 'model.data').LAYOUT, "
-            "model_module('model.gpt.optim').__name__)")
+    code = (
+        "from checkouts import model_module; "
+        "print(model_module('model.gpt.optim').LAYOUT, model_module('model.data.batches', 'model.data').LAYOUT, "
+        "model_module('model.gpt.optim').__name__)"
+    )
+
     def run(root: Path, code: str = code) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                              env={"PYTHONPATH": f"{root}:{REPO / 'bench'}", "PATH": "/usr/bin:/bin"})
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": f"{root}:{REPO / 'bench'}", "PATH": "/usr/bin:/bin"},
+        )
 
     assert run(tmp_path / "flat").stdout.split() == ["flat", "flat", "model.optim"]
     nested = run(REPO)  # this checkout: the subpackages' modules themselves

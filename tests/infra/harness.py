@@ -30,7 +30,9 @@ from infra import cloudinit
 PROJECT = "nanocluster"
 SSH_CIDR = "203.0.113.7/32"
 HEAD_PUBLIC_IP = {"gcp": "34.1.2.3", "aws": "3.1.2.3", "azure": "20.1.2.3"}
-UBUNTU_GCP_IMAGE = "https://www.googleapis.com/compute/v1/projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20250601"
+UBUNTU_GCP_IMAGE = (
+    "https://www.googleapis.com/compute/v1/projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20250601"
+)
 UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
 AWS_ZONES = ["us-east-1c", "us-east-1a", "us-east-1b"]
 
@@ -71,7 +73,9 @@ class ClusterMocks(pulumi.runtime.Mocks):
         "gcp:compute/getImage:getImage": lambda args: {"selfLink": UBUNTU_GCP_IMAGE, "family": args.get("family")},
         "aws:ec2/getAmi:getAmi": lambda args: {"id": UBUNTU_AMI, "name": "ubuntu-noble-24.04-amd64-server-20250601"},
         "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": lambda args: {
-            "id": "us-east-1", "locations": AWS_ZONES, "locationTypes": ["availability-zone"] * 3,
+            "id": "us-east-1",
+            "locations": AWS_ZONES,
+            "locationTypes": ["availability-zone"] * 3,
         },
     }
     # Outputs a cloud computes, by resource type.
@@ -80,7 +84,8 @@ class ClusterMocks(pulumi.runtime.Mocks):
         "gcp:compute/image:Image": lambda name: {"selfLink": f"projects/my-project/global/images/{name}"},
         "gcp:compute/snapshot:Snapshot": lambda name: {"selfLink": f"projects/my-project/global/snapshots/{name}"},
         "gcp:serviceaccount/account:Account": lambda name: {
-            "email": f"{name}@my-project.iam.gserviceaccount.com", "member": f"serviceAccount:{name}@my-project.iam.gserviceaccount.com",
+            "email": f"{name}@my-project.iam.gserviceaccount.com",
+            "member": f"serviceAccount:{name}@my-project.iam.gserviceaccount.com",
         },
         "aws:ec2/eip:Eip": lambda name: {"publicIp": HEAD_PUBLIC_IP["aws"], "allocationId": f"eipalloc-{name}"},
         "azure-native:network:PublicIPAddress": lambda name: {"ipAddress": HEAD_PUBLIC_IP["azure"]},
@@ -91,15 +96,20 @@ class ClusterMocks(pulumi.runtime.Mocks):
         # An external address is the cloud's pick; an internal one may be asked for.
         "gcp:compute/address:Address": lambda name, inputs: {"address": inputs.get("address") or HEAD_PUBLIC_IP["gcp"]},
         "gcp:container/cluster:Cluster": lambda name, inputs: {
-            "endpoint": GKE_ENDPOINT, "masterAuth": {**inputs.get("masterAuth", {}), "clusterCaCertificate": GKE_CA},
+            "endpoint": GKE_ENDPOINT,
+            "masterAuth": {**inputs.get("masterAuth", {}), "clusterCaCertificate": GKE_CA},
         },
-        "azure-native:compute:VirtualMachine": lambda name, inputs: {"storageProfile": {
-            **inputs.get("storageProfile", {}),
-            "osDisk": {
-                **inputs.get("storageProfile", {}).get("osDisk", {}),
-                "managedDisk": {"id": f"/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/{name}"},
-            },
-        }},
+        "azure-native:compute:VirtualMachine": lambda name, inputs: {
+            "storageProfile": {
+                **inputs.get("storageProfile", {}),
+                "osDisk": {
+                    **inputs.get("storageProfile", {}).get("osDisk", {}),
+                    "managedDisk": {
+                        "id": f"/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/{name}"
+                    },
+                },
+            }
+        },
     }
 
     def __init__(self) -> None:
@@ -153,7 +163,10 @@ class RecordingMonitor(MockMonitor):
 
 # Packages whose resources are checked; anything else but our own components is an error.
 SDK_PACKAGES = {
-    "gcp": "pulumi_gcp", "aws": "pulumi_aws", "azure-native": "pulumi_azure_native", "tls": "pulumi_tls",
+    "gcp": "pulumi_gcp",
+    "aws": "pulumi_aws",
+    "azure-native": "pulumi_azure_native",
+    "tls": "pulumi_tls",
     "kubernetes": "pulumi_kubernetes",
 }
 PROVIDER_PREFIX = "pulumi:providers:"
@@ -177,7 +190,7 @@ def split_token(token: str) -> tuple[str, str, str]:
 def resource_class(token: str) -> type:
     """The SDK's resource class for a type token, through the SDK's own module registry."""
     if token.startswith(PROVIDER_PREFIX):
-        package = token[len(PROVIDER_PREFIX):]
+        package = token[len(PROVIDER_PREFIX) :]
         if package not in SDK_PACKAGES:
             raise SchemaError(f"{token}: no SDK package {package!r} (known: {', '.join(SDK_PACKAGES)})")
         return importlib.import_module(f"{SDK_PACKAGES[package]}.provider").Provider

@@ -127,7 +127,9 @@ def invoke_schema(token: str) -> Schema:
     wire = dict((py, w) for w, py in re.findall(r"__args__\['(\w+)'\] = (\w+)", inspect.getsource(function)))
     parameters = inspect.signature(function).parameters
     fields = {wire[name]: Field(hints[name]) for name in wire}
-    required = frozenset(wire[p.name] for p in parameters.values() if p.default is inspect.Parameter.empty and p.name in wire)
+    required = frozenset(
+        wire[p.name] for p in parameters.values() if p.default is inspect.Parameter.empty and p.name in wire
+    )
     return Schema(function.__qualname__, fields, required)
 
 
@@ -192,11 +194,19 @@ def check(value: Any, hint: Any, path: str, values: tuple[str, ...] = ()) -> lis
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         return [] if number and float(value).is_integer() else [f"{path}: expected an integer, got {value!r:.60}"]
     if hint is float:
-        return [] if isinstance(value, (int, float)) and not isinstance(value, bool) else [f"{path}: expected a number, got {value!r:.60}"]
+        return (
+            []
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            else [f"{path}: expected a number, got {value!r:.60}"]
+        )
     if hint is str:
         if not isinstance(value, str):
             return [f"{path}: expected a string, got {type(value).__name__} {value!r:.60}"]
-        return [] if not values or value in values else [f"{path}: {value!r} is not one of the documented values {list(values)}"]
+        return (
+            []
+            if not values or value in values
+            else [f"{path}: {value!r} is not one of the documented values {list(values)}"]
+        )
     if isinstance(hint, type) and issubclass(hint, (pulumi.Asset, pulumi.Archive)):
         return []
     if typing.is_typeddict(hint):
@@ -233,7 +243,11 @@ def check_object(value: Mapping[str, Any], schema: Schema, path: str = "") -> li
     """Unknown keys, missing required keys and each known key's value, at every depth."""
     prefix = f"{path}." if path else ""
     problems = [f"{prefix}{key}: unknown key (not in {schema.owner})" for key in value if key not in schema.fields]
-    problems += [f"{prefix}{key}: required by {schema.owner}, missing" for key in sorted(schema.required) if value.get(key) is None]
+    problems += [
+        f"{prefix}{key}: required by {schema.owner}, missing"
+        for key in sorted(schema.required)
+        if value.get(key) is None
+    ]
     for key, field in schema.fields.items():
         if key in value:
             problems += check(value[key], field.hint, f"{prefix}{key}", field.values)
@@ -261,4 +275,3 @@ def schema_violations(run: StackRun) -> list[str]:
     found = [f"{r.type} {r.name}: {p}" for r in run.resources for p in resource_problems(r.type, r.inputs)]
     found += [f"invoke {token}: {p}" for token, args in run.invokes for p in invoke_problems(token, args)]
     return found
-

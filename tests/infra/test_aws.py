@@ -44,7 +44,11 @@ def test_security_groups_self_reference_for_members_and_ssh_from_the_cidr_for_th
     assert rules["nanocluster-dev-intra-cluster"]["ipProtocol"] == "-1"
     ssh = rules["nanocluster-dev-ssh-head"]
     assert (ssh["securityGroupId"], ssh["cidrIpv4"], ssh["ipProtocol"], ssh["fromPort"], ssh["toPort"]) == (
-        "nanocluster-dev-head-ssh-id", SSH_CIDR, "tcp", 22, 22,
+        "nanocluster-dev-head-ssh-id",
+        SSH_CIDR,
+        "tcp",
+        22,
+        22,
     )
     assert len(rules) == 2
     groups = [i.get("vpcSecurityGroupIds") for i in run.of_type(INSTANCE)[1:]]
@@ -72,14 +76,29 @@ def test_instances_require_imdsv2_encrypt_disks_and_share_a_cluster_placement_gr
     assert placement.get("strategy") == "cluster"
     for instance in run.of_type(INSTANCE):
         values = instance.get()
-        assert values["metadataOptions"] == {"httpTokens": "required", "httpEndpoint": "enabled", "httpPutResponseHopLimit": 1}
-        assert values["rootBlockDevice"] == {"encrypted": True, "volumeType": "gp3", "volumeSize": 100, "deleteOnTermination": True}
-        assert (values["ami"], values["instanceType"], values["placementGroup"]) == (UBUNTU_AMI, "m6i.4xlarge", "nanocluster-dev")
+        assert values["metadataOptions"] == {
+            "httpTokens": "required",
+            "httpEndpoint": "enabled",
+            "httpPutResponseHopLimit": 1,
+        }
+        assert values["rootBlockDevice"] == {
+            "encrypted": True,
+            "volumeType": "gp3",
+            "volumeSize": 100,
+            "deleteOnTermination": True,
+        }
+        assert (values["ami"], values["instanceType"], values["placementGroup"]) == (
+            UBUNTU_AMI,
+            "m6i.4xlarge",
+            "nanocluster-dev",
+        )
         assert values["tags"]["Name"] == instance.name and values["tags"]["cluster"] == "nanocluster-dev"
         assert "instanceMarketOptions" not in values
     (lookup,) = [args for token, args in run.invokes if token == "aws:ec2/getAmi:getAmi"]
     assert lookup["owners"] == ["099720109477"] and lookup["mostRecent"] is True
-    assert {"name": "name", "values": ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"]} in lookup["filters"]
+    assert {"name": "name", "values": ["ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"]} in lookup[
+        "filters"
+    ]
 
 
 def test_user_data_is_a_secret_gzipped_cloud_config_under_the_16k_limit():
@@ -93,7 +112,8 @@ def test_user_data_is_a_secret_gzipped_cloud_config_under_the_16k_limit():
 def test_spot_instances():
     (instance,) = run_stack(stack_config("aws", nodes=1, spot=True)).of_type(INSTANCE)
     assert instance.get("instanceMarketOptions") == {
-        "marketType": "spot", "spotOptions": {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"},
+        "marketType": "spot",
+        "spotOptions": {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"},
     }
 
 

@@ -66,10 +66,22 @@ def test_vms_use_trusted_launch_managed_disks_ssh_keys_only_and_the_looked_up_im
     for vm in run.of_type(VM):
         values = vm.get()
         assert values["hardwareProfile"] == {"vmSize": "Standard_D16s_v5"}
-        assert values["securityProfile"] == {"securityType": "TrustedLaunch", "uefiSettings": {"secureBootEnabled": True, "vTpmEnabled": True}}
-        assert values["storageProfile"]["imageReference"] == {"publisher": "Canonical", "offer": "ubuntu-24_04-lts", "sku": "server", "version": "latest"}
+        assert values["securityProfile"] == {
+            "securityType": "TrustedLaunch",
+            "uefiSettings": {"secureBootEnabled": True, "vTpmEnabled": True},
+        }
+        assert values["storageProfile"]["imageReference"] == {
+            "publisher": "Canonical",
+            "offer": "ubuntu-24_04-lts",
+            "sku": "server",
+            "version": "latest",
+        }
         os_disk = values["storageProfile"]["osDisk"]
-        assert (os_disk["managedDisk"], os_disk["diskSizeGB"], os_disk["deleteOption"]) == ({"storageAccountType": "Premium_LRS"}, 100, "Delete")
+        assert (os_disk["managedDisk"], os_disk["diskSizeGB"], os_disk["deleteOption"]) == (
+            {"storageAccountType": "Premium_LRS"},
+            100,
+            "Delete",
+        )
         linux = values["osProfile"]["linuxConfiguration"]
         assert linux["disablePasswordAuthentication"] is True
         assert linux["ssh"]["publicKeys"][0]["path"] == "/home/nanocluster/.ssh/authorized_keys"
@@ -86,7 +98,11 @@ def test_custom_data_is_a_secret_base64_cloud_config():
 def test_spot_and_a_managed_image_which_turns_trusted_launch_off():
     image = "/subscriptions/0000/resourceGroups/nanocluster-dev-images/providers/Microsoft.Compute/images/nanocluster-dev-node"
     (vm,) = run_stack(stack_config("azure", nodes=1, spot=True, image=image)).of_type(VM)
-    assert (vm.get("priority"), vm.get("evictionPolicy"), vm.get("billingProfile")) == ("Spot", "Deallocate", {"maxPrice": -1})
+    assert (vm.get("priority"), vm.get("evictionPolicy"), vm.get("billingProfile")) == (
+        "Spot",
+        "Deallocate",
+        {"maxPrice": -1},
+    )
     assert vm.get("storageProfile")["imageReference"] == {"id": image}
     assert "securityProfile" not in vm.get()
 
@@ -98,7 +114,8 @@ def test_bake_image_goes_to_its_own_resource_group():
     assert image.get("storageProfile")["osDisk"]["snapshot"] == {"id": "nanocluster-dev-head-id"}
     (snapshot,) = run.of_type("azure-native:compute:Snapshot")
     assert snapshot.get("creationData") == {
-        "createOption": "Copy", "sourceResourceId": "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/nanocluster-dev-0",
+        "createOption": "Copy",
+        "sourceResourceId": "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Compute/disks/nanocluster-dev-0",
     }
 
 

@@ -31,7 +31,11 @@ def node_env(home: Path) -> dict[str, str]:
 
 def bootstrap(home: Path, *args: str, node_dir: Path = NODE_DIR) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(node_dir / "bootstrap.sh"), *args], capture_output=True, text=True, env=node_env(home), timeout=300,
+        ["bash", str(node_dir / "bootstrap.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=node_env(home),
+        timeout=300,
     )
 
 
@@ -53,7 +57,11 @@ def test_help_documents_every_flag():
         (["--user"], 2, "error: --user needs a value (see --help)"),
         (["--frobnicate"], 2, "error: unknown argument '--frobnicate' (see --help)"),
         (["--user", "no-such-user-here"], 1, "error: user 'no-such-user-here' does not exist"),
-        (["--python", "python2.7-not-here", "--skip-system-packages"], 1, "error: python 'python2.7-not-here' not found"),
+        (
+            ["--python", "python2.7-not-here", "--skip-system-packages"],
+            1,
+            "error: python 'python2.7-not-here' not found",
+        ),
     ],
 )
 def test_bad_usage_exits_with_one_clear_error_line(tmp_path, args, status, error):
@@ -168,7 +176,6 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
     assert failed.stderr.strip().splitlines()[-1].startswith("error: pip install -r")
     assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
     assert offline(home, "--check", node_dir=node_dir).returncode == 3
-
 
 
 @pytest.mark.integration

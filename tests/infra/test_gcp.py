@@ -32,11 +32,15 @@ def test_firewall_allows_members_among_themselves_and_ssh_to_the_head_only():
     assert set(rules) == {"nanocluster-dev-intra-cluster", "nanocluster-dev-ssh-head"}
     intra, ssh = rules["nanocluster-dev-intra-cluster"], rules["nanocluster-dev-ssh-head"]
     assert (intra["sourceTags"], intra["targetTags"], intra["allows"]) == (
-        ["nanocluster-dev-node"], ["nanocluster-dev-node"], [{"protocol": "all"}],
+        ["nanocluster-dev-node"],
+        ["nanocluster-dev-node"],
+        [{"protocol": "all"}],
     )
     assert "sourceRanges" not in intra
     assert (ssh["sourceRanges"], ssh["targetTags"], ssh["allows"]) == (
-        [SSH_CIDR], ["nanocluster-dev-head"], [{"protocol": "tcp", "ports": ["22"]}],
+        [SSH_CIDR],
+        ["nanocluster-dev-head"],
+        [{"protocol": "tcp", "ports": ["22"]}],
     )
     tagged_head = [i.name for i in run.of_type(INSTANCE) if "nanocluster-dev-head" in i.get("tags")]
     assert tagged_head == ["nanocluster-dev-0"]
@@ -47,7 +51,9 @@ def test_nodes_are_rank_ordered_with_fixed_private_addresses_and_only_the_head_p
     run = cached_stack("gcp", nodes)
     instances = run.of_type(INSTANCE)
     assert [i.name for i in instances] == [f"nanocluster-dev-{r}" for r in range(nodes)]  # + Pulumi's suffix
-    assert [i.get("networkInterfaces")[0]["networkIp"] for i in instances] == [f"10.42.0.{10 + r}" for r in range(nodes)]
+    assert [i.get("networkInterfaces")[0]["networkIp"] for i in instances] == [
+        f"10.42.0.{10 + r}" for r in range(nodes)
+    ]
     (address,) = run.of_type("gcp:compute/address:Address")
     assert instances[0].get("networkInterfaces")[0]["accessConfigs"] == [{"natIp": HEAD_PUBLIC_IP["gcp"]}]
     assert address.get("addressType") == "EXTERNAL"
@@ -66,14 +72,21 @@ def test_vm_hardening_machine_disk_and_image():
     for instance in run.of_type(INSTANCE):
         values = instance.get()
         assert values["machineType"] == "c3-highmem-8" and values["zone"] == "us-central1-a"
-        assert values["shieldedInstanceConfig"] == {"enableSecureBoot": True, "enableVtpm": True, "enableIntegrityMonitoring": True}
+        assert values["shieldedInstanceConfig"] == {
+            "enableSecureBoot": True,
+            "enableVtpm": True,
+            "enableIntegrityMonitoring": True,
+        }
         assert values["metadata"]["block-project-ssh-keys"] == "true"
         assert values["bootDisk"]["initializeParams"] == {"image": UBUNTU_GCP_IMAGE, "size": 100, "type": "pd-balanced"}
         assert "serviceAccount" not in values  # nodes call no Google API
         assert values["scheduling"]["provisioningModel"] == "STANDARD"
         assert {"cluster": "nanocluster-dev", "managed-by": "pulumi"}.items() <= values["labels"].items()
         assert "owner" in values["labels"]
-    assert ("gcp:compute/getImage:getImage", {"family": "ubuntu-2404-lts-amd64", "project": "ubuntu-os-cloud"}) in run.invokes
+    assert (
+        "gcp:compute/getImage:getImage",
+        {"family": "ubuntu-2404-lts-amd64", "project": "ubuntu-os-cloud"},
+    ) in run.invokes
 
 
 def test_user_data_is_a_secret_cloud_config():

@@ -43,7 +43,11 @@ CLUSTER = "gcp:container/cluster:Cluster"
 POOL = "gcp:container/nodePool:NodePool"
 KUBERNETES_VERSION = "1.35"
 """The minor version GKE's regular channel creates clusters with (its release notes, 2026-09: 1.35.8)."""
-SIZES = [pytest.param(nodes, spot, id=f"{nodes}-{'spot' if spot else 'on-demand'}") for nodes in (1, 3, 64) for spot in (False, True)]
+SIZES = [
+    pytest.param(nodes, spot, id=f"{nodes}-{'spot' if spot else 'on-demand'}")
+    for nodes in (1, 3, 64)
+    for spot in (False, True)
+]
 
 
 def gke(nodes: int = 3, **settings: object) -> StackRun:
@@ -70,7 +74,9 @@ def test_sdk_types_policy_and_provider_limits_accept_the_stack(nodes, spot):
 def test_training_pool_scales_from_zero_to_nodes_in_total(nodes, spot):
     pool = gke(nodes, spot=spot).named(POOL, "nanocluster-dev-training")
     assert pool.get("autoscaling") == {
-        "totalMinNodeCount": 0, "totalMaxNodeCount": nodes, "locationPolicy": "ANY" if spot else "BALANCED",
+        "totalMinNodeCount": 0,
+        "totalMaxNodeCount": nodes,
+        "locationPolicy": "ANY" if spot else "BALANCED",
     }
     assert pool.get("initialNodeCount") == 0
     assert pool.get("nodeConfig")["spot"] is spot
@@ -83,7 +89,9 @@ def test_only_tolerating_pods_land_on_the_training_pool_and_the_system_pool_is_s
     assert config["taints"] == [{"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"}]
     assert config["labels"] == {POOL_LABEL: TRAINING_POOL} and config["machineType"] == "c3-highmem-8"
     assert run.outputs["node_selector"] == {POOL_LABEL: TRAINING_POOL}
-    assert run.outputs["tolerations"] == [{"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"}]
+    assert run.outputs["tolerations"] == [
+        {"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"}
+    ]
     assert "taints" not in system.get("nodeConfig") and "autoscaling" not in system.get()
     assert (system.get("nodeCount"), system.get("nodeLocations")) == (1, ["us-central1-a"])
 
@@ -91,11 +99,16 @@ def test_only_tolerating_pods_land_on_the_training_pool_and_the_system_pool_is_s
 def test_cluster_is_private_reachable_from_the_operator_cidr_only_with_workload_identity():
     cluster = gke().named(CLUSTER, "nanocluster-dev").get()
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is True
-    assert cluster["masterAuthorizedNetworksConfig"]["cidrBlocks"] == [{"cidrBlock": SSH_CIDR, "displayName": "nanocluster-sshAllowedCidr"}]
+    assert cluster["masterAuthorizedNetworksConfig"]["cidrBlocks"] == [
+        {"cidrBlock": SSH_CIDR, "displayName": "nanocluster-sshAllowedCidr"}
+    ]
     assert cluster["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
     assert cluster["datapathProvider"] == "ADVANCED_DATAPATH" and cluster["releaseChannel"] == {"channel": "REGULAR"}
     assert cluster["removeDefaultNodePool"] is True and cluster["location"] == "us-central1-a"
-    assert cluster["ipAllocationPolicy"] == {"clusterSecondaryRangeName": "pods", "servicesSecondaryRangeName": "services"}
+    assert cluster["ipAllocationPolicy"] == {
+        "clusterSecondaryRangeName": "pods",
+        "servicesSecondaryRangeName": "services",
+    }
 
 
 def test_every_node_runs_as_the_dedicated_account_with_narrow_scopes():
@@ -104,7 +117,9 @@ def test_every_node_runs_as_the_dedicated_account_with_narrow_scopes():
     (binding,) = run.of_type("gcp:projects/iAMMember:IAMMember")
     assert account.get("accountId") == "nanocluster-dev-nodes"
     assert binding.get("role") == "roles/container.defaultNodeServiceAccount"
-    configs = [run.named(CLUSTER, "nanocluster-dev").get("nodeConfig")] + [p.get("nodeConfig") for p in run.of_type(POOL)]
+    configs = [run.named(CLUSTER, "nanocluster-dev").get("nodeConfig")] + [
+        p.get("nodeConfig") for p in run.of_type(POOL)
+    ]
     assert len(configs) == 3
     for config in configs:
         assert config["serviceAccount"] == "nanocluster-dev-nodes@my-project.iam.gserviceaccount.com"
@@ -126,11 +141,15 @@ def test_the_shared_volume_is_an_nfs_server_only_the_gke_nodes_reach():
     (server,) = run.of_type("gcp:compute/instance:Instance")
     (firewall,) = run.of_type("gcp:compute/firewall:Firewall")
     (disk,) = run.of_type("gcp:compute/disk:Disk")
-    assert server.get("networkInterfaces") == [{"subnetwork": "nanocluster-dev-id", "networkIp": NFS_ADDRESS}]  # no public address
+    assert server.get("networkInterfaces") == [
+        {"subnetwork": "nanocluster-dev-id", "networkIp": NFS_ADDRESS}
+    ]  # no public address
     assert server.get("attachedDisks") == [{"source": disk.id, "deviceName": "nanocluster-data"}]
     assert disk.get("size") == 100 and "serviceAccount" not in server.get()
     assert (firewall.get("sourceTags"), firewall.get("targetTags"), firewall.get("allows")) == (
-        ["nanocluster-dev-gke-node"], ["nanocluster-dev-nfs"], [{"protocol": "tcp", "ports": ["2049"]}],
+        ["nanocluster-dev-gke-node"],
+        ["nanocluster-dev-nfs"],
+        [{"protocol": "tcp", "ports": ["2049"]}],
     )
     assert all(p.get("nodeConfig")["tags"] == ["nanocluster-dev-gke-node"] for p in run.of_type(POOL))
     volume = run.named("kubernetes:core/v1:PersistentVolume", "nanocluster-dev-storage").get("spec")
@@ -142,11 +161,17 @@ def test_the_contract_has_the_kubernetes_keys_and_a_secret_kubeconfig_for_the_au
     assert tuple(run.outputs) == KUBERNETES_CONTRACT_KEYS
     assert run.secret_outputs == {"kubeconfig"}
     assert (run.outputs["kind"], run.outputs["namespace"], run.outputs["storage_claim"], run.outputs["max_nodes"]) == (
-        "kubernetes", "nanocluster", "nanocluster-shared", 3,
+        "kubernetes",
+        "nanocluster",
+        "nanocluster-shared",
+        3,
     )
     kubeconfig = yaml.safe_load(run.outputs["kubeconfig"])
     assert kubeconfig["current-context"] == run.outputs["context"] == "nanocluster-dev"
-    assert kubeconfig["clusters"][0]["cluster"] == {"server": f"https://{GKE_ENDPOINT}", "certificate-authority-data": GKE_CA}
+    assert kubeconfig["clusters"][0]["cluster"] == {
+        "server": f"https://{GKE_ENDPOINT}",
+        "certificate-authority-data": GKE_CA,
+    }
     user = kubeconfig["users"][0]["user"]["exec"]
     assert (user["command"], user["provideClusterInfo"]) == ("gke-gcloud-auth-plugin", True)
 
@@ -177,7 +202,9 @@ def test_growing_the_pool_changes_its_maximum_and_nothing_else():
     changed = updates(three, four)
     assert list(changed) == [(POOL, "nanocluster-dev-training")]
     before, after = changed[(POOL, "nanocluster-dev-training")]
-    assert {k: v for k, v in before.items() if k != "autoscaling"} == {k: v for k, v in after.items() if k != "autoscaling"}
+    assert {k: v for k, v in before.items() if k != "autoscaling"} == {
+        k: v for k, v in after.items() if k != "autoscaling"
+    }
     assert (before["autoscaling"]["totalMaxNodeCount"], after["autoscaling"]["totalMaxNodeCount"]) == (3, 4)
 
 
@@ -192,7 +219,10 @@ def test_every_kubernetes_object_fits_the_api_schema_of_the_regular_channel(node
 
 def test_a_misspelled_field_fails_the_schema_check():
     claim = next(o for o in kubernetes_objects(gke()) if o["kind"] == "PersistentVolumeClaim")
-    misspelled = {**claim, "spec": {**{k: v for k, v in claim["spec"].items() if k != "accessModes"}, "accesModes": ["ReadWriteMany"]}}
+    misspelled = {
+        **claim,
+        "spec": {**{k: v for k, v in claim["spec"].items() if k != "accessModes"}, "accesModes": ["ReadWriteMany"]},
+    }
     with pytest.raises(kubernetes_validate.ValidationError, match="accesModes"):
         kubernetes_validate.validate(misspelled, KUBERNETES_VERSION, strict=True)
 
@@ -202,10 +232,15 @@ def test_gke_takes_gcp_machine_types_and_refuses_vm_only_settings():
     assert parse({**base, "nanocluster:machineType": "n2-standard-8"}, "dev", env={}).machine.name == "n2-standard-8"
     with pytest.raises(ConfigError, match=r"'m6i\.4xlarge' is a machine type of aws, but nanocluster:cloud is gcp"):
         parse({**base, "nanocluster:machineType": "m6i.4xlarge"}, "dev", env={})
-    with pytest.raises(ConfigError, match=r"^nanocluster:bakeImage: is a setting of VM clusters; nanocluster:cloud gke is a Kubernetes"):
+    with pytest.raises(
+        ConfigError, match=r"^nanocluster:bakeImage: is a setting of VM clusters; nanocluster:cloud gke is a Kubernetes"
+    ):
         parse({**base, "nanocluster:bakeImage": "true"}, "dev", env={})
     # Pulumi.yaml's defaults reach the program as values: they are no error.
-    assert parse({**base, "nanocluster:publicWorkers": "false", "nanocluster:idleMinutes": "0"}, "dev", env={}).cloud == "gke"
+    assert (
+        parse({**base, "nanocluster:publicWorkers": "false", "nanocluster:idleMinutes": "0"}, "dev", env={}).cloud
+        == "gke"
+    )
     with pytest.raises(ConfigError, match=r"^nanocluster:regional: is a setting of GKE clusters, not of gcp VMs"):
         parse(stack_config("gcp", nodes=2, regional=True), "dev", env={})
 

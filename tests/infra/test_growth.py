@@ -74,13 +74,17 @@ def updates(before: StackRun, after: StackRun) -> dict[tuple[str, str], tuple[An
 
 @pytest.fixture(scope="module")
 def three_and_four() -> dict[str, tuple[StackRun, StackRun]]:
-    return {cloud: (run_stack(stack_config(cloud, nodes=3)), run_stack(stack_config(cloud, nodes=4))) for cloud in CLOUDS}
+    return {
+        cloud: (run_stack(stack_config(cloud, nodes=3)), run_stack(stack_config(cloud, nodes=4))) for cloud in CLOUDS
+    }
 
 
 def test_ignore_changes_paths_are_parsed_like_pulumi_property_paths():
     assert _steps('metadata["user-data"]') == ["metadata", "user-data"]
     assert _steps("bootDisk.initializeParams.image") == ["bootDisk", "initializeParams", "image"]
-    assert _without({"metadata": {"user-data": "x", "keep": "y"}}, ["metadata", "user-data"]) == {"metadata": {"keep": "y"}}
+    assert _without({"metadata": {"user-data": "x", "keep": "y"}}, ["metadata", "user-data"]) == {
+        "metadata": {"keep": "y"}
+    }
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)

@@ -35,8 +35,12 @@ def test_fab_setup_delivers_the_private_key_and_known_hosts_then_head_reaches_wo
     assert result.returncode == 0, result.stderr + result.stdout
 
     # After: the cluster key (0600) and every node's pinned host key, on every node.
-    pinned = {f"{name},{ip} {' '.join(key.split()[:2])}" for name, ip, key in zip(  # type and key, no comment
-        contract["node_names"], contract["private_ips"], contract["host_public_keys"], strict=True)}
+    pinned = {
+        f"{name},{ip} {' '.join(key.split()[:2])}"
+        for name, ip, key in zip(  # type and key, no comment
+            contract["node_names"], contract["private_ips"], contract["host_public_keys"], strict=True
+        )
+    }
     for i in range(nodes.count):
         files = ssh_files(nodes, i)
         assert files["nanocluster/id_cluster"].strip() == contract["ssh_private_key"].strip(), f"node{i}"

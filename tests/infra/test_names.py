@@ -20,9 +20,16 @@ AUTONAME_SUFFIX = len("-") + 7  # what Pulumi appends to the logical name
 # Per cloud: the input that names a resource where a clash would be with another stack's resource.
 SCOPED_NAME = {
     "gcp": lambda r: "name" if r.type.startswith("gcp:compute/") else None,
-    "aws": lambda r: "name" if r.type in (
-        "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/placementGroup:PlacementGroup", "aws:ec2/amiFromInstance:AmiFromInstance",
-    ) else None,
+    "aws": lambda r: (
+        "name"
+        if r.type
+        in (
+            "aws:ec2/securityGroup:SecurityGroup",
+            "aws:ec2/placementGroup:PlacementGroup",
+            "aws:ec2/amiFromInstance:AmiFromInstance",
+        )
+        else None
+    ),
     "azure": lambda r: "resourceGroupName" if r.type == "azure-native:resources:ResourceGroup" else None,
 }
 GCP_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # https://cloud.google.com/compute/docs/naming-resources
@@ -32,9 +39,7 @@ GCP_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # https://cloud.google.com
 def test_names_unique_in_a_project_are_left_to_pulumi_autonaming(cloud):
     run = run_stack(stack_config(cloud, nodes=3, bakeImage=True))
     explicit = [
-        (r.type, r.name, r.get()[key])
-        for r in run.resources
-        if (key := SCOPED_NAME[cloud](r)) and key in r.get()
+        (r.type, r.name, r.get()[key]) for r in run.resources if (key := SCOPED_NAME[cloud](r)) and key in r.get()
     ]
     assert explicit == []
 
@@ -51,7 +56,9 @@ def test_azure_images_group_is_autonamed_and_kept_so_a_later_bake_gets_a_new_one
     assert "resourceGroupName" not in images.get()
     assert images.options.retain_on_delete  # the image is what you want back after destroy
     (image,) = run.of_type("azure-native:compute:Image")
-    assert image.get("resourceGroupName") == "nanocluster-dev-images"  # the group's autoname (the mocks echo the logical name)
+    assert (
+        image.get("resourceGroupName") == "nanocluster-dev-images"
+    )  # the group's autoname (the mocks echo the logical name)
 
 
 LONG_STACK = "team-research-experiment-number-forty-two-with-a-long-name"
@@ -64,7 +71,9 @@ def test_cluster_name_is_cut_to_40_characters_and_never_ends_in_a_dash():
 
 
 def test_gcp_autonames_fit_63_characters_even_for_a_long_stack_name():
-    run = run_stack(stack_config("gcp", nodes=11, bakeImage=True), stack=LONG_STACK)  # two-digit ranks, as up to 64 nodes
+    run = run_stack(
+        stack_config("gcp", nodes=11, bakeImage=True), stack=LONG_STACK
+    )  # two-digit ranks, as up to 64 nodes
     compute = [r for r in run.resources if r.type.startswith("gcp:compute/")]
     assert compute
     for resource in compute:

@@ -56,13 +56,22 @@ def test_private_keys_outside_secrets_fail_the_policy():
         build()
         pulumi.export("debug_key", key)
         gcp.compute.Instance(
-            "debug", machine_type="e2-small", zone="us-central1-a", labels={"rank": "1"},
-            boot_disk={"initialize_params": {"image": "debian-12"}}, network_interfaces=[{"network": "default"}],
+            "debug",
+            machine_type="e2-small",
+            zone="us-central1-a",
+            labels={"rank": "1"},
+            boot_disk={"initialize_params": {"image": "debian-12"}},
+            network_interfaces=[{"network": "default"}],
             metadata={"user-data": f"#cloud-config\nwrite_files: [{{content: '{key}'}}]"},
         )
         aws.ec2.Instance(  # hidden in gzip + base64, as AWS user data is sent
-            "debug-aws", ami="ami-0a1b2c3d4e5f60718", instance_type="t3.micro", tags={"rank": "1"},
-            user_data_base64=base64_gzip(key), metadata_options={"http_tokens": "required"}, root_block_device={"encrypted": True},
+            "debug-aws",
+            ami="ami-0a1b2c3d4e5f60718",
+            instance_type="t3.micro",
+            tags={"rank": "1"},
+            user_data_base64=base64_gzip(key),
+            metadata_options={"http_tokens": "required"},
+            root_block_device={"encrypted": True},
         )
 
     found = violations(run_stack(stack_config("gcp", nodes=1), program=leaking))
@@ -70,7 +79,10 @@ def test_private_keys_outside_secrets_fail_the_policy():
     assert "gcp:compute/instance:Instance debug: private key in plain input metadata.user-data" in found
     assert "stack output debug_key: private key not exported as a secret" in found
     # Secret or not, neither document may carry a key outside the host-key slot.
-    assert "gcp:compute/instance:Instance debug: metadata.user-data: a private key outside cloud-init's ssh_keys host-key slot" in found
+    assert (
+        "gcp:compute/instance:Instance debug: metadata.user-data: a private key outside cloud-init's ssh_keys host-key slot"
+        in found
+    )
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)

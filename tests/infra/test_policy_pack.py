@@ -51,7 +51,17 @@ def pack_violations(run: StackRun) -> list[str]:
         SECURITY.validate(args, report)
         PROVIDER_CONSTRAINTS.validate(args, report)
     stack = [
-        PolicyResource(r.type, unknown_checking_proxy({**plain(r.inputs), "id": r.id}), _urn(r), r.name, OPTIONS, None, None, [], {})
+        PolicyResource(
+            r.type,
+            unknown_checking_proxy({**plain(r.inputs), "id": r.id}),
+            _urn(r),
+            r.name,
+            OPTIONS,
+            None,
+            None,
+            [],
+            {},
+        )
         for r in run.resources
     ]
     REACH.validate(StackValidationArgs(stack), report)
@@ -77,18 +87,24 @@ def test_the_pack_fails_each_provider_limit(case):
 
 def test_every_policy_is_mandatory():
     assert {p.name: p.enforcement_level.value for p in POLICIES} == {
-        "nanocluster-security": "mandatory", "nanocluster-reach": "mandatory", "provider-constraints": "mandatory",
+        "nanocluster-security": "mandatory",
+        "nanocluster-reach": "mandatory",
+        "provider-constraints": "mandatory",
     }
 
 
 def test_values_not_known_during_a_preview_are_no_violation():
     found: list[str] = []
     props = {
-        "ami": "ami-0a1b2c3d4e5f60718", "tags": {"rank": "1"},
+        "ami": "ami-0a1b2c3d4e5f60718",
+        "tags": {"rank": "1"},
         "metadataOptions": {"httpTokens": UNKNOWN_STRING_VALUE},
-        "rootBlockDevice": UNKNOWN_STRING_VALUE, "userDataBase64": UNKNOWN_STRING_VALUE,
+        "rootBlockDevice": UNKNOWN_STRING_VALUE,
+        "userDataBase64": UNKNOWN_STRING_VALUE,
     }
-    args = ResourceValidationArgs("aws:ec2/instance:Instance", unknown_checking_proxy(props), "urn:x", "worker", OPTIONS, None)
+    args = ResourceValidationArgs(
+        "aws:ec2/instance:Instance", unknown_checking_proxy(props), "urn:x", "worker", OPTIONS, None
+    )
     for policy in (SECURITY, PROVIDER_CONSTRAINTS):
         policy.validate(args, lambda message, urn=None: found.append(message))
     assert found == []
@@ -98,19 +114,52 @@ def test_during_a_preview_reach_follows_the_engines_dependencies():
     """Ids of new resources are unknown in a preview; which group a rule and an instance name is
     still known from the engine's property dependencies."""
     pulumi.runtime.set_all_config({"nanocluster:sshAllowedCidr": SSH_CIDR})
-    group = PolicyResource("aws:ec2/securityGroup:SecurityGroup", unknown_checking_proxy({}), "urn:members", "members", OPTIONS, None, None, [], {})
+    group = PolicyResource(
+        "aws:ec2/securityGroup:SecurityGroup",
+        unknown_checking_proxy({}),
+        "urn:members",
+        "members",
+        OPTIONS,
+        None,
+        None,
+        [],
+        {},
+    )
     rule = PolicyResource(
         "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
-        unknown_checking_proxy({"securityGroupId": UNKNOWN_STRING_VALUE, "cidrIpv4": SSH_CIDR, "ipProtocol": "tcp", "fromPort": 22, "toPort": 22}),
-        "urn:ssh", "ssh-everywhere", OPTIONS, None, None, [group], {"securityGroupId": [group]},
+        unknown_checking_proxy(
+            {
+                "securityGroupId": UNKNOWN_STRING_VALUE,
+                "cidrIpv4": SSH_CIDR,
+                "ipProtocol": "tcp",
+                "fromPort": 22,
+                "toPort": 22,
+            }
+        ),
+        "urn:ssh",
+        "ssh-everywhere",
+        OPTIONS,
+        None,
+        None,
+        [group],
+        {"securityGroupId": [group]},
     )
     worker = PolicyResource(
-        "aws:ec2/instance:Instance", unknown_checking_proxy({"tags": {"rank": "1"}, "vpcSecurityGroupIds": [UNKNOWN_STRING_VALUE]}),
-        "urn:worker", "worker-1", OPTIONS, None, None, [group], {"vpcSecurityGroupIds": [group]},
+        "aws:ec2/instance:Instance",
+        unknown_checking_proxy({"tags": {"rank": "1"}, "vpcSecurityGroupIds": [UNKNOWN_STRING_VALUE]}),
+        "urn:worker",
+        "worker-1",
+        OPTIONS,
+        None,
+        None,
+        [group],
+        {"vpcSecurityGroupIds": [group]},
     )
     found: list[str] = []
     REACH.validate(StackValidationArgs([group, rule, worker]), lambda message, urn=None: found.append(message))
-    assert found == ["aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule ssh-everywhere: source ['203.0.113.7/32'] reaches ['worker-1'], not the head alone"]
+    assert found == [
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule ssh-everywhere: source ['203.0.113.7/32'] reaches ['worker-1'], not the head alone"
+    ]
 
 
 def _struct(value: dict) -> struct_pb2.Struct:
@@ -126,7 +175,10 @@ def test_the_pack_runs_as_the_cli_runs_it_and_blocks_a_world_open_rule():
     env = {**os.environ, "PULUMI_CONFIG": json.dumps({"nanocluster:sshAllowedCidr": SSH_CIDR})}
     process = subprocess.Popen(
         [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", str(PACK)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         port = int(process.stdout.readline().strip() or 0)
@@ -136,14 +188,29 @@ def test_the_pack_runs_as_the_cli_runs_it_and_blocks_a_world_open_rule():
             analyzer = analyzer_pb2_grpc.AnalyzerStub(channel)
             info = analyzer.GetAnalyzerInfo(empty_pb2.Empty(), timeout=30)
             assert info.name == "nanocluster"
-            assert sorted(p.name for p in info.policies) == ["nanocluster-reach", "nanocluster-security", "provider-constraints"]
+            assert sorted(p.name for p in info.policies) == [
+                "nanocluster-reach",
+                "nanocluster-security",
+                "provider-constraints",
+            ]
             request = analyzer_pb2.AnalyzeRequest(
-                type="gcp:compute/firewall:Firewall", name="notebook", urn="urn:pulumi:dev::nanocluster::gcp:compute/firewall:Firewall::notebook",
-                properties=_struct({"direction": "INGRESS", "sourceRanges": ["0.0.0.0/0"], "allows": [{"protocol": "tcp", "ports": ["8888"]}], "targetTags": ["x"]}),
+                type="gcp:compute/firewall:Firewall",
+                name="notebook",
+                urn="urn:pulumi:dev::nanocluster::gcp:compute/firewall:Firewall::notebook",
+                properties=_struct(
+                    {
+                        "direction": "INGRESS",
+                        "sourceRanges": ["0.0.0.0/0"],
+                        "allows": [{"protocol": "tcp", "ports": ["8888"]}],
+                        "targetTags": ["x"],
+                    }
+                ),
             )
             response = analyzer.Analyze(request, timeout=30)
             mandatory = [d.message for d in response.diagnostics if d.enforcementLevel == analyzer_pb2.MANDATORY]
-            assert any("source ['0.0.0.0/0']: only nanocluster:sshAllowedCidr (203.0.113.7/32)" in m for m in mandatory), mandatory
+            assert any(
+                "source ['0.0.0.0/0']: only nanocluster:sshAllowedCidr (203.0.113.7/32)" in m for m in mandatory
+            ), mandatory
     finally:
         process.kill()
         process.wait(timeout=30)

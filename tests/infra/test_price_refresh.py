@@ -67,7 +67,9 @@ def test_azure_reads_linux_pay_as_you_go_and_spot_meters_across_pages():
     assert rows["Standard_D32s_v5"].spot_usd_per_hour is None  # no Spot meter in the response
     assert rows["Standard_D16s_v6"].on_demand_usd_per_hour == 0.808
     queried = [url for url, _ in get.requests if "$skip" not in url]
-    assert len(queried) == 4 and all("armSkuName+eq+%27Standard_D" in url and "priceType+eq+%27Consumption%27" in url for url in queried)
+    assert len(queried) == 4 and all(
+        "armSkuName+eq+%27Standard_D" in url and "priceType+eq+%27Consumption%27" in url for url in queried
+    )
 
 
 def test_aws_reads_shared_linux_on_demand_rows_and_leaves_spot_unknown():
@@ -81,7 +83,9 @@ def test_aws_reads_shared_linux_on_demand_rows_and_leaves_spot_unknown():
 def test_aws_refuses_two_prices_for_one_machine_type():
     text = (RESPONSES / "aws_ec2_us-east-1.csv").read_text()
     last = text.splitlines()[6].replace("0.3840000000", "0.4000000000")  # m6i.2xlarge again, another price
-    with pytest.raises(FetchError, match=r"m6i.2xlarge has several Linux on-demand prices in us-east-1: \[0.384, 0.4\]"):
+    with pytest.raises(
+        FetchError, match=r"m6i.2xlarge has several Linux on-demand prices in us-east-1: \[0.384, 0.4\]"
+    ):
         aws.parse(io.StringIO(text + last + "\n"), machines("aws"), "us-east-1")
 
 
@@ -90,9 +94,13 @@ def test_gcp_prices_a_machine_type_from_its_series_core_and_memory_skus(monkeypa
     get = gcp_get()
     rows = {r.machine: r for r in gcp.fetch(machines("gcp"), "us-central1", get=get)}
     # vCPUs x core + GiB x RAM, Americas SKUs (not Belgium, C3D, sole tenancy, commitments, custom).
-    assert rows["c3-standard-8"] == Row("c3-standard-8", round(8 * 0.034 + 32 * 0.0046, 6), round(8 * 0.012 + 32 * 0.0016, 6), "us-central1")
+    assert rows["c3-standard-8"] == Row(
+        "c3-standard-8", round(8 * 0.034 + 32 * 0.0046, 6), round(8 * 0.012 + 32 * 0.0016, 6), "us-central1"
+    )
     assert rows["c3-highmem-22"].on_demand_usd_per_hour == round(22 * 0.034 + 176 * 0.0046, 6)
-    assert rows["n2-standard-8"] == Row("n2-standard-8", round(8 * 0.031 + 32 * 0.0042, 6), None, "us-central1")  # no spot RAM SKU
+    assert rows["n2-standard-8"] == Row(
+        "n2-standard-8", round(8 * 0.031 + 32 * 0.0042, 6), None, "us-central1"
+    )  # no spot RAM SKU
     # The key travels in a header, never in a URL (URLs end up in errors and in the table).
     assert [h for _, h in get.requests] == [{"x-goog-api-key": "test-key"}] * 2
     assert all("test-key" not in url for url, _ in get.requests)
@@ -100,7 +108,9 @@ def test_gcp_prices_a_machine_type_from_its_series_core_and_memory_skus(monkeypa
 
 def test_gcp_without_an_api_key_says_which_variable_to_set(monkeypatch):
     monkeypatch.delenv(gcp.API_KEY_ENV, raising=False)
-    with pytest.raises(FetchError, match=r"needs an API key: set NANOCLUSTER_GCP_API_KEY .* --cloud azure / --cloud aws"):
+    with pytest.raises(
+        FetchError, match=r"needs an API key: set NANOCLUSTER_GCP_API_KEY .* --cloud azure / --cloud aws"
+    ):
         gcp.fetch(machines("gcp"), "us-central1", get=gcp_get())
 
 
@@ -140,8 +150,14 @@ def test_refresh_rewrites_every_row_dated_and_prints_the_changes(table, capsys):
     assert {p.as_of for p in after.values()} == {TODAY}
     out = capsys.readouterr().out
     old = before["Standard_D16s_v5"].on_demand_usd_per_hour
-    assert f"Standard_D16s_v5 (eastus): on-demand ${old:.4f}/h (2025-06) -> $0.7680/h ({TODAY}); spot unknown -> $0.0842/h" in out
-    assert "note: aws: spot prices unknown for some machine types: AWS publishes spot prices only through the EC2 API" in out
+    assert (
+        f"Standard_D16s_v5 (eastus): on-demand ${old:.4f}/h (2025-06) -> $0.7680/h ({TODAY}); spot unknown -> $0.0842/h"
+        in out
+    )
+    assert (
+        "note: aws: spot prices unknown for some machine types: AWS publishes spot prices only through the EC2 API"
+        in out
+    )
     assert not list(table.parent.glob(".price_table.json.*"))  # no temporary file left behind
 
 
@@ -158,15 +174,29 @@ def test_refresh_of_one_cloud_keeps_the_other_rows_and_dry_run_writes_nothing(ta
 @pytest.mark.parametrize(
     ("cloud", "break_it", "message"),
     [
-        ("aws", lambda mp: mp.setattr(aws, "fetch", functools.partial(aws.fetch.func, get=_unreachable)),
-         r"refresh failed: aws: no answer from https://pricing.us-east-1.amazonaws.com/\S+ within 60 s"),
-        ("gcp", lambda mp: mp.delenv(gcp.API_KEY_ENV), r"refresh failed: gcp: the Cloud Billing Catalog API needs an API key"),
-        ("azure", lambda mp: mp.setattr(azure, "fetch", lambda machines, region: azure.parse({"Items": []}, machines, region)),
-         r"refresh failed: azure: no Linux on-demand price for Standard_D16s_v5, .* in eastus"),
+        (
+            "aws",
+            lambda mp: mp.setattr(aws, "fetch", functools.partial(aws.fetch.func, get=_unreachable)),
+            r"refresh failed: aws: no answer from https://pricing.us-east-1.amazonaws.com/\S+ within 60 s",
+        ),
+        (
+            "gcp",
+            lambda mp: mp.delenv(gcp.API_KEY_ENV),
+            r"refresh failed: gcp: the Cloud Billing Catalog API needs an API key",
+        ),
+        (
+            "azure",
+            lambda mp: mp.setattr(
+                azure, "fetch", lambda machines, region: azure.parse({"Items": []}, machines, region)
+            ),
+            r"refresh failed: azure: no Linux on-demand price for Standard_D16s_v5, .* in eastus",
+        ),
     ],
     ids=["aws-unreachable", "gcp-without-key", "azure-missing-machine"],
 )
-def test_a_failed_fetch_leaves_the_table_unchanged_and_names_the_cloud(table, monkeypatch, capsys, cloud, break_it, message):
+def test_a_failed_fetch_leaves_the_table_unchanged_and_names_the_cloud(
+    table, monkeypatch, capsys, cloud, break_it, message
+):
     text = table.read_text()
     break_it(monkeypatch)
     assert main(["refresh", "--table", str(table)], today=TODAY) == 1

@@ -29,14 +29,19 @@ def test_the_committed_table_prices_every_machine_type_in_its_reference_region()
 def test_an_unreadable_table_names_the_file_and_how_to_restore_it(tmp_path):
     path = tmp_path / "price_table.json"
     path.write_text("{not json")
-    with pytest.raises(PriceTableError, match=rf"{path}: not readable as JSON .* `git checkout infra/price_table.json`"):
+    with pytest.raises(
+        PriceTableError, match=rf"{path}: not readable as JSON .* `git checkout infra/price_table.json`"
+    ):
         load_table(path)
 
 
 def test_a_machine_type_without_a_price_names_it_and_the_refresh_that_adds_it():
     data = committed()
     del data["machines"]["m7i.4xlarge"], data["machines"]["c3-standard-8"]
-    with pytest.raises(PriceTableError, match=r"t.json: no price for c3-standard-8, m7i.4xlarge; .* `python -m infra.pricing refresh --cloud aws` \(and gcp\)"):
+    with pytest.raises(
+        PriceTableError,
+        match=r"t.json: no price for c3-standard-8, m7i.4xlarge; .* `python -m infra.pricing refresh --cloud aws` \(and gcp\)",
+    ):
         parse_table(data, "t.json")
     assert "m7i.4xlarge" not in parse_table(data, "t.json", complete=False)  # what a refresh starts from
 
@@ -44,11 +49,17 @@ def test_a_machine_type_without_a_price_names_it_and_the_refresh_that_adds_it():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"spot_usd_per_hour": -0.1}, r"Standard_D8s_v5: spot_usd_per_hour must be a positive number of USD per hour, got -0.1"),
+        (
+            {"spot_usd_per_hour": -0.1},
+            r"Standard_D8s_v5: spot_usd_per_hour must be a positive number of USD per hour, got -0.1",
+        ),
         ({"on_demand_usd_per_hour": None}, r"Standard_D8s_v5: on_demand_usd_per_hour must be a positive number"),
         ({"as_of": "June"}, r"Standard_D8s_v5: as_of must be a date YYYY-MM-DD \(or YYYY-MM\), got 'June'"),
         ({"source": ""}, r"Standard_D8s_v5: source must be a non-empty string"),
-        ({"currency": "EUR"}, r"Standard_D8s_v5: a row has exactly the keys on_demand_usd_per_hour, spot_usd_per_hour, as_of, region, source"),
+        (
+            {"currency": "EUR"},
+            r"Standard_D8s_v5: a row has exactly the keys on_demand_usd_per_hour, spot_usd_per_hour, as_of, region, source",
+        ),
     ],
 )
 def test_a_malformed_row_names_the_machine_and_the_key(change, message):
@@ -84,5 +95,7 @@ def test_a_broken_table_stops_the_stack_at_its_config_before_any_resource(tmp_pa
     path = tmp_path / "price_table.json"
     path.write_text('{"machines": {}}')
     monkeypatch.setattr(prices, "PRICE_TABLE", path)
-    with pytest.raises(ConfigError, match=r"nanocluster:machineType: m6i.4xlarge has no usable price: .*no price for .*m6i.4xlarge"):
+    with pytest.raises(
+        ConfigError, match=r"nanocluster:machineType: m6i.4xlarge has no usable price: .*no price for .*m6i.4xlarge"
+    ):
         parse(stack_config("aws", nodes=1), "dev")

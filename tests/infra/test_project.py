@@ -21,8 +21,15 @@ def test_project_runs_infra_with_the_project_venv_and_declares_every_setting():
 def test_project_defaults_are_the_programs_defaults():
     declared = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]
     fields = ClusterConfig.__dataclass_fields__
-    for key, field in (("nodes", "nodes"), ("diskGb", "disk_gb"), ("sshUser", "ssh_user"), ("spot", "spot"),
-                       ("publicWorkers", "public_workers"), ("bakeImage", "bake_image"), ("profile", "profile")):
+    for key, field in (
+        ("nodes", "nodes"),
+        ("diskGb", "disk_gb"),
+        ("sshUser", "ssh_user"),
+        ("spot", "spot"),
+        ("publicWorkers", "public_workers"),
+        ("bakeImage", "bake_image"),
+        ("profile", "profile"),
+    ):
         assert declared[key]["default"] == fields[field].default, key
 
 

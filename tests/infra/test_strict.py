@@ -69,12 +69,15 @@ def test_the_harness_sees_the_invokes_too():
     assert {"gcp:compute/getImage:getImage", "aws:ec2/getAmi:getAmi"} <= invoked
 
 
-@pytest.mark.parametrize("token", [
-    "aws:ec2/natgateway:NatGateway",  # the module is natGateway
-    "gcp:compute/routerNAT:RouterNat",
-    "azure:network:Subnet",  # the package is azure-native
-    "Instance",
-])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "aws:ec2/natgateway:NatGateway",  # the module is natGateway
+        "gcp:compute/routerNAT:RouterNat",
+        "azure:network:Subnet",  # the package is azure-native
+        "Instance",
+    ],
+)
 def test_a_misspelled_type_token_fails_instead_of_selecting_no_resources(token):
     """A test asserting over of_type's resources would pass on a misspelled token if it returned []."""
     with pytest.raises(SchemaError, match=r"token|no class|no SDK package"):
@@ -98,7 +101,10 @@ EDGES = [
     pytest.param("azure", {"diskGb": MAX_DISK_GB["azure"] + 1}, id="azure-diskGb-past-max"),
     *(pytest.param(cloud, {"sshUser": "david"}, id=f"{cloud}-sshUser-david") for cloud in CLOUDS),
     *(pytest.param(cloud, {"labels": MANY_LABELS}, id=f"{cloud}-60-labels") for cloud in CLOUDS),
-    *(pytest.param(cloud, {"labels": labels(MAX_TAGS[cloud] - len(STACK_TAG_KEYS[cloud]))}, id=f"{cloud}-most-labels") for cloud in CLOUDS),
+    *(
+        pytest.param(cloud, {"labels": labels(MAX_TAGS[cloud] - len(STACK_TAG_KEYS[cloud]))}, id=f"{cloud}-most-labels")
+        for cloud in CLOUDS
+    ),
     pytest.param("gke", {"diskGb": MAX_DISK_GB["gcp"]}, id="gke-diskGb-max"),  # the NFS server's data disk
     pytest.param("gke", {"labels": labels(MAX_TAGS["gcp"] - len(STACK_TAG_KEYS["gcp"]))}, id="gke-most-labels"),
 ]

@@ -28,7 +28,9 @@ def test_inputs_over_a_documented_provider_limit_fail_the_harness(case):
 
 def test_an_apostrophe_in_a_rule_description_names_the_row_and_its_documentation():
     (line,) = constraint_breaches(run_case("constraints", "aws-apostrophe-in-rule-description"))
-    assert line.endswith("[aws-sg-rule-description: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html]")
+    assert line.endswith(
+        "[aws-sg-rule-description: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html]"
+    )
 
 
 def test_every_key_of_a_nested_object_is_checked_not_only_the_first_level():
@@ -36,10 +38,20 @@ def test_every_key_of_a_nested_object_is_checked_not_only_the_first_level():
 
     schema = input_schema(InstanceArgs)
     nics = [{"network": "default", "nicType": "GVNIC"}]
-    good = {"machineType": "c3-standard-8", "networkInterfaces": nics, "bootDisk": {"initializeParams": {"image": "debian-12", "size": 100}}}
+    good = {
+        "machineType": "c3-standard-8",
+        "networkInterfaces": nics,
+        "bootDisk": {"initializeParams": {"image": "debian-12", "size": 100}},
+    }
     assert check_object(good, schema) == []
-    bad = {"machineType": "c3-standard-8", "networkInterfaces": nics, "bootDisk": {"initializeParams": {"image": "debian-12", "sizeGb": 100}}}
-    assert check_object(bad, schema) == ["bootDisk.initializeParams.sizeGb: unknown key (not in InstanceBootDiskInitializeParamsArgs)"]
+    bad = {
+        "machineType": "c3-standard-8",
+        "networkInterfaces": nics,
+        "bootDisk": {"initializeParams": {"image": "debian-12", "sizeGb": 100}},
+    }
+    assert check_object(bad, schema) == [
+        "bootDisk.initializeParams.sizeGb: unknown key (not in InstanceBootDiskInitializeParamsArgs)"
+    ]
     assert check_object({"machineType": "c3-standard-8"}, schema) == [
         "bootDisk: required by InstanceArgs, missing",
         "networkInterfaces: required by InstanceArgs, missing",

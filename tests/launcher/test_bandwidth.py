@@ -18,7 +18,9 @@ RATES = (250, 100)
 def test_parse_reads_the_rate_or_says_why_not():
     assert parse("sent 1048576\nreceived 31250000 1.000000\n") == (250.0, "")
     assert parse("cannot listen on 10.0.0.1:29500: Address already in use\n") == (
-        None, "cannot listen on 10.0.0.1:29500: Address already in use")
+        None,
+        "cannot listen on 10.0.0.1:29500: Address already in use",
+    )
     assert parse("sent 1\nreceived 0 0.000000\n") == (None, "too few bytes arrived to time")
 
 
@@ -32,8 +34,10 @@ def test_doctor_reports_each_links_bandwidth_within_20_percent_of_the_tc_rate(tm
         result = fab("doctor", timeout=120)
     out = result.stdout
     assert "bandwidth" not in "".join(line for line in out.splitlines() if "│" in line), out  # no problem row
-    measured = {(a, b): float(rate.replace(",", "")) for a, b, rate in
-                re.findall(r"bandwidth (node\d) -> (node\d): ([\d,]+) Mbit/s", out)}
+    measured = {
+        (a, b): float(rate.replace(",", ""))
+        for a, b, rate in re.findall(r"bandwidth (node\d) -> (node\d): ([\d,]+) Mbit/s", out)
+    }
     assert set(measured) == {("node0", "node1"), ("node1", "node0")}, out
     for sender, rate in (("node0", RATES[0]), ("node1", RATES[1])):
         receiver = "node1" if sender == "node0" else "node0"

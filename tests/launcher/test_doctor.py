@@ -11,8 +11,10 @@ def test_doctor_passes_then_names_a_damaged_dataset(local3, local_home, capsys, 
     write_dataset(local_home / "data" / "d")
     port = free_loopback_port()
     assert doctor(None, dataset="d", port=port) == 0
-    assert f"all checks passed on 1 node(s): ssh, environment, versions, cores, disk, network interface, " \
-           f"data/d checksums, rendezvous port {port}" in capsys.readouterr().out
+    assert (
+        f"all checks passed on 1 node(s): ssh, environment, versions, cores, disk, network interface, "
+        f"data/d checksums, rendezvous port {port}" in capsys.readouterr().out
+    )
     corrupt(local_home / "data" / "d" / "train.bin")
     assert doctor(None, dataset="d", port=port) == 1
     out = capsys.readouterr().out

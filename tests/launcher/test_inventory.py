@@ -14,33 +14,55 @@ def test_valid_contract_keeps_rank_order_and_normalises_keys(contract):
     assert not cluster.is_local
 
 
-@pytest.mark.parametrize("key", [
-    "cloud", "cluster_name", "ssh_user", "head_public_ip", "private_ips", "node_names",
-    "ssh_private_key", "ssh_public_key", "host_public_keys", "cores_per_node",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "cloud",
+        "cluster_name",
+        "ssh_user",
+        "head_public_ip",
+        "private_ips",
+        "node_names",
+        "ssh_private_key",
+        "ssh_public_key",
+        "host_public_keys",
+        "cores_per_node",
+    ],
+)
 def test_each_missing_key_is_named(contract, key):
     del contract[key]
     with pytest.raises(InventoryError, match=rf"lab.json: missing key '{key}'"):
         parse_contract(contract, "lab.json")
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("cloud", "openstack", r"'cloud' must be one of gcp, aws, azure, static, local, got 'openstack'"),
-    ("private_ips", ["10.0.0.2", "10.0.0.300", "10.0.0.4"], r"'private_ips'\[1\] = '10.0.0.300' is not an IP address"),
-    ("private_ips", ["10.0.0.2", "10.0.0.2", "10.0.0.4"], r"'private_ips' lists an address twice"),
-    ("private_ips", [], r"'private_ips' is empty"),
-    ("node_names", ["lab-0", "lab-1"], r"'node_names' has 2 entries but 'private_ips' has 3"),
-    ("node_names", ["lab-0", "lab 1", "lab-2"], r"'node_names'\[1\] = 'lab 1' may use only"),
-    ("host_public_keys", ["ssh-ed25519 AAAA", "nope", "ssh-ed25519 AAAA"], r"'host_public_keys'\[1\] must be an OpenSSH public key"),
-    ("ssh_private_key", "AAAA", r"'ssh_private_key' is not a PEM/OpenSSH private key .* --show-secrets"),
-    ("cores_per_node", 0, r"'cores_per_node' must be >= 1, got 0"),
-    ("cores_per_node", "8", r"'cores_per_node' must be the number of physical cores"),
-    ("cores_per_node", True, r"'cores_per_node' must be the number of physical cores"),
-    ("head_public_ip", "", r"'head_public_ip' is empty"),
-    ("cpu_flags", [1], r"'cpu_flags' must be a list of strings"),
-    ("node_python", "venv/bin/python", r"'node_python' must be an absolute path"),
-    ("hourly_cost_usd", -1, r"'hourly_cost_usd' must be a non-negative number"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("cloud", "openstack", r"'cloud' must be one of gcp, aws, azure, static, local, got 'openstack'"),
+        (
+            "private_ips",
+            ["10.0.0.2", "10.0.0.300", "10.0.0.4"],
+            r"'private_ips'\[1\] = '10.0.0.300' is not an IP address",
+        ),
+        ("private_ips", ["10.0.0.2", "10.0.0.2", "10.0.0.4"], r"'private_ips' lists an address twice"),
+        ("private_ips", [], r"'private_ips' is empty"),
+        ("node_names", ["lab-0", "lab-1"], r"'node_names' has 2 entries but 'private_ips' has 3"),
+        ("node_names", ["lab-0", "lab 1", "lab-2"], r"'node_names'\[1\] = 'lab 1' may use only"),
+        (
+            "host_public_keys",
+            ["ssh-ed25519 AAAA", "nope", "ssh-ed25519 AAAA"],
+            r"'host_public_keys'\[1\] must be an OpenSSH public key",
+        ),
+        ("ssh_private_key", "AAAA", r"'ssh_private_key' is not a PEM/OpenSSH private key .* --show-secrets"),
+        ("cores_per_node", 0, r"'cores_per_node' must be >= 1, got 0"),
+        ("cores_per_node", "8", r"'cores_per_node' must be the number of physical cores"),
+        ("cores_per_node", True, r"'cores_per_node' must be the number of physical cores"),
+        ("head_public_ip", "", r"'head_public_ip' is empty"),
+        ("cpu_flags", [1], r"'cpu_flags' must be a list of strings"),
+        ("node_python", "venv/bin/python", r"'node_python' must be an absolute path"),
+        ("hourly_cost_usd", -1, r"'hourly_cost_usd' must be a non-negative number"),
+    ],
+)
 def test_malformed_values_say_what_is_expected(contract, key, value, message):
     contract[key] = value
     with pytest.raises(InventoryError, match=message):

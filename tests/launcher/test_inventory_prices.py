@@ -9,12 +9,23 @@ from launcher.runs.estimate import cost_text, run_clock
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import launch_fields, split_attempts
 
-PRICED = {"hourly_cost_usd": 0.8, "hourly_cost_on_demand_usd": 2.4, "hourly_cost_spot_usd": 0.8, "spot": True, "prices_as_of": "2026-11-23"}
+PRICED = {
+    "hourly_cost_usd": 0.8,
+    "hourly_cost_on_demand_usd": 2.4,
+    "hourly_cost_spot_usd": 0.8,
+    "spot": True,
+    "prices_as_of": "2026-11-23",
+}
 
 
 def test_a_contract_without_the_price_keys_still_loads_and_says_its_price_is_undated(contract):
     cluster = parse_contract(contract, "lab.json")  # conftest's contract predates the keys
-    assert (cluster.spot, cluster.price_is_spot, cluster.prices_as_of, cluster.hourly_cost_spot_usd) == (None, None, "", None)
+    assert (cluster.spot, cluster.price_is_spot, cluster.prices_as_of, cluster.hourly_cost_spot_usd) == (
+        None,
+        None,
+        "",
+        None,
+    )
     assert ", $2.40/h, price date unknown)" in cluster.describe()
 
 
@@ -30,13 +41,24 @@ def test_spot_nodes_without_a_spot_figure_are_priced_on_demand(contract):
     assert ", $2.40/h on-demand, prices of 2026-11-23)" in cluster.describe()
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("hourly_cost_spot_usd", -1, r"'hourly_cost_spot_usd' must be a non-negative number \(USD per hour\) or null, got -1"),
-    ("hourly_cost_on_demand_usd", "2.4", r"'hourly_cost_on_demand_usd' must be a non-negative number"),
-    ("spot", "yes", r"'spot' must be true or false \(whether the nodes are spot capacity\), got 'yes'"),
-    ("prices_as_of", "last week", r"'prices_as_of' must be a date YYYY-MM-DD \(or YYYY-MM\), got 'last week'"),
-    ("hourly_cost_usd", 2.4, r"'spot' is true and 'hourly_cost_spot_usd' is 0.8, so 'hourly_cost_usd' must be it too, got 2.4"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "hourly_cost_spot_usd",
+            -1,
+            r"'hourly_cost_spot_usd' must be a non-negative number \(USD per hour\) or null, got -1",
+        ),
+        ("hourly_cost_on_demand_usd", "2.4", r"'hourly_cost_on_demand_usd' must be a non-negative number"),
+        ("spot", "yes", r"'spot' must be true or false \(whether the nodes are spot capacity\), got 'yes'"),
+        ("prices_as_of", "last week", r"'prices_as_of' must be a date YYYY-MM-DD \(or YYYY-MM\), got 'last week'"),
+        (
+            "hourly_cost_usd",
+            2.4,
+            r"'spot' is true and 'hourly_cost_spot_usd' is 0.8, so 'hourly_cost_usd' must be it too, got 2.4",
+        ),
+    ],
+)
 def test_a_malformed_price_key_is_named(contract, key, value, message):
     with pytest.raises(InventoryError, match=rf"lab.json: {message}"):
         parse_contract({**contract, **PRICED, key: value}, "lab.json")

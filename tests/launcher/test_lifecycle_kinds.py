@@ -23,7 +23,8 @@ PRICE = 36000.0
 """$/h of the machines kind's priced local cluster: $10 a second, so a budget of $150 is reached within
 seconds of training (as in tests/launcher/runs/test_budget_run.py)."""
 TRAIN_RECORDS = [{"kind": "start", "iter": 0, "max_iters": 4, "tokens_per_iter": 64}] + [
-    {"kind": "train", "iter": i, "loss": 4.0 - i / 10, "iter_ms": 50.0, "tokens_per_s": 1280.0} for i in range(4)]
+    {"kind": "train", "iter": i, "loss": 4.0 - i / 10, "iter_ms": 50.0, "tokens_per_s": 1280.0} for i in range(4)
+]
 """What rank 0's metrics.jsonl holds after a 4-step run (the Kubernetes fake streams these)."""
 
 
@@ -41,8 +42,20 @@ class MachinesKind:
         self.monkeypatch = monkeypatch
 
     def args(self, run: str, *more: str) -> tuple[str, ...]:
-        return ("train", "--nodes", "1", "--run", run, "--dataset", "d", "--config", str(self.config),
-                "--set", "max_iters=4", *more)
+        return (
+            "train",
+            "--nodes",
+            "1",
+            "--run",
+            run,
+            "--dataset",
+            "d",
+            "--config",
+            str(self.config),
+            "--set",
+            "max_iters=4",
+            *more,
+        )
 
     def forbid_contact(self) -> list[str]:
         contacts: list[str] = []
@@ -55,8 +68,9 @@ class MachinesKind:
         return contacts
 
     def stop_at_budget(self, run: str) -> tuple[str, ...]:
-        return self.args(run, "--budget", "150", "--set", "eval_interval=5", "--set", "log_interval=1",
-                         "--set", "max_iters=100000")
+        return self.args(
+            run, "--budget", "150", "--set", "eval_interval=5", "--set", "log_interval=1", "--set", "max_iters=100000"
+        )
 
 
 class KubernetesKind:
@@ -96,8 +110,19 @@ class KubernetesKind:
 
         self.script.fail[(0, 0)] = self.script.fail[(0, 1)] = EXIT_BUDGET  # every rank stops at the same step
         stream_metrics(self.monkeypatch, [*TRAIN_RECORDS[:3], {"kind": "stop", "iter": 2, "reason": "budget"}])
-        return ("train", "--cluster", self.spec, "--nodes", "2", "--run", run, "--budget", "5",
-                "--set", "max_iters=100000")
+        return (
+            "train",
+            "--cluster",
+            self.spec,
+            "--nodes",
+            "2",
+            "--run",
+            run,
+            "--budget",
+            "5",
+            "--set",
+            "max_iters=100000",
+        )
 
 
 @pytest.fixture(params=[pytest.param("machines", marks=pytest.mark.integration), "kubernetes"])

@@ -42,8 +42,9 @@ def test_a_stack_cluster_knows_its_stack_and_where_pulumi_runs(stack, tmp_path):
     assert cluster.stack is not None
     assert (cluster.stack.name, cluster.stack.project_dir) == ("dev", tmp_path / "project")
     assert cluster.source == "Pulumi stack dev"
-    assert stack.calls() == [{"argv": ["stack", "output", "--json", "--show-secrets", "--stack", "dev"],
-                              "cwd": str(tmp_path / "project")}]
+    assert stack.calls() == [
+        {"argv": ["stack", "output", "--json", "--show-secrets", "--stack", "dev"], "cwd": str(tmp_path / "project")}
+    ]
     assert load_cluster("stack").stack.command("up") == ["pulumi", "up"]  # the selected stack: no --stack
 
 

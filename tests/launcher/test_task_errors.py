@@ -40,11 +40,20 @@ def test_dash_h_after_a_task_is_its_help_and_numeric_flags_show_their_type(progr
     assert "prepare-data [--options]" in result.stdout and "--sharded" in result.stdout
     assert not (tmp_path / "data").exists()  # nothing prepared
     help_text = run(program, "--help", "train", home=tmp_path, cwd=cwd).stdout
-    for flag in ("--nodes=INT", "--port=INT", "--max-restarts=INT", "--min-nodes=INT", "--budget=NUMBER",
-                 "--recover-timeout=NUMBER", "--collective-timeout=NUMBER", "--run=STRING"):
+    for flag in (
+        "--nodes=INT",
+        "--port=INT",
+        "--max-restarts=INT",
+        "--min-nodes=INT",
+        "--budget=NUMBER",
+        "--recover-timeout=NUMBER",
+        "--collective-timeout=NUMBER",
+        "--run=STRING",
+    ):
         assert flag in help_text
-    assert not any(line.lstrip().startswith("-") and not line.lstrip().startswith("--")
-                   for line in help_text.splitlines())  # no short flags
+    assert not any(
+        line.lstrip().startswith("-") and not line.lstrip().startswith("--") for line in help_text.splitlines()
+    )  # no short flags
 
 
 def test_train_with_a_home_under_a_file(tmp_path):
@@ -61,8 +70,9 @@ def test_fetch_to_a_dest_that_cannot_be_made(tmp_path):
     blocker.write_text("")
     result = run(FAB, "fetch", "--dest", str(blocker / "out"), home=tmp_path / "home")
     assert result.returncode == 1
-    assert first_error(result) == (f"error: --dest {blocker}/out: cannot be made (Not a directory); "
-                                   "give --dest a directory you can write")
+    assert first_error(result) == (
+        f"error: --dest {blocker}/out: cannot be made (Not a directory); give --dest a directory you can write"
+    )
 
 
 def test_status_of_a_run_that_does_not_exist(tmp_path):
@@ -113,8 +123,13 @@ def not_ssh(tmp_path):
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
-    contract = dict(CONTRACT, head_public_ip=GARBAGE_HOST, private_ips=[GARBAGE_HOST], node_names=["web0"],
-                    host_public_keys=CONTRACT["host_public_keys"][:1])
+    contract = dict(
+        CONTRACT,
+        head_public_ip=GARBAGE_HOST,
+        private_ips=[GARBAGE_HOST],
+        node_names=["web0"],
+        host_public_keys=CONTRACT["host_public_keys"][:1],
+    )
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps(contract))
     yield path
@@ -135,8 +150,10 @@ def test_doctor_against_a_port_22_that_is_not_ssh(not_ssh, tmp_path):
 def test_a_budget_on_the_local_cluster_names_the_knob_it_has(tmp_path):
     result = run(FAB, "train", "--budget", "5", home=tmp_path)
     assert result.returncode == 1
-    assert first_error(result).startswith("error: --budget needs the cluster's price per hour, and the local "
-                                          "cluster (this machine) has none: limit the run with --set max_iters=N")
+    assert first_error(result).startswith(
+        "error: --budget needs the cluster's price per hour, and the local "
+        "cluster (this machine) has none: limit the run with --set max_iters=N"
+    )
 
 
 @pytest.mark.parametrize("argv0", ["/venv/bin/fab", "/usr/local/bin/nanocluster"])
@@ -145,5 +162,6 @@ def test_the_command_that_continues_a_run_is_the_one_typed_with_its_flags(monkey
 
     monkeypatch.setattr(sys, "argv", [argv0, "train"])
     given = {"nodes": "2", "run": "my run", "set_": ["max_iters=100", "eval_interval=5"], "dry_run": False}
-    assert command_line("train", given) == (f"{Path(argv0).name} train --nodes 2 --run 'my run' "
-                                            "--set max_iters=100 --set eval_interval=5")
+    assert command_line("train", given) == (
+        f"{Path(argv0).name} train --nodes 2 --run 'my run' --set max_iters=100 --set eval_interval=5"
+    )

@@ -58,8 +58,7 @@ def task_flags() -> dict[str, dict[str, Flag]]:
         parameters = list(inspect.signature(task.body).parameters.values())[1:]
         helps = {flag_name(key): text for key, text in task.help.items()}
         found[name] = {
-            flag_name(p.name): Flag(flag_name(p.name), p.default, helps.get(flag_name(p.name), ""))
-            for p in parameters
+            flag_name(p.name): Flag(flag_name(p.name), p.default, helps.get(flag_name(p.name), "")) for p in parameters
         }
     return found
 
@@ -119,8 +118,12 @@ def test_the_table_holds_every_flag_of_every_task_with_its_default() -> None:
 
 
 def test_every_flag_has_help() -> None:
-    assert [f"fab {task} --{flag}" for task, flags in sorted(task_flags().items())
-            for flag, about in sorted(flags.items()) if not about.help] == []
+    assert [
+        f"fab {task} --{flag}"
+        for task, flags in sorted(task_flags().items())
+        for flag, about in sorted(flags.items())
+        if not about.help
+    ] == []
 
 
 TASKS = {

@@ -73,6 +73,7 @@ def run_program(module: str, *args: str) -> subprocess.CompletedProcess:
         env=os.environ | {"OMP_NUM_THREADS": "1"},
     )
 
+
 # Overrides for a scratch model small enough to train in seconds on one thread.
 TINY_RUN = [
     "init_from=scratch",
@@ -114,9 +115,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_ranks(
-    world_size: int, args: list[str], log_dir: Path, driver: str | None = None
-) -> list[subprocess.Popen]:
+def launch_ranks(world_size: int, args: list[str], log_dir: Path, driver: str | None = None) -> list[subprocess.Popen]:
     """Start world_size trainer processes on loopback with torchrun's variables, as the launcher does.
     Each rank's stdout/stderr go to log_dir/rank<R>.out/.err."""
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,15 @@ class Clocks:
 
 
 def watch(clocks: Clocks, **fields) -> BudgetWatch:
-    cfg = TrainConfig(budget_usd=100.0, budget_usd_per_hour=PER_SECOND, budget_clock_start=clocks.now,
-                      eval_interval=10, max_iters=1000, eval_iters=4, gradient_accumulation_steps=2)
+    cfg = TrainConfig(
+        budget_usd=100.0,
+        budget_usd_per_hour=PER_SECOND,
+        budget_clock_start=clocks.now,
+        eval_interval=10,
+        max_iters=1000,
+        eval_iters=4,
+        gradient_accumulation_steps=2,
+    )
     for key, value in fields.items():
         setattr(cfg, key, value)
     cfg.validate()
@@ -70,8 +77,9 @@ def test_the_run_stops_at_the_first_step_whose_next_snapshot_would_cross_the_bud
     assert simulate(clocks, budget, step_s=1.0, eval_s=6.0, startup_s=50.0) == 30
     assert budget.eval_s == pytest.approx(6.0) and budget.step_s() == pytest.approx(1.0)
     assert budget.spent_usd() == pytest.approx(92.0)
-    assert budget.reason(30) == ("stopped at budget: spent $92.00 of $104.00, and the snapshot at iteration 40 "
-                                 "would have reached $119.00")
+    assert budget.reason(30) == (
+        "stopped at budget: spent $92.00 of $104.00, and the snapshot at iteration 40 would have reached $119.00"
+    )
 
 
 @pytest.mark.parametrize("budget_usd", [12.0, 23.3, 40.0, 77.7])

@@ -127,9 +127,7 @@ def test_every_field_has_a_docstring():
     import model.settings.config as module
 
     tree = ast.parse(inspect.getsource(module))
-    for cls in (
-        c for c in tree.body if isinstance(c, ast.ClassDef) and c.name in ("TrainConfig", "ModelShape")
-    ):
+    for cls in (c for c in tree.body if isinstance(c, ast.ClassDef) and c.name in ("TrainConfig", "ModelShape")):
         body = cls.body
         for i, node in enumerate(body):
             if isinstance(node, ast.AnnAssign):

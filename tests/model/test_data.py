@@ -44,9 +44,7 @@ def test_windows_reach_the_end_of_the_file_but_never_past_it(tmp_path):
 
 def test_missing_file_names_path_and_the_command_that_makes_it(tmp_path):
     (tmp_path / "train.bin").write_bytes(np.arange(100, dtype=np.uint16).tobytes())
-    with pytest.raises(
-        DataError, match=r"val\.bin does not exist.*python -m model\.prepare .*fab prepare-data"
-    ):
+    with pytest.raises(DataError, match=r"val\.bin does not exist.*python -m model\.prepare .*fab prepare-data"):
         reader(tmp_path)
 
 

@@ -62,9 +62,7 @@ def test_inconsistent_rank_is_refused():
 
 def test_world_size_mismatch_names_both_numbers_and_the_accelerate_trap():
     single = detect_rank_env({})
-    with pytest.raises(
-        DistributedSetupError, match=r"world size is 1 but expected_world_size is 3.*accelerate launch"
-    ):
+    with pytest.raises(DistributedSetupError, match=r"world size is 1 but expected_world_size is 3.*accelerate launch"):
         check_world_size(single, 3, {"ACCELERATE_USE_CPU": "True"})
     check_world_size(single, 1, {})
     check_world_size(single, None, {})
@@ -73,13 +71,9 @@ def test_world_size_mismatch_names_both_numbers_and_the_accelerate_trap():
 def test_backend_auto_is_gloo_without_oneccl_and_ccl_with_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "oneccl_bindings_for_pytorch", None)  # import fails
     assert resolve_backend("auto") == "gloo"
-    with pytest.raises(
-        DistributedSetupError, match="backend=ccl but oneccl_bindings_for_pytorch does not import"
-    ):
+    with pytest.raises(DistributedSetupError, match="backend=ccl but oneccl_bindings_for_pytorch does not import"):
         resolve_backend("ccl")
-    monkeypatch.setitem(
-        sys.modules, "oneccl_bindings_for_pytorch", types.ModuleType("oneccl_bindings_for_pytorch")
-    )
+    monkeypatch.setitem(sys.modules, "oneccl_bindings_for_pytorch", types.ModuleType("oneccl_bindings_for_pytorch"))
     assert resolve_backend("auto") == "ccl"
     assert resolve_backend("gloo") == "gloo"
 

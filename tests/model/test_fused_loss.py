@@ -13,9 +13,7 @@ VOCAB, WIDTH = 300, 16
 ROWS = 2 * ROWS_PER_BLOCK + 5  # several row blocks and a partial one
 
 
-def plain(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
+def plain(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         logits = F.linear(hidden, weight)
     return F.cross_entropy(logits.float(), targets, ignore_index=-1)
@@ -39,9 +37,7 @@ def fused(hidden, weight, targets, dtype):
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("scale", [1.0, 0.125])  # 0.125: the loss divided over 8 accumulated micro-batches
-def test_fused_loss_and_gradients_match_the_plain_path(
-    dtype: torch.dtype, tolerance: float, scale: float
-) -> None:
+def test_fused_loss_and_gradients_match_the_plain_path(dtype: torch.dtype, tolerance: float, scale: float) -> None:
     expected, actual = loss_and_grads(plain, dtype, scale), loss_and_grads(fused, dtype, scale)
     for want, got in zip(expected, actual, strict=True):
         assert got.dtype == want.dtype

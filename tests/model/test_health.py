@@ -23,8 +23,16 @@ from tests.model.small_vocab import small_vocab_run
 
 def run_args(tmp_path, data, *extra: str) -> list[str]:
     # TINY (2 blocks) from a checkpoint with a 512-token vocabulary: a step takes milliseconds.
-    return [*small_vocab_run(tmp_path), f"data_dir={data}", f"out_dir={tmp_path / 'run'}", "eval_interval=100",
-            "learning_rate=1e-3", "warmup_iters=0", "threads=1", *extra]
+    return [
+        *small_vocab_run(tmp_path),
+        f"data_dir={data}",
+        f"out_dir={tmp_path / 'run'}",
+        "eval_interval=100",
+        "learning_rate=1e-3",
+        "warmup_iters=0",
+        "threads=1",
+        *extra,
+    ]
 
 
 def records(tmp_path, kind: str | None = None) -> list[dict]:
@@ -69,8 +77,15 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 def test_an_exploding_block_is_named_in_the_health_record_tensorboard_and_status(tmp_path, random_tokens, capsys):
     # Block 0 explodes from step 3: block 1 carries its activations in the residual stream (its act_max
     # grows as much), yet the growth is measured on each block's own gain, so h.0 is named.
-    args = run_args(tmp_path, random_tokens, "max_iters=10", "health.interval=2", "health.test_fault=explode:0@3-99",
-                    "health.guard=false", "health.warn_growth=3")
+    args = run_args(
+        tmp_path,
+        random_tokens,
+        "max_iters=10",
+        "health.interval=2",
+        "health.test_fault=explode:0@3-99",
+        "health.guard=false",
+        "health.warn_growth=3",
+    )
     assert train.main(args) == 0
     output = capsys.readouterr()
     warned = [line for line in (output.out + output.err).splitlines() if "gain grew" in line]
@@ -101,7 +116,9 @@ def test_a_nan_step_is_skipped_leaving_weights_and_optimizer_state_untouched(tmp
     before, after = recorder.states[3]
     assert_bitwise_equal(before, after)  # parameters, AdamW moments and its step count
     before, after = recorder.states[4]  # the next step trains again
-    assert not torch.equal(before["param/transformer.h.1.mlp.c_fc.weight"], after["param/transformer.h.1.mlp.c_fc.weight"])
+    assert not torch.equal(
+        before["param/transformer.h.1.mlp.c_fc.weight"], after["param/transformer.h.1.mlp.c_fc.weight"]
+    )
     assert [(r["iter"], r["reason"], r["value"]) for r in records(tmp_path, "skip")] == [(3, "nonfinite_loss", "nan")]
     assert math.isfinite(records(tmp_path, "train")[-1]["loss"])
     assert math.isfinite(records(tmp_path, "eval")[-1]["val_loss"])
@@ -136,8 +153,9 @@ def test_a_nan_on_one_rank_is_skipped_by_both_and_the_replicas_stay_identical(tm
     # Only rank 1's block produces NaN: DDP's averaged gradients are NaN on both ranks, and the loss
     # the guard checks is the mean over ranks, so both skip the same step.
     logs = tmp_path / "logs"
-    args = run_args(tmp_path, random_tokens, "max_iters=5", "backend=gloo", "health.test_fault=nan:0@2:1",
-                    "health.interval=1")
+    args = run_args(
+        tmp_path, random_tokens, "max_iters=5", "backend=gloo", "health.test_fault=nan:0@2:1", "health.interval=1"
+    )
     assert wait_all(launch_ranks(2, args, logs, driver=AROUND_STEP_DRIVER), logs, timeout=120) == [0, 0]
     out = tmp_path / "run"
     for rank in (0, 1):
@@ -159,8 +177,14 @@ def test_a_nan_on_one_rank_is_skipped_by_both_and_the_replicas_stay_identical(tm
 
 def test_a_loss_spike_after_the_warmup_is_skipped(tmp_path, random_tokens, monkeypatch):
     recorder = StepRecorder(monkeypatch, at={7})
-    args = run_args(tmp_path, random_tokens, "max_iters=9", "health.spike_warmup=3", "health.spike_factor=3",
-                    "health.test_fault=spike:0@7")
+    args = run_args(
+        tmp_path,
+        random_tokens,
+        "max_iters=9",
+        "health.spike_warmup=3",
+        "health.spike_factor=3",
+        "health.test_fault=spike:0@7",
+    )
     assert train.main(args) == 0
     assert_bitwise_equal(*recorder.states[7])
     (skip,) = records(tmp_path, "skip")
@@ -176,8 +200,14 @@ def test_a_spike_inside_the_warmup_is_applied(tmp_path, random_tokens):
 
 def test_consecutive_bad_steps_roll_back_to_the_snapshot_and_training_continues(tmp_path, random_tokens, monkeypatch):
     recorder = StepRecorder(monkeypatch, at={7})
-    args = run_args(tmp_path, random_tokens, "max_iters=10", "eval_interval=4", "health.rollback_after=3",
-                    "health.test_fault=nan:0@5-7")
+    args = run_args(
+        tmp_path,
+        random_tokens,
+        "max_iters=10",
+        "eval_interval=4",
+        "health.rollback_after=3",
+        "health.test_fault=nan:0@5-7",
+    )
     assert train.main(args) == 0
     assert [r["iter"] for r in records(tmp_path, "skip")] == [5, 6, 7]
     (rollback,) = records(tmp_path, "rollback")
@@ -241,13 +271,19 @@ def test_faults_parse():
 
 
 def test_status_line_counts_the_events_and_names_the_block():
-    blocks = {"h.0": {"act_max": 1.0, "act_rms": 0.1, "gain": 1.0, "grad_norm": 0.5, "update_ratio": 1e-3},
-              "h.1": {"act_max": 812.0, "act_rms": 9.0, "gain": 31.0, "grad_norm": 4.1, "update_ratio": 2.1e-3}}
+    blocks = {
+        "h.0": {"act_max": 1.0, "act_rms": 0.1, "gain": 1.0, "grad_norm": 0.5, "update_ratio": 1e-3},
+        "h.1": {"act_max": 812.0, "act_rms": 9.0, "gain": 31.0, "grad_norm": 4.1, "update_ratio": 2.1e-3},
+    }
     found = [
         {"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"},
         {"kind": "train", "iter": 118, "loss": 3.0},
-        {"kind": "health", "iter": 120, "blocks": blocks,
-         "largest_growth": {"block": "h.1", "growth": 31.6, "since": 110}},
+        {
+            "kind": "health",
+            "iter": 120,
+            "blocks": blocks,
+            "largest_growth": {"block": "h.1", "growth": 31.6, "since": 110},
+        },
     ]
     assert status_line(found) == (
         "health at iter 120: h.1 grew most (gain x31.6 since iter 110; act max 812, grad norm 4.1, "
@@ -257,6 +293,8 @@ def test_status_line_counts_the_events_and_names_the_block():
 
 
 def test_the_launchers_side_imports_no_torch():
-    code = ("import sys, model.monitoring.health, model.monitoring.metrics; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, model.monitoring.health, model.monitoring.metrics; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

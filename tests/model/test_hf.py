@@ -76,9 +76,7 @@ def test_block_size_crop_keeps_logits_of_the_positions_kept(hf_dir: Path, tokens
     model = load_pretrained(hf_dir, block_size=16)
     assert model.config.block_size == 16
     assert model.transformer.wpe.weight.shape == (16, 32)
-    torch.testing.assert_close(
-        our_logits(model, tokens[:, :16]), hf_logits(hf_dir, tokens)[:, :16], atol=1e-4, rtol=0
-    )
+    torch.testing.assert_close(our_logits(model, tokens[:, :16]), hf_logits(hf_dir, tokens)[:, :16], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="longer than the model's block_size 16"):
         our_logits(model, tokens[:, :17])
 
@@ -172,9 +170,7 @@ def test_directory_without_config_is_not_a_model_directory(tmp_path: Path) -> No
         ({"n_embd": 64}, r"c_attn.bias has shape \(96,\), config.json implies \(192,\)"),
     ],
 )
-def test_config_the_model_cannot_represent_is_refused(
-    hf_dir: Path, tmp_path: Path, change: dict, message: str
-) -> None:
+def test_config_the_model_cannot_represent_is_refused(hf_dir: Path, tmp_path: Path, change: dict, message: str) -> None:
     config = json.loads((hf_dir / "config.json").read_text()) | change
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").symlink_to(hf_dir / "model.safetensors")

@@ -18,8 +18,9 @@ def test_the_parameter_count_is_the_models(shape):
 
 def test_pretrained_names_have_their_shapes_and_a_directory_has_none():
     gpt2 = estimate_rank_memory(load_config(None, ["init_from=gpt2"]), 1, rank0=True, one_host=True)
-    assert gpt2 is not None and gpt2.parameters == parameter_count(PRESETS["gpt2"]["n_layer"],
-                                                                   PRESETS["gpt2"]["n_embd"], 256)
+    assert gpt2 is not None and gpt2.parameters == parameter_count(
+        PRESETS["gpt2"]["n_layer"], PRESETS["gpt2"]["n_embd"], 256
+    )
     assert estimate_rank_memory(load_config(None, ["init_from=/some/dir"]), 1, rank0=True, one_host=True) is None
 
 

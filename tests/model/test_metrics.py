@@ -25,8 +25,15 @@ def test_records_carry_the_fields_readers_use(tmp_path):
     metrics.step(0, loss=3.5, lr=1e-4, iter_s=0.25, tokens_per_s=512.0, mfu=0.2)
     first, second = map(json.loads, (tmp_path / METRICS_NAME).read_text().splitlines())
     assert first == {"kind": "eval", "iter": 0, "train_loss": 3.0, "val_loss": 4.0}
-    assert second == {"kind": "train", "iter": 0, "loss": 3.5, "lr": 1e-4, "iter_ms": 250.0,
-                      "tokens_per_s": 512.0, "mfu": 0.2}
+    assert second == {
+        "kind": "train",
+        "iter": 0,
+        "loss": 3.5,
+        "lr": 1e-4,
+        "iter_ms": 250.0,
+        "tokens_per_s": 512.0,
+        "mfu": 0.2,
+    }
 
 
 def test_a_new_run_starts_an_empty_file(tmp_path):
@@ -59,7 +66,13 @@ def test_each_start_is_recorded_with_what_estimates_need(tmp_path):
     metrics.start(2, resumed=True, max_iters=100, tokens_per_iter=512, world_size=2)
     assert records(tmp_path) == [("start", 0), ("eval", 0), ("train", 0), ("train", 1), ("eval", 2), ("start", 2)]
     assert read_jsonl(tmp_path / METRICS_NAME)[-1] == {
-        "kind": "start", "iter": 2, "resumed": True, "max_iters": 100, "tokens_per_iter": 512, "world_size": 2}
+        "kind": "start",
+        "iter": 2,
+        "resumed": True,
+        "max_iters": 100,
+        "tokens_per_iter": 512,
+        "world_size": 2,
+    }
 
 
 def test_one_series_reads_appended_restarts_as_the_uninterrupted_run(tmp_path):
@@ -70,13 +83,26 @@ def test_one_series_reads_appended_restarts_as_the_uninterrupted_run(tmp_path):
         return {"kind": "start", "iter": i, "resumed": resumed}
 
     stream = [
-        start(0, False), train(0, 9.0),  # an earlier run of the same name: replaced by the new run
-        start(0, False), {"kind": "eval", "iter": 0}, train(0, 5.0), train(1, 4.0), {"kind": "eval", "iter": 2},
-        train(2, 3.9), train(3, 3.8),  # then the crash: the snapshot is at the eval of iteration 2
+        start(0, False),
+        train(0, 9.0),  # an earlier run of the same name: replaced by the new run
+        start(0, False),
+        {"kind": "eval", "iter": 0},
+        train(0, 5.0),
+        train(1, 4.0),
+        {"kind": "eval", "iter": 2},
+        train(2, 3.9),
+        train(3, 3.8),  # then the crash: the snapshot is at the eval of iteration 2
         train(1, 4.0),  # the stream saw the rewound file again
-        start(2, True), train(2, 3.5),
+        start(2, True),
+        train(2, 3.5),
     ]
     series = one_series(stream)
     assert sorted((r["kind"], r["iter"], r.get("loss")) for r in series) == [
-        ("eval", 0, None), ("eval", 2, None), ("start", 0, None), ("start", 2, None),
-        ("train", 0, 5.0), ("train", 1, 4.0), ("train", 2, 3.5)]
+        ("eval", 0, None),
+        ("eval", 2, None),
+        ("start", 0, None),
+        ("start", 2, None),
+        ("train", 0, 5.0),
+        ("train", 1, 4.0),
+        ("train", 2, 3.5),
+    ]

@@ -11,11 +11,7 @@ from model.gpt.model import GPT, PRESETS, GPTConfig, gelu
 
 def tiny(**overrides) -> GPT:
     torch.manual_seed(0)
-    return GPT(
-        GPTConfig(
-            **({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 50} | overrides)
-        )
-    )
+    return GPT(GPTConfig(**({"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 50} | overrides)))
 
 
 @pytest.mark.parametrize(
@@ -130,9 +126,7 @@ def test_generate_beyond_block_size_slides_the_context() -> None:
     out = (
         tiny()
         .eval()
-        .generate(
-            torch.zeros(1, 1, dtype=torch.long), 40, top_k=5, generator=torch.Generator().manual_seed(0)
-        )
+        .generate(torch.zeros(1, 1, dtype=torch.long), 40, top_k=5, generator=torch.Generator().manual_seed(0))
     )
     assert out.shape == (1, 41)
     assert 0 <= out.min() and out.max() < 50

@@ -14,9 +14,7 @@ from model.settings.config import load_config
 
 
 def test_learning_rate_warms_up_then_decays_to_min_lr():
-    cfg = load_config(
-        overrides=["learning_rate=1e-4", "min_lr=1e-5", "warmup_iters=10", "lr_decay_iters=110"]
-    )
+    cfg = load_config(overrides=["learning_rate=1e-4", "min_lr=1e-5", "warmup_iters=10", "lr_decay_iters=110"])
     lrs = [learning_rate_at(i, cfg) for i in range(130)]
     assert lrs[0] < lrs[5] < lrs[9] < 1e-4
     assert lrs[10] == pytest.approx(1e-4)
@@ -72,9 +70,7 @@ def test_a_non_finite_gradient_gives_a_non_finite_norm_and_is_not_scaled() -> No
     before = [p.grad.clone() for p in params]
     assert not optim.clip_gradients(params, max_norm=1.0).isfinite()
     # The finite gradients keep their values (NaN != NaN, so compare with equal_nan).
-    assert all(
-        torch.allclose(p.grad, b, equal_nan=True, rtol=0, atol=0) for p, b in zip(params, before, strict=True)
-    )
+    assert all(torch.allclose(p.grad, b, equal_nan=True, rtol=0, atol=0) for p, b in zip(params, before, strict=True))
 
 
 def stepped(clip: str) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:

@@ -84,8 +84,10 @@ def test_every_rank_gets_the_same_gradients_and_vectors_cross_exactly(two_ranks)
     mean = (torch.tensor(rank0[0]["fed"]) + torch.tensor(rank1[0]["fed"])) / 2
     assert torch.allclose(torch.tensor(rank0[0]["out"]), mean, atol=1e-6)  # before start_iter: plain mean
     for step in (1, 2):
-        fed = [torch.tensor(r[step]["fed"]) + torch.tensor(r[step - 1]["error"] or [0.0] * len(r[step]["fed"]))
-               for r in two_ranks]
+        fed = [
+            torch.tensor(r[step]["fed"]) + torch.tensor(r[step - 1]["error"] or [0.0] * len(r[step]["fed"]))
+            for r in two_ranks
+        ]
         out = torch.tensor(rank0[step]["out"])
         for shape, where in offsets():
             if not compressible(torch.Size(shape), RANK):  # the bias and the small matrix: exact mean

@@ -66,10 +66,7 @@ def split_documents(path: Path) -> list[np.ndarray]:
 
 
 def documents_per_split(out: Path) -> dict[str, list[tuple[int, ...]]]:
-    return {
-        split: [tuple(d.tolist()) for d in split_documents(out / f"{split}.bin")]
-        for split in ("train", "val")
-    }
+    return {split: [tuple(d.tolist()) for d in split_documents(out / f"{split}.bin")] for split in ("train", "val")}
 
 
 def output_bytes(out: Path) -> dict[str, bytes]:
@@ -197,9 +194,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
     """name -> (arguments, what the error must say)."""
     good_then_malformed = tmp / "late.jsonl"  # ~2 MB: fails after chunks were tokenized and written
     good = english_documents(300, paragraphs=(10, 30))
-    good_then_malformed.write_text(
-        "".join(json.dumps({"text": t}) + "\n" for t in good) + '{"text": "unterminated\n'
-    )
+    good_then_malformed.write_text("".join(json.dumps({"text": t}) + "\n" for t in good) + '{"text": "unterminated\n')
     (tmp / "blank.jsonl").write_text("\n\n")
     (tmp / "latin1.txt").write_bytes("Grüße".encode("latin-1"))
     (tmp / "binary.md").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0")
@@ -211,8 +206,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "binary": ([str(tmp / "binary.md")], ["binary.md: looks like a binary file"]),
         "malformed line": ([str(good_then_malformed)], ["late.jsonl:301: malformed JSON"]),
         "missing field": ([str(tmp / "field.jsonl")], ["field.jsonl:1: no field 'text'", "--field"]),
-        "empty val": ([str(tmp / "one.txt")], ["the val split would be empty", "raise --val-fraction",
-                                               "--text-chars"]),
+        "empty val": ([str(tmp / "one.txt")], ["the val split would be empty", "raise --val-fraction", "--text-chars"]),
     }
 
 
@@ -239,8 +233,10 @@ def test_one_large_txt_cut_by_text_chars_has_a_val_split_at_paragraph_breaks(tmp
     # One file is one document: the val split is empty, and the error names the option that fixes it.
     assert main([str(book), "--out", str(tmp_path / "whole"), "--workers", "1"]) == 1
     assert "--text-chars" in capsys.readouterr().err
-    meta = prepare(parse_args([str(book), "--out", str(tmp_path / "cut"), "--workers", "1", "--text-chars", "20000"]),
-                   log=lambda line: None)
+    meta = prepare(
+        parse_args([str(book), "--out", str(tmp_path / "cut"), "--workers", "1", "--text-chars", "20000"]),
+        log=lambda line: None,
+    )
     counts = json.dumps(meta)
     assert (tmp_path / "cut" / "val.bin").stat().st_size > 0, counts
     assert (tmp_path / "cut" / "train.bin").stat().st_size > (tmp_path / "cut" / "val.bin").stat().st_size
@@ -314,9 +310,7 @@ def test_limit_takes_the_first_documents_of_the_source(corpus, tmp_path):
     assert decoded == sorted(documents[:50]) and meta["limit"] == 50
 
 
-def test_progress_in_a_log_is_one_line_per_update_with_documents_and_tokens_per_second(
-    corpus, tmp_path, capsys
-):
+def test_progress_in_a_log_is_one_line_per_update_with_documents_and_tokens_per_second(corpus, tmp_path, capsys):
     source, documents = corpus
     assert main([str(source), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
     captured = capsys.readouterr()

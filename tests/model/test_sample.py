@@ -46,9 +46,7 @@ def test_same_seed_same_text_other_seed_other_text(ckpt: Path, capsys: pytest.Ca
     assert sample(capsys, *args, "--seed", "2") != first
 
 
-def test_exported_directory_samples_the_same_text(
-    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_exported_directory_samples_the_same_text(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from model.checkpointing.checkpoint import load_model
 
     export_model(load_model(ckpt), tmp_path / "hf")
@@ -69,9 +67,7 @@ def test_greedy_decoding_ignores_the_seed(ckpt: Path, capsys: pytest.CaptureFixt
         (["--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
     ],
 )
-def test_bad_arguments_are_named(
-    ckpt: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
-) -> None:
+def test_bad_arguments_are_named(ckpt: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--ckpt", str(ckpt), *args])
     assert exit_info.value.code == 2
@@ -83,9 +79,7 @@ def test_directory_that_is_no_checkpoint_is_explained(tmp_path: Path, capsys: py
     assert "is a directory without config.json" in capsys.readouterr().err
 
 
-def test_prompt_outside_a_small_vocabulary_is_explained(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_prompt_outside_a_small_vocabulary_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=300))
     save_checkpoint(checkpoint_payload(model), tmp_path / "ckpt.pt")
     assert main(["--ckpt", str(tmp_path / "ckpt.pt"), "--prompt", "Hello world"]) == 1

@@ -48,15 +48,19 @@ def test_builtin_is_python_documentations_prose_cut_into_whole_paragraph_passage
 
 
 def test_prose_keeps_sentences_and_drops_code_grammar_tables_and_headings():
-    text = "\n\n".join([
-        "Boolean operations\n******************",
-        "   or_test  ::= and_test | or_test \"or\" and_test",
-        "   >>> int.__subclasses__()\n   [<class 'bool'>]",
-        "+-----+-----+\n| a   | b   |\n+-----+-----+",
-        "codeobject.co_positions()",
-        "The value *n* is an integer, or an object\n   implementing \"__index__()\".",
-    ])
-    assert list(sources.prose_paragraphs(text)) == ['The value *n* is an integer, or an object implementing "__index__()".']
+    text = "\n\n".join(
+        [
+            "Boolean operations\n******************",
+            '   or_test  ::= and_test | or_test "or" and_test',
+            "   >>> int.__subclasses__()\n   [<class 'bool'>]",
+            "+-----+-----+\n| a   | b   |\n+-----+-----+",
+            "codeobject.co_positions()",
+            'The value *n* is an integer, or an object\n   implementing "__index__()".',
+        ]
+    )
+    assert list(sources.prose_paragraphs(text)) == [
+        'The value *n* is an integer, or an object implementing "__index__()".'
+    ]
 
 
 def test_directory_gives_one_document_per_text_file_in_path_order(tmp_path):
@@ -115,9 +119,7 @@ def test_bad_file_names_itself_and_the_problem(tmp_path, name, content, expected
 
 def test_parquet_without_the_column_lists_the_columns(tmp_path):
     path = write_parquet(tmp_path / "d.parquet", {"content": ["x"], "lang": ["en"]})
-    with pytest.raises(
-        SourceError, match=r"d\.parquet: no column 'text' \(columns: content, lang\).*--field"
-    ):
+    with pytest.raises(SourceError, match=r"d\.parquet: no column 'text' \(columns: content, lang\).*--field"):
         docs(str(path))
 
 
@@ -197,13 +199,9 @@ def test_failed_download_names_the_url_and_leaves_no_file(text_server, tmp_path)
 def test_hub_source_streams_parquet_through_datasets(tmp_path):
     # datasets.load_dataset opens a local directory of parquet files the way it opens a hub repo's.
     repo = tmp_path / "repo"
-    write_parquet(
-        repo / "data" / "train-00000-of-00001.parquet", {"text": ["first", "", "second"], "n": [1, 2, 3]}
-    )
+    write_parquet(repo / "data" / "train-00000-of-00001.parquet", {"text": ["first", "", "second"], "n": [1, 2, 3]})
     assert docs(f"hf:{repo}") == ["first", "second"]
-    with pytest.raises(
-        SourceError, match=r"has no column 'body' \(columns: text, n\); choose one with --field"
-    ):
+    with pytest.raises(SourceError, match=r"has no column 'body' \(columns: text, n\); choose one with --field"):
         docs(f"hf:{repo}", text_field="body")
     with pytest.raises(SourceError, match=r"could not open hub dataset.*split 'validation'"):
         docs(f"hf:{repo}", split="validation")

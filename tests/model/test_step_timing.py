@@ -124,9 +124,19 @@ train.train(load_config(None, sys.argv[1:]), env)
 @pytest.mark.integration
 @pytest.mark.alone
 def test_steps_after_an_eval_and_snapshot_are_timed_like_the_others(tmp_path, random_tokens):
-    args = [*TINY_RUN, "block_size=4", "batch_size=2", "gradient_accumulation_steps=1", "peak_flops=0",  # measured
-            f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "max_iters=7", "eval_interval=3",
-            "backend=gloo", "expected_world_size=2"]
+    args = [
+        *TINY_RUN,
+        "block_size=4",
+        "batch_size=2",
+        "gradient_accumulation_steps=1",
+        "peak_flops=0",  # measured
+        f"data_dir={random_tokens}",
+        f"out_dir={tmp_path / 'run'}",
+        "max_iters=7",
+        "eval_interval=3",
+        "backend=gloo",
+        "expected_world_size=2",
+    ]
     procs = launch_ranks(2, args, tmp_path / "logs", driver=SLOW_SNAPSHOT_DRIVER)
     assert wait_all(procs, tmp_path / "logs", timeout=300) == [0, 0], rank_log(tmp_path / "logs", 0)
 

@@ -52,8 +52,15 @@ def test_a_resumed_run_shows_what_the_rewound_metrics_keep(tmp_path):
     metrics.close()
 
     found = board_scalars(tmp_path)
-    assert set(found) == {"train/loss", "train/lr", "train/iter_ms", "train/tokens_per_s", "train/mfu",
-                          "eval/train_loss", "eval/val_loss"}
+    assert set(found) == {
+        "train/loss",
+        "train/lr",
+        "train/iter_ms",
+        "train/tokens_per_s",
+        "train/mfu",
+        "eval/train_loss",
+        "eval/val_loss",
+    }
     assert found == file_scalars(tmp_path)
     assert found["train/loss"] == [(0, 30.0), (1, 31.0), (2, 52.0), (3, 53.0)]
     assert found["eval/val_loss"] == [(0, 20.0), (2, 22.0), (4, 70.0)]
@@ -65,5 +72,6 @@ def test_without_tensorboard_the_run_says_once_that_logging_is_off(tmp_path, mon
         assert open_tensorboard(tmp_path, None, []) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"TensorBoard logging is off: the tensorboard package is not installed here "
-        f"(pip install 'nanocluster[tracking]' on the nodes to get event files in {tmp_path / TB_DIR})"]
+        f"(pip install 'nanocluster[tracking]' on the nodes to get event files in {tmp_path / TB_DIR})"
+    ]
     assert not (tmp_path / TB_DIR).exists()

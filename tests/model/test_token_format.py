@@ -26,7 +26,13 @@ def test_missing_or_malformed_meta_reads_as_none(tmp_path):
 def test_files_match_only_when_every_split_file_has_its_recorded_size(tmp_path):
     token_format.write_split(tmp_path, "train", np.arange(5))
     assert np.array_equal(np.fromfile(token_format.split_path(tmp_path, "train"), dtype=np.uint16), np.arange(5))
-    meta = token_format.build_meta({}, {"train": token_format.SplitRecord("train.bin", 1, 5, ""), "val": token_format.SplitRecord("val.bin", 1, 2, "")})
+    meta = token_format.build_meta(
+        {},
+        {
+            "train": token_format.SplitRecord("train.bin", 1, 5, ""),
+            "val": token_format.SplitRecord("val.bin", 1, 2, ""),
+        },
+    )
     assert not token_format.files_match(tmp_path, meta)  # val.bin missing
     token_format.write_split(tmp_path, "val", np.arange(3))
     assert not token_format.files_match(tmp_path, meta)  # val.bin holds 3 tokens, meta says 2

@@ -166,10 +166,7 @@ def test_pretrained_directory_is_fine_tuned_from_its_weights(tmp_path, random_to
 
     out = tmp_path / "run"
     args = [a for a in TINY_RUN if a != "init_from=scratch"]
-    assert (
-        main([*args, f"init_from={hf_dir}", f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=1"])
-        == 0
-    )
+    assert main([*args, f"init_from={hf_dir}", f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=1"]) == 0
     trained = load_checkpoint(out / "snapshot.pt")
     assert trained["model_config"]["block_size"] == 32  # cropped from 64
     assert trained["config"]["init_from"] == str(hf_dir)

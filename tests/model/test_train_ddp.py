@@ -92,10 +92,17 @@ def test_a_finished_rank_has_stopped_every_collective_thread(tmp_path, random_to
     # Threads still running at interpreter shutdown die mid-teardown: now and then a rank that had
     # finished aborted with "terminate called without an active exception".
     world = 2
-    args = [*small_vocab_run(tmp_path), f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}",
-            "max_iters=1", f"expected_world_size={world}", "backend=gloo"]
+    args = [
+        *small_vocab_run(tmp_path),
+        f"data_dir={random_tokens}",
+        f"out_dir={tmp_path / 'run'}",
+        "max_iters=1",
+        f"expected_world_size={world}",
+        "backend=gloo",
+    ]
     procs = launch_ranks(world, args, tmp_path / "logs", driver=THREADS_LEFT_DRIVER)
     assert wait_all(procs, tmp_path / "logs", timeout=120) == [0] * world
     for rank in range(world):
         assert "collective threads left: []" in rank_log(tmp_path / "logs", rank, "out"), rank_log(
-            tmp_path / "logs", rank, "err")[-2000:]
+            tmp_path / "logs", rank, "err"
+        )[-2000:]

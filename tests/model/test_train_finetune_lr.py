@@ -84,9 +84,7 @@ def records(out: Path, kind: str) -> list[dict]:
 def finetune_setup(tmp_path_factory, english_tokens) -> dict[str, Path]:
     """A pretrained stand-in as a Hugging Face directory, and the fine-tuning data it has not seen."""
     root = tmp_path_factory.mktemp("finetune_lr")
-    corpus = np.concatenate(
-        [np.fromfile(english_tokens / f"{split}.bin", np.uint16) for split in ("train", "val")]
-    )
+    corpus = np.concatenate([np.fromfile(english_tokens / f"{split}.bin", np.uint16) for split in ("train", "val")])
     used, corpus = np.unique(corpus, return_inverse=True)
     cut = int(len(corpus) * PRETRAIN_FRACTION)
     chunks = np.array_split(corpus[cut:], (len(corpus) - cut) // HELD_OUT_CHUNK)
@@ -100,9 +98,7 @@ def finetune_setup(tmp_path_factory, english_tokens) -> dict[str, Path]:
     pretrain_data = write_tokens(root / "pretrain_data", corpus[:cut], finetune_val)
 
     torch.manual_seed(SEED)
-    shape = GPTConfig(
-        block_size=BLOCK_SIZE, vocab_size=len(used), n_layer=1, n_head=16, n_embd=1024, dropout=0.0
-    )
+    shape = GPTConfig(block_size=BLOCK_SIZE, vocab_size=len(used), n_layer=1, n_head=16, n_embd=1024, dropout=0.0)
     initial = export_model(GPT(shape), root / "initial")
     pretrained_run = root / "pretrain"
     pretrain_args = [
@@ -131,9 +127,7 @@ def finetune_setup(tmp_path_factory, english_tokens) -> dict[str, Path]:
 def finetune(setup: dict[str, Path], name: str, config: dict) -> Path:
     out = setup["root"] / name
     path = setup["root"] / f"{name}.yaml"
-    path.write_text(
-        yaml.safe_dump({"init_from": str(setup["pretrained"]), "data_dir": str(setup["data"]), **config})
-    )
+    path.write_text(yaml.safe_dump({"init_from": str(setup["pretrained"]), "data_dir": str(setup["data"]), **config}))
     assert main(["--config", str(path), f"out_dir={out}", f"seed={SEED}", "peak_flops=1e11"]) == 0
     return out
 

@@ -38,9 +38,24 @@ class Node:
 
     def decide(self, now: int, idle_minutes: int = 10) -> str:
         out = subprocess.run(
-            ["bash", str(AUTOSTOP), "--root", str(self.root), "--idle-minutes", str(idle_minutes),
-             "--poweroff", f"touch {self.powered_off}", "--ssh-port", str(self.ssh_port), "--now", str(now)],
-            capture_output=True, text=True, timeout=30, env=self.env(),
+            [
+                "bash",
+                str(AUTOSTOP),
+                "--root",
+                str(self.root),
+                "--idle-minutes",
+                str(idle_minutes),
+                "--poweroff",
+                f"touch {self.powered_off}",
+                "--ssh-port",
+                str(self.ssh_port),
+                "--now",
+                str(now),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=self.env(),
         )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
@@ -50,8 +65,10 @@ class Node:
 
     def start_unit(self, name: str = "rank0") -> int:
         """A unit as launch/units.py starts one: its own process group, UNIT.pid and UNIT.identity."""
-        script = f". {LIBRARY}; cd {self.run_dir}; setsid sleep 60 </dev/null >/dev/null 2>&1 & " \
-                 f"nc_record {name} $!; echo $! > {name}.pid"
+        script = (
+            f". {LIBRARY}; cd {self.run_dir}; setsid sleep 60 </dev/null >/dev/null 2>&1 & "
+            f"nc_record {name} $!; echo $! > {name}.pid"
+        )
         subprocess.run(["sh", "-c", script], check=True, env=self.env(), timeout=10)
         return int((self.run_dir / f"{name}.pid").read_text())
 
@@ -91,8 +108,10 @@ def test_a_stale_pid_file_does_not_keep_the_node_up(node):
 
 
 def test_an_ssh_session_keeps_the_node_up(node):
-    with socket.create_server(("127.0.0.1", node.ssh_port)) as server, \
-            socket.create_connection(("127.0.0.1", node.ssh_port)):
+    with (
+        socket.create_server(("127.0.0.1", node.ssh_port)) as server,
+        socket.create_connection(("127.0.0.1", node.ssh_port)),
+    ):
         node.decide(NOW)
         assert node.decide(NOW + 600) == "busy: 1 SSH session(s)"
         assert not node.powered_off.exists()
@@ -114,8 +133,12 @@ def test_the_idle_stop_setting_reaches_the_bootstrap_from_the_stack_and_from_fab
     assert parse(stack_config("gcp"), stack="dev", env={}).idle_minutes == 0  # off unless asked for
     node = cloudinit.NodeIdentity("gcp", 0, "n0", "nanocluster", "default", "pub", "priv", "hostpub", idle_minutes=45)
     assert "bootstrap.sh --user nanocluster --profile default --idle-minutes 45\n" in cloudinit.firstboot_script(node)
-    bad = subprocess.run(["bash", str(REPO_ROOT / "node" / "bootstrap.sh"), "--idle-minutes", "soon"],
-                         capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        ["bash", str(REPO_ROOT / "node" / "bootstrap.sh"), "--idle-minutes", "soon"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "--idle-minutes must be a whole number of minutes" in bad.stderr
 
 

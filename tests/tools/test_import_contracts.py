@@ -18,9 +18,14 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     # PYTHONPATH first, so the copy's packages are analysed rather than the installed checkout's.
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", str(root / ".importlinter")],
-                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", str(root / ".importlinter")],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -49,20 +54,27 @@ def test_the_copy_keeps_them_too(tree):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("module", "statement", "contract"), [
-    # The trainer on a node has no launcher.
-    ("model/conventions.py", "import launcher.console", "model/ (what the nodes run) imports none"),
-    # The operator's tasks must start without torch: one careless import in the lowest module is enough.
-    ("launcher/console.py", "import model.train", "launcher is not allowed to import torch"),
-    # The Pulumi program reads no trainer code.
-    ("infra/contract.py", "import model.conventions", "infra/ (the Pulumi program) imports neither"),
-    # A price table helper importing back the refresh command that imports it: a cycle.
-    ("infra/prices.py", "import infra.pricing.refresh", "No cycles are allowed in infra"),
-    # The run record (a library that needs no node) reaching up to `fab train`.
-    ("launcher/runs/record.py", "import launcher.train", "launcher.runs.record -> launcher.train"),
-    # A task module's work belongs below it; the tasks themselves sit under the command only.
-    ("launcher/cluster/node_layout.py", "import launcher.tasks.commands", "launcher.cluster.node_layout -> launcher.tasks.commands"),
-])
+@pytest.mark.parametrize(
+    ("module", "statement", "contract"),
+    [
+        # The trainer on a node has no launcher.
+        ("model/conventions.py", "import launcher.console", "model/ (what the nodes run) imports none"),
+        # The operator's tasks must start without torch: one careless import in the lowest module is enough.
+        ("launcher/console.py", "import model.train", "launcher is not allowed to import torch"),
+        # The Pulumi program reads no trainer code.
+        ("infra/contract.py", "import model.conventions", "infra/ (the Pulumi program) imports neither"),
+        # A price table helper importing back the refresh command that imports it: a cycle.
+        ("infra/prices.py", "import infra.pricing.refresh", "No cycles are allowed in infra"),
+        # The run record (a library that needs no node) reaching up to `fab train`.
+        ("launcher/runs/record.py", "import launcher.train", "launcher.runs.record -> launcher.train"),
+        # A task module's work belongs below it; the tasks themselves sit under the command only.
+        (
+            "launcher/cluster/node_layout.py",
+            "import launcher.tasks.commands",
+            "launcher.cluster.node_layout -> launcher.tasks.commands",
+        ),
+    ],
+)
 def test_an_upward_import_breaks_a_contract(tree, module, statement, contract):
     inject(tree / module, statement)
     result = lint_imports(tree)
@@ -74,8 +86,12 @@ def test_an_upward_import_breaks_a_contract(tree, module, statement, contract):
 def test_no_module_is_part_of_an_import_cycle():
     """Stricter than the sibling contract: a package's __init__ and its own modules count too."""
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    cycles = [(module, imported) for module in graph.modules for imported in graph.find_modules_directly_imported_by(module)
-              if module != imported and graph.chain_exists(importer=imported, imported=module)]
+    cycles = [
+        (module, imported)
+        for module in graph.modules
+        for imported in graph.find_modules_directly_imported_by(module)
+        if module != imported and graph.chain_exists(importer=imported, imported=module)
+    ]
     assert cycles == []
     assert len(graph.modules) > 100  # the graph holds the tree, not an empty import path
 

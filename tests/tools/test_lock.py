@@ -35,7 +35,17 @@ def test_the_nodes_pins_agree_with_the_lock():
     assert lock.disagreements() == []
     default = lock.pins((lock.ROOT / "node/requirements-default.txt").read_text())
     # What the trainer imports, and what those pull in, are all pinned (not left to float on a node).
-    assert {"torch", "numpy", "tiktoken", "safetensors", "pyyaml", "tqdm", "accelerate", "regex", "sympy"} <= default.keys()
+    assert {
+        "torch",
+        "numpy",
+        "tiktoken",
+        "safetensors",
+        "pyyaml",
+        "tqdm",
+        "accelerate",
+        "regex",
+        "sympy",
+    } <= default.keys()
     assert default["torch"].endswith("+cpu")
 
 
@@ -110,10 +120,15 @@ def test_node_files_carry_their_indexes_and_the_intel_stack_replaces_torch():
     intel = INTEL
     resolved = "numpy==2.4.6\ntorch==2.13.0+cpu\nimpi-rt==2021.18.1\n"
     text = lock.node_requirements(intel, resolved)
-    assert [line for line in text.splitlines() if line.startswith("--")] == [f"--extra-index-url {url}" for url in intel.indexes]
+    assert [line for line in text.splitlines() if line.startswith("--")] == [
+        f"--extra-index-url {url}" for url in intel.indexes
+    ]
     assert lock.pins(text) == {
-        "numpy": "2.4.6", "impi-rt": "2021.18.1", "torch": "2.8.0+cpu",
-        "intel-extension-for-pytorch": "2.8.0", "oneccl-bind-pt": "2.8.0+cpu",
+        "numpy": "2.4.6",
+        "impi-rt": "2021.18.1",
+        "torch": "2.8.0+cpu",
+        "intel-extension-for-pytorch": "2.8.0",
+        "oneccl-bind-pt": "2.8.0+cpu",
     }
 
 

@@ -25,9 +25,16 @@ dist.destroy_process_group()
 def test_accelerate_launch_with_rendered_configs_joins_one_world(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
     cluster = local_cluster(2)
-    plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes, run="acc", dataset="d", python=sys.executable,
-                      code_dir=str(tmp_path), master_port=29731,
-                      facts={n.index: NodeFacts(interface="lo") for n in cluster.nodes})
+    plan = LaunchPlan(
+        cluster=cluster,
+        nodes=cluster.nodes,
+        run="acc",
+        dataset="d",
+        python=sys.executable,
+        code_dir=str(tmp_path),
+        master_port=29731,
+        facts={n.index: NodeFacts(interface="lo") for n in cluster.nodes},
+    )
     for name, text in run_files(plan, cluster.nodes[0]).items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -35,9 +42,16 @@ def test_accelerate_launch_with_rendered_configs_joins_one_world(tmp_path, monke
     accelerate = Path(sys.executable).with_name("accelerate")
     procs = [
         subprocess.Popen(
-            ["sh", "-c", f". ./env.sh && . ./rank{r}.env && exec {accelerate} launch "
-                         f"--config_file accelerate/rank{r}.yaml probe.py"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                "sh",
+                "-c",
+                f". ./env.sh && . ./rank{r}.env && exec {accelerate} launch "
+                f"--config_file accelerate/rank{r}.yaml probe.py",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in range(2)
     ]

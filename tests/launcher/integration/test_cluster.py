@@ -45,20 +45,31 @@ def test_setup_distributes_keys_and_head_reaches_workers_with_pinned_host_keys(n
     assert "stricthostkeychecking true" in effective or "stricthostkeychecking yes" in effective
     # A host key that differs from the pinned one is refused.
     (nodes.home(0) / ".ssh" / "nanocluster" / "known_hosts").write_text(
-        (nodes.home(0) / ".ssh" / "nanocluster" / "known_hosts").read_text().replace(
-            nodes.contract["host_public_keys"][1].split()[1], nodes.contract["host_public_keys"][2].split()[1]))
+        (nodes.home(0) / ".ssh" / "nanocluster" / "known_hosts")
+        .read_text()
+        .replace(nodes.contract["host_public_keys"][1].split()[1], nodes.contract["host_public_keys"][2].split()[1])
+    )
     refused = nodes.ssh(0, "ssh -o BatchMode=yes node1 true")
     assert refused.returncode != 0 and "host key" in refused.stderr.lower()
     assert fab("setup").returncode == 0  # and setup puts the pinned key back
     assert nodes.ssh(0, "ssh -o BatchMode=yes node1 true").returncode == 0
 
 
-def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config, tmp_path,
-                                                                     prepared):
+def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fab, tiny_config, tmp_path, prepared):
     for i in range(3):  # the head prepared it, the workers got a checksummed copy
         assert (nodes.home(i) / "nanocluster/data/builtin/train.bin").stat().st_size > 0
-    result = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "world3",
-                 "--set", f"max_iters={WORLD3_ITERS}", timeout=RUN_TIMEOUT_S)
+    result = fab(
+        "train",
+        "--nodes",
+        "3",
+        "--config",
+        str(tiny_config),
+        "--run",
+        "world3",
+        "--set",
+        f"max_iters={WORLD3_ITERS}",
+        timeout=RUN_TIMEOUT_S,
+    )
     assert result.returncode == 0, result.stderr + result.stdout[-3000:]
     for rank in range(3):
         assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank}", result.stdout)
@@ -72,12 +83,15 @@ def test_three_node_training_has_world_size_3_and_identical_parameters(nodes, fa
     fetched = fab("fetch", "--run", "world3", "--dest", str(tmp_path / "fetched"))
     assert fetched.returncode == 0, fetched.stderr + fetched.stdout
     for name in ("ckpt.pt", "metrics.jsonl"):
-        assert (tmp_path / "fetched" / name).read_bytes() == (nodes.home(0) / "nanocluster/runs/world3" / name).read_bytes()
+        assert (tmp_path / "fetched" / name).read_bytes() == (
+            nodes.home(0) / "nanocluster/runs/world3" / name
+        ).read_bytes()
     assert not list((tmp_path / "fetched").glob("*.partial"))
 
 
 def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_the_connection(
-        nodes, tmp_path, monkeypatch):
+    nodes, tmp_path, monkeypatch
+):
     # As the probe of a node without Python: it answers at once and never reads the script sent to it.
     # More input than the SSH window holds, so the sending is still going on when the command ends.
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
@@ -97,8 +111,22 @@ def test_a_command_that_ends_without_reading_its_input_still_reports_and_keeps_t
 def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_config, tmp_path, prepared):
     run_dir = nodes.home(0) / "nanocluster/runs/killed"
     log = tmp_path / "fab.log"
-    proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",
-                     "--max-restarts", "0", "--set", "max_iters=100000", "--set", "eval_interval=5", log=log)
+    proc = fab.popen(
+        "train",
+        "--nodes",
+        "3",
+        "--config",
+        str(tiny_config),
+        "--run",
+        "killed",
+        "--max-restarts",
+        "0",
+        "--set",
+        "max_iters=100000",
+        "--set",
+        "eval_interval=5",
+        log=log,
+    )
     try:
         wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
         victims = nodes.processes(1, "model.train")
@@ -118,10 +146,24 @@ def test_killing_a_rank_stops_every_rank_and_the_rerun_resumes(nodes, fab, tiny_
     assert "---- last" in output
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
-    rerun = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", "killed",  # one step past the snapshot
-                "--set", "max_iters=6", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    rerun = fab(
+        "train",
+        "--nodes",
+        "3",
+        "--config",
+        str(tiny_config),
+        "--run",
+        "killed",  # one step past the snapshot
+        "--set",
+        "max_iters=6",
+        "--set",
+        "eval_interval=5",
+        timeout=RUN_TIMEOUT_S,
+    )
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout[-3000:]
-    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), rerun.stdout[-3000:]
+    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), rerun.stdout[
+        -3000:
+    ]
 
 
 @pytest.mark.alone
@@ -169,12 +211,25 @@ def test_doctor_passes_then_names_a_corrupted_copy_and_its_fix(nodes, fab, prepa
 def test_mpirun_and_torchrun_launchers_put_one_rank_on_each_node(nodes, fab, tiny_config, launcher, prepared):
     if launcher == "mpirun" and not (Path(sys.executable).parent / "mpirun").exists():
         pytest.fail("Intel MPI is missing: pip install 'impi-rt==2021.18.*' (the dev extra has it)")
-    result = fab("train", "--launcher", launcher, "--config", str(tiny_config), "--run", f"via-{launcher}",
-                 "--set", "max_iters=6", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    result = fab(
+        "train",
+        "--launcher",
+        launcher,
+        "--config",
+        str(tiny_config),
+        "--run",
+        f"via-{launcher}",
+        "--set",
+        "max_iters=6",
+        "--set",
+        "eval_interval=5",
+        timeout=RUN_TIMEOUT_S,
+    )
     assert result.returncode == 0, result.stderr + result.stdout[-3000:]
     for rank in range(3):  # rank r on node r: the machine file's one slot per host was honoured
-        assert re.search(rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank} \(local 0\)",
-                         result.stdout), result.stdout[-3000:]
+        assert re.search(
+            rf"\[rank {rank} node{rank}\] backend gloo, world size 3, rank {rank} \(local 0\)", result.stdout
+        ), result.stdout[-3000:]
 
 
 def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_config):
@@ -182,8 +237,11 @@ def test_sharded_preparation_gives_each_node_its_own_shard(nodes, fab, tiny_conf
     assert result.returncode == 0, result.stderr + result.stdout
     metas = [json.loads((nodes.home(i) / "nanocluster/data/shards/meta.json").read_text()) for i in range(3)]
     assert [(m["shards"], m["shard_index"]) for m in metas] == [(3, 0), (3, 1), (3, 2)]
-    unsharded = json.loads((nodes.home(0) / "nanocluster/data/builtin/meta.json").read_text()) if (
-        nodes.home(0) / "nanocluster/data/builtin/meta.json").exists() else None
+    unsharded = (
+        json.loads((nodes.home(0) / "nanocluster/data/builtin/meta.json").read_text())
+        if (nodes.home(0) / "nanocluster/data/builtin/meta.json").exists()
+        else None
+    )
     if unsharded:  # the shards together are the whole corpus
         for split in ("train", "val"):
             assert sum(m["splits"][split]["documents"] for m in metas) == unsharded["splits"][split]["documents"]

@@ -55,16 +55,25 @@ def service_names(launch: PodLaunch, k: int) -> list[str]:
     """Every name pod k has under the headless Service: as written (the pods' DNS search path
     completes it) and namespace-qualified."""
     short = pod_address(launch, k)
-    return [short, f"{short}.{launch.namespace}", f"{short}.{launch.namespace}.svc", f"{short}.{launch.namespace}.{CLUSTER_DOMAIN}"]
+    return [
+        short,
+        f"{short}.{launch.namespace}",
+        f"{short}.{launch.namespace}.svc",
+        f"{short}.{launch.namespace}.{CLUSTER_DOMAIN}",
+    ]
 
 
 def pod_hosts_file(launch: PodLaunch, ips: list[str], k: int) -> str:
     """Pod k's /etc/hosts: the kubelet's lines (its hostname and FQDN), then the records the cluster
     DNS serves for the Service (nsswitch reads files first, so they stand in for it)."""
     hostname = f"{launch.job}-{k}"
-    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             f"{ips[k]}\t{hostname}.{launch.service}.{launch.namespace}.{CLUSTER_DOMAIN}\t{hostname}",
-             "# the cluster DNS's records of the headless Service"]
+    lines = [
+        "# Kubernetes-managed hosts file.",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        f"{ips[k]}\t{hostname}.{launch.service}.{launch.namespace}.{CLUSTER_DOMAIN}\t{hostname}",
+        "# the cluster DNS's records of the headless Service",
+    ]
     lines += [f"{ips[i]}\t" + " ".join(service_names(launch, i)) for i in range(launch.nodes)]
     return "\n".join(lines) + "\n"
 
@@ -90,8 +99,19 @@ def pod_nodes(tmp_path_factory):
                 nodes.bind_mount(k, hosts, "/etc/hosts")
                 nodes.bind_mount(k, claim, MOUNT_PATH, read_only=k != 0)
             prepare = subprocess.run(
-                [*nodes.enter(0, MOUNT_PATH), "venv/bin/python", "-m", "model.prepare", DATASET, "--out", f"data/{DATASET}"],
-                env=IMAGE_ENV | {"PYTHONPATH": f"{MOUNT_PATH}/code"}, capture_output=True, text=True, timeout=120,
+                [
+                    *nodes.enter(0, MOUNT_PATH),
+                    "venv/bin/python",
+                    "-m",
+                    "model.prepare",
+                    DATASET,
+                    "--out",
+                    f"data/{DATASET}",
+                ],
+                env=IMAGE_ENV | {"PYTHONPATH": f"{MOUNT_PATH}/code"},
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert prepare.returncode == 0, prepare.stderr
             yield nodes, claim, launch
@@ -104,11 +124,28 @@ def pod_nodes(tmp_path_factory):
 def pod_launch(nodes) -> PodLaunch:
     """The launch of a 3-node run whose trainer arguments are a VM rank's (launcher.launch.plan)."""
     cluster = parse_contract(nodes.contract, "nodes.json")
-    plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes[:3], run=RUN, dataset=DATASET, python="",
-                      code_dir="", config_file="tiny.yaml", overrides=OVERRIDES)
+    plan = LaunchPlan(
+        cluster=cluster,
+        nodes=cluster.nodes[:3],
+        run=RUN,
+        dataset=DATASET,
+        python="",
+        code_dir="",
+        config_file="tiny.yaml",
+        overrides=OVERRIDES,
+    )
     return PodLaunch(
-        run=RUN, job=job_name(cluster.cluster_name, RUN), namespace=NAMESPACE, nodes=3, port=DEFAULT_MASTER_PORT,
-        image=DEFAULT_IMAGE, claim="nanocluster", cores=1, memory_gib=1.0, node_selector={}, tolerations=(),
+        run=RUN,
+        job=job_name(cluster.cluster_name, RUN),
+        namespace=NAMESPACE,
+        nodes=3,
+        port=DEFAULT_MASTER_PORT,
+        image=DEFAULT_IMAGE,
+        claim="nanocluster",
+        cores=1,
+        memory_gib=1.0,
+        node_selector={},
+        tolerations=(),
         trainer_args=tuple(trainer_args(plan)),
     )
 
@@ -132,10 +169,14 @@ def start_pods(nodes, launch: PodLaunch, logs: Path) -> list[subprocess.Popen]:
         env = rank_environment(launch, k)
         assert set(env) == {var["name"] for var in container["env"]}
         with open(logs / f"attempt{launch.attempt}-pod{k}.log", "w") as log:
-            started.append(subprocess.Popen(
-                [*nodes.enter(k, container["workingDir"]), *argv], env=IMAGE_ENV | {"HOSTNAME": f"{launch.job}-{k}"} | env,
-                stdout=log, stderr=subprocess.STDOUT,
-            ))
+            started.append(
+                subprocess.Popen(
+                    [*nodes.enter(k, container["workingDir"]), *argv],
+                    env=IMAGE_ENV | {"HOSTNAME": f"{launch.job}-{k}"} | env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return started
 
 
@@ -153,8 +194,10 @@ def output_of(logs: Path, attempt: int) -> str:
     return "".join((logs / f"attempt{attempt}-pod{k}.log").read_text() for k in range(3))
 
 
-RESOLVE = ("import json, socket, sys; print(json.dumps({name: sorted({a[4][0] for a in socket.getaddrinfo(name, None, "
-           "socket.AF_INET)}) for name in sys.argv[1:]}))")
+RESOLVE = (
+    "import json, socket, sys; print(json.dumps({name: sorted({a[4][0] for a in socket.getaddrinfo(name, None, "
+    "socket.AF_INET)}) for name in sys.argv[1:]}))"
+)
 """Prints the IPv4 addresses each argument resolves to, as the trainer's Python resolves names."""
 
 
@@ -163,8 +206,9 @@ def test_the_service_names_resolve_on_every_node_to_their_pods_node(pod_nodes):
     names = {name: k for k in range(3) for name in service_names(launch, k)}
     assert len(names) == 12
     for i in range(3):
-        found = subprocess.run([*nodes.enter(i), sys.executable, "-c", RESOLVE, *names], capture_output=True,
-                               text=True, timeout=30)
+        found = subprocess.run(
+            [*nodes.enter(i), sys.executable, "-c", RESOLVE, *names], capture_output=True, text=True, timeout=30
+        )
         assert found.returncode == 0, found.stderr
         assert json.loads(found.stdout) == {name: [nodes.ips[k]] for name, k in names.items()}
         hostname = subprocess.run([*nodes.enter(i), "hostname"], capture_output=True, text=True, timeout=30)
@@ -176,8 +220,11 @@ def test_the_pods_train_and_a_killed_rank_resumes_from_the_snapshot_when_the_job
     run_dir = claim / "runs" / RUN
     pods = start_pods(nodes, launch, tmp_path)
     try:
-        wait_for(lambda: (run_dir / SNAPSHOT_NAME).exists() or any(p.poll() is not None for p in pods),
-                 ATTEMPT_TIMEOUT_S, "the first snapshot on the claim")
+        wait_for(
+            lambda: (run_dir / SNAPSHOT_NAME).exists() or any(p.poll() is not None for p in pods),
+            ATTEMPT_TIMEOUT_S,
+            "the first snapshot on the claim",
+        )
         assert nodes.processes(1, "model.train") == [pods[1].pid], "pod 1's trainer is the process started"
         pods[1].kill()
     finally:
@@ -186,14 +233,19 @@ def test_the_pods_train_and_a_killed_rank_resumes_from_the_snapshot_when_the_job
     assert codes == [EXIT_PEER_LOST, -9, EXIT_PEER_LOST], first[-3000:]
     assert not DIGEST.search(first), "the first attempt ended before its last step"
     for k in range(3):
-        assert re.search(rf"\[rank {k} {launch.job}-{k}\] backend gloo, world size 3, rank {k} .*"
-                         rf"rendezvous {launch.job}-0\.{launch.service}:{DEFAULT_MASTER_PORT}", first), first[-3000:]
+        assert re.search(
+            rf"\[rank {k} {launch.job}-{k}\] backend gloo, world size 3, rank {k} .*"
+            rf"rendezvous {launch.job}-0\.{launch.service}:{DEFAULT_MASTER_PORT}",
+            first,
+        ), first[-3000:]
 
     recreated = replace(launch, attempt=1)  # a new Job object: same name, same pods' command and environment
     codes = wait_all(start_pods(nodes, recreated, tmp_path))
     second = output_of(tmp_path, 1)
     assert codes == [0, 0, 0], second[-3000:]
-    assert re.search(rf"\[rank 0 {launch.job}-0\] resumed from {SNAPSHOT_NAME} at iteration 10\b", second), second[-3000:]
+    assert re.search(rf"\[rank 0 {launch.job}-0\] resumed from {SNAPSHOT_NAME} at iteration 10\b", second), second[
+        -3000:
+    ]
     digests = DIGEST.findall(second)
     assert sorted((rank, host) for rank, host, _ in digests) == [(str(k), f"{launch.job}-{k}") for k in range(3)]
     assert len({digest for *_, digest in digests}) == 1, digests

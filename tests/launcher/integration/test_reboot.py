@@ -10,12 +10,23 @@ RUN = "rebooted"
 RUN_TIMEOUT_S = 180
 
 
-def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, fab, tiny_config, tmp_path,
-                                                                         monkeypatch):
+def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, fab, tiny_config, tmp_path, monkeypatch):
     assert fab("prepare-data").returncode == 0
     run_dir = nodes.home(0) / f"nanocluster/runs/{RUN}"
-    proc = fab.popen("train", "--nodes", "3", "--config", str(tiny_config), "--run", RUN,
-                     "--set", "max_iters=100000", "--set", "eval_interval=5", log=tmp_path / "first.log")
+    proc = fab.popen(
+        "train",
+        "--nodes",
+        "3",
+        "--config",
+        str(tiny_config),
+        "--run",
+        RUN,
+        "--set",
+        "max_iters=100000",
+        "--set",
+        "eval_interval=5",
+        log=tmp_path / "first.log",
+    )
     try:
         wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
     finally:  # the operator's fab goes away (its ranks are detached and keep training), then the nodes reboot
@@ -36,8 +47,21 @@ def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, f
         assert f"rank{i} lost: the node rebooted" in row and "earlier boot" in row, shown.stdout
 
     # One step past the first snapshot (at 5) is enough to show the run resumed and finished.
-    rerun = fab("train", "--nodes", "3", "--config", str(tiny_config), "--run", RUN,
-                "--set", "max_iters=6", "--set", "eval_interval=5", timeout=RUN_TIMEOUT_S)
+    rerun = fab(
+        "train",
+        "--nodes",
+        "3",
+        "--config",
+        str(tiny_config),
+        "--run",
+        RUN,
+        "--set",
+        "max_iters=6",
+        "--set",
+        "eval_interval=5",
+        timeout=RUN_TIMEOUT_S,
+    )
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout[-3000:]
-    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), \
-        rerun.stdout[-3000:]
+    assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", rerun.stdout), rerun.stdout[
+        -3000:
+    ]

@@ -20,8 +20,7 @@ processes take one discarded step first, so they reduce in the same DDP bucket l
 DIGEST = re.compile(r"\[rank (\d) node\d\] .*final parameters sha256 ([0-9a-f]+)")
 
 
-def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
-        nodes, fab, tiny_config, tmp_path):
+def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(nodes, fab, tiny_config, tmp_path):
     assert fab("prepare-data").returncode == 0
     run_dir = nodes.home(0) / "nanocluster/runs/healed"
     log = tmp_path / "fab.log"
@@ -43,7 +42,7 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
     assert re.search(r"\[rank 0 node0\] resumed from .*snapshot.pt at iteration [1-9]\d*", output), output[-3000:]
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
-    events_file, = Path(fab.env["NANOCLUSTER_HOME"]).rglob("runs/healed/events.jsonl")
+    (events_file,) = Path(fab.env["NANOCLUSTER_HOME"]).rglob("runs/healed/events.jsonl")
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     restarts = [e for e in events if e["event"] == "restart"]
     assert [(e["attempt"], "SIGKILL" in e["cause"], len(e["nodes"])) for e in restarts] == [(1, True, 3)], events
@@ -54,8 +53,7 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(
         losses.setdefault(step, set()).add(loss)
     assert all(len(seen) == 1 for seen in losses.values()), losses
     # The same final weights as a run of the same config that nothing interrupted.
-    reference = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "reference",
-                    timeout=RUN_TIMEOUT_S)
+    reference = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S)
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr
     healed_digests, reference_digests = dict(DIGEST.findall(output)), dict(DIGEST.findall(reference.stdout))
     assert len(set(reference_digests.values())) == 1 and len(reference_digests) == 3, reference.stdout[-3000:]
@@ -66,8 +64,17 @@ def test_a_program_error_or_missing_data_is_not_retried_and_is_named(nodes, fab,
     assert fab("prepare-data").returncode == 0
     # A checkpoint directory missing on the nodes: only the program can find that out (a misspelled key
     # is refused before launch, tests/launcher/launch/test_trainer_config.py).
-    result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "broken",
-                 "--set", "init_from=/no/such/checkpoint", timeout=RUN_TIMEOUT_S)
+    result = fab(
+        "train",
+        *RUN_SETTINGS,
+        "--config",
+        str(tiny_config),
+        "--run",
+        "broken",
+        "--set",
+        "init_from=/no/such/checkpoint",
+        timeout=RUN_TIMEOUT_S,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "program error (exit 1); not retried" in output, output[-3000:]

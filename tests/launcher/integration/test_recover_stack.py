@@ -47,8 +47,13 @@ def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resume
 
         try:
             code, output = train_interrupted(
-                fab, (*SETTINGS, "--config", str(tiny_config), "--run", RUN), tmp_path / "fab.log",
-                nodes.home(0) / f"nanocluster/runs/{RUN}/snapshot.pt", take_node1_away, RUN_TIMEOUT_S)
+                fab,
+                (*SETTINGS, "--config", str(tiny_config), "--run", RUN),
+                tmp_path / "fab.log",
+                nodes.home(0) / f"nanocluster/runs/{RUN}/snapshot.pt",
+                take_node1_away,
+                RUN_TIMEOUT_S,
+            )
         finally:
             booted.cancel()  # not started yet when `pulumi up` was never called
             if booted.ident is not None:
@@ -59,18 +64,19 @@ def test_a_preempted_node_is_brought_back_through_the_stack_and_joins_the_resume
     ups = [call for call in calls if call["argv"][0] == "up"]
     assert len(ups) == 1, calls
     assert ups[0]["argv"][:3] == ["up", "--refresh", "--yes"] and ups[0]["cwd"] == str(REPO_ROOT), ups
-    after_up = calls[calls.index(ups[0]) + 1:]
+    after_up = calls[calls.index(ups[0]) + 1 :]
     assert any(call["argv"][:2] == ["stack", "output"] for call in after_up), calls  # the cluster is read again
-    assert re.search(r"lost: node1 \(.*\); the ranks on the nodes that answer are stopped; waiting up to 120 s",
-                     output), output[-3000:]
+    assert re.search(
+        r"lost: node1 \(.*\); the ranks on the nodes that answer are stopped; waiting up to 120 s", output
+    ), output[-3000:]
     assert "node1 answers SSH again" in output.split("`pulumi up --refresh` finished")[1], output[-3000:]
     # The revived node took part in the resumed run: its rank resumed from the snapshot and finished.
-    restarted = output[output.index("restart 1/"):]
+    restarted = output[output.index("restart 1/") :]
     assert re.search(r"\[rank 1 node1\] resumed from .*snapshot.pt at iteration [1-9]\d*", restarted), output[-3000:]
     assert re.search(r"\[rank 1 node1\] .*final parameters sha256", restarted), output[-3000:]
     for i in range(2):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
-    events_file, = Path(fab.env["NANOCLUSTER_HOME"]).rglob(f"runs/{RUN}/events.jsonl")
+    (events_file,) = Path(fab.env["NANOCLUSTER_HOME"]).rglob(f"runs/{RUN}/events.jsonl")
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert [e["event"] for e in events].count("restart") == 1, events
     assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events

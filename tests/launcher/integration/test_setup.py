@@ -18,9 +18,22 @@ def node_wheelhouse(dest: Path) -> Path:
     --retries 0: the PyTorch CPU index the file names is unreachable here; pip's own configuration
     finds the CPU torch this machine has."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--retries", "0", "--dest", str(dest),
-         "-r", str(NODE_DIR / "requirements-default.txt")],
-        check=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--retries",
+            "0",
+            "--dest",
+            str(dest),
+            "-r",
+            str(NODE_DIR / "requirements-default.txt"),
+        ],
+        check=True,
+        timeout=900,
     )
     return dest
 
@@ -28,8 +41,11 @@ def node_wheelhouse(dest: Path) -> Path:
 def tree_state(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under root with its size and modification time (the bootstrap's flock file,
     opened on every run to serialize bootstraps, holds no state and is left out)."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p.name != ".bootstrap.lock"}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.name != ".bootstrap.lock"
+    }
 
 
 def test_setup_bootstraps_a_bare_node_and_a_second_run_changes_nothing(tmp_path):
@@ -41,7 +57,9 @@ def test_setup_bootstraps_a_bare_node_and_a_second_run_changes_nothing(tmp_path)
         args = ("setup", "--skip-system-packages", "--pip-args", f"--no-index --find-links {wheelhouse} --no-compile")
         first = fab(*args, timeout=900)
         assert first.returncode == 0, first.stderr + first.stdout[-3000:]
-        check = bare.ssh(0, "~/nanocluster/venv/bin/python -c 'import torch, numpy, tiktoken, yaml; print(torch.__version__)'")
+        check = bare.ssh(
+            0, "~/nanocluster/venv/bin/python -c 'import torch, numpy, tiktoken, yaml; print(torch.__version__)'"
+        )
         assert check.returncode == 0 and check.stdout.strip().startswith("2."), check.stderr
         assert (bare.home(0) / "nanocluster/code/model/train.py").is_file()
         assert (bare.home(0) / ".ssh/nanocluster/known_hosts").is_file()

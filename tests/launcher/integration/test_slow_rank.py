@@ -37,7 +37,7 @@ def trainer_pidfd(run_dir: Path, unit: str) -> int:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             return False
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
         return int(fields[3]) == session and b"model.train" in cmdline and Path(cwd) == run_dir.resolve()
 
     candidates = [int(p) for p in os.listdir("/proc") if p.isdigit() and is_trainer(int(p))]
@@ -67,14 +67,22 @@ def burst(pidfd: int, until: threading.Event) -> None:
 def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home, tmp_path):
     write_dataset(local_home / "data" / "d")
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4").replace("max_iters: 20", "max_iters: 2000")
-                      .replace("eval_interval: 10", "eval_interval: 5000").replace("log_interval: 5", "log_interval: 1"))
+    config.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("max_iters: 20", "max_iters: 2000")
+        .replace("eval_interval: 10", "eval_interval: 5000")
+        .replace("log_interval: 5", "log_interval: 1")
+    )
     env = os.environ | {"NANOCLUSTER_HOME": str(local_home), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     run_dir = local_home / "runs" / RUN
     log = tmp_path / "fab.log"
     with open(log, "w") as out:
-        fab = subprocess.Popen([FAB, "train", "--nodes", "3", "--dataset", "d", "--config", str(config), "--run", RUN],
-                               env=env, stdout=out, stderr=subprocess.STDOUT)
+        fab = subprocess.Popen(
+            [FAB, "train", "--nodes", "3", "--dataset", "d", "--config", str(config), "--run", RUN],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     done = threading.Event()
     try:
         wait_for(lambda: "] iter 3: loss" in log.read_text() or fab.poll() is not None, 120, "the run's first steps")
@@ -82,8 +90,10 @@ def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home,
         pidfd = trainer_pidfd(run_dir, f"rank{SLOW_RANK}")
         bursts = threading.Thread(target=burst, args=(pidfd, done))
         bursts.start()
-        reported = re.compile(rf"slow rank: rank {SLOW_RANK} \(local{SLOW_RANK}\) computed (\d+) ms per step "
-                              r"against a median of (\d+) ms")
+        reported = re.compile(
+            rf"slow rank: rank {SLOW_RANK} \(local{SLOW_RANK}\) computed (\d+) ms per step "
+            r"against a median of (\d+) ms"
+        )
         wait_for(lambda: reported.search(log.read_text()) or fab.poll() is not None, 120, "the slow-rank report")
         assert fab.poll() is None, "the run ended before the report"  # reported while it goes on
         status = subprocess.run([FAB, "status", "--run", RUN], env=env, capture_output=True, text=True, timeout=60)
@@ -102,5 +112,6 @@ def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home,
     output = log.read_text()
     slow, median = map(int, reported.search(output).groups())
     assert slow > 1.2 * median, output[-3000:]
-    assert re.search(rf"slowest rank: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step", status.stdout), \
+    assert re.search(rf"slowest rank: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step", status.stdout), (
         status.stdout + status.stderr
+    )

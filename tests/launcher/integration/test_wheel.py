@@ -32,8 +32,22 @@ tree, so the copy keeps the checkout clean); launcher/data and launcher/runs are
 def left_out(directory: str, names: list[str]) -> set[str]:
     top = {n for n in names if n in TOP_LEVEL_LEFT_OUT} if Path(directory) == REPO_ROOT else set()
     return top | {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
-TINY = ("max_iters=4", "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "block_size=32", "batch_size=2",
-        "warmup_iters=1", "eval_interval=4", "eval_iters=2", "log_interval=1", "peak_flops=1e12", "threads=1")
+
+
+TINY = (
+    "max_iters=4",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "block_size=32",
+    "batch_size=2",
+    "warmup_iters=1",
+    "eval_interval=4",
+    "eval_iters=2",
+    "log_interval=1",
+    "peak_flops=1e12",
+    "threads=1",
+)
 """Overrides of the quickstart config that make a 2-rank run a few steps of a 1-layer model."""
 
 
@@ -52,12 +66,37 @@ def installed(tmp_path_factory) -> Iterator[Path]:
     work = tmp_path_factory.mktemp("wheel")
     source, wheels, env = work / "source", work / "dist", work / "venv"
     shutil.copytree(REPO_ROOT, source, ignore=left_out)
-    timed("pip wheel", [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                        str(source), "-w", str(wheels)], timeout=300)
+    timed(
+        "pip wheel",
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            str(source),
+            "-w",
+            str(wheels),
+        ],
+        timeout=300,
+    )
     (wheel,) = wheels.glob("nanocluster-*.whl")
     timed("python -m venv", [sys.executable, "-m", "venv", str(env)], timeout=120)
-    timed("pip install", [str(env / "bin" / "pip"), "install", "--quiet", "--no-compile",
-                          "--constraint", str(REPO_ROOT / "requirements.lock"), f"{wheel}[launcher]"], timeout=900)
+    timed(
+        "pip install",
+        [
+            str(env / "bin" / "pip"),
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--constraint",
+            str(REPO_ROOT / "requirements.lock"),
+            f"{wheel}[launcher]",
+        ],
+        timeout=900,
+    )
     yield env / "bin"
     shutil.rmtree(work)
 
@@ -69,11 +108,23 @@ def test_the_installed_command_trains_from_an_empty_directory(installed, tmp_pat
     env |= {"NANOCLUSTER_HOME": str(home), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
     def nanocluster(*args: str, timeout: float = 120) -> str:
-        return timed(f"nanocluster {' '.join(args[:3])}", [str(installed / "nanocluster"), *args], timeout=timeout,
-                     cwd=cwd, env=env).stdout
+        return timed(
+            f"nanocluster {' '.join(args[:3])}",
+            [str(installed / "nanocluster"), *args],
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+        ).stdout
 
-    where = subprocess.run([str(installed / "python"), "-c", "import launcher; print(launcher.__file__)"],
-                           capture_output=True, text=True, check=True, timeout=60, cwd=cwd, env=env).stdout
+    where = subprocess.run(
+        [str(installed / "python"), "-c", "import launcher; print(launcher.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    ).stdout
     assert where.startswith(str(installed.parent)), where  # the wheel's copy, not this checkout
 
     listing = nanocluster("-l")

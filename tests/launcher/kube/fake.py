@@ -27,10 +27,14 @@ INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 def kubeconfig(url: str, context: str = "fake") -> dict:
-    return {"apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": "fake", "cluster": {"server": url}}],
-            "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
-            "contexts": [{"name": context, "context": {"cluster": "fake", "user": "fake"}}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": context,
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": context, "context": {"cluster": "fake", "user": "fake"}}],
+    }
 
 
 @dataclass
@@ -75,8 +79,15 @@ class FakeKube:
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
                 self._emulator = emulator
-                for plural in ("v1/nodes", "v1/pods", "v1/services", "v1/configmaps", "v1/persistentvolumeclaims",
-                               "batch/v1/jobs", "storage.k8s.io/v1/storageclasses"):
+                for plural in (
+                    "v1/nodes",
+                    "v1/pods",
+                    "v1/services",
+                    "v1/configmaps",
+                    "v1/persistentvolumeclaims",
+                    "batch/v1/jobs",
+                    "storage.k8s.io/v1/storageclasses",
+                ):
                     emulator.resources[plural] = {}
                 self.url = str(server.url).rstrip("/")
                 self._ready.set()
@@ -97,26 +108,62 @@ class FakeKube:
     def seed(self, namespace: bool = True, rwx: bool = True, claim: bool = True, nodes: int = 4) -> None:
         if namespace:
             self._emulator[f"get /api/v1/namespaces/{NAMESPACE}"] << {
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": NAMESPACE},
+            }
         provisioner = "filestore.csi.storage.gke.io" if rwx else "pd.csi.storage.gke.io"
-        self.storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                                           "metadata": {"name": "shared"}, "provisioner": provisioner})
+        self.storage.create_storage_class(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": "shared"},
+                "provisioner": provisioner,
+            }
+        )
         if claim:
-            self.core.create_namespaced_persistent_volume_claim(NAMESPACE, {
-                "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared", "namespace": NAMESPACE},
-                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}}})
+            self.core.create_namespaced_persistent_volume_claim(
+                NAMESPACE,
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "shared", "namespace": NAMESPACE},
+                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+                },
+            )
         for i in range(nodes):
-            self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{i}"},
-                                   "status": {"allocatable": {"cpu": "3920m", "memory": "15Gi"}}})
+            self.core.create_node(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": f"node-{i}"},
+                    "status": {"allocatable": {"cpu": "3920m", "memory": "15Gi"}},
+                }
+            )
 
     def contract(self) -> dict:
         """A hand-written contract of kind kubernetes for this cluster."""
-        return {"cloud": "kubernetes", "kind": "kubernetes", "cluster_name": "fake", "kubeconfig": yaml.safe_dump(
-            kubeconfig(self.url)), "context": None, "namespace": NAMESPACE, "storage_class": "shared",
-            "storage_claim": "shared", "storage_gib": 10, "max_nodes": 4, "node_selector": {"pool": "train"},
+        return {
+            "cloud": "kubernetes",
+            "kind": "kubernetes",
+            "cluster_name": "fake",
+            "kubeconfig": yaml.safe_dump(kubeconfig(self.url)),
+            "context": None,
+            "namespace": NAMESPACE,
+            "storage_class": "shared",
+            "storage_claim": "shared",
+            "storage_gib": 10,
+            "max_nodes": 4,
+            "node_selector": {"pool": "train"},
             "tolerations": [{"key": "nanocluster.dev/train", "operator": "Exists", "effect": "NoSchedule"}],
-            "machine_type": "c4-standard-4", "cores_per_node": 4, "memory_gib": 15.0, "cpu_flags": [],
-            "hourly_cost_usd": 0.2, "hourly_cost_at_rest_usd": 0.1, "spot": False}
+            "machine_type": "c4-standard-4",
+            "cores_per_node": 4,
+            "memory_gib": 15.0,
+            "cpu_flags": [],
+            "hourly_cost_usd": 0.2,
+            "hourly_cost_at_rest_usd": 0.1,
+            "spot": False,
+        }
 
     # --- the controllers ---
 
@@ -155,22 +202,44 @@ class FakeKube:
                     self._advance(pod, index if indexed else -1, attempt)
 
     def _create_pod(self, pod: str, job, labels: dict, index: int, attempt: int, indexed: bool) -> None:
-        seen = {(j["metadata"]["name"], j["metadata"]["labels"].get("nanocluster.dev/attempt")) for j in self.created_jobs}
+        seen = {
+            (j["metadata"]["name"], j["metadata"]["labels"].get("nanocluster.dev/attempt")) for j in self.created_jobs
+        }
         if (job.metadata.name, (job.metadata.labels or {}).get("nanocluster.dev/attempt")) not in seen:
             self.created_jobs.append(self.api.sanitize_for_serialization(job))
         placed = (attempt, index) not in self.script.unschedulable
-        self.core.create_namespaced_pod(NAMESPACE, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": NAMESPACE, "labels": labels | {JOB_NAME_LABEL: job.metadata.name},
-                         "annotations": {INDEX: str(index)} if indexed else {}},
-            "spec": self.api.sanitize_for_serialization(job.spec.template.spec)
-            | ({"nodeName": f"node-{index}"} if placed else {}),
-        })
+        self.core.create_namespaced_pod(
+            NAMESPACE,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod,
+                    "namespace": NAMESPACE,
+                    "labels": labels | {JOB_NAME_LABEL: job.metadata.name},
+                    "annotations": {INDEX: str(index)} if indexed else {},
+                },
+                "spec": self.api.sanitize_for_serialization(job.spec.template.spec)
+                | ({"nodeName": f"node-{index}"} if placed else {}),
+            },
+        )
         lines = self.script.log.get(index, []) if indexed else ["helper ran"]
         self.logs[pod] = "".join(f"{line}\n" for line in lines).encode()
-        status = {"phase": "Pending"} if placed else {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "message": "0/4 nodes are available: 4 Insufficient cpu"}]}
+        status = (
+            {"phase": "Pending"}
+            if placed
+            else {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/4 nodes are available: 4 Insufficient cpu",
+                    }
+                ],
+            }
+        )
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
         self.ticks[pod] = 0
 
@@ -183,9 +252,23 @@ class FakeKube:
         if tick == 1:
             self._phase(pod, "Running")
         elif tick == self.script.run_ticks // 2 and fate == "evict":
-            self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": "Failed", "conditions": [
-                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
-                 "message": "spot VM reclaimed"}]}})
+            self.core.patch_namespaced_pod_status(
+                pod,
+                NAMESPACE,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "conditions": [
+                            {
+                                "type": "DisruptionTarget",
+                                "status": "True",
+                                "reason": "PreemptionByScheduler",
+                                "message": "spot VM reclaimed",
+                            }
+                        ],
+                    }
+                },
+            )
         elif tick == self.script.run_ticks // 2 and fate == "oom":  # the kubelet's record of a cgroup OOM kill
             self._phase(pod, "Failed", 137, reason="OOMKilled")
         elif tick == self.script.run_ticks // 2 and isinstance(fate, int):
@@ -197,9 +280,25 @@ class FakeKube:
         state = {"running": {}} if code is None else {"terminated": {"exitCode": code}}
         if reason:
             state["terminated"]["reason"] = reason
-        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": phase, "containerStatuses": [
-            {"name": "trainer", "ready": phase == "Running", "restartCount": 0, "image": "python:3.11-slim",
-             "imageID": "", "state": state}]}})
+        self.core.patch_namespaced_pod_status(
+            pod,
+            NAMESPACE,
+            {
+                "status": {
+                    "phase": phase,
+                    "containerStatuses": [
+                        {
+                            "name": "trainer",
+                            "ready": phase == "Running",
+                            "restartCount": 0,
+                            "image": "python:3.11-slim",
+                            "imageID": "",
+                            "state": state,
+                        }
+                    ],
+                }
+            },
+        )
 
 
 def stream_metrics(monkeypatch, records: list[dict]) -> None:

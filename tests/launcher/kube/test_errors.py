@@ -13,14 +13,15 @@ def kubeconfig(url: str) -> dict:
     return pytest.importorskip("tests.launcher.kube.fake").kubeconfig(url)
 
 
-
 def test_a_kubeconfig_that_is_not_one_is_one_line(fake, task, tmp_path):
     path = tmp_path / "config"
     path.write_text("just: text\n")
     ran = task("train", "--cluster", f"kubeconfig:{path}")
     assert ran.code == 1
-    assert ran.error_lines == [f"error: kubeconfig {path} is not a kubeconfig: no 'contexts' list (export one with "
-                               "your cloud's CLI, e.g. `gcloud container clusters get-credentials`)"]
+    assert ran.error_lines == [
+        f"error: kubeconfig {path} is not a kubeconfig: no 'contexts' list (export one with "
+        "your cloud's CLI, e.g. `gcloud container clusters get-credentials`)"
+    ]
 
 
 def test_an_unknown_context_names_the_ones_there_are(fake, task, tmp_path):
@@ -34,16 +35,20 @@ def test_an_unknown_context_names_the_ones_there_are(fake, task, tmp_path):
 def test_a_missing_kubeconfig_file(task, tmp_path):
     ran = task("status", "--cluster", f"kubeconfig:{tmp_path}/nope")
     assert ran.code == 1
-    assert ran.error_lines == [f"error: kubeconfig {tmp_path}/nope: No such file or directory; export it with your "
-                               "cloud's CLI or pass another path"]
+    assert ran.error_lines == [
+        f"error: kubeconfig {tmp_path}/nope: No such file or directory; export it with your "
+        "cloud's CLI or pass another path"
+    ]
 
 
 def test_a_contract_whose_namespace_is_missing(fake, contract_file, task):
     fake.seed(namespace=False)
     ran = task("train", "--cluster", str(contract_file), "--nodes", "2")
     assert ran.code == 1
-    assert ran.error_lines == ["error: cluster 'fake': namespace 'nanocluster' does not exist: create it (the stack "
-                               "creates it: `pulumi up`) or fix the contract's 'namespace'"]
+    assert ran.error_lines == [
+        "error: cluster 'fake': namespace 'nanocluster' does not exist: create it (the stack "
+        "creates it: `pulumi up`) or fix the contract's 'namespace'"
+    ]
     assert not fake.jobs()
 
 
@@ -56,7 +61,8 @@ def test_a_kubeconfig_cluster_without_a_read_write_many_storage_class(fake, task
     assert ran.error_lines == [
         "error: cluster 'fake': no StorageClass offers ReadWriteMany (found: shared (pd.csi.storage.gke.io)): install "
         "an NFS-like CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
-        "nanocluster.dev/read-write-many=true"]
+        "nanocluster.dev/read-write-many=true"
+    ]
     assert not fake.jobs()
 
 
@@ -80,9 +86,11 @@ def test_a_pod_stuck_pending_past_the_timeout(fake, contract_file, task, script)
     assert len(ran.error_lines) == 1
     line = ran.error_lines[0]
     assert line.startswith("error: fake-p-1-a0 still Pending after ")
-    assert line.endswith(" s (--recover-timeout 1 s): Unschedulable: 0/4 nodes are available: 4 Insufficient cpu; 1 of 2 "
-                         "pod(s) found a node: grow the training pool (max_nodes), use fewer --nodes or a longer "
-                         "--recover-timeout; the run's objects were deleted")
+    assert line.endswith(
+        " s (--recover-timeout 1 s): Unschedulable: 0/4 nodes are available: 4 Insufficient cpu; 1 of 2 "
+        "pod(s) found a node: grow the training pool (max_nodes), use fewer --nodes or a longer "
+        "--recover-timeout; the run's objects were deleted"
+    )
     assert not fake.jobs()
 
 
@@ -90,8 +98,19 @@ def test_min_nodes_continues_smaller_when_a_restart_finds_too_few_nodes(fake, co
     fake.seed()
     script.fail[(0, 2)] = "evict"  # a spot node reclaimed ...
     script.unschedulable.add((1, 2))  # ... and not replaced within --recover-timeout
-    ran = task("train", "--cluster", str(contract_file), "--nodes", "3", "--run", "m", "--recover-timeout", "1.5",
-               "--min-nodes", "2")
+    ran = task(
+        "train",
+        "--cluster",
+        str(contract_file),
+        "--nodes",
+        "3",
+        "--run",
+        "m",
+        "--recover-timeout",
+        "1.5",
+        "--min-nodes",
+        "2",
+    )
     assert ran.code == 0, ran.err
     text = ran.out + ran.err
     assert "continuing on 2 pod(s) (--min-nodes 2): keep_global_batch=true" in text
@@ -105,8 +124,9 @@ def test_a_contract_of_kind_kubernetes_names_a_bad_key(fake, task, tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(contract))
     ran = task("status", "--cluster", str(path))
-    assert ran.error_lines == [f"error: {path}: 'storage_claim' 'Shared_Data' is not a DNS label (lower-case "
-                               "letters, digits and '-')"]
+    assert ran.error_lines == [
+        f"error: {path}: 'storage_claim' 'Shared_Data' is not a DNS label (lower-case letters, digits and '-')"
+    ]
 
 
 def test_running_a_task_in_this_process_leaves_every_flag_its_help(task, tmp_path):

@@ -28,7 +28,9 @@ def test_train_creates_the_job_and_service_follows_logs_and_cleans_up(fake, cont
     env = env_of(job)
     assert env["WORLD_SIZE"] == "3"
     assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-0.{job['metadata']['name']}"
-    assert env["RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert env["RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "expected_world_size=3" in args and "max_iters=4" in args
     assert job["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "train"}
@@ -62,8 +64,7 @@ def test_an_evicted_pod_is_retried_and_a_program_error_is_not(fake, contract_fil
     ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r3", "--max-restarts", "3", *QUICK)
     assert ran.code == 1
     text = ran.out + ran.err
-    assert ("restart 1/3: rank 0 node-0: node lost (pod fake-r3-0-a0 PreemptionByScheduler: spot VM reclaimed)"
-            in text)
+    assert "restart 1/3: rank 0 node-0: node lost (pod fake-r3-0-a0 PreemptionByScheduler: spot VM reclaimed)" in text
     assert ran.error_lines == ["error: rank 1 node-1 exited with code 1; every pod was stopped"]
     assert len(training_jobs(fake)) == 2
 
@@ -73,9 +74,20 @@ def test_stop_deletes_everything_and_status_reads_it(fake, contract_file, task, 
     script.run_ticks = 10**9  # the pods keep running
     from launcher.kube import objects
 
-    launch = objects.PodLaunch(run="r4", job="fake-r4", namespace="nanocluster", nodes=2, port=29500,
-                               image=objects.DEFAULT_IMAGE, claim="shared", cores=4, memory_gib=15.0,
-                               node_selector={}, tolerations=(), trainer_args=())
+    launch = objects.PodLaunch(
+        run="r4",
+        job="fake-r4",
+        namespace="nanocluster",
+        nodes=2,
+        port=29500,
+        image=objects.DEFAULT_IMAGE,
+        claim="shared",
+        cores=4,
+        memory_gib=15.0,
+        node_selector={},
+        tolerations=(),
+        trainer_args=(),
+    )
     fake.core.create_namespaced_service("nanocluster", objects.headless_service(launch))
     fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
     import time
@@ -146,8 +158,20 @@ def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monk
 def test_an_oom_killed_pod_is_reported_as_out_of_memory_and_not_retried(fake, contract_file, task, script):
     fake.seed()
     script.fail[(0, 1)] = "oom"  # the kubelet records the container as OOMKilled (exit 137)
-    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r5", "--max-restarts", "3",
-               "--min-nodes", "1", *QUICK)
+    ran = task(
+        "train",
+        "--cluster",
+        str(contract_file),
+        "--nodes",
+        "2",
+        "--run",
+        "r5",
+        "--max-restarts",
+        "3",
+        "--min-nodes",
+        "1",
+        *QUICK,
+    )
     assert ran.code == 1
     assert len(ran.error_lines) == 1
     assert ran.error_lines[0].startswith("error: out of memory on ")
@@ -158,9 +182,26 @@ def test_an_oom_killed_pod_is_reported_as_out_of_memory_and_not_retried(fake, co
 
 def test_a_run_that_cannot_fit_a_pod_is_refused_before_any_object_exists(fake, contract_file, task):
     fake.seed()
-    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "big", *QUICK,
-               "--set", "model.n_layer=48", "--set", "model.n_embd=1600", "--set", "model.n_head=25",
-               "--set", "block_size=1024", "--set", "init_from=scratch")
+    ran = task(
+        "train",
+        "--cluster",
+        str(contract_file),
+        "--nodes",
+        "2",
+        "--run",
+        "big",
+        *QUICK,
+        "--set",
+        "model.n_layer=48",
+        "--set",
+        "model.n_embd=1600",
+        "--set",
+        "model.n_head=25",
+        "--set",
+        "block_size=1024",
+        "--set",
+        "init_from=scratch",
+    )
     assert ran.code == 1
     assert len(ran.error_lines) == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a pod on ")
     assert "GB" in ran.error_lines[0] and "--set batch_size=N" in ran.error_lines[0]

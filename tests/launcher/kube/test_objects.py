@@ -26,8 +26,15 @@ KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 
 def launch_of(**kwargs) -> PodLaunch:
     args = dict(
-        run="exp1", job=job_name("lab", "exp1"), namespace="nanocluster", nodes=3, port=DEFAULT_MASTER_PORT,
-        image=DEFAULT_IMAGE, claim="nanocluster-shared", cores=8, memory_gib=30.5,
+        run="exp1",
+        job=job_name("lab", "exp1"),
+        namespace="nanocluster",
+        nodes=3,
+        port=DEFAULT_MASTER_PORT,
+        image=DEFAULT_IMAGE,
+        claim="nanocluster-shared",
+        cores=8,
+        memory_gib=30.5,
         node_selector={"cloud.google.com/gke-nodepool": "training"},
         tolerations=({"key": "nanocluster.dev/training", "operator": "Exists", "effect": "NoSchedule"},),
         trainer_args=("data_dir=../../data/builtin", "out_dir=.", "expected_world_size=3"),
@@ -43,15 +50,22 @@ def container(job: dict) -> dict:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_job_and_service_pass_the_strict_schema(version):
     launch = launch_of()
-    for body in (training_job(launch), headless_service(launch), training_job(launch_of(node_selector={}, tolerations=()))):
+    for body in (
+        training_job(launch),
+        headless_service(launch),
+        training_job(launch_of(node_selector={}, tolerations=())),
+    ):
         kubernetes_validate.validate(body, version, strict=True)
 
 
-@pytest.mark.parametrize("path, typo", [
-    (("spec",), "completionMod"),
-    (("spec", "template", "spec"), "subDomain"),
-    (("spec", "template", "spec", "containers", 0), "workDir"),
-])
+@pytest.mark.parametrize(
+    "path, typo",
+    [
+        (("spec",), "completionMod"),
+        (("spec", "template", "spec"), "subDomain"),
+        (("spec", "template", "spec", "containers", 0), "workDir"),
+    ],
+)
 def test_a_misspelled_field_fails_the_schema(path, typo):
     job = training_job(launch_of())
     target = job
@@ -79,7 +93,7 @@ def test_pod_k_is_rank_k_of_an_indexed_job_named_by_the_headless_service():
     assert service["spec"]["selector"].items() <= pod_labels.items()
     older = training_job(launch_of(nodes=4, attempt=1))["spec"]["template"]["metadata"]["labels"]
     assert not service["spec"]["selector"].items() <= older.items()
-    rank_var, = [v for v in container(job)["env"] if v["name"] == "RANK"]
+    (rank_var,) = [v for v in container(job)["env"] if v["name"] == "RANK"]
     assert rank_var["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     )
@@ -127,8 +141,14 @@ def test_the_pod_runs_what_a_vm_rank_runs(contract):
     """Same trainer command line, same rendezvous and thread variables as a VM rank's rank<R>.env and
     env.sh; only where rank 0 is found differs (a DNS name instead of an address)."""
     cluster = parse_contract(contract, "lab.json")
-    plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes, run="exp1", dataset="builtin",
-                      python='"$HOME"/nanocluster/venv/bin/python', code_dir='"$HOME"/nanocluster/code')
+    plan = LaunchPlan(
+        cluster=cluster,
+        nodes=cluster.nodes,
+        run="exp1",
+        dataset="builtin",
+        python='"$HOME"/nanocluster/venv/bin/python',
+        code_dir='"$HOME"/nanocluster/code',
+    )
     launch = launch_of(cores=cluster.cores_per_node, trainer_args=tuple(trainer_args(plan)))
     c = container(training_job(launch))
     assert c["command"] + c["args"] == [f"{MOUNT_PATH}/venv/bin/python", "-m", "model.train", *trainer_args(plan)]
@@ -137,8 +157,10 @@ def test_the_pod_runs_what_a_vm_rank_runs(contract):
     node_env = sourced(env_file(plan, cluster.nodes[0]).replace('"$HOME"/nanocluster', MOUNT_PATH))
     checked = 0
     for rank in plan.ranks:
-        vm = sourced(rank_env(plan, rank)) | {k: node_env[k] for k in ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME",
-                                                                         "PYTHONPATH", "PYTHONUNBUFFERED")}
+        vm = sourced(rank_env(plan, rank)) | {
+            k: node_env[k]
+            for k in ("OMP_NUM_THREADS", "KMP_AFFINITY", "KMP_BLOCKTIME", "PYTHONPATH", "PYTHONUNBUFFERED")
+        }
         pod = rank_environment(launch, rank.rank)
         for name in vm.keys() - {"HOME", "PWD", "SHLVL", "_"}:
             expected = launch.master_addr if name == "MASTER_ADDR" else vm[name]
@@ -153,15 +175,24 @@ def test_only_the_trainers_own_verdicts_end_the_job_for_good():
     spec = training_job(launch_of())["spec"]
     assert spec["backoffLimit"] == 0 and spec["template"]["spec"]["restartPolicy"] == "Never"
     disruption, final = spec["podFailurePolicy"]["rules"]
-    assert disruption["action"] == "Count" and disruption["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    assert disruption["action"] == "Count" and disruption["onPodConditions"] == [
+        {"type": "DisruptionTarget", "status": "True"}
+    ]
     assert final["action"] == "FailJob" and final["onExitCodes"]["operator"] == "In"
     assert final["onExitCodes"]["values"] == sorted([EXIT_PROGRAM_ERROR, EXIT_BUDGET])
     assert EXIT_PEER_LOST not in final["onExitCodes"]["values"] and 137 not in final["onExitCodes"]["values"]
 
 
-@pytest.mark.parametrize("cluster, run", [
-    ("lab", "exp1"), ("Lab", "exp_1"), ("lab", "exp-1"), ("9lab", "x"), ("gke-" + "c" * 40, "r" * 50),
-])
+@pytest.mark.parametrize(
+    "cluster, run",
+    [
+        ("lab", "exp1"),
+        ("Lab", "exp_1"),
+        ("lab", "exp-1"),
+        ("9lab", "x"),
+        ("gke-" + "c" * 40, "r" * 50),
+    ],
+)
 def test_job_names_are_dns_labels_that_leave_room_for_the_pod_index(cluster, run):
     name = job_name(cluster, run)
     assert name[0].isalpha() and name[-1].isalnum() and set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -177,13 +208,16 @@ def test_job_names_keep_runs_apart_and_plain_names_as_they_are():
     assert long[0] != long[1]
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("run", "my run", "--run must be at most 63 letters"),
-    ("run", "r" * 64, "--run must be"),
-    ("job", "Lab_exp1", "the Job name must be a DNS label"),
-    ("nodes", 0, "--nodes must be >= 1"),
-    ("memory_gib", 0, "memory_gib must be > 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("run", "my run", "--run must be at most 63 letters"),
+        ("run", "r" * 64, "--run must be"),
+        ("job", "Lab_exp1", "the Job name must be a DNS label"),
+        ("nodes", 0, "--nodes must be >= 1"),
+        ("memory_gib", 0, "memory_gib must be > 0"),
+    ],
+)
 def test_bad_launch_values_name_the_constraint(field, value, message):
     with pytest.raises(ValueError, match=message) as err:
         launch_of(**{field: value})

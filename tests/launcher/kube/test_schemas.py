@@ -18,14 +18,32 @@ GKE_REGULAR = "1.35.0"
 """The schema version checked: GKE's regular channel defaults to 1.35 (1.35.7/1.35.8-gke, its release
 notes of autumn 2026, available range 1.34-1.36); kubernetes-validate 1.37 ships 1.34.0-1.37.0."""
 
-ACCESS = KubeAccess(kubeconfig="", context="c", namespace="nanocluster", storage_class="filestore",
-                    storage_claim="shared", storage_gib=1024, max_nodes=64,
-                    node_selector=(("cloud.google.com/gke-nodepool", "train"),),
-                    tolerations=({"key": "nanocluster.dev/train", "operator": "Exists", "effect": "NoSchedule"},))
-LAUNCH = objects.PodLaunch(run="main", job=objects.job_name("gke-dev", "main"), namespace="nanocluster", nodes=3,
-                           port=29500, image=objects.DEFAULT_IMAGE, claim="shared", cores=16, memory_gib=60.0,
-                           node_selector=dict(ACCESS.node_selector), tolerations=ACCESS.tolerations,
-                           trainer_args=("--config", "train.yaml", "max_iters=10"), attempt=2)
+ACCESS = KubeAccess(
+    kubeconfig="",
+    context="c",
+    namespace="nanocluster",
+    storage_class="filestore",
+    storage_claim="shared",
+    storage_gib=1024,
+    max_nodes=64,
+    node_selector=(("cloud.google.com/gke-nodepool", "train"),),
+    tolerations=({"key": "nanocluster.dev/train", "operator": "Exists", "effect": "NoSchedule"},),
+)
+LAUNCH = objects.PodLaunch(
+    run="main",
+    job=objects.job_name("gke-dev", "main"),
+    namespace="nanocluster",
+    nodes=3,
+    port=29500,
+    image=objects.DEFAULT_IMAGE,
+    claim="shared",
+    cores=16,
+    memory_gib=60.0,
+    node_selector=dict(ACCESS.node_selector),
+    tolerations=ACCESS.tolerations,
+    trainer_args=("--config", "train.yaml", "max_iters=10"),
+    attempt=2,
+)
 
 
 def every_object() -> dict[str, dict]:
@@ -36,11 +54,17 @@ def every_object() -> dict[str, dict]:
         "namespace": volume.namespace("nanocluster"),
         "claim": volume.claim(ACCESS),
         "staging ConfigMap": configmap,
-        "staging Job": volume.helper_job("stage-main", ACCESS, "staging",
-                                         volume.staging_script("a" * 64, "b" * 64, {"/nanocluster/runs/main/train.yaml": "file0"}),
-                                         run="main", configmap=configmap["metadata"]["name"]),
-        "prepare Job": volume.helper_job("prepare-builtin", ACCESS, "prepare",
-                                         volume.prepare_script(prepare_args("builtin", "builtin"))),
+        "staging Job": volume.helper_job(
+            "stage-main",
+            ACCESS,
+            "staging",
+            volume.staging_script("a" * 64, "b" * 64, {"/nanocluster/runs/main/train.yaml": "file0"}),
+            run="main",
+            configmap=configmap["metadata"]["name"],
+        ),
+        "prepare Job": volume.helper_job(
+            "prepare-builtin", ACCESS, "prepare", volume.prepare_script(prepare_args("builtin", "builtin"))
+        ),
         "sample Job": volume.helper_job("sample-main", ACCESS, "sample", best_checkpoint_script("main"), run="main"),
     }
 
@@ -56,11 +80,14 @@ def test_every_launcher_object_is_valid_strictly(name):
     kubernetes_validate.validate(body, GKE_REGULAR, strict=True)
 
 
-@pytest.mark.parametrize(("name", "path", "field", "typo"), [
-    ("training Job", ("spec",), "completionMode", "completionsMode"),
-    ("staging Job", ("spec", "template", "spec"), "restartPolicy", "restartPolicyy"),
-    ("claim", ("spec",), "accessModes", "accesModes"),
-])
+@pytest.mark.parametrize(
+    ("name", "path", "field", "typo"),
+    [
+        ("training Job", ("spec",), "completionMode", "completionsMode"),
+        ("staging Job", ("spec", "template", "spec"), "restartPolicy", "restartPolicyy"),
+        ("claim", ("spec",), "accessModes", "accesModes"),
+    ],
+)
 def test_a_misspelled_field_fails(name, path, field, typo):
     body = every_object()[name]
     node = body

@@ -28,8 +28,11 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4").replace("log_interval: 5", "log_interval: 1")
-                      .replace("max_iters: 20", f"max_iters: {MAX_ITERS}"))
+    config.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("log_interval: 5", "log_interval: 1")
+        .replace("max_iters: 20", f"max_iters: {MAX_ITERS}")
+    )
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
 
@@ -38,7 +41,9 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
     assert code == 130, output[-3000:]
     last = output.strip().splitlines()[-1]
     command = shlex.join(["fab", "train", *args])
-    match = re.fullmatch(r"interrupted at iter (\d+) \(every rank stopped after its snapshot\); continue with: (.+)", last)
+    match = re.fullmatch(
+        r"interrupted at iter (\d+) \(every rank stopped after its snapshot\); continue with: (.+)", last
+    )
     assert match and match[2] == command, last
     stopped_at = int(match[1])
     assert 0 < stopped_at < MAX_ITERS
@@ -50,8 +55,10 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
     status = fab("status", "--run", RUN)
     assert status.returncode == 0, status.stderr
     assert "(local): 2 node(s)" in status.stdout  # the run's nodes, not the local cluster's default
-    assert f"interrupted at iter {stopped_at} (every rank stopped after its snapshot); continue with: {command}" \
-        in status.stdout, status.stdout[-2000:]
+    assert (
+        f"interrupted at iter {stopped_at} (every rank stopped after its snapshot); continue with: {command}"
+        in status.stdout
+    ), status.stdout[-2000:]
     assert "rank0 stopped rank1 stopped" in status.stdout and " lost" not in status.stdout
     assert "(finished)" not in status.stdout
     assert "slowest rank: rank " in status.stdout and "slowest node" not in status.stdout  # one machine

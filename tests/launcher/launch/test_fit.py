@@ -49,8 +49,11 @@ def test_the_repositorys_configs_fit_the_machines_they_run_on(tmp_path, text):
     cfg = config_from(tmp_path, text)
     local = local_cluster(3)
     check_fit(local, local.nodes, reports(local.nodes, 4.0, 2), cfg)
-    lab = dataclasses.replace(local, is_local=False, nodes=tuple(
-        dataclasses.replace(n, private_ip=f"10.0.0.{n.index + 2}") for n in local.nodes))
+    lab = dataclasses.replace(
+        local,
+        is_local=False,
+        nodes=tuple(dataclasses.replace(n, private_ip=f"10.0.0.{n.index + 2}") for n in local.nodes),
+    )
     check_fit(lab, lab.nodes, reports(lab.nodes, 2.0, 2), cfg)
 
 

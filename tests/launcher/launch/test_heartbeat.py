@@ -38,8 +38,11 @@ class FakeShell(Shell):
 @pytest.fixture
 def cluster(contract):
     """Two machines (distinct addresses: the heartbeat checks each machine once)."""
-    contract |= {"private_ips": contract["private_ips"][:2], "node_names": contract["node_names"][:2],
-                 "host_public_keys": contract["host_public_keys"][:2]}
+    contract |= {
+        "private_ips": contract["private_ips"][:2],
+        "node_names": contract["node_names"][:2],
+        "host_public_keys": contract["host_public_keys"][:2],
+    }
     return parse_contract(contract, "test")
 
 

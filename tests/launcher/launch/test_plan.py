@@ -9,8 +9,19 @@ from launcher.launch.plan import LaunchPlan, plan_json, units_from_plan_json
 
 
 def plan_for(cluster, **kwargs):
-    return LaunchPlan(**({"cluster": cluster, "nodes": cluster.nodes, "run": "r", "dataset": "d", "python": "python",
-                          "code_dir": "."} | kwargs))
+    return LaunchPlan(
+        **(
+            {
+                "cluster": cluster,
+                "nodes": cluster.nodes,
+                "run": "r",
+                "dataset": "d",
+                "python": "python",
+                "code_dir": ".",
+            }
+            | kwargs
+        )
+    )
 
 
 @pytest.fixture
@@ -21,10 +32,15 @@ def lab(contract):
 def test_each_launcher_has_its_units_on_the_right_nodes(lab):
     fabric = plan_for(lab).units()
     assert [(u.name, u.kind, u.node.name, u.rank) for u in fabric] == [
-        ("rank0", "rank", "lab-0", 0), ("rank1", "rank", "lab-1", 1), ("rank2", "rank", "lab-2", 2)]
+        ("rank0", "rank", "lab-0", 0),
+        ("rank1", "rank", "lab-1", 1),
+        ("rank2", "rank", "lab-2", 2),
+    ]
     torchrun = plan_for(lab, nodes=lab.nodes[:2], launcher="torchrun").units()
-    assert [(u.name, u.kind, u.node.name, u.rank) for u in torchrun] == [("node0", "node", "lab-0", None),
-                                                                       ("node1", "node", "lab-1", None)]
+    assert [(u.name, u.kind, u.node.name, u.rank) for u in torchrun] == [
+        ("node0", "node", "lab-0", None),
+        ("node1", "node", "lab-1", None),
+    ]
     assert [(u.name, u.node.name) for u in plan_for(lab, launcher="mpirun").units()] == [("mpirun", "lab-0")]
 
 
@@ -37,7 +53,7 @@ def test_the_local_clusters_ranks_share_one_machine(local3):
 
 
 def test_units_label_their_lines_as_the_operator_reads_them(lab):
-    rank1, = [u for u in plan_for(lab).units() if u.rank == 1]
+    (rank1,) = [u for u in plan_for(lab).units() if u.rank == 1]
     assert rank1.label("step 3") == "[rank 1 lab-1] step 3"
     assert rank1.label("[rank 1 node7] from the trainer") == "[rank 1 node7] from the trainer"
     assert plan_for(lab, launcher="mpirun").unit("mpirun").label("x") == "[mpirun lab-0] x"

@@ -10,10 +10,19 @@ from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, ra
 
 
 def plan_for(cluster, nodes=None, **kwargs):
-    facts = {n.index: NodeFacts(interface=f"ens{n.index}", allocator="/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")
-             for n in cluster.nodes}
-    args = dict(cluster=cluster, nodes=cluster.nodes[: nodes or len(cluster.nodes)], run="exp1", dataset="builtin",
-                python='"$HOME"/nanocluster/venv/bin/python', code_dir='"$HOME"/nanocluster/code', facts=facts)
+    facts = {
+        n.index: NodeFacts(interface=f"ens{n.index}", allocator="/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")
+        for n in cluster.nodes
+    }
+    args = dict(
+        cluster=cluster,
+        nodes=cluster.nodes[: nodes or len(cluster.nodes)],
+        run="exp1",
+        dataset="builtin",
+        python='"$HOME"/nanocluster/venv/bin/python',
+        code_dir='"$HOME"/nanocluster/code',
+        facts=facts,
+    )
     return LaunchPlan(**(args | kwargs))
 
 
@@ -24,8 +33,9 @@ def cluster(contract):
 
 def sourced(text: str) -> dict[str, str]:
     """The variables a shell ends up with after sourcing text."""
-    out = subprocess.run(["sh", "-c", text + "\nenv -0"], capture_output=True, check=True, env={"HOME": "/home/u"},
-                         timeout=30)
+    out = subprocess.run(
+        ["sh", "-c", text + "\nenv -0"], capture_output=True, check=True, env={"HOME": "/home/u"}, timeout=30
+    )
     return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
 
 
@@ -51,8 +61,15 @@ def test_env_file_gives_each_rank_every_physical_core_on_its_own_node(cluster):
 def test_local_ranks_split_the_cores_and_use_loopback(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
     cluster = local_cluster(3)
-    plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes, run="r", dataset="d", python="python", code_dir="/src",
-                      facts={n.index: NodeFacts(interface="lo") for n in cluster.nodes})
+    plan = LaunchPlan(
+        cluster=cluster,
+        nodes=cluster.nodes,
+        run="r",
+        dataset="d",
+        python="python",
+        code_dir="/src",
+        facts={n.index: NodeFacts(interface="lo") for n in cluster.nodes},
+    )
     env = sourced(env_file(plan, cluster.nodes[0]))
     assert env["OMP_NUM_THREADS"] == str(max(1, cluster.cores_per_node // 3))
     assert env["GLOO_SOCKET_IFNAME"] == "lo"
@@ -134,8 +151,7 @@ def test_mpirun_unit_runs_on_the_head_over_the_rendered_ssh_config(cluster):
 
 def test_run_files_hold_only_this_nodes_ranks(cluster):
     files = run_files(plan_for(cluster), cluster.nodes[1])
-    assert set(files) == {"env.sh", "hostfile", "plan.json", "rank1.env",
-                          "accelerate/rank1.yaml", "rank1.sh"}
+    assert set(files) == {"env.sh", "hostfile", "plan.json", "rank1.env", "accelerate/rank1.yaml", "rank1.sh"}
 
 
 def test_bad_plan_values_are_refused(cluster):

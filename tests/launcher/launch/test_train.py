@@ -29,8 +29,10 @@ def test_the_steps_before_a_launch_probe_each_machine_once(local3, local_home, p
 
 
 def test_training_without_prepared_data_says_to_prepare_it(local3):
-    with Session.open(local3, local3.nodes, dataset="absent") as session, \
-            pytest.raises(TaskError, match=r"data/absent is not prepared on local0: run `fab prepare-data` first"):
+    with (
+        Session.open(local3, local3.nodes, dataset="absent") as session,
+        pytest.raises(TaskError, match=r"data/absent is not prepared on local0: run `fab prepare-data` first"),
+    ):
         place_data(session, "absent")
 
 

@@ -65,9 +65,14 @@ def test_the_command_prints_one_error_line(contract, tmp_path, override, message
     (tmp_path / "lab.json").write_text(json.dumps(contract))
     home = tmp_path / "home"
     started = time.monotonic()
-    result = subprocess.run([NANOCLUSTER, "train", "--cluster", "lab.json", "--set", override], cwd=tmp_path,
-                            env={"NANOCLUSTER_HOME": str(home), "PATH": "/usr/bin:/bin"},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [NANOCLUSTER, "train", "--cluster", "lab.json", "--set", override],
+        cwd=tmp_path,
+        env={"NANOCLUSTER_HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     print(f"nanocluster train --set {override}: {time.monotonic() - started:.2f} s")  # the bound is stated, not timed
     assert result.returncode == 1
     assert result.stderr.strip() == f"error: trainer config (--config, --set): {message}"
@@ -78,7 +83,14 @@ def test_the_dry_run_shows_the_resolved_trainer_config(local3, local_home, capsy
     train(TrainRequest(None, nodes=2, run="r", dry_run=True, overrides=("max_iters=7", "model.n_layer=1")))
     resolved = capsys.readouterr().out.split("----- the trainer's resolved config (model.settings.config)\n")[1]
     # The quickstart file, the launcher's own keys and the overrides, as the ranks will read them.
-    for line in ("init_from: scratch", "max_iters: 7", "  n_layer: 1", "expected_world_size: 2",
-                 "collective_timeout_s: 120.0", "out_dir: .", "mixed_precision: auto"):
+    for line in (
+        "init_from: scratch",
+        "max_iters: 7",
+        "  n_layer: 1",
+        "expected_world_size: 2",
+        "collective_timeout_s: 120.0",
+        "out_dir: .",
+        "mixed_precision: auto",
+    ):
         assert f"{line}\n" in resolved
     assert not (local_home / "runs").exists()

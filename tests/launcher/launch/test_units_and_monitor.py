@@ -30,8 +30,7 @@ def local(tmp_path, monkeypatch):
 def start(plan, shells, scripts: dict[str, str]) -> None:
     files = {f"runs/{RUN}/{unit}.sh": body for unit, body in scripts.items()}
     shell = shells[0]
-    shell.check(launch.start_command(shell.root, RUN, list(scripts), ssh_files=False), "start",
-                stdin=payload(files))
+    shell.check(launch.start_command(shell.root, RUN, list(scripts), ssh_files=False), "start", stdin=payload(files))
 
 
 def alive(pid: int) -> bool:
@@ -44,12 +43,16 @@ def alive(pid: int) -> bool:
 
 def test_first_failing_rank_stops_the_others_and_is_named(local):
     plan, shells, run_dir = local
-    start(plan, shells, {
-        "rank0": "echo step 1; sleep 60\n",
-        "rank1": "echo about to fail; sleep 0.5; echo boom >&2; exit 7\n",
-        # Fails later, as the survivors of a dead peer do: must not be the one named.
-        "rank2": "sleep 1.5; echo lost my peer; exit 1\n",
-    })
+    start(
+        plan,
+        shells,
+        {
+            "rank0": "echo step 1; sleep 60\n",
+            "rank1": "echo about to fail; sleep 0.5; echo boom >&2; exit 7\n",
+            # Fails later, as the survivors of a dead peer do: must not be the one named.
+            "rank2": "sleep 1.5; echo lost my peer; exit 1\n",
+        },
+    )
     lines: list[str] = []
     monitor = Monitor(plan, shells, lambda: shells[0].run(launch.stop_command(shells[0].root, RUN)), lines.append)
     started = time.monotonic()
@@ -76,8 +79,10 @@ def test_a_running_run_is_not_started_twice(local):
     plan, shells, _ = local
     start(plan, shells, {"rank0": "sleep 30\n"})
     try:
-        result = shells[0].run(launch.start_command(shells[0].root, RUN, ["rank0"], ssh_files=False),
-                               stdin=payload({f"runs/{RUN}/rank0.sh": "true\n"}))
+        result = shells[0].run(
+            launch.start_command(shells[0].root, RUN, ["rank0"], ssh_files=False),
+            stdin=payload({f"runs/{RUN}/rank0.sh": "true\n"}),
+        )
         assert result.returncode == 3 and "already running (rank0" in result.stderr and "fab stop" in result.stderr
     finally:
         shells[0].check(launch.stop_command(shells[0].root, RUN), "stop")

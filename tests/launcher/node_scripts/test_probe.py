@@ -55,8 +55,13 @@ def test_probe_reads_a_venv_of_the_system_python(tmp_path):
     """Debian's and Ubuntu's Python name dist-packages when asked under -S; a venv's packages are in site-packages."""
     env = tmp_path / "venv"
     subprocess.run([DEBIAN_PYTHON, "-m", "venv", "--without-pip", str(env)], check=True, timeout=60)
-    version = subprocess.run([str(env / "bin" / "python"), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
-                             capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    version = subprocess.run(
+        [str(env / "bin" / "python"), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
     site_packages = env / "lib" / f"python{version}" / "site-packages"
     (site_packages / "torch").mkdir(parents=True, exist_ok=True)
     (site_packages / "torch" / "version.py").write_text("__version__: str = '9.8.7'\n")

@@ -5,13 +5,16 @@ from launcher.recover.policy import classify
 from model.conventions import EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 
 
-@pytest.mark.parametrize("code, words", [
-    (EXIT_PEER_LOST, "peer was lost"),
-    (137, "SIGKILL"),
-    (143, "SIGTERM"),
-    (EXIT_STOPPED, "preemption"),
-    (None, "no exit record"),
-])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (EXIT_PEER_LOST, "peer was lost"),
+        (137, "SIGKILL"),
+        (143, "SIGTERM"),
+        (EXIT_STOPPED, "preemption"),
+        (None, "no exit record"),
+    ],
+)
 def test_failures_outside_the_program_are_retried(code, words):
     verdict = classify(FirstFailure("node1/rank1", "exit", code))
     assert verdict.retry

@@ -74,7 +74,13 @@ class Recovery:
     """The lifecycle's restart loop over a ScriptedRun (what these tests drove before the loop was shared)."""
 
     def __init__(self, session, run, options, resolve, rerun="", **recovery):
-        self.session_given, self.options, self.resolve, self.rerun, self.extra = session, options, resolve, rerun, recovery
+        self.session_given, self.options, self.resolve, self.rerun, self.extra = (
+            session,
+            options,
+            resolve,
+            rerun,
+            recovery,
+        )
 
     def __enter__(self):
         return self
@@ -103,8 +109,9 @@ def setting(contract, tmp_path, monkeypatch):
     clock = FakeClock()
     world = World(cluster, clock, {})
     monkeypatch.setattr(loop, "node_answers", world.answers)
-    monkeypatch.setattr(loop, "stop_units", lambda session, run: world.stopped.append(
-        tuple(n.name for n in session.nodes)))
+    monkeypatch.setattr(
+        loop, "stop_units", lambda session, run: world.stopped.append(tuple(n.name for n in session.nodes))
+    )
     monkeypatch.setattr(loop, "wait_for_nodes", functools.partial(loop.wait_for_nodes, clock=clock, sleep=clock.sleep))
     return cluster, clock, world
 
@@ -139,7 +146,7 @@ def test_a_lost_node_is_waited_for_and_the_run_resumes_on_every_node(setting):
     assert calls[1] == (["lab-0", "lab-1"], 1, ())
     assert 20 <= clock.now < 20 + POLL_EVERY_S  # waited until the node answered, polling
     assert world.stopped == [("lab-0",), ("lab-0", "lab-1")]  # the survivors first, everything after the return
-    restart, = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
+    (restart,) = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
     assert restart["nodes"] == ["lab-0", "lab-1"] and "dropped" not in restart and "lab-1" in restart["cause"]
 
 
@@ -152,7 +159,7 @@ def test_with_min_nodes_the_run_goes_on_without_a_node_that_never_returns(settin
         recovery.run(launch)
     assert calls[1] == (["lab-0", "lab-1"], 1, (KEEP_GLOBAL_BATCH,))
     assert clock.now == pytest.approx(15, abs=1)  # the timeout, less the real time recovery took
-    restart, = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
+    (restart,) = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
     assert restart["nodes"] == ["lab-0", "lab-1"] and restart["dropped"] == ["lab-2"]
 
 
@@ -161,8 +168,10 @@ def test_without_min_nodes_the_run_ends_naming_the_node_and_the_timeout(setting)
     session = FakeSession(world, cluster, cluster.nodes)
     world.back_at = {2: float("inf")}
     launch, calls = scripted([lost("lab-2")])
-    with pytest.raises(TaskError, match=r"lab-2 did not answer SSH within --recover-timeout 15 s"), \
-            Recovery(session, "r", RecoverOptions(recover_timeout_s=15), resolve=lambda: cluster) as recovery:
+    with (
+        pytest.raises(TaskError, match=r"lab-2 did not answer SSH within --recover-timeout 15 s"),
+        Recovery(session, "r", RecoverOptions(recover_timeout_s=15), resolve=lambda: cluster) as recovery,
+    ):
         recovery.run(launch)
     assert len(calls) == 1 and clock.now == pytest.approx(15, abs=1)
     end = RunRecord.of(cluster, "r").events[-1]
@@ -177,14 +186,21 @@ def test_a_node_lost_while_starting_again_is_a_restart_and_a_setup_error_is_not(
             world.back_at = {1: clock.now + 30}
 
     launch, calls = scripted([NodeGoesDown("lab-1: lost the SSH connection"), None])
-    with Recovery(FakeSession(world, cluster, cluster.nodes[:2]), "r", RecoverOptions(recover_timeout_s=60),
-                  resolve=lambda: cluster) as recovery:
+    with Recovery(
+        FakeSession(world, cluster, cluster.nodes[:2]),
+        "r",
+        RecoverOptions(recover_timeout_s=60),
+        resolve=lambda: cluster,
+    ) as recovery:
         recovery.run(launch)
     assert recovery.restarts == 1 and calls[1][0] == ["lab-0", "lab-1"]
     launch, calls = scripted([TaskError("data/builtin is not prepared on lab-0")])
-    with pytest.raises(TaskError, match="not prepared"), \
-            Recovery(FakeSession(world, cluster, cluster.nodes[:2]), "r", RecoverOptions(),
-                     resolve=lambda: cluster) as recovery:
+    with (
+        pytest.raises(TaskError, match="not prepared"),
+        Recovery(
+            FakeSession(world, cluster, cluster.nodes[:2]), "r", RecoverOptions(), resolve=lambda: cluster
+        ) as recovery,
+    ):
         recovery.run(launch)
     assert len(calls) == 1
 
@@ -208,8 +224,7 @@ def test_a_revived_cluster_is_read_again_before_waiting(setting, contract):
         seen.append(session.cluster)
         return original(session, restarts, overrides)
 
-    with Recovery(session, "r", RecoverOptions(), resolve=lambda: moved,
-                  revive=revive) as recovery:
+    with Recovery(session, "r", RecoverOptions(), resolve=lambda: moved, revive=revive) as recovery:
         recovery.run(launch_seeing)
     assert revived == [(["lab-1"], loop.REVIVE_LOG, 600.0)]
     assert seen[1] is moved and recovery.session.nodes[1].private_ip == "10.0.0.9"
@@ -225,8 +240,12 @@ def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypa
 
     monkeypatch.setattr(loop, "wait_for_nodes", interrupted)
     launch, _ = scripted([lost("lab-1")])
-    with pytest.raises(Interrupted, match=r"^interrupted \(its newest snapshot is kept\); continue with: fab train --run r$"), \
-            Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster, rerun="fab train --run r") as recovery:
+    with (
+        pytest.raises(
+            Interrupted, match=r"^interrupted \(its newest snapshot is kept\); continue with: fab train --run r$"
+        ),
+        Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster, rerun="fab train --run r") as recovery,
+    ):
         recovery.run(launch)
     end = RunRecord.of(cluster, "r").events[-1]
     assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "interrupted", 130)

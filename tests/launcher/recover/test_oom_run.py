@@ -43,8 +43,10 @@ def kill_as_the_oom_killer(home: Path, kernel_log: Path, killed: list[int]) -> N
         pid = rank_pid(home, 1) if (home / "runs" / RUN / SNAPSHOT_NAME).exists() else None
         if pid is not None:
             micros = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-            kernel_log.write_text(f"3,812,{micros},-;Out of memory: Killed process {pid} (python) "
-                                  "total-vm:2405376kB, anon-rss:1838452kB, file-rss:0kB, shmem-rss:0kB, UID:0\n")
+            kernel_log.write_text(
+                f"3,812,{micros},-;Out of memory: Killed process {pid} (python) "
+                "total-vm:2405376kB, anon-rss:1838452kB, file-rss:0kB, shmem-rss:0kB, UID:0\n"
+            )
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
             return
@@ -63,15 +65,25 @@ def test_an_oom_killed_rank_is_reported_and_not_retried(local_home, tmp_path, mo
     killer = threading.Thread(target=kill_as_the_oom_killer, args=(local_home, kernel_log, killed), daemon=True)
     killer.start()
     with pytest.raises(TaskError) as refused:
-        train(TrainRequest(None, nodes=2, run=RUN, dataset="d", config=str(config),
-              overrides=("max_iters=100000", "eval_interval=5"),
-              recover=RecoverOptions(max_restarts=3, min_nodes=1)))
+        train(
+            TrainRequest(
+                None,
+                nodes=2,
+                run=RUN,
+                dataset="d",
+                config=str(config),
+                overrides=("max_iters=100000", "eval_interval=5"),
+                recover=RecoverOptions(max_restarts=3, min_nodes=1),
+            )
+        )
     killer.join()
     out = capsys.readouterr().out
     assert killed, out[-3000:]
     message = str(refused.value)
-    assert message.startswith(f"out of memory on local1 (rank 1): the kernel's OOM killer killed process "
-                              f"{killed[0]} (python) (exit 137); not retried at the same size"), message
+    assert message.startswith(
+        f"out of memory on local1 (rank 1): the kernel's OOM killer killed process "
+        f"{killed[0]} (python) (exit 137); not retried at the same size"
+    ), message
     assert "fewer ranks per machine (--nodes)" in message and "batch_size" in message
     assert "restart 1/" not in out and "continuing on" not in out
     end = RunRecord.of(local_cluster(2), RUN).events[-1]

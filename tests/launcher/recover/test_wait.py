@@ -31,8 +31,16 @@ def lab(contract):
 def test_a_node_that_comes_back_ends_the_wait_when_it_answers(lab):
     clock, said = FakeClock(), []
     node1 = lab.nodes[1]
-    outcome = wait_for_nodes([node1], lambda n: None if clock.now >= 20 else "connection refused", 600, said.append,
-                             clock=clock, sleep=clock.sleep, poll_s=5, progress_s=10)
+    outcome = wait_for_nodes(
+        [node1],
+        lambda n: None if clock.now >= 20 else "connection refused",
+        600,
+        said.append,
+        clock=clock,
+        sleep=clock.sleep,
+        poll_s=5,
+        progress_s=10,
+    )
     assert outcome.back == [node1] and outcome.still_lost == {}
     assert clock.now == 20  # polled every 5 s, stopped at the first answer
     assert said[-1] == "lab-1 answers SSH again (20 s after the wait began)"
@@ -42,8 +50,16 @@ def test_a_node_that_comes_back_ends_the_wait_when_it_answers(lab):
 
 def test_a_node_that_never_answers_is_given_up_at_the_timeout(lab):
     clock, said = FakeClock(), []
-    outcome = wait_for_nodes(lab.nodes[1:], lambda n: f"{n.name}: unreachable", 15, said.append,
-                             clock=clock, sleep=clock.sleep, poll_s=4, progress_s=30)
+    outcome = wait_for_nodes(
+        lab.nodes[1:],
+        lambda n: f"{n.name}: unreachable",
+        15,
+        said.append,
+        clock=clock,
+        sleep=clock.sleep,
+        poll_s=4,
+        progress_s=30,
+    )
     assert outcome.back == [] and outcome.still_lost == {1: "lab-1: unreachable", 2: "lab-2: unreachable"}
     assert clock.now == 15  # the last sleep is cut to the timeout, never beyond
     assert clock.sleeps == [4, 4, 4, 3]
@@ -84,12 +100,15 @@ def test_fewer_answering_than_min_nodes_or_a_lost_head_is_an_error(lab):
         nodes_to_resume_on(lab.nodes, {0: "x"}, 1, 15)
 
 
-@pytest.mark.parametrize(("options", "flag"), [
-    (RecoverOptions(min_nodes=0), "--min-nodes must be between 1 and the run's 3 node"),
-    (RecoverOptions(min_nodes=4), "--min-nodes must be between 1 and the run's 3 node"),
-    (RecoverOptions(recover_timeout_s=0), "--recover-timeout must be a number of seconds > 0"),
-    (RecoverOptions(max_restarts=-1), "--max-restarts must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("options", "flag"),
+    [
+        (RecoverOptions(min_nodes=0), "--min-nodes must be between 1 and the run's 3 node"),
+        (RecoverOptions(min_nodes=4), "--min-nodes must be between 1 and the run's 3 node"),
+        (RecoverOptions(recover_timeout_s=0), "--recover-timeout must be a number of seconds > 0"),
+        (RecoverOptions(max_restarts=-1), "--max-restarts must be >= 0"),
+    ],
+)
 def test_out_of_range_flags_are_named(options, flag):
     with pytest.raises(TaskError, match=flag):
         options.check(3)

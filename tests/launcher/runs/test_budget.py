@@ -39,8 +39,14 @@ def write(cluster, run: str, events: list[dict], metrics: list[dict] = ()) -> No
 
 
 def launch(time: float, **fields) -> dict:
-    return {"event": "launch", "time": time, "hourly_cost_usd": PRICE, "world_size": 2,
-            "config_fingerprint": fingerprint(), **fields}
+    return {
+        "event": "launch",
+        "time": time,
+        "hourly_cost_usd": PRICE,
+        "world_size": 2,
+        "config_fingerprint": fingerprint(),
+        **fields,
+    }
 
 
 def end(time: float, outcome: str, **fields) -> dict:
@@ -49,8 +55,9 @@ def end(time: float, outcome: str, **fields) -> dict:
 
 def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: int = 2):
     said: list[str] = []
-    result = budget.plan_budget(usd, cluster, run, budget.trainer_values("", settings), world_size,
-                                read_cluster_runs(cluster), said.append)
+    result = budget.plan_budget(
+        usd, cluster, run, budget.trainer_values("", settings), world_size, read_cluster_runs(cluster), said.append
+    )
     return result, said
 
 
@@ -60,8 +67,10 @@ def test_the_budget_needs_a_price_and_a_positive_amount(local_home):
     # The local cluster has no contract JSON to edit: its way out is a run length, or a priced cluster.
     with pytest.raises(TaskError) as local:
         budget.check_budget_flag(5.0, local_cluster(2))
-    assert str(local.value).startswith("--budget needs the cluster's price per hour, and the local cluster (this "
-                                       "machine) has none: limit the run with --set max_iters=N instead")
+    assert str(local.value).startswith(
+        "--budget needs the cluster's price per hour, and the local cluster (this "
+        "machine) has none: limit the run with --set max_iters=N instead"
+    )
     assert "contract JSON to" not in str(local.value)
     with pytest.raises(TaskError, match="--budget must be a number of US dollars > 0, got 0"):
         budget.check_budget_flag(0.0, dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE))
@@ -70,10 +79,16 @@ def test_the_budget_needs_a_price_and_a_positive_amount(local_home):
 def test_without_a_recorded_step_time_it_says_so_and_goes_on(cluster):
     result, said = plan(cluster, 5.0)
     assert result == budget.BudgetPlan(5.0, PRICE, 0.0)
-    assert said == ["no step time recorded for this config on this cluster: no estimate before launch; the "
-                    "trainer stops at the budget ($5.00 at $2.40/h, price date unknown)"]
-    assert result.overrides(1234.5) == ("budget_usd=5.0", "budget_usd_per_hour=2.4", "budget_clock_start=1234.5",
-                                        "budget_spent_usd=0.0")
+    assert said == [
+        "no step time recorded for this config on this cluster: no estimate before launch; the "
+        "trainer stops at the budget ($5.00 at $2.40/h, price date unknown)"
+    ]
+    assert result.overrides(1234.5) == (
+        "budget_usd=5.0",
+        "budget_usd_per_hour=2.4",
+        "budget_clock_start=1234.5",
+        "budget_spent_usd=0.0",
+    )
 
 
 def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(cluster):
@@ -82,8 +97,10 @@ def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(c
     write(cluster, "other-size", [launch(0.0, config_fingerprint=fingerprint(3)), end(1.0, "finished", s_per_iter=1.0)])
     result, said = plan(cluster, 2.0, run="new")
     assert result.spent_before_usd == 0
-    assert said[0].startswith("estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200): 1800 s at $2.40/h, price "
-                              "date unknown; 200 x 9 s per iteration all in (evals, snapshots and start-up)")
+    assert said[0].startswith(
+        "estimate: $1.20 for 200 iteration(s) (from 0 to max_iters 200): 1800 s at $2.40/h, price "
+        "date unknown; 200 x 9 s per iteration all in (evals, snapshots and start-up)"
+    )
     assert "step time recorded by run earlier on this cluster with the same config and world size (ended" in said[0]
     # Another world size is another fingerprint: 3 ranks match 'other-size' only, 4 nothing.
     assert "recorded by run other-size" in plan(cluster, 2.0, run="new", world_size=3)[1][0]
@@ -93,11 +110,20 @@ def test_a_recorded_run_with_the_same_config_and_world_size_gives_the_estimate(c
 def test_a_rerun_after_a_budget_stop_counts_what_it_spent_and_measures_from_its_snapshot(cluster):
     # The first attempt was stopped at its budget at iteration 30 after 300 s at $2.40/h ($0.20); an
     # earlier, finished use of the name costs nothing against this budget.
-    events = [launch(0.0), end(100.0, "finished", s_per_iter=1.0),
-              launch(1000.0, budget_usd=0.2), end(1300.0, "budget", iter=30, s_per_iter=10.0)]
-    metrics = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
-               {"kind": "eval", "iter": 0}, {"kind": "eval", "iter": 10}, {"kind": "eval", "iter": 20},
-               {"kind": "train", "iter": 29}, {"kind": "stop", "iter": 30, "reason": "budget"}]
+    events = [
+        launch(0.0),
+        end(100.0, "finished", s_per_iter=1.0),
+        launch(1000.0, budget_usd=0.2),
+        end(1300.0, "budget", iter=30, s_per_iter=10.0),
+    ]
+    metrics = [
+        {"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
+        {"kind": "eval", "iter": 0},
+        {"kind": "eval", "iter": 10},
+        {"kind": "eval", "iter": 20},
+        {"kind": "train", "iter": 29},
+        {"kind": "stop", "iter": 30, "reason": "budget"},
+    ]
     write(cluster, "main", events, metrics)
     result, said = plan(cluster, 1.0, settings=[*SETTINGS, "max_iters=100"])
     assert result.spent_before_usd == pytest.approx(0.2)
@@ -115,24 +141,38 @@ def test_an_estimate_over_the_budget_is_refused_with_the_figures_and_the_flags_t
     assert str(refused.value) == (
         "the run would cost about $1.20, over --budget $0.50; nothing was started: raise --budget to $1.20, or "
         "--set max_iters=83 (fits the budget). Fewer --nodes would not lower it: every node of the cluster bills "
-        "while it exists")
+        "while it exists"
+    )
 
 
 def test_a_short_resumed_run_pays_the_whole_start_up_of_the_attempt_it_was_measured_on(cluster):
     # 100 iterations in 100 s: 50 of them steps of 0.5 s, 50 start-up, evals and exit. 10 more
     # iterations: not 10 x 1 s but 50 + 10 x 0.5 = 55 s; $1 at $36/h buys 100 s: 50 + 100 x 0.5.
-    write(cluster, "main", [launch(0.0, hourly_cost_usd=36.0),
-                            end(100.0, "budget", iter=100, s_per_iter=1.0, step_s=0.5, overhead_s=50.0)],
-          [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 1000}, {"kind": "stop", "iter": 100,
-                                                                                 "reason": "budget"}])
+    write(
+        cluster,
+        "main",
+        [
+            launch(0.0, hourly_cost_usd=36.0),
+            end(100.0, "budget", iter=100, s_per_iter=1.0, step_s=0.5, overhead_s=50.0),
+        ],
+        [
+            {"kind": "start", "iter": 0, "resumed": False, "max_iters": 1000},
+            {"kind": "stop", "iter": 100, "reason": "budget"},
+        ],
+    )
     cluster = dataclasses.replace(cluster, hourly_cost_usd=36.0)
     said = plan(cluster, 2.0, settings=[*SETTINGS, "max_iters=110"])[1]
-    assert said[1].startswith("estimate: $0.55 for 10 iteration(s) (from 100 to max_iters 110): 55 s at $36.00/h, "
-                              "price date unknown; the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
-                              "of start-up, evals and exit + 10 x 0.5 s steps")
+    assert said[1].startswith(
+        "estimate: $0.55 for 10 iteration(s) (from 100 to max_iters 110): 55 s at $36.00/h, "
+        "price date unknown; the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
+        "of start-up, evals and exit + 10 x 0.5 s steps"
+    )
     # $1 spent: $0.52 left buys 52 s, 50 of them the overhead: 4 steps.
-    with pytest.raises(TaskError, match=r"about \$1.55 \(\$1.00 spent \+ \$0.55 to go\), over --budget \$1.52; "
-                                        r"nothing was started: raise --budget to \$1.55, or --set max_iters=104 \(fits"):
+    with pytest.raises(
+        TaskError,
+        match=r"about \$1.55 \(\$1.00 spent \+ \$0.55 to go\), over --budget \$1.52; "
+        r"nothing was started: raise --budget to \$1.55, or --set max_iters=104 \(fits",
+    ):
         plan(cluster, 1.52, settings=[*SETTINGS, "max_iters=110"])
 
 
@@ -147,27 +187,40 @@ def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
     assert budget.status_lines(RunRecord.of(cluster, "nothing")) == []
     (line,) = budget.status_lines(RunRecord.of(cluster, "main"))
     assert line.startswith("budget: $") and " of $1.00 spent (the trainer stops before the snapshot" in line
-    write(cluster, "main", [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25),
-                            end(900.0, "budget", iter=42, max_iters=100)])
+    write(
+        cluster,
+        "main",
+        [launch(0.0, budget_usd=1.0, budget_spent_before_usd=0.25), end(900.0, "budget", iter=42, max_iters=100)],
+    )
     assert budget.status_lines(RunRecord.of(cluster, "main")) == [
         "stopped at budget: spent $0.85 of $1.00 at iteration 42 of max_iters 100; to continue, rerun `fab train "
-        "--run main --budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"]
+        "--run main --budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"
+    ]
     assert budget.progress_suffix(RunRecord.of(cluster, "main")) == " | $0.85 of $1.00 budget"
 
 
 def test_the_end_of_a_budget_stop_records_where_it_stopped_what_it_spent_and_its_pace(cluster):
-    earlier = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
-               {"kind": "train", "iter": 3, "iter_ms": 9000.0}, {"kind": "eval", "iter": 10}]  # snapshot at 10
+    earlier = [
+        {"kind": "start", "iter": 0, "resumed": False, "max_iters": 100},
+        {"kind": "train", "iter": 3, "iter_ms": 9000.0},
+        {"kind": "eval", "iter": 10},
+    ]  # snapshot at 10
     run_record = RunRecord.of(cluster, "main")
     directory = run_record.made()
     (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in earlier))
     run_record.append("launch", time=1000.0)  # records where this attempt's lines begin in the metrics copy
     with open(directory / METRICS_NAME, "a") as f:  # the resumed trainer's rewritten file streams again first
-        for record in [*earlier, {"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
-                       {"kind": "train", "iter": 10, "iter_ms": 400.0}, {"kind": "train", "iter": 11, "iter_ms": 600.0},
-                       {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": 0.3}]:
+        for record in [
+            *earlier,
+            {"kind": "start", "iter": 10, "resumed": True, "max_iters": 100},
+            {"kind": "train", "iter": 10, "iter_ms": 400.0},
+            {"kind": "train", "iter": 11, "iter_ms": 600.0},
+            {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": 0.3},
+        ]:
             f.write(json.dumps(record) + "\n")
-    ending = budget.ending(run_record, 1000.0, 1020.0, last_logged=11, stopped=True, plan=budget.BudgetPlan(1.0, 36.0, 0.1))
+    ending = budget.ending(
+        run_record, 1000.0, 1020.0, last_logged=11, stopped=True, plan=budget.BudgetPlan(1.0, 36.0, 0.1)
+    )
     fields = ending.fields
     assert ending.stopped and fields["outcome"] == "budget" and fields["iter"] == 12
     assert fields["start_iter"] == 10 and fields["max_iters"] == 100 and fields["step_s"] == pytest.approx(0.5)
@@ -188,8 +241,11 @@ def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path
     monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
     (tmp_path / "lab.json").write_text(json.dumps(contract))
     settings = ["max_iters=400", "eval_interval=50"]
-    write(parse_contract(contract, "test"), "yesterday",
-          [launch(0.0, config_fingerprint=fingerprint(3, settings)), end(3600.0, "finished", s_per_iter=12.0)])
+    write(
+        parse_contract(contract, "test"),
+        "yesterday",
+        [launch(0.0, config_fingerprint=fingerprint(3, settings)), end(3600.0, "finished", s_per_iter=12.0)],
+    )
     sets = [arg for s in settings for arg in ("--set", s)]
     result = Fab(tmp_path / "lab.json", home)("train", "--run", "today", "--budget", "1", *sets, timeout=60)
     # 400 x 12 s at $2.40/h = $3.20; $1 buys 1 x 3600 / 2.4 / 12 = 125 iterations.
@@ -199,5 +255,6 @@ def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path
     assert result.stderr.strip().splitlines()[-1] == (
         "error: the run would cost about $3.20, over --budget $1.00; nothing was started: raise --budget to $3.20, "
         "or --set max_iters=125 (fits the budget). Fewer --nodes would not lower it: every node of the cluster "
-        "bills while it exists")
+        "bills while it exists"
+    )
     assert "started" not in result.stdout and not (home / "clusters" / "lab" / "runs" / "today").exists()

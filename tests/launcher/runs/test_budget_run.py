@@ -82,10 +82,14 @@ def test_a_run_stops_at_its_budget_and_a_larger_budget_resumes_it(priced, local_
         assert (run_dir / f"rank{rank}.exit").read_text().split()[0] == str(EXIT_BUDGET)
     assert trainers_under(local_home) == []
     status(None, run=RUN)  # fab status says it too, from the record
-    assert f"stopped at budget: spent ${end['spent_usd']:.2f} of ${BUDGET:.2f} at iteration {stopped_at} " in \
-        capsys.readouterr().out
+    assert (
+        f"stopped at budget: spent ${end['spent_usd']:.2f} of ${BUDGET:.2f} at iteration {stopped_at} "
+        in capsys.readouterr().out
+    )
 
-    code = train(TrainRequest(None, **args, overrides=(*SETTINGS, f"max_iters={stopped_at + 3}"), budget_usd=BUDGET * 100))
+    code = train(
+        TrainRequest(None, **args, overrides=(*SETTINGS, f"max_iters={stopped_at + 3}"), budget_usd=BUDGET * 100)
+    )
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert f"budget ${BUDGET * 100:.2f}: $" in out and "already spent by this run's earlier attempts" in out

@@ -20,8 +20,14 @@ def latest(events: list[dict]):
 
 def series(last_iter: int, max_iters: int, iter_ms: list[float]) -> Series:
     n = len(iter_ms)
-    return Series(train_iters=list(range(last_iter - n + 1, last_iter + 1)), iter_ms=iter_ms,
-                  loss=[1.0] * n, lr=[1e-3] * n, tokens_per_s=[1.0] * n, max_iters=max_iters)
+    return Series(
+        train_iters=list(range(last_iter - n + 1, last_iter + 1)),
+        iter_ms=iter_ms,
+        loss=[1.0] * n,
+        lr=[1e-3] * n,
+        tokens_per_s=[1.0] * n,
+        max_iters=max_iters,
+    )
 
 
 def test_a_run_going_on_is_priced_so_far_and_at_its_end():
@@ -34,10 +40,15 @@ def test_a_run_going_on_is_priced_so_far_and_at_its_end():
 
 
 def test_a_finished_run_counts_its_restarts_and_ignores_an_earlier_run_of_the_same_name():
-    events = [{"event": "launch", "time": 0.0, "cluster_nodes": 1, "hourly_cost_usd": 1.0},
-              {"event": "restart", "time": 10.0}, {"event": "end", "time": 20.0},  # the earlier run
-              LAUNCH, {"event": "restart", "time": 1100.0}, {"event": "restart", "time": 1200.0},
-              {"event": "end", "time": 1000.0 + 3600}]
+    events = [
+        {"event": "launch", "time": 0.0, "cluster_nodes": 1, "hourly_cost_usd": 1.0},
+        {"event": "restart", "time": 10.0},
+        {"event": "end", "time": 20.0},  # the earlier run
+        LAUNCH,
+        {"event": "restart", "time": 1100.0},
+        {"event": "restart", "time": 1200.0},
+        {"event": "end", "time": 1000.0 + 3600},
+    ]
     clock = run_clock(latest(events), Series(), now=99999.0)
     assert clock.finished and clock.restarts == 2 and clock.eta_s == 0
     assert clock.elapsed_s == 3600 and clock.cost_usd == pytest.approx(2.4)
@@ -46,15 +57,18 @@ def test_a_finished_run_counts_its_restarts_and_ignores_an_earlier_run_of_the_sa
 
 def test_time_to_finish_is_unknown_before_a_step_or_without_max_iters():
     assert run_clock(latest([LAUNCH]), Series(max_iters=10), now=1010.0).eta_s is None
-    assert run_clock(latest([LAUNCH]), dataclasses.replace(series(3, 10, [5.0]), max_iters=None), now=1010.0).eta_s is None
+    assert (
+        run_clock(latest([LAUNCH]), dataclasses.replace(series(3, 10, [5.0]), max_iters=None), now=1010.0).eta_s is None
+    )
     assert run_clock(latest([]), Series()) is None
 
 
 def test_status_lines_without_a_price_say_so(tmp_path, monkeypatch):
     monkeypatch.setenv(LOCAL_HOME_ENV, str(tmp_path))
     cluster = local_cluster(2)  # the local cluster has no price
-    assert status_lines(RunRecord.of(cluster, "r")) == [f"run r: no launch recorded on this machine "
-                                          f"({tmp_path / 'clusters' / 'local' / 'runs' / 'r'})"]
+    assert status_lines(RunRecord.of(cluster, "r")) == [
+        f"run r: no launch recorded on this machine ({tmp_path / 'clusters' / 'local' / 'runs' / 'r'})"
+    ]
     RunRecord.of(cluster, "r").append("launch", **launch_fields(cluster, cluster.nodes, world_size=2))
     lines = status_lines(RunRecord.of(cluster, "r"))
     assert lines[0] == "no loss logged yet"
@@ -63,7 +77,11 @@ def test_status_lines_without_a_price_say_so(tmp_path, monkeypatch):
     assert lines[3] == "restarts: 0"
     RunRecord.of(cluster, "r").append("end", outcome="finished")
     assert final_cost(RunRecord.of(cluster, "r")).endswith(NO_PRICE)
-    priced = dataclasses.replace(cluster, hourly_cost_usd=3.0, hourly_cost_spot_usd=3.0, spot=True, prices_as_of="2026-11-23")
+    priced = dataclasses.replace(
+        cluster, hourly_cost_usd=3.0, hourly_cost_spot_usd=3.0, spot=True, prices_as_of="2026-11-23"
+    )
     RunRecord.of(priced, "r").append("launch", **launch_fields(priced, priced.nodes, world_size=2))
     RunRecord.of(priced, "r").append("end", outcome="finished")
-    assert final_cost(RunRecord.of(priced, "r")).startswith("cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)")
+    assert final_cost(RunRecord.of(priced, "r")).startswith(
+        "cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)"
+    )

@@ -42,9 +42,18 @@ class RecordedRun:
 
     def launch(self, time: float, price: float | None, machines: int = 2, **fields) -> None:
         copy = self.dir / METRICS_NAME
-        self.event("launch", time, cluster_name=self.cluster, nodes=[f"n{i}" for i in range(machines)],
-                   cluster_nodes=machines, cluster_machines=machines, world_size=machines, hourly_cost_usd=price,
-                   metrics_offset=copy.stat().st_size if copy.exists() else 0, **fields)
+        self.event(
+            "launch",
+            time,
+            cluster_name=self.cluster,
+            nodes=[f"n{i}" for i in range(machines)],
+            cluster_nodes=machines,
+            cluster_machines=machines,
+            world_size=machines,
+            hourly_cost_usd=price,
+            metrics_offset=copy.stat().st_size if copy.exists() else 0,
+            **fields,
+        )
 
     def lines(self, *records: dict) -> list[str]:
         """Append records to the metrics copy (each train record with its own measured time)."""
@@ -65,8 +74,14 @@ class RecordedRun:
 
 
 def start(iteration: int, tokens_per_iter: int, resumed: bool = False) -> dict:
-    return {"kind": "start", "iter": iteration, "resumed": resumed, "max_iters": 20, "tokens_per_iter": tokens_per_iter,
-            "world_size": 2}
+    return {
+        "kind": "start",
+        "iter": iteration,
+        "resumed": resumed,
+        "max_iters": 20,
+        "tokens_per_iter": tokens_per_iter,
+        "world_size": 2,
+    }
 
 
 def train(iteration: int) -> dict:
@@ -114,16 +129,33 @@ def records(home):
     os.utime(a.dir / METRICS_NAME, (T0 + 3 * H + 900, T0 + 3 * H + 900))
 
     local = RecordedRun(home, "local", "main")
-    local.event("launch", T0 + 600, cluster_name="local", nodes=["local0", "local1", "local2"], cluster_nodes=3,
-                world_size=3, hourly_cost_usd=None)  # recorded before cluster_machines and metrics_offset
+    local.event(
+        "launch",
+        T0 + 600,
+        cluster_name="local",
+        nodes=["local0", "local1", "local2"],
+        cluster_nodes=3,
+        world_size=3,
+        hourly_cost_usd=None,
+    )  # recorded before cluster_machines and metrics_offset
     local.lines(start(0, 500), train(0), evaluate(5))
     local.event("end", T0 + 600 + 108, outcome="failed", reason="exit 1")
 
     sightings = [  # n1 rebooted between the sightings: its time off is not counted
-        {"time": T0 - 600, "cloud": "gcp", "nodes": ["n0", "n1"], "boot_times": {"n0": T0 - 1200, "n1": T0 - 1100},
-         "hourly_cost_usd": 2.4},
-        {"time": T0 + 5 * H, "cloud": "gcp", "nodes": ["n0", "n1"], "boot_times": {"n0": T0 - 1200, "n1": T0 + 4 * H},
-         "hourly_cost_usd": 2.4},
+        {
+            "time": T0 - 600,
+            "cloud": "gcp",
+            "nodes": ["n0", "n1"],
+            "boot_times": {"n0": T0 - 1200, "n1": T0 - 1100},
+            "hourly_cost_usd": 2.4,
+        },
+        {
+            "time": T0 + 5 * H,
+            "cloud": "gcp",
+            "nodes": ["n0", "n1"],
+            "boot_times": {"n0": T0 - 1200, "n1": T0 + 4 * H},
+            "hourly_cost_usd": 2.4,
+        },
     ]
     (home / "clusters" / "gcp-dev" / CLUSTER_RECORD_NAME).write_text("".join(json.dumps(s) + "\n" for s in sightings))
     return home
@@ -148,7 +180,11 @@ def test_the_ledger_is_recorded_intervals_x_prices_and_cost_per_token_is_cost_ov
             assert row["usd_per_million_tokens"] == pytest.approx(row["cost_usd"] / row["tokens"] * 1e6)
     a1, b, a2, local = (rows[k] for k in EXPECTED)
     assert (a1["outcome"], b["outcome"], a2["outcome"], local["outcome"]) == (
-        "finished", "stopped at budget", "no end recorded", "failed")
+        "finished",
+        "stopped at budget",
+        "no end recorded",
+        "failed",
+    )
     assert a2["ended"] == T0 + 3 * H + 900 and not a2["end_recorded"]  # its last metric
     assert b["restarts"] == 1 and b["spot"] is True and b["prices_as_of"] == "2026-11-23"
     assert local["machines"] == 1 and local["node_hours"] == pytest.approx(108 / H)  # 3 ranks, one machine
@@ -189,9 +225,20 @@ def test_fab_cost_names_the_runs_prices_and_totals(records, tmp_path):
     result = fab("cost")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for text in ("gcp-dev", "local", "stopped at budget", "no end recorded", "$0.80/h spot, prices of 2026-11-23",
-                 "$2.40/h on-demand, prices of 2026-11-01", "no price in the contract", "total", "$2.07",
-                 "up to last seen 2026-11-20 05:00", "first boot 2026-11-19 23:40", "not counted: disks"):
+    for text in (
+        "gcp-dev",
+        "local",
+        "stopped at budget",
+        "no end recorded",
+        "$0.80/h spot, prices of 2026-11-23",
+        "$2.40/h on-demand, prices of 2026-11-01",
+        "no price in the contract",
+        "total",
+        "$2.07",
+        "up to last seen 2026-11-20 05:00",
+        "first boot 2026-11-19 23:40",
+        "not counted: disks",
+    ):
         assert text in out, f"{text!r} not in:\n{out}"
 
 
@@ -237,9 +284,16 @@ def test_a_session_on_a_cloud_cluster_records_its_nodes_and_boot_times(home):
     record_sighting(session, now=5000.0)
     local = local_cluster(3)
     record_sighting(SimpleNamespace(cluster=local, nodes=local.nodes, reports={}))
-    sighting, = (json.loads(line) for line in (home / "clusters" / "lab" / CLUSTER_RECORD_NAME).read_text().splitlines())
-    assert sighting == {"time": 5000.0, "cloud": "gcp", "nodes": ["lab-0", "lab-1"], "boot_times": {"lab-0": 1234},
-                        "hourly_cost_usd": 2.4}
+    (sighting,) = (
+        json.loads(line) for line in (home / "clusters" / "lab" / CLUSTER_RECORD_NAME).read_text().splitlines()
+    )
+    assert sighting == {
+        "time": 5000.0,
+        "cloud": "gcp",
+        "nodes": ["lab-0", "lab-1"],
+        "boot_times": {"lab-0": 1234},
+        "hourly_cost_usd": 2.4,
+    }
     assert not (home / "clusters" / "local" / CLUSTER_RECORD_NAME).exists()
 
 

@@ -44,18 +44,25 @@ def tiny(tmp_path, local_home) -> str:
     """A prepared dataset 'd' and a trainer config whose two steps take milliseconds."""
     write_dataset(local_home / "data" / "d")
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4")
-                      .replace("max_iters: 20", "max_iters: 2").replace("eval_interval: 10", "eval_interval: 2"))
+    config.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("max_iters: 20", "max_iters: 2")
+        .replace("eval_interval: 10", "eval_interval: 2")
+    )
     return str(config)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("record", "said", "boot"), [
-    ("reused", "rank0 lost: its pid is now another process", "current boot"),
-    ("rebooted", "rank0 lost: the node rebooted", "earlier boot: the node rebooted since"),
-])
+@pytest.mark.parametrize(
+    ("record", "said", "boot"),
+    [
+        ("reused", "rank0 lost: its pid is now another process", "current boot"),
+        ("rebooted", "rank0 lost: the node rebooted", "earlier boot: the node rebooted since"),
+    ],
+)
 def test_a_stale_record_is_lost_not_stopped_and_the_run_starts_again(
-        record, said, boot, stranger, tiny, local3, local_home, capsys, monkeypatch):
+    record, said, boot, stranger, tiny, local3, local_home, capsys, monkeypatch
+):
     run_dir = local_home / "runs" / RUN
     run_dir.mkdir(parents=True)
     (run_dir / "rank0.pid").write_text(f"{stranger.pid}\n")
@@ -87,8 +94,9 @@ def test_the_start_time_is_read_after_the_last_parenthesis(tmp_path):
     odd.symlink_to("/bin/sleep")
     proc = subprocess.Popen([str(odd), "30"])
     try:
-        out = subprocess.run(["sh", "-c", UNIT_IDENTITY_SH + f"nc_start_time {proc.pid}"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["sh", "-c", UNIT_IDENTITY_SH + f"nc_start_time {proc.pid}"], capture_output=True, text=True, check=True
+        ).stdout
         assert out.strip() == str(start_time(proc.pid))
     finally:
         proc.kill()

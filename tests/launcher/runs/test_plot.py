@@ -18,14 +18,23 @@ def stream_of_a_restarted_run() -> list[dict]:
     for i in range(6):
         if i % 2 == 0:
             records.append({"kind": "eval", "iter": i, "train_loss": 9.0 - i, "val_loss": 9.5 - i})
-        records.append({"kind": "train", "iter": i, "loss": 10.0 - i, "lr": 1e-3 * (i + 1), "iter_ms": 100.0,
-                        "tokens_per_s": 1000.0 + i})
+        records.append(
+            {
+                "kind": "train",
+                "iter": i,
+                "loss": 10.0 - i,
+                "lr": 1e-3 * (i + 1),
+                "iter_ms": 100.0,
+                "tokens_per_s": 1000.0 + i,
+            }
+        )
     records.append({"kind": "start", "iter": 4, "resumed": True, "max_iters": 8, "tokens_per_iter": TOKENS_PER_ITER})
     for i in range(4, 8):
         if i % 2 == 0 and i > 4:
             records.append({"kind": "eval", "iter": i, "train_loss": 4.0 - i / 10, "val_loss": 4.5 - i / 10})
-        records.append({"kind": "train", "iter": i, "loss": 5.0 - i / 10, "lr": 2e-3, "iter_ms": 120.0,
-                        "tokens_per_s": 2000.0 + i})
+        records.append(
+            {"kind": "train", "iter": i, "loss": 5.0 - i / 10, "lr": 2e-3, "iter_ms": 120.0, "tokens_per_s": 2000.0 + i}
+        )
     records.append({"kind": "eval", "iter": 8, "train_loss": 3.0, "val_loss": 3.2})
     return records
 
@@ -40,8 +49,11 @@ def record_dir(tmp_path):
 
 def lines_of(figure) -> dict[tuple[str, str], tuple[list, list]]:
     """(panel title, line label) -> the (x, y) data matplotlib holds for that line."""
-    return {(ax.get_title(), line.get_label()): (list(line.get_xdata()), list(line.get_ydata()))
-            for ax in figure.axes for line in ax.get_lines()}
+    return {
+        (ax.get_title(), line.get_label()): (list(line.get_xdata()), list(line.get_ydata()))
+        for ax in figure.axes
+        for line in ax.get_lines()
+    }
 
 
 def test_the_plot_draws_exactly_the_series_of_metrics_jsonl(record_dir):
@@ -58,10 +70,14 @@ def test_the_plot_draws_exactly_the_series_of_metrics_jsonl(record_dir):
     drawn = lines_of(draw(read_series(record_dir)))
     assert drawn[("loss", "train loss")] == (iters, [train[i]["loss"] for i in iters])
     assert drawn[("loss", "val loss")] == (eval_iters, [evals[i]["val_loss"] for i in eval_iters])
-    assert drawn[("loss against tokens", "train loss")] == ([i * TOKENS_PER_ITER for i in iters],
-                                                            [train[i]["loss"] for i in iters])
-    assert drawn[("loss against tokens", "val loss")] == ([i * TOKENS_PER_ITER for i in eval_iters],
-                                                          [evals[i]["val_loss"] for i in eval_iters])
+    assert drawn[("loss against tokens", "train loss")] == (
+        [i * TOKENS_PER_ITER for i in iters],
+        [train[i]["loss"] for i in iters],
+    )
+    assert drawn[("loss against tokens", "val loss")] == (
+        [i * TOKENS_PER_ITER for i in eval_iters],
+        [evals[i]["val_loss"] for i in eval_iters],
+    )
     assert drawn[("throughput (whole cluster)", "tokens/s")] == (iters, [train[i]["tokens_per_s"] for i in iters])
     assert drawn[("learning rate", "learning rate")] == (iters, [train[i]["lr"] for i in iters])
 

@@ -43,8 +43,12 @@ def priced(local3, monkeypatch):
 def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, local_home, tmp_path, capsys):
     write_dataset(local_home / "data" / "d")
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4")
-                      .replace("max_iters: 20", f"max_iters: {MAX_ITERS}").replace("eval_interval: 10", "eval_interval: 20").replace("log_interval: 5", "log_interval: 1"))
+    config.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("max_iters: 20", f"max_iters: {MAX_ITERS}")
+        .replace("eval_interval: 10", "eval_interval: 20")
+        .replace("log_interval: 5", "log_interval: 1")
+    )
     failure: list[BaseException] = []
 
     def run() -> None:
@@ -57,8 +61,11 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
     thread.start()
     record_dir = RunRecord.of(priced, RUN).made()
     try:
-        wait_for(lambda: read_series(record_dir).train_iters or not thread.is_alive(), 120,
-                 "a step in the operator's metrics copy")
+        wait_for(
+            lambda: read_series(record_dir).train_iters or not thread.is_alive(),
+            120,
+            "a step in the operator's metrics copy",
+        )
         assert thread.is_alive(), failure
         status(None, run=RUN)
         during = capsys.readouterr().out
@@ -67,7 +74,9 @@ def test_status_during_and_after_a_priced_run_and_what_fetch_brings(priced, loca
     assert not thread.is_alive() and not failure, failure
     assert "train loss" in during and "iteration" in during  # the chart
     assert "| time to finish " in during and "(logged step time x steps left)" in during
-    assert "cost so far: $" in during and f"node-h at ${PRICE:.2f}/h on-demand, prices of 2026-11-23); about $" in during
+    assert (
+        "cost so far: $" in during and f"node-h at ${PRICE:.2f}/h on-demand, prices of 2026-11-23); about $" in during
+    )
     assert "restarts: 0" in during
 
     done = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done in "))

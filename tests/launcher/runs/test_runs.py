@@ -17,7 +17,9 @@ RUN = "r1"
 def start(cluster, scripts: dict[str, str]) -> None:
     """Start stand-in units as `fab train` would, with the plan.json of a 3-rank fabric launch."""
     plan = LaunchPlan(cluster=cluster, nodes=cluster.nodes, run=RUN, dataset="d", python="python", code_dir=".")
-    files = {f"runs/{RUN}/{unit}.sh": body for unit, body in scripts.items()} | {f"runs/{RUN}/plan.json": plan_json(plan)}
+    files = {f"runs/{RUN}/{unit}.sh": body for unit, body in scripts.items()} | {
+        f"runs/{RUN}/plan.json": plan_json(plan)
+    }
     shell = connect(cluster, cluster.nodes[:1])[0]
     shell.check(start_command(shell.root, RUN, list(scripts), ssh_files=False), "start", stdin=payload(files))
 
@@ -32,21 +34,30 @@ def finished(local3):
 
 def wait(cluster, condition: str) -> None:
     shell = connect(cluster, cluster.nodes[:1])[0]
-    shell.check(f"cd {shell.root}/runs && until {condition}; do sleep 0.05; done", f"waiting for {condition}", timeout=30)
+    shell.check(
+        f"cd {shell.root}/runs && until {condition}; do sleep 0.05; done", f"waiting for {condition}", timeout=30
+    )
 
 
 def test_logs_labels_every_ranks_lines_as_fab_train_does(finished, capsys):
     logs(None, run=RUN, lines=1)
     out = capsys.readouterr().out.splitlines()
     assert sorted(line for line in out if line.startswith("[rank")) == [
-        "[rank 0 local0] line b of 0", "[rank 1 local1] line b of 1", "[rank 2 local2] line b of 2"]
+        "[rank 0 local0] line b of 0",
+        "[rank 1 local1] line b of 1",
+        "[rank 2 local2] line b of 2",
+    ]
 
 
 def test_logs_of_one_rank_and_of_a_rank_that_does_not_exist(finished, capsys):
     logs(None, run=RUN, rank=2, lines=5)
     assert [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[rank")] == [
-        "[rank 2 local2] line a of 2", "[rank 2 local2] line b of 2"]
-    with pytest.raises(TaskError, match=r"run 'r1' has no log for rank 7 \(fabric launcher; its logs: rank0, rank1, rank2\)"):
+        "[rank 2 local2] line a of 2",
+        "[rank 2 local2] line b of 2",
+    ]
+    with pytest.raises(
+        TaskError, match=r"run 'r1' has no log for rank 7 \(fabric launcher; its logs: rank0, rank1, rank2\)"
+    ):
         logs(None, run=RUN, rank=7)
 
 
@@ -57,9 +68,10 @@ def test_logs_of_a_run_that_never_started(local3):
 
 def test_status_shows_each_unit_and_the_last_logged_step(finished, local_home, capsys, monkeypatch):
     monkeypatch.setattr(console, "width", 200)  # the table on one line per node
-    wait(finished, f"[ \"$(cd .. && {alive_command('.', RUN)})\" = \"$(printf 'rank%s exited 0\\n' 0 1 2)\" ]")
+    wait(finished, f'[ "$(cd .. && {alive_command(".", RUN)})" = "$(printf \'rank%s exited 0\\n\' 0 1 2)" ]')
     (local_home / "runs" / RUN / "metrics.jsonl").write_text(
-        json.dumps({"kind": "train", "iter": 7, "loss": 3.5, "tokens_per_s": 1000}) + "\n")
+        json.dumps({"kind": "train", "iter": 7, "loss": 3.5, "tokens_per_s": 1000}) + "\n"
+    )
     assert status(None, run=RUN) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "local0" in line and "127.0.0.1" in line)
@@ -68,12 +80,20 @@ def test_status_shows_each_unit_and_the_last_logged_step(finished, local_home, c
 
 
 def test_status_names_the_block_that_grew_most_and_the_skipped_steps(finished, local_home, capsys):
-    blocks = {"h.0": {"act_max": 1.0, "act_rms": 0.1, "gain": 1.0, "grad_norm": 0.5, "update_ratio": 1e-3},
-              "h.1": {"act_max": 812.0, "act_rms": 9.0, "gain": 31.6, "grad_norm": 4.1, "update_ratio": 2.1e-3}}
-    records = [{"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"},
-               {"kind": "train", "iter": 118, "loss": 3.5, "tokens_per_s": 1000},
-               {"kind": "health", "iter": 120, "blocks": blocks,
-                "largest_growth": {"block": "h.1", "growth": 31.6, "since": 110}}]
+    blocks = {
+        "h.0": {"act_max": 1.0, "act_rms": 0.1, "gain": 1.0, "grad_norm": 0.5, "update_ratio": 1e-3},
+        "h.1": {"act_max": 812.0, "act_rms": 9.0, "gain": 31.6, "grad_norm": 4.1, "update_ratio": 2.1e-3},
+    }
+    records = [
+        {"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"},
+        {"kind": "train", "iter": 118, "loss": 3.5, "tokens_per_s": 1000},
+        {
+            "kind": "health",
+            "iter": 120,
+            "blocks": blocks,
+            "largest_growth": {"block": "h.1", "growth": 31.6, "since": 110},
+        },
+    ]
     (local_home / "runs" / RUN / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     status(None, run=RUN)
     out = capsys.readouterr().out
@@ -102,8 +122,9 @@ def test_fetch_copies_the_best_checkpoint_and_metrics(local3, local_home, tmp_pa
         fetch(None, run="other", dest=str(tmp_path / "x"))
 
 
-def test_fetch_without_a_destination_copies_under_the_home_not_the_cwd(local3, local_home, tmp_path, monkeypatch,
-                                                                       capsys):
+def test_fetch_without_a_destination_copies_under_the_home_not_the_cwd(
+    local3, local_home, tmp_path, monkeypatch, capsys
+):
     run_dir = local_home / "runs" / RUN
     run_dir.mkdir(parents=True)
     (run_dir / "ckpt.pt").write_bytes(b"c" * 20)

@@ -53,7 +53,9 @@ def test_an_episode_ends_when_the_rank_is_back_and_a_new_slowdown_is_reported_ag
     again = [train(i, [100, 250, 100]) for i in range(start + CALM_STEPS, start + CALM_STEPS + SLOW_STEPS)]
     lines = feed(watch, back + again)
     assert [line.split(" computed")[0].split(" is back")[0] for line in lines] == [
-        "slow rank: rank 1 (node1)", "slow rank: rank 1 (node1)"]
+        "slow rank: rank 1 (node1)",
+        "slow rank: rank 1 (node1)",
+    ]
     assert f"is back within 20% of the median compute time since iter {start}" in lines[0]
     assert "computed 250 ms per step" in lines[1]
 
@@ -70,8 +72,10 @@ def test_a_restart_forgets_the_ranks_streaks_and_records_without_per_rank_figure
 def test_status_names_the_slowest_node_over_the_last_logged_steps():
     records = [train(i, [100, 150, 100], wait=[50, 0, 50]) for i in range(20)]
     line = slowest_line(records, NODES)
-    assert line == ("slowest node: rank 1 (node1), compute 150 ms per step, +50% against the median of 3 ranks "
-                    "(over the +20% bound), waits 0 ms; the others wait up to 50 ms (last 10 logged steps)")
+    assert line == (
+        "slowest node: rank 1 (node1), compute 150 ms per step, +50% against the median of 3 ranks "
+        "(over the +20% bound), waits 0 ms; the others wait up to 50 ms (last 10 logged steps)"
+    )
     even = slowest_line([train(1, [100, 101, 100])], {})
     assert even is not None and even.startswith("slowest node: rank 1, compute 101 ms") and "(within the" in even
     assert slowest_line([{"kind": "eval", "iter": 0}], NODES) is None
@@ -84,8 +88,11 @@ def test_status_reads_the_last_restart_on_another_world_size_only():
 
 
 def test_node_names_follow_the_last_launch_or_restart_of_the_run_record():
-    events = [{"event": "launch", "nodes": ["a", "b", "c"]}, {"event": "restart", "nodes": ["a", "c"]},
-              {"event": "end", "outcome": "finished"}]
+    events = [
+        {"event": "launch", "nodes": ["a", "b", "c"]},
+        {"event": "restart", "nodes": ["a", "c"]},
+        {"event": "end", "outcome": "finished"},
+    ]
     assert node_names(events) == {0: "a", 1: "c"}
     assert node_names([]) == {}
 
@@ -93,9 +100,10 @@ def test_node_names_follow_the_last_launch_or_restart_of_the_run_record():
 def test_status_names_the_slowest_rank_not_a_node_when_every_rank_shares_one_machine(tmp_path):
     record = RunRecord(tmp_path / "run")
     record.append("launch", nodes=["local0", "local1", "local2"], cluster_machines=1)
-    records = [{"kind": "train", "iter": i, "rank_compute_ms": [100, 150, 100], "rank_wait_ms": [50, 0, 50]}
-               for i in range(5)]
-    line, = status_lines(record, records)
+    records = [
+        {"kind": "train", "iter": i, "rank_compute_ms": [100, 150, 100], "rank_wait_ms": [50, 0, 50]} for i in range(5)
+    ]
+    (line,) = status_lines(record, records)
     assert line.startswith("slowest rank: rank 1 (local1), compute 150 ms per step")
     record.append("launch", nodes=["node0", "node1", "node2"], cluster_machines=3)
     assert status_lines(record, records)[0].startswith("slowest node: rank 1 (node1)")

@@ -19,13 +19,20 @@ def test_given_options_reach_model_prepare_and_absent_ones_keep_its_defaults():
 
 def test_fab_prepare_data_field_body_prepares_a_jsonl_keyed_body(tmp_path):
     source = tmp_path / "notes.jsonl"
-    lines = [json.dumps({"id": i, "body": f"Note {i}: the quick brown fox jumps over the lazy dog. " * 20})
-             for i in range(40)]
+    lines = [
+        json.dumps({"id": i, "body": f"Note {i}: the quick brown fox jumps over the lazy dog. " * 20})
+        for i in range(40)
+    ]
     source.write_text("\n".join(lines) + "\n")
     env = os.environ | {"NANOCLUSTER_HOME": str(tmp_path / "home")}
     env.pop("NANOCLUSTER_CLUSTER", None)
-    done = subprocess.run([FAB, "prepare-data", "--source", str(source), "--dataset", "notes", "--field", "body",
-                           "--nodes", "1"], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [FAB, "prepare-data", "--source", str(source), "--dataset", "notes", "--field", "body", "--nodes", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     meta = json.loads((tmp_path / "home" / "data" / "notes" / "meta.json").read_text())
     assert "body" in json.dumps(meta)

@@ -51,8 +51,9 @@ def test_parallel_runs_everywhere_and_lists_every_failing_node(shells):
 
 
 def test_payload_modes_keep_the_cluster_key_private_and_scripts_executable():
-    data = payload({"ssh/id_cluster": "k", "runs/r/rank0.sh": "true", "runs/r/env.sh": "x"},
-                   executable=("runs/r/rank0.sh",))
+    data = payload(
+        {"ssh/id_cluster": "k", "runs/r/rank0.sh": "true", "runs/r/env.sh": "x"}, executable=("runs/r/rank0.sh",)
+    )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         modes = {m.name: m.mode for m in tar.getmembers()}
     assert modes == {"ssh/id_cluster": 0o600, "runs/r/rank0.sh": 0o755, "runs/r/env.sh": 0o644}
