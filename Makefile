@@ -63,13 +63,16 @@ quickstart: $(VENV)/.installed-local
 	$(BIN)/fab train --nodes 3
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
-# ruff over everything; mypy over infra/ against the cloud SDKs' own types and over model/ (pyproject [tool.mypy]);
-# the import layering (.importlinter); the nodes' pins against the lock; docs/ built as a site
-# (mkdocs.yml, strict: a broken link or anchor fails), offline, into the ignored .venv/site. Its output is shown only when it fails: mkdocs 1.6's
-# --quiet would also stop strict mode from counting warnings, so the build passes with broken links.
+# ruff over everything (its checks, lines of at most 120 characters, and its formatter: `.venv/bin/ruff format .`
+# writes what --check asks for); mypy over every package with untyped definitions disallowed, infra/ against
+# the cloud SDKs' own types (pyproject [tool.mypy]); the import layering (.importlinter); the nodes' pins
+# against the lock; docs/ built as a site (mkdocs.yml, strict: a broken link or anchor fails), offline, into
+# the ignored .venv/site. Its output is shown only when it fails: mkdocs 1.6's --quiet would also stop strict
+# mode from counting warnings, so the build passes with broken links.
 # NO_MKDOCS_2_WARNING silences Material's notice about MkDocs 2.0 (Material's documented switch).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/lock.py check
