@@ -1,1 +1,0 @@
-"""Data placement: tokenize a dataset on the nodes (model.prepare) and give every node a checked copy."""
