@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 TOP_LEVEL_LEFT_OUT = {".venv", ".git", "build", "tests", "docs", "bench", "data", "runs"}
 """The checkout's directories left out of the copy the wheel is built from (pip builds in the source
-tree, so the copy keeps the checkout clean); launcher/data and launcher/runs are packages, kept."""
+tree, so the copy keeps the checkout clean); model/data and launcher/runs are packages, kept."""
 
 
 def left_out(directory: str, names: list[str]) -> set[str]:
