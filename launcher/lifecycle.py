@@ -277,15 +277,14 @@ class Lifecycle:
     def lost_while_starting(self, error: TaskError) -> str:
         """The restart cause when a start failed because capacity went away; the error stands otherwise."""
         cause = self.kind.lost_while_starting(error)
-        if cause is not None and self.restarts >= self.request.recover.max_restarts:
-            say(
-                f"not restarting: {cause}, and --max-restarts {self.request.recover.max_restarts} restart(s) "
-                "are used up"
-            )
-            cause = None
-        if cause is None:
-            if self.restarts or self.launched:
+        if cause is None:  # the step's own failure: recorded once the run has restarted (it ran before)
+            if self.restarts:
                 self.record_failed(str(error), 1)
+            raise error
+        max_restarts = self.request.recover.max_restarts
+        if self.restarts >= max_restarts:
+            say(f"not restarting: {cause}, and --max-restarts {max_restarts} restart(s) are used up")
+            self.record_failed(str(error), 1)
             raise error
         return cause
 
