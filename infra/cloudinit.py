@@ -36,7 +36,8 @@ BOOTSTRAP_LOG = "/var/log/nanocluster-bootstrap.log"
 # keys or the bootstrap. Runs on the node only: the program renders this text, never executes it.
 METADATA_FIREWALL = """\
 # nanocluster: only root may reach the metadata service (it serves this node's user data).
-set -- -d 169.254.169.254/32 -p tcp -m multiport --dports 80,443 -m owner ! --uid-owner 0 -j REJECT --reject-with tcp-reset
+set -- -d 169.254.169.254/32 -p tcp -m multiport --dports 80,443 -m owner ! --uid-owner 0 -j REJECT \
+--reject-with tcp-reset
 if command -v iptables >/dev/null 2>&1; then
     iptables -w -C OUTPUT "$@" 2>/dev/null || iptables -w -I OUTPUT 1 "$@"
 elif command -v nft >/dev/null 2>&1; then

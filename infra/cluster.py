@@ -153,7 +153,8 @@ class CloudCluster(pulumi.ComponentResource):
             pulumi.log.warn(
                 f"nanocluster:spot is on but the price table has no spot price for {machine.name}: "
                 f"hourly_cost_usd is the on-demand figure (an upper bound); "
-                f"`python -m infra.pricing refresh --cloud {machine.cloud}` fetches spot prices where the provider publishes them openly (Azure, GCP)"
+                f"`python -m infra.pricing refresh --cloud {machine.cloud}` fetches spot prices "
+                "where the provider publishes them openly (Azure, GCP)"
             )
             return on_demand
         return spot

@@ -120,7 +120,8 @@ IMAGE_FORMATS = {
         re.compile(
             r"^([^:/\s]+:[^:/\s]+:[^:/\s]+:[^:/\s]+|/subscriptions/[^\s]+/providers/Microsoft\.Compute/images/[^/\s]+)$"
         ),
-        "a URN Publisher:Offer:Sku:Version or a managed image id /subscriptions/.../providers/Microsoft.Compute/images/NAME",
+        "a URN Publisher:Offer:Sku:Version or a managed image id "
+        "/subscriptions/.../providers/Microsoft.Compute/images/NAME",
     ),
 }
 
@@ -279,7 +280,8 @@ def _ssh_user(raw: Mapping[str, object], cloud: str) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", ssh_user) or ssh_user in RESERVED_USERS:
         raise _fail(
             key,
-            f"'{ssh_user}' is not a usable login name (lowercase, at most 32 characters, not {', '.join(sorted(RESERVED_USERS))})",
+            f"'{ssh_user}' is not a usable login name "
+            f"(lowercase, at most 32 characters, not {', '.join(sorted(RESERVED_USERS))})",
             fix,
         )
     if cloud == "azure" and ssh_user in AZURE_DISALLOWED_USERS:

@@ -160,7 +160,10 @@ def _azure_premium(r: Resource) -> Iterator[str]:
     for path, disk in disks:
         sku = get(disk, "managedDisk", "storageAccountType")
         if sku in PREMIUM_SKUS:
-            yield f"storageProfile.{path} is {sku}, which {size} does not take (no 's' in its features): use the {size}'s 's' sibling or StandardSSD_LRS"
+            yield (
+                f"storageProfile.{path} is {sku}, which {size} does not take (no 's' in its features): "
+                f"use the {size}'s 's' sibling or StandardSSD_LRS"
+            )
 
 
 def _azure_custom_data(r: Resource) -> Iterator[str]:
@@ -277,7 +280,10 @@ def _gcp_instance(r: Resource) -> Iterator[str]:
     if machine.split("/")[-1].startswith(("c3-", "c3d-")):
         for i, nic in enumerate(items(r.props, "networkInterfaces")):
             if known(get(nic, "nicType")) and get(nic, "nicType") != "GVNIC":
-                yield f"networkInterfaces[{i}].nicType is {get(nic, 'nicType')!r}: {machine} takes only gVNIC (nic_type GVNIC)"
+                yield (
+                    f"networkInterfaces[{i}].nicType is {get(nic, 'nicType')!r}: "
+                    f"{machine} takes only gVNIC (nic_type GVNIC)"
+                )
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -285,7 +291,8 @@ def _gcp_instance(r: Resource) -> Iterator[str]:
 CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(
         "aws-sg-rule-description",
-        "Security group rule descriptions: up to 255 of a-zA-Z0-9, space and ._-:/()#,@[]+=&;{}!$* ('&' not in rules naming a group or prefix list)",
+        "Security group rule descriptions: up to 255 of a-zA-Z0-9, space and ._-:/()#,@[]+=&;{}!$* "
+        "('&' not in rules naming a group or prefix list)",
         "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_UserIdGroupPair.html ; "
         "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_IpRange.html",
         (
@@ -298,7 +305,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     ),
     Constraint(
         "aws-sg-group",
-        "Security group description: up to 255 of a-zA-Z0-9, space and ._-:/()#,@[]+=&;{}!$*; name not starting with sg-",
+        "Security group description: up to 255 of a-zA-Z0-9, space and ._-:/()#,@[]+=&;{}!$*; "
+        "name not starting with sg-",
         "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html",
         ("aws:ec2/securityGroup:SecurityGroup",),
         _ec2_group,
@@ -319,7 +327,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     ),
     Constraint(
         "azure-premium-storage-size",
-        "Premium SSD (and Ultra) disks only on sizes with 's' (Premium Storage) among their features; Dv5 without 's' takes none",
+        "Premium SSD (and Ultra) disks only on sizes with 's' (Premium Storage) among their features; "
+        "Dv5 without 's' takes none",
         "https://learn.microsoft.com/en-us/azure/virtual-machines/vm-naming-conventions ; "
         "https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/general-purpose/dv5-series#feature-support",
         ("azure-native:compute:VirtualMachine",),
@@ -341,14 +350,16 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     ),
     Constraint(
         "azure-os-profile",
-        "adminUsername: 1-64 characters, not a reserved name (admin, root, user1, david, ...); Linux computerName: 1-64",
+        "adminUsername: 1-64 characters, not a reserved name (admin, root, user1, david, ...); "
+        "Linux computerName: 1-64",
         "https://learn.microsoft.com/en-us/rest/api/compute/virtual-machines/create-or-update#osprofile",
         ("azure-native:compute:VirtualMachine",),
         _azure_os_profile,
     ),
     Constraint(
         "azure-names",
-        "Names per type: resource group 1-90, VM 1-64, VNet 2-64, NIC/NSG/ASG/public IP/NAT/subnet/rule/snapshot/image 1-80; "
+        "Names per type: resource group 1-90, VM 1-64, VNet 2-64, "
+        "NIC/NSG/ASG/public IP/NAT/subnet/rule/snapshot/image 1-80; "
         "NSG rules: priority 100-4096, description up to 140",
         "https://learn.microsoft.com/en-us/azure/azure-resource-manager/management/resource-name-rules ; "
         "https://learn.microsoft.com/en-us/rest/api/virtualnetwork/security-rules/create-or-update",
@@ -371,7 +382,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     ),
     Constraint(
         "gcp-labels",
-        "Labels: at most 64; keys 1-63 and values 0-63 of lowercase letters, digits, '_' and '-'; keys start with a letter",
+        "Labels: at most 64; keys 1-63 and values 0-63 of lowercase letters, digits, '_' and '-'; "
+        "keys start with a letter",
         "https://cloud.google.com/resource-manager/docs/labels-overview#requirements",
         ("gcp:",),
         GCP_LABELS,

@@ -28,7 +28,8 @@ def _node_config(config: Any, where: str) -> list[str]:
     if config is None or not known(config):
         return (
             [
-                f"{where}: no node config (nodes would run as the default compute service account with its default scopes)"
+                f"{where}: no node config "
+                "(nodes would run as the default compute service account with its default scopes)"
             ]
             if config is None
             else []
@@ -39,7 +40,8 @@ def _node_config(config: Any, where: str) -> list[str]:
         found.append(f"{where}: nodes run as the default compute service account (set a dedicated serviceAccount)")
     if CLOUD_PLATFORM in items(config, "oauthScopes"):
         found.append(
-            f"{where}: the cloud-platform OAuth scope (every API the account may call; give logging.write and monitoring)"
+            f"{where}: the cloud-platform OAuth scope "
+            "(every API the account may call; give logging.write and monitoring)"
         )
     if get(config, "workloadMetadataConfig", "mode") != "GKE_METADATA":
         found.append(
@@ -62,7 +64,8 @@ def _authorized_networks(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
         found.append(f"master authorized networks {cidrs}: the control plane answers the whole internet")
     elif ssh_allowed_cidr and cidrs != [ssh_allowed_cidr]:
         found.append(
-            f"master authorized networks {cidrs}: only nanocluster:sshAllowedCidr ({ssh_allowed_cidr}) may reach the control plane"
+            f"master authorized networks {cidrs}: "
+            f"only nanocluster:sshAllowedCidr ({ssh_allowed_cidr}) may reach the control plane"
         )
     if get(networks, "gcpPublicCidrsAccessEnabled") is True:
         found.append("master authorized networks admit Google Cloud's public ranges (any GCP VM)")

@@ -107,7 +107,8 @@ def _source_problems(sources: list[str], settings: Settings) -> list[str]:
     if settings.ssh_allowed_cidr:
         if sources != [settings.ssh_allowed_cidr]:
             return [
-                f"source {sources}: only nanocluster:sshAllowedCidr ({settings.ssh_allowed_cidr}) may connect from outside"
+                f"source {sources}: "
+                f"only nanocluster:sshAllowedCidr ({settings.ssh_allowed_cidr}) may connect from outside"
             ]
         return []
     world = [s for s in sources if str(s).lower() in WORLD or _whole_internet(s)]
@@ -315,7 +316,9 @@ def _aws_reach(resources: Sequence[Resource], settings: Settings) -> Iterator[st
                 for n in nics_of[instance.name]
             )
             if direct or via_nic:
-                yield f"{address.label()}: a public address on worker {instance.name} (nanocluster:publicWorkers is off)"
+                yield (
+                    f"{address.label()}: a public address on worker {instance.name} (nanocluster:publicWorkers is off)"
+                )
 
 
 # --- Azure ----------------------------------------------------------------------------------------
@@ -353,7 +356,8 @@ def _azure_rules(r: Resource, settings: Settings) -> list[str]:
         found += [f"rule {name}: {p}" for p in _address_rule(sources, [(get(rule, "protocol"), ports)], settings)]
         if not get(rule, "destinationApplicationSecurityGroups"):
             found.append(
-                f"rule {name}: source {sources} reaches every address behind the group (no destination application security group)"
+                f"rule {name}: source {sources} reaches every address behind the group "
+                "(no destination application security group)"
             )
     return found
 
@@ -369,7 +373,8 @@ def _azure_vm(r: Resource, settings: Settings) -> list[str]:
         return []
     if get(os_disk, "managedDisk") is None or get(os_disk, "vhd") is not None:
         return [
-            "OS disk is not a managed disk (managed disks are encrypted at rest; a VHD in a storage account need not be)"
+            "OS disk is not a managed disk "
+            "(managed disks are encrypted at rest; a VHD in a storage account need not be)"
         ]
     return []
 

@@ -77,7 +77,8 @@ def changes(old: dict[str, MachinePrice], new: dict[str, MachinePrice]) -> list[
             )
             continue
         figures = [
-            f"on-demand {money(before.on_demand_usd_per_hour)} ({before.as_of}) -> {money(after.on_demand_usd_per_hour)} ({after.as_of})",
+            f"on-demand {money(before.on_demand_usd_per_hour)} ({before.as_of}) "
+            f"-> {money(after.on_demand_usd_per_hour)} ({after.as_of})",
             f"spot {money(before.spot_usd_per_hour)} -> {money(after.spot_usd_per_hour)}",
         ]
         lines.append(f"{name} ({after.region}): {'; '.join(figures)}")

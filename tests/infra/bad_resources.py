@@ -319,7 +319,8 @@ CONSTRAINTS: dict[str, Bad] = {
             ip_protocol="-1",
             description="All traffic among the cluster's own nodes",
         ),
-        'SecurityGroupIngressRule intra: description "All traffic among the cluster\'s own nodes": EC2 refuses the characters ["\'"]',
+        'SecurityGroupIngressRule intra: description "All traffic among the cluster\'s own nodes": '
+        'EC2 refuses the characters ["\'"]',
     ),
     "azure-premium-disk-on-d32-v5": Bad(
         "azure",
@@ -411,7 +412,8 @@ SCHEMA: dict[str, Bad] = {
                 }
             },
         ),
-        "VirtualMachine typo: osProfile.linuxConfiguration.ssh.publicKeys[0].keydata: unknown key (not in SshPublicKeyArgs)",
+        "VirtualMachine typo: osProfile.linuxConfiguration.ssh.publicKeys[0].keydata: "
+        "unknown key (not in SshPublicKeyArgs)",
     ),
     "value-outside-an-enum": Bad(
         "azure",

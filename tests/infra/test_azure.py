@@ -96,7 +96,10 @@ def test_custom_data_is_a_secret_base64_cloud_config():
 
 
 def test_spot_and_a_managed_image_which_turns_trusted_launch_off():
-    image = "/subscriptions/0000/resourceGroups/nanocluster-dev-images/providers/Microsoft.Compute/images/nanocluster-dev-node"
+    image = (
+        "/subscriptions/0000/resourceGroups/nanocluster-dev-images"
+        "/providers/Microsoft.Compute/images/nanocluster-dev-node"
+    )
     (vm,) = run_stack(stack_config("azure", nodes=1, spot=True, image=image)).of_type(VM)
     assert (vm.get("priority"), vm.get("evictionPolicy"), vm.get("billingProfile")) == (
         "Spot",

@@ -76,7 +76,8 @@ def test_python_older_than_the_pins_need_is_refused_with_one_clear_error(tmp_pat
     old_python = tmp_path / "python3.10"
     old_python.write_text(
         "#!/bin/sh\n"  # answers every `-c CODE` as Python 3.10 would about its version
-        f'shift; exec {sys.executable} -c "import sys; sys.version_info = (3, 10, 12, \'final\', 0); exec(sys.argv[1])" "$1"\n'
+        f"shift; exec {sys.executable} -c "
+        '"import sys; sys.version_info = (3, 10, 12, \'final\', 0); exec(sys.argv[1])" "$1"\n'
     )
     old_python.chmod(0o755)
     home = tmp_path / "home"

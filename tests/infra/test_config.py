@@ -62,7 +62,8 @@ INVALID = [
     (
         "gcp",
         {"machineType": "m6i.4xlarge"},
-        "nanocluster:machineType: 'm6i.4xlarge' is a machine type of aws, but nanocluster:cloud is gcp. Fix: pulumi config set nanocluster:machineType c3-highmem-8",
+        "nanocluster:machineType: 'm6i.4xlarge' is a machine type of aws, but nanocluster:cloud is gcp. "
+        "Fix: pulumi config set nanocluster:machineType c3-highmem-8",
     ),
     (
         "azure",
@@ -82,7 +83,9 @@ INVALID = [
     (
         "gcp",
         {"sshAllowedCidr": "0.0.0.0/0"},
-        "0.0.0.0/0 opens the head's SSH port to the whole internet. Fix: set your own address (e.g. 203.0.113.7/32), or if you really mean it: pulumi config set nanocluster:allowSshFromAnywhere true",
+        "0.0.0.0/0 opens the head's SSH port to the whole internet. "
+        "Fix: set your own address (e.g. 203.0.113.7/32), "
+        "or if you really mean it: pulumi config set nanocluster:allowSshFromAnywhere true",
     ),
     ("gcp", {"allowSshFromAnywhere": "yes"}, "nanocluster:allowSshFromAnywhere: 'yes' is not true or false"),
     ("gcp", {"diskGb": 10}, "nanocluster:diskGb: 10 GB is outside 30..4096"),
@@ -90,28 +93,33 @@ INVALID = [
     (
         "azure",
         {"diskGb": 4096},
-        "nanocluster:diskGb: 4096 GB is outside 30..4095 (an Azure OS disk holds at most 4095 GiB). Fix: pulumi config set nanocluster:diskGb 4095 (or less)",
+        "nanocluster:diskGb: 4096 GB is outside 30..4095 (an Azure OS disk holds at most 4095 GiB). "
+        "Fix: pulumi config set nanocluster:diskGb 4095 (or less)",
     ),
     (
         "gcp",
         {"diskGb": 4097},
-        "nanocluster:diskGb: 4097 GB is outside 30..4096 (nanocluster's ceiling on gcp). Fix: pulumi config set nanocluster:diskGb 4096",
+        "nanocluster:diskGb: 4097 GB is outside 30..4096 (nanocluster's ceiling on gcp). "
+        "Fix: pulumi config set nanocluster:diskGb 4096",
     ),
     (
         "azure",
         {"sshUser": "david"},
-        "nanocluster:sshUser: 'david' is a name Azure refuses for a VM's admin user (osProfile.adminUsername; Azure disallows 1, 123, a, actuser,",
+        "nanocluster:sshUser: 'david' is a name Azure refuses for a VM's admin user "
+        "(osProfile.adminUsername; Azure disallows 1, 123, a, actuser,",
     ),
     ("azure", {"sshUser": "support_388945a0"}, "Fix: pulumi config set nanocluster:sshUser nanocluster"),
     (
         "aws",
         {"labels": ",".join(f"k{i}=v" for i in range(46))},
-        "nanocluster:labels: 46 labels, but aws takes at most 50 tags per resource and the stack sets 5 itself (cluster, owner, managed-by, Name, rank), so at most 45 of yours. Fix: drop 1 of them",
+        "nanocluster:labels: 46 labels, but aws takes at most 50 tags per resource and the stack sets 5 itself "
+        "(cluster, owner, managed-by, Name, rank), so at most 45 of yours. Fix: drop 1 of them",
     ),
     (
         "azure",
         {"labels": ",".join(f"k{i}=v" for i in range(60))},
-        "nanocluster:labels: 60 labels, but azure takes at most 50 tags per resource and the stack sets 4 itself (cluster, owner, managed-by, rank), so at most 46 of yours. Fix: drop 14 of them",
+        "nanocluster:labels: 60 labels, but azure takes at most 50 tags per resource and the stack sets 4 itself "
+        "(cluster, owner, managed-by, rank), so at most 46 of yours. Fix: drop 14 of them",
     ),
     (
         "gcp",
@@ -131,7 +139,8 @@ INVALID = [
     (
         "gcp",
         {"node": 3},
-        "nanocluster:node: is not a nanocluster setting. Fix: pulumi config rm nanocluster:node; did you mean nanocluster:nodes?",
+        "nanocluster:node: is not a nanocluster setting. "
+        "Fix: pulumi config rm nanocluster:node; did you mean nanocluster:nodes?",
     ),
 ]
 

@@ -80,8 +80,8 @@ def test_private_keys_outside_secrets_fail_the_policy():
     assert "stack output debug_key: private key not exported as a secret" in found
     # Secret or not, neither document may carry a key outside the host-key slot.
     assert (
-        "gcp:compute/instance:Instance debug: metadata.user-data: a private key outside cloud-init's ssh_keys host-key slot"
-        in found
+        "gcp:compute/instance:Instance debug: metadata.user-data: "
+        "a private key outside cloud-init's ssh_keys host-key slot" in found
     )
 
 

@@ -158,7 +158,8 @@ def test_during_a_preview_reach_follows_the_engines_dependencies():
     found: list[str] = []
     REACH.validate(StackValidationArgs([group, rule, worker]), lambda message, urn=None: found.append(message))
     assert found == [
-        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule ssh-everywhere: source ['203.0.113.7/32'] reaches ['worker-1'], not the head alone"
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule ssh-everywhere: "
+        "source ['203.0.113.7/32'] reaches ['worker-1'], not the head alone"
     ]
 
 

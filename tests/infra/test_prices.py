@@ -40,7 +40,8 @@ def test_a_machine_type_without_a_price_names_it_and_the_refresh_that_adds_it():
     del data["machines"]["m7i.4xlarge"], data["machines"]["c3-standard-8"]
     with pytest.raises(
         PriceTableError,
-        match=r"t.json: no price for c3-standard-8, m7i.4xlarge; .* `python -m infra.pricing refresh --cloud aws` \(and gcp\)",
+        match=r"t.json: no price for c3-standard-8, m7i.4xlarge; "
+        r".* `python -m infra.pricing refresh --cloud aws` \(and gcp\)",
     ):
         parse_table(data, "t.json")
     assert "m7i.4xlarge" not in parse_table(data, "t.json", complete=False)  # what a refresh starts from
@@ -58,7 +59,8 @@ def test_a_machine_type_without_a_price_names_it_and_the_refresh_that_adds_it():
         ({"source": ""}, r"Standard_D8s_v5: source must be a non-empty string"),
         (
             {"currency": "EUR"},
-            r"Standard_D8s_v5: a row has exactly the keys on_demand_usd_per_hour, spot_usd_per_hour, as_of, region, source",
+            r"Standard_D8s_v5: a row has exactly the keys "
+            r"on_demand_usd_per_hour, spot_usd_per_hour, as_of, region, source",
         ),
     ],
 )

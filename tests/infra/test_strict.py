@@ -16,7 +16,10 @@ CLOUDS = ("gcp", "aws", "azure")
 CUSTOM_IMAGE = {
     "gcp": "projects/my-project/global/images/nanocluster-node",
     "aws": "ami-0123456789abcdef0",
-    "azure": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/images/providers/Microsoft.Compute/images/nanocluster-node",
+    "azure": (
+        "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/images"
+        "/providers/Microsoft.Compute/images/nanocluster-node"
+    ),
 }
 CONFIGURATIONS = {
     "1-node": {"nodes": 1},
