@@ -7,8 +7,9 @@ One process, a gloo world of 1 (the all-reduces move no bytes: what is timed is 
 compute, the part a faster link cannot remove), DDP over GPT-2 small with 25 MB buckets. Each round
 runs one backward per hook, interleaved (a shared VM's speed drifts between runs); a backward's
 hook time is the sum over buckets of the hook's call and the wait for its future. Rounds after
-PowerSGD's plain all-reduce steps and its first step (which allocates its buffers) are reported: per hook the best and the median. The input is 32
-tokens so the backward is short: the hooks' cost depends on the parameters, not on the tokens.
+PowerSGD's plain all-reduce steps and its first step (which allocates its buffers) are reported: per
+hook the best and the median. The input is 32 tokens so the backward is short: the hooks' cost
+depends on the parameters, not on the tokens.
 """
 
 # No `from __future__ import annotations`: DDP compares a hook's annotations with the real types.

@@ -204,7 +204,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         for program in rotated(programs, round_):
             run_once(program, args.warmup, args.steps, env, args.timeout)
             print(
-                f"round {round_ + 1}: {program.name} median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
+                f"round {round_ + 1}: {program.name} "
+                f"median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
             )
 
     print(f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch 1, {args.rounds} rounds x {args.steps} steps")

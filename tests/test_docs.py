@@ -7,10 +7,10 @@ three rules, each kept narrow so that what it finds is meant as a repository pat
 
 - a repo-relative path: a word with at least one '/' whose first part is a top-level name of the
   repository (`docs/design.md`, `model/train.py`, `launcher/`, `.ci/run`), or whose last part is an
-  upper-case Markdown name (a README.md in a directory of another repository). Not preceded by '/', '.', '~', '$', '-' or a
-  word character, so paths on a node (/opt/venv, ~/nanocluster/runs, "$HOME"/nanocluster/code) and
-  the tail of a longer path are not read as ours. A path relative to another directory
-  (`launch/plan.py` inside launcher/, `../README.md`) is not checked by this rule;
+  upper-case Markdown name (a README.md in a directory of another repository). Not preceded by '/',
+  '.', '~', '$', '-' or a word character, so paths on a node (/opt/venv, ~/nanocluster/runs,
+  "$HOME"/nanocluster/code) and the tail of a longer path are not read as ours. A path relative to
+  another directory (`launch/plan.py` inside launcher/, `../README.md`) is not checked by this rule;
 - a bare upper-case Markdown name (`README.md`): found in the repository root or in the citing
   file's own directory;
 - a Markdown link target `[text](target)` in a .md file, resolved from that file's directory.

@@ -166,7 +166,10 @@ class Cluster:
         if self.kube:
             where = f"namespace {self.kube.namespace}, context {self.kube.context}"
         size = f"{len(self.nodes)} node(s), {self.cores_per_node} cores each" if self.nodes else "nodes read on connect"
-        return f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): {size}, {where}; from {self.source}"
+        return (
+            f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
+            f"{size}, {where}; from {self.source}"
+        )
 
 
 def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None) -> str:
@@ -283,7 +286,8 @@ def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = Fals
     path = Path(spec).expanduser()
     if not path.is_file():
         raise InventoryError(
-            f"cluster {spec!r} is neither 'local', 'stack', 'stack:NAME' nor an existing JSON file (nor kubeconfig:PATH[#CONTEXT]); "
+            f"cluster {spec!r} is neither 'local', 'stack', 'stack:NAME' nor an existing JSON file "
+            "(nor kubeconfig:PATH[#CONTEXT]); "
             f"set --cluster or {CLUSTER_ENV}"
         )
     try:
@@ -466,6 +470,7 @@ def _host_key(value: object, what: str, fail: Callable[[str], InventoryError]) -
     parts = value.split() if isinstance(value, str) else []
     if len(parts) < 2 or parts[0] not in HOST_KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+=*", parts[1]):
         raise fail(
-            f"{what} must be an OpenSSH public key 'TYPE BASE64' with TYPE one of {', '.join(HOST_KEY_TYPES)}, got {value!r}"
+            f"{what} must be an OpenSSH public key 'TYPE BASE64' with TYPE one of "
+            f"{', '.join(HOST_KEY_TYPES)}, got {value!r}"
         )
     return f"{parts[0]} {parts[1]}"

@@ -120,7 +120,8 @@ def from_kubeconfig(spec: str, fail: Fail) -> tuple[str, KubeAccess]:
 
 
 def parse_access(data: dict, fail: Fail) -> KubeAccess:
-    """The kind-kubernetes keys of a contract (docs/kubernetes.md, "Bring your own cluster"), each checked with the fix named."""
+    """The kind-kubernetes keys of a contract (docs/kubernetes.md, "Bring your own cluster"), each checked with
+    the fix named."""
 
     def need(key: str, kind: type[T], what: str) -> T:
         value = data.get(key)

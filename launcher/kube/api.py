@@ -185,7 +185,8 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
                     f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'"
                 )
             say(
-                f"creating claim {access.storage_claim} ({access.storage_gib} GiB ReadWriteMany, {access.storage_class})"
+                f"creating claim {access.storage_claim} "
+                f"({access.storage_gib} GiB ReadWriteMany, {access.storage_class})"
             )
             api.core.create_namespaced_persistent_volume_claim(
                 access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))

@@ -282,7 +282,8 @@ class Monitor:
             raise RunInterrupted(self.progress) from None  # stopped_at once the close below has the stream's end
         finally:
             stop_heartbeat.set()
-            self.recorder.close()  # the metrics stream's last lines (the trainer's stop record), the plot's last drawing
+            # the metrics stream's last lines (the trainer's stop record), the plot's last drawing
+            self.recorder.close()
         return self.progress
 
     def _fail(self, failures: list[tuple]) -> None:

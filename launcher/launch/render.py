@@ -125,7 +125,8 @@ def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
         f"# rank {rank.rank} of {plan.world_size} on {rank.node.name}. Source env.sh and rank{rank.rank}.env first:\n"
         "# accelerate's MULTI_CPU launcher without mpirun takes RANK/WORLD_SIZE from the environment\n"
         "# and runs world size 1 without them.\n"
-        f"#   . ./env.sh && . ./rank{rank.rank}.env && accelerate launch --config_file accelerate/rank{rank.rank}.yaml -m model.train ...\n"
+        f"#   . ./env.sh && . ./rank{rank.rank}.env && "
+        f"accelerate launch --config_file accelerate/rank{rank.rank}.yaml -m model.train ...\n"
     )
     return header + yaml.safe_dump(body, sort_keys=False)
 

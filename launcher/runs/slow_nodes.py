@@ -10,11 +10,12 @@ A rank whose compute time is more than SLOW_RATIO x the median of the ranks' at 
 consecutive logged steps is reported once (one line: rank, node, figures). That is an episode: it
 ends, and is said to end, when the rank is back within the bound for CALM_STEPS logged steps, and a
 later slowdown is a new episode. CALM_STEPS is twice SLOW_STEPS so that a rank slowed in bursts,
-whose steps now and then escape the burst, is not said to be back and slow again every few steps. Why SLOW_STEPS = 3: a logged step is log_interval steps (10 by
-default), and one slow logged step is common and harmless (rank 0 writing a snapshot in the
-background, a GC pause, a neighbour's burst on a shared host); three in a row (30 steps by default)
-is a rank that stays slower, reported while it is still news. Why the median: with one slow rank
-among several the median is a normal rank's time, so the bound does not move with the slow one.
+whose steps now and then escape the burst, is not said to be back and slow again every few steps.
+Why SLOW_STEPS = 3: a logged step is log_interval steps (10 by default), and one slow logged step
+is common and harmless (rank 0 writing a snapshot in the background, a GC pause, a neighbour's burst
+on a shared host); three in a row (30 steps by default) is a rank that stays slower, reported while
+it is still news. Why the median: with one slow rank among several the median is a normal rank's
+time, so the bound does not move with the slow one.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def slowest_line(
     median = statistics.median(compute)
     verdict = "over" if compute[slowest] > SLOW_RATIO * median else "within"
     return (
-        f"slowest {'rank' if one_machine else 'node'}: {where(slowest, node_of)}, compute {compute[slowest]:.0f} ms per step, "
+        f"slowest {'rank' if one_machine else 'node'}: {where(slowest, node_of)}, "
+        f"compute {compute[slowest]:.0f} ms per step, "
         f"{percent_over(compute[slowest], median)} against the median of {len(compute)} ranks ({verdict} the "
         f"+{100 * (SLOW_RATIO - 1):.0f}% bound), waits {wait[slowest]:.0f} ms; the others wait up to "
         f"{max((wait[r] for r in ranks if r != slowest), default=0):.0f} ms (last {len(figures)} logged steps)"

@@ -161,7 +161,8 @@ def fanout_command(root: str, dataset: str, workers: list[str]) -> str:
         )
     return (
         "failed=$(mktemp); " + " ".join(jobs) + " wait; "
-        'if [ -s "$failed" ]; then echo "copy failed to: $(tr "\\n" " " < "$failed")" >&2; rm -f "$failed"; exit 1; fi; '
+        'if [ -s "$failed" ]; then echo "copy failed to: $(tr "\\n" " " < "$failed")" >&2; '
+        'rm -f "$failed"; exit 1; fi; '
         'rm -f "$failed"'
     )
 

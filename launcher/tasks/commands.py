@@ -78,11 +78,16 @@ def setup(
         "val_fraction": "share of documents for val.bin (default model.prepare's)",
         "seed": "seed of the train/val split",
         "limit": "read only the first N documents of the source",
-        "sharded": "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)",
+        "sharded": (
+            "each node tokenizes its own shard instead (faster for big corpora; ties the data to the node count)"
+        ),
         "field": "the text's field/column in .jsonl, .parquet and hf: sources (default text)",
         "split": "the split of an hf: dataset to read (default train)",
         "workers": "tokenizer processes (default model.prepare's)",
-        "text_chars": "cut each .txt/.md into documents of about N characters at paragraph breaks (one large file gets a val split)",
+        "text_chars": (
+            "cut each .txt/.md into documents of about N characters at paragraph breaks "
+            "(one large file gets a val split)"
+        ),
     },
 )
 def prepare_data(
@@ -289,7 +294,9 @@ PORT = text_default(DEFAULT_MASTER_PORT)
         "cluster": CLUSTER_HELP,
         "dataset": "dataset whose checksums to verify on every node (default {default})",
         "port": "rendezvous port to test between the nodes (default {default})",
-        "bandwidth_seconds": f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)",
+        "bandwidth_seconds": (
+            f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)"
+        ),
     },
 )
 def doctor(

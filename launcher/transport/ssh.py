@@ -319,7 +319,8 @@ def install_ssh_command(root: str) -> str:
     include = f"Include ~/{SSH_DIR}/config"
     return (
         f'mkdir -p -m 700 "$HOME/.ssh" "$HOME/{SSH_DIR}" && '
-        f'for f in {root}/ssh/*; do cmp -s "$f" "$HOME/{SSH_DIR}/${{f##*/}}" || install -m 600 "$f" "$HOME/{SSH_DIR}/"; done && '
+        f'for f in {root}/ssh/*; do cmp -s "$f" "$HOME/{SSH_DIR}/${{f##*/}}" || '
+        f'install -m 600 "$f" "$HOME/{SSH_DIR}/"; done && '
         f"rm -rf {root}/ssh && "
         f'{{ grep -qsxF "{include}" "$HOME/.ssh/config" || '
         f'{{ {{ echo "{include}"; cat "$HOME/.ssh/config" 2>/dev/null || true; }} > "$HOME/.ssh/config.nc" && '

@@ -2,13 +2,14 @@
 
 Writing GPT-2 small's weights and AdamW state (1.49 GB) to disk takes seconds; copying them in
 memory takes a fraction of that (bench/snapshot.py). So the trainer takes a copy of the state at the
-step (capture, into the same memory at every snapshot), hands it to a SnapshotWriter, and trains on while one background thread writes it
-with model.checkpointing.checkpoint.save_checkpoint: atomic (a temporary sibling renamed over the target) and
-with its integrity digest, exactly as a foreground write. One write at a time: a new submit first
-waits for the previous write, so two writes never race for the same file and at most one extra
-copy of the state is held. A process killed mid-write leaves the previous snapshot as it was (the
-rename never happened). wait() returns once the last write is on disk and re-raises its error, so
-a failed write is never silent; the trainer calls it before every exit.
+step (capture, into the same memory at every snapshot), hands it to a SnapshotWriter, and trains on
+while one background thread writes it with model.checkpointing.checkpoint.save_checkpoint: atomic (a
+temporary sibling renamed over the target) and with its integrity digest, exactly as a foreground
+write. One write at a time: a new submit first waits for the previous write, so two writes never
+race for the same file and at most one extra copy of the state is held. A process killed mid-write
+leaves the previous snapshot as it was (the rename never happened). wait() returns once the last
+write is on disk and re-raises its error, so a failed write is never silent; the trainer calls it
+before every exit.
 """
 
 from __future__ import annotations

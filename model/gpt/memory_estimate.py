@@ -49,7 +49,8 @@ SAFETY = 1.2
 """The computed sum is scaled by this: allocator fragmentation and buffers the parts leave out (with
 1.15 the quickstart's rank 0 measured only 2% below its estimate, bench/fit_memory.py)."""
 VOCAB_SIZE = 50257
-"""GPT-2's vocabulary, as model.tokenizer.VOCAB_SIZE (not imported: it loads tiktoken, which the launcher does not need)."""
+"""GPT-2's vocabulary, as model.tokenizer.VOCAB_SIZE (not imported: it loads tiktoken, which the launcher does
+not need)."""
 
 
 def parameter_count(n_layer: int, n_embd: int, block_size: int, vocab_size: int = VOCAB_SIZE) -> int:

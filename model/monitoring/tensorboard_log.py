@@ -9,8 +9,9 @@ its own writer thread, so a step pays a queue put, not a file write.
 Each train/eval record of metrics.jsonl becomes one scalar per numeric field, tagged "<kind>/<field>"
 (train/loss, train/lr, train/iter_ms, train/tokens_per_s, train/mfu, eval/train_loss, eval/val_loss)
 at step = the record's iteration. A "health" record (model.monitoring.health) gives health/<block>/<stat> per
-block and health/largest_growth; a guard's "skip" or "rollback" gives events/<kind> = 1. A resumed run asks TensorBoard to purge what the crashed run wrote
-from the resume iteration on (SummaryWriter's purge_step), as model.monitoring.metrics rewinds metrics.jsonl.
+block and health/largest_growth; a guard's "skip" or "rollback" gives events/<kind> = 1. A resumed run
+asks TensorBoard to purge what the crashed run wrote from the resume iteration on (SummaryWriter's
+purge_step), as model.monitoring.metrics rewinds metrics.jsonl.
 """
 
 from __future__ import annotations

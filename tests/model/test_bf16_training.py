@@ -12,7 +12,8 @@ from tests.model.conftest import TINY, TINY_RUN, write_tokens
 
 STEPS = 20
 BF16_LOSS_TOLERANCE = 0.02
-"""Relative: |loss_bf16 - loss_fp32| <= 2% of loss_fp32 at every step (measured here: 0.0016% over 20 steps, GPT-2 vocabulary)."""
+"""Relative: |loss_bf16 - loss_fp32| <= 2% of loss_fp32 at every step (measured here: 0.0016% over 20 steps,
+GPT-2 vocabulary)."""
 
 
 def losses(out, data, precision: str) -> list[float]:
