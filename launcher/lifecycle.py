@@ -265,14 +265,15 @@ class Lifecycle:
     def restart_cause(self, error: RunFailed) -> str:
         """The cause of the restart that is due, or the run's failed end (recorded, then a TaskError)."""
         reason = self.kind.unretryable(error)
-        cause = None if reason else self.kind.own_restart(error, self.restarts)
-        if cause is None and reason is None:
-            cause = restart_cause(error, self.restarts, self.request.recover.max_restarts, say)
-        if cause is None:
-            reason = reason or str(error)
-            self.record_failed(reason, error.exit_code)
-            raise TaskError(reason) from None
-        return cause
+        if reason is None:
+            cause = self.kind.own_restart(error, self.restarts) or restart_cause(
+                error, self.restarts, self.request.recover.max_restarts, say
+            )
+            if cause is not None:
+                return cause
+            reason = str(error)
+        self.record_failed(reason, error.exit_code)
+        raise TaskError(reason) from None
 
     def lost_while_starting(self, error: TaskError) -> str:
         """The restart cause when a start failed because capacity went away; the error stands otherwise."""
