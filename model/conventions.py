@@ -6,8 +6,12 @@ constants only, so importing it costs nothing and pulls in no torch.
 
 from __future__ import annotations
 
-BACKEND_CHOICES = ("auto", "ccl", "gloo")
-"""Collective backends a run may ask for: auto picks ccl where the oneCCL bindings import, else gloo."""
+BACKEND_CHOICES = ("auto", "nccl", "ccl", "gloo")
+"""Collective backends a run may ask for: auto picks nccl on a GPU, else ccl where the oneCCL bindings
+import, else gloo."""
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+"""Where a rank computes: auto takes the GPU numbered LOCAL_RANK when the rank sees one, else the CPU."""
 
 ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 """The module whose import registers the ccl backend with torch.distributed."""
@@ -15,8 +19,9 @@ ONECCL_MODULE = "oneccl_bindings_for_pytorch"
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 """/proc/cpuinfo flags of CPUs that multiply bf16 natively; elsewhere bf16 is emulated and slower."""
 
-MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16")
-"""The trainer's mixed_precision values (model.gpt.precision): auto picks bf16 where BF16_CPU_FLAGS say it is native."""
+MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
+"""The trainer's mixed_precision values (model.gpt.precision): auto picks bf16 where the CPU (BF16_CPU_FLAGS)
+or the GPU multiplies it natively, fp16 with a gradient scaler on GPUs that do not, else fp32."""
 
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"

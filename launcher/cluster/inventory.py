@@ -106,6 +106,11 @@ class Cluster:
     """Its public half, authorized on every node."""
     cpu_flags: tuple[str, ...] = ()
     """CPU features that matter (amx_bf16, avx512_bf16), empty if unknown."""
+    gpus_per_node: int = 0
+    """GPUs on each node: a run places one rank per GPU (N nodes, N x gpus_per_node ranks); 0 for
+    CPU nodes, which run one rank each."""
+    gpu_model: str = ""
+    """The GPU's model ("nvidia-l4", "nvidia-tesla-t4", ...), for display and prices; empty without GPUs."""
     machine_type: str = ""
     """Machine type, for display."""
     region: str = ""
@@ -411,7 +416,7 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
 
 
 def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError], cluster: Cluster) -> Cluster:
-    """The contract keys both kinds share: cores, CPU flags, machine type, region and prices."""
+    """The contract keys both kinds share: cores, CPU flags, GPUs, machine type, region and prices."""
     cores = data.get("cores_per_node")
     if "cores_per_node" not in data:
         raise fail("missing key 'cores_per_node' (the number of physical cores per node (an integer >= 1))")
@@ -447,6 +452,14 @@ def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError
     prices_as_of = "" if prices_as_of is None else prices_as_of
     if not isinstance(prices_as_of, str) or (prices_as_of and not PRICE_DATE.match(prices_as_of)):
         raise fail(f"'prices_as_of' must be a date YYYY-MM-DD (or YYYY-MM), got {prices_as_of!r}")
+    gpus = data.get("gpus_per_node", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise fail(f"'gpus_per_node' must be the number of GPUs on each node (an integer >= 0), got {gpus!r}")
+    gpu_model = data.get("gpu_model") or ""
+    if not isinstance(gpu_model, str):
+        raise fail(f"'gpu_model' must be the GPU's model name such as 'nvidia-l4', got {gpu_model!r}")
+    if gpus and not gpu_model:
+        raise fail(f"'gpus_per_node' is {gpus} but 'gpu_model' is empty: name the GPU, such as 'nvidia-l4'")
     node_python = data.get("node_python", "")
     if not isinstance(node_python, str) or (node_python and not node_python.startswith("/")):
         raise fail(f"'node_python' must be an absolute path to python on every node, got {node_python!r}")
@@ -454,6 +467,8 @@ def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError
         cluster,
         cores_per_node=cores,
         cpu_flags=tuple(f.strip() for f in flags if f.strip()),
+        gpus_per_node=gpus,
+        gpu_model=gpu_model if gpus else "",
         machine_type=str(data.get("machine_type", "")),
         region=str(data.get("region") or data.get("zone") or ""),
         hourly_cost_usd=cost,

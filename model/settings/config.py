@@ -27,6 +27,7 @@ import yaml
 from model.conventions import (
     BACKEND_CHOICES,
     DEFAULT_MAX_ITERS,
+    DEVICE_CHOICES,
     GRAD_COMPRESSION_CHOICES,
     MIXED_PRECISION_CHOICES,
 )
@@ -127,8 +128,12 @@ class TrainConfig:
     actually sustains."""
 
     # --- numerics and speed ----------------------------------------------------------------------
+    device: str = "auto"
+    """auto (the GPU numbered LOCAL_RANK when this rank sees a GPU, else the CPU), cpu or cuda (an
+    error when no GPU is visible)."""
     mixed_precision: str = "auto"
-    """auto (bf16 autocast where the CPU has amx_bf16 or avx512_bf16, else fp32), fp32 or bf16."""
+    """auto (bf16 autocast where the CPU has amx_bf16 or avx512_bf16 or the GPU supports bf16; fp16
+    with a gradient scaler on GPUs without bf16; else fp32), fp32, bf16 or fp16 (GPU only)."""
     compile: bool = False
     """torch.compile the model (the first steps are slow while it compiles)."""
     threads: int = 0
@@ -140,7 +145,8 @@ class TrainConfig:
     expected_world_size: int | None = None
     """World size the launch planned; a different real world size is an error. None: not checked."""
     backend: str = "auto"
-    """Collective backend: auto (ccl when oneccl_bindings_for_pytorch imports, else gloo), ccl or gloo."""
+    """Collective backend: auto (nccl on a GPU; on a CPU ccl when oneccl_bindings_for_pytorch imports,
+    else gloo), nccl, ccl or gloo."""
     collective_timeout_s: float = 300.0
     """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
     ddp_bucket_cap_mb: float = 25.0
@@ -231,6 +237,7 @@ class TrainConfig:
             ("eval_iters", self.eval_iters >= 1, ">= 1"),
             ("log_interval", self.log_interval >= 1, ">= 1"),
             ("peak_flops", self.peak_flops >= 0, ">= 0 (0 measures it)"),
+            ("device", self.device in DEVICE_CHOICES, f"one of {', '.join(DEVICE_CHOICES)}"),
             (
                 "mixed_precision",
                 self.mixed_precision in MIXED_PRECISION_CHOICES,

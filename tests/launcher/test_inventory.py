@@ -60,6 +60,9 @@ def test_each_missing_key_is_named(contract, key):
         ("head_public_ip", "", r"'head_public_ip' is empty"),
         ("cpu_flags", [1], r"'cpu_flags' must be a list of strings"),
         ("node_python", "venv/bin/python", r"'node_python' must be an absolute path"),
+        ("gpus_per_node", -1, r"'gpus_per_node' must be the number of GPUs on each node"),
+        ("gpus_per_node", "4", r"'gpus_per_node' must be the number of GPUs on each node"),
+        ("gpus_per_node", 4, r"'gpus_per_node' is 4 but 'gpu_model' is empty"),
         ("hourly_cost_usd", -1, r"'hourly_cost_usd' must be a non-negative number"),
     ],
 )
@@ -67,6 +70,13 @@ def test_malformed_values_say_what_is_expected(contract, key, value, message):
     contract[key] = value
     with pytest.raises(InventoryError, match=message):
         parse_contract(contract, "lab.json")
+
+
+def test_gpu_nodes_carry_their_gpus_and_cpu_nodes_have_none(contract):
+    assert parse_contract(contract, "lab.json").gpus_per_node == 0  # a contract from before GPUs
+    contract |= {"gpus_per_node": 4, "gpu_model": "nvidia-tesla-t4"}
+    cluster = parse_contract(contract, "lab.json")
+    assert (cluster.gpus_per_node, cluster.gpu_model) == (4, "nvidia-tesla-t4")
 
 
 def test_contract_must_be_an_object():

@@ -97,8 +97,9 @@ def test_unknown_key_is_named_with_a_suggestion():
     "override, message",
     [
         ("batch_size=0", "batch_size must be >= 1, got 0"),
-        ("mixed_precision=fp16", "mixed_precision must be one of auto, fp32, bf16, got 'fp16'"),
-        ("backend=nccl", "backend must be one of auto, ccl, gloo"),
+        ("mixed_precision=fp8", "mixed_precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
+        ("device=tpu", "device must be one of auto, cpu, cuda, got 'tpu'"),
+        ("backend=mpi", "backend must be one of auto, nccl, ccl, gloo"),
         ("beta2=1.5", r"beta2 must be in \[0, 1\), got 1.5"),
         ("batch_size=two", "batch_size must be int, got 'two'"),
         ("compile=maybe", "compile must be bool, got 'maybe'"),
