@@ -14,9 +14,12 @@ configuration (indexes, find-links, the CPU build of torch) that `make setup` an
 bootstrap install it with; uv reads none of pip's configuration and its lock is not a file pip can
 install.
 
-The intel profile's own stack (Intel's wheel index, torch held at the release its extension
-supports) cannot be resolved from PyPI: it replaces torch in the default closure and is the only
-part of a node's pins the lock does not decide.
+Two profiles carry an own stack the lock cannot resolve, which replaces torch in the default closure:
+the intel profile's (Intel's wheel index, torch held at the release its extension supports) and the
+cuda profile's (torch's CUDA build from PyTorch's CUDA index: a multi-GB wheel that development and CI
+never download). The CUDA build is the lock's torch release with another local label, so `check`
+holds it to the lock's version; its nvidia-* libraries and triton come pinned exactly by that
+wheel's own metadata, so pip installs the same ones everywhere without a line here.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class NodeProfile:
     """Package indexes beside PyPI (pip --extra-index-url), written at the top of the file."""
     own_stack: tuple[str, ...] = ()
     """Exact pins the lock cannot decide, which replace torch in the resolved closure."""
+    follows_lock: tuple[str, ...] = ()
+    """Projects of own_stack that must be the lock's release (its version without the local label,
+    e.g. 2.13.0 of 2.13.0+cpu): another build of the same code, not another version."""
 
     @property
     def path(self) -> str:
@@ -63,6 +69,10 @@ class NodeProfile:
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_CUDA = "cu130"
+"""torch 2.13's stable CUDA build (also PyPI's): Turing to Blackwell (T4, L4, A100, H100, B200); needs an
+NVIDIA driver >= 580. Its other one, cu126, adds Maxwell to Volta (V100) for drivers >= 525 and is
+dropped in torch 2.15 (pytorch/pytorch RELEASE.md, issues 178665 and 190385)."""
 PROFILES = (
     NodeProfile(
         "default",
@@ -78,6 +88,14 @@ PROFILES = (
         # Both Intel packages are archived upstream; 2.8 is their last CPU release, and IPEX refuses
         # to load beside another torch major.minor.
         ("torch==2.8.0+cpu", "intel-extension-for-pytorch==2.8.0", "oneccl_bind_pt==2.8.0+cpu"),
+    ),
+    NodeProfile(
+        "cuda",
+        f"torch's CUDA build ({TORCH_CUDA}: NCCL, bf16/fp16 autocast on NVIDIA GPUs; driver >= 580) for GPU nodes",
+        ("node",),
+        (f"https://download.pytorch.org/whl/{TORCH_CUDA}",),
+        (f"torch==2.13.0+{TORCH_CUDA}",),
+        follows_lock=("torch",),
     ),
 )
 
@@ -113,9 +131,11 @@ def disagreements(root: Path = ROOT) -> list[str]:
                 f"{profile.path} is missing: run `{UPDATE_COMMAND}` (it writes the lock and the nodes' pins)"
             )
             continue
-        node_pins = pins(path.read_text())
+        text = path.read_text()
+        node_pins = pins(text)
         if not node_pins:
             problems.append(f"{profile.path} pins nothing: run `{UPDATE_COMMAND}`")
+        problems += own_stack_problems(profile, text, locked)
         for name, version in sorted(node_pins.items()):
             if name in profile.own_names:
                 continue
@@ -128,6 +148,34 @@ def disagreements(root: Path = ROOT) -> list[str]:
                     f"{profile.path} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: "
                     f"run `{UPDATE_COMMAND}` (it writes both)"
                 )
+    return problems
+
+
+def release(version: str) -> str:
+    """The version without its local label: 2.13.0 of 2.13.0+cpu and of 2.13.0+cu130."""
+    return version.split("+", 1)[0]
+
+
+def own_stack_problems(profile: NodeProfile, text: str, locked: dict[str, str]) -> list[str]:
+    """What the lock cannot decide, checked against tools/lock.py: the file's indexes and own-stack
+    pins are the profile's, and a build that follows the lock is the lock's release."""
+    problems = []
+    source = f"tools/lock.py's {profile.name} profile"
+    indexes = [line.split()[1] for line in text.splitlines() if line.startswith("--extra-index-url ")]
+    if indexes != list(profile.indexes):
+        problems.append(
+            f"{profile.path} reads the indexes {indexes}, {source} {list(profile.indexes)}: run `{UPDATE_COMMAND}`"
+        )
+    node_pins, stack = pins(text), pins("\n".join(profile.own_stack))
+    for name, version in sorted(stack.items()):
+        if node_pins.get(name) != version:
+            found = f"{name}=={node_pins[name]}" if name in node_pins else f"no {name}"
+            problems.append(f"{profile.path} pins {found}, {source} {name}=={version}: run `{UPDATE_COMMAND}`")
+        if name in profile.follows_lock and name in locked and release(version) != release(locked[name]):
+            problems.append(
+                f"{source} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: give the {profile.name} "
+                f"stack {name} {release(locked[name])} (a build its index publishes), then run `{UPDATE_COMMAND}`"
+            )
     return problems
 
 
@@ -194,18 +242,20 @@ def update(upgrade: bool) -> None:
         )
         draft.write_text(lock_text)
         node_files = {}
+        resolved: dict[tuple[str, ...], str] = {}  # by extras: the cuda profile's closure is the default one's
         for profile in PROFILES:
-            extras = [arg for extra in profile.extras for arg in ("--extra", extra)]
-            resolved = pip_compile(
-                "--no-annotate",
-                "--no-header",
-                "--constraint",
-                str(draft),
-                *extras,
-                "pyproject.toml",
-                output=Path(scratch) / f"{profile.name}.txt",
-            )
-            node_files[profile.path] = node_requirements(profile, resolved)
+            if profile.extras not in resolved:
+                extras = [arg for extra in profile.extras for arg in ("--extra", extra)]
+                resolved[profile.extras] = pip_compile(
+                    "--no-annotate",
+                    "--no-header",
+                    "--constraint",
+                    str(draft),
+                    *extras,
+                    "pyproject.toml",
+                    output=Path(scratch) / f"{profile.name}.txt",
+                )
+            node_files[profile.path] = node_requirements(profile, resolved[profile.extras])
     # Written only once everything resolved: a failed update leaves the old, agreeing files.
     for relative, text in {LOCK: lock_text, **node_files}.items():
         with atomic_open(ROOT / relative, "w") as out:

@@ -12,6 +12,7 @@ from tools import lock
 
 LOCKED_FILES = (lock.LOCK, *(profile.path for profile in lock.PROFILES))
 INTEL = next(profile for profile in lock.PROFILES if profile.name == "intel")
+CUDA = next(profile for profile in lock.PROFILES if profile.name == "cuda")
 
 
 def copy_of_the_lock(tmp_path: Path) -> Path:
@@ -130,6 +131,43 @@ def test_node_files_carry_their_indexes_and_the_intel_stack_replaces_torch():
         "intel-extension-for-pytorch": "2.8.0",
         "oneccl-bind-pt": "2.8.0+cpu",
     }
+
+
+def test_the_cuda_profile_is_the_default_closure_with_the_locks_torch_built_for_cuda():
+    default = lock.pins((lock.ROOT / "node/requirements-default.txt").read_text())
+    text = (lock.ROOT / CUDA.path).read_text()
+    cuda = lock.pins(text)
+    assert cuda["torch"] == f"2.13.0+{lock.TORCH_CUDA}"
+    assert lock.release(cuda["torch"]) == lock.release(lock.pins((lock.ROOT / lock.LOCK).read_text())["torch"])
+    assert {n: v for n, v in cuda.items() if n != "torch"} == {n: v for n, v in default.items() if n != "torch"}
+    assert [line for line in text.splitlines() if line.startswith("--")] == [
+        f"--extra-index-url https://download.pytorch.org/whl/{lock.TORCH_CUDA}"
+    ]
+
+
+def test_a_torch_upgrade_in_the_lock_asks_for_the_cuda_build_of_the_new_release(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    change_pin(root / lock.LOCK, "torch", "2.14.0+cpu")
+    problems = lock.disagreements(root)
+    assert problems == [
+        "node/requirements-default.txt pins torch==2.13.0+cpu but requirements.lock has torch==2.14.0+cpu: "
+        "run `make lock` (it writes both)",
+        f"tools/lock.py's cuda profile pins torch==2.13.0+{lock.TORCH_CUDA} but requirements.lock has "
+        "torch==2.14.0+cpu: give the cuda stack torch 2.14.0 (a build its index publishes), then run `make lock`",
+    ]
+
+
+def test_a_hand_edited_cuda_build_or_index_is_reported(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    change_pin(root / CUDA.path, "torch", "2.13.0+cu126")
+    path = root / CUDA.path
+    path.write_text(path.read_text().replace(f"whl/{lock.TORCH_CUDA}", "whl/cu126"))
+    assert lock.disagreements(root) == [
+        f"{CUDA.path} reads the indexes ['https://download.pytorch.org/whl/cu126'], tools/lock.py's cuda profile "
+        f"['https://download.pytorch.org/whl/{lock.TORCH_CUDA}']: run `make lock`",
+        f"{CUDA.path} pins torch==2.13.0+cu126, tools/lock.py's cuda profile torch==2.13.0+{lock.TORCH_CUDA}: "
+        "run `make lock`",
+    ]
 
 
 @pytest.mark.parametrize("name", ["Typing_Extensions", "typing.extensions", "typing-extensions"])
