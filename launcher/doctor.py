@@ -13,10 +13,16 @@ busy too. Each node runs launcher/node_scripts/bandwidth.py, which listens on th
 at the rendezvous port (already open between the nodes: the port check passed), sends for a
 bounded time, and ends itself by an alarm whatever happens. The slowest link bounds the all-reduce;
 the trainer's grad_compression=auto measures the same thing at start (model.parallel.comm_hooks).
+
+GPU nodes (the contract's gpus_per_node > 0) add: the driver answers and lists as many GPUs as the
+contract says, its CUDA runs the node torch's CUDA build, and that torch sees the GPUs
+(launcher/node_scripts/gpu_check.py); the ring then runs over NCCL with tensors on cuda:0, as DDP's
+all-reduce will, instead of plain TCP.
 """
 
 from __future__ import annotations
 
+import ast
 import shlex
 import threading
 import time
@@ -42,6 +48,11 @@ SEND_S = 1.5
 """Seconds each node sends: ~47 MB at 250 Mbit/s, far beyond a token bucket's burst."""
 LIMIT_S = 15.0
 """Hard bound on each node's script (it SIGALRMs itself), and on waiting for it."""
+NCCL_LIMIT_S = 90.0
+"""The same over NCCL: importing torch, starting CUDA and NCCL's own connections come first."""
+GPU_CHECK_TIMEOUT_S = 120
+MIN_DRIVER = {12: "525", 13: "580"}
+"""The oldest NVIDIA driver that runs any CUDA X.y build (NVIDIA's minor version compatibility)."""
 
 
 Problem = tuple[str, str, str, str]
@@ -59,8 +70,12 @@ def doctor(
             problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1], ssh_fix(error)))
         if session.nodes:
             problems += node_problems(session, dataset)
-            problems += port_problems(session, port)
-            problems += bandwidth_problems(session, port, bandwidth_s) if bandwidth_s > 0 else []
+            gpu = gpu_problems(session)
+            problems += gpu + port_problems(session, port)
+            if gpu:
+                say("bandwidth over NCCL not measured: fix the GPU problems first")
+            elif bandwidth_s > 0:
+                problems += bandwidth_problems(session, port, bandwidth_s)
     table = Table(title=f"fab doctor: {cluster.cluster_name}")
     for col in ("check", "node", "problem", "fix"):
         table.add_column(col, overflow="fold")
@@ -70,9 +85,10 @@ def doctor(
         console.print(table)
         say(f"{len(problems)} problem(s)")
         return 1
+    gpus = f", {cluster.gpus_per_node} GPU(s) each (driver, torch's CUDA build)" if cluster.gpus_per_node else ""
     say(
         f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
-        f"network interface, data/{dataset} checksums, rendezvous port {port}"
+        f"network interface, data/{dataset} checksums, rendezvous port {port}{gpus}"
     )
     return 0
 
@@ -178,6 +194,104 @@ def prepare_fix(dataset: str, source: str | None = None) -> str:
     )
 
 
+def gpu_problems(session: Session) -> list[Problem]:
+    """On GPU nodes, each machine's driver and torch against the contract's gpus_per_node."""
+    wanted = session.cluster.gpus_per_node
+    nodes = [n for n in session.hosts() if not session.report(n).missing]
+    if not wanted or not nodes:
+        return []
+    check, python = script("gpu_check"), session.site.python
+    results = session.run_everywhere(nodes, lambda n, s: s.run(f"{python} -", stdin=check, timeout=GPU_CHECK_TIMEOUT_S))
+    problems: list[Problem] = []
+    for node, result in zip(nodes, results, strict=True):
+        try:
+            found = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+        except (ValueError, SyntaxError, IndexError):
+            output = (result.stdout + result.stderr).strip().splitlines()
+            why = f"the GPU check printed no report: {output[-1] if output else 'no output'}"
+            problems.append(("gpu", node.name, why, "fab setup (the node environment is broken)"))
+            continue
+        problems += gpu_node_problems(node.name, found, wanted)
+    return problems
+
+
+def gpu_node_problems(node: str, found: dict, wanted: int) -> list[Problem]:
+    """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix."""
+    problems: list[Problem] = []
+    gpus: list[str] = found.get("gpus", [])
+    driver_ok = not found.get("driver_error")
+    if not driver_ok:
+        problems.append(
+            (
+                "driver",
+                node,
+                f"no NVIDIA driver answers: {found['driver_error']}",
+                f"install the NVIDIA driver (>= {MIN_DRIVER[13]}, for torch's CUDA 13 build) and reboot the node, "
+                "or use a GPU image",
+            )
+        )
+    elif len(gpus) != wanted:
+        listed = ", ".join(gpus) or "none"
+        problems.append(
+            (
+                "driver",
+                node,
+                f"nvidia-smi lists {len(gpus)} GPU(s) ({listed}), the contract says gpus_per_node {wanted}",
+                "fix gpus_per_node in the contract (ranks per node follow it)"
+                if len(gpus) > wanted
+                else "a GPU is missing or fell off the bus (nvidia-smi -L; reboot the node), "
+                "or fix gpus_per_node in the contract",
+            )
+        )
+    torch_cuda = found.get("torch_cuda", "")
+    if found.get("torch_error") and not torch_cuda:
+        problems.append(("torch", node, found["torch_error"], "fab setup (installs node/requirements-cuda.txt)"))
+    elif not torch_cuda:
+        problems.append(
+            (
+                "torch",
+                node,
+                f"torch {found.get('torch', '?')} is a CPU build: it cannot use the GPUs",
+                "fab setup (installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)",
+            )
+        )
+    elif driver_ok:
+        too_old = driver_too_old(found.get("driver_cuda", ""), torch_cuda)
+        if too_old:
+            problems.append(("driver", node, f"{too_old} (torch {found.get('torch', '?')})", driver_fix(torch_cuda)))
+        elif len(gpus) == wanted and (found.get("torch_error") or found.get("devices", 0) < wanted):
+            seen = found.get("torch_error") or f"torch sees {found.get('devices', 0)} GPU(s)"
+            problems.append(
+                (
+                    "torch",
+                    node,
+                    f"{seen}, the contract says gpus_per_node {wanted}",
+                    "unset CUDA_VISIBLE_DEVICES on the node, check nvidia-smi for a GPU in a bad state "
+                    "(reset it or reboot the node)",
+                )
+            )
+    return problems
+
+
+def driver_too_old(driver_cuda: str, torch_cuda: str) -> str:
+    """Why the driver cannot run torch's CUDA build, '' when it can (or the driver did not say). A
+    driver runs every build of the CUDA major release it supports (minor version compatibility)."""
+    try:
+        driver = tuple(int(part) for part in driver_cuda.split("."))
+        needed = int(torch_cuda.split(".")[0])
+    except ValueError:
+        return ""
+    if driver >= (needed, 0):
+        return ""
+    return f"the driver runs CUDA up to {driver_cuda}, torch's build is CUDA {torch_cuda}"
+
+
+def driver_fix(torch_cuda: str) -> str:
+    major = int(torch_cuda.split(".")[0])
+    minimum = f" >= {MIN_DRIVER[major]}" if major in MIN_DRIVER else ""
+    return f"upgrade the NVIDIA driver to{minimum or ' a newer one'} (CUDA {major}.x) and reboot the node"
+
+
 def port_problems(session: Session, port: int) -> list[Problem]:
     """Listen on the head's private address, connect from every other node."""
     head = session.head
@@ -262,15 +376,26 @@ def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
     source, python = script("bandwidth"), session.site.python
     following = {n.index: nodes[(k + 1) % len(nodes)] for k, n in enumerate(nodes)}
     previous = {following[n.index].index: n for n in nodes}
+    rank = {n.index: k for k, n in enumerate(nodes)}
+    nccl = session.cluster.gpus_per_node > 0
 
     def run(shell: Shell) -> tuple[Node, Result]:
         node = shell.node
+        if nccl:  # the ring's ranks in the same order; rank 0 holds the store
+            interface = shlex.quote(session.report(node).interface)
+            command = (
+                f"{python} - nccl {nodes[0].private_ip} {port} {rank[node.index]} {len(nodes)} {seconds} "
+                f"{NCCL_LIMIT_S} {interface}"
+            )
+            return node, shell.run(command, stdin=source, timeout=NCCL_LIMIT_S + 15)
         command = f"{python} - {node.private_ip} {port} {following[node.index].private_ip} {seconds} {LIMIT_S}"
         return node, shell.run(command, stdin=source, timeout=LIMIT_S + 15)
 
     links: list[Link] = []
     for node, result in parallel([session.shell(n) for n in nodes], run):
         mbit_s, error = parse(result.stdout)
+        if nccl and error == "no output":
+            error = f"no answer within {NCCL_LIMIT_S:g} s: a node unreachable, or NCCL's connections blocked"
         links.append(Link(previous[node.index].name, node.name, mbit_s, error))
     return links
 
@@ -278,24 +403,25 @@ def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
 def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> list[Problem]:
     """Measure, print one line per link and the slowest; a problem row for each link that failed."""
     links = measure(session, port, seconds)
+    nccl = session.cluster.gpus_per_node > 0
+    over = " over NCCL" if nccl else ""
+    fix = (
+        f"allow TCP on every port between the cluster's nodes: NCCL connects on ports of its own beside {port} "
+        "(firewall / security group)"
+        if nccl
+        else f"allow TCP {port} between the cluster's nodes (firewall / security group)"
+    )
     problems: list[Problem] = []
     for link in links:
         if link.mbit_s is None:
-            problems.append(
-                (
-                    "bandwidth",
-                    link.receiver,
-                    f"from {link.sender}: {link.error}",
-                    f"allow TCP {port} between the cluster's nodes (firewall / security group)",
-                )
-            )
+            problems.append(("nccl" if nccl else "bandwidth", link.receiver, f"from {link.sender}: {link.error}", fix))
         else:
-            say(f"bandwidth {link.sender} -> {link.receiver}: {link.mbit_s:,.0f} Mbit/s")
+            say(f"bandwidth {link.sender} -> {link.receiver}{over}: {link.mbit_s:,.0f} Mbit/s")
     measured = [(link.mbit_s, link) for link in links if link.mbit_s is not None]
     if measured:
         mbit_s, slowest = min(measured, key=lambda pair: pair[0])
         say(
-            f"slowest link {slowest.sender} -> {slowest.receiver}: {mbit_s:,.0f} Mbit/s "
+            f"slowest link {slowest.sender} -> {slowest.receiver}{over}: {mbit_s:,.0f} Mbit/s "
             "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)"
         )
     return problems

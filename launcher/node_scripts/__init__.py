@@ -1,4 +1,5 @@
-"""Scripts the launcher runs on a node with the node's Python (sent on stdin; standard library only)."""
+"""Scripts the launcher runs on a node with the node's Python (sent on stdin; standard library only, except
+the GPU checks, which ask the node environment's torch itself)."""
 
 from pathlib import Path
 

@@ -8,8 +8,17 @@ node listens). Prints "sent BYTES" and "received BYTES SECONDS": the middle 80% 
 and how long it took, the previous node's egress. Every node sends and receives at once, as the
 ranks of a ring all-reduce do. The process ends itself after LIMIT seconds whatever happens
 (SIGALRM), so nothing it starts outlives the check.
+
+    python - nccl MASTER_IP PORT RANK WORLD SECONDS LIMIT [INTERFACE] < bandwidth.py
+
+The same ring over NCCL on GPU nodes, with the node environment's torch (imported only here): one
+rank per node on cuda:0, rank 0's store at MASTER_IP:PORT, NCCL's sockets on INTERFACE (the private
+address's, as the ranks' env.sh names it). Each round sends a GPU tensor to the next rank while
+receiving one from the previous (batch_isend_irecv); every rank runs the same number of rounds, as
+many as the slowest link moves in SECONDS, and prints the same two lines.
 """
 
+import os
 import signal
 import socket
 import sys
@@ -17,6 +26,8 @@ import threading
 import time
 
 CHUNK = 1 << 20
+NCCL_MESSAGE = 32 << 20
+"""Bytes of each NCCL round: ~3 ms at 100 Gbit/s, ~0.3 s at 1 Gbit/s."""
 
 
 def receive(server: socket.socket, limit: float, result: dict) -> None:
@@ -92,6 +103,65 @@ def main(ip: str, port: int, next_ip: str, seconds: float, limit: float) -> int:
     return 0
 
 
+def nccl_main(master_ip: str, port: int, rank: int, world: int, seconds: float, limit: float, interface: str) -> int:
+    signal.alarm(int(limit) + 1)
+    if interface:
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+    except Exception as e:
+        print(f"import torch failed: {type(e).__name__}: {e}", flush=True)
+        return 1
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        print(f"torch {torch.__version__} has no GPU or no NCCL here: fix the GPU checks first", flush=True)
+        return 1
+    device = torch.device("cuda:0")
+    torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(
+            "nccl",
+            init_method=f"tcp://{master_ip}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=limit / 3),  # a missing peer fails before the alarm
+        )
+        send = torch.zeros(NCCL_MESSAGE, dtype=torch.uint8, device=device)
+        received = torch.empty_like(send)
+        following, previous = (rank + 1) % world, (rank - 1) % world
+
+        def rounds(count: int) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(count):
+                ops = [dist.P2POp(dist.isend, send, following), dist.P2POp(dist.irecv, received, previous)]
+                for request in dist.batch_isend_irecv(ops):
+                    request.wait()
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        rounds(1)  # NCCL connects the ring at the first exchange
+        once = rounds(1)
+        # Every rank must post as many rounds as its peers: the count the slowest rank can afford.
+        count = torch.tensor([max(1, min(1000, int(seconds / max(once, 1e-6))))], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MIN)
+        elapsed = rounds(int(count.item()))
+        dist.destroy_process_group()
+    except Exception as e:  # NCCL's errors arrive as RuntimeError / DistBackendError with the cause in the text
+        message = str(e).strip().splitlines()
+        print(f"NCCL: {type(e).__name__}: {message[0] if message else 'no message'}", flush=True)
+        return 1
+    total = int(count.item()) * NCCL_MESSAGE
+    print(f"sent {total}", flush=True)
+    print(f"received {total} {elapsed:.6f}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     a = sys.argv
+    if a[1] == "nccl":
+        interface = a[8] if len(a) > 8 else ""
+        sys.exit(nccl_main(a[2], int(a[3]), int(a[4]), int(a[5]), float(a[6]), float(a[7]), interface))
     sys.exit(main(a[1], int(a[2]), a[3], float(a[4]), float(a[5])))

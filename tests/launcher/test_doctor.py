@@ -1,5 +1,9 @@
 """`fab doctor` on the local cluster: every check passes, then a damaged dataset is named with its fix."""
 
+import os
+
+import pytest
+
 from launcher.cluster.node_layout import free_loopback_port
 from launcher.console import console
 from launcher.doctor import doctor
@@ -25,3 +29,181 @@ def test_doctor_names_missing_data(local3, local_home, capsys, monkeypatch):
     monkeypatch.setattr(console, "width", 200)
     assert doctor(None, dataset="absent", port=free_loopback_port()) == 1
     assert "data/absent missing" in capsys.readouterr().out
+
+
+# --- GPU nodes: a stand-in nvidia-smi on PATH and a stand-in torch first on the node Python's path ---
+
+STAND_IN_SMI = """#!/bin/sh
+if [ "$1" = "-L" ]; then
+{listing}
+else
+    echo "| NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: {driver_cuda}  |"
+fi
+"""
+STAND_IN_TORCH = """__version__ = "{version}"
+
+
+class version:
+    cuda = {cuda!r}
+
+
+class cuda:
+    device_count = staticmethod(lambda: {devices})
+    is_available = staticmethod(lambda: {devices} > 0)
+    set_device = staticmethod(lambda device: None)
+
+
+def device(name):
+    return name
+"""
+STAND_IN_DIST = """def is_nccl_available():
+    return True
+
+
+def init_process_group(*args, **kwargs):
+    raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error")
+"""
+
+
+def gpu_cluster(monkeypatch, tmp_path, gpus_per_node, machines=1):
+    """doctor's cluster: the local one with gpus_per_node, on `machines` loopback addresses."""
+    import dataclasses
+
+    import launcher.doctor
+    from launcher.cluster.inventory import Node, local_cluster
+
+    cluster = local_cluster(machines)
+    nodes = tuple(Node(i, f"local{i}", f"127.0.0.{i + 1}", "") for i in range(machines))
+    cluster = dataclasses.replace(cluster, nodes=nodes, gpus_per_node=gpus_per_node, gpu_model="nvidia-l4")
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+
+
+def stand_in_driver(monkeypatch, tmp_path, gpus, driver_cuda="13.0"):
+    """nvidia-smi listing `gpus` L4s; gpus=None: no nvidia-smi on PATH at all."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if gpus is not None:
+        listing = "\n".join(f'    echo "GPU {i}: NVIDIA L4 (UUID: GPU-{i})"' for i in range(gpus)) or "    true"
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(STAND_IN_SMI.format(listing=listing, driver_cuda=driver_cuda))
+        smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+
+def stand_in_torch(monkeypatch, tmp_path, devices, cuda="13.0"):
+    """A torch package, first on the node Python's path, that is a CUDA build seeing `devices` GPUs."""
+    package = tmp_path / "site" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(STAND_IN_TORCH.format(version="2.13.0+cu130", cuda=cuda, devices=devices))
+    (package / "distributed.py").write_text(STAND_IN_DIST)
+    monkeypatch.setenv("PYTHONPATH", f"{package.parent}:{os.environ.get('PYTHONPATH', '')}")
+
+
+def problem_rows(out: str) -> list[str]:
+    """The table's rows, cells joined with single spaces (one row per line at width 200)."""
+    return [" ".join(cell.strip() for cell in line.split("│")[1:-1]) for line in out.splitlines() if "│" in line]
+
+
+@pytest.fixture
+def gpu_doctor(local_home, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(console, "width", 400)
+    write_dataset(local_home / "data" / "d")
+
+    def run(gpus_per_node, machines=1) -> tuple[int, str]:
+        gpu_cluster(monkeypatch, tmp_path, gpus_per_node, machines)
+        code = doctor(None, dataset="d", port=free_loopback_port())
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def test_doctor_on_gpu_nodes_passes_with_the_driver_and_a_cuda_torch_seeing_every_gpu(
+    gpu_doctor, monkeypatch, tmp_path
+):
+    stand_in_driver(monkeypatch, tmp_path, gpus=2)
+    stand_in_torch(monkeypatch, tmp_path, devices=2)
+    code, out = gpu_doctor(2)
+    assert code == 0, out
+    assert "rendezvous port" in out and ", 2 GPU(s) each (driver, torch's CUDA build)" in out
+
+
+def test_doctor_names_a_node_without_a_driver(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=None)
+    stand_in_torch(monkeypatch, tmp_path, devices=0)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    rows = problem_rows(out)
+    assert len(rows) == 1, out
+    assert rows[0].startswith("driver local0 no NVIDIA driver answers: nvidia-smi not found install the NVIDIA driver")
+    assert "bandwidth over NCCL not measured: fix the GPU problems first" in out
+
+
+def test_doctor_names_a_cpu_build_of_torch_on_a_gpu_node(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=2)  # the node Python's own torch: this machine's +cpu build
+    code, out = gpu_doctor(2)
+    assert code == 1
+    assert problem_rows(out) == [
+        "torch local0 torch 2.13.0+cpu is a CPU build: it cannot use the GPUs "
+        "fab setup (installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)"
+    ], out
+
+
+def test_doctor_names_fewer_gpus_than_the_contract_once(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=1)
+    stand_in_torch(monkeypatch, tmp_path, devices=1)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    rows = problem_rows(out)
+    assert len(rows) == 1, out
+    assert rows[0].startswith(
+        "driver local0 nvidia-smi lists 1 GPU(s) (NVIDIA L4), the contract says gpus_per_node 2 a GPU is missing"
+    )
+
+
+def test_doctor_names_gpus_the_driver_lists_but_torch_does_not_see(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=2)
+    stand_in_torch(monkeypatch, tmp_path, devices=1)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    assert [row.split(" unset ")[0] for row in problem_rows(out)] == [
+        "torch local0 torch sees 1 GPU(s), the contract says gpus_per_node 2"
+    ], out
+
+
+def test_doctor_names_a_driver_too_old_for_the_cuda_build(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=2, driver_cuda="12.8")
+    stand_in_torch(monkeypatch, tmp_path, devices=0)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    assert problem_rows(out) == [
+        "driver local0 the driver runs CUDA up to 12.8, torch's build is CUDA 13.0 (torch 2.13.0+cu130) "
+        "upgrade the NVIDIA driver to >= 580 (CUDA 13.x) and reboot the node"
+    ], out
+
+
+def test_doctor_names_each_link_where_nccl_fails(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=1)
+    stand_in_torch(monkeypatch, tmp_path, devices=1)
+    code, out = gpu_doctor(1, machines=2)
+    assert code == 1
+    rows = problem_rows(out)
+    assert sorted(row.split(": RuntimeError")[0] for row in rows) == [
+        "nccl local0 from local1: NCCL",
+        "nccl local1 from local0: NCCL",
+    ], out
+    fix = "allow TCP on every port between the cluster's nodes"
+    assert all("remote process exited" in row and fix in row for row in rows)
+
+
+def test_gpu_rows_come_one_per_cause():
+    from launcher.doctor import driver_too_old, gpu_node_problems
+
+    good = {"gpus": ["NVIDIA L4"] * 4, "driver_error": "", "driver_cuda": "13.1", "torch": "2.13.0+cu130",
+            "torch_cuda": "13.0", "devices": 4, "torch_error": ""}
+    assert gpu_node_problems("n", good, 4) == []
+    assert [row[0] for row in gpu_node_problems("n", good, 8)] == ["driver"]  # more in the contract than listed
+    assert "fix gpus_per_node" in gpu_node_problems("n", good, 2)[0][3]
+    broken = {**good, "torch_error": "import torch failed: ImportError: libcudnn.so.9", "torch_cuda": "", "devices": 0}
+    assert [row[:3] for row in gpu_node_problems("n", broken, 4)] == [("torch", "n", broken["torch_error"])]
+    assert driver_too_old("12.2", "12.6") == "" and driver_too_old("", "13.0") == ""
+    assert driver_too_old("12.9", "13.0") == "the driver runs CUDA up to 12.9, torch's build is CUDA 13.0"
