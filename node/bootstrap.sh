@@ -15,14 +15,16 @@ readonly min_python="3.11"
 
 usage() {
     cat <<'EOF'
-usage: bootstrap.sh [--user USER] [--profile default|intel] [--python PY]
+usage: bootstrap.sh [--user USER] [--profile auto|default|cuda|intel] [--python PY]
                     [--pip-args "ARGS"] [--skip-system-packages] [--idle-minutes N] [--check]
 
 Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,runs}.
 
   --user USER              owner of ~/nanocluster (default: the current user; another user needs root)
-  --profile NAME           default: CPU torch + gloo; intel: torch 2.8 + intel-extension-for-pytorch
-                           + oneCCL bindings + Intel MPI runtime (default: default)
+  --profile NAME           default: CPU torch + gloo; cuda: torch's CUDA build + NCCL (GPU nodes, NVIDIA
+                           driver >= 580); intel: torch 2.8 + intel-extension-for-pytorch + oneCCL
+                           bindings + Intel MPI runtime; auto: cuda where `nvidia-smi -L` lists a GPU,
+                           else default (default: auto)
   --python PY              interpreter for the venv, >= 3.11 (default: python3)
   --pip-args "ARGS"        extra pip install arguments, e.g. "--no-index --find-links /wheels"
   --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync
@@ -43,7 +45,7 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 usage_error() { printf 'error: %s (see --help)\n' "$*" >&2; exit 2; }
 
 user=$(id -un)
-profile=default
+profile=auto
 python=python3
 pip_args=""
 install_system_packages=1
@@ -71,9 +73,19 @@ while (($#)); do
 done
 
 case "$profile" in
-    default | intel) ;;
-    *) usage_error "--profile must be 'default' or 'intel', not '$profile'" ;;
+    auto | default | cuda | intel) ;;
+    *) usage_error "--profile must be 'auto', 'default', 'cuda' or 'intel', not '$profile'" ;;
 esac
+# auto: the CUDA build where the driver lists a GPU. Resolved before the hash, so a CPU node's
+# environment built as `default` stays ready under `auto`.
+if [[ "$profile" == auto ]]; then
+    if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+        profile=cuda
+    else
+        profile=default
+    fi
+fi
+readonly profile
 [[ -z "$idle_minutes" || "$idle_minutes" =~ ^[0-9]+$ ]] ||
     usage_error "--idle-minutes must be a whole number of minutes (0 turns the idle stop off), not '$idle_minutes'"
 requirements="$script_dir/requirements-$profile.txt"
@@ -266,6 +278,15 @@ fi
 log "checking imports: $modules"
 torch_version=$(as_user "$venv/bin/python" -c "import $modules; print(torch.__version__)") ||
     die "the installed environment does not import ($modules): see the traceback above"
+if [[ "$profile" == cuda ]]; then
+    # Reported, not fatal: a driver installed after this run makes the same environment work.
+    gpus=$(as_user "$venv/bin/python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) || gpus=0
+    if ((gpus > 0)); then
+        log "torch $torch_version sees $gpus GPU(s)"
+    else
+        log "warning: torch $torch_version sees no GPU: check the NVIDIA driver (nvidia-smi; >= 580 for CUDA 13), then fab doctor"
+    fi
+fi
 
 # tcmalloc is preloaded into the ranks by the launcher; the full library first, minimal as fallback.
 # awk reads to the end: exiting at the match could kill ldconfig with SIGPIPE, which pipefail and

@@ -6,7 +6,9 @@ place where the head reaches workers over SSH, and the nodes hold this checkout'
 node/bootstrap.sh on the nodes over SSH: the node environment where cloud-init did not build it.
 
 The bootstrap is idempotent (a ready node changes nothing), so `fab setup` runs it on every node
-and the other tasks run it only where the probe found the environment incomplete.
+and the other tasks run it only where the probe found the environment incomplete. Which profile it
+installs (node/requirements-PROFILE.txt): the one asked for, else cuda where the contract's nodes
+have GPUs and default elsewhere; intel only when asked for.
 
 The operator's model/ on the nodes, sent only when it changed.
 
@@ -25,7 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.cluster.inventory import Node
+from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
 from launcher.session import Session, resolve_cluster, select_nodes
@@ -64,9 +66,23 @@ def ensure_ready(session: Session) -> None:
     sync_code(session)
 
 
+PROFILES = ("auto", "default", "cuda", "intel")
+"""node/bootstrap.sh's --profile values; auto is decided here, by node_profile."""
+
+
+def node_profile(cluster: Cluster, requested: str = "auto") -> str:
+    """The node environment to install: the one requested, or for auto the CUDA build of torch on
+    GPU nodes (gpus_per_node > 0) and the default, CPU one elsewhere."""
+    if requested not in PROFILES:
+        raise TaskError(f"--profile must be one of {', '.join(PROFILES)}, not {requested!r}")
+    if requested != "auto":
+        return requested
+    return "cuda" if cluster.gpus_per_node > 0 else "default"
+
+
 def setup(
     cluster_spec: str | None,
-    profile: str = "default",
+    profile: str = "auto",
     pip_args: str = "",
     skip_system_packages: bool = False,
     nodes: int | None = None,
@@ -77,6 +93,9 @@ def setup(
     if idle_minutes is not None and idle_minutes < 0:
         raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
     cluster = resolve_cluster(cluster_spec, nodes)
+    chosen = node_profile(cluster, profile)
+    if chosen != profile:
+        say(f"node profile {chosen}" + (f" ({cluster.gpus_per_node} GPU(s) per node)" if chosen == "cuda" else ""))
     if idle_minutes is not None and cluster.is_local:
         raise TaskError(
             "--idle-minutes powers nodes off when idle: the local cluster is this machine; "
@@ -85,7 +104,7 @@ def setup(
     with Session.open(cluster, select_nodes(cluster, nodes)) as session:
         started = time.monotonic()
         if session.site.bootstraps:
-            bootstrap(session, session.hosts(), profile, pip_args, skip_system_packages, idle_minutes)
+            bootstrap(session, session.hosts(), chosen, pip_args, skip_system_packages, idle_minutes)
             session.reprobe(session.hosts())
         distribute_keys(session)
         ensure_ready(session)
@@ -99,13 +118,15 @@ BOOTSTRAP_TIMEOUT_S = 3600
 def bootstrap(
     session: Session,
     nodes: Sequence[Node],
-    profile: str = "default",
+    profile: str = "auto",
     pip_args: str = "",
     skip_system_packages: bool = False,
     idle_minutes: int | None = None,
 ) -> None:
-    """Run node/bootstrap.sh on the nodes, output streamed with a [setup NODE] prefix."""
+    """Run node/bootstrap.sh on the nodes with the profile node_profile picks, output streamed with a
+    [setup NODE] prefix."""
     cluster = session.cluster
+    profile = node_profile(cluster, profile)
     if cluster.node_python:
         missing = {n.name: session.report(n).missing for n in nodes if session.report(n).missing}
         if missing:

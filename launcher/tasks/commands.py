@@ -40,7 +40,8 @@ from model.conventions import (
     numbers={"nodes": int, "idle_minutes": int},
     help={
         "cluster": CLUSTER_HELP,
-        "profile": "node environment: default (stock CPU torch, gloo) or intel (IPEX + oneCCL + Intel MPI)",
+        "profile": "node environment: default (stock CPU torch, gloo), cuda (torch's CUDA build, NCCL) or intel "
+        "(IPEX + oneCCL + Intel MPI) (default auto; cuda where the contract has gpus_per_node, else default)",
         "pip_args": "extra pip install arguments for the bootstrap, e.g. '--no-index --find-links /wheels'",
         "skip_system_packages": "no apt on the nodes (python3-venv must be there already)",
         "nodes": "only the first N nodes (default all)",
@@ -51,7 +52,7 @@ from model.conventions import (
 def setup(
     c: Context,
     cluster: str | None = None,
-    profile: str = "default",
+    profile: str | None = None,
     pip_args: str = "",
     skip_system_packages: bool = False,
     nodes: int | None = None,
@@ -60,7 +61,7 @@ def setup(
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
     driver(cluster).setup(
         cluster,
-        profile=profile,
+        **given(profile=profile),
         pip_args=pip_args,
         skip_system_packages=skip_system_packages,
         nodes=nodes,

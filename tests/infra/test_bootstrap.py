@@ -53,7 +53,11 @@ def test_help_documents_every_flag():
 @pytest.mark.parametrize(
     ("args", "status", "error"),
     [
-        (["--profile", "cuda"], 2, "error: --profile must be 'default' or 'intel', not 'cuda' (see --help)"),
+        (
+            ["--profile", "rocm"],
+            2,
+            "error: --profile must be 'auto', 'default', 'cuda' or 'intel', not 'rocm' (see --help)",
+        ),
         (["--user"], 2, "error: --user needs a value (see --help)"),
         (["--frobnicate"], 2, "error: unknown argument '--frobnicate' (see --help)"),
         (["--user", "no-such-user-here"], 1, "error: user 'no-such-user-here' does not exist"),
@@ -89,6 +93,35 @@ def test_python_older_than_the_pins_need_is_refused_with_one_clear_error(tmp_pat
         "install python3.11 or newer and pass --python, or use an Ubuntu 24.04 image"
     )
     assert not (home / "nanocluster" / "venv").exists()
+
+
+STAND_IN_SMI = {
+    "gpu": 'echo "GPU 0: NVIDIA L4 (UUID: GPU-0)"',
+    "no driver": "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9",
+}
+
+
+@pytest.mark.parametrize(
+    ("smi", "args", "profile"),
+    [
+        ("gpu", [], "cuda"),
+        ("no driver", [], "default"),
+        ("gpu", ["--profile", "intel"], "intel"),
+        ("gpu", ["--profile", "default"], "default"),
+        ("no driver", ["--profile", "cuda"], "cuda"),
+    ],
+)
+def test_the_profile_is_cuda_where_nvidia_smi_lists_a_gpu_unless_one_is_given(tmp_path, smi, args, profile):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{STAND_IN_SMI[smi]}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**node_env(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", str(BOOTSTRAP), "--check", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 3
+    assert "not bootstrapped for " in result.stdout and f" (profile {profile}): run" in result.stdout
 
 
 def test_check_reports_a_fresh_machine_as_not_ready(tmp_path):
