@@ -72,7 +72,7 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_CUDA = "cu130"
 """torch 2.13's stable CUDA build (also PyPI's): Turing to Blackwell (T4, L4, A100, H100, B200); needs an
 NVIDIA driver >= 580. Its other one, cu126, adds Maxwell to Volta (V100) for drivers >= 525 and is
-dropped in torch 2.15 (pytorch/pytorch RELEASE.md, issues 178665 and 190385)."""
+dropped in torch 2.15 (PyTorch's release compatibility matrix; pytorch/pytorch issues 178665, 190385)."""
 PROFILES = (
     NodeProfile(
         "default",
