@@ -72,7 +72,7 @@ def doctor(
             problems += node_problems(session, dataset)
             gpu = gpu_problems(session)
             problems += gpu + port_problems(session, port)
-            if gpu:
+            if gpu and bandwidth_s > 0:
                 say("bandwidth over NCCL not measured: fix the GPU problems first")
             elif bandwidth_s > 0:
                 problems += bandwidth_problems(session, port, bandwidth_s)

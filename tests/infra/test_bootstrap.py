@@ -97,7 +97,7 @@ def test_python_older_than_the_pins_need_is_refused_with_one_clear_error(tmp_pat
 
 STAND_IN_SMI = {
     "gpu": 'echo "GPU 0: NVIDIA L4 (UUID: GPU-0)"',
-    "no driver": "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9",
+    "no driver": 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
 }
 
 

@@ -198,8 +198,15 @@ def test_doctor_names_each_link_where_nccl_fails(gpu_doctor, monkeypatch, tmp_pa
 def test_gpu_rows_come_one_per_cause():
     from launcher.doctor import driver_too_old, gpu_node_problems
 
-    good = {"gpus": ["NVIDIA L4"] * 4, "driver_error": "", "driver_cuda": "13.1", "torch": "2.13.0+cu130",
-            "torch_cuda": "13.0", "devices": 4, "torch_error": ""}
+    good = {
+        "gpus": ["NVIDIA L4"] * 4,
+        "driver_error": "",
+        "driver_cuda": "13.1",
+        "torch": "2.13.0+cu130",
+        "torch_cuda": "13.0",
+        "devices": 4,
+        "torch_error": "",
+    }
     assert gpu_node_problems("n", good, 4) == []
     assert [row[0] for row in gpu_node_problems("n", good, 8)] == ["driver"]  # more in the contract than listed
     assert "fix gpus_per_node" in gpu_node_problems("n", good, 2)[0][3]
