@@ -58,7 +58,8 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         ranks = len(host.nodes) * per_node
         heads = [node.index == nodes[0].index and slot == 0 for node in host.nodes for slot in range(per_node)]
         if gpus and report is not None and "python" not in report.missing:
-            check_gpus(cluster, where, report, cfg, heads, world, one_host=len(hosts) == 1, shape=shape)
+            first = list(nodes).index(host.node) * per_node
+            check_gpus(cluster, where, report, cfg, heads, first, world, one_host=len(hosts) == 1, shape=shape)
         estimates: list[MemoryEstimate | None] = [
             estimate_host_memory(cfg, rank0, shape=shape)
             if gpus
@@ -96,12 +97,14 @@ def check_gpus(
     report: NodeReport,
     cfg: TrainConfig,
     heads: list[bool],
+    first: int,
     world: int,
     one_host: bool,
     shape: tuple[int, int] | None,
 ) -> None:
     """A GPU for each rank of the machine, as its probe found them; each rank's GPU estimate within
-    its GPU's memory (the rank of local rank i computes on GPU i)."""
+    its GPU's memory (the rank of local rank i computes on GPU i). heads: whether each rank of the
+    machine is rank 0; first: the machine's first rank."""
     if report.gpu_count < len(heads):
         if cluster.is_local:
             fix = f"run at most {report.gpu_count} rank(s) here (--nodes {report.gpu_count})"
@@ -128,8 +131,11 @@ def check_gpus(
             ways.append("--set zero_stage=1 (AdamW state sharded over the ranks)")
         ways.append("a larger GPU (a machine type whose GPUs have more memory)")
         raise TaskError(
-            f"a rank does not fit GPU {local_rank} of {where} ({report.gpu_names[local_rank]}, {memory_gb:.1f} GB): "
-            f"it needs ~{estimate.describe()}: " + ", ".join(ways[:-1]) + " or " + ways[-1]
+            f"rank {first + local_rank} does not fit GPU {local_rank} of {where} "
+            f"({report.gpu_names[local_rank]}, {memory_gb:.1f} GB): it needs ~{estimate.describe()}: "
+            + ", ".join(ways[:-1])
+            + " or "
+            + ways[-1]
         )
 
 
