@@ -176,6 +176,8 @@ class Cluster:
         if self.kube:
             where = f"namespace {self.kube.namespace}, context {self.kube.context}"
         size = f"{len(self.nodes)} node(s), {self.cores_per_node} cores each" if self.nodes else "nodes read on connect"
+        if self.gpus_per_node and not self.is_local:  # the local cluster's source says it already
+            size += f" and {self.gpus_per_node} GPU(s) ({self.gpu_model}): {self.ranks_per_node} rank(s) per node"
         return (
             f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
             f"{size}, {where}; from {self.source}"

@@ -86,3 +86,4 @@ def test_nvidia_smi_lines_with_or_without_units():
 def test_a_contract_with_gpus_has_that_many_ranks_per_node(contract):
     cluster = parse_contract(contract | {"gpus_per_node": 8, "gpu_model": "nvidia-a100-80gb"}, "lab.json")
     assert cluster.ranks_per_node == 8 and len(cluster.nodes) == 3
+    assert "3 node(s), 8 cores each and 8 GPU(s) (nvidia-a100-80gb): 8 rank(s) per node" in cluster.describe()
