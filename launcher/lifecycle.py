@@ -203,7 +203,7 @@ class Lifecycle:
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
             return 0
-        world = len(kind.nodes)
+        world = len(kind.nodes) * kind.cluster.ranks_per_node  # the ranks: one per GPU on GPU nodes
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
         self.spend = (
             None

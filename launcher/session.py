@@ -11,7 +11,7 @@ What a node offers, learned in one round trip: launcher/node_scripts/probe.py ru
 The report says whether the node environment is complete, its versions, cores and free disk, the
 network interface holding its private address, the allocator to preload, the digest of the model
 code it holds, the meta.json of the dataset a task names, when the machine booted, its memory
-(total and available) and the kernel's count of OOM kills.
+(total and available), the kernel's count of OOM kills and its GPUs (nvidia-smi: model and memory).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ T = TypeVar("T")
 def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
     """--cluster as a validated Cluster (printed: every task says which cluster it uses)."""
     try:
-        cluster = load_cluster(spec, local_nodes=nodes or 3)
+        cluster = load_cluster(spec, local_nodes=nodes)
     except InventoryError as e:
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")
@@ -229,11 +229,27 @@ class NodeReport:
     oom_kills: int | None = None
     """The kernel's OOM kills since boot (/proc/vmstat oom_kill) when probed: a later count above it
     means one happened since (launcher.recover.oom)."""
+    gpu_names: tuple[str, ...] = ()
+    """Each GPU's model as nvidia-smi names it ("NVIDIA L4"), in device order; empty without GPUs."""
+    gpu_memory_gb: tuple[float, ...] = ()
+    """Each GPU's memory (GB, 1e9 bytes), in device order."""
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_names)
+
+    @property
+    def gpu_model(self) -> str:
+        """The first GPU's model (a node's GPUs are alike), empty without GPUs."""
+        return self.gpu_names[0] if self.gpu_names else ""
 
     @classmethod
     def from_literal(cls, found: dict) -> NodeReport:
         meta = json.loads(found.pop("data_meta_json", "") or "null")
         found["missing"] = tuple(found.get("missing", ()))
+        listed = found.pop("gpus", None) or []
+        found["gpu_names"] = tuple(str(name) for name, _ in listed)
+        found["gpu_memory_gb"] = tuple(round(int(mib) * 2**20 / 1e9, 2) for _, mib in listed)
         known = {k: v for k, v in found.items() if k in cls.__dataclass_fields__}
         return cls(**known, data_meta=meta)
 

@@ -106,6 +106,8 @@ class MachinesRun:
         start_units(session, plan, prepared.config_text)
         machines = len(session.hosts())  # the local cluster's nodes share one machine
         where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")
+        if plan.on_gpus:
+            where += f", one rank per GPU ({plan.cluster.gpu_model})"
         say(
             f"started {plan.world_size} rank(s) on {where} with the {request.launcher} "
             f"launcher, backend {plan.resolved_backend()}, run dir runs/{request.run} "

@@ -141,6 +141,11 @@ class Cluster:
     def head(self) -> Node:
         return self.nodes[0]
 
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks a node runs: one per GPU, or one on a CPU node (launcher.launch.plan places them)."""
+        return max(1, self.gpus_per_node)
+
     def select(self, count: int | None) -> tuple[Node, ...]:
         """The first `count` nodes (all when None): what `--nodes N` means for every task."""
         if count is None:
@@ -171,6 +176,8 @@ class Cluster:
         if self.kube:
             where = f"namespace {self.kube.namespace}, context {self.kube.context}"
         size = f"{len(self.nodes)} node(s), {self.cores_per_node} cores each" if self.nodes else "nodes read on connect"
+        if self.gpus_per_node and not self.is_local:  # the local cluster's source says it already
+            size += f" and {self.gpus_per_node} GPU(s) ({self.gpu_model}): {self.ranks_per_node} rank(s) per node"
         return (
             f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
             f"{size}, {where}; from {self.source}"
@@ -239,18 +246,78 @@ def cluster_dir(cluster: Cluster) -> Path:
     return clusters_root() / cluster.cluster_name
 
 
-def local_cluster(nodes: int) -> Cluster:
-    """N ranks as processes on this machine, sharing local_home() as their node root."""
+NVIDIA_SMI_TIMEOUT_S = 10
+"""A driver that hangs (a GPU fallen off the bus) must not hang every task: no answer means no GPUs."""
+LOCAL_NODES_WITHOUT_GPUS = 3
+"""The local cluster's default --nodes on a machine without GPUs: three ranks show the collectives."""
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """This machine's GPUs as nvidia-smi lists them (the launcher imports no torch)."""
+
+    names: tuple[str, ...] = ()
+    """Each GPU's model name, in device order."""
+    memory_mib: tuple[int, ...] = ()
+    """Each GPU's memory in MiB."""
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+
+def parse_nvidia_smi(text: str) -> LocalGpus:
+    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` lines ("NVIDIA H100
+    80GB HBM3, 81559"): the names and MiB; a line that is not one is skipped."""
+    names, memory = [], []
+    for line in text.splitlines():
+        name, _, mib = line.rpartition(",")
+        mib = mib.strip().removesuffix("MiB").strip()
+        if name.strip() and mib.isdigit():
+            names.append(name.strip())
+            memory.append(int(mib))
+    return LocalGpus(tuple(names), tuple(memory))
+
+
+def local_gpus() -> LocalGpus:
+    """This machine's GPUs from nvidia-smi (bounded by NVIDIA_SMI_TIMEOUT_S); none without the
+    driver's tool, or when it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return LocalGpus()
+    try:
+        result = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return LocalGpus()
+    return parse_nvidia_smi(result.stdout) if result.returncode == 0 else LocalGpus()
+
+
+def local_cluster(nodes: int, gpus: LocalGpus | None = None) -> Cluster:
+    """N ranks as processes on this machine, sharing local_home() as their node root. With gpus (this
+    machine's, local_gpus()) a node is one GPU's rank slot: gpus_per_node 1, node i on cuda:i; more
+    nodes than GPUs is refused. Without them (a CPU machine) a node is one CPU rank."""
     if nodes < 1:
         raise InventoryError(f"the local cluster needs at least 1 node, got {nodes}")
+    gpus = gpus or LocalGpus()
+    if gpus.count and nodes > gpus.count:
+        raise InventoryError(
+            f"--nodes {nodes} but this machine has {gpus.count} GPU(s) ({gpus.names[0]}, nvidia-smi): the local "
+            f"cluster runs one rank per GPU; use --nodes <= {gpus.count}"
+        )
     flags: tuple[str, ...] = ()
     try:
         cpuinfo = set(Path("/proc/cpuinfo").read_text().split())
         flags = tuple(f for f in BF16_CPU_FLAGS if f in cpuinfo)
     except OSError:
         pass
+    on = f", one per GPU ({gpus.names[0]})" if gpus.count else ""
     return Cluster(
-        source=f"the local cluster in {local_home()} ({nodes} rank(s) as processes on this machine)",
+        source=f"the local cluster in {local_home()} ({nodes} rank(s) as processes on this machine{on})",
         cloud="local",
         cluster_name="local",
         nodes=tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(nodes)),
@@ -258,6 +325,8 @@ def local_cluster(nodes: int) -> Cluster:
         cpu_flags=flags,
         node_python=sys.executable,
         is_local=True,
+        gpus_per_node=1 if gpus.count else 0,
+        gpu_model=gpus.names[0] if gpus.count else "",
     )
 
 
@@ -265,12 +334,14 @@ _read_ahead: dict[PulumiStack, dict] = {}
 """A stack's outputs read to learn its kind (launcher/tasks/drivers.py), kept for the one load that follows."""
 
 
-def load_cluster(spec: str | None, local_nodes: int = 3, read_ahead: bool = False) -> Cluster:
+def load_cluster(spec: str | None, local_nodes: int | None = None, read_ahead: bool = False) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
-    or kubeconfig:PATH[#CONTEXT]."""
+    or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks: by default one per GPU
+    of this machine, or LOCAL_NODES_WITHOUT_GPUS without GPUs."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
-        return local_cluster(local_nodes)
+        gpus = local_gpus()
+        return local_cluster(local_nodes or gpus.count or LOCAL_NODES_WITHOUT_GPUS, gpus)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
         return Cluster(

@@ -7,6 +7,10 @@ at most MAX_RANKS_PER_CORE ranks per physical core. The local cluster's ranks al
 machine, so there `--nodes` is what grows both. Otherwise the kernel's OOM killer ends the run
 minutes later, and a machine with far more ranks than cores thrashes (99 local ranks on 2 cores ran
 at a load of ~130 and took other work on the machine down with it).
+
+On GPU nodes (the contract's gpus_per_node) a machine must have a GPU for each of its ranks (as its
+probe found them with nvidia-smi), each rank's GPU memory estimate must fit its own GPU (rank with
+local rank i on GPU i), and what the ranks keep on the host must fit the host's available memory.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from launcher.cluster.inventory import Cluster, Node, group_by_host
 from launcher.console import TaskError
 from launcher.session import NodeReport
-from model.gpt.memory_estimate import GB, estimate_rank_memory
+from model.gpt.memory_estimate import GB, MemoryEstimate, estimate_host_memory, estimate_rank_memory
 from model.settings.config import TrainConfig
 
 GIB = 1024**3
@@ -39,19 +43,28 @@ def checkpoint_shape(init_from: str) -> tuple[int, int] | None:
 
 
 def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeReport], cfg: TrainConfig) -> None:
-    """A TaskError naming the first machine whose memory or cores its ranks exceed, with the figures
-    and the ways out. Machines whose probe did not report memory (no node Python yet) are checked
-    on cores only."""
+    """A TaskError naming the first machine whose memory or cores its ranks exceed (on GPU nodes: its
+    GPUs, then each rank's GPU), with the figures and the ways out. Machines whose probe did not
+    report memory (no node Python yet) are checked on cores only, and their GPUs not at all."""
     hosts = group_by_host(tuple(nodes))
-    world = len(nodes)
+    per_node = cluster.ranks_per_node
+    world = len(nodes) * per_node
+    gpus = cluster.gpus_per_node > 0
     shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
     for host in hosts:
         report = reports.get(host.node.index)
+        where = "this machine" if cluster.is_local else host.node.name
         cores = (report.cores if report and report.cores else 0) or cluster.cores_per_node
-        ranks = len(host.nodes)
-        estimates = [
-            estimate_rank_memory(cfg, world, rank0=node.index == nodes[0].index, one_host=len(hosts) == 1, shape=shape)
-            for node in host.nodes
+        ranks = len(host.nodes) * per_node
+        heads = [node.index == nodes[0].index and slot == 0 for node in host.nodes for slot in range(per_node)]
+        if gpus and report is not None and "python" not in report.missing:
+            first = list(nodes).index(host.node) * per_node
+            check_gpus(cluster, where, report, cfg, heads, first, world, one_host=len(hosts) == 1, shape=shape)
+        estimates: list[MemoryEstimate | None] = [
+            estimate_host_memory(cfg, rank0, shape=shape)
+            if gpus
+            else estimate_rank_memory(cfg, world, rank0=rank0, one_host=len(hosts) == 1, shape=shape)
+            for rank0 in heads
         ]
         available = report.mem_available_gb if report else None
         known = [e for e in estimates if e is not None]
@@ -60,10 +73,10 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         too_big = need is not None and available is not None and need > available
         if not (too_many or too_big):
             continue
-        where = "this machine" if cluster.is_local else host.node.name
         largest = max((e for e in estimates if e), key=lambda e: e.total, default=None)
+        host_side = " host" if gpus else ""
         if need is not None and largest is not None:
-            memory = f"need ~{need:.1f} GB of memory (the largest rank ~{largest.describe()})"
+            memory = f"need ~{need:.1f} GB of{host_side} memory (the largest rank ~{largest.describe()})"
         else:
             memory = "need memory not estimated (init_from a checkpoint directory not on this machine)"
         memory += (
@@ -75,6 +88,54 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         raise TaskError(
             f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
             + ways_out(cluster, cfg, cores, available, estimates, too_big)
+        )
+
+
+def check_gpus(
+    cluster: Cluster,
+    where: str,
+    report: NodeReport,
+    cfg: TrainConfig,
+    heads: list[bool],
+    first: int,
+    world: int,
+    one_host: bool,
+    shape: tuple[int, int] | None,
+) -> None:
+    """A GPU for each rank of the machine, as its probe found them; each rank's GPU estimate within
+    its GPU's memory (the rank of local rank i computes on GPU i). heads: whether each rank of the
+    machine is rank 0; first: the machine's first rank."""
+    if report.gpu_count < len(heads):
+        if cluster.is_local:
+            fix = f"run at most {report.gpu_count} rank(s) here (--nodes {report.gpu_count})"
+        else:
+            fix = (
+                f"set the contract's gpus_per_node to {report.gpu_count} (and gpu_model to what the machine has), "
+                "or fix the machine's driver so nvidia-smi lists every GPU"
+            )
+        found = f"{report.gpu_count} GPU(s)" + (f" ({report.gpu_model})" if report.gpu_count else "")
+        raise TaskError(
+            f"{where} has {found} (nvidia-smi) but the contract says gpus_per_node {cluster.gpus_per_node} "
+            f"({cluster.gpu_model}): its {len(heads)} rank(s) need one GPU each; nothing was started: {fix}"
+        )
+    for local_rank, rank0 in enumerate(heads):
+        estimate = estimate_rank_memory(cfg, world, rank0, one_host, shape=shape, device="cuda")
+        memory_gb = report.gpu_memory_gb[local_rank] if local_rank < len(report.gpu_memory_gb) else 0.0
+        if estimate is None or not memory_gb or estimate.total / GB <= memory_gb:
+            continue
+        ways = [
+            f"a smaller micro-batch or context (--set batch_size=N below {cfg.batch_size}, "
+            f"--set block_size=N below {cfg.block_size})"
+        ]
+        if cfg.zero_stage == 0 and world > 1:
+            ways.append("--set zero_stage=1 (AdamW state sharded over the ranks)")
+        ways.append("a larger GPU (a machine type whose GPUs have more memory)")
+        raise TaskError(
+            f"rank {first + local_rank} does not fit GPU {local_rank} of {where} "
+            f"({report.gpu_names[local_rank]}, {memory_gb:.1f} GB): it needs ~{estimate.describe()}: "
+            + ", ".join(ways[:-1])
+            + " or "
+            + ways[-1]
         )
 
 

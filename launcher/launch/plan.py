@@ -23,7 +23,7 @@ class NodeFacts:
     """What a launch needs to know about a node from its probe (launcher.session)."""
 
     interface: str = ""
-    """Network interface holding the node's private address (for gloo / CCL / Intel MPI)."""
+    """Network interface holding the node's private address (for gloo / NCCL / CCL / Intel MPI)."""
     allocator: str = ""
     """Path of libjemalloc or libtcmalloc on the node, empty when neither is installed."""
     ccl: bool = False
@@ -32,10 +32,16 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class Rank:
+    """One trainer process of the launch (LaunchPlan.ranks places them)."""
+
     rank: int
+    """Its global rank: RANK."""
     node: Node
+    """The node it runs on."""
     local_rank: int
+    """Its place among its machine's ranks: LOCAL_RANK, the GPU it computes on (cuda:LOCAL_RANK)."""
     local_world_size: int
+    """Its machine's ranks: LOCAL_WORLD_SIZE."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class LaunchPlan:
     launcher: str = "fabric"
     """fabric (one process per rank started over SSH), mpirun (Intel MPI from the head) or torchrun."""
     backend: str = "auto"
-    """auto (ccl where the bindings import on every node, else gloo), ccl or gloo."""
+    """auto (nccl on GPU nodes; ccl where the bindings import on every node, else gloo), nccl, ccl or gloo."""
     master_port: int = DEFAULT_MASTER_PORT
     """Rendezvous port on the head."""
     collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -125,29 +131,45 @@ class LaunchPlan:
     def host_of(self, node: Node) -> Host:
         return next(h for h in self.hosts if h.address == node.private_ip)
 
+    @property
+    def on_gpus(self) -> bool:
+        """The nodes have GPUs: a rank per GPU, NCCL between them (the trainer picks the device)."""
+        return self.cluster.gpus_per_node > 0
+
     @cached_property
     def ranks(self) -> list[Rank]:
-        out = []
-        for i, node in enumerate(self.nodes):
-            peers = self.host_of(node).nodes
-            out.append(Rank(i, node, peers.index(node), len(peers)))
+        """Every rank, numbered node by node: cluster.ranks_per_node on each node (one per GPU, or one
+        on a CPU node); local_rank counts the ranks of a machine (the local cluster's nodes share one),
+        and is the GPU the rank computes on. The one place ranks are derived from the nodes."""
+        per_node = self.cluster.ranks_per_node
+        out: list[Rank] = []
+        placed: dict[str, int] = {}
+        for node in self.nodes:
+            here = len(self.host_of(node).nodes) * per_node
+            for _ in range(per_node):
+                local = placed.get(node.private_ip, 0)
+                placed[node.private_ip] = local + 1
+                out.append(Rank(len(out), node, local, here))
         return out
 
     @property
     def world_size(self) -> int:
-        return len(self.nodes)
+        return len(self.ranks)
 
     def node_facts(self, node: Node) -> NodeFacts:
         return self.facts.get(node.index, NodeFacts())
 
     def resolved_backend(self) -> str:
-        """What the ranks will use: ccl only when asked for or when every node has the bindings."""
+        """What the ranks will use: nccl on GPU nodes; ccl only when asked for or when every node has the bindings."""
         if self.backend != "auto":
             return self.backend
+        if self.on_gpus:
+            return "nccl"
         return "ccl" if all(self.node_facts(n).ccl for n in self.nodes) else "gloo"
 
     def threads_per_rank(self, node: Node) -> int:
-        return max(1, self.cluster.cores_per_node // len(self.host_of(node).nodes))
+        """The machine's cores shared by its ranks (on GPU nodes: their data loading and the host side)."""
+        return max(1, self.cluster.cores_per_node // len(self.ranks_on(self.host_of(node))))
 
     def units(self) -> list[Unit]:
         """Launch units in start order: per rank (fabric), per machine (torchrun) or one (mpirun)."""
@@ -195,6 +217,8 @@ def plan_json(plan: LaunchPlan) -> str:
                 "backend": plan.resolved_backend(),
                 "world_size": plan.world_size,
                 "nodes": [n.name for n in plan.nodes],
+                "gpus_per_node": plan.cluster.gpus_per_node,
+                "ranks": [{"rank": r.rank, "node": r.node.name, "local_rank": r.local_rank} for r in plan.ranks],
                 "units": [u.to_json() for u in plan.units()],
                 "dataset": plan.dataset,
                 "trainer_args": trainer_args(plan),

@@ -2,7 +2,8 @@
 
 A node's run directory (~/nanocluster/runs/<run>/) gets:
 
-    env.sh                   per node: OMP/KMP threads, allocator preload, socket interface, CCL variables
+    env.sh                   per node: OMP/KMP threads, allocator preload, socket interface (NCCL's too on GPU
+                             nodes), CCL variables (CPU nodes)
     rank<R>.env              per rank: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
     rank<R>.sh / node<i>.sh / mpirun.sh   what one launch unit runs (a rank, a machine's torchrun, mpirun)
     accelerate/rank<R>.yaml  accelerate config per rank (see accelerate_config for the world-size trap)
@@ -58,12 +59,14 @@ def rank_variables(
 
 
 def env_file(plan: LaunchPlan, node: Node) -> str:
-    """env.sh for one node: threads, allocator, network interface, CCL."""
+    """env.sh for one node: threads, allocator, network interface, CCL (CPU nodes)."""
     facts = plan.node_facts(node)
     threads = plan.threads_per_rank(node)
-    ranks_here = len(plan.host_of(node).nodes)
+    ranks_here = len(plan.ranks_on(plan.host_of(node)))
+    gpus = f", one GPU each ({plan.cluster.gpu_model})" if plan.on_gpus else ""
     lines = [
-        f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} physical core(s)",
+        f"# {node.name} ({node.private_ip}): {ranks_here} rank(s) share {plan.cluster.cores_per_node} "
+        f"physical core(s){gpus}",
         f"export {LAUNCHER_ENV}={plan.launcher}",
     ]
     lines += [f"export {k}={v}" for k, v in thread_variables(threads).items()]
@@ -74,7 +77,9 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
     if facts.interface:
         # Without this gloo binds to whatever the hostname resolves to (often loopback or nothing).
         lines += [f"export GLOO_SOCKET_IFNAME={facts.interface}", f"export TP_SOCKET_IFNAME={facts.interface}"]
-    if plan.resolved_backend() == "ccl":
+        if plan.on_gpus:  # NCCL's bootstrap and socket transport pick an interface the same way
+            lines.append(f"export NCCL_SOCKET_IFNAME={facts.interface}")
+    if plan.resolved_backend() == "ccl" and not plan.on_gpus:
         lines += [
             "export CCL_WORKER_COUNT=1",
             "export CCL_ATL_TRANSPORT=ofi",
@@ -95,7 +100,7 @@ def rank_env(plan: LaunchPlan, rank: Rank) -> str:
     values = rank_variables(
         rank.rank, plan.world_size, rank.local_rank, rank.local_world_size, plan.master_addr, plan.master_port
     )
-    if plan.resolved_backend() == "ccl":
+    if plan.resolved_backend() == "ccl" and not plan.on_gpus:
         values |= {"CCL_LOCAL_RANK": str(rank.local_rank), "CCL_LOCAL_SIZE": str(rank.local_world_size)}
     return "".join(f"export {k}={v}\n" for k, v in values.items())
 
@@ -105,11 +110,13 @@ def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
 
     accelerate's MULTI_CPU launcher without mpirun starts ONE process and sets only MASTER_ADDR/PORT,
     so on its own it silently trains with world size 1. It passes the environment through, so with
-    env.sh and rank<R>.env sourced first every rank joins the real world."""
+    env.sh and rank<R>.env sourced first every rank joins the real world. On GPU nodes (MULTI_GPU)
+    each rank is still its own one-process launch, so gpu_ids names its one GPU (accelerate sets
+    CUDA_VISIBLE_DEVICES from it): the rank sees that GPU as cuda:0."""
+    gpu = {"distributed_type": "MULTI_GPU", "use_cpu": False, "gpu_ids": str(rank.local_rank)}
     body = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "MULTI_CPU",
-        "use_cpu": True,
+        **(gpu if plan.on_gpus else {"distributed_type": "MULTI_CPU", "use_cpu": True}),
         "num_machines": plan.world_size,
         "num_processes": plan.world_size,
         "machine_rank": rank.rank,
@@ -117,7 +124,8 @@ def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
         "main_process_port": plan.master_port,
         "rdzv_backend": "static",
         "same_network": True,
-        "mixed_precision": "bf16" if set(BF16_CPU_FLAGS) & set(plan.cluster.cpu_flags) else "no",
+        # On GPU nodes the trainer picks bf16 or fp16 by the GPU's capability itself.
+        "mixed_precision": "bf16" if not plan.on_gpus and set(BF16_CPU_FLAGS) & set(plan.cluster.cpu_flags) else "no",
         "main_training_function": "main",
         "debug": False,
     }
@@ -132,8 +140,9 @@ def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
 
 
 def mpi_hostfile(plan: LaunchPlan) -> str:
-    """Intel MPI machine file: one line per host, address:ranks, head first."""
-    return "".join(f"{host.address}:{len(host.nodes)}\n" for host in plan.hosts)
+    """Intel MPI machine file: one line per host, address:ranks, head first (MPI numbers a host's ranks
+    together, as LaunchPlan.ranks does, and gives each its MPI_LOCALRANKID: the trainer's LOCAL_RANK)."""
+    return "".join(f"{host.address}:{len(plan.ranks_on(host))}\n" for host in plan.hosts)
 
 
 def unit_script(plan: LaunchPlan, unit: Unit) -> str:
@@ -147,7 +156,8 @@ def unit_script(plan: LaunchPlan, unit: Unit) -> str:
     elif unit.kind == "node":
         host = plan.host_of(unit.node)
         lines.append(
-            f"exec {python} -m torch.distributed.run --nnodes={len(plan.hosts)} --nproc-per-node={len(host.nodes)} "
+            f"exec {python} -m torch.distributed.run --nnodes={len(plan.hosts)} "
+            f"--nproc-per-node={len(plan.ranks_on(host))} "
             f"--node-rank={plan.hosts.index(host)} --master-addr={plan.master_addr} --master-port={plan.master_port} "
             f"-m model.train {train}"
         )

@@ -6,7 +6,8 @@ Every launch probes every node, so the probe is kept cheap (~8 ms instead of ~30
 .pth files (an editable install's import hook alone doubles Python's start-up) and site-packages is
 put on sys.path by hand; nothing is imported beyond the standard library's core (json, re and
 subprocess each pull in enum and friends), so the answer is a dict literal the launcher reads with
-ast.literal_eval and data/<dataset>/meta.json travels as text. The shell finds the interface.
+ast.literal_eval and data/<dataset>/meta.json travels as text. The shell finds the interface. Only a
+node with nvidia-smi on PATH pays for a subprocess: the GPUs it lists (name and memory of each).
 """
 
 import importlib.util
@@ -143,6 +144,43 @@ def memory_available_gb() -> float | None:
     return round(found / 1e9, 2)
 
 
+NVIDIA_SMI_TIMEOUT_S = 10
+"""A hung driver (a GPU fallen off the bus) reports no GPUs rather than stalling the launch's probe."""
+
+
+def on_path(name: str) -> str:
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        if directory and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return ""
+
+
+def gpus() -> list:
+    """[name, MiB] of each GPU nvidia-smi lists, in device order; [] without the driver's tool."""
+    smi = on_path("nvidia-smi")
+    if not smi:
+        return []
+    import subprocess  # only here: it costs a CPU node's probe a few ms for nothing
+
+    try:
+        result = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        name, _, mib = line.rpartition(",")
+        mib = mib.strip().replace("MiB", "").strip()
+        if name.strip() and mib.isdigit():
+            found.append([name.strip(), int(mib)])
+    return found
+
+
 def oom_kills() -> int | None:
     """The kernel's count of OOM kills since boot (/proc/vmstat oom_kill, Linux 4.13+); None when absent."""
     for line in read("/proc/vmstat").splitlines():
@@ -177,6 +215,7 @@ def main() -> None:
                 "mem_total_gb": round((meminfo_kb("MemTotal") or 0) * 1024 / 1e9, 2) or None,
                 "mem_available_gb": memory_available_gb(),
                 "oom_kills": oom_kills(),
+                "gpus": gpus(),
             }
         )
     )

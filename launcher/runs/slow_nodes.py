@@ -158,13 +158,17 @@ def slowest_line(
 
 
 def node_names(events: Iterable[dict[str, Any]]) -> dict[int, str]:
-    """Rank -> node name from the run record's last "launch" or "restart" event (rank i runs on the
-    i-th node of the launch: launcher.launch.plan.LaunchPlan.ranks)."""
+    """Rank -> node name from the run record's last "launch" or "restart" event: each node runs the
+    launch's ranks per node (world_size over its nodes: one per GPU, or one), numbered node by node
+    (launcher.launch.plan.LaunchPlan.ranks)."""
     nodes: list[str] = []
+    per_node = 1
     for event in events:
         if event.get("event") in ("launch", "restart") and isinstance(event.get("nodes"), list):
             nodes = event["nodes"]
-    return dict(enumerate(nodes))
+        if event.get("event") == "launch" and nodes and isinstance(event.get("world_size"), int):
+            per_node = max(1, event["world_size"] // len(nodes))
+    return {rank: name for i, name in enumerate(nodes) for rank in range(i * per_node, (i + 1) * per_node)}
 
 
 def status_lines(record: RunRecord, metrics_records: list[dict[str, Any]]) -> list[str]:

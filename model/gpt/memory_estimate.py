@@ -18,7 +18,14 @@ per token of a micro-batch (batch_size x block_size), fp32 unless said:
     compile      torch.compile's compiler and its worker processes: COMPILE_GB
 
 A resumed run's start (rank 0 holding the snapshot it read while building the model and the
-optimizer) is counted when it needs more than the steady state. bench/fit_memory.py checks the sum
+optimizer) is counted when it needs more than the steady state.
+
+A rank on a GPU (device "cuda") is two figures: what its GPU holds (estimate_rank_memory with
+device="cuda": the CUDA context CUDA_CONTEXT_GB, weights, gradients, AdamW's state -- sharded on
+every rank with zero_stage=1, since the snapshot's gather lands in host memory --, the autocast
+copies, PowerSGD's error feedback, activations in the autocast dtype and compile's extra
+COMPILE_CUDA_GB) and what stays in host memory (estimate_host_memory: the runtime with the CUDA
+libraries, rank 0's snapshot copy, the compiler). bench/fit_memory.py checks the sum
 against the measured peak RSS of real runs; SAFETY scales it so every measured peak stayed below.
 Page cache of the token files is not counted: the kernel reclaims it (MemAvailable includes it).
 """
@@ -45,6 +52,15 @@ forward returns, the log-softmax cross-entropy saves, and the gradients of both.
 COMPILE_GB = 1.5
 """torch.compile per rank: Inductor's compiler in the trainer and its compile workers. An allowance,
 not measured by bench/fit_memory.py (compiling takes minutes on this machine)."""
+CUDA_CONTEXT_GB = 0.8
+"""GPU memory a rank holds before its model: the CUDA context, cuBLAS's workspace, NCCL's buffers and
+the caching allocator's slack. An allowance (the context alone is ~0.5 GB on recent GPUs), not measured here."""
+COMPILE_CUDA_GB = 0.5
+"""torch.compile's extra GPU memory per rank (autotuning's scratch buffers): an allowance."""
+CUDA_HOST_GB = 1.5
+"""Host memory the CUDA build of torch adds to a rank's runtime (its CUDA libraries, mapped and
+touched): an allowance over RUNTIME_GB."""
+DEVICES = ("cpu", "cuda")
 SAFETY = 1.2
 """The computed sum is scaled by this: allocator fragmentation and buffers the parts leave out (with
 1.15 the quickstart's rank 0 measured only 2% below its estimate, bench/fit_memory.py)."""
@@ -85,11 +101,20 @@ def shape_of(cfg: TrainConfig) -> tuple[int, int] | None:
 
 
 def estimate_rank_memory(
-    cfg: TrainConfig, world_size: int, rank0: bool, one_host: bool, shape: tuple[int, int] | None = None
+    cfg: TrainConfig,
+    world_size: int,
+    rank0: bool,
+    one_host: bool,
+    shape: tuple[int, int] | None = None,
+    *,
+    device: str = "cpu",
 ) -> MemoryEstimate | None:
     """One rank's peak; rank0 adds the snapshot copy; one_host: every rank on one machine (auto
     compression then sends fp32, no PowerSGD). shape: (n_layer, n_embd) when known otherwise (a
-    checkpoint's config.json); None when the shape is unknown."""
+    checkpoint's config.json); None when the shape is unknown. device "cuda": what the rank holds in
+    its GPU's memory (its host side: estimate_host_memory)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     shape = shape or shape_of(cfg)
     if shape is None:
         return None
@@ -100,6 +125,21 @@ def estimate_rank_memory(
     powersgd = world_size > 1 and (
         cfg.grad_compression == "powersgd" or (cfg.grad_compression == "auto" and not one_host)
     )
+    logits = tokens * 4 * LOGIT_COPIES * VOCAB_SIZE
+    if device == "cuda":
+        # bf16 or fp16 autocast (auto picks one by the GPU): saved activations in 2 bytes, logits kept fp32.
+        half = cfg.mixed_precision != "fp32"
+        parts = {
+            "cuda context": CUDA_CONTEXT_GB * GB,
+            "weights": 4.0 * p,
+            "gradients": 4.0 * p,
+            "optimizer": 8.0 * p / world_size if sharded else 8.0 * p,
+            "autocast copies": 2.0 * p if half else 0.0,
+            "powersgd": 4.0 * p if powersgd else 0.0,
+            "activations": tokens * ACTIVATION_BYTES_PER_LAYER * n_embd * n_layer * (0.5 if half else 1.0) + logits,
+            "compile": COMPILE_CUDA_GB * GB if cfg.compile else 0.0,
+        }
+        return MemoryEstimate(parts, p)
     parts = {
         "runtime": RUNTIME_GB * GB,
         "weights": 4.0 * p,
@@ -107,7 +147,7 @@ def estimate_rank_memory(
         "optimizer": 8.0 * p / world_size if sharded and not rank0 else 8.0 * p,
         "bf16 copies": 2.0 * p if cfg.mixed_precision != "fp32" else 0.0,
         "powersgd": 4.0 * p if powersgd else 0.0,
-        "activations": tokens * (ACTIVATION_BYTES_PER_LAYER * n_embd * n_layer + 4 * LOGIT_COPIES * VOCAB_SIZE),
+        "activations": tokens * ACTIVATION_BYTES_PER_LAYER * n_embd * n_layer + logits,
         "snapshot copy": 12.0 * p if rank0 else 0.0,
         "compile": COMPILE_GB * GB if cfg.compile else 0.0,
     }
@@ -117,4 +157,21 @@ def estimate_rank_memory(
     steady = sum(parts.values())
     if start > steady:
         parts["resume start"] = start - steady
+    return MemoryEstimate(parts, p)
+
+
+def estimate_host_memory(
+    cfg: TrainConfig, rank0: bool, shape: tuple[int, int] | None = None
+) -> MemoryEstimate | None:
+    """What a GPU rank keeps in host memory: the runtime with the CUDA libraries, rank 0's snapshot
+    copy of weights and AdamW (12P, also what a resume reads), the compiler; None when the shape is unknown."""
+    shape = shape or shape_of(cfg)
+    if shape is None:
+        return None
+    p = parameter_count(*shape, cfg.block_size)
+    parts = {
+        "runtime": (RUNTIME_GB + CUDA_HOST_GB) * GB,
+        "snapshot copy": 12.0 * p if rank0 else 0.0,
+        "compile": COMPILE_GB * GB if cfg.compile else 0.0,
+    }
     return MemoryEstimate(parts, p)

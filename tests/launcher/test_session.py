@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from launcher.console import TaskError
-from launcher.session import Session, machines, select_nodes
+from launcher.session import NodeReport, Session, machines, select_nodes
 
 
 def test_the_ranks_of_one_machine_share_one_probe(local3, probes):
@@ -55,3 +55,11 @@ def test_more_nodes_than_the_cluster_has_is_a_task_error(local3):
         select_nodes(local3, 4)
     with pytest.raises(TaskError, match=r"--nodes must be >= 1, got 0"):
         select_nodes(local3, 0)
+
+
+def test_a_report_holds_the_gpus_the_probe_found():
+    gpus = NodeReport.from_literal({"cores": 16, "gpus": [["NVIDIA L4", 23034], ["NVIDIA L4", 23034]]})
+    assert gpus.gpu_count == 2 and gpus.gpu_model == "NVIDIA L4" and gpus.gpu_memory_gb == (24.15, 24.15)
+    none = NodeReport.from_literal({"cores": 16, "gpus": []})
+    assert none.gpu_count == 0 and none.gpu_model == "" and none.gpu_memory_gb == ()
+    assert NodeReport.from_literal({"missing": ["python"]}).gpu_count == 0  # an older probe, or no node Python

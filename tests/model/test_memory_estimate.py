@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.gpt.memory_estimate import estimate_rank_memory, parameter_count
+from model.gpt.memory_estimate import estimate_host_memory, estimate_rank_memory, parameter_count
 from model.gpt.model import GPT, PRESETS, GPTConfig
 from model.settings.config import load_config
 
@@ -37,3 +37,26 @@ def test_memory_grows_with_the_micro_batch_bf16_and_compile_and_shrinks_with_zer
     assert total("mixed_precision=fp32", "compile=true") > base
     assert total("mixed_precision=fp32", "zero_stage=1", world=4) < base
     assert total("mixed_precision=fp32", rank0=True) > base  # the snapshot copy
+
+
+def test_on_a_gpu_the_estimate_counts_gpu_memory_only():
+    cfg = load_config(None, ["init_from=scratch", "mixed_precision=bf16", "zero_stage=1", "compile=true"])
+    gpu = estimate_rank_memory(cfg, 4, rank0=True, one_host=True, device="cuda")
+    cpu = estimate_rank_memory(cfg, 4, rank0=True, one_host=True)
+    assert gpu is not None and cpu is not None
+    p = gpu.parameters
+    assert gpu.parts["weights"] == 4.0 * p and gpu.parts["gradients"] == 4.0 * p
+    assert gpu.parts["optimizer"] == 2.0 * p  # ZeRO-1 shards AdamW on rank 0 too (the snapshot's gather is host-side)
+    assert gpu.parts["autocast copies"] == 2.0 * p
+    assert "snapshot copy" not in gpu.parts and "runtime" not in gpu.parts and "resume start" not in gpu.parts
+    assert gpu.parts["compile"] < cpu.parts["compile"]  # the compiler itself runs on the host
+    fp32_cfg = load_config(None, ["init_from=scratch", "mixed_precision=fp32"])
+    fp32 = estimate_rank_memory(fp32_cfg, 4, rank0=False, one_host=True, device="cuda")
+    assert fp32 is not None and fp32.parts["activations"] > gpu.parts["activations"]  # autocast halves the blocks'
+    host = estimate_host_memory(cfg, rank0=True)
+    assert host is not None and host.parts["snapshot copy"] == 12.0 * p
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'xpu'"):
+        estimate_rank_memory(load_config(None, []), 1, rank0=True, one_host=True, device="xpu")

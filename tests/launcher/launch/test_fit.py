@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.inventory import LocalGpus, local_cluster, parse_contract
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError
 from launcher.launch.fit import check_fit
@@ -16,6 +16,7 @@ from launcher.lifecycle import TrainRequest
 from launcher.session import NodeReport
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
+from model.gpt.memory_estimate import estimate_host_memory, estimate_rank_memory
 from model.settings.config import load_config
 
 QUICKSTART = REPO_ROOT / "launcher" / "quickstart.yaml"
@@ -85,3 +86,77 @@ def test_a_node_whose_memory_is_unknown_is_checked_on_cores_only(tmp_path):
     cfg = load_config(None, ["init_from=gpt2-xl"])
     local = local_cluster(2)
     check_fit(local, local.nodes, {n.index: NodeReport(cores=2) for n in local.nodes}, cfg)
+
+
+def gpu_reports(nodes, gpus: int, gpu_gb: float, available_gb: float = 200.0) -> dict[int, NodeReport]:
+    return {
+        n.index: NodeReport(
+            cores=16, mem_available_gb=available_gb, gpu_names=("NVIDIA L4",) * gpus, gpu_memory_gb=(gpu_gb,) * gpus
+        )
+        for n in nodes
+    }
+
+
+@pytest.fixture
+def l4_nodes(contract):
+    return parse_contract(contract | {"gpus_per_node": 4, "gpu_model": "nvidia-l4", "cores_per_node": 16}, "lab.json")
+
+
+def test_gpu_ranks_that_fit_their_gpus_start(l4_nodes):
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=4", "block_size=1024"])
+    check_fit(l4_nodes, l4_nodes.nodes, gpu_reports(l4_nodes.nodes, 4, 24.15), cfg)
+
+
+def test_a_rank_too_big_for_its_gpu_names_the_gpu_its_memory_the_need_and_the_ways_out(l4_nodes):
+    cfg = load_config(None, ["init_from=gpt2-medium", "batch_size=16", "block_size=1024"])
+    with pytest.raises(TaskError) as refused:
+        check_fit(l4_nodes, l4_nodes.nodes, gpu_reports(l4_nodes.nodes, 4, 24.15), cfg)
+    message = str(refused.value)
+    assert message.startswith("rank 0 does not fit GPU 0 of lab-0 (NVIDIA L4, 24.1 GB): it needs ~"), message
+    assert "activations" in message and "snapshot copy" not in message  # rank 0's copy is in host memory
+    assert "--set batch_size=N below 16" in message and "--set block_size=N below 1024" in message
+    assert "--set zero_stage=1" in message and "a larger GPU" in message
+
+
+def test_a_gpu_rank_counts_gpu_memory_not_its_host_side():
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=4", "block_size=1024", "zero_stage=1"])
+    gpu = estimate_rank_memory(cfg, 8, rank0=True, one_host=False, device="cuda")
+    cpu = estimate_rank_memory(cfg, 8, rank0=True, one_host=False)
+    host = estimate_host_memory(cfg, rank0=True)
+    assert gpu is not None and cpu is not None and host is not None
+    assert "snapshot copy" not in gpu.parts and host.parts["snapshot copy"] == 12.0 * gpu.parameters
+    assert gpu.parts["optimizer"] == 8.0 * gpu.parameters / 8  # sharded on rank 0 too: the gather lands on the host
+    assert gpu.parts["activations"] < cpu.parts["activations"]  # autocast's half-precision activations
+
+
+def test_the_host_side_of_gpu_ranks_must_fit_the_hosts_memory(l4_nodes):
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=4", "block_size=1024"])
+    with pytest.raises(TaskError) as refused:
+        check_fit(l4_nodes, l4_nodes.nodes, gpu_reports(l4_nodes.nodes, 4, 24.15, available_gb=4.0), cfg)
+    assert str(refused.value).startswith("4 rank(s) do not fit lab-0: they need ~"), refused.value
+    assert " GB of host memory (the largest rank ~" in str(refused.value)
+
+
+def test_a_node_with_fewer_gpus_than_the_contract_says_is_one_error_before_any_rank(l4_nodes):
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=1", "block_size=256"])
+    reports = gpu_reports(l4_nodes.nodes, 4, 24.15) | gpu_reports(l4_nodes.nodes[1:2], 2, 24.15)
+    with pytest.raises(TaskError) as refused:
+        check_fit(l4_nodes, l4_nodes.nodes, reports, cfg)
+    assert str(refused.value) == (
+        "lab-1 has 2 GPU(s) (NVIDIA L4) (nvidia-smi) but the contract says gpus_per_node 4 (nvidia-l4): its 4 "
+        "rank(s) need one GPU each; nothing was started: set the contract's gpus_per_node to 2 (and gpu_model to "
+        "what the machine has), or fix the machine's driver so nvidia-smi lists every GPU"
+    )
+    no_gpu = gpu_reports(l4_nodes.nodes, 4, 24.15) | gpu_reports(l4_nodes.nodes[2:], 0, 0)
+    with pytest.raises(TaskError, match=r"^lab-2 has 0 GPU\(s\) \(nvidia-smi\) but the contract says"):
+        check_fit(l4_nodes, l4_nodes.nodes, no_gpu, cfg)
+    not_set_up = gpu_reports(l4_nodes.nodes, 4, 24.15) | {2: NodeReport(missing=("python",))}
+    check_fit(l4_nodes, l4_nodes.nodes, not_set_up, cfg)  # checked again once the node is set up
+
+
+def test_the_local_clusters_gpu_ranks_each_need_a_gpu(local_home):
+    local = local_cluster(2, LocalGpus(("NVIDIA L4", "NVIDIA L4"), (23034, 23034)))
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=1", "block_size=256"])
+    check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 2, 24.15)[0]}, cfg)
+    with pytest.raises(TaskError, match=r"this machine has 1 GPU\(s\).*\(--nodes 1\)"):
+        check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 1, 24.15)[0]}, cfg)

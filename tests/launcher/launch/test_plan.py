@@ -72,5 +72,5 @@ def test_a_plan_json_this_launcher_did_not_write_is_refused(lab):
 
 
 def test_the_backend_names_are_the_trainers(lab):
-    with pytest.raises(ValueError, match=r"--backend must be one of auto, ccl, gloo, got 'nccl'"):
-        plan_for(lab, backend="nccl")
+    with pytest.raises(ValueError, match=r"--backend must be one of auto, nccl, ccl, gloo, got 'mpi'"):
+        plan_for(lab, backend="mpi")

@@ -95,3 +95,16 @@ def test_probe_reports_this_machines_memory_and_oom_kill_count(tmp_path):
     assert 0 < report["mem_available_gb"] <= total_gb  # what fits: launcher/launch/fit.py
     vmstat = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
     assert report["oom_kills"] == int(vmstat["oom_kill"])
+
+
+def test_probe_lists_the_gpus_nvidia_smi_finds_and_none_without_it(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA L4, 23034'\necho 'NVIDIA L4, 23034'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert run_probe(sys.executable, tmp_path)["gpus"] == [["NVIDIA L4", 23034], ["NVIDIA L4", 23034]]
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    if not any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        assert run_probe(sys.executable, tmp_path)["gpus"] == []

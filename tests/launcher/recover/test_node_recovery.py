@@ -11,11 +11,13 @@ import launcher.recover.nodes as loop
 from launcher.cluster.inventory import parse_contract
 from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
-from launcher.lifecycle import Lifecycle, Started, TrainRequest
+from launcher.launch.plan import trainer_args
+from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
 from launcher.recover.nodes import POLL_EVERY_S, NodeRecovery
 from launcher.recover.policy import KEEP_GLOBAL_BATCH, RecoverOptions
 from launcher.runs.record import RunRecord
 from launcher.train import MachinesRun
+from model.settings.config import load_config
 from tests.launcher.recover.test_wait import FakeClock
 
 
@@ -249,3 +251,24 @@ def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypa
         recovery.run(launch)
     end = RunRecord.of(cluster, "r").events[-1]
     assert (end["event"], end["outcome"], end["exit_code"]) == ("end", "interrupted", 130)
+
+
+def test_on_gpu_nodes_a_resume_on_fewer_nodes_runs_their_gpus_ranks(setting, contract):
+    _, _, world = setting
+    cluster = parse_contract(contract | {"gpus_per_node": 4, "gpu_model": "nvidia-l4"}, "lab.json")
+    session = FakeSession(world, cluster, cluster.nodes)
+    world.back_at = {2: float("inf")}  # lab-2 is lost during the first attempt and never answers again
+    prepared = Prepared(None, "", load_config(None, []), ())
+    launched = []
+
+    def launch(session, restarts, overrides):
+        plan = recovery.kind.plan_for(session.cluster, session.nodes, {}, prepared, overrides)
+        launched.append((plan.world_size, [a for a in trainer_args(plan) if a.startswith(("expected", "keep"))]))
+        if restarts == 0:
+            raise lost("lab-2")
+        return Progress(iter=20)
+
+    options = RecoverOptions(recover_timeout_s=15, min_nodes=2)
+    with Recovery(session, "r", options, resolve=lambda: cluster) as recovery:
+        recovery.run(launch)
+    assert launched == [(12, ["expected_world_size=12"]), (8, ["expected_world_size=8", KEEP_GLOBAL_BATCH])]

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster
+from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
 from launcher.runs.estimate import NO_PRICE, final_cost, progress_suffix, run_clock, status_lines
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import RunRecord, launch_fields, split_attempts
@@ -85,3 +85,13 @@ def test_status_lines_without_a_price_say_so(tmp_path, monkeypatch):
     assert final_cost(RunRecord.of(priced, "r")).startswith(
         "cost $0.00 (0.00 node-h at $3.00/h spot, prices of 2026-11-23)"
     )
+
+
+def test_gpu_nodes_are_priced_per_machine_not_per_rank(contract):
+    cluster = parse_contract(contract | {"gpus_per_node": 8, "gpu_model": "nvidia-a100-80gb"}, "lab.json")
+    launch = {"event": "launch", "time": 1000.0, **launch_fields(cluster, cluster.nodes[:2], world_size=16)}
+    assert launch["world_size"] == 16 and launch["cluster_machines"] == 3 and launch["cluster_nodes"] == 3
+    clock = run_clock(latest([launch]), series(99, 500, [1500.0] * 10), now=1000.0 + 3600)
+    # Every machine of the cluster bills (3 of them, whatever runs on their GPUs), at the cluster's price per hour.
+    assert clock.cluster_nodes == 3 and clock.node_hours == pytest.approx(3.0)
+    assert clock.cost_usd == pytest.approx(2.4)

@@ -107,3 +107,12 @@ def test_status_names_the_slowest_rank_not_a_node_when_every_rank_shares_one_mac
     assert line.startswith("slowest rank: rank 1 (local1), compute 150 ms per step")
     record.append("launch", nodes=["node0", "node1", "node2"], cluster_machines=3)
     assert status_lines(record, records)[0].startswith("slowest node: rank 1 (node1)")
+
+
+def test_on_gpu_nodes_each_node_names_its_ranks_in_blocks():
+    events = [
+        {"event": "launch", "nodes": ["a", "b", "c"], "world_size": 12},
+        {"event": "restart", "nodes": ["a", "c"]},
+    ]
+    assert node_names(events[:1]) == {r: "abc"[r // 4] for r in range(12)}
+    assert node_names(events) == {0: "a", 1: "a", 2: "a", 3: "a", 4: "c", 5: "c", 6: "c", 7: "c"}

@@ -1,0 +1,89 @@
+"""The local cluster on a machine with GPUs runs one rank per GPU (found with nvidia-smi, no torch);
+a machine without them is unchanged. A stand-in nvidia-smi on PATH plays the GPUs."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from launcher.cluster.inventory import (
+    CLUSTER_ENV,
+    LOCAL_NODES_WITHOUT_GPUS,
+    InventoryError,
+    load_cluster,
+    local_gpus,
+    parse_contract,
+    parse_nvidia_smi,
+)
+
+H100 = "NVIDIA H100 80GB HBM3, 81559"
+
+
+@pytest.fixture
+def gpus(tmp_path, monkeypatch):
+    """gpus(n): a stand-in nvidia-smi listing n H100s, alone on PATH (n None: no nvidia-smi at all)."""
+    monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path / "home"))
+
+    def put(count: int | None, body: str | None = None) -> None:
+        bin_dir = tmp_path / f"bin{count}"
+        bin_dir.mkdir(exist_ok=True)
+        if count is not None:
+            smi = bin_dir / "nvidia-smi"
+            lines = "".join(f"echo '{H100}'\n" for _ in range(count))
+            smi.write_text("#!/bin/sh\n" + (body if body is not None else lines))
+            smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", str(bin_dir))
+
+    return put
+
+
+def test_without_nvidia_smi_the_local_cluster_is_the_cpu_one(gpus):
+    gpus(None)
+    assert local_gpus().count == 0
+    cluster = load_cluster(None)
+    assert len(cluster.nodes) == LOCAL_NODES_WITHOUT_GPUS == 3
+    assert cluster.gpus_per_node == 0 and cluster.gpu_model == "" and cluster.ranks_per_node == 1
+    assert "GPU" not in cluster.source
+    assert len(load_cluster(None, local_nodes=5).nodes) == 5  # as many CPU ranks as asked
+
+
+def test_a_tool_that_lists_no_gpu_or_fails_means_no_gpus(gpus):
+    gpus(0)
+    assert local_gpus().count == 0 and len(load_cluster(None).nodes) == 3
+    gpus(9, body="echo 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert local_gpus().count == 0
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_with_gpus_the_local_cluster_runs_one_rank_per_gpu_by_default(gpus, count):
+    gpus(count)
+    found = local_gpus()
+    assert found.names == ("NVIDIA H100 80GB HBM3",) * count and found.memory_mib == (81559,) * count
+    cluster = load_cluster(None)
+    assert len(cluster.nodes) == count and {n.private_ip for n in cluster.nodes} == {"127.0.0.1"}
+    assert cluster.gpus_per_node == 1 and cluster.gpu_model == "NVIDIA H100 80GB HBM3"  # a node: one GPU's rank
+    assert cluster.ranks_per_node == 1 and "one per GPU (NVIDIA H100 80GB HBM3)" in cluster.source
+    assert len(load_cluster(None, local_nodes=1).nodes) == 1
+
+
+def test_more_local_ranks_than_gpus_are_refused_with_the_count(gpus):
+    gpus(2)
+    with pytest.raises(InventoryError) as refused:
+        load_cluster(None, local_nodes=3)
+    assert str(refused.value) == (
+        "--nodes 3 but this machine has 2 GPU(s) (NVIDIA H100 80GB HBM3, nvidia-smi): the local cluster runs "
+        "one rank per GPU; use --nodes <= 2"
+    )
+
+
+def test_nvidia_smi_lines_with_or_without_units():
+    found = parse_nvidia_smi("NVIDIA L4, 23034 MiB\nTesla T4, 15360\n\nNo devices were found\n")
+    assert found.names == ("NVIDIA L4", "Tesla T4") and found.memory_mib == (23034, 15360)
+
+
+def test_a_contract_with_gpus_has_that_many_ranks_per_node(contract):
+    cluster = parse_contract(contract | {"gpus_per_node": 8, "gpu_model": "nvidia-a100-80gb"}, "lab.json")
+    assert cluster.ranks_per_node == 8 and len(cluster.nodes) == 3
+    assert "3 node(s), 8 cores each and 8 GPU(s) (nvidia-a100-80gb): 8 rank(s) per node" in cluster.describe()
