@@ -141,7 +141,10 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
     },
     help={
         "cluster": CLUSTER_HELP,
-        "nodes": "ranks to run, one per node (the local cluster: processes); default every node",
+        "nodes": (
+            "nodes (machines) to train on: one rank each, one per GPU on GPU nodes "
+            "(the local cluster: processes); default every node"
+        ),
         "run": RUN_HELP + "; a rerun of the same name resumes from its snapshot",
         "dataset": "data/<dataset> to train on (default {default})",
         "launcher": "fabric (default: each rank started over SSH), mpirun (Intel MPI from the head) or torchrun",
