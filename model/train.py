@@ -233,7 +233,8 @@ class Trainer:
         if probe is not None:
             probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
-        norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer) if clip else None
+        on_device = self.on_gpu or self.guard_on_device
+        norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer, on_device) if clip else None
         if self.guard_on_device:
             return self.step_judged_on_device(total / steps, norm, probe)
         loss: torch.Tensor | float = total / steps

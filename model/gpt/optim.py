@@ -58,7 +58,10 @@ def gradient_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def clip_gradients(
-    params: Iterable[torch.Tensor], max_norm: float, optimizer: torch.optim.Optimizer | None = None
+    params: Iterable[torch.Tensor],
+    max_norm: float,
+    optimizer: torch.optim.Optimizer | None = None,
+    on_device: bool | None = None,
 ) -> torch.Tensor:
     """Scale the gradients so their global L2 norm is at most max_norm; returns the norm before
     clipping, as torch.nn.utils.clip_grad_norm_ does. Unlike it, the gradients are left untouched
@@ -68,10 +71,11 @@ def clip_gradients(
     Given the optimizer that steps next, and where that is torch's own fused Adam/AdamW, the scale
     goes to its step instead: the grad_scale its kernel divides each gradient by as it reads it (the
     hook torch's GradScaler uses), which saves a read and a write of every gradient (~25 ms of a
-    GPT-2-small step here). Elsewhere (ZeRO's wrapper, IPEX's step) the gradients are multiplied."""
+    GPT-2-small step here). Elsewhere (ZeRO's wrapper, IPEX's step) the gradients are multiplied.
+    on_device: decide without reading the norm back (clip_on_device); None: where the gradients are on a GPU."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = gradient_norm(grads)
-    if norm.device.type != "cpu":
+    if on_device if on_device is not None else norm.device.type != "cpu":
         clip_on_device(grads, norm, max_norm, optimizer)
         return norm
     clipping = bool(norm.isfinite() and norm > max_norm)
@@ -93,7 +97,7 @@ def clip_on_device(
     divisor = torch.where(clipping, (norm + 1e-6) / max_norm, torch.ones_like(norm))
     if takes_grad_scale(optimizer):
         optimizer.grad_scale = divisor.float()  # type: ignore[union-attr]
-    else:
+    elif grads:
         torch._foreach_mul_(grads, (1.0 / divisor).to(grads[0].dtype))
 
 

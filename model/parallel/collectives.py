@@ -112,7 +112,8 @@ def gather_on_rank0(obj: Any, world_size: int) -> list[Any] | None:
 
 def is_peer_failure(error: BaseException) -> bool:
     """Collective failures: gloo reports a dead peer as a connection reset/closed, a hung one as a
-    timeout; both arrive as DistError subclasses or RuntimeErrors from the backend."""
+    timeout; both arrive as DistError subclasses or RuntimeErrors from the backend (NCCL's name
+    themselves: "NCCL error", which "ccl" matches)."""
     if isinstance(error, dist.DistError):
         return True
     text = str(error).lower()

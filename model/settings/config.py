@@ -123,9 +123,10 @@ class TrainConfig:
     eval_only: bool = False
     """Evaluate once and exit without training."""
     peak_flops: float = 0.0
-    """Peak FLOP/s of ONE rank, the MFU denominator. 0: measure it at start with a square matmul in
-    the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
-    actually sustains."""
+    """Peak FLOP/s of ONE rank, the MFU denominator. 0: on a CPU measure it at start with a square
+    matmul in the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
+    actually sustains; on a GPU the data sheet's dense peak for the training dtype (measured when
+    the GPU is not in model.monitoring.mfu's table)."""
 
     # --- numerics and speed ----------------------------------------------------------------------
     device: str = "auto"
