@@ -1,6 +1,6 @@
 """The trainer's GPU path, run on the CPU: a step that reads nothing back to the host, the guard
 judged on the device and settled a step late, clipping decided on the device, and snapshots and RNG
-states that move between GPU and CPU machines. Real GPU runs are tests/model/test_gpu.py's."""
+states that move between GPU and CPU machines. Real GPU runs are the gpu-marked tests'."""
 
 from __future__ import annotations
 
