@@ -6,6 +6,12 @@ Launch one process per rank with torchrun, mpirun or `mpirun ... accelerate laun
 model.parallel.distributed); with no launcher it trains as a single process. Rank 0 alone reads the
 pretrained weights or the snapshot it resumes from and hands the state to the others over the
 process group, so only the head node needs the run directory. See docs/training.md#the-trainer.
+
+On GPUs it runs one rank per GPU (rank r of a node on cuda:LOCAL_RANK, model.gpt.device), in the
+precision the GPU's capability allows (model.gpt.precision), compiled, over NCCL. A GPU step reads
+nothing back to the host except at log steps and evaluations: the loss stays a tensor, clipping and
+the step guard decide on the device (model.gpt.optim.clip_on_device, StepGuard.judge_on_device), and
+per-step host agreements (the stop check) travel over a CPU group beside NCCL.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hashlib
 import logging
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model.checkpointing.checkpoint import CheckpointError
 from model.checkpointing.snapshot_writer import SnapshotWriter, capture
-from model.checkpointing.start import read_start_state, restore_rng
+from model.checkpointing.start import read_start_state, restore_rng, rng_state
 from model.conventions import (
     CKPT_NAME,
     EXIT_BUDGET,
@@ -35,14 +42,24 @@ from model.conventions import (
     SNAPSHOT_NAME,
 )
 from model.data.batches import DataError, TokenBatches
+from model.gpt.device import CudaFacts, describe_device, resolve_device
 from model.gpt.model import GPT, GPTConfig
-from model.gpt.optim import clip_gradients, learning_rate_at
-from model.gpt.precision import autocast, keep_freed_memory, maybe_compile, maybe_ipex_optimize, resolve_dtype
+from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at, takes_grad_scale
+from model.gpt.precision import (
+    apply_precision,
+    autocast,
+    choose_precision,
+    compile_enabled,
+    cpu_bf16_capable,
+    keep_freed_memory,
+    maybe_compile,
+    maybe_ipex_optimize,
+)
 from model.monitoring import health_probe, step_timing
 from model.monitoring.budget import BudgetWatch, budget_watch
 from model.monitoring.health import TrainingDiverged
 from model.monitoring.metrics import MetricsLog
-from model.monitoring.mfu import measure_matmul_peak, model_flops_utilization
+from model.monitoring.mfu import gpu_peak_flops, measure_matmul_peak, model_flops_utilization
 from model.monitoring.stop_signal import StopRequested, StopSignal
 from model.parallel import comm_hooks, distributed, zero
 from model.parallel.bucket_warmup import warm_up_buckets
@@ -67,18 +84,38 @@ class Trainer:
     budget: BudgetWatch | None = None
     """Rank 0's budget rule when the run has one (model.monitoring.budget): it asks stop_signal for the stop."""
 
-    def __init__(self, cfg: TrainConfig, env: distributed.RankEnv):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        env: distributed.RankEnv,
+        device: torch.device | None = None,
+        cuda: CudaFacts | None = None,
+    ):
+        """device: this rank's (train() chooses it before the process group); None: chosen here."""
         self.cfg, self.env = cfg, env
         self.is_rank0 = env.rank == 0
         self.out_dir = Path(cfg.out_dir)
-        self.dtype = resolve_dtype(cfg.mixed_precision)
-        self.data = TokenBatches(cfg.data_dir, cfg.block_size, cfg.batch_size, cfg.seed, env.rank)
+        if device is None:
+            device, cuda = resolve_device(cfg.device, env.local_rank)
+        self.device, self.cuda = device, cuda or CudaFacts(False, 0)
+        self.on_gpu = device.type == "cuda"
+        cpu_bf16 = not self.on_gpu and cfg.mixed_precision != "fp32" and cpu_bf16_capable()
+        self.precision = choose_precision(cfg.mixed_precision, device.type, self.cuda.capability, cpu_bf16)
+        apply_precision(self.precision)
+        self.dtype = self.precision.dtype
+        # fp16 only (a GPU without bf16): scales the loss so small gradients survive (model.gpt.precision).
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision.grad_scaler else None
+        self.data = TokenBatches(cfg.data_dir, cfg.block_size, cfg.batch_size, cfg.seed, env.rank, device)
 
         start, payload = read_start_state(cfg, env)
         torch.manual_seed(cfg.seed)  # identical initial weights everywhere; DDP syncs them anyway
         self.raw_model = GPT(GPTConfig(**start.model_config))
         if payload is not None:  # rank 0: the weights it read
             self.raw_model.load_state_dict(payload.pop("model"))
+        if self.on_gpu:
+            self.raw_model.to(device)
+        if self.scaler is not None and start.grad_scaler is not None:
+            self.scaler.load_state_dict(start.grad_scaler)
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
         self.start_iter = start.iter_num if start.resumed_from else None
 
@@ -88,20 +125,37 @@ class Trainer:
             if env.world_size > 1:
                 optimizer_state = broadcast_tensors(optimizer_state)
             self.optimizer.load_state_dict(optimizer_state)
-        restore_rng(start, cfg, env)
+        restore_rng(start, cfg, env, device)
 
-        self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
+        ipex = False
+        if not self.on_gpu:  # IPEX optimises for Intel CPUs
+            self.raw_model, self.optimizer, ipex = maybe_ipex_optimize(self.raw_model, self.optimizer, self.dtype)
+        self.compiled = compile_enabled(cfg.compile, device.type)
         # Per-block statistics, the step guard and its test seam (model.monitoring.health_probe).
-        self.probe, self.guard = health_probe.install(self, cfg.health)
-        self.model = maybe_compile(self.raw_model, cfg.compile)
-        # Measured once: MFU's denominator, and the compute estimate grad_compression auto weighs.
-        self.peak_flops = cfg.peak_flops or measure_matmul_peak(self.dtype)
+        self.probe, self.guard = health_probe.install(self, cfg.health, self.compiled)
+        # On a GPU the guard judges each step on the device and settles its books a step late; that
+        # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
+        self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
+        self.pending_verdict: tuple[health_probe.DeviceVerdict, int] | None = None
+        self.model = maybe_compile(self.raw_model, self.compiled)
+        # Once: MFU's denominator, and the compute estimate grad_compression auto weighs.
+        if cfg.peak_flops:
+            self.peak_flops, peak_source = cfg.peak_flops, "peak_flops"
+        elif self.on_gpu:
+            self.peak_flops, peak_source = gpu_peak_flops(self.cuda.name, self.dtype, self.precision.tf32, device)
+        else:
+            self.peak_flops = measure_matmul_peak(self.dtype)
+            peak_source = f"measured matmul peak, {torch.get_num_threads()} threads"
         self.ddp = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
+        self.timing_mark: tuple[float, int] | None = None  # GPU: (clock after a sync, iteration) for log steps
         if env.world_size > 1:
             # Constructing DDP broadcasts rank 0's parameters, so every rank starts from its weights.
             self.ddp = DistributedDataParallel(
-                self.model, bucket_cap_mb=cfg.ddp_bucket_cap_mb, gradient_as_bucket_view=True
+                self.model,
+                device_ids=[device.index] if self.on_gpu else None,
+                bucket_cap_mb=cfg.ddp_bucket_cap_mb,
+                gradient_as_bucket_view=True,
             )
             comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=self.step_timer.wrap)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
@@ -112,16 +166,18 @@ class Trainer:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, dtype %s, compile %s, IPEX %s; %d tokens per optimizer step; "
-            "MFU against %.1f GFLOP/s per rank (%s)",
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s; %d tokens per "
+            "optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
-            str(self.dtype).removeprefix("torch."),
-            cfg.compile,
+            describe_device(device, self.cuda),
+            self.precision.name + (" with a gradient scaler" if self.scaler is not None else ""),
+            self.precision.reason,
+            self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
             "applied" if ipex else "not used",
             self.tokens_per_iter,
             self.peak_flops / 1e9,
-            "peak_flops" if cfg.peak_flops else f"measured matmul peak, {torch.get_num_threads()} threads",
+            peak_source,
         )
 
     # -- steps --
@@ -131,22 +187,23 @@ class Trainer:
         self.model.eval()
         losses = {}
         for split in ("train", "val"):
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=self.device)  # read back once, at the end
             for k in range(self.cfg.eval_iters):
                 # The same windows at every eval, so successive val losses (and ckpt.pt's choice)
                 # compare the model, not the sample.
                 x, y = self.data.get(split, 0, k, stream="eval")
-                with autocast(self.dtype):
+                with autocast(self.dtype, self.device.type):
                     _, loss = self.model(x, y)
-                total += loss.item()
-            losses[split] = all_ranks_mean(total / self.cfg.eval_iters, self.env.world_size)
+                total += loss.detach().double()  # float64, as the sum of Python floats was
+            losses[split] = all_ranks_mean(total.item() / self.cfg.eval_iters, self.env.world_size)
         self.model.train()
         return losses
 
-    def train_step(self) -> float:
+    def train_step(self) -> torch.Tensor | float:
         """One optimizer step: accumulate gradients over the micro-batches, syncing on the last; the
         step guard may leave it unapplied (model.monitoring.health_probe). Returns the step's loss (with the
-        guard, already the mean over ranks)."""
+        guard, already the mean over ranks): a tensor unless the guard read it on the host, so a GPU step
+        waits for nothing (float() it at log steps)."""
         lr = learning_rate_at(self.iter_num, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -156,36 +213,101 @@ class Trainer:
         probe = self.probe if self.probe is not None and self.iter_num % self.cfg.health.interval == 0 else None
         if probe is not None:  # a measuring step
             probe.start()
-        total = 0.0
+        total: torch.Tensor | None = None
         for micro_step in range(steps):
             x, y = self.data.get("train", self.iter_num, micro_step)
             last = micro_step == steps - 1
             sync = contextlib.nullcontext() if (last or self.ddp is None) else self.ddp.no_sync()
             with sync:
-                with autocast(self.dtype):
-                    _, loss = model(x, y)
+                with autocast(self.dtype, self.device.type):
+                    _, micro_loss = model(x, y)
                 # DDP averages gradients over ranks; dividing here averages over micro-steps.
-                (loss / steps).backward()
-            total += loss.item()
+                scaled = micro_loss / steps
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            # Summed as a float64 tensor: the same numbers as summing loss.item()s, without a read-back.
+            part = micro_loss.detach().double()
+            total = part if total is None else total + part
+        assert total is not None  # steps >= 1
+        if self.scaler is not None:  # true gradients for the norm, clipping and the probe; on the device
+            self.scaler.unscale_(self.optimizer)
         if probe is not None:
             probe.after_backward()  # gradient norms before clipping
         clip = self.cfg.grad_clip
-        norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer) if clip else None
-        loss, problem = total / steps, None
+        on_device = self.on_gpu or self.guard_on_device
+        norm = clip_gradients(self.raw_model.parameters(), clip, self.optimizer, on_device) if clip else None
+        if self.guard_on_device:
+            return self.step_judged_on_device(total / steps, norm, probe)
+        loss: torch.Tensor | float = total / steps
+        problem = None
+        overflow = self.scaler_overflow()
         if guard is not None:
-            loss, problem = guard.judge(loss, norm, self.raw_model.parameters(), self.env.world_size)
+            loss, problem = guard.judge(float(loss), norm, self.raw_model.parameters(), self.env.world_size)
+            if problem is not None and problem[0] == "nonfinite_grad" and overflow:
+                problem = None  # the fp16 scaler's overflow: it skips the step and lowers its scale
         if problem is None:
             if probe is not None:
                 probe.before_update()
-            self.optimizer.step()
-            if guard is not None:
-                guard.applied(loss)
+            self.optimizer_step()
+            if guard is not None and not overflow:
+                guard.applied(float(loss))
+        elif self.scaler is not None:
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if probe is not None:
             health_probe.record_health(self, probe)
         if guard is not None and problem is not None:  # nothing was applied: record it, roll back if due
             health_probe.skip_step(self, guard, *problem)
         return loss
+
+    def optimizer_step(self) -> None:
+        """optimizer.step(), through the gradient scaler when there is one (it skips an overflowing step)."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def scaler_overflow(self) -> bool:
+        """Whether the fp16 scaler found inf/NaN gradients this step (a host read: ZeRO's path only)."""
+        if self.scaler is None or self.guard is None:
+            return False
+        return bool(sum(v.item() for v in self.scaler._found_inf_per_device(self.optimizer).values()))
+
+    def step_judged_on_device(
+        self, local_loss: torch.Tensor, norm: torch.Tensor | None, probe: health_probe.HealthProbe | None
+    ) -> torch.Tensor:
+        """The rest of a GPU step with the guard: judged on the device, skipped by the fused AdamW's
+        found_inf, its books settled one step later (model.monitoring.health_probe's docstring)."""
+        assert self.guard is not None
+        if norm is None:  # grad_clip=0: the guard still needs the norm
+            norm = gradient_norm([p.grad for p in self.raw_model.parameters() if p.grad is not None])
+        overflow = None
+        if self.scaler is not None:
+            overflow = sum(self.scaler._found_inf_per_device(self.optimizer).values())
+        verdict = self.guard.judge_on_device(local_loss, norm, self.env.world_size, overflow)
+        if probe is not None:
+            probe.before_update()
+        self.optimizer.found_inf = verdict.found_inf  # type: ignore[attr-defined]
+        self.optimizer.step()
+        del self.optimizer.found_inf  # type: ignore[attr-defined]
+        if self.scaler is not None:
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        verdict.send()
+        if probe is not None:
+            health_probe.record_health(self, probe)
+        self.settle_guard()  # the previous step's, long finished on the GPU: waits for nothing now running
+        self.pending_verdict = (verdict, self.iter_num)
+        return verdict.loss
+
+    def settle_guard(self) -> None:
+        """Keep the guard's books for the step judged on the device and not yet settled (if any): before
+        reading or writing snapshots and at the end, so a rollback due happens first. Every rank, together."""
+        if self.pending_verdict is None or self.guard is None:
+            return
+        verdict, iteration = self.pending_verdict
+        self.pending_verdict = None
+        health_probe.settle_verdict(self, self.guard, verdict, iteration)
 
     # -- outputs (rank 0) --
 
@@ -220,7 +342,8 @@ class Trainer:
         with also_checkpoint write ckpt.pt (weights only) of it too. A collective: every rank calls
         it at the same step. Rank 0 copies the state in memory and writes snapshot.pt then ckpt.pt
         in the background (model.checkpointing.snapshot_writer), waiting first for any previous write."""
-        rng = gather_on_rank0({"torch": torch.get_rng_state()}, self.env.world_size)
+        self.settle_guard()
+        rng = gather_on_rank0(rng_state(self.device), self.env.world_size)
         if self.is_rank0:
             self.snapshot_writer.wait()  # never two copies of the state in memory at once
         optimizer_state = zero.optimizer_state_on_rank0(self.optimizer, self.is_rank0)
@@ -230,6 +353,8 @@ class Trainer:
             zero.release_consolidated(self.optimizer)
             payload = state["payload"]
             snapshot = payload | dict(optimizer=state["optimizer"], rng=rng)
+            if self.scaler is not None:
+                snapshot["grad_scaler"] = self.scaler.state_dict()
             writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
             if also_checkpoint:
                 writes.append((payload, self.out_dir / CKPT_NAME))
@@ -252,20 +377,41 @@ class Trainer:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
             if cfg.eval_only or ((self.iter_num % cfg.eval_interval == 0 or at_end) and not resuming_here):
+                self.settle_guard()
                 self.eval_and_checkpoint()
                 self.realign()
+                self.timing_mark = None
             if cfg.eval_only or at_end:
+                self.settle_guard()
                 return
             self.step_timer.start()
             loss = self.train_step()
+            logging_step = self.iter_num % cfg.log_interval == 0
+            if logging_step and self.on_gpu:  # the GPU's queued work is part of the step
+                torch.cuda.synchronize(self.device)
             step = self.step_timer.stop()
-            if self.iter_num % cfg.log_interval == 0:  # the guard has averaged the loss over ranks already
+            if logging_step:  # the guard has averaged the loss over ranks already
+                if self.on_gpu:
+                    step = self.gpu_step_time(step)
+                loss = float(loss)
                 self.log_step(loss if self.guard is not None else all_ranks_mean(loss, self.env.world_size), step)
             self.iter_num += 1
             if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
                 self.budget.check(self.iter_num, step.step_s, self.stop_signal)
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
                 self.snapshot_and_stop(self.stop_signal)
+
+    def gpu_step_time(self, step: step_timing.StepTime) -> step_timing.StepTime:
+        """On a GPU the host runs ahead of the device, so one step's host time says little: a log step's
+        time is the mean over the steps since the previous log step (both synchronised), or the step's
+        own when there is none since the last evaluation."""
+        now = time.perf_counter()
+        mark, self.timing_mark = self.timing_mark, (now, self.iter_num + 1)
+        if mark is None or mark[1] >= self.iter_num + 1:
+            return step
+        mean = (now - mark[0]) / (self.iter_num + 1 - mark[1])
+        wait = min(step.wait_s, mean)
+        return step_timing.StepTime(mean, mean - wait, wait)
 
     def snapshot_and_stop(self, stop: StopSignal) -> None:
         """Every rank, after the same completed step: the snapshot collective, then StopRequested
@@ -297,16 +443,18 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         if not self.is_rank0:  # the step is global: one line per step, from rank 0
             return
+        peak_gb = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.on_gpu else None
         log.info(
-            "iter %d: loss %.4f, lr %.3e, %.1f ms, %.0f tokens/s, MFU %.1f%%",
+            "iter %d: loss %.4f, lr %.3e, %.1f ms, %.0f tokens/s, MFU %.1f%%%s",
             self.iter_num,
             loss,
             lr,
             iter_s * 1e3,
             tokens_per_s,
             100 * mfu,
+            "" if peak_gb is None else f", peak GPU memory {peak_gb:.2f} GiB",
         )
-        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank)
+        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank, peak_gb)
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -326,11 +474,12 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     distributed.check_world_size(env, cfg.expected_world_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    backend = distributed.resolve_backend(cfg.backend)
+    device, cuda = resolve_device(cfg.device, env.local_rank)  # sets the current GPU before NCCL starts
+    backend = distributed.resolve_backend(cfg.backend, device.type)
     if env.world_size > 1:
-        distributed.init_process_group(env, backend, cfg.collective_timeout_s)
+        distributed.init_process_group(env, backend, cfg.collective_timeout_s, device)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
-    trainer = Trainer(cfg, env)
+    trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
     if stop is None and cfg.budget_usd > 0:  # the budget stop travels in the stop agreement
         stop = StopSignal(cfg.stop_grace_s)

@@ -36,10 +36,19 @@ def capture(state: Any, reuse: Any = None) -> Any:
     overwritten in place where shape and dtype match. Copying into fresh memory costs the kernel's
     page faults (GPT-2 small + AdamW: ~4 s on one thread, bench/snapshot.py), copying into pages
     already mapped only the memcpy, so the trainer keeps one copy for every snapshot of the run.
+    The copy is always in host memory: a GPU's tensors are copied to the CPU (no second copy of the
+    state in GPU memory, and the file loads on a machine without a GPU).
     """
     if isinstance(state, torch.Tensor):
-        if isinstance(reuse, torch.Tensor) and reuse.shape == state.shape and reuse.dtype == state.dtype:
+        if (
+            isinstance(reuse, torch.Tensor)
+            and reuse.shape == state.shape
+            and reuse.dtype == state.dtype
+            and reuse.device.type == "cpu"
+        ):
             return reuse.copy_(state.detach())
+        if state.device.type != "cpu":
+            return state.detach().to("cpu")
         return state.detach().clone()
     if isinstance(state, dict):
         reuse = reuse if isinstance(reuse, dict) else {}

@@ -48,6 +48,8 @@ class StartState:
     """The snapshot's path when resuming, else None."""
     gradient_accumulation_steps: int | None = None
     """On a resume: the accumulation that keeps the snapshot's global batch on this world size."""
+    grad_scaler: dict[str, Any] | None = None
+    """The fp16 gradient scaler's state (scale, growth tracker) when the snapshot has one."""
 
 
 def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
@@ -147,6 +149,7 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
                 payload.get("rng"),
                 str(snapshot),
                 resume_accumulation(cfg, env.world_size, payload),
+                payload.get("grad_scaler"),
             )
         if cfg.init_from == "scratch":
             return StartState(dataclasses.asdict(scratch_model_config(cfg)))
@@ -170,11 +173,28 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
     return start, (payload_box if env.rank == 0 and payload_box else None)
 
 
-def restore_rng(start: StartState, cfg: TrainConfig, env: RankEnv) -> None:
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This rank's RNG states for the snapshot: the CPU generator's, and on a GPU its generator's
+    too (dropout on a GPU draws from the GPU's)."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(start: StartState, cfg: TrainConfig, env: RankEnv, device: torch.device | None = None) -> None:
     """This rank's RNG as the snapshot left it; else a fresh seed per rank (different dropout masks
-    per rank, reproducibly)."""
+    per rank, reproducibly). What the snapshot has is restored: a GPU's state resumed on a CPU is
+    left unused, and a CPU snapshot resumed on a GPU seeds the GPU's generator afresh."""
+    device = device or torch.device("cpu")
     if start.rng is not None and len(start.rng) == env.world_size:
-        torch.set_rng_state(start.rng[env.rank]["torch"])
+        saved = start.rng[env.rank]
+        torch.set_rng_state(saved["torch"])
+        if device.type == "cuda":
+            if "cuda" in saved:
+                torch.cuda.set_rng_state(saved["cuda"], device)
+            else:
+                torch.cuda.manual_seed(cfg.seed + 1 + env.rank + start.iter_num * env.world_size)
         return
     if start.rng is not None:
         log.warning(

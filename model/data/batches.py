@@ -6,6 +6,9 @@ micro_step): every rank draws different windows, a resumed run draws exactly the
 uninterrupted run would have, and a test can rebuild any rank's batch in another process.
 The memmap is opened anew for every batch: numpy memmaps keep pages referenced while they live,
 and one held for a whole run grows the process's resident memory towards the file's size.
+For a GPU the batch is gathered into pinned (page-locked) host memory and copied with
+non_blocking=True: the copy runs on the GPU's queue while the host goes on, instead of the host
+waiting for it.
 """
 
 from __future__ import annotations
@@ -28,8 +31,17 @@ class DataError(RuntimeError):
 class TokenBatches:
     """Batches of (inputs, targets) int64 tensors of shape (batch_size, block_size) for one rank."""
 
-    def __init__(self, data_dir: str | Path, block_size: int, batch_size: int, seed: int, rank: int):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        device: torch.device | str = "cpu",
+    ):
         self.block_size, self.batch_size, self.seed, self.rank = block_size, batch_size, seed, rank
+        self.device = torch.device(device)
         self.paths = {split: split_path(data_dir, split) for split in SPLITS}
         self.tokens = {split: self._check(path) for split, path in self.paths.items()}
 
@@ -64,4 +76,6 @@ class TokenBatches:
         data = np.memmap(self.paths[split], dtype=TOKEN_DTYPE, mode="r")
         windows = torch.from_numpy(data[starts[:, None] + np.arange(self.block_size + 1)].astype(np.int64))
         del data
+        if self.device.type == "cuda":
+            windows = windows.pin_memory().to(self.device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:]

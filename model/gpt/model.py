@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model.gpt.fused_loss import linear_cross_entropy
+from model.gpt.fused_loss import IGNORE_INDEX, linear_cross_entropy
 from model.settings.shape_rules import PRESETS, SHAPE_RULES  # noqa: F401 (PRESETS: OpenAI's sizes, imported from here)
 
 
@@ -176,11 +176,15 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, mean loss)
-        (positions with target -1 are ignored): the loss never materialises the logits
-        (model.gpt.fused_loss)."""
+        (positions with target -1 are ignored): on a CPU the loss never materialises the logits
+        (model.gpt.fused_loss, a CPU kernel); on a GPU it is the plain path, logits and
+        F.cross_entropy, which fused GPU kernels (and torch.compile) already serve well."""
         hidden = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(hidden), None
+        if hidden.device.type != "cpu":
+            logits = self.lm_head(hidden)
+            return None, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         return None, linear_cross_entropy(hidden, self.lm_head.weight, targets)
 
     def crop_block_size(self, block_size: int) -> None:

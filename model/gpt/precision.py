@@ -1,10 +1,16 @@
-"""Numeric precision and CPU acceleration choices, shared by the trainer, sampling and benchmarks
+"""Numeric precision and acceleration choices, shared by the trainer, sampling and benchmarks
 (the fused AdamW kernel is model.gpt.optim's).
 
 bf16 autocast pays off only where the CPU multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere
 PyTorch emulates it and it is slower than fp32. intel-extension-for-pytorch (IPEX) is optional and
 archived upstream: it is used only when installed for this torch's major.minor, because importing a
 mismatched IPEX calls exit(127) and would kill the trainer.
+
+On a GPU the choice follows its compute capability (choose_precision, a pure function of the setting,
+the device type and the capability, so tests use a table of GPUs): bf16 autocast from 8.0 (A100, L4,
+H100), where tensor cores multiply bf16; before that (T4 7.5, V100 7.0) fp16 autocast with a gradient
+scaler, since fp16's range is too narrow for unscaled gradients. From 8.0 the fp32 matmuls left
+outside autocast use TF32 tensor cores.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import ctypes
 import importlib.metadata
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from model.conventions import BF16_CPU_FLAGS, MIXED_PRECISION_CHOICES
+from model.settings.config_values import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +55,102 @@ def cpu_bf16_capable(cpuinfo: str | None = None) -> bool:
     return any(flag in cpu_flags(cpuinfo) for flag in BF16_CPU_FLAGS)
 
 
+BF16_MIN_CAPABILITY = (8, 0)
+"""GPUs from Ampere (A100: 8.0) on multiply bf16 on tensor cores and have TF32; earlier ones do not."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The training precision of one rank: what autocast runs in and whether gradients are scaled."""
+
+    dtype: torch.dtype
+    """autocast's dtype (torch.float32: no autocast)."""
+    device_type: str
+    """"cpu" or "cuda": autocast's device type."""
+    grad_scaler: bool = False
+    """fp16: scale the loss (torch.amp.GradScaler) so small gradients do not underflow."""
+    tf32: bool = False
+    """Let fp32 matmuls use TF32 tensor cores (GPUs of capability >= 8.0)."""
+    reason: str = ""
+    """Why, for the trainer's start line."""
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+def choose_precision(
+    setting: str, device_type: str, capability: tuple[int, int] | None = None, cpu_bf16: bool = False
+) -> Precision:
+    """The precision for mixed_precision=setting on device_type ("cpu" | "cuda"): on a GPU by its
+    compute capability, on a CPU by whether it multiplies bf16 natively (cpu_bf16). fp16 on a CPU is a
+    ConfigError (CPU autocast has no gradient scaler, and fp16 gains nothing there)."""
+    if setting not in MIXED_PRECISION_CHOICES:
+        raise ValueError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {setting!r}")
+    if device_type != "cuda":
+        if setting == "fp16":
+            raise ConfigError(
+                "mixed_precision=fp16 needs a GPU (it runs with a gradient scaler there); on a CPU use "
+                "mixed_precision=auto, bf16 or fp32"
+            )
+        if setting == "fp32":
+            return Precision(torch.float32, "cpu", reason="mixed_precision=fp32")
+        if setting == "bf16":
+            if not cpu_bf16:
+                log.warning(
+                    "mixed_precision=bf16 on a CPU without %s: bf16 is emulated and slower than fp32",
+                    " or ".join(BF16_CPU_FLAGS),
+                )
+            why = "mixed_precision=bf16" + ("" if cpu_bf16 else " (emulated: the CPU has no native bf16)")
+            return Precision(torch.bfloat16, "cpu", reason=why)
+        if cpu_bf16:
+            return Precision(torch.bfloat16, "cpu", reason="auto: the CPU multiplies bf16 natively")
+        return Precision(torch.float32, "cpu", reason=f"auto: the CPU lacks {' and '.join(BF16_CPU_FLAGS)}")
+    major, minor = capability or (0, 0)
+    ampere = (major, minor) >= BF16_MIN_CAPABILITY
+    where = f"capability {major}.{minor}"
+    tf32 = f"; TF32 matmuls {'on' if ampere else 'off'}"
+    if setting == "fp32":
+        return Precision(torch.float32, "cuda", tf32=ampere, reason=f"mixed_precision=fp32 ({where}{tf32})")
+    if setting == "fp16":
+        return Precision(torch.float16, "cuda", True, ampere, f"mixed_precision=fp16 with a gradient scaler{tf32}")
+    if setting == "bf16":
+        if not ampere:
+            log.warning("mixed_precision=bf16 on a GPU of %s (< 8.0): bf16 is emulated and slow; fp16 is not", where)
+        return Precision(torch.bfloat16, "cuda", tf32=ampere, reason=f"mixed_precision=bf16 ({where}{tf32})")
+    if ampere:
+        return Precision(torch.bfloat16, "cuda", tf32=True, reason=f"auto: {where} >= 8.0 multiplies bf16{tf32}")
+    why = f"auto: {where} < 8.0 has no fast bf16: fp16 with a gradient scaler{tf32}"
+    return Precision(torch.float16, "cuda", grad_scaler=True, reason=why)
+
+
+def apply_precision(precision: Precision) -> None:
+    """Process-wide settings the precision asks for: TF32 matmuls on GPUs that have them."""
+    if precision.device_type == "cuda" and precision.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def resolve_dtype(mixed_precision: str, cpuinfo: str | None = None) -> torch.dtype:
-    """torch.bfloat16 or torch.float32 for "auto" | "fp32" | "bf16".
+    """torch.bfloat16 or torch.float32 for "auto" | "fp32" | "bf16" on the CPU.
 
     "auto" picks bf16 only where the CPU has amx_bf16 or avx512_bf16. An explicit "bf16" is
-    honoured even without them (correct, just slower than fp32), with a warning.
+    honoured even without them (correct, just slower than fp32), with a warning. "fp16" is a
+    ConfigError (GPU only: choose_precision).
     """
     if mixed_precision not in MIXED_PRECISION_CHOICES:
         raise ValueError(
             f"mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {mixed_precision!r}"
         )
-    if mixed_precision == "fp32":
-        return torch.float32
-    capable = cpu_bf16_capable(cpuinfo)
-    if mixed_precision == "auto":
-        return torch.bfloat16 if capable else torch.float32
-    if not capable:
-        log.warning(
-            "mixed_precision=bf16 on a CPU without %s: bf16 is emulated and slower than fp32",
-            " or ".join(BF16_CPU_FLAGS),
-        )
-    return torch.bfloat16
+    capable = cpu_bf16_capable(cpuinfo) if mixed_precision != "fp32" else False
+    return choose_precision(mixed_precision, "cpu", cpu_bf16=capable).dtype
 
 
-def autocast(dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    """CPU autocast to dtype; a no-op context for fp32."""
+def autocast(dtype: torch.dtype, device_type: str = "cpu") -> contextlib.AbstractContextManager:
+    """Autocast to dtype on device_type ("cpu" | "cuda"); a no-op context for fp32."""
     if dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type="cpu", dtype=dtype)
+    return torch.autocast(device_type=device_type, dtype=dtype)
 
 
 def _major_minor(version: str) -> tuple[int, int] | None:
@@ -155,6 +231,12 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def compile_enabled(setting: bool | None, device_type: str) -> bool:
+    """TrainConfig.compile: None (auto) compiles on a GPU, where fusing the elementwise kernels pays
+    for the compile at once, and not on a CPU (unchanged there: off unless asked)."""
+    return device_type == "cuda" if setting is None else setting
 
 
 def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:

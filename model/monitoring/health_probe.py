@@ -27,6 +27,17 @@ bf16 autocast on CPU needs no GradScaler (bf16 has fp32's exponent range), so no
 for overflow: this guard is the only check. Every rank takes the same decision: the gradients are
 DDP's averages, identical on every rank, and the loss checked is the mean over ranks (one all-reduce
 of one number per step), which is non-finite when any rank's is.
+
+On a GPU the same decision is taken on the device (judge_on_device): reading the loss and the norm
+back every step would make the host wait for each step to finish, so the GPU would idle while the
+host queues the next one. The verdict (skip or apply) goes to torch's fused AdamW as found_inf, the
+tensor GradScaler uses to skip an overflowing step: the kernel leaves weights, moments and step
+count as they were. The host learns the verdict one step late (settle(), after queuing the next
+step, from a pinned copy whose event has long completed) and then keeps the books exactly as on
+the CPU: skip records, the running mean, rollbacks (late by that one step). The one difference: the
+spike threshold is the running mean as the host knows it, without the step just before. With an
+fp16 gradient scaler, an overflow is the scaler's business (it skips and lowers its scale): it is
+not counted as a skip, since the first steps of every fp16 run overflow while the scale settles.
 """
 
 from __future__ import annotations
@@ -100,6 +111,11 @@ class HealthProbe:
         self._grad_norms: torch.Tensor | None = None
         self._weights: list[list[torch.Tensor]] | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """Where the blocks live: the statistics are reduced there (on a GPU, read back at finish() only)."""
+        return next((p.device for params in self.params for p in params), torch.device("cpu"))
+
     def start(self) -> None:
         """Hook every block's forward for this step's training micro-steps."""
         self._acts = [[] for _ in self.blocks]
@@ -116,7 +132,7 @@ class HealthProbe:
                         [
                             y.abs().amax().float(),
                             y.float().pow(2).sum(),
-                            torch.tensor(float(y.numel())),
+                            torch.tensor(float(y.numel()), device=y.device),
                             x.abs().amax().float(),
                         ]
                     )
@@ -133,7 +149,9 @@ class HealthProbe:
         for params in self.params:
             grads = [p.grad for p in params if p.grad is not None]
             norms.append(
-                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                if grads
+                else torch.zeros((), device=self.device)
             )
         self._grad_norms = torch.stack(norms).float()
 
@@ -143,7 +161,8 @@ class HealthProbe:
     def finish(self, iteration: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
         """The blocks' statistics and the largest growth (see model.monitoring.health); all ranks call it, together.
         Without before_update (a skipped step), the update ratio is 0."""
-        nothing = torch.tensor([[math.nan, math.nan, 1.0, math.nan]])  # no activations measured
+        device = self.device
+        nothing = torch.tensor([[math.nan, math.nan, 1.0, math.nan]], device=device)  # no activations measured
         acts = torch.stack([torch.stack(a) if a else nothing for a in self._acts])  # (blocks, micro, 4)
         maxes = torch.stack([acts[:, :, 0].amax(1), acts[:, :, 3].amax(1)])
         # The sums, and which maxes are NaN (gloo's MAX drops NaNs, yet one rank's NaN is the news).
@@ -152,7 +171,7 @@ class HealthProbe:
             dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
             dist.all_reduce(sums)
             maxes[sums[2:] > 0] = math.nan
-        ratios = torch.zeros(len(self.blocks))
+        ratios = torch.zeros(len(self.blocks), device=device)
         if self._weights is not None:
             for i, (params, before) in enumerate(zip(self.params, self._weights, strict=True)):
                 delta = torch.stack(torch._foreach_norm(torch._foreach_sub([p.detach() for p in params], before)))
@@ -211,6 +230,41 @@ class StepGuard:
         norm = clipped_norm.item() if clipped_norm is not None else grad_norm(list(params))
         return loss, self.check(loss, norm)
 
+    def spike_threshold(self) -> float | None:
+        """The loss above which check() calls a step a spike (None: no spike check yet)."""
+        if self.cfg.spike_factor and self.applied_steps >= self.cfg.spike_warmup and self.losses:
+            return self.cfg.spike_factor * sum(self.losses) / len(self.losses)
+        return None
+
+    def judge_on_device(
+        self,
+        local_loss: torch.Tensor,
+        norm: torch.Tensor,
+        world_size: int,
+        overflow: torch.Tensor | None = None,
+    ) -> DeviceVerdict:
+        """check() without leaving the device (see the module docstring): the verdict as tensors, and
+        the found_inf for the fused optimizer (1.0: skip the update). overflow: the gradient scaler's
+        found_inf, a skip that is not the guard's."""
+        loss = local_loss.double()
+        if world_size > 1:
+            dist.all_reduce(loss)
+            loss = loss / world_size
+        code = torch.where(
+            ~loss.isfinite(),
+            REASON_CODES["nonfinite_loss"],
+            torch.where(~norm.isfinite(), REASON_CODES["nonfinite_grad"], 0),
+        )
+        if overflow is not None:  # the scaler's own skip, not counted (module docstring)
+            code = torch.where((code == REASON_CODES["nonfinite_grad"]) & (overflow > 0), OVERFLOW_CODE, code)
+        threshold = self.spike_threshold()
+        if threshold is not None:
+            code = torch.where((code == 0) & (loss > threshold), REASON_CODES["loss_spike"], code)
+        found_inf = (code > 0).float()
+        if overflow is not None:
+            found_inf = torch.maximum(found_inf, (overflow > 0).float())
+        return DeviceVerdict(loss, norm.double(), code, found_inf)
+
     def applied(self, loss: float) -> None:
         self.losses.append(loss)
         self.applied_steps += 1
@@ -227,13 +281,61 @@ class StepGuard:
         self.applied_since_rollback = False
 
 
-def install(trainer: GuardedTrainer, cfg: HealthConfig) -> tuple[HealthProbe | None, StepGuard | None]:
+REASON_CODES = {"nonfinite_loss": 1, "nonfinite_grad": 2, "loss_spike": 3}
+"""check()'s reasons as the numbers a verdict on the device carries (0: apply)."""
+OVERFLOW_CODE = 4
+"""The fp16 gradient scaler found an overflow: skipped by the scaler, not by the guard."""
+
+
+class DeviceVerdict:
+    """One step's verdict taken on the device (StepGuard.judge_on_device), and its way to the host:
+    send() starts a copy to pinned host memory, settle() waits for it (one step later)."""
+
+    def __init__(self, loss: torch.Tensor, norm: torch.Tensor, code: torch.Tensor, found_inf: torch.Tensor):
+        self.loss, self.norm, self.code, self.found_inf = loss, norm, code, found_inf
+        self._host: torch.Tensor | None = None
+        self._event: Any = None
+
+    def send(self) -> None:
+        """Queue the copy to the host behind the step's work; returns at once on a GPU."""
+        values = torch.stack([self.loss, self.norm, self.code.double()])
+        if values.device.type == "cuda":
+            self._host = torch.empty(3, dtype=torch.float64, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = values
+
+    def settle(self) -> tuple[float, float, int]:
+        """(loss, gradient norm, reason code): waits for the step it belongs to, not for later ones."""
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._host is not None, "settle() before send()"
+        loss, norm, code = self._host.tolist()
+        return loss, norm, int(code)
+
+
+def settle_verdict(trainer: GuardedTrainer, guard: StepGuard, verdict: DeviceVerdict, iteration: int) -> None:
+    """The host's books for a step judged on the device: what applied()/skip_step() do on the CPU."""
+    loss, norm, code = verdict.settle()
+    if code == 0:
+        guard.applied(loss)
+    elif code != OVERFLOW_CODE:
+        reason = next(name for name, c in REASON_CODES.items() if c == code)
+        skip_step(trainer, guard, reason, norm if reason == "nonfinite_grad" else loss, iteration)
+
+
+def install(
+    trainer: GuardedTrainer, cfg: HealthConfig, compiled: bool | None = None
+) -> tuple[HealthProbe | None, StepGuard | None]:
     """The trainer's probe (None: health.interval=0) and guard (None: health.guard=false); the test
-    fault's hook, if one is configured."""
+    fault's hook, if one is configured. compiled: whether the model is compiled (default: the config's)."""
     blocks = trainer.raw_model.transformer.h
+    compiled = bool(trainer.cfg.compile) if compiled is None else compiled
     # Hooks added to a compiled model on measuring steps would not be traced: gradients and updates only.
-    probe = HealthProbe(blocks, trainer.env.world_size, activations=not trainer.cfg.compile) if cfg.interval else None
-    if probe is not None and trainer.cfg.compile and trainer.is_rank0:
+    probe = HealthProbe(blocks, trainer.env.world_size, activations=not compiled) if cfg.interval else None
+    if probe is not None and compiled and trainer.is_rank0:
         log.info("health: no activation statistics with compile=true (gradient norms and update ratios only)")
     guard = StepGuard(cfg) if cfg.guard else None
     fault = cfg.fault()
@@ -260,13 +362,15 @@ def record_health(trainer: GuardedTrainer, probe: HealthProbe) -> None:
             )
 
 
-def skip_step(trainer: GuardedTrainer, guard: StepGuard, reason: str, value: float) -> None:
-    """The guard rejected this step, which was not applied: log and record it; roll back when due."""
+def skip_step(
+    trainer: GuardedTrainer, guard: StepGuard, reason: str, value: float, iteration: int | None = None
+) -> None:
+    """The guard rejected this step (iteration: the trainer's, unless settled late), which was not
+    applied: log and record it; roll back when due."""
+    iteration = trainer.iter_num if iteration is None else iteration
     if trainer.is_rank0:
-        log.warning(
-            "iter %d: step skipped (%s: %s): weights and optimizer state unchanged", trainer.iter_num, reason, value
-        )
-        trainer.metrics.event("skip", trainer.iter_num, reason, value=json_number(value))
+        log.warning("iter %d: step skipped (%s: %s): weights and optimizer state unchanged", iteration, reason, value)
+        trainer.metrics.event("skip", iteration, reason, value=json_number(value))
     if guard.skipped():
         roll_back(trainer, guard, f"{guard.consecutive_skips} skipped steps in a row")
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from model.parallel.collectives import CommHook, ddp_hook
+from model.parallel.collectives import CommHook, collective_device, ddp_hook
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]
     process has no other rank to compare with: no fields."""
     if world_size <= 1:
         return {}
-    mine = torch.tensor([step.step_s, step.compute_s, step.wait_s], dtype=torch.float64) * 1e3
+    times = [step.step_s, step.compute_s, step.wait_s]
+    mine = torch.tensor(times, dtype=torch.float64, device=collective_device()) * 1e3
     parts = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(parts, mine)
     by_rank = torch.stack(parts).tolist()

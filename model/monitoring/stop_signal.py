@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from model.conventions import EXIT_STOPPED
+from model.parallel.distributed import control_group
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,9 @@ class StopSignal:
         agreed_code then says why (the highest code asked for on any rank)."""
         code = max(STOP_SIGNALLED if self.requested.is_set() else 0, self.requested_code)
         if world_size > 1:
+            # On the CPU even beside nccl (control_group): checked every step, it must not wait for the GPU.
             flag = torch.tensor([code], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group())
             code = int(flag.item())
         self.agreed_code = code
         return bool(code)

@@ -45,6 +45,8 @@ class ResumingTrainer(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
     @property
+    def device(self) -> torch.device: ...
+    @property
     def optimizer(self) -> torch.optim.Optimizer: ...
     @property
     def is_rank0(self) -> bool: ...
@@ -57,13 +59,18 @@ def warm_up_buckets(trainer: ResumingTrainer) -> float | None:
     if trainer.ddp is None or trainer.start_iter is None:
         return None
     started = time.perf_counter()
-    rng = torch.get_rng_state()  # dropout draws from it
+    rng = torch.get_rng_state()  # dropout draws from it (on a GPU from the GPU's generator)
+    on_gpu = trainer.device.type == "cuda"
+    gpu_rng = torch.cuda.get_rng_state(trainer.device) if on_gpu else None
     x, y = trainer.data.get("train", trainer.iter_num, 0)  # the real step's shapes; reading moves nothing
-    with autocast(trainer.dtype):
+    with autocast(trainer.dtype, trainer.device.type):
         _, loss = trainer.ddp(x, y)
     loss.backward()
     trainer.optimizer.zero_grad(set_to_none=True)
     torch.set_rng_state(rng)
+    if gpu_rng is not None:
+        torch.cuda.set_rng_state(gpu_rng, trainer.device)
+        torch.cuda.synchronize(trainer.device)  # its time is reported
     seconds = time.perf_counter() - started
     if trainer.is_rank0:
         log.info(

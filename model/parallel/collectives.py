@@ -1,7 +1,9 @@
 """Moving values between the ranks of a running job, and telling a failed collective from a bug.
 
 Every helper takes the world size and does nothing collective in a single process, so the trainer
-reads the same with one rank or many. All ranks must call a helper together (they are collectives).
+reads the same with one rank or many. NCCL moves GPU memory only: the helpers put what they send on
+collective_device() (this rank's GPU under nccl, else the CPU) and hand back what they received
+where the caller keeps it. All ranks must call a helper together (they are collectives).
 The communication hooks that move DDP's gradients (model.parallel.comm_hooks) share CommHook and
 ddp_hook from here.
 """
@@ -26,10 +28,19 @@ def ddp_hook(hook: Hook) -> Hook:
     return hook
 
 
+def collective_device() -> torch.device:
+    """Where tensors of a collective must live: the current GPU under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def broadcast_tensors(obj: Any) -> Any:
     """Give every rank rank 0's copy of a nested structure of tensors (e.g. an optimizer state
-    dict): the layout goes as a small pickled skeleton, the tensors as plain broadcasts."""
+    dict): the layout goes as a small pickled skeleton, the tensors as plain broadcasts. Under nccl
+    the tensors cross on the GPU and the other ranks receive them there; rank 0 keeps its own."""
     tensors: list[torch.Tensor] = []
+    device = collective_device()
 
     def skeleton(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -43,7 +54,7 @@ def broadcast_tensors(obj: Any) -> Any:
 
     def materialize(x: Any) -> Any:
         if isinstance(x, tuple) and len(x) == 3 and x[0] == "__tensor__":
-            tensors.append(torch.empty(x[1], dtype=x[2]))
+            tensors.append(torch.empty(x[1], dtype=x[2], device=device))
             return tensors[-1]
         if isinstance(x, dict):
             return {k: materialize(v) for k, v in x.items()}
@@ -55,7 +66,10 @@ def broadcast_tensors(obj: Any) -> Any:
     dist.broadcast_object_list(box, src=0)
     result = obj if dist.get_rank() == 0 else materialize(box[0])
     for t in tensors:
-        dist.broadcast(t, src=0)
+        if t.device == device:
+            dist.broadcast(t, src=0)
+        else:  # rank 0's CPU copy under nccl: sent from a GPU copy
+            dist.broadcast(t.to(device), src=0)
     return result
 
 
@@ -82,7 +96,7 @@ def all_ranks_mean(value: float, world_size: int) -> float:
     """The mean of value over all ranks, on every rank."""
     if world_size == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return t.item() / world_size
 
@@ -98,7 +112,8 @@ def gather_on_rank0(obj: Any, world_size: int) -> list[Any] | None:
 
 def is_peer_failure(error: BaseException) -> bool:
     """Collective failures: gloo reports a dead peer as a connection reset/closed, a hung one as a
-    timeout; both arrive as DistError subclasses or RuntimeErrors from the backend."""
+    timeout; both arrive as DistError subclasses or RuntimeErrors from the backend (NCCL's name
+    themselves: "NCCL error", which "ccl" matches)."""
     if isinstance(error, dist.DistError):
         return True
     text = str(error).lower()

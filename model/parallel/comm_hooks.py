@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from model.parallel import powersgd
-from model.parallel.collectives import CommHook, ddp_hook
+from model.parallel.collectives import CommHook, collective_device, ddp_hook
 from model.settings.config import TrainConfig
 
 log = logging.getLogger("model.parallel.comm_hooks")
@@ -136,19 +136,29 @@ def one_network(world_size: int) -> bool:
 def measure_link(ddp: DistributedDataParallel, cfg: TrainConfig, peak_flops: float) -> LinkEstimate:
     """Time an fp32 all-reduce of PROBE_BYTES and estimate the step's compute at this rank's matmul
     peak (the one the trainer measured for MFU); a collective."""
-    dist.all_reduce(torch.zeros(1024))  # connections are set up outside the timing
-    probe = torch.zeros(PROBE_BYTES // 4)
+    device = collective_device()  # the gradients' own path: the GPU under nccl
+    dist.all_reduce(torch.zeros(1024, device=device))  # connections are set up outside the timing
+    probe = torch.zeros(PROBE_BYTES // 4, device=device)
     best = float("inf")
     for _ in range(PROBE_REPEATS):
         dist.barrier()
+        synchronize(device)
         started = time.perf_counter()
         dist.all_reduce(probe)
+        synchronize(device)  # nccl returns once the reduction is queued
         best = min(best, time.perf_counter() - started)
     parameters = sum(p.numel() for p in ddp.module.parameters() if p.requires_grad)
     tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
-    slowest = torch.tensor([best / PROBE_BYTES, 6 * parameters * tokens / peak_flops], dtype=torch.float64)
+    estimates = [best / PROBE_BYTES, 6 * parameters * tokens / peak_flops]
+    slowest = torch.tensor(estimates, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank decides from the same numbers
     return LinkEstimate(slowest[0].item(), slowest[1].item(), 4 * parameters)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def register(

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import inspect
 import logging
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -114,11 +116,19 @@ def check_world_size(env: RankEnv, expected: int | None, environ: Mapping[str, s
     )
 
 
-def resolve_backend(requested: str) -> str:
-    """auto -> ccl when the oneCCL bindings import (they register the backend), else gloo."""
+def resolve_backend(requested: str, device_type: str = "cpu") -> str:
+    """On a GPU: auto -> nccl (gloo, slower, is allowed). On a CPU: auto -> ccl when the oneCCL bindings
+    import (they register the backend), else gloo; nccl is an error there (it moves GPU memory only)."""
     if requested not in BACKEND_CHOICES:
         raise DistributedSetupError(
             f"backend must be {', '.join(BACKEND_CHOICES[:-1])} or {BACKEND_CHOICES[-1]}, got {requested!r}"
+        )
+    if device_type == "cuda" and requested in ("auto", "nccl"):
+        return "nccl"
+    if requested == "nccl":
+        raise DistributedSetupError(
+            "backend=nccl needs a GPU but this rank computes on the CPU (device=cpu, or no GPU visible with "
+            "device=auto): use backend=auto or gloo, or run on a GPU node"
         )
     if requested == "gloo":
         return "gloo"
@@ -145,25 +155,50 @@ def export_torch_env(env: RankEnv) -> None:
     )
 
 
-def init_process_group(env: RankEnv, backend: str, timeout_s: float) -> None:
+def init_process_group(env: RankEnv, backend: str, timeout_s: float, device: torch.device | None = None) -> None:
     """Join the job. timeout_s bounds the rendezvous and every later collective (so a dead peer
-    turns into an error on the survivors rather than a hang)."""
+    turns into an error on the survivors rather than a hang). device: this rank's GPU with nccl,
+    bound to the group up front (connections set up eagerly, barrier() knows its GPU)."""
     # torch._dynamo (imported on first use by DDP and torch.compile) keeps references to the
     # process group that exists when it is imported, so that group outlives destroy_process_group and
     # is freed only at interpreter shutdown, where gloo's threads die mid-teardown ("terminate called
     # without an active exception"). Imported before the group exists, it holds none.
     importlib.import_module("torch._dynamo")
     export_torch_env(env)
+    extra: dict[str, Any] = {}
+    if backend == "nccl" and device is not None and device.type == "cuda" and _takes_device_id():
+        extra["device_id"] = device
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
+        **extra,
     )
+    global _control_group
+    if backend == "nccl":  # host-side agreements (the stop check every step) must not wait on the GPU
+        _control_group = dist.new_group(backend="gloo")
+
+
+_control_group: Any = None
+
+
+def control_group() -> Any:
+    """The process group for small host-side agreements: a gloo group beside nccl (a CPU all-reduce
+    does not wait for the GPU's queued work, so it adds no device sync to a step), else None (the
+    default group, already on the CPU)."""
+    return _control_group
+
+
+def _takes_device_id() -> bool:
+    """Whether this torch's init_process_group accepts device_id (2.3 and later)."""
+    return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
 def destroy_process_group() -> None:
+    global _control_group
+    _control_group = None
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -65,6 +65,9 @@ def compressible(shape: torch.Size, rank: int) -> bool:
 def orthonormalise_rows(rows: torch.Tensor) -> None:
     """Modified Gram-Schmidt over the rows of an r x n matrix, in place (r is small). A row that
     is (nearly) zero stays zero instead of dividing by zero."""
+    if rows.device.type != "cpu":
+        orthonormalise_rows_on_device(rows)
+        return
     for i in range(rows.shape[0]):
         row = rows[i]
         for j in range(i):
@@ -74,6 +77,17 @@ def orthonormalise_rows(rows: torch.Tensor) -> None:
             row.div_(norm)
         else:
             row.zero_()
+
+
+def orthonormalise_rows_on_device(rows: torch.Tensor) -> None:
+    """orthonormalise_rows without reading a number back to the host (on a GPU each .item() would
+    wait for the queued work): the same arithmetic with the coefficients kept as tensors."""
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        for j in range(i):
+            row.sub_(rows[j] * torch.dot(row, rows[j]))
+        norm = row.norm()
+        row.mul_((norm > 1e-12) / norm.clamp_min(1e-12))
 
 
 @ddp_hook
@@ -106,12 +120,15 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     if index not in state.qs:
         generator = torch.Generator().manual_seed(state.seed * 1000 + index)
         q_numel = sum(r * m.shape[1] for r, m in zip(ranks, matrices, strict=True))
-        state.qs[index] = torch.randn(q_numel, generator=generator)
+        # Drawn on the CPU: the same start on every device type.
+        state.qs[index] = torch.randn(q_numel, generator=generator).to(buffer.device)
     qs = split_rows(state.qs[index], ranks, [m.shape[1] for m in matrices])
 
     # One all-reduce carries the vectors and every P^T = Q^T M^T of the bucket.
     vector_numel = sum(v.numel() for v in vectors)
-    sent = torch.empty(vector_numel + sum(r * m.shape[0] for r, m in zip(ranks, matrices, strict=True)))
+    sent = torch.empty(
+        vector_numel + sum(r * m.shape[0] for r, m in zip(ranks, matrices, strict=True)), device=buffer.device
+    )
     if vectors:
         torch.cat([v.reshape(-1) for v in vectors], out=sent[:vector_numel])
     ps = split_rows(sent[vector_numel:], ranks, [m.shape[0] for m in matrices])

@@ -123,9 +123,10 @@ class TrainConfig:
     eval_only: bool = False
     """Evaluate once and exit without training."""
     peak_flops: float = 0.0
-    """Peak FLOP/s of ONE rank, the MFU denominator. 0: measure it at start with a square matmul in
-    the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
-    actually sustains."""
+    """Peak FLOP/s of ONE rank, the MFU denominator. 0: on a CPU measure it at start with a square
+    matmul in the training dtype on this rank's threads (logged), so MFU is relative to what this CPU
+    actually sustains; on a GPU the data sheet's dense peak for the training dtype (measured when
+    the GPU is not in model.monitoring.mfu's table)."""
 
     # --- numerics and speed ----------------------------------------------------------------------
     device: str = "auto"
@@ -134,8 +135,9 @@ class TrainConfig:
     mixed_precision: str = "auto"
     """auto (bf16 autocast where the CPU has amx_bf16 or avx512_bf16 or the GPU supports bf16; fp16
     with a gradient scaler on GPUs without bf16; else fp32), fp32, bf16 or fp16 (GPU only)."""
-    compile: bool = False
-    """torch.compile the model (the first steps are slow while it compiles)."""
+    compile: bool | None = None
+    """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
+    on a CPU no (bench/train_step.py weighs it there)."""
     threads: int = 0
     """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
     seed: int = 1337
@@ -242,6 +244,11 @@ class TrainConfig:
                 "mixed_precision",
                 self.mixed_precision in MIXED_PRECISION_CHOICES,
                 f"one of {', '.join(MIXED_PRECISION_CHOICES)}",
+            ),
+            (
+                "mixed_precision",
+                not (self.device == "cpu" and self.mixed_precision == "fp16"),
+                "auto, fp32 or bf16 with device=cpu (fp16 needs a GPU)",
             ),
             ("threads", self.threads >= 0, ">= 0 (0 keeps torch's default)"),
             ("seed", 0 <= self.seed < 2**31, "in [0, 2^31)"),

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from model.parallel.powersgd import compressible
+from model.parallel.powersgd import compressible, orthonormalise_rows, orthonormalise_rows_on_device
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration
@@ -117,3 +118,14 @@ def test_a_gradient_of_rank_r_crosses_exactly(two_ranks):
     _, where = next(offsets())
     assert torch.allclose(torch.tensor(last["out"])[where], torch.tensor(last["low_rank"]), atol=1e-4)
     assert torch.tensor(last["error"])[where].abs().max() < 1e-4
+
+
+def test_the_device_orthonormalisation_matches_the_host_one() -> None:
+    torch.manual_seed(0)
+    rows = torch.randn(4, 64)
+    rows[2] = 0  # a zero row stays zero in both
+    host, device = rows.clone(), rows.clone()
+    orthonormalise_rows(host)
+    orthonormalise_rows_on_device(device)
+    torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-6)
+    assert torch.equal(device[2], torch.zeros(64))

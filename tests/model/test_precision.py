@@ -18,6 +18,7 @@ from model.gpt.precision import (
     maybe_ipex_optimize,
     resolve_dtype,
 )
+from model.settings.config_values import ConfigError
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 COOPER_LAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
@@ -57,7 +58,12 @@ def test_explicit_bf16_without_native_support_is_honoured_with_a_warning(
 
 
 def test_unknown_mixed_precision_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="mixed_precision must be one of auto, fp32, bf16, got 'fp16'"):
+    with pytest.raises(ValueError, match="mixed_precision must be one of auto, fp32, bf16, fp16, got 'fp8'"):
+        resolve_dtype("fp8", SAPPHIRE_RAPIDS)
+
+
+def test_fp16_on_the_cpu_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="mixed_precision=fp16 needs a GPU"):
         resolve_dtype("fp16", SAPPHIRE_RAPIDS)
 
 

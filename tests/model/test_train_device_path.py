@@ -1,0 +1,193 @@
+"""The trainer's GPU path, run on the CPU: a step that reads nothing back to the host, the guard
+judged on the device and settled a step late, clipping decided on the device, and snapshots and RNG
+states that move between GPU and CPU machines. Real GPU runs are the gpu-marked tests'."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+from model import train
+from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
+from model.checkpointing.start import StartState, restore_rng, rng_state
+from model.gpt.optim import clip_gradients
+from model.monitoring.health_probe import StepGuard
+from model.parallel.distributed import RankEnv
+from model.settings.config import load_config
+from model.settings.health_config import HealthConfig
+from tests.model.conftest import TINY_RUN
+from tests.model.test_health import StepRecorder, assert_bitwise_equal, records, run_args
+
+SINGLE = RankEnv(0, 1, 0, "127.0.0.1", 29500, "single-process")
+HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
+"""Tensor methods that read a value back to the host: on a GPU each waits for the queued work."""
+
+
+class HostReads:
+    """Counts host reads of tensors, by the function that asked (a seam over torch.Tensor)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.by_caller: Counter[str] = Counter()
+        self.active = False
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(original))
+
+    def _counted(self, original: Any) -> Any:
+        def read(tensor: torch.Tensor, *args: Any) -> Any:
+            caller = sys._getframe(1).f_code
+            # model.gpt.fused_loss is the CPU's loss kernel; a GPU computes the loss with F.cross_entropy.
+            if self.active and not caller.co_filename.endswith("fused_loss.py"):
+                self.by_caller[caller.co_name] += 1
+            return original(tensor, *args)
+
+        return read
+
+
+def tiny_trainer(tmp_path, data, *extra: str) -> train.Trainer:
+    cfg = load_config(None, [*TINY_RUN, f"data_dir={data}", f"out_dir={tmp_path / 'run'}", "threads=1", *extra])
+    trainer = train.Trainer(cfg, SINGLE)
+    trainer.out_dir.mkdir(parents=True, exist_ok=True)
+    return trainer
+
+
+def test_a_step_on_the_device_path_reads_back_only_the_previous_steps_verdict(tmp_path, random_tokens, monkeypatch):
+    trainer = tiny_trainer(tmp_path, random_tokens, "health.interval=0", "gradient_accumulation_steps=3")
+    assert trainer.guard is not None
+    trainer.guard_on_device = True  # what a GPU with the fused AdamW takes; the CPU's fused kernel has found_inf too
+    reads = HostReads(monkeypatch)
+    losses = []
+    for _ in range(4):
+        reads.active = True
+        losses.append(trainer.train_step())
+        reads.active = False
+        trainer.iter_num += 1
+    trainer.settle_guard()
+    assert set(reads.by_caller) == {"settle"}  # DeviceVerdict.settle: a pinned host copy on a GPU
+    assert reads.by_caller["settle"] == 3  # steps 0..2 settled during steps 1..3
+    assert all(isinstance(loss, torch.Tensor) for loss in losses)
+    assert trainer.guard.applied_steps == 4 and math.isfinite(float(losses[-1]))
+
+
+def test_the_loss_is_summed_without_a_read_per_micro_step_on_the_cpu(tmp_path, random_tokens, monkeypatch):
+    trainer = tiny_trainer(tmp_path, random_tokens, "health.interval=0", "health.guard=false", "grad_clip=0")
+    reads = HostReads(monkeypatch)
+    reads.active = True
+    loss = trainer.train_step()
+    reads.active = False
+    assert isinstance(loss, torch.Tensor) and reads.by_caller == Counter()
+
+
+def guard_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = train.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.guard_on_device = self.guard is not None
+
+    monkeypatch.setattr(train.Trainer, "__init__", init)
+
+
+def test_a_nan_step_judged_on_the_device_is_skipped_by_found_inf(tmp_path, random_tokens, monkeypatch):
+    guard_on_device(monkeypatch)
+    recorder = StepRecorder(monkeypatch, at={3, 4})
+    args = run_args(tmp_path, random_tokens, "max_iters=8", "health.test_fault=nan:1@3")
+    assert train.main(args) == 0
+    assert_bitwise_equal(*recorder.states[3])  # parameters, AdamW moments and its step count
+    before, after = recorder.states[4]
+    assert not torch.equal(before["param/lm_head.weight"], after["param/lm_head.weight"])
+    assert [(r["iter"], r["reason"], r["value"]) for r in records(tmp_path, "skip")] == [(3, "nonfinite_loss", "nan")]
+
+
+def test_consecutive_bad_steps_judged_on_the_device_still_roll_back(tmp_path, random_tokens, monkeypatch):
+    guard_on_device(monkeypatch)
+    faults = ("health.rollback_after=3", "health.test_fault=nan:0@5-7")
+    args = run_args(tmp_path, random_tokens, "max_iters=10", "eval_interval=4", *faults)
+    assert train.main(args) == 0
+    assert [r["iter"] for r in records(tmp_path, "skip")] == [5, 6, 7]
+    (rollback,) = records(tmp_path, "rollback")
+    assert rollback["to_iter"] == 4  # settled a step late: at iteration 8's step, before its eval
+    assert math.isfinite(records(tmp_path, "train")[-1]["loss"])
+
+
+def test_a_spike_judged_on_the_device_uses_the_threshold_the_host_knows() -> None:
+    guard = StepGuard(HealthConfig(spike_warmup=2, spike_factor=3.0))
+    for loss in (1.0, 1.0):
+        guard.applied(loss)
+    norm = torch.tensor(0.5)
+    assert guard.judge_on_device(torch.tensor(2.0), norm, 1).code.item() == 0
+    spike = guard.judge_on_device(torch.tensor(3.5), norm, 1)
+    assert spike.code.item() == 3 and spike.found_inf.item() == 1.0
+    overflow = guard.judge_on_device(torch.tensor(1.0), torch.tensor(math.inf), 1, overflow=torch.tensor(1.0))
+    assert overflow.code.item() == 4 and overflow.found_inf.item() == 1.0  # the scaler's skip, not counted
+    nan_grad = guard.judge_on_device(torch.tensor(1.0), torch.tensor(math.nan), 1)
+    assert nan_grad.code.item() == 2
+
+
+@pytest.mark.parametrize("scale", [0.1, 100.0])
+def test_clipping_on_the_device_matches_the_host_path(scale: float) -> None:
+    torch.manual_seed(0)
+    grads = [torch.randn(64, 32) * scale, torch.randn(32) * scale]
+
+    def run(on_device: bool) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        clip_gradients(params, 1.0, None, on_device=on_device)
+        return [p.grad for p in params]
+
+    for host, device in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(device, host, rtol=1e-6, atol=0)
+
+
+# --- snapshots between GPU and CPU machines -----------------------------------------------------------
+
+
+def test_a_snapshot_saved_from_a_gpu_loads_on_a_cpu(tmp_path, tiny_model, monkeypatch):
+    path = tmp_path / "snapshot.pt"
+    payload = dict(
+        model=tiny_model.state_dict(),
+        model_config={},
+        config={},
+        iter_num=3,
+        best_val_loss=1.0,
+        rng=[{"torch": torch.get_rng_state(), "cuda": torch.zeros(16, dtype=torch.uint8)}],
+    )
+    # torch.save records each storage's device as its location tag: tag them as a GPU's would be.
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        save_checkpoint(payload, path)
+    if not torch.cuda.is_available():  # the fake works: without map_location the file wants a GPU
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=True)
+    loaded = load_checkpoint(path)
+    assert all(t.device.type == "cpu" for t in loaded["model"].values())
+    assert torch.equal(loaded["model"]["lm_head.weight"], tiny_model.state_dict()["lm_head.weight"])
+
+
+def test_an_rng_payload_from_a_gpu_restores_on_a_cpu() -> None:
+    torch.manual_seed(5)
+    saved = rng_state(torch.device("cpu"))
+    assert set(saved) == {"torch"}  # a CPU rank saves the CPU generator only
+    expected = torch.rand(3)
+    start = StartState({}, iter_num=4, rng=[saved | {"cuda": torch.zeros(16, dtype=torch.uint8)}], resumed_from="x")
+    cfg = load_config(None, [])
+    torch.manual_seed(99)
+    restore_rng(start, cfg, SINGLE, torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_resumed_run_with_gpu_rng_entries_continues_on_the_cpu(tmp_path, random_tokens):
+    args = [*TINY_RUN, f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "threads=1", "eval_interval=2"]
+    assert train.main([*args, "max_iters=2"]) == 0
+    snapshot = tmp_path / "run" / "snapshot.pt"
+    payload = load_checkpoint(snapshot)
+    payload["rng"] = [entry | {"cuda": torch.zeros(16, dtype=torch.uint8)} for entry in payload["rng"]]
+    save_checkpoint(payload, snapshot)
+    assert train.main([*args, "max_iters=4"]) == 0
+    assert load_checkpoint(snapshot)["iter_num"] == 4
