@@ -137,7 +137,7 @@ def estimate_rank_memory(
             "autocast copies": 2.0 * p if half else 0.0,
             "powersgd": 4.0 * p if powersgd else 0.0,
             "activations": tokens * ACTIVATION_BYTES_PER_LAYER * n_embd * n_layer * (0.5 if half else 1.0) + logits,
-            "compile": COMPILE_CUDA_GB * GB if cfg.compile else 0.0,
+            "compile": COMPILE_CUDA_GB * GB if cfg.compile is not False else 0.0,  # None: on, on a GPU
         }
         return MemoryEstimate(parts, p)
     parts = {
@@ -172,6 +172,6 @@ def estimate_host_memory(
     parts = {
         "runtime": (RUNTIME_GB + CUDA_HOST_GB) * GB,
         "snapshot copy": 12.0 * p if rank0 else 0.0,
-        "compile": COMPILE_GB * GB if cfg.compile else 0.0,
+        "compile": COMPILE_GB * GB if cfg.compile is not False else 0.0,  # None: on, on a GPU
     }
     return MemoryEstimate(parts, p)
