@@ -160,9 +160,7 @@ def estimate_rank_memory(
     return MemoryEstimate(parts, p)
 
 
-def estimate_host_memory(
-    cfg: TrainConfig, rank0: bool, shape: tuple[int, int] | None = None
-) -> MemoryEstimate | None:
+def estimate_host_memory(cfg: TrainConfig, rank0: bool, shape: tuple[int, int] | None = None) -> MemoryEstimate | None:
     """What a GPU rank keeps in host memory: the runtime with the CUDA libraries, rank 0's snapshot
     copy of weights and AdamW (12P, also what a resume reads), the compiler; None when the shape is unknown."""
     shape = shape or shape_of(cfg)
