@@ -23,7 +23,8 @@ from model.checkpointing.checkpoint import CheckpointError, load_model
 from model.checkpointing.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
 from model.conventions import (
     DEVICE_CHOICES,
-    SAMPLE_MAX_NEW_TOKENS,     SAMPLE_SEED,
+    SAMPLE_MAX_NEW_TOKENS,
+    SAMPLE_SEED,
     SAMPLE_TEMPERATURE,
     SAMPLE_TOP_K,
 )
