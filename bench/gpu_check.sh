@@ -117,6 +117,7 @@ fi
 
 # --- 4. snapshot and exact resume ----------------------------------------------------------------
 echo "== 4. resume"
+mkdir -p "$WORK/random" "$WORK/english"
 bounded 30 "$PYTHON" -c '
 import sys
 import numpy as np
@@ -140,7 +141,7 @@ if resume_run "$WORK/straight" 8 && resume_run "$WORK/resumed" 4 && resume_run "
         record resume FAIL "resumed at '${at}': final sha256 '${resumed}' vs uninterrupted '${straight}'"
     fi
 else
-    record resume FAIL "a run failed: $(tail -3 "$WORK"/*.log | tr '\n' ' ' | cut -c1-300)"
+    record resume FAIL "a run failed: $(tail -n 3 "$WORK"/straight.log "$WORK"/resumed.log | tr '\n' ' ' | cut -c1-300)"
 fi
 
 # --- 5. a short run's sample text ----------------------------------------------------------------
@@ -157,12 +158,16 @@ split = int(len(tokens) * 0.9)
 write_split(sys.argv[1], "train", tokens[:split])
 write_split(sys.argv[1], "val", tokens[split:])'
 if ! bounded 60 "$PYTHON" -c "$english" "$WORK/english" 2>"$WORK/english.err"; then
-    record sample SKIP "no GPT-2 vocabulary: $(tail -1 "$WORK/english.err" | cut -c1-200)"
+    if grep -q TokenizerUnavailable "$WORK/english.err"; then
+        record sample SKIP "no GPT-2 vocabulary (copy ~/.cache/nanocluster/tiktoken to ./.tiktoken)"
+    else
+        record sample FAIL "tokenizing the text: $(tail -1 "$WORK/english.err" | cut -c1-200)"
+    fi
 elif bounded 90 "$PYTHON" -m model.train "${TINY[@]}" model.n_layer=4 model.n_embd=256 model.n_head=4 \
         block_size=128 batch_size=32 "data_dir=$WORK/english" "out_dir=$WORK/english-run" max_iters=300 \
         eval_interval=300 learning_rate=1e-3 log_interval=100 >"$WORK/english.log" 2>&1; then
     grep -E 'iter [0-9]+: loss|val loss|device|precision' "$WORK/english.log" | tail -4
-    bounded 60 "$PYTHON" -m model.sample --ckpt "$WORK/english-run/ckpt.pt" --prompt "The import statement" \
+    bounded 60 "$PYTHON" -m model.sample --ckpt "$WORK/english-run/snapshot.pt" --prompt "The import statement" \
         --max-new-tokens 40 --seed 1 --device cuda >"$WORK/sample.txt" 2>&1
     code=$?
     cat "$WORK/sample.txt"

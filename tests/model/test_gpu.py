@@ -202,7 +202,7 @@ def test_a_gpu_checkpoint_samples_on_the_gpu_and_the_cpu(scratch_run):
     texts = {}
     for device in ("cuda", "cpu", "cuda"):
         proc = subprocess.run(
-            [PYTHON, "-m", "model.sample", "--ckpt", str(out / "ckpt.pt"), "--prompt", "Hello", "--seed", "3",
+            [PYTHON, "-m", "model.sample", "--ckpt", str(out / "snapshot.pt"), "--prompt", "Hello", "--seed", "3",
              "--max-new-tokens", "8", "--device", device],
             cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
         )  # fmt: skip
@@ -211,7 +211,7 @@ def test_a_gpu_checkpoint_samples_on_the_gpu_and_the_cpu(scratch_run):
         texts.setdefault(device, set()).add(proc.stdout)
     assert len(texts["cuda"]) == 1  # the same seed on the same GPU: the same text
     # In process: the same checkpoint on the GPU and on the CPU computes the same logits (to fp32 sums).
-    on_gpu, on_cpu = (load_for_sampling(out / "ckpt.pt", device) for device in ("cuda", "cpu"))
+    on_gpu, on_cpu = (load_for_sampling(out / "snapshot.pt", device) for device in ("cuda", "cpu"))
     assert next(on_gpu.parameters()).is_cuda and not next(on_cpu.parameters()).is_cuda
     idx = torch.tensor([gpt2_encoding().encode("Hello world")])
     with torch.no_grad():
@@ -224,12 +224,12 @@ def test_a_gpu_checkpoint_samples_on_the_gpu_and_the_cpu(scratch_run):
 def test_a_gpu_checkpoint_exports_cpu_tensors(scratch_run, tmp_path):
     out, _ = scratch_run
     proc = subprocess.run(
-        [PYTHON, "-m", "model.export", "--ckpt", str(out / "ckpt.pt"), "--out", str(tmp_path / "hf")],
+        [PYTHON, "-m", "model.export", "--ckpt", str(out / "snapshot.pt"), "--out", str(tmp_path / "hf")],
         cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    reference = load_model(out / "ckpt.pt").state_dict()
-    from_gpu = export_model(load_model(out / "ckpt.pt").cuda(), tmp_path / "from-gpu")  # a model still on the GPU
+    reference = load_model(out / "snapshot.pt").state_dict()
+    from_gpu = export_model(load_model(out / "snapshot.pt").cuda(), tmp_path / "from-gpu")  # a model still on the GPU
     for directory in (tmp_path / "hf", from_gpu):
         tensors = load_file(directory / SAFETENSORS_FILE)
         assert {t.device.type for t in tensors.values()} == {"cpu"}
