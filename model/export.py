@@ -5,6 +5,9 @@
 writes config.json and model.safetensors, which transformers' GPT2LMHeadModel.from_pretrained (and
 model.checkpointing.hf.load_pretrained) load. The directory appears complete or not at all: it is written to a
 temporary sibling and renamed into place (model.atomic.atomic_directory).
+
+The checkpoint is read onto the CPU, so one written on a GPU exports on a machine without one, and the
+tensors written are CPU tensors whatever device the model given to export_model is on.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class ExportError(RuntimeError):
 
 
 def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) -> Path:
-    """Write model as config.json + model.safetensors into out_dir (atomically); returns out_dir.
+    """Write model (on any device) as config.json + model.safetensors of CPU tensors into out_dir
+    (atomically); returns out_dir.
 
     A non-empty out_dir is replaced only with force=True.
     """

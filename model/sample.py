@@ -4,7 +4,11 @@
 
 --ckpt is a checkpoint written by model.train (ckpt.pt or snapshot.pt) or a Hugging Face GPT-2
 directory (config.json + model.safetensors, e.g. one written by model.export). The same seed gives
-the same text.
+the same text on the same kind of device.
+
+--device auto (the default) samples on the GPU when torch sees one, else on the CPU; --device cpu or
+cuda forces it. Checkpoints are read onto the CPU first, so one written on a GPU samples on a CPU-only
+machine. The CPU and a GPU draw from different random generators: their texts for one seed differ.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ import torch
 
 from model.checkpointing.checkpoint import CheckpointError, load_model
 from model.checkpointing.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
-from model.conventions import SAMPLE_MAX_NEW_TOKENS, SAMPLE_SEED, SAMPLE_TEMPERATURE, SAMPLE_TOP_K
+from model.conventions import (
+    DEVICE_CHOICES,
+    SAMPLE_MAX_NEW_TOKENS,
+    SAMPLE_SEED,
+    SAMPLE_TEMPERATURE,
+    SAMPLE_TOP_K,
+)
 from model.gpt.model import GPT
 from model.tokenizer import EOT_TOKEN, TokenizerUnavailable, gpt2_encoding
 
@@ -26,8 +36,23 @@ class SampleError(ValueError):
     """An argument or input sampling cannot use, with the reason."""
 
 
-def load_for_sampling(ckpt: str | Path) -> GPT:
-    """A model in eval mode from ckpt.pt / snapshot.pt or a Hugging Face directory."""
+def sampling_device(choice: str = "auto") -> torch.device:
+    """Where to sample: auto takes the GPU when torch sees one, else the CPU (as the trainer's device=auto
+    does for one process); cuda without a visible GPU is refused."""
+    if choice not in DEVICE_CHOICES:
+        raise SampleError(f"--device {choice!r}: choose one of {', '.join(DEVICE_CHOICES)}")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SampleError(
+            f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu (or auto) on this machine"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def load_for_sampling(ckpt: str | Path, device: str | torch.device = "cpu") -> GPT:
+    """A model in eval mode on device from ckpt.pt / snapshot.pt or a Hugging Face directory; the file is
+    read onto the CPU first, so a checkpoint written on a GPU loads anywhere."""
     path = Path(ckpt).expanduser()
     if looks_like_hf_checkpoint(path):
         model = load_pretrained(path, dropout=0.0)
@@ -38,7 +63,7 @@ def load_for_sampling(ckpt: str | Path) -> GPT:
         )
     else:
         model = load_model(path)
-    return model.eval()
+    return model.to(device if isinstance(device, torch.device) else sampling_device(device)).eval()
 
 
 def sample_text(
@@ -49,7 +74,8 @@ def sample_text(
     top_k: int | None = SAMPLE_TOP_K,
     seed: int = SAMPLE_SEED,
 ) -> str:
-    """The prompt followed by max_new_tokens generated tokens, decoded. Same seed, same text."""
+    """The prompt followed by max_new_tokens generated tokens, decoded, sampled on the model's device.
+    Same seed and device, same text."""
     encoding = gpt2_encoding()
     prompt_ids = encoding.encode(prompt, allowed_special={"<|endoftext|>"}) if prompt else [EOT_TOKEN]
     if max(prompt_ids) >= model.config.vocab_size:
@@ -57,8 +83,9 @@ def sample_text(
             f"the prompt has GPT-2 token ids up to {max(prompt_ids)} but the model's vocabulary has only "
             f"{model.config.vocab_size} entries"
         )
-    generator = torch.Generator().manual_seed(seed)
-    idx = torch.tensor([prompt_ids], dtype=torch.long)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
     new_ids = out[0, len(prompt_ids) :].tolist()
     # An empty prompt starts from <|endoftext|>, which is not part of the text shown.
@@ -110,9 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"sample only among the k most likely tokens (default {SAMPLE_TOP_K})",
     )
     parser.add_argument("--seed", type=int, default=SAMPLE_SEED, help="random seed; the same seed gives the same text")
+    parser.add_argument(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default="auto",
+        help="where to sample: auto = the GPU when torch sees one, else the CPU (default auto)",
+    )
     args = parser.parse_args(argv)
     try:
-        model = load_for_sampling(args.ckpt)
+        model = load_for_sampling(args.ckpt, sampling_device(args.device))
         text = sample_text(model, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     except (CheckpointError, HFCheckpointError, SampleError, TokenizerUnavailable, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

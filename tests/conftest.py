@@ -5,7 +5,10 @@ runs' records) writes under NANOCLUSTER_HOME, so that is a temporary directory, 
 Tests marked `fresh_process` (every test that calls torch.compile) run in a new Python process of
 their own: torch.compile walks what the process has imported (AOTAutograd's cache pickles its key,
 Dynamo looks up modules), and a cloud SDK's lazily loaded modules, left by an infra test in the same
-xdist worker, were then imported one by one: a compile test of seconds ran past the 600 s timeout."""
+xdist worker, were then imported one by one: a compile test of seconds ran past the 600 s timeout.
+
+Tests marked `gpu` need a CUDA GPU: where torch sees none (CI, the CPU development machines) they are
+skipped with the reason, before anything of theirs runs."""
 
 from __future__ import annotations
 
@@ -33,6 +36,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_process: run the test in a new Python process (every test that calls torch.compile)"
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_tests:
+        return  # torch is imported only when a gpu test was collected
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = f"needs a CUDA GPU: torch {torch.__version__} sees none (torch.cuda.is_available() is False)"
+    for item in gpu_tests:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def in_fresh_process() -> bool:

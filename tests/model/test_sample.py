@@ -10,7 +10,7 @@ import torch
 from model.checkpointing.checkpoint import save_checkpoint
 from model.export import export_model
 from model.gpt.model import GPT, GPTConfig
-from model.sample import main
+from model.sample import main, sampling_device
 from model.tokenizer import VOCAB_SIZE
 from tests.model.conftest import checkpoint_payload, run_program
 
@@ -84,3 +84,27 @@ def test_prompt_outside_a_small_vocabulary_is_explained(tmp_path: Path, capsys: 
     save_checkpoint(checkpoint_payload(model), tmp_path / "ckpt.pt")
     assert main(["--ckpt", str(tmp_path / "ckpt.pt"), "--prompt", "Hello world"]) == 1
     assert "vocabulary has only 300 entries" in capsys.readouterr().err
+
+
+def test_device_cpu_and_auto_without_a_gpu_give_the_same_text(
+    ckpt: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["--ckpt", str(ckpt), "--prompt", "Hello", "--max-new-tokens", "8", "--seed", "4"]
+    on_cpu = sample(capsys, *args, "--device", "cpu")
+    assert sample(capsys, *args, "--device", "auto") == sample(capsys, *args) == on_cpu
+
+
+def test_device_cuda_without_a_gpu_is_refused(
+    ckpt: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--ckpt", str(ckpt), "--device", "cuda"]) == 1
+    assert "--device cuda: torch" in capsys.readouterr().err
+
+
+def test_device_auto_takes_the_gpu_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert sampling_device("auto") == sampling_device("cuda") == torch.device("cuda", 0)
+    assert sampling_device("cpu") == torch.device("cpu")

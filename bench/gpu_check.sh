@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# nanocluster's CUDA path on one GPU machine, in under 8 minutes:
+#
+#     bash bench/gpu_check.sh            # from a copy of the repository; NANOGPT=/path/to/nanoGPT to override
+#
+# 1. environment: the GPU (nvidia-smi -L), torch and its CUDA, and that the trainer's modules import
+# 2. gpu tests:   pytest -m gpu over every test file marked gpu (tests/model/test_gpu.py and any other)
+# 3. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round
+# 4. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, under deterministic kernels,
+#                 against the same run uninterrupted: the final parameters' sha256 must be equal
+# 5. sample:      a short run on English text (Python's own documentation), then model.sample's text
+# and one summary: PASS / FAIL / SKIP per part with its figure; exit 0 only when every part passed.
+#
+# It installs nothing (a GPU machine may have no internet): it uses $PYTHON (default python3), which must
+# have a CUDA build of torch and the trainer's few packages (numpy, pyyaml, tiktoken, safetensors, pytest).
+# The GPT-2 vocabulary comes from $TIKTOKEN_CACHE_DIR, else ./.tiktoken (a copy of this machine's
+# ~/.cache/nanocluster/tiktoken), else tiktoken's default cache. Each part runs under `timeout`, and no
+# part starts past the overall deadline.
+set -u
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PYTHON=${PYTHON:-python3}
+NANOGPT=${NANOGPT:-$REPO/.nanogpt}
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+if [ -z "${TIKTOKEN_CACHE_DIR:-}" ] && [ -d "$REPO/.tiktoken" ]; then
+    export TIKTOKEN_CACHE_DIR=$REPO/.tiktoken
+fi
+DEADLINE=$((SECONDS + 465))  # 8 minutes less the summary's few seconds
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+PARTS=()
+declare -A STATUS FIGURE
+
+record() {  # record PART STATUS FIGURE
+    PARTS+=("$1")
+    STATUS[$1]=$2
+    FIGURE[$1]=$3
+    echo ">> $1: $2 ${3}"
+}
+
+# bounded LIMIT_S COMMAND...: the command under `timeout`, never past the deadline; 124 when out of time.
+bounded() {
+    local limit=$1 left=$((DEADLINE - SECONDS))
+    shift
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 10 ] && return 124
+    timeout --kill-after=5 "$limit" "$@"
+}
+
+failed_or_timed_out() {  # the figure for a part whose command exited with $1
+    if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then echo "timed out"; else echo "exit $1"; fi
+}
+
+# Runs the trainer with only deterministic kernels (cuBLAS needs a fixed workspace for it).
+DETERMINISTIC_TRAIN='import sys, torch
+torch.use_deterministic_algorithms(True)
+from model.train import main
+sys.exit(main(sys.argv[1:]))'
+TINY=(init_from=scratch model.n_layer=2 model.n_head=2 model.n_embd=64 block_size=64 batch_size=8
+    gradient_accumulation_steps=1 eval_iters=2 log_interval=1 peak_flops=1e14 compile=false device=cuda)
+
+# --- 1. environment --------------------------------------------------------------------------------
+echo "== 1. environment"
+if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "nvidia-smi: not on PATH"; fi
+if ! bounded 60 "$PYTHON" -c 'import torch' 2>"$WORK/torch.err"; then
+    echo "gpu_check: refused: $PYTHON cannot import torch ($(tail -1 "$WORK/torch.err")); this script installs" \
+        "nothing: run it where that python has a CUDA build of torch, or set PYTHON=/path/to/python"
+    rm -rf "$WORK"
+    exit 2
+fi
+describe='import torch
+cuda = torch.cuda.is_available()
+gpu = f"{torch.cuda.get_device_name(0)} (capability {torch.cuda.get_device_capability(0)})" if cuda else "no GPU"
+print(f"{gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}, cuda available: {cuda}")'
+env_line=$(bounded 60 "$PYTHON" -c "$describe" 2>&1 | tail -1)
+echo "$env_line"
+if ! bounded 60 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check: refused: torch sees no CUDA GPU here ($env_line); run this on a machine with one"
+    rm -rf "$WORK"
+    exit 2
+fi
+if bounded 60 "$PYTHON" -c 'import model.train, model.sample, model.export, bench.gpu_vs_nanogpt' 2>"$WORK/imports.err"
+then
+    record environment PASS "$env_line"
+else
+    record environment FAIL "the trainer does not import: $(tail -1 "$WORK/imports.err")"
+fi
+
+# --- 2. the gpu-marked tests -------------------------------------------------------------------------
+echo "== 2. gpu tests"
+mapfile -t gpu_files < <(grep -rlE 'pytest\.mark\.gpu\b|mark\.gpu\b' tests --include='*.py' | sort)
+echo "files: ${gpu_files[*]}"
+if ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
+    record "gpu tests" FAIL "$PYTHON has no pytest (this script installs nothing)"
+else
+    bounded 190 "$PYTHON" -m pytest -m gpu "${gpu_files[@]}" -q -rs -p no:randomly -p no:cacheprovider 2>&1 \
+        | tee "$WORK/tests.log"
+    code=${PIPESTATUS[0]}
+    summary=$(grep -E '(passed|failed|skipped|error)' "$WORK/tests.log" | tail -1 | tr -d '=' | xargs)
+    if [ "$code" -eq 0 ]; then record "gpu tests" PASS "$summary"
+    else record "gpu tests" FAIL "$(failed_or_timed_out "$code"): ${summary:-no summary}"; fi
+fi
+
+# --- 3. against stock nanoGPT --------------------------------------------------------------------
+echo "== 3. vs nanoGPT ($NANOGPT)"
+if [ ! -f "$NANOGPT/train.py" ]; then
+    record "vs nanoGPT" FAIL "no nanoGPT checkout at $NANOGPT (copy one to ./.nanogpt or set NANOGPT=)"
+else
+    # One round (the script's default is two): compiling GPT-2 small twice more would not fit 8 minutes.
+    bounded 185 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 8 --warmup 3 \
+        --timeout 120 2>&1 | tee "$WORK/bench.log"
+    code=${PIPESTATUS[0]}
+    line=$(grep '^gpu_vs_nanogpt:' "$WORK/bench.log" | tail -1)
+    if [ "$code" -eq 0 ] && [ -n "$line" ]; then record "vs nanoGPT" PASS "$line"
+    else record "vs nanoGPT" FAIL "$(failed_or_timed_out "$code"): $(tail -1 "$WORK/bench.log")"; fi
+fi
+
+# --- 4. snapshot and exact resume ----------------------------------------------------------------
+echo "== 4. resume"
+mkdir -p "$WORK/random" "$WORK/english"
+bounded 30 "$PYTHON" -c '
+import sys
+import numpy as np
+from model.data.token_format import write_split
+tokens = np.random.default_rng(0).integers(0, 50257, 200_000)
+for split in ("train", "val"):
+    write_split(sys.argv[1], split, tokens)' "$WORK/random"
+resume_run() {  # resume_run OUT_DIR MAX_ITERS: the deterministic tiny run; its log in OUT_DIR.log
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 bounded 60 "$PYTHON" -c "$DETERMINISTIC_TRAIN" "${TINY[@]}" \
+        "data_dir=$WORK/random" "out_dir=$1" "max_iters=$2" eval_interval=4 lr_decay_iters=8 warmup_iters=1 \
+        learning_rate=3e-3 model.dropout=0.1 >>"$1.log" 2>&1
+}
+digest() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
+if resume_run "$WORK/straight" 8 && resume_run "$WORK/resumed" 4 && resume_run "$WORK/resumed" 8; then
+    straight=$(digest "$WORK/straight.log") resumed=$(digest "$WORK/resumed.log")
+    at=$(grep -o 'resumed from .* at iteration [0-9]*' "$WORK/resumed.log" | awk '{print $NF}')
+    grep -E 'iter [0-9]+: loss' "$WORK/straight.log" | tail -2
+    if [ -n "$straight" ] && [ "$straight" = "$resumed" ] && [ "$at" = 4 ]; then
+        record resume PASS "stopped at 4, resumed: final sha256 $resumed = the uninterrupted run's"
+    else
+        record resume FAIL "resumed at '${at}': final sha256 '${resumed}' vs uninterrupted '${straight}'"
+    fi
+else
+    record resume FAIL "a run failed: $(tail -n 3 "$WORK"/straight.log "$WORK"/resumed.log | tr '\n' ' ' | cut -c1-300)"
+fi
+
+# --- 5. a short run's sample text ----------------------------------------------------------------
+echo "== 5. sample"
+english='import sys
+import numpy as np
+import pydoc_data.topics
+from model.data.token_format import write_split
+from model.tokenizer import EOT_TOKEN, gpt2_encoding
+enc = gpt2_encoding()
+texts = [text for _, text in sorted(pydoc_data.topics.topics.items())]
+tokens = np.array([t for text in texts for t in (*enc.encode_ordinary(text), EOT_TOKEN)])
+split = int(len(tokens) * 0.9)
+write_split(sys.argv[1], "train", tokens[:split])
+write_split(sys.argv[1], "val", tokens[split:])'
+if ! bounded 60 "$PYTHON" -c "$english" "$WORK/english" 2>"$WORK/english.err"; then
+    if grep -q TokenizerUnavailable "$WORK/english.err"; then
+        record sample SKIP "no GPT-2 vocabulary (copy ~/.cache/nanocluster/tiktoken to ./.tiktoken)"
+    else
+        record sample FAIL "tokenizing the text: $(tail -1 "$WORK/english.err" | cut -c1-200)"
+    fi
+elif bounded 90 "$PYTHON" -m model.train "${TINY[@]}" model.n_layer=4 model.n_embd=256 model.n_head=4 \
+        block_size=128 batch_size=32 "data_dir=$WORK/english" "out_dir=$WORK/english-run" max_iters=300 \
+        eval_interval=300 learning_rate=1e-3 log_interval=100 >"$WORK/english.log" 2>&1; then
+    grep -E 'iter [0-9]+: loss|val loss|device|precision' "$WORK/english.log" | tail -4
+    bounded 60 "$PYTHON" -m model.sample --ckpt "$WORK/english-run/snapshot.pt" --prompt "The import statement" \
+        --max-new-tokens 40 --seed 1 --device cuda >"$WORK/sample.txt" 2>&1
+    code=$?
+    cat "$WORK/sample.txt"
+    text=$(tr '\n' ' ' <"$WORK/sample.txt" | cut -c1-100)
+    if [ "$code" -eq 0 ]; then record sample PASS "\"$text...\""
+    else record sample FAIL "$(failed_or_timed_out "$code"): $text"; fi
+else
+    record sample FAIL "the training run failed: $(tail -2 "$WORK/english.log" | tr '\n' ' ' | cut -c1-300)"
+fi
+
+# --- summary -------------------------------------------------------------------------------------
+echo "== summary ($SECONDS s; logs in $WORK)"
+verdict=PASS
+for part in "${PARTS[@]}"; do
+    printf '%-12s %-5s %s\n' "$part" "${STATUS[$part]}" "${FIGURE[$part]}"
+    [ "${STATUS[$part]}" = PASS ] || verdict=FAIL
+done
+echo "gpu_check: $verdict"
+[ "$verdict" = PASS ]

@@ -1,0 +1,184 @@
+"""Stock nanoGPT's train.py against `python -m model.train`, side by side on one CUDA GPU.
+
+    python bench/gpu_vs_nanogpt.py --nanogpt /path/to/nanoGPT [--rounds 2] [--steps 10] [--batch-size 12]
+
+Both train GPT-2 small from scratch (12 layers x 768, block 1024, no gradient accumulation) with the
+same micro-batch (default 12 sequences, nanoGPT's own default for GPT-2 small, which fits a 40 GB
+GPU with room to spare and an 80 GB one easily), both compiled (torch.compile), both in bf16 autocast,
+on the same synthetic tokens (uniform random GPT-2 ids, written once as the uint16 train.bin/val.bin
+both programs read), one process at a time, in interleaved rounds (the order alternates). nanoGPT runs
+from the directory given (its train.py, model.py and configurator.py; never copied here) with
+device=cuda, dtype=bfloat16, compile=True. The trainer runs with device=cuda, mixed_precision=bf16,
+compile=true. Shape arguments differ only where the programs' own defaults do: nanoGPT pads the
+vocabulary to 50,304 and has no biases; the trainer keeps GPT-2's 50,257 and biases.
+
+Each program's step time is what it logs per iteration; the first --warmup steps (compilation, the
+first evaluation) are left out and the median of the next --steps is kept, then the process is killed
+(neither writes a checkpoint). Tokens/s = micro-batch x 1024 / step time. MFU, for both, is
+tokens/s x F / peak with one F: nanoGPT's estimate_mfu formula 6N + 12·L·H·Q·T (PaLM appendix B),
+N = GPT-2 small's parameters less the position embedding as the trainer counts them (123.7M), so the
+two MFUs differ exactly as the tokens/s do; the peak is --peak-tflops, by default 989 TFLOP/s, an H100
+SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.checkouts import rotated  # noqa: E402
+from bench.vs_nanogpt import NANOGPT_FILES, NANOGPT_STEP, TRAINER_STEP, Program, run_once  # noqa: E402
+from model.data.token_format import write_split  # noqa: E402
+from model.gpt.model import GPT, GPTConfig  # noqa: E402
+from model.tokenizer import VOCAB_SIZE  # noqa: E402
+
+BLOCK, LAYERS, HEADS, WIDTH = 1024, 12, 12, 768
+SYNTHETIC_TOKENS = 4_000_000  # more than 24 steps of 16 x 1024 tokens read at random offsets
+H100_SXM_BF16_PEAK_TFLOPS = 989.0
+"""An H100 SXM's dense bf16 tensor-core peak (NVIDIA's datasheet: 1,979 TFLOP/s with sparsity)."""
+
+
+def flops_per_token() -> int:
+    """6N + 12·L·H·Q·T for GPT-2 small at block 1024, N counted by model.gpt.model (built on the meta
+    device: no memory, no initialisation)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, block_size=BLOCK, vocab_size=VOCAB_SIZE))
+    return model.flops_per_token(BLOCK)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--nanogpt", required=True, type=Path, help="a nanoGPT checkout (train.py, model.py, configurator.py)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both programs")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per program and round")
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out first (compilation, first eval)")
+    parser.add_argument("--batch-size", type=int, default=12, help="micro-batch (sequences of 1024) for both")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=H100_SXM_BF16_PEAK_TFLOPS,
+        help=f"the GPU's dense bf16 peak MFU is against (default {H100_SXM_BF16_PEAK_TFLOPS:g}, H100 SXM)",
+    )
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one program may take per round")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(
+            f"gpu_vs_nanogpt: refused: torch {torch.__version__} sees no CUDA GPU; this benchmark needs one "
+            "(bench/vs_nanogpt.py compares on the CPU)"
+        )
+    missing = [f for f in NANOGPT_FILES if not (args.nanogpt / f).is_file()]
+    if missing:
+        parser.error(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory")
+    if min(args.rounds, args.steps, args.warmup, args.batch_size) < 1 or args.peak_tflops <= 0:
+        parser.error("--rounds, --steps, --warmup, --batch-size and --peak-tflops must be positive")
+
+    with tempfile.TemporaryDirectory(prefix="gpu-vs-nanogpt-") as work:
+        compare(args, Path(work))
+
+
+def compare(args: argparse.Namespace, work: Path) -> None:
+    data = work / "data"
+    data.mkdir()
+    tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, SYNTHETIC_TOKENS)
+    for split in ("train", "val"):
+        write_split(data, split, tokens)
+    shape = dict(
+        n_layer=LAYERS,
+        n_head=HEADS,
+        n_embd=WIDTH,
+        block_size=BLOCK,
+        batch_size=args.batch_size,
+        gradient_accumulation_steps=1,
+        max_iters=10**6,
+        eval_interval=10**6,
+        eval_iters=1,
+        log_interval=1,
+    )
+    nanogpt = Program(
+        "nanoGPT",
+        [
+            sys.executable,
+            str((args.nanogpt / "train.py").resolve()),
+            "--device=cuda",
+            "--dtype=bfloat16",
+            "--compile=True",
+            f"--dataset={data}",
+            f"--out_dir={work / 'nanogpt-out'}",
+            "--always_save_checkpoint=False",
+            *(f"--{k}={v}" for k, v in shape.items()),
+        ],
+        args.nanogpt.resolve(),  # it reads configurator.py from its working directory
+        NANOGPT_STEP,
+        precision="bf16 autocast, compile true",
+    )
+    ours = Program(
+        "nanocluster",
+        [
+            sys.executable,
+            "-m",
+            "model.train",
+            "init_from=scratch",
+            "device=cuda",
+            "mixed_precision=bf16",
+            "compile=true",
+            f"peak_flops={args.peak_tflops * 1e12:g}",  # no matmul peak measured at start
+            f"data_dir={data}",
+            f"out_dir={work / 'nanocluster-out'}",
+            *(f"{'model.' if k.startswith('n_') else ''}{k}={v}" for k, v in shape.items()),
+        ],
+        REPO,
+        TRAINER_STEP,
+        env={"PYTHONPATH": str(REPO)},
+    )
+    programs = [nanogpt, ours]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    gpu = torch.cuda.get_device_name(0)
+    print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
+    if "H100" not in gpu and args.peak_tflops == H100_SXM_BF16_PEAK_TFLOPS:
+        print(f"note: MFU is against an H100 SXM's {H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s; pass --peak-tflops for {gpu}")
+    for round_ in range(args.rounds):
+        for program in rotated(programs, round_):
+            run_once(program, args.warmup, args.steps, env, args.timeout)
+            print(
+                f"round {round_ + 1}: {program.name} "
+                f"median {statistics.median(program.steps_ms[-args.steps :]):.1f} ms/step"
+            )
+
+    flops = flops_per_token()
+    peak = args.peak_tflops * 1e12
+    tokens_per_step = args.batch_size * BLOCK
+    print(
+        f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch {args.batch_size}, {args.rounds} rounds x "
+        f"{args.steps} steps; MFU = tokens/s x {flops / 1e6:.1f} MFLOP/token (6N + 12LHQT) "
+        f"/ {args.peak_tflops:g} TFLOP/s"
+    )
+    print(f"{'program':<14}{'precision':<34}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
+    rates = {}
+    for program in programs:
+        ms = statistics.median(program.steps_ms)
+        rates[program.name] = tokens_per_step * 1000 / ms
+        mfu = rates[program.name] * flops / peak
+        print(f"{program.name:<14}{program.precision:<34}{ms:>9.1f}{rates[program.name]:>11.0f}{100 * mfu:>7.1f}%")
+    ratio = rates["nanocluster"] / rates["nanoGPT"]
+    print(
+        f"gpu_vs_nanogpt: {ratio:.2f}x stock nanoGPT's tokens/s ({rates['nanocluster']:.0f} vs "
+        f"{rates['nanoGPT']:.0f}; MFU {100 * rates['nanocluster'] * flops / peak:.1f}% vs "
+        f"{100 * rates['nanoGPT'] * flops / peak:.1f}% of {args.peak_tflops:g} TFLOP/s) on {gpu}, "
+        f"micro-batch {args.batch_size}, bf16, compiled"
+    )
+
+
+if __name__ == "__main__":
+    main()
