@@ -33,9 +33,8 @@ from tests.model.small_vocab import small_vocab_run
 
 pytestmark = pytest.mark.gpu
 
-# What the trainer's GPU side reports. The names are the ones agreed for the CUDA trainer; if the
-# trainer's metrics or log use others, align these constants (and only these) at merge.
-PEAK_GPU_MEMORY_FIELD = "peak_gpu_memory_mb"
+# What the trainer's GPU side reports (model.monitoring.metrics, model.gpt.precision).
+PEAK_GPU_MEMORY_FIELD = "peak_memory_gb"
 """The field of each "train" record in metrics.jsonl that holds the rank's peak GPU memory."""
 CAPABILITY_WORD = "capability"
 """The device log line names the precision auto chose and the compute capability it chose it by."""
