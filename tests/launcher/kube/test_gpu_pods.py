@@ -187,7 +187,7 @@ def test_a_torchrun_that_started_no_rank_reads_as_a_lost_peer(tmp_path):
 
 @pytest.fixture
 def cuda_pins(tmp_path, monkeypatch):
-    """node/requirements-cuda.txt as tools/lock.py writes it (the lock's CUDA wheel is another branch's)."""
+    """The cuda profile's pins file as tools/lock.py writes it (made by another branch)."""
     node_dir = tmp_path / "node"
     node_dir.mkdir()
     (node_dir / "requirements-default.txt").write_bytes((jobs.NODE_DIR / "requirements-default.txt").read_bytes())
@@ -377,3 +377,16 @@ def test_an_unknown_gpu_memory_checks_nothing():
     check_gpu_fit(TrainConfig(), 8, 0.0, "nowhere")
     with pytest.raises(TaskError, match="does not fit a GPU"):
         check_gpu_fit(TrainConfig(), 8, 0.01, "nowhere")
+
+
+def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
+    fake.seed()
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 0, ran.err
+    assert "cores, 4 x nvidia-l4" in ran.out
+    (doctor,) = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
+    script = doctor["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "torch.version.cuda is None" in script and "CUDA torch in the node environment" in script
+    ran = task("doctor", "--cluster", str(write(tmp_path, fake.contract())))
+    doctors = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
+    assert "torch.version.cuda" not in doctors[-1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
