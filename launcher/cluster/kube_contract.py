@@ -29,6 +29,29 @@ DEFAULT_STORAGE_GIB = 100
 """Its size when the launcher creates it."""
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises (GKE's and the GPU operator's): GPUs per node."""
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+"""Tolerates the taint GKE puts on GPU node pools (nvidia.com/gpu=present:NoSchedule)."""
+GPU_MODEL_LABELS = ("cloud.google.com/gke-accelerator", "nvidia.com/gpu.product")
+"""Node labels naming the GPU model: GKE's, then GPU feature discovery's (the GPU operator)."""
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+"""GPU feature discovery's label: one GPU's memory in MiB."""
+GPU_MEMORY_GIB = {
+    "nvidia-tesla-p4": 7.4,
+    "nvidia-tesla-t4": 15.0,
+    "nvidia-tesla-p100": 15.8,
+    "nvidia-tesla-v100": 15.7,
+    "nvidia-l4": 22.0,
+    "nvidia-tesla-a100": 39.5,
+    "nvidia-a100-80gb": 79.1,
+    "nvidia-h100-80gb": 79.1,
+    "nvidia-h100-mega-80gb": 79.1,
+    "nvidia-h200-141gb": 139.8,
+}
+"""One GPU's memory by GKE accelerator name (the contract's gpu_model), in GiB: what nvidia-smi reports as
+memory.total, rounded down (a 16 GB T4 shows 15360 MiB). A model not listed has unknown memory (0)."""
+
 Fail = Callable[[str], Exception]
 T = TypeVar("T")
 
@@ -59,6 +82,8 @@ class KubeAccess:
     """Memory per node; 0 when unknown."""
     hourly_cost_at_rest_usd: float | None = None
     """What the cluster costs per hour with the training pool at 0; None when unknown."""
+    gpu_memory_gib: float = 0.0
+    """Memory of one GPU of a training node; 0 without GPUs or when unknown (nothing is checked against it)."""
     from_kubeconfig: bool = False
     """Built from `kubeconfig:PATH`: storage and machine facts are read from the cluster on connect."""
     config_path: str = ""
@@ -152,7 +177,9 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
         raise fail(f"'tolerations' must be a list of Toleration objects, got {tolerations!r}")
     memory = data.get("memory_gib") or 0.0
     at_rest = data.get("hourly_cost_at_rest_usd")
-    for key, value in (("memory_gib", memory), ("hourly_cost_at_rest_usd", at_rest)):
+    gpu_memory = data.get("gpu_memory_gib") or gpu_memory_gib(data.get("gpu_model"))
+    checked = (("memory_gib", memory), ("hourly_cost_at_rest_usd", at_rest), ("gpu_memory_gib", gpu_memory))
+    for key, value in checked:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
             raise fail(f"{key!r} must be a non-negative number or null, got {value!r}")
     return KubeAccess(
@@ -167,4 +194,10 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
         tolerations=tuple(tolerations),
         memory_gib=float(memory),
         hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest),
+        gpu_memory_gib=float(gpu_memory) if data.get("gpus_per_node") else 0.0,
     )
+
+
+def gpu_memory_gib(model: object) -> float:
+    """One GPU's memory for a GKE accelerator name (GPU_MEMORY_GIB); 0 when the model is not listed."""
+    return GPU_MEMORY_GIB.get(model, 0.0) if isinstance(model, str) else 0.0

@@ -22,7 +22,13 @@ from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.cluster.kube_contract import KubeAccess
+from launcher.cluster.kube_contract import (
+    GPU_MEMORY_LABEL,
+    GPU_MODEL_LABELS,
+    GPU_RESOURCE,
+    KubeAccess,
+    gpu_memory_gib,
+)
 from launcher.console import TaskError, say
 from launcher.kube import volume
 
@@ -197,18 +203,79 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
 
 
 def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
-    """A kubeconfig cluster's machine facts from its schedulable nodes: the smallest allocatable cpu and
-    memory (a pod asks for what every node can give) and their count as the most pods a run can have."""
+    """A kubeconfig cluster's machine facts from its training nodes: the smallest allocatable cpu and
+    memory (a pod asks for what every node can give) and their count as the most pods a run can have.
+
+    The training nodes are the schedulable nodes, or only those offering GPUs (allocatable
+    nvidia.com/gpu) when any does: a cluster with a GPU pool trains on it with G = the fewest GPUs
+    such a node offers, and its CPU nodes run the helper Jobs (training_nodes)."""
     with calling(f"cluster {cluster.cluster_name!r}: reading nodes"):
         nodes = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
     if not nodes:
         raise TaskError(f"cluster {cluster.cluster_name!r} has no schedulable node: add nodes (or a node pool) first")
-    cores = min(max(1, math.floor(cpu_quantity(allocatable(n).get("cpu", "1")))) for n in nodes)
-    memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in nodes)
-    access = replace(access, max_nodes=len(nodes), memory_gib=memory)
-    return replace(
-        cluster, cores_per_node=cores, kube=access, nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(nodes)))
+    training, selector = training_nodes(nodes)
+    cores = min(max(1, math.floor(cpu_quantity(allocatable(n).get("cpu", "1")))) for n in training)
+    memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
+    gpus = min(gpu_count(n) for n in training)
+    model = gpu_model_of(training[0]) if gpus else ""
+    access = replace(
+        access,
+        max_nodes=len(training),
+        memory_gib=memory,
+        gpu_memory_gib=min(gpu_memory_of(n) for n in training) if gpus else 0.0,
+        node_selector=tuple(sorted((dict(access.node_selector) | selector).items())),
     )
+    if gpus and len(training) < len(nodes):
+        say(
+            f"training on the {len(training)} GPU node(s) ({gpus} x {model} each); the other "
+            f"{len(nodes) - len(training)} node(s) run the helper Jobs"
+        )
+    return replace(
+        cluster,
+        cores_per_node=cores,
+        gpus_per_node=gpus,
+        gpu_model=model,
+        kube=access,
+        nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(training))),
+    )
+
+
+def training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node], dict[str, str]]:
+    """(the nodes a run's pods go to, the node selector keeping them there).
+
+    Without GPU nodes: every node, no selector. With some: the GPU nodes (a pod requesting
+    nvidia.com/gpu fits no other, so no selector is needed); when they hold more than one GPU model,
+    the most numerous model's nodes, pinned by its label, so that G and the GPU memory are those of
+    the nodes the pods land on."""
+    with_gpus = [n for n in nodes if gpu_count(n)]
+    if not with_gpus:
+        return nodes, {}
+    models = sorted({gpu_model_of(n) for n in with_gpus})
+    if len(models) == 1:
+        return with_gpus, {}
+    chosen = max(models, key=lambda m: sum(gpu_model_of(n) == m for n in with_gpus))
+    training = [n for n in with_gpus if gpu_model_of(n) == chosen]
+    label = next((k for k in GPU_MODEL_LABELS if labels_of(training[0]).get(k) == chosen), GPU_MODEL_LABELS[0])
+    return training, {label: chosen}
+
+
+def gpu_count(node: client.V1Node) -> int:
+    """The GPUs the node offers pods (allocatable nvidia.com/gpu; 0 on a CPU node)."""
+    text = allocatable(node).get(GPU_RESOURCE, "0")
+    return int(text) if text.isdigit() else 0
+
+
+def gpu_model_of(node: client.V1Node) -> str:
+    """The GPU model from GKE's accelerator label or GPU feature discovery's product label."""
+    labels = labels_of(node)
+    return next((labels[k] for k in GPU_MODEL_LABELS if labels.get(k)), "nvidia-gpu")
+
+
+def gpu_memory_of(node: client.V1Node) -> float:
+    """One GPU's memory in GiB: GPU feature discovery's label (MiB), else the GKE model's
+    (GPU_MEMORY_GIB); 0 when unknown."""
+    mib = labels_of(node).get(GPU_MEMORY_LABEL, "")
+    return int(mib) / 1024 if mib.isdigit() else gpu_memory_gib(gpu_model_of(node))
 
 
 def allocatable(node: client.V1Node) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import cast
 
 from kubernetes.client import V1ConfigMap, V1Job, V1Pod
@@ -26,8 +27,8 @@ POLL_S = 1.0
 """How often a Job's pods are listed (one light request; the tests make it shorter)."""
 PENDING_TIMEOUT_S = 600.0
 """How long a helper pod may wait for a node (an image pull, a scale-up) before the task gives up."""
-REQUIREMENTS = REPO_ROOT / "node" / "requirements-default.txt"
-"""The node environment's pins (tools/lock.py writes them), as on a VM's bootstrap."""
+NODE_DIR = REPO_ROOT / "node"
+"""Where the node profiles' pins are (tools/lock.py writes node/requirements-PROFILE.txt)."""
 
 
 def access_of(cluster: Cluster) -> KubeAccess:
@@ -141,12 +142,31 @@ def log_lines(stream: HTTPResponse) -> Iterator[str]:
         yield buffer.decode(errors="replace")
 
 
+def node_profile(cluster: Cluster) -> str:
+    """The node environment's profile, as a VM's bootstrap picks it: cuda (the CUDA build of torch) when
+    the training nodes have GPUs, else default (the CPU build)."""
+    return "cuda" if cluster.gpus_per_node else "default"
+
+
+def requirements_file(cluster: Cluster) -> Path:
+    """The pins the staging Job installs; a TaskError when the profile's file is missing."""
+    path = NODE_DIR / f"requirements-{node_profile(cluster)}.txt"
+    if not path.is_file():
+        raise TaskError(
+            f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path} is missing: the "
+            f"{node_profile(cluster)} profile's pins are written by `make lock` (tools/lock.py)"
+        )
+    return path
+
+
 def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> None:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
-    does only what differs (the venv once per requirements digest, the code once per code digest)."""
+    does only what differs (the venv once per requirements digest, the code once per code digest).
+    The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job itself
+    needs no GPU and runs off the GPU nodes (volume.helper_job)."""
     access = access_of(cluster)
+    requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()
-    requirements = REQUIREMENTS.read_bytes()
     files = {"code.tar.gz": archive, "requirements.txt": requirements}
     placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):
@@ -164,7 +184,8 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     job = volume.helper_job(job_name("stage", run or "setup"), access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
     say(
-        f"staging on claim {access.storage_claim}: node environment, model code {code_sha[:12]}"
+        f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
+        f"model code {code_sha[:12]}"
         + (f", runs/{run}'s files" if placed else "")
     )
     run_helper(api, job, "staging the node environment and code")

@@ -1,16 +1,19 @@
 """A training run's Kubernetes objects: an Indexed Job and the headless Service naming its pods.
 
 Pure functions of a PodLaunch, returning the API's camelCase dicts (what `kubectl apply` reads and
-the official client accepts as a body). Pod k of the Job is rank k:
+the official client accepts as a body). One pod per node; pod k of the Job is
 
     hostname <job>-k, resolvable as <job>-k.<service> (the Service is the pods' subdomain)
-    RANK = its completion index (downward API), WORLD_SIZE = nodes, MASTER_ADDR = <job>-0.<service>
-    runs <MOUNT_PATH>/venv/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/
+    on CPU nodes: rank k, one trainer process; RANK = its completion index (downward API),
+      WORLD_SIZE = pods, MASTER_ADDR = <job>-0.<service>; it runs
+      <MOUNT_PATH>/venv/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/
+    on nodes with G GPUs: ranks k*G .. k*G+G-1, started by torchrun in the pod (--nnodes=pods,
+      --nproc-per-node=G, --node-rank=k, rendezvous at pod 0), as Kubeflow Trainer does with
+      nproc_per_node; the pod requests the node's G GPUs and world size = pods x G
 
-One trainer process per pod and one pod per node, as one rank per VM: the same variables as a VM
-rank's env.sh and rank<R>.env (launcher.launch.render), the same layout as a VM node's root
-(launcher.cluster.node_layout) on the shared ReadWriteMany claim, so every rank reads one copy of code, data and
-the run directory.
+The same variables as a VM rank's env.sh and rank<R>.env (launcher.launch.render), the same layout as
+a VM node's root (launcher.cluster.node_layout) on the shared ReadWriteMany claim, so every rank reads
+one copy of code, data and the run directory.
 
 The Job controller does not heal a run: backoffLimit is 0, so the first failed pod fails the Job
 and the launcher recreates it (every rank resumes from the newest snapshot together; a lone
@@ -18,18 +21,22 @@ replacement pod could not rejoin a process group that already broke). podFailure
 failed: the Job's Failed condition has reason "PodFailurePolicy" when the trainer itself decided
 (its program error or its budget stop: not worth a retry), and "BackoffLimitExceeded" otherwise (a
 lost peer, a signal, the OOM killer, a disruption such as a spot reclaim or a drain: retry).
+torchrun exits 1 whatever its ranks' codes were, so a GPU pod's shell passes the first rank's own
+verdict on as the pod's exit code (ranks_script).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass
 
+from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables
 from launcher.launch.units import STOP_GRACE_S
-from model.conventions import EXIT_BUDGET, EXIT_PROGRAM_ERROR, LAUNCHER_ENV
+from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED, LAUNCHER_ENV
 
 MOUNT_PATH = "/nanocluster"
 """Where the shared claim is mounted in every pod: the node root of launcher.cluster.node_layout's layout."""
@@ -51,6 +58,11 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "trainer"
 VOLUME = "nanocluster"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+POD_INTERFACE = "eth0"
+"""A pod's network interface on every CNI (GKE, EKS, AKS, Calico, Cilium): NCCL's bootstrap socket."""
+GPU_DRIVER_LIBS = "/usr/local/nvidia/lib64"
+"""Where GKE's device plugin mounts the NVIDIA driver's libraries into a GPU container (a stock Python
+image has no loader path for it; elsewhere the container toolkit puts them on the default path)."""
 
 DNS_LABEL_MAX = 63
 MAX_INDEX_DIGITS = 5
@@ -100,6 +112,9 @@ class PodLaunch:
     """What follows `python -m model.train`, relative to the run directory as on a VM."""
     attempt: int = 0
     """Recreations of the Job so far (a recreated Job is a new object with the same name)."""
+    gpus: int = 0
+    """GPUs per node (the cluster's gpus_per_node): each pod requests them and runs one rank per GPU
+    under torchrun; 0 on CPU nodes (one trainer process per pod)."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -117,6 +132,7 @@ class PodLaunch:
                 self.job,
             ),
             ("--nodes", self.nodes >= 1, ">= 1", self.nodes),
+            ("gpus_per_node", self.gpus >= 0, ">= 0", self.gpus),
             ("--port", 1024 <= self.port <= 65535, "in 1024..65535", self.port),
             ("cores_per_node", self.cores >= 1, ">= 1", self.cores),
             ("memory_gib", self.memory_gib > 0, "> 0", self.memory_gib),
@@ -129,6 +145,20 @@ class PodLaunch:
     @property
     def service(self) -> str:
         return service_name(self.job)
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """One rank per GPU, or the one trainer process of a CPU pod."""
+        return max(1, self.gpus)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_pod
+
+    @property
+    def threads_per_rank(self) -> int:
+        """The pod's cores shared by its ranks (OMP_NUM_THREADS, the data loading's share)."""
+        return max(1, self.cores // self.ranks_per_pod)
 
     @property
     def master_addr(self) -> str:
@@ -186,26 +216,36 @@ def headless_service(launch: PodLaunch) -> dict:
 
 
 def container_env(launch: PodLaunch) -> list[dict]:
-    """The trainer container's environment: a VM rank's variables, RANK from the completion index."""
-    rank = rank_variables(0, launch.nodes, 0, 1, launch.master_addr, launch.port)
-    rank_from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
-    env = [{"name": "RANK", "valueFrom": rank_from_index}]
-    env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
+    """The trainer container's environment. A CPU pod: a VM rank's variables, RANK from the completion
+    index. A GPU pod: NODE_RANK from it, for torchrun, which gives each of its ranks RANK, WORLD_SIZE,
+    LOCAL_RANK and the rendezvous variables (rank_environment)."""
+    from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+    if launch.gpus:
+        env: list[dict] = [{"name": "NODE_RANK", "valueFrom": from_index}]
+    else:
+        rank = rank_variables(0, launch.nodes, 0, 1, launch.master_addr, launch.port)
+        env = [{"name": "RANK", "valueFrom": from_index}]
+        env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
     # No GLOO_SOCKET_IFNAME (a VM's env.sh names the probed interface): the pod's hostname resolves to
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
-    values = thread_variables(launch.cores) | {
+    values = thread_variables(launch.threads_per_rank) | {
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": CODE_DIR,
         LAUNCHER_ENV: "kubernetes",
     }
+    if launch.gpus:
+        # NCCL picks its bootstrap interface by itself, and a GPU node may give pods more than one.
+        values |= {"NCCL_SOCKET_IFNAME": POD_INTERFACE, "LD_LIBRARY_PATH": GPU_DRIVER_LIBS}
     return env + [{"name": k, "value": v} for k, v in values.items()]
 
 
-def rank_environment(launch: PodLaunch, index: int) -> dict[str, str]:
-    """The environment pod <index>'s trainer gets from the Job (the downward API resolved, as the
-    kubelet does), besides what the image sets."""
-    if not 0 <= index < launch.nodes:
-        raise ValueError(f"pod index must be in 0..{launch.nodes - 1}, got {index}")
+def rank_environment(launch: PodLaunch, rank: int) -> dict[str, str]:
+    """The environment rank <rank>'s trainer gets (besides what the image sets): the Job's, with the
+    downward API resolved as the kubelet does; in a GPU pod, with what torchrun adds for the rank
+    (its pod is rank // G, its local rank rank % G)."""
+    if not 0 <= rank < launch.world_size:
+        raise ValueError(f"rank must be in 0..{launch.world_size - 1}, got {rank}")
+    index, local_rank = divmod(rank, launch.ranks_per_pod)
     out = {}
     for var in container_env(launch):
         if "value" in var:
@@ -214,11 +254,65 @@ def rank_environment(launch: PodLaunch, index: int) -> dict[str, str]:
             out[var["name"]] = str(index)
         else:
             raise ValueError(f"cannot resolve {var['name']}: {var['valueFrom']}")
+    if launch.gpus:
+        out |= rank_variables(
+            rank, launch.world_size, local_rank, launch.ranks_per_pod, launch.master_addr, launch.port
+        )
     return out
 
 
+def torchrun_args(launch: PodLaunch) -> list[str]:
+    """torchrun's placement of a GPU pod's ranks: pods x G, this pod's node rank, rank 0's pod."""
+    return [
+        f"--nnodes={launch.nodes}",
+        f"--nproc-per-node={launch.gpus}",
+        '--node-rank="$NODE_RANK"',
+        f"--master-addr={launch.master_addr}",
+        f"--master-port={launch.port}",
+    ]
+
+
+def ranks_script(launch: PodLaunch, python: str = NODE_PYTHON, module: str = "model.train") -> str:
+    """The shell a GPU pod runs (its trainer arguments are "$@"): torchrun starts G ranks, each
+    through a shell that records its exit code, then the pod exits with the first rank's own verdict.
+
+    torchrun exits 1 when any rank fails, which would read as a program error (podFailurePolicy: no
+    retry) for a lost peer, an OOM kill or a budget stop alike. The first code in order of time
+    other than 0 and a stop is the pod's; ranks that were only stopped give EXIT_STOPPED; no rank's
+    code at all (torchrun's rendezvous failed: a peer pod never came) gives EXIT_PEER_LOST, retried.
+    SIGTERM (a drain, `fab stop`) is passed to torchrun, which stops its ranks (they snapshot)."""
+    stopped = f"0|{EXIT_STOPPED}|143"
+    rank = (
+        f'trap : TERM; "$0" -m {module} "$@"; code=$?; echo "$code" > "$NANOCLUSTER_EXITS/$LOCAL_RANK"; exit "$code"'
+    )
+    torchrun = " ".join([python, "-m", "torch.distributed.run", *torchrun_args(launch), "--no-python"])
+    return "\n".join(
+        [
+            "export NANOCLUSTER_EXITS=\"$(mktemp -d)\"",
+            "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT",
+            f"{torchrun} sh -c {shlex.quote(rank)} {python} \"$@\" &",
+            "pid=$!",
+            'wait "$pid"; rc=$?',
+            'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+            '[ "$rc" -eq 0 ] && exit 0',
+            "verdict=",
+            'for f in $(ls -tr "$NANOCLUSTER_EXITS"); do',
+            '  code=$(cat "$NANOCLUSTER_EXITS/$f")',
+            f'  case "$code" in {stopped}) [ "$code" -eq 0 ] || verdict=${{verdict:-{EXIT_STOPPED}}} ;;',
+            '    *) echo "rank $((NODE_RANK * ' + str(launch.ranks_per_pod) + ' + f)) ended first with exit $code";'
+            ' exit "$code" ;;',
+            "  esac",
+            "done",
+            f'echo "torchrun exited $rc"; exit "${{verdict:-{EXIT_PEER_LOST}}}"',
+        ]
+    )
+
+
 def trainer_command(launch: PodLaunch) -> list[str]:
-    """What the trainer container runs (its command and args together), in launch.run_dir."""
+    """What the trainer container runs (its command and args together), in launch.run_dir: the
+    trainer, or on GPU nodes the shell starting torchrun (ranks_script) with the trainer's args."""
+    if launch.gpus:
+        return ["sh", "-c", ranks_script(launch), "ranks", *launch.trainer_args]
     return [NODE_PYTHON, "-m", "model.train", *launch.trainer_args]
 
 
@@ -238,22 +332,30 @@ def pod_failure_policy() -> dict:
 
 
 def training_job(launch: PodLaunch) -> dict:
-    """The Indexed Job: one pod per node, pod k runs rank k."""
+    """The Indexed Job: one pod per node, pod k runs rank k (ranks k*G .. k*G+G-1 on GPU nodes)."""
     command = trainer_command(launch)
+    split = 4 if launch.gpus else 3  # the args are the trainer's either way
     request = {
         "cpu": f"{int(launch.cores * REQUEST_SHARE * 1000)}m",
         "memory": f"{int(launch.memory_gib * REQUEST_SHARE * 1024)}Mi",
     }
+    limits = {"memory": f"{int(launch.memory_gib * 1024)}Mi"}
+    tolerations = [dict(t) for t in launch.tolerations]
+    if launch.gpus:
+        # An extended resource is requested by its limit, and a request must equal it.
+        request[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(launch.gpus)
+        if GPU_TOLERATION not in tolerations:
+            tolerations.append(dict(GPU_TOLERATION))
     container = {
         "name": CONTAINER,
         "image": launch.image,
-        "command": command[:3],
-        "args": command[3:],
+        "command": command[:split],
+        "args": command[split:],
         "workingDir": launch.run_dir,
         "env": container_env(launch),
         # Memory beyond the node's is killed as the pod's (OOMKilled), not by starving the node's
         # daemons. No CPU limit: CFS quota would throttle the OpenMP threads, alone on the node anyway.
-        "resources": {"requests": request, "limits": {"memory": f"{int(launch.memory_gib * 1024)}Mi"}},
+        "resources": {"requests": request, "limits": limits},
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
     }
     one_pod_per_node = {
@@ -268,7 +370,7 @@ def training_job(launch: PodLaunch) -> dict:
         # The environment is exactly ours: no <SERVICE>_PORT variables from the namespace's Services.
         "enableServiceLinks": False,
         "nodeSelector": dict(launch.node_selector),
-        "tolerations": [dict(t) for t in launch.tolerations],
+        "tolerations": tolerations,
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [one_pod_per_node]}},
         "containers": [container],
         "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}],

@@ -3,8 +3,8 @@
 
     setup          the staging Job: node environment once, model/ by digest (launcher.kube.jobs)
     prepare_data   a Job writing data/<dataset> once on the shared claim: every pod reads that copy
-    status         the run's pods (rank, node, phase) and this machine's record of the run
-    logs           each pod's log, [rank R host] as fab train prints it
+    status         the run's pods (ranks, node, phase) and this machine's record of the run
+    logs           each pod's log, [rank R host] as fab train prints it (a GPU pod's holds G ranks)
     stop           delete the run's Job and Service (every pod gets SIGTERM: it snapshots and exits)
     sample         model.sample in a Job on the claim; its log is the text
     fetch          the best checkpoint and metrics copied here from a helper pod (exec stream)
@@ -38,7 +38,7 @@ from launcher.kube.jobs import (
     stage,
 )
 from launcher.kube.objects import CONTAINER, job_name
-from launcher.kube.watch import disruption, rank_of, unit_of
+from launcher.kube.watch import disruption, rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
@@ -65,7 +65,8 @@ def setup(
     if profile != "default" or pip_args or idle_minutes is not None:
         raise TaskError(
             "--profile, --pip-args and --idle-minutes are for VM nodes: a Kubernetes cluster's node "
-            "environment is the default profile on the shared claim, and its pool scales to 0 by itself"
+            "environment is the default profile on the shared claim (cuda on GPU nodes), and its pool "
+            "scales to 0 by itself"
         )
     api, cluster = open_cluster(cluster_spec)
     stage(api, cluster)
@@ -120,7 +121,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     api, cluster = open_cluster(cluster_spec)
     jobs, services, pods = run_objects(api, run)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
-    for column in ("pod", "rank", "node", "phase", "detail"):
+    for column in ("pod", "rank(s)", "node", "phase", "detail"):
         table.add_column(column, overflow="fold")
     failed = 0
     for pod in sorted(pods, key=rank_of):
@@ -128,7 +129,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         code = exit_code(pod)
         detail = disruption(pod) or ("" if code is None else f"exit {code}")
         failed += phase == "Failed"
-        table.add_row(name_of(pod), str(rank_of(pod)), unit_of(pod).node.name, phase, detail)
+        table.add_row(name_of(pod), ranks_text(pod), unit_of(pod).node.name, phase, detail)
     console.print(table)
     job_state = ", ".join(f"{name_of(j)} {job_condition(j)}" for j in jobs) or "no Job (not running)"
     say(f"Job: {job_state}; Service: {', '.join(name_of(s) for s in services) or 'none'}")
@@ -160,8 +161,8 @@ def logs(
             f"run {run!r} has no pod: start it with `fab train --run {run}` (a finished run's pods are "
             "deleted; its record is in `fab status`)"
         )
-    if rank is not None:
-        pods = [p for p in pods if rank_of(p) == rank]
+    if rank is not None:  # the pod holding it: a GPU pod holds G ranks
+        pods = [p for p in pods if rank in ranks_of(p)]
         if not pods:
             raise TaskError(f"run {run!r} has no pod of rank {rank}")
     for pod in pods:
@@ -280,15 +281,21 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
     check_name(dataset, "dataset")
     api, cluster = open_cluster(cluster_spec)
     access = access_of(cluster)
+    gpus = f", {cluster.gpus_per_node} x {cluster.gpu_model}" if cluster.gpus_per_node else ""
     say(
         f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
-        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores"
+        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
     )
+    python = f"{volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python"
     checks = {
-        "node environment": f"test -x {volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python",
+        "node environment": f"test -x {python}",
         "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
         f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
     }
+    if cluster.gpus_per_node:  # the helper pod has no GPU: whether torch is a CUDA build, not whether it sees one
+        checks["CUDA torch in the node environment"] = (
+            f"{python} -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null"
+        )
     script = "; ".join(
         f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi" for what, test in checks.items()
     )
@@ -306,5 +313,8 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
         on_line=on_line,
     )
     if missing:
-        say("fix: `fab setup` builds the node environment and code; `fab prepare-data` writes the dataset")
+        say(
+            "fix: `fab setup` builds the node environment (the cuda profile on GPU nodes) and code; "
+            "`fab prepare-data` writes the dataset"
+        )
     return 1 if missing else 0

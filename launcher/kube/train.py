@@ -5,11 +5,13 @@
              memory, then stage the node environment, model/ and runs/<run>/train.yaml on the
              shared claim (launcher.kube.jobs)
     start    delete what an earlier attempt left, create the headless Service and the Indexed Job
-             (launcher.kube.objects)
+             (launcher.kube.objects): one pod per node, G ranks per pod on nodes with G GPUs, so
+             the world is pods x G (the trainer's expected_world_size, the record's world_size)
     watch    PodWatch: each pod's log, rank 0's metrics, the first failed or evicted pod
     recover  nothing to bring back by hand: the next attempt's pods wait for capacity (the autoscaler
              adds nodes for Pending pods) up to --recover-timeout; a restart whose pods find too few
-             nodes goes on with the ones placed when --min-nodes allows it (keep_global_batch=true)
+             nodes goes on with the ones placed when --min-nodes allows it (keep_global_batch=true),
+             still G ranks each
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import delete_run_objects
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
-from launcher.launch.fit import check_pod_fit
+from launcher.launch.fit import GIB, check_pod_fit, checkpoint_shape
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
@@ -32,6 +34,8 @@ from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT
+from model.gpt.memory_estimate import GB, estimate_rank_memory
+from model.settings.config import TrainConfig
 
 CONFIG_NAME = "train.yaml"
 """The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
@@ -57,7 +61,7 @@ class KubeRun:
         if request.launcher != "fabric":
             raise TaskError(
                 f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
-                "by its Job (drop --launcher)"
+                "by its Job, or torchrun in each pod on GPU nodes (drop --launcher)"
             )
         cluster = resolve_cluster(request.cluster_spec)
         if cluster.kube is None:
@@ -88,12 +92,15 @@ class KubeRun:
             config_file=prepared.config_file or "",
             overrides=prepared.overrides + extra,
         )
+        pods, gpus = self.count, cluster.gpus_per_node
+        world = f"expected_world_size={pods * max(1, gpus)}"  # G ranks per pod, whatever the plan counted
+        args = [world if a.startswith("expected_world_size=") else a for a in trainer_args(plan)]
         try:
             return objects.PodLaunch(
                 run=request.run,
                 job=objects.job_name(cluster.cluster_name, request.run),
                 namespace=access.namespace,
-                nodes=self.count,
+                nodes=pods,
                 port=plan.master_port,
                 image=objects.DEFAULT_IMAGE,
                 claim=access.storage_claim,
@@ -101,15 +108,23 @@ class KubeRun:
                 memory_gib=access.memory_gib or 1.0,
                 node_selector=dict(access.node_selector),
                 tolerations=access.tolerations,
-                trainer_args=tuple(trainer_args(plan)),
+                trainer_args=tuple(args),
                 attempt=attempt,
+                gpus=gpus,
             )
         except ValueError as e:
             raise TaskError(str(e)) from None
 
     def check_fit(self, prepared: Prepared) -> None:
-        """A rank's memory estimate against its pod's limit, before any object exists."""
-        check_pod_fit(prepared.trainer_config, len(self.nodes), self.access.memory_gib, self.cluster.describe())
+        """A rank's memory estimate against its pod's limit, or on GPU nodes against one GPU's memory,
+        before any object exists."""
+        gpus = self.cluster.gpus_per_node
+        if not gpus:
+            check_pod_fit(prepared.trainer_config, len(self.nodes), self.access.memory_gib, self.cluster.describe())
+            return
+        check_gpu_fit(
+            prepared.trainer_config, len(self.nodes) * gpus, self.access.gpu_memory_gib, self.cluster.describe()
+        )
 
     def dry_run(self, prepared: Prepared) -> None:
         import yaml
@@ -144,11 +159,12 @@ class KubeRun:
                 api.namespace, V1Service.model_validate(objects.headless_service(launch))
             )
             api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(objects.training_job(launch)))
+        per_pod = f", {launch.gpus} GPU rank(s) each ({launch.world_size} ranks)" if launch.gpus else ""
         say(
-            f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node, "
+            f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node{per_pod}, "
             f"rank 0 at {launch.master_addr}:{launch.port}"
         )
-        return Started(self.nodes[: launch.nodes], launch.nodes)
+        return Started(self.nodes[: launch.nodes], launch.world_size)
 
     def watch(self) -> Progress:
         api, run = self.connected(), self.request.run
@@ -205,6 +221,24 @@ class KubeRun:
 
     def close(self) -> None:
         pass
+
+
+def check_gpu_fit(cfg: TrainConfig, world: int, gpu_memory_gib: float, where: str) -> None:
+    """Rank 0's estimate against one GPU's memory: a TaskError before any object is created, rather
+    than a CUDA out-of-memory error in every pod. gpu_memory_gib 0 (unknown) checks nothing."""
+    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
+    # GPU MEMORY ESTIMATE: pass device="cuda" here once model.gpt.memory_estimate.estimate_rank_memory
+    # takes it (what a rank holds in GPU memory); until then its CPU estimate stands in, which counts
+    # the host-side snapshot copy too and so errs on the safe side.
+    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape)
+    if not gpu_memory_gib or estimate is None or estimate.total / GB <= gpu_memory_gib * GIB / GB:
+        return
+    raise TaskError(
+        f"rank 0 does not fit a GPU on {where}: it needs ~{estimate.describe()} and a GPU holds "
+        f"{gpu_memory_gib * GIB / GB:.1f} GB: a smaller micro-batch or context "
+        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
+        "--set zero_stage=1, or a GPU with more memory"
+    )
 
 
 def train(request: TrainRequest) -> int:

@@ -9,7 +9,9 @@
     tool Job              one program of the node environment (sample, a metrics tail): its log is the answer
 
 They run the stock image on any node (no training-pool selector, so the pool is not scaled up for
-them) with the claim at MOUNT_PATH, as the training pods see it.
+them) with the claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
+CUDA venv, preparing data and sampling need none) or tolerates a taint: they keep off a tainted
+training pool (GKE taints its GPU pools nvidia.com/gpu) and run on the cluster's other nodes.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ LABEL_ROLE = "nanocluster.dev/role"
 """What a helper object is for: staging, prepare, tool."""
 VENV_MARKER = f"{MOUNT_PATH}/venv/.nanocluster-ready"
 """The node environment's marker, holding the digest of the requirements it was built from."""
-TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
 def meta(name: str, namespace: str, role: str, run: str = "") -> dict:
@@ -90,14 +91,15 @@ def staging_configmap(namespace_name: str, files: dict[str, bytes]) -> dict:
 
 
 def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str]) -> str:
-    """Shell for the staging Job: venv when its marker differs, code when its digest differs, run files."""
+    """Shell for the staging Job: venv when its marker differs, code when its digest differs, run files.
+    The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py)."""
     venv = f"{MOUNT_PATH}/venv"
     lines = [
         "set -eu",
         f'if [ "$(cat {VENV_MARKER} 2>/dev/null)" != {requirements_sha} ]; then',
         f"  echo 'building the node environment in {venv} (once per requirements digest)'",
         f"  rm -rf {venv} && python -m venv {venv}",
-        f"  {venv}/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt --extra-index-url {TORCH_INDEX}",
+        f"  {venv}/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt",
         f"  echo {requirements_sha} > {VENV_MARKER}",
         "fi",
         f'if [ "$(cat {CODE_DIR}/.sha256 2>/dev/null)" != {code_sha} ]; then',

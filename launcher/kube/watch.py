@@ -2,13 +2,14 @@
 
 The pods are listed every POLL_S (one light request). Each pod that starts gets a thread following
 its log (the API's follow stream), labelled as the VM launcher labels a rank (launcher.launch.plan's
-Unit), so `fab train` reads the same on both kinds. Rank 0's metrics.jsonl is followed through an
-exec stream into its pod (a `tail -F` on the shared volume) for the progress line and the
-operator's metrics copy (launcher.runs.metrics_copy). The first pod to fail -- its container exited
-non-zero, or it was evicted or preempted (condition DisruptionTarget) -- ends the watch: the
-caller's stop_all deletes the Job (every pod gets SIGTERM) and RunFailed names the rank, as the VM
-monitor's does, so launcher.recover's policy classifies it the same way. A pod that finds no node
-within the pending timeout ends the watch with one line.
+Unit), so `fab train` reads the same on both kinds; a GPU pod holds G ranks (pod k: ranks k*G ..
+k*G+G-1, whose own lines carry their [rank R host] prefix) and is labelled as a VM's torchrun unit.
+Rank 0's metrics.jsonl is followed through an exec stream into its pod (a `tail -F` on the shared
+volume) for the progress line and the operator's metrics copy (launcher.runs.metrics_copy). The
+first pod to fail -- its container exited non-zero, or it was evicted or preempted (condition
+DisruptionTarget) -- ends the watch: the caller's stop_all deletes the Job (every pod gets SIGTERM)
+and RunFailed names the rank, as the VM monitor's does, so launcher.recover's policy classifies it
+the same way. A pod that finds no node within the pending timeout ends the watch with one line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from kubernetes.client import V1Pod
 
 from launcher.cluster.inventory import Node
+from launcher.cluster.kube_contract import GPU_RESOURCE
 from launcher.kube.api import Api, labels_of, name_of
 from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response, unschedulable
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
@@ -58,6 +60,7 @@ class StuckPending(RunFailed):
 
 
 def rank_of(pod: V1Pod) -> int:
+    """The pod's completion index: its rank on CPU nodes, its node rank (torchrun's) on GPU nodes."""
     annotations = (pod.metadata.annotations if pod.metadata else None) or {}
     value = annotations.get(COMPLETION_INDEX_ANNOTATION) or labels_of(pod).get(COMPLETION_INDEX_ANNOTATION)
     return int(value) if value is not None and str(value).isdigit() else -1
@@ -68,11 +71,35 @@ def node_of(pod: V1Pod) -> str:
     return (pod.spec.node_name if pod.spec else None) or ""
 
 
+def gpus_of(pod: V1Pod) -> int:
+    """The GPUs the pod's trainer container requests (its limit): G ranks run in it; 0 on a CPU pod."""
+    for container in (pod.spec.containers or []) if pod.spec else []:
+        limits = (container.resources.limits if container.resources else None) or {}
+        if container.name == CONTAINER and str(limits.get(GPU_RESOURCE, "0")).isdigit():
+            return int(limits.get(GPU_RESOURCE, "0"))
+    return 0
+
+
+def ranks_of(pod: V1Pod) -> range:
+    """The ranks the pod holds: its index on CPU nodes, k*G .. k*G+G-1 on GPU nodes."""
+    index, per_pod = rank_of(pod), max(1, gpus_of(pod))
+    return range(index * per_pod, (index + 1) * per_pod)
+
+
+def ranks_text(pod: V1Pod) -> str:
+    """"3", or "4-7" for a pod of four GPU ranks."""
+    ranks = ranks_of(pod)
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
 def unit_of(pod: V1Pod) -> Unit:
-    """The pod as the VM launcher's rank unit: prefix [rank R host], host the node it runs on."""
-    rank = rank_of(pod)
+    """The pod as the VM launcher's unit, host the node it runs on: a rank unit, prefix [rank R host],
+    on CPU nodes; on GPU nodes a machine's torchrun unit, prefix [pod<k> host]."""
+    index = rank_of(pod)
     host = node_of(pod) or name_of(pod)
-    return Unit(f"rank{rank}", "rank", Node(rank, host, "", ""), rank)
+    if gpus_of(pod):
+        return Unit(f"pod{index}", "node", Node(index, host, "", ""))
+    return Unit(f"rank{index}", "rank", Node(index, host, "", ""), index)
 
 
 def disruption(pod: V1Pod) -> str:
@@ -84,7 +111,7 @@ def disruption(pod: V1Pod) -> str:
 
 
 class PodWatch:
-    """Follows one attempt's pods until every rank succeeded; RunFailed otherwise."""
+    """Follows one attempt's pods until every pod (and so every rank) succeeded; RunFailed otherwise."""
 
     def __init__(
         self,
@@ -118,7 +145,7 @@ class PodWatch:
 
     def follow_log(self, pod: V1Pod) -> None:
         unit = unit_of(pod)
-        tail = self.tails.setdefault(unit.rank or 0, deque(maxlen=TAIL_LINES))
+        tail = self.tails.setdefault(rank_of(pod), deque(maxlen=TAIL_LINES))
 
         def follow() -> None:
             with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
@@ -243,6 +270,8 @@ class PodWatch:
         evicted = disruption(first)
         code = exit_code(first)
         what = unit.prefix.strip("[]")
+        if unit.rank is None:
+            what += f" (ranks {ranks_text(first)})"
         lines = list(self.tails.get(rank_of(first), ()))
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:

@@ -105,7 +105,16 @@ class FakeKube:
 
     # --- what a cluster has before the launcher comes ---
 
-    def seed(self, namespace: bool = True, rwx: bool = True, claim: bool = True, nodes: int = 4) -> None:
+    def seed(
+        self,
+        namespace: bool = True,
+        rwx: bool = True,
+        claim: bool = True,
+        nodes: int = 4,
+        gpu_nodes: tuple[tuple[int, dict[str, str]], ...] = (),
+    ) -> None:
+        """The namespace, the storage class, the claim, `nodes` CPU nodes, and a GPU node per
+        (GPUs, labels) in gpu_nodes, tainted nvidia.com/gpu as GKE taints its GPU pools."""
         if namespace:
             self._emulator[f"get /api/v1/namespaces/{NAMESPACE}"] << {
                 "apiVersion": "v1",
@@ -138,6 +147,16 @@ class FakeKube:
                     "kind": "Node",
                     "metadata": {"name": f"node-{i}"},
                     "status": {"allocatable": {"cpu": "3920m", "memory": "15Gi"}},
+                }
+            )
+        for i, (gpus, labels) in enumerate(gpu_nodes):
+            self.core.create_node(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": f"gpu-node-{i}", "labels": labels},
+                    "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+                    "status": {"allocatable": {"cpu": "23", "memory": "80Gi", "nvidia.com/gpu": str(gpus)}},
                 }
             )
 

@@ -1,9 +1,11 @@
 """Every object the launcher creates on a Kubernetes cluster, validated against the API's OpenAPI
 schemas with kubernetes-validate --strict (unknown fields fail): those of launcher.kube.objects (the
-training Job and Service) and of launcher.kube.volume (namespace, claim, staging ConfigMap and the
-helper Jobs), built as the tasks build them."""
+training Job, on CPU and on GPU nodes, and Service) and of launcher.kube.volume (namespace, claim,
+staging ConfigMap and the helper Jobs), built as the tasks build them."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import kubernetes_validate
 import kubernetes_validate.utils
@@ -50,6 +52,7 @@ def every_object() -> dict[str, dict]:
     configmap = volume.staging_configmap("nanocluster", {"code.tar.gz": b"\x1f\x8b", "requirements.txt": b"torch\n"})
     return {
         "training Job": objects.training_job(LAUNCH),
+        "GPU training Job": objects.training_job(replace(LAUNCH, gpus=8)),
         "headless Service": objects.headless_service(LAUNCH),
         "namespace": volume.namespace("nanocluster"),
         "claim": volume.claim(ACCESS),

@@ -1,0 +1,400 @@
+"""GPU pods: G = gpus_per_node ranks per pod under torchrun, the pod requesting the node's G GPUs and
+tolerating the GPU taint, the world pods x G through every path that counts ranks (the trainer's
+expected_world_size, the record, status, logs, a smaller restart), the node facts read from a
+kubeconfig cluster's GPU nodes, the staged environment's profile, and the pod's exit code under
+torchrun (a real torchrun, with a stand-in trainer: tests/launcher/kube/rank_stub.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes import client
+
+from launcher.cluster.inventory import parse_contract
+from launcher.cluster.kube_contract import GPU_MEMORY_GIB, GPU_TOLERATION
+from launcher.console import TaskError
+from launcher.kube import api as kube_api
+from launcher.kube import jobs, objects
+from launcher.kube.objects import rank_environment, ranks_script, training_job
+from launcher.kube.watch import ranks_of, ranks_text, unit_of
+from launcher.runs.record import RunRecord
+from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
+from tests.launcher.kube.test_objects import KUBERNETES_VERSIONS, container, launch_of
+
+ROOT = Path(__file__).resolve().parents[3]
+GPU_COUNTS = (0, 1, 2, 4, 8)
+POOL_TOLERATION = {"key": "nanocluster.dev/training", "operator": "Exists", "effect": "NoSchedule"}
+QUICK = ("--set", "max_iters=4")
+
+
+def env_value(job: dict, name: str) -> object:
+    (var,) = [v for v in container(job)["env"] if v["name"] == name]
+    return var.get("value", var.get("valueFrom"))
+
+
+# --- the pod spec per G ---
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_job_of_every_gpu_count_passes_the_strict_schema(gpus, version):
+    kubernetes_validate.validate(training_job(launch_of(gpus=gpus)), version, strict=True)
+    kubernetes_validate.validate(training_job(launch_of(gpus=gpus, tolerations=())), version, strict=True)
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_a_gpu_pod_requests_its_nodes_gpus_and_tolerates_their_taint(gpus):
+    job = training_job(launch_of(gpus=gpus, nodes=3))
+    pod = job["spec"]["template"]["spec"]
+    resources = container(job)["resources"]
+    if gpus:
+        # An extended resource: requests == limits, or the API server refuses the pod.
+        assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == str(gpus)
+        assert pod["tolerations"] == [POOL_TOLERATION, GPU_TOLERATION]
+        assert GPU_TOLERATION == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    else:
+        assert "nvidia.com/gpu" not in resources["requests"] and "nvidia.com/gpu" not in resources["limits"]
+        assert pod["tolerations"] == [POOL_TOLERATION]
+    assert resources["limits"]["memory"] == "31232Mi" and resources["requests"]["cpu"] == "4000m"
+    # still one pod per node, one pod per node of the pool
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    # a toleration the contract already has is not doubled
+    doubled = training_job(launch_of(gpus=gpus, tolerations=(GPU_TOLERATION,)))
+    assert doubled["spec"]["template"]["spec"]["tolerations"] == [GPU_TOLERATION]
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_torchrun_places_g_ranks_per_pod_with_the_pods_node_rank(gpus):
+    launch = launch_of(gpus=gpus, nodes=3, cores=16)
+    job = training_job(launch)
+    c = container(job)
+    assert c["args"] == list(launch.trainer_args)  # the trainer's arguments either way
+    if not gpus:
+        assert c["command"] == [f"{objects.MOUNT_PATH}/venv/bin/python", "-m", "model.train"]
+        assert env_value(job, "RANK")["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
+        assert env_value(job, "WORLD_SIZE") == "3"
+        assert "NCCL_SOCKET_IFNAME" not in {v["name"] for v in c["env"]}
+        return
+    sh, dash_c, script, name = c["command"]
+    assert (sh, dash_c, name) == ("sh", "-c", "ranks")
+    torchrun = next(line for line in script.splitlines() if "torch.distributed.run" in line)
+    assert torchrun.startswith(
+        f"{objects.MOUNT_PATH}/venv/bin/python -m torch.distributed.run --nnodes=3 --nproc-per-node={gpus} "
+        f'--node-rank="$NODE_RANK" --master-addr={launch.job}-0.{launch.service} --master-port=29500 --no-python sh -c '
+    )
+    assert '-m model.train "$@"' in torchrun and torchrun.endswith(' "$@" &')
+    # torchrun gives each rank RANK, WORLD_SIZE and LOCAL_RANK: the pod sets only its node rank
+    names = {v["name"] for v in c["env"]}
+    assert not names & {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"}
+    assert env_value(job, "NODE_RANK")["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
+    assert env_value(job, "NCCL_SOCKET_IFNAME") == "eth0"
+    assert env_value(job, "LD_LIBRARY_PATH") == "/usr/local/nvidia/lib64"
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_pod_k_holds_ranks_k_times_g_onwards_with_a_share_of_the_cores(gpus):
+    launch = launch_of(gpus=gpus, nodes=3, cores=16)
+    g = max(1, gpus)
+    assert launch.world_size == 3 * g
+    seen = []
+    for rank in range(launch.world_size):
+        env = rank_environment(launch, rank)
+        pod = int(env["NODE_RANK"] if gpus else env["RANK"])
+        assert pod == rank // g
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == str(3 * g)
+        assert env["LOCAL_RANK"] == str(rank % g) and env["LOCAL_WORLD_SIZE"] == str(g)
+        assert env["MASTER_ADDR"] == f"{launch.job}-0.{launch.service}"
+        assert env["OMP_NUM_THREADS"] == str(16 // g)
+        seen.append((pod, int(env["LOCAL_RANK"])))
+    assert seen == [(k, i) for k in range(3) for i in range(g)]
+    with pytest.raises(ValueError, match=rf"0\.\.{3 * g - 1}"):
+        rank_environment(launch, 3 * g)
+
+
+def test_threads_per_rank_never_drop_below_one_and_a_negative_gpu_count_is_refused():
+    assert launch_of(gpus=8, cores=4).threads_per_rank == 1
+    with pytest.raises(ValueError, match="gpus_per_node must be >= 0"):
+        launch_of(gpus=-1)
+
+
+# --- the pod's exit code under torchrun (a real torchrun on this machine's CPU, two ranks) ---
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_pod(exits: str, delays: str, python: str = sys.executable, stop_once_started: bool = False):
+    """The GPU pod's shell for 2 ranks on one node, rank 0's pod here, ranks being rank_stub; with
+    stop_once_started, SIGTERM to the pod's shell (the kubelet's stop) once both ranks run."""
+    launch = launch_of(gpus=2, nodes=1, port=free_port())
+    script = ranks_script(launch, python=python, module="tests.launcher.kube.rank_stub")
+    script = script.replace(f"--master-addr={launch.master_addr}", "--master-addr=127.0.0.1")
+    env = os.environ | {"NODE_RANK": "0", "STUB_EXITS": exits, "STUB_DELAYS": delays, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        ["sh", "-c", script, "ranks", "out_dir=."], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = ""
+    if stop_once_started:
+        assert process.stdout is not None
+        for line in process.stdout:
+            seen += line
+            if seen.count(" of 2, local ") == 2:
+                break
+        time.sleep(0.5)  # the ranks' SIGTERM handlers are set before they print
+        process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    return process.returncode, seen + out
+
+
+@pytest.mark.parametrize(
+    "exits, delays, code",
+    [
+        ("0,0", "0,0", 0),
+        (f"{EXIT_BUDGET},{EXIT_BUDGET}", "0,0", EXIT_BUDGET),  # a budget stop stays one, not torchrun's 1
+        (f"0,{EXIT_PROGRAM_ERROR}", "0,0.3", EXIT_PROGRAM_ERROR),  # the program's error: not retried
+        (f"{EXIT_PEER_LOST},{EXIT_PROGRAM_ERROR}", "0,5", EXIT_PEER_LOST),  # the first rank's code, the other stopped
+        ("137,0", "0.3,5", 137),  # an OOM kill reads as one
+    ],
+)
+def test_the_pod_exits_with_the_first_ranks_own_verdict(exits, delays, code):
+    returncode, out = run_pod(exits, delays)
+    assert returncode == code, out
+    assert "rank 0 of 2, local 0" in out  # a rank stopped as it started may not have printed
+    if code:
+        assert "ended first with exit" in out
+
+
+def test_a_stopped_pod_stops_its_ranks_and_exits_as_stopped():
+    returncode, out = run_pod("0,0", "30,30", stop_once_started=True)
+    assert returncode == EXIT_STOPPED, out
+    assert "ended first" not in out
+
+
+def test_a_torchrun_that_started_no_rank_reads_as_a_lost_peer(tmp_path):
+    returncode, out = run_pod("0,0", "0,0", python="/bin/false")
+    assert returncode == EXIT_PEER_LOST and "torchrun exited 1" in out
+
+
+# --- a contract's GPUs, and a kubeconfig cluster's GPU nodes ---
+
+
+@pytest.fixture
+def cuda_pins(tmp_path, monkeypatch):
+    """The cuda profile's pins file as tools/lock.py writes it (made by another branch)."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    (node_dir / "requirements-default.txt").write_bytes((jobs.NODE_DIR / "requirements-default.txt").read_bytes())
+    (node_dir / "requirements-cuda.txt").write_text("torch==2.13.0\n")
+    monkeypatch.setattr(jobs, "NODE_DIR", node_dir)
+    return node_dir
+
+
+def gpu_contract(fake, gpus: int = 2, model: str = "nvidia-l4") -> dict:
+    return fake.contract() | {"gpus_per_node": gpus, "gpu_model": model}
+
+
+def write(tmp_path, contract: dict):
+    path = tmp_path / "gpu-cluster.json"
+    path.write_text(json.dumps(contract))
+    return path
+
+
+def training_jobs(fake) -> list[dict]:
+    return [j for j in fake.created_jobs if j["spec"].get("completionMode") == "Indexed"]
+
+
+def test_a_contracts_gpu_memory_comes_from_its_key_or_the_gke_model(fake):
+    cluster = parse_contract(gpu_contract(fake, model="nvidia-tesla-t4"), "c.json")
+    assert cluster.kube is not None and cluster.kube.gpu_memory_gib == GPU_MEMORY_GIB["nvidia-tesla-t4"] == 15.0
+    cluster = parse_contract(gpu_contract(fake, model="nvidia-tesla-t4") | {"gpu_memory_gib": 14.5}, "c.json")
+    assert cluster.kube is not None and cluster.kube.gpu_memory_gib == 14.5
+    assert parse_contract(gpu_contract(fake, model="a-new-gpu"), "c.json").kube.gpu_memory_gib == 0.0
+    assert parse_contract(fake.contract(), "c.json").kube.gpu_memory_gib == 0.0
+    with pytest.raises(ValueError, match="'gpu_memory_gib' must be a non-negative number"):
+        parse_contract(gpu_contract(fake) | {"gpu_memory_gib": "16GB"}, "c.json")
+
+
+def node(name: str, gpus: int = 0, labels: dict | None = None, cpu: str = "7910m") -> client.V1Node:
+    allocatable = {"cpu": cpu, "memory": "30Gi"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(name=name, labels=labels or {}),
+        status=client.V1NodeStatus(allocatable=allocatable),
+    )
+
+
+def test_the_gpu_nodes_are_the_training_nodes_and_a_mix_of_models_is_pinned_to_the_most_numerous():
+    cpu = [node("cpu-0"), node("cpu-1")]
+    assert kube_api.training_nodes(cpu) == (cpu, {})
+    t4 = [node(f"t4-{i}", 4, {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}) for i in range(2)]
+    assert kube_api.training_nodes(cpu + t4) == (t4, {})
+    a100 = [node("a100-0", 8, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960"})]
+    training, selector = kube_api.training_nodes(cpu + a100 + t4)
+    assert training == t4 and selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+    assert kube_api.gpu_memory_of(t4[0]) == 15.0  # GKE's label names the model; its memory is looked up
+    assert kube_api.gpu_memory_of(a100[0]) == 40.0  # GPU feature discovery's label says it in MiB
+    assert kube_api.gpu_model_of(a100[0]) == "NVIDIA-A100-SXM4-40GB"
+    assert kube_api.gpu_count(cpu[0]) == 0 and kube_api.gpu_count(a100[0]) == 8
+
+
+def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, task, tmp_path, cuda_pins):
+    gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    fake.seed(nodes=2, gpu_nodes=((4, gke), (4, gke), (8, gke)))
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "4")
+    assert ran.error_lines and "--nodes 4 but cluster 'fake' has 3 node(s)" in ran.error_lines[0]
+    assert "training on the 3 GPU node(s) (4 x nvidia-l4 each); the other 2 node(s) run the helper Jobs" in ran.out
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "2", "--run", "g", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    c = container(job)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4" and "expected_world_size=8" in c["args"]
+    assert env_value(job, "OMP_NUM_THREADS") == "5"  # 23 allocatable cores, 4 ranks
+    assert GPU_TOLERATION in job["spec"]["template"]["spec"]["tolerations"]
+    assert "2 pod(s), one per node, 4 GPU rank(s) each (8 ranks)" in ran.out + ran.err
+    # the helper Jobs need no GPU and keep off the tainted GPU nodes
+    for helper in fake.created_jobs:
+        if helper["spec"].get("completionMode") != "Indexed":
+            pod = helper["spec"]["template"]["spec"]
+            assert not pod.get("tolerations") and "nvidia.com/gpu" not in json.dumps(pod)
+
+
+# --- the staged environment's profile ---
+
+
+def test_the_staged_environment_is_the_cuda_profile_on_gpu_nodes(fake, task, tmp_path, monkeypatch):
+    fake.seed()
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    (node_dir / "requirements-default.txt").write_text("--extra-index-url https://download.pytorch.org/whl/cpu\n")
+    monkeypatch.setattr(jobs, "NODE_DIR", node_dir)
+    cluster = parse_contract(gpu_contract(fake), "c.json")
+    assert jobs.node_profile(cluster) == "cuda" and jobs.node_profile(parse_contract(fake.contract(), "c")) == "default"
+    ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
+    assert ran.code == 1 and len(ran.error_lines) == 1
+    assert "requirements-cuda.txt is missing: the cuda profile's pins are written by `make lock`" in ran.error_lines[0]
+    (node_dir / "requirements-cuda.txt").write_text("torch==2.13.0\n")
+    ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
+    assert ran.code == 0, ran.err
+    assert "node environment (cuda profile)" in ran.out + ran.err
+    (configmap,) = fake.core.list_namespaced_config_map("nanocluster").items
+    import base64
+
+    assert base64.b64decode(configmap.binary_data["requirements.txt"]) == b"torch==2.13.0\n"
+    (stage,) = fake.created_jobs
+    script = stage["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "-r /staging/requirements.txt\n" in script and "whl/cpu" not in script  # the file names its index
+
+
+def test_the_cpu_profile_is_the_default_pins_file():
+    assert jobs.NODE_DIR.name == "node" and (jobs.NODE_DIR / "requirements-default.txt").is_file()
+
+
+# --- ranks through a run: the record, a restart on fewer pods, status and logs ---
+
+
+def test_world_size_is_pods_times_g_through_a_restart_on_fewer_pods(fake, task, script, tmp_path, cuda_pins):
+    fake.seed()
+    script.fail[(0, 2)] = "evict"  # a spot node reclaimed ...
+    script.unschedulable.add((1, 2))  # ... and not replaced within --recover-timeout
+    path = write(tmp_path, gpu_contract(fake, gpus=2))
+    ran = task(
+        "train", "--cluster", str(path), "--nodes", "3", "--run", "m", "--recover-timeout", "1.5", "--min-nodes", "2"
+    )
+    assert ran.code == 0, ran.err
+    text = ran.out + ran.err
+    assert "restart 1/3: pod2 node-2 (ranks 4-5): node lost (pod fake-m-2-a0 PreemptionByScheduler" in text
+    assert "continuing on 2 pod(s) (--min-nodes 2)" in text
+    runs = training_jobs(fake)
+    assert [j["spec"]["completions"] for j in runs] == [3, 3, 2]
+    worlds = [next(a for a in container(j)["args"] if a.startswith("expected_world_size=")) for j in runs]
+    assert worlds == ["expected_world_size=6", "expected_world_size=6", "expected_world_size=4"]
+    assert "--nnodes=2 --nproc-per-node=2" in container(runs[-1])["command"][2]
+    assert "keep_global_batch=true" in container(runs[-1])["args"]
+    record = RunRecord.of(parse_contract(gpu_contract(fake, gpus=2), "c.json"), "m")
+    (launch,) = [e for e in record.events if e["event"] == "launch"]
+    assert launch["world_size"] == 6
+
+
+def test_a_failed_gpu_pod_is_named_with_its_ranks(fake, task, script, tmp_path, cuda_pins):
+    fake.seed()
+    script.fail[(0, 1)] = 1  # the program's error (the pod's exit: its first rank's own verdict)
+    ran = task("train", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))), "--nodes", "2", "--run", "f")
+    assert ran.code == 1
+    assert ran.error_lines == ["error: pod1 node-1 (ranks 4-7) exited with code 1; every pod was stopped"]
+
+
+def test_status_and_logs_map_ranks_to_the_pod_holding_them(fake, task, script, tmp_path):
+    fake.seed()
+    script.run_ticks = 10**9
+    script.log = {0: ["[rank 0 p0] step 1", "[rank 1 p0] step 1"], 1: ["[rank 2 p1] step 1", "[rank 3 p1] step 1"]}
+    launch = launch_of(run="r6", job="fake-r6", nodes=2, gpus=2, claim="shared", node_selector={}, tolerations=())
+    fake.core.create_namespaced_service("nanocluster", objects.headless_service(launch))
+    fake.batch.create_namespaced_job("nanocluster", training_job(launch))
+    deadline = time.monotonic() + 10
+    while len([p for p in fake.pods() if p.status and p.status.phase == "Running"]) < 2:
+        assert time.monotonic() < deadline, "the fake never ran the pods"
+        time.sleep(0.02)
+    pods = sorted(fake.pods(), key=lambda p: p.metadata.name)
+    assert [list(ranks_of(p)) for p in pods] == [[0, 1], [2, 3]] and ranks_text(pods[1]) == "2-3"
+    assert unit_of(pods[1]).prefix == "[pod1 node-1]"
+    contract = write(tmp_path, gpu_contract(fake))
+    ran = task("status", "--cluster", str(contract), "--run", "r6")
+    assert ran.code == 0, ran.err
+    assert "2-3" in ran.out and "0-1" in ran.out
+    ran = task("logs", "--cluster", str(contract), "--run", "r6", "--rank", "3")
+    assert ran.code == 0, ran.err
+    logged = [line for line in ran.out.splitlines() if line.startswith("[")]
+    assert logged == ["[rank 2 p1] step 1", "[rank 3 p1] step 1"]
+    task("stop", "--cluster", str(contract), "--run", "r6")
+
+
+# --- the fit check against one GPU's memory ---
+
+
+def test_a_run_that_cannot_fit_a_gpu_is_refused_before_any_object_exists(fake, task, tmp_path):
+    fake.seed()
+    path = write(tmp_path, gpu_contract(fake, gpus=4, model="nvidia-tesla-t4"))
+    big = ("--set", "model.n_layer=48", "--set", "model.n_embd=1600", "--set", "model.n_head=25")
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "big", *big, "--set", "init_from=scratch")
+    assert ran.code == 1
+    assert len(ran.error_lines) == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a GPU on ")
+    assert "a GPU holds 16.1 GB" in ran.error_lines[0] and "--set batch_size=N" in ran.error_lines[0]
+    assert not fake.jobs()
+
+
+def test_an_unknown_gpu_memory_checks_nothing():
+    from launcher.kube.train import check_gpu_fit
+    from model.settings.config import TrainConfig
+
+    check_gpu_fit(TrainConfig(), 8, 0.0, "nowhere")
+    with pytest.raises(TaskError, match="does not fit a GPU"):
+        check_gpu_fit(TrainConfig(), 8, 0.01, "nowhere")
+
+
+def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
+    fake.seed()
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 0, ran.err
+    assert "cores, 4 x nvidia-l4" in ran.out
+    (doctor,) = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
+    script = doctor["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "torch.version.cuda is None" in script and "CUDA torch in the node environment" in script
+    ran = task("doctor", "--cluster", str(write(tmp_path, fake.contract())), "--dataset", "cpu")  # a new Job name
+    doctors = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
+    assert "torch.version.cuda" not in doctors[-1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
