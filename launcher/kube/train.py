@@ -25,7 +25,7 @@ from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import delete_run_objects
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
-from launcher.launch.fit import GIB, check_pod_fit, checkpoint_shape
+from launcher.launch.fit import check_pod_fit, check_pod_gpu_fit
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
@@ -34,7 +34,6 @@ from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT
-from model.gpt.memory_estimate import GB, estimate_rank_memory
 from model.settings.config import TrainConfig
 
 CONFIG_NAME = "train.yaml"
@@ -122,7 +121,7 @@ class KubeRun:
         if not gpus:
             check_pod_fit(prepared.trainer_config, len(self.nodes), self.access.memory_gib, self.cluster.describe())
             return
-        check_gpu_fit(
+        check_pod_gpu_fit(
             prepared.trainer_config, len(self.nodes) * gpus, self.access.gpu_memory_gib, self.cluster.describe()
         )
 
@@ -221,24 +220,6 @@ class KubeRun:
 
     def close(self) -> None:
         pass
-
-
-def check_gpu_fit(cfg: TrainConfig, world: int, gpu_memory_gib: float, where: str) -> None:
-    """Rank 0's estimate against one GPU's memory: a TaskError before any object is created, rather
-    than a CUDA out-of-memory error in every pod. gpu_memory_gib 0 (unknown) checks nothing."""
-    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
-    # GPU MEMORY ESTIMATE: pass device="cuda" here once model.gpt.memory_estimate.estimate_rank_memory
-    # takes it (what a rank holds in GPU memory); until then its CPU estimate stands in, which counts
-    # the host-side snapshot copy too and so errs on the safe side.
-    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape)
-    if not gpu_memory_gib or estimate is None or estimate.total / GB <= gpu_memory_gib * GIB / GB:
-        return
-    raise TaskError(
-        f"rank 0 does not fit a GPU on {where}: it needs ~{estimate.describe()} and a GPU holds "
-        f"{gpu_memory_gib * GIB / GB:.1f} GB: a smaller micro-batch or context "
-        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
-        "--set zero_stage=1, or a GPU with more memory"
-    )
 
 
 def train(request: TrainRequest) -> int:

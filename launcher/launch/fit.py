@@ -155,6 +155,22 @@ def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str) -
     )
 
 
+def check_pod_gpu_fit(cfg: TrainConfig, world: int, gpu_memory_gib: float, where: str) -> None:
+    """A Kubernetes GPU rank's estimate against one GPU's memory (G ranks per pod, a GPU each): a
+    TaskError before any object is created, rather than a CUDA out-of-memory error in every pod.
+    gpu_memory_gib 0 (unknown) checks nothing."""
+    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
+    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape, device="cuda")
+    if not gpu_memory_gib or estimate is None or estimate.total / GB <= gpu_memory_gib * GIB / GB:
+        return
+    raise TaskError(
+        f"rank 0 does not fit a GPU on {where}: it needs ~{estimate.describe()} and a GPU holds "
+        f"{gpu_memory_gib * GIB / GB:.1f} GB: a smaller micro-batch or context "
+        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
+        "--set zero_stage=1, or a GPU with more memory"
+    )
+
+
 def ways_out(
     cluster: Cluster, cfg: TrainConfig, cores: int, available: float | None, estimates: list, memory_short: bool
 ) -> str:
