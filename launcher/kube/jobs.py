@@ -185,8 +185,7 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     started = time.monotonic()
     say(
         f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
-        f"model code {code_sha[:12]}"
-        + (f", runs/{run}'s files" if placed else "")
+        f"model code {code_sha[:12]}" + (f", runs/{run}'s files" if placed else "")
     )
     run_helper(api, job, "staging the node environment and code")
     say(f"staged in {time.monotonic() - started:.1f} s")

@@ -282,15 +282,13 @@ def ranks_script(launch: PodLaunch, python: str = NODE_PYTHON, module: str = "mo
     code at all (torchrun's rendezvous failed: a peer pod never came) gives EXIT_PEER_LOST, retried.
     SIGTERM (a drain, `fab stop`) is passed to torchrun, which stops its ranks (they snapshot)."""
     stopped = f"0|{EXIT_STOPPED}|143"
-    rank = (
-        f'trap : TERM; "$0" -m {module} "$@"; code=$?; echo "$code" > "$NANOCLUSTER_EXITS/$LOCAL_RANK"; exit "$code"'
-    )
+    rank = f'trap : TERM; "$0" -m {module} "$@"; code=$?; echo "$code" > "$NANOCLUSTER_EXITS/$LOCAL_RANK"; exit "$code"'
     torchrun = " ".join([python, "-m", "torch.distributed.run", *torchrun_args(launch), "--no-python"])
     return "\n".join(
         [
-            "export NANOCLUSTER_EXITS=\"$(mktemp -d)\"",
+            'export NANOCLUSTER_EXITS="$(mktemp -d)"',
             "trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT",
-            f"{torchrun} sh -c {shlex.quote(rank)} {python} \"$@\" &",
+            f'{torchrun} sh -c {shlex.quote(rank)} {python} "$@" &',
             "pid=$!",
             'wait "$pid"; rc=$?',
             'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',

@@ -34,7 +34,6 @@ from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT
-from model.settings.config import TrainConfig
 
 CONFIG_NAME = "train.yaml"
 """The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""

@@ -87,7 +87,7 @@ def ranks_of(pod: V1Pod) -> range:
 
 
 def ranks_text(pod: V1Pod) -> str:
-    """"3", or "4-7" for a pod of four GPU ranks."""
+    """ "3", or "4-7" for a pod of four GPU ranks."""
     ranks = ranks_of(pod)
     return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
