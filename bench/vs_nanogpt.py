@@ -55,7 +55,7 @@ SYNTHETIC_TOKENS = 1_000_000
 # the trainer "[rank 0 host] iter 3: loss 10.9, lr ..., 1203.4 ms, 851 tokens/s, MFU ...".
 NANOGPT_STEP = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 TRAINER_STEP = re.compile(r"iter (\d+): loss [\d.]+, lr \S+, ([\d.]+) ms")
-TRAINER_DTYPE = re.compile(r"dtype (\w+), compile (\w+)")
+TRAINER_DTYPE = re.compile(r"dtype (\w+).*?, compile (\w+)")  # "dtype bfloat16 (why), compile False"
 
 
 @dataclass
