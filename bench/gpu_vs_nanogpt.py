@@ -19,12 +19,18 @@ tokens/s x F / peak with one F: nanoGPT's estimate_mfu formula 6N + 12·L·H·Q�
 N = GPT-2 small's parameters less the position embedding as the trainer counts them (123.7M), so the
 two MFUs differ exactly as the tokens/s do; the peak is --peak-tflops, by default 989 TFLOP/s, an H100
 SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in one line.
+
+--diagnose adds two programs to the rounds, to tell where a gap between the two comes from: nanoGPT
+in the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as
+nanoGPT does, and biases: --bias=True), and the trainer without its per-step health work
+(health.interval=0 health.guard=false: no statistics, no step guard).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import statistics
 import sys
 import tempfile
@@ -72,6 +78,11 @@ def main() -> None:
         help=f"the GPU's dense bf16 peak MFU is against (default {H100_SXM_BF16_PEAK_TFLOPS:g}, H100 SXM)",
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds one program may take per round")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also nanoGPT in GPT-2's shape (50,257 words, biases) and the trainer without health work",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit(
@@ -143,6 +154,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         env={"PYTHONPATH": str(REPO)},
     )
     programs = [nanogpt, ours]
+    if args.diagnose:
+        programs += diagnostic_programs(nanogpt, ours, data, work)
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
@@ -164,13 +177,13 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         f"{args.steps} steps; MFU = tokens/s x {flops / 1e6:.1f} MFLOP/token (6N + 12LHQT) "
         f"/ {args.peak_tflops:g} TFLOP/s"
     )
-    print(f"{'program':<14}{'precision':<34}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
+    print(f"{'program':<18}{'precision':<44}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
     rates = {}
     for program in programs:
         ms = statistics.median(program.steps_ms)
         rates[program.name] = tokens_per_step * 1000 / ms
         mfu = rates[program.name] * flops / peak
-        print(f"{program.name:<14}{program.precision:<34}{ms:>9.1f}{rates[program.name]:>11.0f}{100 * mfu:>7.1f}%")
+        print(f"{program.name:<18}{program.precision:<44}{ms:>9.1f}{rates[program.name]:>11.0f}{100 * mfu:>7.1f}%")
     ratio = rates["nanocluster"] / rates["nanoGPT"]
     print(
         f"gpu_vs_nanogpt: {ratio:.2f}x stock nanoGPT's tokens/s ({rates['nanocluster']:.0f} vs "
@@ -178,6 +191,38 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         f"{100 * rates['nanoGPT'] * flops / peak:.1f}% of {args.peak_tflops:g} TFLOP/s) on {gpu}, "
         f"micro-batch {args.batch_size}, bf16, compiled"
     )
+    if args.diagnose:
+        print(
+            f"diagnosis: nanoGPT in GPT-2's shape runs at {rates['nanoGPT-gpt2'] / rates['nanoGPT']:.2f}x its own "
+            f"shape's tokens/s, and the trainer at {rates['nanocluster'] / rates['nanoGPT-gpt2']:.2f}x it; the "
+            f"trainer without health work at {rates['nanocluster-bare'] / rates['nanocluster']:.2f}x the trainer"
+        )
+
+
+def diagnostic_programs(nanogpt: Program, ours: Program, data: Path, work: Path) -> list[Program]:
+    """nanoGPT in the trainer's shape, and the trainer without its per-step health work (--diagnose)."""
+    gpt2_shape = work / "data-gpt2-shape"  # the same tokens, with the meta.pkl nanoGPT takes its vocabulary from
+    gpt2_shape.mkdir()
+    for split in ("train", "val"):
+        (gpt2_shape / f"{split}.bin").symlink_to(data / f"{split}.bin")
+    with open(gpt2_shape / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": VOCAB_SIZE}, f)
+    nanogpt_args = [a for a in nanogpt.command if not a.startswith(("--dataset=", "--out_dir="))]
+    shaped = Program(
+        "nanoGPT-gpt2",
+        [*nanogpt_args, f"--dataset={gpt2_shape}", f"--out_dir={work / 'nanogpt-gpt2-out'}", "--bias=True"],
+        nanogpt.cwd,
+        nanogpt.step_line,
+        precision=f"{nanogpt.precision}, {VOCAB_SIZE} words, biases",
+    )
+    bare = Program(
+        "nanocluster-bare",
+        [*ours.command, "health.interval=0", "health.guard=false", f"out_dir={work / 'nanocluster-bare-out'}"],
+        ours.cwd,
+        ours.step_line,
+        env=ours.env,
+    )
+    return [shaped, bare]
 
 
 if __name__ == "__main__":
