@@ -325,17 +325,21 @@ class Trainer:
         )
 
     def eval_and_checkpoint(self) -> None:
+        started = time.perf_counter()
         losses = self.evaluate()
         improved = losses["val"] < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, losses["val"])
         if self.is_rank0:
             log.info("eval iter %d: train loss %.4f, val loss %.4f", self.iter_num, losses["train"], losses["val"])
-            self.metrics.eval(self.iter_num, losses["train"], losses["val"])
-        if self.cfg.eval_only or self.iter_num == 0:  # nothing trained yet: nothing to save
-            return
-        self.save_snapshot(also_checkpoint=improved)
-        if self.is_rank0 and improved:
-            log.info("val loss improved: writing %s", self.out_dir / CKPT_NAME)
+        saving = not (self.cfg.eval_only or self.iter_num == 0)  # nothing trained yet: nothing to save
+        if saving:
+            self.save_snapshot(also_checkpoint=improved)
+        if self.is_rank0:
+            # What the steps lost to it (the evaluation and the snapshot's copy; the write runs beside
+            # the steps): the launcher's cost estimates count it once per eval_interval.
+            self.metrics.eval(self.iter_num, losses["train"], losses["val"], eval_s=time.perf_counter() - started)
+            if saving and improved:
+                log.info("val loss improved: writing %s", self.out_dir / CKPT_NAME)
 
     def save_snapshot(self, also_checkpoint: bool = False) -> None:
         """Snapshot (weights, optimizer, every rank's RNG) the last completed optimizer step, and

@@ -37,6 +37,7 @@ from launcher.runs.record import Attempt, RunRecord
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
 from model.monitoring.metrics import one_series
 from model.monitoring.spend import seconds_for, spend_usd
+from model.settings.config import TrainConfig
 from model.settings.config_values import ConfigError, flatten, parse_overrides
 from model.settings.intel_layout import translate_intel_layout
 
@@ -44,6 +45,7 @@ BUDGET_EXIT = EXIT_BUDGET
 """fab train's exit status when the run stopped at its budget: the trainer's own (model.conventions)."""
 NOT_FINGERPRINTED = ("max_iters", "budget_usd", "budget_usd_per_hour", "budget_clock_start", "budget_spent_usd")
 """Trainer keys that do not change the time a step takes: runs that differ only in them match."""
+DEFAULT_EVAL_INTERVAL = TrainConfig.eval_interval
 
 
 # --- what earlier attempts tell ---------------------------------------------------------------------
@@ -78,7 +80,15 @@ def attempt_figures(records: list[dict[str, Any]], start: int, elapsed_s: float,
     if reached is not None and reached > start:
         figures["s_per_iter"] = round(elapsed_s / (reached - start), 6)
         if steps:
-            figures["overhead_s"] = round(max(0.0, elapsed_s - (reached - start) * figures["step_s"]), 3)
+            overhead = max(0.0, elapsed_s - (reached - start) * figures["step_s"])
+            figures["overhead_s"] = round(overhead, 3)
+            # The overhead in its two parts: each eval's time (with its snapshot's copy; a fresh run's
+            # iteration-0 eval too, which a resumed one skips), and the rest, paid once per attempt
+            # (start-up and exit).
+            evals = [r["eval_s"] for r in records if r.get("kind") == "eval" and "eval_s" in r and r["iter"] >= start]
+            if evals:
+                figures["eval_s"] = round(statistics.median(evals), 3)
+                figures["startup_s"] = round(max(0.0, overhead - sum(evals)), 3)
     return figures
 
 
@@ -116,6 +126,15 @@ def config_fingerprint(values: dict[str, Any] | None, world_size: int) -> str | 
     return hashlib.sha256(json.dumps([kept, world_size]).encode()).hexdigest()[:16]
 
 
+def eval_interval_of(values: dict[str, Any] | None) -> int:
+    """The run's eval_interval (the trainer's default when unset or unreadable)."""
+    try:
+        interval = int((values or {}).get("eval_interval", DEFAULT_EVAL_INTERVAL))
+    except (TypeError, ValueError):
+        return DEFAULT_EVAL_INTERVAL
+    return interval if interval >= 1 else DEFAULT_EVAL_INTERVAL
+
+
 def max_iters_of(values: dict[str, Any] | None) -> int | None:
     if values is None:
         return None
@@ -130,7 +149,7 @@ def max_iters_of(values: dict[str, Any] | None) -> int | None:
 
 @dataclass(frozen=True)
 class Rate:
-    """Seconds per iteration of an earlier attempt with the same fingerprint."""
+    """The pace of an earlier attempt with the same fingerprint."""
 
     s_per_iter: float
     source: str
@@ -140,28 +159,49 @@ class Rate:
     overhead_s: float | None = None
     """Start-up, evals, snapshots and exit of that attempt, with step_s its median step."""
     step_s: float | None = None
+    eval_s: float | None = None
+    """One eval with its snapshot's copy (records from before the trainer timed its evals: None)."""
+    startup_s: float | None = None
+    """The overhead less its evals: what each attempt pays once."""
 
-    def seconds(self, iterations: int) -> float:
-        """Time for that many iterations: the attempt's pace all in, or (when larger, as for a short
-        resumed run) its whole overhead as a fixed cost plus the steps."""
-        fixed = (self.overhead_s + iterations * self.step_s) if self.overhead_s is not None and self.step_s else 0.0
-        return max(iterations * self.s_per_iter, fixed)
+    def evals(self, iterations: int, eval_interval: int) -> int:
+        """The evals a run of that many more iterations makes: one per eval_interval, and one at the end."""
+        return iterations // eval_interval + 1 if iterations else 0
 
-    def iterations_within(self, seconds: float) -> int:
-        """The most iterations seconds() fits in (rounded first: float noise adds no step)."""
-        most = math.floor(round(seconds / self.s_per_iter, 6))
-        if self.overhead_s is not None and self.step_s:
-            most = min(most, math.floor(round((seconds - self.overhead_s) / self.step_s, 6)))
+    def seconds(self, iterations: int, eval_interval: int) -> float:
+        """Time for that many iterations: the start-up once, the steps at the step time, and each eval;
+        for an older record without eval times, its whole overhead once plus the steps; without step
+        times, the attempt's pace all in. (The pace all in alone would bill a resumed attempt's
+        start-up to every iteration: 24 s of start-up and 1 iteration made 25.9 s an iteration.)"""
+        if self.step_s and self.startup_s is not None and self.eval_s is not None:
+            return self.startup_s + iterations * self.step_s + self.evals(iterations, eval_interval) * self.eval_s
+        if self.step_s and self.overhead_s is not None:
+            return self.overhead_s + iterations * self.step_s
+        return iterations * self.s_per_iter
+
+    def iterations_within(self, seconds: float, eval_interval: int) -> int:
+        """The most iterations seconds() fits in (0 when not even the start-up fits)."""
+        most, step = 0, self.step_s or self.s_per_iter
+        high = max(1, math.ceil(seconds / step) + 1)
+        while most < high:  # seconds() grows with the iterations: bisect for the last that fits
+            middle = (most + high + 1) // 2
+            if round(self.seconds(middle, eval_interval), 6) <= round(seconds, 6):
+                most = middle
+            else:
+                high = middle - 1
         return most
 
-    def describe(self, iterations: int) -> str:
-        pace = f"{iterations} x {self.s_per_iter:.3g} s per iteration all in (evals, snapshots and start-up)"
-        if self.overhead_s is None or not self.step_s:
-            return pace
-        return (
-            f"the larger of {pace} and {self.overhead_s:.0f} s of start-up, evals and exit + {iterations} x "
-            f"{self.step_s:.3g} s steps"
-        )
+    def describe(self, iterations: int, eval_interval: int) -> str:
+        if self.step_s and self.startup_s is not None and self.eval_s is not None:
+            return (
+                f"{self.startup_s:.0f} s of start-up and exit once + {iterations} x {self.step_s:.3g} s steps + "
+                f"{self.evals(iterations, eval_interval)} eval(s) x {self.eval_s:.3g} s"
+            )
+        if self.step_s and self.overhead_s is not None:
+            return (
+                f"{self.overhead_s:.0f} s of start-up, evals and exit once + {iterations} x {self.step_s:.3g} s steps"
+            )
+        return f"{iterations} x {self.s_per_iter:.3g} s per iteration all in (evals, snapshots and start-up)"
 
 
 def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | None) -> Rate | None:
@@ -175,7 +215,16 @@ def find_rate(cluster_runs: dict[str, RunRecord], run: str, fingerprint: str | N
             end = a.end or {}
             if a.launch.get("config_fingerprint") == fingerprint and end.get("s_per_iter"):
                 found.append(
-                    Rate(end["s_per_iter"], source, name, end["time"], end.get("overhead_s"), end.get("step_s"))
+                    Rate(
+                        end["s_per_iter"],
+                        source,
+                        name,
+                        end["time"],
+                        end.get("overhead_s"),
+                        end.get("step_s"),
+                        end.get("eval_s"),
+                        end.get("startup_s"),
+                    )
                 )
         return found
 
@@ -262,7 +311,8 @@ def plan_budget(
         return plan
     start = resume_iter(cluster_runs[run].metrics()) if earlier else 0
     left = max(0, max_iters - start)
-    seconds = rate.seconds(left)
+    eval_interval = eval_interval_of(values)
+    seconds = rate.seconds(left, eval_interval)
     estimate = spend_usd(price, seconds)
     origin = (
         "measured by this run's earlier attempt"
@@ -271,13 +321,13 @@ def plan_budget(
     )
     say(
         f"estimate: ${estimate:.2f} for {left} iteration(s) (from {start} to max_iters {max_iters}): {seconds:.0f} s "
-        f"at {shown_price}; {rate.describe(left)}; step time {origin} "
+        f"at {shown_price}; {rate.describe(left, eval_interval)}; step time {origin} "
         f"(ended {time.strftime('%Y-%m-%d %H:%M', time.gmtime(rate.when))} UTC)"
     )
     total = before + estimate
     if total <= usd:
         return plan
-    fits = start + rate.iterations_within(seconds_for(usd - before, price))
+    fits = start + rate.iterations_within(seconds_for(usd - before, price), eval_interval)
     need = math.ceil(round(total * 100, 6)) / 100  # rounded first: float noise (3.2 x 100) adds no cent
     ways = [f"raise --budget to ${need:.2f}"]
     if fits > start:

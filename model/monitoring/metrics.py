@@ -1,7 +1,7 @@
 """metrics.jsonl: one JSON record per line, written by rank 0, read by people, tests and benchmarks.
 
     {"kind": "start", "iter": 0, "resumed": false, "max_iters": 5000, "tokens_per_iter": 16384, "world_size": 3}
-    {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ...}
+    {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ..., "eval_s": ...}   (eval_s: with its snapshot copy)
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.monitoring.step_timing)
      (on a GPU also "peak_memory_gb": torch.cuda.max_memory_allocated of rank 0, in GiB)
@@ -28,8 +28,8 @@ from model.atomic import atomic_open
 from model.monitoring.tensorboard_log import TensorBoardLog, open_tensorboard
 
 METRICS_NAME = "metrics.jsonl"
-TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu", "rank_step_ms", "rank_compute_ms", "rank_wait_ms")
-"""A train record's measured times and rates: two runs of the same steps differ in these only."""
+TIMING_FIELDS = ("iter_ms", "tokens_per_s", "mfu", "rank_step_ms", "rank_compute_ms", "rank_wait_ms", "eval_s")
+"""A train or eval record's measured times and rates: two runs of the same steps differ in these only."""
 
 
 class MetricsLog:
@@ -59,8 +59,10 @@ class MetricsLog:
             }
         )
 
-    def eval(self, iteration: int, train_loss: float, val_loss: float) -> None:
-        self._append({"kind": "eval", "iter": iteration, "train_loss": train_loss, "val_loss": val_loss})
+    def eval(self, iteration: int, train_loss: float, val_loss: float, eval_s: float | None = None) -> None:
+        """eval_s: the seconds the evaluation and its snapshot's copy took from the steps."""
+        record = {"kind": "eval", "iter": iteration, "train_loss": train_loss, "val_loss": val_loss}
+        self._append(record | ({} if eval_s is None else {"eval_s": round(eval_s, 3)}))
 
     def step(
         self,

@@ -73,8 +73,9 @@ def test_single_process_run_writes_metrics_snapshot_and_best_checkpoint(tmp_path
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["iter"] for r in train] == [0, 1, 2, 3] and [r["iter"] for r in evals] == [0, 2, 4]
     assert set(train[0]) == {"kind", "iter", "loss", "lr", "iter_ms", "tokens_per_s", "mfu"}
-    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss"}
+    assert set(evals[0]) == {"kind", "iter", "train_loss", "val_loss", "eval_s"}
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in train)
+    assert all(r["eval_s"] > 0 for r in evals)  # what the launcher's cost estimates count per eval
 
     snapshot = load_checkpoint(out / "snapshot.pt")
     assert snapshot["iter_num"] == 4 and len(snapshot["rng"]) == 1 and "optimizer" in snapshot

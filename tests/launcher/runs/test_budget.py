@@ -164,8 +164,7 @@ def test_a_short_resumed_run_pays_the_whole_start_up_of_the_attempt_it_was_measu
     said = plan(cluster, 2.0, settings=[*SETTINGS, "max_iters=110"])[1]
     assert said[1].startswith(
         "estimate: $0.55 for 10 iteration(s) (from 100 to max_iters 110): 55 s at $36.00/h, "
-        "price date unknown; the larger of 10 x 1 s per iteration all in (evals, snapshots and start-up) and 50 s "
-        "of start-up, evals and exit + 10 x 0.5 s steps"
+        "price date unknown; 50 s of start-up, evals and exit once + 10 x 0.5 s steps"
     )
     # $1 spent: $0.52 left buys 52 s, 50 of them the overhead: 4 steps.
     with pytest.raises(
@@ -258,3 +257,46 @@ def test_an_estimate_over_the_budget_refuses_before_any_node_is_touched(tmp_path
         "bills while it exists"
     )
     assert "started" not in result.stdout and not (home / "clusters" / "lab" / "runs" / "today").exists()
+
+
+STARTUP_S, STEP_S, EVAL_S, EVAL_INTERVAL = 24.0, 1.9, 2.0, 50
+
+
+def attempt_records(iterations: int) -> tuple[list[dict], float]:
+    """A fresh attempt stopped at its budget after `iterations` steps: its metrics records (an eval
+    at 0 and every EVAL_INTERVAL, each timed) and its elapsed seconds (a 24 s start-up, the steps, the evals)."""
+    evals = [0, *range(EVAL_INTERVAL, iterations + 1, EVAL_INTERVAL)]
+    records = [{"kind": "start", "iter": 0, "resumed": False, "max_iters": 10_000}]
+    records += [{"kind": "eval", "iter": i, "eval_s": EVAL_S} for i in evals]
+    records += [{"kind": "train", "iter": i, "iter_ms": STEP_S * 1e3} for i in range(iterations)]
+    records.append({"kind": "stop", "iter": iterations, "reason": "budget"})
+    return records, STARTUP_S + iterations * STEP_S + len(evals) * EVAL_S
+
+
+@pytest.mark.parametrize("iterations", [1, 10, 100])
+def test_the_estimate_counts_an_attempts_start_up_once_and_its_steps_and_evals_at_their_own_times(cluster, iterations):
+    # The rest of the run as the recorded pace gives it: one start-up, the steps, an eval every 50
+    # and one at the end. Billing the start-up to every iteration (the pace all in) made 1 iteration
+    # after a 24 s start-up cost 27.9 s an iteration: 14x too much for the rest.
+    records, elapsed = attempt_records(iterations)
+    fields = budget.attempt_figures(records, 0, elapsed, iterations)
+    assert fields["startup_s"] == pytest.approx(STARTUP_S)  # the evals, the iteration-0 one too, are apart
+    assert fields["eval_s"] == pytest.approx(EVAL_S) and fields["step_s"] == pytest.approx(STEP_S)
+    settings = [f"eval_interval={EVAL_INTERVAL}", "max_iters=10000"]
+    fingerprinted = launch(0.0, config_fingerprint=fingerprint(2, settings))
+    write(cluster, "main", [fingerprinted, end(elapsed, "budget", iter=iterations, **fields)], records)
+    left = 10_000 - iterations
+    actual = STARTUP_S + left * STEP_S + (left // EVAL_INTERVAL + 1) * EVAL_S
+    said = plan(cluster, 1000.0, settings=settings)[1]
+    (estimate_line,) = [line for line in said if line.startswith("estimate: ")]
+    seconds = float(estimate_line.split("): ")[1].split(" s at ")[0])
+    assert abs(seconds - actual) <= 0.25 * actual, (estimate_line, actual)
+    assert f"{left} x 1.9 s steps + {left // EVAL_INTERVAL + 1} eval(s) x 2 s" in estimate_line
+
+
+def test_the_iterations_a_budget_buys_leave_room_for_the_start_up_and_the_evals():
+    rate = budget.Rate(3.0, "measured", "main", 0.0, 26.0, 1.0, eval_s=2.0, startup_s=24.0)
+    assert rate.seconds(100, 50) == 24.0 + 100 * 1.0 + 3 * 2.0
+    assert rate.iterations_within(130.0, 50) == 100  # 130 s: exactly the 100 iterations above
+    assert rate.iterations_within(129.9, 50) == 99  # 24 + 99 + 2 evals x 2 = 127
+    assert rate.iterations_within(20.0, 50) == 0  # not even the start-up
