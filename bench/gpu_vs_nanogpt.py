@@ -36,15 +36,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.checkouts import rotated  # noqa: E402
-from bench.vs_nanogpt import NANOGPT_FILES, NANOGPT_STEP, TRAINER_STEP, Program, run_once  # noqa: E402
-from model.data.token_format import write_split  # noqa: E402
+from bench.vs_nanogpt import (  # noqa: E402
+    NANOGPT_FILES,
+    NANOGPT_STEP,
+    TRAINER_STEP,
+    Program,
+    gpt2_small_run,
+    nanogpt_arguments,
+    run_rounds,
+    synthetic_tokens,
+    trainer_overrides,
+)
 from model.gpt.model import GPT, GPTConfig  # noqa: E402
 from model.tokenizer import VOCAB_SIZE  # noqa: E402
 
@@ -100,23 +107,8 @@ def main() -> None:
 
 
 def compare(args: argparse.Namespace, work: Path) -> None:
-    data = work / "data"
-    data.mkdir()
-    tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, SYNTHETIC_TOKENS)
-    for split in ("train", "val"):
-        write_split(data, split, tokens)
-    shape = dict(
-        n_layer=LAYERS,
-        n_head=HEADS,
-        n_embd=WIDTH,
-        block_size=BLOCK,
-        batch_size=args.batch_size,
-        gradient_accumulation_steps=1,
-        max_iters=10**6,
-        eval_interval=10**6,
-        eval_iters=1,
-        log_interval=1,
-    )
+    data = synthetic_tokens(work, SYNTHETIC_TOKENS)
+    shape = gpt2_small_run(args.batch_size)
     nanogpt = Program(
         "nanoGPT",
         [
@@ -128,7 +120,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             f"--dataset={data}",
             f"--out_dir={work / 'nanogpt-out'}",
             "--always_save_checkpoint=False",
-            *(f"--{k}={v}" for k, v in shape.items()),
+            *nanogpt_arguments(shape),
         ],
         args.nanogpt.resolve(),  # it reads configurator.py from its working directory
         NANOGPT_STEP,
@@ -147,7 +139,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             f"peak_flops={args.peak_tflops * 1e12:g}",  # no matmul peak measured at start
             f"data_dir={data}",
             f"out_dir={work / 'nanocluster-out'}",
-            *(f"{'model.' if k.startswith('n_') else ''}{k}={v}" for k, v in shape.items()),
+            *trainer_overrides(shape),
         ],
         REPO,
         TRAINER_STEP,
@@ -161,13 +153,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
     if "H100" not in gpu and args.peak_tflops == H100_SXM_BF16_PEAK_TFLOPS:
         print(f"note: MFU is against an H100 SXM's {H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s; pass --peak-tflops for {gpu}")
-    for round_ in range(args.rounds):
-        for program in rotated(programs, round_):
-            run_once(program, args.warmup, args.steps, env, args.timeout)
-            print(
-                f"round {round_ + 1}: {program.name} "
-                f"median {statistics.median(program.steps_ms[-args.steps :]):.1f} ms/step"
-            )
+    run_rounds(programs, args, env, decimals=1)
 
     flops = flops_per_token()
     peak = args.peak_tflops * 1e12

@@ -146,24 +146,53 @@ def describe_cpu() -> str:
     return f"{cpu_name()} ({', '.join(native) if native else 'no ' + ' or '.join(BF16_CPU_FLAGS)})"
 
 
-def compare(args: argparse.Namespace, work: Path) -> None:
+def synthetic_tokens(work: Path, count: int) -> Path:
+    """work/data with train.bin and val.bin: count uniform random GPT-2 ids, written once for every program."""
     data = work / "data"
     data.mkdir()
-    tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, SYNTHETIC_TOKENS)
+    tokens = np.random.default_rng(0).integers(0, VOCAB_SIZE, count)
     for split in ("train", "val"):
         write_split(data, split, tokens)
-    shape = dict(
+    return data
+
+
+def gpt2_small_run(batch_size: int) -> dict[str, int]:
+    """The run both programs make: GPT-2 small, no accumulation, a step logged each iteration, no eval."""
+    return dict(
         n_layer=LAYERS,
         n_head=HEADS,
         n_embd=WIDTH,
         block_size=BLOCK,
-        batch_size=1,
+        batch_size=batch_size,
         gradient_accumulation_steps=1,
         max_iters=10**6,
         eval_interval=10**6,
         eval_iters=1,
         log_interval=1,
     )
+
+
+def nanogpt_arguments(run: dict[str, int]) -> list[str]:
+    return [f"--{k}={v}" for k, v in run.items()]
+
+
+def trainer_overrides(run: dict[str, int]) -> list[str]:
+    """The same run as `python -m model.train` overrides (the shape under model.)."""
+    return [f"{'model.' if k.startswith('n_') else ''}{k}={v}" for k, v in run.items()]
+
+
+def run_rounds(programs: list[Program], args: argparse.Namespace, env: dict[str, str], decimals: int = 0) -> None:
+    """args.rounds interleaved rounds, each program's median printed after its turn."""
+    for round_ in range(args.rounds):
+        for program in rotated(programs, round_):
+            run_once(program, args.warmup, args.steps, env, args.timeout)
+            median = statistics.median(program.steps_ms[-args.steps :])
+            print(f"round {round_ + 1}: {program.name} median {median:.{decimals}f} ms/step")
+
+
+def compare(args: argparse.Namespace, work: Path) -> None:
+    data = synthetic_tokens(work, SYNTHETIC_TOKENS)
+    shape = gpt2_small_run(batch_size=1)
     nanogpt = Program(
         "nanoGPT",
         [
@@ -173,7 +202,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             f"--dataset={data}",
             f"--out_dir={work / 'nanogpt-out'}",
             "--always_save_checkpoint=False",
-            *(f"--{k}={v}" for k, v in shape.items()),
+            *nanogpt_arguments(shape),
         ],
         args.nanogpt.resolve(),  # it reads configurator.py from its working directory
         NANOGPT_STEP,
@@ -188,7 +217,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             "init_from=scratch",
             f"data_dir={data}",
             f"out_dir={work / (name + '-out')}",
-            *(f"{'model.' if k.startswith('n_') else ''}{k}={v}" for k, v in shape.items()),
+            *trainer_overrides(shape),
         ]
         # The checkout's own model package, not the one this environment has installed.
         return Program(name, command, checkout, TRAINER_STEP, env={"PYTHONPATH": str(checkout)})
@@ -200,13 +229,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     allocator = env.get("LD_PRELOAD") or "the C library's malloc"
     print(f"CPU: {describe_cpu()}; {args.threads} threads; allocator: {allocator}")
-    for round_ in range(args.rounds):
-        for program in rotated(programs, round_):
-            run_once(program, args.warmup, args.steps, env, args.timeout)
-            print(
-                f"round {round_ + 1}: {program.name} "
-                f"median {statistics.median(program.steps_ms[-args.steps :]):.0f} ms/step"
-            )
+    run_rounds(programs, args, env)
 
     print(f"GPT-2 small {LAYERS}x{WIDTH}, block {BLOCK}, micro-batch 1, {args.rounds} rounds x {args.steps} steps")
     print(f"{'program':<21}{'precision':<40}{'ms/step':>9}{'tokens/s':>10}{'peak RSS':>10}")

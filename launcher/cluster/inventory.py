@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from launcher.cluster import kube_contract
+from launcher.node_scripts import probe
 from model.conventions import BF16_CPU_FLAGS
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
@@ -246,8 +247,6 @@ def cluster_dir(cluster: Cluster) -> Path:
     return clusters_root() / cluster.cluster_name
 
 
-NVIDIA_SMI_TIMEOUT_S = 10
-"""A driver that hangs (a GPU fallen off the bus) must not hang every task: no answer means no GPUs."""
 LOCAL_NODES_WITHOUT_GPUS = 3
 """The local cluster's default --nodes on a machine without GPUs: three ranks show the collectives."""
 
@@ -265,36 +264,21 @@ class LocalGpus:
     def count(self) -> int:
         return len(self.names)
 
+    @classmethod
+    def listed(cls, found: list) -> LocalGpus:
+        """From the probe's [name, MiB] list (launcher/node_scripts/probe.py)."""
+        return cls(tuple(name for name, _ in found), tuple(mib for _, mib in found))
+
 
 def parse_nvidia_smi(text: str) -> LocalGpus:
-    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits` lines ("NVIDIA H100
-    80GB HBM3, 81559"): the names and MiB; a line that is not one is skipped."""
-    names, memory = [], []
-    for line in text.splitlines():
-        name, _, mib = line.rpartition(",")
-        mib = mib.strip().removesuffix("MiB").strip()
-        if name.strip() and mib.isdigit():
-            names.append(name.strip())
-            memory.append(int(mib))
-    return LocalGpus(tuple(names), tuple(memory))
+    """nvidia-smi's GPU lines (the probe's query, launcher/node_scripts/probe.py): the names and MiB."""
+    return LocalGpus.listed(probe.parse_gpus(text))
 
 
 def local_gpus() -> LocalGpus:
-    """This machine's GPUs from nvidia-smi (bounded by NVIDIA_SMI_TIMEOUT_S); none without the
-    driver's tool, or when it fails."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return LocalGpus()
-    try:
-        result = subprocess.run(
-            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return LocalGpus()
-    return parse_nvidia_smi(result.stdout) if result.returncode == 0 else LocalGpus()
+    """This machine's GPUs, asked as the probe asks a node's (nvidia-smi, bounded in time); none
+    without the driver's tool, or when it fails."""
+    return LocalGpus.listed(probe.gpus())
 
 
 def local_cluster(nodes: int, gpus: LocalGpus | None = None) -> Cluster:

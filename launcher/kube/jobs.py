@@ -21,7 +21,7 @@ from launcher.console import TaskError, out_line, say
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.objects import job_name
-from launcher.setup.nodes import code_archive
+from launcher.setup.nodes import code_archive, node_profile
 
 POLL_S = 1.0
 """How often a Job's pods are listed (one light request; the tests make it shorter)."""
@@ -140,12 +140,6 @@ def log_lines(stream: HTTPResponse) -> Iterator[str]:
             yield line.decode(errors="replace")
     if buffer:
         yield buffer.decode(errors="replace")
-
-
-def node_profile(cluster: Cluster) -> str:
-    """The node environment's profile, as a VM's bootstrap picks it: cuda (the CUDA build of torch) when
-    the training nodes have GPUs, else default (the CPU build)."""
-    return "cuda" if cluster.gpus_per_node else "default"
 
 
 def requirements_file(cluster: Cluster) -> Path:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION
 from launcher.cluster.node_layout import run_dir
-from launcher.launch.render import rank_variables, thread_variables
+from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from launcher.launch.units import STOP_GRACE_S
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED, LAUNCHER_ENV
 
@@ -261,17 +261,6 @@ def rank_environment(launch: PodLaunch, rank: int) -> dict[str, str]:
     return out
 
 
-def torchrun_args(launch: PodLaunch) -> list[str]:
-    """torchrun's placement of a GPU pod's ranks: pods x G, this pod's node rank, rank 0's pod."""
-    return [
-        f"--nnodes={launch.nodes}",
-        f"--nproc-per-node={launch.gpus}",
-        '--node-rank="$NODE_RANK"',
-        f"--master-addr={launch.master_addr}",
-        f"--master-port={launch.port}",
-    ]
-
-
 def ranks_script(launch: PodLaunch, python: str = NODE_PYTHON, module: str = "model.train") -> str:
     """The shell a GPU pod runs (its trainer arguments are "$@"): torchrun starts G ranks, each
     through a shell that records its exit code, then the pod exits with the first rank's own verdict.
@@ -283,7 +272,9 @@ def ranks_script(launch: PodLaunch, python: str = NODE_PYTHON, module: str = "mo
     SIGTERM (a drain, `fab stop`) is passed to torchrun, which stops its ranks (they snapshot)."""
     stopped = f"0|{EXIT_STOPPED}|143"
     rank = f'trap : TERM; "$0" -m {module} "$@"; code=$?; echo "$code" > "$NANOCLUSTER_EXITS/$LOCAL_RANK"; exit "$code"'
-    torchrun = " ".join([python, "-m", "torch.distributed.run", *torchrun_args(launch), "--no-python"])
+    # pods x G ranks: this pod's node rank from the completion index, rank 0's pod the rendezvous
+    placement = torchrun_placement(launch.nodes, launch.gpus, '"$NODE_RANK"', launch.master_addr, launch.port)
+    torchrun = " ".join([python, "-m", "torch.distributed.run", *placement, "--no-python"])
     return "\n".join(
         [
             'export NANOCLUSTER_EXITS="$(mktemp -d)"',

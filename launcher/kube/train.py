@@ -25,7 +25,7 @@ from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import delete_run_objects
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
-from launcher.launch.fit import check_pod_fit, check_pod_gpu_fit
+from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
@@ -116,13 +116,12 @@ class KubeRun:
     def check_fit(self, prepared: Prepared) -> None:
         """A rank's memory estimate against its pod's limit, or on GPU nodes against one GPU's memory,
         before any object exists."""
-        gpus = self.cluster.gpus_per_node
-        if not gpus:
-            check_pod_fit(prepared.trainer_config, len(self.nodes), self.access.memory_gib, self.cluster.describe())
-            return
-        check_pod_gpu_fit(
-            prepared.trainer_config, len(self.nodes) * gpus, self.access.gpu_memory_gib, self.cluster.describe()
-        )
+        world = len(self.nodes) * self.cluster.ranks_per_node
+        if self.cluster.gpus_per_node:
+            memory, device = self.access.gpu_memory_gib, "cuda"
+        else:
+            memory, device = self.access.memory_gib, "cpu"
+        check_pod_fit(prepared.trainer_config, world, memory, self.cluster.describe(), device)
 
     def dry_run(self, prepared: Prepared) -> None:
         import yaml

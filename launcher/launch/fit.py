@@ -132,42 +132,28 @@ def check_gpus(
         ways.append("a larger GPU (a machine type whose GPUs have more memory)")
         raise TaskError(
             f"rank {first + local_rank} does not fit GPU {local_rank} of {where} "
-            f"({report.gpu_names[local_rank]}, {memory_gb:.1f} GB): it needs ~{estimate.describe()}: "
-            + ", ".join(ways[:-1])
-            + " or "
-            + ways[-1]
+            f"({report.gpu_names[local_rank]}, {memory_gb:.1f} GB): it needs ~{estimate.describe()}: " + either(ways)
         )
 
 
-def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str) -> None:
-    """A Kubernetes rank's estimate against its pod's memory limit (one rank per pod, one pod per
-    node): a TaskError before any object is created, rather than an OOMKilled pod minutes later.
-    memory_gib 0 (unknown) checks nothing."""
+def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str, device: str = "cpu") -> None:
+    """A Kubernetes rank's estimate against what it may use: on CPU nodes its pod's memory limit (one
+    rank per pod, one pod per node), on GPU nodes (device "cuda") one GPU's memory (G ranks per pod,
+    a GPU each). A TaskError before any object is created, rather than an OOMKilled pod or a CUDA
+    out-of-memory error minutes later. memory_gib 0 (unknown) checks nothing."""
     shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
-    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape)
+    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape, device=device)
     if not memory_gib or estimate is None or estimate.total / GB <= memory_gib * GIB / GB:
         return
+    limit = f"{memory_gib * GIB / GB:.1f} GB"
+    if device == "cuda":
+        fits, holds, larger = "a GPU", f"a GPU holds {limit}", "a GPU with more memory"
+    else:
+        fits, holds, larger = "a pod", f"the pod may use {limit} (the node's memory)", "a machine type with more memory"
     raise TaskError(
-        f"rank 0 does not fit a pod on {where}: it needs ~{estimate.describe()} and the pod may use "
-        f"{memory_gib * GIB / GB:.1f} GB (the node's memory): a smaller micro-batch or context "
-        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
-        "--set zero_stage=1, or a machine type with more memory"
-    )
-
-
-def check_pod_gpu_fit(cfg: TrainConfig, world: int, gpu_memory_gib: float, where: str) -> None:
-    """A Kubernetes GPU rank's estimate against one GPU's memory (G ranks per pod, a GPU each): a
-    TaskError before any object is created, rather than a CUDA out-of-memory error in every pod.
-    gpu_memory_gib 0 (unknown) checks nothing."""
-    shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
-    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape, device="cuda")
-    if not gpu_memory_gib or estimate is None or estimate.total / GB <= gpu_memory_gib * GIB / GB:
-        return
-    raise TaskError(
-        f"rank 0 does not fit a GPU on {where}: it needs ~{estimate.describe()} and a GPU holds "
-        f"{gpu_memory_gib * GIB / GB:.1f} GB: a smaller micro-batch or context "
-        f"(--set batch_size=N below {cfg.batch_size}, --set block_size=N below {cfg.block_size}), "
-        "--set zero_stage=1, or a GPU with more memory"
+        f"rank 0 does not fit {fits} on {where}: it needs ~{estimate.describe()} and {holds}: a smaller "
+        f"micro-batch or context (--set batch_size=N below {cfg.batch_size}, --set block_size=N below "
+        f"{cfg.block_size}), --set zero_stage=1, or {larger}"
     )
 
 
@@ -190,4 +176,9 @@ def ways_out(
     if memory_short and cfg.zero_stage == 0 and not cluster.is_local:
         ways.append("--set zero_stage=1 (AdamW state sharded over the machines)")
     ways.append("a bigger machine" if cluster.is_local else "a machine type with more memory and cores")
+    return either(ways)
+
+
+def either(ways: list[str]) -> str:
+    """ "a, b or c"."""
     return ", ".join(ways[:-1]) + " or " + ways[-1]

@@ -155,15 +155,27 @@ def unit_script(plan: LaunchPlan, unit: Unit) -> str:
         lines += [f". ./rank{unit.rank}.env", f"exec {python} -m model.train {train}"]
     elif unit.kind == "node":
         host = plan.host_of(unit.node)
-        lines.append(
-            f"exec {python} -m torch.distributed.run --nnodes={len(plan.hosts)} "
-            f"--nproc-per-node={len(plan.ranks_on(host))} "
-            f"--node-rank={plan.hosts.index(host)} --master-addr={plan.master_addr} --master-port={plan.master_port} "
-            f"-m model.train {train}"
+        placement = torchrun_placement(
+            len(plan.hosts), len(plan.ranks_on(host)), plan.hosts.index(host), plan.master_addr, plan.master_port
         )
+        lines.append(f"exec {python} -m torch.distributed.run {' '.join(placement)} -m model.train {train}")
     else:
         lines.append(mpirun_command(plan, python, train))
     return "\n".join(lines) + "\n"
+
+
+def torchrun_placement(
+    machines: int, ranks_here: int, machine_rank: int | str, master_addr: str, master_port: int
+) -> list[str]:
+    """torchrun's flags placing one machine's ranks (a VM's node<i>.sh, a Kubernetes GPU pod): the
+    machines, the ranks on this one, its place among them, rank 0's rendezvous address."""
+    return [
+        f"--nnodes={machines}",
+        f"--nproc-per-node={ranks_here}",
+        f"--node-rank={machine_rank}",
+        f"--master-addr={master_addr}",
+        f"--master-port={master_port}",
+    ]
 
 
 def mpirun_command(plan: LaunchPlan, python: str, train: str) -> str:

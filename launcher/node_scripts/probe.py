@@ -156,29 +156,35 @@ def on_path(name: str) -> str:
     return ""
 
 
+GPU_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
+"""nvidia-smi's arguments for each GPU's name and memory, one CSV line per GPU in device order."""
+
+
+def parse_gpus(text: str) -> list:
+    """[name, MiB] of each line of GPU_QUERY's output ("NVIDIA H100 80GB HBM3, 81559"); a line that is
+    not one is skipped."""
+    found = []
+    for line in text.splitlines():
+        name, _, mib = line.rpartition(",")
+        mib = mib.strip().replace("MiB", "").strip()
+        if name.strip() and mib.isdigit():
+            found.append([name.strip(), int(mib)])
+    return found
+
+
 def gpus() -> list:
-    """[name, MiB] of each GPU nvidia-smi lists, in device order; [] without the driver's tool."""
+    """[name, MiB] of each GPU nvidia-smi lists, in device order; [] without the driver's tool, or
+    when it fails or hangs past NVIDIA_SMI_TIMEOUT_S."""
     smi = on_path("nvidia-smi")
     if not smi:
         return []
     import subprocess  # only here: it costs a CPU node's probe a few ms for nothing
 
     try:
-        result = subprocess.run(
-            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-        )
+        result = subprocess.run([smi, *GPU_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    found = []
-    for line in result.stdout.splitlines() if result.returncode == 0 else []:
-        name, _, mib = line.rpartition(",")
-        mib = mib.strip().replace("MiB", "").strip()
-        if name.strip() and mib.isdigit():
-            found.append([name.strip(), int(mib)])
-    return found
+    return parse_gpus(result.stdout) if result.returncode == 0 else []
 
 
 def oom_kills() -> int | None:

@@ -379,12 +379,12 @@ def test_a_run_that_cannot_fit_a_gpu_is_refused_before_any_object_exists(fake, t
 
 
 def test_an_unknown_gpu_memory_checks_nothing():
-    from launcher.launch.fit import check_pod_gpu_fit
+    from launcher.launch.fit import check_pod_fit
     from model.settings.config import TrainConfig
 
-    check_pod_gpu_fit(TrainConfig(), 8, 0.0, "nowhere")
+    check_pod_fit(TrainConfig(), 8, 0.0, "nowhere", device="cuda")
     with pytest.raises(TaskError, match="does not fit a GPU"):
-        check_pod_gpu_fit(TrainConfig(), 8, 0.01, "nowhere")
+        check_pod_fit(TrainConfig(), 8, 0.01, "nowhere", device="cuda")
 
 
 def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
