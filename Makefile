@@ -55,12 +55,13 @@ system-deps:
 	@test -x /usr/sbin/sshd && command -v ip >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
-# The embedded default: the local cluster (3 ranks as processes on this machine), builtin corpus,
+# The embedded default: the local cluster (3 ranks as processes on this machine; one per GPU on a
+# machine with GPUs, which refuses more ranks than GPUs), builtin corpus,
 # launcher/quickstart.yaml (300 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
 # The sample continues an English prompt (the builtin corpus is Python's documentation).
 quickstart: $(VENV)/.installed-local
 	$(BIN)/fab prepare-data
-	$(BIN)/fab train --nodes 3
+	$(BIN)/fab train
 	$(BIN)/fab sample --prompt "The Python interpreter"
 
 # ruff over everything (its checks, lines of at most 120 characters, and its formatter: `.venv/bin/ruff format .`
