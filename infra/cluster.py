@@ -118,7 +118,7 @@ class CloudCluster(pulumi.ComponentResource):
                     rank=rank,
                     node_name=self.node_names[rank],
                     ssh_user=cfg.ssh_user,
-                    profile=cfg.profile,
+                    profile=cfg.node_profile,
                     idle_minutes=cfg.idle_minutes,
                     cluster_public_key=cluster_public,
                     host_private_key=host_private,
@@ -138,7 +138,9 @@ class CloudCluster(pulumi.ComponentResource):
         public_nodes = cfg.nodes - self.nat_clients
         # Cloud NAT's address and the NAT gateways' addresses are public IPv4 too.
         public_ips = public_nodes + (self.nat_clients > 0)
-        return estimate(cfg.machine, cfg.nodes, cfg.disk_gb, public_ips, self.nat_clients, spot=spot)
+        return estimate(
+            cfg.machine, cfg.nodes, cfg.disk_gb, public_ips, self.nat_clients, spot=spot, attached=cfg.attached_gpus
+        )
 
     def billed_cost(self) -> CostEstimate:
         """What the cluster pays per hour: the spot figure with nanocluster:spot when the table has

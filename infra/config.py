@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 
 import pulumi
 
-from infra.prices import DEFAULT_MACHINE_TYPE, MACHINE_TYPES, MachineType, PriceTableError, price_of
+from infra import accelerators
+from infra.accelerators import AcceleratorError, NodeGpus
+from infra.prices import (
+    DEFAULT_MACHINE_TYPE,
+    MACHINE_TYPES,
+    MachineType,
+    PriceTableError,
+    attached_gpu_price,
+    price_of,
+)
 
 CLOUDS = ("gcp", "aws", "azure", "gke")
 PROVIDER = {"gcp": "gcp", "aws": "aws", "azure": "azure", "gke": "gcp"}
@@ -106,6 +115,7 @@ KEYS = (
     "labels",
     "idleMinutes",
     "regional",
+    "accelerator",
 )
 
 IMAGE_FORMATS = {
@@ -174,6 +184,9 @@ class ClusterConfig:
     regional: bool = False
     """GKE only: a regional control plane (replicated in the region's zones, no free-tier credit)
     instead of a zonal one in gcp:zone (nanocluster:regional)."""
+    gpus: NodeGpus = field(default_factory=NodeGpus)
+    """The GPUs of every node (nanocluster:accelerator, or those the machine type carries); none by
+    default. A GPU node runs one rank per GPU and the cuda node profile."""
 
     @property
     def provider(self) -> str:
@@ -183,6 +196,16 @@ class ClusterConfig:
     @property
     def kubernetes(self) -> bool:
         return self.cloud in KUBERNETES_CLOUDS
+
+    @property
+    def node_profile(self) -> str:
+        """What node/bootstrap.sh installs: cuda (torch's CUDA build) on GPU nodes, else the profile."""
+        return "cuda" if self.gpus.count else self.profile
+
+    @property
+    def attached_gpus(self) -> tuple[str, int]:
+        """(model, count) of the GPUs priced apart from the machine type (GCP N1), else ("", 0)."""
+        return (self.gpus.model, self.gpus.count) if self.gpus.attached else ("", 0)
 
 
 def _fail(key: str, problem: str, fix: str) -> ConfigError:
@@ -325,10 +348,17 @@ def _cidr(raw: Mapping[str, object], allow_world: bool) -> str:
     return value
 
 
-def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
+def _machine(raw: Mapping[str, object], cloud: str, location: str) -> tuple[MachineType, NodeGpus]:
+    """The machine type and its GPUs, from nanocluster:machineType and nanocluster:accelerator
+    (infra/accelerators.py checks the pair and where the GPU is sold)."""
     cloud = PROVIDER[cloud]
     key = "nanocluster:machineType"
-    name = str(raw.get(key) or DEFAULT_MACHINE_TYPE[cloud])
+    given = str(raw.get(key) or "")
+    try:
+        chosen, gpus = accelerators.choose(cloud, given, str(raw.get("nanocluster:accelerator") or ""), location)
+    except AcceleratorError as e:
+        raise _fail(e.key, e.problem, e.fix) from None
+    name = chosen.name if chosen is not None else given or DEFAULT_MACHINE_TYPE[cloud]
     known = sorted(m.name for m in MACHINE_TYPES.values() if m.cloud == cloud)
     machine = MACHINE_TYPES.get(name)
     if machine is not None and machine.cloud != cloud:
@@ -345,9 +375,11 @@ def _machine(raw: Mapping[str, object], cloud: str) -> MachineType:
         )
     try:  # before any resource is declared: a broken price table must not stop `pulumi up` halfway
         price_of(machine)
+        if gpus.attached:
+            attached_gpu_price(gpus.model)
     except PriceTableError as e:
         raise ConfigError(f"{key}: {name} has no usable price: {e}") from e
-    return machine
+    return machine, gpus
 
 
 def _location(raw: Mapping[str, object], cloud: str, env: Mapping[str, str]) -> tuple[str, str, str]:
@@ -438,10 +470,18 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     # Logical names and labels; physical names add Pulumi's random suffix (GCP's limit is 63).
     cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower())[:MAX_CLUSTER_NAME].strip("-")
     region, zone, project = _location(raw, cloud, env)
+    machine, gpus = _machine(raw, cloud, region if regional or not zone else zone)
+    if gpus.count and profile == "intel":
+        raise _fail(
+            "nanocluster:profile",
+            f"intel (IPEX + oneCCL) is a CPU profile, but the nodes have {gpus.count} {gpus.model}",
+            "pulumi config rm nanocluster:profile (GPU nodes get the cuda profile)",
+        )
     return ClusterConfig(
         cloud=cloud,
         cluster_name=cluster_name,
-        machine=_machine(raw, cloud),
+        machine=machine,
+        gpus=gpus,
         ssh_allowed_cidr=_cidr(raw, _bool(raw, "nanocluster:allowSshFromAnywhere")),
         region=region,
         zone=zone,

@@ -31,6 +31,8 @@ CONTRACT_KEYS = (
     "ssh_public_key",
     "host_public_keys",
     "cores_per_node",
+    "gpus_per_node",
+    "gpu_model",
     "cpu_flags",
     "machine_type",
     "region",
@@ -58,6 +60,8 @@ def contract(cluster: CloudCluster) -> dict[str, object]:
         "ssh_public_key": keys.cluster_public_key,
         "host_public_keys": pulumi.Output.all(*keys.host_public_keys),
         "cores_per_node": cfg.machine.cores,
+        "gpus_per_node": cfg.gpus.count,
+        "gpu_model": cfg.gpus.model,
         "cpu_flags": list(cfg.machine.cpu_flags),
         "machine_type": cfg.machine.name,
         "region": cfg.region,
@@ -94,6 +98,9 @@ KUBERNETES_CONTRACT_KEYS = (
     "machine_type",
     "cores_per_node",
     "memory_gib",
+    "gpus_per_node",
+    "gpu_model",
+    "gpu_memory_gib",
     "cpu_flags",
     "region",
     "zone",
@@ -108,7 +115,8 @@ SECRET_KEYS = ("kubeconfig",)
 def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
     """The contract's values for a declared GKE cluster, in KUBERNETES_CONTRACT_KEYS order."""
     cfg = cluster.config
-    on_demand, spot = gke_node_hour_usd(cfg.machine), gke_node_hour_usd(cfg.machine, spot=True)
+    on_demand = gke_node_hour_usd(cfg.machine, attached=cfg.attached_gpus)
+    spot = gke_node_hour_usd(cfg.machine, spot=True, attached=cfg.attached_gpus)
     assert on_demand is not None  # every row of the table has an on-demand price
     billed = on_demand
     if cfg.spot and spot is not None:
@@ -134,6 +142,9 @@ def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
         "machine_type": cfg.machine.name,
         "cores_per_node": cfg.machine.cores,
         "memory_gib": float(cfg.machine.memory_gb),
+        "gpus_per_node": cfg.gpus.count,
+        "gpu_model": cfg.gpus.model,
+        "gpu_memory_gib": cfg.gpus.memory_gib,
         "cpu_flags": list(cfg.machine.cpu_flags),
         "region": cfg.region,
         "zone": None if cfg.regional else cfg.zone,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,10 @@ class MachineType:
     cpu_flags: tuple[str, ...]
     trusted_launch: bool = False
     """Azure only: the size supports Trusted Launch (secure boot + vTPM)."""
+    gpus: int = 0
+    """GPUs the machine type carries (0: a CPU machine; GPUs attached to one are infra/accelerators.py's)."""
+    gpu_model: str = ""
+    """Their model, as infra/accelerators.GPU_MODELS names it (GCP's accelerator name: nvidia-l4)."""
 
 
 MACHINE_TYPES: dict[str, MachineType] = {
@@ -53,12 +58,29 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("gcp", "c3-standard-22", 22, 11, 88, AMX),
         MachineType("gcp", "c3-highmem-22", 22, 11, 176, AMX),
         MachineType("gcp", "n2-standard-8", 8, 4, 32, NO_BF16),
+        # GCP GPU machines: G2 carries L4s, A2 A100s (40 GB highgpu, 80 GB ultragpu); N1 takes T4s
+        # attached (infra/accelerators.py). https://cloud.google.com/compute/docs/gpus
+        MachineType("gcp", "g2-standard-8", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-l4"),
+        MachineType("gcp", "g2-standard-24", 24, 12, 96, NO_BF16, gpus=2, gpu_model="nvidia-l4"),
+        MachineType("gcp", "g2-standard-48", 48, 24, 192, NO_BF16, gpus=4, gpu_model="nvidia-l4"),
+        MachineType("gcp", "a2-highgpu-1g", 12, 6, 85, NO_BF16, gpus=1, gpu_model="nvidia-tesla-a100"),
+        MachineType("gcp", "a2-highgpu-8g", 96, 48, 680, NO_BF16, gpus=8, gpu_model="nvidia-tesla-a100"),
+        MachineType("gcp", "a2-ultragpu-1g", 12, 6, 170, NO_BF16, gpus=1, gpu_model="nvidia-a100-80gb"),
+        MachineType("gcp", "n1-standard-8", 8, 4, 30, NO_BF16),
+        MachineType("gcp", "n1-standard-16", 16, 8, 60, NO_BF16),
         # AWS: m6i (the guide's choice) is Ice Lake; the 7th generation (m7i, c7i, r7iz) has AMX.
         MachineType("aws", "m6i.2xlarge", 8, 4, 32, NO_BF16),
         MachineType("aws", "m6i.4xlarge", 16, 8, 64, NO_BF16),
         MachineType("aws", "m7i.4xlarge", 16, 8, 64, AMX),
         MachineType("aws", "c7i.4xlarge", 16, 8, 32, AMX),
         MachineType("aws", "r7iz.4xlarge", 16, 8, 128, AMX),
+        # AWS GPU instances: g4dn T4, g5 A10G, g6 L4, p4d A100 40 GB. https://aws.amazon.com/ec2/instance-types/
+        MachineType("aws", "g4dn.2xlarge", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
+        MachineType("aws", "g4dn.12xlarge", 48, 24, 192, NO_BF16, gpus=4, gpu_model="nvidia-tesla-t4"),
+        MachineType("aws", "g5.2xlarge", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-a10g"),
+        MachineType("aws", "g6.2xlarge", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-l4"),
+        MachineType("aws", "g6.12xlarge", 48, 24, 192, NO_BF16, gpus=4, gpu_model="nvidia-l4"),
+        MachineType("aws", "p4d.24xlarge", 96, 48, 1152, NO_BF16, gpus=8, gpu_model="nvidia-tesla-a100"),
         # Azure: Dv5 is Ice Lake (the guide's D16s_v5 / D32_v5); Dv6 is Emerald Rapids with AMX. Only
         # sizes with 's' (premium storage) are listed: every OS disk is Premium SSD (infra/azure.py),
         # which D32_v5 does not take; D32s_v5 is the same machine at the same price.
@@ -67,6 +89,14 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("azure", "Standard_D16s_v5", 16, 8, 64, NO_BF16, trusted_launch=True),
         MachineType("azure", "Standard_D32s_v5", 32, 16, 128, NO_BF16, trusted_launch=True),
         MachineType("azure", "Standard_D16s_v6", 16, 8, 64, AMX, trusted_launch=True),
+        # Azure GPU sizes: NCasT4_v3 T4, NC A100 v4 A100 80 GB, NCads H100 v5 H100 NVL.
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/nc-family
+        MachineType("azure", "Standard_NC4as_T4_v3", 4, 4, 28, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
+        MachineType("azure", "Standard_NC8as_T4_v3", 8, 8, 56, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
+        MachineType("azure", "Standard_NC64as_T4_v3", 64, 64, 440, NO_BF16, gpus=4, gpu_model="nvidia-tesla-t4"),
+        MachineType("azure", "Standard_NC24ads_A100_v4", 24, 24, 220, NO_BF16, gpus=1, gpu_model="nvidia-a100-80gb"),
+        MachineType("azure", "Standard_NC96ads_A100_v4", 96, 96, 880, NO_BF16, gpus=4, gpu_model="nvidia-a100-80gb"),
+        MachineType("azure", "Standard_NC40ads_H100_v5", 40, 40, 320, NO_BF16, gpus=1, gpu_model="nvidia-h100-nvl"),
     )
 }
 
@@ -121,16 +151,41 @@ class MachinePrice:
 
 
 FIELDS = ("on_demand_usd_per_hour", "spot_usd_per_hour", "as_of", "region", "source")
+ATTACHED_GPUS = "attached_gpus"
+"""The price table's section of GPUs priced apart from their machine type (per GPU-hour)."""
+
+
+def _price_row(name: str, row: object, fail: Callable[[str], PriceTableError]) -> MachinePrice:
+    """One validated row {on_demand_usd_per_hour, spot_usd_per_hour, as_of, region, source}."""
+    if not isinstance(row, dict) or set(row) != set(FIELDS):
+        raise fail(f"{name}: a row has exactly the keys {', '.join(FIELDS)}, got {row!r}")
+    on_demand, spot = row["on_demand_usd_per_hour"], row["spot_usd_per_hour"]
+    for key, value in (("on_demand_usd_per_hour", on_demand), ("spot_usd_per_hour", spot)):
+        if value is None and key == "spot_usd_per_hour":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise fail(f"{name}: {key} must be a positive number of USD per hour, got {value!r}")
+    if not isinstance(row["as_of"], str) or not DATE_PATTERN.match(row["as_of"]):
+        raise fail(f"{name}: as_of must be a date YYYY-MM-DD (or YYYY-MM), got {row['as_of']!r}")
+    for key in ("region", "source"):
+        if not isinstance(row[key], str) or not row[key]:
+            raise fail(f"{name}: {key} must be a non-empty string, got {row[key]!r}")
+    return MachinePrice(
+        float(on_demand), None if spot is None else float(spot), row["as_of"], row["region"], row["source"]
+    )
+
+
+def _failing(where: str) -> Callable[[str], PriceTableError]:
+    def fail(message: str) -> PriceTableError:
+        return PriceTableError(f"{where}: {message}; restore it with `git checkout infra/price_table.json`")
+
+    return fail
 
 
 def parse_table(data: object, where: str, complete: bool = True) -> dict[str, MachinePrice]:
     """Validate a price table document ({"machines": {name: row}}): a row per known machine type
     (`complete`), or rows for some of them (what a refresh starts from)."""
-    fix = "restore it with `git checkout infra/price_table.json`"
-
-    def fail(message: str) -> PriceTableError:
-        return PriceTableError(f"{where}: {message}; {fix}")
-
+    fail = _failing(where)
     rows = data.get("machines") if isinstance(data, dict) else None
     if not isinstance(rows, dict):
         raise fail('expected a JSON object with a "machines" object (machine type -> prices)')
@@ -138,22 +193,7 @@ def parse_table(data: object, where: str, complete: bool = True) -> dict[str, Ma
     for name, row in rows.items():
         if name not in MACHINE_TYPES:
             raise fail(f"{name!r} is not a machine type of infra/prices.py (add it there, or remove its row)")
-        if not isinstance(row, dict) or set(row) != set(FIELDS):
-            raise fail(f"{name}: a row has exactly the keys {', '.join(FIELDS)}, got {row!r}")
-        on_demand, spot = row["on_demand_usd_per_hour"], row["spot_usd_per_hour"]
-        for key, value in (("on_demand_usd_per_hour", on_demand), ("spot_usd_per_hour", spot)):
-            if value is None and key == "spot_usd_per_hour":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise fail(f"{name}: {key} must be a positive number of USD per hour, got {value!r}")
-        if not isinstance(row["as_of"], str) or not DATE_PATTERN.match(row["as_of"]):
-            raise fail(f"{name}: as_of must be a date YYYY-MM-DD (or YYYY-MM), got {row['as_of']!r}")
-        for key in ("region", "source"):
-            if not isinstance(row[key], str) or not row[key]:
-                raise fail(f"{name}: {key} must be a non-empty string, got {row[key]!r}")
-        table[name] = MachinePrice(
-            float(on_demand), None if spot is None else float(spot), row["as_of"], row["region"], row["source"]
-        )
+        table[name] = _price_row(name, row, fail)
     missing = sorted(set(MACHINE_TYPES) - set(table))
     if missing and complete:
         clouds = sorted({MACHINE_TYPES[m].cloud for m in missing})
@@ -163,6 +203,16 @@ def parse_table(data: object, where: str, complete: bool = True) -> dict[str, Ma
             + (f" (and {', '.join(clouds[1:])})" if clouds[1:] else "")
         )
     return table
+
+
+def parse_attached_gpus(data: object, where: str) -> dict[str, MachinePrice]:
+    """The table's "attached_gpus" rows: one GPU's price per hour by model, for GPUs attached to a
+    CPU machine type (GCP N1 with T4s) and billed apart from it."""
+    fail = _failing(where)
+    rows = data.get(ATTACHED_GPUS, {}) if isinstance(data, dict) else None
+    if not isinstance(rows, dict):
+        raise fail(f'"{ATTACHED_GPUS}" must be an object (GPU model -> prices)')
+    return {name: _price_row(name, row, fail) for name, row in rows.items()}
 
 
 def read_table(path: Path, complete: bool = True) -> dict[str, MachinePrice]:
@@ -185,6 +235,32 @@ def load_table(path: Path) -> dict[str, MachinePrice]:
 def price_of(machine: MachineType) -> MachinePrice:
     """The machine type's row of the price table (PRICE_TABLE)."""
     return load_table(PRICE_TABLE)[machine.name]
+
+
+@functools.cache
+def _attached_table(path: Path) -> dict[str, MachinePrice]:
+    return parse_attached_gpus(json.loads(path.read_text()), str(path))
+
+
+def attached_gpu_price(model: str) -> MachinePrice:
+    """One attached GPU's row of the price table (PRICE_TABLE's attached_gpus)."""
+    table = _attached_table(PRICE_TABLE)
+    if model not in table:
+        raise PriceTableError(f"{PRICE_TABLE}: no {ATTACHED_GPUS} price for {model}; add a row for it")
+    return table[model]
+
+
+def node_usd_per_hour(machine: MachineType, attached: tuple[str, int] = ("", 0), spot: bool = False) -> float | None:
+    """What one node's machine costs per hour: the machine type plus GPUs attached to it
+    (`attached` = (model, count)). None when `spot` and either has no spot figure."""
+    price = price_of(machine)
+    per_node = price.spot_usd_per_hour if spot else price.on_demand_usd_per_hour
+    model, count = attached
+    if per_node is None or not count:
+        return per_node
+    gpu = attached_gpu_price(model)
+    per_gpu = gpu.spot_usd_per_hour if spot else gpu.on_demand_usd_per_hour
+    return None if per_gpu is None else per_node + count * per_gpu
 
 
 def nat_usd_per_hour(cloud: str, nat_clients: int) -> float:
@@ -213,12 +289,19 @@ class CostEstimate:
 
 
 def estimate(
-    machine: MachineType, nodes: int, disk_gb: int, public_ips: int, nat_clients: int, spot: bool = False
+    machine: MachineType,
+    nodes: int,
+    disk_gb: int,
+    public_ips: int,
+    nat_clients: int,
+    spot: bool = False,
+    attached: tuple[str, int] = ("", 0),
 ) -> CostEstimate | None:
     """Cost per hour of a cluster from the price table (data transfer not included): at the spot
-    price when `spot`, on demand otherwise. None when `spot` and the table has no spot figure."""
+    price when `spot`, on demand otherwise; `attached` GPUs per node (model, count) included. None
+    when `spot` and the table has no spot figure."""
     price = price_of(machine)
-    per_node = price.spot_usd_per_hour if spot else price.on_demand_usd_per_hour
+    per_node = node_usd_per_hour(machine, attached, spot)
     if per_node is None:
         return None
     return CostEstimate(
@@ -231,11 +314,11 @@ def estimate(
     )
 
 
-def gke_node_hour_usd(machine: MachineType, spot: bool = False) -> float | None:
+def gke_node_hour_usd(machine: MachineType, spot: bool = False, attached: tuple[str, int] = ("", 0)) -> float | None:
     """What one training node of a GKE pool costs per hour it is up: the machine (spot or on
-    demand), its boot disk and its share of Cloud NAT. None when `spot` and no spot figure is known."""
-    price = price_of(machine)
-    per_node = price.spot_usd_per_hour if spot else price.on_demand_usd_per_hour
+    demand) with its attached GPUs, its boot disk and its share of Cloud NAT. None when `spot` and no
+    spot figure is known."""
+    per_node = node_usd_per_hour(machine, attached, spot)
     if per_node is None:
         return None
     boot_disk = GKE_BOOT_DISK_GB * DISK_USD_PER_GB_MONTH["gcp"] / HOURS_PER_MONTH

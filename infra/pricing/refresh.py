@@ -21,7 +21,14 @@ from pathlib import Path
 from types import ModuleType
 
 from infra import prices
-from infra.prices import MACHINE_TYPES, REFERENCE_REGION, MachinePrice, PriceTableError
+from infra.prices import (
+    ATTACHED_GPUS,
+    MACHINE_TYPES,
+    REFERENCE_REGION,
+    MachinePrice,
+    PriceTableError,
+    parse_attached_gpus,
+)
 from infra.pricing import FetchError, Row, aws, azure, gcp
 
 PROVIDERS: dict[str, ModuleType] = {"gcp": gcp, "aws": aws, "azure": azure}
@@ -87,7 +94,13 @@ def changes(old: dict[str, MachinePrice], new: dict[str, MachinePrice]) -> list[
 
 def write(path: Path, table: dict[str, MachinePrice]) -> None:
     """Replace `path` with the table in one rename: a reader sees the old file or the new one."""
-    document = {"about": ABOUT, "machines": {name: table[name].to_json() for name in MACHINE_TYPES if name in table}}
+    document: dict[str, object] = {
+        "about": ABOUT,
+        "machines": {name: table[name].to_json() for name in MACHINE_TYPES if name in table},
+    }
+    if path.exists():  # GPUs priced apart from their machine are kept as they are
+        attached = parse_attached_gpus(json.loads(path.read_text()), str(path))
+        document[ATTACHED_GPUS] = {name: row.to_json() for name, row in attached.items()}
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as f:
