@@ -131,10 +131,34 @@ OFFERED: dict[str, dict[str, tuple[str, ...]]] = {
         "nvidia-a10g": ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1"),
         "nvidia-tesla-a100": ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1"),
     },
+    # Azure: locations whose `az vm list-skus --all` lists the sizes (recorded outputs: NC A100 v4 and
+    # NCads H100 v5 in every location below, 2026-08; NCasT4_v3 in eastus, westus2 and swedencentral, and
+    # priced by the Retail Prices API for eastus2 and westeurope). Locations without such a record are left out.
     "azure": {
-        "nvidia-tesla-t4": ("eastus", "westus2", "southcentralus", "westeurope", "northeurope"),
-        "nvidia-a100-80gb": ("eastus", "eastus2", "southcentralus", "westeurope"),
-        "nvidia-h100-nvl": ("eastus", "eastus2", "southcentralus", "westeurope"),
+        "nvidia-tesla-t4": ("eastus", "eastus2", "westus2", "westeurope", "swedencentral"),
+        "nvidia-a100-80gb": (
+            "eastus",
+            "eastus2",
+            "centralus",
+            "southcentralus",
+            "westus2",
+            "westus3",
+            "westeurope",
+            "swedencentral",
+            "uksouth",
+        ),
+        "nvidia-h100-nvl": (
+            "eastus",
+            "eastus2",
+            "centralus",
+            "southcentralus",
+            "westus2",
+            "westus3",
+            "westeurope",
+            "northeurope",
+            "swedencentral",
+            "uksouth",
+        ),
     },
 }
 

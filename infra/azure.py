@@ -1,5 +1,15 @@
 """Azure: a resource group with a VNet, an NSG scoped by application security groups, a NAT gateway
-and N Trusted Launch VMs."""
+and N Trusted Launch VMs.
+
+GPU sizes (NCasT4_v3, NC A100 v4, NCads H100 v5: infra/prices.py) are declared like the others, Trusted
+Launch and Secure Boot included. Their NVIDIA driver comes from node/bootstrap.sh --profile cuda (the
+cuda node profile of every GPU node): Ubuntu's driver packages, whose kernel modules Canonical signs,
+so they load under Secure Boot. Not the NVIDIA GPU Driver Extension (Microsoft.HpcCompute
+NvidiaGpuDriverLinux): its CUDA driver supports Ubuntu 20.04 only, not this 24.04 image, and
+extensions do not support Secure Boot
+(https://learn.microsoft.com/en-us/azure/virtual-machines/extensions/hpccompute-gpu-linux,
+https://learn.microsoft.com/en-us/azure/virtual-machines/linux/n-series-driver-setup#ubuntu).
+"""
 
 from __future__ import annotations
 

@@ -89,14 +89,26 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("azure", "Standard_D16s_v5", 16, 8, 64, NO_BF16, trusted_launch=True),
         MachineType("azure", "Standard_D32s_v5", 32, 16, 128, NO_BF16, trusted_launch=True),
         MachineType("azure", "Standard_D16s_v6", 16, 8, 64, AMX, trusted_launch=True),
-        # Azure GPU sizes: NCasT4_v3 T4, NC A100 v4 A100 80 GB, NCads H100 v5 H100 NVL.
-        # https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/nc-family
-        MachineType("azure", "Standard_NC4as_T4_v3", 4, 4, 28, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
-        MachineType("azure", "Standard_NC8as_T4_v3", 8, 8, 56, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
-        MachineType("azure", "Standard_NC64as_T4_v3", 64, 64, 440, NO_BF16, gpus=4, gpu_model="nvidia-tesla-t4"),
-        MachineType("azure", "Standard_NC24ads_A100_v4", 24, 24, 220, NO_BF16, gpus=1, gpu_model="nvidia-a100-80gb"),
-        MachineType("azure", "Standard_NC96ads_A100_v4", 96, 96, 880, NO_BF16, gpus=4, gpu_model="nvidia-a100-80gb"),
-        MachineType("azure", "Standard_NC40ads_H100_v5", 40, 40, 320, NO_BF16, gpus=1, gpu_model="nvidia-h100-nvl"),
+        # Azure GPU sizes: NCasT4_v3 T4 (AMD Rome), NC A100 v4 A100 80 GB PCIe (Milan), NCads H100 v5 H100
+        # NVL (Genoa). Their vCPUs are "non-multithreaded" cores (vCPUs = cores), memory in GiB as the size
+        # tables state it; all take Premium SSD ('s') and Trusted Launch (the NC-family is supported, the old
+        # K80 NC-series is not). CPU flags are not listed: these nodes train on their GPUs.
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/ncast4v3-series
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/nca100v4-series
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/ncadsh100v5-series
+        # https://learn.microsoft.com/en-us/azure/virtual-machines/trusted-launch#virtual-machines-sizes
+        *(
+            MachineType("azure", name, vcpus, vcpus, memory, NO_BF16, trusted_launch=True, gpus=gpus, gpu_model=model)
+            for name, vcpus, memory, gpus, model in (
+                ("Standard_NC4as_T4_v3", 4, 28, 1, "nvidia-tesla-t4"),
+                ("Standard_NC8as_T4_v3", 8, 56, 1, "nvidia-tesla-t4"),
+                ("Standard_NC64as_T4_v3", 64, 440, 4, "nvidia-tesla-t4"),
+                ("Standard_NC24ads_A100_v4", 24, 220, 1, "nvidia-a100-80gb"),
+                ("Standard_NC48ads_A100_v4", 48, 440, 2, "nvidia-a100-80gb"),
+                ("Standard_NC96ads_A100_v4", 96, 880, 4, "nvidia-a100-80gb"),
+                ("Standard_NC40ads_H100_v5", 40, 320, 1, "nvidia-h100-nvl"),
+            )
+        ),
     )
 }
 

@@ -15,7 +15,12 @@ effectiveStartDate. What nanocluster reads:
   capacity (Azure Batch's low-priority VMs), not the Spot priority nanocluster:spot provisions
   (infra/azure.py), so they are never read as spot.
 
+GPU sizes are Virtual Machines meters like the others, their names spelled differently per series
+(recorded meter names: "NC4as T4 v3", "NC96ads_A100_v4", "NC40adsH100v5"): a size is found by armSkuName.
+
 When a meter has several items (price changes), the one with the latest effectiveStartDate counts.
+GPU sizes have been seen with two Spot items (two meters of one size, 2026-08); from the same date,
+the higher counts: a spot estimate errs high, never low.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def parse(response: dict[str, Any], machines: list[MachineType], region: str) ->
         if kind is None:
             continue
         key = (item["armSkuName"], kind)
-        if key not in latest or item.get("effectiveStartDate", "") > latest[key].get("effectiveStartDate", ""):
+        if key not in latest or _newer_or_dearer(item, latest[key]):
             latest[key] = item
     rows = []
     for machine in machines:
@@ -95,6 +100,13 @@ def _kind(item: dict[str, Any], region: str) -> str | None:
     if sku.endswith(" Low Priority"):
         return None
     return "spot" if sku.endswith(" Spot") else "on_demand"
+
+
+def _newer_or_dearer(item: dict[str, Any], kept: dict[str, Any]) -> bool:
+    """Whether `item` replaces `kept` for the same size and kind: a later effectiveStartDate, or the
+    same date and a higher price."""
+    date, kept_date = item.get("effectiveStartDate", ""), kept.get("effectiveStartDate", "")
+    return date > kept_date or (date == kept_date and _price(item) > _price(kept))
 
 
 def _price(item: dict[str, Any]) -> float:

@@ -5,9 +5,12 @@ import re
 import pytest
 import yaml
 
-from infra.cloudinit import decode
+from infra.cloudinit import FIRSTBOOT, decode
 from infra.prices import MACHINE_TYPES
-from tests.infra.harness import SSH_CIDR, cached_stack, is_secret, run_stack, stack_config
+from tests.infra.harness import SSH_CIDR, StackRun, cached_stack, is_secret, run_stack, stack_config
+from tests.infra.policy import constraint_breaches, violations
+from tests.infra.strict import schema_violations
+from tests.infra.test_policy_pack import pack_violations
 
 VM = "azure-native:compute:VirtualMachine"
 NIC = "azure-native:network:NetworkInterface"
@@ -123,10 +126,13 @@ def test_bake_image_goes_to_its_own_resource_group():
 
 
 # A size takes Premium SSD disks only when its name has 's' among the feature letters after the
-# vCPU count ("Standard_D32s_v5" does, "Standard_D32_v5" does not).
+# vCPU count ("Standard_D32s_v5" does, "Standard_D32_v5" does not); a GPU size names its accelerator
+# between the features and the version ("Standard_NC24ads_A100_v4"), and its series page says
+# "Premium Storage: Supported" (NCasT4_v3, NC_A100_v4, NCads_H100_v5).
 # https://learn.microsoft.com/en-us/azure/virtual-machines/vm-naming-conventions
 # https://learn.microsoft.com/en-us/azure/virtual-machines/dv5-dsv5-series (Dv5: premium storage not supported)
-PREMIUM_CAPABLE = re.compile(r"Standard_[A-Z]+\d+[a-z]*s[a-z]*_v\d+")
+# https://learn.microsoft.com/en-us/azure/virtual-machines/sizes/gpu-accelerated/nca100v4-series#feature-support
+PREMIUM_CAPABLE = re.compile(r"Standard_[A-Z]+\d+[a-z]*s[a-z]*(_[A-Z]+\d+)?_v\d+")
 
 
 @pytest.mark.parametrize("size", sorted(m.name for m in MACHINE_TYPES.values() if m.cloud == "azure"))
@@ -140,3 +146,86 @@ def test_every_offered_size_takes_the_premium_os_disk(size):
 def test_a_vm_is_deleted_before_its_replacement_takes_its_nic():
     for vm in cached_stack("azure", 3).of_type(VM):
         assert vm.options.delete_before_replace, vm.name
+
+
+# GPU nodes: the same VM with a GPU size, Trusted Launch kept, and the driver from node/bootstrap.sh's
+# cuda profile (infra/azure.py says why not the NVIDIA GPU Driver Extension).
+GPU_STACKS = [
+    pytest.param(accelerator, size, nodes, spot, id=f"{accelerator}-{nodes}-{'spot' if spot else 'on-demand'}")
+    for accelerator, size in (
+        ("nvidia-tesla-t4", "Standard_NC4as_T4_v3"),
+        ("nvidia-a100-80gb", "Standard_NC24ads_A100_v4"),
+    )
+    for nodes in (1, 3)
+    for spot in (False, True)
+]
+
+
+def gpu_stack(accelerator: str, nodes: int, spot: bool) -> StackRun:
+    return cached_stack("azure", nodes, accelerator=accelerator, spot=spot)
+
+
+def firstboot(vm) -> str:
+    """The first-boot script the VM's custom data installs (it runs node/bootstrap.sh)."""
+    files = yaml.safe_load(decode(vm.get("osProfile", "customData")))["write_files"]
+    (script,) = [f["content"] for f in files if f["path"] == FIRSTBOOT]
+    return script
+
+
+@pytest.mark.parametrize(("accelerator", "size", "nodes", "spot"), GPU_STACKS)
+def test_gpu_stacks_pass_the_strict_harness_and_the_policy_pack(accelerator, size, nodes, spot):
+    run = gpu_stack(accelerator, nodes, spot)
+    assert run.resources
+    assert schema_violations(run) == []
+    assert constraint_breaches(run) == []
+    assert violations(run) == []
+    assert pack_violations(run) == []
+
+
+@pytest.mark.parametrize(("accelerator", "size", "nodes", "spot"), GPU_STACKS)
+def test_gpu_nodes_are_trusted_launch_vms_whose_bootstrap_brings_the_driver(accelerator, size, nodes, spot):
+    run = gpu_stack(accelerator, nodes, spot)
+    vms = run.of_type(VM)
+    assert len(vms) == nodes
+    for vm in vms:
+        assert vm.get("hardwareProfile") == {"vmSize": size}
+        assert vm.get("securityProfile") == {
+            "securityType": "TrustedLaunch",
+            "uefiSettings": {"secureBootEnabled": True, "vTpmEnabled": True},
+        }
+        assert vm.get("storageProfile", "osDisk", "managedDisk") == {"storageAccountType": "Premium_LRS"}
+        assert "--profile cuda" in firstboot(vm)
+        spot_settings = {"priority": "Spot", "evictionPolicy": "Deallocate", "billingProfile": {"maxPrice": -1}}
+        assert {k: vm.get().get(k) for k in spot_settings} == (spot_settings if spot else dict.fromkeys(spot_settings))
+    # No VM extension: the driver is Ubuntu's signed packages, installed by the bootstrap.
+    assert run.of_type("azure-native:compute:VirtualMachineExtension") == []
+    assert [n.get("enableAcceleratedNetworking") for n in run.of_type(NIC)] == [True] * nodes
+
+
+@pytest.mark.parametrize(("accelerator", "size", "nodes", "spot"), GPU_STACKS)
+def test_the_contract_carries_the_gpus_per_node_and_their_model(accelerator, size, nodes, spot):
+    outputs = gpu_stack(accelerator, nodes, spot).outputs
+    assert (outputs["gpus_per_node"], outputs["gpu_model"], outputs["machine_type"]) == (1, accelerator, size)
+    assert outputs["cores_per_node"] == MACHINE_TYPES[size].vcpus  # no SMT on the NC sizes
+    assert outputs["spot"] is spot
+
+
+def test_a_cpu_stack_keeps_the_default_profile_and_no_gpus():
+    run = cached_stack("azure", 1)
+    assert "--profile default" in firstboot(run.of_type(VM)[0])
+    assert (run.outputs["gpus_per_node"], run.outputs["gpu_model"]) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "size", "gpus"),
+    [
+        ("nvidia-tesla-t4:4", "Standard_NC64as_T4_v3", 4),
+        ("nvidia-a100-80gb:2", "Standard_NC48ads_A100_v4", 2),
+        ("nvidia-a100-80gb:4", "Standard_NC96ads_A100_v4", 4),
+        ("nvidia-h100-nvl", "Standard_NC40ads_H100_v5", 1),
+    ],
+)
+def test_the_gpu_count_picks_the_size(accelerator, size, gpus):
+    run = cached_stack("azure", 1, accelerator=accelerator)
+    assert run.of_type(VM)[0].get("hardwareProfile") == {"vmSize": size}
+    assert run.outputs["gpus_per_node"] == gpus

@@ -67,9 +67,23 @@ def test_azure_reads_linux_pay_as_you_go_and_spot_meters_across_pages():
     assert rows["Standard_D32s_v5"].spot_usd_per_hour is None  # no Spot meter in the response
     assert rows["Standard_D16s_v6"].on_demand_usd_per_hour == 0.808
     queried = [url for url, _ in get.requests if "$skip" not in url]
-    assert len(queried) == 4 and all(
-        "armSkuName+eq+%27Standard_D" in url and "priceType+eq+%27Consumption%27" in url for url in queried
+    assert len(queried) == len(machines("azure")) and all(
+        f"armSkuName+eq+%27{m.name}%27" in url and "priceType+eq+%27Consumption%27" in url
+        for m, url in zip(machines("azure"), queried, strict=True)
     )
+
+
+def test_azure_prices_the_gpu_sizes_from_their_series_meters():
+    rows = {r.machine: r for r in azure.fetch(machines("azure"), "eastus", get=azure_get())}
+    assert {m.name for m in machines("azure") if m.gpus} <= set(rows)
+    assert rows["Standard_NC4as_T4_v3"] == Row("Standard_NC4as_T4_v3", 0.526, 0.1052, "eastus")  # not Windows, LP
+    assert rows["Standard_NC64as_T4_v3"].spot_usd_per_hour is None  # no Spot meter
+    # The latest on-demand item; of two Spot items of one date, the higher.
+    assert rows["Standard_NC24ads_A100_v4"] == Row("Standard_NC24ads_A100_v4", 3.673, 0.9183, "eastus")
+    assert rows["Standard_NC48ads_A100_v4"] == Row("Standard_NC48ads_A100_v4", 7.346, 1.8366, "eastus")  # page 2
+    assert rows["Standard_NC96ads_A100_v4"] == Row("Standard_NC96ads_A100_v4", 14.692, None, "eastus")  # westeurope
+    # "NC40adsH100v5": no spaces in the H100 meters; not the DevTest or Low Priority items.
+    assert rows["Standard_NC40ads_H100_v5"] == Row("Standard_NC40ads_H100_v5", 6.98, 1.396, "eastus")
 
 
 def test_aws_reads_shared_linux_on_demand_rows_and_leaves_spot_unknown():
