@@ -125,9 +125,13 @@ OFFERED: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         "nvidia-a100-80gb": ("us-central1-a", "us-central1-c", "us-east4-c", "europe-west4-a"),
     },
+    # AWS (checked 2026-11): g5 from describe-instance-type-offerings in every region (2025-01,
+    # https://github.com/validatedpatterns/rag-llm-gitops/pull/52); g6 from the per-region instance lists of
+    # https://github.com/aws-samples/hpc-cost-simulator (to 2025-06), which have no g6 in eu-west-1 and remove
+    # g4dn and p4d from none of these. infra/aws.py still picks a zone offering the type at `pulumi preview`.
     "aws": {
         "nvidia-tesla-t4": ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1"),
-        "nvidia-l4": ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1"),
+        "nvidia-l4": ("us-east-1", "us-east-2", "us-west-2", "eu-west-2", "eu-central-1"),
         "nvidia-a10g": ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1"),
         "nvidia-tesla-a100": ("us-east-1", "us-west-2", "eu-west-1", "eu-central-1"),
     },

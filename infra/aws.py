@@ -4,12 +4,16 @@ self-referencing security group, a cluster placement group and N IMDSv2-only ins
 Every instance boots with a route out, as the bootstrap downloads at first boot: the head's Elastic
 IP is attached to its network interface before the instance exists, and workers are created after
 their subnet's route to the NAT gateway.
+
+GPU nodes (g4dn T4, g5 A10G, g6 L4, p4d A100) boot AWS's Deep Learning Base AMI, which has the NVIDIA
+driver: the bootstrap (--profile cuda) installs only the CUDA build of torch on top. They get an
+ordinary network interface (ENA); EFA, which p4d offers for multi-node NCCL, is left out.
 """
 
 from __future__ import annotations
 
 import pulumi
-from pulumi_aws import ec2, vpc
+from pulumi_aws import ec2, ssm, vpc
 
 from infra import cloudinit
 from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in
@@ -18,6 +22,14 @@ from infra.config import ConfigError
 WORKER_SUBNET_CIDR = "10.42.1.0/24"
 CANONICAL = "099720109477"  # the AWS account Canonical publishes Ubuntu AMIs from
 UBUNTU_AMI_NAME = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
+# AWS's public Parameter Store name for the newest "Deep Learning Base OSS Nvidia Driver GPU AMI
+# (Ubuntu 24.04)": /aws/service/deeplearning/ami/$architecture/$ami_type/latest/ami-id, ami_type being
+# the AMI's name without "deep", "learning" and "ami" (https://docs.aws.amazon.com/dlami/latest/devguide/
+# find-dlami-id.html). Ubuntu 24.04, as the CPU nodes: the x86_64 Ubuntu 24.04 Base DLAMIs list G4dn, G5,
+# G6 and P4d among their supported instances (release notes, 2026), and ship driver 580 or newer, which
+# torch's CUDA 13 build needs. Parameter Store rather than an AMI name filter: the parameter is AWS's
+# documented pointer to the current release in each region (it needs ssm:GetParameter).
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 
 
 class AwsCluster(CloudCluster):
@@ -103,18 +115,7 @@ class AwsCluster(CloudCluster):
         )
         placement = ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
 
-        ami = (
-            cfg.image
-            or ec2.get_ami(
-                most_recent=True,
-                owners=[CANONICAL],
-                filters=[
-                    {"name": "name", "values": [UBUNTU_AMI_NAME]},
-                    {"name": "architecture", "values": ["x86_64"]},
-                    {"name": "virtualization-type", "values": ["hvm"]},
-                ],
-            ).id
-        )
+        ami = self._ami()
         # The head's address, subnet and groups live on a network interface that has its Elastic IP
         # before the head is launched on it (an address cannot be attached to an instance that does
         # not exist yet; one attached after launch leaves the first boot without a route out).
@@ -169,6 +170,8 @@ class AwsCluster(CloudCluster):
                         "volume_size": cfg.disk_gb,
                         "delete_on_termination": True,
                     },
+                    # Spot that terminates when reclaimed: EC2 puts no spot instance set to stop or
+                    # hibernate in a placement group (placement group rules, EC2 user guide).
                     instance_market_options=(
                         {
                             "market_type": "spot",
@@ -230,6 +233,24 @@ class AwsCluster(CloudCluster):
         )
         association = ec2.RouteTableAssociation(name, subnet_id=subnet.id, route_table_id=routes.id, opts=self.child())
         return subnet, association
+
+    def _ami(self) -> str:
+        """nanocluster:image, else the newest base image: AWS's Deep Learning AMI (NVIDIA driver
+        included) for GPU nodes, Canonical's Ubuntu 24.04 for CPU nodes."""
+        cfg = self.config
+        if cfg.image:
+            return cfg.image
+        if cfg.gpus.count:
+            return ssm.get_parameter(name=DLAMI_PARAMETER).value
+        return ec2.get_ami(
+            most_recent=True,
+            owners=[CANONICAL],
+            filters=[
+                {"name": "name", "values": [UBUNTU_AMI_NAME]},
+                {"name": "architecture", "values": ["x86_64"]},
+                {"name": "virtualization-type", "values": ["hvm"]},
+            ],
+        ).id
 
     def _zone_offering(self, instance_type: str) -> str:
         """The first availability zone of the region that offers the machine type."""

@@ -39,6 +39,10 @@ PROFILES = ("default", "intel")
 MAX_NODES = 64  # the address plan gives each rank a fixed private IP in one /24
 MAX_CLUSTER_NAME = 40  # + "-intra-cluster" + Pulumi's "-" and 7-character suffix = 62 <= GCP's 63
 MIN_DISK_GB = 30
+DLAMI_MIN_DISK_GB = 75
+"""AWS GPU nodes boot the Deep Learning Base AMI (infra/aws.py), whose root snapshot is 75 GiB: EC2 refuses
+a smaller root volume (InvalidBlockDeviceMapping "... expect size >= 75GB"). The DLAMI pages state no
+size; 75 GiB is what launches report (2025-2026)."""
 # Largest boot disk per cloud, GB. 4096 is nanocluster's own ceiling where the provider allows more: a GCP
 # Persistent Disk holds up to 64 TiB (https://cloud.google.com/compute/docs/disks/persistent-disks), an AWS
 # gp3 volume up to 16,384 GiB (https://docs.aws.amazon.com/sdk-for-kotlin/api/latest/ec2/
@@ -174,7 +178,8 @@ class ClusterConfig:
     profile: str = "default"
     """Node environment: default (CPU torch + gloo) or intel (IPEX + oneCCL) (nanocluster:profile)."""
     image: str = ""
-    """Base image; empty means the newest Ubuntu 24.04 LTS image, looked up (nanocluster:image)."""
+    """Base image; empty means the newest Ubuntu 24.04 LTS image, looked up (AWS GPU nodes: the Deep Learning
+    Base AMI, Ubuntu 24.04 with the NVIDIA driver) (nanocluster:image)."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Labels/tags on every resource: cluster, owner, managed-by, plus nanocluster:labels."""
     idle_minutes: int = 0
@@ -471,6 +476,13 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
     cluster_name = re.sub(r"[^a-z0-9-]", "-", f"nanocluster-{stack}".lower())[:MAX_CLUSTER_NAME].strip("-")
     region, zone, project = _location(raw, cloud, env)
     machine, gpus = _machine(raw, cloud, region if regional or not zone else zone)
+    if cloud == "aws" and gpus.count and not image and disk_gb < DLAMI_MIN_DISK_GB:
+        raise _fail(
+            "nanocluster:diskGb",
+            f"{disk_gb} GB is smaller than the {DLAMI_MIN_DISK_GB} GB root volume of AWS's Deep Learning AMI, "
+            "which GPU nodes boot",
+            "pulumi config set nanocluster:diskGb 100",
+        )
     if gpus.count and profile == "intel":
         raise _fail(
             "nanocluster:profile",

@@ -74,7 +74,10 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("aws", "m7i.4xlarge", 16, 8, 64, AMX),
         MachineType("aws", "c7i.4xlarge", 16, 8, 32, AMX),
         MachineType("aws", "r7iz.4xlarge", 16, 8, 128, AMX),
-        # AWS GPU instances: g4dn T4, g5 A10G, g6 L4, p4d A100 40 GB. https://aws.amazon.com/ec2/instance-types/
+        # AWS GPU instances: g4dn T4, g5 A10G, g6 L4, p4d A100 40 GB. vCPUs, GiB and GPUs as AWS Batch's GPU
+        # table lists them (https://docs.aws.amazon.com/batch/latest/userguide/gpu-jobs.html, checked 2026-11);
+        # cores = vCPUs / 2 (each vCPU a thread of a core, https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+        # instance-optimize-cpu.html). Cascade Lake (g4dn, p4d) and AMD EPYC Rome/Milan (g5, g6): no bf16 ISA.
         MachineType("aws", "g4dn.2xlarge", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-tesla-t4"),
         MachineType("aws", "g4dn.12xlarge", 48, 24, 192, NO_BF16, gpus=4, gpu_model="nvidia-tesla-t4"),
         MachineType("aws", "g5.2xlarge", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-a10g"),

@@ -13,8 +13,11 @@ CSV rather than JSON because a CSV row is a product with its price, so one pass 
 
 The CSV's first five rows are metadata; the sixth names the columns. A row counts when TermType is
 OnDemand, Tenancy Shared, Operating System Linux, Pre Installed S/W NA, License Model "No License
-required", CapacityStatus Used (not a capacity reservation), Unit Hrs and Currency USD:
-PricePerUnit is then the Linux on-demand USD per hour of its Instance Type.
+required", CapacityStatus Used (not a capacity reservation), Unit Hrs, Currency USD and, where the file
+has the column, MarketOption OnDemand: PricePerUnit is then the Linux on-demand USD per hour of its
+Instance Type. GPU instances are rows like any other; the market option tells their on-demand rows from
+those of EC2 Capacity Blocks for ML (p4d, p5), priced apart (AWS's own on-demand price query, in
+Karpenter's pricing provider, filters on marketoption OnDemand for the same reason).
 
 Spot: AWS publishes spot prices through the EC2 API (DescribeSpotPriceHistory), which needs
 credentials, not in the price list files. The undocumented JSON behind the spot pricing web page is
@@ -50,6 +53,8 @@ WANTED = {
     "Currency": "USD",
 }
 COLUMNS = ("Instance Type", "PricePerUnit", *WANTED)
+WANTED_WHERE_PRESENT = {"MarketOption": "OnDemand"}
+"""Filters on columns the file may lack (older price lists): a Capacity Block row is not on demand."""
 
 
 class Opener(Protocol):
@@ -73,13 +78,14 @@ def parse(lines: Iterable[str], machines: list[MachineType], region: str) -> lis
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise FetchError(f"the EC2 price list has no column {', '.join(map(repr, missing))}")
-    at = {name: header.index(name) for name in COLUMNS}
+    wanted = WANTED | {column: value for column, value in WANTED_WHERE_PRESENT.items() if column in header}
+    at = {name: header.index(name) for name in (*COLUMNS, *wanted)}
     names = {m.name for m in machines}
     found: dict[str, set[float]] = {}
     for row in reader:
         if len(row) < len(header) or row[at["Instance Type"]] not in names:
             continue
-        if all(row[at[column]] == value for column, value in WANTED.items()):
+        if all(row[at[column]] == value for column, value in wanted.items()):
             try:
                 price = float(row[at["PricePerUnit"]])
             except ValueError:

@@ -34,6 +34,11 @@ UBUNTU_GCP_IMAGE = (
     "https://www.googleapis.com/compute/v1/projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20250601"
 )
 UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
+DLAMI_AMI = "ami-0d1e2f3a4b5c6d7e8"
+# AWS's public Parameter Store, the names the program may read: anything else is unmocked.
+AWS_PUBLIC_PARAMETERS = {
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id": DLAMI_AMI,
+}
 AWS_ZONES = ["us-east-1c", "us-east-1a", "us-east-1b"]
 
 BASE_CONFIG = {
@@ -68,10 +73,28 @@ def _ed25519_key(name: str) -> dict[str, str]:
     return {"privateKeyOpenssh": private, "publicKeyOpenssh": public + "\n"}
 
 
+def _aws_public_parameter(args: dict) -> dict:
+    name = args.get("name")
+    if name not in AWS_PUBLIC_PARAMETERS:
+        raise UnmockedInvoke(f"no public parameter {name!r} in the mocked AWS Parameter Store")
+    value = AWS_PUBLIC_PARAMETERS[name]
+    return {
+        "id": name,
+        "name": name,
+        "arn": f"arn:aws:ssm:us-east-1::parameter{name}",
+        "type": "String",
+        "value": value,
+        "insecureValue": value,
+        "version": 1,
+        "region": "us-east-1",
+    }
+
+
 class ClusterMocks(pulumi.runtime.Mocks):
     INVOKES: ClassVar[dict[str, Callable[[dict], dict]]] = {
         "gcp:compute/getImage:getImage": lambda args: {"selfLink": UBUNTU_GCP_IMAGE, "family": args.get("family")},
         "aws:ec2/getAmi:getAmi": lambda args: {"id": UBUNTU_AMI, "name": "ubuntu-noble-24.04-amd64-server-20250601"},
+        "aws:ssm/getParameter:getParameter": _aws_public_parameter,
         "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": lambda args: {
             "id": "us-east-1",
             "locations": AWS_ZONES,

@@ -1,4 +1,4 @@
-"""AWS cluster: resources and their key properties for 1 and 3 nodes (Pulumi mocks)."""
+"""AWS cluster: resources and their key properties for 1 and 3 nodes, CPU and GPU (Pulumi mocks)."""
 
 import re
 
@@ -6,10 +6,24 @@ import pytest
 import yaml
 
 from infra.cloudinit import decode
-from tests.infra.harness import SSH_CIDR, UBUNTU_AMI, cached_stack, is_secret, run_stack, stack_config
+from infra.config import ConfigError, parse
+from tests.infra.harness import (
+    DLAMI_AMI,
+    SSH_CIDR,
+    UBUNTU_AMI,
+    cached_stack,
+    is_secret,
+    run_stack,
+    stack_config,
+)
+from tests.infra.policy import constraint_breaches, violations
+from tests.infra.strict import schema_violations
 
 INSTANCE = "aws:ec2/instance:Instance"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+GET_AMI = "aws:ec2/getAmi:getAmi"
+GET_PARAMETER = "aws:ssm/getParameter:getParameter"
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
 
 
 def test_dedicated_vpc_with_a_public_and_a_private_subnet_in_a_zone_offering_the_type():
@@ -169,3 +183,118 @@ def test_an_instance_is_deleted_before_its_replacement_takes_its_fixed_address()
 def test_baking_snapshots_the_head_without_rebooting_it():
     (ami,) = run_stack(stack_config("aws", nodes=1, bakeImage=True)).of_type("aws:ec2/amiFromInstance:AmiFromInstance")
     assert ami.get("snapshotWithoutReboot") is True  # a run on the head is not interrupted
+
+
+# --- GPU nodes ------------------------------------------------------------------------------------------
+
+GPU_STACKS = [
+    pytest.param(accelerator, machine, spot, id=f"{machine}-{'spot' if spot else 'on-demand'}")
+    for accelerator, machine in (("nvidia-l4", "g6.2xlarge"), ("nvidia-tesla-t4", "g4dn.2xlarge"))
+    for spot in (False, True)
+]
+
+
+def gpu_stack(accelerator: str, spot: bool, nodes: int = 3):
+    return cached_stack("aws", nodes, accelerator=accelerator, spot=spot)
+
+
+@pytest.mark.parametrize(("accelerator", "machine", "spot"), GPU_STACKS)
+def test_gpu_stacks_pass_the_strict_harness_the_provider_limits_and_the_policy_pack(accelerator, machine, spot):
+    run = gpu_stack(accelerator, spot)
+    assert run.resources
+    assert schema_violations(run) == []
+    assert constraint_breaches(run) == []
+    assert violations(run) == []
+
+
+@pytest.mark.parametrize(("accelerator", "machine", "spot"), GPU_STACKS)
+def test_gpu_nodes_boot_the_deep_learning_ami_looked_up_in_aws_public_parameters(accelerator, machine, spot):
+    run = gpu_stack(accelerator, spot)
+    lookups = [args for token, args in run.invokes if token == GET_PARAMETER]
+    assert lookups == [{"name": DLAMI_PARAMETER}]  # once per stack, AWS's documented name
+    assert [token for token, _ in run.invokes if token == GET_AMI] == []  # not Canonical's Ubuntu
+    instances = run.of_type(INSTANCE)
+    assert [(i.get("ami"), i.get("instanceType")) for i in instances] == [(DLAMI_AMI, machine)] * 3
+    # A newer DLAMI release is for new nodes only, as a newer Ubuntu is on CPU stacks.
+    assert all("ami" in i.options.ignore_changes for i in instances)
+
+
+@pytest.mark.parametrize(("accelerator", "machine", "spot"), GPU_STACKS)
+def test_gpu_nodes_keep_the_cpu_defaults_and_have_no_efa_interface(accelerator, machine, spot):
+    run = gpu_stack(accelerator, spot)
+    (placement,) = run.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert placement.get("strategy") == "cluster"
+    for instance in run.of_type(INSTANCE):
+        values = instance.get()
+        assert values["placementGroup"] == "nanocluster-dev"
+        assert values["metadataOptions"]["httpTokens"] == "required"
+        assert values["rootBlockDevice"] == {
+            "encrypted": True,
+            "volumeType": "gp3",
+            "volumeSize": 100,
+            "deleteOnTermination": True,
+        }
+        # No EFA: the nodes' only interfaces are the head's ENI and the workers' default one.
+        assert "networkInterfaces" not in values
+    (head_nic,) = run.of_type("aws:ec2/networkInterface:NetworkInterface")
+    assert "interfaceType" not in head_nic.get()
+
+
+@pytest.mark.parametrize(("accelerator", "machine", "spot"), GPU_STACKS)
+def test_gpu_nodes_are_spot_only_when_asked(accelerator, machine, spot):
+    options = [i.get().get("instanceMarketOptions") for i in gpu_stack(accelerator, spot).of_type(INSTANCE)]
+    spot_options = {
+        "marketType": "spot",
+        "spotOptions": {"spotInstanceType": "one-time", "instanceInterruptionBehavior": "terminate"},
+    }
+    assert options == [spot_options if spot else None] * 3
+
+
+@pytest.mark.parametrize(("accelerator", "machine", "spot"), GPU_STACKS)
+def test_the_contract_has_the_gpus_per_node_and_their_model(accelerator, machine, spot):
+    outputs = gpu_stack(accelerator, spot).outputs
+    assert (outputs["gpus_per_node"], outputs["gpu_model"], outputs["machine_type"]) == (1, accelerator, machine)
+    assert outputs["cores_per_node"] == 4 and outputs["spot"] is spot
+    # AWS publishes no spot price without credentials: a spot stack is priced on demand (an upper bound).
+    assert outputs["hourly_cost_spot_usd"] is None
+    assert outputs["hourly_cost_usd"] == outputs["hourly_cost_on_demand_usd"]
+
+
+def test_gpu_nodes_bootstrap_the_cuda_profile_in_user_data_under_the_16k_limit():
+    for instance in gpu_stack("nvidia-l4", False).of_type(INSTANCE):
+        encoded = instance.get("userDataBase64")
+        assert len(encoded) < 16 * 1024
+        assert "--profile cuda" in decode(encoded)
+
+
+def test_four_l4s_per_node_take_the_g6_12xlarge():
+    run = cached_stack("aws", 1, accelerator="nvidia-l4:4")
+    assert run.of_type(INSTANCE)[0].get("instanceType") == "g6.12xlarge"
+    assert run.outputs["gpus_per_node"] == 4 and schema_violations(run) == []
+
+
+def test_a_custom_image_overrides_the_deep_learning_ami_and_looks_nothing_up():
+    run = cached_stack("aws", 1, accelerator="nvidia-l4", image="ami-0123456789abcdef0")
+    assert run.of_type(INSTANCE)[0].get("ami") == "ami-0123456789abcdef0"
+    assert [token for token, _ in run.invokes if token in (GET_AMI, GET_PARAMETER)] == []
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_cpu_stacks_still_boot_canonicals_ubuntu_and_read_no_parameter(nodes):
+    run = cached_stack("aws", nodes)
+    assert [token for token, _ in run.invokes if token == GET_PARAMETER] == []
+    assert [token for token, _ in run.invokes if token == GET_AMI] == [GET_AMI]
+    assert {i.get("ami") for i in run.of_type(INSTANCE)} == {UBUNTU_AMI}
+
+
+def test_a_gpu_stack_refuses_a_disk_smaller_than_the_deep_learning_ami_in_one_line():
+    with pytest.raises(ConfigError) as error:
+        parse(stack_config("aws", accelerator="nvidia-tesla-t4", diskGb=50), "dev")
+    assert str(error.value) == (
+        "nanocluster:diskGb: 50 GB is smaller than the 75 GB root volume of AWS's Deep Learning AMI, which GPU "
+        "nodes boot. Fix: pulumi config set nanocluster:diskGb 100"
+    )
+    assert parse(stack_config("aws", accelerator="nvidia-tesla-t4", diskGb=75), "dev").disk_gb == 75
+    assert parse(stack_config("aws", diskGb=50), "dev").disk_gb == 50  # CPU nodes boot Ubuntu
+    custom = stack_config("aws", accelerator="nvidia-tesla-t4", diskGb=50, image="ami-0123456789abcdef0")
+    assert parse(custom, "dev").disk_gb == 50  # a custom image's own size applies

@@ -94,6 +94,31 @@ def test_aws_reads_shared_linux_on_demand_rows_and_leaves_spot_unknown():
     assert rows["r7iz.4xlarge"].on_demand_usd_per_hour == 1.488
 
 
+def test_aws_prices_the_gpu_instances_on_demand_not_as_capacity_blocks():
+    rows = {r.machine: r for r in aws.fetch(machines("aws"), "us-east-1", get=aws_csv)}
+    gpu = {m.name for m in machines("aws") if m.gpus}
+    assert gpu == {"g4dn.2xlarge", "g4dn.12xlarge", "g5.2xlarge", "g6.2xlarge", "g6.12xlarge", "p4d.24xlarge"}
+    assert {name: rows[name].on_demand_usd_per_hour for name in gpu} == {
+        "g4dn.2xlarge": 0.752,
+        "g4dn.12xlarge": 3.912,  # not its Reserved row
+        "g5.2xlarge": 1.212,  # not its Dedicated row
+        "g6.2xlarge": 0.9776,  # not its Windows row
+        "g6.12xlarge": 4.6016,
+        "p4d.24xlarge": 21.957642,  # not its Capacity Block row
+    }
+    assert all(rows[name].spot_usd_per_hour is None for name in gpu)
+
+
+def test_aws_reads_a_price_list_without_the_market_option_column():
+    """Older price lists have no MarketOption column (the last one here): the other filters still apply."""
+    lines = (RESPONSES / "aws_ec2_us-east-1.csv").read_text().splitlines()
+    header_and_rows = [line.rsplit(",", 1)[0] for line in lines[5:] if '"CapacityBlock"' not in line]
+    text = "\n".join(lines[:5] + header_and_rows) + "\n"
+    rows = {r.machine: r for r in aws.parse(io.StringIO(text), machines("aws"), "us-east-1")}
+    assert rows["p4d.24xlarge"].on_demand_usd_per_hour == 21.957642
+    assert rows["m6i.4xlarge"].on_demand_usd_per_hour == 0.768
+
+
 def test_aws_refuses_two_prices_for_one_machine_type():
     text = (RESPONSES / "aws_ec2_us-east-1.csv").read_text()
     last = text.splitlines()[6].replace("0.3840000000", "0.4000000000")  # m6i.2xlarge again, another price
