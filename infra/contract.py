@@ -13,7 +13,7 @@ from __future__ import annotations
 import pulumi
 
 from infra.cluster import CloudCluster
-from infra.gke import POOL_LABEL, SYSTEM_NODES, TRAINING_POOL, GkeCluster, training_toleration
+from infra.gke import POOL_LABEL, SYSTEM_NODES, TRAINING_POOL, GkeCluster, training_tolerations
 from infra.kube_storage import CLAIM, STORAGE_CLASS
 from infra.prices import gke_at_rest_usd, gke_node_hour_usd, price_of
 
@@ -108,7 +108,8 @@ KUBERNETES_CONTRACT_KEYS = (
     "hourly_cost_at_rest_usd",
 )
 """The contract of kind "kubernetes": prices are per training node-hour (the pool is at 0 between
-runs), plus what the cluster costs per hour at rest."""
+runs; a GPU node's GPUs included, attached ones too), plus what the cluster costs per hour at rest (the
+system pool, the NFS server and the management fee: the training pool, GPU or not, is at 0)."""
 SECRET_KEYS = ("kubeconfig",)
 
 
@@ -138,7 +139,7 @@ def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
         "storage_gib": cfg.disk_gb,
         "max_nodes": cfg.nodes,
         "node_selector": {POOL_LABEL: TRAINING_POOL},
-        "tolerations": [training_toleration()],
+        "tolerations": training_tolerations(cfg),
         "machine_type": cfg.machine.name,
         "cores_per_node": cfg.machine.cores,
         "memory_gib": float(cfg.machine.memory_gb),

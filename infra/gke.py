@@ -2,6 +2,12 @@
 training pool that the autoscaler takes from 0 to nanocluster:nodes and back, plus the shared volume
 (infra/nfs.py) and the Kubernetes objects that offer it to pods (infra/kube_storage.py).
 
+With nanocluster:accelerator the training pool is a GPU pool: its nodes carry the GPUs (guest
+accelerators, stated for g2/a2 machine types as for N1 + T4), GKE installs the NVIDIA driver and runs
+the device plugin (GPU_DRIVER_VERSION says which driver and why), and the nodes are tainted
+nvidia.com/gpu=present:NoSchedule as well as with the pool's own taint. A regional cluster's GPU pool
+lives in the zones of the region that sell the GPU.
+
 Security defaults (checked by the policy pack): nodes have no public address; the control plane's
 public endpoint answers nanocluster:sshAllowedCidr only (master authorized networks); Workload
 Identity on, so pods never see the node's credentials; shielded nodes with secure boot; the nodes
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
 
+from infra.accelerators import zones_offering
 from infra.cluster import NODE_SUBNET_CIDR
 from infra.config import ClusterConfig
 from infra.gcp import cloud_nat
@@ -39,6 +46,24 @@ NODE_SCOPES = ["https://www.googleapis.com/auth/logging.write", "https://www.goo
 """The node service account's OAuth scopes: logs and metrics, no cloud-platform."""
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 """The least a GKE node's own service account needs (logging, monitoring, metadata)."""
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource GKE's device plugin advertises, and the key of the taint on GPU nodes."""
+GPU_TAINT: container.NodePoolNodeConfigTaintArgsDict = {
+    "key": GPU_RESOURCE,
+    "value": "present",
+    "effect": "NO_SCHEDULE",
+}
+"""The taint GKE puts on GPU nodes, declared here too: GKE adds it only when the cluster already has a
+non-GPU pool as the GPU pool is created (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus),
+and this stack removes the default pool and creates both of its pools at once. The provider reports
+drift only on taint keys the program declares (NodePoolNodeConfig.taints), so declaring it is no diff."""
+GPU_DRIVER_VERSION = "LATEST"
+"""GKE-managed driver installation on COS nodes. DEFAULT is the driver branch GKE pins per node version and
+can trail LATEST by a branch or more; LATEST is the newest branch COS ships for the node version (the GKE
+API's GPUDriverInstallationConfig: DEFAULT "Default GPU driver in COS and Ubuntu", LATEST "Latest GPU
+driver in COS"). torch's CUDA 13 build (node/requirements-cuda.txt) needs a driver >= 580, and LATEST
+brings it (rapidsai/deployment#659, 2026-02: LATEST "ensures that driver version > 580.65 is installed,
+which is a requirement when using CUDA 13"). T4 (Turing) and newer run on the 580 branch."""
 
 
 def account_id(cluster_name: str, suffix: str) -> str:
@@ -54,6 +79,16 @@ def account_id(cluster_name: str, suffix: str) -> str:
 def training_toleration() -> dict[str, str]:
     """The toleration (Kubernetes API form) a pod needs to land on the training pool."""
     return {"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"}
+
+
+def gpu_toleration() -> dict[str, str]:
+    """The toleration (API form) of GPU_TAINT, as the launcher writes it (launcher/cluster/kube_contract.py)."""
+    return {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def training_tolerations(config: ClusterConfig) -> list[dict[str, str]]:
+    """Every toleration a pod needs to land on the training pool: its own taint's, and the GPU taint's."""
+    return [training_toleration()] + ([gpu_toleration()] if config.gpus.count else [])
 
 
 @dataclass(frozen=True)
@@ -210,13 +245,7 @@ class GkeCluster(pulumi.ComponentResource):
         node_config = self._node_config(account, GKE_SYSTEM_MACHINE)
         training = pool == TRAINING_POOL
         if training:
-            node_config |= {
-                "machine_type": cfg.machine.name,
-                "spot": cfg.spot,
-                "gvnic": {"enabled": True},  # C3 machines take only gVNIC
-                "labels": {POOL_LABEL: TRAINING_POOL},
-                "taints": [{"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"}],
-            }
+            node_config |= self._training_node_config()
         # Totals over the pool's zones (a regional pool has several); ANY lets spot capacity come
         # from whichever zone has it, BALANCED spreads on-demand nodes.
         autoscaling: container.NodePoolAutoscalingArgsDict = {
@@ -234,6 +263,43 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=0 if training else None,
             autoscaling=autoscaling if training else None,
             node_count=None if training else SYSTEM_NODES,
-            node_locations=None if training else [cfg.zone],
+            node_locations=self._training_zones() if training else [cfg.zone],
             opts=self.child(ignore_changes=["initialNodeCount"]),
         )
+
+    def _training_node_config(self) -> container.NodePoolNodeConfigArgsDict:
+        """What the training pool's nodes add to the shared node config: machine, spot, label and taint(s),
+        and on a GPU pool the GPUs with GKE's driver installation."""
+        cfg = self.config
+        taints: list[container.NodePoolNodeConfigTaintArgsDict] = [
+            {"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"}
+        ]
+        if cfg.gpus.count:
+            taints.append(GPU_TAINT)
+        config: container.NodePoolNodeConfigArgsDict = {
+            "machine_type": cfg.machine.name,
+            "spot": cfg.spot,
+            # C3 takes only gVNIC; N1, G2 and A2 GPU nodes support it on COS
+            # (https://cloud.google.com/kubernetes-engine/docs/how-to/using-gvnic).
+            "gvnic": {"enabled": True},
+            "labels": {POOL_LABEL: TRAINING_POOL},
+            "taints": taints,
+        }
+        if cfg.gpus.count:
+            # Stated on g2/a2 machine types as well, where the machine type implies them.
+            config["guest_accelerators"] = [
+                {
+                    "type": cfg.gpus.model,
+                    "count": cfg.gpus.count,
+                    "gpu_driver_installation_config": {"gpu_driver_version": GPU_DRIVER_VERSION},
+                }
+            ]
+        return config
+
+    def _training_zones(self) -> list[str] | None:
+        """Where the training pool's nodes may be: a regional cluster's GPU pool in the region's zones that
+        sell the GPU; otherwise the cluster's own location(s) (None)."""
+        cfg = self.config
+        if cfg.regional and cfg.gpus.count:
+            return zones_offering(cfg.gpus.model, cfg.region)
+        return None

@@ -8,7 +8,9 @@
 - nodes run as a dedicated service account, never the project's default compute account and
   never with the cloud-platform scope;
 - shielded nodes with secure boot; NetworkPolicy enforced (Dataplane V2 or Calico); no legacy ABAC,
-  no client certificate.
+  no client certificate;
+- a GPU pool scales to 0 at rest: autoscaling on, its minimum 0 (per zone and in total), no nodes
+  started with it, so no GPU bills between runs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 WORLD = {"0.0.0.0/0", "::/0"}
+GPU_MACHINE_SERIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+"""Accelerator-optimized machine types: their GPUs come with the machine, stated as guest accelerators or not."""
 
 
 def _node_config(config: Any, where: str) -> list[str]:
@@ -99,8 +103,44 @@ def cluster_problems(props: Any, ssh_allowed_cidr: str | None) -> list[str]:
     return found
 
 
+def _count(value: Any) -> int:
+    """A node or GPU count as the engine hands it over (numbers arrive as floats); 0 when absent."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def _has_gpus(config: Any) -> bool:
+    """Whether a node config's nodes carry GPUs: guest accelerators, or an accelerator-optimized machine type."""
+    attached = any(_count(get(a, "count")) > 0 for a in items(config, "guestAccelerators"))
+    machine = get(config, "machineType")
+    return attached or (isinstance(machine, str) and machine.startswith(GPU_MACHINE_SERIES))
+
+
+def _gpu_pool_at_rest(props: Any) -> list[str]:
+    """A GPU pool that keeps nodes up when nothing runs: GPUs bill by the hour."""
+    autoscaling, count, initial = get(props, "autoscaling"), get(props, "nodeCount"), get(props, "initialNodeCount")
+    if not known(autoscaling, count, initial):
+        return []
+    fix = "a GPU pool must scale to 0 at rest (autoscaling with totalMinNodeCount 0)"
+    if autoscaling is None:  # a fixed size: nodeCount, else initialNodeCount (GKE's default 1)
+        fixed = _count(count) if count is not None else max(_count(initial), 1)
+        if not fixed:
+            return [f"a GPU pool without autoscaling stays at 0 nodes and cannot grow for a run: {fix}"]
+        return [f"a GPU pool without autoscaling keeps {fixed} node(s) up at rest: {fix}"]
+    found = [
+        f"a GPU pool keeps autoscaling.{key} = {_count(get(autoscaling, key))} node(s) up at rest: {fix}"
+        for key in ("totalMinNodeCount", "minNodeCount")
+        if _count(get(autoscaling, key)) > 0
+    ]
+    if _count(initial) > 0:
+        found.append(f"a GPU pool starts {_count(initial)} node(s) that bill until the autoscaler removes them: {fix}")
+    return found
+
+
 def node_pool_problems(props: Any) -> list[str]:
-    found = _node_config(get(props, "nodeConfig"), "nodeConfig")
+    config = get(props, "nodeConfig")
+    found = _node_config(config, "nodeConfig")
     if get(props, "networkConfig", "enablePrivateNodes") is False:
         found.append("networkConfig.enablePrivateNodes is false: this pool's nodes get public addresses")
+    if known(config) and _has_gpus(config):
+        found += _gpu_pool_at_rest(props)
     return found

@@ -88,6 +88,12 @@ def _gke_pool(**node_config) -> gcp.container.NodePool:
     )
 
 
+def _gke_gpu_pool(**pool) -> gcp.container.NodePool:
+    """A pool of L4 nodes, sound but for `pool` (its other arguments)."""
+    config = _gke_node_config(machine_type="g2-standard-8", guest_accelerators=[{"type": "nvidia-l4", "count": 1}])
+    return gcp.container.NodePool("gpus", cluster=CLUSTER, location="us-central1-a", node_config=config, **pool)
+
+
 # --- breaches of the security defaults (policy/rules.py) -------------------------------------------
 
 SECURITY: dict[str, Bad] = {
@@ -150,6 +156,29 @@ SECURITY: dict[str, Bad] = {
         "Cluster second: NetworkPolicy is not enforced",
     ),
     "gke-legacy-abac": Bad("gke", lambda: _gke_cluster(enable_legacy_abac=True), "Cluster second: legacy ABAC is on"),
+    "gke-gpu-pool-up-at-rest": Bad(
+        "gke",
+        lambda: _gke_gpu_pool(autoscaling={"total_min_node_count": 1, "total_max_node_count": 3}),
+        "NodePool gpus: a GPU pool keeps autoscaling.totalMinNodeCount = 1 node(s) up at rest",
+    ),
+    "gke-gpu-pool-without-autoscaling": Bad(
+        "gke",
+        lambda: _gke_gpu_pool(node_count=2),
+        "NodePool gpus: a GPU pool without autoscaling keeps 2 node(s) up at rest",
+    ),
+    "gke-gpu-pool-started-with-nodes": Bad(
+        "gke",
+        lambda: _gke_gpu_pool(initial_node_count=2, autoscaling={"min_node_count": 0, "max_node_count": 3}),
+        "NodePool gpus: a GPU pool starts 2 node(s) that bill until the autoscaler removes them",
+    ),
+    "gke-public-gpu-pool": Bad(
+        "gke",
+        lambda: _gke_gpu_pool(
+            network_config={"enable_private_nodes": False},
+            autoscaling={"total_min_node_count": 0, "total_max_node_count": 3},
+        ),
+        "NodePool gpus: networkConfig.enablePrivateNodes is false",
+    ),
     "gcp-world-open-port": Bad(
         "gcp",
         lambda: gcp.compute.Firewall(

@@ -1,7 +1,9 @@
 """GKE stack (nanocluster:cloud gke) under the mocks: the strict harness, the policy pack and the
 provider limits for 1, 3 and 64 nodes, spot and on-demand; the properties the design asks of the
 cluster and its pools; the contract of kind kubernetes; growing the pool changes nothing else;
-every Kubernetes object the stack creates against the API's OpenAPI schemas."""
+every Kubernetes object the stack creates against the API's OpenAPI schemas. GPU training pools
+(L4 on G2, T4 attached to N1; spot and on-demand, zonal and regional) the same way, plus the GPU
+contract driving the launcher's pods."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.accelerators import GPU_MODELS, zones_offering
 from infra.config import ConfigError, parse
 from infra.contract import KUBERNETES_CONTRACT_KEYS
-from infra.gke import NODE_SCOPES, POOL_LABEL, TRAINING_POOL
+from infra.gke import GPU_DRIVER_VERSION, NODE_SCOPES, POOL_LABEL, TRAINING_POOL
 from infra.nfs import EXPORT_PATH, NFS_ADDRESS
 from infra.prices import (
     GKE_MANAGEMENT_USD_PER_HOUR,
@@ -24,6 +27,11 @@ from infra.prices import (
     gke_node_hour_usd,
     price_of,
 )
+from launcher.cluster.inventory import parse_contract
+from launcher.cluster.kube_contract import GPU_TOLERATION
+from launcher.kube.objects import DEFAULT_IMAGE, PodLaunch, job_name, training_job
+from policy.gke import node_pool_problems
+from policy.props import UNKNOWN
 from tests.infra.harness import (
     GKE_CA,
     GKE_ENDPOINT,
@@ -266,3 +274,173 @@ def test_the_nfs_servers_startup_script_passes_bash_n_and_shellcheck(tmp_path):
     for command in (["bash", "-n", str(path)], [SHELLCHECK, "--shell=bash", str(path)]):
         checked = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# --- GPU training pools ------------------------------------------------------------------------------
+
+GPUS = {"nvidia-l4": ("g2-standard-8", 1, False), "nvidia-tesla-t4:2": ("n1-standard-8", 2, True)}
+"""nanocluster:accelerator -> the machine type chosen, GPUs per node, attached (N1) or carried (G2)."""
+GPU_STACKS = [
+    pytest.param(accelerator, spot, regional, id=f"{accelerator}-{'spot' if spot else 'on-demand'}-{where}")
+    for accelerator in GPUS
+    for spot in (False, True)
+    for regional, where in ((False, "zonal"), (True, "regional"))
+]
+
+
+def gpu_stack(accelerator: str, nodes: int = 3, spot: bool = False, regional: bool = False) -> StackRun:
+    settings: dict[str, object] = {"accelerator": accelerator, "spot": spot}
+    if regional:
+        settings["regional"] = True
+    return gke(nodes, **settings)
+
+
+@pytest.mark.parametrize(("accelerator", "spot", "regional"), GPU_STACKS)
+def test_gpu_pools_pass_the_sdk_types_the_provider_limits_and_the_policy(accelerator, spot, regional):
+    run = gpu_stack(accelerator, spot=spot, regional=regional)
+    assert schema_violations(run) == []
+    assert constraint_breaches(run) == []
+    assert violations(run) == []
+    assert pack_violations(run) == []
+
+
+@pytest.mark.parametrize(("accelerator", "spot", "regional"), GPU_STACKS)
+def test_a_gpu_pool_carries_its_gpus_installs_gkes_driver_and_scales_from_zero(accelerator, spot, regional):
+    run = gpu_stack(accelerator, spot=spot, regional=regional)
+    machine, count, _ = GPUS[accelerator]
+    model = accelerator.split(":")[0]
+    pool = run.named(POOL, "nanocluster-dev-training")
+    config = pool.get("nodeConfig")
+    assert config["guestAccelerators"] == [
+        {"type": model, "count": count, "gpuDriverInstallationConfig": {"gpuDriverVersion": GPU_DRIVER_VERSION}}
+    ]
+    assert GPU_DRIVER_VERSION == "LATEST"  # the 580 branch torch's CUDA 13 build needs (infra/gke.py)
+    assert (config["machineType"], config["spot"], config["gvnic"]) == (machine, spot, {"enabled": True})
+    assert config["taints"] == [
+        {"key": POOL_LABEL, "value": TRAINING_POOL, "effect": "NO_SCHEDULE"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"},
+    ]
+    assert config["imageType"] == "COS_CONTAINERD"  # GKE's LATEST driver is COS's
+    assert pool.get("autoscaling") == {
+        "totalMinNodeCount": 0,
+        "totalMaxNodeCount": 3,
+        "locationPolicy": "ANY" if spot else "BALANCED",
+    }
+    assert pool.get("initialNodeCount") == 0 and "nodeCount" not in pool.get()
+    # A regional cluster's GPU pool: the region's zones that sell the GPU, no other.
+    expected_zones = zones_offering(model, "us-central1") if regional else None
+    assert pool.get().get("nodeLocations") == expected_zones
+
+
+@pytest.mark.parametrize(("accelerator", "spot", "regional"), GPU_STACKS)
+def test_the_system_pool_and_the_rest_of_the_cluster_are_those_of_the_cpu_stack(accelerator, spot, regional):
+    cpu, gpu = (
+        run_stack(stack_config("gke", nodes=3, spot=spot, regional=regional)),
+        gpu_stack(accelerator, spot=spot, regional=regional),
+    )
+    assert set(by_key(cpu)) == set(by_key(gpu))
+    assert list(updates(cpu, gpu)) == [(POOL, "nanocluster-dev-training")]
+
+
+def test_gpu_regions_zones_are_those_gcp_sells_the_gpu_in():
+    assert zones_offering("nvidia-l4", "us-central1") == ["us-central1-a", "us-central1-b", "us-central1-c"]
+    assert "us-central1-f" in zones_offering("nvidia-tesla-t4", "us-central1")
+
+
+@pytest.mark.parametrize("accelerator", GPUS)
+def test_the_gpu_contract_has_the_gpus_per_node_and_prices_them(accelerator):
+    machine_name, count, attached = GPUS[accelerator]
+    model = accelerator.split(":")[0]
+    run, spot = gpu_stack(accelerator), gpu_stack(accelerator, spot=True)
+    outputs = run.outputs
+    assert tuple(outputs) == KUBERNETES_CONTRACT_KEYS
+    assert (outputs["gpus_per_node"], outputs["gpu_model"], outputs["machine_type"]) == (count, model, machine_name)
+    assert outputs["gpu_memory_gib"] == GPU_MODELS[model].memory_gib > 0
+    assert outputs["tolerations"] == [
+        {"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"},
+        GPU_TOLERATION,
+    ]
+    # Per training node-hour, the GPUs included (attached ones priced apart from the N1 machine).
+    machine = MACHINE_TYPES[machine_name]
+    extra = (model, count) if attached else ("", 0)
+    node_hour = gke_node_hour_usd(machine, attached=extra)
+    assert outputs["hourly_cost_usd"] == outputs["hourly_cost_on_demand_usd"] == node_hour
+    if attached:
+        assert outputs["hourly_cost_usd"] > gke_node_hour_usd(machine) + count * 0.1
+    assert spot.outputs["hourly_cost_spot_usd"] == gke_node_hour_usd(machine, spot=True, attached=extra)
+    # At rest the GPU pool is at 0: what the CPU stack costs at rest.
+    assert outputs["hourly_cost_at_rest_usd"] == gke().outputs["hourly_cost_at_rest_usd"] == gke_at_rest_usd(1, 100)
+
+
+@pytest.mark.parametrize("accelerator", GPUS)
+def test_the_launcher_asks_each_pod_for_the_nodes_gpus_from_the_contract(accelerator):
+    _, count, _ = GPUS[accelerator]
+    cluster = parse_contract(dict(gpu_stack(accelerator).outputs), "gke-stack")
+    access = cluster.kube
+    assert access is not None
+    assert (cluster.gpus_per_node, cluster.ranks_per_node) == (count, count)
+    assert access.gpu_memory_gib == GPU_MODELS[accelerator.split(":")[0]].memory_gib
+    job = training_job(
+        PodLaunch(
+            run="exp1",
+            job=job_name(cluster.cluster_name, "exp1"),
+            namespace=access.namespace,
+            nodes=3,
+            port=29500,
+            image=DEFAULT_IMAGE,
+            claim=access.storage_claim,
+            cores=cluster.cores_per_node,
+            memory_gib=access.memory_gib,
+            node_selector=dict(access.node_selector),
+            tolerations=access.tolerations,
+            trainer_args=("out_dir=.",),
+            gpus=cluster.gpus_per_node,
+        )
+    )
+    pod = job["spec"]["template"]["spec"]
+    (only,) = pod["containers"]
+    resources = only["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == str(count)
+    # the pool's taint and GKE's GPU taint, each tolerated once
+    assert pod["tolerations"] == [
+        {"key": POOL_LABEL, "operator": "Equal", "value": TRAINING_POOL, "effect": "NoSchedule"},
+        GPU_TOLERATION,
+    ]
+    assert pod["nodeSelector"] == {POOL_LABEL: TRAINING_POOL}
+    kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("regional", [False, True], ids=["zonal", "regional"])
+@pytest.mark.parametrize("accelerator", GPUS)
+def test_growing_a_gpu_pool_changes_its_maximum_and_nothing_else(accelerator, regional):
+    three, four = gpu_stack(accelerator, 3, regional=regional), gpu_stack(accelerator, 4, regional=regional)
+    assert set(by_key(three)) == set(by_key(four))
+    changed = updates(three, four)
+    assert list(changed) == [(POOL, "nanocluster-dev-training")]
+    before, after = changed[(POOL, "nanocluster-dev-training")]
+    assert {k: v for k, v in before.items() if k != "autoscaling"} == {
+        k: v for k, v in after.items() if k != "autoscaling"
+    }
+    assert (before["autoscaling"]["totalMaxNodeCount"], after["autoscaling"]["totalMaxNodeCount"]) == (3, 4)
+
+
+def test_the_gpu_pool_rule_reads_what_the_engine_hands_over():
+    gpu = {"machineType": "n1-standard-8", "guestAccelerators": [{"type": "nvidia-tesla-t4", "count": 2.0}]}
+    sound = {"serviceAccount": "a@p.iam.gserviceaccount.com", "workloadMetadataConfig": {"mode": "GKE_METADATA"}}
+    secure = {**sound, "shieldedInstanceConfig": {"enableSecureBoot": True}}
+
+    def problems(**pool: object) -> list[str]:
+        return [p for p in node_pool_problems({"nodeConfig": {**secure, **gpu}, **pool}) if "GPU pool" in p]
+
+    assert problems(autoscaling={"totalMinNodeCount": 0.0, "totalMaxNodeCount": 3.0}, initialNodeCount=0.0) == []
+    assert problems(autoscaling=UNKNOWN) == []  # a preview: not known yet, no violation
+    assert problems(nodeCount=0.0) == [
+        "a GPU pool without autoscaling stays at 0 nodes and cannot grow for a run: "
+        "a GPU pool must scale to 0 at rest (autoscaling with totalMinNodeCount 0)"
+    ]
+    assert len(problems(autoscaling={"minNodeCount": 1.0, "maxNodeCount": 2.0})) == 1
+    # an accelerator-optimized machine type carries GPUs without guest accelerators stated
+    g2 = {"nodeConfig": {**secure, "machineType": "g2-standard-8"}, "nodeCount": 1.0}
+    assert [p for p in node_pool_problems(g2) if "GPU pool" in p] != []
+    cpu = {"nodeConfig": {**secure, "machineType": "e2-standard-2"}, "nodeCount": 1.0}
+    assert node_pool_problems(cpu) == []
