@@ -60,6 +60,12 @@ ATTACHABLE: tuple[Attachable, ...] = (
     Attachable("gcp", "n1-", "nvidia-tesla-t4", {1: 48, 2: 48, 4: 96}),
 )
 
+
+def _zones(names: str) -> tuple[str, ...]:
+    """A table row written as whitespace-separated zone names."""
+    return tuple(names.split())
+
+
 OFFERED_AS_OF = "2026-11"
 """When the table below was written from the providers' pages."""
 OFFERED_SOURCE = {
@@ -69,61 +75,50 @@ OFFERED_SOURCE = {
 }
 OFFERED: dict[str, dict[str, tuple[str, ...]]] = {
     # GCP: zones. AWS and Azure: regions (AWS picks a zone of the region that offers the machine type).
+    # GCP zones, checked 2026-11-26 against the zones Compute Engine lists each machine type and GPU in
+    # (SkyPilot's catalog of them, skypilot-org/skypilot-catalog catalogs/v8/gcp/vms.csv @006059e): the
+    # zones of G2 for the L4, A2 highgpu for the A100 40GB, A2 ultragpu for the A100 80GB, N1 + T4 for the T4.
     "gcp": {
-        "nvidia-tesla-t4": (
-            "us-central1-a",
-            "us-central1-b",
-            "us-central1-c",
-            "us-central1-f",
-            "us-east1-c",
-            "us-east1-d",
-            "us-east4-a",
-            "us-east4-b",
-            "us-east4-c",
-            "us-west1-a",
-            "us-west1-b",
-            "europe-west1-b",
-            "europe-west1-c",
-            "europe-west1-d",
-            "europe-west4-a",
-            "europe-west4-b",
-            "europe-west4-c",
-            "asia-east1-a",
-            "asia-east1-c",
+        "nvidia-tesla-t4": _zones(
+            """
+            asia-east1-a asia-east1-c asia-east2-a asia-east2-c asia-northeast1-a asia-northeast1-c
+            asia-northeast3-b asia-northeast3-c asia-south1-a asia-south1-b
+            asia-southeast1-a asia-southeast1-b asia-southeast1-c asia-southeast2-a asia-southeast2-b
+            australia-southeast1-a australia-southeast1-c europe-central2-b europe-central2-c
+            europe-west1-b europe-west1-c europe-west1-d europe-west2-a europe-west2-b europe-west3-b
+            europe-west4-a europe-west4-b europe-west4-c me-west1-b me-west1-c northamerica-northeast1-c
+            southamerica-east1-a southamerica-east1-b southamerica-east1-c
+            us-central1-a us-central1-b us-central1-c us-central1-f us-east1-b us-east1-c us-east1-d
+            us-east4-a us-east4-b us-east4-c us-west1-a us-west1-b us-west2-b us-west2-c us-west3-b
+            us-west4-a us-west4-b
+            """
         ),
-        "nvidia-l4": (
-            "us-central1-a",
-            "us-central1-b",
-            "us-central1-c",
-            "us-east1-b",
-            "us-east1-c",
-            "us-east1-d",
-            "us-east4-a",
-            "us-east4-c",
-            "us-west1-a",
-            "us-west1-b",
-            "us-west1-c",
-            "europe-west1-b",
-            "europe-west1-c",
-            "europe-west4-a",
-            "europe-west4-b",
-            "europe-west4-c",
-            "asia-east1-a",
-            "asia-east1-c",
+        "nvidia-l4": _zones(
+            """
+            asia-east1-a asia-east1-b asia-east1-c asia-northeast1-a asia-northeast1-b asia-northeast1-c
+            asia-northeast3-a asia-northeast3-b asia-south1-a asia-south1-b asia-south1-c
+            asia-southeast1-a asia-southeast1-b asia-southeast1-c europe-west1-b europe-west1-c
+            europe-west2-a europe-west2-b europe-west3-a europe-west3-b
+            europe-west4-a europe-west4-b europe-west4-c europe-west6-b europe-west6-c
+            me-central2-a me-central2-c northamerica-northeast1-b northamerica-northeast1-c
+            northamerica-northeast2-a northamerica-northeast2-b us-central1-a us-central1-b us-central1-c
+            us-east1-b us-east1-c us-east1-d us-east4-a us-east4-c us-west1-a us-west1-b us-west1-c
+            us-west4-a us-west4-c
+            """
         ),
-        "nvidia-tesla-a100": (
-            "us-central1-a",
-            "us-central1-b",
-            "us-central1-c",
-            "us-central1-f",
-            "us-east1-b",
-            "us-west1-b",
-            "europe-west4-a",
-            "europe-west4-b",
-            "asia-northeast1-a",
-            "asia-northeast1-c",
+        "nvidia-tesla-a100": _zones(
+            """
+            asia-northeast1-a asia-northeast1-c asia-northeast3-a asia-northeast3-b
+            asia-southeast1-a asia-southeast1-b asia-southeast1-c europe-west4-a europe-west4-b
+            me-west1-a me-west1-c us-central1-a us-central1-b us-central1-c us-central1-f us-east1-b us-west1-b
+            us-west3-b us-west4-b
+            """
         ),
-        "nvidia-a100-80gb": ("us-central1-a", "us-central1-c", "us-east4-c", "europe-west4-a"),
+        "nvidia-a100-80gb": _zones(
+            """
+            asia-southeast1-c europe-west4-a us-central1-a us-central1-c us-east4-c us-east5-a us-east5-b
+            """
+        ),
     },
     # AWS (checked 2026-11): g5 from describe-instance-type-offerings in every region (2025-01,
     # https://github.com/validatedpatterns/rag-llm-gitops/pull/52); g6 from the per-region instance lists of

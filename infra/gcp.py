@@ -1,5 +1,12 @@
 """GCP: a custom VPC, tag-scoped firewall rules, Cloud NAT and N Shielded VMs.
 
+GPU nodes: a G2 (L4) or A2 (A100) machine type carries its GPUs; an N1 machine type gets T4s as
+guest accelerators (nanocluster:accelerator, infra/accelerators.py). A VM with GPUs cannot live-migrate,
+so its host maintenance stops it (onHostMaintenance TERMINATE) and an on-demand one is restarted
+after (https://cloud.google.com/compute/docs/gpus/about-gpus, "GPUs and host maintenance"). The NVIDIA
+driver comes from node/bootstrap.sh --profile cuda on the stock Ubuntu 24.04 image: Ubuntu's
+Canonical-signed prebuilt modules, which load under the Shielded VM's Secure Boot (see its header).
+
 No resource sets its `name`: Pulumi names each <logical name>-<random suffix>, kept in the stack's
 state, so two stacks called `dev` in one project never collide
 (https://www.pulumi.com/docs/iac/concepts/resources/names/). Network tags are per network, and
@@ -77,6 +84,7 @@ class GcpCluster(CloudCluster):
                     machine_type=cfg.machine.name,
                     tags=[member_tag, head_tag] if rank == 0 else [member_tag],
                     labels={**cfg.labels, "rank": str(rank)},
+                    guest_accelerators=self._guest_accelerators(),
                     boot_disk={
                         # Google encrypts every persistent disk at rest (Google-managed keys).
                         "auto_delete": True,
@@ -86,7 +94,9 @@ class GcpCluster(CloudCluster):
                         {
                             "subnetwork": subnet.id,
                             "network_ip": self.planned_ip(rank),
-                            "nic_type": "GVNIC",  # C3 machines only take gVNIC
+                            # C3 machines only take gVNIC; GPU VMs (G2, A2, N1 with T4) need it for
+                            # their 50-100 Gbps (https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth).
+                            "nic_type": "GVNIC",
                             "access_configs": access,
                         }
                     ],
@@ -141,6 +151,11 @@ class GcpCluster(CloudCluster):
             )
             self.baked_image = baked.self_link
 
+    def _guest_accelerators(self) -> list[compute.InstanceGuestAcceleratorArgsDict] | None:
+        """GPUs attached to a CPU machine type (N1 + T4); a G2 or A2 machine type carries its own."""
+        gpus = self.config.gpus
+        return [{"type": gpus.model, "count": gpus.count}] if gpus.attached else None
+
     def _scheduling(self) -> compute.InstanceSchedulingArgsDict:
         if self.config.spot:
             return {
@@ -150,7 +165,9 @@ class GcpCluster(CloudCluster):
                 "on_host_maintenance": "TERMINATE",
                 "instance_termination_action": "STOP",
             }
-        return {"provisioning_model": "STANDARD", "automatic_restart": True, "on_host_maintenance": "MIGRATE"}
+        # GPUs cannot live-migrate: a GPU VM stops for host maintenance (an hour's notice) and starts again.
+        maintenance = "TERMINATE" if self.config.gpus.count else "MIGRATE"
+        return {"provisioning_model": "STANDARD", "automatic_restart": True, "on_host_maintenance": maintenance}
 
 
 def cloud_nat(

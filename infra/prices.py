@@ -59,7 +59,10 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("gcp", "c3-highmem-22", 22, 11, 176, AMX),
         MachineType("gcp", "n2-standard-8", 8, 4, 32, NO_BF16),
         # GCP GPU machines: G2 carries L4s, A2 A100s (40 GB highgpu, 80 GB ultragpu); N1 takes T4s
-        # attached (infra/accelerators.py). https://cloud.google.com/compute/docs/gpus
+        # attached (infra/accelerators.py). https://cloud.google.com/compute/docs/gpus ; vCPUs, GiB and
+        # GPUs checked 2026-11-26 against https://cloud.google.com/compute/docs/accelerator-optimized-machines
+        # and Compute Engine's machine type list (SkyPilot's catalog, skypilot-org/skypilot-catalog
+        # catalogs/v8/gcp/vms.csv). Two vCPUs per core; G2 and A2 are Cascade Lake (no bf16 instructions).
         MachineType("gcp", "g2-standard-8", 8, 4, 32, NO_BF16, gpus=1, gpu_model="nvidia-l4"),
         MachineType("gcp", "g2-standard-24", 24, 12, 96, NO_BF16, gpus=2, gpu_model="nvidia-l4"),
         MachineType("gcp", "g2-standard-48", 48, 24, 192, NO_BF16, gpus=4, gpu_model="nvidia-l4"),

@@ -2,7 +2,8 @@
 # nanocluster node bootstrap: prepares one machine to run nanocluster ranks.
 #
 # Creates ~USER/nanocluster/{venv,code,data,runs}, installs the node's Python environment from the
-# pinned requirements-PROFILE.txt next to this script, and writes a ready marker. Idempotent: a
+# pinned requirements-PROFILE.txt next to this script (and, on a GPU node without a working NVIDIA
+# driver, Ubuntu's signed driver packages), and writes a ready marker. Idempotent: a
 # second run with the same requirements and profile changes nothing and says so.
 # Run by cloud-init at first boot (infra/) and by `fab setup` over SSH (launcher/).
 # Interface: see --help and node/README.md.
@@ -22,12 +23,14 @@ Prepare this machine as a nanocluster node: ~USER/nanocluster/{venv,code,data,ru
 
   --user USER              owner of ~/nanocluster (default: the current user; another user needs root)
   --profile NAME           default: CPU torch + gloo; cuda: torch's CUDA build + NCCL (GPU nodes, NVIDIA
-                           driver >= 580); intel: torch 2.8 + intel-extension-for-pytorch + oneCCL
+                           driver >= 580: installed from Ubuntu's signed packages where an NVIDIA GPU
+                           has none working); intel: torch 2.8 + intel-extension-for-pytorch + oneCCL
                            bindings + Intel MPI runtime; auto: cuda where `nvidia-smi -L` lists a GPU,
                            else default (default: auto)
   --python PY              interpreter for the venv, >= 3.11 (default: python3)
   --pip-args "ARGS"        extra pip install arguments, e.g. "--no-index --find-links /wheels"
-  --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync
+  --skip-system-packages   do not apt-get install python3-venv, tcmalloc, numactl, rsync (nor the NVIDIA
+                           driver)
   --idle-minutes N         power the node off after N minutes with no run and no SSH session (0: never;
                            default: leave the setting as it is). Installs node/autostop.sh as a
                            systemd timer (cron without systemd); needs root for that
@@ -192,6 +195,66 @@ write_file_as_user() { # path, content: written whole or not at all
 }
 if [[ -n "$idle_minutes" ]]; then
     install_autostop
+fi
+
+# The NVIDIA driver of a GPU node (profile cuda) that has none working: Ubuntu's prebuilt modules for
+# the running kernel, linux-modules-nvidia-BRANCH-KERNEL, built and signed by Canonical, so they load
+# under Secure Boot (GCP Shielded VMs, Azure Trusted Launch) with no DKMS build and no key to enroll;
+# and the driver's user space without DKMS (nvidia-headless-no-dkms, nvidia-utils for nvidia-smi).
+# Branch 580, Ubuntu's "-server" packaging of NVIDIA's data-center release: the first branch that
+# runs CUDA 13 (torch's cu130 build, requirements-cuda.txt) and NVIDIA's long-term branch.
+# https://documentation.ubuntu.com/server/how-to/graphics/install-nvidia-drivers/
+# Nothing is installed where `nvidia-smi -L` lists a GPU (an image with a driver) or no NVIDIA device
+# (PCI vendor 0x10de) is on the bus; NANOCLUSTER_PCI_DEVICES names another device tree (tests).
+readonly nvidia_branch=580-server
+readonly pci_devices=${NANOCLUSTER_PCI_DEVICES:-/sys/bus/pci/devices}
+nvidia_gpu_listed() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+
+install_nvidia_driver() {
+    nvidia_gpu_listed && return 0
+    if ! grep -qsx 0x10de "$pci_devices"/*/vendor; then
+        log "warning: profile cuda, but no NVIDIA device is on the PCI bus: no driver to install"
+        return 0
+    fi
+    local no_driver="this NVIDIA GPU has no working driver" own="install NVIDIA driver >= 580 (CUDA 13) yourself"
+    local again="reboot the node, then rerun node/bootstrap.sh (fab setup)"
+    local sudo=()
+    if [[ $(id -u) -ne 0 ]]; then
+        sudo -n true 2>/dev/null || die "$no_driver and installing it needs root: rerun with sudo, or $own"
+        sudo=(sudo -n)
+    fi
+    command -v apt-get >/dev/null || die "$no_driver and apt-get is missing: use an Ubuntu image, or $own"
+    local kernel flavour package
+    kernel=$(uname -r)
+    flavour=${kernel#*-*-} # 6.8.0-1021-gcp -> gcp
+    log "NVIDIA GPU without a working driver: installing Ubuntu's signed $nvidia_branch driver for kernel $kernel"
+    local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" update >/dev/null || die "apt-get update failed: check the machine's network and apt sources"
+    local packages=("linux-modules-nvidia-$nvidia_branch-$kernel" "nvidia-headless-no-dkms-$nvidia_branch"
+        "nvidia-utils-$nvidia_branch")
+    for package in "${packages[@]}"; do
+        apt-cache show "$package" >/dev/null 2>&1 ||
+            die "the apt sources have no $package (Ubuntu's signed NVIDIA driver for kernel $kernel):" \
+                "update the kernel (apt-get install linux-image-$flavour), reboot and rerun, or $own"
+    done
+    # The flavour's package follows kernel updates: the next kernel boots with its modules too.
+    package="linux-modules-nvidia-$nvidia_branch-$flavour"
+    if apt-cache show "$package" >/dev/null 2>&1; then
+        packages+=("$package")
+    else
+        log "warning: no $package in the apt sources: after a kernel update, run this bootstrap again"
+    fi
+    log "apt-get install ${packages[*]}"
+    "${apt[@]}" install --no-install-recommends "${packages[@]}" >/dev/null ||
+        die "apt-get install ${packages[*]} failed (see the apt output above)"
+    "${sudo[@]}" modprobe nvidia || die "the NVIDIA $nvidia_branch modules are installed but do not load: $again"
+    nvidia_gpu_listed || die "nvidia-smi lists no GPU after installing the NVIDIA $nvidia_branch driver: $again"
+    log "NVIDIA driver ready: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader --id=0)"
+}
+# Before the ready check: a node whose environment is ready but whose driver is gone (an image baked
+# on a CPU machine) gets one too.
+if [[ "$profile" == cuda ]] && ((install_system_packages)); then
+    install_nvidia_driver
 fi
 is_ready && already_ready
 

@@ -256,6 +256,10 @@ def _gcp_name(r: Resource) -> Iterator[str]:
         yield f"name {name!r}: 1-63 lowercase letters, digits and '-' (RFC 1035), starting with a letter"
 
 
+GCP_GPU_SERIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+"""Accelerator-optimized machine types: each carries its GPUs."""
+
+
 def _gcp_instance(r: Resource) -> Iterator[str]:
     for tag in items(r.props, "tags"):
         if isinstance(tag, str) and not RFC1035.fullmatch(tag):
@@ -277,6 +281,11 @@ def _gcp_instance(r: Resource) -> Iterator[str]:
     if total >= 512 * 1024:
         yield f"metadata totals {total} bytes; keys and values together stay under 512 KB"
     machine = _text(get(r.props, "machineType")) or ""
+    gpus = items(r.props, "guestAccelerators") or machine.split("/")[-1].startswith(GCP_GPU_SERIES)
+    maintenance = get(r.props, "scheduling", "onHostMaintenance")
+    if gpus and known(maintenance) and maintenance != "TERMINATE":
+        said = repr(maintenance) if maintenance else "MIGRATE (the default)"
+        yield f"scheduling.onHostMaintenance is {said}: a VM with GPUs cannot live-migrate (TERMINATE)"
     if machine.split("/")[-1].startswith(("c3-", "c3d-")):
         for i, nic in enumerate(items(r.props, "networkInterfaces")):
             if known(get(nic, "nicType")) and get(nic, "nicType") != "GVNIC":
@@ -391,9 +400,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(
         "gcp-instance",
         "Network tags RFC 1035; metadata keys [a-zA-Z0-9-_]+ under 128 bytes, values up to 256 KiB, all under 512 KB; "
-        "C3 machine types only with gVNIC",
+        "C3 machine types only with gVNIC; a VM with GPUs only with onHostMaintenance TERMINATE",
         "https://cloud.google.com/compute/docs/reference/rest/v1/instances (Metadata) ; "
-        "https://cloud.google.com/vpc/docs/add-remove-network-tags ; https://cloud.google.com/compute/docs/networking/using-gvnic",
+        "https://cloud.google.com/vpc/docs/add-remove-network-tags ; https://cloud.google.com/compute/docs/networking/using-gvnic"
+        " ; https://cloud.google.com/compute/docs/gpus/about-gpus (GPUs and host maintenance)",
         ("gcp:compute/instance:Instance",),
         _gcp_instance,
     ),

@@ -10,19 +10,28 @@ API enabled; it is sent in the x-goog-api-key header
 (https://cloud.google.com/docs/authentication/api-keys-use), so it never appears in a URL, an error
 or the table.
 
-C3 and N2 machine types have no SKU of their own: a vCPU-hour and a GiB-hour of memory are priced
-per series and region, and a machine type costs
+Machine types have no SKU of their own: a vCPU-hour and a GiB-hour of memory are priced per series
+and region, a GPU per model and region, and a machine type costs
 
     usd_per_hour = vCPUs x (series Core price per hour) + memory GiB x (series Ram price per GiB-hour)
+                   + GPUs x (its GPU model's price per hour)
 
-with vCPUs and memory from infra/prices.py (GCP states machine memory in GiB). The SKUs read are
-those of category resourceFamily "Compute", resourceGroup "CPU" or "RAM", whose serviceRegions list
-the region and whose description names the series ("C3 Instance Core running in Americas", "Spot
-Preemptible C3 Instance Ram running in Americas"); usageType "OnDemand" gives the on-demand price,
-"Preemptible" (descriptions "Spot Preemptible ...") the spot price
-(https://cloud.google.com/spot-vms/pricing). Custom, sole-tenant, commitment and
-other variant SKUs are left out. The price is the last pricingInfo entry's single tieredRates
-unitPrice, units + nanos / 1e9 USD per usageUnit ("h" for a core, "GiBy.h" for memory).
+with vCPUs, memory and GPUs from infra/prices.py (GCP states machine memory in GiB): a G2 or A2
+machine type's GPUs are billed as GPU SKUs beside its cores and memory
+(https://cloud.google.com/compute/docs/accelerator-optimized-machines, "Pricing"). The bundled Local
+SSD of A2 Ultra machine types (375 GB a GPU) is not counted. GPUs attached to an N1 machine type
+(infra/accelerators.py ATTACHABLE) are rows of their own, per GPU-hour: the table's attached_gpus.
+
+The vCPU and memory SKUs read are those of category resourceFamily "Compute", resourceGroup "CPU" or
+"RAM" ("N1Standard" for N1), whose serviceRegions list the region and whose description names the
+series ("C3 Instance Core running in Americas", "Spot Preemptible C3 Instance Ram running in
+Americas", "N1 Predefined Instance Core running in Americas"). The GPU SKUs are those of
+resourceGroup "GPU" described "Nvidia <GPU_SKUS name> GPU running in Americas" (on demand) and
+"Nvidia <name> GPU attached to Spot Preemptible VMs running in Americas" (spot). usageType
+"OnDemand" gives the on-demand price, "Preemptible" the spot price
+(https://cloud.google.com/spot-vms/pricing). Custom, sole-tenant, commitment, DWS and other variant
+SKUs are left out. The price is the last pricingInfo entry's single tieredRates unitPrice, units +
+nanos / 1e9 USD per usageUnit ("h" for a core or a GPU, "GiBy.h" for memory).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import re
 import urllib.parse
 from typing import Any
 
+from infra.accelerators import ATTACHABLE
 from infra.prices import MachineType
 from infra.pricing import FetchError, Getter, Row, http_get
 
@@ -42,10 +52,22 @@ SPOT = "the Catalog API lists spot prices (usageType Preemptible)"
 API_KEY_ENV = "NANOCLUSTER_GCP_API_KEY"
 MAX_PAGES = 50
 """Compute Engine has tens of thousands of SKUs: a few pages of 5000."""
-UNITS = {"Core": "h", "Ram": "GiBy.h"}
+UNITS = {"Core": "h", "Ram": "GiBy.h", "GPU": "h"}
 USAGE = {"OnDemand": "on_demand", "Preemptible": "spot"}
 VARIANTS = re.compile(r"custom|sole tenancy|premium|reserved|commit|extended|dws|flex", re.IGNORECASE)
-"""Descriptions of SKUs that price something other than a predefined VM's vCPU or memory."""
+"""Descriptions of SKUs that price something other than a predefined VM's vCPU, memory or GPU."""
+MACHINE_GROUPS = ("CPU", "RAM", "N1Standard")
+"""resourceGroup of the vCPU and memory SKUs ("N1Standard": N1's, described "N1 Predefined Instance ...")."""
+GPU_SKUS = {
+    "nvidia-tesla-t4": "Tesla T4",
+    "nvidia-l4": "L4",
+    "nvidia-tesla-a100": "Tesla A100",
+    "nvidia-a100-80gb": "Tesla A100 80GB",
+}
+"""GPU model -> its name in the SKU descriptions ("Nvidia Tesla A100 80GB GPU running in Americas")."""
+GPU_SKU = re.compile(r"^Nvidia (.+?) GPU (?:attached to Spot Preemptible VMs )?running in ")
+ATTACHED = sorted({a.model for a in ATTACHABLE if a.cloud == "gcp"})
+"""GPUs priced per GPU-hour on their own rows (the table's attached_gpus)."""
 
 
 def fetch(machines: list[MachineType], region: str, get: Getter = http_get) -> list[Row]:
@@ -72,8 +94,8 @@ def fetch(machines: list[MachineType], region: str, get: Getter = http_get) -> l
 
 
 def parse(response: dict[str, Any], machines: list[MachineType], region: str) -> list[Row]:
-    """Rows for the machine types whose series' core and memory prices the response has (spot None
-    when it has no Preemptible price for both)."""
+    """Rows for the machine types whose series' core and memory prices (and GPU's price) the response
+    has, and for the attached GPUs it prices (spot None when a spot price is missing)."""
     rates = _rates(response.get("skus", []), {_series(m) for m in machines}, region)
     rows = []
     for machine in machines:
@@ -81,13 +103,18 @@ def parse(response: dict[str, Any], machines: list[MachineType], region: str) ->
 
         def cost(usage: str, machine: MachineType = machine, series: str = series) -> float | None:
             core, ram = rates.get((series, "Core", usage)), rates.get((series, "Ram", usage))
-            if core is None or ram is None:
+            gpu = rates.get((machine.gpu_model, "GPU", usage)) if machine.gpus else 0.0
+            if core is None or ram is None or gpu is None:
                 return None
-            return round(machine.vcpus * core + machine.memory_gb * ram, 6)
+            return round(machine.vcpus * core + machine.memory_gb * ram + machine.gpus * gpu, 6)
 
         on_demand = cost("on_demand")
         if on_demand is not None:
             rows.append(Row(machine.name, on_demand, cost("spot"), region))
+    for model in ATTACHED:
+        on_demand = rates.get((model, "GPU", "on_demand"))
+        if on_demand is not None:
+            rows.append(Row(model, on_demand, rates.get((model, "GPU", "spot")), region))
     return rows
 
 
@@ -97,25 +124,31 @@ def _series(machine: MachineType) -> str:
 
 
 def _rates(skus: list[Any], series: set[str], region: str) -> dict[tuple[str, str, str], float]:
-    """(series, "Core" | "Ram", "on_demand" | "spot") -> USD per unit, for the region."""
+    """(series, "Core" | "Ram", usage) and (GPU model, "GPU", usage) -> USD per unit in the region,
+    usage "on_demand" or "spot"."""
     names = "|".join(sorted(series))
-    pattern = re.compile(rf"(?:^|\s)({names}) Instance (Core|Ram)\b")
+    machine_sku = re.compile(rf"(?:^|\s)({names})(?: Predefined)? Instance (Core|Ram)\b", re.IGNORECASE)
+    gpu_models = {name: model for model, name in GPU_SKUS.items()}
     found: dict[tuple[str, str, str], tuple[float, str]] = {}
     for sku in skus:
         category, description = sku.get("category", {}), sku.get("description", "")
         usage = USAGE.get(category.get("usageType", ""))
-        match = pattern.search(description)
         if (
             usage is None
-            or match is None
             or category.get("resourceFamily") != "Compute"
-            or category.get("resourceGroup") not in ("CPU", "RAM")
             or region not in sku.get("serviceRegions", [])
             or VARIANTS.search(description)
         ):
             continue
-        key = (match.group(1), match.group(2), usage)
-        price = _unit_price(sku, UNITS[match.group(2)])
+        group = category.get("resourceGroup")
+        machine, gpu = machine_sku.search(description), GPU_SKU.match(description)
+        if group in MACHINE_GROUPS and machine is not None:
+            key = (machine.group(1).upper(), machine.group(2).capitalize(), usage)
+        elif group == "GPU" and gpu is not None and gpu.group(1) in gpu_models:
+            key = (gpu_models[gpu.group(1)], "GPU", usage)
+        else:
+            continue
+        price = _unit_price(sku, UNITS[key[1]])
         if key in found and found[key][0] != price:
             raise FetchError(
                 f"two {usage} SKUs price {key[0]} {key[1]} in {region} differently: "

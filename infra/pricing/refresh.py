@@ -5,7 +5,8 @@ Fetches every machine type's Linux on-demand and spot prices in its cloud's refe
 prints what changed (old -> new, with dates), and rewrites infra/price_table.json atomically (a
 temporary file renamed over it). Any error (network, an unexpected answer, a machine type the
 provider does not price) leaves the table as it was and names the cloud and what failed. Rows of
-the clouds not refreshed are kept as they are.
+the clouds not refreshed are kept as they are. GPUs attached to a machine type (GCP's T4s on N1,
+infra/accelerators.py ATTACHABLE) are refreshed with their cloud, into the table's attached_gpus.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from infra import prices
+from infra.accelerators import ATTACHABLE
 from infra.prices import (
     ATTACHED_GPUS,
     MACHINE_TYPES,
@@ -46,7 +48,8 @@ def fetch_cloud(cloud: str) -> list[Row]:
         rows = provider.fetch(machines, region)
     except (KeyError, TypeError, AttributeError, ValueError) as e:  # a parser met an undocumented shape
         raise FetchError(f"the answer was not in the documented shape ({e!r})") from e
-    missing = sorted({m.name for m in machines} - {r.machine for r in rows})
+    wanted = {m.name for m in machines} | {a.model for a in ATTACHABLE if a.cloud == cloud}
+    missing = sorted(wanted - {r.machine for r in rows})
     if missing:
         raise FetchError(f"no Linux on-demand price for {', '.join(missing)} in {region} ({source(cloud)})")
     return rows
@@ -67,13 +70,14 @@ def updated(table: dict[str, MachinePrice], rows: list[Row], cloud: str, today: 
 
 
 def changes(old: dict[str, MachinePrice], new: dict[str, MachinePrice]) -> list[str]:
-    """One line per row that differs: "name (region): on-demand $a/h (date) -> $b/h (date); spot ..."."""
+    """One line per row (machine type or attached GPU) that differs: "name (region): on-demand $a/h
+    (date) -> $b/h (date); spot ..."."""
 
     def money(value: float | None) -> str:
         return "unknown" if value is None else f"${value:.4f}/h"
 
     lines = []
-    for name in MACHINE_TYPES:
+    for name in [*MACHINE_TYPES, *sorted(set(new) - set(MACHINE_TYPES))]:
         before, after = old.get(name), new.get(name)
         if after is None or before == after:
             continue
@@ -92,15 +96,21 @@ def changes(old: dict[str, MachinePrice], new: dict[str, MachinePrice]) -> list[
     return lines
 
 
+def read(path: Path) -> dict[str, MachinePrice]:
+    """The table's rows by name: machine types (those it has) and attached GPUs (the names differ)."""
+    machines = prices.read_table(path, complete=False)  # a refresh is how missing rows are filled
+    return {**machines, **parse_attached_gpus(json.loads(path.read_text()), str(path))}
+
+
 def write(path: Path, table: dict[str, MachinePrice]) -> None:
     """Replace `path` with the table in one rename: a reader sees the old file or the new one."""
+    attached = sorted(set(table) - set(MACHINE_TYPES))  # GPUs priced apart from their machine
     document: dict[str, object] = {
         "about": ABOUT,
         "machines": {name: table[name].to_json() for name in MACHINE_TYPES if name in table},
     }
-    if path.exists():  # GPUs priced apart from their machine are kept as they are
-        attached = parse_attached_gpus(json.loads(path.read_text()), str(path))
-        document[ATTACHED_GPUS] = {name: row.to_json() for name, row in attached.items()}
+    if attached:
+        document[ATTACHED_GPUS] = {name: table[name].to_json() for name in attached}
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as f:
@@ -132,7 +142,7 @@ def main(argv: Sequence[str], today: str | None = None) -> int:
     args = parser.parse_args(argv)
     today = today or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     try:
-        old = prices.read_table(args.table, complete=False)  # a refresh is how missing rows are filled
+        old = read(args.table)
     except PriceTableError as e:
         print(f"refresh failed: {e}", file=sys.stderr)
         return 1

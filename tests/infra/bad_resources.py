@@ -380,6 +380,20 @@ CONSTRAINTS: dict[str, Bad] = {
         ),
         "Instance virtio: networkInterfaces[0].nicType is 'VIRTIO_NET': c3-standard-8 takes only gVNIC",
     ),
+    "gcp-gpu-vm-that-migrates": Bad(
+        "gcp",
+        lambda: gcp.compute.Instance(
+            "t4",
+            machine_type="n1-standard-8",
+            zone="us-central1-a",
+            labels={"rank": "0"},
+            boot_disk={"initialize_params": {"image": "debian-12"}},
+            network_interfaces=[{"network": "default", "nic_type": "GVNIC"}],
+            guest_accelerators=[{"type": "nvidia-tesla-t4", "count": 1}],
+            scheduling={"on_host_maintenance": "MIGRATE"},
+        ),
+        "Instance t4: scheduling.onHostMaintenance is 'MIGRATE': a VM with GPUs cannot live-migrate (TERMINATE)",
+    ),
     "azure-os-disk-over-4095-gib": Bad(
         "azure",
         lambda: azure.compute.VirtualMachine(

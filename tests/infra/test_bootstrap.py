@@ -236,3 +236,125 @@ def test_tcmalloc_listed_early_in_a_long_library_cache_is_recorded(tmp_path, ove
     result = subprocess.run(["bash", str(BOOTSTRAP), *OFFLINE], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "NANOCLUSTER_TCMALLOC=/opt/tcmalloc/libtcmalloc.so.4" in (home / "nanocluster" / "node.env").read_text()
+
+
+# --- the NVIDIA driver (profile cuda) ------------------------------------------------------------
+
+KERNEL = "6.8.0-1021-gcp"
+DRIVER_PACKAGES = [
+    f"linux-modules-nvidia-580-server-{KERNEL}",
+    "nvidia-headless-no-dkms-580-server",
+    "nvidia-utils-580-server",
+    "linux-modules-nvidia-580-server-gcp",
+]
+
+
+@dataclass
+class GpuNode:
+    """A machine whose PCI bus, kernel, apt and driver tools are stand-ins: apt-get records what it is
+    asked and "installs" by creating a file that the stand-in nvidia-smi then lists a GPU by."""
+
+    home: Path
+    env: dict[str, str]
+    calls: Path
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        # A missing --python stops the bootstrap right after the driver step, before any venv is built.
+        return subprocess.run(
+            ["bash", str(BOOTSTRAP), "--profile", "cuda", "--python", "python-not-here", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+        )
+
+    def called(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def gpu_node(tmp_path: Path, vendors=("0x1ae0", "0x10de"), known=DRIVER_PACKAGES, loads=True) -> GpuNode:
+    """`vendors`: the PCI devices' vendor ids (0x10de NVIDIA, 0x1ae0 Google's gVNIC); `known`: the
+    packages apt-cache knows; `loads`: whether modprobe nvidia succeeds."""
+    fake, pci, home = tmp_path / "bin", tmp_path / "pci", tmp_path / "home"
+    for directory in (fake, pci, home):
+        directory.mkdir()
+    for i, vendor in enumerate(vendors):
+        (pci / f"0000:00:0{i + 3}.0").mkdir()
+        (pci / f"0000:00:0{i + 3}.0" / "vendor").write_text(vendor + "\n")
+    calls, installed = tmp_path / "calls", tmp_path / "driver-installed"
+    stand_ins = {
+        "uname": f'[ "$1" = -r ] && echo {KERNEL}',
+        "apt-get": f'echo "apt-get $*" >>{calls}; case "$*" in *" install "*) touch {installed};; esac',
+        "apt-cache": f'[ "$1" = show ] && grep -qx "$2" {tmp_path / "known"}',
+        "modprobe": f'echo "modprobe $*" >>{calls}; exit {0 if loads else 1}',
+        "nvidia-smi": f"[ -e {installed} ] || exit 9\n"
+        'case "$*" in -L) echo "GPU 0: NVIDIA L4 (UUID: GPU-0)";; *) echo 580.95.05;; esac',
+        "sudo": '[ "$1" = -n ] && shift; exec "$@"',
+    }
+    for name, body in stand_ins.items():
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    (tmp_path / "known").write_text("".join(f"{p}\n" for p in known))
+    env = {**node_env(home), "PATH": f"{fake}:{os.environ['PATH']}", "NANOCLUSTER_PCI_DEVICES": str(pci)}
+    return GpuNode(home, env, calls)
+
+
+def test_a_gpu_without_a_driver_gets_ubuntus_signed_modules_once(tmp_path):
+    node = gpu_node(tmp_path)
+    first = node.run()
+    assert first.stderr.strip() == "error: python 'python-not-here' not found: install it or pass --python PATH"
+    assert node.called() == [
+        "apt-get -q -y -o DPkg::Lock::Timeout=600 update",
+        "apt-get -q -y -o DPkg::Lock::Timeout=600 install --no-install-recommends " + " ".join(DRIVER_PACKAGES),
+        "modprobe nvidia",
+    ]
+    assert f"installing Ubuntu's signed 580-server driver for kernel {KERNEL}" in first.stdout
+    assert "NVIDIA driver ready: 580.95.05" in first.stdout
+    # Idempotent: with the driver working, a second run installs and loads nothing and says nothing of it.
+    second = node.run()
+    assert len(node.called()) == 3 and "NVIDIA" not in second.stdout
+    assert second.stderr == first.stderr
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "expected"),
+    [
+        ("no NVIDIA device", [], "warning: profile cuda, but no NVIDIA device is on the PCI bus"),
+        ("a driver already", [], ""),
+        ("--skip-system-packages", ["--skip-system-packages"], ""),
+    ],
+)
+def test_no_driver_is_installed_without_an_nvidia_device_with_one_or_without_system_packages(
+    tmp_path, case, args, expected
+):
+    node = gpu_node(tmp_path, vendors=("0x1ae0",) if case == "no NVIDIA device" else ("0x1ae0", "0x10de"))
+    if case == "a driver already":
+        (tmp_path / "driver-installed").touch()
+    result = node.run(*args)
+    assert node.called() == []
+    assert expected in result.stdout and ("NVIDIA" in result.stdout) == bool(expected)
+    assert result.stderr.strip().startswith("error: python 'python-not-here' not found")
+
+
+def test_a_kernel_ubuntu_has_no_signed_modules_for_fails_naming_the_fix(tmp_path):
+    node = gpu_node(tmp_path, known=DRIVER_PACKAGES[1:])
+    result = node.run()
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: the apt sources have no linux-modules-nvidia-580-server-{KERNEL} (Ubuntu's signed NVIDIA driver "
+        f"for kernel {KERNEL}): update the kernel (apt-get install linux-image-gcp), reboot and rerun, "
+        "or install NVIDIA driver >= 580 (CUDA 13) yourself"
+    )
+    assert [c.split()[-1] for c in node.called()] == ["update"]  # nothing installed
+
+
+def test_modules_that_do_not_load_fail_asking_for_a_reboot_and_a_missing_flavour_package_is_a_warning(tmp_path):
+    node = gpu_node(tmp_path, known=DRIVER_PACKAGES[:3], loads=False)
+    result = node.run()
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: the NVIDIA 580-server modules are installed but do not load: "
+        "reboot the node, then rerun node/bootstrap.sh (fab setup)"
+    )
+    assert "warning: no linux-modules-nvidia-580-server-gcp in the apt sources" in result.stdout
+    assert node.called()[1].endswith("install --no-install-recommends " + " ".join(DRIVER_PACKAGES[:3]))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra import prices
-from infra.prices import MACHINE_TYPES, MachinePrice, parse_table
+from infra.prices import MACHINE_TYPES, MachinePrice, parse_attached_gpus, parse_table
 from infra.pricing import FetchError, Row, aws, azure, gcp, http_get
 from infra.pricing.refresh import main
 
@@ -145,6 +145,30 @@ def test_gcp_prices_a_machine_type_from_its_series_core_and_memory_skus(monkeypa
     assert all("test-key" not in url for url, _ in get.requests)
 
 
+def test_gcp_prices_gpu_machines_with_their_gpus_and_attached_gpus_per_gpu(monkeypatch):
+    monkeypatch.setenv(gcp.API_KEY_ENV, "test-key")
+    rows = {r.machine: r for r in gcp.fetch(machines("gcp"), "us-central1", get=gcp_get())}
+    assert set(rows) == {m.name for m in machines("gcp")} | {"nvidia-tesla-t4"}
+    # vCPUs x core + GiB x RAM + GPUs x GPU: G2 with L4s, A2 with A100s (spot SKUs "attached to Spot Preemptible VMs").
+    assert rows["g2-standard-24"] == Row(
+        "g2-standard-24",
+        round(24 * 0.024988 + 96 * 0.002927 + 2 * 0.56004, 6),
+        round(24 * 0.009996 + 96 * 0.001171 + 2 * 0.2231, 6),
+        "us-central1",
+    )
+    assert rows["a2-highgpu-8g"].on_demand_usd_per_hour == round(96 * 0.031611 + 680 * 0.004237 + 8 * 2.93391, 6)
+    # The 80 GB A100's own SKU, not the 40 GB one (a prefix of its name) nor the DWS one; it has no spot SKU.
+    assert rows["a2-ultragpu-1g"] == Row(
+        "a2-ultragpu-1g", round(12 * 0.031611 + 170 * 0.004237 + 3.92808, 6), None, "us-central1"
+    )
+    # N1: "N1 Predefined Instance Core" SKUs in resourceGroup N1Standard, not sole tenancy; no GPU of its own.
+    assert rows["n1-standard-8"] == Row(
+        "n1-standard-8", round(8 * 0.031611 + 30 * 0.004237, 6), round(8 * 0.00698 + 30 * 0.000936, 6), "us-central1"
+    )
+    # An attached T4 per GPU-hour: not the virtual workstation, commitment or Belgian SKUs.
+    assert rows["nvidia-tesla-t4"] == Row("nvidia-tesla-t4", 0.35, 0.175, "us-central1")
+
+
 def test_gcp_without_an_api_key_says_which_variable_to_set(monkeypatch):
     monkeypatch.delenv(gcp.API_KEY_ENV, raising=False)
     with pytest.raises(
@@ -187,6 +211,7 @@ def test_refresh_rewrites_every_row_dated_and_prints_the_changes(table, capsys):
     assert after["m6i.4xlarge"] == MachinePrice(0.768, None, TODAY, "us-east-1", aws.URL.format(region="us-east-1"))
     assert after["c3-highmem-8"].spot_usd_per_hour == round(8 * 0.012 + 64 * 0.0016, 6)
     assert {p.as_of for p in after.values()} == {TODAY}
+    assert attached(table) == {"nvidia-tesla-t4": MachinePrice(0.35, 0.175, TODAY, "us-central1", gcp.SOURCE)}
     out = capsys.readouterr().out
     old = before["Standard_D16s_v5"].on_demand_usd_per_hour
     assert (
@@ -208,6 +233,29 @@ def test_refresh_of_one_cloud_keeps_the_other_rows_and_dry_run_writes_nothing(ta
     assert main(["refresh", "--cloud", "azure", "--table", str(table)], today=TODAY) == 0
     before, after = parse_table(json.loads(text), "before"), read(table)
     assert {n for n in after if after[n] != before[n]} == {m.name for m in machines("azure")}
+
+
+def attached(path: Path) -> dict[str, MachinePrice]:
+    return parse_attached_gpus(json.loads(path.read_text()), str(path))
+
+
+def test_refresh_of_gcp_prices_its_gpu_machines_and_the_attached_t4_and_keeps_the_other_rows(table, capsys):
+    text = table.read_text()
+    assert main(["refresh", "--cloud", "gcp", "--table", str(table)], today=TODAY) == 0
+    before, after = parse_table(json.loads(text), "before"), read(table)
+    assert {n for n in after if after[n] != before[n]} == {m.name for m in machines("gcp")}
+    assert after["g2-standard-8"] == MachinePrice(
+        round(8 * 0.024988 + 32 * 0.002927 + 0.56004, 6),
+        round(8 * 0.009996 + 32 * 0.001171 + 0.2231, 6),
+        TODAY,
+        "us-central1",
+        gcp.SOURCE,
+    )
+    assert attached(table)["nvidia-tesla-t4"] == MachinePrice(0.35, 0.175, TODAY, "us-central1", gcp.SOURCE)
+    old_t4 = parse_attached_gpus(json.loads(text), "before")["nvidia-tesla-t4"]
+    out = capsys.readouterr().out
+    assert f"nvidia-tesla-t4 (us-central1): on-demand ${old_t4.on_demand_usd_per_hour:.4f}/h ({old_t4.as_of})" in out
+    assert "a2-ultragpu-1g (us-central1): " in out and "note: gcp: spot prices unknown for some machine types" in out
 
 
 @pytest.mark.parametrize(
