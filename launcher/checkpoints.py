@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.cluster.node_layout import run_dir
-from launcher.console import HOME_FIX, TaskError, out_line, say, writable_dir
+from launcher.console import HOME_FIX, TaskError, command_line, out_line, say, writable_dir
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.record import RunRecord
 from launcher.session import Session, resolve_cluster
@@ -30,15 +30,16 @@ from model.conventions import (
 SAMPLE_TIMEOUT_S = 600
 
 
-def best_checkpoint(shell: Shell, run: str) -> str:
-    """The run's ckpt.pt (best val loss), else its snapshot.pt, as a path on the node."""
+def best_checkpoint(shell: Shell, run: str, cluster_spec: str | None = None) -> str:
+    """The run's ckpt.pt (best val loss), else its snapshot.pt, as a path on the node (cluster_spec:
+    --cluster as given, for the command that trains it)."""
     directory = run_dir(shell.root, run)
     result = shell.run(f"cd {directory} 2>/dev/null && ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1")
     name = result.stdout.strip()
     if not name:
         raise TaskError(
             f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on {shell.node.name}: "
-            f"train first (fab train --run {run})"
+            f"train first ({command_line('train', cluster=cluster_spec, run=run)})"
         )
     return f"{directory}/{name}"
 
@@ -56,7 +57,7 @@ def sample(
     with Session.open(cluster, cluster.nodes[:1]) as session:
         ensure_ready(session)
         head, shell, site = session.head, session.shell(session.head), session.site
-        ckpt = best_checkpoint(shell, run)
+        ckpt = best_checkpoint(shell, run, cluster_spec)
         say(f"sampling from {site.shown(ckpt)} on {head.name}")
         args = [
             "--ckpt",
@@ -99,10 +100,11 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     )
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
-        ckpt = best_checkpoint(shell, run)
+        ckpt = best_checkpoint(shell, run, cluster_spec)
+        again = command_line("fetch", cluster=cluster_spec, run=run, dest=dest)
         listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
         for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
-            fetch_file(shell, f"runs/{run}/{name}", target_dir / name)
+            fetch_file(shell, f"runs/{run}/{name}", target_dir / name, again)
         plot = RunRecord.of(cluster, run).directory / PLOT_NAME
         if plot.exists():
             shutil.copyfile(plot, target_dir / PLOT_NAME)
@@ -113,8 +115,9 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         return target_dir / ckpt.rsplit("/", 1)[1]
 
 
-def fetch_file(shell: Shell, relative: str, target: Path) -> None:
-    """Copy root/<relative> from the node to target, through a .partial file checked by size."""
+def fetch_file(shell: Shell, relative: str, target: Path, again: str) -> None:
+    """Copy root/<relative> from the node to target, through a .partial file checked by size (again:
+    the command that fetches it again, which a failure names)."""
     size = int(shell.check(f"wc -c < {shell.root}/{relative}", f"reading {relative}").stdout.strip())
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
@@ -122,9 +125,9 @@ def fetch_file(shell: Shell, relative: str, target: Path) -> None:
         shell.fetch(relative, partial)
     except NodeError as e:
         partial.unlink(missing_ok=True)
-        raise TaskError(str(e)) from None
+        raise TaskError(f"{e}; run `{again}` once it answers") from None
     if partial.stat().st_size != size:
         partial.unlink()
-        raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run fetch again")
+        raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run `{again}`")
     partial.replace(target)
     say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")

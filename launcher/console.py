@@ -1,13 +1,19 @@
-"""What a task prints and how it refuses: one `error:` line for the operator, plain rank output.
+"""What a task prints and how it refuses: one `error:` line for the operator, plain rank output, and
+the command lines its messages tell the operator to type.
 
 launcher.tasks.flags turns a TaskError into `error: MESSAGE` and exit code 1 (an Interrupted into
 its message and 130); every other module of the
 launcher prints through say() (operator messages) or out_line() (rank and node output, unwrapped).
+
+A hint, a fix or a continue line names a command as command_line() writes it: the program as the
+operator typed it (`fab` in the checkout, `nanocluster` installed) and the flags that pick the same
+cluster and run, so it can be pasted as it is.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,7 +23,7 @@ from launcher.cluster.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
 
 HOME_FIX = (
     f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
-    "cluster's nodes and what fab fetch copies; default ~/nanocluster)"
+    "cluster's nodes and the fetched checkpoints; default ~/nanocluster)"
 )
 PIPED_WIDTH = 160
 """Columns when output goes to a file or pipe (logs, CI) and COLUMNS is unset: rich assumes 80
@@ -68,3 +74,41 @@ def writable_dir(path: Path, what: str, fix: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise TaskError(f"{what} {path}: not writable; {fix}")
     return path
+
+
+PROGRAMS = ("fab", "nanocluster")
+"""The names the tasks' program is typed as: fab in the checkout, nanocluster installed."""
+DEFAULT_RUN = "main"
+"""--run's default: a command for the default run leaves --run out."""
+
+
+def program_name(argv0: str | None = None) -> str:
+    """The command the operator typed (argv0, default sys.argv[0]): fab in the checkout, nanocluster
+    installed; fab for any other name (a test runner)."""
+    name = Path(sys.argv[0] if argv0 is None else argv0).name
+    return name if name in PROGRAMS else "fab"
+
+
+def shown(value: object) -> str:
+    """A value as the help and a command line print it: 120.0 as 120, 0.8 as 0.8."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def flag_name(param: str) -> str:
+    """A parameter's flag as invoke spells it: max_restarts -> max-restarts, set_ -> set."""
+    return param.strip("_").replace("_", "-")
+
+
+def command_line(task: str, /, **flags: object) -> str:
+    """The command that runs task with flags (parameter: value, in order), quoted for a shell: the
+    program as typed, then each flag given; None and False are left out, True is a bare flag, a list
+    its flag repeated, and run=DEFAULT_RUN left out. A message passes cluster=--cluster as the
+    operator gave it (None: the default, which the next command picks the same way) and run=--run."""
+    words = [program_name(), task]
+    for param, value in flags.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        for one in values:
+            if one is None or one is False or (param == "run" and one == DEFAULT_RUN):
+                continue
+            words += [f"--{flag_name(param)}"] + ([] if one is True else [shown(one)])
+    return shlex.join(words)

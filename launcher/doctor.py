@@ -32,7 +32,7 @@ from rich.table import Table
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import DEFAULT_PORT
-from launcher.console import console, say
+from launcher.console import command_line, console, program_name, say
 from launcher.node_scripts import script
 from launcher.session import Session, machines, resolve_cluster
 from launcher.setup.data import verify_data_command
@@ -76,7 +76,7 @@ def doctor(
                 say("bandwidth over NCCL not measured: fix the GPU problems first")
             elif bandwidth_s > 0:
                 problems += bandwidth_problems(session, port, bandwidth_s)
-    table = Table(title=f"fab doctor: {cluster.cluster_name}")
+    table = Table(title=f"{program_name()} doctor: {cluster.cluster_name}")
     for col in ("check", "node", "problem", "fix"):
         table.add_column(col, overflow="fold")
     for row in problems:
@@ -107,7 +107,7 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
     for node in hosts:
         r = session.report(node)
         if r.missing:
-            problems.append(("environment", node.name, f"missing {', '.join(r.missing)}", "fab setup"))
+            problems.append(("environment", node.name, f"missing {', '.join(r.missing)}", setup_fix(cluster.spec)))
             continue
         if site.checks_contract and r.cores != cluster.cores_per_node:
             problems.append(
@@ -146,7 +146,7 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
                     "versions",
                     "all",
                     f"{key} differs: {listing}",
-                    "fab setup on every node (the same node/requirements file everywhere)",
+                    setup_fix(cluster.spec, "on every node (the same node/requirements file everywhere)"),
                 )
             )
     with_data = [n for n in ready if session.report(n).data_meta]
@@ -161,7 +161,7 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
     )
     for node in ready:
         if node not in with_data:
-            problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(dataset, source)))
+            problems.append(("data", node.name, f"data/{dataset} missing", prepare_fix(cluster.spec, dataset, source)))
     verify = script("verify_data")
     for node in with_data:
         shell = session.shell(node)
@@ -174,22 +174,28 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
                     "data",
                     node.name,
                     f"data/{dataset}: {result.stdout.strip()}",
-                    f"{prepare_fix(dataset, source)} (copies a verified dataset again)",
+                    f"{prepare_fix(cluster.spec, dataset, source)} (copies a verified dataset again)",
                 )
             )
     return problems
 
 
-def prepare_fix(dataset: str, source: str | None = None) -> str:
+def setup_fix(cluster_spec: str | None, why: str = "") -> str:
+    """The setup command on the cluster as the operator named it (--cluster), and why it fixes the row."""
+    return f"{command_line('setup', cluster=cluster_spec)} {why}".rstrip()
+
+
+def prepare_fix(cluster_spec: str | None, dataset: str, source: str | None = None) -> str:
     """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
     named source prepares under its own name; another name needs its source given (prepare-data
     would tokenize the builtin corpus under it)."""
     if source is not None:
-        return f"fab prepare-data --source {shlex.quote(source)} --dataset {dataset}"
+        return command_line("prepare-data", cluster=cluster_spec, source=source, dataset=dataset)
     if dataset in NAMED_SOURCES:
-        return f"fab prepare-data --source {dataset}"
+        return command_line("prepare-data", cluster=cluster_spec, source=dataset)
+    prepare = command_line("prepare-data", cluster=cluster_spec)
     return (
-        f"fab prepare-data --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
+        f"{prepare} --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
         "hf:OWNER/NAME or your files), or --dataset with the name you prepared"
     )
 
@@ -209,14 +215,16 @@ def gpu_problems(session: Session) -> list[Problem]:
         except (ValueError, SyntaxError, IndexError):
             output = (result.stdout + result.stderr).strip().splitlines()
             why = f"the GPU check printed no report: {output[-1] if output else 'no output'}"
-            problems.append(("gpu", node.name, why, "fab setup (the node environment is broken)"))
+            fix = setup_fix(session.cluster.spec, "(the node environment is broken)")
+            problems.append(("gpu", node.name, why, fix))
             continue
-        problems += gpu_node_problems(node.name, found, wanted)
+        problems += gpu_node_problems(node.name, found, wanted, session.cluster.spec)
     return problems
 
 
-def gpu_node_problems(node: str, found: dict, wanted: int) -> list[Problem]:
-    """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix."""
+def gpu_node_problems(node: str, found: dict, wanted: int, cluster_spec: str | None = None) -> list[Problem]:
+    """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix
+    (cluster_spec: --cluster as given, for the setup command)."""
     problems: list[Problem] = []
     gpus: list[str] = found.get("gpus", [])
     driver_ok = not found.get("driver_error")
@@ -245,14 +253,16 @@ def gpu_node_problems(node: str, found: dict, wanted: int) -> list[Problem]:
         )
     torch_cuda = found.get("torch_cuda", "")
     if found.get("torch_error") and not torch_cuda:
-        problems.append(("torch", node, found["torch_error"], "fab setup (installs node/requirements-cuda.txt)"))
+        problems.append(
+            ("torch", node, found["torch_error"], setup_fix(cluster_spec, "(installs node/requirements-cuda.txt)"))
+        )
     elif not torch_cuda:
         problems.append(
             (
                 "torch",
                 node,
                 f"torch {found.get('torch', '?')} is a CPU build: it cannot use the GPUs",
-                "fab setup (installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)",
+                setup_fix(cluster_spec, "(installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)"),
             )
         )
     elif driver_ok:
@@ -330,7 +340,8 @@ def port_problems(session: Session, port: int) -> list[Problem]:
                 "rendezvous",
                 head.name,
                 " ".join(lines) or f"could not listen on port {port}",
-                f"stop what holds port {port} (a running job: fab status / fab stop) or pass --port",
+                f"stop what holds port {port} (a running job: {command_line('status', cluster=session.cluster.spec)}"
+                f" / {command_line('stop', cluster=session.cluster.spec)}) or pass --port",
             )
         ]
     problems = []

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.console import Interrupted, TaskError, check_name, say
+from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
 from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget
@@ -65,11 +65,12 @@ class TrainRequest:
     budget_usd: float | None = None
     """--budget: US dollars the run may spend (None: no budget)."""
     rerun: str = ""
-    """The command that continues the run after Ctrl-C (the flags as given; default `fab train --run RUN`)."""
+    """The command that continues the run after Ctrl-C (the flags as given; default: the train
+    command with --cluster and --run)."""
 
     @property
     def rerun_command(self) -> str:
-        return self.rerun or f"fab train --run {self.run}"
+        return self.rerun or command_line("train", cluster=self.cluster_spec, run=self.run)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ class Lifecycle:
             say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
         config_text, trainer_cfg = read_trainer_config(config, request.overrides)  # before any node or API
         values = budget.trainer_values(config_text, request.overrides)
-        finished = already_finished(self.record, budget.max_iters_of(values))
+        finished = already_finished(self.record, budget.max_iters_of(values), request.cluster_spec)
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
             return 0
@@ -330,6 +331,7 @@ class Lifecycle:
                     request.budget_usd or 0.0,
                     end.fields["iter"],
                     end.fields.get("max_iters"),
+                    request.cluster_spec,
                 )
             )
             return budget.BUDGET_EXIT
@@ -338,9 +340,10 @@ class Lifecycle:
             if self.spend and request.budget_usd is not None
             else ""
         )
+        sample, fetch = (command_line(t, cluster=request.cluster_spec, run=request.run) for t in ("sample", "fetch"))
         say(
             f"done in {time.monotonic() - self.started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
-            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} (fab sample, fab fetch)"
+            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} ({sample}, {fetch})"
         )
         return 0
 

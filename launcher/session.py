@@ -36,7 +36,7 @@ T = TypeVar("T")
 def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
     """--cluster as a validated Cluster (printed: every task says which cluster it uses)."""
     try:
-        cluster = load_cluster(spec, local_nodes=nodes)
+        cluster = replace(load_cluster(spec, local_nodes=nodes), spec=spec)
     except InventoryError as e:
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")

@@ -137,6 +137,9 @@ class Cluster:
     """MACHINES or KUBERNETES: which driver runs the tasks (launcher/tasks/drivers.py)."""
     kube: kube_contract.KubeAccess | None = None
     """How to reach a Kubernetes cluster (kind KUBERNETES); its nodes are the run's pod slots."""
+    spec: str | None = field(default=None, compare=False)
+    """--cluster as the operator gave it (None: not given), which the commands a message names repeat
+    (launcher.console.command_line); set when a task resolves its cluster (launcher.session)."""
 
     @property
     def head(self) -> Node:

@@ -22,7 +22,7 @@ from kubernetes.client import V1Job
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
-from launcher.console import TaskError, check_name, console, out_line, say
+from launcher.console import TaskError, check_name, command_line, console, out_line, say
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
@@ -138,7 +138,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     for metrics_record in record.metrics():
         progress.update(metrics_record)
     say(f"run {run}, last logged: {progress.summary()}")
-    for line in [*status_lines(record), *budget_lines(record)]:
+    for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:
         say(line)
     return 1 if failed else 0
 
@@ -157,9 +157,10 @@ def logs(
     api, _ = open_cluster(cluster_spec)
     pods = sorted(run_objects(api, run)[2], key=rank_of)
     if not pods:
+        start, view = (command_line(task, cluster=cluster_spec, run=run) for task in ("train", "status"))
         raise TaskError(
-            f"run {run!r} has no pod: start it with `fab train --run {run}` (a finished run's pods are "
-            "deleted; its record is in `fab status`)"
+            f"run {run!r} has no pod: start it with `{start}` (a finished run's pods are deleted; "
+            f"its record is in `{view}`)"
         )
     if rank is not None:  # the pod holding it: a GPU pod holds G ranks
         pods = [p for p in pods if rank in ranks_of(p)]
@@ -314,7 +315,7 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
     )
     if missing:
         say(
-            "fix: `fab setup` builds the node environment (the cuda profile on GPU nodes) and code; "
-            "`fab prepare-data` writes the dataset"
+            f"fix: `{command_line('setup', cluster=cluster_spec)}` builds the node environment (the cuda profile "
+            f"on GPU nodes) and code; `{command_line('prepare-data', cluster=cluster_spec)}` writes the dataset"
         )
     return 1 if missing else 0

@@ -149,7 +149,7 @@ def unit_script(plan: LaunchPlan, unit: Unit) -> str:
     """The shell script one launch unit runs, from its run directory."""
     python = plan.python
     train = " ".join(shlex.quote(a) for a in trainer_args(plan))
-    lines = ["#!/bin/sh", f"# {unit.name} of run {plan.run!r} ({plan.launcher} launcher), rendered by `fab train`"]
+    lines = ["#!/bin/sh", f"# {unit.name} of run {plan.run!r} ({plan.launcher} launcher), rendered by nanocluster"]
     lines += ['cd "$(dirname "$0")" || exit 1', ". ./env.sh"]
     if unit.kind == "rank":
         lines += [f". ./rank{unit.rank}.env", f"exec {python} -m model.train {train}"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import Site, site_of
-from launcher.console import TaskError, out_line, say
+from launcher.console import TaskError, command_line, out_line, say
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import run_files
 from launcher.launch.units import start_command
@@ -55,7 +55,8 @@ def place_data(session: Session, dataset: str) -> None:
     missing = [n for n in session.hosts() if not splits_digest(session.report(n).data_meta)]
     head = session.head
     if head in missing:
-        raise TaskError(f"data/{dataset} is not prepared on {head.name}: run `fab prepare-data` first")
+        prepare = command_line("prepare-data", cluster=session.cluster.spec)
+        raise TaskError(f"data/{dataset} is not prepared on {head.name}: run `{prepare}` first")
     if ((session.report(head).data_meta or {}).get("shards") or 1) > 1:  # a meta: the head is not missing
         check_shards(session, dataset)
     elif missing:
@@ -69,7 +70,7 @@ def start_units(session: Session, plan: LaunchPlan, config_text: str) -> None:
     def one(node: Node, shell: Shell) -> None:
         files = node_files(plan, session.site, node, config_text)
         units = [u.name for u in plan.units_on(plan.host_of(node))]
-        command = start_command(shell.root, plan.run, units, ssh_files=session.site.ships_keys)
+        command = start_command(shell.root, plan.run, units, session.site.ships_keys, session.cluster.spec)
         shell.check(command, f"starting run {plan.run}", stdin=payload(files, executable=scripts))
 
     session.run_everywhere(session.hosts(), one)

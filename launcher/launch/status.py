@@ -16,7 +16,7 @@ import os
 from rich.table import Table
 
 from launcher.cluster.inventory import CLUSTER_ENV, local_cluster
-from launcher.console import TaskError, console, out_line, say
+from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
 from launcher.launch.units import alive_command, boot_command, log_command
@@ -77,9 +77,10 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
         jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
         if record.current is None and not session.unreachable and all(job == ("-", "-") for job in jobs.values()):
             known = ", ".join(sorted(read_cluster_runs(cluster))) or "none yet"
+            start = command_line("train", cluster=cluster_spec, run=run)
             raise TaskError(
                 f"no run {run!r} on the nodes or in this machine's record (runs recorded here: "
-                f"{known}): pick one with --run, or start it with `fab train --run {run}`"
+                f"{known}): pick one with --run, or start it with `{start}`"
             )
         for node in shown:
             if node.index in session.unreachable:
@@ -112,7 +113,7 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 say(health)
             for line in slow_node_lines(record, records):  # the slowest rank and node
                 say(line)
-        for line in [*status_lines(record), *budget_lines(record)]:  # chart, time, cost, budget
+        for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
             say(line)
     return 1 if session.unreachable else 0
 
@@ -123,7 +124,8 @@ def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
     path = f"{session.site.run_dir(run)}/plan.json"
     result = head.run(f"cat {path}", timeout=CONNECT_TIMEOUT_S * 2)
     if not result.ok:
-        raise TaskError(f"no run {run!r} on {session.head.name}: start one with `fab train --run {run}`")
+        start = command_line("train", cluster=session.cluster.spec, run=run)
+        raise TaskError(f"no run {run!r} on {session.head.name}: start one with `{start}`")
     try:
         return units_from_plan_json(result.stdout, session.cluster)
     except ValueError as e:

@@ -46,9 +46,11 @@ Stopping a run: TERM every unit's process group on every machine, KILL what is l
 
 from __future__ import annotations
 
+import shlex
+
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
-from launcher.console import out_line, say
+from launcher.console import command_line, out_line, say
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
 from launcher.transport.ssh import install_ssh_command
@@ -59,21 +61,24 @@ EXIT_MARKER = "@@nanocluster-exit"
 STOP_GRACE_S = 35
 
 
-def running_check(directory: str) -> str:
-    """Exit 3 with a message when a unit of this run is still alive on the node (verified as ours)."""
+def running_check(directory: str, stop: str) -> str:
+    """Exit 3 with a message when a unit of this run is still alive on the node (verified as ours),
+    naming stop, the command that stops it."""
     return (
         f'for f in {directory}/*.pid; do [ -f "$f" ] || continue; u=${{f%.pid}}; '
         'if nc_running "$u"; then '
-        'echo "already running ($(basename "$u"), process group $nc_pid): fab stop first" >&2; exit 3; fi; done'
+        f'echo "already running ($(basename "$u"), process group $nc_pid): "{shlex.quote(stop + " first")} >&2; '
+        "exit 3; fi; done"
     )
 
 
-def start_command(root: str, run: str, units: list[str], ssh_files: bool) -> str:
-    """Unpack the payload on stdin into root, then start each unit detached; prints 'UNIT PID' lines."""
+def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluster_spec: str | None = None) -> str:
+    """Unpack the payload on stdin into root, then start each unit detached; prints 'UNIT PID' lines.
+    cluster_spec: --cluster as given, for the stop command a unit still running is answered with."""
     directory = run_dir(root, run)
     lines = [
         "set -e",
-        running_check(directory),
+        running_check(directory, command_line("stop", cluster=cluster_spec, run=run)),
         f"mkdir -p {root}",
         f"tar -xf - -C {root}",
     ]
@@ -207,7 +212,8 @@ def stop_units(session: Session, run: str) -> None:
         except NodeError as e:
             out_line(
                 f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
-                "collective_timeout_s, or run `fab stop` once the node is back"
+                f"collective_timeout_s, or run `{command_line('stop', cluster=session.cluster.spec, run=run)}` "
+                "once the node is back"
             )
             return
         if result.stdout.strip():

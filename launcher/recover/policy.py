@@ -99,7 +99,7 @@ def nodes_to_resume_on(
     names = ", ".join(n.name for n in lost)
     reasons = "; ".join(still_lost[n.index] for n in lost)
     gone = f"{names} did not answer SSH within --recover-timeout {timeout_s:g} s (last: {reasons})"
-    fix = "check the VM (is it running?), run `pulumi up --refresh` on its stack, then rerun the same fab train"
+    fix = "check the VM (is it running?), run `pulumi up --refresh` on its stack, then rerun the same train command"
     if nodes[0].index in still_lost:
         raise TaskError(
             f"{gone}; the head {nodes[0].name} cannot be left out (rank 0, and the way to every "

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from launcher.cluster.inventory import Cluster, price_text
-from launcher.console import TaskError
+from launcher.console import TaskError, command_line
 from launcher.runs.record import Attempt, RunRecord
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
 from model.monitoring.metrics import one_series
@@ -360,17 +360,28 @@ def progress_suffix(record: RunRecord) -> str:
     return "" if spend is None else f" | ${spend[0]:.2f} of ${spend[1]:.2f} budget"
 
 
-def stopped_line(run: str, spent: float, budget: float, iteration: int | None, max_iters: int | None) -> str:
+def stopped_line(
+    run: str,
+    spent: float,
+    budget: float,
+    iteration: int | None,
+    max_iters: int | None,
+    cluster_spec: str | None = None,
+) -> str:
+    """The run's last line when it stopped at its budget, with the command that continues it
+    (cluster_spec: --cluster as given)."""
     of = f" of max_iters {max_iters}" if max_iters else ""
+    train = command_line("train", cluster=cluster_spec, run=run)
     return (
         f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
-        f"`fab train --run {run} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
+        f"`{train} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
         f"from the snapshot at iteration {iteration}"
     )
 
 
-def status_lines(record: RunRecord) -> list[str]:
-    """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it."""
+def status_lines(record: RunRecord, cluster_spec: str | None = None) -> list[str]:
+    """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it
+    (cluster_spec: --cluster as given, for the command that continues it)."""
     attempt = record.current
     spend = spend_of(attempt) if attempt else None
     if attempt is None or spend is None:
@@ -382,7 +393,7 @@ def status_lines(record: RunRecord) -> list[str]:
             f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that would cross it)"
         ]
     if end.get("outcome") == "budget":
-        return [stopped_line(record.run, spent, budget, end.get("iter"), end.get("max_iters"))]
+        return [stopped_line(record.run, spent, budget, end.get("iter"), end.get("max_iters"), cluster_spec)]
     return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
 
 

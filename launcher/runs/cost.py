@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from rich.table import Table
 
 from launcher.cluster.inventory import clusters_root, price_text
-from launcher.console import TaskError, check_name, console, out_line, say
+from launcher.console import TaskError, check_name, command_line, console, out_line, say
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, ClusterLife, cluster_life, read_sightings
 from launcher.runs.estimate import NO_PRICE, duration
 from launcher.runs.ledger import LedgerRow, Totals, ledger_rows
@@ -204,7 +204,7 @@ def no_runs(cluster: str | None, since: float | None, every_row: list[LedgerRow]
     if every_row and since is not None:  # rows, none of them since
         return f"no run started since {when(since)} UTC ({len(every_row)} earlier: drop --since to see them)"
     where = run_dir(clusters_root() / (cluster or "*"), "*") / EVENTS_NAME
-    return f"no run recorded on this machine ({where}): `fab train` records each run as it launches"
+    return f"no run recorded on this machine ({where}): `{command_line('train')}` records each run as it launches"
 
 
 def cost(cluster: str | None = None, since: str | None = None, as_json: bool = False) -> int:
@@ -239,7 +239,7 @@ def cost(cluster: str | None = None, since: str | None = None, as_json: bool = F
     say(
         "cost: each launch's recorded interval x the contract's hourly price (the whole cluster); node-h: "
         "machines x hours. tokens: optimizer steps that ran x tokens per step, steps redone after a restart "
-        "counted again (they were paid for). known up: from a node's boot to the last time a fab task or run saw "
+        "counted again (they were paid for). known up: from a node's boot to the last time a task or run saw "
         f"the cluster; idle: known up with no run. {LEFT_OUT}."
     )
     return 0

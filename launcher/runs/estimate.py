@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from launcher.cluster.inventory import price_text
+from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, interrupted_text
@@ -116,7 +117,7 @@ def ending_text(end: dict[str, Any] | None) -> str:
         return ""
     outcome = end.get("outcome", "finished")
     if outcome == "interrupted":
-        return interrupted_text(end.get("iter"), end.get("rerun") or "fab train")
+        return interrupted_text(end.get("iter"), end.get("rerun") or command_line("train"))
     if outcome == "failed":
         return f"failed: {end['reason']}" if end.get("reason") else "failed"
     return "stopped at its budget" if outcome == "budget" else outcome
@@ -181,18 +182,19 @@ def final_cost(record: RunRecord) -> str:
     return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"
 
 
-def already_finished(record: RunRecord, max_iters: int | None) -> str | None:
+def already_finished(record: RunRecord, max_iters: int | None, cluster_spec: str | None = None) -> str | None:
     """What a rerun of a run that finished says instead of starting ranks with nothing to train: its
     last launch finished at its max_iters and this one asks for no more (None: there is training left,
-    or it cannot be told here)."""
+    or it cannot be told here). cluster_spec: --cluster as given, for the commands it names."""
     attempt = record.current
     if max_iters is None or attempt is None or (attempt.end or {}).get("outcome") != "finished":
         return None
     done = read_series(record.directory).max_iters
     if done is None or max_iters > done:
         return None
+    sample, fetch = (command_line(task, cluster=cluster_spec, run=record.run) for task in ("sample", "fetch"))
     return (
         f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
-        f"its model: fab sample --run {record.run}, fab fetch --run {record.run}; to train further rerun with "
+        f"its model: {sample}, {fetch}; to train further rerun with "
         f"--set max_iters=N (N > {done}), or start over under another --run"
     )

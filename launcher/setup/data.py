@@ -20,7 +20,7 @@ import time
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REMOTE_ROOT, data_dir
-from launcher.console import TaskError, check_name, out_line, say
+from launcher.console import TaskError, check_name, command_line, out_line, say
 from launcher.node_scripts import script
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import distribute_keys, ensure_ready
@@ -189,7 +189,7 @@ def check_shards(session: Session, dataset: str) -> None:
     if not same or None in indexes or len(set(indexes)) != len(indexes):
         raise TaskError(
             f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
-            f"run `fab prepare-data --sharded --nodes {len(hosts)}` again"
+            f"run `{command_line('prepare-data', cluster=session.cluster.spec, sharded=True, nodes=len(hosts))}` again"
         )
     if shards != len(hosts):
         say(
@@ -208,7 +208,8 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
         return
     want = splits_digest(session.report(hosts[0]).data_meta)
     if want is None:
-        raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `fab prepare-data` first")
+        prepare = command_line("prepare-data", cluster=session.cluster.spec)
+        raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `{prepare}` first")
     stale = [n for n in hosts[1:] if splits_digest(session.report(n).data_meta) != want]
     verify = script("verify_data")
     if verify_existing:

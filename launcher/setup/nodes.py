@@ -29,7 +29,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.console import TaskError, out_line, say
+from launcher.console import TaskError, command_line, out_line, program_name, say
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.transport import NodeError, Shell, payload
 from launcher.transport.ssh import install_ssh_command, ssh_files
@@ -51,16 +51,21 @@ def distribute_keys(session: Session) -> None:
     session.run_everywhere(session.hosts(), one)
 
 
+LOCAL_INSTALL = "install them into that Python (pip install 'nanocluster[launcher]' brings them)"
+"""The fix for the local cluster's Python without the node environment, outside the checkout."""
+
+
 def ensure_ready(session: Session) -> None:
     """The environment (bootstrap where the probe found it incomplete) and current code."""
     missing = session.not_ready()
     if missing and not session.site.bootstraps:
         raise TaskError(
             f"this machine's Python ({sys.executable}) lacks {list(session.report(missing[0]).missing)}: "
-            "run `make setup` and use .venv/bin/fab"
+            + ("run `make setup` and use .venv/bin/fab" if program_name() == "fab" else LOCAL_INSTALL)
         )
     if missing:
-        say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap (fab setup)")
+        setup = command_line("setup", cluster=session.cluster.spec)
+        say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap ({setup})")
         bootstrap(session, missing)
         session.reprobe(missing)
     sync_code(session)
@@ -133,7 +138,8 @@ def bootstrap(
             missing_lists = {name: list(modules) for name, modules in missing.items()}
             raise TaskError(
                 f"node_python {cluster.node_python} lacks {missing_lists}: install them there, or remove "
-                "node_python from the contract so `fab setup` builds ~/nanocluster/venv with the bootstrap"
+                f"node_python from the contract so `{command_line('setup', cluster=cluster.spec)}` builds "
+                "~/nanocluster/venv with the bootstrap"
             )
         return
     archive = payload(

@@ -13,43 +13,30 @@ bad value, and the help shows a whole-number flag as INT and any other number as
 from __future__ import annotations
 
 import inspect
-import shlex
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from functools import wraps
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from fabric import Task, task
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
-from launcher.console import Interrupted, TaskError
+from launcher.console import Interrupted, TaskError, command_line, flag_name, shown
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
 DEFAULT_SLOT = "{default}"
-PROGRAMS = ("fab", "nanocluster")
 AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")
 """The running task's command line with the flags the operator gave (what a message says to rerun)."""
 N = TypeVar("N", int, float)
-
-
-def shown(value: object) -> str:
-    """A default as the help prints it: 120.0 as 120, 0.8 as 0.8."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def text_default(value: N) -> N:
     """A numeric flag's default as its task's signature holds it: the number's text (invoke keeps it a
     string, see above), typed as the number fab_task hands the task."""
     return cast(N, shown(value))
-
-
-def flag_name(param: str) -> str:
-    """A parameter's flag as invoke spells it: max_restarts -> max-restarts, set_ -> set."""
-    return param.strip("_").replace("_", "-")
 
 
 def number(flag: str, value: str | float | None, kind: type[int] | type[float] = int) -> int | float | None:
@@ -74,7 +61,7 @@ def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | typ
     def wrapper(*args: Any, **kwargs: Any) -> None:
         AS_GIVEN.set(
             command_line(
-                fn.__name__.replace("_", "-"), {k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}
+                fn.__name__.replace("_", "-"), **{k: v for k, v in kwargs.items() if v != defaults.get(k) and v != []}
             )
         )
         try:
@@ -169,25 +156,6 @@ class NumericTask(Task):
             )
 
         return [numeric(a) for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
-
-
-def program_name() -> str:
-    """The command the operator typed: fab in the checkout, nanocluster installed."""
-    name = Path(sys.argv[0]).name
-    return name if name in PROGRAMS else "fab"
-
-
-def command_line(task_name: str, flags: dict[str, object]) -> str:
-    """The command that runs task_name with these flags (parameter: value; None and False left out,
-    True a bare flag, a list its flag repeated), quoted for a shell."""
-    words = [program_name(), task_name]
-    for param, value in flags.items():
-        values = value if isinstance(value, list | tuple) else [value]
-        for one in values:
-            if one is None or one is False:
-                continue
-            words += [f"--{flag_name(param)}"] + ([] if one is True else [shown(one)])
-    return shlex.join(words)
 
 
 def given(**flags: Any) -> dict[str, Any]:

@@ -153,7 +153,7 @@ class SSHShell(Shell):
             except TimeoutError:
                 raise NodeError(
                     f"{self.node.name}: copying {relative}: the node sent nothing for {TRANSFER_STALL_S:g} s; "
-                    "is it overloaded or down? (fab status)"
+                    "is it overloaded or down?"
                 ) from None
             if chan.recv_exit_status() != 0:
                 detail = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
@@ -279,7 +279,7 @@ SSH_DIR_SH = f"$HOME/{SSH_DIR}"
 
 def ssh_config(cluster: Cluster) -> str:
     """Node-side ssh config: every node by name and by address, the cluster key, host keys pinned."""
-    blocks = [f"# nanocluster {cluster.cluster_name}: rendered by fab; head -> worker SSH with pinned host keys\n"]
+    blocks = [f"# nanocluster {cluster.cluster_name}: head -> worker SSH with pinned host keys\n"]
     for node in cluster.nodes:
         blocks.append(
             f"Host {node.name} {node.private_ip}\n"

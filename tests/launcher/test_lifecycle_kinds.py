@@ -167,5 +167,6 @@ def test_a_budget_stop_ends_the_same_way(kind, task):
     assert end["event"] == "end" and end["outcome"] == "budget" and end["iter"] >= 1, end
     last = ran.out.strip().splitlines()[-1]
     assert last.startswith("stopped at budget: spent $") and f" at iteration {end['iter']} " in last, last
-    assert "rerun `fab train --run cap --budget <more than " in last
+    given = f"--cluster {kind.spec} " if isinstance(kind, KubernetesKind) else ""  # the --cluster given, repeated
+    assert f"rerun `fab train {given}--run cap --budget <more than " in last
     assert f"resumes from the snapshot at iteration {end['iter']}" in last

@@ -162,6 +162,6 @@ def test_the_command_that_continues_a_run_is_the_one_typed_with_its_flags(monkey
 
     monkeypatch.setattr(sys, "argv", [argv0, "train"])
     given = {"nodes": "2", "run": "my run", "set_": ["max_iters=100", "eval_interval=5"], "dry_run": False}
-    assert command_line("train", given) == (
+    assert command_line("train", **given) == (
         f"{Path(argv0).name} train --nodes 2 --run 'my run' --set max_iters=100 --set eval_interval=5"
     )

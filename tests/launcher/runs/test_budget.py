@@ -193,7 +193,7 @@ def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
     )
     assert budget.status_lines(RunRecord.of(cluster, "main")) == [
         "stopped at budget: spent $0.85 of $1.00 at iteration 42 of max_iters 100; to continue, rerun `fab train "
-        "--run main --budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"
+        "--budget <more than 1.00>` with the same other flags: it resumes from the snapshot at iteration 42"
     ]
     assert budget.progress_suffix(RunRecord.of(cluster, "main")) == " | $0.85 of $1.00 budget"
 
