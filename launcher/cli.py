@@ -7,7 +7,9 @@
 
 The same tasks as `fab` in the checkout (launcher/tasks/), but bundled: no fabfile is looked up,
 so the command works wherever it is run. What it writes goes under the nanocluster home
-($NANOCLUSTER_HOME, default ~/nanocluster) unless a flag names another place.
+($NANOCLUSTER_HOME, default ~/nanocluster) unless a flag names another place. The console script is
+nanocluster.main: it puts the installed packages (site-packages/nanocluster/) first on the path and
+calls main here.
 """
 
 from __future__ import annotations
