@@ -21,21 +21,27 @@ PIP_INSTALL := $(BIN)/pip install --quiet --no-compile --constraint $(LOCK)
 
 # The locked pip and setuptools first: the project is built with the locked setuptools
 # (--no-build-isolation), not whichever release is newest that day.
+# The editable install maps the wheel's names (nanocluster.model, ...: setup.py); the .pth puts this
+# checkout on the venv's path too, so its packages import by their own names (model, launcher) from
+# any directory, as the tests' subprocesses and bench/ import them.
 install_locked = $(PYTHON) -m venv $(VENV) \
 	&& $(PIP_INSTALL) pip setuptools \
 	&& $(PIP_INSTALL) $(TORCH_INDEX) torch \
 	&& $(PIP_INSTALL) --no-build-isolation -e '.[$(1)]' \
-	&& $(BIN)/python -m model.tokenizer install
+	&& echo '$(CURDIR)' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nanocluster-checkout.pth"
 
-# Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters.
-$(VENV)/.installed: pyproject.toml $(LOCK)
+# Everything the tests need: the cloud SDKs, transformers, accelerate, Intel MPI, linters; and the GPT-2
+# vocabulary, which model.tokenizer otherwise fetches on first use, as the tests must not need the network.
+$(VENV)/.installed: pyproject.toml setup.py $(LOCK)
 	$(call install_locked,dev)
+	$(BIN)/python -m model.tokenizer install
 	touch $@
 
 # Only what the local cluster needs (the launcher extra): no cloud SDK, transformers or Intel MPI.
 # A venv that already has dev is enough as it is.
-$(VENV)/.installed-local: pyproject.toml $(LOCK)
-	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt $(LOCK) ] && [ $(VENV)/.installed -nt pyproject.toml ]; then \
+$(VENV)/.installed-local: pyproject.toml setup.py $(LOCK)
+	@if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt $(LOCK) ] && [ $(VENV)/.installed -nt pyproject.toml ] \
+		&& [ $(VENV)/.installed -nt setup.py ]; then \
 		echo "$(VENV) has the dev install: nothing to add for the quickstart"; \
 	else \
 		$(call install_locked,launcher); \

@@ -14,8 +14,9 @@
 # It installs nothing (a GPU machine may have no internet): it uses $PYTHON (default python3), which must
 # have a CUDA build of torch and the trainer's few packages (numpy, pyyaml, tiktoken, safetensors, pytest).
 # The GPT-2 vocabulary comes from $TIKTOKEN_CACHE_DIR, else ./.tiktoken (a copy of this machine's
-# ~/.cache/nanocluster/tiktoken), else tiktoken's default cache. Each part runs under `timeout`, and no
-# part starts past the overall deadline.
+# ~/.cache/nanocluster/tiktoken), else ~/.cache/nanocluster/tiktoken, fetched there on first use where
+# PyPI is reachable (model/tokenizer.py). Each part runs under `timeout`, and no part starts past the
+# overall deadline.
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD

@@ -8,7 +8,9 @@
 The same tasks as `fab` in the checkout (launcher/tasks/): there Fabric's `fab` loads fabfile.py,
 which hands the command line over to this program. Installed, the tasks are bundled: no fabfile is
 looked up, so the command works wherever it is run. What it writes goes under the nanocluster home
-($NANOCLUSTER_HOME, default ~/nanocluster) unless a flag names another place.
+($NANOCLUSTER_HOME, default ~/nanocluster) unless a flag names another place. The console script is
+nanocluster.main: it puts the installed packages (site-packages/nanocluster/) first on the path and
+calls main here.
 
 What it does differently from Fabric's program, which it is:
 - the top-level help (--help, or no task) lists the tasks, each with the first sentence of its

@@ -1,14 +1,17 @@
-"""GPT-2 BPE through tiktoken, usable offline.
+"""GPT-2 BPE through tiktoken, fetched on first use from PyPI, or placed by hand offline.
 
-tiktoken downloads its vocabulary on first use. Machines without internet (and CI here) can
-pre-place the ranks instead: tiktoken's r50k_base is GPT-2's vocabulary, and the openai-whisper
-source distribution on PyPI ships the same file as whisper/assets/gpt2.tiktoken.
+tiktoken's r50k_base is GPT-2's vocabulary. tiktoken itself downloads it from openaipublic's blob
+store; here it comes from where pip already reaches: the openai-whisper source distribution on PyPI
+ships the same file as whisper/assets/gpt2.tiktoken. The first program that needs it (model.prepare,
+model.sample) fetches it into the cache with one line on stderr, so `fab prepare-data` (or
+`nanocluster prepare-data`) needs no step before it.
 
-    python -m model.tokenizer install                 # from PyPI's openai-whisper sdist
+    python -m model.tokenizer install                 # fetch it now (make setup does, for the tests)
     python -m model.tokenizer install --from FILE     # from a file you already have
 
 Both write it where tiktoken looks (TIKTOKEN_CACHE_DIR, default ~/.cache/nanocluster/tiktoken),
-checked against the sha256 tiktoken itself expects.
+checked against the sha256 tiktoken itself expects. Where PyPI cannot be reached, SOURCE_ENV names
+another place to fetch it from (a file:// URL of a copy, or a mirror).
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import io
 import os
-import subprocess
 import sys
 import tarfile
-import tempfile
+import urllib.request
 from pathlib import Path
 
 import tiktoken
@@ -32,6 +35,19 @@ R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = 50256
 VOCAB_SIZE = 50257
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "nanocluster" / "tiktoken"
+WHISPER_SDIST_URL = (
+    "https://files.pythonhosted.org/packages/35/8e/d36f8880bcf18ec026a55807d02fe4c7357da9f25aebd92f85178000c0dc/"
+    "openai_whisper-20250625.tar.gz"
+)
+"""openai-whisper 20250625's source distribution (0.8 MB, MIT licence, OpenAI), as PyPI's JSON API lists
+it (https://pypi.org/pypi/openai-whisper/20250625/json): a file PyPI never changes once uploaded."""
+WHISPER_MEMBER = "whisper/assets/gpt2.tiktoken"
+SOURCE_ENV = "NANOCLUSTER_GPT2_VOCAB_URL"
+"""Fetch from this URL instead (https:// or file://): the vocabulary itself (r50k_base.tiktoken or
+whisper's gpt2.tiktoken), or a source distribution holding it as WHISPER_MEMBER."""
+FETCH_TIMEOUT_S = 30
+"""Seconds a stalled connection may stay silent: under the 60 s bench/gpu_check.sh gives its tokenizing
+step, so an offline machine reports the vocabulary missing rather than a timeout."""
 
 
 class TokenizerUnavailable(RuntimeError):
@@ -47,22 +63,28 @@ def cached_vocab_path(directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / hashlib.sha1(R50K_URL.encode()).hexdigest()
 
 
+def vocab_source() -> str:
+    return os.environ.get(SOURCE_ENV) or WHISPER_SDIST_URL
+
+
 def _how_to_provide() -> str:
     return (
-        "Provide the GPT-2 vocabulary offline with `python -m model.tokenizer install` "
-        "(extracts it from the openai-whisper sdist on PyPI) or "
-        "`python -m model.tokenizer install --from gpt2.tiktoken`, or set "
-        f"TIKTOKEN_CACHE_DIR to a directory holding it as {cached_vocab_path().name}."
+        f"Where {vocab_source()} cannot be reached, set {SOURCE_ENV} to a copy of the vocabulary "
+        "(file:///path/to/gpt2.tiktoken or r50k_base.tiktoken, or a mirror's URL) and run again, "
+        f"or place that file as {cached_vocab_path()}."
     )
 
 
 @functools.cache
 def gpt2_encoding() -> tiktoken.Encoding:
-    """The GPT-2 encoding; raises TokenizerUnavailable with the fix when it cannot be loaded."""
-    # Point tiktoken at our cache when the vocabulary is there and the user set nothing.
-    if "TIKTOKEN_CACHE_DIR" not in os.environ and cached_vocab_path(DEFAULT_CACHE_DIR).exists():
-        os.environ["TIKTOKEN_CACHE_DIR"] = str(DEFAULT_CACHE_DIR)
+    """The GPT-2 encoding, fetched into the cache first if it is not there; raises TokenizerUnavailable
+    with the fix when it cannot be had."""
     try:
+        if not cached_vocab_path().exists():
+            print(f"fetching the GPT-2 vocabulary from {vocab_source()} into {cache_dir()}", file=sys.stderr)
+            install_vocab()
+        # tiktoken reads the cached copy (it checks the sha256 again) instead of downloading its own.
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(DEFAULT_CACHE_DIR))
         return tiktoken.get_encoding("r50k_base")
     except Exception as err:  # network errors, hash mismatch, unreadable cache
         raise TokenizerUnavailable(
@@ -71,50 +93,50 @@ def gpt2_encoding() -> tiktoken.Encoding:
 
 
 def install_vocab(source: Path | None = None, directory: Path | None = None) -> Path:
-    """Place the GPT-2 ranks where tiktoken finds them; verified, written atomically."""
-    target = cached_vocab_path(directory)
-    with tempfile.TemporaryDirectory() as tmp:
-        if source is None:
-            source = _extract_from_whisper_sdist(Path(tmp))
+    """Place the GPT-2 ranks where tiktoken finds them, from a file or (None) fetched from vocab_source();
+    verified, written atomically."""
+    if source is None:
+        origin = vocab_source()
+        data = _download(origin)
+    else:
+        origin = str(source)
         data = Path(source).read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != R50K_SHA256:
-            raise TokenizerUnavailable(
-                f"{source} is not the GPT-2 vocabulary: sha256 {digest[:12]}…, expected {R50K_SHA256[:12]}…"
-            )
+    data = _ranks_in(data, origin)
+    target = cached_vocab_path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(target) as f:
         f.write(data)
     return target
 
 
-def _extract_from_whisper_sdist(workdir: Path) -> Path:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "openai-whisper",
-        "-d",
-        str(workdir),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    sdists = list(workdir.glob("openai*whisper-*.tar.gz"))
-    if proc.returncode != 0 or not sdists:
-        raise TokenizerUnavailable(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}. {_how_to_provide()}")
-    with tarfile.open(sdists[0]) as tar:
-        member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
-        if member is None:
-            raise TokenizerUnavailable(f"{sdists[0].name} holds no whisper/assets/gpt2.tiktoken")
-        extracted = tar.extractfile(member)
-        if extracted is None:  # a link or a directory under the vocabulary's name
-            raise TokenizerUnavailable(f"{sdists[0].name}: {member.name} is not a regular file")
-        out = workdir / "gpt2.tiktoken"
-        out.write_bytes(extracted.read())
-    return out
+def _download(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
+            return response.read()
+    except (OSError, ValueError) as err:  # URLError is an OSError; ValueError: not a URL
+        raise TokenizerUnavailable(f"could not fetch {url}: {err}") from err
+
+
+def _ranks_in(data: bytes, origin: str) -> bytes:
+    """The GPT-2 ranks: data itself, or the WHISPER_MEMBER inside a source distribution."""
+    if hashlib.sha256(data).hexdigest() != R50K_SHA256:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = next((m for m in tar.getmembers() if m.name.endswith(WHISPER_MEMBER)), None)
+                if member is None:
+                    raise TokenizerUnavailable(f"{origin} holds no {WHISPER_MEMBER}")
+                extracted = tar.extractfile(member)
+                if extracted is None:  # a link or a directory under the vocabulary's name
+                    raise TokenizerUnavailable(f"{origin}: {member.name} is not a regular file")
+                data = extracted.read()
+        except tarfile.TarError:
+            pass  # neither the ranks nor an archive: refused below, by its digest
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != R50K_SHA256:
+        raise TokenizerUnavailable(
+            f"{origin} is not the GPT-2 vocabulary: sha256 {digest[:12]}…, expected {R50K_SHA256[:12]}…"
+        )
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     install = sub.add_parser("install", help="place the GPT-2 vocabulary where tiktoken finds it")
-    install.add_argument("--from", dest="source", type=Path, help="an existing gpt2.tiktoken / r50k_base.tiktoken")
+    install.add_argument(
+        "--from", dest="source", type=Path, help="an existing gpt2.tiktoken / r50k_base.tiktoken (or the whisper sdist)"
+    )
     install.add_argument("--cache-dir", type=Path, help="default: $TIKTOKEN_CACHE_DIR or ~/.cache/nanocluster/tiktoken")
     args = parser.parse_args(argv)
     try:

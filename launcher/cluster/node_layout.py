@@ -22,7 +22,8 @@ from model.conventions import DEFAULT_MASTER_PORT
 
 LAUNCHER_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = LAUNCHER_DIR.parent
-"""This checkout: model/ is synced from here, and the local cluster runs it in place."""
+"""This checkout, or site-packages/nanocluster in an installed wheel (setup.py): it holds model/ and
+node/; model/ is synced from here, and the local cluster runs it in place."""
 QUICKSTART_CONFIG = LAUNCHER_DIR / "quickstart.yaml"
 REMOTE_ROOT = '"$HOME"/nanocluster'
 """A remote node's nanocluster directory, as a shell word."""

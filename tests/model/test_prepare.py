@@ -264,6 +264,7 @@ def test_missing_vocabulary_gives_the_tokenizer_fix_and_writes_nothing(tmp_path)
     env = dict(
         os.environ,
         TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"),
+        NANOCLUSTER_GPT2_VOCAB_URL=(tmp_path / "absent.tiktoken").as_uri(),
         PYTHONPATH=str(REPO),
         HTTPS_PROXY="http://127.0.0.1:9",
         HTTP_PROXY="http://127.0.0.1:9",
@@ -279,7 +280,7 @@ def test_missing_vocabulary_gives_the_tokenizer_fix_and_writes_nothing(tmp_path)
     )
     assert proc.returncode == 1
     assert "could not load the GPT-2 BPE vocabulary" in proc.stderr
-    assert "python -m model.tokenizer install" in proc.stderr
+    assert "set NANOCLUSTER_GPT2_VOCAB_URL to a copy" in proc.stderr
     assert not out.exists() and leftovers(out) == []
 
 

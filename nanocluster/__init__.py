@@ -1,0 +1,34 @@
+"""nanocluster as an installed package: the repository's packages under this one name.
+
+A wheel puts model/, launcher/, infra/ and node/ in site-packages/nanocluster/ (setup.py), not at the
+top of site-packages, where a distribution of the user's named `model` or `launcher` would overwrite
+them, or be shadowed by them. The code imports itself by its own names (`from model.gpt import GPT`),
+as the nodes run it (`python -m model.train` with the synced model/ on PYTHONPATH), so the
+`nanocluster` command puts the directory that holds them first on its own sys.path. Only that process
+and the ranks it starts (on PYTHONPATH) see them there; every other Python in the environment keeps
+the user's `model`.
+
+In a checkout (an editable install, or `fab`) that directory is the repository's root.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def packages_root() -> Path:
+    """The directory holding launcher/ and model/: this one in a wheel, the repository's root in a checkout."""
+    return HERE if (HERE / "launcher").is_dir() else HERE.parent
+
+
+def main() -> None:
+    """The `nanocluster` console command: launcher.cli's program over the packages beside this file."""
+    root = str(packages_root())
+    if sys.path[:1] != [root]:
+        sys.path.insert(0, root)
+    from launcher.cli import main as run_program
+
+    run_program()
