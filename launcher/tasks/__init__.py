@@ -22,6 +22,9 @@ from launcher.tasks.commands import (
     fetch,
     logs,
     prepare_data,
+    prune,
+    rm,
+    runs,
     sample,
     setup,
     status,
@@ -29,6 +32,6 @@ from launcher.tasks.commands import (
     train,
 )
 
-namespace = Collection(setup, prepare_data, train, status, logs, sample, fetch, stop, doctor, cost)
+namespace = Collection(setup, prepare_data, train, status, logs, sample, fetch, stop, runs, rm, prune, doctor, cost)
 
 __all__ = ["TaskError", "namespace"]

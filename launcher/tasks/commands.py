@@ -10,6 +10,8 @@ through the driver of the cluster's kind (launcher.tasks.drivers) where the kind
     stop           stop a run's ranks everywhere (launcher.launch.units)
     sample, fetch  text from the run's best checkpoint; the checkpoint copied here (launcher.checkpoints);
                    the sampling defaults are model.conventions', which `python -m model.sample` shares
+    runs, rm       every run on the cluster and here; delete one, or every ended one (prune)
+    prune          (launcher.run_files, with the kind's part: launcher.machine_runs or launcher.kube.run_dirs)
     doctor         the preflight checks (launcher.doctor)
     cost           the ledger of this machine's run records (launcher.runs.cost); needs no node
 """
@@ -286,6 +288,51 @@ def sample(
 def fetch(c: Context, cluster: str | None = None, run: str = "main", dest: str | None = None) -> None:
     """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
     driver(cluster).fetch(cluster, run=run, dest=dest)
+
+
+@fab_task(help={"cluster": CLUSTER_HELP})
+def runs(c: Context, cluster: str | None = None) -> int:
+    """Every run on the cluster and in this machine's record: state, iteration, loss, cost, disk used
+    on the nodes (or volume) and here."""
+    return driver(cluster).runs(cluster)
+
+
+FETCHED_HELP = (
+    "also delete the copy `fetch` made here (clusters/<cluster>/fetched/<run> in the nanocluster home); kept by default"
+)
+
+
+@fab_task(
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": "the run to delete (required; also as the one argument)",
+        "fetched": FETCHED_HELP,
+    }
+)
+def rm(c: Context, run: str, cluster: str | None = None, fetched: bool = False) -> int:
+    """Delete a run: its directory on every node (or the volume) and its record here; refused while it runs."""
+    return driver(cluster).rm(cluster, run, fetched=fetched)
+
+
+@fab_task(
+    numbers={"older_than": float},
+    help={
+        "cluster": CLUSTER_HELP,
+        "older_than": "only runs with nothing new for more than this many days (default: every ended run)",
+        "fetched": FETCHED_HELP,
+        "dry_run": "list what would be deleted and the space it would free; delete nothing",
+    },
+)
+def prune(
+    c: Context,
+    cluster: str | None = None,
+    older_than: float | None = None,
+    fetched: bool = False,
+    dry_run: bool = False,
+) -> int:
+    """Delete every run that has ended (finished, failed, stopped, interrupted), as rm does; lists each
+    with the space freed."""
+    return driver(cluster).prune(cluster, older_than_days=older_than, fetched=fetched, dry_run=dry_run)
 
 
 PORT = text_default(DEFAULT_MASTER_PORT)

@@ -10,6 +10,7 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
                  kubeconfig:PATH[#CONTEXT] (launcher.kube)
 
 `fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind.
+`fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
 
@@ -23,6 +24,7 @@ import launcher.checkpoints
 import launcher.doctor
 import launcher.launch.status
 import launcher.launch.units
+import launcher.machine_runs
 import launcher.setup.data
 import launcher.setup.nodes
 import launcher.train
@@ -91,6 +93,14 @@ class Driver(Protocol):
         self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...
     ) -> int: ...
 
+    def runs(self, cluster_spec: str | None) -> int: ...
+
+    def rm(self, cluster_spec: str | None, run: str, fetched: bool = ...) -> int: ...
+
+    def prune(
+        self, cluster_spec: str | None, older_than_days: float | None = ..., fetched: bool = ..., dry_run: bool = ...
+    ) -> int: ...
+
 
 class MachinesDriver:
     """Nodes over SSH."""
@@ -105,6 +115,9 @@ class MachinesDriver:
     sample = staticmethod(launcher.checkpoints.sample)
     fetch = staticmethod(launcher.checkpoints.fetch)
     doctor = staticmethod(launcher.doctor.doctor)
+    runs = staticmethod(launcher.machine_runs.runs)
+    rm = staticmethod(launcher.machine_runs.rm)
+    prune = staticmethod(launcher.machine_runs.prune)
 
 
 MACHINES_DRIVER: Driver = MachinesDriver()
@@ -113,6 +126,7 @@ MACHINES_DRIVER: Driver = MachinesDriver()
 def kubernetes_driver() -> Driver:
     """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
     task on VMs does not pay."""
+    import launcher.kube.run_dirs as kube_runs
     import launcher.kube.tasks as kube
     import launcher.kube.train as kube_train
 
@@ -129,6 +143,9 @@ def kubernetes_driver() -> Driver:
         sample = staticmethod(kube.sample)
         fetch = staticmethod(kube.fetch)
         doctor = staticmethod(kube.doctor)
+        runs = staticmethod(kube_runs.runs)
+        rm = staticmethod(kube_runs.rm)
+        prune = staticmethod(kube_runs.prune)
 
     return KubernetesDriver()
 

@@ -1,0 +1,129 @@
+"""What a Kubernetes cluster supplies to `runs`, `rm` and `prune` (launcher.run_files): the run
+directories on the shared claim, listed and deleted by a helper Job whose log is the answer (as
+`sample` and `doctor` read theirs), and whether a run is alive from its objects: a run's training Job
+carries its run label and no helper role (launcher.kube.objects.labels)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from launcher.cluster.inventory import Cluster
+from launcher.console import TaskError
+from launcher.kube import volume
+from launcher.kube.api import Api, calling, labels_of, name_of
+from launcher.kube.connect import open_cluster
+from launcher.kube.jobs import access_of, run_helper
+from launcher.kube.objects import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
+from launcher.run_files import StoredRun
+from launcher.run_files import prune as prune_runs
+from launcher.run_files import rm as rm_run
+from launcher.run_files import runs as list_runs
+
+RUNS_DIR = f"{MOUNT_PATH}/runs"
+
+
+def list_script() -> str:
+    """One line per run directory on the claim: `@run NAME KB NEWEST`."""
+    return (
+        f"cd {RUNS_DIR} 2>/dev/null || exit 0; "
+        'for r in *; do [ -d "$r" ] || continue; '
+        'kb=$(du -sk -- "$r" 2>/dev/null | cut -f1); '
+        "t=$(find \"$r\" -printf '%T@\\n' 2>/dev/null | sort -n | tail -n 1); "
+        'echo "@run $r ${kb:-0} ${t:-0}"; done'
+    )
+
+
+def delete_script(runs: Sequence[str]) -> str:
+    """`@deleted NAME` once a run's directory is gone from the claim, else `@failed NAME WHY`."""
+    names = " ".join(shlex.quote(r) for r in runs)
+    return (
+        f'cd {RUNS_DIR} 2>/dev/null || {{ for r in {names}; do echo "@deleted $r"; done; exit 0; }}; '
+        f'for r in {names}; do err=$(rm -rf -- "$r" 2>&1); '
+        'if [ -e "$r" ]; then echo "@failed $r $(printf \'%s\\n\' "$err" | head -n 1)"; '
+        'else echo "@deleted $r"; fi; done'
+    )
+
+
+class ClaimRuns:
+    """The run directories on a Kubernetes cluster's shared claim (the RunStore of Kubernetes)."""
+
+    def __init__(self, api: Api, cluster: Cluster):
+        self.api, self.cluster = api, cluster
+        self.claim = access_of(cluster).storage_claim
+        self.where = f"on claim {self.claim}"
+        self.unreachable: tuple[str, ...] = ()
+        """The claim is reached through the API server, which connect() checked."""
+
+    @classmethod
+    def open(cls, cluster_spec: str | None) -> ClaimRuns:
+        api, cluster = open_cluster(cluster_spec)
+        return cls(api, cluster)
+
+    def live(self) -> dict[str, list[str]]:
+        """The training Jobs of each run that has one (helper Jobs carry a role and are not a run)."""
+        with calling("listing the runs' Jobs"):
+            jobs = self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items
+        found: dict[str, list[str]] = {}
+        for job in jobs:
+            labels = labels_of(job)
+            if labels.get(LABEL_RUN) and volume.LABEL_ROLE not in labels:
+                found.setdefault(labels[LABEL_RUN], []).append(f"Job {name_of(job)}")
+        return found
+
+    def helper_lines(self, action: str, script: str, what: str) -> list[str]:
+        lines: list[str] = []
+        job = volume.helper_job(job_name(action, "runs"), access_of(self.cluster), action, script)
+        run_helper(self.api, job, what, on_line=lines.append)
+        return lines
+
+    def stored(self) -> dict[str, StoredRun]:
+        live = self.live()
+        found = {}
+        for line in self.helper_lines("list", list_script(), f"listing the runs on claim {self.claim}"):
+            words = line.split()
+            if len(words) != 4 or words[0] != "@run":
+                continue
+            run, kb, newest = words[1:]
+            found[run] = StoredRun(
+                bytes=int(kb) * 1024 if kb.isdigit() else 0,
+                places=(f"claim {self.claim}",),
+                running_on=tuple(live.get(run, ())),
+                modified=float(newest) if newest.replace(".", "", 1).isdigit() else 0.0,
+            )
+        for run, jobs in live.items():  # a Job whose files are not staged yet
+            found.setdefault(run, StoredRun(bytes=0, places=(), running_on=tuple(jobs)))
+        return found
+
+    def delete(self, runs: Sequence[str]) -> dict[str, str]:
+        live = self.live()  # again: a run may have started since the listing
+        failures = {run: f"{', '.join(live[run])} is running" for run in runs if run in live}
+        rest = [run for run in runs if run not in live]
+        if not rest:
+            return failures
+        try:
+            lines = self.helper_lines("rm", delete_script(rest), f"deleting runs on claim {self.claim}")
+        except TaskError as e:
+            return failures | dict.fromkeys(rest, f"claim {self.claim}: {e}")
+        deleted = {line.split()[1] for line in lines if line.startswith("@deleted ")}
+        for words in (line.split() for line in lines):
+            if len(words) >= 2 and words[0] == "@failed":
+                failures[words[1]] = f"claim {self.claim}: {' '.join(words[2:]) or 'not deleted'}"
+        return failures | {r: f"claim {self.claim}: no answer for it" for r in rest if r not in deleted | set(failures)}
+
+    def close(self) -> None:
+        """The client holds no connection to release."""
+
+
+def runs(cluster_spec: str | None) -> int:
+    return list_runs(ClaimRuns.open, cluster_spec)
+
+
+def rm(cluster_spec: str | None, run: str, fetched: bool = False) -> int:
+    return rm_run(ClaimRuns.open, cluster_spec, run, fetched=fetched)
+
+
+def prune(
+    cluster_spec: str | None, older_than_days: float | None = None, fetched: bool = False, dry_run: bool = False
+) -> int:
+    return prune_runs(ClaimRuns.open, cluster_spec, older_than_days=older_than_days, fetched=fetched, dry_run=dry_run)

@@ -1,0 +1,340 @@
+"""Every run's files, on the cluster and on this machine: `runs` lists them, `rm` deletes one, `prune`
+every run that has ended. The same for every kind of cluster; a kind supplies only its RunStore:
+
+    stored    each run directory on its nodes (or shared volume): disk used, where, whether a rank
+              of it is still alive, and what its units' exit records say
+    delete    remove run directories everywhere they are, saying which failed where
+
+(launcher.machine_runs for machines over SSH and the local cluster, launcher.kube.run_dirs for
+Kubernetes.) What this machine keeps of a run is read here: its record (launcher.runs.record: events,
+the metrics copy, the plot) and the copy `fetch` made (launcher.checkpoints.fetched_dir).
+
+A run is deleted everywhere or its record stays: rm and prune refuse while a node does not answer,
+and a run whose directory could not be deleted on some node keeps its record, so the same command
+can be run again. A running run is never deleted. The fetched copy is kept unless --fetched says
+otherwise: the operator asked for it, and it is what is left of a run once its nodes are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rich.table import Table
+
+from launcher.checkpoints import fetched_dir
+from launcher.cluster.inventory import NAME_PATTERN, Cluster, cluster_dir
+from launcher.console import TaskError, check_name, command_line, console, say
+from launcher.launch.monitor import Progress
+from launcher.runs.ledger import NO_END, OUTCOMES, outcome_text, run_rows
+from launcher.runs.record import RunRecord
+
+RUNNING = "running"
+STOPPED = "stopped"
+ENDED = frozenset({*OUTCOMES.values(), STOPPED})
+"""The states `prune` deletes: the run ended (finished, failed, stopped by `stop` or at its budget,
+interrupted). A run with no end recorded whose ranks are not alive (a lost node, a killed launcher)
+is kept: only `rm` with its name deletes it."""
+FETCHED_ONLY = "fetched copy only"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One run's directory as the kind found it, summed over the places that hold it."""
+
+    bytes: int
+    """Disk used, over every node (or the shared volume)."""
+    places: tuple[str, ...]
+    """The nodes holding it (or the claim)."""
+    running_on: tuple[str, ...] = ()
+    """Where a rank of it is alive: the run must be stopped before it is deleted."""
+    state: str = ""
+    """What its units' records say when none is alive (finished, failed, stopped, lost); '' unknown."""
+    modified: float = 0.0
+    """Its newest file's time (Unix seconds)."""
+
+
+class RunStore(Protocol):
+    """What a kind of cluster supplies to `runs`, `rm` and `prune`."""
+
+    cluster: Cluster
+    """The resolved cluster."""
+    where: str
+    """Where its run directories are, as a column title and a message say it ("on the nodes")."""
+    unreachable: tuple[str, ...]
+    """Each place that did not answer, with why: its runs are unknown, so nothing may be deleted."""
+
+    def stored(self) -> dict[str, StoredRun]:
+        """Every run directory found, by run name."""
+        ...
+
+    def delete(self, runs: Sequence[str]) -> dict[str, str]:
+        """Remove these runs' directories everywhere; returns why, per run, where one failed (a run
+        found running by then is one)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+OpenStore = Callable[[str | None], RunStore]
+"""A kind's opener of its RunStore from --cluster's spec."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as `runs` lists it: the cluster's directory and this machine's files."""
+
+    run: str
+    state: str
+    iteration: int | None
+    loss: float | None
+    cost_usd: float | None
+    stored: StoredRun | None
+    record_bytes: int
+    """The run's record here (events, metrics copy, plot)."""
+    fetched_bytes: int
+    """The copy `fetch` made here (0 when none)."""
+    last_active: float
+    """The newest of its record's events and its files' times (Unix seconds)."""
+
+    @property
+    def cluster_bytes(self) -> int:
+        return self.stored.bytes if self.stored else 0
+
+    @property
+    def running(self) -> bool:
+        return bool(self.stored and self.stored.running_on)
+
+
+def disk_bytes(path: Path) -> int:
+    """Disk used under path (as du counts it: allocated blocks); 0 when absent."""
+    if not path.exists():
+        return 0
+    total = path.lstat().st_blocks * 512
+    for parent, dirs, files in os.walk(path):
+        for name in dirs + files:
+            total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+    return total
+
+
+def megabytes(size: int) -> str:
+    """A size as a person reads it: kB below a megabyte, GB from a gigabyte."""
+    if size < 1e6:
+        return f"{size / 1e3:.0f} kB"
+    return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"
+
+
+def state_of(stored: StoredRun | None, record: RunRecord, fetched: bool) -> str:
+    """A live rank says running; else the record's end; else what the units' records say."""
+    if stored and stored.running_on:
+        return RUNNING
+    attempt = record.current
+    if attempt and attempt.end:
+        return outcome_text(attempt.end)
+    if stored and stored.state:
+        return stored.state
+    if attempt:
+        return NO_END
+    if stored:
+        return "never started"
+    return FETCHED_ONLY if fetched else "-"
+
+
+def local_names(cluster: Cluster) -> set[str]:
+    """The runs this machine keeps something of: a record or a fetched copy."""
+    found = set()
+    for kept in ("runs", "fetched"):
+        parent = cluster_dir(cluster) / kept
+        if parent.is_dir():
+            found |= {p.name for p in parent.iterdir() if p.is_dir() and NAME_PATTERN.match(p.name)}
+    return found
+
+
+def run_row(cluster: Cluster, run: str, stored: StoredRun | None) -> RunRow:
+    record = RunRecord.of(cluster, run)
+    fetched = fetched_dir(cluster, run)
+    progress = Progress()
+    for metrics_record in record.metrics():
+        progress.update(metrics_record)
+    costs = [r.cost_usd for r in run_rows(cluster.cluster_name, record) if r.cost_usd is not None]
+    times = [e.get("time", 0.0) for e in record.events] + [stored.modified if stored else 0.0]
+    return RunRow(
+        run=run,
+        state=state_of(stored, record, fetched.exists()),
+        iteration=progress.iter,
+        loss=progress.loss,
+        cost_usd=sum(costs) if costs else None,
+        stored=stored,
+        record_bytes=disk_bytes(record.directory),
+        fetched_bytes=disk_bytes(fetched),
+        last_active=max(times),
+    )
+
+
+def all_rows(store: RunStore) -> list[RunRow]:
+    """Every run on the cluster or on this machine, by name."""
+    stored = store.stored()
+    names = sorted(set(stored) | local_names(store.cluster))
+    return [run_row(store.cluster, name, stored.get(name)) for name in names]
+
+
+def refuse_unreachable(store: RunStore, again: str) -> None:
+    """Nothing is deleted while a place that may hold a run's files does not answer."""
+    if store.unreachable:
+        raise TaskError(f"nothing deleted: {'; '.join(store.unreachable)}; run `{again}` again once it answers")
+
+
+def delete_here(cluster: Cluster, run: str, fetched: bool) -> int:
+    """The run's record (and with fetched its fetched copy) removed from this machine; bytes freed."""
+    freed = 0
+    for path in [RunRecord.of(cluster, run).directory] + ([fetched_dir(cluster, run)] if fetched else []):
+        freed += disk_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+    return freed
+
+
+def delete_rows(store: RunStore, rows: Sequence[RunRow], fetched: bool) -> tuple[dict[str, int], dict[str, str]]:
+    """(bytes freed per run deleted, why per run not deleted): on the cluster first; a run's files
+    here go only once its directory is gone everywhere, so a failed one can be deleted again."""
+    on_cluster = [row.run for row in rows if row.stored]
+    failed = store.delete(on_cluster) if on_cluster else {}
+    freed = {}
+    for row in rows:
+        if row.run not in failed:
+            freed[row.run] = row.cluster_bytes + delete_here(store.cluster, row.run, fetched)
+    return freed, failed
+
+
+def here_text(row: RunRow) -> str:
+    """This machine's share of a run: its record, and the fetched copy in it."""
+    total = row.record_bytes + row.fetched_bytes
+    fetched = f" ({megabytes(row.fetched_bytes)} fetched)" if row.fetched_bytes else ""
+    return f"{megabytes(total)}{fetched}" if total else "-"
+
+
+def rm_line(cluster_spec: str | None, run: str, fetched: bool = False) -> str:
+    """The rm command for a run (its name is the task's one positional argument)."""
+    return f"{command_line('rm', cluster=cluster_spec, fetched=fetched)} {shlex.quote(run)}"
+
+
+def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
+    """`runs`: every run on the cluster and in this machine's record, one row each; 1 when a node
+    did not answer (its runs may be missing)."""
+    store = open_store(cluster_spec)
+    try:
+        rows = all_rows(store)
+    finally:
+        store.close()
+    table = Table(title=f"{store.cluster.cluster_name}: runs")
+    for column in ("run", "state", "iter", "loss", "cost", store.where, "here"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row.run,
+            row.state + (f" on {', '.join(row.stored.running_on)}" if row.stored and row.stored.running_on else ""),
+            "-" if row.iteration is None else str(row.iteration),
+            "-" if row.loss is None else f"{row.loss:.4f}",
+            "-" if row.cost_usd is None else f"${row.cost_usd:.2f}",
+            megabytes(row.cluster_bytes) if row.stored else "-",
+            here_text(row),
+        )
+    console.print(table)
+    on_cluster = sum(row.cluster_bytes for row in rows)
+    here = sum(row.record_bytes + row.fetched_bytes for row in rows)
+    say(
+        f"{len(rows)} run(s): {megabytes(on_cluster)} {store.where}, {megabytes(here)} here; delete one with "
+        f"`{command_line('rm', cluster=cluster_spec)} RUN`, every ended one with "
+        f"`{command_line('prune', cluster=cluster_spec)}`"
+    )
+    for why in store.unreachable:
+        say(f"not listed: {why}")
+    return 1 if store.unreachable else 0
+
+
+def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool = False) -> int:
+    """`rm RUN`: the run's directory on every node (or the volume) and its record here; its fetched
+    copy too with fetched. Refused while it runs or while a node does not answer."""
+    check_name(run, "run")
+    again = rm_line(cluster_spec, run, fetched)
+    store = open_store(cluster_spec)
+    try:
+        refuse_unreachable(store, again)
+        row = run_row(store.cluster, run, store.stored().get(run))
+        if row.stored is None and not row.record_bytes and not (fetched and row.fetched_bytes):
+            listed = command_line("runs", cluster=cluster_spec)
+            if row.fetched_bytes:
+                raise TaskError(
+                    f"run {run} has only its fetched copy left, {fetched_dir(store.cluster, run)}: "
+                    f"`{rm_line(cluster_spec, run, True)}` deletes it"
+                )
+            raise TaskError(f"no run {run!r} {store.where} or in this machine's record (`{listed}` lists them)")
+        if row.running:
+            assert row.stored is not None
+            stop = command_line("stop", cluster=cluster_spec, run=run)
+            raise TaskError(f"run {run} is running on {', '.join(row.stored.running_on)}: stop it first with `{stop}`")
+        freed, failed = delete_rows(store, [row], fetched)
+    finally:
+        store.close()
+    if failed:
+        raise TaskError(f"run {run} not deleted: {failed[run]}; its record is kept: run `{again}` again")
+    places = f" on {', '.join(row.stored.places)}" if row.stored else ""
+    kept = (
+        f"; kept its fetched copy {fetched_dir(store.cluster, run)} "
+        f"({megabytes(row.fetched_bytes)}; --fetched deletes it)"
+        if row.fetched_bytes and not fetched
+        else ""
+    )
+    say(f"deleted run {run}{places} and its record here: freed {megabytes(freed[run])}{kept}")
+    return 0
+
+
+def prune(
+    open_store: OpenStore,
+    cluster_spec: str | None,
+    older_than_days: float | None = None,
+    fetched: bool = False,
+    dry_run: bool = False,
+) -> int:
+    """`prune`: every run that has ended (ENDED), or only those idle for more than older_than_days,
+    deleted as rm deletes one; each listed with the space it freed, then the total. 1 when a run
+    could not be deleted."""
+    again = command_line("prune", cluster=cluster_spec, older_than=older_than_days, fetched=fetched)
+    cutoff = None if older_than_days is None else time.time() - older_than_days * 86400
+    store = open_store(cluster_spec)
+    try:
+        refuse_unreachable(store, again)
+        rows = all_rows(store)
+        chosen = [r for r in rows if r.state in ENDED and (cutoff is None or r.last_active < cutoff)]
+        if dry_run:
+            for row in chosen:
+                say(f"would delete run {row.run} ({row.state}): {megabytes(row_bytes(row, fetched))}")
+            say(f"would free {megabytes(sum(row_bytes(r, fetched) for r in chosen))}; nothing deleted (--dry-run)")
+            return 0
+        freed, failed = delete_rows(store, chosen, fetched) if chosen else ({}, {})
+    finally:
+        store.close()
+    for row in chosen:
+        if row.run in freed:
+            say(f"deleted run {row.run} ({row.state}): freed {megabytes(freed[row.run])}")
+    for run, why in failed.items():
+        say(f"not deleted: run {run}: {why}; its record is kept")
+    kept = [f"{r.run} ({r.state})" for r in rows if r not in chosen and r.state != FETCHED_ONLY]
+    say(
+        f"pruned {len(freed)} run(s), freed {megabytes(sum(freed.values()))}"
+        + (f"; kept {', '.join(kept)}" if kept else "")
+        + (f"; run `{again}` again for the rest" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+def row_bytes(row: RunRow, fetched: bool) -> int:
+    """What deleting the run frees."""
+    return row.cluster_bytes + row.record_bytes + (row.fetched_bytes if fetched else 0)
