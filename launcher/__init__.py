@@ -5,8 +5,10 @@ the ones below it):
     cli.py          the `nanocluster` console command over tasks/
     tasks/          every task's flags and help (commands), the driver of each cluster kind (drivers)
     train.py        `fab train` on machines over SSH: what that kind supplies to the run lifecycle
+    machine_runs.py `fab runs`, `rm`, `prune` on machines: each node's run directories (its RunStore)
     kube/           every task on a Kubernetes cluster through the official client
     lifecycle.py    one run's lifecycle for every kind: checks, budget, record, restart loop, the end
+    run_files.py    every run's files on the cluster and here, for every kind: `runs`, `rm`, `prune`
     recover/        which failures are retried (policy), OOM kills, lost nodes waited for and revived
     launch/         plan, rendered files, units (start, identity, stop), monitor, status and logs
     checkpoints.py  `fab sample` and `fab fetch`: what a run produced

@@ -9,6 +9,7 @@
     watch      a run's pods: [rank R host] logs, progress, fail-fast, the pending timeout
     train      `fab train`: budget, record, and restarts with launcher.recover's policy
     tasks      setup, prepare-data, status, logs, stop, sample, fetch, doctor
+    run_dirs   `fab runs`, `rm`, `prune`: the run directories on the claim (its RunStore), live by their Job
 
 The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.inventory, which
 builds the Cluster); launcher/tasks/drivers.py sends a task here when the cluster's kind is kubernetes.

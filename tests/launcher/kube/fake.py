@@ -9,6 +9,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import kmock
@@ -49,6 +50,8 @@ class Script:
     """rank -> the lines its log holds."""
     run_ticks: int = 6
     """Controller ticks a pod runs before it ends."""
+    helpers: dict[str, Callable[[str], list[str]]] = field(default_factory=dict)
+    """A helper Job's role -> its pod's log from its `sh -c` script (default: one line, "helper ran")."""
 
 
 class FakeKube:
@@ -242,7 +245,12 @@ class FakeKube:
                 | ({"nodeName": f"node-{index}"} if placed else {}),
             },
         )
-        lines = self.script.log.get(index, []) if indexed else ["helper ran"]
+        if indexed:
+            lines = self.script.log.get(index, [])
+        else:
+            role = labels.get("nanocluster.dev/role", "")
+            command = job.spec.template.spec.containers[0].command
+            lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else ["helper ran"]
         self.logs[pod] = "".join(f"{line}\n" for line in lines).encode()
         status = (
             {"phase": "Pending"}
