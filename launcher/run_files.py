@@ -42,6 +42,8 @@ ENDED = frozenset({*OUTCOMES.values(), STOPPED})
 interrupted). A run with no end recorded whose ranks are not alive (a lost node, a killed launcher)
 is kept: only `rm` with its name deletes it."""
 FETCHED_ONLY = "fetched copy only"
+NEVER_STARTED = "never started"
+"""A run directory or record without a launch: its start failed before any rank ran, or a dry run."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def disk_bytes(path: Path) -> int:
     return total
 
 
-def megabytes(size: int) -> str:
+def size_text(size: int) -> str:
     """A size as a person reads it: kB below a megabyte, GB from a gigabyte."""
     if size < 1e6:
         return f"{size / 1e3:.0f} kB"
@@ -143,9 +145,7 @@ def state_of(stored: StoredRun | None, record: RunRecord, fetched: bool) -> str:
         return stored.state
     if attempt:
         return NO_END
-    if stored:
-        return "never started"
-    return FETCHED_ONLY if fetched else "-"
+    return FETCHED_ONLY if fetched and not stored else NEVER_STARTED
 
 
 def local_names(cluster: Cluster) -> set[str]:
@@ -197,7 +197,12 @@ def delete_here(cluster: Cluster, run: str, fetched: bool) -> int:
     freed = 0
     for path in [RunRecord.of(cluster, run).directory] + ([fetched_dir(cluster, run)] if fetched else []):
         freed += disk_bytes(path)
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise TaskError(f"run {run} deleted on the cluster, but not {path} here: {e.strerror}") from None
     return freed
 
 
@@ -216,8 +221,8 @@ def delete_rows(store: RunStore, rows: Sequence[RunRow], fetched: bool) -> tuple
 def here_text(row: RunRow) -> str:
     """This machine's share of a run: its record, and the fetched copy in it."""
     total = row.record_bytes + row.fetched_bytes
-    fetched = f" ({megabytes(row.fetched_bytes)} fetched)" if row.fetched_bytes else ""
-    return f"{megabytes(total)}{fetched}" if total else "-"
+    fetched = f" ({size_text(row.fetched_bytes)} fetched)" if row.fetched_bytes else ""
+    return f"{size_text(total)}{fetched}" if total else "-"
 
 
 def rm_line(cluster_spec: str | None, run: str, fetched: bool = False) -> str:
@@ -243,14 +248,14 @@ def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
             "-" if row.iteration is None else str(row.iteration),
             "-" if row.loss is None else f"{row.loss:.4f}",
             "-" if row.cost_usd is None else f"${row.cost_usd:.2f}",
-            megabytes(row.cluster_bytes) if row.stored else "-",
+            size_text(row.cluster_bytes) if row.stored else "-",
             here_text(row),
         )
     console.print(table)
     on_cluster = sum(row.cluster_bytes for row in rows)
     here = sum(row.record_bytes + row.fetched_bytes for row in rows)
     say(
-        f"{len(rows)} run(s): {megabytes(on_cluster)} {store.where}, {megabytes(here)} here; delete one with "
+        f"{len(rows)} run(s): {size_text(on_cluster)} {store.where}, {size_text(here)} here; delete one with "
         f"`{command_line('rm', cluster=cluster_spec)} RUN`, every ended one with "
         f"`{command_line('prune', cluster=cluster_spec)}`"
     )
@@ -288,11 +293,11 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
     places = f" on {', '.join(row.stored.places)}" if row.stored else ""
     kept = (
         f"; kept its fetched copy {fetched_dir(store.cluster, run)} "
-        f"({megabytes(row.fetched_bytes)}; --fetched deletes it)"
+        f"({size_text(row.fetched_bytes)}; --fetched deletes it)"
         if row.fetched_bytes and not fetched
         else ""
     )
-    say(f"deleted run {run}{places} and its record here: freed {megabytes(freed[run])}{kept}")
+    say(f"deleted run {run}{places} and its record here: freed {size_text(freed[run])}{kept}")
     return 0
 
 
@@ -315,20 +320,20 @@ def prune(
         chosen = [r for r in rows if r.state in ENDED and (cutoff is None or r.last_active < cutoff)]
         if dry_run:
             for row in chosen:
-                say(f"would delete run {row.run} ({row.state}): {megabytes(row_bytes(row, fetched))}")
-            say(f"would free {megabytes(sum(row_bytes(r, fetched) for r in chosen))}; nothing deleted (--dry-run)")
+                say(f"would delete run {row.run} ({row.state}): {size_text(row_bytes(row, fetched))}")
+            say(f"would free {size_text(sum(row_bytes(r, fetched) for r in chosen))}; nothing deleted (--dry-run)")
             return 0
         freed, failed = delete_rows(store, chosen, fetched) if chosen else ({}, {})
     finally:
         store.close()
     for row in chosen:
         if row.run in freed:
-            say(f"deleted run {row.run} ({row.state}): freed {megabytes(freed[row.run])}")
+            say(f"deleted run {row.run} ({row.state}): freed {size_text(freed[row.run])}")
     for run, why in failed.items():
         say(f"not deleted: run {run}: {why}; its record is kept")
     kept = [f"{r.run} ({r.state})" for r in rows if r not in chosen and r.state != FETCHED_ONLY]
     say(
-        f"pruned {len(freed)} run(s), freed {megabytes(sum(freed.values()))}"
+        f"pruned {len(freed)} run(s), freed {size_text(sum(freed.values()))}"
         + (f"; kept {', '.join(kept)}" if kept else "")
         + (f"; run `{again}` again for the rest" if failed else "")
     )

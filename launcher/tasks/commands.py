@@ -305,7 +305,7 @@ FETCHED_HELP = (
 @fab_task(
     help={
         "cluster": CLUSTER_HELP,
-        "run": "the run to delete (required; also as the one argument)",
+        "run": "the run to delete, required: `rm NAME` or `rm --run NAME`",
         "fetched": FETCHED_HELP,
     }
 )

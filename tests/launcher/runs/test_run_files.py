@@ -16,7 +16,7 @@ from launcher.checkpoints import fetched_dir
 from launcher.cluster.inventory import local_cluster, parse_contract
 from launcher.console import command_line, console
 from launcher.launch.units import start_command, stop_command
-from launcher.run_files import disk_bytes, megabytes
+from launcher.run_files import disk_bytes, size_text
 from launcher.runs.record import RunRecord
 from launcher.transport import NodeError, connect, payload
 from launcher.transport.shell import LocalShell
@@ -138,7 +138,7 @@ def test_rm_deletes_the_run_and_its_record_says_the_space_freed_and_keeps_the_fe
     ran = task("rm", "done")
     assert ran.code == 0, ran.err
     assert not directory.exists() and not record_dir.exists()
-    assert f"deleted run done on local0 and its record here: freed {megabytes(freed)}; kept its fetched copy" in ran.out
+    assert f"deleted run done on local0 and its record here: freed {size_text(freed)}; kept its fetched copy" in ran.out
     assert fetched.is_dir()
     assert rows(task("runs").out)["done"][0] == "fetched copy only"
     ran = task("rm", "done")
@@ -173,6 +173,17 @@ def test_prune_deletes_only_the_runs_that_ended(three_runs, local_home, task):
     assert "pruned 2 run(s), freed " in ran.out and "kept live (running), lost (no end recorded)" in ran.out
     assert not RunRecord.of(cluster, "done").directory.exists()
     assert RunRecord.of(cluster, "live").directory.exists()
+
+
+def test_a_run_stopped_on_its_nodes_is_stopped_and_pruned(local, local_home, task):
+    cluster, shell, _ = local
+    make_run(shell, "halted", {"rank0": "sleep 60\n"})
+    record(cluster, "halted", None)  # its launcher gone before recording an end
+    shell.check(stop_command(shell.root, "halted"), "stopping", timeout=60)
+    assert rows(task("runs").out)["halted"][0] == "stopped"
+    ran = task("prune")
+    assert ran.code == 0, ran.err
+    assert "deleted run halted (stopped)" in ran.out and not (local_home / "runs" / "halted").exists()
 
 
 def test_prune_older_than_keeps_recent_runs(local, task):
