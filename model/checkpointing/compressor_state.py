@@ -118,5 +118,5 @@ def restore(
             )
         else:
             plain_steps = state.start_iter - state.iteration
-            log.warning("PowerSGD starts afresh with %d steps of plain all-reduce: %s", plain_steps, first)
+            log.warning("PowerSGD starts afresh (plain all-reduce for %d more steps): %s", plain_steps, first)
     return first is None
