@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from model.checkpointing import compressor_state
 from model.checkpointing.checkpoint import CheckpointError
 from model.checkpointing.snapshot_writer import SnapshotWriter, capture
 from model.checkpointing.start import read_start_state, restore_rng, rng_state
@@ -118,6 +119,7 @@ class Trainer:
             self.scaler.load_state_dict(start.grad_scaler)
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
         self.start_iter = start.iter_num if start.resumed_from else None
+        self.start_compressor = start.compressor  # restored once DDP's buckets are in place (train())
 
         self.optimizer = zero.build_optimizer(self.raw_model, cfg, env.world_size)
         optimizer_state: Any = payload.pop("optimizer", None) if payload else None  # rank 0's, resuming
@@ -147,6 +149,7 @@ class Trainer:
             self.peak_flops = measure_matmul_peak(self.dtype)
             peak_source = f"measured matmul peak, {torch.get_num_threads()} threads"
         self.ddp = None
+        self.gradient_hook: comm_hooks.GradientHook | None = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
         self.timing_mark: tuple[float, int] | None = None  # GPU: (clock after a sync, iteration) for log steps
         if env.world_size > 1:
@@ -157,12 +160,13 @@ class Trainer:
                 bucket_cap_mb=cfg.ddp_bucket_cap_mb,
                 gradient_as_bucket_view=True,
             )
-            comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=self.step_timer.wrap)
+            self.gradient_hook = comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=self.step_timer.wrap)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
         self.tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size
         self.metrics = MetricsLog(self.out_dir)
         self.snapshot_writer = SnapshotWriter()  # rank 0 writes snapshots in the background
         self.snapshot_copy: dict[str, Any] | None = None  # rank 0: the state copy it writes, reused
+        self.compressor_copy: dict[str, Any] | None = None  # every rank: its PowerSGD state's copy, reused
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
@@ -345,24 +349,48 @@ class Trainer:
         """Snapshot (weights, optimizer, every rank's RNG) the last completed optimizer step, and
         with also_checkpoint write ckpt.pt (weights only) of it too. A collective: every rank calls
         it at the same step. Rank 0 copies the state in memory and writes snapshot.pt then ckpt.pt
-        in the background (model.checkpointing.snapshot_writer), waiting first for any previous write."""
+        in the background (model.checkpointing.snapshot_writer), waiting first for any previous write.
+        With PowerSGD every rank also writes its hook's state beside it (model.checkpointing.compressor_state)."""
         self.settle_guard()
-        rng = gather_on_rank0(rng_state(self.device), self.env.world_size)
-        if self.is_rank0:
-            self.snapshot_writer.wait()  # never two copies of the state in memory at once
+        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        tag = compressor_state.new_tag() if powersgd is not None else None
+        gathered = gather_on_rank0((rng_state(self.device), tag), self.env.world_size)
+        self.snapshot_writer.wait()  # never two copies of the state in memory at once
+        writes = []
+        if powersgd is not None:
+            assert tag is not None
+            self.compressor_copy = capture(powersgd.state_dict(), reuse=self.compressor_copy)
+            side = compressor_state.side_payload(self.compressor_copy, tag, self.cfg, self.env.world_size)
+            writes.append((side, compressor_state.side_file(self.out_dir, self.env.rank, self.env.world_size)))
         optimizer_state = zero.optimizer_state_on_rank0(self.optimizer, self.is_rank0)
         if self.is_rank0:
+            assert gathered is not None
             state = dict(payload=self.checkpoint_payload(), optimizer=optimizer_state)
             self.snapshot_copy = state = capture(state, reuse=self.snapshot_copy)
             zero.release_consolidated(self.optimizer)
             payload = state["payload"]
-            snapshot = payload | dict(optimizer=state["optimizer"], rng=rng)
+            snapshot = payload | dict(optimizer=state["optimizer"], rng=[rng for rng, _ in gathered])
             if self.scaler is not None:
                 snapshot["grad_scaler"] = self.scaler.state_dict()
-            writes = [(snapshot, self.out_dir / SNAPSHOT_NAME)]
+            if powersgd is not None:
+                snapshot["compressor"] = compressor_state.snapshot_entry([t for _, t in gathered], self.cfg)
+            # The side file last: until snapshot.pt names its tag it pairs with nothing.
+            writes.insert(0, (snapshot, self.out_dir / SNAPSHOT_NAME))
             if also_checkpoint:
-                writes.append((payload, self.out_dir / CKPT_NAME))
+                writes.insert(1, (payload, self.out_dir / CKPT_NAME))
+        if writes:
             self.snapshot_writer.submit(writes)
+
+    def resume_compressor(self) -> None:
+        """On a resume with PowerSGD: its state from the snapshot's side files, or its warm-up afresh
+        with one line saying why. A collective; after the discarded bucket warm-up step, which passes
+        through the hook and must not touch the restored state."""
+        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        if powersgd is None or self.start_iter is None:
+            return
+        compressor_state.restore(
+            powersgd, self.start_compressor, self.cfg, self.env.rank, self.env.world_size, self.device
+        )
 
     def wait_for_snapshot(self) -> None:
         """Return once the last snapshot asked for is on disk (before exiting, or before writing
@@ -458,7 +486,8 @@ class Trainer:
             100 * mfu,
             "" if peak_gb is None else f", peak GPU memory {peak_gb:.2f} GiB",
         )
-        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank, peak_gb)
+        compressed = self.gradient_hook.last_step_compressed() if self.gradient_hook is not None else None
+        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank, peak_gb, compressed)
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -485,6 +514,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
+    trainer.resume_compressor()
     if stop is None and cfg.budget_usd > 0:  # the budget stop travels in the stop agreement
         stop = StopSignal(cfg.stop_grace_s)
     trainer.stop_signal, trainer.budget = stop, budget_watch(cfg, trainer.is_rank0)

@@ -61,7 +61,7 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
             first = list(nodes).index(host.node) * per_node
             check_gpus(cluster, where, report, cfg, heads, first, world, one_host=len(hosts) == 1, shape=shape)
         estimates: list[MemoryEstimate | None] = [
-            estimate_host_memory(cfg, rank0, shape=shape)
+            estimate_host_memory(cfg, rank0, shape=shape, world_size=world, one_host=len(hosts) == 1)
             if gpus
             else estimate_rank_memory(cfg, world, rank0=rank0, one_host=len(hosts) == 1, shape=shape)
             for rank0 in heads

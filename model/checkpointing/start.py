@@ -50,6 +50,8 @@ class StartState:
     """On a resume: the accumulation that keeps the snapshot's global batch on this world size."""
     grad_scaler: dict[str, Any] | None = None
     """The fp16 gradient scaler's state (scale, growth tracker) when the snapshot has one."""
+    compressor: dict[str, Any] | None = None
+    """What the snapshot records of its ranks' PowerSGD side files (model.checkpointing.compressor_state)."""
 
 
 def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
@@ -150,6 +152,7 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
                 str(snapshot),
                 resume_accumulation(cfg, env.world_size, payload),
                 payload.get("grad_scaler"),
+                payload.get("compressor"),
             )
         if cfg.init_from == "scratch":
             return StartState(dataclasses.asdict(scratch_model_config(cfg)))

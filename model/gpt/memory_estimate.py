@@ -10,7 +10,8 @@ per token of a micro-batch (batch_size x block_size), fp32 unless said:
     optimizer    AdamW's two moments 8P; with zero_stage=1 8P / world size (rank 0 gathers all 8P
                  at every snapshot)
     bf16         autocast keeps a bf16 copy of every weight for backward: 2P
-    powersgd     its error feedback: 4P (grad_compression powersgd, or auto across machines)
+    powersgd     its error feedback: 4P (grad_compression powersgd, or auto across machines), and
+                 every rank's in-memory copy of it for the snapshot's side file: 4P
     activations  per token: ACTIVATION_BYTES_PER_LAYER x n_embd x n_layer for the blocks, and the
                  logits of the vocabulary LOGIT_COPIES times over (logits, log-softmax, their
                  gradients) at the start of backward
@@ -122,9 +123,7 @@ def estimate_rank_memory(
     p = parameter_count(n_layer, n_embd, cfg.block_size)
     tokens = cfg.batch_size * cfg.block_size
     sharded = cfg.zero_stage == 1 and world_size > 1
-    powersgd = world_size > 1 and (
-        cfg.grad_compression == "powersgd" or (cfg.grad_compression == "auto" and not one_host)
-    )
+    powersgd = uses_powersgd(cfg, world_size, one_host)
     logits = tokens * 4 * LOGIT_COPIES * VOCAB_SIZE
     if device == "cuda":
         # bf16 or fp16 autocast (auto picks one by the GPU): saved activations in 2 bytes, logits kept fp32.
@@ -149,6 +148,7 @@ def estimate_rank_memory(
         "powersgd": 4.0 * p if powersgd else 0.0,
         "activations": tokens * ACTIVATION_BYTES_PER_LAYER * n_embd * n_layer + logits,
         "snapshot copy": 12.0 * p if rank0 else 0.0,
+        "powersgd copy": 4.0 * p if powersgd else 0.0,
         "compile": COMPILE_GB * GB if cfg.compile else 0.0,
     }
     # A resume's start: rank 0 holds what it read (12P) while the model (4P) and the optimizer's own
@@ -160,9 +160,22 @@ def estimate_rank_memory(
     return MemoryEstimate(parts, p)
 
 
-def estimate_host_memory(cfg: TrainConfig, rank0: bool, shape: tuple[int, int] | None = None) -> MemoryEstimate | None:
+def uses_powersgd(cfg: TrainConfig, world_size: int, one_host: bool) -> bool:
+    """Whether the run's ranks may compress with PowerSGD (auto picks it only across machines)."""
+    return world_size > 1 and (cfg.grad_compression == "powersgd" or (cfg.grad_compression == "auto" and not one_host))
+
+
+def estimate_host_memory(
+    cfg: TrainConfig,
+    rank0: bool,
+    shape: tuple[int, int] | None = None,
+    *,
+    world_size: int = 1,
+    one_host: bool = True,
+) -> MemoryEstimate | None:
     """What a GPU rank keeps in host memory: the runtime with the CUDA libraries, rank 0's snapshot
-    copy of weights and AdamW (12P, also what a resume reads), the compiler; None when the shape is unknown."""
+    copy of weights and AdamW (12P, also what a resume reads), with PowerSGD every rank's copy of its
+    state for the snapshot (4P), the compiler; None when the shape is unknown."""
     shape = shape or shape_of(cfg)
     if shape is None:
         return None
@@ -170,6 +183,7 @@ def estimate_host_memory(cfg: TrainConfig, rank0: bool, shape: tuple[int, int] |
     parts = {
         "runtime": (RUNTIME_GB + CUDA_HOST_GB) * GB,
         "snapshot copy": 12.0 * p if rank0 else 0.0,
+        "powersgd copy": 4.0 * p if uses_powersgd(cfg, world_size, one_host) else 0.0,
         "compile": COMPILE_GB * GB if cfg.compile is not False else 0.0,  # None: on, on a GPU
     }
     return MemoryEstimate(parts, p)

@@ -4,7 +4,8 @@
     {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ..., "eval_s": ...}   (eval_s: with its snapshot copy)
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.monitoring.step_timing)
-     (on a GPU also "peak_memory_gb": torch.cuda.max_memory_allocated of rank 0, in GiB)
+     (on a GPU also "peak_memory_gb": torch.cuda.max_memory_allocated of rank 0, in GiB; with several
+     ranks "compressed": whether the step's gradients crossed compressed, false in PowerSGD's warm-up)
     {"kind": "stop", "iter": 12, "reason": "budget", "spent_usd": ..., "budget_usd": ...}   (model.monitoring.budget)
     {"kind": "stop", "iter": 67, "reason": "signal", "cause": "SIGTERM on this rank"}   (model.monitoring.stop_signal)
     {"kind": "health", "iter": 120, "blocks": {"h.0": {"act_max": ..., ...}, ...}, "largest_growth": ...}
@@ -74,9 +75,11 @@ class MetricsLog:
         mfu: float,
         by_rank: dict[str, list[float]] | None = None,
         peak_memory_gb: float | None = None,
+        compressed: bool | None = None,
     ) -> None:
         """by_rank: every rank's step/compute/wait times (model.monitoring.step_timing.gather_step_times);
-        peak_memory_gb: on a GPU, the most GPU memory rank 0 has allocated so far (torch.cuda.max_memory_allocated)."""
+        peak_memory_gb: on a GPU, the most GPU memory rank 0 has allocated so far (torch.cuda.max_memory_allocated);
+        compressed: with DDP, whether the step's gradients crossed compressed (model.parallel.comm_hooks)."""
         self._append(
             {
                 "kind": "train",
@@ -89,6 +92,7 @@ class MetricsLog:
             }
             | (by_rank or {})
             | ({} if peak_memory_gb is None else {"peak_memory_gb": peak_memory_gb})
+            | ({} if compressed is None else {"compressed": compressed})
         )
 
     def stop(self, iteration: int, reason: str, **fields: Any) -> None:

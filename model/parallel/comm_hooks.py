@@ -18,11 +18,9 @@ hook with the observer the trainer passes. The options (TrainConfig.grad_compres
   would take to cross it against the step's compute (choose_compression;
   docs/training.md#gradient-communication-over-slow-links).
 
-PowerSGD on resume or restart: the hook's state starts afresh (plain all-reduce for
-powersgd_start_iter steps, then zero error feedback and a fresh random P). The error buffers are
-per rank (each rank's own residual) and as large as the gradients, so the snapshot, written by
-rank 0 alone, would have to gather every rank's; they hold only a residual that error feedback
-rebuilds within a few steps, and on a resume with another world size they would mean nothing.
+PowerSGD on resume or restart: its state (each rank's error feedback, the warm-start Qs, how far
+its plain all-reduce warm-up got) is saved beside every snapshot and restored, so a resumed run
+compresses from its first step as the uninterrupted one would (model.checkpointing.compressor_state).
 """
 
 from __future__ import annotations
@@ -161,15 +159,34 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class GradientHook:
+    """The hook a run registered: its compression (auto resolved) and the hook's state."""
+
+    compression: str
+    state: Any
+    """powersgd's PowerSGDState; None for the stateless options."""
+
+    @property
+    def powersgd(self) -> powersgd.PowerSGDState | None:
+        return self.state if isinstance(self.state, powersgd.PowerSGDState) else None
+
+    def last_step_compressed(self) -> bool:
+        """Whether the last step's gradients crossed compressed (PowerSGD: after its warm-up)."""
+        if self.powersgd is not None:
+            return self.powersgd.last_step_compressed
+        return self.compression != "none"
+
+
 def register(
     ddp: DistributedDataParallel,
     cfg: TrainConfig,
     peak_flops: float,
     wrap: Callable[[CommHook], CommHook] | None = None,
-) -> str:
+) -> GradientHook:
     """Register the config's hook on ddp, wrapped by `wrap` (e.g. a timer) when given; returns the
-    compression used (auto resolved). peak_flops: this rank's matmul peak (model.monitoring.mfu), which prices
-    a step's compute for auto. A collective when grad_compression is auto."""
+    compression used (auto resolved) and the hook's state. peak_flops: this rank's matmul peak
+    (model.monitoring.mfu), which prices a step's compute for auto. A collective when grad_compression is auto."""
     compression = cfg.grad_compression
     if compression == "auto" and one_network(dist.get_world_size()):
         compression = "none"
@@ -193,4 +210,4 @@ def register(
         log.info("grad_compression %s", compression)
     state, hook = gradient_hook(cfg, compression)
     ddp.register_comm_hook(state, wrap(hook) if wrap else hook)
-    return compression
+    return GradientHook(compression, state)

@@ -24,13 +24,17 @@ bucket order, and only the decompression runs when the second one completes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from model.parallel.collectives import ddp_hook
+
+log = logging.getLogger("model.parallel.powersgd")
 
 MIN_COMPRESSION_RATE = 2
 """A matrix is compressed only when its factors are at most this fraction of its elements (torch's
@@ -49,8 +53,31 @@ class PowerSGDState:
     seed: int
     """Seeds the first Q of every matrix: the same on every rank."""
     iteration: int = 0
+    """Plain all-reduce steps taken so far (it stops counting at start_iter)."""
     errors: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Per bucket index: this rank's error feedback, laid out as the bucket's buffer."""
     qs: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Per bucket index: the last step's Q of every matrix (the same on every rank), the next warm start."""
+    layouts: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
+    """Per bucket index: the shapes of its gradients, in bucket order, when its buffers were made."""
+    last_step_compressed: bool = False
+    """Whether the last step's gradients crossed as PowerSGD factors (False: plain all-reduce)."""
+    unchecked: set[int] = field(default_factory=set)
+    """Buckets whose restored buffers have not yet been checked against the bucket they meet."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on compressing where this one was (its tensors are live:
+        copy them before the next step changes them)."""
+        return dict(iteration=self.iteration, errors=self.errors, qs=self.qs, layouts=self.layouts)
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        """Go on from a state_dict() of the same run; the buffers are moved to the buckets' device and
+        each is checked against its bucket's layout when the hook first meets it."""
+        self.iteration = state["iteration"]
+        self.errors = {i: t.to(device) for i, t in state["errors"].items()}
+        self.qs = {i: t.to(device) for i, t in state["qs"].items()}
+        self.layouts = {i: [tuple(shape) for shape in shapes] for i, shapes in state["layouts"].items()}
+        self.unchecked = set(self.errors) | set(self.qs)
 
 
 def compressible(shape: torch.Size, rank: int) -> bool:
@@ -94,17 +121,22 @@ def orthonormalise_rows_on_device(rows: torch.Tensor) -> None:
 def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: plain all-reduce for state.start_iter steps, then PowerSGD."""
     if state.iteration < state.start_iter:
+        state.last_step_compressed = False
         if bucket.is_last():
             state.iteration += 1
         # None: the default group, as allreduce_hook reads it; its annotation says ProcessGroup only.
         return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
+    state.last_step_compressed = True
     world = dist.get_world_size()
     buffer = bucket.buffer()
     index = bucket.index()
+    if index in state.unchecked:
+        check_restored(state, index, bucket)
     error = state.errors.get(index)
     if error is None:  # zeros where vectors sit: they are sent exactly and keep no error
         error = state.errors[index] = torch.zeros_like(buffer)
+        state.layouts[index] = [tuple(g.shape) for g in bucket.gradients()]
     else:
         buffer.add_(error)
     # The gradients are views of the bucket's buffer; each matrix's error sits at the same place.
@@ -153,6 +185,24 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
         return buffer
 
     return dist.all_reduce(state.qs[index], async_op=True).get_future().then(decompress)
+
+
+def check_restored(state: PowerSGDState, index: int, bucket: dist.GradBucket) -> None:
+    """Drop a restored bucket's buffers unless its gradients are laid out as when they were saved (a
+    different bucket layout would add each residual to another gradient). Every rank holds the same
+    layouts and meets the same buckets, so every rank decides the same."""
+    state.unchecked.discard(index)
+    shapes = [tuple(g.shape) for g in bucket.gradients()]
+    error = state.errors.get(index)
+    if state.layouts.get(index) == shapes and error is not None and error.numel() == bucket.buffer().numel():
+        return
+    state.errors.pop(index, None)
+    state.qs.pop(index, None)
+    if dist.get_rank() == 0:
+        log.warning(
+            "PowerSGD: bucket %d is laid out differently from the snapshot's; its error feedback starts from zero",
+            index,
+        )
 
 
 def split_rows(flat: torch.Tensor, ranks: list[int], widths: list[int]) -> list[torch.Tensor]:

@@ -163,7 +163,8 @@ class TrainConfig:
     """PowerSGD's matrix approximation rank: bytes sent grow with it, and so does accuracy."""
     powersgd_start_iter: int = 10
     """Optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter; the
-    first steps are the most sensitive to approximate gradients). Counted again from a resume."""
+    first steps are the most sensitive to approximate gradients). A resume goes on from the snapshot's
+    count (model.checkpointing.compressor_state), or counts again when it cannot restore PowerSGD's state."""
     keep_global_batch: bool = False
     """On a resume with a different world size (fewer or more nodes), set gradient_accumulation_steps
     so that batch_size x gradient_accumulation_steps x world size equals the snapshot's global batch

@@ -57,6 +57,16 @@ def test_on_a_gpu_the_estimate_counts_gpu_memory_only():
     assert host is not None and host.parts["snapshot copy"] == 12.0 * p
 
 
+def test_powersgd_counts_its_error_feedback_and_every_ranks_copy_of_it_for_the_snapshot():
+    cfg = load_config(None, ["init_from=scratch", "grad_compression=powersgd"])
+    cpu = estimate_rank_memory(cfg, 2, rank0=False, one_host=True)
+    host = estimate_host_memory(cfg, rank0=False, world_size=2, one_host=True)
+    assert cpu is not None and host is not None
+    assert cpu.parts["powersgd"] == cpu.parts["powersgd copy"] == host.parts["powersgd copy"] == 4.0 * cpu.parameters
+    alone = estimate_host_memory(cfg, rank0=False)  # one process: no DDP, no hook
+    assert alone is not None and alone.parts["powersgd copy"] == 0.0
+
+
 def test_an_unknown_device_is_refused():
     with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'xpu'"):
         estimate_rank_memory(load_config(None, []), 1, rank0=True, one_host=True, device="xpu")
