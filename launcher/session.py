@@ -34,7 +34,8 @@ T = TypeVar("T")
 
 
 def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
-    """--cluster as a validated Cluster (printed: every task says which cluster it uses)."""
+    """--cluster as a validated Cluster (printed: every task says which cluster it uses, the local
+    cluster with `nodes` ranks (--nodes), else its default count)."""
     try:
         cluster = load_cluster(spec, local_nodes=nodes)
     except InventoryError as e:
