@@ -33,11 +33,11 @@ from launcher.transport import NodeError, Shell, connect, connect_reachable, par
 T = TypeVar("T")
 
 
-def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
+def resolve_cluster(spec: str | None, nodes: int | None = None, why: str = "") -> Cluster:
     """--cluster as a validated Cluster (printed: every task says which cluster it uses, the local
-    cluster with `nodes` ranks (--nodes), else its default count)."""
+    cluster with `nodes` ranks (--nodes, or what `why` says), else its default count)."""
     try:
-        cluster = load_cluster(spec, local_nodes=nodes)
+        cluster = load_cluster(spec, local_nodes=nodes, local_why=why)
     except InventoryError as e:
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")

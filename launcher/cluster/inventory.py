@@ -305,12 +305,12 @@ def local_nodes(count: int) -> tuple[Node, ...]:
     return tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(count))
 
 
-def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None) -> Cluster:
-    """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them
-    (--nodes), or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is
-    one GPU's rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused. Without
-    them (a CPU machine) a node is one CPU rank. Its source is the line every task opens with: this
-    machine's cores and memory, the ranks and why that many."""
+def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "") -> Cluster:
+    """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them,
+    or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is one GPU's
+    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused. Without them (a CPU
+    machine) a node is one CPU rank. Its source is the line every task opens with: this machine's
+    cores and memory, the ranks and why that many (`why` a given count: default "from --nodes N")."""
     gpus = gpus or LocalGpus()
     cores = physical_cores()
     default = default_local_ranks(gpus, cores)
@@ -320,7 +320,7 @@ def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None) -> Cl
         counted = f"the default here ({rule})"
     else:
         check_node_count(nodes)
-        counted = f"from --nodes {nodes} (the default here: {default})"
+        counted = f"{why or f'from --nodes {nodes}'} (the default here: {default})"
     if gpus.count and nodes > gpus.count:
         raise InventoryError(
             f"--nodes {nodes} but this machine has {gpus.count} GPU(s) ({gpus.names[0]}, nvidia-smi): the local "
@@ -360,13 +360,15 @@ _read_ahead: dict[PulumiStack, dict] = {}
 """A stack's outputs read to learn its kind (launcher/tasks/drivers.py), kept for the one load that follows."""
 
 
-def load_cluster(spec: str | None, local_nodes: int | None = None, read_ahead: bool = False) -> Cluster:
+def load_cluster(
+    spec: str | None, local_nodes: int | None = None, read_ahead: bool = False, local_why: str = ""
+) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
-    or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks (--nodes), by default
-    default_local_ranks()."""
+    or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks (--nodes, or local_why),
+    by default default_local_ranks()."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
-        return local_cluster(local_nodes, local_gpus())
+        return local_cluster(local_nodes, local_gpus(), local_why)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
         return Cluster(

@@ -11,8 +11,11 @@ pushes it forward.
 
 from __future__ import annotations
 
+import os
+
 from rich.table import Table
 
+from launcher.cluster.inventory import CLUSTER_ENV, local_cluster
 from launcher.console import TaskError, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
@@ -53,9 +56,18 @@ def units_of(shell: Shell, run: str) -> tuple[str, str]:
     return boot.strip() or "-", " ".join(units.split()) or "-"
 
 
+def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
+    """The local cluster has as many nodes as a run asks for: the run's last launch's, so the
+    opening line counts what the run used (None for another cluster, or a run never launched here)."""
+    if (cluster_spec or os.environ.get(CLUSTER_ENV) or "local").strip() != "local":
+        return None
+    attempt = RunRecord.of(local_cluster(1), run).current
+    return len(attempt.launch.get("nodes") or ()) or None if attempt else None
+
+
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """A table of every node (down ones included) and the run's units; 1 when a node is down."""
-    cluster = resolve_cluster(cluster_spec)
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
@@ -124,7 +136,7 @@ def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
 def logs(
     cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
 ) -> None:
-    cluster = resolve_cluster(cluster_spec)
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         launcher, units = read_plan(session, run)
         if rank is not None:
