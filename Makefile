@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (see README.md):
-#   make quickstart   install torch and the launcher extra only, then prepare the builtin corpus and train 3 local ranks
+#   make quickstart   install torch and the launcher extra only, then prepare the builtin corpus and train local ranks
 #   make test         set up (including the apt packages the tests need), then lint and run every test
 PYTHON ?= python3
 VENV := .venv
@@ -61,8 +61,8 @@ system-deps:
 	@test -x /usr/sbin/sshd && command -v ip >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2 >/dev/null)
 
-# The embedded default: the local cluster (3 ranks as processes on this machine; one per GPU on a
-# machine with GPUs, which refuses more ranks than GPUs), builtin corpus,
+# The embedded default: the local cluster (ranks as processes on this machine: one per core, at most 3;
+# one per GPU on a machine with GPUs, which refuses more ranks than GPUs), builtin corpus,
 # launcher/quickstart.yaml (300 steps, a few minutes on 2 cores: README); data and runs in ~/nanocluster.
 # The sample continues an English prompt (the builtin corpus is Python's documentation).
 quickstart: $(VENV)/.installed-local

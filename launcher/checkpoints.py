@@ -11,7 +11,15 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.cluster.node_layout import run_dir
-from launcher.console import HOME_FIX, TaskError, command_line, out_line, say, writable_dir
+from launcher.console import (
+    HOME_FIX,
+    TaskError,
+    can_make_dir,
+    command_line,
+    out_line,
+    removed_on_failure,
+    say,
+)
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.record import RunRecord
 from launcher.session import Session, resolve_cluster
@@ -53,7 +61,7 @@ def sample(
     top_k: int = SAMPLE_TOP_K,
     seed: int = SAMPLE_SEED,
 ) -> None:
-    cluster = resolve_cluster(cluster_spec, 1)
+    cluster = resolve_cluster(cluster_spec)
     with Session.open(cluster, cluster.nodes[:1]) as session:
         ensure_ready(session)
         head, shell, site = session.head, session.shell(session.head), session.site
@@ -90,15 +98,16 @@ def fetched_dir(cluster: Cluster, run: str) -> Path:
 
 def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
     """Copy the run's best checkpoint, metrics and TensorBoard files from the head to this machine
-    (each checked by size), and the run's plot from this machine's run record."""
-    cluster = resolve_cluster(cluster_spec, 1)
+    (each checked by size), and the run's plot from this machine's run record. The directory is made
+    once there is something to copy into it, and removed again when the copy fails."""
+    cluster = resolve_cluster(cluster_spec)
     target_dir = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    writable_dir(
+    can_make_dir(
         target_dir,
         "--dest" if dest else "the fetch directory",
         "give --dest a directory you can write" if dest else HOME_FIX,
     )
-    with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
+    with Session.open(cluster, cluster.nodes[:1], probe=False) as session, removed_on_failure(target_dir):
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run, cluster_spec)
         again = command_line("fetch", cluster=cluster_spec, run=run, dest=dest)

@@ -12,9 +12,13 @@ cluster and run, so it can be pasted as it is.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shlex
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -63,6 +67,47 @@ def check_name(value: str, what: str) -> str:
     if not NAME_PATTERN.match(value):
         raise TaskError(f"{what} {value!r} {NAME_RULE}")
     return value
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """path and its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def can_make_dir(path: Path, what: str, fix: str) -> Path:
+    """path checked to be a writable directory, or one this machine can make, without making it: a
+    command that fails later leaves nothing behind. A TaskError naming what it is, why not, and fix
+    (as writable_dir words it)."""
+    missing = missing_dirs(path)
+    if not missing:
+        if not path.is_dir():
+            raise TaskError(f"{what} {path}: cannot be made ({os.strerror(errno.EEXIST)}); {fix}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise TaskError(f"{what} {path}: not writable; {fix}")
+        return path
+    existing = missing[-1].parent
+    if not existing.is_dir():
+        raise TaskError(f"{what} {path}: cannot be made ({os.strerror(errno.ENOTDIR)}); {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TaskError(f"{what} {path}: cannot be made ({os.strerror(errno.EACCES)}); {fix}")
+    return path
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: Path) -> Iterator[Path]:
+    """A block that makes path (or writes into it): when the block raises, Ctrl-C included, what it
+    made of path and its parents is removed again; what existed before is left as it was."""
+    missing = missing_dirs(path)
+    try:
+        yield path
+    except BaseException:
+        if missing:
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        raise
 
 
 def writable_dir(path: Path, what: str, fix: str) -> Path:

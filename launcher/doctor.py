@@ -63,7 +63,7 @@ def doctor(
     cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT, bandwidth_s: float = SEND_S
 ) -> int:
     """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
-    cluster = resolve_cluster(cluster_spec, 1)  # the local cluster's ranks share one machine: one to check
+    cluster = resolve_cluster(cluster_spec, None)
     problems: list[Problem] = []
     with Session.open(cluster, machines(cluster.nodes), dataset, reachable_only=True) as session:
         for index, error in session.unreachable.items():

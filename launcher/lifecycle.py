@@ -1,7 +1,8 @@
 """One run's lifecycle, the same for every kind of cluster: `fab train` from its checks to its end.
 
-    check     names, flags, the trainer config, already finished (this machine's record only),
-              the budget plan: before any node or API server is contacted
+    check     names, flags, the trainer config, already finished (this machine's record only: the
+              same dataset, up to the same max_iters), the budget plan: before any node or API server
+              is contacted, and nothing is written until the run launches
     open      the kind connects, checks that the run fits, and makes its cluster ready
     attempts  start an attempt, watch it to its end; a failure outside the program restarts it
               (launcher.recover.policy: --max-restarts; an OOM kill or a program error never),
@@ -200,7 +201,7 @@ class Lifecycle:
             say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
         config_text, trainer_cfg = read_trainer_config(config, request.overrides)  # before any node or API
         values = budget.trainer_values(config_text, request.overrides)
-        finished = already_finished(self.record, budget.max_iters_of(values), request.cluster_spec)
+        finished = already_finished(self.record, budget.max_iters_of(values), request.dataset, request.cluster_spec)
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
             return 0
@@ -219,7 +220,9 @@ class Lifecycle:
         if request.dry_run:
             kind.dry_run(prepared)
             return 0
-        self.record.made()  # before anything is contacted: a home this machine cannot write is the operator's
+        # Before anything is contacted: a home this machine cannot write is the operator's. Made with
+        # the launch event, so a run that fails its checks on the nodes leaves no record behind.
+        self.record.can_be_made()
         try:
             kind.open(prepared)
             progress = self.attempts()
@@ -299,6 +302,7 @@ class Lifecycle:
             "launch",
             **launch_fields(self.kind.cluster, started.nodes, started.world_size),
             time=self.clock_start,
+            dataset=self.request.dataset,  # a rerun on another dataset is not "already finished"
             config_fingerprint=self.fingerprint,
             **(self.spend.launch_fields() if self.spend else {}),
         )

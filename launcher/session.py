@@ -33,10 +33,11 @@ from launcher.transport import NodeError, Shell, connect, connect_reachable, par
 T = TypeVar("T")
 
 
-def resolve_cluster(spec: str | None, nodes: int | None = None) -> Cluster:
-    """--cluster as a validated Cluster (printed: every task says which cluster it uses)."""
+def resolve_cluster(spec: str | None, nodes: int | None = None, why: str = "") -> Cluster:
+    """--cluster as a validated Cluster (printed: every task says which cluster it uses, the local
+    cluster with `nodes` ranks (--nodes, or what `why` says), else its default count)."""
     try:
-        cluster = replace(load_cluster(spec, local_nodes=nodes), spec=spec)
+        cluster = replace(load_cluster(spec, local_nodes=nodes, local_why=why), spec=spec)
     except InventoryError as e:
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")

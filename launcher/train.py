@@ -20,7 +20,14 @@ from launcher.console import TaskError, out_line, say
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, NodeFacts
-from launcher.launch.start import launch_facts, make_plan, place_data, print_dry_run, start_units
+from launcher.launch.start import (
+    check_data_on_head,
+    launch_facts,
+    make_plan,
+    place_data,
+    print_dry_run,
+    start_units,
+)
 from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
@@ -88,7 +95,11 @@ class MachinesRun:
         self.recovery = NodeRecovery(
             session, request.run, request.recover, resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes)
         )
-        check_fit(self.cluster, session.nodes, session.reports, prepared.trainer_config)  # before anything starts
+        # Before anything starts or is written: the fit, then the data (unless the head has no node
+        # Python yet to report it: start() sets the node up first, then place_data checks it).
+        check_fit(self.cluster, session.nodes, session.reports, prepared.trainer_config)
+        if "python" not in session.report(session.head).missing:
+            check_data_on_head(session, request.dataset)
 
     @property
     def session(self) -> Session:

@@ -32,6 +32,10 @@ def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tu
             text = Path(config_file).expanduser().read_text()
         except OSError as e:
             raise TaskError(f"--config {config_file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise TaskError(
+                f"--config {config_file}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+            ) from None
     return text, check_trainer_config(config_file, overrides)
 
 

@@ -110,13 +110,20 @@ def atomic_directory(path: str | os.PathLike, before_swap: Callable[[Path], None
     by everyone like an ordinary directory. On a clean exit every file in it and the directory
     itself are fsynced, before_swap(path) runs (the caller's last look at what it replaces; it may
     raise), and the staging directory takes path's place (an existing path is replaced whole). On
-    any exception, Ctrl-C included, the staging directory is removed and path is left as it was.
-    Leftovers of writers that were killed are removed on entry.
+    any exception, Ctrl-C included, the staging directory is removed, path is left as it was, and so
+    are its parents: those made here are removed again while empty. Leftovers of writers that were
+    killed are removed on entry.
     """
     path = Path(path)
+    made: list[Path] = []  # path's parents this call makes, deepest first
+    parent = path.parent.absolute()
+    while not parent.exists() and parent != parent.parent:
+        made.append(parent)
+        parent = parent.parent
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_directories(path)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.{STAGING_KIND}-{os.getpid()}-", dir=path.parent))
+    completed = False
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; the result is meant to be shared
         yield staging
@@ -129,5 +136,9 @@ def atomic_directory(path: str | os.PathLike, before_swap: Callable[[Path], None
         if before_swap is not None:
             before_swap(path)
         _swap_into_place(staging, path)
+        completed = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # already gone after the swap
+        for directory in [] if completed else made:
+            with contextlib.suppress(OSError):  # another writer's files in it keep it
+                directory.rmdir()

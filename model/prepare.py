@@ -342,6 +342,7 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
         )
         return meta
     gpt2_encoding()  # fail here, before any work, when the vocabulary is missing
+    source.check()  # and when the source cannot be opened: before any directory is made
     _check_replaceable(out)
     started = time.monotonic()
     # Checked again just before the swap: out may have changed while we worked.

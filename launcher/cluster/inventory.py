@@ -154,8 +154,7 @@ class Cluster:
         """The first `count` nodes (all when None): what `--nodes N` means for every task."""
         if count is None:
             return self.nodes
-        if count < 1:
-            raise InventoryError(f"--nodes must be >= 1, got {count}")
+        check_node_count(count)
         if count > len(self.nodes):
             raise InventoryError(
                 f"--nodes {count} but cluster {self.cluster_name!r} has {len(self.nodes)} node(s): "
@@ -172,20 +171,28 @@ class Cluster:
         return self.spot and self.hourly_cost_spot_usd is not None
 
     def describe(self) -> str:
+        if self.is_local:  # one machine whatever the rank count: its source says its cores, memory and ranks
+            return f"the local cluster: 1 node(s), {self.source}"
         extra = ", ".join(x for x in (self.machine_type, self.region) if x)
         cost = ""
         if self.hourly_cost_usd is not None:
             cost = f", {price_text(self.hourly_cost_usd, self.price_is_spot, self.prices_as_of)}"
-        where = "this machine" if self.is_local else f"head {self.head_public_ip}"
+        where = f"head {self.head_public_ip}"
         if self.kube:
             where = f"namespace {self.kube.namespace}, context {self.kube.context}"
         size = f"{len(self.nodes)} node(s), {self.cores_per_node} cores each" if self.nodes else "nodes read on connect"
-        if self.gpus_per_node and not self.is_local:  # the local cluster's source says it already
+        if self.gpus_per_node:
             size += f" and {self.gpus_per_node} GPU(s) ({self.gpu_model}): {self.ranks_per_node} rank(s) per node"
         return (
             f"cluster {self.cluster_name!r} ({self.cloud}{', ' + extra if extra else ''}{cost}): "
             f"{size}, {where}; from {self.source}"
         )
+
+
+def check_node_count(count: int) -> None:
+    """--nodes below 1, refused in one wording whatever the cluster (an InventoryError)."""
+    if count < 1:
+        raise InventoryError(f"--nodes must be >= 1, got {count}")
 
 
 def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None) -> str:
@@ -250,8 +257,8 @@ def cluster_dir(cluster: Cluster) -> Path:
     return clusters_root() / cluster.cluster_name
 
 
-LOCAL_NODES_WITHOUT_GPUS = 3
-"""The local cluster's default --nodes on a machine without GPUs: three ranks show the collectives."""
+LOCAL_CPU_RANKS_CAP = 3
+"""The most ranks the local cluster starts by default on a machine without GPUs: three show the collectives."""
 
 
 @dataclass(frozen=True)
@@ -284,13 +291,39 @@ def local_gpus() -> LocalGpus:
     return LocalGpus.listed(probe.gpus())
 
 
-def local_cluster(nodes: int, gpus: LocalGpus | None = None) -> Cluster:
-    """N ranks as processes on this machine, sharing local_home() as their node root. With gpus (this
-    machine's, local_gpus()) a node is one GPU's rank slot: gpus_per_node 1, node i on cuda:i; more
-    nodes than GPUs is refused. Without them (a CPU machine) a node is one CPU rank."""
-    if nodes < 1:
-        raise InventoryError(f"the local cluster needs at least 1 node, got {nodes}")
+def default_local_ranks(gpus: LocalGpus, cores: int) -> int:
+    """The local cluster's ranks without --nodes: one per GPU; without GPUs one per core (no two ranks
+    share a core), at most LOCAL_CPU_RANKS_CAP."""
+    return gpus.count or max(1, min(cores, LOCAL_CPU_RANKS_CAP))
+
+
+def machine_memory_gb() -> float | None:
+    """This machine's memory (GB, 1e9 bytes; /proc/meminfo MemTotal, as the probe reads a node's)."""
+    kb = probe.meminfo_kb("MemTotal")
+    return kb * 1024 / 1e9 if kb else None
+
+
+def local_nodes(count: int) -> tuple[Node, ...]:
+    """The local cluster's first `count` rank slots: local0, local1, ... all on this machine."""
+    return tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(count))
+
+
+def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "") -> Cluster:
+    """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them,
+    or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is one GPU's
+    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused. Without them (a CPU
+    machine) a node is one CPU rank. Its source is the line every task opens with: this machine's
+    cores and memory, the ranks and why that many (`why` a given count: default "from --nodes N")."""
     gpus = gpus or LocalGpus()
+    cores = physical_cores()
+    default = default_local_ranks(gpus, cores)
+    if nodes is None:
+        nodes = default
+        rule = "one per GPU" if gpus.count else f"one per core, at most {LOCAL_CPU_RANKS_CAP}"
+        counted = f"the default here ({rule})"
+    else:
+        check_node_count(nodes)
+        counted = f"{why or f'from --nodes {nodes}'} (the default here: {default})"
     if gpus.count and nodes > gpus.count:
         raise InventoryError(
             f"--nodes {nodes} but this machine has {gpus.count} GPU(s) ({gpus.names[0]}, nvidia-smi): the local "
@@ -302,13 +335,22 @@ def local_cluster(nodes: int, gpus: LocalGpus | None = None) -> Cluster:
         flags = tuple(f for f in BF16_CPU_FLAGS if f in cpuinfo)
     except OSError:
         pass
-    on = f", one per GPU ({gpus.names[0]})" if gpus.count else ""
+    memory = machine_memory_gb()
+    machine = ", ".join(
+        [f"{cores} cores"]
+        + ([f"{memory:.1f} GB memory"] if memory else [])
+        + ([f"{gpus.count} GPU(s)"] if gpus.count else [])
+    )
+    if gpus.count:
+        ranks = f"{nodes} rank(s) as processes, one per GPU ({gpus.names[0]})"
+    else:
+        ranks = f"{nodes} rank(s) as processes" + (f" sharing {cores} cores" if nodes > cores else "")
     return Cluster(
-        source=f"the local cluster in {local_home()} ({nodes} rank(s) as processes on this machine{on})",
+        source=f"this machine ({machine}); {ranks}, {counted}; data and runs in {local_home()}",
         cloud="local",
         cluster_name="local",
-        nodes=tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(nodes)),
-        cores_per_node=physical_cores(),
+        nodes=local_nodes(nodes),
+        cores_per_node=cores,
         cpu_flags=flags,
         node_python=sys.executable,
         is_local=True,
@@ -321,14 +363,15 @@ _read_ahead: dict[PulumiStack, dict] = {}
 """A stack's outputs read to learn its kind (launcher/tasks/drivers.py), kept for the one load that follows."""
 
 
-def load_cluster(spec: str | None, local_nodes: int | None = None, read_ahead: bool = False) -> Cluster:
+def load_cluster(
+    spec: str | None, local_nodes: int | None = None, read_ahead: bool = False, local_why: str = ""
+) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
-    or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks: by default one per GPU
-    of this machine, or LOCAL_NODES_WITHOUT_GPUS without GPUs."""
+    or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks (--nodes, or local_why),
+    by default default_local_ranks()."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
-        gpus = local_gpus()
-        return local_cluster(local_nodes or gpus.count or LOCAL_NODES_WITHOUT_GPUS, gpus)
+        return local_cluster(local_nodes, local_gpus(), local_why)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
         return Cluster(

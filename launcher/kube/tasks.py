@@ -22,7 +22,17 @@ from kubernetes.client import V1Job
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
-from launcher.console import TaskError, check_name, command_line, console, out_line, say
+from launcher.console import (
+    HOME_FIX,
+    TaskError,
+    can_make_dir,
+    check_name,
+    command_line,
+    console,
+    out_line,
+    removed_on_failure,
+    say,
+)
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
@@ -230,7 +240,11 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     check_name(run, "run")
     api, cluster = open_cluster(cluster_spec)
     target = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    target.mkdir(parents=True, exist_ok=True)
+    can_make_dir(
+        target,
+        "--dest" if dest else "the fetch directory",
+        "give --dest a directory you can write" if dest else HOME_FIX,
+    )
     name = job_name("fetch", run)
     job = volume.helper_job(name, access_of(cluster), "fetch", "sleep 900", run=run)
 
@@ -239,11 +253,13 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
     try:
         pod = wait_running(api, name)
-        for file in ("$ckpt", "metrics.jsonl"):
-            script = f"{best_checkpoint_script(run)}; cd {volume.run_path(run, '')} && base64 {file} && echo"
-            text = exec_output(api, pod, script)
-            wanted = "ckpt.pt" if file == "$ckpt" else file
-            (target / wanted).write_bytes(base64.b64decode(text))
+        with removed_on_failure(target):  # made once a file came back; removed again if a later one fails
+            for file in ("$ckpt", "metrics.jsonl"):
+                script = f"{best_checkpoint_script(run)}; cd {volume.run_path(run, '')} && base64 {file} && echo"
+                text = exec_output(api, pod, script)
+                wanted = "ckpt.pt" if file == "$ckpt" else file
+                target.mkdir(parents=True, exist_ok=True)
+                (target / wanted).write_bytes(base64.b64decode(text))
     finally:
         delete_job(api, name)
     say(f"fetched run {run} to {target}")

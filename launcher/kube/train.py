@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kubernetes.client import V1Job, V1Service
 
-from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, out_line, say
 from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect
@@ -65,9 +65,11 @@ class KubeRun:
         if cluster.kube is None:
             raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
         api = None
-        if cluster.kube.from_kubeconfig:  # its node count and sizes are known only to the API server
-            api, cluster = connect(cluster)
         try:
+            if request.nodes is not None:
+                check_node_count(request.nodes)  # before the API server is asked
+            if cluster.kube.from_kubeconfig:  # its node count and sizes are known only to the API server
+                api, cluster = connect(cluster)
             return cls(request, cluster, tuple(cluster.select(request.nodes)), api)
         except ValueError as e:
             raise TaskError(str(e)) from None

@@ -161,7 +161,9 @@ def node_program(module: str, args: list[str]) -> str:
 
 
 def prepare_script(args: list[str]) -> str:
-    return f"set -eu\nmkdir -p {MOUNT_PATH}/data\n{node_program('model.prepare', args)}\n"
+    """model.prepare in the claim's root (the Job's working directory): it makes data/ itself, and
+    removes it again when the preparation fails."""
+    return f"set -eu\n{node_program('model.prepare', args)}\n"
 
 
 def run_path(run: str, name: str) -> str:

@@ -8,10 +8,10 @@ from the plan.json it writes into the run directory, and never parses a unit's n
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from launcher.cluster.inventory import Cluster, Host, Node, group_by_host
+from launcher.cluster.inventory import Cluster, Host, Node, group_by_host, local_nodes
 from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")
@@ -233,6 +233,8 @@ def units_from_plan_json(text: str, cluster: Cluster) -> tuple[str, list[Unit]]:
     """(launcher, units) of a plan.json; ValueError when it is not one this launcher wrote."""
     try:
         record = json.loads(text)
+        if cluster.is_local:  # as many rank slots as the run used, whatever the local cluster's default
+            cluster = replace(cluster, nodes=local_nodes(len(record["nodes"])))
         return record["launcher"], [Unit.from_json(u, cluster) for u in record["units"]]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"not a plan.json of this launcher ({type(e).__name__}: {e})") from None

@@ -50,13 +50,19 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
     return files
 
 
-def place_data(session: Session, dataset: str) -> None:
-    """data/<dataset> on every machine: copied from the head where missing, or checked as shards."""
-    missing = [n for n in session.hosts() if not splits_digest(session.report(n).data_meta)]
+def check_data_on_head(session: Session, dataset: str) -> None:
+    """data/<dataset> is prepared on the head (its probe found the meta.json): every other copy comes from it."""
     head = session.head
-    if head in missing:
+    if not splits_digest(session.report(head).data_meta):
         prepare = command_line("prepare-data", cluster=session.cluster.spec)
         raise TaskError(f"data/{dataset} is not prepared on {head.name}: run `{prepare}` first")
+
+
+def place_data(session: Session, dataset: str) -> None:
+    """data/<dataset> on every machine: copied from the head where missing, or checked as shards."""
+    check_data_on_head(session, dataset)
+    missing = [n for n in session.hosts() if not splits_digest(session.report(n).data_meta)]
+    head = session.head
     if ((session.report(head).data_meta or {}).get("shards") or 1) > 1:  # a meta: the head is not missing
         check_shards(session, dataset)
     elif missing:

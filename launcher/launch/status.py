@@ -58,7 +58,7 @@ def units_of(shell: Shell, run: str) -> tuple[str, str]:
 
 def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
     """The local cluster has as many nodes as a run asks for: the run's last launch's, so the
-    header counts what the run used (None for another cluster, or a run never launched here)."""
+    opening line counts what the run used (None for another cluster, or a run never launched here)."""
     if (cluster_spec or os.environ.get(CLUSTER_ENV) or "local").strip() != "local":
         return None
     attempt = RunRecord.of(local_cluster(1), run).current
@@ -67,7 +67,7 @@ def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
 
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """A table of every node (down ones included) and the run's units; 1 when a node is down."""
-    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run))
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
@@ -138,7 +138,7 @@ def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
 def logs(
     cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
 ) -> None:
-    cluster = resolve_cluster(cluster_spec, None)
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         launcher, units = read_plan(session, run)
         if rank is not None:

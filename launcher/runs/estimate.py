@@ -182,12 +182,17 @@ def final_cost(record: RunRecord) -> str:
     return "cost unknown (no launch recorded)" if clock is None else f"cost {cost_text(clock)}"
 
 
-def already_finished(record: RunRecord, max_iters: int | None, cluster_spec: str | None = None) -> str | None:
+def already_finished(
+    record: RunRecord, max_iters: int | None, dataset: str, cluster_spec: str | None = None
+) -> str | None:
     """What a rerun of a run that finished says instead of starting ranks with nothing to train: its
-    last launch finished at its max_iters and this one asks for no more (None: there is training left,
-    or it cannot be told here). cluster_spec: --cluster as given, for the commands it names."""
+    last launch finished at its max_iters, on this dataset, and this one asks for no more (None: there
+    is training left, or it cannot be told here: another or an unrecorded dataset is checked on the
+    nodes as any run's is). cluster_spec: --cluster as given, for the commands it names."""
     attempt = record.current
     if max_iters is None or attempt is None or (attempt.end or {}).get("outcome") != "finished":
+        return None
+    if attempt.launch.get("dataset") != dataset:
         return None
     done = read_series(record.directory).max_iters
     if done is None or max_iters > done:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster.inventory import Cluster, cluster_dir, group_by_host
-from launcher.console import HOME_FIX, writable_dir
+from launcher.console import HOME_FIX, can_make_dir, writable_dir
 from model.monitoring.metrics import METRICS_NAME, parse_jsonl, read_jsonl
 from model.monitoring.spend import spend_usd
 
@@ -116,6 +116,11 @@ class RunRecord:
     def made(self) -> Path:
         """The directory, created on first use; a TaskError when this machine cannot write it."""
         return writable_dir(self.directory, "the run's record directory", HOME_FIX)
+
+    def can_be_made(self) -> Path:
+        """The directory checked writable (or possible to make) without making it: a run that fails
+        its checks leaves no empty record behind. A TaskError as made()'s."""
+        return can_make_dir(self.directory, "the run's record directory", HOME_FIX)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event (with the current time unless given) to events.jsonl; returns it."""

@@ -117,7 +117,7 @@ def run_prepare(session: Session, node: Node, args: list[str]) -> None:
     shell = session.shell(node)
     site = session.site
     command = (
-        f"mkdir -p {shell.root}/data && cd {shell.root} && PYTHONPATH={site.code_dir} "
+        f"mkdir -p {shell.root} && cd {shell.root} && PYTHONPATH={site.code_dir} "
         f"{site.python} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1"
     )
     status = shell.stream(command, lambda line: out_line(f"[prepare {node.name}] {line}"), timeout=PREPARE_TIMEOUT_S)

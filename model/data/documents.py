@@ -32,6 +32,11 @@ class Source(ABC):
     def documents(self) -> Iterator[str]:
         """The documents in a fixed order; empty documents are skipped."""
 
+    def check(self) -> None:
+        """A SourceError now when the source cannot be opened at all (model.prepare asks before it
+        makes any directory); a source that can tell only while reading says nothing here."""
+        return None
+
 
 def decode_text(data: bytes, where: str) -> str:
     if (nul := data.find(b"\0")) != -1:

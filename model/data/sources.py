@@ -48,6 +48,8 @@ ALPACA_REPO = "tatsu-lab/alpaca"
 ALPACA_TEMPLATE = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n{output}"
 ALPACA_INPUT_BLOCK = "### Input:\n{input}\n\n"
 DOWNLOAD_TIMEOUT_S = 60.0
+HUB_PROBE_TIMEOUT_S = 5.0
+"""How long one request waits for the Hugging Face Hub before it is called unreachable (check_hub)."""
 # What marks a pydoc paragraph as something other than running text: a doctest, a grammar production,
 # a table, a heading's underline.
 NOT_PROSE = re.compile(r">>>|::=|\||^\s*[*=\-+~^]{3,}\s*$", re.M)
@@ -187,6 +189,9 @@ class HubSource(Source):
             "columns": list(self.columns),
         }
 
+    def check(self) -> None:
+        self._open()
+
     def _open(self) -> Any:  # datasets' IterableDataset (datasets has no type information)
         if self._dataset is not None:
             return self._dataset
@@ -194,6 +199,8 @@ class HubSource(Source):
             from datasets import load_dataset
         except ImportError as err:
             raise SourceError(f"{self.spec} needs the `datasets` package: pip install 'nanocluster[hub]'") from err
+        if not Path(self.path).exists():  # a local directory datasets reads needs no Hub
+            check_hub()
         where = f"hub dataset {self.path!r}" + (f" (config {self.config!r})" if self.config else "")
         try:
             dataset = load_dataset(self.path, self.config, split=self.split, revision=self.revision, streaming=True)
@@ -241,6 +248,27 @@ class HubSource(Source):
             text = self.render(record) if self.render else record[self.columns[0]]
             if text:
                 yield text
+
+
+def check_hub() -> None:
+    """One request to the Hugging Face Hub (HF_ENDPOINT's, through huggingface_hub's own client and
+    proxies) within HUB_PROBE_TIMEOUT_S, or a SourceError saying it is unreachable and what to do.
+    Without it an unreachable Hub costs ~25 s of huggingface_hub's retries (5, backing off 1 to 8 s,
+    utils/_http.py http_backoff) and a logged exception for each before datasets gives up. Any answer
+    counts as reachable; in offline mode (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) the cache answers instead."""
+    from datasets import config as datasets_config
+    from huggingface_hub import constants, get_session
+
+    if datasets_config.HF_HUB_OFFLINE:
+        return
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as err:  # refused, no DNS, timed out, a proxy or TLS failure: the client's own types
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise SourceError(
+            f"the Hugging Face Hub ({constants.ENDPOINT}) is unreachable ({reason}): check the network (or a "
+            "proxy), set HF_ENDPOINT to a mirror, or give a local file or directory as the source"
+        ) from None
 
 
 def render_alpaca(record: dict) -> str:

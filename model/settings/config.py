@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from model.conventions import (
     BACKEND_CHOICES,
     DEFAULT_MAX_ITERS,
@@ -38,6 +36,7 @@ from model.settings.config_values import (
     flatten,
     get_dotted,
     parse_overrides,
+    read_yaml_file,
 )
 from model.settings.health_config import HealthConfig
 from model.settings.intel_layout import translate_intel_layout
@@ -301,41 +300,67 @@ class TrainConfig:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def build_config(flat: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from our keys, dotted (see config_values.flatten); converted and validated."""
+Written = dict[str, tuple[str, int | None]]
+"""Where each key of a config file was written: dotted key -> (the file, its line or None)."""
+
+
+def build_config(flat: dict[str, Any], written: Written | None = None) -> TrainConfig:
+    """TrainConfig from our keys, dotted (see config_values.flatten); converted and validated. An
+    error about a key in `written` names its file and line."""
+    written = written or {}
     known = dotted_fields(TrainConfig)
     unknown = [k for k in flat if k not in known]
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
-        raise ConfigError(f"unknown config key(s): {', '.join(hints)}")
+        raise ConfigError(unknown_keys_text(unknown, known, written))
     cfg = TrainConfig()
     for key, value in flat.items():
         *parents, leaf = key.split(".")
         target = cfg
         for part in parents:
             target = getattr(target, part)
-        setattr(target, leaf, coerce(key, value, known[key]))
+        try:
+            setattr(target, leaf, coerce(key, value, known[key]))
+        except ConfigError as e:
+            if key not in written:
+                raise
+            path, line = written[key]
+            raise ConfigError(f"{path}{f':{line}' if line else ''}: {e}") from None
     cfg.validate()
     return cfg
 
 
+def unknown_keys_text(unknown: list[str], known: dict[str, Any], written: Written) -> str:
+    """The unknown keys, each with a guess at the key meant; a file's under its name, with their lines."""
+
+    def hint(key: str) -> str:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        return f"{key} (did you mean {close[0]}?)" if close else key
+
+    given = [hint(k) for k in unknown if k not in written]
+    in_file = [k for k in unknown if k in written]
+    if not in_file:
+        return f"unknown config key(s): {', '.join(given)}"
+    listed = []
+    for key in in_file:
+        line = written[key][1]
+        listed.append(hint(key) + (f" on line {line}" if line else ""))
+    overrides = f"; and in the overrides: {', '.join(given)}" if given else ""
+    return f"{written[in_file[0]][0]}: unknown config key(s): {', '.join(listed)}{overrides}"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML file (optional), apply `key=value` overrides, convert and validate."""
+    """Read a YAML file (optional), apply `key=value` overrides, convert and validate. An error about
+    the file names it, and the line where YAML tells."""
     values: dict[str, Any] = {}
+    written: Written = {}
     if path is not None:
         path = Path(path)
+        loaded, lines = read_yaml_file(path)
         try:
-            loaded = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must be a mapping of keys to values")
-        values = translate_intel_layout(loaded or {})
-    values = flatten(values)
-    values.update(parse_overrides(overrides or []))
-    return build_config(values)
+            values = flatten(translate_intel_layout(loaded))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        written = {key: (str(path), lines.get(key)) for key in values}
+    given = parse_overrides(overrides or [])
+    values.update(given)
+    return build_config(values, {k: v for k, v in written.items() if k not in given})

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from launcher.cluster import inventory
 from launcher.cluster.inventory import CLUSTER_ENV, InventoryError, load_cluster, parse_contract
 
 
@@ -133,3 +134,37 @@ def test_stack_that_was_never_brought_up_says_to_run_pulumi_up(monkeypatch, tmp_
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InventoryError, match=r"Pulumi stack dev has no outputs yet: run `pulumi up` first"):
         load_cluster("stack:dev")
+
+
+@pytest.fixture
+def two_core_machine(monkeypatch, tmp_path):
+    """This machine as the local cluster reads it: 2 physical cores, 24 GB of memory, no GPU."""
+    monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
+    monkeypatch.setattr(inventory, "physical_cores", lambda: 2)
+    monkeypatch.setattr(inventory, "machine_memory_gb", lambda: 24.0)
+    monkeypatch.setattr(inventory, "local_gpus", lambda: inventory.LocalGpus())
+    return tmp_path
+
+
+def test_the_local_cluster_is_described_as_this_machine_with_its_ranks_and_why(two_core_machine):
+    home = two_core_machine
+    default = load_cluster(None)
+    assert len(default.nodes) == 2  # one rank per core
+    assert default.describe() == (
+        "the local cluster: 1 node(s), this machine (2 cores, 24.0 GB memory); 2 rank(s) as processes, the default "
+        f"here (one per core, at most 3); data and runs in {home}"
+    )
+    assert load_cluster(None, local_nodes=3).describe() == (
+        "the local cluster: 1 node(s), this machine (2 cores, 24.0 GB memory); 3 rank(s) as processes sharing 2 "
+        f"cores, from --nodes 3 (the default here: 2); data and runs in {home}"
+    )
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_every_node_count_below_one_is_refused_in_one_wording(two_core_machine, contract, count):
+    with pytest.raises(InventoryError) as local:
+        load_cluster(None, local_nodes=count)
+    with pytest.raises(InventoryError) as lab:
+        parse_contract(contract, "lab.json").select(count)
+    assert str(local.value) == str(lab.value) == f"--nodes must be >= 1, got {count}"

@@ -1,5 +1,5 @@
 """The local cluster on a machine with GPUs runs one rank per GPU (found with nvidia-smi, no torch);
-a machine without them is unchanged. A stand-in nvidia-smi on PATH plays the GPUs."""
+a machine without them one per core, at most 3. A stand-in nvidia-smi on PATH plays the GPUs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import stat
 
 import pytest
 
+import launcher.cluster.inventory
 from launcher.cluster.inventory import (
     CLUSTER_ENV,
-    LOCAL_NODES_WITHOUT_GPUS,
+    LOCAL_CPU_RANKS_CAP,
     InventoryError,
     load_cluster,
     local_gpus,
@@ -39,18 +40,33 @@ def gpus(tmp_path, monkeypatch):
     return put
 
 
-def test_without_nvidia_smi_the_local_cluster_is_the_cpu_one(gpus):
+@pytest.fixture
+def cores(monkeypatch):
+    """cores(n): this machine has n physical cores, as the local cluster reads them."""
+    return lambda count: monkeypatch.setattr(launcher.cluster.inventory, "physical_cores", lambda: count)
+
+
+def test_without_nvidia_smi_the_local_cluster_is_the_cpu_one(gpus, cores):
     gpus(None)
+    cores(8)
     assert local_gpus().count == 0
     cluster = load_cluster(None)
-    assert len(cluster.nodes) == LOCAL_NODES_WITHOUT_GPUS == 3
+    assert len(cluster.nodes) == LOCAL_CPU_RANKS_CAP == 3
     assert cluster.gpus_per_node == 0 and cluster.gpu_model == "" and cluster.ranks_per_node == 1
     assert "GPU" not in cluster.source
     assert len(load_cluster(None, local_nodes=5).nodes) == 5  # as many CPU ranks as asked
 
 
-def test_a_tool_that_lists_no_gpu_or_fails_means_no_gpus(gpus):
+@pytest.mark.parametrize(("count", "ranks"), [(1, 1), (2, 2), (3, 3), (64, 3)])
+def test_without_gpus_the_default_gives_each_rank_a_core_of_its_own_up_to_three(gpus, cores, count, ranks):
+    gpus(None)
+    cores(count)
+    assert len(load_cluster(None).nodes) == ranks
+
+
+def test_a_tool_that_lists_no_gpu_or_fails_means_no_gpus(gpus, cores):
     gpus(0)
+    cores(8)
     assert local_gpus().count == 0 and len(load_cluster(None).nodes) == 3
     gpus(9, body="echo 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     assert local_gpus().count == 0

@@ -75,3 +75,15 @@ def _pid_of_finished_process() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_failed_write_removes_the_parents_it_made_and_keeps_those_that_were_there(tmp_path):
+    (tmp_path / "home").mkdir()
+    target = tmp_path / "home" / "data" / "deep" / "dataset"
+    with pytest.raises(KeyboardInterrupt), atomic_directory(target) as staging:
+        (staging / "new.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+    assert names(tmp_path) == ["home"] and names(tmp_path / "home") == []
+    with atomic_directory(target) as staging:  # a write that completes keeps them
+        (staging / "new.bin").write_bytes(b"new")
+    assert names(target) == ["new.bin"]

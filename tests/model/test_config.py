@@ -121,6 +121,64 @@ def test_missing_and_malformed_files_are_named(tmp_path):
         load_config(write(tmp_path, "- a\n- b\n"))
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "max_iters: 10\nbatch_size: [4\n",
+            "{path}:3:1: expected ',' or ']', but got '<stream end>' (while parsing a flow "
+            "sequence at line 2, column 13; fix the YAML there)",
+        ),
+        (
+            "max_iters: 10\n  learning_rate: 3\n",
+            "{path}:2:16: mapping values are not allowed here (fix the YAML there)",
+        ),
+        (
+            'max_iters: 10\nname: "a\u0007"\n',
+            "{path}:2:9: unacceptable character #x0007: special characters are not allowed (fix the YAML there)",
+        ),
+    ],
+    ids=["unclosed", "indented", "control-character"],
+)
+def test_a_yaml_syntax_error_is_one_line_with_the_file_line_and_column(tmp_path, text, message):
+    path = tmp_path / "train.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as bad:
+        load_config(path)
+    assert str(bad.value) == message.format(path=path)
+
+
+def test_errors_about_a_files_keys_name_the_file_and_line(tmp_path):
+    path = write(tmp_path, "max_iters: 10\nmax_iter: 3\nmodel:\n  n_layers: 2\n")
+    with pytest.raises(ConfigError) as unknown:
+        load_config(path, ["foo=1"])
+    assert str(unknown.value) == (
+        f"{path}: unknown config key(s): max_iter (did you mean max_iters?) on line 2, model.n_layers (did you mean "
+        "model.n_layer?) on line 4; and in the overrides: foo"
+    )
+    path = write(tmp_path, "max_iters: 10\nmodel:\n  n_layer: two\n")
+    with pytest.raises(ConfigError) as wrong:
+        load_config(path)
+    assert str(wrong.value) == f"{path}:3: model.n_layer must be int, got 'two'"
+    load_config(path, ["model.n_layer=2"])  # an override replaces the file's value, error and all
+    with pytest.raises(ConfigError) as layout:
+        load_config(write(tmp_path, "trainer_config:\n  device: xpu\n"))
+    assert str(layout.value).startswith(f"{path}: trainer_config.device must be cpu")
+
+
+def test_a_file_that_is_not_a_mapping_or_not_text_is_named(tmp_path):
+    path = write(tmp_path, "- max_iters: 10\n")
+    with pytest.raises(ConfigError) as listed:
+        load_config(path)
+    assert str(listed.value) == (
+        f"config file {path} must be a mapping of keys to values (key: value lines), got list [{{'max_iters': 10}}]"
+    )
+    path.write_bytes(b"max_iters: \xff\n")
+    with pytest.raises(ConfigError) as binary:
+        load_config(path)
+    assert str(binary.value) == f"config file {path} is not UTF-8 text (byte 0xff at offset 11)"
+
+
 def test_every_field_has_a_docstring():
     import ast
     import inspect

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -282,6 +283,34 @@ def test_missing_vocabulary_gives_the_tokenizer_fix_and_writes_nothing(tmp_path)
     assert "could not load the GPT-2 BPE vocabulary" in proc.stderr
     assert "set NANOCLUSTER_GPT2_VOCAB_URL to a copy" in proc.stderr
     assert not out.exists() and leftovers(out) == []
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds_and_writes_nothing(tmp_path):
+    pytest.importorskip("datasets")
+    with socket.socket() as closed:  # bound, never listening: a connection is refused at once
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        env = dict(os.environ, PYTHONPATH=str(REPO), HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"))
+        for offline in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            env.pop(offline, None)
+        out = tmp_path / "data" / "owner_name"
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "model.prepare", "hf:owner/name", "--out", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    took = time.monotonic() - started
+    print(f"model.prepare with the Hub unreachable: {took:.1f} s")
+    assert took < 20  # a hang guard: without the probe, the libraries' retries took ~25 s
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: the Hugging Face Hub ({endpoint}) is unreachable ([Errno 111] Connection refused): check the "
+        "network (or a proxy), set HF_ENDPOINT to a mirror, or give a local file or directory as the source"
+    ]
+    assert not (tmp_path / "data").exists()  # not even the parent of --out
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,3 +245,31 @@ def test_hub_spec_names_repository_config_and_revision():
         ("body",),
     )
     assert open_source("openwebtext").path == "Skylion007/openwebtext"
+
+
+def test_an_unreachable_hub_is_said_so_with_what_to_do_before_datasets_retries(monkeypatch):
+    pytest.importorskip("datasets")
+    from datasets import config as datasets_config
+    from huggingface_hub import constants
+
+    with socket.socket() as closed:  # bound, never listening: a connection is refused at once
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(datasets_config, "HF_HUB_OFFLINE", False)
+        with pytest.raises(SourceError) as unreachable:
+            open_source("hf:owner/name").check()
+    assert str(unreachable.value) == (
+        f"the Hugging Face Hub ({endpoint}) is unreachable ([Errno 111] Connection refused): check the network "
+        "(or a proxy), set HF_ENDPOINT to a mirror, or give a local file or directory as the source"
+    )
+
+
+def test_offline_mode_asks_the_cache_not_the_hub(monkeypatch):
+    pytest.importorskip("datasets")
+    from datasets import config as datasets_config
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(datasets_config, "HF_HUB_OFFLINE", True)
+    sources.check_hub()  # no request: datasets answers from its cache (or says the dataset is not there)

@@ -54,7 +54,8 @@ def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exac
 
     status = fab("status", "--run", RUN)
     assert status.returncode == 0, status.stderr
-    assert "(local): 2 node(s)" in status.stdout  # the run's nodes, not the local cluster's default
+    opening = status.stdout.splitlines()[0]  # the run's ranks, not the local cluster's default
+    assert "; 2 rank(s) as processes" in opening and f", as run {RUN} used (the default here: " in opening
     assert (
         f"interrupted at iter {stopped_at} (every rank stopped after its snapshot); continue with: {command}"
         in status.stdout

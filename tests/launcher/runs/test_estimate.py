@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
-from launcher.runs.estimate import NO_PRICE, final_cost, progress_suffix, run_clock, status_lines
+from launcher.runs.estimate import NO_PRICE, already_finished, final_cost, progress_suffix, run_clock, status_lines
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import RunRecord, launch_fields, split_attempts
 
@@ -95,3 +95,19 @@ def test_gpu_nodes_are_priced_per_machine_not_per_rank(contract):
     # Every machine of the cluster bills (3 of them, whatever runs on their GPUs), at the cluster's price per hour.
     assert clock.cluster_nodes == 3 and clock.node_hours == pytest.approx(3.0)
     assert clock.cost_usd == pytest.approx(2.4)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "asked", "finished"),
+    [("d", "d", True), ("d", "other", False), (None, "d", False)],
+    ids=["same-dataset", "another-dataset", "dataset-not-recorded"],
+)
+def test_already_finished_answers_only_a_rerun_on_the_dataset_it_finished_on(tmp_path, recorded, asked, finished):
+    record = RunRecord(tmp_path / "fin")
+    record.append("launch", **({"dataset": recorded} if recorded else {}), nodes=["local0"], world_size=1)
+    record.append("end", outcome="finished", iter=4)
+    (record.directory / "metrics.jsonl").write_text('{"kind": "start", "iter": 0, "max_iters": 4}\n')
+    said = already_finished(RunRecord(record.directory), 4, asked)
+    assert (said is not None) == finished
+    if finished:
+        assert said.startswith("run fin already finished at iter 4 (max_iters 4): nothing to train")

@@ -1,0 +1,215 @@
+"""A new user's bad input, through the real command line in a fresh nanocluster home: one line that
+names the fix, every check before a shortcut, and nothing left on disk by a command that failed. And
+one truth about the local cluster: every task opens with the same line (this machine, its cores and
+memory, the ranks and why that many)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.cluster.inventory import load_cluster
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.testing.fab import FAB
+from tests.launcher.conftest import CONTRACT
+from tests.launcher.dataset import write_dataset
+
+NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
+PATH = "/usr/bin:/bin"
+
+
+def run(program: str, *args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    """The command as a new user types it: the checkout's fab from the checkout, nanocluster anywhere
+    (this checkout's packages first, where PYTHONPATH puts them)."""
+    cwd = REPO_ROOT if program == FAB else home.parent
+    environment = {"PATH": PATH, "NANOCLUSTER_HOME": str(home), "COLUMNS": "200", **env}
+    if "PYTHONPATH" in os.environ:
+        environment["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([program, *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=120)
+
+
+def tree(home: Path) -> list[str]:
+    """Every path under the home, as the user would list it."""
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    """The one line on stderr (no traceback, nothing else), after a failure."""
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    made = tmp_path / "home"
+    made.mkdir()
+    return made
+
+
+def finished_run(home: Path, run: str, dataset: str, max_iters: int = 4) -> None:
+    """This machine's record of a run that finished at max_iters on dataset (as fab train leaves it)."""
+    record = home / "clusters" / "local" / "runs" / run
+    record.mkdir(parents=True)
+    now = time.time()
+    events = [
+        {"event": "launch", "time": now - 60, "nodes": ["local0"], "world_size": 1, "dataset": dataset},
+        {"event": "end", "time": now - 30, "outcome": "finished", "iter": max_iters, "restarts": 0},
+    ]
+    (record / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    start = {"kind": "start", "iter": 0, "max_iters": max_iters, "tokens_per_iter": 64}
+    (record / "metrics.jsonl").write_text(json.dumps(start) + "\n")
+
+
+def test_another_dataset_on_a_finished_run_is_checked_on_the_nodes_not_answered_finished(home):
+    finished_run(home, "fin", "d")
+    before = tree(home)
+    result = run(FAB, "train", "--run", "fin", "--dataset", "nosuch", "--set", "max_iters=4", home=home)
+    assert error_line(result) == "error: data/nosuch is not prepared on local0: run `fab prepare-data` first"
+    assert "nothing to train" not in result.stdout
+    assert tree(home) == before
+    again = run(FAB, "train", "--run", "fin", "--dataset", "d", "--set", "max_iters=4", home=home)
+    assert again.returncode == 0, again.stderr
+    assert "run fin already finished at iter 4 (max_iters 4): nothing to train" in again.stdout
+    assert tree(home) == before
+
+
+def test_training_on_a_dataset_that_is_not_there_leaves_no_run_behind(home):
+    result = run(FAB, "train", "--dataset", "nosuch", "--run", "dstest", home=home)
+    assert error_line(result) == "error: data/nosuch is not prepared on local0: run `fab prepare-data` first"
+    assert tree(home) == []
+
+
+def test_fetching_a_run_that_does_not_exist_leaves_no_directory(home):
+    result = run(FAB, "fetch", "--run", "nosuch", home=home)
+    assert (
+        error_line(result)
+        == "error: run 'nosuch' has no ckpt.pt or snapshot.pt on local0: train first (fab train --run nosuch)"
+    )
+    assert tree(home) == []
+    dest = home.parent / "out" / "nosuch"
+    result = run(FAB, "fetch", "--run", "nosuch", "--dest", str(dest), home=home)
+    assert error_line(result).startswith("error: run 'nosuch' has no ckpt.pt")
+    assert not (home.parent / "out").exists()
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "-7"])
+@pytest.mark.parametrize("task", ["train", "prepare-data", "setup"])
+def test_every_node_count_below_one_gets_the_same_line(home, task, count):
+    result = run(NANOCLUSTER, task, "--nodes", count, home=home)
+    assert error_line(result) == f"error: --nodes must be >= 1, got {count}"
+    assert result.stdout == "" and tree(home) == []  # refused before anything, the opening line included
+
+
+def test_a_contract_cluster_refuses_a_node_count_below_one_in_the_same_words(home):
+    contract = home.parent / "lab.json"
+    contract.write_text(json.dumps(CONTRACT))
+    for count in ("0", "-1"):
+        result = run(NANOCLUSTER, "train", "--cluster", str(contract), "--nodes", count, "--dry-run", home=home)
+        assert error_line(result) == f"error: --nodes must be >= 1, got {count}"
+    assert tree(home) == []
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(home):
+    config = home.parent / "train.yaml"
+    config.write_text("max_iters: 10\nmodel:\n  n_layer: [2\n")
+    result = run(NANOCLUSTER, "train", "--config", str(config), home=home)
+    assert error_line(result) == (
+        f"error: trainer config (--config, --set): {config}:4:1: expected ',' or ']', but got '<stream end>' "
+        "(while parsing a flow sequence at line 3, column 12; fix the YAML there)"
+    )
+    assert tree(home) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "max_iters: 10\n  learning_rate: 3\n",
+            "{config}:2:16: mapping values are not allowed here (fix the YAML there)",
+        ),
+        ("- max_iters: 10\n", "config file {config} must be a mapping of keys to values (key: value lines), got list"),
+        (
+            "max_iters: 10\nmax_iter: 3\nfoo: 1\n",
+            "{config}: unknown config key(s): max_iter (did you mean max_iters?) on line 2, foo on line 3",
+        ),
+        ("max_iters: ten\n", "{config}:1: max_iters must be int, got 'ten'"),
+    ],
+    ids=["syntax", "not-a-mapping", "unknown-keys", "wrong-type"],
+)
+def test_every_bad_config_file_names_the_file(home, text, message):
+    config = home.parent / "train.yaml"
+    config.write_text(text)
+    result = run(NANOCLUSTER, "train", "--config", str(config), home=home)
+    line = error_line(result)
+    assert line.startswith("error: trainer config (--config, --set): " + message.format(config=config)), line
+    assert tree(home) == []
+
+
+@pytest.fixture
+def closed_port():
+    """A loopback port bound and never listened on: a connection to it is refused at once."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield bound.getsockname()[1]
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds_and_leaves_nothing(home, closed_port):
+    pytest.importorskip("datasets")
+    endpoint = f"http://127.0.0.1:{closed_port}"
+    started = time.monotonic()
+    result = run(
+        FAB,
+        "prepare-data",
+        "--source",
+        "hf:owner/name",
+        home=home,
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(home.parent / "hf"),
+    )
+    took = time.monotonic() - started
+    print(f"prepare-data with the Hub unreachable: {took:.1f} s")
+    assert took < 20  # a hang guard: it answers in seconds, not after the libraries' retries (~25 s)
+    assert error_line(result) == "error: local0: model.prepare failed (exit 1); its output is above"
+    said = [line for line in result.stdout.splitlines() if line.startswith("[prepare local0]")]
+    assert said == [
+        f"[prepare local0] error: the Hugging Face Hub ({endpoint}) is unreachable ([Errno 111] Connection refused): "
+        "check the network (or a proxy), set HF_ENDPOINT to a mirror, or give a local file or directory as the source"
+    ]
+    assert "Traceback" not in result.stdout and "Retrying" not in result.stdout
+    assert tree(home) == []
+
+
+def test_every_task_opens_with_the_same_line_about_the_local_cluster(home, monkeypatch):
+    monkeypatch.setenv("PATH", PATH)  # nvidia-smi found (or not) as the commands find it
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    monkeypatch.delenv("NANOCLUSTER_CLUSTER", raising=False)
+    expected = f"using {load_cluster('local').describe()}"
+    assert expected.startswith("using the local cluster: 1 node(s), this machine (") and "rank(s)" in expected
+    write_dataset(home / "data" / "builtin")
+    before = tree(home)
+    commands = [
+        ("status",),
+        ("logs",),
+        ("stop", "--run", "nosuch"),
+        ("fetch", "--run", "nosuch"),
+        ("sample", "--run", "nosuch"),
+        ("doctor", "--bandwidth-seconds", "0"),
+        ("train", "--dry-run"),
+    ]
+    for command in commands:
+        result = run(NANOCLUSTER, *command, home=home)
+        assert result.stdout.splitlines()[0] == expected, (command, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+    given = run(NANOCLUSTER, "train", "--dry-run", "--nodes", "1", home=home).stdout.splitlines()[0]
+    assert given.startswith(expected.split("; ")[0] + "; 1 rank(s) as processes")
+    assert ", from --nodes 1 (the default here: " in given
+    assert tree(home) == before
