@@ -6,9 +6,10 @@
     open      the kind connects, checks that the run fits, and makes its cluster ready
     attempts  start an attempt, watch it to its end; a failure outside the program restarts it
               (launcher.recover.policy: --max-restarts; an OOM kill or a program error never),
-              after the kind has brought its capacity back (lost nodes, fewer pods: --min-nodes)
+              after the kind has brought its capacity back (lost nodes, fewer pods: --min-nodes);
+              an operator's stop (`fab stop` from anywhere: the kind's stop_requested) never
     end       the record's end event (budget spent, iteration), then the done, stopped-at-budget,
-              interrupted or failed line
+              interrupted, stopped or failed line
 
 A kind of cluster supplies only what differs, through RunKind: how an attempt starts, is watched,
 stopped and recovered (launcher.train for machines over SSH, launcher.kube.train for Kubernetes).
@@ -25,7 +26,8 @@ from typing import NoReturn, Protocol
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
-from launcher.launch.monitor import Progress, RunFailed, RunInterrupted
+from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
+from launcher.launch.operator_stop import OperatorStopped, stopped_text
 from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
@@ -141,6 +143,11 @@ class RunKind(Protocol):
         """Stop whatever of the run is running (Ctrl-C while an attempt was being started)."""
         ...
 
+    def stop_requested(self) -> float | None:
+        """When an operator's stop (`fab stop`, from anywhere) asked this attempt's run to end (Unix
+        time), else None; None too when the kind cannot tell now (launcher.launch.operator_stop)."""
+        ...
+
     def unretryable(self, error: RunFailed) -> str | None:
         """The reason a failure must end the run whatever the policy says (an OOM kill), else None."""
         ...
@@ -234,6 +241,8 @@ class Lifecycle:
         """Attempts until one ends by itself; restarts as the policy allows."""
         while True:
             try:
+                if self.restarts:  # an operator's stop while the run was waiting to restart
+                    self.stop_if_requested(None)
                 started = self.kind.start(self.restarts, self.kind.extra_overrides())
                 self.record_launch(started)
                 return self.kind.watch()
@@ -242,7 +251,10 @@ class Lifecycle:
             except KeyboardInterrupt:  # while the attempt was being started: nothing of it may be left running
                 self.kind.stop()
                 self.interrupted(None)
+            except RunStopped as e:
+                self.stopped(e.requested_at, e.progress)
             except RunFailed as e:
+                self.stop_if_requested(e.progress)  # a kind whose watch cannot tell: the request decides
                 cause = self.restart_cause(e)
             except TaskError as e:
                 cause = self.lost_while_starting(e)
@@ -314,6 +326,28 @@ class Lifecycle:
             "end", outcome="interrupted", iter=snapshot_iter, rerun=rerun, exit_code=Interrupted.exit_code
         )
         raise Interrupted(interrupted_text(snapshot_iter, rerun)) from None
+
+    def stop_if_requested(self, progress: Progress | None) -> None:
+        """End the run as stopped when an operator's stop asked for it (the kind's request); else nothing."""
+        requested_at = self.kind.stop_requested()
+        if requested_at is not None:
+            self.stopped(requested_at, progress)
+
+    def stopped(self, requested_at: float | None, progress: Progress | None) -> NoReturn:
+        """An operator's stop: record it (never a failure, never restarted) and raise OperatorStopped
+        with where the run stopped and the command that continues it."""
+        snapshot_iter = progress.stopped_at if progress else None
+        rerun = self.request.rerun_command
+        self.record.append(
+            "end",
+            outcome="stopped",
+            iter=snapshot_iter,
+            rerun=rerun,
+            requested_at=requested_at,
+            restarts=self.restarts,
+            exit_code=OperatorStopped.exit_code,
+        )
+        raise OperatorStopped(stopped_text(self.request.run, snapshot_iter, requested_at, rerun)) from None
 
     def record_failed(self, reason: str, exit_code: int) -> None:
         self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)

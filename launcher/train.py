@@ -19,6 +19,7 @@ from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
+from launcher.launch.operator_stop import STOP_REQUEST_NAME
 from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.start import (
     check_data_on_head,
@@ -36,6 +37,8 @@ from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
+from launcher.transport import NodeError
+from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
 
 class MachinesRun:
@@ -133,6 +136,21 @@ class MachinesRun:
 
     def stop(self) -> None:
         stop_units(self.session, self.request.run)
+
+    def stop_requested(self) -> float | None:
+        """The stop request `fab stop` left in the run directory on the head (None: none, or no answer)."""
+        if self.recovery is None:
+            return None
+        head = self.session.head
+        path = f"{self.session.site.run_dir(self.request.run)}/{STOP_REQUEST_NAME}"
+        try:
+            answer = self.session.shell(head).run(f"cat {path} 2>/dev/null", timeout=CONNECT_TIMEOUT_S * 2)
+        except (NodeError, KeyError):  # the head is lost: its recovery decides what follows
+            return None
+        try:
+            return float(answer.stdout.split()[0]) if answer.ok and answer.stdout.strip() else None
+        except ValueError:
+            return None
 
     def unretryable(self, error: RunFailed) -> str | None:
         oom = find_oom_kill(self.session, error.failure)

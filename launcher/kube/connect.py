@@ -1,5 +1,6 @@
 """A Kubernetes task's start and a run's end: resolve --cluster, connect and check (launcher.kube.api),
-and delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart)."""
+delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks
+from, and an operator's stop request (a ConfigMap the run's deletion leaves: launcher.launch.operator_stop)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from kubernetes.client import V1Job, V1Pod, V1Service
+from kubernetes.client import V1ConfigMap, V1Job, V1Pod, V1Service
 from kubernetes.client.exceptions import ApiException
 
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, Named, calling, connect, labels_of, name_of
-from launcher.kube.objects import LABEL_RUN
+from launcher.kube.objects import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
 from launcher.session import resolve_cluster
 
 POLL_S = 1.0
@@ -74,3 +75,62 @@ def _delete(call: Callable[..., object], name: str, namespace: str, **options: s
     except ApiException as e:
         if e.status != 404:
             raise TaskError(f"deleting {name}: the API server answered {e.status} {e.reason}") from None
+
+
+STOP_REQUEST_KEY = "requested_at"
+"""The stop request ConfigMap's one key: the Unix time `fab stop` was asked."""
+
+
+def stop_request_name(cluster: Cluster, run: str) -> str:
+    """The run's stop request ConfigMap: <job>-stop (a Job name leaves room for the suffix)."""
+    return f"{job_name(cluster.cluster_name, run)}-stop"
+
+
+def request_stop(api: Api, cluster: Cluster, run: str) -> None:
+    """Leave the operator's stop request for the run's attached `fab train` (before any pod is stopped)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": stop_request_name(cluster, run), "labels": {LABEL_APP: APP, LABEL_RUN: run}},
+        "data": {STOP_REQUEST_KEY: f"{time.time():.3f}"},
+    }
+    clear_stop_request(api, cluster, run)
+    with calling(f"recording the stop of run {run}"):
+        api.core.create_namespaced_config_map(api.namespace, V1ConfigMap.model_validate(body))
+
+
+def stop_requested(api: Api, cluster: Cluster, run: str) -> float | None:
+    """When `fab stop` asked the run to end (Unix time), or None."""
+    try:
+        found = api.core.read_namespaced_config_map(stop_request_name(cluster, run), api.namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise TaskError(f"reading run {run}'s stop request: the API server answered {e.status} {e.reason}") from None
+    try:
+        return float((found.data or {})[STOP_REQUEST_KEY])
+    except (KeyError, ValueError):
+        return None
+
+
+def clear_stop_request(api: Api, cluster: Cluster, run: str) -> None:
+    """Remove an earlier stop request (each attempt's start: a stopped run continues with the same train)."""
+    _delete(api.core.delete_namespaced_config_map, stop_request_name(cluster, run), api.namespace)
+
+
+def live_runs(api: Api) -> list[str]:
+    """The runs whose training Job has not ended (neither Complete nor Failed), by name."""
+    with calling("listing the running Jobs"):
+        jobs = api.batch.list_namespaced_job(api.namespace, label_selector=LABEL_ATTEMPT).items
+    ended = ("Complete", "Failed")
+    return sorted(
+        {
+            labels_of(job)[LABEL_RUN]
+            for job in jobs
+            if LABEL_RUN in labels_of(job)
+            and LABEL_ATTEMPT in labels_of(job)
+            and not any(
+                c.type in ended and c.status == "True" for c in ((job.status.conditions or []) if job.status else [])
+            )
+        }
+    )

@@ -35,7 +35,7 @@ from launcher.console import (
 )
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, name_of
-from launcher.kube.connect import delete_run_objects, open_cluster, run_objects
+from launcher.kube.connect import delete_run_objects, live_runs, open_cluster, request_stop, run_objects
 from launcher.kube.jobs import (
     PENDING_TIMEOUT_S,
     access_of,
@@ -50,6 +50,7 @@ from launcher.kube.jobs import (
 from launcher.kube.objects import CONTAINER, job_name
 from launcher.kube.watch import disruption, rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
+from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord
@@ -189,12 +190,30 @@ def logs(
             )
             for line in log_lines(raw_response(stream)):
                 out_line(unit.label(line))
+    if follow:  # each pod's log stream ends with its container
+        ended = {name_of(p): p for p in run_objects(api, run)[2]}
+        states = []
+        for pod in pods:
+            now = ended.get(name_of(pod))
+            code = exit_code(now) if now is not None else None
+            phase = (now.status.phase if now is not None and now.status else None) or "deleted"
+            states.append(f"{unit_of(pod).name} {phase}" + ("" if code is None else f" (exit {code})"))
+        say(f"run {run} ended: {', '.join(states)}")
 
 
-def stop(cluster_spec: str | None, run: str = "main") -> int:
-    api, _ = open_cluster(cluster_spec)
-    if not delete_run_objects(api, run):
-        say(f"run {run}: nothing to stop (no Job or Service)")
+def stop(cluster_spec: str | None, run: str | None = None) -> int:
+    """An operator's stop of the run (--run, else the one live run): its request left first, then its
+    Job and Service deleted (every pod gets SIGTERM: it snapshots and exits); the attached `fab train`
+    ends it "stopped" (launcher.launch.operator_stop)."""
+    api, cluster = open_cluster(cluster_spec)
+    live = live_runs(api)
+    chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
+    if chosen is None:
+        say(nothing_running_line(cluster.cluster_name))
+        return 0
+    request_stop(api, cluster, chosen)  # before any pod is signalled: the attached train reads it
+    if not delete_run_objects(api, chosen):
+        say(not_running_line(chosen, live))
     return 0
 
 

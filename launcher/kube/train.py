@@ -22,7 +22,7 @@ from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, out_line, say
 from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect
-from launcher.kube.connect import delete_run_objects
+from launcher.kube.connect import clear_stop_request, delete_run_objects, stop_requested
 from launcher.kube.jobs import access_of, stage
 from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
@@ -153,6 +153,7 @@ class KubeRun:
         assert self.prepared is not None, "open() first"
         launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
         delete_run_objects(api, run, quiet=True, wait=True)
+        clear_stop_request(api, self.cluster, run)  # an older `fab stop` no longer applies
         with calling(f"creating the Service and Job {launch.job}"):
             api.core.create_namespaced_service(
                 api.namespace, V1Service.model_validate(objects.headless_service(launch))
@@ -175,12 +176,16 @@ class KubeRun:
             lambda: delete_run_objects(api, run, quiet=True),
             self.request.recover.recover_timeout_s,
             out=out_line,
+            stop_requested=self.stop_requested,
         )
         return watch.watch()
 
     def stop(self) -> None:
         if self.api is not None:
             delete_run_objects(self.api, self.request.run, quiet=True)
+
+    def stop_requested(self) -> float | None:
+        return stop_requested(self.api, self.cluster, self.request.run) if self.api is not None else None
 
     def unretryable(self, error: RunFailed) -> str | None:
         """An OOM-killed container would run out again at the same size, whatever --min-nodes says."""

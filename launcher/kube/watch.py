@@ -10,6 +10,9 @@ first pod to fail -- its container exited non-zero, or it was evicted or preempt
 DisruptionTarget) -- ends the watch: the caller's stop_all deletes the Job (every pod gets SIGTERM)
 and RunFailed names the rank, as the VM monitor's does, so launcher.recover's policy classifies it
 the same way. A pod that finds no node within the pending timeout ends the watch with one line.
+An operator's stop (`fab stop` deleted the Job after leaving its request: launcher.kube.connect) is
+no failure: once a pod fails or goes away the request is read, the pods are left to end (their
+snapshot), and RunStopped ends the watch.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from launcher.launch.monitor import (
     Progress,
     RunFailed,
     RunInterrupted,
+    RunStopped,
 )
 from launcher.launch.plan import Unit
 from launcher.recover.oom import OomKill
@@ -45,6 +49,8 @@ from launcher.runs.metrics_stream import RunRecorder
 
 POLL_S = 1.0
 """How often the run's pods are listed."""
+STOPPED_WAIT_S = 120.0
+"""How long a watch stopped by an operator waits for the pods' snapshots (connect.GONE_TIMEOUT_S's wait)."""
 OOM_KILLED = "OOMKilled"
 """The terminated reason the kubelet records for a container its cgroup's OOM killer killed."""
 DISRUPTION = "DisruptionTarget"
@@ -121,8 +127,11 @@ class PodWatch:
         stop_all: Callable[[], object],
         pending_timeout_s: float,
         out: Callable[[str], None] = print,
+        stop_requested: Callable[[], float | None] = lambda: None,
     ):
         self.api, self.launch, self.recorder, self.stop_all = api, launch, recorder, stop_all
+        self.stop_requested = stop_requested
+        """When an operator's `fab stop` asked the run to end (launcher.kube.connect.stop_requested)."""
         self.pending_timeout_s, self.out = pending_timeout_s, out
         self.progress = Progress()
         self.tails: dict[int, deque[str]] = {}
@@ -222,6 +231,8 @@ class PodWatch:
                     self.progress.ended_at = time.time()
                     return self.progress
                 failed = [p for p in pods if p.status and (p.status.phase == "Failed" or disruption(p))]
+                if (failed or len(pods) < len(self.followed)) and not at_budget:
+                    self.end_if_stopped()
                 if failed and not at_budget:
                     self.fail(failed)
                 done = [p for p in pods if p.status and p.status.phase == "Succeeded"]
@@ -242,6 +253,19 @@ class PodWatch:
             if not self.metrics_started:
                 self.recorder.stream_ended()  # nothing to wait for: rank 0 never ran
             self.recorder.close()
+
+    def end_if_stopped(self) -> None:
+        """RunStopped once the pods ended, when an operator's stop asked for the end; else nothing."""
+        requested_at = self.stop_requested()
+        if requested_at is None:
+            return
+        self.emit("stopped by an operator: every pod stops after its snapshot ...")
+        deadline = time.monotonic() + STOPPED_WAIT_S
+        while time.monotonic() < deadline:  # the deleted Job's pods finish their snapshot on SIGTERM
+            if all(p.status and p.status.phase in ("Succeeded", "Failed") for p in self.pods()):
+                break
+            time.sleep(POLL_S)
+        raise RunStopped(self.progress, requested_at)
 
     def check_pending(self, pods: list[V1Pod], waited: float) -> None:
         """StuckPending when a rank has had no node for longer than the pending timeout."""
@@ -289,7 +313,7 @@ class PodWatch:
             )
             raise OutOfMemory(oom_line(failure, oom), failure=failure)
         reason = "ended without an exit code" if code is None else f"exited with code {code}"
-        raise RunFailed(f"{what} {reason}; every pod was stopped", failure=failure)
+        raise RunFailed(f"{what} {reason}; every pod was stopped", failure=failure, progress=self.progress)
 
 
 class OutOfMemory(RunFailed):

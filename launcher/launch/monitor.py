@@ -66,11 +66,15 @@ class FirstFailure:
 class RunFailed(RuntimeError):
     """A unit failed (or the operator interrupted); every unit has been stopped. exit_code for the CLI."""
 
-    def __init__(self, message: str, exit_code: int = 1, failure: FirstFailure | None = None):
+    def __init__(
+        self, message: str, exit_code: int = 1, failure: FirstFailure | None = None, progress: Progress | None = None
+    ):
         super().__init__(message)
         self.exit_code = exit_code
         self.failure = failure
         """The unit that failed first (None when the operator interrupted): launcher.recover classifies it."""
+        self.progress = progress
+        """The attempt's progress when the watch knew it (its stop record: where a stop's snapshot is)."""
 
 
 class RunInterrupted(RunFailed):
@@ -78,8 +82,17 @@ class RunInterrupted(RunFailed):
     after a snapshot of its last completed step (progress.stopped_at)."""
 
     def __init__(self, progress: Progress):
-        super().__init__("interrupted (Ctrl-C): every rank was stopped", exit_code=130)
-        self.progress = progress
+        super().__init__("interrupted (Ctrl-C): every rank was stopped", exit_code=130, progress=progress)
+        self.progress: Progress = progress
+
+
+class RunStopped(RunFailed):
+    """An operator's stop (`fab stop`, from anywhere) ended every unit, each rank after its snapshot
+    (progress.stopped_at); requested_at: when it was asked (Unix time). Never restarted."""
+
+    def __init__(self, progress: Progress, requested_at: float | None):
+        super().__init__("stopped by an operator: every rank was stopped", exit_code=130, progress=progress)
+        self.requested_at = requested_at
 
 
 @dataclass
@@ -167,7 +180,7 @@ class Monitor:
         self,
         plan: LaunchPlan,
         shells: dict[int, Shell],
-        stop_all: Callable[[], None],
+        stop_all: Callable[[], object],
         out: Callable[[str], None] = print,
     ):
         self.plan, self.shells, self.stop_all, self.out = plan, shells, stop_all, out
@@ -188,6 +201,9 @@ class Monitor:
         if line.startswith(EXIT_MARKER):
             self.exit_seen.add(unit.name)
             fields = line.split()
+            if len(fields) >= 2 and fields[1] == "stop":  # an operator's stop (units.follow_command)
+                self.events.put(("stop", unit, None, float(fields[2]) if len(fields) > 2 else time.time()))
+                return
             if len(fields) >= 3 and fields[1].lstrip("-").isdigit():
                 self.events.put(("exit", unit, int(fields[1]), float(fields[2])))
             else:
@@ -254,6 +270,8 @@ class Monitor:
         watch_nodes([self.shells[h.node.index] for h in self.plan.hosts], self._on_node_lost, stop_heartbeat)
         remaining = set(units)
         last_progress = 0.0
+        stop_requested: float | None = None
+        """When an operator's stop was asked: the units then end by it, none of them a failure."""
         try:
             while remaining:
                 try:
@@ -270,6 +288,13 @@ class Monitor:
                 if unit not in remaining:  # the heartbeat's word on a unit that already ended
                     continue
                 remaining.discard(unit)
+                if kind == "stop" and stop_requested is None:
+                    stop_requested = event[3]
+                    # The operator's `fab stop` signals and waits for every unit itself; a second
+                    # signal from here would cut the ranks' snapshot short (model.monitoring.stop_signal).
+                    self.emit(f"{unit.prefix} stopped by an operator: every rank stops after its snapshot ...")
+                if stop_requested is not None:
+                    continue
                 if kind == "exit" and detail in (0, budget.BUDGET_EXIT):
                     self.progress.ended_at = max(self.progress.ended_at or 0.0, event[3])
                     # Every rank stops at the same step at the budget: an end by design, not a failure.
@@ -284,6 +309,8 @@ class Monitor:
             stop_heartbeat.set()
             # the metrics stream's last lines (the trainer's stop record), the plot's last drawing
             self.recorder.close()
+        if stop_requested is not None:
+            raise RunStopped(self.progress, stop_requested)
         return self.progress
 
     def _fail(self, failures: list[tuple]) -> None:

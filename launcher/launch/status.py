@@ -6,7 +6,8 @@ The idle-stop line: node/autostop.sh keeps ~/nanocluster/autostop.deadline (epoc
 ISO time) while the idle stop is on; a live run unit or an SSH session (fab status's own included)
 pushes it forward.
 
-`fab logs`: each unit's log from its node, labelled as `fab train` labels it; --follow keeps streaming.
+`fab logs`: each unit's log from its node, labelled as `fab train` labels it; --follow keeps streaming
+until every unit has ended, then one line says how each ended.
 """
 
 from __future__ import annotations
@@ -162,4 +163,24 @@ def logs(
                 while t.is_alive():
                     t.join(0.5)
         except KeyboardInterrupt:
-            pass
+            return
+        if follow:
+            say(ended_line(run, unit_states(session, run, units)))
+
+
+def unit_states(session: Session, run: str, units: list[Unit]) -> dict[str, str]:
+    """Each unit's state as alive_command says it ("exited 0", "stopped", "lost: ..."), by unit name."""
+    hosts = sorted({u.node.index: u.node for u in units}.values(), key=lambda n: n.index)
+    found = session.run_everywhere(hosts, lambda n, shell: shell.run(alive_command(shell.root, run)).stdout)
+    states = {}
+    for out in found:
+        for line in out.splitlines():
+            name, _, state = line.strip().partition(" ")
+            if name:
+                states[name] = state
+    return {u.name: states.get(u.name, "lost") for u in units}
+
+
+def ended_line(run: str, states: dict[str, str]) -> str:
+    """`fab logs --follow`'s last line once every unit has ended: how each ended."""
+    return f"run {run} ended: " + ", ".join(f"{name} {state}" for name, state in states.items())

@@ -51,11 +51,14 @@ import shlex
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
 from launcher.console import command_line, out_line, say
+from launcher.launch.operator_stop import STOP_REQUEST_NAME, not_running_line, nothing_running_line, run_to_stop
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
 from launcher.transport.ssh import install_ssh_command
 
 EXIT_MARKER = "@@nanocluster-exit"
+STOPPED_PREFIX = "@@nanocluster-stopped"
+"""The line an operator's stop_command starts with, followed by the units it signalled."""
 # Longer than the trainer's stop_grace_s (25 s, model.settings.config) plus its hard exit (5 s): a stopped
 # trainer finishes its step and writes the snapshot before anything is killed.
 STOP_GRACE_S = 35
@@ -84,7 +87,7 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluste
     ]
     if ssh_files:
         lines.append(install_ssh_command(root))
-    lines += [f"cd {directory}", "mkdir -p logs"]
+    lines += [f"cd {directory}", f"rm -f {STOP_REQUEST_NAME}", "mkdir -p logs"]  # an older stop no longer applies
     for unit in units:
         log = f"logs/{unit}.log"
         lines += [
@@ -101,7 +104,8 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluste
 
 
 def follow_command(root: str, run: str, unit: str, from_start: bool = True) -> str:
-    """Stream a unit's log until the unit ends, then one line: EXIT_MARKER CODE TIME (or 'lost')."""
+    """Stream a unit's log until the unit ends, then one line: EXIT_MARKER CODE TIME (or 'lost'), or
+    EXIT_MARKER stop TIME when an operator's stop (`fab stop`) asked for the end at TIME."""
     directory = run_dir(root, run)
     start = "+1" if from_start else "0"
     return with_identity(
@@ -109,7 +113,8 @@ def follow_command(root: str, run: str, unit: str, from_start: bool = True) -> s
         f'if nc_unit {unit} && kill -0 "$nc_pid" 2>/dev/null; then '
         f'tail -s 0.2 -n {start} -F --pid="$nc_pid" logs/{unit}.log 2>/dev/null; '
         f"else cat logs/{unit}.log 2>/dev/null; fi; "
-        f'echo "{EXIT_MARKER} $(cat {unit}.exit 2>/dev/null || echo lost)"'
+        f'if [ -s {STOP_REQUEST_NAME} ]; then echo "{EXIT_MARKER} stop $(cat {STOP_REQUEST_NAME})"; '
+        f'else echo "{EXIT_MARKER} $(cat {unit}.exit 2>/dev/null || echo lost)"; fi'
     )
 
 
@@ -122,19 +127,23 @@ def metrics_command(root: str, run: str, unit: str) -> str:
     )
 
 
-def stop_command(root: str, run: str) -> str:
+def stop_command(root: str, run: str, operator: bool = False) -> str:
     """TERM every unit's process group of the run on this node (UNIT.stopped records that it was
-    stopped), KILL what is left after the grace.
+    stopped), KILL what is left after the grace. operator: an operator's stop (`fab stop`), which
+    first writes the run's stop request (launcher.launch.operator_stop) and prints
+    'STOPPED_PREFIX UNIT...' naming the units it signalled.
 
     Only units verified as ours before the first signal are stopped. During the grace a group whose
     leader has exited (state gone) is still followed: Linux does not hand out a number still used
     as a process group id, so while any member lives the group is the unit's."""
     directory = run_dir(root, run)
     ticks = STOP_GRACE_S * 5
+    request = f"date +%s.%N > {STOP_REQUEST_NAME}; " if operator else ""
+    report = f'echo "{STOPPED_PREFIX}$units"; ' if operator else ""
     return with_identity(
-        f"cd {directory} 2>/dev/null || exit 0; units=; "
+        f"cd {directory} 2>/dev/null || exit 0; {request}units=; "
         'for f in *.pid; do [ -f "$f" ] || continue; nc_unit "${f%.pid}" && units="$units ${f%.pid}"; done; '
-        '[ -n "$units" ] || exit 0; '
+        f'[ -n "$units" ] || exit 0; {report}'
         'held() { { nc_unit "$1" || [ "$nc_state" = gone ]; } && kill -0 -"$nc_pid" 2>/dev/null; }; '
         'for u in $units; do nc_unit "$u" && date +%s > "$u.stopped" && kill -TERM -"$nc_pid" 2>/dev/null; done; '
         f"i=0; while [ $i -lt {ticks} ]; do alive=; "
@@ -174,9 +183,25 @@ def boot_command(root: str, run: str) -> str:
 
 
 def log_command(root: str, run: str, unit: str, lines: int, follow: bool) -> str:
-    """The last lines of a unit's log, and with follow every new one until interrupted."""
-    flag = "-F" if follow else ""
-    return f"tail -n {int(lines)} {flag} {run_dir(root, run)}/logs/{unit}.log"
+    """The last lines of a unit's log; with follow every new one until the unit has ended (at once
+    when it is not running)."""
+    log = f"logs/{unit}.log"
+    if not follow:
+        return f"tail -n {int(lines)} {run_dir(root, run)}/{log}"
+    return with_identity(
+        f"cd {run_dir(root, run)} || exit 1; "
+        f'if nc_running {unit}; then tail -s 0.2 -n {int(lines)} -F --pid="$nc_pid" {log} 2>/dev/null; '
+        f"else tail -n {int(lines)} {log}; fi"
+    )
+
+
+def live_runs_command(root: str) -> str:
+    """The runs with a unit running on this node (verified as ours), one name a line."""
+    return with_identity(
+        f"cd {root}/runs 2>/dev/null || exit 0; "
+        'for d in */; do d=${d%/}; for f in "$d"/*.pid; do [ -f "$f" ] || continue; '
+        'if nc_running "${f%.pid}"; then echo "$d"; break; fi; done; done'
+    )
 
 
 BOOT_ID_ENV = "NANOCLUSTER_BOOT_ID_FILE"
@@ -203,12 +228,14 @@ def with_identity(command: str) -> str:
     return UNIT_IDENTITY_SH + command
 
 
-def stop_units(session: Session, run: str) -> None:
-    """Stop the run's units on every machine; a node that cannot be reached is reported, not fatal."""
+def stop_units(session: Session, run: str, operator: bool = False) -> list[Node]:
+    """Stop the run's units on every machine; a node that cannot be reached is reported, not fatal.
+    operator: an operator's stop (stop_command's), which returns the machines where units ran."""
+    stopped: list[Node] = []
 
     def one(node: Node, shell: Shell) -> None:
         try:
-            result = shell.run(stop_command(shell.root, run), timeout=STOP_GRACE_S + 20)
+            result = shell.run(stop_command(shell.root, run, operator), timeout=STOP_GRACE_S + 20)
         except NodeError as e:
             out_line(
                 f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
@@ -216,19 +243,42 @@ def stop_units(session: Session, run: str) -> None:
                 "once the node is back"
             )
             return
-        if result.stdout.strip():
-            out_line(f"[stop {node.name}] {result.stdout.strip()}")
+        lines = result.stdout.strip().splitlines()
+        if any(line.startswith(STOPPED_PREFIX) for line in lines):
+            stopped.append(node)
+        for line in lines:
+            if not line.startswith(STOPPED_PREFIX):
+                out_line(f"[stop {node.name}] {line}")
 
     session.run_everywhere(session.hosts(), one)
+    return [n for n in session.hosts() if n in stopped]
 
 
-def stop(cluster_spec: str | None, run: str = "main") -> int:
-    """`fab stop`: every unit of the run on every reachable node; 1 when a node could not be reached."""
+def live_runs(session: Session) -> list[str]:
+    """The runs with a unit running on some reachable machine (verified by its identity record),
+    by name: what `fab stop` without --run chooses from."""
+    found = session.run_everywhere(session.hosts(), lambda n, shell: shell.run(live_runs_command(shell.root)).stdout)
+    return sorted({name for out in found for name in out.split()})
+
+
+def stop(cluster_spec: str | None, run: str | None = None) -> int:
+    """`fab stop`: an operator's stop of every unit of the run (--run, else the one live run) on every
+    reachable node, each rank after its snapshot; the attached `fab train` ends it "stopped" instead of
+    restarting it (launcher.launch.operator_stop). 0 stopped or nothing to stop; 1 when a node could not
+    be reached, or (without --run) several runs are live."""
     cluster = resolve_cluster(cluster_spec, None)
     with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
-        stop_units(session, run)
-        if session.nodes:
-            say(f"run {run}: every rank stopped on {', '.join(n.name for n in session.hosts())}")
+        live = live_runs(session)
+        chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
+        if chosen is None:
+            say(nothing_running_line(cluster.cluster_name))
+        else:
+            stopped = stop_units(session, chosen, operator=True)  # the request is left even when none ran
+            if stopped:
+                where = ", ".join(n.name for n in stopped)
+                say(f"run {chosen}: every rank stopped on {where} (each after its snapshot)")
+            else:
+                say(not_running_line(chosen, live))
         for error in session.unreachable.values():
             say(f"not stopped: {error}")
     return 1 if session.unreachable else 0

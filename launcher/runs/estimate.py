@@ -20,6 +20,7 @@ from typing import Any, overload
 
 from launcher.cluster.inventory import price_text
 from launcher.console import command_line
+from launcher.launch.operator_stop import stopped_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, interrupted_text
@@ -107,17 +108,19 @@ def run_clock(attempt: Attempt | None, series: Series, now: float | None = None)
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
         prices_as_of=launch.get("prices_as_of") or "",
-        ended=ending_text(attempt.end),
+        ended=ending_text(attempt.end, attempt.run),
     )
 
 
-def ending_text(end: dict[str, Any] | None) -> str:
-    """An end event as `fab status` says it; "" for none."""
+def ending_text(end: dict[str, Any] | None, run: str = "") -> str:
+    """An end event (of run) as `fab status` says it; "" for none."""
     if end is None:
         return ""
     outcome = end.get("outcome", "finished")
     if outcome == "interrupted":
         return interrupted_text(end.get("iter"), end.get("rerun") or command_line("train"))
+    if outcome == "stopped":  # an operator's `fab stop`
+        return stopped_text(run, end.get("iter"), end.get("requested_at"), end.get("rerun") or command_line("train"))
     if outcome == "failed":
         return f"failed: {end['reason']}" if end.get("reason") else "failed"
     return "stopped at its budget" if outcome == "budget" else outcome

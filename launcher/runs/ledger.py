@@ -36,7 +36,13 @@ from launcher.runs.estimate import RunClock, run_clock
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
 
-OUTCOMES = {"finished": "finished", "failed": "failed", "budget": "stopped at budget", "interrupted": "interrupted"}
+OUTCOMES = {
+    "finished": "finished",
+    "failed": "failed",
+    "budget": "stopped at budget",
+    "interrupted": "interrupted",
+    "stopped": "stopped",
+}
 """The "end" event's outcome as the ledger says it (an outcome not listed is shown as recorded)."""
 NO_END = "no end recorded"
 

@@ -7,7 +7,7 @@ through the driver of the cluster's kind (launcher.tasks.drivers) where the kind
                    launcher.train or launcher.kube.train); the self-healing flags are
                    launcher.recover.policy's RecoverOptions, whose defaults the help prints
     status, logs   the run's units and record, each rank's log (launcher.launch.status)
-    stop           stop a run's ranks everywhere (launcher.launch.units)
+    stop           an operator's stop of a run's ranks everywhere (launcher.launch.operator_stop)
     sample, fetch  text from the run's best checkpoint; the checkpoint copied here (launcher.checkpoints);
                    the sampling defaults are model.conventions', which `python -m model.sample` shares
     runs, rm       every run on the cluster and here; delete one, or every ended one (prune)
@@ -21,6 +21,7 @@ from __future__ import annotations
 from invoke import Context
 
 from launcher.doctor import SEND_S
+from launcher.launch.operator_stop import STOPPED_EXIT
 from launcher.launch.units import STOP_GRACE_S
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
@@ -235,13 +236,21 @@ def logs(
     driver(cluster).logs(cluster, run=run, rank=rank, lines=lines, follow=follow)
 
 
-@fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
-def stop(c: Context, cluster: str | None = None, run: str = "main") -> int:
+@fab_task(
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": "the run to stop (default: the one running on the cluster; with several, name one)",
+    }
+)
+def stop(c: Context, cluster: str | None = None, run: str | None = None) -> int:
     return driver(cluster).stop(cluster, run=run)
 
 
 # The help's grace is the one the launcher waits (a docstring cannot hold the constant).
-stop.__doc__ = f"Stop every rank of a run on every node (TERM, then KILL after {STOP_GRACE_S} s)."
+stop.__doc__ = (
+    f"Stop every rank of a run on every node, each after its snapshot (TERM, then KILL after {STOP_GRACE_S} s); "
+    f"an attached train ends 'stopped' (exit {STOPPED_EXIT}), not restarted."
+)
 
 
 # The flags' defaults as strings (launcher.tasks.flags says why).

@@ -206,3 +206,42 @@ def test_a_run_that_cannot_fit_a_pod_is_refused_before_any_object_exists(fake, c
     assert len(ran.error_lines) == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a pod on ")
     assert "GB" in ran.error_lines[0] and "--set batch_size=N" in ran.error_lines[0]
     assert not fake.jobs()
+
+
+def test_plain_stop_picks_the_one_live_run_and_leaves_its_stop_request(fake, contract_file, task, script):
+    fake.seed()
+    script.run_ticks = 10**9  # the pods keep running
+    import time
+
+    from launcher.kube import objects
+
+    nothing = task("stop", "--cluster", str(contract_file))
+    assert nothing.code == 0, nothing.err
+    assert "no run is running on " in nothing.out and "nothing to stop" in nothing.out
+    launch = objects.PodLaunch(
+        run="r5",
+        job="fake-r5",
+        namespace="nanocluster",
+        nodes=1,
+        port=29500,
+        image=objects.DEFAULT_IMAGE,
+        claim="shared",
+        cores=4,
+        memory_gib=15.0,
+        node_selector={},
+        tolerations=(),
+        trainer_args=(),
+    )
+    fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
+    ran = task("stop", "--cluster", str(contract_file))  # no --run: the one live run
+    assert ran.code == 0, ran.err
+    assert "deleted run r5" in ran.out + ran.err
+    requests = fake.core.list_namespaced_config_map("nanocluster").items
+    assert [(c.metadata.labels[LABEL_RUN], float(c.data["requested_at"]) > 0) for c in requests] == [("r5", True)]
+    deadline = time.monotonic() + 10
+    while fake.pods():
+        assert time.monotonic() < deadline, "the run's pods stayed"
+        time.sleep(0.02)
+    again = task("stop", "--cluster", str(contract_file), "--run", "r5")
+    assert again.code == 0, again.err
+    assert "run r5 is not running: nothing to stop" in again.out

@@ -71,6 +71,9 @@ class ScriptedRun(MachinesRun):
     def watch(self):
         return self.progress
 
+    def stop_requested(self):  # no operator's stop in these scenarios (the fake session has no shell)
+        return None
+
 
 class Recovery:
     """The lifecycle's restart loop over a ScriptedRun (what these tests drove before the loop was shared)."""

@@ -1,0 +1,76 @@
+"""The operator's stop (`fab stop`), the same on every kind of cluster: which run it stops, the request
+it leaves for the run's restart loop, and what `fab stop` and the attached `fab train` say of it.
+
+A stop that comes from another terminal (or a script, or the same operator after closing the
+terminal `fab train` ran in) must not look like a preemption to the attached `fab train`: its ranks
+end by a SIGTERM it did not send, which the restart policy retries (launcher.recover.policy). So
+`fab stop` first leaves a durable request where the run lives (STOP_REQUEST_NAME in the run
+directory on each node; on Kubernetes, a labelled ConfigMap), then signals the ranks, which snapshot
+and exit as on Ctrl-C. The attached train's monitor and restart loop read the request (the kind's
+RunKind.stop_requested) and end the run "stopped" instead of restarting it. Each attempt's start
+removes an older request, so a stopped run continues with the same train command.
+
+Which run: --run names it; without --run, the one live run on the cluster (a run is live while one
+of its units runs, as its identity record verifies: launcher.launch.units.live_runs), or a refusal
+naming the live runs when there are several.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Sequence
+
+from launcher.console import Interrupted, TaskError, command_line
+
+STOP_REQUEST_NAME = "stop.requested"
+"""The request file in the run directory: the Unix time `fab stop` was asked, written before any signal."""
+STOPPED_EXIT = Interrupted.exit_code
+"""`fab train`'s exit status after an operator's stop: 130, as Ctrl-C's. Both end a run that did not
+finish and did not fail, with every rank's snapshot kept and the same command continuing it, so a
+script tells them apart from a failure (1) and a budget stop (3) the same way."""
+
+
+class OperatorStopped(Interrupted):
+    """The run was stopped by `fab stop` (from anywhere); the message says when and how to go on.
+    Exit STOPPED_EXIT."""
+
+    exit_code = STOPPED_EXIT
+
+
+def clock(at: float) -> str:
+    """HH:MM:SS of a Unix time, in this machine's time zone (as the operator's clock shows it)."""
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def stopped_text(run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str) -> str:
+    """`fab train`'s last line (and `fab status`'s) after an operator's stop."""
+    at = f" at iter {snapshot_iter}" if snapshot_iter is not None else ""
+    when = f"stop at {clock(requested_at)}; " if requested_at is not None else ""
+    kept = "every rank stopped after its snapshot" if snapshot_iter is not None else "its newest snapshot is kept"
+    return f"run {run} stopped by an operator{at} ({when}{kept}); continue with: {rerun}"
+
+
+def run_to_stop(run: str | None, live: Sequence[str], cluster_spec: str | None, where: str) -> str | None:
+    """The run `fab stop` stops: --run when given; else the one live run, None when none is live
+    (nothing to stop), or a TaskError naming the live runs when there are several (where: the
+    cluster's name, for the message)."""
+    if run is not None:
+        return run
+    if len(live) > 1:
+        names = ", ".join(sorted(live))
+        # --run spelled out even for the default run: without it the same command refuses again.
+        fix = f"{command_line('stop', cluster=cluster_spec)} --run {shlex.quote(sorted(live)[0])}"
+        raise TaskError(f"{len(live)} runs are running on {where}: {names}; name the one to stop, e.g. `{fix}`")
+    return live[0] if live else None
+
+
+def nothing_running_line(where: str) -> str:
+    """What plain `fab stop` says when no run is live."""
+    return f"no run is running on {where}: nothing to stop"
+
+
+def not_running_line(run: str, live: Sequence[str]) -> str:
+    """What `fab stop --run RUN` says when RUN is not live (naming the live runs, in case of a typo)."""
+    others = f" (running: {', '.join(sorted(live))})" if live else ""
+    return f"run {run} is not running{others}: nothing to stop"

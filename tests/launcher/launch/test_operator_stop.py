@@ -1,0 +1,181 @@
+"""An operator's `fab stop`, from another terminal: on the local cluster with real ranks, the attached
+`fab train` ends "stopped" (exit 130, one line with the stop's time and the command that continues)
+without a restart, and the record and ledger say "stopped"; `fab logs --follow` returns once the run
+has ended. Without --run, stop picks the one live run, refuses naming several, and says when none
+runs (live units here are stand-ins started the way a launch starts them: no torch needed)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from launcher.cluster.inventory import local_cluster
+from launcher.console import TaskError, command_line
+from launcher.launch.operator_stop import run_to_stop, stopped_text
+from launcher.launch.units import live_runs_command, start_command, stop_command
+from launcher.runs.ledger import run_rows
+from launcher.runs.record import RunRecord
+from launcher.testing.fab import TINY_CONFIG, Fab, wait_for
+from launcher.transport import payload
+from launcher.transport.connect import connect_reachable
+from tests.launcher.dataset import write_dataset
+
+
+def local_shell():
+    cluster = local_cluster(1)
+    return connect_reachable(cluster, cluster.nodes)[0][0]
+
+
+def start_standin(run: str, units: tuple[str, ...] = ("rank0",)) -> None:
+    """The run's units started as a launch starts them, each a `sleep` that a TERM ends."""
+    shell = local_shell()
+    files = {f"runs/{run}/{u}.sh": "exec sleep 120\n" for u in units}
+    shell.check(start_command(shell.root, run, list(units), False), "start", stdin=payload(files, tuple(files)))
+
+
+def last(out: str) -> str:
+    """A task's last line (the first says which cluster it uses)."""
+    return out.strip().splitlines()[-1]
+
+
+def live() -> list[str]:
+    shell = local_shell()
+    return shell.run(live_runs_command(shell.root)).stdout.split()
+
+
+@pytest.fixture
+def standins(local_home):
+    """Stand-in runs, every one stopped at the end whatever the test did."""
+    started: list[str] = []
+
+    def start(run: str) -> None:
+        start_standin(run)
+        started.append(run)
+
+    yield start
+    shell = local_shell()
+    for run in started:
+        shell.run(stop_command(shell.root, run))
+
+
+def test_without_run_several_live_runs_are_refused_by_name_one_is_stopped_and_none_is_said(local_home, standins):
+    fab = Fab("local", local_home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
+    standins("a")
+    standins("b")
+    assert live() == ["a", "b"]
+
+    refused = fab("stop")
+    assert refused.returncode == 1
+    fix = f"{command_line('stop')} --run a"
+    assert refused.stderr.strip() == f"error: 2 runs are running on local: a, b; name the one to stop, e.g. `{fix}`"
+    assert live() == ["a", "b"]  # nothing was stopped
+
+    named = fab("stop", "--run", "a")
+    assert named.returncode == 0, named.stderr
+    assert re.fullmatch(r"run a: every rank stopped on \S+ \(each after its snapshot\)", last(named.stdout))
+    assert live() == ["b"]
+
+    plain = fab("stop")  # the one live run
+    assert plain.returncode == 0, plain.stderr
+    assert last(plain.stdout).startswith("run b: every rank stopped on ")
+    assert live() == []
+
+    nothing = fab("stop")
+    assert (nothing.returncode, last(nothing.stdout)) == (0, "no run is running on local: nothing to stop")
+    again = fab("stop", "--run", "a")  # idempotent: the run is not running, which is what stop is for
+    assert (again.returncode, last(again.stdout)) == (0, "run a is not running: nothing to stop")
+    assert "every rank stopped" not in nothing.stdout + again.stdout
+
+
+def test_stop_request_is_left_before_the_signal_and_a_new_start_clears_it(local_home, standins):
+    standins("r")
+    shell = local_shell()
+    out = shell.run(stop_command(shell.root, "r", operator=True)).stdout
+    assert out.split() == ["@@nanocluster-stopped", "rank0"]
+    request = local_home / "runs" / "r" / "stop.requested"
+    assert float(request.read_text()) > 0
+    standins("r")  # the same train command continues a stopped run: the old request no longer applies
+    assert not request.exists()
+
+
+def test_run_to_stop_and_the_stopped_line():
+    assert run_to_stop("x", ["a", "b"], None, "lab") == "x"
+    assert run_to_stop(None, ["a"], None, "lab") == "a"
+    assert run_to_stop(None, [], None, "lab") is None
+    with pytest.raises(TaskError, match=r"^2 runs are running on lab: a, main; name the one to stop, e\.g\. `"):
+        run_to_stop(None, ["main", "a"], "stack:lab", "lab")
+    with pytest.raises(TaskError) as refused:
+        run_to_stop(None, ["main", "a"], None, "lab")
+    assert str(refused.value).endswith(f"`{command_line('stop')} --run a`")
+    line = stopped_text("main", 7, 0.0, "fab train")
+    assert re.fullmatch(
+        r"run main stopped by an operator at iter 7 \(stop at \d\d:\d\d:\d\d; every rank stopped after its "
+        r"snapshot\); continue with: fab train",
+        line,
+    )
+
+
+RUN = "dup"
+MAX_ITERS = 400
+"""Long enough (~15 s at two ranks) that the stop lands before the end on a loaded machine."""
+
+
+@pytest.mark.integration
+def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_path):
+    home = tmp_path / "home"
+    write_dataset(home / "data" / "d")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("log_interval: 5", "log_interval: 1")
+        .replace("max_iters: 20", f"max_iters: {MAX_ITERS}")
+    )
+    fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
+    args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
+    train = fab.popen("train", *args, log=tmp_path / "train.log")
+    follower = None
+    try:
+        wait_for((home / "runs" / RUN / "snapshot.pt").exists, 120, "the first snapshot")
+        follower = fab.popen("logs", "--run", RUN, "--follow", log=tmp_path / "logs.log")
+        stop = fab("stop", "--run", RUN)
+        code = train.wait(timeout=120)
+        logs_code = follower.wait(timeout=60)  # --follow returns once the run has ended
+    finally:
+        for proc in (train, follower):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = (tmp_path / "train.log").read_text()
+
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert last(stop.stdout).startswith(f"run {RUN}: every rank stopped on "), stop.stdout
+    assert code == 130, output[-3000:]
+    assert "restart" not in output and "failed first" not in output and "Traceback" not in output, output[-3000:]
+    command = shlex.join(["fab", "train", *args])
+    final = output.strip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"run {RUN} stopped by an operator at iter (\d+) \(stop at \d\d:\d\d:\d\d; every rank stopped after "
+        r"its snapshot\); continue with: (.+)",
+        final,
+    )
+    assert match and match[2] == command, final
+    stopped_at = int(match[1])
+    assert 0 < stopped_at < MAX_ITERS
+
+    record = RunRecord(home / "clusters" / "local" / "runs" / RUN)
+    end = record.current.end
+    assert end["outcome"] == "stopped" and end["iter"] == stopped_at and end["exit_code"] == 130
+    assert record.current.restarts == 0
+    assert [r.outcome for r in run_rows("local", RunRecord(record.directory))] == ["stopped"]
+    status = fab("status", "--run", RUN)
+    assert status.returncode == 0, status.stderr
+    assert final in status.stdout and "rank0 stopped rank1 stopped" in status.stdout, status.stdout[-2000:]
+
+    assert logs_code == 0
+    assert (tmp_path / "logs.log").read_text().strip().splitlines()[-1] == (
+        f"run {RUN} ended: rank0 stopped, rank1 stopped"
+    )
+    nothing = fab("stop")
+    assert (nothing.returncode, last(nothing.stdout)) == (0, "no run is running on local: nothing to stop")
