@@ -15,7 +15,6 @@ from typing import Any
 
 # Azure's admin-name and OS-disk limits are written once, where the program's config refuses them.
 from infra.config import AZURE_DISALLOWED_USERS, MAX_DISK_GB
-from policy.machines import vm_gpus
 from policy.props import decoded_size, get, items, known
 from policy.rules import Resource
 
@@ -287,19 +286,6 @@ def _gcp_instance(r: Resource) -> Iterator[str]:
                 )
 
 
-def _gcp_gpu_maintenance(r: Resource) -> Iterator[str]:
-    model, count = vm_gpus(r.type, r.props)
-    if not count:
-        return
-    maintenance = get(r.props, "scheduling", "onHostMaintenance")
-    if known(maintenance) and maintenance != "TERMINATE":
-        gpus = f"{count} {model}" if model else "GPUs"
-        yield (
-            f"scheduling.onHostMaintenance is {maintenance or 'unset (MIGRATE)'}: a VM with {gpus} cannot "
-            "live-migrate, only TERMINATE"
-        )
-
-
 # --- the table ------------------------------------------------------------------------------------
 
 CONSTRAINTS: tuple[Constraint, ...] = (
@@ -410,15 +396,6 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "https://cloud.google.com/vpc/docs/add-remove-network-tags ; https://cloud.google.com/compute/docs/networking/using-gvnic",
         ("gcp:compute/instance:Instance",),
         _gcp_instance,
-    ),
-    Constraint(
-        "gcp-gpu-host-maintenance",
-        "A VM with GPUs (guest accelerators or an A2/G2 machine type) has onHostMaintenance TERMINATE: "
-        "GPUs cannot live-migrate",
-        "https://cloud.google.com/compute/docs/gpus/about-gpus ; "
-        "https://registry.terraform.io/providers/hashicorp/google/latest/docs/resources/compute_instance#guest_accelerator",
-        ("gcp:compute/instance:Instance",),
-        _gcp_gpu_maintenance,
     ),
 )
 

@@ -433,11 +433,6 @@ CONSTRAINTS: dict[str, Bad] = {
         ),
         "VirtualMachine named: osProfile.adminUsername 'david': Azure disallows it",
     ),
-    "gcp-gpu-vm-live-migrates": Bad(
-        "gcp",
-        lambda: _gcp_gpu_instance("migrating", scheduling={"on_host_maintenance": "MIGRATE"}),
-        "Instance migrating: scheduling.onHostMaintenance is MIGRATE: a VM with 1 nvidia-tesla-t4 cannot live-migrate",
-    ),
     "gcp-uppercase-label": Bad(
         "gcp",
         lambda: gcp.compute.Address("labelled", region="us-central1", labels={"Team": "ML"}),

@@ -43,7 +43,7 @@ def refused(declared: list[str], cloud: str, location: dict[str, str] | None = N
 
 def test_the_recorder_sees_what_a_valid_stack_declares(declared):
     run_stack(stack_config("aws", nodes=1, accelerator="nvidia-l4"))
-    assert "aws:ec2/instance:Instance" in declared and "invoke aws:ec2/getAmi:getAmi" in declared
+    assert "aws:ec2/instance:Instance" in declared and [d for d in declared if d.startswith("invoke aws:")] != []
 
 
 def _models(cloud: str) -> list[str]:
