@@ -4,8 +4,9 @@ of policy/constraints.py) and the policy pack (tests/infra/policy.py), each node
 the contract saying how many and which; and growing 3 -> 4 GPU nodes changes nothing but the new node
 (on GKE: only the GPU pool's maximum).
 
-48 stacks (4 clouds x 2 GPU types x 3 sizes x spot or not) plus 16 for growth: about 20 s on one core
-here, so every combination runs, 16 nodes included.
+48 stacks (4 clouds x 2 GPU types x 3 sizes x spot or not) plus 8 more for growth, 202 tests: 44 s of
+CPU on the 2-core development machine (2026-11), about a third of it the 16-node stacks (Azure's most). A
+file runs on one worker in CI, so every combination stays, 16 nodes included.
 """
 
 from __future__ import annotations

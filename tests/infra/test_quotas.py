@@ -10,7 +10,7 @@ import pytest
 from infra.accelerators import models_of
 from infra.prices import MACHINE_TYPES
 from infra.quotas import HOW_TO_ASK, QUOTAS, amount, quota_of
-from tests.infra.harness import run_stack, stack_config
+from tests.infra.harness import StackRun, run_stack, stack_config
 
 PROVIDERS = ("gcp", "aws", "azure")
 
@@ -25,13 +25,14 @@ def test_every_gpu_a_cloud_offers_has_its_quota_named_and_no_other(cloud):
         assert quota.on_demand and quota.spot and quota.unit in ("GPUs", "vCPUs")
 
 
-def quota_lines(caplog, cloud: str, **settings: object) -> list[str]:
+def preview(caplog, cloud: str, **settings: object) -> tuple[list[str], StackRun]:
+    """The stack's run and the quota lines it logged."""
     with caplog.at_level(logging.INFO):
-        run_stack(stack_config(cloud, **settings))
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU quota:")]
+        run = run_stack(stack_config(cloud, **settings))
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU quota:")], run
 
 
-# (cloud, settings, the quota it needs, in what unit)
+# (cloud, settings, what the line names, the GPUs it needs; None: quota in vCPUs, the machine's x nodes)
 PREVIEWS = [
     ("gcp", {"nodes": 3, "accelerator": "nvidia-l4"}, "NVIDIA_L4_GPUS and of GPUS_ALL_REGIONS, in us-central1", 3),
     ("gcp", {"nodes": 2, "accelerator": "nvidia-tesla-t4:4", "spot": True}, "PREEMPTIBLE_NVIDIA_T4_GPUS", 8),
@@ -46,16 +47,17 @@ PREVIEWS = [
 
 @pytest.mark.parametrize(("cloud", "settings", "names", "gpus"), PREVIEWS, ids=[f"{c}-{s}" for c, s, _, _ in PREVIEWS])
 def test_a_gpu_stack_names_its_quota_and_the_amount_at_preview(caplog, cloud, settings, names, gpus):
-    (line,) = quota_lines(caplog, cloud, **settings)
+    (line,), run = preview(caplog, cloud, **settings)
     assert names in line, line
-    outputs = run_stack(stack_config(cloud, **settings)).outputs
+    outputs = run.outputs
     machine = MACHINE_TYPES[outputs["machine_type"]]
     provider = "gcp" if cloud == "gke" else cloud
     quota = quota_of(provider, outputs["gpu_model"])
-    needed = amount(quota, outputs["gpus_per_node"], machine.vcpus, settings["nodes"])  # type: ignore[arg-type]
-    assert needed == (gpus if gpus is not None else machine.vcpus * settings["nodes"])  # type: ignore[operator]
+    nodes = int(str(settings["nodes"]))
+    needed = amount(quota, outputs["gpus_per_node"], machine.vcpus, nodes)
+    assert needed == (gpus if gpus is not None else machine.vcpus * nodes)
     assert f" {needed} {quota.unit} (" in line and HOW_TO_ASK[provider].split(",")[0] in line, line
 
 
 def test_a_cpu_stack_logs_no_quota_line(caplog):
-    assert quota_lines(caplog, "gcp", nodes=3) == []
+    assert preview(caplog, "gcp", nodes=3)[0] == []
