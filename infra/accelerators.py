@@ -188,17 +188,19 @@ class AcceleratorError(ValueError):
 ACCELERATOR = re.compile(r"^(?P<model>[a-z0-9-]+)(:(?P<count>\d+))?$")
 
 
-def parse(raw: str) -> tuple[str, int | None]:
-    """'nvidia-l4' -> ('nvidia-l4', None); 'nvidia-tesla-t4:2' -> ('nvidia-tesla-t4', 2); '' -> ('', None)."""
+def parse(raw: str, cloud: str = "") -> tuple[str, int | None]:
+    """'nvidia-l4' -> ('nvidia-l4', None); 'nvidia-tesla-t4:2' -> ('nvidia-tesla-t4', 2); '' -> ('', None).
+    A malformed value's error names the models of `cloud` (every model when no cloud is given)."""
     raw = raw.strip()
     if not raw:
         return "", None
     match = ACCELERATOR.fullmatch(raw)
-    if match is None or match.group("count") in ("0",):
+    if match is None or int(match.group("count") or 1) < 1:
+        models = models_of(cloud) if cloud else sorted(GPU_MODELS)
         raise AcceleratorError(
             "nanocluster:accelerator",
-            f"'{raw}' is not MODEL or MODEL:COUNT",
-            "pulumi config set nanocluster:accelerator nvidia-l4:1",
+            f"'{raw}' is not MODEL or MODEL:COUNT (COUNT a whole number from 1)",
+            f"pulumi config set nanocluster:accelerator MODEL[:COUNT], MODEL one of {', '.join(models)}",
         )
     count = match.group("count")
     return match.group("model"), None if count is None else int(count)
@@ -255,7 +257,7 @@ def choose(cloud: str, machine_type: str, accelerator: str, location: str) -> tu
     """The machine type (None: the cloud's CPU default) and the GPUs of each node, from
     nanocluster:machineType and nanocluster:accelerator; AcceleratorError for a pair the cloud,
     the machine type or `location` (GCP zone or region, AWS region, Azure location) cannot have."""
-    model, count = parse(accelerator)
+    model, count = parse(accelerator, cloud)
     machine = MACHINE_TYPES.get(machine_type) if machine_type else None
     if not model:  # the machine type alone says (a GPU machine type carries its GPUs)
         if machine is None or not machine.gpus:
@@ -264,11 +266,13 @@ def choose(cloud: str, machine_type: str, accelerator: str, location: str) -> tu
     key = "nanocluster:accelerator"
     known = models_of(cloud)
     if model not in known:
-        raise AcceleratorError(
-            key,
-            f"'{model}' is not a GPU nanocluster knows on {cloud}",
-            f"use one of {', '.join(known)} (infra/accelerators.py)",
+        elsewhere = [c for c in OFFERED if model in models_of(c)]
+        problem = (
+            f"nanocluster lists no {cloud} machine type with {model} (it does on {', '.join(elsewhere)})"
+            if elsewhere
+            else f"'{model}' is not a GPU model nanocluster knows"
         )
+        raise AcceleratorError(key, problem, f"use one of {', '.join(known)} (infra/accelerators.py)")
     extra = attachable(cloud, model)
     if machine is None and machine_type:  # infra/config.py names the unknown machine type
         return None, NodeGpus()
@@ -282,13 +286,16 @@ def choose(cloud: str, machine_type: str, accelerator: str, location: str) -> tu
             raise AcceleratorError(key, f"no {cloud} machine type has {count} {model}", f"use {_choices(cloud, model)}")
     gpus = _gpus_of(cloud, machine, model, count, extra)
     if not offered_in(cloud, model, location):
-        where = [p for p in OFFERED[cloud].get(model, ()) if cloud != "gcp" or _gcp_region(p) == _gcp_region(location)]
+        places = OFFERED[cloud].get(model, ())
+        # GCP: the zones of the same region first (a zone there keeps the region's other settings).
+        nearby = [p for p in places if cloud != "gcp" or _gcp_region(p) == _gcp_region(location)]
+        where = nearby or list(places)
         setting = {"gcp": "gcp:zone", "aws": "aws:region", "azure": "azure-native:location"}[cloud]
         fix = f"pulumi config set {setting} {where[0]}" if where else f"pick another {setting} or accelerator"
         raise AcceleratorError(
             key,
-            f"{cloud} sells no {model} in {location} (as of {OFFERED_AS_OF}, {OFFERED_SOURCE[cloud]}); "
-            f"it does in {', '.join(where or OFFERED[cloud].get(model, ()))}",
+            f"{cloud} sells no {model} in {location}; it does in {', '.join(where)} "
+            f"(as of {OFFERED_AS_OF}, {OFFERED_SOURCE[cloud]})",
             fix,
         )
     return machine, gpus

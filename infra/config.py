@@ -172,7 +172,7 @@ class ClusterConfig:
     spot: bool = False
     """Spot / preemptible VMs: cheaper, can be reclaimed (nanocluster:spot)."""
     public_workers: bool = False
-    """Give workers public IPs too (no NAT then); off by default (nanocluster:publicWorkers)."""
+    """Give workers public IPs too (no NAT then); off by default, refused on GPU nodes (nanocluster:publicWorkers)."""
     bake_image: bool = False
     """Create a machine image of the bootstrapped head (nanocluster:bakeImage)."""
     profile: str = "default"
@@ -487,7 +487,16 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         raise _fail(
             "nanocluster:profile",
             f"intel (IPEX + oneCCL) is a CPU profile, but the nodes have {gpus.count} {gpus.model}",
-            "pulumi config rm nanocluster:profile (GPU nodes get the cuda profile)",
+            "pulumi config set nanocluster:profile default (GPU nodes then get the cuda profile), "
+            "or use CPU nodes for intel",
+        )
+    public_workers = _bool(raw, "nanocluster:publicWorkers")
+    if gpus.count and public_workers:
+        raise _fail(
+            "nanocluster:publicWorkers",
+            f"GPU workers get no public address (the nodes have {gpus.count} {gpus.model}): they reach apt and "
+            "PyPI through NAT, and only the head answers SSH, as CPU workers by default",
+            "pulumi config rm nanocluster:publicWorkers (or set it to false)",
         )
     return ClusterConfig(
         cloud=cloud,
@@ -502,7 +511,7 @@ def parse(raw: Mapping[str, object], stack: str, env: Mapping[str, str] | None =
         disk_gb=disk_gb,
         ssh_user=ssh_user,
         spot=_bool(raw, "nanocluster:spot"),
-        public_workers=_bool(raw, "nanocluster:publicWorkers"),
+        public_workers=public_workers,
         bake_image=_bool(raw, "nanocluster:bakeImage"),
         profile=profile,
         image=image,

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import pulumi
+
+from infra import quotas
 from infra.aws import AwsCluster
 from infra.azure import AzureCluster
 from infra.cluster import CloudCluster, ClusterArgs
@@ -17,6 +20,8 @@ COMPONENTS: dict[str, type[CloudCluster]] = {"gcp": GcpCluster, "aws": AwsCluste
 
 def build(config: ClusterConfig | None = None) -> CloudCluster | GkeCluster:
     cfg = config or from_pulumi()
+    if cfg.gpus.count:  # at preview already: a new account has no GPU quota (infra/quotas.py)
+        pulumi.log.info(quotas.preview_line(cfg))
     if cfg.cloud == "gke":  # a Kubernetes cluster: no SSH keys, contract kind "kubernetes"
         gke = GkeCluster(cfg.cluster_name, GkeArgs(cfg))
         export_kubernetes(gke)

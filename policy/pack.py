@@ -92,7 +92,8 @@ SECURITY = ResourceValidationPolicy(
     name="nanocluster-security",
     description=(
         "No world-open ingress but SSH from nanocluster:sshAllowedCidr; no public worker addresses unless "
-        "nanocluster:publicWorkers; encrypted disks; IMDSv2; no private key in inputs but a node's own host key; "
+        "nanocluster:publicWorkers, none on GPU workers; encrypted disks; IMDSv2; no private key in inputs but a "
+        "node's own host key; "
         "GKE: private nodes, control plane from nanocluster:sshAllowedCidr only, Workload Identity, a dedicated "
         "node service account without the cloud-platform scope, shielded nodes, NetworkPolicy enforced."
     ),
@@ -101,7 +102,8 @@ SECURITY = ResourceValidationPolicy(
 )
 REACH = StackValidationPolicy(
     name="nanocluster-reach",
-    description="An address-sourced rule reaches the head alone; no public address attached to a worker.",
+    description="An address-sourced rule reaches the head alone; no public address attached to a worker "
+    "(unless nanocluster:publicWorkers) nor to a GPU worker.",
     enforcement_level=EnforcementLevel.MANDATORY,
     validate=_validate_stack,
 )

@@ -5,7 +5,8 @@ stack on GCP, AWS or Azure, edited ones included:
   nanocluster:sshAllowedCidr, reaching the head (rank 0) alone; every other inbound allow comes from
   the cluster's own members (GCP source tags, an AWS group referencing itself, Azure application
   security groups);
-- no public address on a worker unless nanocluster:publicWorkers asked for it;
+- no public address on a worker unless nanocluster:publicWorkers asked for it, and never on a GPU
+  worker (a VM whose machine type or guest accelerators carry GPUs: policy/machines.py);
 - disks encrypted: AWS EBS `encrypted`, Azure managed disks (always encrypted at rest, unlike VHDs in
   a storage account); GCP encrypts every persistent disk, with no switch to check;
 - AWS instances require IMDSv2 session tokens; no AWS subnet hands out public addresses;
@@ -29,6 +30,7 @@ from typing import Any
 
 from policy import gke
 from policy.keys import private_key_findings
+from policy.machines import has_gpus
 from policy.props import UNKNOWN, get, items, known
 
 WORLD = {"0.0.0.0/0", "::/0", "*", "internet", "any"}
@@ -70,9 +72,16 @@ def _is_head(tags: Any) -> bool:
     return get(tags, "rank") == "0"
 
 
-def _public_worker(settings: Settings, rank_tags: Any, has_public_address: bool) -> list[str]:
-    """A worker (not rank 0) with a public address nobody asked for."""
-    if has_public_address and not settings.public_workers and not _is_head(rank_tags):
+GPU_WORKER_PUBLIC = "a GPU worker with a public address (GPU workers never get one, nanocluster:publicWorkers or not)"
+
+
+def _public_worker(settings: Settings, rank_tags: Any, has_public_address: bool, gpus: bool = False) -> list[str]:
+    """A worker (not rank 0) with a public address nobody asked for, or any GPU worker with one."""
+    if not has_public_address or _is_head(rank_tags):
+        return []
+    if gpus:
+        return [GPU_WORKER_PUBLIC]
+    if not settings.public_workers:
         return ["a worker with a public address (nanocluster:publicWorkers is off)"]
     return []
 
@@ -170,7 +179,7 @@ def _gcp_firewall(r: Resource, settings: Settings) -> list[str]:
 
 def _gcp_instance(r: Resource, settings: Settings) -> list[str]:
     public = any(items(nic, "accessConfigs") for nic in items(r.props, "networkInterfaces"))
-    return _public_worker(settings, get(r.props, "labels"), public)
+    return _public_worker(settings, get(r.props, "labels"), public, has_gpus(r.type, r.props))
 
 
 def _gcp_reach(resources: Sequence[Resource]) -> Iterator[str]:
@@ -249,7 +258,7 @@ def _aws_rules(r: Resource, settings: Settings) -> list[str]:
 
 def _aws_instance(r: Resource, settings: Settings) -> list[str]:
     p = r.props
-    found = _public_worker(settings, get(p, "tags"), get(p, "associatePublicIpAddress") is True)
+    found = _public_worker(settings, get(p, "tags"), get(p, "associatePublicIpAddress") is True, has_gpus(r.type, p))
     tokens = get(p, "metadataOptions", "httpTokens")
     if known(tokens) and tokens != "required":
         found.append("IMDSv1 allowed (metadata_options.http_tokens is not 'required')")
@@ -302,20 +311,21 @@ def _aws_reach(resources: Sequence[Resource], settings: Settings) -> Iterator[st
             ]
             if strays:
                 yield f"{rule.holder.label()}: source {rule.sources} reaches {strays}, not the head alone"
-    if settings.public_workers:
-        return
     for address in (r for r in resources if r.type in ("aws:ec2/eip:Eip", "aws:ec2/eipAssociation:EipAssociation")):
         instance_prop = "instance" if address.type == "aws:ec2/eip:Eip" else "instanceId"
         nic_prop = "networkInterface" if address.type == "aws:ec2/eip:Eip" else "networkInterfaceId"
         for instance in instances:
-            if _is_head(get(instance.props, "tags")):
+            gpus = has_gpus(instance.type, instance.props)
+            if _is_head(get(instance.props, "tags")) or (settings.public_workers and not gpus):
                 continue
             direct = _refers(address, instance_prop, get(address.props, instance_prop), instance, by_dependency=False)
             via_nic = any(
                 _refers(address, nic_prop, get(address.props, nic_prop), n, by_dependency=False)
                 for n in nics_of[instance.name]
             )
-            if direct or via_nic:
+            if (direct or via_nic) and gpus:
+                yield f"{address.label()}: on {instance.name}: {GPU_WORKER_PUBLIC}"
+            elif direct or via_nic:
                 yield (
                     f"{address.label()}: a public address on worker {instance.name} (nanocluster:publicWorkers is off)"
                 )
@@ -326,6 +336,7 @@ def _aws_reach(resources: Sequence[Resource], settings: Settings) -> Iterator[st
 AZURE_NSG = "azure-native:network:NetworkSecurityGroup"
 AZURE_RULE = "azure-native:network:SecurityRule"
 AZURE_NIC = "azure-native:network:NetworkInterface"
+AZURE_VM = "azure-native:compute:VirtualMachine"
 
 
 def _azure_inbound(r: Resource) -> Iterator[tuple[str, Mapping[str, Any], list[str]]]:
@@ -379,6 +390,19 @@ def _azure_vm(r: Resource, settings: Settings) -> list[str]:
     return []
 
 
+def _azure_gpu_workers(resources: Sequence[Resource]) -> Iterator[str]:
+    """A GPU VM (not the head) on a NIC with a public address: the address is the NIC's, the GPUs the VM's."""
+    nics = [r for r in resources if r.type == AZURE_NIC]
+    for vm in (r for r in resources if r.type == AZURE_VM and has_gpus(r.type, r.props)):
+        if _is_head(get(vm.props, "tags")):
+            continue
+        ids = [get(n, "id") for n in items(vm.props, "networkProfile", "networkInterfaces")]
+        for nic in nics:
+            public = any(get(c, "publicIPAddress") for c in items(nic.props, "ipConfigurations"))
+            if public and _refers(vm, "networkProfile", ids, nic):
+                yield f"{vm.label()}: on {nic.name}: {GPU_WORKER_PUBLIC}"
+
+
 def _azure_reach(resources: Sequence[Resource]) -> Iterator[str]:
     nics = [r for r in resources if r.type == AZURE_NIC]
     for resource in resources:
@@ -415,7 +439,7 @@ RESOURCE_RULES: dict[str, tuple[ResourceRule, ...]] = {
     AZURE_NSG: (_azure_rules,),
     AZURE_RULE: (_azure_rules,),
     AZURE_NIC: (_azure_nic,),
-    "azure-native:compute:VirtualMachine": (_azure_vm,),
+    AZURE_VM: (_azure_vm,),
     gke.CLUSTER: (lambda r, settings: gke.cluster_problems(r.props, settings.ssh_allowed_cidr),),
     gke.NODE_POOL: (lambda r, settings: gke.node_pool_problems(r.props),),
 }
@@ -432,4 +456,9 @@ def stack_violations(resources: Iterable[Resource], settings: Settings) -> list[
     """Breaches that follow references between resources: what an address rule reaches, which
     instance a public address is attached to."""
     everything = list(resources)
-    return [*_gcp_reach(everything), *_aws_reach(everything, settings), *_azure_reach(everything)]
+    return [
+        *_gcp_reach(everything),
+        *_aws_reach(everything, settings),
+        *_azure_reach(everything),
+        *_azure_gpu_workers(everything),
+    ]

@@ -56,6 +56,37 @@ def _aws_instance(name: str, **kwargs) -> aws.ec2.Instance:
     return aws.ec2.Instance(name, **{**defaults, **kwargs})
 
 
+def _gcp_gpu_instance(name: str, **kwargs) -> gcp.compute.Instance:
+    """An N1 VM with a T4 attached, as the stack declares one, but for `kwargs`."""
+    defaults = {
+        "machine_type": "n1-standard-8",
+        "zone": "us-central1-a",
+        "labels": {"rank": "3"},
+        "guest_accelerators": [{"type": "nvidia-tesla-t4", "count": 1}],
+        "scheduling": {"on_host_maintenance": "TERMINATE"},
+        "boot_disk": {"initialize_params": {"image": "debian-12"}},
+        "network_interfaces": [{"network": "default", "nic_type": "GVNIC"}],
+    }
+    return gcp.compute.Instance(name, **{**defaults, **kwargs})
+
+
+def _azure_public_gpu_worker() -> None:
+    """An Azure T4 VM on a NIC of its own with a public address (the address is the NIC's)."""
+    nic = azure.network.NetworkInterface(
+        "gpu-worker",
+        resource_group_name=CLUSTER,
+        tags={"rank": "3"},
+        ip_configurations=[{"name": "primary", "public_ip_address": {"id": f"{CLUSTER}-0-id"}}],
+    )
+    azure.compute.VirtualMachine(
+        "gpu-worker",
+        resource_group_name=CLUSTER,
+        tags={"rank": "3"},
+        hardware_profile={"vm_size": "Standard_NC4as_T4_v3"},
+        network_profile={"network_interfaces": [{"id": nic.id, "primary": True}]},
+    )
+
+
 def _gke_node_config(**changes) -> dict:
     config = {
         "machine_type": "c3-highmem-8",
@@ -260,6 +291,33 @@ SECURITY: dict[str, Bad] = {
             ip_configurations=[{"name": "primary", "public_ip_address": {"id": f"{CLUSTER}-0-id"}}],
         ),
         "NetworkInterface extra-worker: a worker with a public address",
+    ),
+    # GPU workers: no public address even where nanocluster:publicWorkers gives CPU workers one.
+    "gcp-public-gpu-worker": Bad(
+        "gcp",
+        lambda: _gcp_gpu_instance(
+            "gpu-worker", network_interfaces=[{"network": "default", "nic_type": "GVNIC", "access_configs": [{}]}]
+        ),
+        "Instance gpu-worker: a GPU worker with a public address",
+        {"publicWorkers": True},
+    ),
+    "aws-public-gpu-worker": Bad(
+        "aws",
+        lambda: _aws_instance("gpu-worker", instance_type="g6.2xlarge", associate_public_ip_address=True),
+        "Instance gpu-worker: a GPU worker with a public address",
+        {"publicWorkers": True},
+    ),
+    "aws-gpu-worker-elastic-ip": Bad(
+        "aws",
+        lambda: aws.ec2.Eip("worker-address", domain="vpc", instance=f"{CLUSTER}-1-id"),
+        f"Eip worker-address: on {CLUSTER}-1: a GPU worker with a public address",
+        {"accelerator": "nvidia-l4"},
+    ),
+    "azure-public-gpu-worker": Bad(
+        "azure",
+        _azure_public_gpu_worker,
+        "VirtualMachine gpu-worker: on gpu-worker: a GPU worker with a public address",
+        {"publicWorkers": True},
     ),
     "aws-imdsv1": Bad(
         "aws",

@@ -1,21 +1,20 @@
 """A cluster grows, shrinks and takes a new node/ bootstrap without touching the VMs that exist.
 
-Each case runs the program twice under the mocks, as two `pulumi up`s of one stack (the mocks
-derive keys from resource names, as state keeps them), and compares every resource's inputs: an
-input the resource lists in ignore_changes may differ (Pulumi leaves it as it is on the VM); any
-other difference is an update Pulumi would make to a live resource.
+Each case runs the program twice under the mocks, as two `pulumi up`s of one stack, and compares
+every resource's inputs (tests/infra/changes.py): an input the resource lists in ignore_changes may
+differ (Pulumi leaves it as it is on the VM); any other difference is an update Pulumi would make to
+a live resource.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
-from typing import Any
 
 import pytest
 
 from infra import cloudinit
-from tests.infra.harness import Resource, StackRun, run_stack, stack_config
+from tests.infra.changes import by_key, property_steps, updates, without
+from tests.infra.harness import StackRun, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
 INSTANCE = {
@@ -37,41 +36,6 @@ RANK_3 = {
 }
 
 
-def _steps(path: str) -> list[str]:
-    """'osProfile.customData' -> ['osProfile', 'customData']; 'metadata["user-data"]' -> ['metadata', 'user-data']."""
-    return [plain or quoted for plain, quoted in re.findall(r'([^.\[\]"]+)|\["([^"]+)"\]', path)]
-
-
-def _without(value: Any, steps: list[str]) -> Any:
-    if not steps or not isinstance(value, dict) or steps[0] not in value:
-        return value
-    if len(steps) == 1:
-        return {k: v for k, v in value.items() if k != steps[0]}
-    return {**value, steps[0]: _without(value[steps[0]], steps[1:])}
-
-
-def compared_inputs(resource: Resource) -> Any:
-    """The inputs a later `pulumi up` would act on: all but those listed in ignore_changes."""
-    inputs = resource.get()
-    for path in resource.options.ignore_changes:
-        inputs = _without(inputs, _steps(path))
-    return inputs
-
-
-def by_key(run: StackRun) -> dict[tuple[str, str], Resource]:
-    return {(r.type, r.name): r for r in run.resources}
-
-
-def updates(before: StackRun, after: StackRun) -> dict[tuple[str, str], tuple[Any, Any]]:
-    """Resources in both runs whose compared inputs differ: (before, after) by (type, name)."""
-    old, new = by_key(before), by_key(after)
-    return {
-        key: (compared_inputs(old[key]), compared_inputs(new[key]))
-        for key in old.keys() & new.keys()
-        if compared_inputs(old[key]) != compared_inputs(new[key])
-    }
-
-
 @pytest.fixture(scope="module")
 def three_and_four() -> dict[str, tuple[StackRun, StackRun]]:
     return {
@@ -80,9 +44,9 @@ def three_and_four() -> dict[str, tuple[StackRun, StackRun]]:
 
 
 def test_ignore_changes_paths_are_parsed_like_pulumi_property_paths():
-    assert _steps('metadata["user-data"]') == ["metadata", "user-data"]
-    assert _steps("bootDisk.initializeParams.image") == ["bootDisk", "initializeParams", "image"]
-    assert _without({"metadata": {"user-data": "x", "keep": "y"}}, ["metadata", "user-data"]) == {
+    assert property_steps('metadata["user-data"]') == ["metadata", "user-data"]
+    assert property_steps("bootDisk.initializeParams.image") == ["bootDisk", "initializeParams", "image"]
+    assert without({"metadata": {"user-data": "x", "keep": "y"}}, ["metadata", "user-data"]) == {
         "metadata": {"keep": "y"}
     }
 

@@ -12,6 +12,7 @@ import pytest
 
 from infra.cloudinit import base64_gzip
 from infra.stack import build
+from policy.machines import AZURE_VM, vm_gpus
 from tests.infra.bad_resources import SECURITY, run_case
 from tests.infra.harness import cached_stack, run_stack, stack_config
 from tests.infra.policy import violations
@@ -90,3 +91,30 @@ def test_each_node_carries_its_host_key_in_the_one_slot_the_policy_allows(cloud)
     """The policy's key rule passes on real user data: the node's own host key, in ssh_keys."""
     run = cached_stack(cloud, 3)
     assert [v for v in violations(run) if "private" in v] == []
+
+
+@pytest.mark.parametrize(
+    ("type_", "props", "gpus"),
+    [
+        ("gcp:compute/instance:Instance", {"machineType": "g2-standard-24"}, ("nvidia-l4", 2)),
+        (
+            "gcp:compute/instance:Instance",
+            {
+                "machineType": "zones/us-central1-a/machineTypes/n1-standard-8",
+                "guestAccelerators": [{"type": "projects/p/zones/z/acceleratorTypes/nvidia-tesla-t4", "count": 4}],
+            },
+            ("nvidia-tesla-t4", 4),
+        ),
+        ("gcp:compute/instance:Instance", {"machineType": "a3-highgpu-8g"}, ("", 1)),  # not in the table
+        ("gcp:compute/instance:Instance", {"machineType": "c3-highmem-8"}, ("", 0)),
+        ("aws:ec2/instance:Instance", {"instanceType": "p4d.24xlarge"}, ("nvidia-tesla-a100", 8)),
+        ("aws:ec2/instance:Instance", {"instanceType": "p5.48xlarge"}, ("", 1)),
+        ("aws:ec2/instance:Instance", {"instanceType": "m6i.4xlarge"}, ("", 0)),
+        (AZURE_VM, {"hardwareProfile": {"vmSize": "Standard_NC4as_T4_v3"}}, ("nvidia-tesla-t4", 1)),
+        (AZURE_VM, {"hardwareProfile": {"vmSize": "Standard_ND96asr_v4"}}, ("", 1)),
+        (AZURE_VM, {"hardwareProfile": {"vmSize": "Standard_D16s_v5"}}, ("", 0)),
+        ("gcp:compute/address:Address", {"machineType": "g2-standard-8"}, ("", 0)),  # not a VM
+    ],
+)
+def test_the_rules_tell_a_gpu_vm_by_its_machine_type_or_guest_accelerators(type_, props, gpus):
+    assert vm_gpus(type_, props) == gpus

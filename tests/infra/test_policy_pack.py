@@ -16,56 +16,16 @@ import pulumi
 import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
-from pulumi_policy import (
-    PolicyCustomTimeouts,
-    PolicyResource,
-    PolicyResourceOptions,
-    ResourceValidationArgs,
-    StackValidationArgs,
-)
+from pulumi_policy import PolicyResource, ResourceValidationArgs, StackValidationArgs
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 from policy.pack import POLICIES, PROVIDER_CONSTRAINTS, REACH, SECURITY
 from tests.infra.bad_resources import CONSTRAINTS, SSH_CIDR, run_case
 from tests.infra.bad_resources import SECURITY as SECURITY_CASES
-from tests.infra.harness import Resource, StackRun, cached_stack, plain
+from tests.infra.harness import cached_stack
+from tests.infra.policy import OPTIONS, pack_violations
 
 PACK = Path(__file__).resolve().parents[2] / "policy"
-OPTIONS = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
-
-
-def _urn(r: Resource) -> str:
-    return f"urn:pulumi:dev::nanocluster::{r.type}::{r.name}"
-
-
-def pack_violations(run: StackRun) -> list[str]:
-    """Everything the pack reports on a run, through its policies' validate functions."""
-    pulumi.runtime.set_all_config(dict(run.config))  # what the CLI hands a pack: the stack's config
-    found: list[str] = []
-
-    def report(message: str, urn: str | None = None) -> None:
-        found.append(message)
-
-    for r in run.resources:
-        args = ResourceValidationArgs(r.type, unknown_checking_proxy(plain(r.inputs)), _urn(r), r.name, OPTIONS, None)
-        SECURITY.validate(args, report)
-        PROVIDER_CONSTRAINTS.validate(args, report)
-    stack = [
-        PolicyResource(
-            r.type,
-            unknown_checking_proxy({**plain(r.inputs), "id": r.id}),
-            _urn(r),
-            r.name,
-            OPTIONS,
-            None,
-            None,
-            [],
-            {},
-        )
-        for r in run.resources
-    ]
-    REACH.validate(StackValidationArgs(stack), report)
-    return found
 
 
 @pytest.mark.parametrize("cloud", ["gcp", "aws", "azure", "gke"])
