@@ -15,6 +15,7 @@ from typing import Any
 
 # Azure's admin-name and OS-disk limits are written once, where the program's config refuses them.
 from infra.config import AZURE_DISALLOWED_USERS, MAX_DISK_GB
+from policy.machines import GCP_GPU_SERIES
 from policy.props import decoded_size, get, items, known
 from policy.rules import Resource
 
@@ -256,10 +257,6 @@ def _gcp_name(r: Resource) -> Iterator[str]:
         yield f"name {name!r}: 1-63 lowercase letters, digits and '-' (RFC 1035), starting with a letter"
 
 
-GCP_GPU_SERIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
-"""Accelerator-optimized machine types: each carries its GPUs."""
-
-
 def _gcp_instance(r: Resource) -> Iterator[str]:
     for tag in items(r.props, "tags"):
         if isinstance(tag, str) and not RFC1035.fullmatch(tag):
@@ -281,7 +278,7 @@ def _gcp_instance(r: Resource) -> Iterator[str]:
     if total >= 512 * 1024:
         yield f"metadata totals {total} bytes; keys and values together stay under 512 KB"
     machine = _text(get(r.props, "machineType")) or ""
-    gpus = items(r.props, "guestAccelerators") or machine.split("/")[-1].startswith(GCP_GPU_SERIES)
+    gpus = items(r.props, "guestAccelerators") or GCP_GPU_SERIES.fullmatch(machine.split("/")[-1])
     maintenance = get(r.props, "scheduling", "onHostMaintenance")
     if gpus and known(maintenance) and maintenance != "TERMINATE":
         said = repr(maintenance) if maintenance else "MIGRATE (the default)"

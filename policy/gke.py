@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from policy.machines import GCP_GPU_SERIES
 from policy.props import get, items, known
 
 CLUSTER = "gcp:container/cluster:Cluster"
 NODE_POOL = "gcp:container/nodePool:NodePool"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 WORLD = {"0.0.0.0/0", "::/0"}
-GPU_MACHINE_SERIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
-"""Accelerator-optimized machine types: their GPUs come with the machine, stated as guest accelerators or not."""
 
 
 def _node_config(config: Any, where: str) -> list[str]:
@@ -112,7 +111,7 @@ def _has_gpus(config: Any) -> bool:
     """Whether a node config's nodes carry GPUs: guest accelerators, or an accelerator-optimized machine type."""
     attached = any(_count(get(a, "count")) > 0 for a in items(config, "guestAccelerators"))
     machine = get(config, "machineType")
-    return attached or (isinstance(machine, str) and machine.startswith(GPU_MACHINE_SERIES))
+    return bool(attached) or (isinstance(machine, str) and GCP_GPU_SERIES.fullmatch(machine) is not None)
 
 
 def _gpu_pool_at_rest(props: Any) -> list[str]:
