@@ -27,11 +27,11 @@ from typing import NoReturn, Protocol
 from launcher.cluster.inventory import Cluster, Node
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
-from launcher.launch.operator_stop import OperatorStopped, stopped_text
+from launcher.launch.operator_stop import OperatorStopped
 from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
-from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs
+from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs, stopped_text
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 from model.settings.config import TrainConfig

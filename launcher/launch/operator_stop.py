@@ -18,7 +18,6 @@ naming the live runs when there are several.
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Sequence
 
 from launcher.console import Interrupted, TaskError, command_line
@@ -36,19 +35,6 @@ class OperatorStopped(Interrupted):
     Exit STOPPED_EXIT."""
 
     exit_code = STOPPED_EXIT
-
-
-def clock(at: float) -> str:
-    """HH:MM:SS of a Unix time, in this machine's time zone (as the operator's clock shows it)."""
-    return time.strftime("%H:%M:%S", time.localtime(at))
-
-
-def stopped_text(run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str) -> str:
-    """`fab train`'s last line (and `fab status`'s) after an operator's stop."""
-    at = f" at iter {snapshot_iter}" if snapshot_iter is not None else ""
-    when = f"stop at {clock(requested_at)}; " if requested_at is not None else ""
-    kept = "every rank stopped after its snapshot" if snapshot_iter is not None else "its newest snapshot is kept"
-    return f"run {run} stopped by an operator{at} ({when}{kept}); continue with: {rerun}"
 
 
 def run_to_stop(run: str | None, live: Sequence[str], cluster_spec: str | None, where: str) -> str | None:

@@ -20,10 +20,9 @@ from typing import Any, overload
 
 from launcher.cluster.inventory import price_text
 from launcher.console import command_line
-from launcher.launch.operator_stop import stopped_text
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord, interrupted_text
+from launcher.runs.record import Attempt, RunRecord, interrupted_text, stopped_text
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10

@@ -174,6 +174,19 @@ def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
     return f"interrupted {at}; continue with: {rerun}"
 
 
+def clock(at: float) -> str:
+    """HH:MM:SS of a Unix time, in this machine's time zone (as the operator's clock shows it)."""
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def stopped_text(run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str) -> str:
+    """`fab train`'s last line (and `fab status`'s) after an operator's stop."""
+    at = f" at iter {snapshot_iter}" if snapshot_iter is not None else ""
+    when = f"stop at {clock(requested_at)}; " if requested_at is not None else ""
+    kept = "every rank stopped after its snapshot" if snapshot_iter is not None else "its newest snapshot is kept"
+    return f"run {run} stopped by an operator{at} ({when}{kept}); continue with: {rerun}"
+
+
 def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:
     """Every run recorded on this machine for the cluster, by name."""
     paths = sorted(cluster_dir(cluster).glob(f"runs/*/{EVENTS_NAME}"))

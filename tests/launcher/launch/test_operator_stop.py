@@ -13,10 +13,10 @@ import pytest
 
 from launcher.cluster.inventory import local_cluster
 from launcher.console import TaskError, command_line
-from launcher.launch.operator_stop import run_to_stop, stopped_text
+from launcher.launch.operator_stop import run_to_stop
 from launcher.launch.units import live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, stopped_text
 from launcher.testing.fab import TINY_CONFIG, Fab, wait_for
 from launcher.transport import payload
 from launcher.transport.connect import connect_reachable
