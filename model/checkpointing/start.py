@@ -101,10 +101,12 @@ def snapshot_global_batch(payload: dict[str, Any]) -> tuple[int, int]:
 
 def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, Any]) -> int:
     """gradient_accumulation_steps for resuming this snapshot on world_size ranks: cfg's own when the
-    global batch is unchanged; with keep_global_batch, the one that keeps it; otherwise an error."""
+    global batch is unchanged; with keep_global_batch, the one that keeps it; otherwise an error. A
+    snapshot already at max_iters trains no step, so any batch shape may open it (a rerun of a finished
+    run on another number of ranks ends at once, as on the same number)."""
     snap_world, snap_global = snapshot_global_batch(payload)
     ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, world_size)
-    if ours == snap_global:
+    if ours == snap_global or payload.get("iter_num", 0) >= cfg.max_iters:
         return cfg.gradient_accumulation_steps
     snap = payload["config"]
     was = (

@@ -59,3 +59,12 @@ def test_snapshots_from_before_the_world_size_was_recorded_count_their_rng_state
     old = {"config": SNAPSHOT["config"], "rng": [{}, {}]}  # 2 ranks x 4 x 2 = 16
     assert resume_accumulation(config(), 2, old) == 2
     assert resume_accumulation(config("keep_global_batch=true"), 1, old) == 4
+
+
+def test_a_finished_snapshot_opens_on_any_world_size_as_it_trains_no_step():
+    """A rerun of a finished run on another number of ranks (the local default changed, say) ends
+    at once instead of refusing the batch shape it will never use."""
+    finished = {**SNAPSHOT, "iter_num": 100}
+    assert resume_accumulation(config("max_iters=100"), 3, finished) == 2
+    with pytest.raises(ConfigError):
+        resume_accumulation(config("max_iters=101"), 3, finished)
