@@ -424,10 +424,10 @@ def pod_event(pod: str, node: str, reason: str, message: str, count: int = 1, ki
 
 class StartingPods:
     """The scheduler's and the kubelet's part: each pod is Pending unscheduled, then bound to its node
-    (PodScheduled=True), then ContainerCreating, start_ticks ticks each, then Running; a pod named in
+    (PodScheduled=True), then ContainerCreating (a Pulling event), start_ticks ticks each, then Running; a pod named in
     Script.stuck stays in its waiting reason: ErrImagePull (then ImagePullBackOff),
     CreateContainerConfigError, InvalidImageName, FailedMount (ContainerCreating with a FailedMount
-    event repeated every tick) or ContainerCreating (a Pulling event, and no end)."""
+    event repeated every tick) or ContainerCreating (and no end)."""
 
     def __init__(self, fake: FakeKube):
         self.fake = fake
