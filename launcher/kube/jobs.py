@@ -1,6 +1,6 @@
 """Helper Jobs run to their end: the staging Job (node environment, code, run files), the prepare
 Job (a dataset) and tool Jobs (`fab sample`). Each streams its pod's log here with a [role] prefix
-and ends in one line when it fails or its pod stays Pending.
+and ends in one line when it fails, its pod stays Pending or will not start (launcher.kube.pod_start).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
-from launcher.kube import volume
+from launcher.kube import pod_start, volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.objects import job_name
+from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
 from launcher.setup.nodes import code_archive, node_profile
 
 POLL_S = 1.0
@@ -52,12 +53,10 @@ def delete_job(api: Api, name: str) -> None:
             raise TaskError(f"deleting Job {name}: the API server answered {e.status} {e.reason}") from None
 
 
-def unschedulable(pod: V1Pod) -> str:
-    """Why a Pending pod has no node yet ("" when it is scheduled)."""
-    for condition in (pod.status.conditions or []) if pod.status else []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return f"{condition.reason or 'Unschedulable'}: {condition.message or 'no node fits'}"
-    return ""
+def waiting_for(pod: V1Pod) -> str:
+    """What a helper pod that has not started waits for, in words."""
+    state = state_of(pod)
+    return "waiting for a node" if state == "Pending" else f"on a node, {state}"
 
 
 def exit_code(pod: V1Pod) -> int | None:
@@ -82,18 +81,24 @@ def run_helper(
     with calling(f"creating Job {name}"):
         _create_when_gone(api, job)
     started = time.monotonic()
+    bounds = pod_start.BOUNDS
+    starting = StartWatch(api, lambda line: out_line(f"[{role}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
     while True:
         pods = job_pods(api, name)
         pod = pods[0] if pods else None
         phase = pod.status.phase if pod and pod.status else "Pending"
         if phase in ("Running", "Succeeded", "Failed"):
             break
+        blocked = starting.check(pods)
+        if blocked:
+            delete_job(api, name)
+            raise TaskError(f"{what}: {blocked}; the Job was deleted")
         waited = time.monotonic() - started
         if waited > pending_timeout_s:
-            why = unschedulable(pod) if pod else "no pod created"
+            why = (unschedulable(pod) or waiting_for(pod)) if pod else "no pod created"
             delete_job(api, name)
             raise TaskError(
-                f"{what}: pod still Pending after {waited:.0f} s ({why or 'waiting for a node'}); "
+                f"{what}: pod still Pending after {waited:.0f} s ({why}); "
                 "check the cluster's capacity and the claim (kubectl describe pod), then rerun"
             )
         time.sleep(POLL_S)
@@ -108,7 +113,7 @@ def run_helper(
         phase = pods[0].status.phase if pods and pods[0].status else "Failed"
         pod = pods[0] if pods else pod
     if phase == "Failed":
-        raise TaskError(f"{what} failed (Job {name}, exit {exit_code(pod)}); its log is above")
+        raise TaskError(f"{what} failed (Job {name}, {ended_how(pod, exit_code(pod))}); its log is above")
 
 
 def _create_when_gone(api: Api, job: dict) -> None:

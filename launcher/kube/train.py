@@ -24,7 +24,7 @@ from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import clear_stop_request, delete_run_objects, stop_requested
 from launcher.kube.jobs import access_of, stage
-from launcher.kube.watch import OutOfMemory, PodWatch, StuckPending
+from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
@@ -188,8 +188,9 @@ class KubeRun:
         return stop_requested(self.api, self.cluster, self.request.run) if self.api is not None else None
 
     def unretryable(self, error: RunFailed) -> str | None:
-        """An OOM-killed container would run out again at the same size, whatever --min-nodes says."""
-        return str(error) if isinstance(error, OutOfMemory) else None
+        """An OOM-killed container would run out again at the same size, whatever --min-nodes says; a pod
+        that cannot start (its image, a Secret, a mount) would not start in the next attempt either."""
+        return str(error) if isinstance(error, (OutOfMemory, CannotStart)) else None
 
     def own_restart(self, error: RunFailed, restarts: int) -> str | None:
         """A restart whose pods found too few nodes goes on with the ones placed, when --min-nodes allows."""

@@ -9,7 +9,9 @@ volume) for the progress line and the operator's metrics copy (launcher.runs.met
 first pod to fail -- its container exited non-zero, or it was evicted or preempted (condition
 DisruptionTarget) -- ends the watch: the caller's stop_all deletes the Job (every pod gets SIGTERM)
 and RunFailed names the rank, as the VM monitor's does, so launcher.recover's policy classifies it
-the same way. A pod that finds no node within the pending timeout ends the watch with one line.
+the same way. A pod that finds no node within the pending timeout ends the watch with one line, and so does a
+scheduled pod that will not start by itself (launcher.kube.pod_start: an image that does not pull, a
+volume that does not mount); a line per change of the pods' states shows the way to Running.
 An operator's stop (`fab stop` deleted the Job after leaving its request: launcher.kube.connect) is
 no failure: once a pod fails or goes away the request is read, the pods are left to end (their
 snapshot), and RunStopped ends the watch.
@@ -28,9 +30,11 @@ from kubernetes.client import V1Pod
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.kube_contract import GPU_RESOURCE
+from launcher.kube import pod_start
 from launcher.kube.api import Api, labels_of, name_of
-from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response, unschedulable
+from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
+from launcher.kube.pod_start import OOM_KILLED, StartBounds, StartWatch, disruption, terminated_reason, unschedulable
 from launcher.launch.monitor import (
     FAILURE_GRACE_S,
     PROGRESS_EVERY_S,
@@ -51,10 +55,11 @@ POLL_S = 1.0
 """How often the run's pods are listed."""
 STOPPED_WAIT_S = 120.0
 """How long a watch stopped by an operator waits for the pods' snapshots (connect.GONE_TIMEOUT_S's wait)."""
-OOM_KILLED = "OOMKilled"
-"""The terminated reason the kubelet records for a container its cgroup's OOM killer killed."""
-DISRUPTION = "DisruptionTarget"
-"""The pod condition Kubernetes sets on a pod it is about to stop: preemption, eviction, a drain."""
+
+
+class CannotStart(RunFailed):
+    """A scheduled pod will not start by itself (an image that does not pull, a missing Secret, a volume
+    that does not mount): the run ends, never retried (the next attempt's pods would wait the same)."""
 
 
 class StuckPending(RunFailed):
@@ -108,14 +113,6 @@ def unit_of(pod: V1Pod) -> Unit:
     return Unit(f"rank{index}", "rank", Node(index, host, "", ""), index)
 
 
-def disruption(pod: V1Pod) -> str:
-    """The reason a pod is being stopped by Kubernetes ("" when it is not)."""
-    for condition in (pod.status.conditions or []) if pod.status else []:
-        if condition.type == DISRUPTION and condition.status == "True":
-            return f"{condition.reason or 'disrupted'}: {condition.message or 'the pod was evicted'}"
-    return ""
-
-
 class PodWatch:
     """Follows one attempt's pods until every pod (and so every rank) succeeded; RunFailed otherwise."""
 
@@ -128,6 +125,7 @@ class PodWatch:
         pending_timeout_s: float,
         out: Callable[[str], None] = print,
         stop_requested: Callable[[], float | None] = lambda: None,
+        bounds: StartBounds | None = None,
     ):
         self.api, self.launch, self.recorder, self.stop_all = api, launch, recorder, stop_all
         self.stop_requested = stop_requested
@@ -138,6 +136,8 @@ class PodWatch:
         self.followed: set[str] = set()
         self.print_lock = threading.Lock()
         self.metrics_started = False
+        self.starting = StartWatch(api, self.emit, bounds or pod_start.BOUNDS)
+        """The pods' way from Pending to Running: a line per change, and the end of a wait that is futile."""
 
     def emit(self, text: str) -> None:
         with self.print_lock:
@@ -239,6 +239,7 @@ class PodWatch:
                 if len(done) == self.launch.nodes:
                     self.progress.ended_at = time.time()
                     return self.progress
+                self.check_starting(pods)
                 self.check_pending(pods, time.monotonic() - started)
                 now = time.monotonic()
                 if self.progress.iter is not None and now - last_progress >= PROGRESS_EVERY_S:
@@ -266,6 +267,13 @@ class PodWatch:
                 break
             time.sleep(POLL_S)
         raise RunStopped(self.progress, requested_at)
+
+    def check_starting(self, pods: list[V1Pod]) -> None:
+        """CannotStart when a scheduled pod will not start by itself (pod_start.StartWatch's verdict)."""
+        blocked = self.starting.check(pods)
+        if blocked:
+            self.stop_all()
+            raise CannotStart(blocked)
 
     def check_pending(self, pods: list[V1Pod], waited: float) -> None:
         """StuckPending when a rank has had no node for longer than the pending timeout."""
@@ -300,32 +308,24 @@ class PodWatch:
         self.emit(f"---- last {len(lines)} line(s) of {what} ----")
         for line in lines:
             self.emit(f"  {line}")
-        if evicted:
-            raise RunFailed(
-                f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
-                failure=FirstFailure(what, "lost", None, f"pod {name_of(first)} {evicted}"),
-            )
         failure = FirstFailure(what, "exit", code, node=node_of(first))
-        if terminated_reason(first) == OOM_KILLED:
+        if terminated_reason(first) == OOM_KILLED:  # its own memory ran out: no disruption, whatever else it says
             oom = OomKill(
                 node_of(first) or name_of(first),
                 f"Kubernetes reported its container {OOM_KILLED} (the pod's memory limit or the node's)",
             )
             raise OutOfMemory(oom_line(failure, oom), failure=failure)
+        if evicted:
+            raise RunFailed(
+                f"{what} was stopped by Kubernetes ({evicted}); every pod was stopped",
+                failure=FirstFailure(what, "lost", None, f"pod {name_of(first)} {evicted}"),
+            )
         reason = "ended without an exit code" if code is None else f"exited with code {code}"
         raise RunFailed(f"{what} {reason}; every pod was stopped", failure=failure, progress=self.progress)
 
 
 class OutOfMemory(RunFailed):
     """A rank's container was OOM-killed (the kubelet's record): ended, never retried at the same size."""
-
-
-def terminated_reason(pod: V1Pod) -> str:
-    """Why the pod's container terminated, as the kubelet recorded it ("OOMKilled", "Error", ...)."""
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.terminated:
-            return status.state.terminated.reason or ""
-    return ""
 
 
 def finished_at(pod: V1Pod) -> float:

@@ -1,7 +1,8 @@
 """An in-memory Kubernetes API for the launcher's Kubernetes flow: kmock's KubernetesEmulator (a
 stateful API server over HTTP, so the official client runs unchanged against it) in a thread, plus
 the two controllers a real cluster runs and the emulator does not: the Job controller (a Job's pods,
-their phases) and the garbage collector (a deleted Job's pods). A test scripts what the pods do."""
+their phases) and the garbage collector (a deleted Job's pods), and the scheduler's and the kubelet's
+part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Script:
     """What the pods do. Every pod is scheduled and runs, then succeeds, unless named here."""
 
     fail: dict[tuple[int, int], int | str] = field(default_factory=dict)
-    """(attempt, rank) -> an exit code, or "evict" (condition DisruptionTarget, as a spot reclaim)."""
+    """(attempt, rank) -> an exit code, "evict" (condition DisruptionTarget, as a spot reclaim), "evicted"
+    (the kubelet's eviction under node pressure: reason Evicted) or "oom" (container OOMKilled, exit 137)."""
     unschedulable: set[tuple[int, int]] = field(default_factory=set)
     """(attempt, rank) pods that never find a node."""
     log: dict[int, list[str]] = field(default_factory=lambda: {0: ["step 1 loss 4.2", "step 2 loss 3.9"]})
@@ -52,6 +54,10 @@ class Script:
     """Controller ticks a pod runs before it ends."""
     helpers: dict[str, Callable[[str], list[str]]] = field(default_factory=dict)
     """A helper Job's role -> its pod's log from its `sh -c` script (default: one line, "helper ran")."""
+    start_ticks: int = 1
+    """Controller ticks a pod spends in each state before Running: unscheduled, scheduled, ContainerCreating."""
+    stuck: dict[tuple[int, int] | str, str] = field(default_factory=dict)
+    """(attempt, rank), or a helper Job's role -> the waiting reason its pod never leaves (StartingPods)."""
 
 
 class FakeKube:
@@ -72,6 +78,7 @@ class FakeKube:
         self.api = config.new_client_from_config_dict(kubeconfig(self.url), persist_config=False)
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
         self.storage = client.StorageV1Api(self.api)
+        self.starting = StartingPods(self)
         self._controller = threading.Thread(target=self._control, daemon=True)
         self._controller.start()
 
@@ -88,6 +95,7 @@ class FakeKube:
                     "v1/services",
                     "v1/configmaps",
                     "v1/persistentvolumeclaims",
+                    "v1/events",
                     "batch/v1/jobs",
                     "storage.k8s.io/v1/storageclasses",
                 ):
@@ -241,8 +249,7 @@ class FakeKube:
                     "labels": labels | {JOB_NAME_LABEL: job.metadata.name},
                     "annotations": {INDEX: str(index)} if indexed else {},
                 },
-                "spec": self.api.sanitize_for_serialization(job.spec.template.spec)
-                | ({"nodeName": f"node-{index}"} if placed else {}),
+                "spec": self.api.sanitize_for_serialization(job.spec.template.spec),  # StartingPods binds it
             },
         )
         if indexed:
@@ -274,7 +281,9 @@ class FakeKube:
         if (attempt, rank) in self.script.unschedulable:
             return
         self.ticks[pod] += 1
-        tick = self.ticks[pod]
+        tick = self.starting.advance(pod, rank, attempt, self.ticks[pod])
+        if tick < 1:
+            return
         fate = self.script.fail.get((attempt, rank))
         if tick == 1:
             self._phase(pod, "Running")
@@ -296,6 +305,8 @@ class FakeKube:
                     }
                 },
             )
+        elif tick == self.script.run_ticks // 2 and fate == "evicted":
+            self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": evicted_status()})
         elif tick == self.script.run_ticks // 2 and fate == "oom":  # the kubelet's record of a cgroup OOM kill
             self._phase(pod, "Failed", 137, reason="OOMKilled")
         elif tick == self.script.run_ticks // 2 and isinstance(fate, int):
@@ -326,6 +337,152 @@ class FakeKube:
                 }
             },
         )
+
+
+# --- the way a pod starts: the scheduler's and the kubelet's part ---
+
+PULL_FAILED = (
+    'failed to pull and unpack image "docker.io/library/{image}": failed to resolve reference '
+    '"docker.io/library/{image}": pull access denied, repository does not exist or may require authorization'
+)
+"""containerd's ErrImagePull message for an image the registry does not serve."""
+WAITING = {
+    "ImagePullBackOff": 'Back-off pulling image "{image}"',
+    "CreateContainerConfigError": 'secret "registry-token" not found',
+    "InvalidImageName": 'Failed to apply default image tag "{image}": couldn\'t parse image reference "{image}": '
+    "invalid reference format",
+}
+"""A waiting reason -> the kubelet's message ({image}: the container's image)."""
+MOUNT_FAILED = (
+    'MountVolume.SetUp failed for volume "pvc-0b5e" : mount failed: exit status 32\n'
+    "Mounting command: mount\nMounting arguments: -t nfs 10.0.0.2:/share /var/lib/kubelet/pods/x/volumes\n"
+    "Output: mount.nfs: Connection timed out"
+)
+"""The kubelet's FailedMount message when the NFS server does not answer."""
+STAMP = "2026-11-26T16:00:00Z"
+
+
+def scheduled_status() -> dict:
+    """A pod bound to a node, its container not created yet."""
+    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": STAMP}]}
+
+
+def waiting_status(container: str, image: str, reason: str, message: str = "") -> dict:
+    """A scheduled pod whose container waits (ContainerCreating, or a reason it does not leave)."""
+    waiting = {"reason": reason} | ({"message": message} if message else {})
+    return scheduled_status() | {
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "image": image,
+                "imageID": "",
+                "state": {"waiting": waiting},
+            }
+        ]
+    }
+
+
+def evicted_status() -> dict:
+    """The kubelet's eviction under node pressure (pkg/kubelet/eviction): phase Failed, reason Evicted,
+    condition DisruptionTarget with reason TerminationByKubelet."""
+    message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi."
+    return {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": message,
+        "conditions": [
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "TerminationByKubelet",
+                "message": message,
+                "lastTransitionTime": STAMP,
+            }
+        ],
+    }
+
+
+def pod_event(pod: str, node: str, reason: str, message: str, count: int = 1, kind: str = "Warning") -> dict:
+    """A core/v1 Event the kubelet records about a pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod}.{reason.lower()}", "namespace": NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": NAMESPACE},
+        "reason": reason,
+        "message": message,
+        "type": kind,
+        "count": count,
+        "firstTimestamp": STAMP,
+        "lastTimestamp": STAMP,
+        "source": {"component": "kubelet", "host": node},
+    }
+
+
+class StartingPods:
+    """The scheduler's and the kubelet's part: each pod is Pending unscheduled, then bound to its node
+    (PodScheduled=True), then ContainerCreating (a Pulling event), start_ticks ticks each, then Running; a pod named in
+    Script.stuck stays in its waiting reason: ErrImagePull (then ImagePullBackOff),
+    CreateContainerConfigError, InvalidImageName, FailedMount (ContainerCreating with a FailedMount
+    event repeated every tick) or ContainerCreating (and no end)."""
+
+    def __init__(self, fake: FakeKube):
+        self.fake = fake
+        self.pods: dict[str, tuple[str, str, str]] = {}
+        """pod -> its container's name and image, and the reason it stays in ("" for none)."""
+
+    def advance(self, pod: str, rank: int, attempt: int, tick: int) -> int:
+        """Move the pod one tick on its way; the tick of its run (1: it turns Running), < 1 before."""
+        lag = max(1, self.fake.script.start_ticks)
+        if tick > 3 * lag and not self.pods.get(pod, ("", "", ""))[2]:
+            return tick - 3 * lag + 1  # running: nothing to read
+        if pod not in self.pods:
+            obj = self.fake.core.read_namespaced_pod(pod, NAMESPACE)
+            container = obj.spec.containers[0]
+            self.pods[pod] = (container.name, container.image, self.stuck_reason(obj, rank, attempt))
+        name, image, stuck = self.pods[pod]
+        node = f"node-{max(rank, 0)}"
+        if tick == lag:
+            self.fake.core.patch_namespaced_pod(pod, NAMESPACE, {"spec": {"nodeName": node}})
+            self.status(pod, scheduled_status())
+        elif tick == 2 * lag or (tick > 2 * lag and stuck):
+            self.wait(pod, node, name, image, stuck or "ContainerCreating", tick - 2 * lag)
+        return 0 if stuck else tick - 3 * lag + 1
+
+    def stuck_reason(self, obj, rank: int, attempt: int) -> str:
+        role = (obj.metadata.labels or {}).get("nanocluster.dev/role", "")
+        key = (attempt, rank) if rank >= 0 else role
+        return self.fake.script.stuck.get(key, "")
+
+    def wait(self, pod: str, node: str, container: str, image: str, reason: str, repeat: int) -> None:
+        if reason == "FailedMount":
+            self.status(pod, waiting_status(container, image, "ContainerCreating"))
+            self.event(pod_event(pod, node, "FailedMount", MOUNT_FAILED, count=repeat + 1))
+        elif reason == "ContainerCreating":
+            self.status(pod, waiting_status(container, image, reason))
+            self.event(pod_event(pod, node, "Pulling", f'Pulling image "{image}"', kind="Normal"))
+        elif reason == "ErrImagePull":  # the first pull fails; the kubelet then backs off (10 s, 20 s, ... 300 s)
+            backoff = repeat > 0
+            message = (WAITING["ImagePullBackOff"] if backoff else PULL_FAILED).format(image=image)
+            self.status(pod, waiting_status(container, image, "ImagePullBackOff" if backoff else reason, message))
+        else:
+            self.status(pod, waiting_status(container, image, reason, WAITING.get(reason, "").format(image=image)))
+
+    def status(self, pod: str, status: dict) -> None:
+        self.fake.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
+
+    def event(self, body: dict) -> None:
+        """Record the event, or count it again (the kubelet aggregates a repeated event)."""
+        name = body["metadata"]["name"]
+        try:
+            self.fake.core.read_namespaced_event(name, NAMESPACE)
+        except ApiException:
+            self.fake.core.create_namespaced_event(NAMESPACE, body)
+            return
+        self.fake.core.patch_namespaced_event(name, NAMESPACE, {"count": body["count"]})
 
 
 def stream_metrics(monkeypatch, records: list[dict]) -> None:
