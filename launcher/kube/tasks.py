@@ -48,7 +48,8 @@ from launcher.kube.jobs import (
     stage,
 )
 from launcher.kube.objects import CONTAINER, job_name
-from launcher.kube.watch import disruption, rank_of, ranks_of, ranks_text, unit_of
+from launcher.kube.pod_start import disruption
+from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
 from launcher.runs.budget import status_lines as budget_lines
