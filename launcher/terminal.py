@@ -159,7 +159,7 @@ def outliving_the_terminal(log: Path) -> Iterator[None]:
     for stream in streams:
         with contextlib.suppress(OSError):
             stream.flush()
-    sys.stdout, sys.stderr = (GuardedStream(s, output) for s in streams)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = (GuardedStream(s, output) for s in streams)
     previous = signal.signal(signal.SIGHUP, output.terminal_gone)
     try:
         yield

@@ -27,7 +27,7 @@ from launcher.testing.fab import FAB, TINY_CONFIG, Fab, wait_for
 from launcher.testing.interrupt import SNAPSHOT_WAIT_S
 from tests.launcher.dataset import write_dataset
 
-DIGEST = re.compile(r"\[rank 0 node\d\] .*parameters sha256 ([0-9a-f]+)")
+DIGEST = re.compile(r"\[rank 0 [^]]+\] final parameters sha256 ([0-9a-f]+)")
 NO_TRACE = ("Traceback", "Exception ignored", "BrokenPipeError")
 
 
