@@ -19,6 +19,7 @@ Every event of the run is appended to its RunRecord on this machine, which `fab 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs, stopped_text
+from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 from model.settings.config import TrainConfig
@@ -191,6 +193,8 @@ class Lifecycle:
         self.record = RunRecord.of(kind.cluster, request.run)
         self.restarts = 0
         self.launched = False
+        self.ended = False
+        """Whether the record has this launch's end event (every way out of a launched run writes one)."""
         self.clock_start = time.time()
         """The run's clock: the launch event's time and the trainer's budget clock (set again once checked)."""
         self.fingerprint: str | None = None
@@ -230,12 +234,29 @@ class Lifecycle:
         # Before anything is contacted: a home this machine cannot write is the operator's. Made with
         # the launch event, so a run that fails its checks on the nodes leaves no record behind.
         self.record.can_be_made()
-        try:
-            kind.open(prepared)
-            progress = self.attempts()
-            return self.end(progress)
-        finally:
-            kind.close()
+        # A lost terminal never stops the run: its output goes on in the record directory (launcher.terminal).
+        with outliving_the_terminal(self.record.directory / LOG_NAME):
+            try:
+                kind.open(prepared)
+                progress = self.attempts()
+                return self.end(progress)
+            except KeyboardInterrupt:  # Ctrl-C outside a watch and a start (deciding on a restart)
+                if not self.launched or self.ended:
+                    raise
+                self.stop_quietly()
+                self.interrupted(None)
+            except Exception as e:  # the front end's own fault: its ranks are not left unsupervised
+                if self.launched and not self.ended:
+                    self.stop_quietly()
+                    self.record_failed(f"the front end failed: {type(e).__name__}: {e}", 1)
+                raise
+            finally:
+                kind.close()
+
+    def stop_quietly(self) -> None:
+        """Stop whatever of the run is running, on a way out that has nothing else to say."""
+        with contextlib.suppress(Exception):
+            self.kind.stop()
 
     def attempts(self) -> Progress:
         """Attempts until one ends by itself; restarts as the policy allows."""
@@ -322,6 +343,7 @@ class Lifecycle:
     def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
         rerun = self.request.rerun_command
+        self.ended = True
         self.record.append(
             "end", outcome="interrupted", iter=snapshot_iter, rerun=rerun, exit_code=Interrupted.exit_code
         )
@@ -338,6 +360,7 @@ class Lifecycle:
         with where the run stopped and the command that continues it."""
         snapshot_iter = progress.stopped_at if progress else None
         rerun = self.request.rerun_command
+        self.ended = True
         self.record.append(
             "end",
             outcome="stopped",
@@ -350,6 +373,7 @@ class Lifecycle:
         raise OperatorStopped(stopped_text(self.request.run, snapshot_iter, requested_at, rerun)) from None
 
     def record_failed(self, reason: str, exit_code: int) -> None:
+        self.ended = True
         self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
 
     def end(self, progress: Progress) -> int:
@@ -359,6 +383,7 @@ class Lifecycle:
         ended_at = min(time.time(), max(self.clock_start, progress.ended_at or time.time()))
         record = RunRecord.of(self.kind.cluster, request.run)  # read again: the attempts appended to it
         end = budget.ending(record, self.clock_start, ended_at, progress.iter, progress.stopped_at_budget, self.spend)
+        self.ended = True
         record.append("end", restarts=self.restarts, time=ended_at, **end.fields)
         self.kind.finish()
         if end.stopped:

@@ -26,6 +26,7 @@ from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord, read_cluster_runs
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
+from launcher.terminal import lost_terminal_line
 from launcher.transport import Shell
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 from model.monitoring.health import status_line as health_line
@@ -116,6 +117,9 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 say(line)
         for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
             say(line)
+        log_line = lost_terminal_line(record.directory)
+        if log_line:
+            say(log_line)
     return 1 if session.unreachable else 0
 
 

@@ -13,7 +13,6 @@ bad value, and the help shows a whole-number flag as INT and any other number as
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from contextvars import ContextVar
 from functools import wraps
@@ -24,6 +23,7 @@ from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
 from launcher.console import Interrupted, TaskError, command_line, flag_name, shown
+from launcher.terminal import last_line
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
@@ -69,10 +69,10 @@ def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | typ
                 kwargs[param] = number(flag_name(param), kwargs.get(param, defaults.get(param)), kind)
             result = fn(*args, **kwargs)
         except TaskError as e:
-            print(f"{e.label}: {e}" if e.label else str(e), file=sys.stderr)
+            last_line(f"{e.label}: {e}" if e.label else str(e))
             raise Exit(code=e.exit_code) from None
         except KeyboardInterrupt:
-            print("interrupted (Ctrl-C)", file=sys.stderr)
+            last_line("interrupted (Ctrl-C)")
             raise Exit(code=Interrupted.exit_code) from None
         if isinstance(result, int) and result:
             raise Exit(code=result)

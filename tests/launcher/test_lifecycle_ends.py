@@ -1,0 +1,91 @@
+"""Every way out of a launched run records its end: a Ctrl-C while the lifecycle decides on a restart,
+and the front end's own fault (an exception no kind raises on purpose), which also stops the ranks
+rather than leave them unsupervised."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cluster.inventory import local_cluster
+from launcher.console import Interrupted
+from launcher.launch.monitor import FirstFailure, Progress, RunFailed
+from launcher.lifecycle import Lifecycle, Prepared, Recovered, Started, TrainRequest
+from launcher.runs.record import RunRecord
+
+
+class Kind:
+    """A RunKind whose watch does what the test says and which remembers whether it stopped the run."""
+
+    def __init__(self, watch_raises: BaseException, unretryable_raises: BaseException | None = None):
+        self.cluster = local_cluster(1)
+        self.nodes = self.cluster.nodes
+        self.watch_raises, self.unretryable_raises = watch_raises, unretryable_raises
+        self.stopped = self.closed = False
+
+    def default_config(self) -> str | None:
+        return None
+
+    def dry_run(self, prepared: Prepared) -> None: ...
+
+    def open(self, prepared: Prepared) -> None: ...
+
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        return Started(self.nodes, 1)
+
+    def watch(self) -> Progress:
+        raise self.watch_raises
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def stop_requested(self) -> float | None:
+        return None
+
+    def unretryable(self, error: RunFailed) -> str | None:
+        if self.unretryable_raises is not None:
+            raise self.unretryable_raises
+        return None
+
+    def own_restart(self, error: RunFailed, restarts: int) -> str | None:
+        return None
+
+    def lost_while_starting(self, error: Exception) -> str | None:
+        return None
+
+    def recover(self) -> Recovered:
+        return Recovered(tuple(n.name for n in self.nodes))
+
+    def extra_overrides(self) -> tuple[str, ...]:
+        return ()
+
+    def finish(self) -> None: ...
+
+    def checkpoint_place(self) -> str:
+        return "here"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def end_of(kind: Kind) -> dict:
+    attempt = RunRecord.of(kind.cluster, "r").current
+    assert attempt is not None and attempt.end is not None
+    return attempt.end
+
+
+def test_the_front_ends_own_fault_stops_the_ranks_and_records_a_failed_end(local_home):
+    kind = Kind(watch_raises=RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        Lifecycle(TrainRequest("local", run="r"), kind).train()
+    assert kind.stopped and kind.closed
+    end = end_of(kind)
+    assert end["outcome"] == "failed" and end["reason"] == "the front end failed: RuntimeError: a bug"
+
+
+def test_ctrl_c_while_deciding_on_a_restart_stops_the_ranks_and_records_the_interruption(local_home):
+    lost = RunFailed("rank 0 lost", failure=FirstFailure("rank 0", "lost", detail="gone", node="local0"))
+    kind = Kind(watch_raises=lost, unretryable_raises=KeyboardInterrupt())
+    with pytest.raises(Interrupted, match="interrupted"):
+        Lifecycle(TrainRequest("local", run="r"), kind).train()
+    assert kind.stopped
+    assert end_of(kind)["outcome"] == "interrupted"
