@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.cluster.kube_contract import parse_access  # noqa: E402
 from launcher.kube import fetch as kube_fetch  # noqa: E402
+from launcher.kube import volume  # noqa: E402
 from launcher.kube.api import Api  # noqa: E402
 from tests.launcher.kube.fake import FakeKube  # noqa: E402
 
@@ -38,9 +39,16 @@ def api_on(fake: FakeKube) -> Api:
     return Api.of(parse_access(fake.contract(), ValueError))
 
 
-def by_ranges(api: Api, fake: FakeKube, size: int, dest: Path) -> float:
-    """Seconds to copy a file of size bytes by ranges (the pod is any name: the fake runs every exec alike)."""
-    files = kube_fetch.PodFiles(api, "bench-pod", RUN, again="(bench)")
+def helper_pod(api: Api) -> str:
+    """fetch's helper pod, Running in the fake."""
+    job = volume.helper_job("bench-fetch", api.access, "fetch", kube_fetch.keepalive_script(), run=RUN)
+    api.batch.create_namespaced_job(api.namespace, job)
+    return kube_fetch.wait_running(api, "bench-fetch")
+
+
+def by_ranges(api: Api, fake: FakeKube, pod: str, size: int, dest: Path) -> float:
+    """Seconds to copy a file of size bytes by ranges."""
+    files = kube_fetch.PodFiles(api, pod, RUN, again="(bench)")
     path = fake.pod_exec.claim / "runs" / RUN / "ckpt.pt"
     data = path.read_bytes()[:size]
     path.write_bytes(data)
@@ -52,7 +60,7 @@ def by_ranges(api: Api, fake: FakeKube, size: int, dest: Path) -> float:
     return elapsed
 
 
-def one_call(api: Api, fake: FakeKube, size: int) -> float:
+def one_call(api: Api, fake: FakeKube, pod: str, size: int) -> float:
     """Seconds to copy the file as fetch did before: one exec call, its output base64 text, read whole."""
     from kubernetes.stream import stream
 
@@ -62,7 +70,7 @@ def one_call(api: Api, fake: FakeKube, size: int) -> float:
     started = time.perf_counter()
     text = stream(
         api.exec_core().connect_get_namespaced_pod_exec,
-        "bench-pod",
+        pod,
         api.namespace,
         command=["sh", "-c", f"base64 /nanocluster/runs/{RUN}/ckpt.pt"],
         stderr=False,
@@ -85,7 +93,9 @@ def main() -> None:
     os.environ["NANOCLUSTER_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     fake = FakeKube()
     try:
+        fake.seed()
         api = api_on(fake)
+        pod = helper_pod(api)
         directory = fake.pod_exec.claim / "runs" / RUN
         directory.mkdir(parents=True)
         with tempfile.TemporaryDirectory() as dest:
@@ -93,7 +103,7 @@ def main() -> None:
             print(f"by ranges of {kube_fetch.CHUNK_BYTES // 2**20} MiB (fab fetch):")
             for size in sizes:
                 (directory / "ckpt.pt").write_bytes(os.urandom(size))
-                seconds = by_ranges(api, fake, size, Path(dest))
+                seconds = by_ranges(api, fake, pod, size, Path(dest))
                 rates.append(size / MB / seconds)
                 print(f"  {size / MB:5.0f} MB  {seconds:6.2f} s  {size / MB / seconds:6.1f} MB/s")
             largest = max(sizes)
@@ -102,14 +112,14 @@ def main() -> None:
             default = kube_fetch.CHUNK_BYTES
             for chunk in [int(c) for c in args.chunks.split(",")]:
                 kube_fetch.CHUNK_BYTES = chunk * 2**20
-                seconds = by_ranges(api, fake, largest, Path(dest))
+                seconds = by_ranges(api, fake, pod, largest, Path(dest))
                 print(f"  {chunk:3d} MiB  {seconds:6.2f} s  {largest / MB / seconds:6.1f} MB/s")
             kube_fetch.CHUNK_BYTES = default
             print("one exec call, base64 (the former fetch):")
             former = []
             for size in [s for s in sizes if s <= args.one_call_max * MB]:
                 (directory / "ckpt.pt").write_bytes(os.urandom(size))
-                seconds = one_call(api, fake, size)
+                seconds = one_call(api, fake, pod, size)
                 former.append(f"{size / MB:.0f} MB {seconds:.1f} s")
                 print(f"  {size / MB:5.0f} MB  {seconds:6.2f} s  {size / MB / seconds:6.1f} MB/s")
         shown = " / ".join(f"{s / MB:.0f}" for s in sizes)

@@ -114,6 +114,7 @@ class FakeKube:
         """Stop the controller, then the server (kmock's resolver hook must unwind before the next starts)."""
         self._stop.set()
         self._controller.join(10)
+        self.pod_exec.end_all()
         self._server_stop.set()
         self._server.join(10)
         shutil.rmtree(self.pod_exec.claim.parent, ignore_errors=True)
@@ -224,7 +225,7 @@ class FakeKube:
             if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
         existing = {p.metadata.name: p for p in self.pods()}
-        self.pod_exec.end_except({n for n, p in existing.items() if p.status and p.status.phase == "Running"})
+        self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
         for name, job in jobs.items():
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))

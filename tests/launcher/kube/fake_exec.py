@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 import aiohttp.web
@@ -57,7 +58,9 @@ class PodExec:
         self.cut_after_bytes: int | None = None
         self.stdout_sent = 0
         self.running: dict[int, str] = {}
-        """pid -> pod of each command still running (a pod that ends takes them with it: end_except)."""
+        """pid -> pod of each command still running (a pod that ends takes them with it: sync)."""
+        self.listed: set[str] = set()
+        """The pods the fake has listed so far."""
         self.lock = threading.Lock()
 
     def local(self, text: str) -> str:
@@ -125,12 +128,24 @@ class PodExec:
         await ws.close()
         return ws
 
-    def end_except(self, alive: set[str]) -> None:
-        """Kill the commands running in pods not in alive (their container ended, or they are gone),
-        as the kubelet does (called from the fake's controller thread)."""
+    def sync(self, phases: dict[str, str]) -> None:
+        """Kill the commands running in pods that ended or went away (phases: each pod the fake lists
+        now, by name), as the kubelet does; a pod the fake never listed is left alone (called from the
+        fake's controller thread)."""
         with self.lock:
-            for pid in [pid for pid, pod in self.running.items() if pod not in alive]:
+            for pid, pod in list(self.running.items()):
+                if phases.get(pod, "Running" if pod not in self.listed else "gone") != "Running":
+                    kill(pid)
+            self.listed |= set(phases)
+
+    def end_all(self, timeout_s: float = 5.0) -> None:
+        """Kill every running command and wait for its call to end (before the server's loop stops)."""
+        with self.lock:
+            for pid in self.running:
                 kill(pid)
+        deadline = time.monotonic() + timeout_s
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def kill(pid: int) -> None:
