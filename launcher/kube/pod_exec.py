@@ -39,7 +39,12 @@ class ExecResult:
 
 
 def open_exec(
-    core: client.CoreV1Api, namespace: str, pod: str, command: list[str], container: str | None = None, stderr: bool = True
+    core: client.CoreV1Api,
+    namespace: str,
+    pod: str,
+    command: list[str],
+    container: str | None = None,
+    stderr: bool = True,
 ) -> Any:
     """The client's WSClient on the command (an ApiException when the server refuses the upgrade).
     core must be a client of its own (Api.exec_core): the stream swaps its request function."""
