@@ -8,7 +8,9 @@
     jobs       helper Jobs run to their end with their log streamed; staging (node env, code, run files)
     watch      a run's pods: [rank R host] logs, progress, fail-fast, the pending timeout
     train      `fab train`: budget, record, and restarts with launcher.recover's policy
-    tasks      setup, prepare-data, status, logs, stop, sample, fetch, doctor
+    tasks      setup, prepare-data, status, logs, stop, sample, doctor
+    pod_exec   commands in a pod through the exec websocket, read as they arrive in bounded memory
+    fetch      `fab fetch`: the run's files by ranges through a helper pod's exec, checked by sha256
     run_dirs   `fab runs`, `rm`, `prune`: the run directories on the claim (its RunStore), live by their Job
 
 The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.inventory, which

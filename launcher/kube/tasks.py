@@ -7,41 +7,32 @@
     logs           each pod's log, [rank R host] as fab train prints it (a GPU pod's holds G ranks)
     stop           delete the run's Job and Service (every pod gets SIGTERM: it snapshots and exits)
     sample         model.sample in a Job on the claim; its log is the text
-    fetch          the best checkpoint and metrics copied here from a helper pod (exec stream)
+    fetch          (launcher.kube.fetch) the run's files copied here by ranges through a helper pod's exec
     doctor         the cluster checks of connect(), then a Job checking environment, code and data
 """
 
 from __future__ import annotations
 
-import base64
 import shlex
 import time
-from pathlib import Path
 
 from kubernetes.client import V1Job
 from rich.table import Table
 
-from launcher.checkpoints import fetched_dir
 from launcher.console import (
-    HOME_FIX,
     TaskError,
-    can_make_dir,
     check_name,
     command_line,
     console,
     out_line,
-    removed_on_failure,
     say,
 )
 from launcher.kube import volume
-from launcher.kube.api import Api, calling, name_of
+from launcher.kube.api import calling, name_of
 from launcher.kube.connect import delete_run_objects, live_runs, open_cluster, request_stop, run_objects
 from launcher.kube.jobs import (
-    PENDING_TIMEOUT_S,
     access_of,
-    delete_job,
     exit_code,
-    job_pods,
     log_lines,
     raw_response,
     run_helper,
@@ -253,63 +244,6 @@ def sample(
     script = f'{best_checkpoint_script(run)}; {volume.node_program("model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
     run_helper(api, job, f"sampling run {run}", on_line=out_line)
-
-
-def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
-    """The run's best checkpoint and metrics.jsonl from the claim, through a helper pod's exec stream."""
-    check_name(run, "run")
-    api, cluster = open_cluster(cluster_spec)
-    target = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    can_make_dir(
-        target,
-        "--dest" if dest else "the fetch directory",
-        "give --dest a directory you can write" if dest else HOME_FIX,
-    )
-    name = job_name("fetch", run)
-    job = volume.helper_job(name, access_of(cluster), "fetch", "sleep 900", run=run)
-
-    delete_job(api, name)
-    with calling(f"creating Job {name}"):
-        api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
-    try:
-        pod = wait_running(api, name)
-        with removed_on_failure(target):  # made once a file came back; removed again if a later one fails
-            for file in ("$ckpt", "metrics.jsonl"):
-                script = f"{best_checkpoint_script(run)}; cd {volume.run_path(run, '')} && base64 {file} && echo"
-                text = exec_output(api, pod, script)
-                wanted = "ckpt.pt" if file == "$ckpt" else file
-                target.mkdir(parents=True, exist_ok=True)
-                (target / wanted).write_bytes(base64.b64decode(text))
-    finally:
-        delete_job(api, name)
-    say(f"fetched run {run} to {target}")
-    return target
-
-
-def wait_running(api: Api, job: str, timeout_s: float = PENDING_TIMEOUT_S) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pods = [p for p in job_pods(api, job) if p.status and p.status.phase == "Running"]
-        if pods:
-            return name_of(pods[0])
-        time.sleep(1.0)
-    raise TaskError(f"helper pod of Job {job} not Running after {timeout_s:.0f} s: check the cluster's capacity")
-
-
-def exec_output(api: Api, pod: str, script: str) -> str:
-    from kubernetes.stream import stream  # websocket-client: only fetch needs it
-
-    with calling(f"reading from pod {pod}"):
-        return stream(
-            api.exec_core().connect_get_namespaced_pod_exec,
-            pod,
-            api.namespace,
-            command=["sh", "-c", script],
-            stderr=False,
-            stdin=False,
-            stdout=True,
-            tty=False,
-        )
 
 
 def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:

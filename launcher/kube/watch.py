@@ -34,6 +34,7 @@ from launcher.kube import pod_start
 from launcher.kube.api import Api, labels_of, name_of
 from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
+from launcher.kube.pod_exec import open_exec, stdout_lines
 from launcher.kube.pod_start import OOM_KILLED, StartBounds, StartWatch, disruption, terminated_reason, unschedulable
 from launcher.launch.monitor import (
     FAILURE_GRACE_S,
@@ -182,28 +183,16 @@ class PodWatch:
 
         def follow() -> None:
             with contextlib.suppress(Exception):
-                from kubernetes.stream import stream
-
-                ws = stream(
-                    self.api.exec_core().connect_get_namespaced_pod_exec,
-                    name_of(pod),
+                ws = open_exec(
+                    self.api.exec_core(),
                     self.api.namespace,
+                    name_of(pod),
+                    ["tail", "-n", "+1", "-F", path],
                     container=CONTAINER,
-                    command=["tail", "-n", "+1", "-F", path],
-                    stderr=False,
-                    stdin=False,
-                    stdout=True,
-                    tty=False,
-                    _preload_content=False,
+                    stderr=False,  # stdout_lines needs the client's capture to hold stdout alone
                 )
-                buffer = ""
-                while ws.is_open():
-                    ws.update(timeout=1)
-                    if ws.peek_stdout():
-                        buffer += ws.read_stdout()
-                        *complete, buffer = buffer.split("\n")
-                        for line in complete:
-                            on_line(line)
+                for line in stdout_lines(ws):
+                    on_line(line)
             self.recorder.stream_ended()
 
         threading.Thread(target=follow, daemon=True).start()

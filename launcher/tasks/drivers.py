@@ -126,6 +126,7 @@ MACHINES_DRIVER: Driver = MachinesDriver()
 def kubernetes_driver() -> Driver:
     """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
     task on VMs does not pay."""
+    import launcher.kube.fetch as kube_fetch
     import launcher.kube.run_dirs as kube_runs
     import launcher.kube.tasks as kube
     import launcher.kube.train as kube_train
@@ -141,7 +142,7 @@ def kubernetes_driver() -> Driver:
         logs = staticmethod(kube.logs)
         stop = staticmethod(kube.stop)
         sample = staticmethod(kube.sample)
-        fetch = staticmethod(kube.fetch)
+        fetch = staticmethod(kube_fetch.fetch)
         doctor = staticmethod(kube.doctor)
         runs = staticmethod(kube_runs.runs)
         rm = staticmethod(kube_runs.rm)

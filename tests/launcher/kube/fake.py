@@ -2,21 +2,27 @@
 stateful API server over HTTP, so the official client runs unchanged against it) in a thread, plus
 the two controllers a real cluster runs and the emulator does not: the Job controller (a Job's pods,
 their phases) and the garbage collector (a deleted Job's pods), and the scheduler's and the kubelet's
-part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do."""
+part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do.
+Exec calls into the pods run in a local sandbox standing in for the claim (fake_exec.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import kmock
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from tests.launcher.kube.fake_exec import ExecEmulator, PodExec
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -58,6 +64,8 @@ class Script:
     """Controller ticks a pod spends in each state before Running: unscheduled, scheduled, ContainerCreating."""
     stuck: dict[tuple[int, int] | str, str] = field(default_factory=dict)
     """(attempt, rank), or a helper Job's role -> the waiting reason its pod never leaves (StartingPods)."""
+    serving: set[str] = field(default_factory=lambda: {"fetch"})
+    """Helper roles whose pod runs until its Job is deleted (exec calls into it: fake_exec)."""
 
 
 class FakeKube:
@@ -69,6 +77,9 @@ class FakeKube:
         self.ticks: dict[str, int] = {}
         self.created_jobs: list[dict] = []
         self.error: Exception | None = None
+        self.pod_exec = PodExec(Path(tempfile.mkdtemp(prefix="fake-kube-")))
+        """Exec calls into the pods; pod_exec.claim stands in for the shared claim."""
+        self.serving: set[str] = set()
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._server_stop = threading.Event()
@@ -84,7 +95,7 @@ class FakeKube:
 
     def _serve(self) -> None:
         async def main() -> None:
-            async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+            async with ExecEmulator(self.pod_exec) as emulator, kmock.Server(emulator) as server:
                 emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
@@ -111,8 +122,10 @@ class FakeKube:
         """Stop the controller, then the server (kmock's resolver hook must unwind before the next starts)."""
         self._stop.set()
         self._controller.join(10)
+        self.pod_exec.end_all()
         self._server_stop.set()
         self._server.join(10)
+        shutil.rmtree(self.pod_exec.claim.parent, ignore_errors=True)
 
     # --- what a cluster has before the launcher comes ---
 
@@ -220,6 +233,7 @@ class FakeKube:
             if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
         existing = {p.metadata.name: p for p in self.pods()}
+        self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
         for name, job in jobs.items():
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
@@ -258,6 +272,8 @@ class FakeKube:
             role = labels.get("nanocluster.dev/role", "")
             command = job.spec.template.spec.containers[0].command
             lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else ["helper ran"]
+            if role in self.script.serving:
+                self.serving.add(pod)
         self.logs[pod] = "".join(f"{line}\n" for line in lines).encode()
         status = (
             {"phase": "Pending"}
@@ -311,7 +327,8 @@ class FakeKube:
             self._phase(pod, "Failed", 137, reason="OOMKilled")
         elif tick == self.script.run_ticks // 2 and isinstance(fate, int):
             self._phase(pod, "Failed", fate)
-        elif tick == (self.script.run_ticks if rank >= 0 else 2) and fate is None:  # helper Jobs end at once
+        elif tick == (self.script.run_ticks if rank >= 0 else 2) and fate is None and pod not in self.serving:
+            # helper Jobs end at once, a serving one when its Job is deleted
             self._phase(pod, "Succeeded", 0)
 
     def _phase(self, pod: str, phase: str, code: int | None = None, reason: str | None = None) -> None:
@@ -486,8 +503,8 @@ class StartingPods:
 
 
 def stream_metrics(monkeypatch, records: list[dict]) -> None:
-    """Rank 0's metrics.jsonl as the exec stream into its pod would deliver it (kmock has no exec
-    websocket): every attempt's rank 0 streams these records, then its stream ends."""
+    """Rank 0's metrics.jsonl as the exec stream into its pod would deliver it (the fake's pods write
+    no metrics into the sandbox): every attempt's rank 0 streams these records, then its stream ends."""
     import json
 
     from launcher.kube import watch
