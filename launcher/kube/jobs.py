@@ -60,6 +60,21 @@ def unschedulable(pod: V1Pod) -> str:
     return ""
 
 
+def creation_refused(api: Api, job: str) -> str:
+    """Why the Job controller could not create the Job's pod ("" when nothing refused it): an admission
+    controller's answer, e.g. Pod Security's "violates PodSecurity "restricted:latest": ...", which
+    the controller records as a FailedCreate event of the Job and retries forever."""
+    with calling(f"listing the events of Job {job}"):
+        events = api.core.list_namespaced_event(
+            api.namespace, field_selector=f"involvedObject.kind=Job,involvedObject.name={job}"
+        ).items
+    for event in events:
+        involved = event.involved_object
+        if event.reason == "FailedCreate" and involved and involved.kind == "Job" and involved.name == job:
+            return event.message or "the pod was refused"
+    return ""
+
+
 def exit_code(pod: V1Pod) -> int | None:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.state and status.state.terminated:
@@ -88,6 +103,10 @@ def run_helper(
         phase = pod.status.phase if pod and pod.status else "Pending"
         if phase in ("Running", "Succeeded", "Failed"):
             break
+        refused = "" if pod else creation_refused(api, name)
+        if refused:
+            delete_job(api, name)
+            raise TaskError(f"{what}: the cluster refused the Job's pod ({refused}); fix the namespace's policy, rerun")
         waited = time.monotonic() - started
         if waited > pending_timeout_s:
             why = unschedulable(pod) if pod else "no pod created"

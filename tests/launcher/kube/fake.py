@@ -52,6 +52,9 @@ class Script:
     """Controller ticks a pod runs before it ends."""
     helpers: dict[str, Callable[[str], list[str]]] = field(default_factory=dict)
     """A helper Job's role -> its pod's log from its `sh -c` script (default: one line, "helper ran")."""
+    pod_security: str = ""
+    """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
+    admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""
 
 
 class FakeKube:
@@ -87,6 +90,7 @@ class FakeKube:
                     "v1/pods",
                     "v1/services",
                     "v1/configmaps",
+                    "v1/events",
                     "v1/persistentvolumeclaims",
                     "batch/v1/jobs",
                     "storage.k8s.io/v1/storageclasses",
@@ -224,6 +228,23 @@ class FakeKube:
                     self._advance(pod, index if indexed else -1, attempt)
 
     def _create_pod(self, pod: str, job, labels: dict, index: int, attempt: int, indexed: bool) -> None:
+        if self.script.pod_security == "restricted":
+            from tests.launcher.kube.pod_security import violations
+
+            refused = violations(self.api.sanitize_for_serialization(job.spec.template.spec))
+            if refused:
+                message = f'Error creating: pods "{pod}" is forbidden: violates PodSecurity "restricted:latest": '
+                self.core.create_namespaced_event(  # a 409 on the next tick's try: the controller ignores it
+                    NAMESPACE,
+                    {
+                        "metadata": {"name": f"{pod}.refused", "namespace": NAMESPACE},
+                        "involvedObject": {"kind": "Job", "name": job.metadata.name, "namespace": NAMESPACE},
+                        "reason": "FailedCreate",
+                        "type": "Warning",
+                        "message": message + ", ".join(refused),
+                    },
+                )
+                return
         seen = {
             (j["metadata"]["name"], j["metadata"]["labels"].get("nanocluster.dev/attempt")) for j in self.created_jobs
         }
