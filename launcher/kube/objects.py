@@ -255,7 +255,8 @@ def rank_environment(launch: PodLaunch, rank: int) -> dict[str, str]:
         raise ValueError(f"rank must be in 0..{launch.world_size - 1}, got {rank}")
     index, local_rank = divmod(rank, launch.ranks_per_pod)
     out = {}
-    for var in container_env(launch):
+    (container,) = training_job(launch)["spec"]["template"]["spec"]["containers"]
+    for var in container["env"]:  # as rendered: with what restricted() adds
         if "value" in var:
             out[var["name"]] = var["value"]
         elif var["valueFrom"]["fieldRef"]["fieldPath"].endswith(f"['{COMPLETION_INDEX_ANNOTATION}']"):
