@@ -238,7 +238,12 @@ class FakeKube:
                     NAMESPACE,
                     {
                         "metadata": {"name": f"{pod}.refused", "namespace": NAMESPACE},
-                        "involvedObject": {"kind": "Job", "name": job.metadata.name, "namespace": NAMESPACE},
+                        "involvedObject": {
+                            "kind": "Job",
+                            "name": job.metadata.name,
+                            "namespace": NAMESPACE,
+                            "uid": job.metadata.uid,
+                        },
                         "reason": "FailedCreate",
                         "type": "Warning",
                         "message": message + ", ".join(refused),
