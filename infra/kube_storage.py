@@ -23,6 +23,12 @@ STORAGE_CLASS = "nanocluster-nfs"
 CLAIM = "nanocluster-shared"
 MOUNT_OPTIONS = ["nfsvers=4.2", "hard"]  # hard: a server restart stalls I/O instead of failing it
 LABELS = {"app.kubernetes.io/name": "nanocluster", "app.kubernetes.io/managed-by": "pulumi"}
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+"""The namespace's pods must pass Pod Security "restricted" (the launcher's do: launcher.cluster.kube_contract
+has the same labels), which forbids inline nfs volumes: none can name the NFS server but the claim's."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,9 @@ class ClusterStorage(pulumi.ComponentResource):
         cfg = args.config
         provider = k8s.Provider(name, kubeconfig=args.kubeconfig, opts=pulumi.ResourceOptions(parent=self))
         child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=list(args.depends_on))
-        namespace = k8s.core.v1.Namespace(name, metadata={"name": NAMESPACE, "labels": LABELS}, opts=child)
+        namespace = k8s.core.v1.Namespace(
+            name, metadata={"name": NAMESPACE, "labels": LABELS | POD_SECURITY_LABELS}, opts=child
+        )
         k8s.storage.v1.StorageClass(
             name,
             metadata={"name": STORAGE_CLASS, "labels": LABELS},

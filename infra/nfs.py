@@ -25,15 +25,33 @@ DATA_DEVICE = "nanocluster-data"
 NFS_ADDRESS = str(ipaddress.IPv4Network(NODE_SUBNET_CIDR)[5])
 """Reserved in the node subnet before GKE hands out addresses (GCP keeps .0, .1 and the last two)."""
 STARTUP_SCRIPT = Path(__file__).with_name("nfs_server.sh")
+POD_ID = 1000
+"""The uid and gid the launcher's pods run as (launcher.cluster.kube_contract.RUN_AS_UID; a test holds
+the two equal): the export's owner, and who every client is squashed to."""
+EXPORT_CLIENTS = NODE_SUBNET_CIDR
+"""Who may mount: the node subnet, which in the GKE stack's own VPC holds the nodes' primary addresses
+and this server alone. Pods get theirs from the pod range (infra/gke.py POD_RANGE), outside it, and
+reach the server unmasqueraded (a private destination), so a pod's own NFS client is refused; only a
+kubelet mounting a volume for a pod comes from a node's address (docs/kubernetes.md, "Security")."""
+EXPORT_OPTIONS = f"rw,sync,no_subtree_check,secure,all_squash,anonuid={POD_ID},anongid={POD_ID}"
+"""all_squash: every client's uid, root's included, becomes POD_ID, so no client can make a file that
+the pods cannot read or replace, nor a setuid one that counts; secure: requests from ports below 1024 only
+(the kernel client's)."""
+
+
+def export_line() -> str:
+    """The server's /etc/exports line."""
+    return f"{EXPORT_PATH} {EXPORT_CLIENTS}({EXPORT_OPTIONS})"
 
 
 def startup_script() -> str:
-    """infra/nfs_server.sh with its device, export path and clients filled in."""
+    """infra/nfs_server.sh with its device, export path, owner and export line filled in."""
     return (
         STARTUP_SCRIPT.read_text()
         .replace("__DEVICE__", DATA_DEVICE)
         .replace("__EXPORT__", EXPORT_PATH)
-        .replace("__CLIENTS__", NODE_SUBNET_CIDR)
+        .replace("__OWNER__", f"{POD_ID}:{POD_ID}")
+        .replace("__EXPORT_LINE__", export_line())
     )
 
 

@@ -28,6 +28,15 @@ DEFAULT_CLAIM = "nanocluster-shared"
 DEFAULT_STORAGE_GIB = 100
 """Its size when the launcher creates it."""
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+RUN_AS_UID = 1000
+"""The uid and gid the launcher's pods run as (Pod Security "restricted": never root). The claim's
+root must be writable by it; the GKE stack's NFS server maps every client to it (infra/nfs.py)."""
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+"""The labels of a namespace the launcher or a stack creates: its pods must pass Pod Security
+"restricted", which among the rest forbids inline nfs and hostPath volumes."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises (GKE's and the GPU operator's): GPUs per node."""

@@ -59,6 +59,24 @@ def waiting_for(pod: V1Pod) -> str:
     return "waiting for a node" if state == "Pending" else f"on a node, {state}"
 
 
+def creation_refused(api: Api, job: str, uid: str) -> str:
+    """Why the Job controller could not create the pod of Job <job> with this uid ("" when nothing
+    refused it, or events are not ours to list): an admission controller's answer, e.g. Pod Security's
+    "violates PodSecurity "restricted:latest": ...", which the controller records as a FailedCreate
+    event of the Job and retries forever. The uid keeps an older Job of the same name's events out."""
+    try:
+        events = api.core.list_namespaced_event(
+            api.namespace, field_selector=f"involvedObject.kind=Job,involvedObject.name={job}"
+        ).items
+    except ApiException:
+        return ""  # no right to list events: the Pending timeout still ends the wait
+    for event in events:
+        involved = event.involved_object
+        if event.reason == "FailedCreate" and involved and involved.name == job and involved.uid == (uid or None):
+            return event.message or "the pod was refused"
+    return ""
+
+
 def exit_code(pod: V1Pod) -> int | None:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         if status.state and status.state.terminated:
@@ -79,7 +97,7 @@ def run_helper(
     emit = on_line or (lambda line: out_line(f"[{role}] {line}"))
     delete_job(api, name)
     with calling(f"creating Job {name}"):
-        _create_when_gone(api, job)
+        uid = _create_when_gone(api, job)
     started = time.monotonic()
     bounds = pod_start.BOUNDS
     starting = StartWatch(api, lambda line: out_line(f"[{role}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
@@ -93,6 +111,10 @@ def run_helper(
         if blocked:
             delete_job(api, name)
             raise TaskError(f"{what}: {blocked}; the Job was deleted")
+        refused = "" if pod else creation_refused(api, name, uid)
+        if refused:
+            delete_job(api, name)
+            raise TaskError(f"{what}: the cluster refused the Job's pod ({refused}); fix the namespace's policy, rerun")
         waited = time.monotonic() - started
         if waited > pending_timeout_s:
             why = (unschedulable(pod) or waiting_for(pod)) if pod else "no pod created"
@@ -116,13 +138,14 @@ def run_helper(
         raise TaskError(f"{what} failed (Job {name}, {ended_how(pod, exit_code(pod))}); its log is above")
 
 
-def _create_when_gone(api: Api, job: dict) -> None:
-    """Create the Job; a 409 means the old one of that name is still being deleted: wait for it."""
+def _create_when_gone(api: Api, job: dict) -> str:
+    """Create the Job and return its uid; a 409 means the old one of that name is still being deleted:
+    wait for it."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
-            return
+            created = api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
+            return created.metadata.uid if created.metadata and created.metadata.uid else ""
         except ApiException as e:
             if e.status != 409 or time.monotonic() > deadline:
                 raise

@@ -32,7 +32,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION
+from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION, RUN_AS_UID
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from launcher.launch.units import STOP_GRACE_S
@@ -44,8 +44,16 @@ NODE_PYTHON = f"{MOUNT_PATH}/venv/bin/python"
 """The node environment's Python (built once on the claim by the setup Job)."""
 CODE_DIR = f"{MOUNT_PATH}/code"
 """model/ on the claim (synced by digest): the trainer's PYTHONPATH."""
-DEFAULT_IMAGE = "python:3.11-slim"
-"""A stock Python image: the node environment on the claim is built with its interpreter."""
+DEFAULT_IMAGE = "python:3.11.15-slim-bookworm@sha256:d29f48a31a8b408ed19272ca1e7b10ebae13b240a27e862d3d4217c528e2e0c3"
+"""A stock Python image, pinned by the digest of its multi-platform index (docker-library/repo-info,
+repos/python/remote/3.11.15-slim-bookworm.md, 2026-08): every pod runs the same bytes whatever the tag
+points at later. The node environment on the claim is built with its interpreter."""
+RUN_AS_ID = RUN_AS_UID
+"""The uid and gid of every pod's processes (launcher.cluster.kube_contract): files on the claim are theirs."""
+SCRATCH_VOLUME = "scratch"
+SCRATCH_DIR = "/tmp"
+"""An emptyDir: the one writable place besides the claim (the root filesystem is read-only); HOME too,
+for the caches that pip, torch.compile and Triton keep there."""
 
 LABEL_APP = "app.kubernetes.io/name"
 APP = "nanocluster"
@@ -247,7 +255,8 @@ def rank_environment(launch: PodLaunch, rank: int) -> dict[str, str]:
         raise ValueError(f"rank must be in 0..{launch.world_size - 1}, got {rank}")
     index, local_rank = divmod(rank, launch.ranks_per_pod)
     out = {}
-    for var in container_env(launch):
+    (container,) = training_job(launch)["spec"]["template"]["spec"]["containers"]
+    for var in container["env"]:  # as rendered: with what restricted() adds
         if "value" in var:
             out[var["name"]] = var["value"]
         elif var["valueFrom"]["fieldRef"]["fieldPath"].endswith(f"['{COMPLETION_INDEX_ANNOTATION}']"):
@@ -320,6 +329,48 @@ def pod_failure_policy() -> dict:
     }
 
 
+def pod_security_context() -> dict:
+    """What Pod Security "restricted" asks of a pod (kubernetes.io/docs/concepts/security/pod-security-standards):
+    a non-root user, the runtime's default seccomp profile. fsGroup makes a block volume's files the
+    group's, checked once per mount (OnRootMismatch) rather than walked every time; NFS ignores it,
+    so an NFS claim's root must belong to RUN_AS_ID (the GKE stack's server squashes every client to it)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_ID,
+        "runAsGroup": RUN_AS_ID,
+        "fsGroup": RUN_AS_ID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict:
+    """No privilege escalation, no capabilities, a read-only root filesystem."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+
+
+def restricted(pod_spec: dict) -> dict:
+    """pod_spec as Pod Security "restricted" admits it, with no service-account token (the pods never
+    call the API) and a scratch emptyDir at /tmp and HOME (USER names the uid for getpass, which
+    torch.compile's cache directory asks and which the image's /etc/passwd does not know)."""
+    env = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "USER", "value": APP}]
+    containers = [
+        c
+        | {
+            "securityContext": container_security_context(),
+            "env": c.get("env", []) + env,
+            "volumeMounts": [*c.get("volumeMounts", []), {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}],
+        }
+        for c in pod_spec["containers"]
+    ]
+    return pod_spec | {
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "containers": containers,
+        "volumes": [*pod_spec.get("volumes", []), {"name": SCRATCH_VOLUME, "emptyDir": {}}],
+    }
+
+
 def training_job(launch: PodLaunch) -> dict:
     """The Indexed Job: one pod per node, pod k runs rank k (ranks k*G .. k*G+G-1 on GPU nodes)."""
     command = trainer_command(launch)
@@ -374,6 +425,6 @@ def training_job(launch: PodLaunch) -> dict:
             "parallelism": launch.nodes,
             "backoffLimit": 0,
             "podFailurePolicy": pod_failure_policy(),
-            "template": {"metadata": {"labels": labels(launch)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels(launch)}, "spec": restricted(pod_spec)},
         },
     }

@@ -20,7 +20,7 @@ import base64
 import hashlib
 import shlex
 
-from launcher.cluster.kube_contract import KubeAccess
+from launcher.cluster.kube_contract import POD_SECURITY_LABELS, KubeAccess
 from launcher.cluster.node_layout import data_dir, run_dir
 from launcher.kube.objects import (
     APP,
@@ -30,7 +30,9 @@ from launcher.kube.objects import (
     LABEL_RUN,
     MOUNT_PATH,
     NODE_PYTHON,
+    RUN_AS_ID,
     VOLUME,
+    restricted,
 )
 from launcher.setup.nodes import install_code_command
 
@@ -50,7 +52,9 @@ def meta(name: str, namespace: str, role: str, run: str = "") -> dict:
 
 
 def namespace(name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {LABEL_APP: APP}}}
+    """The namespace of a kubeconfig cluster: its pods must pass Pod Security "restricted" (as ours do)."""
+    labels = {LABEL_APP: APP} | POD_SECURITY_LABELS
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def claim(access: KubeAccess) -> dict:
@@ -96,6 +100,11 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
     venv = f"{MOUNT_PATH}/venv"
     lines = [
         "set -eu",
+        f"if [ ! -w {MOUNT_PATH} ]; then",
+        f"  echo 'the claim is not writable by uid {RUN_AS_ID}, the user every pod runs as: give its root to "
+        f"{RUN_AS_ID}:{RUN_AS_ID} (chown) or use a storage class whose volumes are (docs/kubernetes.md)'",
+        "  exit 1",
+        "fi",
         f'if [ "$(cat {VENV_MARKER} 2>/dev/null)" != {requirements_sha} ]; then',
         f"  echo 'building the node environment in {venv} (once per requirements digest)'",
         f"  rm -rf {venv} && python -m venv {venv}",
@@ -116,7 +125,8 @@ def helper_job(
     name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
 ) -> dict:
     """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
-    staging ConfigMap, if any); kept 10 minutes after it ends so its log can be read."""
+    staging ConfigMap, if any), as Pod Security "restricted" admits it (objects.restricted); kept 10
+    minutes after it ends so its log can be read."""
     mounts: list[dict] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
     volumes: list[dict] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": access.storage_claim}}]
     if configmap:
@@ -132,24 +142,26 @@ def helper_job(
             "ttlSecondsAfterFinished": 600,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "enableServiceLinks": False,
-                    "containers": [
-                        {
-                            "name": role,
-                            "image": DEFAULT_IMAGE,
-                            "command": ["sh", "-c", script],
-                            "workingDir": workdir,
-                            "env": [
-                                {"name": "PYTHONPATH", "value": CODE_DIR},
-                                {"name": "PYTHONUNBUFFERED", "value": "1"},
-                            ],
-                            "volumeMounts": mounts,
-                        }
-                    ],
-                    "volumes": volumes,
-                },
+                "spec": restricted(
+                    {
+                        "restartPolicy": "Never",
+                        "enableServiceLinks": False,
+                        "containers": [
+                            {
+                                "name": role,
+                                "image": DEFAULT_IMAGE,
+                                "command": ["sh", "-c", script],
+                                "workingDir": workdir,
+                                "env": [
+                                    {"name": "PYTHONPATH", "value": CODE_DIR},
+                                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                                ],
+                                "volumeMounts": mounts,
+                            }
+                        ],
+                        "volumes": volumes,
+                    }
+                ),
             },
         },
     }

@@ -28,7 +28,7 @@ from infra.prices import (
     price_of,
 )
 from launcher.cluster.inventory import parse_contract
-from launcher.cluster.kube_contract import GPU_TOLERATION
+from launcher.cluster.kube_contract import GPU_TOLERATION, POD_SECURITY_LABELS
 from launcher.kube.objects import DEFAULT_IMAGE, PodLaunch, job_name, training_job
 from policy.gke import node_pool_problems
 from policy.props import UNKNOWN
@@ -162,6 +162,12 @@ def test_the_shared_volume_is_an_nfs_server_only_the_gke_nodes_reach():
     assert all(p.get("nodeConfig")["tags"] == ["nanocluster-dev-gke-node"] for p in run.of_type(POOL))
     volume = run.named("kubernetes:core/v1:PersistentVolume", "nanocluster-dev-storage").get("spec")
     assert volume["nfs"] == {"server": NFS_ADDRESS, "path": EXPORT_PATH} and volume["accessModes"] == ["ReadWriteMany"]
+
+
+def test_the_stacks_namespace_enforces_pod_security_restricted():
+    """Its pods (the launcher's) pass it; it forbids inline nfs volumes there (docs/kubernetes.md, "Security")."""
+    namespace = gke().named("kubernetes:core/v1:Namespace", "nanocluster-dev-storage").get("metadata")
+    assert namespace["labels"].items() >= POD_SECURITY_LABELS.items()
 
 
 def test_the_contract_has_the_kubernetes_keys_and_a_secret_kubeconfig_for_the_auth_plugin():

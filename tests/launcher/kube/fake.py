@@ -66,6 +66,9 @@ class Script:
     """(attempt, rank), or a helper Job's role -> the waiting reason its pod never leaves (StartingPods)."""
     serving: set[str] = field(default_factory=lambda: {"fetch"})
     """Helper roles whose pod runs until its Job is deleted (exec calls into it: fake_exec)."""
+    pod_security: str = ""
+    """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
+    admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""
 
 
 class FakeKube:
@@ -105,6 +108,7 @@ class FakeKube:
                     "v1/pods",
                     "v1/services",
                     "v1/configmaps",
+                    "v1/events",
                     "v1/persistentvolumeclaims",
                     "v1/events",
                     "batch/v1/jobs",
@@ -246,6 +250,28 @@ class FakeKube:
                     self._advance(pod, index if indexed else -1, attempt)
 
     def _create_pod(self, pod: str, job, labels: dict, index: int, attempt: int, indexed: bool) -> None:
+        if self.script.pod_security == "restricted":
+            from tests.launcher.kube.pod_security import violations
+
+            refused = violations(self.api.sanitize_for_serialization(job.spec.template.spec))
+            if refused:
+                message = f'Error creating: pods "{pod}" is forbidden: violates PodSecurity "restricted:latest": '
+                self.core.create_namespaced_event(  # a 409 on the next tick's try: the controller ignores it
+                    NAMESPACE,
+                    {
+                        "metadata": {"name": f"{pod}.refused", "namespace": NAMESPACE},
+                        "involvedObject": {
+                            "kind": "Job",
+                            "name": job.metadata.name,
+                            "namespace": NAMESPACE,
+                            "uid": job.metadata.uid,
+                        },
+                        "reason": "FailedCreate",
+                        "type": "Warning",
+                        "message": message + ", ".join(refused),
+                    },
+                )
+                return
         seen = {
             (j["metadata"]["name"], j["metadata"]["labels"].get("nanocluster.dev/attempt")) for j in self.created_jobs
         }

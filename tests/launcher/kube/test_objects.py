@@ -153,7 +153,8 @@ def test_the_pod_runs_what_a_vm_rank_runs(contract):
     c = container(training_job(launch))
     assert c["command"] + c["args"] == [f"{MOUNT_PATH}/venv/bin/python", "-m", "model.train", *trainer_args(plan)]
     assert c["workingDir"] == f"{MOUNT_PATH}/runs/exp1"
-    assert c["volumeMounts"] == [{"name": "nanocluster", "mountPath": MOUNT_PATH}]
+    scratch = {"name": "scratch", "mountPath": "/tmp"}  # the one writable place besides the claim
+    assert c["volumeMounts"] == [{"name": "nanocluster", "mountPath": MOUNT_PATH}, scratch]
     node_env = sourced(env_file(plan, cluster.nodes[0]).replace('"$HOME"/nanocluster', MOUNT_PATH))
     checked = 0
     for rank in plan.ranks:
