@@ -110,7 +110,6 @@ class FakeKube:
                     "v1/configmaps",
                     "v1/events",
                     "v1/persistentvolumeclaims",
-                    "v1/events",
                     "batch/v1/jobs",
                     "storage.k8s.io/v1/storageclasses",
                 ):
