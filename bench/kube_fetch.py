@@ -124,7 +124,9 @@ def main() -> None:
                 print(f"  {size / MB:5.0f} MB  {seconds:6.2f} s  {size / MB / seconds:6.1f} MB/s")
         shown = " / ".join(f"{s / MB:.0f}" for s in sizes)
         print(
-            f"summary: by ranges {shown} MB at " + " / ".join(f"{r:.0f}" for r in rates) + " MB/s"
+            f"summary: by ranges {shown} MB at "
+            + " / ".join(f"{r:.0f}" for r in rates)
+            + " MB/s"
             + (f"; one call: {', '.join(former)}" if former else "")
         )
     finally:

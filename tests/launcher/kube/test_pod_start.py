@@ -12,6 +12,7 @@ import pytest
 from kubernetes.client import V1Pod
 
 from launcher.kube import pod_start
+from launcher.kube.objects import DEFAULT_IMAGE as IMAGE
 from launcher.kube.pod_start import StartBounds, disruption, ended_how
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
@@ -59,7 +60,7 @@ PULL_FIX = "check the image name and the nodes' access to the registry"
     [
         (
             "ErrImagePull",
-            'cannot start: ImagePullBackOff (Back-off pulling image "python:3.11-slim"): ' + PULL_FIX,
+            f'cannot start: ImagePullBackOff (Back-off pulling image "{IMAGE}"): ' + PULL_FIX,
         ),
         (
             "CreateContainerConfigError",
@@ -68,8 +69,8 @@ PULL_FIX = "check the image name and the nodes' access to the registry"
         ),
         (
             "InvalidImageName",
-            'cannot start: InvalidImageName (Failed to apply default image tag "python:3.11-slim": couldn\'t '
-            'parse image reference "python:3.11-slim": invalid reference format): fix the image reference '
+            f'cannot start: InvalidImageName (Failed to apply default image tag "{IMAGE}": couldn\'t '
+            f'parse image reference "{IMAGE}": invalid reference format): fix the image reference '
             "(it does not parse as one)",
         ),
         (
@@ -112,10 +113,10 @@ def test_container_creating_past_its_bound_names_the_latest_event(fake, contract
     [line] = ran.error_lines
     assert line.startswith("error: pod fake-c-0-a0 still ContainerCreating after ")
     assert line.endswith(
-        ' s: latest event Pulling (Pulling image "python:3.11-slim"): read `kubectl describe pod fake-c-0-a0` '
+        f' s: latest event Pulling (Pulling image "{IMAGE}"): read `kubectl describe pod fake-c-0-a0` '
         "for what the kubelet waits on"
     )
-    assert 'pod fake-c-0-a0: Pulling (Pulling image "python:3.11-slim")' in ran.out
+    assert f'pod fake-c-0-a0: Pulling (Pulling image "{IMAGE}")' in ran.out
     assert not fake.jobs()
 
 
