@@ -25,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from kubernetes.client import V1Job  # noqa: E402
+
 from launcher.cluster.kube_contract import parse_access  # noqa: E402
 from launcher.kube import fetch as kube_fetch  # noqa: E402
 from launcher.kube import volume  # noqa: E402
@@ -42,7 +44,7 @@ def api_on(fake: FakeKube) -> Api:
 def helper_pod(api: Api) -> str:
     """fetch's helper pod, Running in the fake."""
     job = volume.helper_job("bench-fetch", api.access, "fetch", kube_fetch.keepalive_script(), run=RUN)
-    api.batch.create_namespaced_job(api.namespace, job)
+    api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
     return kube_fetch.wait_running(api, "bench-fetch")
 
 
