@@ -17,9 +17,6 @@ from dataclasses import dataclass, field
 from launcher.cluster.inventory import Cluster, Node
 from launcher.launch.units import with_identity
 from launcher.run_files import RUNNING, STOPPED, StoredRun
-from launcher.run_files import prune as prune_runs
-from launcher.run_files import rm as rm_run
-from launcher.run_files import runs as list_runs
 from launcher.runs.ledger import OUTCOMES
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
@@ -155,17 +152,3 @@ class MachineRuns:
 
     def close(self) -> None:
         self.session.close()
-
-
-def runs(cluster_spec: str | None) -> int:
-    return list_runs(MachineRuns.open, cluster_spec)
-
-
-def rm(cluster_spec: str | None, run: str, fetched: bool = False) -> int:
-    return rm_run(MachineRuns.open, cluster_spec, run, fetched=fetched)
-
-
-def prune(
-    cluster_spec: str | None, older_than_days: float | None = None, fetched: bool = False, dry_run: bool = False
-) -> int:
-    return prune_runs(MachineRuns.open, cluster_spec, older_than_days=older_than_days, fetched=fetched, dry_run=dry_run)

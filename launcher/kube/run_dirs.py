@@ -16,9 +16,6 @@ from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import access_of, run_helper
 from launcher.kube.objects import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
 from launcher.run_files import StoredRun
-from launcher.run_files import prune as prune_runs
-from launcher.run_files import rm as rm_run
-from launcher.run_files import runs as list_runs
 
 RUNS_DIR = f"{MOUNT_PATH}/runs"
 
@@ -113,17 +110,3 @@ class ClaimRuns:
 
     def close(self) -> None:
         """The client holds no connection to release."""
-
-
-def runs(cluster_spec: str | None) -> int:
-    return list_runs(ClaimRuns.open, cluster_spec)
-
-
-def rm(cluster_spec: str | None, run: str, fetched: bool = False) -> int:
-    return rm_run(ClaimRuns.open, cluster_spec, run, fetched=fetched)
-
-
-def prune(
-    cluster_spec: str | None, older_than_days: float | None = None, fetched: bool = False, dry_run: bool = False
-) -> int:
-    return prune_runs(ClaimRuns.open, cluster_spec, older_than_days=older_than_days, fetched=fetched, dry_run=dry_run)

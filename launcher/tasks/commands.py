@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from invoke import Context
 
+from launcher import run_files
 from launcher.doctor import SEND_S
 from launcher.launch.operator_stop import STOPPED_EXIT
 from launcher.launch.units import STOP_GRACE_S
@@ -303,7 +304,7 @@ def fetch(c: Context, cluster: str | None = None, run: str = "main", dest: str |
 def runs(c: Context, cluster: str | None = None) -> int:
     """Every run on the cluster and in this machine's record: state, iteration, loss, cost, disk used
     on the nodes (or volume) and here."""
-    return driver(cluster).runs(cluster)
+    return run_files.runs(driver(cluster).open_runs, cluster)
 
 
 FETCHED_HELP = (
@@ -320,7 +321,7 @@ FETCHED_HELP = (
 )
 def rm(c: Context, run: str, cluster: str | None = None, fetched: bool = False) -> int:
     """Delete a run: its directory on every node (or the volume) and its record here; refused while it runs."""
-    return driver(cluster).rm(cluster, run, fetched=fetched)
+    return run_files.rm(driver(cluster).open_runs, cluster, run, fetched=fetched)
 
 
 @fab_task(
@@ -341,7 +342,9 @@ def prune(
 ) -> int:
     """Delete every run that has ended (finished, failed, stopped, interrupted), as rm does; lists each
     with the space freed."""
-    return driver(cluster).prune(cluster, older_than_days=older_than, fetched=fetched, dry_run=dry_run)
+    return run_files.prune(
+        driver(cluster).open_runs, cluster, older_than_days=older_than, fetched=fetched, dry_run=dry_run
+    )
 
 
 PORT = text_default(DEFAULT_MASTER_PORT)

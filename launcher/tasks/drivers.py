@@ -32,6 +32,7 @@ from launcher.cluster.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, Invent
 from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
 from launcher.lifecycle import TrainRequest
+from launcher.run_files import RunStore
 
 
 class Driver(Protocol):
@@ -93,13 +94,9 @@ class Driver(Protocol):
         self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...
     ) -> int: ...
 
-    def runs(self, cluster_spec: str | None) -> int: ...
-
-    def rm(self, cluster_spec: str | None, run: str, fetched: bool = ...) -> int: ...
-
-    def prune(
-        self, cluster_spec: str | None, older_than_days: float | None = ..., fetched: bool = ..., dry_run: bool = ...
-    ) -> int: ...
+    def open_runs(self, cluster_spec: str | None) -> RunStore:
+        """The kind's run directories (on the nodes, or the volume): what runs, rm and prune read and delete."""
+        ...
 
 
 class MachinesDriver:
@@ -115,9 +112,7 @@ class MachinesDriver:
     sample = staticmethod(launcher.checkpoints.sample)
     fetch = staticmethod(launcher.checkpoints.fetch)
     doctor = staticmethod(launcher.doctor.doctor)
-    runs = staticmethod(launcher.machine_runs.runs)
-    rm = staticmethod(launcher.machine_runs.rm)
-    prune = staticmethod(launcher.machine_runs.prune)
+    open_runs = staticmethod(launcher.machine_runs.MachineRuns.open)
 
 
 MACHINES_DRIVER: Driver = MachinesDriver()
@@ -144,9 +139,7 @@ def kubernetes_driver() -> Driver:
         sample = staticmethod(kube.sample)
         fetch = staticmethod(kube_fetch.fetch)
         doctor = staticmethod(kube.doctor)
-        runs = staticmethod(kube_runs.runs)
-        rm = staticmethod(kube_runs.rm)
-        prune = staticmethod(kube_runs.prune)
+        open_runs = staticmethod(kube_runs.ClaimRuns.open)
 
     return KubernetesDriver()
 

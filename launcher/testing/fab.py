@@ -30,6 +30,17 @@ threads: 1
 """
 
 
+def long_tiny_config(path: Path, max_iters: int) -> Path:
+    """TINY_CONFIG at block_size 4 (tests' datasets hold 32 tokens), logging every step, for max_iters
+    steps: a run long enough for a signal or a stop to land before its end. Written to path."""
+    path.write_text(
+        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
+        .replace("log_interval: 5", "log_interval: 1")
+        .replace("max_iters: 20", f"max_iters: {max_iters}")
+    )
+    return path
+
+
 class Fab:
     """Runs the real `fab` CLI (from this checkout) against one contract, with its own operator state directory."""
 

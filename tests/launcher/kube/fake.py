@@ -541,3 +541,23 @@ def stream_metrics(monkeypatch, records: list[dict]) -> None:
         self.recorder.stream_ended()
 
     monkeypatch.setattr(watch.PodWatch, "follow_metrics", follow_metrics)
+
+
+def training_launch(run: str, nodes: int = 1):
+    """The PodLaunch of a training Job a test creates by hand (as `train` would) in the fake's namespace."""
+    from launcher.kube import objects
+
+    return objects.PodLaunch(
+        run=run,
+        job=f"fake-{run}",
+        namespace=NAMESPACE,
+        nodes=nodes,
+        port=29500,
+        image=objects.DEFAULT_IMAGE,
+        claim="shared",
+        cores=4,
+        memory_gib=15.0,
+        node_selector={},
+        tolerations=(),
+        trainer_args=(),
+    )

@@ -4,6 +4,7 @@ client, HTTP to kmock's emulator; the Job controller's part played by the fake."
 from __future__ import annotations
 
 from launcher.kube.objects import LABEL_RUN
+from tests.launcher.kube.fake import training_launch
 
 QUICK = ("--set", "max_iters=4")
 
@@ -74,20 +75,7 @@ def test_stop_deletes_everything_and_status_reads_it(fake, contract_file, task, 
     script.run_ticks = 10**9  # the pods keep running
     from launcher.kube import objects
 
-    launch = objects.PodLaunch(
-        run="r4",
-        job="fake-r4",
-        namespace="nanocluster",
-        nodes=2,
-        port=29500,
-        image=objects.DEFAULT_IMAGE,
-        claim="shared",
-        cores=4,
-        memory_gib=15.0,
-        node_selector={},
-        tolerations=(),
-        trainer_args=(),
-    )
+    launch = training_launch("r4", nodes=2)
     fake.core.create_namespaced_service("nanocluster", objects.headless_service(launch))
     fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
     import time
@@ -218,20 +206,7 @@ def test_plain_stop_picks_the_one_live_run_and_leaves_its_stop_request(fake, con
     nothing = task("stop", "--cluster", str(contract_file))
     assert nothing.code == 0, nothing.err
     assert "no run is running on " in nothing.out and "nothing to stop" in nothing.out
-    launch = objects.PodLaunch(
-        run="r5",
-        job="fake-r5",
-        namespace="nanocluster",
-        nodes=1,
-        port=29500,
-        image=objects.DEFAULT_IMAGE,
-        claim="shared",
-        cores=4,
-        memory_gib=15.0,
-        node_selector={},
-        tolerations=(),
-        trainer_args=(),
-    )
+    launch = training_launch("r5", nodes=1)
     fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
     ran = task("stop", "--cluster", str(contract_file))  # no --run: the one live run
     assert ran.code == 0, ran.err

@@ -14,6 +14,8 @@ from launcher.console import command_line, console
 from launcher.kube import objects
 from launcher.kube.objects import MOUNT_PATH
 from launcher.runs.record import RunRecord
+from tests.launcher.kube.fake import training_launch
+from tests.launcher.runs.test_run_files import rows
 
 MB = 1_000_000
 
@@ -43,30 +45,7 @@ def record(cluster, run: str, outcome: str | None) -> None:
 
 
 def start_training_job(fake, run: str) -> None:
-    launch = objects.PodLaunch(
-        run=run,
-        job=f"fake-{run}",
-        namespace="nanocluster",
-        nodes=1,
-        port=29500,
-        image=objects.DEFAULT_IMAGE,
-        claim="shared",
-        cores=4,
-        memory_gib=15.0,
-        node_selector={},
-        tolerations=(),
-        trainer_args=(),
-    )
-    fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
-
-
-def rows(out: str) -> dict[str, list[str]]:
-    found = {}
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) == 7:
-            found[cells[0]] = cells[1:]
-    return found
+    fake.batch.create_namespaced_job("nanocluster", objects.training_job(training_launch(run)))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from launcher.runs.ledger import run_rows
 from launcher.runs.metrics_copy import read_series
 from launcher.runs.record import RunRecord
-from launcher.testing.fab import TINY_CONFIG, Fab
+from launcher.testing.fab import Fab, long_tiny_config
 from launcher.testing.interrupt import train_ctrl_c
 from tests.launcher.dataset import write_dataset
 
@@ -27,12 +27,7 @@ MAX_ITERS = 400
 def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exact(tmp_path):
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = tmp_path / "tiny.yaml"
-    config.write_text(
-        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
-        .replace("log_interval: 5", "log_interval: 1")
-        .replace("max_iters: 20", f"max_iters: {MAX_ITERS}")
-    )
+    config = long_tiny_config(tmp_path / "tiny.yaml", MAX_ITERS)
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
 

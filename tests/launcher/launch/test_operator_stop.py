@@ -17,7 +17,7 @@ from launcher.launch.operator_stop import run_to_stop
 from launcher.launch.units import live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord, stopped_text
-from launcher.testing.fab import TINY_CONFIG, Fab, wait_for
+from launcher.testing.fab import Fab, long_tiny_config, wait_for
 from launcher.transport import payload
 from launcher.transport.connect import connect_reachable
 from tests.launcher.dataset import write_dataset
@@ -126,12 +126,7 @@ MAX_ITERS = 400
 def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_path):
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = tmp_path / "tiny.yaml"
-    config.write_text(
-        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
-        .replace("log_interval: 5", "log_interval: 1")
-        .replace("max_iters: 20", f"max_iters: {MAX_ITERS}")
-    )
+    config = long_tiny_config(tmp_path / "tiny.yaml", MAX_ITERS)
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
     train = fab.popen("train", *args, log=tmp_path / "train.log")

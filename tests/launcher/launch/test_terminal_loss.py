@@ -23,7 +23,7 @@ from launcher.cluster.node_layout import REPO_ROOT
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME
-from launcher.testing.fab import FAB, TINY_CONFIG, Fab, wait_for
+from launcher.testing.fab import FAB, Fab, long_tiny_config, wait_for
 from launcher.testing.interrupt import SNAPSHOT_WAIT_S
 from tests.launcher.dataset import write_dataset
 
@@ -34,12 +34,7 @@ NO_TRACE = ("Traceback", "Exception ignored", "BrokenPipeError")
 def setup(tmp_path: Path, max_iters: int) -> tuple[Fab, Path, list[str]]:
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = tmp_path / "tiny.yaml"
-    config.write_text(
-        TINY_CONFIG.replace("block_size: 32", "block_size: 4")
-        .replace("log_interval: 5", "log_interval: 1")
-        .replace("max_iters: 20", f"max_iters: {max_iters}")
-    )
+    config = long_tiny_config(tmp_path / "tiny.yaml", max_iters)
     args = ["--nodes", "2", "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
     return Fab("local", home), home, args  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
 
