@@ -20,10 +20,12 @@ N = GPT-2 small's parameters less the position embedding as the trainer counts t
 two MFUs differ exactly as the tokens/s do; the peak is --peak-tflops, by default 989 TFLOP/s, an H100
 SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in one line.
 
---diagnose adds two programs to the rounds, to tell where a gap between the two comes from: nanoGPT
-in the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as
-nanoGPT does, and biases: --bias=True), and the trainer without its per-step health work
-(health.interval=0 health.guard=false: no statistics, no step guard).
+--diagnose adds the trainer with each of its GPU choices turned off or changed, to tell what each is
+worth (model.gpt.gpu_kernels): attention_kernel=flash (torch's order instead of cuDNN first on
+Hopper), gpu_vocab_multiple=1 (the output projection over GPT-2's unpadded 50,257 rows), health off
+(health.interval=0 health.guard=false: no statistics, no step guard) and
+compile_mode=max-autotune-no-cudagraphs (slow to compile). --shape adds nanoGPT in the trainer's shape
+(GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT does, and biases).
 """
 
 from __future__ import annotations
@@ -88,8 +90,10 @@ def main() -> None:
     parser.add_argument(
         "--diagnose",
         action="store_true",
-        help="also nanoGPT in GPT-2's shape (50,257 words, biases) and the trainer without health work",
+        help="also the trainer with each GPU choice changed: flash attention, unpadded vocabulary, no health "
+        "work, max-autotune compile",
     )
+    parser.add_argument("--shape", action="store_true", help="also nanoGPT in GPT-2's shape (50,257 words, biases)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit(
@@ -147,7 +151,9 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     )
     programs = [nanogpt, ours]
     if args.diagnose:
-        programs += diagnostic_programs(nanogpt, ours, data, work)
+        programs += trainer_variants(ours, work)
+    if args.shape:
+        programs.append(nanogpt_in_gpt2_shape(nanogpt, data, work))
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     gpu = torch.cuda.get_device_name(0)
     print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
@@ -177,16 +183,34 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         f"{100 * rates['nanoGPT'] * flops / peak:.1f}% of {args.peak_tflops:g} TFLOP/s) on {gpu}, "
         f"micro-batch {args.batch_size}, bf16, compiled"
     )
-    if args.diagnose:
+    for name, rate in rates.items():
+        if name.startswith("nanocluster-"):
+            print(f"diagnosis: {name} runs at {rate / rates['nanocluster']:.3f}x the trainer's tokens/s")
+    if "nanoGPT-gpt2" in rates:
         print(
-            f"diagnosis: nanoGPT in GPT-2's shape runs at {rates['nanoGPT-gpt2'] / rates['nanoGPT']:.2f}x its own "
-            f"shape's tokens/s, and the trainer at {rates['nanocluster'] / rates['nanoGPT-gpt2']:.2f}x it; the "
-            f"trainer without health work at {rates['nanocluster-bare'] / rates['nanocluster']:.2f}x the trainer"
+            f"diagnosis: nanoGPT in GPT-2's shape runs at {rates['nanoGPT-gpt2'] / rates['nanoGPT']:.3f}x its own "
+            f"shape's tokens/s, and the trainer at {rates['nanocluster'] / rates['nanoGPT-gpt2']:.3f}x it"
         )
 
 
-def diagnostic_programs(nanogpt: Program, ours: Program, data: Path, work: Path) -> list[Program]:
-    """nanoGPT in the trainer's shape, and the trainer without its per-step health work (--diagnose)."""
+TRAINER_VARIANTS = {
+    "nanocluster-flash": ["attention_kernel=flash"],
+    "nanocluster-unpadded": ["gpu_vocab_multiple=1"],
+    "nanocluster-bare": ["health.interval=0", "health.guard=false"],
+    "nanocluster-autotune": ["compile_mode=max-autotune-no-cudagraphs"],
+}
+"""--diagnose: the trainer with one choice changed, by name (each writes to its own out_dir)."""
+
+
+def trainer_variants(ours: Program, work: Path) -> list[Program]:
+    return [
+        Program(name, [*ours.command, *overrides, f"out_dir={work / name}"], ours.cwd, ours.step_line, env=ours.env)
+        for name, overrides in TRAINER_VARIANTS.items()
+    ]
+
+
+def nanogpt_in_gpt2_shape(nanogpt: Program, data: Path, work: Path) -> Program:
+    """nanoGPT with GPT-2's 50,257 words and biases (--shape)."""
     gpt2_shape = work / "data-gpt2-shape"  # the same tokens, with the meta.pkl nanoGPT takes its vocabulary from
     gpt2_shape.mkdir()
     for split in ("train", "val"):
@@ -194,21 +218,13 @@ def diagnostic_programs(nanogpt: Program, ours: Program, data: Path, work: Path)
     with open(gpt2_shape / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": VOCAB_SIZE}, f)
     nanogpt_args = [a for a in nanogpt.command if not a.startswith(("--dataset=", "--out_dir="))]
-    shaped = Program(
+    return Program(
         "nanoGPT-gpt2",
         [*nanogpt_args, f"--dataset={gpt2_shape}", f"--out_dir={work / 'nanogpt-gpt2-out'}", "--bias=True"],
         nanogpt.cwd,
         nanogpt.step_line,
         precision=f"{nanogpt.precision}, {VOCAB_SIZE} words, biases",
     )
-    bare = Program(
-        "nanocluster-bare",
-        [*ours.command, "health.interval=0", "health.guard=false", f"out_dir={work / 'nanocluster-bare-out'}"],
-        ours.cwd,
-        ours.step_line,
-        env=ours.env,
-    )
-    return [shaped, bare]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 """The trainer's mixed_precision values (model.gpt.precision): auto picks bf16 where the CPU (BF16_CPU_FLAGS)
 or the GPU multiplies it natively, fp16 with a gradient scaler on GPUs that do not, else fp32."""
 
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+"""torch.compile modes the trainer offers (TrainConfig.compile_mode). CUDA graphs ("reduce-overhead",
+"max-autotune") are left out: the step guard and DDP's hooks change what a step launches."""
+
+ATTENTION_KERNEL_CHOICES = ("auto", "cudnn", "flash", "efficient", "math")
+"""TrainConfig.attention_kernel: auto, or the fused attention backend a GPU tries first (model.gpt.gpu_kernels)."""
+
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"

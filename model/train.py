@@ -44,6 +44,7 @@ from model.conventions import (
 )
 from model.data.batches import DataError, TokenBatches
 from model.gpt.device import CudaFacts, describe_device, resolve_device
+from model.gpt.gpu_kernels import attention_kernels, padded_vocab, preferred_attention
 from model.gpt.model import GPT, GPTConfig
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at, takes_grad_scale
 from model.gpt.precision import (
@@ -74,6 +75,21 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedS
 
 
 # --- the run -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PendingLog:
+    """A log step's figures; on a GPU read one step later (Trainer.flush_log)."""
+
+    iteration: int
+    loss: torch.Tensor | float
+    """A tensor on a GPU until the line is written: reading it waits for the step."""
+    lr: float
+    step: step_timing.StepTime
+    """The host's times; on a GPU replaced by the device clock's mean when the line is written."""
+    compressed: bool | None
+    end: torch.cuda.Event | None = None
+    """GPU: where the step's work ends on the GPU's queue."""
 
 
 class Trainer:
@@ -115,6 +131,7 @@ class Trainer:
             self.raw_model.load_state_dict(payload.pop("model"))
         if self.on_gpu:
             self.raw_model.to(device)
+            self.raw_model.logits_multiple = cfg.gpu_vocab_multiple
         if self.scaler is not None and start.grad_scaler is not None:
             self.scaler.load_state_dict(start.grad_scaler)
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
@@ -139,7 +156,7 @@ class Trainer:
         # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
         self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
         self.pending_verdict: tuple[health_probe.DeviceVerdict, int] | None = None
-        self.model = maybe_compile(self.raw_model, self.compiled)
+        self.model = maybe_compile(self.raw_model, self.compiled, cfg.compile_mode)
         # Once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         if cfg.peak_flops:
             self.peak_flops, peak_source = cfg.peak_flops, "peak_flops"
@@ -151,7 +168,8 @@ class Trainer:
         self.ddp = None
         self.gradient_hook: comm_hooks.GradientHook | None = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
-        self.timing_mark: tuple[float, int] | None = None  # GPU: (clock after a sync, iteration) for log steps
+        self.device_clock = step_timing.DeviceClock() if self.on_gpu else None
+        self.pending_log: PendingLog | None = None  # GPU: the last log step's figures, read one step later
         if env.world_size > 1:
             # Constructing DDP broadcasts rank 0's parameters, so every rank starts from its weights.
             self.ddp = DistributedDataParallel(
@@ -170,19 +188,34 @@ class Trainer:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s; %d tokens per "
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s%s; %d tokens per "
             "optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
             describe_device(device, self.cuda),
             self.precision.name + (" with a gradient scaler" if self.scaler is not None else ""),
             self.precision.reason,
-            self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
+            (self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)")
+            if not self.compiled or cfg.compile_mode == "default"
+            else f"True ({cfg.compile_mode})",
             "applied" if ipex else "not used",
+            self.gpu_kernels_text(),
             self.tokens_per_iter,
             self.peak_flops / 1e9,
             peak_source,
         )
+
+    def gpu_kernels_text(self) -> str:
+        """The start line's words for the GPU kernel choices (model.gpt.gpu_kernels); "" on a CPU."""
+        if not self.on_gpu:
+            return ""
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        preferred = preferred_attention(self.cfg.attention_kernel, self.cuda.capability, deterministic)
+        attention = preferred or "flash (torch's order)"
+        vocab = self.raw_model.config.vocab_size
+        padded = padded_vocab(vocab, self.cfg.gpu_vocab_multiple)
+        projection = f"output projection over {padded} rows" if padded != vocab else "output projection unpadded"
+        return f", attention {attention} first, {projection}"
 
     # -- steps --
 
@@ -409,41 +442,53 @@ class Trainer:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
             if cfg.eval_only or ((self.iter_num % cfg.eval_interval == 0 or at_end) and not resuming_here):
+                self.flush_log()
                 self.settle_guard()
                 self.eval_and_checkpoint()
                 self.realign()
-                self.timing_mark = None
+                if self.device_clock is not None:
+                    self.device_clock.reset()
             if cfg.eval_only or at_end:
+                self.flush_log()
                 self.settle_guard()
                 return
             self.step_timer.start()
+            if self.device_clock is not None:
+                self.device_clock.begin(self.iter_num)
             loss = self.train_step()
-            logging_step = self.iter_num % cfg.log_interval == 0
-            if logging_step and self.on_gpu:  # the GPU's queued work is part of the step
-                torch.cuda.synchronize(self.device)
             step = self.step_timer.stop()
-            if logging_step:  # the guard has averaged the loss over ranks already
-                if self.on_gpu:
-                    step = self.gpu_step_time(step)
-                loss = float(loss)
-                self.log_step(loss if self.guard is not None else all_ranks_mean(loss, self.env.world_size), step)
+            self.flush_log()  # a GPU's previous log step: this step is queued behind it, the GPU stays busy
+            if self.iter_num % cfg.log_interval == 0:
+                self.log_or_defer(loss, step)
             self.iter_num += 1
             if self.budget is not None:  # rank 0 may ask every rank to stop before the budget is crossed
                 self.budget.check(self.iter_num, step.step_s, self.stop_signal)
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
+                self.flush_log()
                 self.snapshot_and_stop(self.stop_signal)
 
-    def gpu_step_time(self, step: step_timing.StepTime) -> step_timing.StepTime:
-        """On a GPU the host runs ahead of the device, so one step's host time says little: a log step's
-        time is the mean over the steps since the previous log step (both synchronised), or the step's
-        own when there is none since the last evaluation."""
-        now = time.perf_counter()
-        mark, self.timing_mark = self.timing_mark, (now, self.iter_num + 1)
-        if mark is None or mark[1] >= self.iter_num + 1:
-            return step
-        mean = (now - mark[0]) / (self.iter_num + 1 - mark[1])
-        wait = min(step.wait_s, mean)
-        return step_timing.StepTime(mean, mean - wait, wait)
+    def log_or_defer(self, loss: torch.Tensor | float, step: step_timing.StepTime) -> None:
+        """A log step: on a CPU its line now; on a GPU an event where its work ends, and the line once the
+        next step is queued (flush_log), so reading the loss and the time never leaves the GPU idle."""
+        compressed = self.gradient_hook.last_step_compressed() if self.gradient_hook is not None else None
+        lr = self.optimizer.param_groups[0]["lr"]
+        pending = PendingLog(self.iter_num, loss, lr, step, compressed)
+        if self.device_clock is None:
+            self.log_step(pending)
+            return
+        pending.end = self.device_clock.record()
+        self.pending_log = pending
+
+    def flush_log(self) -> None:
+        """The GPU's pending log step's line (every rank together: the line gathers step times)."""
+        pending, self.pending_log = self.pending_log, None
+        if pending is None or pending.end is None or self.device_clock is None:
+            return
+        mean = self.device_clock.seconds_per_step(pending.end, pending.iteration + 1)
+        if mean is not None:  # GPU time from the mark; the host's split says how much waited for peers
+            wait = min(pending.step.wait_s, mean)
+            pending.step = step_timing.StepTime(mean, mean - wait, wait)
+        self.log_step(pending)
 
     def snapshot_and_stop(self, stop: StopSignal) -> None:
         """Every rank, after the same completed step: the snapshot collective, then StopRequested
@@ -467,18 +512,23 @@ class Trainer:
         if self.is_rank0 and self.env.world_size > 1:  # the last to arrive: the barrier's own cost
             log.info("iter %d: ranks realigned after the eval in %.1f ms", self.iter_num, waited * 1e3)
 
-    def log_step(self, loss: float, step: step_timing.StepTime) -> None:
+    def log_step(self, pending: PendingLog) -> None:
+        """A log step's line and train record. A collective: every rank calls it for the same step."""
+        step, lr = pending.step, pending.lr
+        # The guard has averaged the loss over ranks already.
+        loss = float(pending.loss)
+        if self.guard is None:
+            loss = all_ranks_mean(loss, self.env.world_size)
         iter_s = step.step_s
         by_rank = step_timing.gather_step_times(step, self.env.world_size)  # a collective: every rank
         tokens_per_s = self.tokens_per_iter / iter_s
         mfu = model_flops_utilization(self.flops_per_token, tokens_per_s, self.peak_flops * self.env.world_size)
-        lr = self.optimizer.param_groups[0]["lr"]
         if not self.is_rank0:  # the step is global: one line per step, from rank 0
             return
         peak_gb = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.on_gpu else None
         log.info(
             "iter %d: loss %.4f, lr %.3e, %.1f ms, %.0f tokens/s, MFU %.1f%%%s",
-            self.iter_num,
+            pending.iteration,
             loss,
             lr,
             iter_s * 1e3,
@@ -486,8 +536,7 @@ class Trainer:
             100 * mfu,
             "" if peak_gb is None else f", peak GPU memory {peak_gb:.2f} GiB",
         )
-        compressed = self.gradient_hook.last_step_compressed() if self.gradient_hook is not None else None
-        self.metrics.step(self.iter_num, loss, lr, iter_s, tokens_per_s, mfu, by_rank, peak_gb, compressed)
+        self.metrics.step(pending.iteration, loss, lr, iter_s, tokens_per_s, mfu, by_rank, peak_gb, pending.compressed)
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -512,6 +561,18 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     if env.world_size > 1:
         distributed.init_process_group(env, backend, cfg.collective_timeout_s, device)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
+    # The attention kernel's order holds for the whole run: compiled graphs choose it when traced.
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    attention = (
+        preferred_attention(cfg.attention_kernel, cuda.capability, deterministic) if device.type == "cuda" else None
+    )
+    with attention_kernels(attention):
+        return run_trainer(cfg, env, device, cuda, stop)
+
+
+def run_trainer(
+    cfg: TrainConfig, env: distributed.RankEnv, device: torch.device, cuda: CudaFacts | None, stop: StopSignal | None
+) -> Trainer:
     trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
     trainer.resume_compressor()

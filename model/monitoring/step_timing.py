@@ -114,3 +114,42 @@ def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]
         "rank_compute_ms": [round(r[1], 3) for r in by_rank],
         "rank_wait_ms": [round(r[2], 3) for r in by_rank],
     }
+
+
+class DeviceClock:
+    """A GPU's step times from CUDA events, read without stopping the GPU.
+
+    The host runs ahead of a GPU, so a step's host time says little. A log step records an event
+    where its work ends on the GPU's queue; the run loop reads it one step later, once the next
+    step is queued behind it, so the GPU never waits for the host's logging. The time is the mean
+    over the steps since the previous mark (the last read event, or the event begin() recorded
+    before the first step after an evaluation): GPU time between two points of its queue, idle gaps
+    included."""
+
+    def __init__(self) -> None:
+        self.mark: tuple[torch.cuda.Event, int] | None = None
+        """(event, the iteration whose step starts there)."""
+
+    def begin(self, iteration: int) -> None:
+        """Before a step: the first after a reset() marks where the timing starts."""
+        if self.mark is None:
+            self.mark = (self.record(), iteration)
+
+    @staticmethod
+    def record() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds_per_step(self, end: torch.cuda.Event, next_iteration: int) -> float | None:
+        """The mean step time from the mark to end (waits for end only); end becomes the mark. None
+        without a mark (reset since)."""
+        end.synchronize()
+        mark, self.mark = self.mark, (end, next_iteration)
+        if mark is None or next_iteration <= mark[1]:
+            return None
+        return mark[0].elapsed_time(end) / 1e3 / (next_iteration - mark[1])
+
+    def reset(self) -> None:
+        """After an evaluation or a snapshot: the next step starts a new mark."""
+        self.mark = None

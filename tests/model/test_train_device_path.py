@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -191,3 +191,58 @@ def test_a_resumed_run_with_gpu_rng_entries_continues_on_the_cpu(tmp_path, rando
     save_checkpoint(payload, snapshot)
     assert train.main([*args, "max_iters=4"]) == 0
     assert load_checkpoint(snapshot)["iter_num"] == 4
+
+
+class FakeCudaEvent:
+    """torch.cuda.Event on the CPU: records the host clock; the trainer's seam for GPU step times."""
+
+    recorded: ClassVar[list[FakeCudaEvent]] = []
+    waited: ClassVar[list[FakeCudaEvent]] = []
+
+    def __init__(self, enable_timing: bool = False):
+        assert enable_timing
+        self.at = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.at = time.perf_counter()
+        FakeCudaEvent.recorded.append(self)
+
+    def synchronize(self) -> None:
+        FakeCudaEvent.waited.append(self)
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_a_gpu_log_step_is_written_one_step_later_with_every_record_in_order(tmp_path, random_tokens, monkeypatch):
+    """The GPU's deferred log (model.monitoring.step_timing.DeviceClock) on the CPU: every log step keeps
+    its own iteration, loss and lr in metrics.jsonl, in order, the last one before the evaluation and
+    the end; a step's line waits only for that step's event, after the next step is queued."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    FakeCudaEvent.recorded, FakeCudaEvent.waited = [], []
+    plain = tiny_trainer(tmp_path / "plain", random_tokens, "max_iters=7", "eval_interval=4", "log_interval=2")
+    plain.run()
+    plain.wait_for_snapshot()
+    deferred = tiny_trainer(tmp_path / "deferred", random_tokens, "max_iters=7", "eval_interval=4", "log_interval=2")
+    deferred.device_clock = train.step_timing.DeviceClock()
+    order: list[str] = []
+    original_step = deferred.train_step
+    monkeypatch.setattr(deferred, "train_step", lambda: (order.append(f"step {deferred.iter_num}"), original_step())[1])
+    original_log = deferred.log_step
+    monkeypatch.setattr(deferred, "log_step", lambda p: (order.append(f"log {p.iteration}"), original_log(p))[1])
+    deferred.run()
+    deferred.wait_for_snapshot()
+
+    def steps(trainer: train.Trainer) -> list[tuple[int, float, float]]:
+        return [(r["iter"], r["loss"], r["lr"]) for r in records(trainer.out_dir.parent, "train")]
+
+    assert [i for i, _, _ in steps(deferred)] == [0, 2, 4, 6]
+    assert steps(deferred) == steps(plain)  # same iterations, losses and learning rates
+    # Each log step's line comes after the next step was started; the last before the eval and the end.
+    first_eval = ["step 0", "step 1", "log 0", "step 2", "step 3", "log 2"]
+    assert order == [*first_eval, "step 4", "step 5", "log 4", "step 6", "log 6"]
+    step_times = [r["iter_ms"] for r in records(deferred.out_dir.parent, "train")]
+    assert all(t > 0 for t in step_times), step_times
+    assert FakeCudaEvent.waited and set(map(id, FakeCudaEvent.waited)) <= set(map(id, FakeCudaEvent.recorded))
