@@ -93,6 +93,11 @@ def main() -> None:
         help="also the trainer with each GPU choice changed: flash attention, unpadded vocabulary, no health "
         "work, max-autotune compile",
     )
+    parser.add_argument(
+        "--variants",
+        default=",".join(name.removeprefix("nanocluster-") for name in TRAINER_VARIANTS),
+        help="with --diagnose, which trainer variants (default: all of %(default)s)",
+    )
     parser.add_argument("--shape", action="store_true", help="also nanoGPT in GPT-2's shape (50,257 words, biases)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -151,7 +156,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     )
     programs = [nanogpt, ours]
     if args.diagnose:
-        programs += trainer_variants(ours, work)
+        programs += trainer_variants(ours, work, args.variants.split(","))
     if args.shape:
         programs.append(nanogpt_in_gpt2_shape(nanogpt, data, work))
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
@@ -202,10 +207,11 @@ TRAINER_VARIANTS = {
 """--diagnose: the trainer with one choice changed, by name (each writes to its own out_dir)."""
 
 
-def trainer_variants(ours: Program, work: Path) -> list[Program]:
+def trainer_variants(ours: Program, work: Path, chosen: list[str]) -> list[Program]:
     return [
         Program(name, [*ours.command, *overrides, f"out_dir={work / name}"], ours.cwd, ours.step_line, env=ours.env)
         for name, overrides in TRAINER_VARIANTS.items()
+        if name.removeprefix("nanocluster-") in chosen
     ]
 
 
