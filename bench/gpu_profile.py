@@ -18,7 +18,9 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +44,81 @@ def group_of(kernel: str) -> str:
         if any(word in name for word in words):
             return group
     return "other"
+
+
+class PhaseClock:
+    """Host time per phase of a step, in ms (no syncs: what the host spends issuing the work)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ms[name] += (time.perf_counter() - started) * 1e3
+
+        return timed
+
+    def line(self, title: str, steps: int, wall_ms: float) -> str:
+        total = sum(self.ms.values())
+        parts = ", ".join(f"{name} {ms / steps:.2f}" for name, ms in self.ms.items())
+        return f"host ms per step, {title}: {parts} (host total {total / steps:.1f}); wall {wall_ms:.1f} ms per step"
+
+
+def host_phases(trainer: Any, steps: int) -> None:
+    """The trainer's step and a nanoGPT-style loop over the same compiled model and optimizer, each timed
+    by phase on the host; the wall time per step closes with one sync."""
+    import model.train as train_module
+    from model.gpt.precision import autocast
+
+    clock = PhaseClock()
+    original = (trainer.data.get, trainer.model, torch.Tensor.backward, train_module.clip_gradients)
+    trainer.data.get = clock.wrap("data", original[0])
+    trainer.model = clock.wrap("forward", original[1])
+    torch.Tensor.backward = clock.wrap("backward", original[2])  # type: ignore[method-assign]
+    train_module.clip_gradients = clock.wrap("clip", original[3])
+    step = clock.wrap("whole step", trainer.train_step)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+        trainer.iter_num += 1
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - started) * 1e3 / steps
+    clock.ms["rest"] = clock.ms.pop("whole step") - sum(clock.ms.values())
+    print(clock.line("the trainer's train_step", steps, wall))
+    trainer.data.get, trainer.model, torch.Tensor.backward, train_module.clip_gradients = original  # type: ignore[method-assign]
+
+    plain, parameters, optimizer = PhaseClock(), list(trainer.raw_model.parameters()), trainer.optimizer
+    optimizer.grad_scale = None  # the trainer's clip leaves its divisor there for the fused step
+    started = time.perf_counter()
+    for i in range(steps):
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            plain.ms[name] += (now - mark) * 1e3
+            mark = now
+
+        x, y = trainer.data.get("train", trainer.iter_num + i, 0)
+        lap("data")
+        with autocast(trainer.dtype, "cuda"):
+            _, loss = trainer.model(x, y)
+        lap("forward")
+        loss.backward()
+        lap("backward")
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        lap("clip")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        lap("optimizer")
+        loss.item()
+        lap("loss.item (waits for the GPU)")
+    wall = (time.perf_counter() - started) * 1e3 / steps
+    print(plain.line("a nanoGPT-style loop on the same model", steps, wall))
 
 
 def main() -> None:
@@ -82,6 +159,7 @@ def main() -> None:
                 trainer.train_step()
                 trainer.iter_num += 1
             torch.cuda.synchronize()
+            host_phases(trainer, args.warmup)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 started = time.perf_counter()
                 for _ in range(args.steps):

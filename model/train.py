@@ -554,6 +554,11 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     """Join the job (several ranks), train to max_iters, leave; the finished Trainer is returned.
     With a StopSignal, a stop signal ends the run after a snapshot of the last completed step."""
     distributed.check_world_size(env, cfg.expected_world_size)
+    if cfg.compile_mode == "reduce-overhead" and env.world_size > 1:
+        raise ConfigError(
+            f"compile_mode=reduce-overhead (CUDA graphs) runs in one process only, and this run has "
+            f"{env.world_size} ranks: use compile_mode=default or max-autotune-no-cudagraphs"
+        )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device, cuda = resolve_device(cfg.device, env.local_rank)  # sets the current GPU before NCCL starts

@@ -140,9 +140,10 @@ class TrainConfig:
     """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
     on a CPU no (bench/train_step.py weighs it there)."""
     compile_mode: str = "default"
-    """torch.compile's mode when compiling: default, or max-autotune-no-cudagraphs (a GPU: times Triton's
+    """torch.compile's mode when compiling: default; max-autotune-no-cudagraphs (a GPU: times Triton's
     matrix-product and fused kernels against cuBLAS at compile time and keeps the fastest; minutes more
-    to start, worth it for long runs only: docs/training.md#gpu-nodes)."""
+    to start); reduce-overhead (a GPU, one process only: the forward and backward replay as CUDA graphs,
+    so the host launches each as one call instead of kernel by kernel). docs/training.md#gpu-nodes."""
     attention_kernel: str = "auto"
     """The fused attention kernel a GPU tries first (model.gpt.gpu_kernels): auto (cuDNN's on Hopper
     GPUs, where it measured faster; torch's order, flash first, elsewhere), cudnn, flash, efficient or
