@@ -85,7 +85,7 @@ def test_padding_leaves_the_parameters_and_the_state_dict_alone():
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("attention_kernel", "fast"), ("gpu_vocab_multiple", 0), ("compile_mode", "reduce-overhead")],
+    [("attention_kernel", "fast"), ("gpu_vocab_multiple", 0), ("compile_mode", "max-autotune")],
 )
 def test_bad_gpu_kernel_settings_are_one_clear_error(key, value):
     with pytest.raises(ConfigError, match=key):
