@@ -4,7 +4,7 @@
 
 The step is the trainer's own (model.train.Trainer.train_step: compiled, bf16 autocast where the GPU
 has it, the step guard, fused AdamW) on GPT-2 small at block 1024, as bench/gpu_vs_nanogpt.py runs it;
-key=value overrides change the trainer config (attention_kernel=flash, gpu_vocab_multiple=1, ...).
+key=value overrides change the trainer config (health.guard=false, ...).
 After --warmup steps (compilation) it profiles --steps steps and prints: the wall time per step, the
 GPU's busy time per step (the sum of its kernels: the rest is the GPU waiting for the host), and the
 --top kernels by GPU time, each with its share of the busy time, grouped into GEMMs, attention and
@@ -133,7 +133,6 @@ def main() -> None:
         sys.exit(f"gpu_profile: refused: torch {torch.__version__} sees no CUDA GPU; this benchmark needs one")
     from torch.profiler import ProfilerActivity, profile
 
-    from model.gpt.gpu_kernels import attention_kernels, preferred_attention
     from model.train import Trainer
 
     with tempfile.TemporaryDirectory(prefix="gpu-profile-") as work:
@@ -150,23 +149,20 @@ def main() -> None:
                 *args.overrides,
             ],
         )
-        capability = torch.cuda.get_device_capability(0)
-        deterministic = torch.are_deterministic_algorithms_enabled()
-        with attention_kernels(preferred_attention(cfg.attention_kernel, capability, deterministic)):
-            trainer = Trainer(cfg, SINGLE)
-            trainer.out_dir.mkdir(parents=True, exist_ok=True)  # the health records' metrics.jsonl
-            for _ in range(args.warmup):
+        trainer = Trainer(cfg, SINGLE)
+        trainer.out_dir.mkdir(parents=True, exist_ok=True)  # the health records' metrics.jsonl
+        for _ in range(args.warmup):
+            trainer.train_step()
+            trainer.iter_num += 1
+        torch.cuda.synchronize()
+        host_phases(trainer, args.warmup)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            started = time.perf_counter()
+            for _ in range(args.steps):
                 trainer.train_step()
                 trainer.iter_num += 1
             torch.cuda.synchronize()
-            host_phases(trainer, args.warmup)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                started = time.perf_counter()
-                for _ in range(args.steps):
-                    trainer.train_step()
-                    trainer.iter_num += 1
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - started) / args.steps
+            wall = (time.perf_counter() - started) / args.steps
     kernels: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

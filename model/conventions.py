@@ -23,13 +23,6 @@ MIXED_PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 """The trainer's mixed_precision values (model.gpt.precision): auto picks bf16 where the CPU (BF16_CPU_FLAGS)
 or the GPU multiplies it natively, fp16 with a gradient scaler on GPUs that do not, else fp32."""
 
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
-"""torch.compile modes the trainer offers (TrainConfig.compile_mode); reduce-overhead (CUDA graphs) in a
-single process only: DDP's gradient hooks run between the graphs' kernels."""
-
-ATTENTION_KERNEL_CHOICES = ("auto", "cudnn", "flash", "efficient", "math")
-"""TrainConfig.attention_kernel: auto, or the fused attention backend a GPU tries first (model.gpt.gpu_kernels)."""
-
 # The launcher's fab sample / fetch and model.sample look for these names in a run's out_dir.
 CKPT_NAME = "ckpt.pt"
 SNAPSHOT_NAME = "snapshot.pt"

@@ -44,7 +44,6 @@ from model.conventions import (
 )
 from model.data.batches import DataError, TokenBatches
 from model.gpt.device import CudaFacts, describe_device, resolve_device
-from model.gpt.gpu_kernels import attention_kernels, padded_vocab, preferred_attention
 from model.gpt.model import GPT, GPTConfig
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at, takes_grad_scale
 from model.gpt.precision import (
@@ -77,13 +76,23 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedS
 # --- the run -------------------------------------------------------------------------------------
 
 
+def host_copy(value: torch.Tensor | float) -> torch.Tensor | float:
+    """A GPU tensor's copy into pinned host memory, queued behind the work that computes it (readable
+    once an event recorded after it has passed); anything else as it is."""
+    if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
+        return value
+    copy = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    copy.copy_(value.detach(), non_blocking=True)
+    return copy
+
+
 @dataclasses.dataclass
 class PendingLog:
     """A log step's figures; on a GPU read one step later (Trainer.flush_log)."""
 
     iteration: int
     loss: torch.Tensor | float
-    """A tensor on a GPU until the line is written: reading it waits for the step."""
+    """On a GPU its copy in pinned host memory (host_copy), there once `end` has passed."""
     lr: float
     step: step_timing.StepTime
     """The host's times; on a GPU replaced by the device clock's mean when the line is written."""
@@ -131,7 +140,6 @@ class Trainer:
             self.raw_model.load_state_dict(payload.pop("model"))
         if self.on_gpu:
             self.raw_model.to(device)
-            self.raw_model.logits_multiple = cfg.gpu_vocab_multiple
         if self.scaler is not None and start.grad_scaler is not None:
             self.scaler.load_state_dict(start.grad_scaler)
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
@@ -156,7 +164,7 @@ class Trainer:
         # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
         self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
         self.pending_verdict: tuple[health_probe.DeviceVerdict, int] | None = None
-        self.model = maybe_compile(self.raw_model, self.compiled, cfg.compile_mode)
+        self.model = maybe_compile(self.raw_model, self.compiled)
         # Once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         if cfg.peak_flops:
             self.peak_flops, peak_source = cfg.peak_flops, "peak_flops"
@@ -188,34 +196,19 @@ class Trainer:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s%s; %d tokens per "
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s; %d tokens per "
             "optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
             describe_device(device, self.cuda),
             self.precision.name + (" with a gradient scaler" if self.scaler is not None else ""),
             self.precision.reason,
-            (self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)")
-            if not self.compiled or cfg.compile_mode == "default"
-            else f"True ({cfg.compile_mode})",
+            self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
             "applied" if ipex else "not used",
-            self.gpu_kernels_text(),
             self.tokens_per_iter,
             self.peak_flops / 1e9,
             peak_source,
         )
-
-    def gpu_kernels_text(self) -> str:
-        """The start line's words for the GPU kernel choices (model.gpt.gpu_kernels); "" on a CPU."""
-        if not self.on_gpu:
-            return ""
-        deterministic = torch.are_deterministic_algorithms_enabled()
-        preferred = preferred_attention(self.cfg.attention_kernel, self.cuda.capability, deterministic)
-        attention = preferred or "flash (torch's order)"
-        vocab = self.raw_model.config.vocab_size
-        padded = padded_vocab(vocab, self.cfg.gpu_vocab_multiple)
-        projection = f"output projection over {padded} rows" if padded != vocab else "output projection unpadded"
-        return f", attention {attention} first, {projection}"
 
     # -- steps --
 
@@ -476,7 +469,10 @@ class Trainer:
         if self.device_clock is None:
             self.log_step(pending)
             return
-        pending.end = self.device_clock.record()
+        # Read later from pinned host memory: reading the tensor itself (.item()) would wait for
+        # everything queued behind the step, the next step included.
+        pending.loss = host_copy(pending.loss)
+        pending.end = self.device_clock.record()  # after the copy: once it has passed, the copy is there
         self.pending_log = pending
 
     def flush_log(self) -> None:
@@ -554,11 +550,6 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     """Join the job (several ranks), train to max_iters, leave; the finished Trainer is returned.
     With a StopSignal, a stop signal ends the run after a snapshot of the last completed step."""
     distributed.check_world_size(env, cfg.expected_world_size)
-    if cfg.compile_mode == "reduce-overhead" and env.world_size > 1:
-        raise ConfigError(
-            f"compile_mode=reduce-overhead (CUDA graphs) runs in one process only, and this run has "
-            f"{env.world_size} ranks: use compile_mode=default or max-autotune-no-cudagraphs"
-        )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device, cuda = resolve_device(cfg.device, env.local_rank)  # sets the current GPU before NCCL starts
@@ -566,18 +557,6 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     if env.world_size > 1:
         distributed.init_process_group(env, backend, cfg.collective_timeout_s, device)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
-    # The attention kernel's order holds for the whole run: compiled graphs choose it when traced.
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    attention = (
-        preferred_attention(cfg.attention_kernel, cuda.capability, deterministic) if device.type == "cuda" else None
-    )
-    with attention_kernels(attention):
-        return run_trainer(cfg, env, device, cuda, stop)
-
-
-def run_trainer(
-    cfg: TrainConfig, env: distributed.RankEnv, device: torch.device, cuda: CudaFacts | None, stop: StopSignal | None
-) -> Trainer:
     trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
     trainer.resume_compressor()

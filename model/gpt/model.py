@@ -15,7 +15,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from model.gpt.fused_loss import IGNORE_INDEX, linear_cross_entropy
-from model.gpt.gpu_kernels import padded_logits
 from model.settings.shape_rules import PRESETS, SHAPE_RULES  # noqa: F401 (PRESETS: OpenAI's sizes, imported from here)
 
 
@@ -116,11 +115,6 @@ class Transformer(nn.ModuleDict):
 
 
 class GPT(nn.Module):
-    logits_multiple: int = 1
-    """On a GPU, the training loss's output projection runs over the vocabulary padded with zero rows to a
-    multiple of this (the trainer sets TrainConfig.gpu_vocab_multiple; model.gpt.gpu_kernels). Not part
-    of the shape: parameters and checkpoints keep the true vocabulary."""
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -183,13 +177,13 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, mean loss)
         (positions with target -1 are ignored): on a CPU the loss never materialises the logits
-        (model.gpt.fused_loss, a CPU kernel); on a GPU it is the plain path, logits (over the padded
-        vocabulary, logits_multiple) and F.cross_entropy, which torch.compile fuses."""
+        (model.gpt.fused_loss, a CPU kernel); on a GPU it is the plain path, logits and
+        F.cross_entropy, which fused GPU kernels (and torch.compile) already serve well."""
         hidden = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(hidden), None
         if hidden.device.type != "cpu":
-            logits = padded_logits(hidden, self.lm_head.weight, self.logits_multiple)
+            logits = self.lm_head(hidden)
             return None, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         return None, linear_cross_entropy(hidden, self.lm_head.weight, targets)
 

@@ -239,9 +239,9 @@ def compile_enabled(setting: bool | None, device_type: str) -> bool:
     return device_type == "cuda" if setting is None else setting
 
 
-def maybe_compile(model: nn.Module, enabled: bool, mode: str = "default") -> nn.Module:
-    """torch.compile(model, mode=mode) when enabled (the first steps are slow while it compiles); else model."""
+def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
+    """torch.compile(model) when enabled (the first steps are slow while it compiles); else model."""
     if not enabled:
         return model
     # An OptimizedModule (an nn.Module); torch.compile's overloads say only Callable.
-    return cast(nn.Module, torch.compile(model, mode=mode))
+    return cast(nn.Module, torch.compile(model))

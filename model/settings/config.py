@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from model.conventions import (
-    ATTENTION_KERNEL_CHOICES,
     BACKEND_CHOICES,
-    COMPILE_MODES,
     DEFAULT_MAX_ITERS,
     DEVICE_CHOICES,
     GRAD_COMPRESSION_CHOICES,
@@ -139,19 +137,6 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
     on a CPU no (bench/train_step.py weighs it there)."""
-    compile_mode: str = "default"
-    """torch.compile's mode when compiling: default; max-autotune-no-cudagraphs (a GPU: times Triton's
-    matrix-product and fused kernels against cuBLAS at compile time and keeps the fastest; minutes more
-    to start); reduce-overhead (a GPU, one process only: the forward and backward replay as CUDA graphs,
-    so the host launches each as one call instead of kernel by kernel). docs/training.md#gpu-nodes."""
-    attention_kernel: str = "auto"
-    """The fused attention kernel a GPU tries first (model.gpt.gpu_kernels): auto (cuDNN's on Hopper
-    GPUs, where it measured faster; torch's order, flash first, elsewhere), cudnn, flash, efficient or
-    math. The others stay behind it, so a case it cannot serve falls through. The CPU ignores it."""
-    gpu_vocab_multiple: int = 64
-    """On a GPU the output projection runs over the vocabulary padded with zero rows to a multiple of
-    this (GPT-2's 50,257 words -> 50,304: aligned matrix products); the loss, gradients and checkpoints
-    keep the true vocabulary. 1: no padding. The CPU ignores it."""
     threads: int = 0
     """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
     seed: int = 1337
@@ -265,13 +250,6 @@ class TrainConfig:
                 not (self.device == "cpu" and self.mixed_precision == "fp16"),
                 "auto, fp32 or bf16 with device=cpu (fp16 needs a GPU)",
             ),
-            ("compile_mode", self.compile_mode in COMPILE_MODES, f"one of {', '.join(COMPILE_MODES)}"),
-            (
-                "attention_kernel",
-                self.attention_kernel in ATTENTION_KERNEL_CHOICES,
-                f"one of {', '.join(ATTENTION_KERNEL_CHOICES)}",
-            ),
-            ("gpu_vocab_multiple", 1 <= self.gpu_vocab_multiple <= 1024, "in [1, 1024] (1: no padding)"),
             ("threads", self.threads >= 0, ">= 0 (0 keeps torch's default)"),
             ("seed", 0 <= self.seed < 2**31, "in [0, 2^31)"),
             (

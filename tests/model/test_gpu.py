@@ -120,29 +120,6 @@ def test_a_scratch_run_on_the_gpu_has_finite_losses_and_records_peak_gpu_memory(
     assert all(isinstance(p, (int, float)) and p > 0 for p in peaks), peaks
 
 
-def test_the_start_line_names_the_gpu_kernel_choices(scratch_run):
-    _, log = scratch_run
-    assert "output projection over 50304 rows" in log, log[-4000:]  # GPT-2's 50,257 padded to 64s
-    hopper = torch.cuda.get_device_capability(0) >= (9, 0)
-    assert ("attention cudnn first" if hopper else "attention flash (torch's order) first") in log, log[-4000:]
-
-
-def test_the_padded_output_projection_trains_as_the_unpadded_one(tmp_path):
-    """GPT-2's vocabulary, padded to 64s on the GPU or not: the same losses (to TF32's rounding) and
-    checkpoints of the true vocabulary."""
-    rng = np.random.default_rng(1)
-    data = write_tokens(tmp_path / "data", rng.integers(0, VOCAB_SIZE, 20_000), rng.integers(0, VOCAB_SIZE, 4_000))
-    args = [*without(TINY_RUN, "peak_flops="), f"data_dir={data}", "max_iters=5", "compile=false", "device=cuda"]
-    train(*args, f"out_dir={tmp_path / 'padded'}")
-    train(*args, f"out_dir={tmp_path / 'unpadded'}", "gpu_vocab_multiple=1")
-    padded, unpadded = losses(tmp_path / "padded"), losses(tmp_path / "unpadded")
-    assert sorted(padded) == sorted(unpadded) == [0, 1, 2, 3, 4]
-    for iteration, loss in padded.items():
-        assert loss == pytest.approx(unpadded[iteration], abs=2e-3), (padded, unpadded)
-    weights = load_model(tmp_path / "padded" / "snapshot.pt")
-    assert weights.lm_head.weight.shape[0] == VOCAB_SIZE
-
-
 def test_fp16_with_a_grad_scaler_trains(tmp_path, random_tokens):
     args = without(small_vocab_run(tmp_path), "mixed_precision=")
     out = tmp_path / "fp16"
