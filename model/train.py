@@ -76,31 +76,6 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DistributedS
 # --- the run -------------------------------------------------------------------------------------
 
 
-def host_copy(value: torch.Tensor | float) -> torch.Tensor | float:
-    """A GPU tensor's copy into pinned host memory, queued behind the work that computes it (readable
-    once an event recorded after it has passed); anything else as it is."""
-    if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
-        return value
-    copy = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-    copy.copy_(value.detach(), non_blocking=True)
-    return copy
-
-
-@dataclasses.dataclass
-class PendingLog:
-    """A log step's figures; on a GPU read one step later (Trainer.flush_log)."""
-
-    iteration: int
-    loss: torch.Tensor | float
-    """On a GPU its copy in pinned host memory (host_copy), there once `end` has passed."""
-    lr: float
-    step: step_timing.StepTime
-    """The host's times; on a GPU replaced by the device clock's mean when the line is written."""
-    compressed: bool | None
-    end: torch.cuda.Event | None = None
-    """GPU: where the step's work ends on the GPU's queue."""
-
-
 class Trainer:
     """One rank's part of the run: built from where the run starts (model.checkpointing.start), run() trains to
     max_iters, evaluating and writing snapshot.pt / ckpt.pt every eval_interval steps."""
@@ -177,7 +152,7 @@ class Trainer:
         self.gradient_hook: comm_hooks.GradientHook | None = None
         self.step_timer = step_timing.StepTimer()  # this rank's compute vs waiting for the others
         self.device_clock = step_timing.DeviceClock() if self.on_gpu else None
-        self.pending_log: PendingLog | None = None  # GPU: the last log step's figures, read one step later
+        self.pending_log: step_timing.PendingLog | None = None  # GPU: the last log step's figures, read one step later
         if env.world_size > 1:
             # Constructing DDP broadcasts rank 0's parameters, so every rank starts from its weights.
             self.ddp = DistributedDataParallel(
@@ -465,13 +440,13 @@ class Trainer:
         next step is queued (flush_log), so reading the loss and the time never leaves the GPU idle."""
         compressed = self.gradient_hook.last_step_compressed() if self.gradient_hook is not None else None
         lr = self.optimizer.param_groups[0]["lr"]
-        pending = PendingLog(self.iter_num, loss, lr, step, compressed)
+        pending = step_timing.PendingLog(self.iter_num, loss, lr, step, compressed)
         if self.device_clock is None:
             self.log_step(pending)
             return
         # Read later from pinned host memory: reading the tensor itself (.item()) would wait for
         # everything queued behind the step, the next step included.
-        pending.loss = host_copy(pending.loss)
+        pending.loss = step_timing.host_copy(pending.loss)
         pending.end = self.device_clock.record()  # after the copy: once it has passed, the copy is there
         self.pending_log = pending
 
@@ -508,7 +483,7 @@ class Trainer:
         if self.is_rank0 and self.env.world_size > 1:  # the last to arrive: the barrier's own cost
             log.info("iter %d: ranks realigned after the eval in %.1f ms", self.iter_num, waited * 1e3)
 
-    def log_step(self, pending: PendingLog) -> None:
+    def log_step(self, pending: step_timing.PendingLog) -> None:
         """A log step's line and train record. A collective: every rank calls it for the same step."""
         step, lr = pending.step, pending.lr
         # The guard has averaged the loss over ranks already.

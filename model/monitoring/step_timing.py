@@ -153,3 +153,28 @@ class DeviceClock:
     def reset(self) -> None:
         """After an evaluation or a snapshot: the next step starts a new mark."""
         self.mark = None
+
+
+def host_copy(value: torch.Tensor | float) -> torch.Tensor | float:
+    """A GPU tensor's copy into pinned host memory, queued behind the work that computes it (readable
+    once an event recorded after it has passed); anything else as it is."""
+    if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
+        return value
+    copy = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+    copy.copy_(value.detach(), non_blocking=True)
+    return copy
+
+
+@dataclass
+class PendingLog:
+    """A log step's figures; on a GPU read one step later (model.train.Trainer.flush_log)."""
+
+    iteration: int
+    loss: torch.Tensor | float
+    """On a GPU its copy in pinned host memory (host_copy), there once `end` has passed."""
+    lr: float
+    step: StepTime
+    """The host's times; on a GPU replaced by the device clock's mean when the line is written."""
+    compressed: bool | None
+    end: torch.cuda.Event | None = None
+    """GPU: where the step's work ends on the GPU's queue."""
