@@ -17,6 +17,7 @@ import time
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
+from launcher.launch import follow
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.operator_stop import STOP_REQUEST_NAME
@@ -29,6 +30,7 @@ from launcher.launch.start import (
     print_dry_run,
     start_units,
 )
+from launcher.launch.supervisor import ThisMachine
 from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
@@ -182,5 +184,21 @@ class MachinesRun:
 
 
 def train(request: TrainRequest) -> int:
-    """`fab train` on machines: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises)."""
+    """The lifecycle on machines, in this process (the supervisor's): 0 finished, BUDGET_EXIT stopped
+    at the budget (a failure raises)."""
     return run_lifecycle(request, MachinesRun.resolve)
+
+
+SUPERVISOR = ThisMachine("launcher.train:train")
+"""Where a run on machines is supervised: a background process on this machine. The head node is the
+next step (docs/launcher.md, "The supervisor")."""
+
+
+def supervised_train(request: TrainRequest) -> int:
+    """`fab train` on machines: the front end of the run's supervisor (launcher.launch.follow)."""
+    return follow.train(request, MachinesRun.resolve, SUPERVISOR)
+
+
+def attach(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab attach` on machines: follow the run's supervisor on this machine to its end."""
+    return follow.attach(resolve_cluster(cluster_spec, None), cluster_spec, run)
