@@ -22,6 +22,8 @@ then copies nothing more (the log already holds the supervisor's output) and wai
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -47,7 +49,8 @@ def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], pla
         return place.run_here(request)
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
-    kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
+    with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
+        kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()
     made = missing_dirs(record.directory)
