@@ -33,7 +33,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
-from launcher.launch.supervisor import ENDED, ThisMachine, interrupt, is_live, log_size, read_state, take_lock
+from launcher.launch.supervisor import END_MARK, ENDED, ThisMachine, interrupt, is_live, log_size, read_state, take_lock
 from launcher.lifecycle import RunKind, TrainRequest
 from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal
@@ -80,7 +80,11 @@ def attach(cluster: Cluster, cluster_spec: str | None, run: str) -> int:
     """`fab attach`: follow the run's live supervisor to its end, or print an ended run's end line; its
     exit status either way."""
     check_name(run, "run")
-    directory = run_dir(cluster_dir(cluster), run)
+    return attach_directory(run_dir(cluster_dir(cluster), run), cluster_spec, run)
+
+
+def attach_directory(directory: Path, cluster_spec: str | None, run: str) -> int:
+    """attach, given the run's record directory."""
     state = read_state(directory)
     if state is None:
         train_command = command_line("train", cluster=cluster_spec, run=run)
@@ -118,15 +122,21 @@ class LogCopy:
 
     def __init__(self, log: Path, offset: int):
         self.log, self.offset = log, offset
+        self.done = False
+        """Whether the supervisor's END_MARK line was reached: the output is whole."""
 
-    def to(self, limit: int | None = None, whole_lines: bool = True) -> None:
-        end = log_size(self.log) if limit is None else limit
-        if end <= self.offset:
+    def to(self, whole_lines: bool = True) -> None:
+        end = log_size(self.log)
+        if self.done or end <= self.offset:
             return
         with open(self.log, "rb") as f:
             f.seek(self.offset)
             data = f.read(end - self.offset)
-        if whole_lines and b"\n" in data:
+        mark = END_MARK.encode()
+        at = 0 if data.startswith(mark) else data.find(b"\n" + mark) + 1
+        if at > 0 or data.startswith(mark):
+            data, self.done = data[:at], True
+        elif whole_lines and b"\n" in data:
             data = data[: data.rindex(b"\n") + 1]
         elif whole_lines:
             return
@@ -147,7 +157,7 @@ def follow(directory: Path, start: int, request: TrainRequest, detach_after: int
                 copy.to()
                 state = read_state(directory)
                 if state is not None and state.phase == ENDED:
-                    copy.to(state.line_offset, whole_lines=False)
+                    copy.to(whole_lines=False)
                     return end_line(state.exit_code, state.line if state.to_stderr else None, log)
                 if detach_after is not None and launch_count(directory) > detach_after:
                     attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)

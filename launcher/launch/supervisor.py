@@ -47,6 +47,8 @@ LOCK_NAME = "supervisor.lock"
 STATE_NAME = "supervisor.json"
 """The supervisor's pid, phase and end, in the run's record directory."""
 STARTING, ENDED = "starting", "ended"
+END_MARK = "---- the run's supervisor ended"
+"""Starts the log line the supervisor writes before its last line: a front end copies the output up to it."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class SupervisorState:
     to_stderr: bool = False
     """Whether that line is an error, interrupted or stopped line (stderr) rather than the done line."""
     line_offset: int | None = None
-    """Where that line starts in the log (None: it is not in the log after the supervisor's output)."""
+    """Where the supervisor's END_MARK line starts in the log."""
 
 
 def state_path(directory: Path) -> Path:
@@ -222,9 +224,9 @@ def supervise(spec: dict) -> int:
         code, line = 1, f"error: the run's supervisor failed: {type(e).__name__}: {e} (its log: {log})"
     sys.stdout.flush()
     sys.stderr.flush()
-    offset = None
+    offset = log_size(log)
+    print(f"{END_MARK} (exit {code}) ----", file=sys.stderr, flush=True)  # where a front end stops copying
     if line is not None:
-        offset = log_size(log)
         print(line, file=sys.stderr, flush=True)
     end = SupervisorState(
         os.getpid(),
