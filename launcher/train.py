@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 
+from launcher import follow
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
-from launcher.launch import follow
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.operator_stop import STOP_REQUEST_NAME
@@ -30,7 +30,6 @@ from launcher.launch.start import (
     print_dry_run,
     start_units,
 )
-from launcher.launch.supervisor import ThisMachine
 from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
@@ -39,6 +38,7 @@ from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
+from launcher.supervised import ThisMachine
 from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
@@ -195,7 +195,7 @@ next step (docs/launcher.md, "The supervisor")."""
 
 
 def supervised_train(request: TrainRequest) -> int:
-    """`fab train` on machines: the front end of the run's supervisor (launcher.launch.follow)."""
+    """`fab train` on machines: the front end of the run's supervisor (launcher.follow)."""
     return follow.train(request, MachinesRun.resolve, SUPERVISOR)
 
 

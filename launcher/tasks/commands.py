@@ -3,11 +3,11 @@ through the driver of the cluster's kind (launcher.tasks.drivers) where the kind
 
     setup          make every node ready (launcher.setup.nodes)
     prepare-data   tokenize a dataset, give every node a checked copy (launcher.setup.data)
-    train          launch DDP training under its supervisor and follow it (launcher.launch.follow;
+    train          launch DDP training under its supervisor and follow it (launcher.follow;
                    launcher.lifecycle, with the kind's part: launcher.train or launcher.kube.train);
                    the self-healing flags are launcher.recover.policy's RecoverOptions, whose
                    defaults the help prints
-    attach         follow a run's supervisor again (launcher.launch.follow)
+    attach         follow a run's supervisor again (launcher.follow)
     status, logs   the run's units and record, each rank's log (launcher.launch.status)
     stop           an operator's stop of a run's ranks everywhere (launcher.launch.operator_stop)
     sample, fetch  text from the run's best checkpoint; the checkpoint copied here (launcher.checkpoints);

@@ -10,8 +10,8 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
                  kubeconfig:PATH[#CONTEXT] (launcher.kube)
 
 `fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind, and
-here where the lifecycle runs: machines in a supervisor on this machine (launcher.launch.supervisor,
-followed by launcher.launch.follow), Kubernetes in the front end itself.
+here where the lifecycle runs: machines in a supervisor on this machine (launcher.supervised,
+followed by launcher.follow), Kubernetes in the front end itself.
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """

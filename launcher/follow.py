@@ -1,5 +1,5 @@
-"""The front end of a supervised run: `fab train` starts the run's supervisor (launcher.launch.supervisor)
-and follows it, `fab train --detach` leaves it once every rank has started, `fab attach` follows it
+"""The front end of a supervised run: `fab train` starts the run's supervisor (launcher.supervised) and
+follows it, `fab train --detach` leaves it once every rank has started, `fab attach` follows it
 again from any terminal.
 
     train     the names and --cluster checked here (one line, as ever); the lock taken (a second
@@ -33,9 +33,19 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
-from launcher.launch.supervisor import END_MARK, ENDED, ThisMachine, interrupt, is_live, log_size, read_state, take_lock
+from launcher.launch.supervisor import (
+    END_MARK,
+    ENDED,
+    interrupt,
+    is_live,
+    log_size,
+    read_state,
+    state_path,
+    take_lock,
+)
 from launcher.lifecycle import RunKind, TrainRequest
 from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
+from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal
 
 POLL_S = 0.2
@@ -58,6 +68,7 @@ def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], pla
     lock = take_lock(directory, request.run, request.cluster_spec)
     try:
         start, launches = log_size(directory / LOG_NAME), launch_count(directory)
+        state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
         place.start(request, directory, lock)
     finally:
         os.close(lock)  # the supervisor holds it now

@@ -1,7 +1,7 @@
 """The supervisor and its front end apart from a real run: the lock a second train finds (and a dead
 supervisor's files, which never count as live), the request handed over, and a real supervisor process
 (launcher.launch.supervisor.ThisMachine) running a fake lifecycle (supervised_fakes) while the front
-end (launcher.launch.follow) follows it: its output, its end line and exit status, Ctrl-C handed to
+end (launcher.follow) follows it: its output, its end line and exit status, Ctrl-C handed to
 it, --detach and attach."""
 
 from __future__ import annotations
@@ -14,27 +14,26 @@ from pathlib import Path
 
 import pytest
 
+from launcher import follow
 from launcher.console import TaskError
-from launcher.launch import follow
 from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
     STARTING,
     AlreadySupervised,
     SupervisorState,
-    ThisMachine,
     interrupt,
     is_live,
     read_state,
-    request_of,
     take_lock,
     write_state,
 )
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
+from launcher.supervised import ThisMachine, request_of
 from launcher.terminal import LOG_NAME
 
-FAKES = "tests.launcher.launch.supervised_fakes"
+FAKES = "tests.launcher.supervised_fakes"
 
 
 def test_a_held_lock_refuses_a_second_supervisor_and_names_attach(tmp_path):
