@@ -16,6 +16,9 @@ again from any terminal.
               after its snapshot and the run ends "interrupted", exit 130 and the continue line, as
               before; the front end itself stops nothing
 
+A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
+this process, attached as before.
+
 Losing the terminal (launcher.terminal): the front end's output moves to the run's log as before; it
 then copies nothing more (the log already holds the supervisor's output) and waits for the end.
 """
@@ -46,7 +49,7 @@ from launcher.launch.supervisor import (
 from launcher.lifecycle import RunKind, TrainRequest
 from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
 from launcher.supervised import ThisMachine
-from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal
+from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
 POLL_S = 0.2
 ATTACH_LINES = 20
@@ -55,7 +58,9 @@ ATTACH_LINES = 20
 
 def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], place: ThisMachine) -> int:
     """`fab train` through a supervisor at place: its exit status (the last line printed here)."""
-    if request.dry_run:  # starts nothing: nothing to supervise
+    # A dry run starts nothing to supervise; outputs captured in this process (a test, a program that
+    # embeds the tasks) see the lifecycle run here, as launcher.terminal leaves such outputs alone.
+    if request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2))):
         return place.run_here(request)
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
