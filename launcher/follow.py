@@ -39,6 +39,7 @@ from launcher.console import TaskError, check_name, command_line, missing_dirs, 
 from launcher.launch.supervisor import (
     END_MARK,
     ENDED,
+    LOCK_NAME,
     interrupt,
     is_live,
     log_size,
@@ -68,20 +69,50 @@ def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], pla
         kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()
-    made = missing_dirs(record.directory)
+    before = Before(record.directory)
     directory = record.made()
     lock = take_lock(directory, request.run, request.cluster_spec)
     try:
-        start, launches = log_size(directory / LOG_NAME), launch_count(directory)
+        launches = launch_count(directory)
         state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
         place.start(request, directory, lock)
     finally:
         os.close(lock)  # the supervisor holds it now
-    code = follow(directory, start, request, launches if request.detach else None)
+    code = follow(directory, before.log_size, request, launches if request.detach else None)
     state = read_state(directory)
-    if made and launch_count(directory) == 0 and state is not None and state.phase == ENDED:
-        shutil.rmtree(made[-1], ignore_errors=True)  # refused before launch: nothing written, as before
+    if launch_count(directory) == launches and state is not None and state.phase == ENDED:
+        before.restore()  # refused before launch: nothing written, as before
     return code
+
+
+class Before:
+    """A run's record directory before a front end starts its supervisor: what restore() puts back
+    when the run was refused before launch (a refused command leaves nothing on disk)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.made = missing_dirs(directory)
+        """The directory and its parents that the front end will make."""
+        log = directory / LOG_NAME
+        self.log_existed, self.log_size = log.exists(), log_size(log)
+        self.lock_existed = (directory / LOCK_NAME).exists()
+        self.state = state_path(directory).read_bytes() if state_path(directory).exists() else None
+
+    def restore(self) -> None:
+        if self.made:
+            shutil.rmtree(self.made[-1], ignore_errors=True)
+            return
+        log = self.directory / LOG_NAME
+        if self.log_existed:
+            os.truncate(log, self.log_size)
+        else:
+            log.unlink(missing_ok=True)
+        if self.state is None:
+            state_path(self.directory).unlink(missing_ok=True)
+        else:
+            state_path(self.directory).write_bytes(self.state)
+        if not self.lock_existed and not is_live(self.directory):
+            (self.directory / LOCK_NAME).unlink(missing_ok=True)
 
 
 def launch_count(directory: Path) -> int:
