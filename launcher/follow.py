@@ -12,9 +12,9 @@ again from any terminal.
               the command that attaches, exit 0
     attach    a live run: its last lines, then the same as train; an ended one: its end line and
               its exit status
-    Ctrl-C    asks the supervisor (SIGINT to its pid, while it holds the lock): every rank stops
-              after its snapshot and the run ends "interrupted", exit 130 and the continue line, as
-              before; the front end itself stops nothing
+    Ctrl-C    (or SIGTERM to the front end) asks the supervisor (SIGINT to its pid, while it holds
+              the lock): every rank stops after its snapshot and the run ends "interrupted", exit
+              130 and the continue line, as before; the front end itself stops nothing
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before.
@@ -29,10 +29,13 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
@@ -198,7 +201,7 @@ def follow(directory: Path, start: int, request: TrainRequest, detach_after: int
     launch events than that), then the end line; the run's exit status. Ctrl-C is handed to it."""
     log = directory / LOG_NAME
     copy = LogCopy(log, start)
-    with outliving_the_terminal(log):
+    with outliving_the_terminal(log), terminated_as_interrupted():
         while True:
             try:
                 copy.to()
@@ -221,6 +224,24 @@ def follow(directory: Path, start: int, request: TrainRequest, detach_after: int
             except KeyboardInterrupt:  # the supervisor stops every rank and ends the run "interrupted"
                 if not interrupt(directory):
                     raise
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM to the front end (a CI timeout, `kill`) means Ctrl-C, as it did for the attached train
+    (launcher.launch.monitor): handed to the supervisor. Signals reach the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def end_line(code: int | None, line: str | None, log: Path) -> int:

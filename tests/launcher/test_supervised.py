@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -125,3 +126,19 @@ def test_ctrl_c_is_handed_to_the_supervisor_and_detach_leaves_it_running(tmp_pat
 def test_attach_to_a_run_without_a_supervisor_says_so(tmp_path):
     with pytest.raises(TaskError, match="run r has no supervisor on this machine: start it with `fab train --run r`"):
         follow.attach_directory(tmp_path / "runs" / "r", None, "r")
+
+
+def test_sigterm_to_the_front_end_is_a_ctrl_c_for_the_run(tmp_path, monkeypatch, capsys):
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # a CI timeout, `kill`
+    assert follow.follow(directory, 0, TrainRequest(None, run="r"), None) == 130
+    assert capsys.readouterr().err.startswith("interrupted at iter 3 ")
+    assert wait_ended(directory).exit_code == 130
+
+
+def wait_for_output(directory: Path, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in ((directory / LOG_NAME).read_text() if (directory / LOG_NAME).exists() else ""):
+        assert time.monotonic() < deadline, f"no {text!r} in the supervisor's output"
+        time.sleep(0.1)
