@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.console import TaskError, command_line
+from launcher.terminal import LOG_NAME
 
 LOCK_NAME = "supervisor.lock"
 """Held (flock) by the run's live supervisor, in the run's record directory."""
@@ -128,3 +129,16 @@ def log_size(log: Path) -> int:
         return log.stat().st_size
     except OSError:
         return 0
+
+
+def supervisor_line(directory: Path, cluster_spec: str | None, run: str) -> str | None:
+    """What `fab status` says of the run's supervisor on this machine (None: it never had one)."""
+    state = read_state(directory)
+    if state is None:
+        return None
+    attach = command_line("attach", cluster=cluster_spec, run=run)
+    if is_live(directory):
+        return f"supervised on this machine (supervisor pid {state.pid}): `{attach}` follows it"
+    if state.phase == ENDED:
+        return f"its supervisor ended with exit {state.exit_code} (`{attach}` prints its end)"
+    return f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}"
