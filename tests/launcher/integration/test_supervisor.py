@@ -69,11 +69,17 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes,
         proc.kill()  # the front end goes, as with a closed laptop: SIGKILL, nothing to clean up
         proc.wait()
         assert is_live(directory), "the supervisor outlives its front end"
+        second = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "orphan")
+        assert second.returncode == 1 and second.stderr.strip().splitlines() == [
+            f"error: run orphan is already running (supervisor pid {read_state(directory).pid}); follow it with "
+            "`fab attach --run orphan`, or stop it with `fab stop --run orphan` first"
+        ], second.stderr
         wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
         victims = nodes.processes(1, "model.train")
         assert victims, "rank 1's trainer runs on node1"
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
+        following = fab("attach", "--run", "orphan", timeout=RUN_TIMEOUT_S)  # from another terminal, to the end
         state = ended(directory, RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
@@ -88,6 +94,10 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes,
     assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+
+    assert following.returncode == 0, following.stdout[-3000:] + following.stderr
+    assert following.stdout.startswith("attached to run orphan (supervisor pid "), following.stdout[:500]
+    assert following.stdout.strip().splitlines()[-1] == state.line, following.stdout[-3000:]
 
     attach = fab("attach", "--run", "orphan")
     assert attach.returncode == 0, attach.stdout + attach.stderr
