@@ -26,6 +26,7 @@ from launcher.launch.supervisor import (
     interrupt,
     is_live,
     read_state,
+    supervisor_line,
     take_lock,
     write_state,
 )
@@ -142,3 +143,28 @@ def wait_for_output(directory: Path, text: str) -> None:
     while text not in ((directory / LOG_NAME).read_text() if (directory / LOG_NAME).exists() else ""):
         assert time.monotonic() < deadline, f"no {text!r} in the supervisor's output"
         time.sleep(0.1)
+
+
+def test_status_names_a_live_supervisor_and_how_an_ended_one_ended(tmp_path):
+    lock = take_lock(tmp_path, "r", None)
+    write_state(tmp_path, SupervisorState(4242, STARTING))
+    try:
+        assert supervisor_line(tmp_path, None, "r") == (
+            "supervised on this machine (supervisor pid 4242): `fab attach --run r` follows it"
+        )
+    finally:
+        os.close(lock)
+    assert "ended without an end" in (supervisor_line(tmp_path, None, "r") or "")
+    write_state(tmp_path, SupervisorState(4242, ENDED, exit_code=3))
+    ended_line = "its supervisor ended with exit 3 (`fab attach --run r` prints its end)"
+    assert supervisor_line(tmp_path, None, "r") == ended_line
+    assert supervisor_line(tmp_path / "none", None, "r") is None
+
+
+def test_kubernetes_runs_stay_supervised_by_their_train_and_say_so():
+    import launcher.kube.train as kube_train
+
+    with pytest.raises(TaskError, match="drop --detach"):
+        kube_train.train(TrainRequest("kubeconfig:/nowhere", run="r", detach=True))
+    with pytest.raises(TaskError, match="supervised by the train that started it"):
+        kube_train.attach("kubeconfig:/nowhere", "r")
