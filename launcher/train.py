@@ -191,7 +191,7 @@ def train(request: TrainRequest) -> int:
 
 SUPERVISOR = ThisMachine("launcher.train:train")
 """Where a run on machines is supervised: a background process on this machine. The head node is the
-next step (docs/launcher.md, "The supervisor")."""
+next step (docs/launcher.md, "The supervisor, --detach and attach")."""
 
 
 def supervised_train(request: TrainRequest) -> int:
