@@ -69,6 +69,8 @@ class TrainRequest:
     """The self-healing flags (--max-restarts, --recover-timeout, --min-nodes)."""
     budget_usd: float | None = None
     """--budget: US dollars the run may spend (None: no budget)."""
+    detach: bool = False
+    """--detach: return once every rank has started; the run goes on under its supervisor."""
     rerun: str = ""
     """The command that continues the run after Ctrl-C (the flags as given; default: the train
     command with --cluster and --run)."""

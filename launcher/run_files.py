@@ -32,6 +32,7 @@ from launcher.checkpoints import fetched_dir
 from launcher.cluster.inventory import NAME_PATTERN, Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, console, say
 from launcher.launch.monitor import Progress
+from launcher.launch.supervisor import is_live
 from launcher.runs.ledger import NO_END, OUTCOMES, outcome_text, run_rows
 from launcher.runs.record import RunRecord
 
@@ -285,6 +286,9 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
             assert row.stored is not None
             stop = command_line("stop", cluster=cluster_spec, run=run)
             raise TaskError(f"run {run} is running on {', '.join(row.stored.running_on)}: stop it first with `{stop}`")
+        if is_live(RunRecord.of(store.cluster, run).directory):  # between attempts: no rank runs, the run is live
+            stop = command_line("stop", cluster=cluster_spec, run=run)
+            raise TaskError(f"run {run} is live under its supervisor on this machine: stop it first with `{stop}`")
         freed, failed = delete_rows(store, [row], fetched)
     finally:
         store.close()

@@ -39,6 +39,8 @@ LOG_NAME = "train.log"
 GONE = (errno.EPIPE, errno.EIO)
 """A write to a pipe whose reader exited, or to a terminal that hung up."""
 OUTPUTS = (1, 2)
+MOVED_MARK = ": the rest of this train's output"
+"""Ends the header of a move to the log (what `fab status` looks for)."""
 
 
 class Output:
@@ -58,7 +60,7 @@ class Output:
             if fd in self.moved:
                 return
             same = [other for other in OUTPUTS if other not in self.moved and same_file(fd, other)] or [fd]
-            header = f"---- {time.strftime('%H:%M:%S')} {why}: the rest of this train's output ----\n"
+            header = f"---- {time.strftime('%H:%M:%S')} {why}{MOVED_MARK} ----\n"
             try:
                 self.log.parent.mkdir(parents=True, exist_ok=True)
                 target = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -171,7 +173,10 @@ def outliving_the_terminal(log: Path) -> Iterator[None]:
 def lost_terminal_line(record_directory: Path) -> str | None:
     """What `fab status` says of a run whose attached train lost its terminal (None: never lost)."""
     log = record_directory / LOG_NAME
-    if not log.is_file():
+    try:  # the supervisor writes the log anyway: only a front end's move (its header) says the terminal went
+        if MOVED_MARK not in log.read_text(errors="replace"):
+            return None
+    except OSError:
         return None
     return f"the attached train lost its terminal; its output after that: {log} (last written {clock(log)})"
 

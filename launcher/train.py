@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from launcher import follow
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
@@ -37,6 +38,7 @@ from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
+from launcher.supervised import ThisMachine
 from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
@@ -182,5 +184,21 @@ class MachinesRun:
 
 
 def train(request: TrainRequest) -> int:
-    """`fab train` on machines: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises)."""
+    """The lifecycle on machines, in this process (the supervisor's): 0 finished, BUDGET_EXIT stopped
+    at the budget (a failure raises)."""
     return run_lifecycle(request, MachinesRun.resolve)
+
+
+SUPERVISOR = ThisMachine("launcher.train:train")
+"""Where a run on machines is supervised: a background process on this machine. The head node is the
+next step (docs/launcher.md, "The supervisor, --detach and attach")."""
+
+
+def supervised_train(request: TrainRequest) -> int:
+    """`fab train` on machines: the front end of the run's supervisor (launcher.follow)."""
+    return follow.train(request, MachinesRun.resolve, SUPERVISOR)
+
+
+def attach(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab attach` on machines: follow the run's supervisor on this machine to its end."""
+    return follow.attach(resolve_cluster(cluster_spec, None), cluster_spec, run)

@@ -229,5 +229,19 @@ class KubeRun:
 
 
 def train(request: TrainRequest) -> int:
-    """`fab train` on a Kubernetes cluster: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises)."""
+    """`fab train` on a Kubernetes cluster: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises).
+    The front end supervises the run itself here (no supervisor of its own yet: docs/launcher.md)."""
+    if request.detach:
+        raise TaskError(NOT_SUPERVISED)
     return run_lifecycle(request, KubeRun.resolve)
+
+
+NOT_SUPERVISED = (
+    "a run on Kubernetes is supervised by the train that started it (no detached supervisor yet): "
+    "drop --detach; `logs --follow` follows its pods"
+)
+
+
+def attach(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab attach` on Kubernetes: nothing to attach to (the train that started a run supervises it)."""
+    raise TaskError(NOT_SUPERVISED.replace("drop --detach; ", ""))

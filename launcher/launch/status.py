@@ -20,6 +20,7 @@ from launcher.cluster.inventory import CLUSTER_ENV, local_cluster
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
+from launcher.launch.supervisor import supervisor_line
 from launcher.launch.units import alive_command, boot_command, log_command
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
@@ -117,9 +118,9 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 say(line)
         for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
             say(line)
-        log_line = lost_terminal_line(record.directory)
-        if log_line:
-            say(log_line)
+        for told in (supervisor_line(record.directory, cluster_spec, run), lost_terminal_line(record.directory)):
+            if told:
+                say(told)
     return 1 if session.unreachable else 0
 
 

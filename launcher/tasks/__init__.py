@@ -17,6 +17,7 @@ from invoke import Collection
 
 from launcher.console import TaskError
 from launcher.tasks.commands import (
+    attach,
     cost,
     doctor,
     fetch,
@@ -32,6 +33,8 @@ from launcher.tasks.commands import (
     train,
 )
 
-namespace = Collection(setup, prepare_data, train, status, logs, sample, fetch, stop, runs, rm, prune, doctor, cost)
+namespace = Collection(
+    setup, prepare_data, train, attach, status, logs, sample, fetch, stop, runs, rm, prune, doctor, cost
+)
 
 __all__ = ["TaskError", "namespace"]

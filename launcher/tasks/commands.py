@@ -3,9 +3,11 @@ through the driver of the cluster's kind (launcher.tasks.drivers) where the kind
 
     setup          make every node ready (launcher.setup.nodes)
     prepare-data   tokenize a dataset, give every node a checked copy (launcher.setup.data)
-    train          launch DDP training and follow it (launcher.lifecycle, with the kind's part:
-                   launcher.train or launcher.kube.train); the self-healing flags are
-                   launcher.recover.policy's RecoverOptions, whose defaults the help prints
+    train          launch DDP training under its supervisor and follow it (launcher.follow;
+                   launcher.lifecycle, with the kind's part: launcher.train or launcher.kube.train);
+                   the self-healing flags are launcher.recover.policy's RecoverOptions, whose
+                   defaults the help prints
+    attach         follow a run's supervisor again (launcher.follow)
     status, logs   the run's units and record, each rank's log (launcher.launch.status)
     stop           an operator's stop of a run's ranks everywhere (launcher.launch.operator_stop)
     sample, fetch  text from the run's best checkpoint; the checkpoint copied here (launcher.checkpoints);
@@ -157,6 +159,7 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "config": "trainer YAML (default: the quickstart config on the local cluster, trainer defaults elsewhere)",
         "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",
         "dry_run": "print every rendered file and command, start nothing",
+        "detach": "return once every rank has started; the run goes on under its supervisor (`attach` follows it)",
         "collective_timeout": "seconds a rank waits for a lost peer before failing (default {default})",
         "max_restarts": "restarts after a failure outside the program (a killed rank, a lost node, a preemption);"
         f" a program error is never retried (default {RECOVER_DEFAULTS.max_restarts}, 0 = fail fast)",
@@ -182,6 +185,7 @@ def train(
     config: str | None = None,
     set_: list[str] | None = None,
     dry_run: bool = False,
+    detach: bool = False,
     collective_timeout: float = COLLECTIVE_TIMEOUT,
     max_restarts: int | None = None,
     recover_timeout: float | None = None,
@@ -201,12 +205,20 @@ def train(
         config=config,
         overrides=tuple(set_ or ()),
         dry_run=dry_run,
+        detach=detach,
         collective_timeout_s=collective_timeout,
         recover=recover,
         budget_usd=budget,
         rerun=AS_GIVEN.get(),
     )
     return driver(cluster).train(request)
+
+
+@fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})
+def attach(c: Context, cluster: str | None = None, run: str = "main") -> int:
+    """Follow a run's supervisor to the run's end (Ctrl-C stops the run after a snapshot); exits with the
+    run's status, at once for a run that has ended."""
+    return driver(cluster).attach(cluster, run=run)
 
 
 @fab_task(help={"cluster": CLUSTER_HELP, "run": RUN_HELP})

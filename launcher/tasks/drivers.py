@@ -9,7 +9,9 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
     kubernetes   pods through the API server: a GKE stack, a contract of kind kubernetes, or
                  kubeconfig:PATH[#CONTEXT] (launcher.kube)
 
-`fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind.
+`fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind, and
+here where the lifecycle runs: machines in a supervisor on this machine (launcher.supervised,
+followed by launcher.follow), Kubernetes in the front end itself.
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
@@ -69,6 +71,8 @@ class Driver(Protocol):
 
     def train(self, request: TrainRequest) -> int: ...
 
+    def attach(self, cluster_spec: str | None, run: str = ...) -> int: ...
+
     def status(self, cluster_spec: str | None, run: str = ...) -> int: ...
 
     def logs(
@@ -105,7 +109,8 @@ class MachinesDriver:
     kind = MACHINES
     setup = staticmethod(launcher.setup.nodes.setup)
     prepare_data = staticmethod(launcher.setup.data.prepare_data)
-    train = staticmethod(launcher.train.train)
+    train = staticmethod(launcher.train.supervised_train)  # the run's supervisor on this machine
+    attach = staticmethod(launcher.train.attach)
     status = staticmethod(launcher.launch.status.status)
     logs = staticmethod(launcher.launch.status.logs)
     stop = staticmethod(launcher.launch.units.stop)
@@ -132,7 +137,8 @@ def kubernetes_driver() -> Driver:
         kind = KUBERNETES
         setup = staticmethod(kube.setup)
         prepare_data = staticmethod(kube.prepare_data)
-        train = staticmethod(kube_train.train)
+        train = staticmethod(kube_train.train)  # supervised by the front end itself
+        attach = staticmethod(kube_train.attach)
         status = staticmethod(kube.status)
         logs = staticmethod(kube.logs)
         stop = staticmethod(kube.stop)

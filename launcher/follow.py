@@ -1,0 +1,271 @@
+"""The front end of a supervised run: `fab train` starts the run's supervisor (launcher.supervised) and
+follows it, `fab train --detach` leaves it once every rank has started, `fab attach` follows it
+again from any terminal.
+
+    train     the names and --cluster checked here (one line, as ever); the lock taken (a second
+              train of a live run refuses and names `attach`); the supervisor started; then its
+              output followed from the run's log, and its end: the last line (an error, interrupted
+              or stopped line on stderr) and the run's exit status (0 done, 3 budget, 130
+              interrupted or stopped, 1 failed). A run that never launched (its checks refused it)
+              leaves no record directory behind, as before.
+    --detach  the same until the record has the attempt's launch event (every rank started), then
+              the command that attaches, exit 0
+    attach    a live run: its last lines, then the same as train; an ended one: its end line and
+              its exit status
+    Ctrl-C    (or SIGTERM to the front end) asks the supervisor (SIGINT to its pid, while it holds
+              the lock): every rank stops after its snapshot and the run ends "interrupted", exit
+              130 and the continue line, as before; the front end itself stops nothing
+
+A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
+this process, attached as before.
+
+Losing the terminal (launcher.terminal): the front end's output moves to the run's log as before; it
+then copies nothing more (the log already holds the supervisor's output) and waits for the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+from launcher.cluster.inventory import Cluster, cluster_dir
+from launcher.console import TaskError, check_name, command_line, missing_dirs, say
+from launcher.launch.supervisor import (
+    END_MARK,
+    ENDED,
+    LOCK_NAME,
+    interrupt,
+    is_live,
+    log_size,
+    read_state,
+    state_path,
+    take_lock,
+)
+from launcher.lifecycle import RunKind, TrainRequest
+from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
+from launcher.supervised import ThisMachine
+from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
+
+POLL_S = 0.2
+ATTACH_LINES = 20
+"""Lines of the log `attach` shows of a live run before following it."""
+
+
+def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], place: ThisMachine) -> int:
+    """`fab train` through a supervisor at place: its exit status (the last line printed here)."""
+    # A dry run starts nothing to supervise; outputs captured in this process (a test, a program that
+    # embeds the tasks) see the lifecycle run here, as launcher.terminal leaves such outputs alone.
+    if request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2))):
+        return place.run_here(request)
+    check_name(request.run, "run")
+    check_name(request.dataset, "dataset")
+    with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
+        kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
+    record = RunRecord.of(kind.cluster, request.run)
+    record.can_be_made()
+    before = Before(record.directory)
+    directory = record.made()
+    lock = take_lock(directory, request.run, request.cluster_spec)
+    try:
+        launches = launch_count(directory)
+        state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
+        place.start(request, directory, lock)
+    finally:
+        os.close(lock)  # the supervisor holds it now
+    code = follow(directory, before.log_size, request, launches if request.detach else None)
+    state = read_state(directory)
+    if launch_count(directory) == launches and state is not None and state.phase == ENDED:
+        before.restore()  # refused before launch: nothing written, as before
+    return code
+
+
+class Before:
+    """A run's record directory before a front end starts its supervisor: what restore() puts back
+    when the run was refused before launch (a refused command leaves nothing on disk)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.made = missing_dirs(directory)
+        """The directory and its parents that the front end will make."""
+        log = directory / LOG_NAME
+        self.log_existed, self.log_size = log.exists(), log_size(log)
+        self.lock_existed = (directory / LOCK_NAME).exists()
+        self.state = state_path(directory).read_bytes() if state_path(directory).exists() else None
+
+    def restore(self) -> None:
+        if self.made:
+            shutil.rmtree(self.made[-1], ignore_errors=True)
+            return
+        log = self.directory / LOG_NAME
+        if self.log_existed:
+            os.truncate(log, self.log_size)
+        else:
+            log.unlink(missing_ok=True)
+        if self.state is None:
+            state_path(self.directory).unlink(missing_ok=True)
+        else:
+            state_path(self.directory).write_bytes(self.state)
+        if not self.lock_existed and not is_live(self.directory):
+            (self.directory / LOCK_NAME).unlink(missing_ok=True)
+
+
+def launch_count(directory: Path) -> int:
+    """The launch events in the run's record (a new one: the attempt's ranks have started)."""
+    try:
+        return sum('"event": "launch"' in line for line in (directory / EVENTS_NAME).read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def attach(cluster: Cluster, cluster_spec: str | None, run: str) -> int:
+    """`fab attach`: follow the run's live supervisor to its end, or print an ended run's end line; its
+    exit status either way."""
+    check_name(run, "run")
+    return attach_directory(run_dir(cluster_dir(cluster), run), cluster_spec, run)
+
+
+def attach_directory(directory: Path, cluster_spec: str | None, run: str) -> int:
+    """attach, given the run's record directory."""
+    state = read_state(directory)
+    if state is None:
+        train_command = command_line("train", cluster=cluster_spec, run=run)
+        raise TaskError(f"run {run} has no supervisor on this machine: start it with `{train_command}`")
+    if state.phase == ENDED or not is_live(directory):
+        return end_of(directory, request_for(cluster_spec, run))
+    log = directory / LOG_NAME
+    say(f"attached to run {run} (supervisor pid {state.pid}; Ctrl-C stops the run after a snapshot)")
+    return follow(directory, tail_offset(log, state.log_start), request_for(cluster_spec, run), None)
+
+
+def request_for(cluster_spec: str | None, run: str) -> TrainRequest:
+    return TrainRequest(cluster_spec, run=run)
+
+
+def tail_offset(log: Path, start: int) -> int:
+    """Where the last ATTACH_LINES lines of the log begin (not before start)."""
+    size = log_size(log)
+    begin = max(start, size - 16384)
+    try:
+        with open(log, "rb") as f:
+            f.seek(begin)
+            chunk = f.read(size - begin)
+    except OSError:
+        return start
+    lines = chunk.splitlines(keepends=True)
+    if begin > start and lines:
+        lines = lines[1:]  # the first may be cut
+    return size - sum(len(line) for line in lines[-ATTACH_LINES:])
+
+
+class LogCopy:
+    """The run's log copied to this front end's stdout from an offset, whole lines at a time; nothing
+    once stdout is the log itself (the terminal was lost: launcher.terminal moved it there)."""
+
+    def __init__(self, log: Path, offset: int):
+        self.log, self.offset = log, offset
+        self.done = False
+        """Whether the supervisor's END_MARK line was reached: the output is whole."""
+
+    def to(self, whole_lines: bool = True) -> None:
+        end = log_size(self.log)
+        if self.done or end <= self.offset:
+            return
+        with open(self.log, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(end - self.offset)
+        mark = END_MARK.encode()
+        at = 0 if data.startswith(mark) else data.find(b"\n" + mark) + 1
+        if at > 0 or data.startswith(mark):
+            data, self.done = data[:at], True
+        elif whole_lines and b"\n" in data:
+            data = data[: data.rindex(b"\n") + 1]
+        elif whole_lines:
+            return
+        self.offset += len(data)
+        if not same_as(1, self.log):
+            sys.stdout.write(data.decode(errors="replace"))
+            sys.stdout.flush()
+
+
+def follow(directory: Path, start: int, request: TrainRequest, detach_after: int | None) -> int:
+    """Copy the supervisor's output until its end (or, with detach_after, until the record has more
+    launch events than that), then the end line; the run's exit status. Ctrl-C is handed to it."""
+    log = directory / LOG_NAME
+    copy = LogCopy(log, start)
+    with outliving_the_terminal(log), terminated_as_interrupted():
+        while True:
+            try:
+                copy.to()
+                state = read_state(directory)
+                if state is not None and state.phase == ENDED:
+                    copy.to(whole_lines=False)
+                    return end_line(state.exit_code, state.line if state.to_stderr else None, log)
+                if detach_after is not None and launch_count(directory) > detach_after:
+                    attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
+                    say(f"run {request.run} goes on under its supervisor; follow it with `{attach_command}`")
+                    return 0
+                if not is_live(directory):
+                    time.sleep(POLL_S)  # it may have ended between the two reads
+                    state = read_state(directory)
+                    if state is None or state.phase != ENDED:
+                        copy.to(whole_lines=False)
+                        raise TaskError(f"the run's supervisor ended without an end; its output: {log}")
+                    continue
+                time.sleep(POLL_S)
+            except KeyboardInterrupt:  # the supervisor stops every rank and ends the run "interrupted"
+                if not interrupt(directory):
+                    raise
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM to the front end (a CI timeout, `kill`) means Ctrl-C, as it did for the attached train
+    (launcher.launch.monitor): handed to the supervisor. Signals reach the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def end_line(code: int | None, line: str | None, log: Path) -> int:
+    """The run's last line on stderr (an error, interrupted or stopped line; the done line came with the
+    output) and its exit status."""
+    if line is not None and not same_as(2, log):
+        last_line(line)
+    return 1 if code is None else code
+
+
+def same_as(fd: int, path: Path) -> bool:
+    """Whether descriptor fd is the file at path."""
+    try:
+        a, b = os.fstat(fd), path.stat()
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def end_of(directory: Path, request: TrainRequest) -> int:
+    """An ended run's end line, and its exit status."""
+    state = read_state(directory)
+    if state is None or state.phase != ENDED:
+        raise TaskError(f"run {request.run}'s supervisor ended without an end; its output: {directory / LOG_NAME}")
+    if state.line is not None and not state.to_stderr:
+        say(state.line)
+    return end_line(state.exit_code, state.line if state.to_stderr else None, directory / LOG_NAME)

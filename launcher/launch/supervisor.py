@@ -1,0 +1,144 @@
+"""The files that find a run's supervisor (launcher.supervised: the process that runs the run's
+lifecycle apart from the operator's terminal), in the run's record directory on this machine:
+
+    supervisor.lock   held (flock) by the live supervisor for as long as it lives: a second `train`
+                      of the same run finds it held and refuses; a dead supervisor holds nothing, so
+                      a file left by one that was killed is never mistaken for a live one
+    supervisor.json   its pid, its phase (starting, ended), and once ended its exit status, the last
+                      line the operator sees (the error, interrupted or stopped line; the done line)
+                      and where that line starts in the log
+
+    train.log         its output (launcher.terminal's LOG_NAME), END_MARK before its last line
+
+The front end (launcher.follow) takes the lock itself and hands the locked file to the supervisor
+it starts (an flock belongs to the open file, which the child shares), so two front ends can never
+both start one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.console import TaskError, command_line
+from launcher.terminal import LOG_NAME
+
+LOCK_NAME = "supervisor.lock"
+"""Held (flock) by the run's live supervisor, in the run's record directory."""
+STATE_NAME = "supervisor.json"
+"""The supervisor's pid, phase and end, in the run's record directory."""
+STARTING, ENDED = "starting", "ended"
+END_MARK = "---- the run's supervisor ended"
+"""Starts the log line the supervisor writes before its last line: a front end copies the output up to it."""
+
+
+@dataclass(frozen=True)
+class SupervisorState:
+    """What supervisor.json holds."""
+
+    pid: int
+    """The supervisor's process id (signalled only while it holds the lock)."""
+    phase: str
+    """STARTING (running the lifecycle) or ENDED."""
+    log_start: int = 0
+    """The log's size when this supervisor started: its output follows."""
+    exit_code: int | None = None
+    """Once ended: the run's exit status (0 done, 3 budget, 130 interrupted or stopped, 1 failed)."""
+    line: str | None = None
+    """Once ended: the last line the operator sees."""
+    to_stderr: bool = False
+    """Whether that line is an error, interrupted or stopped line (stderr) rather than the done line."""
+    line_offset: int | None = None
+    """Where the supervisor's END_MARK line starts in the log."""
+
+
+def state_path(directory: Path) -> Path:
+    return directory / STATE_NAME
+
+
+def read_state(directory: Path) -> SupervisorState | None:
+    """The run's supervisor.json (None: no supervisor ever ran for it on this machine)."""
+    try:
+        return SupervisorState(**json.loads(state_path(directory).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_state(directory: Path, state: SupervisorState) -> None:
+    """Written whole (a reader never sees half of it)."""
+    temporary = directory / f".{STATE_NAME}.{os.getpid()}"
+    temporary.write_text(json.dumps(dataclasses.asdict(state)))
+    os.replace(temporary, state_path(directory))
+
+
+class AlreadySupervised(TaskError):
+    """The run has a live supervisor: a second one must never start."""
+
+
+def take_lock(directory: Path, run: str, cluster_spec: str | None) -> int:
+    """The run's lock, taken (a descriptor to hand to the supervisor), or AlreadySupervised naming the
+    live supervisor and the commands that follow or stop it."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        state = read_state(directory)
+        pid = f" (supervisor pid {state.pid})" if state else ""
+        follow, stop = (command_line(task, cluster=cluster_spec, run=run) for task in ("attach", "stop"))
+        raise AlreadySupervised(
+            f"run {run} is already running{pid}; follow it with `{follow}`, or stop it with `{stop}` first"
+        ) from None
+    return fd
+
+
+def is_live(directory: Path) -> bool:
+    """Whether a supervisor holds the run's lock now."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock this check took, if it took it
+    return False
+
+
+def interrupt(directory: Path) -> bool:
+    """Ctrl-C for the run: SIGINT to its live supervisor, which stops every rank after its snapshot and
+    ends the run "interrupted". False when no supervisor is live."""
+    state = read_state(directory)
+    if state is None or not is_live(directory):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(state.pid, signal.SIGINT)
+    return True
+
+
+def log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def supervisor_line(directory: Path, cluster_spec: str | None, run: str) -> str | None:
+    """What `fab status` says of the run's supervisor on this machine (None: it never had one)."""
+    state = read_state(directory)
+    if state is None:
+        return None
+    attach = command_line("attach", cluster=cluster_spec, run=run)
+    if is_live(directory):
+        return f"supervised on this machine (supervisor pid {state.pid}): `{attach}` follows it"
+    if state.phase == ENDED:
+        return f"its supervisor ended with exit {state.exit_code} (`{attach}` prints its end)"
+    return f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}"

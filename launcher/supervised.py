@@ -1,0 +1,140 @@
+"""A run's supervisor: the process that runs the run's lifecycle (launcher.lifecycle: the restart loop,
+the budget, the record, the end) apart from the operator's terminal.
+
+`fab train` is a front end (launcher.follow) that starts the supervisor and follows it. The
+supervisor lives in a session of its own (setsid), reads /dev/null and writes the run's log
+(launcher.terminal's LOG_NAME in the run's record directory), so a front end killed, hung up or cut
+off by a closed pipe leaves the run supervised to its end. It holds the run's lock for as long as it
+lives and leaves its end in supervisor.json (launcher.launch.supervisor: the files that find it).
+
+Where a kind's supervisor runs is the kind's choice (launcher.tasks.drivers): a background process
+on this machine for machines over SSH and the local cluster (ThisMachine); Kubernetes keeps its
+attached front end for now (docs/launcher.md says why and what is next).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import launcher
+from launcher.console import Interrupted, TaskError
+from launcher.launch.supervisor import END_MARK, ENDED, STARTING, SupervisorState, log_size, write_state
+from launcher.lifecycle import TrainRequest
+from launcher.recover.policy import RecoverOptions
+from launcher.terminal import LOG_NAME
+
+
+@dataclass(frozen=True)
+class ThisMachine:
+    """A supervisor as a background process on this machine, running `entry` (module:function, a
+    kind's in-process `train(request) -> int`)."""
+
+    entry: str
+
+    def run_here(self, request: TrainRequest) -> int:
+        """The lifecycle in this process (a dry run: nothing starts, nothing to supervise)."""
+        return entry_function(self.entry)(request)
+
+    def start(self, request: TrainRequest, directory: Path, lock_fd: int) -> int:
+        """Start the supervisor for request, its output appended to the run's log; its pid."""
+        log = directory / LOG_NAME
+        spec = {
+            "entry": self.entry,
+            "request": dataclasses.asdict(request),
+            "directory": str(directory),
+            "lock_fd": lock_fd,
+            "program": sys.argv[0],
+        }
+        # The launcher importable as the front end imports it (a checkout or the installed package).
+        package_root = str(Path(launcher.__file__).resolve().parent.parent)
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "launcher.supervised", json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # no terminal's signal and no front end's death reaches it
+                pass_fds=(lock_fd,),
+                env=env,
+            )
+        return process.pid
+
+
+def request_of(fields: dict) -> TrainRequest:
+    """A TrainRequest from dataclasses.asdict's dict."""
+    return TrainRequest(
+        **{**fields, "overrides": tuple(fields["overrides"]), "recover": RecoverOptions(**fields["recover"])}
+    )
+
+
+def entry_function(entry: str) -> Callable[[TrainRequest], int]:
+    module, name = entry.split(":")
+    function: Callable[[TrainRequest], int] = getattr(importlib.import_module(module), name)
+    return function
+
+
+def last_output_line(log: Path, start: int) -> str | None:
+    """The last line the supervisor wrote to the log since start (the done or budget line)."""
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(max(start, log_size(log) - 8192))
+        lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+        lines = [line for line in lines if not line.startswith("---- ")]
+        return lines[-1] if lines else None
+    return None
+
+
+def supervise(spec: dict) -> int:
+    """The supervisor process: the lifecycle run to its end, then its end in supervisor.json."""
+    directory, log = Path(spec["directory"]), Path(spec["directory"]) / LOG_NAME
+    os.set_inheritable(spec["lock_fd"], False)  # held by this process alone: never by a rank it starts
+    sys.argv[0] = spec["program"]  # the messages' commands name the program the operator typed
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from the front end (interrupt())
+    start = log_size(log)
+    write_state(directory, SupervisorState(os.getpid(), STARTING, log_start=start))
+    line: str | None = None
+    try:
+        code = entry_function(spec["entry"])(request_of(spec["request"]))
+    except TaskError as e:
+        code, line = e.exit_code, f"{e.label}: {e}" if e.label else str(e)
+    except KeyboardInterrupt:
+        code, line = Interrupted.exit_code, "interrupted (Ctrl-C)"
+    except Exception as e:  # a fault of the launcher: its traceback in the log, one line for the operator
+        traceback.print_exc()
+        code, line = 1, f"error: the run's supervisor failed: {type(e).__name__}: {e} (its log: {log})"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    offset = log_size(log)
+    print(f"{END_MARK} (exit {code}) ----", file=sys.stderr, flush=True)  # where a front end stops copying
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    end = SupervisorState(
+        os.getpid(),
+        ENDED,
+        log_start=start,
+        exit_code=code,
+        line=line if line is not None else last_output_line(log, start),
+        to_stderr=line is not None,
+        line_offset=offset,
+    )
+    write_state(directory, end)
+    return code
+
+
+def main() -> None:
+    sys.exit(supervise(json.loads(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""A run outlives its front end on the sshd test nodes: `fab train` SIGKILLed mid-run leaves the run to
+its supervisor, which heals a rank SIGKILLed after that and finishes with the uninterrupted run's
+weights; `fab attach` afterwards prints the end and exits 0. The same with the terminal's pipe closed
+after one line (`train | head -n 1`): no traceback, the run supervised to its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.launch.supervisor import ENDED, SupervisorState, is_live, read_state
+from launcher.terminal import LOG_NAME
+from launcher.testing.fab import FAB, wait_for
+
+RUN_TIMEOUT_S = 240
+RUN_SETTINGS = ("--nodes", "3", "--set", "max_iters=40", "--set", "eval_interval=5")
+"""A snapshot every 5 iterations; 40 steps leave time for both kills before the end."""
+DIGEST = re.compile(r"\[rank (\d) node\d\] .*final parameters sha256 ([0-9a-f]+)")
+NO_TRACE = ("Traceback", "Exception ignored", "BrokenPipeError")
+
+
+def find_record_dir(fab, run: str) -> Path:
+    found = list(Path(fab.env["NANOCLUSTER_HOME"]).glob(f"clusters/*/runs/{run}"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def launches(directory: Path) -> int:
+    events = directory / "events.jsonl"
+    if not events.exists():
+        return 0
+    return sum(json.loads(line)["event"] == "launch" for line in events.read_text().splitlines())
+
+
+def ended(directory: Path, timeout: float) -> SupervisorState:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = read_state(directory)
+        if state is not None and state.phase == ENDED and not is_live(directory):
+            return state
+        assert time.monotonic() < deadline, "the run's supervisor did not end"
+        time.sleep(0.5)
+
+
+def stop_supervisor(directory: Path) -> None:
+    """A supervisor this test's train started, still live after a failure: Ctrl-C it (its ranks stop)."""
+    state = read_state(directory)
+    if state is not None and is_live(directory):
+        os.kill(state.pid, signal.SIGINT)
+        ended(directory, 60)
+
+
+def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes, fab, tiny_config, tmp_path):
+    assert fab("prepare-data").returncode == 0
+    run_dir = nodes.home(0) / "nanocluster/runs/orphan"
+    proc = fab.popen("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "orphan", log=tmp_path / "fab.log")
+    directory: Path | None = None
+    try:
+        home = Path(fab.env["NANOCLUSTER_HOME"])
+        wait_for(lambda: any(home.glob("clusters/*/runs/orphan/events.jsonl")), 120, "the run's record")
+        directory = find_record_dir(fab, "orphan")
+        wait_for(lambda: launches(directory) == 1, 120, "every rank started")
+        proc.kill()  # the front end goes, as with a closed laptop: SIGKILL, nothing to clean up
+        proc.wait()
+        assert is_live(directory), "the supervisor outlives its front end"
+        second = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "orphan")
+        assert second.returncode == 1 and second.stderr.strip().splitlines() == [
+            f"error: run orphan is already running (supervisor pid {read_state(directory).pid}); follow it with "
+            "`fab attach --run orphan`, or stop it with `fab stop --run orphan` first"
+        ], second.stderr
+        wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
+        victims = nodes.processes(1, "model.train")
+        assert victims, "rank 1's trainer runs on node1"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        following = fab("attach", "--run", "orphan", timeout=RUN_TIMEOUT_S)  # from another terminal, to the end
+        state = ended(directory, RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if directory is not None:
+            stop_supervisor(directory)
+    output = (directory / LOG_NAME).read_text()
+    assert state.exit_code == 0, output[-3000:]
+    assert re.search(r"restart 1/3: rank 1 node1: killed by SIGKILL \(exit 137\)", output), output[-3000:]
+    events = [json.loads(line) for line in (directory / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events
+    for i in range(3):
+        assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+
+    assert following.returncode == 0, following.stdout[-3000:] + following.stderr
+    assert "\nattached to run orphan (supervisor pid " in following.stdout, following.stdout[:500]
+    assert following.stdout.strip().splitlines()[-1] == state.line, following.stdout[-3000:]
+
+    attach = fab("attach", "--run", "orphan")
+    assert attach.returncode == 0, attach.stdout + attach.stderr
+    assert attach.stdout.strip().splitlines()[-1].startswith("done in "), attach.stdout
+    assert attach.stdout.strip().splitlines()[-1] == state.line
+
+    # The same final weights as the same run that nothing interrupted.
+    reference = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S)
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr
+    healed, uninterrupted = dict(DIGEST.findall(output)), dict(DIGEST.findall(reference.stdout))
+    assert len(uninterrupted) == 3 and len(set(uninterrupted.values())) == 1, reference.stdout[-3000:]
+    assert healed == uninterrupted, (healed, uninterrupted)
+
+
+def test_a_pipe_closed_after_one_line_leaves_no_traceback_and_the_run_supervised(nodes, fab, tiny_config, tmp_path):
+    assert fab("prepare-data").returncode == 0
+    stderr = tmp_path / "stderr"
+    args = [FAB, "train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "piped"]
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, env=fab.env, stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None
+    head = subprocess.Popen(["head", "-n", "1"], stdin=proc.stdout, stdout=subprocess.PIPE, text=True)
+    proc.stdout.close()  # head holds the pipe's only reader
+    try:
+        first, _ = head.communicate(timeout=120)
+        code = proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_supervisor(find_record_dir(fab, "piped"))
+    errors = stderr.read_text()
+    directory = find_record_dir(fab, "piped")
+    assert code == 0, errors
+    assert first.strip() and not any(word in errors for word in NO_TRACE), errors
+    text = (directory / LOG_NAME).read_text()
+    assert "stdout: broken pipe: the rest of this train's output" in text and "done in " in text
+    assert not any(word in text for word in NO_TRACE), text[-3000:]
+    state = read_state(directory)
+    assert state is not None and state.exit_code == 0

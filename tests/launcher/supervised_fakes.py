@@ -1,0 +1,41 @@
+"""Lifecycles a test supervisor runs instead of a real run (ThisMachine's entry): each takes the
+request and behaves as one way a run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from launcher.console import Interrupted, TaskError
+from launcher.lifecycle import TrainRequest
+from launcher.runs.record import EVENTS_NAME
+
+
+def record_directory() -> Path:
+    return Path(os.environ["SUPERVISED_FAKE_DIR"])
+
+
+def finishes(request: TrainRequest) -> int:
+    print(f"training run {request.run}", flush=True)
+    print("done in 1 s: iter 3", flush=True)
+    return 0
+
+
+def refused(request: TrainRequest) -> int:
+    print("checking", flush=True)
+    raise TaskError("trainer config: unknown key bogus")
+
+
+def until_interrupted(request: TrainRequest) -> int:
+    """Launches (a launch event), then trains until Ctrl-C reaches it."""
+    with open(record_directory() / EVENTS_NAME, "a") as f:
+        f.write(json.dumps({"event": "launch", "time": time.time()}) + "\n")
+    print("started 2 rank(s)", flush=True)
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every rank", flush=True)
+        raise Interrupted("interrupted at iter 3 (every rank stopped after its snapshot); continue with: x") from None
+    return 0
