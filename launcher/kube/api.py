@@ -144,6 +144,7 @@ def new_client(access: KubeAccess) -> client.ApiClient:
             persist_config=False,
             client_configuration=configuration,
         )
+        configuration.retries = False  # urllib3 would retry a 429 or a reset silently: RetryingApiClient says so
         return RetryingApiClient(configuration)
     except (ConfigException, TypeError, ValueError) as e:
         raise TaskError(

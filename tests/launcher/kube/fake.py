@@ -107,7 +107,10 @@ class FakeKube:
 
     def _serve(self) -> None:
         async def main() -> None:
-            async with ClusterEmulator(self.pod_exec, self.faults, lambda: self.script.terminate_ticks > 0) as emulator, kmock.Server(emulator) as server:
+            slow_foreground = lambda: self.script.terminate_ticks > 0  # noqa: E731
+            async with ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator, kmock.Server(
+                emulator
+            ) as server:
                 emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
@@ -271,6 +274,8 @@ class FakeKube:
             if pod.status and pod.status.phase not in ("Succeeded", "Failed"):
                 self._phase(pod.metadata.name, "Failed", 130)
             self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+        if pods or ticks < 2 * self.script.terminate_ticks:  # the garbage collector comes back for the owner later
+            return
         finalizers = [f for f in (job.metadata.finalizers or []) if f != FOREGROUND]
         self.batch.patch_namespaced_job(name, NAMESPACE, {"metadata": {"finalizers": finalizers}})
         self.terminating.pop(name, None)

@@ -23,6 +23,7 @@ CONTROLLER_HEADER = "X-Fake-Controller"
 FOREGROUND = "foregroundDeletion"
 JOB_PATH = re.compile(r"^/apis/batch/v1/namespaces/(?P<namespace>[^/]+)/jobs/(?P<name>[^/]+)$")
 REASONS = {
+    403: ("Forbidden", "Forbidden", 'pods is forbidden: User "ci" cannot list resource "pods" in the namespace'),
     429: ("Too Many Requests", "TooManyRequests", "Too many requests, please try again later."),
     500: ("Internal Server Error", "InternalError", "etcdserver: request timed out"),
     503: ("Service Unavailable", "ServiceUnavailable", "the server is currently unable to handle the request"),
@@ -32,8 +33,9 @@ REASONS = {
 
 @dataclass
 class Fault:
-    """Requests whose "METHOD /path" contains `match` pass `after` times, then get `answers` in turn
-    (a status, or "reset": the connection closed with no answer)."""
+    """Requests whose "METHOD /path?query" contains `match` pass `after` times, then get `answers` in turn:
+    a status, "reset" (the connection closed before the request was served) or "lost" (served, then
+    the connection closed before the answer: a create that happened though the client never heard)."""
 
     match: str
     answers: list[int | str]
@@ -105,10 +107,12 @@ class ClusterEmulator(ExecEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if CONTROLLER_HEADER not in raw_request.headers:
-            planned = self.faults.next(f"{raw_request.method} {raw_request.path}")
+            planned = self.faults.next(f"{raw_request.method} {raw_request.path_qs}")
             if planned is not None:
                 fault, answer = planned
-                if answer == "reset":
+                if answer in ("reset", "lost"):
+                    if answer == "lost":
+                        await super().__call__(raw_request)
                     assert raw_request.transport is not None
                     raw_request.transport.abort()  # no answer at all: the client sees the connection drop
                     return aiohttp.web.Response(status=500)
