@@ -457,6 +457,10 @@ class Trainer:
                 self.budget.stopped(self.iter_num, self.metrics)
             else:  # the launcher says where the run stopped and counts its steps from this record
                 self.metrics.stop(self.iter_num, "signal", cause=reason)
+        # No rank leaves before rank 0's snapshot and record are on disk: one rank's exit ends the
+        # others' (a Job failed by its podFailurePolicy stops its pods, torchrun stops its ranks).
+        if self.env.world_size > 1:
+            torch.distributed.barrier(group=distributed.control_group())
         raise StopRequested(self.iter_num, reason)
 
     def realign(self) -> None:
