@@ -514,7 +514,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     device, cuda = resolve_device(cfg.device, env.local_rank)  # sets the current GPU before NCCL starts
     backend = distributed.resolve_backend(cfg.backend, device.type)
     if env.world_size > 1:
-        distributed.init_process_group(env, backend, cfg.collective_timeout_s, device)
+        distributed.init_process_group(env, backend, cfg.collective_timeout_s, device, cfg.rendezvous_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout
