@@ -45,6 +45,20 @@ GONE_TIMEOUT_S = objects.STOP_GRACE_S + 120.0
 its pods finish their snapshot within the pod's grace (terminationGracePeriodSeconds), then the
 garbage collector removes them and the Job (Foreground deletion)."""
 CONFIG_NAME = "train.yaml"
+NODE_BOOT_S = 180.0
+"""From a Pending pod to its node Ready on a scale-up from zero: the autoscaler's decision (about 10 s),
+creating and booting the VM, the kubelet joining (1-2 minutes on GKE), with the nodes of one scale-up
+arriving up to a minute apart. An estimate, not a measurement."""
+START_S = 120.0
+"""From the node Ready to the trainer's rendezvous: the image pull (a slim Python image, seconds), the
+claim's mount, and `import torch` reading its libraries (about 0.4 GB) from the NFS claim on every new
+node at once: 64 nodes through a 1 GB/s server take about 30 s, a small server several times that."""
+RENDEZVOUS_TIMEOUT_S = 2 * (NODE_BOOT_S + START_S)
+"""How long a CPU pod's trainer waits for every rank to join (the trainer's rendezvous_timeout_s): twice
+the estimate of a cold start, so the first rank of a scale-up from zero does not time out waiting for
+the last, which would cost a restart; once joined, a collective still fails after
+--collective-timeout (120 s). A pod that finds no node at all ends the attempt
+at --recover-timeout instead (launcher.kube.watch)."""
 """The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
 
 
@@ -104,6 +118,9 @@ class KubeRun:
         pods, gpus = self.count, cluster.gpus_per_node
         world = f"expected_world_size={pods * max(1, gpus)}"  # G ranks per pod, whatever the plan counted
         args = [world if a.startswith("expected_world_size=") else a for a in trainer_args(plan)]
+        if not gpus:  # torchrun's own rendezvous waits for every GPU pod (its static join: 600 s)
+            at = next(i for i, a in enumerate(args) if a.startswith("collective_timeout_s=")) + 1
+            args.insert(at, f"rendezvous_timeout_s={RENDEZVOUS_TIMEOUT_S:g}")  # before the user's overrides
         try:
             return objects.PodLaunch(
                 run=request.run,

@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client import V1Job
 from kubernetes.client.exceptions import ApiException
 
-from launcher.kube import objects, transient
+from launcher.kube import objects, train, transient
 from launcher.kube.jobs import CREATE_TOKEN, create_when_gone
 from launcher.kube.objects import LABEL_RUN
 from tests.launcher.kube.fake import NAMESPACE, training_launch
@@ -132,3 +132,28 @@ def test_a_second_train_of_a_live_run_refuses_and_deletes_nothing(fake, contract
     assert fake.batch.read_namespaced_job("fake-t6", NAMESPACE).metadata.creation_timestamp == version
     assert not fake.batch.read_namespaced_job("fake-t6", NAMESPACE).metadata.deletion_timestamp
     assert not [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "staging"]
+
+
+def test_a_cpu_pods_trainer_waits_for_a_cold_start_to_join_and_fails_a_collective_as_fast_as_before(
+    fake, contract_file, task
+):
+    fake.seed()
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "t7", *QUICK, "--set", "seed=7")
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert train.RENDEZVOUS_TIMEOUT_S == 600 == 2 * (train.NODE_BOOT_S + train.START_S)
+    assert "rendezvous_timeout_s=600" in args and "collective_timeout_s=120" in args
+    assert args.index("rendezvous_timeout_s=600") < args.index("seed=7")  # the operator's --set wins
+
+
+def test_the_pods_grace_covers_the_trainers_stop_and_spot_keeps_less():
+    from model.monitoring.stop_signal import HARD_EXIT_AFTER_S
+    from model.settings.config import TrainConfig
+
+    job = objects.training_job(training_launch("t8"))
+    grace = job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # `fab stop`, a restart's deletion, a drain: the trainer's stop grace and its hard exit fit
+    assert grace >= TrainConfig.stop_grace_s + HARD_EXIT_AFTER_S
+    # a GKE spot preemption gives a non-system pod 15 s whatever the pod asks (docs/kubernetes.md)
+    assert TrainConfig.stop_grace_s > 15
