@@ -2,11 +2,13 @@
 (launcher.lifecycle), which does the rest (checks, budget, record, restart policy, the end).
 
     open     connect to the API server (launcher.kube.connect), the run checked against a pod's
-             memory, then stage the node environment, model/ and runs/<run>/train.yaml on the
-             shared claim (launcher.kube.jobs)
-    start    delete what an earlier attempt left, create the headless Service and the Indexed Job
-             (launcher.kube.objects): one pod per node, G ranks per pod on nodes with G GPUs, so
-             the world is pods x G (the trainer's expected_world_size, the record's world_size)
+             memory, a run whose Job is live refused (another `fab train` follows it), then stage
+             the node environment, model/ and runs/<run>/train.yaml on the shared claim
+             (launcher.kube.jobs)
+    start    delete what an earlier attempt left and wait until it is gone (Foreground deletion),
+             create the headless Service and the Indexed Job (launcher.kube.objects): one pod per
+             node, G ranks per pod on nodes with G GPUs, so the world is pods x G (the trainer's
+             expected_world_size, the record's world_size)
     watch    PodWatch: each pod's log, rank 0's metrics, the first failed or evicted pod
     recover  nothing to bring back by hand: the next attempt's pods wait for capacity (the autoscaler
              adds nodes for Pending pods) up to --recover-timeout; a restart whose pods find too few
