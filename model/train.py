@@ -473,6 +473,10 @@ class Trainer:
                 self.budget.stopped(self.iter_num, self.metrics)
             else:  # the launcher says where the run stopped and counts its steps from this record
                 self.metrics.stop(self.iter_num, "signal", cause=reason)
+        # No rank leaves before rank 0's snapshot and record are on disk: one rank's exit ends the
+        # others' (a Job failed by its podFailurePolicy stops its pods, torchrun stops its ranks).
+        if self.env.world_size > 1:
+            torch.distributed.barrier(group=distributed.control_group())
         raise StopRequested(self.iter_num, reason)
 
     def realign(self) -> None:
@@ -530,7 +534,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
     device, cuda = resolve_device(cfg.device, env.local_rank)  # sets the current GPU before NCCL starts
     backend = distributed.resolve_backend(cfg.backend, device.type)
     if env.world_size > 1:
-        distributed.init_process_group(env, backend, cfg.collective_timeout_s, device)
+        distributed.init_process_group(env, backend, cfg.collective_timeout_s, device, cfg.rendezvous_timeout_s)
     log.info("%s", distributed.describe(env, backend if env.world_size > 1 else "none (single process)"))
     trainer = Trainer(cfg, env, device, cuda)
     warm_up_buckets(trainer)  # a resumed run reduces in the uninterrupted run's bucket layout

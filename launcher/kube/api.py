@@ -31,6 +31,7 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube import volume
+from launcher.kube.transient import RetryingApiClient
 
 RWX_PROVISIONERS = (
     "filestore.csi.storage.gke.io",  # GKE Filestore
@@ -45,7 +46,6 @@ which access modes it offers). Object-storage FUSE drivers are left out: a snaps
 atomic rename, which they do not give."""
 RWX_ANNOTATION = "nanocluster.dev/read-write-many"
 """A StorageClass annotated "true" counts as ReadWriteMany whatever its provisioner."""
-REQUEST_TIMEOUT_S = 30
 
 
 class Named(Protocol):
@@ -134,11 +134,18 @@ class Api:
 
 
 def new_client(access: KubeAccess) -> client.ApiClient:
-    """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written)."""
+    """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written),
+    retrying transient errors (launcher.kube.transient)."""
     try:
-        return config.new_client_from_config_dict(
-            yaml.safe_load(access.kubeconfig), context=access.context, persist_config=False
+        configuration = type.__call__(client.Configuration)  # not a copy of the process-wide default
+        config.load_kube_config_from_dict(
+            yaml.safe_load(access.kubeconfig),
+            context=access.context,
+            persist_config=False,
+            client_configuration=configuration,
         )
+        configuration.retries = False  # urllib3 would retry a 429 or a reset silently: RetryingApiClient says so
+        return RetryingApiClient(configuration)
     except (ConfigException, TypeError, ValueError) as e:
         raise TaskError(
             f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster and user entries"

@@ -5,6 +5,7 @@ and ends in one line when it fails, its pod stays Pending or will not start (lau
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
 from launcher.kube import pod_start, volume
-from launcher.kube.api import Api, calling, labels_of, name_of
+from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.objects import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
 from launcher.setup.nodes import code_archive, node_profile
@@ -138,18 +139,63 @@ def run_helper(
         raise TaskError(f"{what} failed (Job {name}, {ended_how(pod, exit_code(pod))}); its log is above")
 
 
-def _create_when_gone(api: Api, job: dict) -> str:
-    """Create the Job and return its uid; a 409 means the old one of that name is still being deleted:
-    wait for it."""
-    deadline = time.monotonic() + 60
+CREATE_TOKEN = "nanocluster.dev/create-token"
+"""An annotation with a random token on each object create_when_gone creates: a 409 answering a
+create retried after a reset (launcher.kube.transient) is then known to be our own first try."""
+GONE_TIMEOUT_S = 60.0
+"""How long a helper Job's create waits for an older Job of its name to be gone."""
+
+
+def create_when_gone(
+    create: Callable[[dict], Named],
+    read: Callable[[str, str], Named],
+    body: dict,
+    namespace: str,
+    timeout_s: float,
+    waiting: Callable[[], None] = lambda: None,
+) -> Named:
+    """create(body), the object created; a 409 means an object of that name exists: an older one being
+    deleted (Foreground deletion keeps a Job until its pods are gone), waited for up to timeout_s
+    (waiting() once, to say so), or this call's own earlier try (its token), which is the answer."""
+    token = secrets.token_hex(8)
+    metadata = body["metadata"]
+    annotations = dict(metadata.get("annotations") or {}) | {CREATE_TOKEN: token}
+    body = body | {"metadata": metadata | {"annotations": annotations}}
+    deadline = time.monotonic() + timeout_s
+    said = False
     while True:
         try:
-            created = api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
-            return created.metadata.uid if created.metadata and created.metadata.uid else ""
+            return create(body)
         except ApiException as e:
-            if e.status != 409 or time.monotonic() > deadline:
+            if e.status != 409:
                 raise
+            try:
+                existing = read(metadata["name"], namespace)
+            except ApiException as gone:
+                if gone.status != 404:
+                    raise
+                continue  # gone between the two calls: create again
+            annotations = (existing.metadata.annotations if existing.metadata else None) or {}
+            if annotations.get(CREATE_TOKEN) == token:
+                return existing
+            if time.monotonic() > deadline:
+                raise
+            if not said:
+                said = True
+                waiting()
         time.sleep(POLL_S)
+
+
+def _create_when_gone(api: Api, job: dict) -> str:
+    """Create the helper Job and return its uid (create_when_gone)."""
+    created = create_when_gone(
+        lambda body: api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(body)),
+        api.batch.read_namespaced_job,
+        job,
+        api.namespace,
+        GONE_TIMEOUT_S,
+    )
+    return created.metadata.uid if created.metadata and created.metadata.uid else ""
 
 
 def raw_response(answer: object) -> HTTPResponse:

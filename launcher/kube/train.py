@@ -2,11 +2,13 @@
 (launcher.lifecycle), which does the rest (checks, budget, record, restart policy, the end).
 
     open     connect to the API server (launcher.kube.connect), the run checked against a pod's
-             memory, then stage the node environment, model/ and runs/<run>/train.yaml on the
-             shared claim (launcher.kube.jobs)
-    start    delete what an earlier attempt left, create the headless Service and the Indexed Job
-             (launcher.kube.objects): one pod per node, G ranks per pod on nodes with G GPUs, so
-             the world is pods x G (the trainer's expected_world_size, the record's world_size)
+             memory, a run whose Job is live refused (another `fab train` follows it), then stage
+             the node environment, model/ and runs/<run>/train.yaml on the shared claim
+             (launcher.kube.jobs)
+    start    delete what an earlier attempt left and wait until it is gone (Foreground deletion),
+             create the headless Service and the Indexed Job (launcher.kube.objects): one pod per
+             node, G ranks per pod on nodes with G GPUs, so the world is pods x G (the trainer's
+             expected_world_size, the record's world_size)
     watch    PodWatch: each pod's log, rank 0's metrics, the first failed or evicted pod
     recover  nothing to bring back by hand: the next attempt's pods wait for capacity (the autoscaler
              adds nodes for Pending pods) up to --recover-timeout; a restart whose pods find too few
@@ -16,14 +18,17 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from kubernetes.client import V1Job, V1Service
 
 from launcher.cluster.inventory import Cluster, Node, check_node_count
-from launcher.console import TaskError, out_line, say
+from launcher.console import TaskError, command_line, out_line, say
 from launcher.kube import objects
-from launcher.kube.api import Api, calling, connect
-from launcher.kube.connect import clear_stop_request, delete_run_objects, stop_requested
-from launcher.kube.jobs import access_of, stage
+from launcher.kube.api import Api, calling, connect, name_of
+from launcher.kube.connect import clear_stop_request, delete_run_objects, run_objects, stop_requested
+from launcher.kube.jobs import access_of, create_when_gone, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
@@ -35,7 +40,27 @@ from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT
 
+POLL_S = 1.0
+"""How often a restart looks whether the previous attempt's Job and pods are gone."""
+GONE_TIMEOUT_S = objects.STOP_GRACE_S + 120.0
+"""How long a restart waits for the previous attempt's Job to be gone, then as long again for its name:
+its pods finish their snapshot within the pod's grace (terminationGracePeriodSeconds), then the
+garbage collector removes them and the Job (Foreground deletion)."""
 CONFIG_NAME = "train.yaml"
+NODE_BOOT_S = 180.0
+"""From a Pending pod to its node Ready on a scale-up from zero: the autoscaler's decision (about 10 s),
+creating and booting the VM, the kubelet joining (1-2 minutes on GKE), with the nodes of one scale-up
+arriving up to a minute apart. An estimate, not a measurement."""
+START_S = 120.0
+"""From the node Ready to the trainer's rendezvous: the image pull (a slim Python image, seconds), the
+claim's mount, and `import torch` reading its libraries (about 0.4 GB) from the NFS claim on every new
+node at once: 64 nodes through a 1 GB/s server take about 30 s, a small server several times that."""
+RENDEZVOUS_TIMEOUT_S = 2 * (NODE_BOOT_S + START_S)
+"""How long a CPU pod's trainer waits for every rank to join (the trainer's rendezvous_timeout_s): twice
+the estimate of a cold start, so the first rank of a scale-up from zero does not time out waiting for
+the last, which would cost a restart; once joined, a collective still fails after
+--collective-timeout (120 s). A pod that finds no node at all ends the attempt
+at --recover-timeout instead (launcher.kube.watch)."""
 """The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
 
 
@@ -95,6 +120,9 @@ class KubeRun:
         pods, gpus = self.count, cluster.gpus_per_node
         world = f"expected_world_size={pods * max(1, gpus)}"  # G ranks per pod, whatever the plan counted
         args = [world if a.startswith("expected_world_size=") else a for a in trainer_args(plan)]
+        if not gpus:  # torchrun's own rendezvous waits for every GPU pod (its static join: 600 s)
+            at = next(i for i, a in enumerate(args) if a.startswith("collective_timeout_s=")) + 1
+            args.insert(at, f"rendezvous_timeout_s={RENDEZVOUS_TIMEOUT_S:g}")  # before the user's overrides
         try:
             return objects.PodLaunch(
                 run=request.run,
@@ -141,6 +169,7 @@ class KubeRun:
             self.api, self.cluster = connect(self.cluster)
             self.access = access_of(self.cluster)
         self.prepared = prepared
+        self.refuse_a_live_run()  # before staging, which would write into the live run's directory
         files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
         stage(self.api, self.cluster, request.run, files)
 
@@ -152,19 +181,63 @@ class KubeRun:
         api, run = self.connected(), self.request.run
         assert self.prepared is not None, "open() first"
         launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
-        delete_run_objects(api, run, quiet=True, wait=True)
+        delete_run_objects(api, run, quiet=True)
+        self.wait_until_gone()
         clear_stop_request(api, self.cluster, run)  # an older `fab stop` no longer applies
+        timeout_s, namespace = GONE_TIMEOUT_S, api.namespace
+
+        def waiting(what: str) -> Callable[[], None]:
+            return lambda: say(f"waiting for the previous attempt's {what} {launch.job} to be gone ...")
+
         with calling(f"creating the Service and Job {launch.job}"):
-            api.core.create_namespaced_service(
-                api.namespace, V1Service.model_validate(objects.headless_service(launch))
+            create_when_gone(
+                lambda body: api.core.create_namespaced_service(namespace, V1Service.model_validate(body)),
+                api.core.read_namespaced_service,
+                objects.headless_service(launch),
+                namespace,
+                timeout_s,
+                waiting("Service"),
             )
-            api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(objects.training_job(launch)))
+            create_when_gone(
+                lambda body: api.batch.create_namespaced_job(namespace, V1Job.model_validate(body)),
+                api.batch.read_namespaced_job,
+                objects.training_job(launch),
+                namespace,
+                timeout_s,
+                waiting("Job"),
+            )
         per_pod = f", {launch.gpus} GPU rank(s) each ({launch.world_size} ranks)" if launch.gpus else ""
         say(
             f"created Job {launch.job} (attempt {launch.attempt}): {launch.nodes} pod(s), one per node{per_pod}, "
             f"rank 0 at {launch.master_addr}:{launch.port}"
         )
         return Started(self.nodes[: launch.nodes], launch.world_size)
+
+    def wait_until_gone(self) -> None:
+        """Return once the run's earlier Jobs and their pods are gone (a Foreground deletion keeps the
+        Job until its pods finished their snapshot), or after GONE_TIMEOUT_S: create_when_gone then
+        waits for the name as long again."""
+        api, run = self.connected(), self.request.run
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            jobs, _, pods = run_objects(api, run)
+            if not jobs and not pods:
+                return
+            time.sleep(POLL_S)
+
+    def refuse_a_live_run(self) -> None:
+        """A TaskError when the run's Job is live (another `fab train`, or one whose terminal went away,
+        follows it): a second train never deletes it."""
+        api, run = self.connected(), self.request.run
+        live = [j for j in run_objects(api, run)[0] if is_live(j)]
+        if live:
+            spec = self.request.cluster_spec
+            stop = command_line("stop", cluster=spec, run=run)
+            logs = command_line("logs", cluster=spec, run=run, follow=True)
+            raise TaskError(
+                f"run {run} is running (Job {name_of(live[0])}): follow it with `{logs}`, or stop it "
+                f"with `{stop}` and train again (it resumes from its snapshot); nothing was changed"
+            )
 
     def watch(self) -> Progress:
         api, run = self.connected(), self.request.run
@@ -226,6 +299,13 @@ class KubeRun:
 
     def close(self) -> None:
         pass
+
+
+def is_live(job: V1Job) -> bool:
+    """Neither ended (Complete, Failed) nor being deleted."""
+    conditions = (job.status.conditions or []) if job.status else []
+    ended = any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
+    return not ended and not (job.metadata and job.metadata.deletion_timestamp)
 
 
 def train(request: TrainRequest) -> int:

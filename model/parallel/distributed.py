@@ -155,10 +155,13 @@ def export_torch_env(env: RankEnv) -> None:
     )
 
 
-def init_process_group(env: RankEnv, backend: str, timeout_s: float, device: torch.device | None = None) -> None:
-    """Join the job. timeout_s bounds the rendezvous and every later collective (so a dead peer
-    turns into an error on the survivors rather than a hang). device: this rank's GPU with nccl,
-    bound to the group up front (connections set up eagerly, barrier() knows its GPU)."""
+def init_process_group(
+    env: RankEnv, backend: str, timeout_s: float, device: torch.device | None = None, rendezvous_timeout_s: float = 0.0
+) -> None:
+    """Join the job. timeout_s bounds every collective (so a dead peer turns into an error on the
+    survivors rather than a hang), and the rendezvous unless rendezvous_timeout_s is longer
+    (joined_store). device: this rank's GPU with nccl, bound to the group up front (connections set
+    up eagerly, barrier() knows its GPU)."""
     # torch._dynamo (imported on first use by DDP and torch.compile) keeps references to the
     # process group that exists when it is imported, so that group outlives destroy_process_group and
     # is freed only at interpreter shutdown, where gloo's threads die mid-teardown ("terminate called
@@ -168,9 +171,12 @@ def init_process_group(env: RankEnv, backend: str, timeout_s: float, device: tor
     extra: dict[str, Any] = {}
     if backend == "nccl" and device is not None and device.type == "cuda" and _takes_device_id():
         extra["device_id"] = device
+    if rendezvous_timeout_s > timeout_s and os.environ.get(AGENT_STORE_ENV) != "True":
+        extra["store"] = joined_store(env, rendezvous_timeout_s, timeout_s)
+    else:
+        extra["init_method"] = f"tcp://{env.master_addr}:{env.master_port}"
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -182,6 +188,24 @@ def init_process_group(env: RankEnv, backend: str, timeout_s: float, device: tor
 
 
 _control_group: Any = None
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""Set by torchrun for its ranks: the rendezvous store is its agent's, on MASTER_PORT already."""
+ALL_JOINED_KEY = "nanocluster/all-joined"
+
+
+def joined_store(env: RankEnv, rendezvous_timeout_s: float, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store (rank 0 serves it on MASTER_PORT, as init_method tcp:// would), returned
+    once every rank has joined, within rendezvous_timeout_s; its later operations wait timeout_s."""
+    join = datetime.timedelta(seconds=rendezvous_timeout_s)
+    store = dist.TCPStore(
+        env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0, timeout=join, wait_for_workers=True
+    )
+    if env.rank == 0:  # its store returned once every other rank connected: say so to them
+        store.set(ALL_JOINED_KEY, "1")
+    else:
+        store.wait([ALL_JOINED_KEY])
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return store
 
 
 def control_group() -> Any:

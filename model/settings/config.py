@@ -150,6 +150,11 @@ class TrainConfig:
     else gloo), nccl, ccl or gloo."""
     collective_timeout_s: float = 300.0
     """Seconds a collective may wait for a peer before every surviving rank fails with an error."""
+    rendezvous_timeout_s: float = 0.0
+    """Seconds the ranks wait for each other to join at the start (0: collective_timeout_s). A launcher
+    whose ranks may start minutes apart (pods on nodes that a scale-up from zero boots) sets it longer;
+    once joined, a collective still waits collective_timeout_s at most. Not under torchrun, whose own
+    rendezvous has every node's agent joined before any rank starts."""
     ddp_bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MB: gradients are all-reduced bucket by bucket while backward runs."""
     grad_compression: str = "auto"
@@ -259,6 +264,7 @@ class TrainConfig:
             ),
             ("backend", self.backend in BACKEND_CHOICES, f"one of {', '.join(BACKEND_CHOICES)}"),
             ("collective_timeout_s", self.collective_timeout_s > 0, "> 0"),
+            ("rendezvous_timeout_s", self.rendezvous_timeout_s >= 0, ">= 0 (0: collective_timeout_s)"),
             ("ddp_bucket_cap_mb", self.ddp_bucket_cap_mb > 0, "> 0"),
             (
                 "grad_compression",

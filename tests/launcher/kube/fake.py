@@ -22,7 +22,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.launcher.kube.fake_exec import ExecEmulator, PodExec
+from tests.launcher.kube.fake_exec import PodExec
+from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -66,6 +67,9 @@ class Script:
     """(attempt, rank), or a helper Job's role -> the waiting reason its pod never leaves (StartingPods)."""
     serving: set[str] = field(default_factory=lambda: {"fetch"})
     """Helper roles whose pod runs until its Job is deleted (exec calls into it: fake_exec)."""
+    terminate_ticks: int = 0
+    """Controller ticks a Foreground-deleted Job's pods take to end (the trainer's snapshot on SIGTERM);
+    the Job is kept, marked deleted, until they are gone. 0: kmock's own deletion, at once."""
     pod_security: str = ""
     """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
     admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""
@@ -83,6 +87,10 @@ class FakeKube:
         self.pod_exec = PodExec(Path(tempfile.mkdtemp(prefix="fake-kube-")))
         """Exec calls into the pods; pod_exec.claim stands in for the shared claim."""
         self.serving: set[str] = set()
+        self.faults = Faults()
+        """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
+        self.terminating: dict[str, int] = {}
+        """A Foreground-deleted Job -> the controller ticks since its deletion."""
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._server_stop = threading.Event()
@@ -90,6 +98,7 @@ class FakeKube:
         self._server.start()
         assert self._ready.wait(30), "the emulator did not start"
         self.api = config.new_client_from_config_dict(kubeconfig(self.url), persist_config=False)
+        self.api.set_default_header(CONTROLLER_HEADER, "1")  # the cluster's own requests never fail
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
         self.storage = client.StorageV1Api(self.api)
         self.starting = StartingPods(self)
@@ -98,7 +107,10 @@ class FakeKube:
 
     def _serve(self) -> None:
         async def main() -> None:
-            async with ExecEmulator(self.pod_exec) as emulator, kmock.Server(emulator) as server:
+            slow_foreground = lambda: self.script.terminate_ticks > 0  # noqa: E731
+            async with ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator, kmock.Server(
+                emulator
+            ) as server:
                 emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
@@ -238,6 +250,10 @@ class FakeKube:
         existing = {p.metadata.name: p for p in self.pods()}
         self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
         for name, job in jobs.items():
+            if job.metadata.deletion_timestamp:
+                own = [p for p in existing.values() if p.metadata.labels.get(JOB_NAME_LABEL) == name]
+                self._terminate(name, job, own)
+                continue
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
             indexed = job.spec.completion_mode == "Indexed"
@@ -247,6 +263,22 @@ class FakeKube:
                     self._create_pod(pod, job, labels, index, attempt, indexed)
                 else:
                     self._advance(pod, index if indexed else -1, attempt)
+
+    def _terminate(self, name: str, job, pods: list) -> None:
+        """A Job deleted in Foreground mode: its pods get SIGTERM and end after terminate_ticks (a running
+        trainer exits EXIT_STOPPED after its snapshot), then go; the Job goes last."""
+        ticks = self.terminating[name] = self.terminating.get(name, 0) + 1
+        if ticks < self.script.terminate_ticks:
+            return
+        for pod in pods:
+            if pod.status and pod.status.phase not in ("Succeeded", "Failed"):
+                self._phase(pod.metadata.name, "Failed", 130)
+            self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+        if pods or ticks < 2 * self.script.terminate_ticks:  # the garbage collector comes back for the owner later
+            return
+        finalizers = [f for f in (job.metadata.finalizers or []) if f != FOREGROUND]
+        self.batch.patch_namespaced_job(name, NAMESPACE, {"metadata": {"finalizers": finalizers}})
+        self.terminating.pop(name, None)
 
     def _create_pod(self, pod: str, job, labels: dict, index: int, attempt: int, indexed: bool) -> None:
         if self.script.pod_security == "restricted":

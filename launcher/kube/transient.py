@@ -1,0 +1,105 @@
+"""Transient API errors retried: a run outlives a busy or restarting API server.
+
+An API server answers 429 when it sheds load (API Priority and Fairness, with Retry-After), 5xx while
+etcd or the server itself is unavailable (a control plane upgrade or repair: minutes on a zonal GKE
+cluster, whose one control plane restarts), and connections reset or time out meanwhile. None of that
+says anything about the run, so every request of the launcher's client is retried with a growing
+backoff, honouring Retry-After, with a line per retry, for at most RETRY_WINDOW_S; an error that is
+not transient (401, 403, 404, 409, 422) is returned at once and ends in api.api_error's one line.
+
+A create retried after a reset may have been done the first time: the retry then answers 409, which
+create_when_gone (launcher.kube.jobs) tells apart from an older object of the same name by a token it
+puts on each object it creates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from kubernetes import client
+from kubernetes.client import rest
+from urllib3.exceptions import HTTPError
+
+from launcher.console import say
+
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+"""Answers that say the server could not serve the request now, not that the request is wrong."""
+RETRY_WINDOW_S = 300.0
+"""How long one request is retried before its error stands: a zonal GKE control plane is unavailable
+for several minutes while it is upgraded or repaired; a regional one keeps answering."""
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 30.0
+"""The wait before the first retry, doubled each time up to this (or the server's Retry-After)."""
+REQUEST_TIMEOUT_S = (10.0, 60.0)
+"""(connect, read) seconds for a request that is not a follow stream: a server that never answers is a
+timeout, retried, never a `fab train` that hangs."""
+STREAMING = ("follow=true", "watch=true")
+
+
+class Backoff:
+    """The retries of one request: the next wait, and whether the window allows one more."""
+
+    def __init__(self, what: str, window_s: float, sleep: Callable[[float], None] = time.sleep):
+        self.what, self.window_s, self.sleep = what, window_s, sleep
+        self.started = time.monotonic()
+        self.next_s = FIRST_BACKOFF_S
+        self.tries = 0
+
+    def wait(self, why: str, retry_after: str | None) -> bool:
+        """Sleep before the next try and say so; False (no sleep) when the window is spent."""
+        wait_s = min(self.next_s, MAX_BACKOFF_S)
+        if retry_after and retry_after.strip().isdigit():
+            wait_s = max(float(retry_after), 0.0)
+        left = self.window_s - (time.monotonic() - self.started)
+        if wait_s > left:
+            return False
+        self.tries += 1
+        say(
+            f"the API server {why} ({self.what}): retrying in {wait_s:g} s "
+            f"(try {self.tries + 1}, for up to {self.window_s:g} s)"
+        )
+        self.sleep(wait_s)
+        self.next_s *= 2
+        return True
+
+
+def request_what(method: str, url: str) -> str:
+    """ "GET /api/v1/namespaces/x/pods": the request, without the server and the query."""
+    return f"{method} {urlsplit(url).path}"
+
+
+class RetryingApiClient(client.ApiClient):
+    """The official ApiClient whose every request is retried while its error is transient. Streams
+    (kubernetes.stream's exec) swap call_api on their own client and are not retried here."""
+
+    window_s = RETRY_WINDOW_S
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: dict | None = None,
+        body: object = None,
+        post_params: list | None = None,
+        _request_timeout: object = None,
+    ) -> rest.RESTResponse:
+        if _request_timeout is None and not any(s in url for s in STREAMING):
+            _request_timeout = REQUEST_TIMEOUT_S
+        backoff = Backoff(request_what(method, url), self.window_s)
+        while True:
+            try:
+                response: rest.RESTResponse = super().call_api(
+                    method, url, header_params, body, post_params, _request_timeout=_request_timeout
+                )
+            except (HTTPError, OSError) as e:  # reset, refused, timed out (urllib3 gave up its own retries)
+                if backoff.wait(f"did not answer ({type(e).__name__})", None):
+                    continue
+                raise
+            if response.status not in TRANSIENT_STATUS:
+                return response
+            response.read()  # the error's body: the connection goes back to the pool
+            answered = f"answered {response.status} {response.reason or ''}".rstrip()
+            if not backoff.wait(answered, response.getheader("Retry-After")):
+                return response  # the window is spent: the caller raises ApiException as it would have

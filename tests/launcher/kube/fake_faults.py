@@ -1,0 +1,135 @@
+"""What kmock's emulator does not do and a real API server does: fail requests (429 with Retry-After,
+500, 503, a reset connection) on a schedule, and delete a Job in Foreground mode by first marking it
+(deletionTimestamp, finalizer foregroundDeletion) while its pods terminate: the fake's controller
+(fake.py) ends the pods and then lets the Job go, so a create of the same name meanwhile answers 409.
+
+Requests of the fake's own controller carry CONTROLLER_HEADER and never fail: a real cluster's
+controllers talk to the API server from inside.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp.web
+
+from tests.launcher.kube.fake_exec import ExecEmulator, PodExec
+
+CONTROLLER_HEADER = "X-Fake-Controller"
+FOREGROUND = "foregroundDeletion"
+JOB_PATH = re.compile(r"^/apis/batch/v1/namespaces/(?P<namespace>[^/]+)/jobs/(?P<name>[^/]+)$")
+REASONS = {
+    403: ("Forbidden", "Forbidden", 'pods is forbidden: User "ci" cannot list resource "pods" in the namespace'),
+    429: ("Too Many Requests", "TooManyRequests", "Too many requests, please try again later."),
+    500: ("Internal Server Error", "InternalError", "etcdserver: request timed out"),
+    503: ("Service Unavailable", "ServiceUnavailable", "the server is currently unable to handle the request"),
+}
+"""status -> (HTTP reason, the Status's reason, its message), as kube-apiserver words them."""
+
+
+@dataclass
+class Fault:
+    """Requests whose "METHOD /path?query" contains `match` pass `after` times, then get `answers` in turn:
+    a status, "reset" (the connection closed before the request was served) or "lost" (served, then
+    the connection closed before the answer: a create that happened though the client never heard)."""
+
+    match: str
+    answers: list[int | str]
+    after: int = 0
+    retry_after_s: int = 1
+    """Retry-After on a 429 (seconds)."""
+    seen: int = 0
+    given: list[str] = field(default_factory=list)
+    """"METHOD /path -> answer" for each fault given."""
+
+
+class Faults:
+    """The schedule of failed requests (thread-safe: tests add to it while the server runs)."""
+
+    def __init__(self) -> None:
+        self.rules: list[Fault] = []
+        self.lock = threading.Lock()
+
+    def add(self, match: str, answers: list[int | str], after: int = 0, retry_after_s: int = 1) -> Fault:
+        fault = Fault(match, list(answers), after, retry_after_s)
+        with self.lock:
+            self.rules.append(fault)
+        return fault
+
+    def next(self, request: str) -> tuple[Fault, int | str] | None:
+        with self.lock:
+            for fault in self.rules:
+                if fault.match not in request or not fault.answers:
+                    continue
+                fault.seen += 1
+                if fault.seen <= fault.after:
+                    continue
+                answer = fault.answers.pop(0)
+                fault.given.append(f"{request} -> {answer}")
+                return fault, answer
+        return None
+
+    def given(self) -> list[str]:
+        with self.lock:
+            return [g for fault in self.rules for g in fault.given]
+
+
+def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
+    reason, status_reason, message = REASONS[code]
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": status_reason,
+        "code": code,
+    }
+    headers = {}
+    if code == 429:
+        body["details"] = {"retryAfterSeconds": retry_after_s}
+        headers["Retry-After"] = str(retry_after_s)
+    return aiohttp.web.Response(
+        status=code, reason=reason, text=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+class ClusterEmulator(ExecEmulator):
+    """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
+
+    def __init__(self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool]):
+        super().__init__(pod_exec)
+        self.faults, self.foreground_takes_time = faults, foreground_takes_time
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if CONTROLLER_HEADER not in raw_request.headers:
+            planned = self.faults.next(f"{raw_request.method} {raw_request.path_qs}")
+            if planned is not None:
+                fault, answer = planned
+                if answer in ("reset", "lost"):
+                    if answer == "lost":
+                        await super().__call__(raw_request)
+                    assert raw_request.transport is not None
+                    raw_request.transport.abort()  # no answer at all: the client sees the connection drop
+                    return aiohttp.web.Response(status=500)
+                assert isinstance(answer, int)
+                return status_response(answer, fault.retry_after_s)
+        found = JOB_PATH.match(raw_request.path)
+        foreground = raw_request.query.get("propagationPolicy") == "Foreground"
+        if found and raw_request.method == "DELETE" and foreground and self.foreground_takes_time():
+            await self.hold_for_foreground(found["namespace"], found["name"])
+        return await super().__call__(raw_request)
+
+    async def hold_for_foreground(self, namespace: str, name: str) -> None:
+        """The finalizer Foreground deletion puts on the Job: kmock then only marks it deleted
+        (deletionTimestamp) and the fake's controller removes it once its pods are gone."""
+        async with self._lock:
+            for (resource, ns, obj_name), obj in self._objects.items():
+                if resource.plural == "jobs" and ns == namespace and obj_name == name and not obj.deleted:
+                    finalizers = list(obj.get("metadata", {}).get("finalizers") or [])
+                    if FOREGROUND not in finalizers:
+                        obj.patch({"metadata": {"finalizers": [*finalizers, FOREGROUND]}})
