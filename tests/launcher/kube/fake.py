@@ -108,9 +108,10 @@ class FakeKube:
     def _serve(self) -> None:
         async def main() -> None:
             slow_foreground = lambda: self.script.terminate_ticks > 0  # noqa: E731
-            async with ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator, kmock.Server(
-                emulator
-            ) as server:
+            async with (
+                ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator,
+                kmock.Server(emulator) as server,
+            ):
                 emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
