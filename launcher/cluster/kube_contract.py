@@ -97,6 +97,17 @@ class KubeAccess:
     """Built from `kubeconfig:PATH`: storage and machine facts are read from the cluster on connect."""
     config_path: str = ""
     """The kubeconfig file (kubeconfig:PATH), for messages; empty for a contract."""
+    allocatable_cpu: float = 0.0
+    """CPUs a training node offers pods (allocatable), read from a kubeconfig cluster's nodes; 0 for a
+    contract (the pod's size is then estimated from cores_per_node and memory_gib: launcher.kube.objects)."""
+    allocatable_memory_gib: float = 0.0
+    """Memory a training node offers pods (allocatable), as allocatable_cpu."""
+    arch: str = ""
+    """The training nodes' architecture (kubernetes.io/arch: amd64, arm64): the helper Jobs, which build
+    the node environment, run on nodes of it; empty: any (a contract's optional 'arch' key)."""
+    same_zone: bool = True
+    """Keep a run's pods in one zone (topology.kubernetes.io/zone); False on a kubeconfig cluster whose
+    training nodes lack the label (a required affinity on it would keep every pod Pending)."""
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -184,6 +195,9 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
     tolerations = data.get("tolerations") or []
     if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
         raise fail(f"'tolerations' must be a list of Toleration objects, got {tolerations!r}")
+    arch = data.get("arch") or ""
+    if not isinstance(arch, str):
+        raise fail(f"'arch' must be a kubernetes.io/arch value such as 'amd64' or 'arm64', got {arch!r}")
     memory = data.get("memory_gib") or 0.0
     at_rest = data.get("hourly_cost_at_rest_usd")
     gpu_memory = data.get("gpu_memory_gib") or gpu_memory_gib(data.get("gpu_model"))
@@ -204,6 +218,7 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
         memory_gib=float(memory),
         hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest),
         gpu_memory_gib=float(gpu_memory) if data.get("gpus_per_node") else 0.0,
+        arch=arch,
     )
 
 

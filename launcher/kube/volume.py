@@ -121,6 +121,16 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
     return "\n".join(lines) + "\n"
 
 
+ARCH_LABEL = "kubernetes.io/arch"
+HELPER_RESOURCES = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"cpu": "1", "memory": "2Gi"},
+}
+"""A helper pod's size: requests so the scheduler counts it (not BestEffort, the first evicted) and fits
+it on a small system node (GKE's e2-standard-2: 1.93 CPU, about 5.8 GiB allocatable beside kube-dns and
+friends); limits so pip resolving torch or a tokenizer cannot take the node's memory from its daemons."""
+
+
 def helper_job(
     name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
 ) -> dict:
@@ -146,6 +156,8 @@ def helper_job(
                     {
                         "restartPolicy": "Never",
                         "enableServiceLinks": False,
+                        # The node environment it builds runs on the training nodes: their architecture.
+                        "nodeSelector": {ARCH_LABEL: access.arch} if access.arch else {},
                         "containers": [
                             {
                                 "name": role,
@@ -157,6 +169,7 @@ def helper_job(
                                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                                 ],
                                 "volumeMounts": mounts,
+                                "resources": HELPER_RESOURCES,
                             }
                         ],
                         "volumes": volumes,
