@@ -199,9 +199,11 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             api.core.create_namespaced_persistent_volume_claim(
                 access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
             )
+    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
+    cluster = replace(cluster, kube=access)
     if access.from_kubeconfig:
         cluster = with_node_facts(api, cluster, access)
-    return api, replace(cluster, kube=access)
+    return api, cluster
 
 
 ARCH_LABEL = "kubernetes.io/arch"
