@@ -207,7 +207,8 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
 
 
 ARCH_LABEL = "kubernetes.io/arch"
-"""The kubelet's label of a node's CPU architecture (amd64, arm64: kubernetes.io/docs/reference/labels-annotations-taints)."""
+"""The kubelet's label of a node's CPU architecture, amd64 or arm64
+(kubernetes.io/docs/reference/labels-annotations-taints)."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The cloud provider's label of a node's machine type (same page): what pins the pods to one shape."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -321,7 +322,8 @@ def cpu_training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node],
     """training_nodes() on a cluster without GPUs: the shape with the most CPUs in all (ties: more nodes)."""
 
     def shape(node: client.V1Node) -> str:
-        return labels_of(node).get(INSTANCE_TYPE_LABEL) or f"{math.floor(cpu_quantity(allocatable(node).get('cpu', '1')))}"
+        cpus = math.floor(cpu_quantity(allocatable(node).get("cpu", "1")))
+        return labels_of(node).get(INSTANCE_TYPE_LABEL) or f"{cpus} cpu"
 
     shapes: dict[str, list[client.V1Node]] = {}
     for node in nodes:

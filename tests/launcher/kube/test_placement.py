@@ -168,7 +168,8 @@ def test_a_mixed_gpu_cluster_trains_on_gpu_nodes_and_helpers_follow_their_arch(f
     (job,) = training_jobs(fake)
     pod = job["spec"]["template"]["spec"]
     resources = container(job)["resources"]
-    assert resources["requests"] == resources["limits"] == {"cpu": "22", "memory": f"{84 * 1024}Mi", "nvidia.com/gpu": "2"}
+    expected = {"cpu": "22", "memory": f"{84 * 1024}Mi", "nvidia.com/gpu": "2"}
+    assert resources["requests"] == resources["limits"] == expected
     assert qos_class(pod) == "Guaranteed" and GPU_TOLERATION in pod["tolerations"]
     for helper in helper_pods(fake):
         assert helper["nodeSelector"] == {"kubernetes.io/arch": "amd64"} and "nvidia.com/gpu" not in json.dumps(helper)
@@ -232,7 +233,8 @@ def test_one_training_pod_per_node_across_runs_and_namespaces():
     """Two runs' pods select each other: the term matches every training pod's labels, in all namespaces."""
     a, b = objects.training_job(launch_of(run="a")), objects.training_job(launch_of(run="b", namespace="team-2"))
     for job, other in ((a, b), (b, a)):
-        (term,) = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        anti = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
         other_labels = other["spec"]["template"]["metadata"]["labels"]
         assert all(other_labels.get(k) == v for k, v in term["labelSelector"]["matchLabels"].items())
         assert all(e["key"] in other_labels for e in term["labelSelector"]["matchExpressions"])
