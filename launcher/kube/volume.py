@@ -8,8 +8,9 @@
     prepare Job           `python -m model.prepare` writing <root>/data/<dataset> once
     tool Job              one program of the node environment (sample, a metrics tail): its log is the answer
 
-They run the stock image on any node (no training-pool selector, so the pool is not scaled up for
-them) with the claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
+They run the stock image on any node of the training nodes' architecture (no training-pool selector,
+so the pool is not scaled up for them), with small requests and limits (HELPER_RESOURCES), and the
+claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
 CUDA venv, preparing data and sampling need none) or tolerates a taint: they keep off a tainted
 training pool (GKE taints its GPU pools nvidia.com/gpu) and run on the cluster's other nodes.
 """
