@@ -32,7 +32,13 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION, RUN_AS_UID
+from launcher.cluster.kube_contract import (
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    RUN_AS_UID,
+    gke_allocatable_cpu,
+    gke_allocatable_gib,
+)
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from launcher.launch.units import STOP_GRACE_S
@@ -130,8 +136,8 @@ class PodLaunch:
     """GPUs per node (the cluster's gpus_per_node): each pod requests them and runs one rank per GPU
     under torchrun; 0 on CPU nodes (one trainer process per pod)."""
     allocatable_cpu: float = 0.0
-    """CPUs a training node offers pods (its allocatable cpu, read from the nodes); 0: estimated from
-    cores by GKE's reservation (gke_allocatable_cpu)."""
+    """CPUs a training node offers pods (its allocatable cpu: read from the nodes, or from a contract's
+    vcpus_per_node); 0: estimated from cores by GKE's reservation (gke_allocatable_cpu)."""
     allocatable_memory_gib: float = 0.0
     """Memory a training node offers pods (its allocatable memory); 0: estimated from memory_gib by
     GKE's reservation (gke_allocatable_gib)."""
@@ -385,27 +391,6 @@ def restricted(pod_spec: dict) -> dict:
         "containers": containers,
         "volumes": [*pod_spec.get("volumes", []), {"name": SCRATCH_VOLUME, "emptyDir": {}}],
     }
-
-
-def gke_allocatable_cpu(vcpus: float) -> float:
-    """What a GKE node's kubelet leaves to pods of `vcpus` CPUs: 6% of the first core, 1% of the next,
-    0.5% of the next 2, 0.25% above 4 (cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes)."""
-    kept, rest = 0.0, vcpus
-    for size, share in ((1, 0.06), (1, 0.01), (2, 0.005), (float("inf"), 0.0025)):
-        kept += min(rest, size) * share
-        rest = max(0.0, rest - size)
-    return vcpus - kept
-
-
-def gke_allocatable_gib(machine_gib: float) -> float:
-    """What a GKE node's kubelet leaves to pods of a machine's memory: 25% of the first 4 GiB, 20% of
-    the next 4, 10% of the next 8, 6% of the next 112, 2% above, and 100 MiB for eviction (same page).
-    The other clouds' kubelets keep less (EKS: 255 MiB + 11 MiB per pod), so it is safe there too."""
-    kept, rest = 0.0, machine_gib
-    for size, share in ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02)):
-        kept += min(rest, size) * share
-        rest = max(0.0, rest - size)
-    return machine_gib - kept - 100 / 1024
 
 
 def pod_cpus(launch: PodLaunch) -> int:

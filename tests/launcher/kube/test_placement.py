@@ -281,3 +281,15 @@ def test_helper_jobs_are_not_best_effort_and_fit_a_small_system_node():
     requests = pod["containers"][0]["resources"]["requests"]
     # GKE's e2-standard-2 system node: 1.93 CPU and about 5.8 GiB allocatable, most of it taken by kube-dns & co
     assert kube_api.cpu_quantity(requests["cpu"]) <= 0.25 and kube_api.memory_gib(requests["memory"]) <= 0.5
+
+
+def test_a_contracts_vcpus_give_the_pod_its_cores():
+    """The GKE stack's contract states the machine's vCPUs: 8 vCPUs, 4 cores -> 4 whole CPUs for 4 threads.
+    Without the key the vCPUs are taken as the cores (no SMT): 3 CPUs fit beside the DaemonSets."""
+    access = parse_contract({**contract_keys(), "vcpus_per_node": 8}, "c.json").kube
+    assert access is not None and access.allocatable_cpu == pytest.approx(8 - 0.06 - 0.01 - 0.01 - 4 * 0.0025)
+    launch = launch_of(cores=4, memory_gib=32.0, allocatable_cpu=access.allocatable_cpu)
+    assert container(objects.training_job(launch))["resources"]["limits"]["cpu"] == "4"
+    assert container(objects.training_job(launch_of(cores=4, memory_gib=32.0)))["resources"]["limits"]["cpu"] == "3"
+    with pytest.raises(ValueError, match="'vcpus_per_node' must be"):
+        parse_contract({**contract_keys(), "vcpus_per_node": "8"}, "c.json")
