@@ -144,10 +144,10 @@ def test_no_node_that_takes_training_pods_is_one_line(fake, task, tmp_path):
     fake.seed(nodes=0)
     fake.core.create_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
     ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "1")
-    assert ran.error_lines == [
+    assert ran.error_lines and ran.error_lines[0].endswith(
         "cluster 'fake' has no node that can take a training pod (1 schedulable, tainted "
         "node-role.kubernetes.io/control-plane:NoSchedule): add nodes (or a node pool) first"
-    ] or "no node that can take a training pod" in ran.error_lines[0]
+    )
 
 
 def test_a_mixed_gpu_cluster_trains_on_gpu_nodes_and_helpers_follow_their_arch(fake, task, tmp_path, cuda_pins):  # noqa: F811
