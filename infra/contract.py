@@ -97,6 +97,7 @@ KUBERNETES_CONTRACT_KEYS = (
     "tolerations",
     "machine_type",
     "cores_per_node",
+    "vcpus_per_node",
     "memory_gib",
     "gpus_per_node",
     "gpu_model",
@@ -142,6 +143,7 @@ def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
         "tolerations": training_tolerations(cfg),
         "machine_type": cfg.machine.name,
         "cores_per_node": cfg.machine.cores,
+        "vcpus_per_node": cfg.machine.vcpus,  # the pod's whole CPUs beside the DaemonSets (launcher.kube.objects)
         "memory_gib": float(cfg.machine.memory_gb),
         "gpus_per_node": cfg.gpus.count,
         "gpu_model": cfg.gpus.model,

@@ -61,6 +61,28 @@ GPU_MEMORY_GIB = {
 """One GPU's memory by GKE accelerator name (the contract's gpu_model), in GiB: what nvidia-smi reports as
 memory.total, rounded down (a 16 GB T4 shows 15360 MiB). A model not listed has unknown memory (0)."""
 
+
+def gke_allocatable_cpu(vcpus: float) -> float:
+    """What a GKE node's kubelet leaves to pods of `vcpus` CPUs: 6% of the first core, 1% of the next,
+    0.5% of the next 2, 0.25% above 4 (cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes)."""
+    kept, rest = 0.0, vcpus
+    for size, share in ((1, 0.06), (1, 0.01), (2, 0.005), (float("inf"), 0.0025)):
+        kept += min(rest, size) * share
+        rest = max(0.0, rest - size)
+    return vcpus - kept
+
+
+def gke_allocatable_gib(machine_gib: float) -> float:
+    """What a GKE node's kubelet leaves to pods of a machine's memory: 25% of the first 4 GiB, 20% of
+    the next 4, 10% of the next 8, 6% of the next 112, 2% above, and 100 MiB for eviction (same page).
+    The other clouds' kubelets keep less (EKS: 255 MiB + 11 MiB per pod), so it is safe there too."""
+    kept, rest = 0.0, machine_gib
+    for size, share in ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06), (float("inf"), 0.02)):
+        kept += min(rest, size) * share
+        rest = max(0.0, rest - size)
+    return machine_gib - kept - 100 / 1024
+
+
 Fail = Callable[[str], Exception]
 T = TypeVar("T")
 
@@ -97,6 +119,18 @@ class KubeAccess:
     """Built from `kubeconfig:PATH`: storage and machine facts are read from the cluster on connect."""
     config_path: str = ""
     """The kubeconfig file (kubeconfig:PATH), for messages; empty for a contract."""
+    allocatable_cpu: float = 0.0
+    """CPUs a training node offers pods (allocatable): read from a kubeconfig cluster's nodes, or GKE's
+    reservation applied to a contract's optional vcpus_per_node; 0: unknown (the pod's size is then
+    estimated from cores_per_node: launcher.kube.objects.pod_cpus)."""
+    allocatable_memory_gib: float = 0.0
+    """Memory a training node offers pods (allocatable), as allocatable_cpu."""
+    arch: str = ""
+    """The training nodes' architecture (kubernetes.io/arch: amd64, arm64): the helper Jobs, which build
+    the node environment, run on nodes of it; empty: any (a contract's optional 'arch' key)."""
+    same_zone: bool = True
+    """Keep a run's pods in one zone (topology.kubernetes.io/zone); False on a kubeconfig cluster whose
+    training nodes lack the label (a required affinity on it would keep every pod Pending)."""
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -184,6 +218,12 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
     tolerations = data.get("tolerations") or []
     if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
         raise fail(f"'tolerations' must be a list of Toleration objects, got {tolerations!r}")
+    vcpus = data.get("vcpus_per_node") or 0
+    if isinstance(vcpus, bool) or not isinstance(vcpus, int) or vcpus < 0:
+        raise fail(f"'vcpus_per_node' must be the machine's vCPUs (an integer >= 1) or null, got {vcpus!r}")
+    arch = data.get("arch") or ""
+    if not isinstance(arch, str):
+        raise fail(f"'arch' must be a kubernetes.io/arch value such as 'amd64' or 'arm64', got {arch!r}")
     memory = data.get("memory_gib") or 0.0
     at_rest = data.get("hourly_cost_at_rest_usd")
     gpu_memory = data.get("gpu_memory_gib") or gpu_memory_gib(data.get("gpu_model"))
@@ -204,6 +244,8 @@ def parse_access(data: dict, fail: Fail) -> KubeAccess:
         memory_gib=float(memory),
         hourly_cost_at_rest_usd=None if at_rest is None else float(at_rest),
         gpu_memory_gib=float(gpu_memory) if data.get("gpus_per_node") else 0.0,
+        arch=arch,
+        allocatable_cpu=gke_allocatable_cpu(vcpus) if vcpus else 0.0,
     )
 
 

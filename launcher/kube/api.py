@@ -10,7 +10,7 @@ machine facts read from its nodes; a contract's cluster (a stack) must have them
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -26,11 +26,13 @@ from launcher.cluster.kube_contract import (
     GPU_MEMORY_LABEL,
     GPU_MODEL_LABELS,
     GPU_RESOURCE,
+    GPU_TOLERATION,
     KubeAccess,
     gpu_memory_gib,
 )
 from launcher.console import TaskError, say
 from launcher.kube import volume
+from launcher.kube.objects import DAEMONSET_CPU
 from launcher.kube.transient import RetryingApiClient
 
 RWX_PROVISIONERS = (
@@ -204,31 +206,54 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             api.core.create_namespaced_persistent_volume_claim(
                 access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
             )
+    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
+    cluster = replace(cluster, kube=access)
     if access.from_kubeconfig:
         cluster = with_node_facts(api, cluster, access)
-    return api, replace(cluster, kube=access)
+    return api, cluster
+
+
+ARCH_LABEL = "kubernetes.io/arch"
+"""The kubelet's label of a node's CPU architecture, amd64 or arm64
+(kubernetes.io/docs/reference/labels-annotations-taints)."""
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The cloud provider's label of a node's machine type (same page): what pins the pods to one shape."""
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     """A kubeconfig cluster's machine facts from its training nodes: the smallest allocatable cpu and
-    memory (a pod asks for what every node can give) and their count as the most pods a run can have.
+    memory among them (a pod asks for what each can give) and their count as the most pods a run can have.
 
-    The training nodes are the schedulable nodes, or only those offering GPUs (allocatable
-    nvidia.com/gpu) when any does: a cluster with a GPU pool trains on it with G = the fewest GPUs
-    such a node offers, and its CPU nodes run the helper Jobs (training_nodes)."""
+    The training nodes (training_nodes) are taken among the nodes that can take a training pod: schedulable,
+    every NoSchedule/NoExecute taint tolerated (a control-plane node, another team's pool are not); a GPU
+    node's nvidia.com/gpu taint is, as the GPU pods tolerate it. The helper Jobs, which build the node
+    environment the ranks run, are kept to the training nodes' architecture."""
     with calling(f"cluster {cluster.cluster_name!r}: reading nodes"):
-        nodes = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
+        listed = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
+    nodes = [n for n in listed if takes_training_pods(n, access.tolerations)]
     if not nodes:
-        raise TaskError(f"cluster {cluster.cluster_name!r} has no schedulable node: add nodes (or a node pool) first")
+        taints = sorted({f"{t.key}:{t.effect}" for n in listed for t in blocking_taints(n, access.tolerations)})
+        raise TaskError(
+            f"cluster {cluster.cluster_name!r} has no node that can take a training pod "
+            f"({len(listed)} schedulable, tainted {', '.join(taints) or 'none'}): add nodes (or a node pool) first"
+        )
     training, selector = training_nodes(nodes)
-    cores = min(max(1, math.floor(cpu_quantity(allocatable(n).get("cpu", "1")))) for n in training)
-    memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
     gpus = min(gpu_count(n) for n in training)
+    cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
+    memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
+    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (objects.pod_cpus).
+    cores = max(1, math.floor(cpus - DAEMONSET_CPU))
     model = gpu_model_of(training[0]) if gpus else ""
+    arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}
     access = replace(
         access,
         max_nodes=len(training),
         memory_gib=memory,
+        allocatable_cpu=cpus,
+        allocatable_memory_gib=memory,
+        arch=arches.pop() if len(arches) == 1 else "",
+        same_zone=all(labels_of(n).get(ZONE_LABEL) for n in training),
         gpu_memory_gib=min(gpu_memory_of(n) for n in training) if gpus else 0.0,
         node_selector=tuple(sorted((dict(access.node_selector) | selector).items())),
     )
@@ -237,6 +262,8 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
             f"training on the {len(training)} GPU node(s) ({gpus} x {model} each); the other "
             f"{len(nodes) - len(training)} node(s) run the helper Jobs"
         )
+    elif len(training) < len(listed):
+        say(f"training on {len(training)} of the {len(listed)} schedulable node(s) ({describe(training[0])})")
     return replace(
         cluster,
         cores_per_node=cores,
@@ -247,16 +274,48 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     )
 
 
-def training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node], dict[str, str]]:
-    """(the nodes a run's pods go to, the node selector keeping them there).
+def tolerates(tolerations: Iterable[dict], taint: client.V1Taint) -> bool:
+    """Whether one of the tolerations (API form) tolerates the taint, as the scheduler matches them: the key
+    (an empty key with Exists matches any), Exists or an equal value, no effect or the same one
+    (kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration)."""
+    for t in tolerations:
+        key_ok = t.get("key", "") == (taint.key or "") or (not t.get("key") and t.get("operator") == "Exists")
+        value_ok = t.get("operator") == "Exists" or t.get("value", "") == (taint.value or "")
+        if key_ok and value_ok and t.get("effect", "") in ("", taint.effect):
+            return True
+    return False
 
-    Without GPU nodes: every node, no selector. With some: the GPU nodes (a pod requesting
-    nvidia.com/gpu fits no other, so no selector is needed); when they hold more than one GPU model,
-    the most numerous model's nodes, pinned by its label, so that G and the GPU memory are those of
-    the nodes the pods land on."""
+
+def blocking_taints(node: client.V1Node, tolerations: Iterable[dict]) -> list[client.V1Taint]:
+    """The node's taints that keep a training pod off it (PreferNoSchedule only discourages)."""
+    own = [*tolerations, GPU_TOLERATION] if gpu_count(node) else list(tolerations)
+    taints = (node.spec.taints if node.spec else None) or []
+    return [t for t in taints if t.effect in ("NoSchedule", "NoExecute") and not tolerates(own, t)]
+
+
+def takes_training_pods(node: client.V1Node, tolerations: Iterable[dict]) -> bool:
+    """Whether a training pod (with these tolerations, and the GPU one on a GPU node) may land on the node."""
+    return not blocking_taints(node, tolerations)
+
+
+def describe(node: client.V1Node) -> str:
+    labels = labels_of(node)
+    return labels.get(INSTANCE_TYPE_LABEL) or f"{allocatable(node).get('cpu', '?')} cpu"
+
+
+def training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node], dict[str, str]]:
+    """(the nodes a run's pods go to, the node selector keeping them there), among nodes that can take them.
+
+    With GPU nodes: those (a pod requesting nvidia.com/gpu fits no other, so no selector is needed); when
+    they hold more than one GPU model, the most numerous model's nodes, pinned by its label, so that G
+    and the GPU memory are those of the nodes the pods land on. Without: the nodes of one shape (machine
+    type, else whole allocatable CPUs), the shape offering the most CPUs in all, so a small system node
+    neither sets the pod's size nor counts as a node; pinned by the machine type's label when the
+    nodes have one and another shape is present (else requests sized to the shape keep pods off
+    smaller nodes)."""
     with_gpus = [n for n in nodes if gpu_count(n)]
     if not with_gpus:
-        return nodes, {}
+        return cpu_training_nodes(nodes)
     models = sorted({gpu_model_of(n) for n in with_gpus})
     if len(models) == 1:
         return with_gpus, {}
@@ -264,6 +323,27 @@ def training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node], dic
     training = [n for n in with_gpus if gpu_model_of(n) == chosen]
     label = next((k for k in GPU_MODEL_LABELS if labels_of(training[0]).get(k) == chosen), GPU_MODEL_LABELS[0])
     return training, {label: chosen}
+
+
+def cpu_training_nodes(nodes: list[client.V1Node]) -> tuple[list[client.V1Node], dict[str, str]]:
+    """training_nodes() on a cluster without GPUs: the shape with the most CPUs in all (ties: more nodes)."""
+
+    def shape(node: client.V1Node) -> str:
+        cpus = math.floor(cpu_quantity(allocatable(node).get("cpu", "1")))
+        return labels_of(node).get(INSTANCE_TYPE_LABEL) or f"{cpus} cpu"
+
+    shapes: dict[str, list[client.V1Node]] = {}
+    for node in nodes:
+        shapes.setdefault(shape(node), []).append(node)
+    if len(shapes) == 1:
+        return nodes, {}
+
+    def total_cpus(group: list[client.V1Node]) -> tuple[float, int]:
+        return sum(cpu_quantity(allocatable(n).get("cpu", "1")) for n in group), len(group)
+
+    training = max(shapes.values(), key=total_cpus)
+    machine = labels_of(training[0]).get(INSTANCE_TYPE_LABEL)
+    return training, ({INSTANCE_TYPE_LABEL: machine} if machine else {})
 
 
 def gpu_count(node: client.V1Node) -> int:

@@ -32,7 +32,13 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import GPU_RESOURCE, GPU_TOLERATION, RUN_AS_UID
+from launcher.cluster.kube_contract import (
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    RUN_AS_UID,
+    gke_allocatable_cpu,
+    gke_allocatable_gib,
+)
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from launcher.launch.units import STOP_GRACE_S
@@ -79,12 +85,18 @@ JOB_NAME_MAX = DNS_LABEL_MAX - len("-") - MAX_INDEX_DIGITS
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
-REQUEST_SHARE = 0.5
-"""The share of a node's cores and memory a training pod requests. The pod is alone on its node
-(anti-affinity) and uses all of it; the request has only to fit beside what the kubelet keeps (GKE:
-25% of the first 4 GiB down to 6% of a large node's memory, plus 100 MiB for eviction) and what the
-node's DaemonSets request, or the scheduler never places it and the autoscaler never adds a node for
-it (requests are checked against allocatable, never against the machine's size)."""
+DAEMONSET_CPU = 0.5
+DAEMONSET_MEMORY_GIB = 1.0
+"""Room left on a training node beside the pod for what its DaemonSets request (GKE's logging, metrics,
+kube-proxy/anetd, CSI node plugins): a pod requesting more than allocatable minus theirs stays Pending,
+and the autoscaler never adds a node for it (requests are checked against allocatable, never against
+the machine's size: kubernetes.io/docs/tasks/administer-cluster/reserve-compute-resources)."""
+ZONE_TOPOLOGY = "topology.kubernetes.io/zone"
+"""The well-known node label naming a node's zone (kubernetes.io/docs/reference/labels-annotations-taints)."""
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+"""Set "false" on a training pod, the cluster autoscaler never removes its node to consolidate
+(github.com/kubernetes/autoscaler, cluster-autoscaler FAQ; GKE honours it too): a scale-down would
+kill a rank mid-run. Spot reclaims and drains still come, as disruptions the launcher retries."""
 
 # The trainer's own verdicts (model.conventions): a rerun would end the same way.
 FINAL_EXIT_CODES = sorted((EXIT_PROGRAM_ERROR, EXIT_BUDGET))
@@ -109,9 +121,9 @@ class PodLaunch:
     claim: str
     """The ReadWriteMany PersistentVolumeClaim mounted at MOUNT_PATH."""
     cores: int
-    """Physical cores of a node: the trainer's threads (the pod requests REQUEST_SHARE of them)."""
+    """Physical cores of a node: the trainer's threads (the pod requests pod_cpus() whole CPUs)."""
     memory_gib: float
-    """A node's memory: the pod's memory limit (it requests REQUEST_SHARE of it)."""
+    """A node's memory as the contract states it (the machine's); the pod's limit is pod_memory_mib()."""
     node_selector: dict[str, str]
     """Labels placing the pods on the training pool ({} for any node)."""
     tolerations: tuple[dict, ...]
@@ -123,6 +135,14 @@ class PodLaunch:
     gpus: int = 0
     """GPUs per node (the cluster's gpus_per_node): each pod requests them and runs one rank per GPU
     under torchrun; 0 on CPU nodes (one trainer process per pod)."""
+    allocatable_cpu: float = 0.0
+    """CPUs a training node offers pods (its allocatable cpu: read from the nodes, or from a contract's
+    vcpus_per_node); 0: estimated from cores by GKE's reservation (gke_allocatable_cpu)."""
+    allocatable_memory_gib: float = 0.0
+    """Memory a training node offers pods (its allocatable memory); 0: estimated from memory_gib by
+    GKE's reservation (gke_allocatable_gib)."""
+    same_zone: bool = True
+    """Keep the run's pods in one zone (zone_affinity); False where the nodes carry no zone label."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -144,6 +164,8 @@ class PodLaunch:
             ("--port", 1024 <= self.port <= 65535, "in 1024..65535", self.port),
             ("cores_per_node", self.cores >= 1, ">= 1", self.cores),
             ("memory_gib", self.memory_gib > 0, "> 0", self.memory_gib),
+            ("the allocatable cpu", self.allocatable_cpu >= 0, ">= 0", self.allocatable_cpu),
+            ("the allocatable memory", self.allocatable_memory_gib >= 0, ">= 0", self.allocatable_memory_gib),
             ("the attempt", self.attempt >= 0, ">= 0", self.attempt),
         )
         for name, ok, constraint, value in checks:
@@ -371,21 +393,81 @@ def restricted(pod_spec: dict) -> dict:
     }
 
 
+def pod_cpus(launch: PodLaunch) -> int:
+    """Whole CPUs the training pod requests and is limited to: the node's cores, at most what its
+    allocatable leaves beside the DaemonSets (a contract states physical cores, so its vCPUs, at
+    least as many, are estimated as the cores: safe for machines without SMT)."""
+    allocatable = launch.allocatable_cpu or gke_allocatable_cpu(launch.cores)
+    return max(1, min(launch.cores, int(allocatable - DAEMONSET_CPU)))
+
+
+def pod_memory_mib(launch: PodLaunch) -> int:
+    """The training pod's memory, requested and its limit: allocatable less the DaemonSets' room.
+
+    Within allocatable, a rank that grows past it is OOM-killed in its own cgroup (the pod's
+    OOMKilled, reported as out of memory); a limit of the machine's size would let the node run out
+    first, and the kubelet would evict the pod (DisruptionTarget: retried as a disruption)
+    (kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction)."""
+    allocatable = launch.allocatable_memory_gib or gke_allocatable_gib(launch.memory_gib)
+    return max(256, int((allocatable - DAEMONSET_MEMORY_GIB) * 1024))
+
+
+def pod_resources(launch: PodLaunch) -> dict:
+    """Requests equal to limits for cpu and memory, whole CPUs: the Guaranteed QoS class, which the
+    kubelet evicts last, and whose CPUs the static CPU manager policy pins to the pod alone
+    (kubernetes.io/docs/concepts/workloads/pods/pod-qos, docs/tasks/administer-cluster/cpu-management-policies).
+    An extended resource such as GPUs is requested by its limit and must equal it."""
+    resources = {"cpu": str(pod_cpus(launch)), "memory": f"{pod_memory_mib(launch)}Mi"}
+    if launch.gpus:
+        resources[GPU_RESOURCE] = str(launch.gpus)
+    return {"requests": dict(resources), "limits": dict(resources)}
+
+
+def exclusive_node() -> dict:
+    """No two training pods on a node, whatever their run or namespace: a required anti-affinity on the
+    label only training pods carry (LABEL_ATTEMPT; helpers have none), in every namespace (an empty
+    namespaceSelector matches all). The scheduler also keeps any pod carrying it off a node where such
+    a pod runs, since the rule is symmetric for required anti-affinity
+    (kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node, inter-pod affinity). As JobSet's
+    exclusive-topology annotation, but per node and without the JobSet controller."""
+    return {
+        "labelSelector": {
+            "matchLabels": {LABEL_APP: APP},
+            "matchExpressions": [{"key": LABEL_ATTEMPT, "operator": "Exists"}],
+        },
+        "namespaceSelector": {},
+        "topologyKey": HOSTNAME_TOPOLOGY,
+    }
+
+
+def zone_affinity(launch: PodLaunch) -> dict:
+    """All pods of this attempt in one zone: a required pod affinity on topology.kubernetes.io/zone to
+    each other. The first pod goes wherever it fits (the scheduler admits a pod that matches its own
+    affinity term when no pod does yet), the others follow it; the autoscaler scales up in that zone.
+    Chosen over a zone picked at launch, which would have to guess where spot or GPU capacity is:
+    this way the zone that had room for the first node is the run's. Within a zone the all-reduce
+    pays no inter-zone traffic every step (and is billed none)."""
+    return {
+        "labelSelector": {"matchLabels": {LABEL_RUN: launch.run, LABEL_ATTEMPT: str(launch.attempt)}},
+        "topologyKey": ZONE_TOPOLOGY,
+    }
+
+
+def placement(launch: PodLaunch) -> dict:
+    """The training pod's affinity: its node its own (exclusive_node), its run in one zone (zone_affinity)."""
+    affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [exclusive_node()]}}
+    if launch.same_zone:
+        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [zone_affinity(launch)]}
+    return affinity
+
+
 def training_job(launch: PodLaunch) -> dict:
     """The Indexed Job: one pod per node, pod k runs rank k (ranks k*G .. k*G+G-1 on GPU nodes)."""
     command = trainer_command(launch)
     split = 4 if launch.gpus else 3  # the args are the trainer's either way
-    request = {
-        "cpu": f"{int(launch.cores * REQUEST_SHARE * 1000)}m",
-        "memory": f"{int(launch.memory_gib * REQUEST_SHARE * 1024)}Mi",
-    }
-    limits = {"memory": f"{int(launch.memory_gib * 1024)}Mi"}
     tolerations = [dict(t) for t in launch.tolerations]
-    if launch.gpus:
-        # An extended resource is requested by its limit, and a request must equal it.
-        request[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(launch.gpus)
-        if GPU_TOLERATION not in tolerations:
-            tolerations.append(dict(GPU_TOLERATION))
+    if launch.gpus and GPU_TOLERATION not in tolerations:
+        tolerations.append(dict(GPU_TOLERATION))
     container = {
         "name": CONTAINER,
         "image": launch.image,
@@ -393,14 +475,8 @@ def training_job(launch: PodLaunch) -> dict:
         "args": command[split:],
         "workingDir": launch.run_dir,
         "env": container_env(launch),
-        # Memory beyond the node's is killed as the pod's (OOMKilled), not by starving the node's
-        # daemons. No CPU limit: CFS quota would throttle the OpenMP threads, alone on the node anyway.
-        "resources": {"requests": request, "limits": limits},
+        "resources": pod_resources(launch),
         "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
-    }
-    one_pod_per_node = {
-        "labelSelector": {"matchLabels": {LABEL_RUN: launch.run}},
-        "topologyKey": HOSTNAME_TOPOLOGY,
     }
     pod_spec = {
         "restartPolicy": "Never",  # podFailurePolicy requires it; the launcher restarts, not the kubelet
@@ -411,7 +487,7 @@ def training_job(launch: PodLaunch) -> dict:
         "enableServiceLinks": False,
         "nodeSelector": dict(launch.node_selector),
         "tolerations": tolerations,
-        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [one_pod_per_node]}},
+        "affinity": placement(launch),
         "containers": [container],
         "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}],
     }
@@ -425,6 +501,10 @@ def training_job(launch: PodLaunch) -> dict:
             "parallelism": launch.nodes,
             "backoffLimit": 0,
             "podFailurePolicy": pod_failure_policy(),
-            "template": {"metadata": {"labels": labels(launch)}, "spec": restricted(pod_spec)},
+            "template": {
+                # The autoscaler never removes a node that runs a rank to consolidate (SAFE_TO_EVICT).
+                "metadata": {"labels": labels(launch), "annotations": {SAFE_TO_EVICT: "false"}},
+                "spec": restricted(pod_spec),
+            },
         },
     }

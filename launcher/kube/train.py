@@ -139,6 +139,9 @@ class KubeRun:
                 trainer_args=tuple(args),
                 attempt=attempt,
                 gpus=gpus,
+                allocatable_cpu=access.allocatable_cpu,
+                allocatable_memory_gib=access.allocatable_memory_gib,
+                same_zone=access.same_zone,
             )
         except ValueError as e:
             raise TaskError(str(e)) from None

@@ -8,8 +8,9 @@
     prepare Job           `python -m model.prepare` writing <root>/data/<dataset> once
     tool Job              one program of the node environment (sample, a metrics tail): its log is the answer
 
-They run the stock image on any node (no training-pool selector, so the pool is not scaled up for
-them) with the claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
+They run the stock image on any node of the training nodes' architecture (no training-pool selector,
+so the pool is not scaled up for them), with small requests and limits (HELPER_RESOURCES), and the
+claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
 CUDA venv, preparing data and sampling need none) or tolerates a taint: they keep off a tainted
 training pool (GKE taints its GPU pools nvidia.com/gpu) and run on the cluster's other nodes.
 """
@@ -121,6 +122,16 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
     return "\n".join(lines) + "\n"
 
 
+ARCH_LABEL = "kubernetes.io/arch"
+HELPER_RESOURCES = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"cpu": "1", "memory": "2Gi"},
+}
+"""A helper pod's size: requests so the scheduler counts it (not BestEffort, the first evicted) and fits
+it on a small system node (GKE's e2-standard-2: 1.93 CPU, about 5.8 GiB allocatable beside kube-dns and
+friends); limits so pip resolving torch or a tokenizer cannot take the node's memory from its daemons."""
+
+
 def helper_job(
     name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
 ) -> dict:
@@ -146,6 +157,8 @@ def helper_job(
                     {
                         "restartPolicy": "Never",
                         "enableServiceLinks": False,
+                        # The node environment it builds runs on the training nodes: their architecture.
+                        "nodeSelector": {ARCH_LABEL: access.arch} if access.arch else {},
                         "containers": [
                             {
                                 "name": role,
@@ -157,6 +170,7 @@ def helper_job(
                                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                                 ],
                                 "volumeMounts": mounts,
+                                "resources": HELPER_RESOURCES,
                             }
                         ],
                         "volumes": volumes,

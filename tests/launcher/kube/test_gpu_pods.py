@@ -65,7 +65,9 @@ def test_a_gpu_pod_requests_its_nodes_gpus_and_tolerates_their_taint(gpus):
     else:
         assert "nvidia.com/gpu" not in resources["requests"] and "nvidia.com/gpu" not in resources["limits"]
         assert pod["tolerations"] == [POOL_TOLERATION]
-    assert resources["limits"]["memory"] == "31232Mi" and resources["requests"]["cpu"] == "4000m"
+    # Guaranteed: whole CPUs and memory within a 30.5 GiB GKE node's allocatable, requests == limits
+    assert resources["limits"]["memory"] == "26554Mi" and resources["requests"]["cpu"] == "7"
+    assert resources["requests"] == resources["limits"]
     # still one pod per node, one pod per node of the pool
     (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"

@@ -111,10 +111,16 @@ def test_one_pod_per_node_on_the_training_pool():
     pod = job["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
-    assert term["labelSelector"]["matchLabels"] == {LABEL_RUN: "exp1"}
+    # every training pod carries the attempt label, in any run or namespace: one per node across runs
+    assert term["labelSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "nanocluster"},
+        "matchExpressions": [{"key": "nanocluster.dev/attempt", "operator": "Exists"}],
+    }
+    assert term["namespaceSelector"] == {}
     assert job["spec"]["template"]["metadata"]["labels"][LABEL_RUN] == "exp1"
     assert pod["nodeSelector"] == launch.node_selector and pod["tolerations"] == list(launch.tolerations)
-    assert container(job)["resources"]["limits"] == {"memory": "31232Mi"}  # the node's 30.5 GiB
+    # within a 30.5 GiB node's allocatable (26.9 GiB on GKE) less 1 GiB for DaemonSets, not the machine's
+    assert container(job)["resources"]["limits"] == {"cpu": "7", "memory": "26554Mi"}
 
 
 def gke_allocatable_gib(machine_gib: float) -> float:

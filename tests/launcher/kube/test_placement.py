@@ -1,0 +1,295 @@
+"""Placement and isolation of a run's pods: which nodes of a kubeconfig cluster are training nodes (taints,
+a small system node, a mixed GPU cluster), one training pod per node across runs and namespaces,
+Guaranteed pods within the node's allocatable, one zone per run, the autoscaler told not to evict them,
+and helper Jobs that are sized and run on the training nodes' architecture."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes import client
+
+from launcher.cluster.inventory import parse_contract
+from launcher.cluster.kube_contract import GPU_TOLERATION
+from launcher.kube import api as kube_api
+from launcher.kube import objects, volume
+from tests.launcher.kube.test_gpu_pods import QUICK, cuda_pins, training_jobs  # noqa: F401 (a fixture)
+from tests.launcher.kube.test_objects import KUBERNETES_VERSIONS, container, launch_of
+
+CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+"""What kubeadm (and kind, k3s as an option) puts on a control-plane node."""
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+POOL_TAINT = {"key": "nanocluster.dev/pool", "value": "training", "effect": "NoSchedule"}
+
+
+def qos_class(pod_spec: dict) -> str:
+    """The QoS class the kubelet gives a pod (kubernetes.io/docs/concepts/workloads/pods/pod-qos): Guaranteed
+    when every container has cpu and memory limits equal to its requests, BestEffort when none has any
+    request or limit, Burstable otherwise."""
+    resources = [c.get("resources", {}) for c in pod_spec["containers"]]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    for r in resources:
+        requests, limits = r.get("requests", {}), r.get("limits", {})
+        for name in ("cpu", "memory"):
+            if name not in limits or requests.get(name, limits[name]) != limits[name]:
+                return "Burstable"
+    return "Guaranteed"
+
+
+def node_body(
+    name: str,
+    cpu: str,
+    memory: str,
+    machine: str = "",
+    arch: str = "amd64",
+    zone: str = "europe-west4-a",
+    taints: tuple[dict, ...] = (),
+    gpus: int = 0,
+) -> dict:
+    labels = {"kubernetes.io/arch": arch, "kubernetes.io/hostname": name}
+    labels |= {"node.kubernetes.io/instance-type": machine} if machine else {}
+    labels |= {"topology.kubernetes.io/zone": zone} if zone else {}
+    allocatable = {"cpu": cpu, "memory": memory} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": list(taints)},
+        "status": {"allocatable": allocatable},
+    }
+
+
+def as_node(body: dict) -> client.V1Node:
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(**body["metadata"]),
+        spec=client.V1NodeSpec(taints=[client.V1Taint(**t) for t in body["spec"]["taints"]]),
+        status=client.V1NodeStatus(allocatable=body["status"]["allocatable"]),
+    )
+
+
+def kubeconfig_path(fake, tmp_path) -> str:
+    from tests.launcher.kube.fake import kubeconfig
+
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(kubeconfig(fake.url)))
+    return f"kubeconfig:{path}"
+
+
+def helper_pods(fake) -> list[dict]:
+    return [j["spec"]["template"]["spec"] for j in fake.created_jobs if j["spec"].get("completionMode") != "Indexed"]
+
+
+# --- which nodes train ---
+
+
+def test_taints_the_pods_do_not_tolerate_keep_a_node_out():
+    control_plane = as_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
+    pool = as_node(node_body("pool-0", "7910m", "27Gi", taints=(POOL_TAINT,)))
+    gpu = as_node(node_body("gpu-0", "7910m", "27Gi", taints=(GPU_TAINT,), gpus=1))
+    prefer = as_node(node_body("p", "7910m", "27Gi", taints=({"key": "x", "effect": "PreferNoSchedule"},)))
+    pool_toleration = {"key": "nanocluster.dev/pool", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
+    assert not kube_api.takes_training_pods(control_plane, ())
+    assert not kube_api.takes_training_pods(pool, ()) and kube_api.takes_training_pods(pool, (pool_toleration,))
+    assert not kube_api.takes_training_pods(pool, ({**pool_toleration, "value": "other"},))
+    assert kube_api.takes_training_pods(gpu, ())  # a GPU pod tolerates nvidia.com/gpu (GPU_TOLERATION)
+    assert kube_api.takes_training_pods(prefer, ())  # PreferNoSchedule only discourages
+    assert kube_api.takes_training_pods(control_plane, ({"operator": "Exists"},))  # tolerates everything
+
+
+def test_a_small_system_node_neither_sizes_the_pods_nor_counts():
+    system = as_node(node_body("sys", "1930m", "5Gi", machine="e2-standard-2"))
+    pool = [as_node(node_body(f"pool-{i}", "7910m", "27Gi", machine="e2-standard-8")) for i in range(3)]
+    assert kube_api.training_nodes([system, *pool]) == (pool, {"node.kubernetes.io/instance-type": "e2-standard-8"})
+    # without machine-type labels, the shapes are told apart by their whole CPUs; no selector: pods sized
+    # for the large nodes do not fit the small one
+    bare = [as_node(node_body(n.metadata.name, "7910m", "27Gi")) for n in pool]
+    small = as_node(node_body("sys", "1930m", "5Gi"))
+    assert kube_api.training_nodes([small, *bare]) == (bare, {})
+    # one large node against two small ones: the shape with the most CPUs in all
+    big = as_node(node_body("big", "31850m", "120Gi", machine="n2-standard-32"))
+    assert kube_api.training_nodes([big, *pool[:2]]) == ([big], {"node.kubernetes.io/instance-type": "n2-standard-32"})
+
+
+def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system_node(fake, task, tmp_path):
+    fake.seed(nodes=0)
+    fake.core.create_node(node_body("cp", "3920m", "7Gi", machine="e2-standard-4", taints=(CONTROL_PLANE_TAINT,)))
+    fake.core.create_node(node_body("sys", "1930m", "5Gi", machine="e2-standard-2", arch="arm64"))
+    for i in range(3):
+        fake.core.create_node(node_body(f"pool-{i}", "7910m", "27Gi", machine="t2a-standard-8", arch="arm64"))
+    spec = kubeconfig_path(fake, tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "4")
+    assert ran.error_lines and "--nodes 4 but cluster 'fake' has 3 node(s)" in ran.error_lines[0]
+    assert "training on 3 of the 5 schedulable node(s) (t2a-standard-8)" in ran.out
+    ran = task("train", "--cluster", spec, "--nodes", "3", "--run", "p", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "t2a-standard-8"}
+    # whole CPUs of the 7.91 allocatable less 0.5 for DaemonSets; 27 GiB allocatable less 1 GiB
+    assert container(job)["resources"]["limits"] == {"cpu": "7", "memory": f"{26 * 1024}Mi"}
+    assert qos_class(pod) == "Guaranteed"
+    assert [v["value"] for v in container(job)["env"] if v["name"] == "OMP_NUM_THREADS"] == ["7"]
+    assert "podAffinity" in pod["affinity"]  # the nodes carry zones: the run stays in one
+    # the helper Jobs build the environment the arm64 ranks run: on an arm64 node, and not BestEffort
+    assert helper_pods(fake)
+    for helper in helper_pods(fake):
+        assert helper["nodeSelector"] == {"kubernetes.io/arch": "arm64"} and qos_class(helper) == "Burstable"
+
+
+def test_no_node_that_takes_training_pods_is_one_line(fake, task, tmp_path):
+    fake.seed(nodes=0)
+    fake.core.create_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
+    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "1")
+    assert ran.error_lines and ran.error_lines[0].endswith(
+        "cluster 'fake' has no node that can take a training pod (1 schedulable, tainted "
+        "node-role.kubernetes.io/control-plane:NoSchedule): add nodes (or a node pool) first"
+    )
+
+
+def test_a_mixed_gpu_cluster_trains_on_gpu_nodes_and_helpers_follow_their_arch(fake, task, tmp_path, cuda_pins):  # noqa: F811
+    fake.seed(nodes=0)
+    fake.core.create_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
+    fake.core.create_node(node_body("sys", "1930m", "5Gi", machine="e2-standard-2"))
+    gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    for i in range(2):
+        body = node_body(f"g2-{i}", "23", "85Gi", machine="g2-standard-24", taints=(GPU_TAINT,), gpus=2)
+        body["metadata"]["labels"] |= gke
+        fake.core.create_node(body)
+    spec = kubeconfig_path(fake, tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "3")
+    assert ran.error_lines and "--nodes 3 but cluster 'fake' has 2 node(s)" in ran.error_lines[0]
+    assert "training on the 2 GPU node(s) (2 x nvidia-l4 each); the other 1 node(s) run the helper Jobs" in ran.out
+    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "g", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    pod = job["spec"]["template"]["spec"]
+    resources = container(job)["resources"]
+    expected = {"cpu": "22", "memory": f"{84 * 1024}Mi", "nvidia.com/gpu": "2"}
+    assert resources["requests"] == resources["limits"] == expected
+    assert qos_class(pod) == "Guaranteed" and GPU_TOLERATION in pod["tolerations"]
+    for helper in helper_pods(fake):
+        assert helper["nodeSelector"] == {"kubernetes.io/arch": "amd64"} and "nvidia.com/gpu" not in json.dumps(helper)
+
+
+def test_nodes_without_a_zone_label_get_no_zone_affinity(fake, task, tmp_path):
+    fake.seed(nodes=0)
+    for i in range(2):
+        fake.core.create_node(node_body(f"n-{i}", "3920m", "15Gi", zone=""))
+    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "z", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    assert set(job["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}
+
+
+# --- the training pod ---
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_placement_passes_the_strict_schema(version):
+    for launch in (
+        launch_of(),
+        launch_of(same_zone=False, allocatable_cpu=3.92, allocatable_memory_gib=13.5),
+        launch_of(gpus=4, attempt=2),
+    ):
+        kubernetes_validate.validate(objects.training_job(launch), version, strict=True)
+    access = parse_contract({**contract_keys(), "arch": "arm64"}, "c.json").kube
+    assert access is not None and access.arch == "arm64"
+    kubernetes_validate.validate(volume.helper_job("stage", access, "staging", "true"), version, strict=True)
+
+
+def contract_keys() -> dict:
+    return {
+        "cloud": "gke",
+        "kind": "kubernetes",
+        "cluster_name": "lab",
+        "kubeconfig": yaml.safe_dump(
+            {
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        ),
+        "context": None,
+        "namespace": "nanocluster",
+        "storage_class": "shared",
+        "storage_claim": "shared",
+        "storage_gib": 10,
+        "max_nodes": 4,
+        "machine_type": "e2-standard-8",
+        "cores_per_node": 4,
+        "memory_gib": 32.0,
+        "cpu_flags": [],
+        "hourly_cost_usd": 0.2,
+        "spot": False,
+    }
+
+
+def test_one_training_pod_per_node_across_runs_and_namespaces():
+    """Two runs' pods select each other: the term matches every training pod's labels, in all namespaces."""
+    a, b = objects.training_job(launch_of(run="a")), objects.training_job(launch_of(run="b", namespace="team-2"))
+    for job, other in ((a, b), (b, a)):
+        anti = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        other_labels = other["spec"]["template"]["metadata"]["labels"]
+        assert all(other_labels.get(k) == v for k, v in term["labelSelector"]["matchLabels"].items())
+        assert all(e["key"] in other_labels for e in term["labelSelector"]["matchExpressions"])
+        assert term["namespaceSelector"] == {} and term["topologyKey"] == "kubernetes.io/hostname"
+    # a helper pod carries no attempt label: it may share a node with a rank
+    helper = volume.helper_job("stage", parse_contract(contract_keys(), "c.json").kube, "staging", "true")
+    assert objects.LABEL_ATTEMPT not in helper["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_ranks_of_an_attempt_share_a_zone_and_are_not_evicted_by_the_autoscaler():
+    job = objects.training_job(launch_of(attempt=3))
+    template = job["spec"]["template"]
+    (term,) = template["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "topology.kubernetes.io/zone"
+    # the first pod matches its own term, so the scheduler places it anywhere (then the others follow)
+    assert all(template["metadata"]["labels"][k] == v for k, v in term["labelSelector"]["matchLabels"].items())
+    assert term["labelSelector"]["matchLabels"] == {objects.LABEL_RUN: "exp1", objects.LABEL_ATTEMPT: "3"}
+    assert template["metadata"]["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+
+
+@pytest.mark.parametrize(
+    "cores, machine_gib, allocatable_cpu, allocatable_gib, cpu, memory_mib",
+    [
+        (4, 16.0, 0.0, 0.0, "3", int((16 - 4 * 0.25 - 4 * 0.2 - 8 * 0.1 - 100 / 1024 - 1) * 1024)),
+        (8, 64.0, 0.0, 0.0, "7", int((64 - 1 - 0.8 - 0.8 - 48 * 0.06 - 100 / 1024 - 1) * 1024)),
+        (4, 15.0, 3.92, 13.5, "3", int(12.5 * 1024)),  # read from a node: allocatable as it is
+        (1, 1.0, 0.0, 0.0, "1", 256),  # never below one CPU and 256 MiB
+    ],
+)
+def test_a_pod_is_guaranteed_within_allocatable(cores, machine_gib, allocatable_cpu, allocatable_gib, cpu, memory_mib):
+    launch = launch_of(
+        cores=cores, memory_gib=machine_gib, allocatable_cpu=allocatable_cpu, allocatable_memory_gib=allocatable_gib
+    )
+    job = objects.training_job(launch)
+    assert container(job)["resources"]["limits"] == {"cpu": cpu, "memory": f"{memory_mib}Mi"}
+    assert qos_class(job["spec"]["template"]["spec"]) == "Guaranteed"
+
+
+def test_helper_jobs_are_not_best_effort_and_fit_a_small_system_node():
+    access = parse_contract(contract_keys(), "c.json").kube
+    assert access is not None and access.arch == ""
+    pod = volume.helper_job("stage", access, "staging", "true")["spec"]["template"]["spec"]
+    assert qos_class(pod) == "Burstable" and pod["nodeSelector"] == {}
+    requests = pod["containers"][0]["resources"]["requests"]
+    # GKE's e2-standard-2 system node: 1.93 CPU and about 5.8 GiB allocatable, most of it taken by kube-dns & co
+    assert kube_api.cpu_quantity(requests["cpu"]) <= 0.25 and kube_api.memory_gib(requests["memory"]) <= 0.5
+
+
+def test_a_contracts_vcpus_give_the_pod_its_cores():
+    """The GKE stack's contract states the machine's vCPUs: 8 vCPUs, 4 cores -> 4 whole CPUs for 4 threads.
+    Without the key the vCPUs are taken as the cores (no SMT): 3 CPUs fit beside the DaemonSets."""
+    access = parse_contract({**contract_keys(), "vcpus_per_node": 8}, "c.json").kube
+    assert access is not None and access.allocatable_cpu == pytest.approx(8 - 0.06 - 0.01 - 0.01 - 4 * 0.0025)
+    launch = launch_of(cores=4, memory_gib=32.0, allocatable_cpu=access.allocatable_cpu)
+    assert container(objects.training_job(launch))["resources"]["limits"]["cpu"] == "4"
+    assert container(objects.training_job(launch_of(cores=4, memory_gib=32.0)))["resources"]["limits"]["cpu"] == "3"
+    with pytest.raises(ValueError, match="'vcpus_per_node' must be"):
+        parse_contract({**contract_keys(), "vcpus_per_node": "8"}, "c.json")
