@@ -146,28 +146,28 @@ class KubeRun:
         except ValueError as e:
             raise TaskError(str(e)) from None
 
-    def check_fit(self, prepared: Prepared) -> None:
-        """A rank's memory estimate against its pod's limit, or on GPU nodes against one GPU's memory,
-        before any object exists."""
+    def check_fit(self, prepared: Prepared) -> objects.PodLaunch:
+        """A rank's memory estimate against its pod's memory limit (within the node's allocatable), or on
+        GPU nodes against one GPU's memory, before any object exists; the first attempt's launch."""
+        first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
         world = len(self.nodes) * self.cluster.ranks_per_node
         if self.cluster.gpus_per_node:
             memory, device = self.access.gpu_memory_gib, "cuda"
         else:
-            memory, device = self.access.memory_gib, "cpu"
+            memory, device = objects.pod_memory_mib(first) / 1024, "cpu"
         check_pod_fit(prepared.trainer_config, world, memory, self.cluster.describe(), device)
+        return first
 
     def dry_run(self, prepared: Prepared) -> None:
         import yaml
 
-        self.check_fit(prepared)
-        first = self.pod_launch(prepared, 0, ())
+        first = self.check_fit(prepared)
         for body in (objects.headless_service(first), objects.training_job(first)):
             out_line("---\n" + yaml.safe_dump(body, sort_keys=False).rstrip())
 
     def open(self, prepared: Prepared) -> None:
         request = self.request
-        self.check_fit(prepared)
-        first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
+        first = self.check_fit(prepared)
         if self.api is None:
             self.api, self.cluster = connect(self.cluster)
             self.access = access_of(self.cluster)

@@ -149,7 +149,7 @@ def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str, d
     if device == "cuda":
         fits, holds, larger = "a GPU", f"a GPU holds {limit}", "a GPU with more memory"
     else:
-        fits, holds, larger = "a pod", f"the pod may use {limit} (the node's memory)", "a machine type with more memory"
+        fits, holds, larger = "a pod", f"the pod may use {limit} (its memory limit)", "a machine type with more memory"
     raise TaskError(
         f"rank 0 does not fit {fits} on {where}: it needs ~{estimate.describe()} and {holds}: a smaller "
         f"micro-batch or context (--set batch_size=N below {cfg.batch_size}, --set block_size=N below "

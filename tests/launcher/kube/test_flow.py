@@ -3,6 +3,8 @@ client, HTTP to kmock's emulator; the Job controller's part played by the fake."
 
 from __future__ import annotations
 
+import json
+
 from launcher.kube.objects import LABEL_RUN
 from tests.launcher.kube.fake import training_launch
 
@@ -193,6 +195,10 @@ def test_a_run_that_cannot_fit_a_pod_is_refused_before_any_object_exists(fake, c
     assert ran.code == 1
     assert len(ran.error_lines) == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a pod on ")
     assert "GB" in ran.error_lines[0] and "--set batch_size=N" in ran.error_lines[0]
+    # Measured against the pod's limit (within the node's allocatable), not the machine's memory.
+    machine_gb = json.loads(contract_file.read_text())["memory_gib"] * 2**30 / 1e9
+    pod_gb = float(ran.error_lines[0].split("the pod may use ")[1].split(" GB (its memory limit)")[0])
+    assert pod_gb < machine_gb - 1, (pod_gb, machine_gb)
     assert not fake.jobs()
 
 
