@@ -284,6 +284,10 @@ class GkeCluster(pulumi.ComponentResource):
             "gvnic": {"enabled": True},
             "labels": {POOL_LABEL: TRAINING_POOL},
             "taints": taints,
+            # The static CPU manager gives a Guaranteed pod with whole CPUs (the training pod) cores of
+            # its own, no other container scheduled on them (cloud.google.com/kubernetes-engine/docs/
+            # how-to/node-system-config; kubernetes.io/docs/tasks/administer-cluster/cpu-management-policies).
+            "kubelet_config": {"cpu_manager_policy": "static"},
         }
         if cfg.gpus.count:
             # Stated on g2/a2 machine types as well, where the machine type implies them.

@@ -104,6 +104,14 @@ def test_only_tolerating_pods_land_on_the_training_pool_and_the_system_pool_is_s
     assert (system.get("nodeCount"), system.get("nodeLocations")) == (1, ["us-central1-a"])
 
 
+def test_training_nodes_pin_the_training_pods_cores():
+    """The static CPU manager on the training pool only: the Guaranteed training pod gets cores of its own."""
+    run = gke()
+    training, system = run.named(POOL, "nanocluster-dev-training"), run.named(POOL, "nanocluster-dev-system")
+    assert training.get("nodeConfig")["kubeletConfig"] == {"cpuManagerPolicy": "static"}
+    assert "kubeletConfig" not in system.get("nodeConfig")
+
+
 def test_cluster_is_private_reachable_from_the_operator_cidr_only_with_workload_identity():
     cluster = gke().named(CLUSTER, "nanocluster-dev").get()
     assert cluster["privateClusterConfig"]["enablePrivateNodes"] is True
