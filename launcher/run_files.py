@@ -38,6 +38,8 @@ from launcher.runs.record import RunRecord
 
 RUNNING = "running"
 STOPPED = "stopped"
+RESTARTING = "restarting"
+"""No rank alive, no end recorded, and the run's supervisor live: it is between two attempts."""
 ENDED = frozenset({*OUTCOMES.values(), STOPPED})
 """The states `prune` deletes: the run ended (finished, failed, stopped by `stop` or at its budget,
 interrupted). A run with no end recorded whose ranks are not alive (a lost node, a killed launcher)
@@ -136,12 +138,15 @@ def size_text(size: int) -> str:
 
 
 def state_of(stored: StoredRun | None, record: RunRecord, fetched: bool) -> str:
-    """A live rank says running; else the record's end; else what the units' records say."""
+    """A live rank says running; else the record's end; a supervisor that holds the run between its
+    attempts (its ranks gone, the record unended) says restarting; else what the units' records say."""
     if stored and stored.running_on:
         return RUNNING
     attempt = record.current
     if attempt and attempt.end:
         return outcome_text(attempt.end)
+    if is_live(record.directory):
+        return RESTARTING
     if stored and stored.state:
         return stored.state
     if attempt:

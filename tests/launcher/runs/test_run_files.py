@@ -307,3 +307,28 @@ def test_on_machines_a_delete_that_fails_on_one_node_keeps_the_record_to_retry(s
     assert ran.code == 0, ran.err
     assert not RunRecord.of(ssh_nodes.cluster, "r").directory.exists()
     assert not any((root / "runs" / "r").exists() for root in ssh_nodes.roots.values())
+
+
+def test_a_run_between_attempts_under_its_supervisor_is_restarting_and_neither_pruned_nor_removed(
+    three_runs, local_home, task
+):
+    """Its ranks gone (crashed), no end recorded, its supervisor's lock held: restarting, kept by prune."""
+    import os
+
+    from launcher.launch.supervisor import take_lock
+
+    cluster = three_runs
+    lock = take_lock(RunRecord.of(cluster, "crashed").directory, "crashed", None)
+    try:
+        assert rows(task("runs").out)["crashed"][0] == "restarting"
+        ran = task("prune")
+        assert ran.code == 0, ran.err
+        assert (local_home / "runs" / "crashed").is_dir() and "kept " in ran.out and "crashed (restarting)" in ran.out
+        ran = task("rm", "crashed")
+        assert ran.code == 1 and ran.error_lines == [
+            "error: run crashed is live under its supervisor on this machine: "
+            "stop it first with `fab stop --run crashed`"
+        ]
+    finally:
+        os.close(lock)
+    assert rows(task("runs").out)["crashed"][0] == "failed"  # the supervisor gone: the ranks' own state
