@@ -123,6 +123,11 @@ class PodLaunch:
     gpus: int = 0
     """GPUs per node (the cluster's gpus_per_node): each pod requests them and runs one rank per GPU
     under torchrun; 0 on CPU nodes (one trainer process per pod)."""
+    python: str = NODE_PYTHON
+    """The node environment's interpreter: the one the run staged (launcher.kube.jobs.Staged), the same
+    in every attempt whatever another run stages meanwhile."""
+    code_dir: str = CODE_DIR
+    """model/ as the run staged it (by digest): the trainer's PYTHONPATH."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -238,7 +243,7 @@ def container_env(launch: PodLaunch) -> list[dict]:
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
     values = thread_variables(launch.threads_per_rank) | {
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": CODE_DIR,
+        "PYTHONPATH": launch.code_dir,
         LAUNCHER_ENV: "kubernetes",
     }
     if launch.gpus:
@@ -310,8 +315,8 @@ def trainer_command(launch: PodLaunch) -> list[str]:
     """What the trainer container runs (its command and args together), in launch.run_dir: the
     trainer, or on GPU nodes the shell starting torchrun (ranks_script) with the trainer's args."""
     if launch.gpus:
-        return ["sh", "-c", ranks_script(launch), "ranks", *launch.trainer_args]
-    return [NODE_PYTHON, "-m", "model.train", *launch.trainer_args]
+        return ["sh", "-c", ranks_script(launch, launch.python), "ranks", *launch.trainer_args]
+    return [launch.python, "-m", "model.train", *launch.trainer_args]
 
 
 def pod_failure_policy() -> dict:

@@ -23,7 +23,7 @@ from launcher.console import TaskError, out_line, say
 from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect
 from launcher.kube.connect import clear_stop_request, delete_run_objects, stop_requested
-from launcher.kube.jobs import access_of, stage
+from launcher.kube.jobs import Staged, access_of, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
@@ -50,6 +50,8 @@ class KubeRun:
         self.overrides: tuple[str, ...] = ()
         """Overrides the recovery adds (keep_global_batch=true on fewer pods)."""
         self.prepared: Prepared | None = None
+        self.staged = Staged(objects.NODE_PYTHON, objects.CODE_DIR)
+        """The venv and code this run staged (open): every attempt's pods run these."""
         self.launch: objects.PodLaunch | None = None
         """The started attempt."""
 
@@ -84,8 +86,8 @@ class KubeRun:
             self.nodes[: self.count],
             request.run,
             request.dataset,
-            objects.NODE_PYTHON,
-            objects.CODE_DIR,
+            self.staged.python,
+            self.staged.code_dir,
             backend=request.backend,
             master_port=request.port or DEFAULT_MASTER_PORT,
             collective_timeout_s=request.collective_timeout_s,
@@ -111,6 +113,8 @@ class KubeRun:
                 trainer_args=tuple(args),
                 attempt=attempt,
                 gpus=gpus,
+                python=self.staged.python,
+                code_dir=self.staged.code_dir,
             )
         except ValueError as e:
             raise TaskError(str(e)) from None
@@ -142,7 +146,7 @@ class KubeRun:
             self.access = access_of(self.cluster)
         self.prepared = prepared
         files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
-        stage(self.api, self.cluster, request.run, files)
+        self.staged = stage(self.api, self.cluster, request.run, files)
 
     def connected(self) -> Api:
         assert self.api is not None, "open() first"
