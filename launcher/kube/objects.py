@@ -6,7 +6,8 @@ the official client accepts as a body). One pod per node; pod k of the Job is
     hostname <job>-k, resolvable as <job>-k.<service> (the Service is the pods' subdomain)
     on CPU nodes: rank k, one trainer process; RANK = its completion index (downward API),
       WORLD_SIZE = pods, MASTER_ADDR = <job>-0.<service>; it runs
-      <MOUNT_PATH>/venv/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/
+      <MOUNT_PATH>/store/venv-<digest>/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/ (the
+      venv and code the run staged: launcher.kube.jobs.Staged)
     on nodes with G GPUs: ranks k*G .. k*G+G-1, started by torchrun in the pod (--nnodes=pods,
       --nproc-per-node=G, --node-rank=k, rendezvous at pod 0), as Kubeflow Trainer does with
       nproc_per_node; the pod requests the node's G GPUs and world size = pods x G
