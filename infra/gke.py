@@ -36,6 +36,16 @@ from infra.prices import GKE_BOOT_DISK_GB, GKE_SYSTEM_MACHINE
 POD_RANGE = ("pods", "10.44.0.0/16")  # a /24 per node (110 pods): room for 256 nodes
 SERVICE_RANGE = ("services", "10.48.0.0/20")
 RELEASE_CHANNEL = "REGULAR"
+MAINTENANCE_WINDOW: container.ClusterMaintenancePolicyRecurringWindowArgsDict = {
+    "start_time": "2026-01-03T00:00:00Z",  # a Saturday: the date fixes the weekday and the time of day
+    "end_time": "2026-01-03T12:00:00Z",
+    "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU",
+}
+"""When GKE may auto-upgrade (and so drain) nodes: Saturday and Sunday, 00:00-12:00 UTC. Outside it an
+upgrade waits, so a weekday run is not drained mid-run; a run across the window may be (a drain is a
+disruption: the run restarts from its snapshot). GKE asks for at least 48 hours in any 32 days, counting
+windows of 4 contiguous hours or more: this gives about 100
+(https://cloud.google.com/kubernetes-engine/docs/how-to/maintenance-windows-and-exclusions)."""
 SYSTEM_NODES = 1
 """Nodes of the system pool (in gcp:zone, regional or not): what keeps kube-dns and friends up."""
 POOL_LABEL = "nanocluster.dev/pool"
@@ -219,6 +229,7 @@ class GkeCluster(pulumi.ComponentResource):
             node_config=self._node_config(account, GKE_SYSTEM_MACHINE),
             deletion_protection=False,  # `pulumi destroy` is one of the four commands
             release_channel={"channel": RELEASE_CHANNEL},
+            maintenance_policy={"recurring_window": MAINTENANCE_WINDOW},
             networking_mode="VPC_NATIVE",
             ip_allocation_policy={
                 "cluster_secondary_range_name": POD_RANGE[0],

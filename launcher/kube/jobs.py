@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -227,11 +228,22 @@ def requirements_file(cluster: Cluster) -> Path:
     return path
 
 
-def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> None:
+@dataclass(frozen=True)
+class Staged:
+    """What one staging put in the store: a run's pods name these for all its attempts."""
+
+    python: str
+    """The node environment's interpreter, <store>/venv-<requirements digest>/bin/python."""
+    code_dir: str
+    """model/ by its digest, <store>/code-<code digest>: the trainer's PYTHONPATH."""
+
+
+def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
-    does only what differs (the venv once per requirements digest, the code once per code digest).
-    The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job itself
-    needs no GPU and runs off the GPU nodes (volume.helper_job)."""
+    builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
+    ends. The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job
+    itself needs no GPU and runs off the GPU nodes (volume.helper_job). Each staging's Job has a name
+    of its own, so two at once (two runs, two `fab setup`) never delete each other's."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()
@@ -240,20 +252,33 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):
         files[f"file{i}"] = data
         placed[path] = f"file{i}"
+    name = job_name("stage", f"{run or 'setup'}-{secrets.token_hex(3)}")
     try:
-        configmap = volume.staging_configmap(access.namespace, files)
+        configmap = volume.staging_configmap(access.namespace, files, name)
     except ValueError as e:
         raise TaskError(str(e)) from None
-    name = configmap["metadata"]["name"]
-    with calling(f"creating ConfigMap {name}"):
-        if not api.exists(api.core.read_namespaced_config_map, name, "ConfigMap"):
-            api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
-    script = volume.staging_script(volume.digest_of({"r": requirements}), code_sha, placed)
-    job = volume.helper_job(job_name("stage", run or "setup"), access, "staging", script, run=run, configmap=name)
+    requirements_sha = volume.digest_of({"r": requirements})
+    script = volume.staging_script(requirements_sha, code_sha, placed)
+    job = volume.helper_job(name, access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
     say(
         f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
         f"model code {code_sha[:12]}" + (f", runs/{run}'s files" if placed else "")
     )
-    run_helper(api, job, "staging the node environment and code")
+    with calling(f"creating ConfigMap {name}"):
+        api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
+    try:
+        run_helper(api, job, "staging the node environment and code")
+    finally:
+        delete_configmap(api, name)
     say(f"staged in {time.monotonic() - started:.1f} s")
+    return Staged(f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha))
+
+
+def delete_configmap(api: Api, name: str) -> None:
+    """Delete a ConfigMap; nothing when it is gone already."""
+    try:
+        api.core.delete_namespaced_config_map(name, api.namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise TaskError(f"deleting ConfigMap {name}: the API server answered {e.status} {e.reason}") from None

@@ -6,7 +6,8 @@ the official client accepts as a body). One pod per node; pod k of the Job is
     hostname <job>-k, resolvable as <job>-k.<service> (the Service is the pods' subdomain)
     on CPU nodes: rank k, one trainer process; RANK = its completion index (downward API),
       WORLD_SIZE = pods, MASTER_ADDR = <job>-0.<service>; it runs
-      <MOUNT_PATH>/venv/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/
+      <MOUNT_PATH>/store/venv-<digest>/bin/python -m model.train ARGS in <MOUNT_PATH>/runs/<run>/ (the
+      venv and code the run staged: launcher.kube.jobs.Staged)
     on nodes with G GPUs: ranks k*G .. k*G+G-1, started by torchrun in the pod (--nnodes=pods,
       --nproc-per-node=G, --node-rank=k, rendezvous at pod 0), as Kubeflow Trainer does with
       nproc_per_node; the pod requests the node's G GPUs and world size = pods x G
@@ -143,6 +144,11 @@ class PodLaunch:
     GKE's reservation (gke_allocatable_gib)."""
     same_zone: bool = True
     """Keep the run's pods in one zone (zone_affinity); False where the nodes carry no zone label."""
+    python: str = NODE_PYTHON
+    """The node environment's interpreter: the one the run staged (launcher.kube.jobs.Staged), the same
+    in every attempt whatever another run stages meanwhile."""
+    code_dir: str = CODE_DIR
+    """model/ as the run staged it (by digest): the trainer's PYTHONPATH."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -260,7 +266,7 @@ def container_env(launch: PodLaunch) -> list[dict]:
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.
     values = thread_variables(launch.threads_per_rank) | {
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": CODE_DIR,
+        "PYTHONPATH": launch.code_dir,
         LAUNCHER_ENV: "kubernetes",
     }
     if launch.gpus:
@@ -332,8 +338,8 @@ def trainer_command(launch: PodLaunch) -> list[str]:
     """What the trainer container runs (its command and args together), in launch.run_dir: the
     trainer, or on GPU nodes the shell starting torchrun (ranks_script) with the trainer's args."""
     if launch.gpus:
-        return ["sh", "-c", ranks_script(launch), "ranks", *launch.trainer_args]
-    return [NODE_PYTHON, "-m", "model.train", *launch.trainer_args]
+        return ["sh", "-c", ranks_script(launch, launch.python), "ranks", *launch.trainer_args]
+    return [launch.python, "-m", "model.train", *launch.trainer_args]
 
 
 def pod_failure_policy() -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from kubernetes.client import V1Job
+from kubernetes.client import V1Job, V1Pod
 from rich.table import Table
 
 from launcher.console import (
@@ -158,7 +158,7 @@ def logs(
     cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
 ) -> None:
     api, _ = open_cluster(cluster_spec)
-    pods = sorted(run_objects(api, run)[2], key=rank_of)
+    pods = sorted(training_pods(run_objects(api, run)[2]), key=rank_of)
     if not pods:
         start, view = (command_line(task, cluster=cluster_spec, run=run) for task in ("train", "status"))
         raise TaskError(
@@ -183,7 +183,7 @@ def logs(
             for line in log_lines(raw_response(stream)):
                 out_line(unit.label(line))
     if follow:  # each pod's log stream ends with its container
-        ended = {name_of(p): p for p in run_objects(api, run)[2]}
+        ended = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
         states = []
         for pod in pods:
             now = ended.get(name_of(pod))
@@ -191,6 +191,12 @@ def logs(
             phase = (now.status.phase if now is not None and now.status else None) or "deleted"
             states.append(f"{unit_of(pod).name} {phase}" + ("" if code is None else f" (exit {code})"))
         say(f"run {run} ended: {', '.join(states)}")
+
+
+def training_pods(pods: list[V1Pod]) -> list[V1Pod]:
+    """The run's training pods: its helper pods (sample, fetch, staging) carry the run label too,
+    for 10 minutes after they end, but have no trainer container to read."""
+    return [p for p in pods if p.spec and any(c.name == CONTAINER for c in p.spec.containers)]
 
 
 def stop(cluster_spec: str | None, run: str | None = None) -> int:

@@ -28,7 +28,7 @@ from launcher.console import TaskError, command_line, out_line, say
 from launcher.kube import objects
 from launcher.kube.api import Api, calling, connect, name_of
 from launcher.kube.connect import clear_stop_request, delete_run_objects, run_objects, stop_requested
-from launcher.kube.jobs import access_of, create_when_gone, stage
+from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
@@ -75,6 +75,8 @@ class KubeRun:
         self.overrides: tuple[str, ...] = ()
         """Overrides the recovery adds (keep_global_batch=true on fewer pods)."""
         self.prepared: Prepared | None = None
+        self.staged = Staged(objects.NODE_PYTHON, objects.CODE_DIR)
+        """The venv and code this run staged (open): every attempt's pods run these."""
         self.launch: objects.PodLaunch | None = None
         """The started attempt."""
 
@@ -109,8 +111,8 @@ class KubeRun:
             self.nodes[: self.count],
             request.run,
             request.dataset,
-            objects.NODE_PYTHON,
-            objects.CODE_DIR,
+            self.staged.python,
+            self.staged.code_dir,
             backend=request.backend,
             master_port=request.port or DEFAULT_MASTER_PORT,
             collective_timeout_s=request.collective_timeout_s,
@@ -142,6 +144,8 @@ class KubeRun:
                 allocatable_cpu=access.allocatable_cpu,
                 allocatable_memory_gib=access.allocatable_memory_gib,
                 same_zone=access.same_zone,
+                python=self.staged.python,
+                code_dir=self.staged.code_dir,
             )
         except ValueError as e:
             raise TaskError(str(e)) from None
@@ -174,7 +178,7 @@ class KubeRun:
         self.prepared = prepared
         self.refuse_a_live_run()  # before staging, which would write into the live run's directory
         files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
-        stage(self.api, self.cluster, request.run, files)
+        self.staged = stage(self.api, self.cluster, request.run, files)
 
     def connected(self) -> Api:
         assert self.api is not None, "open() first"

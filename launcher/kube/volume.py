@@ -3,8 +3,10 @@
     namespace, claim      what a kubeconfig cluster gets when it lacks them
     staging ConfigMap     model/ as a tarball, the node requirements and the run's files, named by
                           their digest (a ConfigMap holds at most 1 MiB: the code is ~80 KB)
-    staging Job           builds <root>/venv once per requirements digest, installs <root>/code
-                          when its digest differs, writes the run's files; then exits
+    staging Job           builds <root>/store/venv-<digest> once per requirements digest and
+                          <root>/store/code-<digest> once per code digest (each in a temporary
+                          directory renamed into place, never changed or removed after), points
+                          <root>/venv and <root>/code at them, writes the run's files; then exits
     prepare Job           `python -m model.prepare` writing <root>/data/<dataset> once
     tool Job              one program of the node environment (sample, a metrics tail): its log is the answer
 
@@ -35,7 +37,6 @@ from launcher.kube.objects import (
     VOLUME,
     restricted,
 )
-from launcher.setup.nodes import install_code_command
 
 CONFIGMAP_LIMIT_BYTES = 1024 * 1024
 """The API server refuses a ConfigMap whose data exceeds 1 MiB."""
@@ -43,8 +44,16 @@ STAGE_DIR = "/staging"
 """Where the staging Job mounts its ConfigMap."""
 LABEL_ROLE = "nanocluster.dev/role"
 """What a helper object is for: staging, prepare, tool."""
+STORE = f"{MOUNT_PATH}/store"
+"""Node environments and code trees by digest: written once, then only read. A run's pods name the
+ones it staged (code_dir, venv_dir), so another run's staging never changes what they execute."""
 VENV_MARKER = f"{MOUNT_PATH}/venv/.nanocluster-ready"
-"""The node environment's marker, holding the digest of the requirements it was built from."""
+"""The newest node environment's marker (through the <root>/venv link), holding its requirements digest."""
+HELPER_DEADLINE_S = {"staging": 3600, "prepare": 6 * 3600}
+"""activeDeadlineSeconds of a helper Job by role: a stuck helper ends (DeadlineExceeded) instead of
+holding a node. Staging may build the CUDA environment (GBs of wheels); preparing may tokenize a large
+dataset; the others (sample, fetch, doctor, runs) are minutes."""
+HELPER_DEADLINE_DEFAULT_S = 1800
 
 
 def meta(name: str, namespace: str, role: str, run: str = "") -> dict:
@@ -79,8 +88,17 @@ def digest_of(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def staging_configmap(namespace_name: str, files: dict[str, bytes]) -> dict:
-    """files (key -> bytes) as a ConfigMap named by their digest; a ValueError past the 1 MiB limit."""
+def code_dir(code_sha: str) -> str:
+    return f"{STORE}/code-{code_sha}"
+
+
+def venv_dir(requirements_sha: str) -> str:
+    return f"{STORE}/venv-{requirements_sha}"
+
+
+def staging_configmap(namespace_name: str, files: dict[str, bytes], name: str = "") -> dict:
+    """files (key -> bytes) as the ConfigMap <name> of one staging Job (deleted when it ends: another
+    staging's Job never mounts it); a ValueError past the 1 MiB limit."""
     size = sum(len(base64.b64encode(v)) for v in files.values())
     if size > CONFIGMAP_LIMIT_BYTES:
         raise ValueError(
@@ -90,15 +108,40 @@ def staging_configmap(namespace_name: str, files: dict[str, bytes]) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": meta(f"nanocluster-stage-{digest_of(files)[:12]}", namespace_name, "staging"),
+        "metadata": meta(name or f"nanocluster-stage-{digest_of(files)[:12]}", namespace_name, "staging"),
         "binaryData": {k: base64.b64encode(v).decode() for k, v in files.items()},
     }
 
 
+def staged_once(final: str, what: str, build: list[str], marker: str) -> list[str]:
+    """Shell building <final> once: into a temporary directory beside it, then renamed into place
+    (rename(2) is atomic on one file system, NFS included). Two stagings at once both build; the
+    second rename finds <final> there and fails, and that one's copy is dropped. Nothing removes
+    <final> afterwards: a live run's pods keep executing it."""
+    return [
+        f"if [ ! -e {final}/{marker} ]; then",
+        f"  tmp=$(mktemp -d {final}.tmp.XXXXXX) && chmod 755 $tmp",
+        f"  echo '{what}'",
+        *(f"  {line.replace('TMP', '$tmp')}" for line in build),
+        f"  mv -T $tmp {final} 2>/dev/null || {{ rm -rf $tmp; echo 'another staging built it meanwhile: kept it'; }}",
+        "fi",
+    ]
+
+
+def point(link: str, target: str) -> list[str]:
+    """Shell pointing the symlink <link> at <target>, atomically (a new link renamed over the old one);
+    a directory there from before the store (the old layout) is moved into the store first."""
+    return [
+        f"if [ -d {link} ] && [ ! -L {link} ]; then mv -T {link} {STORE}/legacy-$(basename {link})-$(date +%s); fi",
+        f"ln -sfn {target} {link}.new.$$ && mv -T {link}.new.$$ {link}",
+    ]
+
+
 def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str]) -> str:
-    """Shell for the staging Job: venv when its marker differs, code when its digest differs, run files.
+    """Shell for the staging Job: the venv and the code into the store when their digest is not there
+    (staged_once), <root>/venv and <root>/code pointed at them (what helper Jobs use), the run's files.
     The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py)."""
-    venv = f"{MOUNT_PATH}/venv"
+    venv, code = venv_dir(requirements_sha), code_dir(code_sha)
     lines = [
         "set -eu",
         f"if [ ! -w {MOUNT_PATH} ]; then",
@@ -106,16 +149,25 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
         f"{RUN_AS_ID}:{RUN_AS_ID} (chown) or use a storage class whose volumes are (docs/kubernetes.md)'",
         "  exit 1",
         "fi",
-        f'if [ "$(cat {VENV_MARKER} 2>/dev/null)" != {requirements_sha} ]; then',
-        f"  echo 'building the node environment in {venv} (once per requirements digest)'",
-        f"  rm -rf {venv} && python -m venv {venv}",
-        f"  {venv}/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt",
-        f"  echo {requirements_sha} > {VENV_MARKER}",
-        "fi",
-        f'if [ "$(cat {CODE_DIR}/.sha256 2>/dev/null)" != {code_sha} ]; then',
-        f"  echo 'installing model code {code_sha[:12]}'",
-        f"  {install_code_command(MOUNT_PATH, code_sha)} < {STAGE_DIR}/code.tar.gz",
-        "fi",
+        f"mkdir -p {STORE}",
+        *staged_once(
+            venv,
+            f"building the node environment {requirements_sha[:12]} (once per requirements digest)",
+            [
+                "python -m venv TMP",
+                f"TMP/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt",
+                f"echo {requirements_sha} > TMP/.nanocluster-ready",
+            ],
+            ".nanocluster-ready",
+        ),
+        *staged_once(
+            code,
+            f"installing model code {code_sha[:12]}",
+            [f"tar -xzf - -C TMP < {STAGE_DIR}/code.tar.gz", f"echo {code_sha} > TMP/.sha256"],
+            ".sha256",
+        ),
+        *point(f"{MOUNT_PATH}/venv", venv),
+        *point(CODE_DIR, code),
     ]
     for path, key in sorted(run_files.items()):
         lines += [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", f"cp {STAGE_DIR}/{key} {shlex.quote(path)}"]
@@ -136,8 +188,8 @@ def helper_job(
     name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
 ) -> dict:
     """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
-    staging ConfigMap, if any), as Pod Security "restricted" admits it (objects.restricted); kept 10
-    minutes after it ends so its log can be read."""
+    staging ConfigMap, if any), as Pod Security "restricted" admits it (objects.restricted); ended
+    after HELPER_DEADLINE_S, kept 10 minutes after it ends so its log can be read."""
     mounts: list[dict] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
     volumes: list[dict] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": access.storage_claim}}]
     if configmap:
@@ -150,6 +202,7 @@ def helper_job(
         "metadata": meta(name, access.namespace, role, run),
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": HELPER_DEADLINE_S.get(role, HELPER_DEADLINE_DEFAULT_S),
             "ttlSecondsAfterFinished": 600,
             "template": {
                 "metadata": {"labels": labels},

@@ -127,6 +127,24 @@ def test_cluster_is_private_reachable_from_the_operator_cidr_only_with_workload_
     }
 
 
+def test_auto_upgrades_wait_for_the_weekend_window_of_at_least_48_hours_a_month():
+    import datetime
+
+    from infra.gke import MAINTENANCE_WINDOW
+
+    cluster = gke().named(CLUSTER, "nanocluster-dev").get()
+    window = cluster["maintenancePolicy"]["recurringWindow"]
+    assert window == {
+        "startTime": "2026-01-03T00:00:00Z",
+        "endTime": "2026-01-03T12:00:00Z",
+        "recurrence": "FREQ=WEEKLY;BYDAY=SA,SU",
+    }
+    start, end = (datetime.datetime.fromisoformat(str(MAINTENANCE_WINDOW[k])) for k in ("start_time", "end_time"))
+    assert start.weekday() == 5 and end - start >= datetime.timedelta(hours=4)
+    days = str(MAINTENANCE_WINDOW["recurrence"]).split("BYDAY=")[1].split(",")
+    assert (32 // 7) * len(days) * (end - start) >= datetime.timedelta(hours=48)  # GKE's minimum in 32 days
+
+
 def test_every_node_runs_as_the_dedicated_account_with_narrow_scopes():
     run = gke()
     (account,) = run.of_type("gcp:serviceaccount/account:Account")

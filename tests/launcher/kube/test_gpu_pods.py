@@ -291,10 +291,18 @@ def test_the_staged_environment_is_the_cuda_profile_on_gpu_nodes(fake, task, tmp
     assert ran.code == 1 and len(ran.error_lines) == 1
     assert "requirements-cuda.txt is missing: the cuda profile's pins are written by `make lock`" in ran.error_lines[0]
     (node_dir / "requirements-cuda.txt").write_text("torch==2.13.0\n")
+    deleted = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
+    delete = jobs.delete_configmap
+    monkeypatch.setattr(
+        jobs,
+        "delete_configmap",
+        lambda api, name: (deleted.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
+    )
     ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
     assert ran.code == 0, ran.err
     assert "node environment (cuda profile)" in ran.out + ran.err
-    (configmap,) = fake.core.list_namespaced_config_map("nanocluster").items
+    assert not fake.core.list_namespaced_config_map("nanocluster").items
+    (configmap,) = deleted
     import base64
 
     assert base64.b64decode(configmap.binary_data["requirements.txt"]) == b"torch==2.13.0\n"

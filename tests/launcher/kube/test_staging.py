@@ -1,0 +1,156 @@
+"""Staging on the shared claim: code and node environment by digest in a store nothing rewrites, each
+run's pods pinned to what it staged, two stagings at once, the staging ConfigMap deleted.
+
+The staging script itself runs here in a shell over a temporary directory standing in for the claim
+(the fake runs no container): `python -m venv` and pip are stubs, the rest (mktemp, tar, mv -T, ln)
+is what the stock image runs."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+from launcher.kube import jobs, volume
+from launcher.kube.objects import MOUNT_PATH
+from launcher.kube.train import KubeRun
+from tests.launcher.kube.test_flow import QUICK, env_of, training_jobs
+
+PYTHON_STUB = """#!/bin/sh
+# python -m venv DIR: a venv whose pip takes a while, as a real install does
+[ "$1 $2" = "-m venv" ] || exit 2
+mkdir -p "$3/bin"
+printf '#!/bin/sh\\nsleep 0.3\\necho "$@" > "$(dirname "$0")/../pip-args"\\n' > "$3/bin/pip"
+chmod +x "$3/bin/pip"
+"""
+
+
+def archive(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def staging(tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64) -> subprocess.Popen:
+    """The staging script of `code`, started over tmp_path/claim (the claim) with its ConfigMap in tmp_path/<name>."""
+    claim, stage_dir, bin_dir = tmp_path / "claim", tmp_path / name, tmp_path / "bin"
+    for d in (claim, stage_dir, bin_dir):
+        d.mkdir(exist_ok=True)
+    (bin_dir / "python").write_text(PYTHON_STUB)
+    (bin_dir / "python").chmod(0o755)
+    (stage_dir / "code.tar.gz").write_bytes(archive(code))
+    (stage_dir / "requirements.txt").write_text("torch==2.13.0\n")
+    code_sha = volume.digest_of({k: v.encode() for k, v in code.items()})
+    text = volume.staging_script(requirements_sha, code_sha, {})
+    text = text.replace(volume.STAGE_DIR, str(stage_dir)).replace(MOUNT_PATH, str(claim))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.Popen(["sh", "-c", text], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(process: subprocess.Popen) -> str:
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    return out
+
+
+def code_sha(code: dict[str, str]) -> str:
+    return volume.digest_of({k: v.encode() for k, v in code.items()})
+
+
+def test_two_runs_staged_with_different_code_keep_their_own(tmp_path):
+    a, b = {"model/train.py": "A = 1\n"}, {"model/train.py": "B = 2\n"}
+    finished(staging(tmp_path, "a", a))
+    claim = tmp_path / "claim"
+    a_dir = Path(str(claim) + volume.code_dir(code_sha(a))[len(MOUNT_PATH) :])
+    assert (a_dir / "model/train.py").read_text() == "A = 1\n"
+    finished(staging(tmp_path, "b", b))
+    b_dir = Path(str(claim) + volume.code_dir(code_sha(b))[len(MOUNT_PATH) :])
+    assert (a_dir / "model/train.py").read_text() == "A = 1\n"  # run A's tree untouched
+    assert (b_dir / "model/train.py").read_text() == "B = 2\n"
+    assert (a_dir / ".sha256").read_text().strip() == code_sha(a)
+    assert (claim / "code").resolve() == b_dir.resolve()  # the newest staging, for helper Jobs
+    assert ((claim / "venv").resolve() / ".nanocluster-ready").read_text().strip() == "r" * 64
+    out = finished(staging(tmp_path, "a2", a))  # staged again: nothing rebuilt
+    assert "building" not in out and "installing" not in out
+
+
+def test_two_first_stagings_at_once_leave_one_complete_copy(tmp_path):
+    code = {"model/train.py": "X = 1\n", "model/data.py": "Y = 2\n"}
+    first, second = staging(tmp_path, "one", code), staging(tmp_path, "two", code)
+    outs = [finished(first), finished(second)]
+    assert all("building the node environment" in out for out in outs)  # both started before either ended
+    store = tmp_path / "claim" / "store"
+    assert sorted(p.name for p in store.iterdir()) == [f"code-{code_sha(code)}", f"venv-{'r' * 64}"]
+    pip_args = (store / f"venv-{'r' * 64}" / "pip-args").read_text().split()
+    assert pip_args[-2] == "-r" and pip_args[-1] in (f"{tmp_path}/{n}/requirements.txt" for n in ("one", "two"))
+    assert (store / f"code-{code_sha(code)}" / "model/data.py").read_text() == "Y = 2\n"
+
+
+def test_the_old_layout_is_moved_into_the_store(tmp_path):
+    claim = tmp_path / "claim"
+    (claim / "code" / "model").mkdir(parents=True)
+    (claim / "code" / "model" / "old.py").write_text("")
+    finished(staging(tmp_path, "a", {"model/train.py": ""}))
+    assert (claim / "code").is_symlink()
+    (legacy,) = (claim / "store").glob("legacy-code-*")
+    assert (legacy / "model" / "old.py").exists()
+
+
+def test_a_restart_runs_the_code_its_run_staged_after_another_run_staged_new_code(
+    fake, contract_file, task, script, monkeypatch
+):
+    fake.seed()
+    script.fail[(0, 1)] = 137  # attempt 0 fails: run a restarts
+    staged = {}
+    monkeypatch.setattr(jobs, "code_archive", lambda: (b"a", "a" * 64))
+    recover = KubeRun.recover
+
+    def other_run_stages_meanwhile(self):
+        monkeypatch.setattr(jobs, "code_archive", lambda: (b"b", "b" * 64))
+        staged["b"] = jobs.stage(self.connected(), self.cluster, "b")
+        return recover(self)
+
+    monkeypatch.setattr(KubeRun, "recover", other_run_stages_meanwhile)
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "a", *QUICK)
+    assert ran.code == 0, ran.err
+    assert staged["b"].code_dir == volume.code_dir("b" * 64)
+    attempts = training_jobs(fake)
+    assert [j["metadata"]["labels"]["nanocluster.dev/attempt"] for j in attempts] == ["0", "1"]
+    for job in attempts:
+        assert env_of(job)["PYTHONPATH"] == volume.code_dir("a" * 64)
+        command = job["spec"]["template"]["spec"]["containers"][0]
+        assert (command.get("command") or [])[:1] == [f"{volume.STORE}/venv-{jobs_requirements_sha()}/bin/python"]
+    stagings = [j for j in fake.created_jobs if j["metadata"]["labels"].get(volume.LABEL_ROLE) == "staging"]
+    assert len({j["metadata"]["name"] for j in stagings}) == 2  # each staging's Job its own name
+    # every staging ConfigMap deleted once its Job ended
+    assert not [c for c in fake.core.list_namespaced_config_map("nanocluster").items if "stage" in c.metadata.name]
+
+
+def jobs_requirements_sha() -> str:
+    return volume.digest_of({"r": (jobs.NODE_DIR / "requirements-default.txt").read_bytes()})
+
+
+def test_helper_jobs_have_a_deadline():
+    from tests.launcher.kube.test_schemas import ACCESS
+
+    assert volume.helper_job("s", ACCESS, "staging", "true")["spec"]["activeDeadlineSeconds"] == 3600
+    assert volume.helper_job("x", ACCESS, "sample", "true")["spec"]["activeDeadlineSeconds"] == 1800
+
+
+def test_logs_reads_the_training_pods_only():
+    from kubernetes.client import V1Container, V1Pod, V1PodSpec
+
+    from launcher.kube.objects import CONTAINER
+    from launcher.kube.tasks import training_pods
+
+    def pod(container: str) -> V1Pod:
+        return V1Pod(spec=V1PodSpec(containers=[V1Container(name=container)]))
+
+    trainer, sample = pod(CONTAINER), pod("sample")  # `fab sample`'s pod carries the run label for 10 minutes
+    assert training_pods([sample, trainer]) == [trainer]
