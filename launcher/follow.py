@@ -114,8 +114,19 @@ class Before:
             state_path(self.directory).unlink(missing_ok=True)
         else:
             state_path(self.directory).write_bytes(self.state)
-        if not self.lock_existed and not is_live(self.directory):
+        if not self.lock_existed and released(self.directory):
             (self.directory / LOCK_NAME).unlink(missing_ok=True)
+
+
+def released(directory: Path, wait_s: float = 10.0) -> bool:
+    """Whether the run's lock is free, waiting up to wait_s for it: a supervisor records its end a moment
+    before its process exits and releases the lock."""
+    deadline = time.monotonic() + wait_s
+    while is_live(directory):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def launch_count(directory: Path) -> int:

@@ -421,7 +421,8 @@ def pod_memory_mib(launch: PodLaunch) -> int:
 def pod_resources(launch: PodLaunch) -> dict:
     """Requests equal to limits for cpu and memory, whole CPUs: the Guaranteed QoS class, which the
     kubelet evicts last, and whose CPUs the static CPU manager policy pins to the pod alone
-    (kubernetes.io/docs/concepts/workloads/pods/pod-qos, docs/tasks/administer-cluster/cpu-management-policies).
+    (kubernetes.io/docs/concepts/workloads/pods/pod-qos,
+    kubernetes.io/docs/tasks/administer-cluster/cpu-management-policies).
     An extended resource such as GPUs is requested by its limit and must equal it."""
     resources = {"cpu": str(pod_cpus(launch)), "memory": f"{pod_memory_mib(launch)}Mi"}
     if launch.gpus:

@@ -17,8 +17,9 @@ from launcher.kube.pod_start import StartBounds, disruption, ended_how
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
 QUICK = ("--set", "max_iters=4")
-BOUND_S = 30.0
-"""No wait in these tests comes near the real bounds: each task ends well within this."""
+BOUND_S = 55.0
+"""No wait in these tests comes near the real bounds (the shortest, the image pull's grace, is 60 s): each
+task ends within this. A task alone takes ~15 s here; CI's parallel workers on two cores have doubled it."""
 
 
 @pytest.fixture
