@@ -51,7 +51,7 @@ from launcher.launch.supervisor import (
     take_lock,
 )
 from launcher.lifecycle import RunKind, TrainRequest
-from launcher.runs.record import EVENTS_NAME, RunRecord, run_dir
+from launcher.runs.record import RunRecord, run_dir
 from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
@@ -131,10 +131,7 @@ def released(directory: Path, wait_s: float = 10.0) -> bool:
 
 def launch_count(directory: Path) -> int:
     """The launch events in the run's record (a new one: the attempt's ranks have started)."""
-    try:
-        return sum('"event": "launch"' in line for line in (directory / EVENTS_NAME).read_text().splitlines())
-    except OSError:
-        return 0
+    return sum(event.get("event") == "launch" for event in RunRecord(directory).events)
 
 
 def attach(cluster: Cluster, cluster_spec: str | None, run: str) -> int:
