@@ -238,15 +238,22 @@ class Staged:
     """model/ by its digest, <store>/code-<code digest>: the trainer's PYTHONPATH."""
 
 
-def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> Staged:
+def stage(
+    api: Api,
+    cluster: Cluster,
+    run: str = "",
+    run_files: dict[str, bytes] | None = None,
+    code: tuple[bytes, str] | None = None,
+) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
     ends. The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job
     itself needs no GPU and runs off the GPU nodes (volume.helper_job). Each staging's Job has a name
-    of its own, so two at once (two runs, two `fab setup`) never delete each other's."""
+    of its own, so two at once (two runs, two `fab setup`) never delete each other's. code: another
+    (archive, digest) than model/'s (the run's supervisor needs launcher/ too)."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
-    archive, code_sha = code_archive()
+    archive, code_sha = code or code_archive()
     files = {"code.tar.gz": archive, "requirements.txt": requirements}
     placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):

@@ -515,3 +515,77 @@ def training_job(launch: PodLaunch) -> dict:
             },
         },
     }
+
+
+# --- the run's supervisor (launcher.kube.supervisor): one pod that runs the run's lifecycle in the cluster ---
+
+SUPERVISOR = "supervisor"
+"""The supervisor's container, its role label and the suffix of its Job's name."""
+LABEL_SUPERVISES = "nanocluster.dev/supervises"
+"""The run a supervisor Job supervises: not LABEL_RUN, so deleting the run's objects (a restart, `fab stop`)
+never deletes the supervisor that did it."""
+SUPERVISOR_BACKOFF_LIMIT = 6
+"""Supervisor pods that may fail (a crash, an OOM kill) before its Job fails; a node lost or drained
+under it is a disruption, ignored (SUPERVISOR_FAILURE_POLICY), so a long run survives any number."""
+SUPERVISOR_FAILURE_POLICY = {
+    "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+}
+SUPERVISOR_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+"""The lifecycle polls the API and copies logs: a tenth of a CPU; Python, the kubernetes client and the
+log threads of a 64-pod run stay well inside 1 GiB."""
+
+
+def supervisor_job_name(job: str) -> str:
+    """<job>-supervisor, cut to a DNS label (the Job's pods add a 6-character suffix of their own)."""
+    return f"{job[: DNS_LABEL_MAX - 6 - len(SUPERVISOR) - 1].rstrip('-')}-{SUPERVISOR}"
+
+
+def supervisor_job(
+    name: str,
+    namespace: str,
+    run: str,
+    claim: str,
+    service_account: str,
+    command: list[str],
+    env: dict[str, str],
+    node_selector: dict[str, str],
+    image: str = DEFAULT_IMAGE,
+) -> dict:
+    """The run's supervisor: a one-pod Job whose pod the Job controller recreates when it fails (node
+    lost, crash), with the service account whose Role lets it create and watch the run's Jobs. It is
+    restricted as every pod, but keeps its token: calling the API is its work."""
+    pod_labels = {LABEL_APP: APP, "nanocluster.dev/role": SUPERVISOR, LABEL_SUPERVISES: run}
+    container = {
+        "name": SUPERVISOR,
+        "image": image,
+        "command": command,
+        "workingDir": MOUNT_PATH,
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "resources": SUPERVISOR_RESOURCES,
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
+    }
+    pod_spec = restricted(
+        {
+            "restartPolicy": "Never",  # podFailurePolicy requires it: the Job controller makes a new pod
+            "serviceAccountName": service_account,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+            "nodeSelector": dict(node_selector),
+            "containers": [container],
+            "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}],
+        }
+    )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
+        "spec": {
+            "backoffLimit": SUPERVISOR_BACKOFF_LIMIT,
+            "podFailurePolicy": SUPERVISOR_FAILURE_POLICY,
+            "podReplacementPolicy": "Failed",  # never two supervisors: the new pod once the old one ended
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": {SAFE_TO_EVICT: "true"}},
+                "spec": pod_spec | {"automountServiceAccountToken": True},
+            },
+        },
+    }

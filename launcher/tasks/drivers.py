@@ -11,7 +11,8 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
 
 `fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind, and
 here where the lifecycle runs: machines in a supervisor on this machine (launcher.supervised,
-followed by launcher.follow), Kubernetes in the front end itself.
+followed by launcher.follow), Kubernetes in a supervisor pod in the cluster (launcher.kube.supervisor,
+launcher.kube.in_cluster).
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
@@ -128,8 +129,8 @@ def kubernetes_driver() -> Driver:
     task on VMs does not pay."""
     import launcher.kube.fetch as kube_fetch
     import launcher.kube.run_dirs as kube_runs
+    import launcher.kube.supervisor as kube_supervisor
     import launcher.kube.tasks as kube
-    import launcher.kube.train as kube_train
 
     class KubernetesDriver:
         """Pods through the API server."""
@@ -137,8 +138,8 @@ def kubernetes_driver() -> Driver:
         kind = KUBERNETES
         setup = staticmethod(kube.setup)
         prepare_data = staticmethod(kube.prepare_data)
-        train = staticmethod(kube_train.train)  # supervised by the front end itself
-        attach = staticmethod(kube_train.attach)
+        train = staticmethod(kube_supervisor.train)  # the run's supervisor: a pod in the cluster
+        attach = staticmethod(kube_supervisor.attach)
         status = staticmethod(kube.status)
         logs = staticmethod(kube.logs)
         stop = staticmethod(kube.stop)

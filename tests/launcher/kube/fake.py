@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
+from tests.launcher.kube.fake_jobs import JobVerdicts, SupervisorProcesses, job_conditions
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -50,9 +51,10 @@ def kubeconfig(url: str, context: str = "fake") -> dict:
 class Script:
     """What the pods do. Every pod is scheduled and runs, then succeeds, unless named here."""
 
-    fail: dict[tuple[int, int], int | str] = field(default_factory=dict)
+    fail: dict[tuple[int, ...], int | str] = field(default_factory=dict)
     """(attempt, rank) -> an exit code, "evict" (condition DisruptionTarget, as a spot reclaim), "evicted"
-    (the kubelet's eviction under node pressure: reason Evicted) or "oom" (container OOMKilled, exit 137)."""
+    (the kubelet's eviction under node pressure: reason Evicted) or "oom" (container OOMKilled, exit 137);
+    (attempt, rank, n): the n-th replacement pod of that index (the Job controller's, under its podFailurePolicy)."""
     unschedulable: set[tuple[int, int]] = field(default_factory=set)
     """(attempt, rank) pods that never find a node."""
     log: dict[int, list[str]] = field(default_factory=lambda: {0: ["step 1 loss 4.2", "step 2 loss 3.9"]})
@@ -91,6 +93,8 @@ class FakeKube:
         """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
+        self.retry_of: dict[str, int] = {}
+        """pod -> which replacement of its index it is (0: the first pod)."""
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._server_stop = threading.Event()
@@ -102,6 +106,9 @@ class FakeKube:
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
         self.storage = client.StorageV1Api(self.api)
         self.starting = StartingPods(self)
+        self.controller = JobVerdicts(self)
+        self.processes = SupervisorProcesses(self)
+        """The supervisor Jobs' pods, run as local processes (fake_jobs)."""
         self._controller = threading.Thread(target=self._control, daemon=True)
         self._controller.start()
 
@@ -125,6 +132,9 @@ class FakeKube:
                     "v1/persistentvolumeclaims",
                     "batch/v1/jobs",
                     "storage.k8s.io/v1/storageclasses",
+                    "v1/serviceaccounts",
+                    "rbac.authorization.k8s.io/v1/roles",
+                    "rbac.authorization.k8s.io/v1/rolebindings",
                 ):
                     emulator.resources[plural] = {}
                 self.url = str(server.url).rstrip("/")
@@ -138,6 +148,7 @@ class FakeKube:
         """Stop the controller, then the server (kmock's resolver hook must unwind before the next starts)."""
         self._stop.set()
         self._controller.join(10)
+        self.processes.end_all()
         self.pod_exec.end_all()
         self._server_stop.set()
         self._server.join(10)
@@ -249,6 +260,7 @@ class FakeKube:
             if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
         existing = {p.metadata.name: p for p in self.pods()}
+        self.processes.end_gone(existing, jobs)
         self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
         for name, job in jobs.items():
             if job.metadata.deletion_timestamp:
@@ -258,12 +270,23 @@ class FakeKube:
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
             indexed = job.spec.completion_mode == "Indexed"
+            ended = job_conditions(job)
+            done = 0
             for index in range(job.spec.completions or 1):
-                pod = f"{name}-{index}-a{attempt}"
+                retry = self.controller.retries.get((job.metadata.uid, index), 0)
+                pod = f"{name}-{index}-a{attempt}" + (f"-r{retry}" if retry else "")
                 if pod not in existing:
-                    self._create_pod(pod, job, labels, index, attempt, indexed)
-                else:
-                    self._advance(pod, index if indexed else -1, attempt)
+                    if not ended:
+                        self._create_pod(pod, job, labels, index, attempt, indexed)
+                        self.retry_of[pod] = retry
+                    continue
+                phase = existing[pod].status.phase if existing[pod].status else ""
+                done += phase == "Succeeded"
+                if phase == "Failed" and not ended:
+                    self.controller.judge(job, index, existing[pod])
+                self._advance(pod, index if indexed else -1, attempt)
+            if not ended and done == (job.spec.completions or 1):
+                self.controller.condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
 
     def _terminate(self, name: str, job, pods: list) -> None:
         """A Job deleted in Foreground mode: its pods get SIGTERM and end after terminate_ticks (a running
@@ -310,6 +333,7 @@ class FakeKube:
         if (job.metadata.name, (job.metadata.labels or {}).get("nanocluster.dev/attempt")) not in seen:
             self.created_jobs.append(self.api.sanitize_for_serialization(job))
         placed = (attempt, index) not in self.script.unschedulable
+        supervisor = labels.get("nanocluster.dev/role") == "supervisor"
         self.core.create_namespaced_pod(
             NAMESPACE,
             {
@@ -324,6 +348,12 @@ class FakeKube:
                 "spec": self.api.sanitize_for_serialization(job.spec.template.spec),  # StartingPods binds it
             },
         )
+        if supervisor:  # a real process: the pod runs while it does
+            self.logs[pod] = b""
+            self._phase(pod, "Running", container="supervisor")
+            self.processes.start(pod, job)
+            self.ticks[pod] = 0
+            return
         if indexed:
             lines = self.script.log.get(index, [])
         else:
@@ -352,13 +382,19 @@ class FakeKube:
         self.ticks[pod] = 0
 
     def _advance(self, pod: str, rank: int, attempt: int) -> None:
+        if pod in self.processes.running or pod in self.processes.ended:
+            code = self.processes.exit_code(pod)
+            if code is not None:
+                self._phase(pod, "Succeeded" if code == 0 else "Failed", code, container="supervisor")
+            return
         if (attempt, rank) in self.script.unschedulable:
             return
         self.ticks[pod] += 1
         tick = self.starting.advance(pod, rank, attempt, self.ticks[pod])
         if tick < 1:
             return
-        fate = self.script.fail.get((attempt, rank))
+        retry = self.retry_of.get(pod, 0)
+        fate = self.script.fail.get((attempt, rank) if not retry else (attempt, rank, retry))
         if tick == 1:
             self._phase(pod, "Running")
         elif tick == self.script.run_ticks // 2 and fate == "evict":
@@ -389,7 +425,13 @@ class FakeKube:
             # helper Jobs end at once, a serving one when its Job is deleted
             self._phase(pod, "Succeeded", 0)
 
-    def _phase(self, pod: str, phase: str, code: int | None = None, reason: str | None = None) -> None:
+    def fail_pod(self, pod: str, code: int) -> None:
+        """End a running pod now with exit code (a test's rank crash)."""
+        self._phase(pod, "Failed", code)
+
+    def _phase(
+        self, pod: str, phase: str, code: int | None = None, reason: str | None = None, container: str = "trainer"
+    ) -> None:
         state = {"running": {}} if code is None else {"terminated": {"exitCode": code}}
         if reason:
             state["terminated"]["reason"] = reason
@@ -401,7 +443,7 @@ class FakeKube:
                     "phase": phase,
                     "containerStatuses": [
                         {
-                            "name": "trainer",
+                            "name": container,
                             "ready": phase == "Running",
                             "restartCount": 0,
                             "image": "python:3.11-slim",

@@ -1,0 +1,247 @@
+"""The run's supervisor inside a Kubernetes cluster: what its pod runs (`python -m launcher.kube.in_cluster
+SPEC`). launcher.kube.supervisor creates it and follows it from the operator's machine.
+
+    cluster    the Cluster the front end resolved (launcher.kube.supervisor.encode_cluster), with a
+               kubeconfig of the pod's own: its service account's token (the Role of
+               launcher.kube.supervisor: the run's Jobs, pods, logs, exec, Services, ConfigMaps in
+               the namespace), or KUBECONFIG where one is given (a test's fake API server)
+    lifecycle  launcher.lifecycle with the Kubernetes kind (launcher.kube.train.KubeRun) run by
+               launcher.supervised.supervise, as on this machine: its record (events, metrics,
+               train.log, supervisor.json) in NANOCLUSTER_HOME, a directory of the run on the claim
+    adopt      a pod that replaces one that died (a node lost, an OOM kill) finds the run's training
+               Job live: it follows that attempt again instead of starting the run over, with the
+               record's launch and restarts (no second launch event)
+    interrupt  the front end's Ctrl-C arrives as a ConfigMap (INTERRUPT_SUFFIX): SIGINT to this
+               process, which the lifecycle turns into "every rank snapshots, end interrupted"
+    linger     once the run's end is recorded the pod waits (LINGER_S) for the front end to copy the
+               record and delete the Job, then exits 0 whatever the run's status: the Job
+               controller retries a failed supervisor pod, never a run that ended
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.kube_contract import KubeAccess
+from launcher.console import say
+from launcher.kube.api import Api, name_of
+from launcher.kube.connect import run_objects
+from launcher.kube.jobs import Staged
+from launcher.kube.objects import LABEL_ATTEMPT
+from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
+from launcher.runs.record import RunRecord
+from launcher.supervised import request_of, supervise
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+INTERRUPT_SUFFIX = "-interrupt"
+"""The ConfigMap <supervisor job><suffix>: the front end's Ctrl-C."""
+SESSION_NAME = "supervisor-session"
+"""In the record directory: the token of the front end's train this supervisor Job serves."""
+ENDED_NAME = "supervisor-ended"
+"""In the record directory: the token of a session whose run has ended (a new pod of its Job does nothing)."""
+LINGER_S = 6 * 3600.0
+"""How long an ended supervisor waits for a front end to copy its record (attach later copies it
+through a helper pod: launcher.kube.supervisor)."""
+POLL_S = 1.0
+
+
+def in_cluster_kubeconfig(context: str) -> str:
+    """A kubeconfig for the pod's service account (the API server as every pod reaches it), or the
+    file KUBECONFIG names."""
+    given = os.environ.get("KUBECONFIG")
+    if given:
+        return Path(given).read_text()
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host = f"[{host}]" if ":" in host else host
+    server = {"server": f"https://{host}:{port}", "certificate-authority": f"{SERVICE_ACCOUNT_DIR}/ca.crt"}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": context,
+            "clusters": [{"name": "in-cluster", "cluster": server}],
+            # The kubelet keeps the projected token fresh; the client reads it when it connects.
+            "users": [{"name": "supervisor", "user": {"tokenFile": f"{SERVICE_ACCOUNT_DIR}/token"}}],
+            "contexts": [{"name": context, "context": {"cluster": "in-cluster", "user": "supervisor"}}],
+        }
+    )
+
+
+def decode_cluster(data: dict, kubeconfig: str) -> Cluster:
+    """The front end's Cluster (launcher.kube.supervisor.encode_cluster) with this pod's kubeconfig."""
+    kube = data["kube"]
+    access = KubeAccess(
+        **{
+            **kube,
+            "kubeconfig": kubeconfig,
+            "node_selector": tuple(tuple(pair) for pair in kube["node_selector"]),
+            "tolerations": tuple(kube["tolerations"]),
+        }
+    )
+    fields = {k: v for k, v in data.items() if k not in ("kube", "nodes", "cpu_flags", "stack")}
+    return Cluster(
+        **fields,
+        nodes=tuple(Node(**n) for n in data["nodes"]),
+        cpu_flags=tuple(data["cpu_flags"]),
+        kube=access,
+    )
+
+
+class InClusterRun:
+    """launcher.kube.train.KubeRun as the supervisor pod runs it: already connected (the Role reaches
+    no cluster-scoped object), the venv and code the front end staged, and a live attempt adopted."""
+
+    @staticmethod
+    def make(request: TrainRequest, cluster: Cluster, staged: Staged, session: str):  # noqa: ANN205
+        from launcher.kube.train import KubeRun
+
+        class Run(KubeRun):
+            adopted: int | None = None
+            """The live training Job's attempt this pod follows again (None: none)."""
+            lifecycle: Lifecycle | None = None
+
+            def open(self, prepared: Prepared) -> None:
+                self.check_fit(prepared)
+                self.prepared, self.staged = prepared, staged
+                jobs = [j for j in run_objects(self.connected(), request.run)[0] if is_live_job(j)]
+                record = RunRecord.of(cluster, request.run)
+                current = record.current
+                mine = (record.directory / SESSION_NAME).exists() and (
+                    (record.directory / SESSION_NAME).read_text().strip() == session
+                )
+                if jobs and mine and current is not None and current.end is None and self.lifecycle:
+                    job = jobs[0]
+                    self.adopted = int(((job.metadata.labels or {}) if job.metadata else {}).get(LABEL_ATTEMPT, "0"))
+                    life = self.lifecycle
+                    life.launched, life.clock_start = True, float(current.launch.get("time", life.clock_start))
+                    life.restarts = max(current.restarts, self.adopted)
+                    say(f"supervising the live Job {name_of(job)} (attempt {self.adopted}) again")
+                (record.directory / SESSION_NAME).write_text(session)
+
+            def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+                if self.adopted is None:
+                    return super().start(attempt, extra_overrides)
+                assert self.prepared is not None
+                self.launch = self.pod_launch(self.prepared, self.adopted, extra_overrides)
+                self.adopted = None
+                return Started(self.nodes[: self.launch.nodes], self.launch.world_size)
+
+        return Run
+
+
+def is_live_job(job) -> bool:  # noqa: ANN001
+    from launcher.kube.train import is_live
+
+    return is_live(job)
+
+
+SPEC: dict = {}
+"""The pod's spec (main), for train_here."""
+
+
+def train_here(request: TrainRequest) -> int:
+    """The lifecycle in this pod: supervise()'s entry."""
+    context = SPEC["cluster"]["kube"]["context"]
+    cluster = decode_cluster(SPEC["cluster"], in_cluster_kubeconfig(context))
+    assert cluster.kube is not None
+    api = Api.of(cluster.kube)
+    staged = Staged(**SPEC["staged"])
+    run_class = InClusterRun.make(request, cluster, staged, SPEC["session"])
+    kind = run_class(request, cluster, tuple(cluster.select(request.nodes)), api)
+    life = Lifecycle(request, kind)
+    kind.lifecycle = life
+    watch_interrupts(api, SPEC["job"])
+    return life.train()
+
+
+def watch_interrupts(api: Api, job: str) -> None:
+    """A thread that turns the front end's interrupt ConfigMap into SIGINT for this process."""
+    name = f"{job}{INTERRUPT_SUFFIX}"
+
+    def poll() -> None:
+        while True:
+            time.sleep(POLL_S)
+            try:
+                api.core.read_namespaced_config_map(name, api.namespace)
+            except (ApiException, OSError):
+                continue
+            try:
+                api.core.delete_namespaced_config_map(name, api.namespace)
+            except (ApiException, OSError):
+                pass
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=poll, daemon=True, name="interrupts").start()
+
+
+def mirror_to(fd: int, log: Path) -> None:
+    """A thread copying the run's log to fd (the pod's own log, for kubectl logs) as it grows."""
+
+    def copy() -> None:
+        offset = log.stat().st_size if log.exists() else 0
+        while True:
+            try:
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                data = b""
+            if data:
+                offset += len(data)
+                os.write(fd, data)
+            time.sleep(0.2)
+
+    threading.Thread(target=copy, daemon=True, name="pod-log").start()
+
+
+def main() -> None:
+    SPEC.update(json.loads(sys.argv[1]))
+    request = request_of(SPEC["request"])
+    context = SPEC["cluster"]["kube"]["context"]
+    cluster = decode_cluster(SPEC["cluster"], "")
+    record = RunRecord.of(replace(cluster), request.run)
+    directory = record.made()
+    ended = directory / ENDED_NAME
+    if not (ended.exists() and ended.read_text().strip() == SPEC["session"]):
+        log = directory / "train.log"
+        pod_log = os.dup(1)
+        out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        mirror_to(pod_log, log)
+        lock = os.open("/tmp/supervisor.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        spec = {
+            "entry": "launcher.kube.in_cluster:train_here",
+            "request": SPEC["request"],
+            "directory": str(directory),
+            "lock_fd": lock,
+            "program": SPEC.get("program", "fab"),
+        }
+        supervise(spec)
+        ended.write_text(SPEC["session"])
+    del context
+    linger(SPEC["job"])
+    sys.exit(0)
+
+
+def linger(job: str) -> None:
+    """Wait for the front end to copy the record and delete this Job (SIGTERM ends the wait)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    deadline = time.monotonic() + LINGER_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+"""A run's supervisor on a Kubernetes cluster, and the front end that starts and follows it.
+
+The run's lifecycle (launcher.lifecycle: restarts, budget, record, end) runs in a pod of the cluster
+(launcher.kube.in_cluster), not in the operator's terminal: a laptop closed, a network lost or a
+front end killed leaves the run supervised to its end. The pod is a one-pod Job, so the Job
+controller makes a new one when it fails (its node lost, an OOM kill: SUPERVISOR_BACKOFF_LIMIT,
+disruptions not counted); the new one follows the live attempt again. A JobSet's failure policy
+would restart the training pods in the cluster too, but JobSet is an add-on many clusters lack, and
+it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.md.
+
+    train     checks here (names, --cluster, the trainer config: one line, as ever); a live
+              supervisor or training Job refused (nothing deleted); model/ and launcher/ staged by
+              digest with the node environment; the ServiceAccount, Role and RoleBinding (the verbs
+              the lifecycle uses, in the namespace only) and the supervisor Job created; then followed
+    follow    the record on the claim (NANOCLUSTER_HOME of the pod: runs/<run>/supervisor) copied
+              to this machine's record directory through exec calls into the supervisor pod (only
+              what grew), its train.log printed as it grows, until supervisor.json says ended: the
+              last line and the run's exit status, and the supervisor Job deleted
+    --detach  the same until the record has the attempt's launch event, then the attach command
+    attach    the same for a live supervisor; an ended one's record copied through a helper pod
+    Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX): every rank snapshots,
+              the run ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
+    stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
+              reach the supervisor's watch, which ends the run "stopped", never restarted
+
+A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
+this process, attached as before (launcher.kube.train.train).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import secrets
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from kubernetes.client import V1ConfigMap, V1Job
+from kubernetes.client.exceptions import ApiException
+
+import launcher
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.node_layout import run_dir
+from launcher.console import TaskError, check_name, command_line, say
+from launcher.follow import LogCopy, end_line, launch_count, tail_offset, terminated_as_interrupted
+from launcher.kube import objects, train as kube_train, volume
+from launcher.kube.api import Api, api_error, calling, name_of
+from launcher.kube.connect import open_cluster
+from launcher.kube.fetch import keepalive_script, wait_running
+from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
+from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage
+from launcher.kube.pod_exec import open_exec, run_command
+from launcher.launch.supervisor import ENDED, log_size, read_state
+from launcher.lifecycle import TrainRequest
+from launcher.runs.record import RunRecord
+from launcher.terminal import LOG_NAME, outliving_the_terminal, real_descriptor
+from launcher.trainer_config import read_trainer_config
+
+POLL_S = 1.0
+"""How often the front end copies the record."""
+START_TIMEOUT_S = 600.0
+"""How long the front end waits for the supervisor's pod to run (a node for it, the image)."""
+CODE_PACKAGES = ("model", "launcher")
+"""What the supervisor pod imports from the claim (launcher/ needs the node environment's kubernetes,
+fabric and rich clients)."""
+ROLE_RULES = [
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    # exec over a websocket is a GET the API server authorizes as create since 1.30 (KEP-4006): both.
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "create", "delete"]},
+    # why a pod does not start (FailedMount and the like: launcher.kube.pod_start)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list"]},
+]
+"""What the lifecycle calls, in the run's namespace only: no cluster-scoped object, no Secret."""
+SERVICE_ACCOUNT = "nanocluster-supervisor"
+SYNC_NAME = ".claim-sync.json"
+"""In this machine's record directory: how much of each file on the claim was copied."""
+
+
+# --- the objects ---
+
+
+def rbac_objects(namespace: str) -> list[dict]:
+    """The supervisor's ServiceAccount, its Role (ROLE_RULES) and their RoleBinding."""
+    meta = {"namespace": namespace, "labels": {objects.LABEL_APP: objects.APP}}
+    name = SERVICE_ACCOUNT
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, **meta}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, **meta},
+            "rules": ROLE_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, **meta},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    ]
+
+
+def home_on_claim(run: str) -> str:
+    """The supervisor pod's NANOCLUSTER_HOME: its record lives with the run on the claim."""
+    return f"{run_dir(objects.MOUNT_PATH, run)}/supervisor"
+
+
+def record_on_claim(cluster: Cluster, run: str) -> str:
+    """The run's record directory as the supervisor pod writes it."""
+    return f"{home_on_claim(run)}/clusters/{cluster.cluster_name}/runs/{run}"
+
+
+def encode_cluster(cluster: Cluster) -> dict:
+    """The resolved Cluster for the pod, without the operator's kubeconfig (the pod has its own)."""
+    assert cluster.kube is not None
+    data = dataclasses.asdict(dataclasses.replace(cluster, kube=dataclasses.replace(cluster.kube, kubeconfig="")))
+    data.pop("stack", None)
+    data.pop("spec", None)
+    return data
+
+
+def code_archive() -> tuple[bytes, str]:
+    """model/ and launcher/ as a tar (every file but caches), and the sha256 of their paths and contents."""
+    root = Path(launcher.__file__).resolve().parent.parent
+    digest, buffer = hashlib.sha256(), io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for package in CODE_PACKAGES:
+            for path in sorted(p for p in (root / package).rglob("*") if p.is_file()):
+                if "__pycache__" in path.parts or path.suffix == ".pyc":
+                    continue
+                name, data = path.relative_to(root).as_posix(), path.read_bytes()
+                digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue(), digest.hexdigest()
+
+
+def pod_request(request: TrainRequest) -> dict:
+    """The request as the pod runs it: --config is the file staged in the run's directory, the
+    continue line the operator's command."""
+    config = f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}" if request.config else None
+    pod = dataclasses.replace(request, config=config, detach=False, rerun=request.rerun_command)
+    return dataclasses.asdict(pod)
+
+
+# --- the front end ---
+
+
+class Supervisor:
+    """The run's supervisor Job, seen from the operator's machine."""
+
+    def __init__(self, api: Api, cluster: Cluster, run: str, cluster_spec: str | None):
+        self.api, self.cluster, self.run, self.cluster_spec = api, cluster, run, cluster_spec
+        self.job = objects.supervisor_job_name(objects.job_name(cluster.cluster_name, run))
+        self.record = RunRecord.of(cluster, run)
+        self.remote = record_on_claim(cluster, run)
+        self.synced: dict[str, int] = {}
+        """Bytes of each claim file copied so far (SYNC_NAME: kept between front ends)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.synced = json.loads((self.record.directory / SYNC_NAME).read_text())
+
+    def read(self) -> V1Job | None:
+        try:
+            return self.api.batch.read_namespaced_job(self.job, self.api.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def failed(self, job: V1Job) -> str | None:
+        for c in (job.status.conditions or []) if job.status else []:
+            if c.type == "Failed" and c.status == "True":
+                return f"{c.reason or 'Failed'}: {c.message or ''}".rstrip(": ")
+        return None
+
+    def running_pod(self) -> str | None:
+        pods = [p for p in job_pods(self.api, self.job) if p.status and p.status.phase == "Running"]
+        return name_of(pods[0]) if pods else None
+
+    def create(self, request: TrainRequest, staged_python: str, code_dir: str) -> None:
+        access = access_of(self.cluster)
+        for body in rbac_objects(access.namespace):
+            self.create_once(body)
+        spec = {
+            "request": pod_request(request),
+            "cluster": encode_cluster(self.cluster),
+            "staged": {"python": staged_python, "code_dir": code_dir},
+            "session": secrets.token_hex(8),
+            "job": self.job,
+            "program": sys.argv[0],
+        }
+        env = {
+            "PYTHONPATH": code_dir,
+            "PYTHONUNBUFFERED": "1",
+            "NANOCLUSTER_HOME": home_on_claim(self.run),
+        }
+        body = objects.supervisor_job(
+            self.job,
+            access.namespace,
+            self.run,
+            access.storage_claim,
+            SERVICE_ACCOUNT,
+            [staged_python, "-m", "launcher.kube.in_cluster", json.dumps(spec)],
+            env,
+            {volume.ARCH_LABEL: access.arch} if access.arch else {},
+        )
+        namespace = access.namespace
+        with calling(f"creating the supervisor Job {self.job}"):
+            create_when_gone(
+                lambda b: self.api.batch.create_namespaced_job(namespace, V1Job.model_validate(b)),
+                self.api.batch.read_namespaced_job,
+                body,
+                namespace,
+                kube_train.GONE_TIMEOUT_S,
+                lambda: say(f"waiting for the previous supervisor Job {self.job} to be gone ..."),
+            )
+        say(f"created the run's supervisor, Job {self.job}: it runs the run in the cluster")
+
+    def create_once(self, body: dict) -> None:
+        """Create an RBAC object; one that exists is kept (the same for every run of the namespace)."""
+        from kubernetes import client
+
+        kind, namespace = body["kind"], body["metadata"]["namespace"]
+        rbac = client.RbacAuthorizationV1Api(self.api.core.api_client)
+        create = {
+            "ServiceAccount": self.api.core.create_namespaced_service_account,
+            "Role": rbac.create_namespaced_role,
+            "RoleBinding": rbac.create_namespaced_role_binding,
+        }[kind]
+        try:
+            create(namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise api_error(e, f"creating {kind} {body['metadata']['name']}") from None
+
+    def sync(self, pod: str) -> bool:
+        """Copy what grew in the record on the claim into this machine's record directory (exec calls
+        into pod); False when the pod could not be read (it ended, or the stream broke)."""
+        listing = bytearray()
+        script = f'cd {self.remote} 2>/dev/null || exit 0; for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
+        if not self.command(pod, script, listing.extend):
+            return False
+        local = self.record.made()
+        for line in listing.decode(errors="replace").splitlines():
+            size_text, _, name = line.partition(" ")
+            if not name or name.startswith(".") or not size_text.isdigit() or name in (SESSION_NAME, ENDED_NAME):
+                continue
+            size, done = int(size_text), self.synced.get(name, 0)
+            whole = name.endswith(".json") or size < done  # rewritten, not appended
+            start = 0 if whole else done
+            if size == done and not whole:
+                continue
+            data = bytearray()
+            if not self.command(pod, f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}", data.extend):
+                return False
+            if whole:
+                temporary = local / f".{name}.sync"
+                temporary.write_bytes(bytes(data))
+                temporary.replace(local / name)
+            else:
+                with open(local / name, "ab") as f:
+                    f.write(bytes(data))
+            self.synced[name] = start + len(data)
+        (local / SYNC_NAME).write_text(json.dumps(self.synced))
+        return True
+
+    def command(self, pod: str, script: str, out) -> bool:  # noqa: ANN001
+        try:
+            ws = open_exec(self.api.exec_core(), self.api.namespace, pod, ["sh", "-c", script])
+        except (ApiException, OSError):
+            return False
+        return run_command(ws, out, 60.0).code == 0
+
+    def interrupt(self) -> None:
+        """The front end's Ctrl-C, for the supervisor (in_cluster.watch_interrupts)."""
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{self.job}{INTERRUPT_SUFFIX}"}}
+        with contextlib.suppress(ApiException), calling("asking the supervisor to interrupt the run"):
+            self.api.core.create_namespaced_config_map(self.api.namespace, V1ConfigMap.model_validate(body))
+        say("interrupting: the supervisor stops every rank after its snapshot (Ctrl-C again leaves it running)")
+
+    def end(self) -> None:
+        """The run ended and its record is here: the supervisor Job goes."""
+        delete_job(self.api, self.job)
+
+    def ended_state(self):  # noqa: ANN201
+        state = read_state(self.record.directory)
+        return state if state is not None and state.phase == ENDED else None
+
+    def follow(self, start: int, detach_after: int | None) -> int:
+        """Copy the record until the run's end (or, with detach_after, until it has more launch events),
+        printing the log; the run's exit status. Ctrl-C is handed to the supervisor once."""
+        log = self.record.made() / LOG_NAME
+        copy = LogCopy(log, start)
+        interrupted = False
+        waited = time.monotonic()
+        with outliving_the_terminal(log), terminated_as_interrupted():
+            while True:
+                try:
+                    job = self.read()
+                    if job is None:
+                        raise TaskError(f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}")
+                    pod = self.running_pod()
+                    if pod is not None:
+                        waited = time.monotonic()
+                        self.sync(pod)
+                    copy.to()
+                    state = self.ended_state()
+                    if state is not None:
+                        copy.to(whole_lines=False)
+                        self.end()
+                        return end_line(state.exit_code, state.line if state.to_stderr else None, log)
+                    if detach_after is not None and launch_count(self.record.directory) > detach_after:
+                        attach = command_line("attach", cluster=self.cluster_spec, run=self.run)
+                        say(f"run {self.run} goes on under its supervisor in the cluster; follow it with `{attach}`")
+                        return 0
+                    failed = self.failed(job)
+                    if failed:
+                        raise TaskError(
+                            f"the run's supervisor Job {self.job} failed ({failed}); its record: {self.record.directory}"
+                        )
+                    if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
+                        raise TaskError(f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the cluster's capacity")
+                    time.sleep(POLL_S)
+                except KeyboardInterrupt:
+                    if interrupted:
+                        raise
+                    interrupted = True
+                    self.interrupt()
+
+    def copy_ended(self) -> None:
+        """An ended supervisor's record copied through a helper pod (its own pod has gone)."""
+        name = objects.job_name("attach", self.run)
+        job = volume.helper_job(name, access_of(self.cluster), "fetch", keepalive_script(), run=self.run)
+        delete_job(self.api, name)
+        with calling(f"creating Job {name}"):
+            self.api.batch.create_namespaced_job(self.api.namespace, V1Job.model_validate(job))
+        try:
+            self.sync(wait_running(self.api, name))
+        finally:
+            delete_job(self.api, name)
+
+
+def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> TaskError:
+    attach, stop = (command_line(t, cluster=cluster_spec, run=run) for t in ("attach", "stop"))
+    return TaskError(
+        f"run {run} is already running (supervisor Job {supervisor.job} in the cluster); follow it with "
+        f"`{attach}`, or stop it with `{stop}` first; nothing was changed"
+    )
+
+
+def train(request: TrainRequest) -> int:
+    """`fab train` on Kubernetes: the run under its supervisor in the cluster, followed from here."""
+    if request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2))):
+        return kube_train.train(request)
+    check_name(request.run, "run")
+    check_name(request.dataset, "dataset")
+    kind = kube_train.KubeRun.resolve(request)
+    config_text, _ = read_trainer_config(request.config, request.overrides)  # a bad config: one line here
+    api, cluster = open_cluster(request.cluster_spec) if kind.api is None else (kind.api, kind.cluster)
+    kind.api, kind.cluster = api, cluster
+    supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
+    with calling(f"reading the supervisor Job {supervisor.job}"):
+        existing = supervisor.read()
+    if existing is not None and kube_train.is_live(existing):
+        pod = supervisor.running_pod()
+        if pod is None or not supervisor.sync(pod) or supervisor.ended_state() is None:
+            raise live_refusal(supervisor, request.cluster_spec, request.run)
+    kind.refuse_a_live_run()  # a training Job followed by an attached train
+    if existing is not None:
+        supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
+    files = {f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
+    staged = stage(api, cluster, request.run, files if request.config else {}, code=code_archive())
+    record = supervisor.record
+    start = log_size(record.made() / LOG_NAME)
+    launches = launch_count(record.directory)
+    supervisor.create(request, staged.python, staged.code_dir)
+    return supervisor.follow(start, launches if request.detach else None)
+
+
+def attach(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab attach` on Kubernetes: follow the run's supervisor to its end, or print an ended run's end;
+    the run's exit status either way."""
+    check_name(run, "run")
+    api, cluster = open_cluster(cluster_spec)
+    supervisor = Supervisor(api, cluster, run, cluster_spec)
+    with calling(f"reading the supervisor Job {supervisor.job}"):
+        job = supervisor.read()
+    if job is None:
+        state = supervisor.ended_state()
+        if state is None:
+            train_command = command_line("train", cluster=cluster_spec, run=run)
+            raise TaskError(f"run {run} has no supervisor in the cluster: start it with `{train_command}`")
+    else:
+        pod = supervisor.running_pod()
+        if pod is not None:
+            supervisor.sync(pod)
+        elif not kube_train.is_live(job):
+            supervisor.copy_ended()
+    log = supervisor.record.made() / LOG_NAME
+    state = supervisor.ended_state()
+    if state is not None:
+        if job is not None:
+            supervisor.end()
+        if state.line is not None and not state.to_stderr:
+            say(state.line)
+        return end_line(state.exit_code, state.line if state.to_stderr else None, log)
+    say(f"attached to run {run} (supervisor Job {supervisor.job}; Ctrl-C stops the run after a snapshot)")
+    return supervisor.follow(tail_offset(log, 0), None)

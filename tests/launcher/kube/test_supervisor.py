@@ -1,0 +1,198 @@
+"""The run's supervisor in the cluster (launcher.kube.supervisor, launcher.kube.in_cluster) on the fake:
+its pod runs as a real process against the fake API server (fake_jobs), the front end as the
+operator's own process. A front end killed mid-run, an API error, a supervisor pod killed (its Job
+makes a new one, which follows the live attempt) and a rank that fails: the run is healed and
+finishes, `attach` prints its end, this machine's record says done; a second `train` of the live run
+is refused and deletes nothing. Also the Job controller's podFailurePolicy and backoffLimit as the
+fake plays them, and the supervisor's objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from launcher.kube import objects, supervisor, transient
+from launcher.kube.objects import LABEL_RUN
+from tests.launcher.kube.fake import NAMESPACE, training_launch
+from tests.launcher.kube.pod_security import violations
+from tests.launcher.kube.test_schemas import GKE_REGULAR
+
+REPO = Path(__file__).resolve().parents[3]
+PODS = f"GET /api/v1/namespaces/{NAMESPACE}/pods"
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch):
+    monkeypatch.setattr(transient, "FIRST_BACKOFF_S", 0.01)
+
+
+def front_end(home: Path, *argv: str, out: Path) -> subprocess.Popen:
+    """The operator's `nanocluster ...` as its own process, its output to the file out."""
+    env = os.environ | {"NANOCLUSTER_HOME": str(home), "PYTHONPATH": str(REPO)}
+    with open(out, "ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-c", "import sys; from launcher.cli import main; sys.argv[0] = 'nanocluster'; main()", *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            cwd=REPO,
+        )
+
+
+def wait_for(what: str, check, fake, timeout_s: float = 60.0):  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen; the supervisors said:\n{fake.processes.output()}")
+
+
+def events(directory: Path) -> list[dict]:
+    path = directory / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def training_job(fake, run: str):  # noqa: ANN001
+    jobs = [j for j in fake.jobs() if (j.metadata.labels or {}).get(LABEL_RUN) == run]
+    return jobs[0] if jobs else None
+
+
+def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_failed_rank(
+    fake, contract_file, script, tmp_path
+):
+    fake.seed()
+    script.run_ticks = 10**9  # the first attempt's pods run until the test fails one
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file)]
+    log = tmp_path / "train.out"
+    train = front_end(home, "train", *cluster, "--nodes", "2", "--run", "ms2", "--set", "max_iters=4", out=log)
+    record = home / "clusters" / "fake" / "runs" / "ms2"
+    claim_record = fake.pod_exec.claim / "runs" / "ms2" / "supervisor" / "clusters" / "fake" / "runs" / "ms2"
+
+    # the front end copies the launch event here; then the operator's machine goes away (SIGKILL)
+    wait_for("the launch in this machine's record", lambda: any(e["event"] == "launch" for e in events(record)), fake)
+    train.send_signal(signal.SIGKILL)
+    train.wait(10)
+    first_job = training_job(fake, "ms2")
+    assert first_job is not None
+
+    # a second train of the live run: refused in one line, nothing deleted or created
+    again_out = tmp_path / "again.out"
+    again = front_end(home, "train", *cluster, "--nodes", "2", "--run", "ms2", "--set", "max_iters=4", out=again_out)
+    assert again.wait(120) == 1, again_out.read_text()
+    (line,) = [x for x in again_out.read_text().splitlines() if x.startswith("error:")]
+    assert line.startswith("error: run ms2 is already running (supervisor Job fake-ms2-supervisor in the cluster)")
+    assert "follow it with `nanocluster attach --cluster " in line and "nothing was changed" in line
+    kept = training_job(fake, "ms2")
+    assert kept.metadata.uid == first_job.metadata.uid and not kept.metadata.deletion_timestamp
+
+    # an API error the supervisor's watch meets (retried), then its pod killed: a new one adopts the attempt
+    faults = fake.faults.add(PODS, [503, 500, "reset"], after=2)
+    wait_for("the injected API errors", lambda: len(faults.given) == 3, fake)
+    killed = fake.processes.kill()
+    wait_for("a new supervisor pod", lambda: len(fake.processes.started) == 2, fake)
+    adopted = "supervising the live Job fake-ms2 (attempt 0) again"
+    wait_for("the adoption", lambda: adopted in (claim_record / "train.log").read_text(), fake)
+    assert training_job(fake, "ms2").metadata.uid == first_job.metadata.uid  # the attempt was not started over
+    assert ("fake-ms2-supervisor-0-a0", "Count") in fake.controller.verdicts and killed == "fake-ms2-supervisor-0-a0"
+
+    # rank 1 fails: the supervisor restarts the run, whose next attempt finishes
+    script.run_ticks = 20
+    fake.fail_pod("fake-ms2-1-a0", 137)
+    attach_out = tmp_path / "attach.out"
+    attach = front_end(home, "attach", *cluster, "--run", "ms2", out=attach_out)
+    assert attach.wait(180) == 0, attach_out.read_text() + fake.processes.output()
+    text = attach_out.read_text()
+    assert "restart 1/3: rank 1 node-1: killed by SIGKILL (exit 137)" in text
+    assert "done in " in text and "Traceback" not in text
+    ends = [e for e in events(record) if e["event"] == "end"]
+    assert len(ends) == 1 and ends[0].get("outcome", "done") == "done", ends
+    assert [e["event"] for e in events(record)].count("launch") == 1  # one run, not started over
+    assert "retrying" in (claim_record / "train.log").read_text()
+    # attach again after the end: the end line, exit 0
+    later = front_end(home, "attach", *cluster, "--run", "ms2", out=tmp_path / "later.out")
+    assert later.wait(120) == 0, (tmp_path / "later.out").read_text()
+    assert "done in " in (tmp_path / "later.out").read_text()
+
+
+def test_the_job_controller_fails_a_job_by_a_failjob_rule_and_ignores_what_ignore_rules_match(fake, script):
+    fake.seed()
+    script.run_ticks = 10**9
+    launch = training_launch("pfp", nodes=2)
+    fake.batch.create_namespaced_job(NAMESPACE, objects.training_job(launch))
+    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 2, fake)
+    fake.fail_pod("fake-pfp-1-a0", 3)  # EXIT_BUDGET: a FailJob rule of the training Job
+    job = wait_for("the Failed condition", lambda: failed(fake, "fake-pfp"), fake)
+    assert job.reason == "PodFailurePolicy" and "matching FailJob rule at index 1" in job.message
+
+    body = objects.training_job(training_launch("ign", nodes=1))
+    body["metadata"]["name"] = "fake-ign"
+    body["spec"]["backoffLimit"] = 1
+    body["spec"]["podFailurePolicy"]["rules"].insert(
+        0, {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [42]}}
+    )
+    fake.batch.create_namespaced_job(NAMESPACE, body)
+    for pod in ("fake-ign-0-a0", "fake-ign-0-a0-r1"):  # ignored twice: backoffLimit 1 is never reached
+        wait_for(f"{pod} running", lambda pod=pod: running(fake, pod), fake)
+        fake.fail_pod(pod, 42)
+    wait_for("a third pod", lambda: running(fake, "fake-ign-0-a0-r2"), fake)
+    assert not failed(fake, "fake-ign")
+    for pod in ("fake-ign-0-a0-r2", "fake-ign-0-a0-r3"):  # counted: the second exceeds backoffLimit 1
+        wait_for(f"{pod} running", lambda pod=pod: running(fake, pod), fake)
+        fake.fail_pod(pod, 137)  # SIGKILL: no rule matches, so it counts
+    job = wait_for("the backoff limit", lambda: failed(fake, "fake-ign"), fake)
+    assert job.reason == "BackoffLimitExceeded"
+    assert [a for p, a in fake.controller.verdicts if p.startswith("fake-ign")] == ["Ignore", "Ignore", "Count", "Count"]
+
+
+def running(fake, pod: str) -> bool:  # noqa: ANN001
+    return any(p.metadata.name == pod and p.status and p.status.phase == "Running" for p in fake.pods())
+
+
+def failed(fake, name: str):  # noqa: ANN001
+    job = fake.batch.read_namespaced_job(name, NAMESPACE)
+    conditions = (job.status.conditions or []) if job.status else []
+    return next((c for c in conditions if c.type == "Failed" and c.status == "True"), None)
+
+
+def supervisor_objects() -> list[dict]:
+    job = objects.supervisor_job(
+        objects.supervisor_job_name("gke-dev-main"),
+        "nanocluster",
+        "main",
+        "shared",
+        supervisor.SERVICE_ACCOUNT,
+        ["/nanocluster/store/venv-x/bin/python", "-m", "launcher.kube.in_cluster", "{}"],
+        {"PYTHONPATH": "/nanocluster/store/code-y", "NANOCLUSTER_HOME": supervisor.home_on_claim("main")},
+        {"kubernetes.io/arch": "amd64"},
+    )
+    return [job, *supervisor.rbac_objects("nanocluster")]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_the_supervisors_objects_are_valid_strictly(index):
+    body = supervisor_objects()[index]
+    kubernetes_validate.validate(body, GKE_REGULAR, strict=True)
+
+
+def test_the_supervisor_pod_passes_pod_security_restricted_and_keeps_its_token_only():
+    job, account, role, binding = supervisor_objects()
+    spec = job["spec"]["template"]["spec"]
+    assert violations(spec) == []
+    assert spec["automountServiceAccountToken"] is True and spec["serviceAccountName"] == account["metadata"]["name"]
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
+    assert LABEL_RUN not in job["metadata"]["labels"]  # deleting the run's objects never deletes its supervisor
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert resources == {"jobs", "pods", "pods/log", "pods/exec", "services", "configmaps", "events"}
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and role["kind"] == "Role"  # the namespace only
