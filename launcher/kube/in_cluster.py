@@ -20,16 +20,17 @@ SPEC`). launcher.kube.supervisor creates it and follows it from the operator's m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
+from kubernetes.client import V1Job
 from kubernetes.client.exceptions import ApiException
 
 from launcher.cluster.inventory import Cluster, Node
@@ -39,6 +40,7 @@ from launcher.kube.api import Api, name_of
 from launcher.kube.connect import run_objects
 from launcher.kube.jobs import Staged
 from launcher.kube.objects import LABEL_ATTEMPT
+from launcher.kube.train import KubeRun
 from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.supervised import request_of, supervise
@@ -98,52 +100,50 @@ def decode_cluster(data: dict, kubeconfig: str) -> Cluster:
     )
 
 
-class InClusterRun:
-    """launcher.kube.train.KubeRun as the supervisor pod runs it: already connected (the Role reaches
-    no cluster-scoped object), the venv and code the front end staged, and a live attempt adopted."""
+class InClusterRun(KubeRun):
+    """KubeRun as the supervisor pod runs it: already connected (the Role reaches no cluster-scoped
+    object), the venv and code the front end staged, and a live attempt adopted."""
 
-    @staticmethod
-    def make(request: TrainRequest, cluster: Cluster, staged: Staged, session: str):  # noqa: ANN205
-        from launcher.kube.train import KubeRun
+    def __init__(self, request: TrainRequest, cluster: Cluster, api: Api, staged: Staged, session: str):
+        super().__init__(request, cluster, tuple(cluster.select(request.nodes)), api)
+        self.given, self.session = staged, session
+        self.adopted: int | None = None
+        """The run's training Job's attempt this pod follows again (None: none to adopt)."""
+        self.lifecycle: Lifecycle | None = None
+        """The lifecycle running this kind (an adoption continues its record)."""
 
-        class Run(KubeRun):
-            adopted: int | None = None
-            """The live training Job's attempt this pod follows again (None: none)."""
-            lifecycle: Lifecycle | None = None
+    def open(self, prepared: Prepared) -> None:
+        self.check_fit(prepared)
+        self.prepared, self.staged = prepared, self.given
+        run = self.request.run
+        record = RunRecord.of(self.cluster, run)
+        session = record.directory / SESSION_NAME
+        current = record.current
+        mine = session.exists() and session.read_text().strip() == self.session
+        if mine and current is not None and current.end is None and self.lifecycle is not None:
+            # An earlier pod of this Job launched the run: continue its record, never start it over.
+            life = self.lifecycle
+            life.launched, life.clock_start = True, float(current.launch.get("time", life.clock_start))
+            life.restarts = current.restarts
+            jobs = [j for j in run_objects(self.connected(), run)[0] if not being_deleted(j)]
+            if jobs:
+                labels = (jobs[0].metadata.labels if jobs[0].metadata else None) or {}
+                self.adopted = int(labels.get(LABEL_ATTEMPT, "0"))
+                life.restarts = max(life.restarts, self.adopted)
+                say(f"supervising the live Job {name_of(jobs[0])} (attempt {self.adopted}) again")
+        session.write_text(self.session)
 
-            def open(self, prepared: Prepared) -> None:
-                self.check_fit(prepared)
-                self.prepared, self.staged = prepared, staged
-                jobs = [j for j in run_objects(self.connected(), request.run)[0] if is_live_job(j)]
-                record = RunRecord.of(cluster, request.run)
-                current = record.current
-                mine = (record.directory / SESSION_NAME).exists() and (
-                    (record.directory / SESSION_NAME).read_text().strip() == session
-                )
-                if jobs and mine and current is not None and current.end is None and self.lifecycle:
-                    job = jobs[0]
-                    self.adopted = int(((job.metadata.labels or {}) if job.metadata else {}).get(LABEL_ATTEMPT, "0"))
-                    life = self.lifecycle
-                    life.launched, life.clock_start = True, float(current.launch.get("time", life.clock_start))
-                    life.restarts = max(current.restarts, self.adopted)
-                    say(f"supervising the live Job {name_of(job)} (attempt {self.adopted}) again")
-                (record.directory / SESSION_NAME).write_text(session)
-
-            def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
-                if self.adopted is None:
-                    return super().start(attempt, extra_overrides)
-                assert self.prepared is not None
-                self.launch = self.pod_launch(self.prepared, self.adopted, extra_overrides)
-                self.adopted = None
-                return Started(self.nodes[: self.launch.nodes], self.launch.world_size)
-
-        return Run
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        if self.adopted is None:
+            return super().start(attempt, extra_overrides)
+        assert self.prepared is not None
+        self.launch = self.pod_launch(self.prepared, self.adopted, extra_overrides)
+        self.adopted = None
+        return Started(self.nodes[: self.launch.nodes], self.launch.world_size)
 
 
-def is_live_job(job) -> bool:  # noqa: ANN001
-    from launcher.kube.train import is_live
-
-    return is_live(job)
+def being_deleted(job: V1Job) -> bool:
+    return bool(job.metadata and job.metadata.deletion_timestamp)
 
 
 SPEC: dict = {}
@@ -156,9 +156,7 @@ def train_here(request: TrainRequest) -> int:
     cluster = decode_cluster(SPEC["cluster"], in_cluster_kubeconfig(context))
     assert cluster.kube is not None
     api = Api.of(cluster.kube)
-    staged = Staged(**SPEC["staged"])
-    run_class = InClusterRun.make(request, cluster, staged, SPEC["session"])
-    kind = run_class(request, cluster, tuple(cluster.select(request.nodes)), api)
+    kind = InClusterRun(request, cluster, api, Staged(**SPEC["staged"]), SPEC["session"])
     life = Lifecycle(request, kind)
     kind.lifecycle = life
     watch_interrupts(api, SPEC["job"])
@@ -176,10 +174,8 @@ def watch_interrupts(api: Api, job: str) -> None:
                 api.core.read_namespaced_config_map(name, api.namespace)
             except (ApiException, OSError):
                 continue
-            try:
+            with contextlib.suppress(ApiException, OSError):
                 api.core.delete_namespaced_config_map(name, api.namespace)
-            except (ApiException, OSError):
-                pass
             os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=poll, daemon=True, name="interrupts").start()
@@ -208,9 +204,8 @@ def mirror_to(fd: int, log: Path) -> None:
 def main() -> None:
     SPEC.update(json.loads(sys.argv[1]))
     request = request_of(SPEC["request"])
-    context = SPEC["cluster"]["kube"]["context"]
     cluster = decode_cluster(SPEC["cluster"], "")
-    record = RunRecord.of(replace(cluster), request.run)
+    record = RunRecord.of(cluster, request.run)
     directory = record.made()
     ended = directory / ENDED_NAME
     if not (ended.exists() and ended.read_text().strip() == SPEC["session"]):
@@ -230,7 +225,6 @@ def main() -> None:
         }
         supervise(spec)
         ended.write_text(SPEC["session"])
-    del context
     linger(SPEC["job"])
     sys.exit(0)
 

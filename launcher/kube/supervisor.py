@@ -38,6 +38,7 @@ import secrets
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kubernetes.client import V1ConfigMap, V1Job
@@ -48,14 +49,15 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
 from launcher.follow import LogCopy, end_line, launch_count, tail_offset, terminated_as_interrupted
-from launcher.kube import objects, train as kube_train, volume
-from launcher.kube.api import Api, api_error, calling, name_of
+from launcher.kube import objects, volume
+from launcher.kube import train as kube_train
+from launcher.kube.api import Api, api_error, calling, connect, name_of
 from launcher.kube.connect import open_cluster
 from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage
 from launcher.kube.pod_exec import open_exec, run_command
-from launcher.launch.supervisor import ENDED, log_size, read_state
+from launcher.launch.supervisor import ENDED, SupervisorState, log_size, read_state
 from launcher.lifecycle import TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME, outliving_the_terminal, real_descriptor
@@ -81,6 +83,8 @@ ROLE_RULES = [
 ]
 """What the lifecycle calls, in the run's namespace only: no cluster-scoped object, no Secret."""
 SERVICE_ACCOUNT = "nanocluster-supervisor"
+PRIVATE = (SESSION_NAME, ENDED_NAME)
+"""The supervisor's own files in the record on the claim: not copied."""
 SYNC_NAME = ".claim-sync.json"
 """In this machine's record directory: how much of each file on the claim was copied."""
 
@@ -165,8 +169,9 @@ class Supervisor:
         self.job = objects.supervisor_job_name(objects.job_name(cluster.cluster_name, run))
         self.record = RunRecord.of(cluster, run)
         self.remote = record_on_claim(cluster, run)
-        self.synced: dict[str, int] = {}
-        """Bytes of each claim file copied so far (SYNC_NAME: kept between front ends)."""
+        self.synced: dict[str, list[int]] = {}
+        """Each claim file: [bytes copied from the claim, the local file's size then] (SYNC_NAME: kept
+        between front ends)."""
         with contextlib.suppress(OSError, ValueError):
             self.synced = json.loads((self.record.directory / SYNC_NAME).read_text())
 
@@ -233,7 +238,7 @@ class Supervisor:
 
         kind, namespace = body["kind"], body["metadata"]["namespace"]
         rbac = client.RbacAuthorizationV1Api(self.api.core.api_client)
-        create = {
+        create: Callable[[str, dict], object] = {
             "ServiceAccount": self.api.core.create_namespaced_service_account,
             "Role": rbac.create_namespaced_role,
             "RoleBinding": rbac.create_namespaced_role_binding,
@@ -248,21 +253,25 @@ class Supervisor:
         """Copy what grew in the record on the claim into this machine's record directory (exec calls
         into pod); False when the pod could not be read (it ended, or the stream broke)."""
         listing = bytearray()
-        script = f'cd {self.remote} 2>/dev/null || exit 0; for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
+        script = (
+            f"cd {self.remote} 2>/dev/null || exit 0; "
+            'for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
+        )
         if not self.command(pod, script, listing.extend):
             return False
         local = self.record.made()
         for line in listing.decode(errors="replace").splitlines():
             size_text, _, name = line.partition(" ")
-            if not name or name.startswith(".") or not size_text.isdigit() or name in (SESSION_NAME, ENDED_NAME):
+            if not name or name.startswith(".") or not size_text.isdigit() or name in PRIVATE:
                 continue
-            size, done = int(size_text), self.synced.get(name, 0)
+            size, done = int(size_text), self.copied(local / name)
             whole = name.endswith(".json") or size < done  # rewritten, not appended
             start = 0 if whole else done
             if size == done and not whole:
                 continue
             data = bytearray()
-            if not self.command(pod, f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}", data.extend):
+            script = f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}"
+            if not self.command(pod, script, data.extend):
                 return False
             if whole:
                 temporary = local / f".{name}.sync"
@@ -271,11 +280,17 @@ class Supervisor:
             else:
                 with open(local / name, "ab") as f:
                     f.write(bytes(data))
-            self.synced[name] = start + len(data)
-        (local / SYNC_NAME).write_text(json.dumps(self.synced))
+            self.synced[name] = [start + len(data), log_size(local / name)]
+            (local / SYNC_NAME).write_text(json.dumps(self.synced))
         return True
 
-    def command(self, pod: str, script: str, out) -> bool:  # noqa: ANN001
+    def copied(self, path: Path) -> int:
+        """Bytes of the claim's file copied into path so far: what SYNC_NAME says, plus what was appended
+        after it was last written (a front end killed between the two writes)."""
+        remote, local = self.synced.get(path.name, [0, 0])
+        return remote + max(0, log_size(path) - local) if path.exists() else 0
+
+    def command(self, pod: str, script: str, out: Callable[[bytes], None]) -> bool:
         try:
             ws = open_exec(self.api.exec_core(), self.api.namespace, pod, ["sh", "-c", script])
         except (ApiException, OSError):
@@ -285,15 +300,18 @@ class Supervisor:
     def interrupt(self) -> None:
         """The front end's Ctrl-C, for the supervisor (in_cluster.watch_interrupts)."""
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{self.job}{INTERRUPT_SUFFIX}"}}
-        with contextlib.suppress(ApiException), calling("asking the supervisor to interrupt the run"):
+        try:
             self.api.core.create_namespaced_config_map(self.api.namespace, V1ConfigMap.model_validate(body))
+        except ApiException as e:
+            if e.status != 409:  # 409: asked already
+                raise api_error(e, "asking the supervisor to interrupt the run") from None
         say("interrupting: the supervisor stops every rank after its snapshot (Ctrl-C again leaves it running)")
 
     def end(self) -> None:
         """The run ended and its record is here: the supervisor Job goes."""
         delete_job(self.api, self.job)
 
-    def ended_state(self):  # noqa: ANN201
+    def ended_state(self) -> SupervisorState | None:
         state = read_state(self.record.directory)
         return state if state is not None and state.phase == ENDED else None
 
@@ -309,7 +327,9 @@ class Supervisor:
                 try:
                     job = self.read()
                     if job is None:
-                        raise TaskError(f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}")
+                        raise TaskError(
+                            f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}"
+                        )
                     pod = self.running_pod()
                     if pod is not None:
                         waited = time.monotonic()
@@ -327,10 +347,14 @@ class Supervisor:
                     failed = self.failed(job)
                     if failed:
                         raise TaskError(
-                            f"the run's supervisor Job {self.job} failed ({failed}); its record: {self.record.directory}"
+                            f"the run's supervisor Job {self.job} failed ({failed}); its record: "
+                            f"{self.record.directory}"
                         )
                     if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
-                        raise TaskError(f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the cluster's capacity")
+                        raise TaskError(
+                            f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
+                            "cluster's capacity (kubectl describe pod)"
+                        )
                     time.sleep(POLL_S)
                 except KeyboardInterrupt:
                     if interrupted:
@@ -367,7 +391,7 @@ def train(request: TrainRequest) -> int:
     check_name(request.dataset, "dataset")
     kind = kube_train.KubeRun.resolve(request)
     config_text, _ = read_trainer_config(request.config, request.overrides)  # a bad config: one line here
-    api, cluster = open_cluster(request.cluster_spec) if kind.api is None else (kind.api, kind.cluster)
+    api, cluster = connect(kind.cluster) if kind.api is None else (kind.api, kind.cluster)
     kind.api, kind.cluster = api, cluster
     supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
     with calling(f"reading the supervisor Job {supervisor.job}"):

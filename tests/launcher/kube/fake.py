@@ -286,7 +286,7 @@ class FakeKube:
                     self.controller.judge(job, index, existing[pod])
                 self._advance(pod, index if indexed else -1, attempt)
             if not ended and done == (job.spec.completions or 1):
-                self.controller.condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
+                self.controller.condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded")
 
     def _terminate(self, name: str, job, pods: list) -> None:
         """A Job deleted in Foreground mode: its pods get SIGTERM and end after terminate_ticks (a running

@@ -7,14 +7,16 @@ against backoffLimit; a Job whose failures exceed it fails with BackoffLimitExce
 Complete and Failed conditions.
 
 SupervisorProcesses: the supervisor Job's pod (launcher.kube.in_cluster) run as a real local process
-with the claim's sandbox for the claim (fake_exec.PodExec.local maps its paths) and a kubeconfig on
+with the claim's sandbox for the claim (its paths under MOUNT_PATH mapped there) and a kubeconfig on
 the fake API server; a test can kill it (kill), as a node lost kills a pod, and the controller then
 makes a new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,18 +25,20 @@ from pathlib import Path
 
 import yaml
 
+from launcher.kube.objects import MOUNT_PATH
+
 REPO = Path(__file__).resolve().parents[3]
 STUB = "tests.launcher.kube.supervisor_stub"
 """What the fake runs for `python -m launcher.kube.in_cluster`: the same, with the test's short polls."""
 
 
-def job_conditions(job) -> set[str]:  # noqa: ANN001
+def job_conditions(job) -> set[str]:
     """The Job's Complete/Failed conditions that are True."""
     conditions = (job.status.conditions or []) if job.status else []
     return {c.type for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"}
 
 
-def exit_code_of(pod) -> tuple[str, int | None]:  # noqa: ANN001
+def exit_code_of(pod) -> tuple[str, int | None]:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         terminated = status.state.terminated if status.state else None
         if terminated is not None:
@@ -42,7 +46,7 @@ def exit_code_of(pod) -> tuple[str, int | None]:  # noqa: ANN001
     return "", None
 
 
-def verdict(job, pod) -> tuple[str, str]:  # noqa: ANN001
+def verdict(job, pod) -> tuple[str, str]:
     """(action, why) for a failed pod under the Job's podFailurePolicy: FailJob, Ignore or Count."""
     policy = job.spec.pod_failure_policy
     container, code = exit_code_of(pod)
@@ -54,17 +58,22 @@ def verdict(job, pod) -> tuple[str, str]:  # noqa: ANN001
                 continue
             inside = code in codes.values
             if (codes.operator == "In" and inside) or (codes.operator == "NotIn" and not inside and code != 0):
-                return rule.action, f"Container {container} for pod {pod.metadata.name} failed with exit code {code} matching {rule.action} rule at index {at}"
+                return rule.action, (
+                    f"Container {container} for pod {pod.metadata.name} failed with exit code {code} "
+                    f"matching {rule.action} rule at index {at}"
+                )
         for wanted in rule.on_pod_conditions or []:
             if (wanted.type, wanted.status) in conditions:
-                return rule.action, f"Pod {pod.metadata.name} has condition {wanted.type} matching {rule.action} rule at index {at}"
+                return rule.action, (
+                    f"Pod {pod.metadata.name} has condition {wanted.type} matching {rule.action} rule at index {at}"
+                )
     return "Count", ""
 
 
 class JobVerdicts:
     """What the Job controller does with a failed pod (module docstring)."""
 
-    def __init__(self, fake):  # noqa: ANN001
+    def __init__(self, fake):
         self.fake = fake
         self.retries: dict[tuple[str, int], int] = {}
         """(the Job's uid, index) -> replacement pods made for it."""
@@ -75,7 +84,7 @@ class JobVerdicts:
         self.verdicts: list[tuple[str, str]] = []
         """(pod, action) of every judgement, for tests."""
 
-    def judge(self, job, index: int, pod) -> None:  # noqa: ANN001
+    def judge(self, job, index: int, pod) -> None:
         name = pod.metadata.name
         if name in self.judged:
             return
@@ -93,7 +102,7 @@ class JobVerdicts:
                 return
         self.retries[(uid, index)] = self.retries.get((uid, index), 0) + 1
 
-    def condition(self, job, kind: str, reason: str, message: str) -> None:  # noqa: ANN001
+    def condition(self, job, kind: str, reason: str, message: str) -> None:
         status = {"conditions": [{"type": kind, "status": "True", "reason": reason, "message": message}]}
         status["failed" if kind == "Failed" else "succeeded"] = self.failed.get(job.metadata.uid, 0) or 1
         self.fake.batch.patch_namespaced_job_status(job.metadata.name, job.metadata.namespace, {"status": status})
@@ -102,7 +111,7 @@ class JobVerdicts:
 class SupervisorProcesses:
     """Each supervisor pod's local process (module docstring)."""
 
-    def __init__(self, fake):  # noqa: ANN001
+    def __init__(self, fake):
         self.fake = fake
         self.running: dict[str, subprocess.Popen] = {}
         self.ended: dict[str, int] = {}
@@ -113,12 +122,13 @@ class SupervisorProcesses:
         self.directory.mkdir(exist_ok=True)
         self.kubeconfig = self.directory / "kubeconfig"
 
-    def start(self, pod: str, job) -> None:  # noqa: ANN001
+    def start(self, pod: str, job) -> None:
         from tests.launcher.kube.fake import kubeconfig
 
         if not self.kubeconfig.exists():
             self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.fake.url)))
-        local = self.fake.pod_exec.local
+        claim = str(self.fake.pod_exec.claim)
+        local = lambda text: re.sub(rf"(?<![\w.-]){re.escape(MOUNT_PATH)}(?![\w.-])", claim, text)  # noqa: E731
         container = job.spec.template.spec.containers[0]
         env = {e.name: local(e.value) for e in container.env or [] if e.value is not None}
         env |= {"PYTHONPATH": str(REPO), "KUBECONFIG": str(self.kubeconfig), "HOME": str(self.directory)}
@@ -175,10 +185,8 @@ class SupervisorProcesses:
             processes = list(self.running.values())
         for process in processes:
             with_group(process, signal.SIGKILL)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def output(self) -> str:
         """Every supervisor pod's output so far (for a failing test's message)."""
@@ -186,7 +194,5 @@ class SupervisorProcesses:
 
 
 def with_group(process: subprocess.Popen, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass

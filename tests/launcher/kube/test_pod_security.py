@@ -105,3 +105,29 @@ def test_a_pod_refused_at_admission_is_one_line_at_once(fake, contract_file, tas
     )
     assert 'violates PodSecurity "restricted:latest": container staging: allowPrivilegeEscalation != false' in line
     assert not fake.jobs()
+
+
+def test_the_runs_supervisor_pod_passes_restricted_and_is_the_one_pod_with_a_token():
+    """The supervisor (launcher.kube.supervisor) calls the API: its token is its work, under a Role of
+    the namespace's; restricted otherwise as every pod."""
+    from launcher.kube import supervisor
+
+    job = objects.supervisor_job(
+        objects.supervisor_job_name(LAUNCH.job),
+        "nanocluster",
+        "main",
+        "shared",
+        supervisor.SERVICE_ACCOUNT,
+        ["/nanocluster/store/venv-x/bin/python", "-m", "launcher.kube.in_cluster", "{}"],
+        {"NANOCLUSTER_HOME": supervisor.home_on_claim("main")},
+        {},
+    )
+    spec = job["spec"]["template"]["spec"]
+    assert violations(spec) == []
+    assert spec["automountServiceAccountToken"] is True and spec["serviceAccountName"] == supervisor.SERVICE_ACCOUNT
+    context = spec["securityContext"]
+    assert context["runAsUser"] == context["runAsGroup"] == context["fsGroup"] == RUN_AS_UID != 0
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": objects.SCRATCH_VOLUME, "mountPath": "/tmp"} in container["volumeMounts"]
+    assert re.fullmatch(r"[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}", container["image"]), container["image"]
