@@ -202,3 +202,34 @@ def test_the_supervisor_pod_passes_pod_security_restricted_and_keeps_its_token_o
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert resources == {"jobs", "pods", "pods/log", "pods/exec", "services", "configmaps", "events"}
     assert binding["roleRef"]["name"] == role["metadata"]["name"] and role["kind"] == "Role"  # the namespace only
+
+
+@pytest.mark.parametrize("how", ["stop", "ctrl-c"])
+def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_file, script, tmp_path, task, how):
+    """`stop` (its request, the training Job deleted) ends the run "stopped"; the front end's Ctrl-C asks
+    the supervisor, which stops every rank and ends it "interrupted": exit 130 and the continue line
+    either way, no restart."""
+    fake.seed()
+    script.run_ticks = 10**9
+    home = tmp_path / "home"
+    out = tmp_path / "train.out"
+    train = front_end(home, "train", "--cluster", str(contract_file), "--run", "st", "--nodes", "2", out=out)
+    record = home / "clusters" / "fake" / "runs" / "st"
+    wait_for("the launch", lambda: any(e["event"] == "launch" for e in events(record)), fake)
+    if how == "stop":
+        stopped = task("stop", "--cluster", str(contract_file), "--run", "st")
+        assert stopped.code == 0, stopped.err
+    else:
+        train.send_signal(signal.SIGINT)
+    assert train.wait(120) == 130, out.read_text() + fake.processes.output()
+    text = out.read_text()
+    last = text.strip().splitlines()[-1]
+    if how == "stop":
+        assert last.startswith("run st stopped by an operator"), text
+    else:
+        assert last.startswith("interrupted (its newest snapshot is kept); continue with: nanocluster train "), text
+    assert "restart 1/" not in text and "Traceback" not in text
+    (end,) = [e for e in events(record) if e["event"] == "end"]
+    assert end["outcome"] == ("stopped" if how == "stop" else "interrupted")
+    assert training_job(fake, "st") is None or training_job(fake, "st").metadata.deletion_timestamp
+    wait_for("the supervisor Job gone", lambda: not [j for j in fake.jobs() if "supervisor" in j.metadata.name], fake)
