@@ -52,9 +52,10 @@ SESSION_NAME = "supervisor-session"
 """In the record directory: the token of the front end's train this supervisor Job serves."""
 ENDED_NAME = "supervisor-ended"
 """In the record directory: the token of a session whose run has ended (a new pod of its Job does nothing)."""
-LINGER_S = 6 * 3600.0
-"""How long an ended supervisor waits for a front end to copy its record (attach later copies it
-through a helper pod: launcher.kube.supervisor)."""
+LINGER_S = 600.0
+"""How long an ended supervisor waits for a following front end to copy the rest of its record (one
+poll, a second, is enough); an `attach` after that copies it through a helper pod
+(launcher.kube.supervisor). Until then `rm` counts the run as live."""
 POLL_S = 1.0
 
 

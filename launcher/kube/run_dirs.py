@@ -8,13 +8,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from kubernetes.client import V1Job
+
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import access_of, run_helper
-from launcher.kube.objects import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
+from launcher.kube.objects import APP, LABEL_APP, LABEL_RUN, LABEL_SUPERVISES, MOUNT_PATH, job_name
 from launcher.run_files import StoredRun
 
 RUNS_DIR = f"{MOUNT_PATH}/runs"
@@ -58,7 +60,8 @@ class ClaimRuns:
         return cls(api, cluster)
 
     def live(self) -> dict[str, list[str]]:
-        """The training Jobs of each run that has one (helper Jobs carry a role and are not a run)."""
+        """The training Jobs of each run that has one (helper Jobs carry a role and are not a run), and its
+        supervisor Job while that has not ended (a run between two attempts is live too)."""
         with calling("listing the runs' Jobs"):
             jobs = self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items
         found: dict[str, list[str]] = {}
@@ -66,6 +69,8 @@ class ClaimRuns:
             labels = labels_of(job)
             if labels.get(LABEL_RUN) and volume.LABEL_ROLE not in labels:
                 found.setdefault(labels[LABEL_RUN], []).append(f"Job {name_of(job)}")
+            elif labels.get(LABEL_SUPERVISES) and not ended(job):
+                found.setdefault(labels[LABEL_SUPERVISES], []).append(f"supervisor Job {name_of(job)}")
         return found
 
     def helper_lines(self, action: str, script: str, what: str) -> list[str]:
@@ -110,3 +115,10 @@ class ClaimRuns:
 
     def close(self) -> None:
         """The client holds no connection to release."""
+
+
+def ended(job: V1Job) -> bool:
+    """Complete or Failed (a supervisor pod waits a few minutes after the run's end for a front end to
+    copy the record: launcher.kube.in_cluster.LINGER_S)."""
+    conditions = (job.status.conditions or []) if job.status else []
+    return any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)

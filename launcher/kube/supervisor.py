@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kubernetes import client
 from kubernetes.client import V1ConfigMap, V1Job
 from kubernetes.client.exceptions import ApiException
 
@@ -234,17 +235,15 @@ class Supervisor:
 
     def create_once(self, body: dict) -> None:
         """Create an RBAC object; one that exists is kept (the same for every run of the namespace)."""
-        from kubernetes import client
-
         kind, namespace = body["kind"], body["metadata"]["namespace"]
         rbac = client.RbacAuthorizationV1Api(self.api.core.api_client)
-        create: Callable[[str, dict], object] = {
-            "ServiceAccount": self.api.core.create_namespaced_service_account,
-            "Role": rbac.create_namespaced_role,
-            "RoleBinding": rbac.create_namespaced_role_binding,
-        }[kind]
         try:
-            create(namespace, body)
+            if kind == "ServiceAccount":
+                self.api.core.create_namespaced_service_account(namespace, client.V1ServiceAccount.model_validate(body))
+            elif kind == "Role":
+                rbac.create_namespaced_role(namespace, client.V1Role.model_validate(body))
+            else:
+                rbac.create_namespaced_role_binding(namespace, client.V1RoleBinding.model_validate(body))
         except ApiException as e:
             if e.status != 409:
                 raise api_error(e, f"creating {kind} {body['metadata']['name']}") from None

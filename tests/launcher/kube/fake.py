@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
-from tests.launcher.kube.fake_jobs import JobVerdicts, SupervisorProcesses, job_conditions
+from tests.launcher.kube.fake_jobs import UID_ANNOTATION, JobVerdicts, SupervisorProcesses, job_conditions, job_key
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -93,6 +93,8 @@ class FakeKube:
         """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
+        self.uids = 0
+        """The last Job identity given (fake_jobs.UID_ANNOTATION)."""
         self.retry_of: dict[str, int] = {}
         """pod -> which replacement of its index it is (0: the first pod)."""
         self._ready = threading.Event()
@@ -267,13 +269,18 @@ class FakeKube:
                 own = [p for p in existing.values() if p.metadata.labels.get(JOB_NAME_LABEL) == name]
                 self._terminate(name, job, own)
                 continue
+            if not job_key(job):  # a new Job object: its identity (kmock gives none)
+                self.uids += 1
+                uid = {UID_ANNOTATION: str(self.uids)}
+                job.metadata.annotations = (job.metadata.annotations or {}) | uid
+                self.batch.patch_namespaced_job(name, NAMESPACE, {"metadata": {"annotations": uid}})
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
             indexed = job.spec.completion_mode == "Indexed"
             ended = job_conditions(job)
             done = 0
             for index in range(job.spec.completions or 1):
-                retry = self.controller.retries.get((job.metadata.uid, index), 0)
+                retry = self.controller.retries.get((job_key(job), index), 0)
                 pod = f"{name}-{index}-a{attempt}" + (f"-r{retry}" if retry else "")
                 if pod not in existing:
                     if not ended:

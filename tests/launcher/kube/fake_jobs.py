@@ -38,6 +38,16 @@ def job_conditions(job) -> set[str]:
     return {c.type for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"}
 
 
+UID_ANNOTATION = "fake.nanocluster.dev/uid"
+"""kmock gives an object no uid: the fake's controller annotates each new Job with one (a Job recreated
+under the same name is another object, with another)."""
+
+
+def job_key(job) -> str:
+    """The Job object's identity (UID_ANNOTATION)."""
+    return (job.metadata.annotations or {}).get(UID_ANNOTATION, "")
+
+
 def exit_code_of(pod) -> tuple[str, int | None]:
     for status in (pod.status.container_statuses or []) if pod.status else []:
         terminated = status.state.terminated if status.state else None
@@ -76,9 +86,9 @@ class JobVerdicts:
     def __init__(self, fake):
         self.fake = fake
         self.retries: dict[tuple[str, int], int] = {}
-        """(the Job's uid, index) -> replacement pods made for it."""
+        """(job_key, index) -> replacement pods made for it."""
         self.failed: dict[str, int] = {}
-        """The Job's uid -> failures counted against backoffLimit."""
+        """job_key -> failures counted against backoffLimit."""
         self.judged: set[str] = set()
         """Failed pods already judged."""
         self.verdicts: list[tuple[str, str]] = []
@@ -91,7 +101,7 @@ class JobVerdicts:
         self.judged.add(name)
         action, why = verdict(job, pod)
         self.verdicts.append((name, action))
-        uid = job.metadata.uid
+        uid = job_key(job)
         if action == "FailJob":
             self.condition(job, "Failed", "PodFailurePolicy", why)
             return
@@ -104,7 +114,7 @@ class JobVerdicts:
 
     def condition(self, job, kind: str, reason: str, message: str) -> None:
         status = {"conditions": [{"type": kind, "status": "True", "reason": reason, "message": message}]}
-        status["failed" if kind == "Failed" else "succeeded"] = self.failed.get(job.metadata.uid, 0) or 1
+        status["failed" if kind == "Failed" else "succeeded"] = self.failed.get(job_key(job), 0) or 1
         self.fake.batch.patch_namespaced_job_status(job.metadata.name, job.metadata.namespace, {"status": status})
 
 

@@ -22,6 +22,7 @@ import pytest
 from launcher.kube import objects, supervisor, transient
 from launcher.kube.objects import LABEL_RUN
 from tests.launcher.kube.fake import NAMESPACE, training_launch
+from tests.launcher.kube.fake_jobs import UID_ANNOTATION
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
@@ -70,6 +71,11 @@ def training_job(fake, run: str):
     return jobs[0] if jobs else None
 
 
+def same_job(a, b) -> bool:
+    """The same Job object (not one recreated under its name)."""
+    return a.metadata.annotations[UID_ANNOTATION] == b.metadata.annotations[UID_ANNOTATION]
+
+
 def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_failed_rank(
     fake, contract_file, script, tmp_path
 ):
@@ -97,7 +103,8 @@ def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_faile
     assert line.startswith("error: run ms2 is already running (supervisor Job fake-ms2-supervisor in the cluster)")
     assert "follow it with `nanocluster attach --cluster " in line and "nothing was changed" in line
     kept = training_job(fake, "ms2")
-    assert kept.metadata.uid == first_job.metadata.uid and not kept.metadata.deletion_timestamp
+    assert same_job(kept, first_job)
+    assert not kept.metadata.deletion_timestamp
 
     # an API error the supervisor's watch meets (retried), then its pod killed: a new one adopts the attempt
     faults = fake.faults.add(PODS, [503, 500, "reset"], after=2)
@@ -106,7 +113,12 @@ def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_faile
     wait_for("a new supervisor pod", lambda: len(fake.processes.started) == 2, fake)
     adopted = "supervising the live Job fake-ms2 (attempt 0) again"
     wait_for("the adoption", lambda: adopted in (claim_record / "train.log").read_text(), fake)
-    assert training_job(fake, "ms2").metadata.uid == first_job.metadata.uid  # the attempt was not started over
+    # the attempt was not started over: the same Job object, its two pods
+    assert same_job(training_job(fake, "ms2"), first_job)
+    assert sorted(p.metadata.name for p in fake.pods() if "supervisor" not in p.metadata.name) == [
+        "fake-ms2-0-a0",
+        "fake-ms2-1-a0",
+    ]
     assert ("fake-ms2-supervisor-0-a0", "Count") in fake.controller.verdicts and killed == "fake-ms2-supervisor-0-a0"
 
     # rank 1 fails: the supervisor restarts the run, whose next attempt finishes
