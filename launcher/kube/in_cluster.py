@@ -41,9 +41,11 @@ from launcher.kube.connect import run_objects
 from launcher.kube.jobs import Staged
 from launcher.kube.objects import LABEL_ATTEMPT
 from launcher.kube.train import KubeRun
+from launcher.launch.supervisor import ENDED, read_state
 from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.supervised import request_of, supervise
+from launcher.terminal import LOG_NAME
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 INTERRUPT_SUFFIX = "-interrupt"
@@ -209,8 +211,8 @@ def main() -> None:
     record = RunRecord.of(cluster, request.run)
     directory = record.made()
     ended = directory / ENDED_NAME
-    if not (ended.exists() and ended.read_text().strip() == SPEC["session"]):
-        log = directory / "train.log"
+    if not ended_here(directory, SPEC["session"]):
+        log = directory / LOG_NAME
         pod_log = os.dup(1)
         out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(out, 1)
@@ -228,6 +230,18 @@ def main() -> None:
         ended.write_text(SPEC["session"])
     linger(SPEC["job"])
     sys.exit(0)
+
+
+def ended_here(directory: Path, session: str) -> bool:
+    """Whether this session's run has ended: a pod made after the end, or one killed while recording it,
+    must not start the run again."""
+
+    def holds(name: str) -> bool:
+        path = directory / name
+        return path.exists() and path.read_text().strip() == session
+
+    state = read_state(directory)
+    return holds(ENDED_NAME) or (holds(SESSION_NAME) and state is not None and state.phase == ENDED)
 
 
 def linger(job: str) -> None:

@@ -60,6 +60,8 @@ from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, SupervisorState, log_size, read_state
 from launcher.lifecycle import TrainRequest
+from launcher.runs import budget
+from launcher.runs.estimate import already_finished
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME, outliving_the_terminal, real_descriptor
 from launcher.trainer_config import read_trainer_config
@@ -390,6 +392,12 @@ def train(request: TrainRequest) -> int:
     check_name(request.dataset, "dataset")
     kind = kube_train.KubeRun.resolve(request)
     config_text, _ = read_trainer_config(request.config, request.overrides)  # a bad config: one line here
+    values = budget.trainer_values(config_text, request.overrides)
+    record = RunRecord.of(kind.cluster, request.run)
+    finished = already_finished(record, budget.max_iters_of(values), request.dataset, request.cluster_spec)
+    if finished:  # known from this machine's record: nothing needs to start, as attached
+        say(finished)
+        return 0
     api, cluster = connect(kind.cluster) if kind.api is None else (kind.api, kind.cluster)
     kind.api, kind.cluster = api, cluster
     supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
@@ -404,7 +412,6 @@ def train(request: TrainRequest) -> int:
         supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
     files = {f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
     staged = stage(api, cluster, request.run, files if request.config else {}, code=code_archive())
-    record = supervisor.record
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
     supervisor.create(request, staged.python, staged.code_dir)

@@ -245,3 +245,22 @@ def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_f
     assert end["outcome"] == ("stopped" if how == "stop" else "interrupted")
     assert training_job(fake, "st") is None or training_job(fake, "st").metadata.deletion_timestamp
     wait_for("the supervisor Job gone", lambda: not [j for j in fake.jobs() if "supervisor" in j.metadata.name], fake)
+
+
+def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(fake, contract_file, script, tmp_path):
+    fake.seed()
+    script.run_ticks = 200  # about two seconds of pods
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file), "--run", "dt"]
+    out = tmp_path / "detach.out"
+    detach = front_end(home, "train", *cluster, "--nodes", "2", "--detach", out=out)
+    assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+    lines = out.read_text().strip().splitlines()
+    assert lines[-1].startswith("run dt goes on under its supervisor in the cluster; follow it with `nanocluster ")
+    record = home / "clusters" / "fake" / "runs" / "dt"
+    assert [e["event"] for e in events(record)] == ["launch"]
+    attach_out = tmp_path / "attach.out"
+    attach = front_end(home, "attach", *cluster, out=attach_out)
+    assert attach.wait(120) == 0, attach_out.read_text() + fake.processes.output()
+    assert "done in " in attach_out.read_text()
+    assert [e["event"] for e in events(record)] == ["launch", "end"]
