@@ -436,6 +436,10 @@ class FakeKube:
         """End a running pod now with exit code (a test's rank crash)."""
         self._phase(pod, "Failed", code)
 
+    def succeed_pod(self, pod: str) -> None:
+        """End a running pod now, its program done (exit 0)."""
+        self._phase(pod, "Succeeded", 0)
+
     def _phase(
         self, pod: str, phase: str, code: int | None = None, reason: str | None = None, container: str = "trainer"
     ) -> None:

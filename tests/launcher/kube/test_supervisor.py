@@ -37,18 +37,36 @@ def quick_backoff(monkeypatch):
     monkeypatch.setattr(transient, "FIRST_BACKOFF_S", 0.01)
 
 
+STARTED: list[subprocess.Popen] = []
+"""Front ends a test started: killed at its end (a failed test leaves none behind)."""
+
+
+@pytest.fixture(autouse=True)
+def no_front_end_left():
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 def front_end(home: Path, *argv: str, out: Path) -> subprocess.Popen:
-    """The operator's `nanocluster ...` as its own process, its output to the file out."""
+    """The operator's `nanocluster ...` as its own process, its output to the file out; Ctrl-C (SIGINT)
+    reaches it as at a terminal, even where this test runs with SIGINT ignored (a background job)."""
     env = os.environ | {"NANOCLUSTER_HOME": str(home), "PYTHONPATH": str(REPO)}
     with open(out, "ab") as sink:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-c", PROGRAM, *argv],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=sink,
             cwd=REPO,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
+    STARTED.append(process)
+    return process
 
 
 def wait_for(what: str, check, fake, timeout_s: float = 60.0):
@@ -228,6 +246,7 @@ def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_f
     train = front_end(home, "train", "--cluster", str(contract_file), "--run", "st", "--nodes", "2", out=out)
     record = home / "clusters" / "fake" / "runs" / "st"
     wait_for("the launch", lambda: any(e["event"] == "launch" for e in events(record)), fake)
+    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 3, fake)
     if how == "stop":
         stopped = task("stop", "--cluster", str(contract_file), "--run", "st")
         assert stopped.code == 0, stopped.err
@@ -249,7 +268,7 @@ def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_f
 
 def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(fake, contract_file, script, tmp_path):
     fake.seed()
-    script.run_ticks = 200  # about two seconds of pods
+    script.run_ticks = 10**9  # the pods run until the test ends them
     home = tmp_path / "home"
     cluster = ["--cluster", str(contract_file), "--run", "dt"]
     out = tmp_path / "detach.out"
@@ -259,6 +278,9 @@ def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(f
     assert lines[-1].startswith("run dt goes on under its supervisor in the cluster; follow it with `nanocluster ")
     record = home / "clusters" / "fake" / "runs" / "dt"
     assert [e["event"] for e in events(record)] == ["launch"]
+    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 3, fake)
+    for pod in ("fake-dt-0-a0", "fake-dt-1-a0"):
+        fake.succeed_pod(pod)
     attach_out = tmp_path / "attach.out"
     attach = front_end(home, "attach", *cluster, out=attach_out)
     assert attach.wait(120) == 0, attach_out.read_text() + fake.processes.output()
