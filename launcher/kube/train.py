@@ -316,19 +316,21 @@ def is_live(job: V1Job) -> bool:
 
 
 def train(request: TrainRequest) -> int:
-    """`fab train` on a Kubernetes cluster: 0 finished, BUDGET_EXIT stopped at the budget (a failure raises).
-    The front end supervises the run itself here (no supervisor of its own yet: docs/launcher.md)."""
+    """`fab train` on a Kubernetes cluster in this process: 0 finished, BUDGET_EXIT stopped at the budget (a
+    failure raises). A dry run, and a train whose output is captured in the calling process, run here;
+    `fab train` at a terminal runs the run's supervisor in the cluster (launcher.kube.supervisor)."""
     if request.detach:
         raise TaskError(NOT_SUPERVISED)
     return run_lifecycle(request, KubeRun.resolve)
 
 
 NOT_SUPERVISED = (
-    "a run on Kubernetes is supervised by the train that started it (no detached supervisor yet): "
-    "drop --detach; `logs --follow` follows its pods"
+    "a run on Kubernetes whose output this process captures is supervised by the train that started it "
+    "(its supervisor pod is for a train at a terminal): drop --detach; `logs --follow` follows its pods"
 )
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
-    """`fab attach` on Kubernetes: nothing to attach to (the train that started a run supervises it)."""
+    """`fab attach` for a run supervised in this process: nothing to attach to (launcher.kube.supervisor
+    attaches to a supervisor pod)."""
     raise TaskError(NOT_SUPERVISED.replace("drop --detach; ", ""))
