@@ -286,3 +286,27 @@ def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(f
     assert attach.wait(120) == 0, attach_out.read_text() + fake.processes.output()
     assert "done in " in attach_out.read_text()
     assert [e["event"] for e in events(record)] == ["launch", "end"]
+
+
+def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
+    """Between two attempts a run has no training Job, but its supervisor lives: `rm` and `prune` keep it."""
+    from types import SimpleNamespace
+
+    from kubernetes.client import V1Job, V1JobCondition, V1JobStatus, V1ObjectMeta
+
+    from launcher.kube.run_dirs import ClaimRuns
+
+    def job(name: str, labels: dict, ended: bool = False) -> V1Job:
+        conditions = [V1JobCondition(type="Complete", status="True")] if ended else []
+        return V1Job(metadata=V1ObjectMeta(name=name, labels=labels), status=V1JobStatus(conditions=conditions))
+
+    supervising = {objects.LABEL_APP: objects.APP, "nanocluster.dev/role": "supervisor"}
+    jobs = [
+        job("c-a-supervisor", supervising | {objects.LABEL_SUPERVISES: "a"}),
+        job("c-b-supervisor", supervising | {objects.LABEL_SUPERVISES: "b"}, ended=True),
+        job("c-c", {objects.LABEL_APP: objects.APP, LABEL_RUN: "c", objects.LABEL_ATTEMPT: "0"}),
+    ]
+    batch = SimpleNamespace(list_namespaced_job=lambda namespace, label_selector: SimpleNamespace(items=jobs))
+    store = ClaimRuns.__new__(ClaimRuns)
+    store.api = SimpleNamespace(batch=batch, namespace="nanocluster")  # type: ignore[assignment]
+    assert store.live() == {"a": ["supervisor Job c-a-supervisor"], "c": ["Job c-c"]}
