@@ -308,5 +308,5 @@ def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
     ]
     batch = SimpleNamespace(list_namespaced_job=lambda namespace, label_selector: SimpleNamespace(items=jobs))
     store = ClaimRuns.__new__(ClaimRuns)
-    store.api = SimpleNamespace(batch=batch, namespace="nanocluster")  # type: ignore[assignment]
+    store.api = SimpleNamespace(batch=batch, namespace="nanocluster")
     assert store.live() == {"a": ["supervisor Job c-a-supervisor"], "c": ["Job c-c"]}
