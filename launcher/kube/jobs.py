@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from kubernetes.client import V1ConfigMap, V1Job, V1Pod
 from kubernetes.client.exceptions import ApiException
-from urllib3 import HTTPResponse
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
-from launcher.kube import pod_start, volume
+from launcher.kube import pod_start, streams, volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.objects import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
@@ -128,9 +126,7 @@ def run_helper(
         time.sleep(POLL_S)
     assert pod is not None
     with calling(f"reading the log of {name_of(pod)}"):
-        stream = api.core.read_namespaced_pod_log(name_of(pod), api.namespace, follow=True, _preload_content=False)
-        for line in log_lines(raw_response(stream)):
-            emit(line)
+        streams.follow_log(api, name_of(pod), emit, container=role)
     while phase not in ("Succeeded", "Failed"):
         time.sleep(POLL_S)
         pods = job_pods(api, name)
@@ -197,24 +193,6 @@ def _create_when_gone(api: Api, job: dict) -> str:
         GONE_TIMEOUT_S,
     )
     return created.metadata.uid if created.metadata and created.metadata.uid else ""
-
-
-def raw_response(answer: object) -> HTTPResponse:
-    """A call's answer with _preload_content=False: the client then returns the urllib3 response
-    undecoded, whatever type its method declares."""
-    return cast(HTTPResponse, answer)
-
-
-def log_lines(stream: HTTPResponse) -> Iterator[str]:
-    """The decoded lines of a streamed HTTP response, as they arrive."""
-    buffer = b""
-    for chunk in stream.stream(amt=4096, decode_content=True):
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            yield line.decode(errors="replace")
-    if buffer:
-        yield buffer.decode(errors="replace")
 
 
 def requirements_file(cluster: Cluster) -> Path:

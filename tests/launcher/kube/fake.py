@@ -3,7 +3,8 @@ stateful API server over HTTP, so the official client runs unchanged against it)
 the two controllers a real cluster runs and the emulator does not: the Job controller (a Job's pods,
 their phases) and the garbage collector (a deleted Job's pods), and the scheduler's and the kubelet's
 part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do.
-Exec calls into the pods run in a local sandbox standing in for the claim (fake_exec.py)."""
+Exec calls into the pods run in a local sandbox standing in for the claim (fake_exec.py); their logs
+are followed as streams that a test can cut (fake_logs.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
+from tests.launcher.kube.fake_logs import PodLogs
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -80,7 +82,9 @@ class FakeKube:
 
     def __init__(self, script: Script | None = None):
         self.script = script or Script()
-        self.logs: dict[str, bytes] = {}
+        self.pod_logs = PodLogs()
+        """The pods' logs as the API server streams them, and their cuts (fake_logs)."""
+        self.logs: dict[str, bytes] = self.pod_logs.logs
         self.ticks: dict[str, int] = {}
         self.created_jobs: list[dict] = []
         self.error: Exception | None = None
@@ -109,10 +113,9 @@ class FakeKube:
         async def main() -> None:
             slow_foreground = lambda: self.script.terminate_ticks > 0  # noqa: E731
             async with (
-                ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator,
+                ClusterEmulator(self.pod_exec, self.faults, slow_foreground, self.pod_logs) as emulator,
                 kmock.Server(emulator) as server,
             ):
-                emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
                 self._emulator = emulator
@@ -139,6 +142,7 @@ class FakeKube:
         self._stop.set()
         self._controller.join(10)
         self.pod_exec.end_all()
+        self.pod_logs.closing = True  # follow streams end before the server's loop stops
         self._server_stop.set()
         self._server.join(10)
         shutil.rmtree(self.pod_exec.claim.parent, ignore_errors=True)
@@ -249,7 +253,9 @@ class FakeKube:
             if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
         existing = {p.metadata.name: p for p in self.pods()}
-        self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
+        phases = {n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()}
+        self.pod_exec.sync(phases)
+        self.pod_logs.sync(phases)
         for name, job in jobs.items():
             if job.metadata.deletion_timestamp:
                 own = [p for p in existing.values() if p.metadata.labels.get(JOB_NAME_LABEL) == name]
