@@ -37,11 +37,21 @@ def access_of(cluster: Cluster) -> KubeAccess:
     return cluster.kube
 
 
-def job_pods(api: Api, job: str) -> list[V1Pod]:
-    """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint)."""
+CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+"""The Job controller's label of a pod with its Job's uid."""
+
+
+def job_pods(api: Api, job: str, uid: str = "") -> list[V1Pod]:
+    """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint);
+    with uid, not those of an older Job of the same name that the garbage collector has not removed yet."""
     with calling(f"listing the pods of Job {job}"):
         pods = api.core.list_namespaced_pod(api.namespace, label_selector=f"batch.kubernetes.io/job-name={job}").items
-    return [p for p in pods if labels_of(p).get("batch.kubernetes.io/job-name") == job]
+    return [
+        p
+        for p in pods
+        if labels_of(p).get("batch.kubernetes.io/job-name") == job
+        and (not uid or labels_of(p).get(CONTROLLER_UID, uid) == uid)
+    ]
 
 
 def delete_job(api: Api, name: str) -> None:
@@ -102,7 +112,7 @@ def run_helper(
     bounds = pod_start.BOUNDS
     starting = StartWatch(api, lambda line: out_line(f"[{role}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
     while True:
-        pods = job_pods(api, name)
+        pods = job_pods(api, name, uid)
         pod = pods[0] if pods else None
         phase = pod.status.phase if pod and pod.status else "Pending"
         if phase in ("Running", "Succeeded", "Failed"):
@@ -129,7 +139,7 @@ def run_helper(
         streams.follow_log(api, name_of(pod), emit, container=role)
     while phase not in ("Succeeded", "Failed"):
         time.sleep(POLL_S)
-        pods = job_pods(api, name)
+        pods = job_pods(api, name, uid)
         phase = pods[0].status.phase if pods and pods[0].status else "Failed"
         pod = pods[0] if pods else pod
     if phase == "Failed":
@@ -236,7 +246,7 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     except ValueError as e:
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
-    script = volume.staging_script(requirements_sha, code_sha, placed)
+    script = volume.staging_script(requirements_sha, code_sha, placed, run=run)
     job = volume.helper_job(name, access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
     say(

@@ -1,10 +1,10 @@
 """An in-memory Kubernetes API for the launcher's Kubernetes flow: kmock's KubernetesEmulator (a
 stateful API server over HTTP, so the official client runs unchanged against it) in a thread, plus
 the two controllers a real cluster runs and the emulator does not: the Job controller (a Job's pods,
-their phases) and the garbage collector (a deleted Job's pods), and the scheduler's and the kubelet's
-part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do.
-Exec calls into the pods run in a local sandbox standing in for the claim (fake_exec.py); their logs
-are followed as streams that a test can cut (fake_logs.py)."""
+their phases) and the garbage collector (a deleted Job's pods, and the ConfigMaps it owns), and the
+scheduler's and the kubelet's part in a pod's start (StartingPods: Pending, ContainerCreating,
+Running). A test scripts what the pods do. Exec calls into the pods run in a local sandbox standing
+in for the claim (fake_exec.py); their logs are followed as streams that a test can cut (fake_logs.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ NAMESPACE = "nanocluster"
 TICK_S = 0.01
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 
 
 def kubeconfig(url: str, context: str = "fake") -> dict:
@@ -93,6 +94,9 @@ class FakeKube:
         self.serving: set[str] = set()
         self.faults = Faults()
         """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
+        self._job_uids: set[str] = set()
+        self.collected: list[str] = []
+        """The ConfigMaps the garbage collector deleted once their owner Job was gone."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
         self._ready = threading.Event()
@@ -249,9 +253,15 @@ class FakeKube:
 
     def _step(self) -> None:
         jobs = {j.metadata.name: j for j in self.jobs()}
-        for pod in self.pods():  # the garbage collector: a deleted Job's pods go too
-            if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
+        for pod in self.pods():  # the garbage collector: a deleted (or replaced) Job's pods go
+            job = jobs.get(pod.metadata.labels.get(JOB_NAME_LABEL))
+            uid = pod.metadata.labels.get(CONTROLLER_UID_LABEL)
+            if job is None or (uid and uid != job.metadata.uid):
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+        uids = {j.metadata.uid for j in jobs.values()}
+        if self._job_uids - uids:  # a Job went: the ConfigMaps it owned go too (listed only then: kmock's
+            self._collect_owned(uids)  # every request scans its history, so each request per tick slows all)
+        self._job_uids = uids
         existing = {p.metadata.name: p for p in self.pods()}
         phases = {n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()}
         self.pod_exec.sync(phases)
@@ -270,6 +280,14 @@ class FakeKube:
                     self._create_pod(pod, job, labels, index, attempt, indexed)
                 else:
                     self._advance(pod, index if indexed else -1, attempt)
+
+    def _collect_owned(self, job_uids: set[str]) -> None:
+        """The garbage collector's part for ConfigMaps: one whose every owner (a Job, by uid) is gone is deleted."""
+        for configmap in self.core.list_namespaced_config_map(NAMESPACE).items:
+            owners = configmap.metadata.owner_references or []
+            if owners and not any(o.kind == "Job" and o.uid in job_uids for o in owners):
+                self.core.delete_namespaced_config_map(configmap.metadata.name, NAMESPACE)
+                self.collected.append(configmap.metadata.name)
 
     def _terminate(self, name: str, job, pods: list) -> None:
         """A Job deleted in Foreground mode: its pods get SIGTERM and end after terminate_ticks (a running
@@ -324,7 +342,8 @@ class FakeKube:
                 "metadata": {
                     "name": pod,
                     "namespace": NAMESPACE,
-                    "labels": labels | {JOB_NAME_LABEL: job.metadata.name},
+                    "labels": labels
+                    | {JOB_NAME_LABEL: job.metadata.name, CONTROLLER_UID_LABEL: job.metadata.uid or ""},
                     "annotations": {INDEX: str(index)} if indexed else {},
                 },
                 "spec": self.api.sanitize_for_serialization(job.spec.template.spec),  # StartingPods binds it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -122,6 +123,20 @@ def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
     )
 
 
+async def give_uid(raw_request: aiohttp.web.BaseRequest) -> None:
+    """A created object gets its metadata.uid, as the API server gives every object (kmock gives none):
+    ownerReferences and the Job controller's controller-uid label name their owner by it."""
+    body = await raw_request.read()
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    if isinstance(metadata, dict) and not metadata.get("uid"):
+        metadata["uid"] = str(uuid.uuid4())
+        raw_request._read_bytes = json.dumps(document).encode()  # what read(), text() and json() hand kmock
+
+
 class ClusterEmulator(ExecEmulator):
     """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
 
@@ -132,6 +147,8 @@ class ClusterEmulator(ExecEmulator):
         self.faults, self.foreground_takes_time, self.pod_logs = faults, foreground_takes_time, pod_logs
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method == "POST":
+            await give_uid(raw_request)
         if CONTROLLER_HEADER not in raw_request.headers:
             what = f"{raw_request.method} {raw_request.path}"
             if self.faults.expired(what, raw_request.headers.get("Authorization", "")):

@@ -8,8 +8,10 @@ is what the stock image runs."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 from launcher.kube import jobs, volume
@@ -37,8 +39,11 @@ def archive(files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def staging(tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64) -> subprocess.Popen:
-    """The staging script of `code`, started over tmp_path/claim (the claim) with its ConfigMap in tmp_path/<name>."""
+def staging(
+    tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64, run: str = ""
+) -> subprocess.Popen:
+    """The staging script of `code` (for run), started over tmp_path/claim (the claim) with its ConfigMap in
+    tmp_path/<name>."""
     claim, stage_dir, bin_dir = tmp_path / "claim", tmp_path / name, tmp_path / "bin"
     for d in (claim, stage_dir, bin_dir):
         d.mkdir(exist_ok=True)
@@ -47,7 +52,7 @@ def staging(tmp_path: Path, name: str, code: dict[str, str], requirements_sha: s
     (stage_dir / "code.tar.gz").write_bytes(archive(code))
     (stage_dir / "requirements.txt").write_text("torch==2.13.0\n")
     code_sha = volume.digest_of({k: v.encode() for k, v in code.items()})
-    text = volume.staging_script(requirements_sha, code_sha, {})
+    text = volume.staging_script(requirements_sha, code_sha, {}, run=run)
     text = text.replace(volume.STAGE_DIR, str(stage_dir)).replace(MOUNT_PATH, str(claim))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     return subprocess.Popen(["sh", "-c", text], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -154,3 +159,17 @@ def test_logs_reads_the_training_pods_only():
 
     trainer, sample = pod(CONTAINER), pod("sample")  # `fab sample`'s pod carries the run label for 10 minutes
     assert training_pods([sample, trainer]) == [trainer]
+
+
+def test_a_runs_staging_records_what_it_staged_in_its_run_directory_and_touches_it(tmp_path):
+    code = {"model/train.py": "A = 1\n"}
+    finished(staging(tmp_path, "a", code, run="r1"))
+    store = tmp_path / "claim" / "store"
+    venv, tree = store / f"venv-{'r' * 64}", store / f"code-{code_sha(code)}"
+    record = tmp_path / "claim" / "runs" / "r1" / volume.STAGED_RECORD
+    assert record.read_text().split() == [venv.name, tree.name]
+    old = time.time() - 3 * 3600
+    for entry in (venv, tree):
+        os.utime(entry, (old, old))
+    finished(staging(tmp_path, "b", code, run="r2"))  # nothing built: what it uses is touched (the prune's grace)
+    assert all(entry.stat().st_mtime > old + 3600 for entry in (venv, tree))
