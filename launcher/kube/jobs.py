@@ -100,14 +100,23 @@ def run_helper(
     what: str,
     on_line: Callable[[str], None] | None = None,
     pending_timeout_s: float = PENDING_TIMEOUT_S,
+    before_start: Callable[[str], None] | None = None,
 ) -> None:
-    """Create the Job (replacing an old one of the same name), stream its log, wait for its end."""
+    """Create the Job (replacing an old one of the same name), stream its log, wait for its end. With
+    before_start, the Job is created suspended (no pod yet), before_start(its uid) makes what its pod
+    needs (owned by the Job, so the garbage collector deletes it with the Job), then the Job starts."""
     name = job["metadata"]["name"]
     role = job["metadata"]["labels"][volume.LABEL_ROLE]
     emit = on_line or (lambda line: out_line(f"[{role}] {line}"))
     delete_job(api, name)
+    if before_start is not None:
+        job = job | {"spec": job["spec"] | {"suspend": True}}
     with calling(f"creating Job {name}"):
         uid = _create_when_gone(api, job)
+    if before_start is not None:
+        before_start(uid)
+        with calling(f"starting Job {name}"):
+            api.batch.patch_namespaced_job(name, api.namespace, {"spec": {"suspend": False}})
     started = time.monotonic()
     bounds = pod_start.BOUNDS
     starting = StartWatch(api, lambda line: out_line(f"[{role}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
@@ -229,9 +238,11 @@ class Staged:
 def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
-    ends. The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job
-    itself needs no GPU and runs off the GPU nodes (volume.helper_job). Each staging's Job has a name
-    of its own, so two at once (two runs, two `fab setup`) never delete each other's."""
+    ends, and owned by the Job (created suspended until the ConfigMap exists): a launcher that dies
+    mid-staging leaves it to the garbage collector. The venv is the CPU profile's, or on GPU nodes the
+    cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
+    (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
+    `fab setup`) never delete each other's."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()
@@ -253,14 +264,24 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
         f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
         f"model code {code_sha[:12]}" + (f", runs/{run}'s files" if placed else "")
     )
-    with calling(f"creating ConfigMap {name}"):
-        api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
+
+    def create_configmap(job_uid: str) -> None:
+        owned = configmap | {"metadata": configmap["metadata"] | {"ownerReferences": [owner(name, job_uid)]}}
+        with calling(f"creating ConfigMap {name}"):
+            api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(owned))
+
     try:
-        run_helper(api, job, "staging the node environment and code")
+        run_helper(api, job, "staging the node environment and code", before_start=create_configmap)
     finally:
-        delete_configmap(api, name)
+        delete_configmap(api, name)  # at once; a launcher that dies first leaves it to the garbage collector
     say(f"staged in {time.monotonic() - started:.1f} s")
     return Staged(f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha))
+
+
+def owner(job: str, uid: str) -> dict:
+    """An ownerReference to the Job: the garbage collector deletes the owned object once the Job is gone
+    (the helper Jobs' ttlSecondsAfterFinished deletes them 10 minutes after they end)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid, "blockOwnerDeletion": False}
 
 
 def delete_configmap(api: Api, name: str) -> None:

@@ -243,7 +243,7 @@ def sample(
         str(seed),
         *(["--prompt", prompt] if prompt else []),
     ]
-    script = f'{best_checkpoint_script(run)}; {volume.node_program("model.sample", args)} --ckpt "$ckpt" 2>&1'
+    script = f'{best_checkpoint_script(run)}; {volume.run_program(run, "model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
     run_helper(api, job, f"sampling run {run}", on_line=out_line)
 

@@ -271,6 +271,8 @@ class FakeKube:
                 own = [p for p in existing.values() if p.metadata.labels.get(JOB_NAME_LABEL) == name]
                 self._terminate(name, job, own)
                 continue
+            if job.spec.suspend:  # a suspended Job has no pods
+                continue
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
             indexed = job.spec.completion_mode == "Indexed"
