@@ -83,9 +83,7 @@ class RetryingApiClient(client.ApiClient):
 
     window_s = RETRY_WINDOW_S
 
-    def __init__(
-        self, configuration: client.Configuration, reload: Callable[[], client.Configuration] | None = None
-    ):
+    def __init__(self, configuration: client.Configuration, reload: Callable[[], client.Configuration] | None = None):
         super().__init__(configuration)
         self.reload = reload
         """The kubeconfig loaded again (its exec plugin run again): a fresh credential after a 401."""

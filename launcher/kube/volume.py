@@ -275,25 +275,28 @@ def store_prune_script(keep: list[str]) -> str:
     nor by keep (what live Jobs' pods name), nor pointed at by <root>/venv and <root>/code, nor touched
     within STORE_GRACE_MIN (a staging under way); one `@freed ENTRY KB` line each. Left-over temporary
     builds (a staging that died) go the same way."""
-    return "\n".join(
-        [
-            f"cd {STORE} 2>/dev/null || exit 0",
-            f"keep=' {' '.join(shlex.quote(k) for k in keep)} '",
-            f"for f in {MOUNT_PATH}/runs/*/{STAGED_RECORD}; do",
-            '  [ -f "$f" ] && keep="$keep $(tr \'\\n\' \' \' < "$f")"',
-            "done",
-            f"for l in {MOUNT_PATH}/venv {CODE_DIR}; do",
-            '  [ -L "$l" ] && keep="$keep $(basename "$(readlink "$l")")"',
-            "done",
-            "for e in venv-* code-*; do",
-            '  [ -e "$e" ] || continue',
-            '  case "$keep " in *" $e "*) continue;; esac',
-            f'  [ -n "$(find "$e" -maxdepth 0 -mmin -{STORE_GRACE_MIN})" ] && continue',
-            '  kb=$(du -sk -- "$e" 2>/dev/null | cut -f1)',
-            '  rm -rf -- "$e" 2>/dev/null; [ -e "$e" ] || echo "@freed $e ${kb:-0}"',
-            "done",
-        ]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                f"cd {STORE} 2>/dev/null || exit 0",
+                f"keep=' {' '.join(shlex.quote(k) for k in keep)} '",
+                f"for f in {MOUNT_PATH}/runs/*/{STAGED_RECORD}; do",
+                '  [ -f "$f" ] && keep="$keep $(tr \'\\n\' \' \' < "$f")"',
+                "done",
+                f"for l in {MOUNT_PATH}/venv {CODE_DIR}; do",
+                '  [ -L "$l" ] && keep="$keep $(basename "$(readlink "$l")")"',
+                "done",
+                "for e in venv-* code-*; do",
+                '  [ -e "$e" ] || continue',
+                '  case "$keep " in *" $e "*) continue;; esac',
+                f'  [ -n "$(find "$e" -maxdepth 0 -mmin -{STORE_GRACE_MIN})" ] && continue',
+                '  kb=$(du -sk -- "$e" 2>/dev/null | cut -f1)',
+                '  rm -rf -- "$e" 2>/dev/null; [ -e "$e" ] || echo "@freed $e ${kb:-0}"',
+                "done",
+            ]
+        )
+        + "\n"
+    )
 
 
 def prepare_script(args: list[str]) -> str:

@@ -140,9 +140,7 @@ async def give_uid(raw_request: aiohttp.web.BaseRequest) -> None:
 class ClusterEmulator(ExecEmulator):
     """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
 
-    def __init__(
-        self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool], pod_logs: PodLogs
-    ):
+    def __init__(self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool], pod_logs: PodLogs):
         super().__init__(pod_exec)
         self.faults, self.foreground_takes_time, self.pod_logs = faults, foreground_takes_time, pod_logs
 
