@@ -150,5 +150,9 @@ class MachineRuns:
                 failures[run] = f"{failures[run]}; {why}" if run in failures else why
         return failures
 
+    def free_unused(self) -> dict[str, int]:
+        """Machines share nothing between runs: each node's environment is its own (fab setup)."""
+        return {}
+
     def close(self) -> None:
         self.session.close()

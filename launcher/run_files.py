@@ -84,6 +84,11 @@ class RunStore(Protocol):
         found running by then is one)."""
         ...
 
+    def free_unused(self) -> dict[str, int]:
+        """Delete what the runs share and no remaining run uses (Kubernetes' staged environments and
+        code: launcher.kube.run_dirs); bytes freed by what it was. Never what a live run uses."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -295,6 +300,7 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
             stop = command_line("stop", cluster=cluster_spec, run=run)
             raise TaskError(f"run {run} is live under its supervisor on this machine: stop it first with `{stop}`")
         freed, failed = delete_rows(store, [row], fetched)
+        shared = {} if failed else store.free_unused()
     finally:
         store.close()
     if failed:
@@ -307,7 +313,17 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
         else ""
     )
     say(f"deleted run {run}{places} and its record here: freed {size_text(freed[run])}{kept}")
+    say_shared(shared)
     return 0
+
+
+def say_shared(shared: dict[str, int]) -> None:
+    """A line for what free_unused deleted (nothing when it deleted nothing)."""
+    if shared:
+        say(
+            f"deleted {len(shared)} staged environment(s) and code tree(s) no run uses: "
+            f"freed {size_text(sum(shared.values()))} ({', '.join(sorted(name[:17] for name in shared))})"
+        )
 
 
 def prune(
@@ -333,6 +349,7 @@ def prune(
             say(f"would free {size_text(sum(row_bytes(r, fetched) for r in chosen))}; nothing deleted (--dry-run)")
             return 0
         freed, failed = delete_rows(store, chosen, fetched) if chosen else ({}, {})
+        shared = store.free_unused()
     finally:
         store.close()
     for row in chosen:
@@ -340,9 +357,10 @@ def prune(
             say(f"deleted run {row.run} ({row.state}): freed {size_text(freed[row.run])}")
     for run, why in failed.items():
         say(f"not deleted: run {run}: {why}; its record is kept")
+    say_shared(shared)
     kept = [f"{r.run} ({r.state})" for r in rows if r not in chosen and r.state != FETCHED_ONLY]
     say(
-        f"pruned {len(freed)} run(s), freed {size_text(sum(freed.values()))}"
+        f"pruned {len(freed)} run(s), freed {size_text(sum(freed.values()) + sum(shared.values()))}"
         + (f"; kept {', '.join(kept)}" if kept else "")
         + (f"; run `{again}` again for the rest" if failed else "")
     )

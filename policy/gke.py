@@ -10,7 +10,10 @@
 - shielded nodes with secure boot; NetworkPolicy enforced (Dataplane V2 or Calico); no legacy ABAC,
   no client certificate;
 - a GPU pool scales to 0 at rest: autoscaling on, its minimum 0 (per zone and in total), no nodes
-  started with it, so no GPU bills between runs.
+  started with it, so no GPU bills between runs;
+- the NFS server of an nfs PersistentVolume cannot be mounted inline by pods: a ValidatingAdmissionPolicy
+  whose expression names the server, bound with Deny (infra/kube_storage.py), so no pod outside the
+  run's namespace can write the code or the venv.
 """
 
 from __future__ import annotations
@@ -143,3 +146,35 @@ def node_pool_problems(props: Any) -> list[str]:
     if known(config) and _has_gpus(config):
         found += _gpu_pool_at_rest(props)
     return found
+
+
+VOLUME = "kubernetes:core/v1:PersistentVolume"
+ADMISSION_POLICY = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+ADMISSION_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+
+
+def inline_nfs_problems(resources: list[tuple[str, Any]]) -> list[str]:
+    """(type, props) of a stack's resources -> a line for each NFS server its PersistentVolumes name
+    that no bound, denying admission policy keeps inline nfs volumes off."""
+    servers = {get(props, "spec", "nfs", "server") for kind, props in resources if kind == VOLUME}
+    servers = {s for s in servers if isinstance(s, str) and s}
+    if not servers:
+        return []
+    policies = {
+        get(props, "metadata", "name"): " ".join(str(get(v, "expression")) for v in items(props, "spec", "validations"))
+        for kind, props in resources
+        if kind == ADMISSION_POLICY and get(props, "spec", "failurePolicy") in (None, "Fail")
+    }
+    denied = [
+        policies[name]
+        for kind, props in resources
+        if kind == ADMISSION_BINDING
+        and "Deny" in items(props, "spec", "validationActions")
+        and (name := get(props, "spec", "policyName")) in policies
+    ]
+    return [
+        f"NFS server {server}: no ValidatingAdmissionPolicy bound with Deny refuses pods an inline nfs volume "
+        "on it (a pod in another namespace could rewrite the code and the venv)"
+        for server in sorted(servers)
+        if not any(f"'{server}'" in expression and "v.nfs.server" in expression for expression in denied)
+    ]

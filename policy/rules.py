@@ -461,4 +461,5 @@ def stack_violations(resources: Iterable[Resource], settings: Settings) -> list[
         *_aws_reach(everything, settings),
         *_azure_reach(everything),
         *_azure_gpu_workers(everything),
+        *gke.inline_nfs_problems([(r.type, r.props) for r in everything]),
     ]

@@ -137,7 +137,12 @@ class Api:
 
 def new_client(access: KubeAccess) -> client.ApiClient:
     """An ApiClient from the kubeconfig text (the operator's own kubeconfig file is not read or written),
-    retrying transient errors (launcher.kube.transient)."""
+    retrying transient errors and reloading an expired credential (launcher.kube.transient)."""
+    return RetryingApiClient(load_configuration(access), reload=lambda: load_configuration(access))
+
+
+def load_configuration(access: KubeAccess) -> client.Configuration:
+    """The client's configuration from the kubeconfig text: its exec plugin, if any, runs now."""
     try:
         configuration = type.__call__(client.Configuration)  # not a copy of the process-wide default
         config.load_kube_config_from_dict(
@@ -147,7 +152,7 @@ def new_client(access: KubeAccess) -> client.ApiClient:
             client_configuration=configuration,
         )
         configuration.retries = False  # urllib3 would retry a 429 or a reset silently: RetryingApiClient says so
-        return RetryingApiClient(configuration)
+        return configuration
     except (ConfigException, TypeError, ValueError) as e:
         raise TaskError(
             f"kubeconfig context {access.context!r} cannot be used ({e}); check its cluster and user entries"

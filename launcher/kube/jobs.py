@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from kubernetes.client import V1ConfigMap, V1Job, V1Pod
 from kubernetes.client.exceptions import ApiException
-from urllib3 import HTTPResponse
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
-from launcher.kube import pod_start, volume
+from launcher.kube import pod_start, streams, volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.objects import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
@@ -39,11 +37,21 @@ def access_of(cluster: Cluster) -> KubeAccess:
     return cluster.kube
 
 
-def job_pods(api: Api, job: str) -> list[V1Pod]:
-    """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint)."""
+CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
+"""The Job controller's label of a pod with its Job's uid."""
+
+
+def job_pods(api: Api, job: str, uid: str = "") -> list[V1Pod]:
+    """The pods of a Job by the controller's job-name label (filtered here too: a selector is a hint);
+    with uid, not those of an older Job of the same name that the garbage collector has not removed yet."""
     with calling(f"listing the pods of Job {job}"):
         pods = api.core.list_namespaced_pod(api.namespace, label_selector=f"batch.kubernetes.io/job-name={job}").items
-    return [p for p in pods if labels_of(p).get("batch.kubernetes.io/job-name") == job]
+    return [
+        p
+        for p in pods
+        if labels_of(p).get("batch.kubernetes.io/job-name") == job
+        and (not uid or labels_of(p).get(CONTROLLER_UID, uid) == uid)
+    ]
 
 
 def delete_job(api: Api, name: str) -> None:
@@ -92,19 +100,28 @@ def run_helper(
     what: str,
     on_line: Callable[[str], None] | None = None,
     pending_timeout_s: float = PENDING_TIMEOUT_S,
+    before_start: Callable[[str], None] | None = None,
 ) -> None:
-    """Create the Job (replacing an old one of the same name), stream its log, wait for its end."""
+    """Create the Job (replacing an old one of the same name), stream its log, wait for its end. With
+    before_start, the Job is created suspended (no pod yet), before_start(its uid) makes what its pod
+    needs (owned by the Job, so the garbage collector deletes it with the Job), then the Job starts."""
     name = job["metadata"]["name"]
     role = job["metadata"]["labels"][volume.LABEL_ROLE]
     emit = on_line or (lambda line: out_line(f"[{role}] {line}"))
     delete_job(api, name)
+    if before_start is not None:
+        job = job | {"spec": job["spec"] | {"suspend": True}}
     with calling(f"creating Job {name}"):
         uid = _create_when_gone(api, job)
+    if before_start is not None:
+        before_start(uid)
+        with calling(f"starting Job {name}"):
+            api.batch.patch_namespaced_job(name, api.namespace, {"spec": {"suspend": False}})
     started = time.monotonic()
     bounds = pod_start.BOUNDS
     starting = StartWatch(api, lambda line: out_line(f"[{role}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
     while True:
-        pods = job_pods(api, name)
+        pods = job_pods(api, name, uid)
         pod = pods[0] if pods else None
         phase = pod.status.phase if pod and pod.status else "Pending"
         if phase in ("Running", "Succeeded", "Failed"):
@@ -128,12 +145,10 @@ def run_helper(
         time.sleep(POLL_S)
     assert pod is not None
     with calling(f"reading the log of {name_of(pod)}"):
-        stream = api.core.read_namespaced_pod_log(name_of(pod), api.namespace, follow=True, _preload_content=False)
-        for line in log_lines(raw_response(stream)):
-            emit(line)
+        streams.follow_log(api, name_of(pod), emit, container=role)
     while phase not in ("Succeeded", "Failed"):
         time.sleep(POLL_S)
-        pods = job_pods(api, name)
+        pods = job_pods(api, name, uid)
         phase = pods[0].status.phase if pods and pods[0].status else "Failed"
         pod = pods[0] if pods else pod
     if phase == "Failed":
@@ -199,24 +214,6 @@ def _create_when_gone(api: Api, job: dict) -> str:
     return created.metadata.uid if created.metadata and created.metadata.uid else ""
 
 
-def raw_response(answer: object) -> HTTPResponse:
-    """A call's answer with _preload_content=False: the client then returns the urllib3 response
-    undecoded, whatever type its method declares."""
-    return cast(HTTPResponse, answer)
-
-
-def log_lines(stream: HTTPResponse) -> Iterator[str]:
-    """The decoded lines of a streamed HTTP response, as they arrive."""
-    buffer = b""
-    for chunk in stream.stream(amt=4096, decode_content=True):
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            yield line.decode(errors="replace")
-    if buffer:
-        yield buffer.decode(errors="replace")
-
-
 def requirements_file(cluster: Cluster) -> Path:
     """The pins the staging Job installs; a TaskError when the profile's file is missing."""
     path = NODE_DIR / f"requirements-{node_profile(cluster)}.txt"
@@ -247,9 +244,11 @@ def stage(
 ) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
-    ends. The venv is the CPU profile's, or on GPU nodes the cuda profile's (node_profile); the Job
-    itself needs no GPU and runs off the GPU nodes (volume.helper_job). Each staging's Job has a name
-    of its own, so two at once (two runs, two `fab setup`) never delete each other's. code: another
+    ends, and owned by the Job (created suspended until the ConfigMap exists): a launcher that dies
+    mid-staging leaves it to the garbage collector. The venv is the CPU profile's, or on GPU nodes the
+    cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
+    (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
+    `fab setup`) never delete each other's. code: another
     (archive, digest) than model/'s (the run's supervisor needs launcher/ too)."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
@@ -265,21 +264,31 @@ def stage(
     except ValueError as e:
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
-    script = volume.staging_script(requirements_sha, code_sha, placed)
+    script = volume.staging_script(requirements_sha, code_sha, placed, run=run)
     job = volume.helper_job(name, access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
     say(
         f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
         f"model code {code_sha[:12]}" + (f", runs/{run}'s files" if placed else "")
     )
-    with calling(f"creating ConfigMap {name}"):
-        api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(configmap))
+
+    def create_configmap(job_uid: str) -> None:
+        owned = configmap | {"metadata": configmap["metadata"] | {"ownerReferences": [owner(name, job_uid)]}}
+        with calling(f"creating ConfigMap {name}"):
+            api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(owned))
+
     try:
-        run_helper(api, job, "staging the node environment and code")
+        run_helper(api, job, "staging the node environment and code", before_start=create_configmap)
     finally:
-        delete_configmap(api, name)
+        delete_configmap(api, name)  # at once; a launcher that dies first leaves it to the garbage collector
     say(f"staged in {time.monotonic() - started:.1f} s")
     return Staged(f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha))
+
+
+def owner(job: str, uid: str) -> dict:
+    """An ownerReference to the Job: the garbage collector deletes the owned object once the Job is gone
+    (the helper Jobs' ttlSecondsAfterFinished deletes them 10 minutes after they end)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid, "blockOwnerDeletion": False}
 
 
 def delete_configmap(api: Api, name: str) -> None:

@@ -126,11 +126,11 @@ def run_command(ws: Any, on_stdout: Callable[[bytes], None], stall_s: float) -> 
     return ExecResult(code, text or message)
 
 
-def stdout_lines(ws: Any) -> Iterator[str]:
+def stdout_lines(ws: Any, complete_only: bool = False) -> Iterator[str]:
     """The complete lines of an open exec stream's stdout as they arrive, for a command that runs long
-    (a `tail -F`). The stream must be opened with stderr=False: the client's capture then holds stdout
-    alone, and read_all() hands it over and empties it with the channel buffers; what is kept between
-    updates is the last unfinished line."""
+    (a `tail -F`), then its unfinished last line unless complete_only. The stream must be opened with
+    stderr=False: the client's capture then holds stdout alone, and read_all() hands it over and
+    empties it with the channel buffers; what is kept between updates is the last unfinished line."""
     pending = b""
     try:
         while ws.is_open():
@@ -139,7 +139,7 @@ def stdout_lines(ws: Any) -> Iterator[str]:
             for line in complete:
                 yield line.decode("utf-8", "replace")
         *complete, pending = (pending + ws.read_all()).split(b"\n")
-        for line in [*complete, pending] if pending else complete:
+        for line in [*complete, pending] if pending and not complete_only else complete:
             yield line.decode("utf-8", "replace")
     finally:
         ws.close()

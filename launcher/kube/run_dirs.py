@@ -1,10 +1,14 @@
 """What a Kubernetes cluster supplies to `runs`, `rm` and `prune` (launcher.run_files): the run
 directories on the shared claim, listed and deleted by a helper Job whose log is the answer (as
 `sample` and `doctor` read theirs), and whether a run is alive from its objects: a run's training Job
-carries its run label and no helper role (launcher.kube.objects.labels)."""
+carries its run label and no helper role (launcher.kube.objects.labels). Deleting runs also prunes the
+store of staged venvs and code trees (volume.store_prune_script): what no remaining run recorded as
+its staging, and no Job's pods name, is deleted with them."""
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -44,6 +48,29 @@ def delete_script(runs: Sequence[str]) -> str:
     )
 
 
+STORE_ENTRY = re.compile(r"/store/((?:venv|code)-[0-9a-f]{64})\b")
+
+
+def store_entries(jobs: list[V1Job]) -> list[str]:
+    """The store entries (venv-<digest>, code-<digest>) that the Jobs' pods name: a live run's are
+    never pruned, whether or not its directory records them (a run staged before the record)."""
+    found: set[str] = set()
+    for job in jobs:
+        template = job.spec.template if job.spec else None
+        if template is not None:
+            found |= set(STORE_ENTRY.findall(json.dumps(template.to_dict(), default=str)))
+    return sorted(found)
+
+
+def freed_entries(lines: list[str]) -> dict[str, int]:
+    """store_prune_script's `@freed ENTRY KB` lines: bytes by entry."""
+    return {
+        words[1]: int(words[2]) * 1024 if words[2].isdigit() else 0
+        for words in (line.split() for line in lines)
+        if len(words) == 3 and words[0] == "@freed"
+    }
+
+
 class ClaimRuns:
     """The run directories on a Kubernetes cluster's shared claim (the RunStore of Kubernetes)."""
 
@@ -53,19 +80,23 @@ class ClaimRuns:
         self.where = f"on claim {self.claim}"
         self.unreachable: tuple[str, ...] = ()
         """The claim is reached through the API server, which connect() checked."""
+        self.store_freed: dict[str, int] | None = None
+        """The store entries deleted (bytes each), once a helper pruned the store."""
 
     @classmethod
     def open(cls, cluster_spec: str | None) -> ClaimRuns:
         api, cluster = open_cluster(cluster_spec)
         return cls(api, cluster)
 
-    def live(self) -> dict[str, list[str]]:
+    def jobs(self) -> list[V1Job]:
+        with calling("listing the runs' Jobs"):
+            return self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items
+
+    def live(self, jobs: list[V1Job] | None = None) -> dict[str, list[str]]:
         """The training Jobs of each run that has one (helper Jobs carry a role and are not a run), and its
         supervisor Job while that has not ended (a run between two attempts is live too)."""
-        with calling("listing the runs' Jobs"):
-            jobs = self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items
         found: dict[str, list[str]] = {}
-        for job in jobs:
+        for job in self.jobs() if jobs is None else jobs:
             labels = labels_of(job)
             if labels.get(LABEL_RUN) and volume.LABEL_ROLE not in labels:
                 found.setdefault(labels[LABEL_RUN], []).append(f"Job {name_of(job)}")
@@ -98,20 +129,34 @@ class ClaimRuns:
         return found
 
     def delete(self, runs: Sequence[str]) -> dict[str, str]:
-        live = self.live()  # again: a run may have started since the listing
+        jobs = self.jobs()  # again: a run may have started since the listing
+        live = self.live(jobs)
         failures = {run: f"{', '.join(live[run])} is running" for run in runs if run in live}
         rest = [run for run in runs if run not in live]
         if not rest:
             return failures
+        # The store is pruned in the same helper pod, once the runs' records of what they staged are gone.
+        script = f"{delete_script(rest)}\n{volume.store_prune_script(store_entries(jobs))}"
         try:
-            lines = self.helper_lines("rm", delete_script(rest), f"deleting runs on claim {self.claim}")
+            lines = self.helper_lines("rm", script, f"deleting runs on claim {self.claim}")
         except TaskError as e:
             return failures | dict.fromkeys(rest, f"claim {self.claim}: {e}")
+        self.store_freed = freed_entries(lines)
         deleted = {line.split()[1] for line in lines if line.startswith("@deleted ")}
         for words in (line.split() for line in lines):
             if len(words) >= 2 and words[0] == "@failed":
                 failures[words[1]] = f"claim {self.claim}: {' '.join(words[2:]) or 'not deleted'}"
         return failures | {r: f"claim {self.claim}: no answer for it" for r in rest if r not in deleted | set(failures)}
+
+    def free_unused(self) -> dict[str, int]:
+        """The store's venvs and code trees that no run directory's record, no Job's pods and neither
+        of <root>/venv and <root>/code name, deleted (volume.store_prune_script); by the rm helper that
+        deleted runs when one did, else by a helper of its own."""
+        if self.store_freed is None:
+            script = volume.store_prune_script(store_entries(self.jobs()))
+            lines = self.helper_lines("prune", script, f"pruning the store on claim {self.claim}")
+            self.store_freed = freed_entries(lines)
+        return self.store_freed
 
     def close(self) -> None:
         """The client holds no connection to release."""

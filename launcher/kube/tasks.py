@@ -27,14 +27,12 @@ from launcher.console import (
     out_line,
     say,
 )
-from launcher.kube import volume
+from launcher.kube import streams, volume
 from launcher.kube.api import calling, name_of
 from launcher.kube.connect import delete_run_objects, live_runs, open_cluster, request_stop, run_objects
 from launcher.kube.jobs import (
     access_of,
     exit_code,
-    log_lines,
-    raw_response,
     run_helper,
     stage,
 )
@@ -170,18 +168,16 @@ def logs(
         if not pods:
             raise TaskError(f"run {run!r} has no pod of rank {rank}")
     for pod in pods:
-        unit = unit_of(pod)
+        label = unit_of(pod).label
         with calling(f"reading the log of {name_of(pod)}"):
-            stream = api.core.read_namespaced_pod_log(
+            streams.follow_log(
+                api,
                 name_of(pod),
-                api.namespace,
-                container=CONTAINER,
+                lambda line, label=label: out_line(label(line)),  # type: ignore[misc]
+                CONTAINER,
                 tail_lines=lines,
                 follow=follow,
-                _preload_content=False,
             )
-            for line in log_lines(raw_response(stream)):
-                out_line(unit.label(line))
     if follow:  # each pod's log stream ends with its container
         ended = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
         states = []
@@ -247,7 +243,7 @@ def sample(
         str(seed),
         *(["--prompt", prompt] if prompt else []),
     ]
-    script = f'{best_checkpoint_script(run)}; {volume.node_program("model.sample", args)} --ckpt "$ckpt" 2>&1'
+    script = f'{best_checkpoint_script(run)}; {volume.run_program(run, "model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
     run_helper(api, job, f"sampling run {run}", on_line=out_line)
 

@@ -5,7 +5,12 @@ etcd or the server itself is unavailable (a control plane upgrade or repair: min
 cluster, whose one control plane restarts), and connections reset or time out meanwhile. None of that
 says anything about the run, so every request of the launcher's client is retried with a growing
 backoff, honouring Retry-After, with a line per retry, for at most RETRY_WINDOW_S; an error that is
-not transient (401, 403, 404, 409, 422) is returned at once and ends in api.api_error's one line.
+not transient (403, 404, 409, 422) is returned at once and ends in api.api_error's one line.
+
+A 401 says the credential expired: an exec plugin's token (gke-gcloud-auth-plugin's lasts an hour) is
+only refreshed by the client when the plugin stated its expiry and the clock agrees. The kubeconfig is
+then loaded again (its plugin runs again) and the request retried once with the new credential; a
+second 401 stands.
 
 A create retried after a reset may have been done the first time: the retry then answers 409, which
 create_when_gone (launcher.kube.jobs) tells apart from an older object of the same name by a token it
@@ -71,10 +76,29 @@ def request_what(method: str, url: str) -> str:
 
 
 class RetryingApiClient(client.ApiClient):
-    """The official ApiClient whose every request is retried while its error is transient. Streams
-    (kubernetes.stream's exec) swap call_api on their own client and are not retried here."""
+    """The official ApiClient whose every request is retried while its error is transient, and once
+    after a 401 with the credential reload() gives. Streams (kubernetes.stream's exec) swap call_api
+    on their own client and are not retried here: they are reopened on a new client
+    (launcher.kube.streams), which loads the kubeconfig anew."""
 
     window_s = RETRY_WINDOW_S
+
+    def __init__(self, configuration: client.Configuration, reload: Callable[[], client.Configuration] | None = None):
+        super().__init__(configuration)
+        self.reload = reload
+        """The kubeconfig loaded again (its exec plugin run again): a fresh credential after a 401."""
+
+    def refresh_credentials(self, header_params: dict) -> None:
+        """Load the kubeconfig again and put its credential on this client and on the request's headers."""
+        assert self.reload is not None
+        configuration = self.reload()
+        self.configuration = configuration
+        self.rest_client = rest.RESTClientObject(configuration)  # a client certificate is the pool's
+        for key in [k for k in header_params if k.lower() == "authorization"]:
+            del header_params[key]
+        bearer = configuration.auth_settings().get("BearerToken")
+        if bearer:
+            header_params["authorization"] = bearer["value"]
 
     def call_api(
         self,
@@ -88,6 +112,8 @@ class RetryingApiClient(client.ApiClient):
         if _request_timeout is None and not any(s in url for s in STREAMING):
             _request_timeout = REQUEST_TIMEOUT_S
         backoff = Backoff(request_what(method, url), self.window_s)
+        refreshed = False
+        header_params = dict(header_params or {})
         while True:
             try:
                 response: rest.RESTResponse = super().call_api(
@@ -97,6 +123,15 @@ class RetryingApiClient(client.ApiClient):
                 if backoff.wait(f"did not answer ({type(e).__name__})", None):
                     continue
                 raise
+            if response.status == 401 and self.reload is not None and not refreshed:
+                response.read()
+                refreshed = True
+                say(
+                    f"the API server refused the credential (401 Unauthorized) ({backoff.what}): "
+                    "loading the kubeconfig's credential again and retrying once"
+                )
+                self.refresh_credentials(header_params)
+                continue
             if response.status not in TRANSIENT_STATUS:
                 return response
             response.read()  # the error's body: the connection goes back to the pool

@@ -137,9 +137,18 @@ def point(link: str, target: str) -> list[str]:
     ]
 
 
-def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str]) -> str:
+STAGED_RECORD = "staged"
+"""The file in a run's directory naming the store entries it staged (venv-<digest>, code-<digest>, a
+line each): what its pods and its helper Jobs run, and what a prune of the store keeps."""
+STORE_GRACE_MIN = 90
+"""A store entry touched this recently is never pruned: a staging touches what it uses before it
+records it in its run's directory, and runs at most HELPER_DEADLINE_S["staging"] (60 minutes)."""
+
+
+def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str], run: str = "") -> str:
     """Shell for the staging Job: the venv and the code into the store when their digest is not there
-    (staged_once), <root>/venv and <root>/code pointed at them (what helper Jobs use), the run's files.
+    (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
+    (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files.
     The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py)."""
     venv, code = venv_dir(requirements_sha), code_dir(code_sha)
     lines = [
@@ -166,9 +175,17 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
             [f"tar -xzf - -C TMP < {STAGE_DIR}/code.tar.gz", f"echo {code_sha} > TMP/.sha256"],
             ".sha256",
         ),
+        f"touch {venv} {code}",
         *point(f"{MOUNT_PATH}/venv", venv),
         *point(CODE_DIR, code),
     ]
+    if run:
+        record = shlex.quote(run_path(run, STAGED_RECORD))
+        lines += [
+            f"mkdir -p {shlex.quote(run_dir(MOUNT_PATH, run))}",
+            f"printf '%s\\n' venv-{requirements_sha} code-{code_sha} > {record}.new.$$",
+            f"mv -f {record}.new.$$ {record}",
+        ]
     for path, key in sorted(run_files.items()):
         lines += [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", f"cp {STAGE_DIR}/{key} {shlex.quote(path)}"]
     return "\n".join(lines) + "\n"
@@ -237,6 +254,49 @@ def helper_job(
 def node_program(module: str, args: list[str]) -> str:
     """`python -m module args` with the node environment, as a shell line."""
     return " ".join([NODE_PYTHON, "-m", module, *(shlex.quote(a) for a in args)])
+
+
+def run_program(run: str, module: str, args: list[str]) -> str:
+    """`python -m module args` with the venv and code the run staged (its STAGED_RECORD), as its pods
+    ran them, not the newest staging's; the newest (node_program's) for a run staged before the record."""
+    record = shlex.quote(run_path(run, STAGED_RECORD))
+    return "; ".join(
+        [
+            f"py={NODE_PYTHON}; code={CODE_DIR}",
+            f"if [ -f {record} ]; then while read -r entry; do case $entry in "
+            f"venv-*) py={STORE}/$entry/bin/python;; code-*) code={STORE}/$entry;; esac; done < {record}; fi",
+            " ".join(['PYTHONPATH="$code"', '"$py"', "-m", module, *(shlex.quote(a) for a in args)]),
+        ]
+    )
+
+
+def store_prune_script(keep: list[str]) -> str:
+    """Shell deleting the store entries no run uses: neither named by a run directory's STAGED_RECORD,
+    nor by keep (what live Jobs' pods name), nor pointed at by <root>/venv and <root>/code, nor touched
+    within STORE_GRACE_MIN (a staging under way); one `@freed ENTRY KB` line each. Left-over temporary
+    builds (a staging that died) go the same way."""
+    return (
+        "\n".join(
+            [
+                f"cd {STORE} 2>/dev/null || exit 0",
+                f"keep=' {' '.join(shlex.quote(k) for k in keep)} '",
+                f"for f in {MOUNT_PATH}/runs/*/{STAGED_RECORD}; do",
+                '  [ -f "$f" ] && keep="$keep $(tr \'\\n\' \' \' < "$f")"',
+                "done",
+                f"for l in {MOUNT_PATH}/venv {CODE_DIR}; do",
+                '  [ -L "$l" ] && keep="$keep $(basename "$(readlink "$l")")"',
+                "done",
+                "for e in venv-* code-*; do",
+                '  [ -e "$e" ] || continue',
+                '  case "$keep " in *" $e "*) continue;; esac',
+                f'  [ -n "$(find "$e" -maxdepth 0 -mmin -{STORE_GRACE_MIN})" ] && continue',
+                '  kb=$(du -sk -- "$e" 2>/dev/null | cut -f1)',
+                '  rm -rf -- "$e" 2>/dev/null; [ -e "$e" ] || echo "@freed $e ${kb:-0}"',
+                "done",
+            ]
+        )
+        + "\n"
+    )
 
 
 def prepare_script(args: list[str]) -> str:

@@ -5,7 +5,8 @@ its log (the API's follow stream), labelled as the VM launcher labels a rank (la
 Unit), so `fab train` reads the same on both kinds; a GPU pod holds G ranks (pod k: ranks k*G ..
 k*G+G-1, whose own lines carry their [rank R host] prefix) and is labelled as a VM's torchrun unit.
 Rank 0's metrics.jsonl is followed through an exec stream into its pod (a `tail -F` on the shared
-volume) for the progress line and the operator's metrics copy (launcher.runs.metrics_copy). The
+volume) for the progress line and the operator's metrics copy (launcher.runs.metrics_copy). Both
+streams are reopened where they stopped when they are cut (launcher.kube.streams). The
 first pod to fail -- its container exited non-zero, or it was evicted or preempted (condition
 DisruptionTarget) -- ends the watch: the caller's stop_all deletes the Job (every pod gets SIGTERM)
 and RunFailed names the rank, as the VM monitor's does, so launcher.recover's policy classifies it
@@ -30,11 +31,10 @@ from kubernetes.client import V1Pod
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.kube_contract import GPU_RESOURCE
-from launcher.kube import pod_start
+from launcher.kube import pod_start, streams
 from launcher.kube.api import Api, labels_of, name_of
-from launcher.kube.jobs import exit_code, job_pods, log_lines, raw_response
+from launcher.kube.jobs import exit_code, job_pods
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
-from launcher.kube.pod_exec import open_exec, stdout_lines
 from launcher.kube.pod_start import OOM_KILLED, StartBounds, StartWatch, disruption, terminated_reason, unschedulable
 from launcher.launch.monitor import (
     FAILURE_GRACE_S,
@@ -157,14 +157,13 @@ class PodWatch:
         unit = unit_of(pod)
         tail = self.tails.setdefault(rank_of(pod), deque(maxlen=TAIL_LINES))
 
+        def on_line(line: str) -> None:
+            tail.append(line)
+            self.emit(unit.label(line))
+
         def follow() -> None:
             with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
-                stream = self.api.core.read_namespaced_pod_log(
-                    name_of(pod), self.api.namespace, container=CONTAINER, follow=True, _preload_content=False
-                )
-                for line in log_lines(raw_response(stream)):
-                    tail.append(line)
-                    self.emit(unit.label(line))
+                streams.follow_log(self.api, name_of(pod), on_line, container=CONTAINER)
 
         threading.Thread(target=follow, daemon=True).start()
 
@@ -181,18 +180,15 @@ class PodWatch:
             self.recorder.add(line, record)
             self.progress.update(record)
 
+        def running() -> bool:
+            try:
+                return streams.pod_state(self.api, name_of(pod), CONTAINER) == "running"
+            except Exception:  # the API server is away for longer than its retries: the run's poll says more
+                return False
+
         def follow() -> None:
             with contextlib.suppress(Exception):
-                ws = open_exec(
-                    self.api.exec_core(),
-                    self.api.namespace,
-                    name_of(pod),
-                    ["tail", "-n", "+1", "-F", path],
-                    container=CONTAINER,
-                    stderr=False,  # stdout_lines needs the client's capture to hold stdout alone
-                )
-                for line in stdout_lines(ws):
-                    on_line(line)
+                streams.follow_file(self.api, name_of(pod), path, on_line, CONTAINER, running)
             self.recorder.stream_ended()
 
         threading.Thread(target=follow, daemon=True).start()

@@ -254,7 +254,10 @@ def test_every_kubernetes_object_fits_the_api_schema_of_the_regular_channel(node
     for obj in kubernetes_objects(gke(nodes, spot=spot)):
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         kinds.add(obj["kind"])
-    assert kinds == {"Namespace", "StorageClass", "PersistentVolume", "PersistentVolumeClaim", "NetworkPolicy"}
+    assert kinds == {"Namespace", "StorageClass", "PersistentVolume", "PersistentVolumeClaim", "NetworkPolicy"} | {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
 
 
 def test_a_misspelled_field_fails_the_schema_check():

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 
+import pytest
+
 from infra.cluster import NODE_SUBNET_CIDR
 from infra.gke import POD_RANGE
+from infra.kube_storage import INLINE_NFS_POLICY, NAMESPACE, inline_nfs_expression
 from infra.kube_storage import POD_SECURITY_LABELS as STACK_LABELS
-from infra.nfs import EXPORT_PATH, POD_ID, export_line, startup_script
+from infra.nfs import EXPORT_PATH, NFS_ADDRESS, POD_ID, export_line, startup_script
 from launcher.cluster.kube_contract import POD_SECURITY_LABELS, RUN_AS_UID
 
 
@@ -30,3 +33,68 @@ def test_pods_addresses_are_outside_the_export():
 
 def test_the_stacks_namespace_enforces_what_the_launchers_pods_pass():
     assert STACK_LABELS == POD_SECURITY_LABELS
+
+
+def inline_nfs_objects() -> tuple[dict, dict]:
+    from tests.infra.test_gke import gke, kubernetes_objects
+
+    objects = kubernetes_objects(gke())
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    return policy, binding
+
+
+def admits(expression: str, pod_volumes: list[dict]) -> bool:
+    """The policy's CEL expression evaluated on a pod with these volumes (cel-python, as the API server's
+    CEL would: has(), all() and matches() with an RE2-compatible pattern)."""
+    celpy = pytest.importorskip("celpy")
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(expression))
+    pod = {"spec": {"volumes": pod_volumes}} if pod_volumes else {"spec": {}}
+    return bool(program.evaluate({"object": celpy.json_to_cel(pod)}))
+
+
+def test_pods_outside_the_namespace_cannot_mount_the_nfs_server_inline():
+    """Must-show 4: a pod outside the run's namespace cannot write the code or venv. The kubelet would mount
+    an inline nfs volume from its node's address, which the export admits; the admission policy refuses it
+    in every namespace but the stack's, whose Pod Security "restricted" forbids inline nfs anyway."""
+    policy, binding = inline_nfs_objects()
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == ([""], ["pods"], ["CREATE", "UPDATE"])
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (validation,) = policy["spec"]["validations"]
+    assert validation["expression"] == inline_nfs_expression(NFS_ADDRESS)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] == INLINE_NFS_POLICY
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (outside,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert outside == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE]}
+
+
+@pytest.mark.parametrize(
+    ("volumes", "admitted"),
+    [
+        ([], True),
+        ([{"name": "scratch", "emptyDir": {}}], True),
+        ([{"name": "other", "nfs": {"server": "10.9.9.9", "path": "/data"}}], True),
+        ([{"name": "steal", "nfs": {"server": NFS_ADDRESS, "path": EXPORT_PATH}}], False),
+        ([{"name": "x", "emptyDir": {}}, {"name": "steal", "nfs": {"server": NFS_ADDRESS, "path": "/"}}], False),
+        ([{"name": "by-name", "nfs": {"server": "nfs.example.internal", "path": EXPORT_PATH}}], False),
+    ],
+)
+def test_the_policy_expression_refuses_the_server_and_host_names_only(volumes, admitted):
+    assert admits(inline_nfs_expression(NFS_ADDRESS), volumes) is admitted
+
+
+def test_the_policy_pack_requires_the_inline_nfs_admission_policy():
+    from policy.rules import stack_violations
+    from tests.infra.policy import resources, settings
+    from tests.infra.test_gke import gke
+
+    run = gke()
+    everything = resources(run)
+    assert not [v for v in stack_violations(everything, settings(run)) if "inline nfs" in v]
+    without = [r for r in everything if not r.type.endswith(":ValidatingAdmissionPolicyBinding")]
+    assert stack_violations(without, settings(run)) == [
+        f"NFS server {NFS_ADDRESS}: no ValidatingAdmissionPolicy bound with Deny refuses pods an inline nfs volume "
+        "on it (a pod in another namespace could rewrite the code and the venv)"
+    ]

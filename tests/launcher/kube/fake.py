@@ -1,9 +1,10 @@
 """An in-memory Kubernetes API for the launcher's Kubernetes flow: kmock's KubernetesEmulator (a
 stateful API server over HTTP, so the official client runs unchanged against it) in a thread, plus
 the two controllers a real cluster runs and the emulator does not: the Job controller (a Job's pods,
-their phases) and the garbage collector (a deleted Job's pods), and the scheduler's and the kubelet's
-part in a pod's start (StartingPods: Pending, ContainerCreating, Running). A test scripts what the pods do.
-Exec calls into the pods run in a local sandbox standing in for the claim (fake_exec.py)."""
+their phases) and the garbage collector (a deleted Job's pods, and the ConfigMaps it owns), and the
+scheduler's and the kubelet's part in a pod's start (StartingPods: Pending, ContainerCreating,
+Running). A test scripts what the pods do. Exec calls into the pods run in a local sandbox standing
+in for the claim (fake_exec.py); their logs are followed as streams that a test can cut (fake_logs.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
-from tests.launcher.kube.fake_jobs import UID_ANNOTATION, JobVerdicts, SupervisorProcesses, job_conditions, job_key
+from tests.launcher.kube.fake_jobs import JobVerdicts, SupervisorProcesses, job_conditions, job_key
+from tests.launcher.kube.fake_logs import PodLogs
 
 # aiohttp logs every request of the fake API at INFO from the server thread, which outlives a test's
 # captured stream ("Logging error ... I/O operation on closed file" in the run's output).
@@ -34,6 +36,7 @@ NAMESPACE = "nanocluster"
 TICK_S = 0.01
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 
 
 def kubeconfig(url: str, context: str = "fake") -> dict:
@@ -82,7 +85,9 @@ class FakeKube:
 
     def __init__(self, script: Script | None = None):
         self.script = script or Script()
-        self.logs: dict[str, bytes] = {}
+        self.pod_logs = PodLogs()
+        """The pods' logs as the API server streams them, and their cuts (fake_logs)."""
+        self.logs: dict[str, bytes] = self.pod_logs.logs
         self.ticks: dict[str, int] = {}
         self.created_jobs: list[dict] = []
         self.error: Exception | None = None
@@ -91,10 +96,11 @@ class FakeKube:
         self.serving: set[str] = set()
         self.faults = Faults()
         """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
+        self._job_uids: set[str] = set()
+        self.collected: list[str] = []
+        """The ConfigMaps the garbage collector deleted once their owner Job was gone."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
-        self.uids = 0
-        """The last Job identity given (fake_jobs.UID_ANNOTATION)."""
         self.retry_of: dict[str, int] = {}
         """pod -> which replacement of its index it is (0: the first pod)."""
         self._ready = threading.Event()
@@ -118,10 +124,9 @@ class FakeKube:
         async def main() -> None:
             slow_foreground = lambda: self.script.terminate_ticks > 0  # noqa: E731
             async with (
-                ClusterEmulator(self.pod_exec, self.faults, slow_foreground) as emulator,
+                ClusterEmulator(self.pod_exec, self.faults, slow_foreground, self.pod_logs) as emulator,
                 kmock.Server(emulator) as server,
             ):
-                emulator[kmock.subresource("log")] << (lambda request: self.logs.get(request.name, b""))
                 # kmock 0.8 parses /api/v1/namespaces[/NAME] as a namespace-scoped path: the one
                 # namespace is a fixed answer (404 for any other), set by seed(namespace=True).
                 self._emulator = emulator
@@ -152,6 +157,7 @@ class FakeKube:
         self._controller.join(10)
         self.processes.end_all()
         self.pod_exec.end_all()
+        self.pod_logs.closing = True  # follow streams end before the server's loop stops
         self._server_stop.set()
         self._server.join(10)
         shutil.rmtree(self.pod_exec.claim.parent, ignore_errors=True)
@@ -258,22 +264,27 @@ class FakeKube:
 
     def _step(self) -> None:
         jobs = {j.metadata.name: j for j in self.jobs()}
-        for pod in self.pods():  # the garbage collector: a deleted Job's pods go too
-            if pod.metadata.labels.get(JOB_NAME_LABEL) not in jobs:
+        for pod in self.pods():  # the garbage collector: a deleted (or replaced) Job's pods go
+            job = jobs.get(pod.metadata.labels.get(JOB_NAME_LABEL))
+            uid = pod.metadata.labels.get(CONTROLLER_UID_LABEL)
+            if job is None or (uid and uid != job.metadata.uid):
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+        uids = {j.metadata.uid for j in jobs.values()}
+        if self._job_uids - uids:  # a Job went: the ConfigMaps it owned go too (listed only then: kmock's
+            self._collect_owned(uids)  # every request scans its history, so each request per tick slows all)
+        self._job_uids = uids
         existing = {p.metadata.name: p for p in self.pods()}
         self.processes.end_gone(existing, jobs)
-        self.pod_exec.sync({n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()})
+        phases = {n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()}
+        self.pod_exec.sync(phases)
+        self.pod_logs.sync(phases)
         for name, job in jobs.items():
             if job.metadata.deletion_timestamp:
                 own = [p for p in existing.values() if p.metadata.labels.get(JOB_NAME_LABEL) == name]
                 self._terminate(name, job, own)
                 continue
-            if not job_key(job):  # a new Job object: its identity (kmock gives none)
-                self.uids += 1
-                uid = {UID_ANNOTATION: str(self.uids)}
-                job.metadata.annotations = (job.metadata.annotations or {}) | uid
-                self.batch.patch_namespaced_job(name, NAMESPACE, {"metadata": {"annotations": uid}})
+            if job.spec.suspend:  # a suspended Job has no pods
+                continue
             labels = dict(job.spec.template.metadata.labels or {})
             attempt = int(labels.get("nanocluster.dev/attempt", "0"))
             indexed = job.spec.completion_mode == "Indexed"
@@ -294,6 +305,14 @@ class FakeKube:
                 self._advance(pod, index if indexed else -1, attempt)
             if not ended and done == (job.spec.completions or 1):
                 self.controller.condition(job, "Complete", "CompletionsReached", "Reached expected number of succeeded")
+
+    def _collect_owned(self, job_uids: set[str]) -> None:
+        """The garbage collector's part for ConfigMaps: one whose every owner (a Job, by uid) is gone is deleted."""
+        for configmap in self.core.list_namespaced_config_map(NAMESPACE).items:
+            owners = configmap.metadata.owner_references or []
+            if owners and not any(o.kind == "Job" and o.uid in job_uids for o in owners):
+                self.core.delete_namespaced_config_map(configmap.metadata.name, NAMESPACE)
+                self.collected.append(configmap.metadata.name)
 
     def _terminate(self, name: str, job, pods: list) -> None:
         """A Job deleted in Foreground mode: its pods get SIGTERM and end after terminate_ticks (a running
@@ -349,7 +368,8 @@ class FakeKube:
                 "metadata": {
                     "name": pod,
                     "namespace": NAMESPACE,
-                    "labels": labels | {JOB_NAME_LABEL: job.metadata.name},
+                    "labels": labels
+                    | {JOB_NAME_LABEL: job.metadata.name, CONTROLLER_UID_LABEL: job.metadata.uid or ""},
                     "annotations": {INDEX: str(index)} if indexed else {},
                 },
                 "spec": self.api.sanitize_for_serialization(job.spec.template.spec),  # StartingPods binds it

@@ -6,7 +6,8 @@ The command runs in a local shell, the pod's paths mapped into a sandbox: the cl
 (MOUNT_PATH) to `claim`, the pod's /tmp to `tmp`. Its stdout and stderr go out as binary frames of
 at most frame_bytes whose first byte is the channel (1, 2), then its status on channel 3 (a
 metav1.Status as the API server words it), then the close. cut_after_bytes makes the connection drop
-(no close, no status) once that much stdout went out over all calls, as a network cut does.
+(no close, no status) once that much stdout went out over all calls, as a network cut does; cut()
+drops one call whose command contains a text, after that much of its own stdout.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class PodExec:
         self.frame_bytes = FRAME_BYTES
         self.cut_after_bytes: int | None = None
         self.stdout_sent = 0
+        self.cuts: list[list] = []
+        """[text, bytes, used]: the first call whose command contains text is cut after bytes of its stdout."""
         self.running: dict[int, str] = {}
         """pid -> pod of each command still running (a pod that ends takes them with it: sync)."""
         self.listed: set[str] = set()
@@ -68,6 +71,19 @@ class PodExec:
         mapped = {MOUNT_PATH: str(self.claim), "/tmp": str(self.tmp)}
         pattern = "|".join(re.escape(p) for p in mapped)
         return re.sub(rf"(?<![\w.-])({pattern})(?![\w.-])", lambda m: mapped[m[1]], text)
+
+    def cut(self, text: str, after_bytes: int) -> None:
+        """Cut the next call whose command contains text once it sent after_bytes of stdout."""
+        with self.lock:
+            self.cuts.append([text, after_bytes, False])
+
+    def call_cut(self, command: list[str]) -> int | None:
+        with self.lock:
+            for planned in self.cuts:
+                if not planned[2] and planned[0] in " ".join(command):
+                    planned[2] = True
+                    return int(planned[1])
+        return None
 
     async def serve(self, request: aiohttp.web.BaseRequest, pod: str) -> aiohttp.web.StreamResponse:
         command = request.query.getall("command", [])
@@ -100,10 +116,22 @@ class PodExec:
         command: list[str],
     ) -> aiohttp.web.StreamResponse:
         assert process.stdout is not None and process.stderr is not None
+        own_cut, own_sent = self.call_cut(command), 0
 
         async def forward(pipe: asyncio.StreamReader, channel: int) -> bool:
             """Send the pipe's bytes on channel; False when the connection was cut."""
+            nonlocal own_sent
             while chunk := await pipe.read(self.frame_bytes):
+                if channel == 1 and own_cut is not None and own_sent + len(chunk) >= own_cut:
+                    room = own_cut - own_sent
+                    if room > 0:
+                        await ws.send_bytes(bytes([channel]) + chunk[:room])
+                    assert request.transport is not None
+                    request.transport.abort()
+                    kill(process.pid)
+                    return False
+                if channel == 1:
+                    own_sent += len(chunk)
                 if channel == 1 and self.cut_after_bytes is not None:
                     room = self.cut_after_bytes - self.stdout_sent
                     if len(chunk) >= room:

@@ -1,5 +1,7 @@
 """What kmock's emulator does not do and a real API server does: fail requests (429 with Retry-After,
-500, 503, a reset connection) on a schedule, and delete a Job in Foreground mode by first marking it
+500, 503, a reset connection) on a schedule, refuse a bearer token once it expired (401, as a real
+server refuses an exec plugin's token after its hour), serve pods' logs as streams (fake_logs) and
+delete a Job in Foreground mode by first marking it
 (deletionTimestamp, finalizer foregroundDeletion) while its pods terminate: the fake's controller
 (fake.py) ends the pods and then lets the Job go, so a create of the same name meanwhile answers 409.
 
@@ -12,17 +14,20 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp.web
 
 from tests.launcher.kube.fake_exec import ExecEmulator, PodExec
+from tests.launcher.kube.fake_logs import LOG_PATH, PodLogs
 
 CONTROLLER_HEADER = "X-Fake-Controller"
 FOREGROUND = "foregroundDeletion"
 JOB_PATH = re.compile(r"^/apis/batch/v1/namespaces/(?P<namespace>[^/]+)/jobs/(?P<name>[^/]+)$")
 REASONS = {
+    401: ("Unauthorized", "Unauthorized", "Unauthorized"),
     403: ("Forbidden", "Forbidden", 'pods is forbidden: User "ci" cannot list resource "pods" in the namespace'),
     429: ("Too Many Requests", "TooManyRequests", "Too many requests, please try again later."),
     500: ("Internal Server Error", "InternalError", "etcdserver: request timed out"),
@@ -52,7 +57,27 @@ class Faults:
 
     def __init__(self) -> None:
         self.rules: list[Fault] = []
+        self.expiring: dict[str, int] = {}
+        """A bearer token -> the requests it still serves; then every request bearing it gets 401."""
+        self.refused: list[str] = []
+        """"METHOD /path" of each request refused for its expired token."""
         self.lock = threading.Lock()
+
+    def expire(self, token: str, after: int = 0) -> None:
+        """The token serves `after` more requests, then it has expired."""
+        with self.lock:
+            self.expiring[token] = after
+
+    def expired(self, request: str, authorization: str) -> bool:
+        token = authorization.removeprefix("Bearer ")
+        with self.lock:
+            if token not in self.expiring:
+                return False
+            if self.expiring[token] > 0:
+                self.expiring[token] -= 1
+                return False
+            self.refused.append(request)
+            return True
 
     def add(self, match: str, answers: list[int | str], after: int = 0, retry_after_s: int = 1) -> Fault:
         fault = Fault(match, list(answers), after, retry_after_s)
@@ -98,15 +123,34 @@ def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
     )
 
 
+async def give_uid(raw_request: aiohttp.web.BaseRequest) -> None:
+    """A created object gets its metadata.uid, as the API server gives every object (kmock gives none):
+    ownerReferences and the Job controller's controller-uid label name their owner by it."""
+    body = await raw_request.read()
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    if isinstance(metadata, dict) and not metadata.get("uid"):
+        metadata["uid"] = str(uuid.uuid4())
+        raw_request._read_bytes = json.dumps(document).encode()  # what read(), text() and json() hand kmock
+
+
 class ClusterEmulator(ExecEmulator):
     """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
 
-    def __init__(self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool]):
+    def __init__(self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool], pod_logs: PodLogs):
         super().__init__(pod_exec)
-        self.faults, self.foreground_takes_time = faults, foreground_takes_time
+        self.faults, self.foreground_takes_time, self.pod_logs = faults, foreground_takes_time, pod_logs
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method == "POST":
+            await give_uid(raw_request)
         if CONTROLLER_HEADER not in raw_request.headers:
+            what = f"{raw_request.method} {raw_request.path}"
+            if self.faults.expired(what, raw_request.headers.get("Authorization", "")):
+                return status_response(401, 0)
             planned = self.faults.next(f"{raw_request.method} {raw_request.path_qs}")
             if planned is not None:
                 fault, answer = planned
@@ -118,6 +162,9 @@ class ClusterEmulator(ExecEmulator):
                     return aiohttp.web.Response(status=500)
                 assert isinstance(answer, int)
                 return status_response(answer, fault.retry_after_s)
+        log = LOG_PATH.match(raw_request.path)
+        if log and raw_request.method == "GET":
+            return await self.pod_logs.serve(raw_request, log["pod"])
         found = JOB_PATH.match(raw_request.path)
         foreground = raw_request.query.get("propagationPolicy") == "Foreground"
         if found and raw_request.method == "DELETE" and foreground and self.foreground_takes_time():

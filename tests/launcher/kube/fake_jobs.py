@@ -38,14 +38,10 @@ def job_conditions(job) -> set[str]:
     return {c.type for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"}
 
 
-UID_ANNOTATION = "fake.nanocluster.dev/uid"
-"""kmock gives an object no uid: the fake's controller annotates each new Job with one (a Job recreated
-under the same name is another object, with another)."""
-
-
 def job_key(job) -> str:
-    """The Job object's identity (UID_ANNOTATION)."""
-    return (job.metadata.annotations or {}).get(UID_ANNOTATION, "")
+    """The Job object's identity: its uid (fake_faults gives each created object one, as the API server
+    does; a Job recreated under the same name is another object, with another)."""
+    return job.metadata.uid or ""
 
 
 def exit_code_of(pod) -> tuple[str, int | None]:

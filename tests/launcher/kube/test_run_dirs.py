@@ -4,6 +4,8 @@ claim; a run whose training Job exists is running."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import time
 
@@ -11,7 +13,7 @@ import pytest
 
 from launcher.cluster.inventory import parse_contract
 from launcher.console import command_line, console
-from launcher.kube import objects
+from launcher.kube import objects, volume
 from launcher.kube.objects import MOUNT_PATH
 from launcher.runs.record import RunRecord
 from tests.launcher.kube.fake import training_launch
@@ -31,7 +33,7 @@ def claim(tmp_path, fake, script, monkeypatch):
         done = subprocess.run(["sh", "-c", text.replace(MOUNT_PATH, str(root))], capture_output=True, text=True)
         return done.stdout.splitlines()
 
-    script.helpers = {"list": run_here, "rm": run_here}
+    script.helpers = {"list": run_here, "rm": run_here, "prune": run_here}
     script.run_ticks = 10**9  # a training Job's pods keep running
     fake.seed()
     return root
@@ -92,3 +94,55 @@ def test_prune_deletes_only_ended_runs(two_runs, contract_file, claim, task):
     assert sorted(p.name for p in (claim / "runs").iterdir()) == ["live"]
     assert "deleted run done (finished): freed 2.0 MB" in ran.out and "deleted run failed (failed)" in ran.out
     assert "pruned 2 run(s)" in ran.out and "kept live (running)" in ran.out
+
+
+def store_entry(claim, name: str, hours_old: float, kb: int = 100):
+    """A venv or code tree in the claim's store, last touched hours_old ago."""
+    entry = claim / "store" / name
+    entry.mkdir(parents=True)
+    (entry / "payload").write_bytes(b"\1" * kb * 1024)
+    stamp = time.time() - hours_old * 3600
+    os.utime(entry, (stamp, stamp))
+    return entry
+
+
+def staged_record(claim, run: str, *entries: str) -> None:
+    (claim / "runs" / run / volume.STAGED_RECORD).write_text("".join(f"{e}\n" for e in entries))
+
+
+def test_rm_and_prune_free_the_store_entries_no_remaining_run_uses_and_never_a_live_runs(
+    two_runs, fake, contract_file, claim, task
+):
+    digest = {c: c * 64 for c in "abcdefg"}
+    done = store_entry(claim, f"venv-{digest['a']}", 3), store_entry(claim, f"code-{digest['b']}", 3)
+    live = store_entry(claim, f"venv-{digest['c']}", 3)  # recorded by the live run
+    named = store_entry(claim, f"code-{digest['d']}", 3)  # named by the live Job's pods only (staged before records)
+    orphan = store_entry(claim, f"venv-{digest['e']}", 3)
+    fresh = store_entry(claim, f"venv-{digest['f']}", 0)  # a staging under way: within the grace
+    newest = store_entry(claim, f"code-{digest['g']}", 3)  # <root>/code: what helper Jobs of no run use
+    (claim / "code").symlink_to(newest)
+    staged_record(claim, "done", done[0].name, done[1].name)
+    staged_record(claim, "live", live.name)
+    launch = dataclasses.replace(training_launch("other"), python=f"{volume.STORE}/{live.name}/bin/python")
+    launch = dataclasses.replace(launch, code_dir=f"{volume.STORE}/{named.name}")
+    fake.batch.create_namespaced_job("nanocluster", objects.training_job(launch))
+    ran = task("rm", "done", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    assert not any(entry.exists() for entry in (*done, orphan))
+    assert all(entry.is_dir() for entry in (live, named, fresh, newest)), ran.out
+    assert "deleted 3 staged environment(s) and code tree(s) no run uses: freed 31" in ran.out
+    # prune: the live run's entries stay while it runs; once its run directory is gone, they go too
+    (claim / "runs" / "failed").mkdir()
+    staged_record(claim, "failed", f"venv-{digest['a']}")
+    record(two_runs, "failed", "failed")
+    ran = task("prune", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    assert all(entry.is_dir() for entry in (live, named, fresh, newest)), ran.out
+    assert "staged environment" not in ran.out and "pruned 1 run(s)" in ran.out, ran.out
+    fake.batch.delete_namespaced_job("fake-other", "nanocluster")
+    (claim / "runs" / "live" / volume.STAGED_RECORD).unlink()
+    ran = task("prune", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    assert not live.exists() and not named.exists() and fresh.is_dir() and newest.is_dir(), ran.out
+    assert "deleted 2 staged environment(s) and code tree(s) no run uses: freed 2" in ran.out
+    assert "pruned 0 run(s), freed 2" in ran.out

@@ -8,8 +8,10 @@ is what the stock image runs."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 from launcher.kube import jobs, volume
@@ -37,8 +39,11 @@ def archive(files: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def staging(tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64) -> subprocess.Popen:
-    """The staging script of `code`, started over tmp_path/claim (the claim) with its ConfigMap in tmp_path/<name>."""
+def staging(
+    tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64, run: str = ""
+) -> subprocess.Popen:
+    """The staging script of `code` (for run), started over tmp_path/claim (the claim) with its ConfigMap in
+    tmp_path/<name>."""
     claim, stage_dir, bin_dir = tmp_path / "claim", tmp_path / name, tmp_path / "bin"
     for d in (claim, stage_dir, bin_dir):
         d.mkdir(exist_ok=True)
@@ -47,7 +52,7 @@ def staging(tmp_path: Path, name: str, code: dict[str, str], requirements_sha: s
     (stage_dir / "code.tar.gz").write_bytes(archive(code))
     (stage_dir / "requirements.txt").write_text("torch==2.13.0\n")
     code_sha = volume.digest_of({k: v.encode() for k, v in code.items()})
-    text = volume.staging_script(requirements_sha, code_sha, {})
+    text = volume.staging_script(requirements_sha, code_sha, {}, run=run)
     text = text.replace(volume.STAGE_DIR, str(stage_dir)).replace(MOUNT_PATH, str(claim))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     return subprocess.Popen(["sh", "-c", text], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -154,3 +159,68 @@ def test_logs_reads_the_training_pods_only():
 
     trainer, sample = pod(CONTAINER), pod("sample")  # `fab sample`'s pod carries the run label for 10 minutes
     assert training_pods([sample, trainer]) == [trainer]
+
+
+def test_a_runs_staging_records_what_it_staged_in_its_run_directory_and_touches_it(tmp_path):
+    code = {"model/train.py": "A = 1\n"}
+    finished(staging(tmp_path, "a", code, run="r1"))
+    store = tmp_path / "claim" / "store"
+    venv, tree = store / f"venv-{'r' * 64}", store / f"code-{code_sha(code)}"
+    record = tmp_path / "claim" / "runs" / "r1" / volume.STAGED_RECORD
+    assert record.read_text().split() == [venv.name, tree.name]
+    old = time.time() - 3 * 3600
+    for entry in (venv, tree):
+        os.utime(entry, (old, old))
+    finished(staging(tmp_path, "b", code, run="r2"))  # nothing built: what it uses is touched (the prune's grace)
+    assert all(entry.stat().st_mtime > old + 3600 for entry in (venv, tree))
+
+
+def test_a_staging_configmap_is_owned_by_its_job_and_collected_with_it_when_the_launcher_died(
+    fake, contract_file, task, monkeypatch
+):
+    """A launcher killed mid-staging never runs its own delete (here: a no-op): the ConfigMap's owner,
+    its Job, takes it along when it goes (ttlSecondsAfterFinished; here deleted by hand)."""
+    fake.seed()
+    monkeypatch.setattr(jobs, "delete_configmap", lambda api, name: None)
+    ran = task("setup", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    (left,) = [c for c in fake.core.list_namespaced_config_map("nanocluster").items if "stage" in c.metadata.name]
+    (job,) = [j for j in fake.jobs() if j.metadata.name == left.metadata.name]
+    (owner,) = left.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid) == ("Job", job.metadata.name, job.metadata.uid)
+    assert not job.spec.suspend  # created suspended until its ConfigMap existed, then started
+    fake.batch.delete_namespaced_job(job.metadata.name, "nanocluster")
+    deadline = time.monotonic() + 20
+    while left.metadata.name not in fake.collected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fake.collected == [left.metadata.name]
+    assert not fake.core.list_namespaced_config_map("nanocluster").items
+
+
+SAMPLE_PYTHON = '#!/bin/sh\necho "{which} PYTHONPATH=$PYTHONPATH $*"\n'
+
+
+def test_sample_runs_the_venv_and_code_its_run_staged_not_the_newest(fake, contract_file, task, script, tmp_path):
+    fake.seed()
+    claim = tmp_path / "claim"
+    for which, link in (("own", f"store/venv-{'a' * 64}"), ("newest", f"store/venv-{'n' * 64}")):
+        (claim / link / "bin").mkdir(parents=True)
+        (claim / link / "bin" / "python").write_text(SAMPLE_PYTHON.format(which=which))
+        (claim / link / "bin" / "python").chmod(0o755)
+    (claim / "venv").symlink_to(claim / f"store/venv-{'n' * 64}")
+    for run in ("r1", "old"):
+        (claim / "runs" / run).mkdir(parents=True)
+        (claim / "runs" / run / "ckpt.pt").write_bytes(b"")
+    (claim / "runs" / "r1" / volume.STAGED_RECORD).write_text(f"venv-{'a' * 64}\ncode-{'b' * 64}\n")
+
+    def run_here(text: str) -> list[str]:
+        done = subprocess.run(["sh", "-c", text.replace(MOUNT_PATH, str(claim))], capture_output=True, text=True)
+        return done.stdout.splitlines()
+
+    script.helpers = {"sample": run_here}
+    ran = task("sample", "--cluster", str(contract_file), "--run", "r1")
+    assert ran.code == 0, ran.err
+    assert f"own PYTHONPATH={claim}/store/code-{'b' * 64} -m model.sample" in ran.out
+    ran = task("sample", "--cluster", str(contract_file), "--run", "old")  # staged before the record: the newest
+    assert ran.code == 0, ran.err
+    assert f"newest PYTHONPATH={claim}/code -m model.sample" in ran.out

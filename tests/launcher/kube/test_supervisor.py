@@ -22,7 +22,6 @@ import pytest
 from launcher.kube import objects, supervisor, transient
 from launcher.kube.objects import LABEL_RUN
 from tests.launcher.kube.fake import NAMESPACE, training_launch
-from tests.launcher.kube.fake_jobs import UID_ANNOTATION
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
@@ -91,7 +90,7 @@ def training_job(fake, run: str):
 
 def same_job(a, b) -> bool:
     """The same Job object (not one recreated under its name)."""
-    return a.metadata.annotations[UID_ANNOTATION] == b.metadata.annotations[UID_ANNOTATION]
+    return bool(a.metadata.uid) and a.metadata.uid == b.metadata.uid
 
 
 def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_failed_rank(
