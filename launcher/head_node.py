@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,15 +35,19 @@ from launcher.cluster.node_layout import site_of
 from launcher.console import TaskError
 from launcher.launch.supervisor import (
     LOCK_NAME,
+    STARTING,
     SupervisorState,
     interrupt,
     is_live,
+    log_size,
     read_state,
     state_path,
     take_lock,
+    write_state,
 )
 from launcher.lifecycle import TrainRequest
 from launcher.runs.record import RunRecord
+from launcher.terminal import LOG_NAME
 from launcher.transport import NodeError, Shell
 
 SUPERVISOR_HOME = "supervisor"
@@ -56,6 +61,8 @@ SYNC_CHUNK = 4 << 20
 WHOLE_SUFFIXES = (".json",)
 """Files rewritten in place (supervisor.json): copied whole at every sync; the rest are appended to."""
 SSH_TIMEOUT_S = 60
+REFRESH_S = 1.0
+"""Seconds between two syncs while the supervisor is live (each is a command on the head)."""
 
 
 def head_contract(contract: dict, cluster: Cluster) -> dict:
@@ -112,12 +119,20 @@ def start_on_head(spec: dict) -> dict:
     request = request_of(spec["request"])
     operator_spec = request.cluster_spec
     request = replace(request, cluster_spec=str(contract_path), rerun=request.rerun_command)
+    if spec.get("config_text") is not None:  # --config is a file on the operator's machine: its text travels
+        config = home / "configs" / f"{request.run}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(spec["config_text"])
+        request = replace(request, config=str(config))
     directory = RunRecord.of(load_cluster(str(contract_path)), request.run).made()
     lock = take_lock(directory, request.run, operator_spec)
     try:
         launches = launch_count(directory)
         state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
+        start = log_size(directory / LOG_NAME)
         pid = ThisMachine(spec["entry"]).start(request, directory, lock)
+        if read_state(directory) is None:  # its pid at once: a second train's refusal names it
+            write_state(directory, SupervisorState(pid, STARTING, log_start=start))
     finally:
         os.close(lock)  # the supervisor holds it now
     return {"pid": pid, "directory": str(directory), "launches": launches}
@@ -188,6 +203,7 @@ class HeadWatch:
         self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
         self.was_live = True
         """What the last refresh found (True until one answered)."""
+        self.last_refresh = -REFRESH_S
 
     def offsets(self) -> dict[str, int]:
         try:
@@ -199,6 +215,9 @@ class HeadWatch:
     def refresh(self) -> None:
         """Copy what the head's record gained since the last refresh; a head that does not answer leaves
         the copy as it is (the next refresh tries again)."""
+        if self.was_live and time.monotonic() - self.last_refresh < REFRESH_S:
+            return
+        self.last_refresh = time.monotonic()
         offsets = self.offsets()
         try:
             answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
@@ -243,6 +262,15 @@ class HeadWatch:
         self.shell.close()
 
 
+def config_text(path: str | None) -> str | None:
+    """--config's text, to write on the head (None: no file, or none readable here: the head's checks
+    then name the path as given)."""
+    try:
+        return Path(path).expanduser().read_text() if path else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 @dataclass(frozen=True)
 class HeadNode:
     """A supervisor on the cluster's head node (rank 0's machine), running `entry` there."""
@@ -270,6 +298,7 @@ class HeadNode:
                 "request": dataclasses.asdict(request),
                 "contract": head_contract(contract_of(cluster), cluster),
                 "program": sys.argv[0],
+                "config_text": config_text(request.config),
             }
             shell = session.shell(cluster.head)
             answer = shell.run(head_command(cluster, "start"), stdin=json.dumps(spec).encode(), timeout=SSH_TIMEOUT_S)
