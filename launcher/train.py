@@ -12,10 +12,13 @@ this kind supplies to the run lifecycle (launcher.lifecycle), which does the res
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 
+import launcher.launch.status as launch_status
 from launcher import follow
-from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.inventory import Cluster, Node, cluster_dir
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
 from launcher.head_node import HeadNode
@@ -37,6 +40,7 @@ from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.nodes import NodeRecovery
 from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
+from launcher.runs.record import run_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
 from launcher.supervised import Supervision, ThisMachine
@@ -204,6 +208,21 @@ def supervision(cluster: Cluster) -> Supervision:
 def supervised_train(request: TrainRequest) -> int:
     """`fab train` on machines: the front end of the run's supervisor (launcher.follow)."""
     return follow.train(request, MachinesRun.resolve, supervision, train)
+
+
+def status(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab status` on machines, with the run's record first brought from its supervisor (the head's)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # the "using ..." line: status says it
+        cluster = resolve_cluster(cluster_spec, None)
+    try:
+        watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
+    except TaskError:  # the head does not answer: the table says which node is down
+        return launch_status.status(cluster_spec, run)
+    try:
+        watch.refresh()
+        return launch_status.status(cluster_spec, run, watch.live(), watch.where())
+    finally:
+        watch.close()
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
