@@ -311,8 +311,7 @@ class HeadNode:
             if answer.returncode == 1 and len(lines) == 1:  # the lock's refusal: one line, as on this machine
                 raise TaskError(lines[0])
             raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}")
-        (local / SYNC_STATE_NAME).unlink(missing_ok=True)
-        state_path(local).unlink(missing_ok=True)
+        state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
         return HeadWatch(cluster, shell, local, request.run)
 
     def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
