@@ -32,7 +32,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import LOCAL_HOME_ENV, Cluster, load_cluster
 from launcher.cluster.node_layout import site_of
-from launcher.console import TaskError
+from launcher.console import TaskError, command_line
 from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,
@@ -310,7 +310,10 @@ class HeadNode:
             lines = answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"]
             if answer.returncode == 1 and len(lines) == 1:  # the lock's refusal: one line, as on this machine
                 raise TaskError(lines[0])
-            raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}")
+            fix = ""
+            if "ModuleNotFoundError" in lines[-1]:  # a node environment from before the supervisor moved there
+                fix = f": `{command_line('setup', cluster=cluster.spec)}` installs what it needs"
+            raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}{fix}")
         state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
         return HeadWatch(cluster, shell, local, request.run)
 
