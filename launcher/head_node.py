@@ -32,7 +32,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import LOCAL_HOME_ENV, Cluster, load_cluster
 from launcher.cluster.node_layout import site_of
-from launcher.console import TaskError, command_line
+from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
 from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,
@@ -119,6 +119,8 @@ def start_on_head(spec: dict) -> dict:
     request = request_of(spec["request"])
     operator_spec = request.cluster_spec
     request = replace(request, cluster_spec=str(contract_path), rerun=request.rerun_command)
+    # Its messages name the --cluster the operator typed, not the head's file (the supervisor inherits it).
+    os.environ[OPERATOR_CLUSTER_ENV] = json.dumps({"here": str(contract_path), "typed": operator_spec})
     if spec.get("config_text") is not None:  # --config is a file on the operator's machine: its text travels
         config = home / "configs" / f"{request.run}.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)

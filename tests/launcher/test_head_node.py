@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from launcher import follow
 from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.console import OPERATOR_CLUSTER_ENV, command_line
 from launcher.head_node import (
     SYNC_STATE_NAME,
     HeadNode,
@@ -94,9 +96,13 @@ def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -
         "program": "fab",
         "config_text": "max_iters: 3\n",
     }
+    monkeypatch.delenv(OPERATOR_CLUSTER_ENV, raising=False)  # start_on_head sets it for its supervisor
+    monkeypatch.setattr("sys.argv", list(sys.argv))  # and names the operator's program in sys.argv[0]
     started = start_on_head(spec)
     assert Path(started["directory"]) == directory
+    assert command_line("setup", cluster=str(head / "cluster.json")) == "fab setup --cluster ops.json"
     monkeypatch.delenv("NANOCLUSTER_HOME")
+    monkeypatch.delenv(OPERATOR_CLUSTER_ENV)
     return directory
 
 
