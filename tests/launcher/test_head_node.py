@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -178,3 +179,26 @@ def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_wh
     assert (local / "train.log").read_text() == "one\nthis machine's own line\ntwo\n"
     assert read_state(local).phase == ENDED
     assert set(sync_on_head(directory, {"train.log": 8})["files"]) == {"supervisor.json"}  # the log: nothing new
+
+
+def test_a_run_whose_supervisor_on_the_head_is_live_is_listed_running_and_never_deleted(tmp_path):
+    from launcher.launch.supervisor import take_lock
+    from launcher.machine_runs import delete_command, list_command
+
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    record = tmp_path / "supervisor" / "clusters" / "lab" / "runs" / "r"
+    record.mkdir(parents=True)
+
+    def sh(command: str) -> str:
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True).stdout
+
+    lock = take_lock(record, "r", None)
+    try:
+        assert sh(list_command(str(tmp_path))).split()[4:] == ["running"]
+        assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@failed r its supervisor is running"
+        assert (tmp_path / "runs" / "r").is_dir() and record.is_dir()
+    finally:
+        os.close(lock)
+    assert sh(list_command(str(tmp_path))).split()[4:] == []
+    assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@deleted r"
+    assert not (tmp_path / "runs" / "r").exists() and not record.exists()  # the head's record of it too
