@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shlex
 import shutil
@@ -144,6 +145,20 @@ def flag_name(param: str) -> str:
     return param.strip("_").replace("_", "-")
 
 
+OPERATOR_CLUSTER_ENV = "NANOCLUSTER_OPERATOR_CLUSTER"
+"""Set for a run's supervisor on a head node (launcher.head_node): {"here": the cluster file it reads,
+"typed": --cluster as the operator typed it (null: the default)}, so its messages name the operator's."""
+
+
+def as_the_operator_typed(cluster: object) -> object:
+    """--cluster as the operator typed it, where this process reads the cluster from another file."""
+    try:
+        seen = json.loads(os.environ[OPERATOR_CLUSTER_ENV])
+    except (KeyError, ValueError):
+        return cluster
+    return seen.get("typed") if isinstance(seen, dict) and cluster == seen.get("here") else cluster
+
+
 def command_line(task: str, /, **flags: object) -> str:
     """The command that runs task with flags (parameter: value, in order), quoted for a shell: the
     program as typed, then each flag given; None and False are left out, True is a bare flag, a list
@@ -151,6 +166,8 @@ def command_line(task: str, /, **flags: object) -> str:
     operator gave it (None: the default, which the next command picks the same way) and run=--run."""
     words = [program_name(), task]
     for param, value in flags.items():
+        if param == "cluster":
+            value = as_the_operator_typed(value)
         values = value if isinstance(value, list | tuple) else [value]
         for one in values:
             if one is None or one is False or (param == "run" and one == DEFAULT_RUN):

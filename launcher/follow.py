@@ -39,20 +39,10 @@ from types import FrameType
 
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
-from launcher.launch.supervisor import (
-    END_MARK,
-    ENDED,
-    LOCK_NAME,
-    interrupt,
-    is_live,
-    log_size,
-    read_state,
-    state_path,
-    take_lock,
-)
+from launcher.launch.supervisor import END_MARK, ENDED, LOCK_NAME, is_live, log_size, read_state, state_path
 from launcher.lifecycle import RunKind, TrainRequest
 from launcher.runs.record import RunRecord, run_dir
-from launcher.supervised import ThisMachine
+from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
 POLL_S = 0.2
@@ -60,29 +50,35 @@ ATTACH_LINES = 20
 """Lines of the log `attach` shows of a live run before following it."""
 
 
-def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind], place: ThisMachine) -> int:
-    """`fab train` through a supervisor at place: its exit status (the last line printed here)."""
+def train(
+    request: TrainRequest,
+    resolve: Callable[[TrainRequest], RunKind],
+    supervision: Callable[[Cluster], Supervision],
+    run_here: Callable[[TrainRequest], int],
+) -> int:
+    """`fab train` through the supervisor its cluster has (supervision): its exit status (the last line
+    printed here). run_here: the lifecycle in this process."""
     # A dry run starts nothing to supervise; outputs captured in this process (a test, a program that
     # embeds the tasks) see the lifecycle run here, as launcher.terminal leaves such outputs alone.
-    if request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2))):
-        return place.run_here(request)
+    captured = not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2)))
+    if request.dry_run or captured:
+        return run_here(request)
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
     with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
         kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
+    place = supervision(kind.cluster)
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()
     before = Before(record.directory)
     directory = record.made()
-    lock = take_lock(directory, request.run, request.cluster_spec)
+    launches = launch_count(directory)
+    watch = place.launch(request, kind.cluster, directory)
     try:
-        launches = launch_count(directory)
-        state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
-        place.start(request, directory, lock)
+        code = follow(directory, before.log_size, request, launches if request.detach else None, watch)
+        state = watch.state()
     finally:
-        os.close(lock)  # the supervisor holds it now
-    code = follow(directory, before.log_size, request, launches if request.detach else None)
-    state = read_state(directory)
+        watch.close()
     if launch_count(directory) == launches and state is not None and state.phase == ENDED:
         before.restore()  # refused before launch: nothing written, as before
     return code
@@ -134,24 +130,32 @@ def launch_count(directory: Path) -> int:
     return sum(event.get("event") == "launch" for event in RunRecord(directory).events)
 
 
-def attach(cluster: Cluster, cluster_spec: str | None, run: str) -> int:
+def attach(cluster: Cluster, cluster_spec: str | None, run: str, place: Supervision) -> int:
     """`fab attach`: follow the run's live supervisor to its end, or print an ended run's end line; its
     exit status either way."""
     check_name(run, "run")
-    return attach_directory(run_dir(cluster_dir(cluster), run), cluster_spec, run)
+    directory = run_dir(cluster_dir(cluster), run)
+    watch = place.watch(cluster, directory, run)
+    try:
+        watch.refresh()  # a supervisor on the cluster: its record brought here first
+        return attach_directory(directory, cluster_spec, run, watch)
+    finally:
+        watch.close()
 
 
-def attach_directory(directory: Path, cluster_spec: str | None, run: str) -> int:
-    """attach, given the run's record directory."""
-    state = read_state(directory)
+def attach_directory(directory: Path, cluster_spec: str | None, run: str, watch: Watch | None = None) -> int:
+    """attach, given the run's record directory (and its supervisor's watch: by default on this machine)."""
+    watch = watch or LocalWatch(directory)
+    state = watch.state()
     if state is None:
         train_command = command_line("train", cluster=cluster_spec, run=run)
-        raise TaskError(f"run {run} has no supervisor on this machine: start it with `{train_command}`")
-    if state.phase == ENDED or not is_live(directory):
+        raise TaskError(f"run {run} has no supervisor {watch.where()}: start it with `{train_command}`")
+    if state.phase == ENDED or not watch.live():
         return end_of(directory, request_for(cluster_spec, run))
     log = directory / LOG_NAME
-    say(f"attached to run {run} (supervisor pid {state.pid}; Ctrl-C stops the run after a snapshot)")
-    return follow(directory, tail_offset(log, state.log_start), request_for(cluster_spec, run), None)
+    where = "" if isinstance(watch, LocalWatch) else f" {watch.where()}"
+    say(f"attached to run {run} (supervisor pid {state.pid}{where}; Ctrl-C stops the run after a snapshot)")
+    return follow(directory, tail_offset(log, state.log_start), request_for(cluster_spec, run), None, watch)
 
 
 def request_for(cluster_spec: str | None, run: str) -> TrainRequest:
@@ -204,16 +208,21 @@ class LogCopy:
             sys.stdout.flush()
 
 
-def follow(directory: Path, start: int, request: TrainRequest, detach_after: int | None) -> int:
+def follow(
+    directory: Path, start: int, request: TrainRequest, detach_after: int | None, watch: Watch | None = None
+) -> int:
     """Copy the supervisor's output until its end (or, with detach_after, until the record has more
-    launch events than that), then the end line; the run's exit status. Ctrl-C is handed to it."""
+    launch events than that), then the end line; the run's exit status. Ctrl-C is handed to it. watch:
+    the supervisor, by default on this machine (one on the cluster brings its record here first)."""
+    watch = watch or LocalWatch(directory)
     log = directory / LOG_NAME
     copy = LogCopy(log, start)
     with outliving_the_terminal(log), terminated_as_interrupted():
         while True:
             try:
+                watch.refresh()
                 copy.to()
-                state = read_state(directory)
+                state = watch.state()
                 if state is not None and state.phase == ENDED:
                     copy.to(whole_lines=False)
                     return end_line(state.exit_code, state.line if state.to_stderr else None, log)
@@ -221,16 +230,17 @@ def follow(directory: Path, start: int, request: TrainRequest, detach_after: int
                     attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
                     say(f"run {request.run} goes on under its supervisor; follow it with `{attach_command}`")
                     return 0
-                if not is_live(directory):
+                if not watch.live():
                     time.sleep(POLL_S)  # it may have ended between the two reads
-                    state = read_state(directory)
+                    watch.refresh()
+                    state = watch.state()
                     if state is None or state.phase != ENDED:
                         copy.to(whole_lines=False)
                         raise TaskError(f"the run's supervisor ended without an end; its output: {log}")
                     continue
                 time.sleep(POLL_S)
             except KeyboardInterrupt:  # the supervisor stops every rank and ends the run "interrupted"
-                if not interrupt(directory):
+                if not watch.interrupt():
                     raise
 
 
@@ -270,7 +280,8 @@ def same_as(fd: int, path: Path) -> bool:
 
 
 def end_of(directory: Path, request: TrainRequest) -> int:
-    """An ended run's end line, and its exit status."""
+    """An ended run's end line, and its exit status (from supervisor.json, synced here where the
+    supervisor runs on the cluster)."""
     state = read_state(directory)
     if state is None or state.phase != ENDED:
         raise TaskError(f"run {request.run}'s supervisor ended without an end; its output: {directory / LOG_NAME}")

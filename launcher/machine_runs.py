@@ -39,8 +39,22 @@ def list_command(root: str) -> str:
         'if nc_running "$u"; then s="$s running"; '
         'elif [ -f "$u.exit" ]; then s="$s exit:$(cut -d\' \' -f1 "$u.exit")"; '
         'elif [ -f "$u.stopped" ]; then s="$s stopped"; else s="$s lost"; fi; done; '
+        f"{supervisor_held(root)} && s=\"$s running\"; "
         'echo "@run $r ${kb:-0} ${t:-0}$s"; done'
     )
+
+
+def supervisor_held(root: str) -> str:
+    """A shell test: run $r's supervisor on this node (the head, launcher.head_node) holds its lock, so
+    the run is live between its attempts too (a node without flock has no supervisor either)."""
+    return (
+        f"{{ command -v flock >/dev/null && for l in {root}/{SUPERVISED_RECORDS}/\"$r\"/supervisor.lock; do "
+        '[ -f "$l" ] && ! flock -n "$l" true && echo held; done; } | grep -q held'
+    )
+
+
+SUPERVISED_RECORDS = "supervisor/clusters/*/runs"
+"""Under a node's root: the records a supervisor on the head keeps (launcher.head_node's SUPERVISOR_HOME)."""
 
 
 def delete_command(root: str, runs: Sequence[str]) -> str:
@@ -53,6 +67,8 @@ def delete_command(root: str, runs: Sequence[str]) -> str:
         f"for r in {names}; do "
         'live=; for f in "$r"/*.pid; do [ -f "$f" ] && nc_running "${f%.pid}" && live=1; done; '
         'if [ -n "$live" ]; then echo "@failed $r a rank of it is running"; continue; fi; '
+        f'if {supervisor_held(root)}; then echo "@failed $r its supervisor is running"; continue; fi; '
+        f'rm -rf -- {root}/{SUPERVISED_RECORDS}/"$r"; '
         'err=$(rm -rf -- "$r" 2>&1); '
         'if [ -e "$r" ]; then echo "@failed $r $(printf \'%s\\n\' "$err" | head -n 1)"; '
         'else echo "@deleted $r"; fi; done'

@@ -7,9 +7,12 @@ supervisor lives in a session of its own (setsid), reads /dev/null and writes th
 off by a closed pipe leaves the run supervised to its end. It holds the run's lock for as long as it
 lives and leaves its end in supervisor.json (launcher.launch.supervisor: the files that find it).
 
-Where a kind's supervisor runs is the kind's choice (launcher.tasks.drivers): a background process
-on this machine for machines over SSH and the local cluster (ThisMachine); Kubernetes keeps its
-attached front end for now (docs/launcher.md says why and what is next).
+Where a run's supervisor runs is its cluster's choice (launcher.train.supervision): a background
+process on this machine for the local cluster (ThisMachine), a detached process on the head node for
+machines over SSH (launcher.head_node's HeadNode); Kubernetes keeps its attached front end for now
+(docs/launcher.md says why and what is next). Each supplies the same two things to the front end:
+launch (the lock taken, the supervisor started) and a watch (its state, liveness, interrupt, and the
+record brought to this machine).
 """
 
 from __future__ import annotations
@@ -26,13 +29,90 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import launcher
+from launcher.cluster.inventory import Cluster
 from launcher.console import Interrupted, TaskError
-from launcher.launch.supervisor import END_MARK, ENDED, STARTING, SupervisorState, log_size, write_state
+from launcher.launch.supervisor import (
+    END_MARK,
+    ENDED,
+    STARTING,
+    SupervisorState,
+    interrupt,
+    is_live,
+    log_size,
+    read_state,
+    state_path,
+    take_lock,
+    write_state,
+)
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
 from launcher.terminal import LOG_NAME
+
+
+class Watch(Protocol):
+    """A run's supervisor as a front end (launcher.follow) sees it, wherever it runs."""
+
+    def refresh(self) -> None:
+        """Bring the supervisor's record (log, events, metrics, supervisor.json) to this machine's
+        record directory, where the front end reads it."""
+        ...
+
+    def state(self) -> SupervisorState | None: ...
+
+    def live(self) -> bool:
+        """Whether the supervisor holds the run's lock (as of the last refresh)."""
+        ...
+
+    def interrupt(self) -> bool:
+        """Ctrl-C for the run (SIGINT to the live supervisor); False when none is live."""
+        ...
+
+    def where(self) -> str:
+        """Where the supervisor runs, for the operator's lines."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Supervision(Protocol):
+    """Where a run's supervisor runs (ThisMachine, launcher.head_node's HeadNode)."""
+
+    def launch(self, request: TrainRequest, cluster: Cluster, directory: Path) -> Watch:
+        """The run's lock taken (a second train of a live run refuses) and its supervisor started;
+        directory: the run's record directory on this machine."""
+        ...
+
+    def watch(self, cluster: Cluster, directory: Path, run: str) -> Watch:
+        """An existing run's supervisor (`attach`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalWatch:
+    """A supervisor on this machine: its record directory is the run's record directory."""
+
+    directory: Path
+
+    def refresh(self) -> None:
+        pass
+
+    def state(self) -> SupervisorState | None:
+        return read_state(self.directory)
+
+    def live(self) -> bool:
+        return is_live(self.directory)
+
+    def interrupt(self) -> bool:
+        return interrupt(self.directory)
+
+    def where(self) -> str:
+        return "on this machine"
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -45,6 +125,19 @@ class ThisMachine:
     def run_here(self, request: TrainRequest) -> int:
         """The lifecycle in this process (a dry run: nothing starts, nothing to supervise)."""
         return entry_function(self.entry)(request)
+
+    def launch(self, request: TrainRequest, cluster: Cluster, directory: Path) -> LocalWatch:
+        """The run's lock taken (a second train of a live run refuses) and its supervisor started."""
+        lock = take_lock(directory, request.run, request.cluster_spec)
+        try:
+            state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
+            self.start(request, directory, lock)
+        finally:
+            os.close(lock)  # the supervisor holds it now
+        return LocalWatch(directory)
+
+    def watch(self, cluster: Cluster, directory: Path, run: str) -> LocalWatch:
+        return LocalWatch(directory)
 
     def start(self, request: TrainRequest, directory: Path, lock_fd: int) -> int:
         """Start the supervisor for request, its output appended to the run's log; its pid."""

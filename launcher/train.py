@@ -12,12 +12,16 @@ this kind supplies to the run lifecycle (launcher.lifecycle), which does the res
 
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 
+import launcher.launch.status as launch_status
 from launcher import follow
-from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.inventory import Cluster, Node, cluster_dir
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, out_line, say
+from launcher.head_node import HeadNode
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.operator_stop import STOP_REQUEST_NAME
@@ -36,9 +40,10 @@ from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.nodes import NodeRecovery
 from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
+from launcher.runs.record import run_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
-from launcher.supervised import ThisMachine
+from launcher.supervised import Supervision, ThisMachine
 from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
@@ -189,16 +194,38 @@ def train(request: TrainRequest) -> int:
     return run_lifecycle(request, MachinesRun.resolve)
 
 
-SUPERVISOR = ThisMachine("launcher.train:train")
-"""Where a run on machines is supervised: a background process on this machine. The head node is the
-next step (docs/launcher.md, "The supervisor, --detach and attach")."""
+ENTRY = "launcher.train:train"
+"""What a run's supervisor runs, wherever it runs: train() above."""
+
+
+def supervision(cluster: Cluster) -> Supervision:
+    """Where a run on machines is supervised, the one place it is decided: on the local cluster this
+    machine, which is its head; on machines over SSH the head node (rank 0's machine), so the run
+    outlives the operator's machine (docs/launcher.md, "The supervisor, --detach and attach")."""
+    return ThisMachine(ENTRY) if cluster.is_local else HeadNode(ENTRY)
 
 
 def supervised_train(request: TrainRequest) -> int:
     """`fab train` on machines: the front end of the run's supervisor (launcher.follow)."""
-    return follow.train(request, MachinesRun.resolve, SUPERVISOR)
+    return follow.train(request, MachinesRun.resolve, supervision, train)
+
+
+def status(cluster_spec: str | None, run: str = "main") -> int:
+    """`fab status` on machines, with the run's record first brought from its supervisor (the head's)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # the "using ..." line: status says it
+        cluster = resolve_cluster(cluster_spec, None)
+    try:
+        watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
+    except TaskError:  # the head does not answer: the table says which node is down
+        return launch_status.status(cluster_spec, run)
+    try:
+        watch.refresh()
+        return launch_status.status(cluster_spec, run, watch.live(), watch.where())
+    finally:
+        watch.close()
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
-    """`fab attach` on machines: follow the run's supervisor on this machine to its end."""
-    return follow.attach(resolve_cluster(cluster_spec, None), cluster_spec, run)
+    """`fab attach` on machines: follow the run's supervisor (on this machine, or the head) to its end."""
+    cluster = resolve_cluster(cluster_spec, None)
+    return follow.attach(cluster, cluster_spec, run, supervision(cluster))

@@ -68,8 +68,11 @@ def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
     return len(attempt.launch.get("nodes") or ()) or None if attempt else None
 
 
-def status(cluster_spec: str | None, run: str = "main") -> int:
-    """A table of every node (down ones included) and the run's units; 1 when a node is down."""
+def status(
+    cluster_spec: str | None, run: str = "main", supervisor_live: bool | None = None, supervisor_where: str = ""
+) -> int:
+    """A table of every node (down ones included) and the run's units; 1 when a node is down. A
+    supervisor elsewhere (the head node): whether it is live and where (launcher.train.status)."""
     cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
@@ -118,7 +121,9 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
                 say(line)
         for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
             say(line)
-        for told in (supervisor_line(record.directory, cluster_spec, run), lost_terminal_line(record.directory)):
+        where = supervisor_where or "on this machine"
+        supervised = supervisor_line(record.directory, cluster_spec, run, supervisor_live, where)
+        for told in (supervised, lost_terminal_line(record.directory)):
             if told:
                 say(told)
     return 1 if session.unreachable else 0

@@ -131,14 +131,17 @@ def log_size(log: Path) -> int:
         return 0
 
 
-def supervisor_line(directory: Path, cluster_spec: str | None, run: str) -> str | None:
-    """What `fab status` says of the run's supervisor on this machine (None: it never had one)."""
+def supervisor_line(
+    directory: Path, cluster_spec: str | None, run: str, live: bool | None = None, where: str = "on this machine"
+) -> str | None:
+    """What `fab status` says of the run's supervisor (None: it never had one). live and where: for a
+    supervisor elsewhere (the head node), whose supervisor.json this machine holds a copy of."""
     state = read_state(directory)
     if state is None:
         return None
     attach = command_line("attach", cluster=cluster_spec, run=run)
-    if is_live(directory):
-        return f"supervised on this machine (supervisor pid {state.pid}): `{attach}` follows it"
+    if is_live(directory) if live is None else live:
+        return f"supervised {where} (supervisor pid {state.pid}): `{attach}` follows it"
     if state.phase == ENDED:
         return f"its supervisor ended with exit {state.exit_code} (`{attach}` prints its end)"
     return f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}"

@@ -6,6 +6,7 @@ metrics thread; nothing here blocks following the logs (the plot is drawn on its
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.cluster.inventory import Cluster
@@ -35,9 +36,7 @@ class RunRecorder:
         if self.copy is None:
             record_dir = RunRecord.of(self.cluster, self.run).made()
             self.copy = MetricsCopy(record_dir)
-            from launcher.runs.plot import PlotRefresher  # matplotlib: imported by the runs that plot
-
-            self.plotter = PlotRefresher(record_dir)
+            self.plotter = plotter(record_dir)
         self.copy.append(line)
         self.records.append(record)
         if record.get("kind") in REDRAW_KINDS and self.plotter is not None:
@@ -58,3 +57,14 @@ class RunRecorder:
         self.stream_done.wait(STREAM_END_WAIT_S)
         if self.plotter is not None:
             self.plotter.close()
+
+
+def plotter(record_dir: Path) -> PlotRefresher | None:
+    """The run's plot redrawn in its record directory, or None where matplotlib is not installed: a
+    supervisor on a head node runs from the node environment, which has none; the operator's machine
+    draws the plot from the synced record (launcher.runs.plot)."""
+    try:
+        from launcher.runs.plot import PlotRefresher  # matplotlib: imported by the runs that plot
+    except ImportError:
+        return None
+    return PlotRefresher(record_dir)

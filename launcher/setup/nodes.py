@@ -10,9 +10,10 @@ and the other tasks run it only where the probe found the environment incomplete
 installs (node/requirements-PROFILE.txt): the one asked for, else cuda where the contract's nodes
 have GPUs and default elsewhere; intel only when asked for.
 
-The operator's model/ on the nodes, sent only when it changed.
+The operator's model/ and launcher/ on the nodes, sent only when they changed (launcher/ is what a
+run's supervisor runs on the head node: launcher.head_node).
 
-model/ travels as a deterministic archive whose sha256 the node remembers (code/.sha256); the
+They travel as a deterministic archive whose sha256 the node remembers (code/.sha256); the
 probe reports that digest, so a launch sends the code only to nodes whose copy differs.
 """
 
@@ -172,20 +173,24 @@ def bootstrap(
     session.run_everywhere(nodes, one)
 
 
-CODE_PACKAGES = ("model",)
+CODE_PACKAGES = {"model": ("*.py",), "launcher": ("*.py", "*.yaml"), "node": ("*",)}
+"""Staged on the nodes, with the files each brings: model/ for the ranks; launcher/ and node/ for a
+run's supervisor on the head node (launcher.head_node: the launcher reads node/'s scripts, and bootstraps
+a replaced node from it)."""
 
 
 def code_files(repo: Path = REPO_ROOT) -> list[Path]:
     files = []
-    for package in CODE_PACKAGES:
-        files += sorted(p for p in (repo / package).rglob("*.py") if "__pycache__" not in p.parts)
+    for package, patterns in CODE_PACKAGES.items():
+        found = {p for pattern in patterns for p in (repo / package).rglob(pattern) if p.is_file()}
+        files += sorted(p for p in found if "__pycache__" not in p.parts)
     if not files:
         raise FileNotFoundError(f"no Python files under {repo}/{'|'.join(CODE_PACKAGES)}")
     return files
 
 
 def code_archive(repo: Path = REPO_ROOT) -> tuple[bytes, str]:
-    """(tar of model/, sha256 of its paths and contents); identical trees give identical digests."""
+    """(tar of CODE_PACKAGES, sha256 of its paths and contents); identical trees give identical digests."""
     digest = hashlib.sha256()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -209,7 +214,7 @@ def install_code_command(root: str, sha256: str) -> str:
 
 
 def sync_code(session: Session) -> None:
-    """Send model/ to the machines whose copy differs from this checkout's."""
+    """Send model/ and launcher/ to the machines whose copy differs from this checkout's."""
     if not session.site.ships_code:
         return
     archive, digest = code_archive()

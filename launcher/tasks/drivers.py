@@ -10,9 +10,10 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
                  kubeconfig:PATH[#CONTEXT] (launcher.kube)
 
 `fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind, and
-here where the lifecycle runs: machines in a supervisor on this machine (launcher.supervised,
-followed by launcher.follow), Kubernetes in a supervisor pod in the cluster (launcher.kube.supervisor,
-launcher.kube.in_cluster).
+here where the lifecycle runs: machines in a supervisor (launcher.supervised, followed by
+launcher.follow) that launcher.train.supervision places on this machine for the local cluster and on
+the head node for machines over SSH (launcher.head_node); Kubernetes in a supervisor pod in the cluster
+(launcher.kube.supervisor, launcher.kube.in_cluster).
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
@@ -110,9 +111,9 @@ class MachinesDriver:
     kind = MACHINES
     setup = staticmethod(launcher.setup.nodes.setup)
     prepare_data = staticmethod(launcher.setup.data.prepare_data)
-    train = staticmethod(launcher.train.supervised_train)  # the run's supervisor on this machine
+    train = staticmethod(launcher.train.supervised_train)  # the run's supervisor here or on the head
     attach = staticmethod(launcher.train.attach)
-    status = staticmethod(launcher.launch.status.status)
+    status = staticmethod(launcher.train.status)  # the record first synced from the head's supervisor
     logs = staticmethod(launcher.launch.status.logs)
     stop = staticmethod(launcher.launch.units.stop)
     sample = staticmethod(launcher.checkpoints.sample)

@@ -1,11 +1,11 @@
-"""A run whose nodes reboot under it: the units are lost, and the next `fab train` resumes the run."""
+"""A run whose nodes reboot under it, the head with the run's supervisor on it: the units and the
+supervisor are lost, and the next `fab train` resumes the run from its snapshot."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
-from pathlib import Path
 
 from launcher.launch.supervisor import is_live, read_state
 from launcher.testing.fab import wait_for
@@ -14,10 +14,10 @@ RUN = "rebooted"
 RUN_TIMEOUT_S = 180
 
 
-def kill_supervisor(fab, run: str) -> None:
-    """SIGKILL the run's supervisor that this test's train started (on this machine), as if the machine
-    went away: it leaves its lock released and its files stale."""
-    for directory in Path(fab.env["NANOCLUSTER_HOME"]).glob(f"clusters/*/runs/{run}"):
+def kill_supervisor(nodes, run: str) -> None:
+    """SIGKILL the run's supervisor that this test's train started on the head node, as the head's
+    reboot would, before the workers reboot: it leaves its lock released and its files stale."""
+    for directory in (nodes.home(0) / "nanocluster/supervisor").glob(f"clusters/*/runs/{run}"):
         state = read_state(directory)
         if state is not None and is_live(directory):
             os.kill(state.pid, signal.SIGKILL)
@@ -43,10 +43,10 @@ def test_after_the_nodes_reboot_the_next_train_resumes_without_fab_stop(nodes, f
     )
     try:
         wait_for(lambda: (run_dir / "snapshot.pt").exists(), 120, "the first snapshot")
-    finally:  # the operator's machine goes away (fab and the run's supervisor on it; the ranks are detached
-        proc.kill()  # and keep training), then the nodes reboot
+    finally:  # the operator's machine goes away (the ranks and the head's supervisor keep on), then the
+        proc.kill()  # nodes reboot, the head first: its supervisor goes with it
         proc.wait()
-        kill_supervisor(fab, RUN)
+        kill_supervisor(nodes, RUN)
     for i in range(3):
         assert nodes.processes(i, "model.train"), f"a trainer runs on node{i}"
         nodes.reboot(i)  # every process of the node but its sshd listener, and a new boot id

@@ -1,7 +1,9 @@
-"""A run outlives its front end on the sshd test nodes: `fab train` SIGKILLed mid-run leaves the run to
-its supervisor, which heals a rank SIGKILLed after that and finishes with the uninterrupted run's
-weights; `fab attach` afterwards prints the end and exits 0. The same with the terminal's pipe closed
-after one line (`train | head -n 1`): no traceback, the run supervised to its end."""
+"""A run outlives its front end and the operator's machine on the sshd test nodes: its supervisor runs
+on the head node (node0), so `fab train` SIGKILLed mid-run leaves no supervisor on this machine at all,
+yet the head's heals a rank SIGKILLed after that and finishes with the uninterrupted run's weights;
+`fab attach` afterwards prints the end and exits 0, and this machine's record is synced from the
+head's. The same with the terminal's pipe closed after one line (`train | head -n 1`): no traceback,
+the run supervised to its end."""
 
 from __future__ import annotations
 
@@ -48,6 +50,27 @@ def ended(directory: Path, timeout: float) -> SupervisorState:
         time.sleep(0.5)
 
 
+def head_record(nodes, run: str) -> Path:
+    """The run's record directory on the head, where its supervisor keeps it (launcher.head_node)."""
+    found = list((nodes.home(0) / "nanocluster/supervisor").glob(f"clusters/*/runs/{run}"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def supervisors(run: str) -> set[int]:
+    """Every process on this machine (the test nodes' too: they share its process ids) running the
+    supervisor of run."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if "launcher.supervised" in cmdline and f'"run": "{run}"' in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
 def stop_supervisor(directory: Path) -> None:
     """A supervisor this test's train started, still live after a failure: Ctrl-C it (its ranks stop)."""
     state = read_state(directory)
@@ -56,7 +79,9 @@ def stop_supervisor(directory: Path) -> None:
         ended(directory, 60)
 
 
-def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes, fab, tiny_config, tmp_path):
+def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(
+    nodes, fab, tiny_config, tmp_path, monkeypatch
+):
     assert fab("prepare-data").returncode == 0
     run_dir = nodes.home(0) / "nanocluster/runs/orphan"
     proc = fab.popen("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "orphan", log=tmp_path / "fab.log")
@@ -68,7 +93,12 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes,
         wait_for(lambda: launches(directory) == 1, 120, "every rank started")
         proc.kill()  # the front end goes, as with a closed laptop: SIGKILL, nothing to clean up
         proc.wait()
-        assert is_live(directory), "the supervisor outlives its front end"
+        head = head_record(nodes, "orphan")
+        assert is_live(head), "the supervisor on the head outlives its front end"
+        assert not is_live(directory), "this machine holds no supervisor's lock"
+        running = supervisors("orphan")
+        assert running and running <= set(nodes.pids(0)), (running, "a supervisor runs outside the head node")
+        assert read_state(head).pid in running
         second = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "orphan")
         assert second.returncode == 1 and second.stderr.strip().splitlines() == [
             f"error: run orphan is already running (supervisor pid {read_state(directory).pid}); follow it with "
@@ -80,13 +110,13 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes,
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         following = fab("attach", "--run", "orphan", timeout=RUN_TIMEOUT_S)  # from another terminal, to the end
-        state = ended(directory, RUN_TIMEOUT_S)
+        state = ended(directory, RUN_TIMEOUT_S)  # this machine's copy of the head's record
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         if directory is not None:
-            stop_supervisor(directory)
+            stop_supervisor(head_record(nodes, "orphan"))
     output = (directory / LOG_NAME).read_text()
     assert state.exit_code == 0, output[-3000:]
     assert re.search(r"restart 1/3: rank 1 node1: killed by SIGKILL \(exit 137\)", output), output[-3000:]
@@ -94,6 +124,10 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(nodes,
     assert events[-1]["event"] == "end" and events[-1]["outcome"] == "finished", events
     for i in range(3):
         assert nodes.processes(i, "model.train") == [], f"a trainer survived on node{i}"
+    wait_for(lambda: not supervisors("orphan"), 30, "the head's supervisor to exit")
+    monkeypatch.setitem(fab.env, "COLUMNS", "400")  # one table line per run
+    ledger = fab("runs")  # this machine's record, synced from the head's, says the run is done
+    assert ledger.returncode == 0 and re.search(r"\borphan\b.*\bfinished\b", ledger.stdout), ledger.stdout
 
     assert following.returncode == 0, following.stdout[-3000:] + following.stderr
     assert "\nattached to run orphan (supervisor pid " in following.stdout, following.stdout[:500]
@@ -128,7 +162,7 @@ def test_a_pipe_closed_after_one_line_leaves_no_traceback_and_the_run_supervised
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        stop_supervisor(find_record_dir(fab, "piped"))
+        stop_supervisor(head_record(nodes, "piped"))
     errors = stderr.read_text()
     directory = find_record_dir(fab, "piped")
     assert code == 0, errors

@@ -1,0 +1,334 @@
+"""A run's supervisor on a VM cluster's head node (rank 0's machine), so the run outlives the operator's
+machine: a closed laptop or a lost network leaves it restarting, budgeted and recorded to its end.
+
+The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys),
+and holds the launcher beside model/ in ~/nanocluster/code (launcher.setup.nodes.sync_code) and its
+imports in the node environment (pyproject's `node` extra). What runs there:
+
+    start      over SSH from the front end: the cluster as the head sees it (the contract, with the head
+               reached at its private address) written to SUPERVISOR_HOME/cluster.json; the run's lock
+               taken in the head's record directory (a second train of a live run refuses, as on this
+               machine); the supervisor started as ThisMachine starts one (its own session, stdin
+               /dev/null, output to the run's log), so it survives the SSH session closing
+    sync       the record's files from the offsets the operator's copy has reached, and whether the
+               supervisor is live: the front end appends them to this machine's record directory
+    interrupt  Ctrl-C for the run: SIGINT to the head's live supervisor
+
+The operator's side is HeadNode (a supervision kind beside launcher.supervised's ThisMachine) and its
+HeadWatch, which launcher.follow polls: this machine's record directory is a copy of the head's.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from launcher.cluster.inventory import LOCAL_HOME_ENV, Cluster, load_cluster
+from launcher.cluster.node_layout import site_of
+from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
+from launcher.launch.supervisor import (
+    LOCK_NAME,
+    STARTING,
+    SupervisorState,
+    interrupt,
+    is_live,
+    log_size,
+    read_state,
+    state_path,
+    take_lock,
+    write_state,
+)
+from launcher.lifecycle import TrainRequest
+from launcher.runs.record import RunRecord
+from launcher.terminal import LOG_NAME
+from launcher.transport import NodeError, Shell
+
+SUPERVISOR_HOME = "supervisor"
+"""Under the head's nanocluster root: the NANOCLUSTER_HOME of the supervisor there (its record
+directories and its cluster.json), apart from the nodes' runs/ and data/."""
+CONTRACT_NAME = "cluster.json"
+SYNC_STATE_NAME = ".head_sync.json"
+"""In this machine's record directory: how far each of the head's files has been copied."""
+SYNC_CHUNK = 4 << 20
+"""Bytes of one file a sync call brings at most (a long log arrives over several polls)."""
+WHOLE_SUFFIXES = (".json",)
+"""Files rewritten in place (supervisor.json): copied whole at every sync; the rest are appended to."""
+SSH_TIMEOUT_S = 60
+REFRESH_S = 1.0
+"""Seconds between two syncs while the supervisor is live (each is a command on the head)."""
+
+
+def head_contract(contract: dict, cluster: Cluster) -> dict:
+    """The contract as the head sees it: itself reached at its own private address (the head's sshd
+    authorizes the cluster key, as every node's does)."""
+    return contract | {"head_public_ip": cluster.head.private_ip}
+
+
+def contract_of(cluster: Cluster) -> dict:
+    """The machines contract that describes cluster (inventory.parse_contract reads it back)."""
+    data: dict = {
+        "cloud": cluster.cloud,
+        "cluster_name": cluster.cluster_name,
+        "ssh_user": cluster.ssh_user,
+        "head_public_ip": cluster.head_public_ip,
+        "private_ips": [n.private_ip for n in cluster.nodes],
+        "node_names": [n.name for n in cluster.nodes],
+        "host_public_keys": [n.host_public_key for n in cluster.nodes],
+        "ssh_private_key": cluster.ssh_private_key,
+        "ssh_public_key": cluster.ssh_public_key,
+        "cores_per_node": cluster.cores_per_node,
+        "cpu_flags": list(cluster.cpu_flags),
+        "gpus_per_node": cluster.gpus_per_node,
+        "gpu_model": cluster.gpu_model,
+        "machine_type": cluster.machine_type,
+        "region": cluster.region,
+        "node_python": cluster.node_python,
+        "prices_as_of": cluster.prices_as_of,
+        "spot": cluster.spot,
+        "hourly_cost_usd": cluster.hourly_cost_usd,
+        "hourly_cost_on_demand_usd": cluster.hourly_cost_on_demand_usd,
+        "hourly_cost_spot_usd": cluster.hourly_cost_spot_usd,
+    }
+    return {key: value for key, value in data.items() if value not in (None, "", [])}
+
+
+# ---- on the head ------------------------------------------------------------------------------------
+
+
+def start_on_head(spec: dict) -> dict:
+    """`start`: the run's lock taken and its supervisor started on this (the head) machine; what the
+    front end needs to follow it. AlreadySupervised when one is live."""
+    from launcher.follow import launch_count
+    from launcher.supervised import ThisMachine, request_of
+
+    home = Path(os.environ[LOCAL_HOME_ENV])
+    home.mkdir(parents=True, exist_ok=True)
+    contract_path = home / CONTRACT_NAME
+    fd = os.open(contract_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(spec["contract"], f)
+    os.replace(contract_path.with_suffix(".tmp"), contract_path)
+    sys.argv[0] = spec["program"]  # the lock's refusal names the commands the operator types
+    request = request_of(spec["request"])
+    operator_spec = request.cluster_spec
+    request = replace(request, cluster_spec=str(contract_path), rerun=request.rerun_command)
+    # Its messages name the --cluster the operator typed, not the head's file (the supervisor inherits it).
+    os.environ[OPERATOR_CLUSTER_ENV] = json.dumps({"here": str(contract_path), "typed": operator_spec})
+    if spec.get("config_text") is not None:  # --config is a file on the operator's machine: its text travels
+        config = home / "configs" / f"{request.run}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(spec["config_text"])
+        request = replace(request, config=str(config))
+    directory = RunRecord.of(load_cluster(str(contract_path)), request.run).made()
+    lock = take_lock(directory, request.run, operator_spec)
+    try:
+        launches = launch_count(directory)
+        state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
+        start = log_size(directory / LOG_NAME)
+        pid = ThisMachine(spec["entry"]).start(request, directory, lock)
+        if read_state(directory) is None:  # its pid at once: a second train's refusal names it
+            write_state(directory, SupervisorState(pid, STARTING, log_start=start))
+    finally:
+        os.close(lock)  # the supervisor holds it now
+    return {"pid": pid, "directory": str(directory), "launches": launches}
+
+
+def sync_on_head(directory: Path, offsets: dict[str, int]) -> dict:
+    """`sync`: every file of the record from the offset given (whole for WHOLE_SUFFIXES, and where it
+    shrank), base64; and whether the supervisor is live."""
+    files = {}
+    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+        if not path.is_file() or path.name == LOCK_NAME or path.name.startswith("."):
+            continue
+        size = path.stat().st_size
+        start = offsets.get(path.name, 0)
+        if path.name.endswith(WHOLE_SUFFIXES) or start > size:
+            start = 0
+        elif start == size:
+            continue
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(SYNC_CHUNK)
+        files[path.name] = {"from": start, "data": base64.b64encode(data).decode()}
+    return {"live": is_live(directory), "files": files}
+
+
+def record_on_head(run: str) -> Path:
+    """The run's record directory under the head's supervisor home (made or not)."""
+    contract = Path(os.environ[LOCAL_HOME_ENV]) / CONTRACT_NAME
+    return RunRecord.of(load_cluster(str(contract)), run).directory
+
+
+def head_main(argv: list[str]) -> int:
+    """The head's side: `python -m launcher.head_node start|sync|interrupt ...` (JSON on stdout)."""
+    command = argv[0]
+    try:
+        if command == "start":
+            answer: object = start_on_head(json.loads(sys.stdin.read()))
+        elif command == "sync":
+            answer = sync_on_head(record_on_head(argv[1]), json.loads(argv[2]))
+        elif command == "interrupt":
+            answer = interrupt(record_on_head(argv[1]))
+        else:
+            raise SystemExit(f"unknown command {command!r}")
+    except TaskError as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(answer))
+    return 0
+
+
+# ---- on the operator's machine ----------------------------------------------------------------------
+
+
+def head_command(cluster: Cluster, *args: str) -> str:
+    """A head_main command line on the head, run with the node environment and the staged code."""
+    site = site_of(cluster)
+    return (
+        f"cd {site.code_dir} && {LOCAL_HOME_ENV}={site.root}/{SUPERVISOR_HOME} PYTHONPATH={site.code_dir} "
+        f"{site.python} -m launcher.head_node {' '.join(shlex.quote(a) for a in args)}"
+    )
+
+
+class HeadWatch:
+    """The head's supervisor as the front end follows it: refresh() copies the head's record into this
+    machine's record directory (which state() then reads); live() and interrupt() ask the head."""
+
+    def __init__(self, cluster: Cluster, shell: Shell, local: Path, run: str):
+        self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
+        self.was_live = True
+        """What the last refresh found (True until one answered)."""
+        self.last_refresh = -REFRESH_S
+
+    def offsets(self) -> dict[str, int]:
+        try:
+            found = json.loads((self.local / SYNC_STATE_NAME).read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def refresh(self) -> None:
+        """Copy what the head's record gained since the last refresh; a head that does not answer leaves
+        the copy as it is (the next refresh tries again)."""
+        if self.was_live and time.monotonic() - self.last_refresh < REFRESH_S:
+            return
+        self.last_refresh = time.monotonic()
+        offsets = self.offsets()
+        try:
+            answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
+        except NodeError:
+            return
+        if not answer.ok:
+            return
+        found = json.loads(answer.stdout)
+        self.was_live = bool(found["live"])
+        self.local.mkdir(parents=True, exist_ok=True)
+        for name, part in found["files"].items():
+            data = base64.b64decode(part["data"])
+            if name.endswith(WHOLE_SUFFIXES):
+                temporary = self.local / f".{name}.sync"
+                temporary.write_bytes(data)
+                os.replace(temporary, self.local / name)
+            else:
+                with open(self.local / name, "ab") as f:  # this machine's lines (a lost terminal's) stay
+                    f.write(data)
+            offsets[name] = part["from"] + len(data)
+        temporary = self.local / f"{SYNC_STATE_NAME}.tmp"
+        temporary.write_text(json.dumps(offsets))
+        os.replace(temporary, self.local / SYNC_STATE_NAME)
+
+    def state(self) -> SupervisorState | None:
+        return read_state(self.local)
+
+    def live(self) -> bool:
+        return self.was_live
+
+    def interrupt(self) -> bool:
+        try:
+            answer = self.shell.run(head_command(self.cluster, "interrupt", self.run), timeout=SSH_TIMEOUT_S)
+        except NodeError:
+            return False
+        return answer.ok and answer.stdout.strip() == "true"
+
+    def where(self) -> str:
+        return f"on the head node {self.cluster.head.name}"
+
+    def close(self) -> None:
+        self.shell.close()
+
+
+def config_text(path: str | None) -> str | None:
+    """--config's text, to write on the head (None: no file, or none readable here: the head's checks
+    then name the path as given)."""
+    try:
+        return Path(path).expanduser().read_text() if path else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@dataclass(frozen=True)
+class HeadNode:
+    """A supervisor on the cluster's head node (rank 0's machine), running `entry` there."""
+
+    entry: str
+
+    def run_here(self, request: TrainRequest) -> int:
+        """A dry run: the lifecycle in this process (nothing starts, nothing to supervise)."""
+        from launcher.supervised import entry_function
+
+        return entry_function(self.entry)(request)
+
+    def launch(self, request: TrainRequest, cluster: Cluster, local: Path) -> HeadWatch:
+        """The head made ready (environment, cluster key, the launcher staged), then the run's lock taken
+        and its supervisor started there; its watch."""
+        from launcher.session import Session
+        from launcher.setup.nodes import distribute_keys, ensure_ready
+
+        session = Session.open(cluster, (cluster.head,), request.dataset)
+        try:
+            ensure_ready(session)
+            distribute_keys(session)
+            spec = {
+                "entry": self.entry,
+                "request": dataclasses.asdict(request),
+                "contract": head_contract(contract_of(cluster), cluster),
+                "program": sys.argv[0],
+                "config_text": config_text(request.config),
+            }
+            shell = session.shell(cluster.head)
+            answer = shell.run(head_command(cluster, "start"), stdin=json.dumps(spec).encode(), timeout=SSH_TIMEOUT_S)
+        except BaseException:
+            session.close()
+            raise
+        if not answer.ok:
+            session.close()
+            lines = answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"]
+            if answer.returncode == 1 and len(lines) == 1:  # the lock's refusal: one line, as on this machine
+                raise TaskError(lines[0])
+            fix = ""
+            if "ModuleNotFoundError" in lines[-1]:  # a node environment from before the supervisor moved there
+                fix = f": `{command_line('setup', cluster=cluster.spec)}` installs what it needs"
+            raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}{fix}")
+        state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
+        return HeadWatch(cluster, shell, local, request.run)
+
+    def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
+        """An existing run's watch (`attach`, `status`): a connection to the head."""
+        from launcher.transport.connect import connect
+
+        try:
+            shells = connect(cluster, (cluster.head,))
+        except NodeError as e:
+            raise TaskError(str(e)) from None
+        return HeadWatch(cluster, shells[cluster.head.index], local, run)
+
+
+if __name__ == "__main__":
+    sys.exit(head_main(sys.argv[1:]))

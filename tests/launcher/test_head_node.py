@@ -1,0 +1,204 @@
+"""The supervisor on a VM cluster's head node apart from real nodes: where each cluster's supervisor runs,
+the contract the head reads, what is staged there, and the head's side (launcher.head_node's start,
+sync and interrupt) run here with a real supervisor process on a fake lifecycle (supervised_fakes),
+reached through a shell that runs the head's commands in this process: the front end (launcher.follow)
+follows it through HeadWatch, and this machine's record becomes a copy of the head's."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launcher import follow
+from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.console import OPERATOR_CLUSTER_ENV, command_line
+from launcher.head_node import (
+    SYNC_STATE_NAME,
+    HeadNode,
+    HeadWatch,
+    contract_of,
+    head_contract,
+    head_main,
+    start_on_head,
+    sync_on_head,
+)
+from launcher.launch.supervisor import ENDED, LOCK_NAME, AlreadySupervised, is_live, read_state
+from launcher.lifecycle import TrainRequest
+from launcher.setup.nodes import code_files
+from launcher.supervised import ThisMachine
+from launcher.terminal import LOG_NAME
+from launcher.train import supervision
+from launcher.transport import Result, Shell
+
+FAKES = "tests.launcher.supervised_fakes"
+
+
+def test_the_local_cluster_is_supervised_here_and_machines_over_ssh_on_their_head(contract, local_home):
+    assert isinstance(supervision(local_cluster(2)), ThisMachine)
+    assert isinstance(supervision(parse_contract(contract, "c.json")), HeadNode)
+
+
+def test_the_head_reads_the_same_cluster_reaching_itself_at_its_private_address(contract):
+    cluster = parse_contract(contract, "c.json")
+    seen = parse_contract(head_contract(contract_of(cluster), cluster), "head")
+    assert seen.head_public_ip == cluster.head.private_ip
+    assert replace(seen, source="c.json", head_public_ip=cluster.head_public_ip) == cluster
+
+
+def test_the_launcher_and_node_scripts_are_staged_beside_model():
+    names = {path.relative_to(path.parents[len(path.parents) - 1]).as_posix() for path in code_files()}
+    staged = {"/".join(Path(name).parts[-2:]) for name in names}
+    assert {"model/train.py", "launcher/head_node.py", "launcher/quickstart.yaml", "node/unit_identity.sh"} <= staged
+    assert not any("__pycache__" in name for name in names)
+
+
+class HeadShell(Shell):
+    """The head's commands (head_node.head_command) run in this process, with the head's home."""
+
+    def __init__(self, home: Path, monkeypatch):
+        self.home, self.monkeypatch = home, monkeypatch
+        self.calls = 0
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        self.calls += 1
+        args = shlex.split(command.split("-m launcher.head_node ", 1)[1])
+        out, err = io.StringIO(), io.StringIO()
+        with self.monkeypatch.context() as m:
+            m.setenv("NANOCLUSTER_HOME", str(self.home))
+            m.setattr("sys.stdin", io.StringIO(stdin.decode()))
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = head_main(args)
+        return Result(code, out.getvalue(), err.getvalue())
+
+    def close(self) -> None:
+        pass
+
+
+def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -> Path:
+    """A supervisor for run started as the front end starts one on the head; the head's record directory."""
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(head))
+    directory = head / "clusters" / contract["cluster_name"] / "runs" / run
+    monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
+    spec = {
+        "entry": f"{FAKES}:{entry}",
+        "request": {**TrainRequest("ops.json", run=run, config="/operator/only.yaml").__dict__, "recover": {}},
+        "contract": contract,
+        "program": "fab",
+        "config_text": "max_iters: 3\n",
+    }
+    monkeypatch.delenv(OPERATOR_CLUSTER_ENV, raising=False)  # start_on_head sets it for its supervisor
+    monkeypatch.setattr("sys.argv", list(sys.argv))  # and names the operator's program in sys.argv[0]
+    started = start_on_head(spec)
+    assert Path(started["directory"]) == directory
+    assert command_line("setup", cluster=str(head / "cluster.json")) == "fab setup --cluster ops.json"
+    monkeypatch.delenv("NANOCLUSTER_HOME")
+    monkeypatch.delenv(OPERATOR_CLUSTER_ENV)
+    return directory
+
+
+def synced_until_ended(watch: HeadWatch) -> None:
+    deadline = time.monotonic() + 60
+    while (state := watch.state()) is None or state.phase != ENDED or watch.live():
+        assert time.monotonic() < deadline, "the head's supervisor did not end"
+        watch.refresh()
+        time.sleep(0.1)
+
+
+def test_the_front_end_follows_the_heads_supervisor_and_this_machine_gets_its_record(
+    tmp_path, contract, monkeypatch, capsys
+):
+    head, local = tmp_path / "head", tmp_path / "local" / "runs" / "r"
+    local.mkdir(parents=True)
+    directory = start(head, contract, "finishes", monkeypatch)
+    assert (head / "configs" / "r.yaml").read_text() == "max_iters: 3\n"  # --config's text went along
+    shell = HeadShell(head, monkeypatch)
+    watch = HeadWatch(parse_contract(contract, "c.json"), shell, local, "r")
+    assert follow.follow(local, 0, TrainRequest(None, run="r"), None, watch) == 0
+    assert "training run r\ndone in 1 s: iter 3\n" in capsys.readouterr().out
+    synced_until_ended(watch)
+    assert (local / LOG_NAME).read_bytes() == (directory / LOG_NAME).read_bytes()
+    assert read_state(local) == read_state(directory) and read_state(local).exit_code == 0
+    assert not (local / LOCK_NAME).exists() and (local / SYNC_STATE_NAME).exists()
+    # attach afterwards: the end line from the synced record, and its status.
+    assert follow.attach_directory(local, None, "r", watch) == 0
+    assert capsys.readouterr().out == "done in 1 s: iter 3\n"
+
+
+def test_a_second_start_of_a_live_run_is_refused_and_ctrl_c_reaches_the_heads_supervisor(
+    tmp_path, contract, monkeypatch, capsys
+):
+    head, local = tmp_path / "head", tmp_path / "local" / "runs" / "r"
+    local.mkdir(parents=True)
+    directory = start(head, contract, "until_interrupted", monkeypatch)
+    try:
+        with pytest.raises(AlreadySupervised, match=r"^run r is already running \(supervisor pid \d+\); follow it"):
+            start(head, contract, "until_interrupted", monkeypatch)
+        shell = HeadShell(head, monkeypatch)
+        watch = HeadWatch(parse_contract(contract, "c.json"), shell, local, "r")
+        # --detach: back once the launch event reached this machine's record.
+        assert follow.follow(local, 0, TrainRequest(None, run="r"), 0, watch) == 0
+        assert watch.live() and is_live(directory) and not is_live(local)
+        assert watch.interrupt()  # Ctrl-C of a front end: SIGINT to the head's supervisor
+        assert follow.follow(local, 0, TrainRequest(None, run="r"), None, watch) == 130
+        assert "interrupted at iter 3" in capsys.readouterr().err
+    finally:
+        state = read_state(directory)
+        if state is not None and is_live(directory):
+            os.kill(state.pid, signal.SIGKILL)
+
+
+def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_whole(tmp_path, contract, monkeypatch):
+    head, local = tmp_path / "head", tmp_path / "local"
+    directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
+    directory.mkdir(parents=True)
+    (head / "cluster.json").write_text(json.dumps(contract))
+    (directory / "train.log").write_text("one\n")
+    (directory / "supervisor.json").write_text('{"pid": 1, "phase": "starting"}')
+    (directory / LOCK_NAME).touch()
+    watch = HeadWatch(parse_contract(contract, "c.json"), HeadShell(head, monkeypatch), local, "r")
+    watch.refresh()
+    assert (local / "train.log").read_text() == "one\n" and not (local / LOCK_NAME).exists()
+    with open(local / "train.log", "a") as f:
+        f.write("this machine's own line\n")  # a lost terminal's output moved to the log
+    with open(directory / "train.log", "a") as f:
+        f.write("two\n")
+    (directory / "supervisor.json").write_text('{"pid": 1, "phase": "ended", "exit_code": 0}')
+    watch.was_live = False  # no wait between refreshes
+    watch.refresh()
+    assert (local / "train.log").read_text() == "one\nthis machine's own line\ntwo\n"
+    assert read_state(local).phase == ENDED
+    assert set(sync_on_head(directory, {"train.log": 8})["files"]) == {"supervisor.json"}  # the log: nothing new
+
+
+def test_a_run_whose_supervisor_on_the_head_is_live_is_listed_running_and_never_deleted(tmp_path):
+    from launcher.launch.supervisor import take_lock
+    from launcher.machine_runs import delete_command, list_command
+
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    record = tmp_path / "supervisor" / "clusters" / "lab" / "runs" / "r"
+    record.mkdir(parents=True)
+
+    def sh(command: str) -> str:
+        return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=True).stdout
+
+    lock = take_lock(record, "r", None)
+    try:
+        assert sh(list_command(str(tmp_path))).split()[4:] == ["running"]
+        assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@failed r its supervisor is running"
+        assert (tmp_path / "runs" / "r").is_dir() and record.is_dir()
+    finally:
+        os.close(lock)
+    assert sh(list_command(str(tmp_path))).split()[4:] == []
+    assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@deleted r"
+    assert not (tmp_path / "runs" / "r").exists() and not record.exists()  # the head's record of it too
