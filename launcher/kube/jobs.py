@@ -240,7 +240,6 @@ def stage(
     cluster: Cluster,
     run: str = "",
     run_files: dict[str, bytes] | None = None,
-    code: tuple[bytes, str] | None = None,
 ) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
@@ -248,11 +247,10 @@ def stage(
     mid-staging leaves it to the garbage collector. The venv is the CPU profile's, or on GPU nodes the
     cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
     (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
-    `fab setup`) never delete each other's. code: another
-    (archive, digest) than model/'s (the run's supervisor needs launcher/ too)."""
+    `fab setup`) never delete each other's."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
-    archive, code_sha = code or code_archive()
+    archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
     files = {"code.tar.gz": archive, "requirements.txt": requirements}
     placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):

@@ -31,12 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import io
 import json
 import secrets
 import sys
-import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +42,6 @@ from kubernetes import client
 from kubernetes.client import V1ConfigMap, V1Job
 from kubernetes.client.exceptions import ApiException
 
-import launcher
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
@@ -70,9 +66,6 @@ POLL_S = 1.0
 """How often the front end copies the record."""
 START_TIMEOUT_S = 600.0
 """How long the front end waits for the supervisor's pod to run (a node for it, the image)."""
-CODE_PACKAGES = ("model", "launcher")
-"""What the supervisor pod imports from the claim (launcher/ needs the node environment's kubernetes,
-fabric and rich clients)."""
 ROLE_RULES = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
@@ -134,23 +127,6 @@ def encode_cluster(cluster: Cluster) -> dict:
     data.pop("stack", None)
     data.pop("spec", None)
     return data
-
-
-def code_archive() -> tuple[bytes, str]:
-    """model/ and launcher/ as a tar (every file but caches), and the sha256 of their paths and contents."""
-    root = Path(launcher.__file__).resolve().parent.parent
-    digest, buffer = hashlib.sha256(), io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for package in CODE_PACKAGES:
-            for path in sorted(p for p in (root / package).rglob("*") if p.is_file()):
-                if "__pycache__" in path.parts or path.suffix == ".pyc":
-                    continue
-                name, data = path.relative_to(root).as_posix(), path.read_bytes()
-                digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-                info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), 0o644, 0
-                tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue(), digest.hexdigest()
 
 
 def pod_request(request: TrainRequest) -> dict:
@@ -255,8 +231,7 @@ class Supervisor:
         into pod); False when the pod could not be read (it ended, or the stream broke)."""
         listing = bytearray()
         script = (
-            f"cd {self.remote} 2>/dev/null || exit 0; "
-            'for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
+            f'cd {self.remote} 2>/dev/null || exit 0; for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
         )
         if not self.command(pod, script, listing.extend):
             return False
@@ -411,7 +386,7 @@ def train(request: TrainRequest) -> int:
     if existing is not None:
         supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
     files = {f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
-    staged = stage(api, cluster, request.run, files if request.config else {}, code=code_archive())
+    staged = stage(api, cluster, request.run, files if request.config else {})
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
     supervisor.create(request, staged.python, staged.code_dir)

@@ -47,7 +47,8 @@ def inline_nfs_objects() -> tuple[dict, dict]:
 def admits(expression: str, pod_volumes: list[dict]) -> bool:
     """The policy's CEL expression evaluated on a pod with these volumes (cel-python, as the API server's
     CEL would: has(), all() and matches() with an RE2-compatible pattern)."""
-    celpy = pytest.importorskip("celpy")
+    import celpy  # a dev dependency (the lock): imported here, so the file's other tests load without it
+
     environment = celpy.Environment()
     program = environment.program(environment.compile(expression))
     pod = {"spec": {"volumes": pod_volumes}} if pod_volumes else {"spec": {}}
