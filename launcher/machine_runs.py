@@ -39,7 +39,7 @@ def list_command(root: str) -> str:
         'if nc_running "$u"; then s="$s running"; '
         'elif [ -f "$u.exit" ]; then s="$s exit:$(cut -d\' \' -f1 "$u.exit")"; '
         'elif [ -f "$u.stopped" ]; then s="$s stopped"; else s="$s lost"; fi; done; '
-        f"{supervisor_held(root)} && s=\"$s running\"; "
+        f'{supervisor_held(root)} && s="$s running"; '
         'echo "@run $r ${kb:-0} ${t:-0}$s"; done'
     )
 
@@ -48,7 +48,7 @@ def supervisor_held(root: str) -> str:
     """A shell test: run $r's supervisor on this node (the head, launcher.head_node) holds its lock, so
     the run is live between its attempts too (a node without flock has no supervisor either)."""
     return (
-        f"{{ command -v flock >/dev/null && for l in {root}/{SUPERVISED_RECORDS}/\"$r\"/supervisor.lock; do "
+        f'{{ command -v flock >/dev/null && for l in {root}/{SUPERVISED_RECORDS}/"$r"/supervisor.lock; do '
         '[ -f "$l" ] && ! flock -n "$l" true && echo held; done; } | grep -q held'
     )
 
