@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from model.atomic import fsync_dir
@@ -91,9 +92,12 @@ class Rotation:
     """The writes that rotate (snapshot.pt, the side files); others (ckpt.pt) are replaced as before."""
 
 
-def save_rotating(payload: dict, path: Path, rotation: Rotation) -> None:
-    """Write payload to path as a snapshot of rotation.iteration, keeping the ones before it (see above)."""
+def save_rotating(
+    payload: dict, path: Path, rotation: Rotation, save: Callable[[dict, Path], None] | None = None
+) -> None:
+    """Write payload to path as a snapshot of rotation.iteration with save (default save_checkpoint:
+    atomic, with its digest), keeping the ones before it (see above)."""
     if rotation.keep > 1 and rotation.previous is not None and rotation.previous < rotation.iteration:
         set_aside(path, rotation.previous)
-    save_checkpoint(payload, path)
+    (save or save_checkpoint)(payload, path)
     prune(path, rotation.iteration, rotation.keep)

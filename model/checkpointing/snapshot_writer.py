@@ -85,7 +85,7 @@ class SnapshotWriter:
             for payload, path in writes:
                 started = time.perf_counter()
                 if rotation is not None and Path(path) in rotation.paths:
-                    save_rotating(payload, Path(path), rotation)
+                    save_rotating(payload, Path(path), rotation, save_checkpoint)
                 else:
                     save_checkpoint(payload, path)
                 log.info("wrote %s in the background (%.1f s)", Path(path), time.perf_counter() - started)
