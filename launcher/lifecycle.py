@@ -72,8 +72,9 @@ class TrainRequest:
     detach: bool = False
     """--detach: return once every rank has started; the run goes on under its supervisor."""
     rerun: str = ""
-    """The command that continues the run after Ctrl-C (the flags as given; default: the train
-    command with --cluster and --run)."""
+    """The command that continues the run after Ctrl-C or `stop` (the flags as given, --detach
+    included; default: the train command with --cluster and --run). At the budget the continue line
+    is the train command with --cluster, --run, --detach if given, and a larger --budget."""
 
     @property
     def rerun_command(self) -> str:
@@ -386,7 +387,8 @@ class Lifecycle:
         record = RunRecord.of(self.kind.cluster, request.run)  # read again: the attempts appended to it
         end = budget.ending(record, self.clock_start, ended_at, progress.iter, progress.stopped_at_budget, self.spend)
         self.ended = True
-        record.append("end", restarts=self.restarts, time=ended_at, **end.fields)
+        detached = dict(detach=True) if end.stopped and request.detach else {}  # its continue line keeps --detach
+        record.append("end", restarts=self.restarts, time=ended_at, **end.fields, **detached)
         self.kind.finish()
         if end.stopped:
             say(
@@ -397,6 +399,7 @@ class Lifecycle:
                     end.fields["iter"],
                     end.fields.get("max_iters"),
                     request.cluster_spec,
+                    request.detach,
                 )
             )
             return budget.BUDGET_EXIT

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from model.checkpointing import compressor_state
 from model.checkpointing.checkpoint import CheckpointError
+from model.checkpointing.retention import Rotation
 from model.checkpointing.snapshot_writer import SnapshotWriter, capture
 from model.checkpointing.start import read_start_state, restore_rng, rng_state
 from model.conventions import (
@@ -120,6 +121,10 @@ class Trainer:
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
         self.start_iter = start.iter_num if start.resumed_from else None
         self.start_compressor = start.compressor  # restored once DDP's buckets are in place (train())
+        # The iteration whose complete snapshot snapshot.pt (and the side files) hold, which the next
+        # write keeps with keep_snapshots > 1; None after healing from an older one (snapshot.pt unreadable).
+        resumed_newest = start.resumed_from is not None and Path(start.resumed_from).name == SNAPSHOT_NAME
+        self.snapshot_on_disk = start.iter_num if resumed_newest else None
 
         self.optimizer = zero.build_optimizer(self.raw_model, cfg, env.world_size)
         optimizer_state: Any = payload.pop("optimizer", None) if payload else None  # rank 0's, resuming
@@ -358,11 +363,14 @@ class Trainer:
         gathered = gather_on_rank0((rng_state(self.device), tag), self.env.world_size)
         self.snapshot_writer.wait()  # never two copies of the state in memory at once
         writes = []
+        rotating = {self.out_dir / SNAPSHOT_NAME}  # the files whose earlier versions keep_snapshots keeps
         if powersgd is not None:
             assert tag is not None
             self.compressor_copy = capture(powersgd.state_dict(), reuse=self.compressor_copy)
             side = compressor_state.side_payload(self.compressor_copy, tag, self.cfg, self.env.world_size)
-            writes.append((side, compressor_state.side_file(self.out_dir, self.env.rank, self.env.world_size)))
+            side_path = compressor_state.side_file(self.out_dir, self.env.rank, self.env.world_size)
+            writes.append((side, side_path))
+            rotating.add(side_path)
         optimizer_state = zero.optimizer_state_on_rank0(self.optimizer, self.is_rank0)
         if self.is_rank0:
             assert gathered is not None
@@ -379,8 +387,10 @@ class Trainer:
             writes.insert(0, (snapshot, self.out_dir / SNAPSHOT_NAME))
             if also_checkpoint:
                 writes.insert(1, (payload, self.out_dir / CKPT_NAME))
+        rotation = Rotation(self.iter_num, self.snapshot_on_disk, self.cfg.keep_snapshots, frozenset(rotating))
         if writes:
-            self.snapshot_writer.submit(writes)
+            self.snapshot_writer.submit(writes, rotation)
+        self.snapshot_on_disk = self.iter_num
 
     def resume_compressor(self) -> None:
         """On a resume with PowerSGD: its state from the snapshot's side files, or its warm-up afresh
@@ -390,7 +400,7 @@ class Trainer:
         if powersgd is None or self.start_iter is None:
             return
         compressor_state.restore(
-            powersgd, self.start_compressor, self.cfg, self.env.rank, self.env.world_size, self.device
+            powersgd, self.start_compressor, self.cfg, self.env.rank, self.env.world_size, self.device, self.start_iter
         )
 
     def wait_for_snapshot(self) -> None:

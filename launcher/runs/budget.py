@@ -367,11 +367,12 @@ def stopped_line(
     iteration: int | None,
     max_iters: int | None,
     cluster_spec: str | None = None,
+    detach: bool = False,
 ) -> str:
     """The run's last line when it stopped at its budget, with the command that continues it
-    (cluster_spec: --cluster as given)."""
+    (cluster_spec: --cluster as given; detach: it was started with --detach, and continues so)."""
     of = f" of max_iters {max_iters}" if max_iters else ""
-    train = command_line("train", cluster=cluster_spec, run=run)
+    train = command_line("train", cluster=cluster_spec, run=run, detach=detach)
     return (
         f"stopped at budget: spent ${spent:.2f} of ${budget:.2f} at iteration {iteration}{of}; to continue, rerun "
         f"`{train} --budget <more than {budget:.2f}>` with the same other flags: it resumes "
@@ -393,7 +394,11 @@ def status_lines(record: RunRecord, cluster_spec: str | None = None) -> list[str
             f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that would cross it)"
         ]
     if end.get("outcome") == "budget":
-        return [stopped_line(record.run, spent, budget, end.get("iter"), end.get("max_iters"), cluster_spec)]
+        return [
+            stopped_line(
+                record.run, spent, budget, end.get("iter"), end.get("max_iters"), cluster_spec, bool(end.get("detach"))
+            )
+        ]
     return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
 
 

@@ -16,7 +16,9 @@ resume restores the state only when every rank's file is there, intact, carries 
 recorded for that rank and was written with this world size and these PowerSGD settings; otherwise
 every rank starts PowerSGD afresh (its warm-up) and rank 0 says why in one line. The snapshot's
 validity is snapshot.pt's alone: a missing, stale or damaged side file costs the warm-up steps,
-never a wrong resume.
+never a wrong resume. With keep_snapshots > 1 each rank keeps its side files as the snapshots are kept
+(model.checkpointing.retention: powersgd.rank1-of2.iter40.pt beside snapshot.iter40.pt), and a resume
+looks for the one carrying the tag under both names: the newest, and the kept one of its iteration.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from model.checkpointing import retention
 from model.checkpointing.checkpoint import CheckpointError, verify_checkpoint
 from model.parallel.powersgd import PowerSGDState
 from model.settings.config import TrainConfig
@@ -66,9 +69,10 @@ def snapshot_entry(tags: list[str], cfg: TrainConfig) -> dict[str, Any]:
 
 
 def read_side_file(
-    recorded: dict[str, Any] | None, cfg: TrainConfig, rank: int, world_size: int
+    recorded: dict[str, Any] | None, cfg: TrainConfig, rank: int, world_size: int, iteration: int | None = None
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """This rank's saved state if it pairs with the snapshot's record, else None and why not."""
+    """This rank's saved state if it pairs with the snapshot's record (the snapshot of iteration),
+    else None and why not."""
     if recorded is None or recorded.get("kind") != KIND:
         return None, "the snapshot holds no PowerSGD state (its run did not use powersgd, or predates saving it)"
     if recorded["world_size"] != world_size:
@@ -77,16 +81,24 @@ def read_side_file(
         ours = settings(cfg)
         return None, f"the snapshot's PowerSGD state was saved with {recorded['settings']}, this run has {ours}"
     path = side_file(cfg.out_dir, rank, world_size)
-    if not path.exists():
+    # The snapshot's side file is the newest one, or kept under its iteration's name (keep_snapshots):
+    # whichever carries its tag.
+    candidates = [path] + ([retention.kept_path(path, iteration)] if iteration is not None else [])
+    candidates = [p for p in candidates if p.exists()]
+    if not candidates:
         return None, f"rank {rank} has no {path.name} in {path.parent}"
-    try:
-        verify_checkpoint(path)
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (CheckpointError, OSError, RuntimeError) as e:
-        return None, f"rank {rank}: {path.name} is unreadable ({e})"
-    if payload.get("tag") != recorded["tags"][rank]:
-        return None, f"rank {rank}: {path.name} was written with another snapshot than snapshot.pt"
-    return payload["state"], None
+    problem = ""
+    for candidate in candidates:
+        try:
+            verify_checkpoint(candidate)
+            payload = torch.load(candidate, map_location="cpu", weights_only=True)
+        except (CheckpointError, OSError, RuntimeError) as e:
+            problem = problem or f"rank {rank}: {candidate.name} is unreadable ({e})"
+            continue
+        if payload.get("tag") == recorded["tags"][rank]:
+            return payload["state"], None
+        problem = problem or f"rank {rank}: {candidate.name} was written with another snapshot than the one resumed"
+    return None, problem
 
 
 def restore(
@@ -96,12 +108,13 @@ def restore(
     rank: int,
     world_size: int,
     device: torch.device,
+    iteration: int | None = None,
 ) -> bool:
     """On a resume: every rank loads its side file into state, or, when any rank cannot, every rank
     keeps state as it is (PowerSGD's warm-up) and rank 0 logs why in one line. A collective (the
     ranks must agree: the Qs are the same on every rank and the warm-up sets the collectives' count).
     Returns whether the state was restored."""
-    saved, problem = read_side_file(recorded, cfg, rank, world_size)
+    saved, problem = read_side_file(recorded, cfg, rank, world_size, iteration)
     problems: list[str | None] = [None] * world_size
     dist.all_gather_object(problems, problem)
     first = next((p for p in problems if p is not None), None)

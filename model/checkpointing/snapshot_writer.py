@@ -9,7 +9,8 @@ write. One write at a time: a new submit first waits for the previous write, so 
 race for the same file and at most one extra copy of the state is held. A process killed mid-write
 leaves the previous snapshot as it was (the rename never happened). wait() returns once the last
 write is on disk and re-raises its error, so a failed write is never silent; the trainer calls it
-before every exit.
+before every exit. With keep_snapshots > 1 the writes of snapshot.pt and the side files keep the
+snapshots before them (model.checkpointing.retention), in the same thread and order.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from model.checkpointing.checkpoint import save_checkpoint
+from model.checkpointing.retention import Rotation, save_rotating
 
 log = logging.getLogger("model.checkpointing.snapshot_writer")
 
@@ -66,19 +68,26 @@ class SnapshotWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def submit(self, writes: Sequence[tuple[dict[str, Any], str | os.PathLike]]) -> None:
-        """Write each payload to its path, in order, in the background. The payloads must be
-        captured copies (capture): the caller goes on changing the live state. Waits for the
-        previous submission first (and raises its error, if it failed)."""
+    def submit(
+        self, writes: Sequence[tuple[dict[str, Any], str | os.PathLike]], rotation: Rotation | None = None
+    ) -> None:
+        """Write each payload to its path, in order, in the background; the paths in rotation keep
+        the snapshots before them. The payloads must be captured copies (capture): the caller goes on
+        changing the live state. Waits for the previous submission first (and raises its error, if it failed)."""
         self.wait()
-        self._thread = threading.Thread(target=self._write, args=(list(writes),), name="snapshot-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._write, args=(list(writes), rotation), name="snapshot-writer", daemon=True
+        )
         self._thread.start()
 
-    def _write(self, writes: list[tuple[dict[str, Any], str | os.PathLike]]) -> None:
+    def _write(self, writes: list[tuple[dict[str, Any], str | os.PathLike]], rotation: Rotation | None) -> None:
         try:
             for payload, path in writes:
                 started = time.perf_counter()
-                save_checkpoint(payload, path)
+                if rotation is not None and Path(path) in rotation.paths:
+                    save_rotating(payload, Path(path), rotation, save_checkpoint)
+                else:
+                    save_checkpoint(payload, path)
                 log.info("wrote %s in the background (%.1f s)", Path(path), time.perf_counter() - started)
         except BaseException as e:  # handed to the thread that waits
             self._error = e

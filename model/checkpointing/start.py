@@ -1,5 +1,8 @@
 """Where a run starts from: the snapshot in out_dir (resume), pretrained weights, or scratch.
 
+A resume takes the newest snapshot that is complete and intact: snapshot.pt, else with keep_snapshots
+the older ones kept beside it (model.checkpointing.retention), newest first.
+
 Rank 0 alone decides and reads (only the head node needs the run directory and the network); every
 rank receives what it found as a StartState, and rank 0 also keeps the tensors it read (the model's
 weights, and on a resume the optimizer's state) to hand over through the process group.
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch
 
-from model.checkpointing import hf
+from model.checkpointing import hf, retention
 from model.checkpointing.checkpoint import CheckpointError, load_checkpoint
 from model.conventions import CKPT_NAME, LAUNCHER_ENV, SNAPSHOT_NAME
 from model.gpt.model import GPT, GPTConfig
@@ -130,20 +133,40 @@ def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, An
     return snap_global // per_accumulation
 
 
+def newest_intact_snapshot(out_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest snapshot in out_dir that loads, and its payload: snapshot.pt, else the kept ones
+    newest first (keep_snapshots; each one passed over is logged); None when there is none. When there
+    are snapshots and none loads, the newest one's CheckpointError."""
+    candidates = retention.newest_first(out_dir / SNAPSHOT_NAME)
+    first_error: CheckpointError | None = None
+    for index, snapshot in enumerate(candidates):
+        try:
+            payload = load_checkpoint(snapshot)
+        except CheckpointError as e:
+            first_error = first_error or e
+            if index + 1 < len(candidates):
+                log.warning("%s; trying the one before it, %s", e, candidates[index + 1].name)
+            continue
+        if snapshot != candidates[0]:
+            log.warning("resuming from the older snapshot %s: the newer ones are unreadable (above)", snapshot.name)
+        return snapshot, payload
+    if first_error is None:
+        return None
+    older = " and every older one kept" if len(candidates) > 1 else ""
+    raise CheckpointError(
+        f"{first_error}{older}. Delete it (or choose {new_run_knob()}) to start over; {CKPT_NAME} next "
+        "to it holds the best weights so far"
+    )
+
+
 def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[str, Any] | None]:
     """Every rank: the StartState; rank 0 also gets the tensors it read ("model", "optimizer"), if any."""
     payload_box: dict[str, Any] = {}
 
     def read() -> StartState:
-        snapshot = Path(cfg.out_dir) / SNAPSHOT_NAME
-        if snapshot.exists():
-            try:
-                payload = load_checkpoint(snapshot)
-            except CheckpointError as e:
-                raise CheckpointError(
-                    f"{e}. Delete it (or choose {new_run_knob()}) to start over; {CKPT_NAME} next "
-                    "to it holds the best weights so far"
-                ) from None
+        found = newest_intact_snapshot(Path(cfg.out_dir))
+        if found is not None:
+            snapshot, payload = found
             check_resumable(cfg, payload["config"])
             payload_box.update(payload)
             return StartState(

@@ -115,6 +115,12 @@ class TrainConfig:
     # --- evaluation, logging, checkpoints -------------------------------------------------------
     eval_interval: int = 50
     """Evaluate train/val loss (and write snapshot.pt) every this many steps, and at the last step."""
+    keep_snapshots: int = 1
+    """Snapshots kept in out_dir, the newest (snapshot.pt) included: the older ones are named by their
+    iteration (snapshot.iter40.pt, and PowerSGD's side files likewise), and the oldest beyond this is
+    deleted once the new one is complete on disk. A resume takes the newest one that is intact, so with
+    2 or more a damaged snapshot.pt costs the steps since the one before it instead of the run
+    (model.checkpointing.retention). Each kept snapshot takes the disk of one (GPT-2 small: 1.5 GB)."""
     eval_iters: int = 20
     """Batches per split averaged for an evaluation."""
     log_interval: int = 10
@@ -241,6 +247,7 @@ class TrainConfig:
             ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
             ("grad_clip", self.grad_clip >= 0, ">= 0 (0 disables clipping)"),
             ("eval_interval", self.eval_interval >= 1, ">= 1"),
+            ("keep_snapshots", self.keep_snapshots >= 1, ">= 1 (1 keeps snapshot.pt alone, as the newest)"),
             ("eval_iters", self.eval_iters >= 1, ">= 1"),
             ("log_interval", self.log_interval >= 1, ">= 1"),
             ("peak_flops", self.peak_flops >= 0, ">= 0 (0 measures it)"),

@@ -332,3 +332,21 @@ def test_a_run_between_attempts_under_its_supervisor_is_restarting_and_neither_p
     finally:
         os.close(lock)
     assert rows(task("runs").out)["crashed"][0] == "failed"  # the supervisor gone: the ranks' own state
+
+
+def test_runs_and_rm_count_the_snapshots_keep_snapshots_keeps(local, local_home, task):
+    # keep_snapshots=3 (model.checkpointing.retention): snapshot.pt and two older ones named by iteration,
+    # PowerSGD's side files kept with them, and one hard link that a write in progress left (counted once).
+    cluster, shell, _ = local
+    directory = make_run(shell, "kept", {"rank0": "exit 0\n"}, size=MB)
+    for name in ("snapshot.iter40.pt", "snapshot.iter30.pt", "powersgd.rank0-of1.iter40.pt"):
+        (directory / name).write_bytes(b"\1" * MB)
+    (directory / "powersgd.rank0-of1.pt").hardlink_to(directory / "powersgd.rank0-of1.iter40.pt")
+    record(cluster, "kept", "finished")
+    wait_exited(shell, "kept", ["rank0"])
+    on_cluster = rows(task("runs").out)["kept"][4]
+    assert on_cluster.startswith("4.") and on_cluster.endswith(" MB"), on_cluster
+    ran = task("rm", "kept")
+    assert ran.code == 0, ran.err
+    assert not directory.exists()
+    assert "deleted run kept on local0 and its record here: freed 4." in ran.out
