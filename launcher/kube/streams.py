@@ -151,9 +151,11 @@ def follow_log(
     container: str,
     tail_lines: int | None = None,
     follow: bool = True,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> None:
     """Hand each line of the pod's log to on_line once, following it until the container ends (follow),
-    reopened after a cut (module doc). ApiException (the pod refused, forbidden) is the caller's."""
+    reopened after a cut (module doc), never once stopped() (its reader has gone). ApiException (the pod
+    refused, forbidden) is the caller's."""
     cursor = LogCursor()
     reconnects = Reconnects(f"the log of {pod}")
     final = not follow
@@ -184,6 +186,8 @@ def follow_log(
         except (HTTPError, OSError) as e:
             why = type(e).__name__
         cursor.reopened()
+        if stopped():
+            return
         if not why:
             if final:
                 return
@@ -206,9 +210,11 @@ def follow_file(
     on_line: Callable[[str], None],
     container: str,
     running: Callable[[], bool],
+    stopped: Callable[[], bool] = lambda: False,
 ) -> None:
     """Hand each complete line of a file in the pod to on_line once, through `tail -F` in an exec stream,
-    reopened at the offset after the last complete line when the stream ends while running() (module doc).
+    reopened at the offset after the last complete line when the stream ends while running() and not
+    stopped() (module doc).
     Each stream is on a client of its own (Api.exec_core), which loads the kubeconfig anew."""
     offset = 0
     reconnects = Reconnects(f"{path} in {pod}")
@@ -228,7 +234,7 @@ def follow_file(
                 on_line(line)
         except Exception as e:  # the client turns a refused upgrade (401, 5xx) into ApiException(status=0)
             why = f"{type(e).__name__}: {e}".splitlines()[0][:160]
-        if not running():
+        if stopped() or not running():
             return
         if not reconnects.again(why or "the stream ended while the pod runs", f"at byte {offset}"):
             return

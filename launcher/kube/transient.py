@@ -19,8 +19,10 @@ puts on each object it creates.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
 from kubernetes import client
@@ -43,6 +45,25 @@ timeout, retried, never a `fab train` that hangs."""
 STREAMING = ("follow=true", "watch=true")
 
 
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def abandoned_when(predicate: Callable[[], bool]) -> Iterator[None]:
+    """Requests this thread makes while predicate() holds are not retried: a stream follower whose run
+    watch has ended, which nobody reads any more, neither waits out the window nor says a line."""
+    _thread.abandoned = predicate
+    try:
+        yield
+    finally:
+        _thread.abandoned = None
+
+
+def abandoned() -> bool:
+    predicate = getattr(_thread, "abandoned", None)
+    return bool(predicate and predicate())
+
+
 class Backoff:
     """The retries of one request: the next wait, and whether the window allows one more."""
 
@@ -53,7 +74,10 @@ class Backoff:
         self.tries = 0
 
     def wait(self, why: str, retry_after: str | None) -> bool:
-        """Sleep before the next try and say so; False (no sleep) when the window is spent."""
+        """Sleep before the next try and say so; False (no sleep) when the window is spent, or when this
+        thread's requests are abandoned (abandoned_when)."""
+        if abandoned():
+            return False
         wait_s = min(self.next_s, MAX_BACKOFF_S)
         if retry_after and retry_after.strip().isdigit():
             wait_s = max(float(retry_after), 0.0)
@@ -67,7 +91,7 @@ class Backoff:
         )
         self.sleep(wait_s)
         self.next_s *= 2
-        return True
+        return not abandoned()
 
 
 def request_what(method: str, url: str) -> str:

@@ -31,7 +31,7 @@ from kubernetes.client import V1Pod
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.kube_contract import GPU_RESOURCE
-from launcher.kube import pod_start, streams
+from launcher.kube import pod_start, streams, transient
 from launcher.kube.api import Api, labels_of, name_of
 from launcher.kube.jobs import exit_code, job_pods
 from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
@@ -135,6 +135,8 @@ class PodWatch:
         self.progress = Progress()
         self.tails: dict[int, deque[str]] = {}
         self.followed: set[str] = set()
+        self.ended = threading.Event()
+        """Set when the watch ends: its stream followers then stop (no reopening, no retry, no line)."""
         self.print_lock = threading.Lock()
         self.metrics_started = False
         self.starting = StartWatch(api, self.emit, bounds or pod_start.BOUNDS)
@@ -158,12 +160,14 @@ class PodWatch:
         tail = self.tails.setdefault(rank_of(pod), deque(maxlen=TAIL_LINES))
 
         def on_line(line: str) -> None:
-            tail.append(line)
-            self.emit(unit.label(line))
+            if not self.ended.is_set():
+                tail.append(line)
+                self.emit(unit.label(line))
 
         def follow() -> None:
-            with contextlib.suppress(Exception):  # the pod went away: its failure is seen by the poll
-                streams.follow_log(self.api, name_of(pod), on_line, container=CONTAINER)
+            # the pod went away: its failure is seen by the poll
+            with contextlib.suppress(Exception), transient.abandoned_when(self.ended.is_set):
+                streams.follow_log(self.api, name_of(pod), on_line, container=CONTAINER, stopped=self.ended.is_set)
 
         threading.Thread(target=follow, daemon=True).start()
 
@@ -187,8 +191,8 @@ class PodWatch:
                 return False
 
         def follow() -> None:
-            with contextlib.suppress(Exception):
-                streams.follow_file(self.api, name_of(pod), path, on_line, CONTAINER, running)
+            with contextlib.suppress(Exception), transient.abandoned_when(self.ended.is_set):
+                streams.follow_file(self.api, name_of(pod), path, on_line, CONTAINER, running, self.ended.is_set)
             self.recorder.stream_ended()
 
         threading.Thread(target=follow, daemon=True).start()
@@ -239,6 +243,7 @@ class PodWatch:
             if not self.metrics_started:
                 self.recorder.stream_ended()  # nothing to wait for: rank 0 never ran
             self.recorder.close()
+            self.ended.set()
 
     def end_if_stopped(self) -> None:
         """RunStopped once the pods ended, when an operator's stop asked for the end; else nothing."""

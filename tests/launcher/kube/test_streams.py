@@ -135,3 +135,35 @@ def test_a_credential_refused_again_after_the_reload_ends_in_one_line(fake, cont
     assert len(ran.error_lines) == 1
     assert "the API server refused the kubeconfig's credentials (401)" in ran.error_lines[0]
     assert len(fake.faults.refused) == 2  # the request, and its one retry
+
+
+def test_a_follower_whose_watch_has_ended_neither_reopens_nor_retries_nor_says_a_line(capsys):
+    """A run's watch that ended (its attempt failed, Ctrl-C) leaves follower threads behind; with the API
+    server gone they must not retry for the whole window, each retry a line in whatever runs next (a
+    restart's output, the supervisor's log)."""
+    ended = False
+    calls = []
+
+    class GoneServer:
+        namespace = "nanocluster"
+
+        class core:  # the shape of Api.core
+            @staticmethod
+            def read_namespaced_pod_log(*args, **kwargs):
+                calls.append("log")
+                raise ConnectionResetError("the server went away")
+
+    def retried_request() -> bool:
+        backoff = transient.Backoff("GET /api/v1/namespaces/nanocluster/pods/p", 300.0, sleep=lambda s: None)
+        return backoff.wait("did not answer (NewConnectionError)", None)
+
+    with transient.abandoned_when(lambda: ended):
+        assert retried_request()  # the watch lives: retried, with its line
+        ended = True
+        assert not retried_request()
+        streams.follow_log(GoneServer(), "p", print, container="trainer", stopped=lambda: ended)
+    assert transient.abandoned() is False  # only inside the follower's thread while it follows
+    assert calls == ["log"]  # one read, then no reopening
+    out = capsys.readouterr()
+    said = (out.out + out.err).splitlines()
+    assert len(said) == 1 and "retrying in" in said[0], said
