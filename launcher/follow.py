@@ -40,7 +40,7 @@ from types import FrameType
 from launcher.cluster.inventory import Cluster, cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
 from launcher.launch.supervisor import END_MARK, ENDED, LOCK_NAME, is_live, log_size, read_state, state_path
-from launcher.lifecycle import RunKind, TrainRequest
+from launcher.lifecycle import RunKind, TrainRequest, checked_here
 from launcher.runs.record import RunRecord, run_dir
 from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
@@ -67,6 +67,8 @@ def train(
     check_name(request.dataset, "dataset")
     with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
         kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
+    if not checked_here(request, kind):  # bad input refused before a supervisor or node is contacted
+        return 0
     place = supervision(kind.cluster)
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()

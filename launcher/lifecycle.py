@@ -20,6 +20,8 @@ Every event of the run is appended to its RunRecord on this machine, which `fab 
 from __future__ import annotations
 
 import contextlib
+import io
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,9 +207,10 @@ class Lifecycle:
         self.spend: budget.BudgetPlan | None = None
         """The budget's plan, with --budget."""
 
-    def train(self) -> int:
-        """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the
-        budget; a TaskError or Interrupted when it ended otherwise (recorded as such)."""
+    def prepare(self) -> Prepared | None:
+        """The checks made before any node or API is contacted (the recovery flags, the trainer config,
+        the budget's estimate) and what the run starts with; None when this machine's record shows
+        nothing left to train (its line said)."""
         request, kind = self.request, self.kind
         request.recover.check(len(kind.nodes))
         config = request.config
@@ -218,7 +221,7 @@ class Lifecycle:
         finished = already_finished(self.record, budget.max_iters_of(values), request.dataset, request.cluster_spec)
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
-            return 0
+            return None
         world = len(kind.nodes) * kind.cluster.ranks_per_node  # the ranks: one per GPU on GPU nodes
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
         self.spend = (
@@ -230,7 +233,15 @@ class Lifecycle:
         )
         self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
         spend_overrides = self.spend.overrides(self.clock_start) if self.spend else ()
-        prepared = Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides)
+        return Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides)
+
+    def train(self) -> int:
+        """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the
+        budget; a TaskError or Interrupted when it ended otherwise (recorded as such)."""
+        request, kind = self.request, self.kind
+        prepared = self.prepare()
+        if prepared is None:
+            return 0
         if request.dry_run:
             kind.dry_run(prepared)
             return 0
@@ -414,6 +425,23 @@ class Lifecycle:
             f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} ({sample}, {fetch})"
         )
         return 0
+
+
+def checked_here(request: TrainRequest, kind: RunKind) -> bool:
+    """The checks Lifecycle.prepare makes, for a front end whose supervisor runs elsewhere (the head
+    node, a pod), so bad input is refused here before anything starts: a refusal raises with the lines
+    said before it shown; their lines are otherwise left to the supervisor's output. False when the run
+    has nothing left to train (its line shown)."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            prepared = Lifecycle(request, kind).prepare()
+    except TaskError:
+        sys.stdout.write(said.getvalue())
+        raise
+    if prepared is None:
+        sys.stdout.write(said.getvalue())
+    return prepared is not None
 
 
 def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind]) -> int:

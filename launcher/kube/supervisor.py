@@ -55,9 +55,7 @@ from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, SupervisorState, log_size, read_state
-from launcher.lifecycle import TrainRequest
-from launcher.runs import budget
-from launcher.runs.estimate import already_finished
+from launcher.lifecycle import TrainRequest, checked_here
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME, outliving_the_terminal, real_descriptor
 from launcher.trainer_config import read_trainer_config
@@ -366,13 +364,10 @@ def train(request: TrainRequest) -> int:
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
     kind = kube_train.KubeRun.resolve(request)
-    config_text, _ = read_trainer_config(request.config, request.overrides)  # a bad config: one line here
-    values = budget.trainer_values(config_text, request.overrides)
-    record = RunRecord.of(kind.cluster, request.run)
-    finished = already_finished(record, budget.max_iters_of(values), request.dataset, request.cluster_spec)
-    if finished:  # known from this machine's record: nothing needs to start, as attached
-        say(finished)
+    if not checked_here(request, kind):  # bad input (the trainer config, the budget) refused here, nothing staged
         return 0
+    config_text, _ = read_trainer_config(request.config, request.overrides)
+    record = RunRecord.of(kind.cluster, request.run)
     api, cluster = connect(kind.cluster) if kind.api is None else (kind.api, kind.cluster)
     kind.api, kind.cluster = api, cluster
     supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
