@@ -199,10 +199,12 @@ ENTRY = "launcher.train:train"
 
 
 def supervision(cluster: Cluster) -> Supervision:
-    """Where a run on machines is supervised, the one place it is decided: on the local cluster this
-    machine, which is its head; on machines over SSH the head node (rank 0's machine), so the run
-    outlives the operator's machine (docs/launcher.md, "The supervisor, --detach and attach")."""
-    return ThisMachine(ENTRY) if cluster.is_local else HeadNode(ENTRY)
+    """Where a run on machines is supervised, the one place it is decided (docs/launcher.md, "The
+    supervisor, --detach and attach"): on machines from a contract file the head node (rank 0's
+    machine), so the run outlives the operator's machine; on the local cluster this machine, which is
+    its head; on a Pulumi stack this machine too, because reviving a preempted VM runs the stack's
+    `pulumi up` with the operator's cloud credentials, which the nodes must not hold."""
+    return HeadNode(ENTRY) if not cluster.is_local and cluster.stack is None else ThisMachine(ENTRY)
 
 
 def supervised_train(request: TrainRequest) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from launcher import follow
-from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.inventory import PulumiStack, local_cluster, parse_contract
 from launcher.console import OPERATOR_CLUSTER_ENV, command_line
 from launcher.head_node import (
     SYNC_STATE_NAME,
@@ -44,9 +44,14 @@ from launcher.transport import Result, Shell
 FAKES = "tests.launcher.supervised_fakes"
 
 
-def test_the_local_cluster_is_supervised_here_and_machines_over_ssh_on_their_head(contract, local_home):
+def test_a_contract_files_machines_are_supervised_on_their_head_the_local_cluster_and_a_stack_here(
+    contract, local_home
+):
     assert isinstance(supervision(local_cluster(2)), ThisMachine)
     assert isinstance(supervision(parse_contract(contract, "c.json")), HeadNode)
+    # a stack's supervisor revives a preempted VM with `pulumi up`: the operator's credentials, not the head's
+    stack = replace(parse_contract(contract, "stack dev"), stack=PulumiStack("dev", Path("infra")))
+    assert isinstance(supervision(stack), ThisMachine)
 
 
 def test_the_head_reads_the_same_cluster_reaching_itself_at_its_private_address(contract):

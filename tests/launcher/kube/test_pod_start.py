@@ -107,7 +107,7 @@ def test_an_image_pull_that_fails_is_given_a_grace(fake, contract_file, task, sc
 
 def test_container_creating_past_its_bound_names_the_latest_event(fake, contract_file, task, script, bounds):
     fake.seed()
-    bounds.creating_timeout_s = 0.4
+    bounds.creating_timeout_s = 3.0  # past the fake's Scheduled -> ContainerCreating step under CI's load
     script.stuck[(0, 0)] = "ContainerCreating"
     ran = train(task, contract_file, "c")
     assert ran.code == 1
