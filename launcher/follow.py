@@ -50,6 +50,13 @@ ATTACH_LINES = 20
 """Lines of the log `attach` shows of a live run before following it."""
 
 
+def runs_here(request: TrainRequest) -> bool:
+    """Whether `fab train` runs the lifecycle in its own process: a dry run starts nothing to supervise;
+    outputs captured in this process (a test, a program that embeds the tasks) see it run here, as
+    launcher.terminal leaves such outputs alone."""
+    return request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2)))
+
+
 def train(
     request: TrainRequest,
     resolve: Callable[[TrainRequest], RunKind],
@@ -58,10 +65,7 @@ def train(
 ) -> int:
     """`fab train` through the supervisor its cluster has (supervision): its exit status (the last line
     printed here). run_here: the lifecycle in this process."""
-    # A dry run starts nothing to supervise; outputs captured in this process (a test, a program that
-    # embeds the tasks) see the lifecycle run here, as launcher.terminal leaves such outputs alone.
-    captured = not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2)))
-    if request.dry_run or captured:
+    if runs_here(request):
         return run_here(request)
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")

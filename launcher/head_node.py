@@ -37,6 +37,7 @@ from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,
     SupervisorState,
+    copy_part,
     interrupt,
     is_live,
     log_size,
@@ -232,13 +233,7 @@ class HeadWatch:
         self.local.mkdir(parents=True, exist_ok=True)
         for name, part in found["files"].items():
             data = base64.b64decode(part["data"])
-            if name.endswith(WHOLE_SUFFIXES):
-                temporary = self.local / f".{name}.sync"
-                temporary.write_bytes(data)
-                os.replace(temporary, self.local / name)
-            else:
-                with open(self.local / name, "ab") as f:  # this machine's lines (a lost terminal's) stay
-                    f.write(data)
+            copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
             offsets[name] = part["from"] + len(data)
         temporary = self.local / f"{SYNC_STATE_NAME}.tmp"
         temporary.write_text(json.dumps(offsets))

@@ -235,12 +235,7 @@ class Staged:
     """model/ by its digest, <store>/code-<code digest>: the trainer's PYTHONPATH."""
 
 
-def stage(
-    api: Api,
-    cluster: Cluster,
-    run: str = "",
-    run_files: dict[str, bytes] | None = None,
-) -> Staged:
+def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
     ends, and owned by the Job (created suspended until the ConfigMap exists): a launcher that dies

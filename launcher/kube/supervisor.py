@@ -45,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
-from launcher.follow import LogCopy, end_line, launch_count, tail_offset, terminated_as_interrupted
+from launcher.follow import LogCopy, end_line, launch_count, runs_here, tail_offset, terminated_as_interrupted
 from launcher.kube import objects, volume
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, connect, name_of
@@ -54,10 +54,10 @@ from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage
 from launcher.kube.pod_exec import open_exec, run_command
-from launcher.launch.supervisor import ENDED, SupervisorState, log_size, read_state
+from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state
 from launcher.lifecycle import TrainRequest, checked_here
 from launcher.runs.record import RunRecord
-from launcher.terminal import LOG_NAME, outliving_the_terminal, real_descriptor
+from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 
 POLL_S = 1.0
@@ -247,13 +247,7 @@ class Supervisor:
             script = f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}"
             if not self.command(pod, script, data.extend):
                 return False
-            if whole:
-                temporary = local / f".{name}.sync"
-                temporary.write_bytes(bytes(data))
-                temporary.replace(local / name)
-            else:
-                with open(local / name, "ab") as f:
-                    f.write(bytes(data))
+            copy_part(local, name, bytes(data), whole)
             self.synced[name] = [start + len(data), log_size(local / name)]
             (local / SYNC_NAME).write_text(json.dumps(self.synced))
         return True
@@ -359,7 +353,7 @@ def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> 
 
 def train(request: TrainRequest) -> int:
     """`fab train` on Kubernetes: the run under its supervisor in the cluster, followed from here."""
-    if request.dry_run or not all(real_descriptor(s, fd) for s, fd in ((sys.stdout, 1), (sys.stderr, 2))):
+    if runs_here(request):
         return kube_train.train(request)
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")

@@ -124,6 +124,19 @@ def interrupt(directory: Path) -> bool:
     return True
 
 
+def copy_part(directory: Path, name: str, data: bytes, whole: bool) -> None:
+    """A part of a file of a run's record kept elsewhere (on the head, on the claim) into this machine's
+    copy: a file rewritten in place (supervisor.json) replaced at once, so a reader never sees half of
+    it; the others appended to (lines this machine wrote itself, a lost terminal's, stay)."""
+    if whole:
+        temporary = directory / f".{name}.sync"
+        temporary.write_bytes(data)
+        os.replace(temporary, directory / name)
+    else:
+        with open(directory / name, "ab") as f:
+            f.write(data)
+
+
 def log_size(log: Path) -> int:
     try:
         return log.stat().st_size
