@@ -8,7 +8,8 @@ key=value overrides change the trainer config (health.guard=false, ...).
 After --warmup steps (compilation) it profiles --steps steps and prints: the wall time per step, the
 GPU's busy time per step (the sum of its kernels: the rest is the GPU waiting for the host), and the
 --top kernels by GPU time, each with its share of the busy time, grouped into GEMMs, attention and
-the rest. Without a CUDA GPU it refuses in one line.
+the rest, then the --top operators by the GPU time of the kernels they launched, with their input
+shapes (which step a kernel belongs to). Without a CUDA GPU it refuses in one line.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def main() -> None:
             wall = (time.perf_counter() - started) / args.steps
     kernels: dict[str, float] = defaultdict(float)
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        # Ranges like "Optimizer.step#AdamW.step" also appear on the GPU's timeline: not kernels.
+        if event.device_type == torch.autograd.DeviceType.CUDA and "#" not in event.name:
             kernels[event.name] += event.device_time_total / 1e3 / args.steps  # us -> ms per step
     busy = sum(kernels.values())
     by_group: dict[str, float] = defaultdict(float)
@@ -176,6 +178,12 @@ def main() -> None:
     print("by group: " + ", ".join(f"{g} {ms:.1f} ms" for g, ms in sorted(by_group.items(), key=lambda x: -x[1])))
     for name, ms in sorted(kernels.items(), key=lambda x: -x[1])[: args.top]:
         print(f"{ms:8.2f} ms {100 * ms / busy:5.1f}%  {group_of(name):<9} {name[:110]}")
+    # The host-side operator that launched each kernel, with its input shapes: which step a kernel belongs to.
+    print("GPU time by the operator that launched it (self time, input shapes):")
+    ops = [op for op in prof.key_averages(group_by_input_shape=True) if op.self_device_time_total > 0]
+    for op in sorted(ops, key=lambda op: -op.self_device_time_total)[: args.top]:
+        ms = op.self_device_time_total / 1e3 / args.steps
+        print(f"{ms:8.2f} ms  x{op.count // args.steps:<4} {op.key[:60]:<60} {str(op.input_shapes)[:90]}")
 
 
 if __name__ == "__main__":

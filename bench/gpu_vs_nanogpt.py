@@ -21,7 +21,8 @@ two MFUs differ exactly as the tokens/s do; the peak is --peak-tflops, by defaul
 SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in one line.
 
 --diagnose adds the trainer with one thing changed, to tell what each is worth: without its per-step
-health work (health.interval=0 health.guard=false: no statistics, no step guard), and with Inductor's
+health work (health.interval=0 health.guard=false: no statistics, no step guard), with the plain loss
+(fused_loss=false: the logits, then F.cross_entropy, as nanoGPT computes it), and with Inductor's
 C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
 compile). A variant that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
 the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT
@@ -205,6 +206,8 @@ def compare(args: argparse.Namespace, work: Path) -> None:
 
 TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "nanocluster-bare": (["health.interval=0", "health.guard=false"], {}),
+    # The logits, then F.cross_entropy (torch.compile's kernels) instead of the fused Triton loss.
+    "nanocluster-plainloss": (["fused_loss=false"], {}),
     # Inductor's C++ wrapper launches the compiled kernels from C++ rather than Python.
     "nanocluster-cppwrapper": ([], {"TORCHINDUCTOR_CPP_WRAPPER": "1"}),
 }

@@ -45,6 +45,7 @@ from model.conventions import (
 )
 from model.data.batches import DataError, TokenBatches
 from model.gpt.device import CudaFacts, describe_device, resolve_device
+from model.gpt.fused_loss import loss_path
 from model.gpt.model import GPT, GPTConfig
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at, takes_grad_scale
 from model.gpt.precision import (
@@ -114,6 +115,7 @@ class Trainer:
         self.raw_model = GPT(GPTConfig(**start.model_config))
         if payload is not None:  # rank 0: the weights it read
             self.raw_model.load_state_dict(payload.pop("model"))
+        self.raw_model.fused_loss = cfg.fused_loss
         if self.on_gpu:
             self.raw_model.to(device)
         if self.scaler is not None and start.grad_scaler is not None:
@@ -176,8 +178,8 @@ class Trainer:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s; %d tokens per "
-            "optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s, loss %s; %d tokens "
+            "per optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
             describe_device(device, self.cuda),
@@ -185,6 +187,7 @@ class Trainer:
             self.precision.reason,
             self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
             "applied" if ipex else "not used",
+            loss_path(device.type, self.dtype) if cfg.fused_loss else "F.cross_entropy (fused_loss=false)",
             self.tokens_per_iter,
             self.peak_flops / 1e9,
             peak_source,

@@ -15,6 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn import functional as F
+
+try:  # Triton comes with CUDA builds of torch; CPU builds have none, and need none
+    from model.gpt.fused_loss_cuda import DTYPES as CUDA_DTYPES
+    from model.gpt.fused_loss_cuda import linear_cross_entropy_cuda
+except ModuleNotFoundError as missing:
+    if missing.name != "triton":
+        raise
+    CUDA_DTYPES, linear_cross_entropy_cuda = (), None  # type: ignore[assignment]
 
 IGNORE_INDEX = -1
 """Targets with this value add nothing to the loss or the gradients (nanoGPT's convention)."""
@@ -90,7 +99,39 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 # Eager under torch.compile: the row loop's bounds depend on the data (ignored targets).
 @torch.compiler.disable
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...)."""
+def linear_cross_entropy_cpu(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...), on a CPU."""
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), needs_grad)
+
+
+def plain_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The reference path: the logits (in autocast's dtype), then F.cross_entropy on an fp32 copy."""
+    logits = F.linear(hidden, weight)
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def loss_path(device_type: str, dtype: torch.dtype) -> str:
+    """Which kernel linear_cross_entropy runs for a device type and compute dtype: "CPU kernel",
+    "Triton kernel" (CUDA, bf16 or fp32, where Triton is installed), else "F.cross_entropy"."""
+    if device_type == "cpu":
+        return "CPU kernel"
+    if device_type == "cuda" and linear_cross_entropy_cuda is not None and dtype in CUDA_DTYPES:
+        return "Triton kernel"
+    return "F.cross_entropy"
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...),
+    never writing fp32 logits where loss_path allows: this module's row-block kernel on a CPU, the
+    Triton kernel (model.gpt.fused_loss_cuda) on a CUDA GPU; the plain path elsewhere (fp16, other
+    devices, a CUDA build of torch without Triton)."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    path = loss_path(device, dtype)
+    if path == "CPU kernel":
+        return linear_cross_entropy_cpu(hidden, weight, targets)
+    if path == "Triton kernel":
+        assert linear_cross_entropy_cuda is not None
+        return linear_cross_entropy_cuda(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1), dtype)
+    return plain_cross_entropy(hidden, weight, targets)

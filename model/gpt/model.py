@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model.gpt.fused_loss import IGNORE_INDEX, linear_cross_entropy
+from model.gpt.fused_loss import linear_cross_entropy, plain_cross_entropy
 from model.settings.shape_rules import PRESETS, SHAPE_RULES  # noqa: F401 (PRESETS: OpenAI's sizes, imported from here)
 
 
@@ -128,6 +128,8 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.fused_loss = True
+        """The loss through model.gpt.fused_loss's kernels; False: the logits, then F.cross_entropy."""
         # Tied input and output embeddings, as in GPT-2: one matrix, two uses.
         self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
@@ -176,16 +178,13 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, mean loss)
-        (positions with target -1 are ignored): on a CPU the loss never materialises the logits
-        (model.gpt.fused_loss, a CPU kernel); on a GPU it is the plain path, logits and
-        F.cross_entropy, which fused GPU kernels (and torch.compile) already serve well."""
+        (positions with target -1 are ignored). With fused_loss (the default) the loss never
+        materialises fp32 logits (model.gpt.fused_loss: a CPU kernel, a Triton kernel on CUDA)."""
         hidden = self.hidden_states(idx)
         if targets is None:
             return self.lm_head(hidden), None
-        if hidden.device.type != "cpu":
-            logits = self.lm_head(hidden)
-            return None, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return None, linear_cross_entropy(hidden, self.lm_head.weight, targets)
+        loss = linear_cross_entropy if self.fused_loss else plain_cross_entropy
+        return None, loss(hidden, self.lm_head.weight, targets)
 
     def crop_block_size(self, block_size: int) -> None:
         """Shrink the context (e.g. a 1024-token checkpoint fine-tuned on 256-token blocks)."""

@@ -143,6 +143,10 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
     on a CPU no (bench/train_step.py weighs it there)."""
+    fused_loss: bool = True
+    """The output projection and cross-entropy as one fused step that never writes fp32 logits (a
+    CPU kernel; a Triton kernel on a CUDA GPU in bf16 or fp32). false: the logits, then
+    F.cross_entropy on an fp32 copy (the reference path, and fp16's)."""
     threads: int = 0
     """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
     seed: int = 1337

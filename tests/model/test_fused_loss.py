@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model.gpt.fused_loss import ROWS_PER_BLOCK, linear_cross_entropy
+from model.gpt.fused_loss import ROWS_PER_BLOCK, linear_cross_entropy, loss_path
 from model.gpt.model import GPT, GPTConfig
 
+REPO = Path(__file__).resolve().parents[2]
 VOCAB, WIDTH = 300, 16
 ROWS = 2 * ROWS_PER_BLOCK + 5  # several row blocks and a partial one
 
@@ -73,3 +80,43 @@ def test_compiled_model_trains_through_the_fused_loss() -> None:
     compiled_loss.backward()
     torch.testing.assert_close(compiled_loss, eager_loss)
     torch.testing.assert_close(model.lm_head.weight.grad, eager_grad)
+
+
+def test_fused_loss_false_computes_the_same_loss_through_the_plain_path() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=VOCAB))
+    idx = torch.randint(0, VOCAB, (2, 16))
+    fused_loss = model(idx, idx)[1]
+    model.fused_loss = False
+    calls = []
+    original = F.cross_entropy
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(1) or original(*a, **k))
+        plain_loss = model(idx, idx)[1]
+    assert calls, "fused_loss=False did not take the plain path (F.cross_entropy)"
+    torch.testing.assert_close(plain_loss, fused_loss)
+
+
+def test_each_device_and_dtype_gets_the_kernel_that_serves_it() -> None:
+    assert loss_path("cpu", torch.bfloat16) == loss_path("cpu", torch.float32) == "CPU kernel"
+    # fp16's gradient, divided by the token count before the loss scale, would underflow: plain path.
+    assert loss_path("cuda", torch.float16) == "F.cross_entropy"
+    assert loss_path("mps", torch.float32) == "F.cross_entropy"
+    cuda_bf16 = "Triton kernel" if importlib.util.find_spec("triton") else "F.cross_entropy"
+    assert loss_path("cuda", torch.bfloat16) == loss_path("cuda", torch.float32) == cuda_bf16
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed (it comes with CUDA builds of torch)"
+)
+def test_the_triton_kernel_matches_the_plain_path_in_tritons_interpreter() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.model.triton_interpreted"],
+        cwd=REPO,
+        env=os.environ | {"TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.count("ok:") == 6, proc.stdout

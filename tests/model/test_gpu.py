@@ -109,6 +109,34 @@ def test_device_auto_picks_the_first_gpu_and_logs_the_precision_and_why(scratch_
     assert reasons, f"no log line names {names[0]} and the {CAPABILITY_WORD} it was chosen by:\n{log[-4000:]}"
 
 
+def test_a_gpu_run_computes_its_loss_with_the_triton_kernel(scratch_run):
+    _, log = scratch_run
+    assert "loss Triton kernel" in log, log[-4000:]
+
+
+def test_the_triton_loss_matches_f_cross_entropy_on_the_gpu():
+    """GPT-2's vocabulary, bf16 autocast, compiled as the trainer compiles: the loss and both gradients
+    of the fused kernel against the plain path (logits, then F.cross_entropy on an fp32 copy)."""
+    from model.gpt.fused_loss import linear_cross_entropy, plain_cross_entropy
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2048, 768, device="cuda", requires_grad=True)
+    weight = (torch.randn(VOCAB_SIZE, 768, device="cuda") * 0.02).requires_grad_()
+    targets = torch.randint(0, VOCAB_SIZE, (2048,), device="cuda")
+    targets[::7] = -1
+    results = []
+    for loss_fn in (plain_cross_entropy, linear_cross_entropy):
+        hidden.grad = weight.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.compile(loss_fn)(hidden, weight, targets)
+        (loss * 0.5).backward()
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+    for want, got in zip(*results, strict=True):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    assert results[1][1][::7].abs().max() == 0  # ignored targets: no gradient
+
+
 def test_a_scratch_run_on_the_gpu_has_finite_losses_and_records_peak_gpu_memory(scratch_run):
     out, _ = scratch_run
     records = read_jsonl(out / "metrics.jsonl")

@@ -41,7 +41,7 @@ class HostReads:
     def _counted(self, original: Any) -> Any:
         def read(tensor: torch.Tensor, *args: Any) -> Any:
             caller = sys._getframe(1).f_code
-            # model.gpt.fused_loss is the CPU's loss kernel; a GPU computes the loss with F.cross_entropy.
+            # model.gpt.fused_loss's CPU kernel reads its token count back; a GPU's Triton kernel reads nothing.
             if self.active and not caller.co_filename.endswith("fused_loss.py"):
                 self.by_caller[caller.co_name] += 1
             return original(tensor, *args)
