@@ -5,7 +5,8 @@
 #
 # 1. environment: the GPU (nvidia-smi -L), torch and its CUDA, and that the trainer's modules import
 # 2. gpu tests:   pytest -m gpu over every test file marked gpu (tests/model/test_gpu.py and any other)
-# 3. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round
+# 3. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round, in nanoGPT's
+#                 shape and in GPT-2's (--shape)
 # 4. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, under deterministic kernels,
 #                 against the same run uninterrupted: the final parameters' sha256 must be equal
 # 5. sample:      a short run on English text (Python's own documentation), then model.sample's text
@@ -111,8 +112,9 @@ if [ ! -f "$NANOGPT/train.py" ]; then
     record "vs nanoGPT" FAIL "no nanoGPT checkout at $NANOGPT (copy one to ./.nanogpt or set NANOGPT=)"
 else
     # One round (the script's default is two): compiling GPT-2 small twice more would not fit 8 minutes.
-    bounded 185 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 8 --warmup 3 \
-        --timeout 120 2>&1 | tee "$WORK/bench.log"
+    # --shape: nanoGPT in GPT-2's own shape too (biases, 50,257 words), the trainer's model.
+    bounded 240 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 8 --warmup 3 \
+        --timeout 120 --shape 2>&1 | tee "$WORK/bench.log"
     code=${PIPESTATUS[0]}
     line=$(grep '^gpu_vs_nanogpt:' "$WORK/bench.log" | tail -1)
     if [ "$code" -eq 0 ] && [ -n "$line" ]; then record "vs nanoGPT" PASS "$line"

@@ -66,7 +66,7 @@ def sweep_kernel(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
 
         def kernel(block: int = block, warps: int = warps) -> None:
             scratch.copy_(logits)  # the kernel overwrites its input with the gradient
-            fused_loss_cuda.launch(scratch, targets, row_loss, inverse_count, True, block, warps)
+            fused_loss_cuda.launch(scratch, targets, row_loss, inverse_count, True, block=block, num_warps=warps)
 
         copy_ms = timed_ms(lambda: scratch.copy_(logits), steps)
         kernel()
