@@ -111,10 +111,15 @@ readonly venv="$root_dir/venv"
 readonly marker="$venv/.nanocluster-ready"
 readonly node_env="$root_dir/node.env"
 
-# What the environment is built from: a change to any of these rebuilds it.
+# The requirements' lines that carry sha256 hashes (PyPI's files, tools/lock.py): pip checks every
+# file it downloads for them against those hashes (--require-hashes).
+readonly hash_option='--hash=sha256:'
+# What the environment is built from: a change to any of these rebuilds it. The pins without their
+# hashes and comments: AWS's first-boot copy has no room for the hashes (infra/cloudinit.py), and the
+# same versions are the same environment.
 wanted_hash=$({
     printf 'profile=%s\npython=%s\n' "$profile" "$python"
-    cat "$requirements"
+    { grep -v '^#' "$requirements" || true; } | sed "s/ ${hash_option}[0-9a-f]*//g"
 } | sha256sum | cut -d' ' -f1)
 readonly wanted_hash
 
@@ -329,9 +334,19 @@ fi
 
 extra_pip_args=()
 read -r -a extra_pip_args <<<"$pip_args"
-log "pip install -r $(basename "$requirements") ${extra_pip_args[*]}"
-as_user "$venv/bin/python" -m pip install --disable-pip-version-check --no-input \
-    "${extra_pip_args[@]}" -r "$requirements" ||
+pip_install() {
+    as_user "$venv/bin/python" -m pip install --disable-pip-version-check --no-input "${extra_pip_args[@]}" "$@"
+}
+# Two pip commands, as --require-hashes holds for a whole command: the hashed lines first, each file
+# checked against its hashes (--no-deps: pip would ask for torch, accelerate's dependency, which has
+# none), then the rest, torch from its own index pinned by version (its dependencies are in place).
+if grep -q -e "$hash_option" "$requirements"; then
+    log "pip install --require-hashes --no-deps -r $(basename "$requirements") (its hashed lines) ${extra_pip_args[*]}"
+    grep -e "$hash_option" "$requirements" | pip_install --require-hashes --no-deps -r /dev/stdin ||
+        die "pip install --require-hashes -r $requirements (its hashed lines) failed (see pip's output above)"
+fi
+log "pip install -r $(basename "$requirements") (the lines without hashes) ${extra_pip_args[*]}"
+{ grep -v -e "$hash_option" "$requirements" || true; } | pip_install -r /dev/stdin ||
     die "pip install -r $requirements failed (see pip's output above)"
 
 modules="torch, numpy, tiktoken, safetensors, yaml, tqdm, accelerate"

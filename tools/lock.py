@@ -20,18 +20,37 @@ cuda profile's (torch's CUDA build from PyTorch's CUDA index: a multi-GB wheel t
 never download). The CUDA build is the lock's torch release with another local label, so `check`
 holds it to the lock's version; its nvidia-* libraries and triton come pinned exactly by that
 wheel's own metadata, so pip installs the same ones everywhere without a line here.
+
+Hashes: every pin that comes from PyPI carries the sha256 of each PyPI file a node can install
+(NODE_TAGS: CPython 3.11 and 3.12 on x86_64 and aarch64 Linux), and the nodes install those lines
+with `pip --require-hashes --no-deps` (node/bootstrap.sh, launcher.kube.volume.staging_script).
+The index stack (torch, and the intel profile's extension and bindings) comes from PyTorch's and
+Intel's own indexes, unreachable from the machine that runs `make lock` here: those lines carry
+no hash and are installed in a second pip command, pinned by version and checked only by pip's
+TLS to their index. pip-compile --generate-hashes would give every file's hash (2,001 for the
+default profile, 171 KB: over Azure's 64 KB custom data, which ships the file) with no file name
+to choose by, so the hashes are read from PyPI's JSON simple API (PEP 691), where pip itself reads
+them, and only the node platforms' are kept. A line above them holds the sha256 of those lines:
+`check` fails when a pin or hash was edited since `make lock` wrote them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_version, parse_sdist_filename, parse_wheel_filename
 
 from model.atomic import atomic_open
 
@@ -67,6 +86,12 @@ class NodeProfile:
         """The projects of own_stack (torch among them when there is one)."""
         return set(pins("\n".join(self.own_stack)))
 
+    @property
+    def unhashed(self) -> set[str]:
+        """The projects installed from the profile's own indexes, by version without a hash: torch,
+        and the own stack."""
+        return {"torch"} | self.own_names
+
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_CUDA = "cu130"
@@ -100,6 +125,29 @@ PROFILES = (
 )
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+HASH_OPTION = "--hash=sha256:"
+PYPI_SIMPLE = "https://pypi.org/simple"
+NODE_PYTHONS = ((3, 11), (3, 12))
+"""CPython on the nodes: the staging image's 3.11 (launcher.kube.objects.DEFAULT_IMAGE) and the VM
+images' 3.12 (Ubuntu 24.04); bootstrap.sh refuses anything older than 3.11."""
+NODE_ARCHES = ("x86_64", "aarch64")
+NODE_GLIBC_MINOR = 39
+"""glibc 2.39 (Ubuntu 24.04) is the newest a node has; the staging image's Debian 12 has 2.36, so a
+file of a newer manylinux tag than its glibc is left to pip's choice among the others."""
+
+
+def node_tags() -> frozenset[Tag]:
+    """The wheel tags a node's pip accepts: CPython's own, abi3 and pure-Python ones on glibc Linux."""
+    glibc = [f"manylinux_2_{minor}_{arch}" for arch in NODE_ARCHES for minor in range(NODE_GLIBC_MINOR, 4, -1)]
+    platforms = glibc + [f"manylinux{alias}_{arch}" for arch in NODE_ARCHES for alias in ("2014", "2010", "1")]
+    tags: set[Tag] = set()
+    for version in NODE_PYTHONS:
+        tags |= set(cpython_tags(version, platforms=platforms))
+        tags |= set(compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=platforms))
+    return frozenset(tags)
+
+
+NODE_TAGS = node_tags()
 
 
 def canonical(name: str) -> str:
@@ -115,6 +163,44 @@ def pins(text: str) -> dict[str, str]:
         if match:
             found[canonical(match.group(1))] = match.group(2)
     return found
+
+
+def hashes_of(line: str) -> list[str]:
+    """The sha256 digests a requirement line carries (its --hash options)."""
+    return [word[len(HASH_OPTION) :] for word in line.split() if word.startswith(HASH_OPTION)]
+
+
+SEAL = "# sha256 of the hashed lines below, written by `make lock`: "
+
+
+def seal_of(text: str) -> str:
+    """The sha256 of a node file's hashed lines, in order: what its SEAL line holds."""
+    hashed = [line for line in text.splitlines() if hashes_of(line)]
+    return hashlib.sha256("".join(line + "\n" for line in hashed).encode()).hexdigest()
+
+
+def hash_problems(profile: NodeProfile, text: str, skip: set[str]) -> list[str]:
+    """Every PyPI pin (those not in skip: reported already) carries hashes, the index stack's carry
+    none (a second pip command installs them), and the hashed lines are those `make lock` wrote."""
+    problems = []
+    for line in text.splitlines():
+        for name, version in pins(line).items():
+            if name in skip:
+                continue
+            if name in profile.unhashed and hashes_of(line):
+                problems.append(
+                    f"{profile.path} gives {name}=={version} a hash, but it comes from its own index, "
+                    f"installed without: run `{UPDATE_COMMAND}`"
+                )
+            elif name not in profile.unhashed and not hashes_of(line):
+                problems.append(f"{profile.path} pins {name}=={version} without a hash: run `{UPDATE_COMMAND}`")
+    sealed = [line[len(SEAL) :].strip() for line in text.splitlines() if line.startswith(SEAL)]
+    if not problems and not skip and sealed != [seal_of(text)]:
+        problems.append(
+            f"{profile.path}'s pins or hashes are not those `{UPDATE_COMMAND}` wrote (its sha256 line "
+            f"disagrees): run `{UPDATE_COMMAND}`"
+        )
+    return problems
 
 
 def disagreements(root: Path = ROOT) -> list[str]:
@@ -135,7 +221,9 @@ def disagreements(root: Path = ROOT) -> list[str]:
         node_pins = pins(text)
         if not node_pins:
             problems.append(f"{profile.path} pins nothing: run `{UPDATE_COMMAND}`")
-        problems += own_stack_problems(profile, text, locked)
+        own = own_stack_problems(profile, text, locked)
+        problems += own
+        reported = profile.own_names if own else set()  # one line per pin: the first thing wrong with it
         for name, version in sorted(node_pins.items()):
             if name in profile.own_names:
                 continue
@@ -143,11 +231,14 @@ def disagreements(root: Path = ROOT) -> list[str]:
                 problems.append(
                     f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`"
                 )
+                reported.add(name)
             elif locked[name] != version:
                 problems.append(
                     f"{profile.path} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: "
                     f"run `{UPDATE_COMMAND}` (it writes both)"
                 )
+                reported.add(name)
+        problems += hash_problems(profile, text, reported)
     return problems
 
 
@@ -215,20 +306,69 @@ def without_project(lock_text: str) -> str:
     return "".join(kept)
 
 
-def node_requirements(profile: NodeProfile, resolved: str) -> str:
+def node_requirements(profile: NodeProfile, resolved: str, hashes: dict[str, list[str]] | None = None) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
-    the profile's own stack)."""
+    the profile's own stack), each PyPI pin with its hashes (project -> sha256 digests) on its
+    line: the installers take the lines with a hash into a `pip --require-hashes` command of their own."""
     resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
     lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(
         profile.own_stack
     )
+    hashed = [
+        " ".join([line, *(HASH_OPTION + digest for name in pins(line) for digest in (hashes or {}).get(name, []))])
+        for line in lines
+    ]
+    body = sorted(hashed, key=lambda line: canonical(line.split("==")[0]))
     header = [
         f"# Node environment, profile {profile.name}: {profile.summary}.",
         f"# Written by `{UPDATE_COMMAND}` (tools/lock.py) from {LOCK}: edit pyproject.toml or",
         "# requirements.in and rerun it; `make lint` fails while this file and the lock disagree.",
+        "# A line with hashes: a PyPI file a node can install (pip --require-hashes). The lines without",
+        "# (torch, from its own index, unreachable where `make lock` ran) are pinned by version and",
+        "# checked only by pip's TLS to that index.",
+        SEAL + seal_of("\n".join(body)),
         *(f"--extra-index-url {index}" for index in profile.indexes),
     ]
-    return "\n".join(header + sorted(lines, key=lambda line: canonical(line.split("==")[0]))) + "\n"
+    return "\n".join(header + body) + "\n"
+
+
+def node_files(name: str, version: str) -> list[str]:
+    """The sha256 of each file of name==version on PyPI that a node can install (NODE_TAGS): its
+    wheels for the node platforms, or its source archive where no wheel fits. An empty list where PyPI
+    has no such file."""
+    request = urllib.request.Request(
+        f"{PYPI_SIMPLE}/{canonical(name)}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        files = json.load(answer)["files"]
+    wheels, sources = [], []
+    for file in files:
+        filename, digest = file["filename"], file.get("hashes", {}).get("sha256")
+        if not digest or file.get("yanked"):
+            continue
+        try:  # old releases' names may not parse (pydantic-0.18-py36+-none-any.whl): never the pinned one
+            if filename.endswith(".whl"):
+                _, found, _, tags = parse_wheel_filename(filename)
+                if canonicalize_version(found) == canonicalize_version(version) and not tags.isdisjoint(NODE_TAGS):
+                    wheels.append(digest)
+            elif filename.endswith((".tar.gz", ".zip")) and canonicalize_version(
+                parse_sdist_filename(filename)[1]
+            ) == canonicalize_version(version):
+                sources.append(digest)
+        except ValueError:
+            continue
+    return sorted(wheels or sources)
+
+
+def pypi_hashes(profile: NodeProfile, resolved: str) -> dict[str, list[str]]:
+    """Project -> its node files' sha256 (node_files), for each PyPI pin of the profile; a RuntimeError
+    naming the pins PyPI has no node file of."""
+    wanted = {name: version for name, version in pins(resolved).items() if name not in profile.unhashed}
+    with ThreadPoolExecutor(8) as pool:
+        found = dict(zip(wanted, pool.map(node_files, wanted, wanted.values()), strict=True))
+    if missing := [f"{name}=={wanted[name]}" for name, digests in found.items() if not digests]:
+        raise RuntimeError(f"PyPI has no file a node can install of {', '.join(missing)}")
+    return found
 
 
 def update(upgrade: bool) -> None:
@@ -241,7 +381,7 @@ def update(upgrade: bool) -> None:
             pip_compile("--extra", "dev", *(["--upgrade"] if upgrade else []), *LOCK_INPUTS, output=draft)
         )
         draft.write_text(lock_text)
-        node_files = {}
+        written = {}
         resolved: dict[tuple[str, ...], str] = {}  # by extras: the cuda profile's closure is the default one's
         for profile in PROFILES:
             if profile.extras not in resolved:
@@ -255,12 +395,13 @@ def update(upgrade: bool) -> None:
                     "pyproject.toml",
                     output=Path(scratch) / f"{profile.name}.txt",
                 )
-            node_files[profile.path] = node_requirements(profile, resolved[profile.extras])
+            closure = resolved[profile.extras]
+            written[profile.path] = node_requirements(profile, closure, pypi_hashes(profile, closure))
     # Written only once everything resolved: a failed update leaves the old, agreeing files.
-    for relative, text in {LOCK: lock_text, **node_files}.items():
+    for relative, text in {LOCK: lock_text, **written}.items():
         with atomic_open(ROOT / relative, "w") as out:
             out.write(text)
-    print(f"wrote {LOCK} ({len(pins(lock_text))} pins) and {', '.join(node_files)}")
+    print(f"wrote {LOCK} ({len(pins(lock_text))} pins) and {', '.join(written)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"error: pip-compile failed (exit {err.returncode}, its output is above); nothing was written",
                 file=sys.stderr,
             )
+            return 1
+        except (OSError, RuntimeError) as err:  # urllib's URLError is an OSError
+            print(f"error: reading the hashes from {PYPI_SIMPLE} failed: {err}; nothing was written", file=sys.stderr)
             return 1
         return 0
     problems = disagreements(args.root)

@@ -246,7 +246,8 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
-    files = {"code.tar.gz": archive, "requirements.txt": requirements}
+    hashed, unhashed = volume.split_requirements(requirements)
+    files = {"code.tar.gz": archive, "requirements.txt": unhashed} | ({"hashed.txt": hashed} if hashed else {})
     placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):
         files[f"file{i}"] = data
@@ -257,7 +258,7 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     except ValueError as e:
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
-    script = volume.staging_script(requirements_sha, code_sha, placed, run=run)
+    script = volume.staging_script(requirements_sha, code_sha, placed, run=run, hashed=bool(hashed))
     job = volume.helper_job(name, access, "staging", script, run=run, configmap=name)
     started = time.monotonic()
     say(

@@ -96,6 +96,19 @@ def venv_dir(requirements_sha: str) -> str:
     return f"{STORE}/venv-{requirements_sha}"
 
 
+HASH_OPTION = b"--hash=sha256:"
+"""What marks a requirement line pip checks against sha256 hashes (tools/lock.py writes one on each
+PyPI pin)."""
+
+
+def split_requirements(requirements: bytes) -> tuple[bytes, bytes]:
+    """The lines with hashes and the rest of a node requirements file: two pip commands, as
+    --require-hashes holds for a whole command and torch, from its own index, has no hash."""
+    lines = requirements.splitlines(keepends=True)
+    hashed = b"".join(line for line in lines if HASH_OPTION in line)
+    return hashed, b"".join(line for line in lines if HASH_OPTION not in line)
+
+
 def staging_configmap(namespace_name: str, files: dict[str, bytes], name: str = "") -> dict:
     """files (key -> bytes) as the ConfigMap <name> of one staging Job (deleted when it ends: another
     staging's Job never mounts it); a ValueError past the 1 MiB limit."""
@@ -145,12 +158,19 @@ STORE_GRACE_MIN = 90
 records it in its run's directory, and runs at most HELPER_DEADLINE_S["staging"] (60 minutes)."""
 
 
-def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, str], run: str = "") -> str:
+def staging_script(
+    requirements_sha: str, code_sha: str, run_files: dict[str, str], run: str = "", hashed: bool = False
+) -> str:
     """Shell for the staging Job: the venv and the code into the store when their digest is not there
     (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
     (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files.
-    The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py)."""
+    The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py).
+    hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
+    with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash; the second command
+    installs it from requirements.txt, with what it needs beyond the hashed pins)."""
     venv, code = venv_dir(requirements_sha), code_dir(code_sha)
+    pip = "TMP/bin/pip install --no-cache-dir -q"
+    hashed_install = [f"{pip} --require-hashes --no-deps -r {STAGE_DIR}/hashed.txt"] if hashed else []
     lines = [
         "set -eu",
         f"if [ ! -w {MOUNT_PATH} ]; then",
@@ -164,7 +184,8 @@ def staging_script(requirements_sha: str, code_sha: str, run_files: dict[str, st
             f"building the node environment {requirements_sha[:12]} (once per requirements digest)",
             [
                 "python -m venv TMP",
-                f"TMP/bin/pip install --no-cache-dir -q -r {STAGE_DIR}/requirements.txt",
+                *hashed_install,
+                f"{pip} -r {STAGE_DIR}/requirements.txt",
                 f"echo {requirements_sha} > TMP/.nanocluster-ready",
             ],
             ".nanocluster-ready",

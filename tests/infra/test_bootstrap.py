@@ -4,6 +4,7 @@ The full runs build a real venv offline: the requirements are already satisfied 
 PYTHONPATH pointing at this project's environment, so pip installs nothing and needs no network.
 """
 
+import hashlib
 import os
 import shutil
 import site
@@ -210,6 +211,57 @@ def test_changed_requirements_reinstall_and_a_failed_install_leaves_no_ready_mar
     assert failed.stderr.strip().splitlines()[-1].startswith("error: pip install -r")
     assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
     assert offline(home, "--check", node_dir=node_dir).returncode == 3
+
+
+@pytest.mark.integration
+def test_the_hashed_lines_install_with_require_hashes_and_a_file_of_another_hash_is_refused(tmp_path, overlapping_runs):
+    """The PyPI pins go through `pip --require-hashes`: a download whose sha256 is not the pinned one
+    fails the bootstrap (here a wheel built in tmp_path, from a local directory: no network)."""
+    from tests.node.test_hashed_install import probe_wheel
+
+    node_dir, wheels = tmp_path / "node", tmp_path / "wheels"
+    shutil.copytree(NODE_DIR, node_dir)
+    wheels.mkdir()
+    right = hashlib.sha256(probe_wheel(wheels).read_bytes()).hexdigest()
+    wrong = hashlib.sha256(probe_wheel(tmp_path, b"VALUE = 2\n").read_bytes()).hexdigest()
+    home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
+    pins = (node_dir / "requirements-default.txt").read_text()
+    local = ("--pip-args", f"--no-index --find-links {wheels}")
+
+    (node_dir / "requirements-default.txt").write_text(pins + f"nanocluster-hash-probe==1.0 --hash=sha256:{wrong}\n")
+    failed = offline(home, *local, node_dir=node_dir)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in failed.stderr and f"Expected sha256 {wrong}" in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1].startswith("error: pip install --require-hashes -r")
+    assert not (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
+
+    (node_dir / "requirements-default.txt").write_text(pins + f"nanocluster-hash-probe==1.0 --hash=sha256:{right}\n")
+    ready = offline(home, *local, node_dir=node_dir)
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    assert "pip install --require-hashes --no-deps -r requirements-default.txt (its hashed lines)" in ready.stdout
+    assert "pip install -r requirements-default.txt (the lines without hashes)" in ready.stdout
+    venv_python = home / "nanocluster" / "venv" / "bin" / "python"
+    probe = subprocess.run(
+        [str(venv_python), "-c", "import nanocluster_hash_probe as p; print(p.VALUE, p.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.stdout.split()[0] == "1" and str(home / "nanocluster" / "venv") in probe.stdout
+
+
+@pytest.mark.integration
+def test_the_first_boot_copy_without_hashes_is_the_same_environment(tmp_path, overlapping_runs):
+    """AWS's user data ships the pins without their hashes (infra.cloudinit.requirements_text): a node
+    it bootstrapped is ready for `fab setup`'s whole file, not built again."""
+    from infra.cloudinit import HASH_OPTION
+
+    node_dir = tmp_path / "node"
+    shutil.copytree(NODE_DIR, node_dir)
+    text = (node_dir / "requirements-default.txt").read_text()
+    (node_dir / "requirements-default.txt").write_text(HASH_OPTION.sub("", text))
+    home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
+    assert offline(home, "--check", node_dir=node_dir).returncode == 0
 
 
 @pytest.mark.integration

@@ -23,10 +23,10 @@ def copy_of_the_lock(tmp_path: Path) -> Path:
 
 
 def change_pin(path: Path, name: str, version: str) -> str:
-    """Rewrites `name==...` in a copied file; returns the version it replaced."""
+    """Rewrites `name==...` in a copied file (its hashes dropped); returns the version it replaced."""
     lines = path.read_text().splitlines()
     index = next(i for i, line in enumerate(lines) if lock.canonical(line.split("==")[0]) == name)
-    old = lines[index].split("==")[1]
+    old = lines[index].split("==")[1].split()[0]
     lines[index] = f"{name}=={version}"
     path.write_text("\n".join(lines) + "\n")
     return old
@@ -173,3 +173,111 @@ def test_a_hand_edited_cuda_build_or_index_is_reported(tmp_path):
 @pytest.mark.parametrize("name", ["Typing_Extensions", "typing.extensions", "typing-extensions"])
 def test_names_compare_as_pip_compares_them(name):
     assert lock.pins(f"{name}==4.16.0  # via x\n") == {"typing-extensions": "4.16.0"}
+
+
+# --- hashes: each PyPI pin with the sha256 of the files a node can install ---
+
+
+def edit_line(path: Path, name: str, edit) -> None:
+    """Rewrites the line of pin `name` in a copied node file with edit(line)."""
+    lines = path.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if lock.canonical(line.split("==")[0]) == name)
+    lines[index] = edit(lines[index])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_hand_edited_hash_fails_the_check(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    flip = {"0": "1"}
+    edit_line(root / "node/requirements-default.txt", "tqdm", lambda line: line[:-1] + flip.get(line[-1], "0"))
+    assert lock.disagreements(root) == [
+        "node/requirements-default.txt's pins or hashes are not those `make lock` wrote (its sha256 line "
+        "disagrees): run `make lock`"
+    ]
+
+
+def test_a_version_changed_in_the_lock_and_the_node_file_but_not_its_hashes_fails_the_check(tmp_path):
+    """The hashes out of date: those of the old release on the new pin."""
+    root = copy_of_the_lock(tmp_path)
+    old = change_pin(root / lock.LOCK, "tqdm", "4.70.2")
+    edit_line(root / "node/requirements-default.txt", "tqdm", lambda line: line.replace(f"=={old} ", "==4.70.2 "))
+    assert lock.disagreements(root) == [
+        "node/requirements-default.txt's pins or hashes are not those `make lock` wrote (its sha256 line "
+        "disagrees): run `make lock`",
+        *(
+            f"{path} pins tqdm=={old} but requirements.lock has tqdm==4.70.2: run `make lock` (it writes both)"
+            for path in ("node/requirements-intel.txt", "node/requirements-cuda.txt")  # the others: their pin
+        ),
+    ]
+
+
+def test_a_pypi_pin_without_hashes_is_reported(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    edit_line(root / "node/requirements-default.txt", "numpy", lambda line: line.split()[0])
+    assert lock.disagreements(root) == [
+        f"node/requirements-default.txt pins numpy=={lock.pins((root / lock.LOCK).read_text())['numpy']} "
+        "without a hash: run `make lock`"
+    ]
+
+
+def test_node_files_are_the_wheels_a_node_can_install_or_else_the_source(monkeypatch):
+    def file(filename: str, digest: str, yanked: bool = False) -> dict:
+        return {"filename": filename, "hashes": {"sha256": digest}, "yanked": yanked}
+
+    listing = {
+        "demo": [
+            file("demo-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "a"),
+            file("demo-1.0-cp312-cp312-manylinux_2_28_aarch64.whl", "b"),
+            file("demo-1.0-cp39-abi3-manylinux_2_34_x86_64.whl", "c"),  # abi3: any CPython >= 3.9
+            file("demo-1.0-py3-none-any.whl", "d"),
+            file("demo-1.0-cp310-cp310-manylinux_2_17_x86_64.whl", "no: CPython 3.10"),
+            file("demo-1.0-cp312-cp312-musllinux_1_2_x86_64.whl", "no: musl"),
+            file("demo-1.0-cp312-cp312-win_amd64.whl", "no: Windows"),
+            file("demo-1.0-cp312-cp312-macosx_11_0_arm64.whl", "no: macOS"),
+            file("demo-1.0-cp312-cp312-manylinux_2_41_x86_64.whl", "no: a glibc newer than the nodes'"),
+            file("demo-1.0.tar.gz", "no: wheels fit"),
+            file("demo-1.1-py3-none-any.whl", "no: another release"),
+            file("demo-1.0-py2.py3-none-any.whl", "no: yanked", yanked=True),
+            file("demo-0.1-py36+-none-any.whl", "no: a name that does not parse"),
+        ],
+        "source-only": [file("source_only-2.0.tar.gz", "s"), file("source_only-2.0-cp312-cp312-win32.whl", "w")],
+    }
+
+    class Answer:
+        def __init__(self, project: str):
+            self.body = lock.json.dumps({"files": listing[project]}).encode()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, *args):
+            body, self.body = self.body, b""
+            return body
+
+    def urlopen(request, timeout):
+        assert request.full_url.startswith(f"{lock.PYPI_SIMPLE}/") and request.get_header("Accept").startswith(
+            "application/vnd.pypi.simple.v1+json"
+        )
+        return Answer(request.full_url.rstrip("/").rsplit("/", 1)[1])
+
+    monkeypatch.setattr(lock.urllib.request, "urlopen", urlopen)
+    assert lock.node_files("demo", "1.0") == ["a", "b", "c", "d"]
+    assert lock.node_files("Source_Only", "2.0") == ["s"]
+    assert lock.pypi_hashes(INTEL, "demo==1.0\ntorch==2.8.0+cpu\nsource-only==2.0\n") == {
+        "demo": ["a", "b", "c", "d"],
+        "source-only": ["s"],
+    }
+    listing["demo"] = listing["demo"][-3:]
+    with pytest.raises(RuntimeError, match=r"PyPI has no file a node can install of demo==1.0$"):
+        lock.pypi_hashes(INTEL, "demo==1.0\n")
+
+
+def test_node_requirements_hash_each_pypi_pin_and_seal_them():
+    text = lock.node_requirements(CUDA, "numpy==2.4.6\ntorch==2.13.0+cpu\n", {"numpy": ["ab", "cd"]})
+    assert "numpy==2.4.6 --hash=sha256:ab --hash=sha256:cd" in text.splitlines()
+    assert f"torch==2.13.0+{lock.TORCH_CUDA}" in text.splitlines()
+    (seal,) = [line for line in text.splitlines() if line.startswith(lock.SEAL)]
+    assert seal == lock.SEAL + lock.seal_of(text)

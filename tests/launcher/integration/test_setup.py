@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.kube.volume import split_requirements
 from launcher.setup.nodes import NODE_DIR
 from launcher.testing.fab import Fab
 from launcher.testing.nodes import TestNodes
@@ -16,25 +17,17 @@ def node_wheelhouse(dest: Path) -> Path:
     node's pinned requirements where there is internet, then point the nodes' pip at the folder
     (--pip-args "--no-index --find-links DIR"). --no-deps: the file pins every package a node installs.
     --retries 0: the PyTorch CPU index the file names is unreachable here; pip's own configuration
-    finds the CPU torch this machine has."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--retries",
-            "0",
-            "--dest",
-            str(dest),
-            "-r",
-            str(NODE_DIR / "requirements-default.txt"),
-        ],
-        check=True,
-        timeout=900,
-    )
+    finds the CPU torch this machine has. Two downloads, as the bootstrap installs in two commands:
+    the lines with hashes (--require-hashes: each file checked), then the rest (torch)."""
+    hashed, rest = split_requirements((NODE_DIR / "requirements-default.txt").read_bytes())
+    for name, lines, mode in (("hashed.txt", hashed, ["--require-hashes"]), ("rest.txt", rest, [])):
+        (dest.parent / name).write_bytes(lines)
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--retries", "0", *mode]
+        subprocess.run(
+            [*pip, "--dest", str(dest), "-r", str(dest.parent / name)],
+            check=True,
+            timeout=900,
+        )
     return dest
 
 

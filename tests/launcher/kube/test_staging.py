@@ -224,3 +224,34 @@ def test_sample_runs_the_venv_and_code_its_run_staged_not_the_newest(fake, contr
     ran = task("sample", "--cluster", str(contract_file), "--run", "old")  # staged before the record: the newest
     assert ran.code == 0, ran.err
     assert f"newest PYTHONPATH={claim}/code -m model.sample" in ran.out
+
+
+def test_setup_stages_the_hashed_pins_in_a_require_hashes_command_of_their_own(fake, task, contract_file, monkeypatch):
+    """The rendered staging, through the fake API: the ConfigMap splits node/requirements-default.txt
+    into its hashed lines and the rest (torch from its index), and the Job's script installs the first
+    with --require-hashes --no-deps, then the second."""
+    import base64
+
+    fake.seed()
+    seen = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
+    delete = jobs.delete_configmap
+    monkeypatch.setattr(
+        jobs,
+        "delete_configmap",
+        lambda api, name: (seen.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
+    )
+    ran = task("setup", "--cluster", str(contract_file))
+    assert ran.code == 0, ran.err
+    (configmap,) = seen
+    hashed, rest = (base64.b64decode(configmap.binary_data[key]).decode() for key in ("hashed.txt", "requirements.txt"))
+    whole = (jobs.NODE_DIR / "requirements-default.txt").read_text()
+    assert hashed.splitlines() == [line for line in whole.splitlines() if "--hash=sha256:" in line]
+    assert len(hashed.splitlines()) > 50 and "--hash=" not in rest and "\ntorch==" in rest
+    (stage,) = fake.created_jobs
+    script = stage["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    hashed_install = "pip install --no-cache-dir -q --require-hashes --no-deps -r /staging/hashed.txt\n"
+    rest_install = "pip install --no-cache-dir -q -r /staging/requirements.txt\n"
+    assert hashed_install in script and rest_install in script
+    assert script.index(hashed_install) < script.index(rest_install)
+    # the venv is named by the whole file's digest: a changed hash builds another
+    assert f"venv-{jobs_requirements_sha()}" in script
