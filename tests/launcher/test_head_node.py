@@ -38,20 +38,20 @@ from launcher.lifecycle import TrainRequest
 from launcher.setup.nodes import code_files
 from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME
-from launcher.train import supervision
+from launcher.train import ENTRY, STACK_HEAD_ENTRY, supervision
 from launcher.transport import Result, Shell
 
 FAKES = "tests.launcher.supervised_fakes"
 
 
-def test_a_contract_files_machines_are_supervised_on_their_head_the_local_cluster_and_a_stack_here(
+def test_a_contract_files_and_a_stacks_machines_are_supervised_on_their_head_the_local_cluster_here(
     contract, local_home
 ):
     assert isinstance(supervision(local_cluster(2)), ThisMachine)
-    assert isinstance(supervision(parse_contract(contract, "c.json")), HeadNode)
-    # a stack's supervisor revives a preempted VM with `pulumi up`: the operator's credentials, not the head's
+    assert supervision(parse_contract(contract, "c.json")) == HeadNode(ENTRY)
+    # a stack's supervisor asks the operator's machine to revive a preempted VM (`pulumi up` needs its credentials)
     stack = replace(parse_contract(contract, "stack dev"), stack=PulumiStack("dev", Path("infra")))
-    assert isinstance(supervision(stack), ThisMachine)
+    assert supervision(stack) == HeadNode(STACK_HEAD_ENTRY)
 
 
 def test_the_head_reads_the_same_cluster_reaching_itself_at_its_private_address(contract):
