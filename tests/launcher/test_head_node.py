@@ -207,3 +207,25 @@ def test_a_run_whose_supervisor_on_the_head_is_live_is_listed_running_and_never_
     assert sh(list_command(str(tmp_path))).split()[4:] == []
     assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@deleted r"
     assert not (tmp_path / "runs" / "r").exists() and not record.exists()  # the head's record of it too
+
+
+def test_a_run_whose_supervisor_on_the_head_waits_for_a_revival_is_listed_so(tmp_path):
+    from launcher.launch.supervisor import take_lock
+    from launcher.machine_runs import REVIVAL_WORD, Found, list_command
+    from launcher.run_files import WAITING_FOR_REVIVAL, state_of
+    from launcher.runs.record import RunRecord
+
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    record = tmp_path / "supervisor" / "clusters" / "lab" / "runs" / "r"
+    record.mkdir(parents=True)
+    request = {"id": 1, "nodes": ["lab-1"], "indices": [1], "requested_at": 0, "deadline": 1, "up_timeout_s": 600}
+    (record / "supervisor.json").write_text(json.dumps({"pid": 1, "phase": "starting", "revival": request}))
+    lock = take_lock(record, "r", None)
+    try:
+        command = ["bash", "-c", list_command(str(tmp_path))]
+        words = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.split()[4:]
+    finally:
+        os.close(lock)
+    assert words == ["running", REVIVAL_WORD]
+    stored = Found(running_on=["lab-0"], states=words).stored()
+    assert state_of(stored, RunRecord(tmp_path / "here"), False) == WAITING_FOR_REVIVAL

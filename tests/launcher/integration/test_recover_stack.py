@@ -101,7 +101,7 @@ def test_a_vm_lost_while_the_operators_machine_was_away_waits_on_the_head_and_at
     booted = threading.Timer(BOOT_S, nodes.start_sshd, args=(1,))
     with StandinPulumi(tmp_path / "pulumi", nodes.contract_path, on_up=booted.start) as pulumi:
         fab = Fab(nodes.contract_path, tmp_path / "operator")
-        fab.env |= pulumi.env | {"NANOCLUSTER_CLUSTER": "stack"}
+        fab.env |= pulumi.env | {"NANOCLUSTER_CLUSTER": "stack", "COLUMNS": "400"}  # one table line per run
         assert fab("prepare-data").returncode == 0
         try:
             detached = fab("train", *SETTINGS, "--config", str(tiny_config), "--run", RUN, "--detach", timeout=180)
@@ -116,6 +116,11 @@ def test_a_vm_lost_while_the_operators_machine_was_away_waits_on_the_head_and_at
             assert "waiting for node1 to be revived: `fab attach --run preempted` runs the stack's `pulumi up`" in (
                 status.stdout
             ), status.stdout[-3000:] + status.stderr
+            listed = fab("runs")
+            assert re.search(r"\bpreempted\b.*\bwaiting for revival\b", listed.stdout), listed.stdout
+            assert "run preempted waits for a lost VM to be revived: `fab attach --run preempted` runs" in (
+                listed.stdout
+            ), listed.stdout
             attach = fab("attach", "--run", RUN, timeout=RUN_TIMEOUT_S)  # the operator is back
         finally:
             booted.cancel()

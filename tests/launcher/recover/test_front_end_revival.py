@@ -122,8 +122,7 @@ def test_status_says_the_run_waits_for_a_revival_and_the_command_that_runs_it(la
     assert line.endswith("the run ends at 01:00 UTC, its snapshot kept")
 
 
-def test_the_heads_side_takes_the_new_contract_and_leaves_the_answer(lab, contract, tmp_path, monkeypatch):
-    cluster, directory = lab
+def test_the_heads_side_takes_the_new_contract_and_leaves_the_answer(contract, tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path / "head"))
     home = tmp_path / "head"
     home.mkdir()
