@@ -53,13 +53,16 @@ from launcher.transport.ssh import CONNECT_TIMEOUT_S
 class MachinesRun:
     """A run's attempts on machines: a session to the selected nodes, units started over it."""
 
-    def __init__(
-        self, request: TrainRequest, cluster: Cluster, nodes: tuple[Node, ...], revival: AskTheFrontEnd | None = None
-    ):
+    def __init__(self, request: TrainRequest, cluster: Cluster, nodes: tuple[Node, ...], ask_to_revive: bool = False):
         self.request, self.cluster, self.nodes = request, cluster, nodes
-        self.revival = revival
+        attach = command_line("attach", cluster=request.cluster_spec, run=request.run)
+        self.revival = (
+            AskTheFrontEnd(request.recover, request.rerun_command, attach, node_answers, self.stop_requested)
+            if ask_to_revive
+            else None
+        )
         """How lost nodes are revived when this process cannot run the stack's `pulumi up` itself (a
-        supervisor on a stack's head node); None: revive() here, as NodeRecovery does by default."""
+        supervisor on a stack's head node asks the operator's machine); None: revive() here."""
         self.started = time.monotonic()
         self.site: Site = site_of(cluster)
         self.master_port = self.site.port(request.port)
@@ -70,10 +73,10 @@ class MachinesRun:
         """The started attempt's plan."""
 
     @classmethod
-    def resolve(cls, request: TrainRequest, revival: AskTheFrontEnd | None = None) -> MachinesRun:
+    def resolve(cls, request: TrainRequest, ask_to_revive: bool = False) -> MachinesRun:
         """--cluster read (a stack's outputs, a contract file, the local cluster) and --nodes selected."""
         cluster = resolve_cluster(request.cluster_spec, request.nodes)
-        return cls(request, cluster, select_nodes(cluster, request.nodes), revival)
+        return cls(request, cluster, select_nodes(cluster, request.nodes), ask_to_revive)
 
     def default_config(self) -> str | None:
         return self.site.default_config or None
@@ -211,9 +214,7 @@ def train_asking_to_revive(request: TrainRequest) -> int:
     """train() for a supervisor on a stack's head node: a lost VM is revived by the operator's machine,
     asked through the run's record (launcher.recover.front_end_revival), since the head holds no cloud
     credentials for the stack's `pulumi up`."""
-    attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
-    revival = AskTheFrontEnd(request.recover, request.rerun_command, attach_command, node_answers)
-    return run_lifecycle(request, lambda r: MachinesRun.resolve(r, revival))
+    return run_lifecycle(request, lambda r: MachinesRun.resolve(r, ask_to_revive=True))
 
 
 ENTRY = "launcher.train:train"

@@ -14,7 +14,8 @@ this machine would run `pulumi up`, the one on the head asks, and the operator's
             to the head (`python -m launcher.head_node revived RUN`): the head's cluster file then
             names the new addresses, and the answer file ends the wait
     end     no answer in time: the run ends with one line naming the lost node(s), `pulumi up` and the
-            command that continues the run; its snapshot stays on the nodes
+            command that continues the run; its snapshot stays on the nodes. An operator's stop
+            (`fab stop`) ends the wait, and the lifecycle ends the run stopped
 
 The time spent waiting for the answer does not count against --recover-timeout (awaited_s): that bound
 is for the node to answer SSH once `pulumi up` has run, as on this machine.
@@ -114,11 +115,14 @@ class AskTheFrontEnd:
         rerun: str,
         attach: str,
         answers: Callable[[Cluster, Node], str | None],
+        stop_requested: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
+        """answers: None when the node answers SSH, else why not; stop_requested: when an operator's stop
+        asked the run to end (`fab stop`: the lifecycle then ends it stopped), else None."""
         self.options, self.rerun, self.attach, self.answers = options, rerun, attach, answers
-        self.clock, self.sleep = clock, sleep
+        self.stop_requested, self.clock, self.sleep = stop_requested, clock, sleep
         self.awaited_s = 0.0
         """How long the last call waited for the operator's machine (not --recover-timeout's)."""
 
@@ -169,6 +173,9 @@ class AskTheFrontEnd:
                 now_s = self.clock()
                 if now_s >= next_probe:
                     next_probe = now_s + NODE_POLL_S
+                    if self.stop_requested() is not None:  # the lifecycle ends the run stopped
+                        record.append(REVIVAL_EVENT, id=request.id, outcome="stopped")
+                        raise TaskError(f"stopped while waiting for {names} to be revived")
                     if all(self.answers(cluster, node) is None for node in lost):
                         self.awaited_s = now_s - started
                         record.append(REVIVAL_EVENT, id=request.id, outcome="answered")

@@ -40,10 +40,16 @@ def lab(contract, tmp_path, monkeypatch):
 class Asker:
     """AskTheFrontEnd on the fake clock; seen: supervisor.json's request at each sleep."""
 
-    def __init__(self, directory, options, answers=lambda cluster, node: "connection refused", on_sleep=None):
+    def __init__(
+        self, directory, options, answers=lambda cluster, node: "connection refused", on_sleep=None, stop_at=None
+    ):
         self.clock, self.seen, self.on_sleep = FakeClock(), [], on_sleep
         self.directory = directory
-        self.ask = AskTheFrontEnd(options, RERUN, ATTACH, answers, clock=self.clock, sleep=self.sleep)
+
+        def stop_requested():
+            return 1.0 if stop_at is not None and self.clock.now >= stop_at else None
+
+        self.ask = AskTheFrontEnd(options, RERUN, ATTACH, answers, stop_requested, clock=self.clock, sleep=self.sleep)
 
     def sleep(self, seconds):
         self.seen.append(read_state(self.directory).revival)
@@ -110,6 +116,15 @@ def test_a_node_that_answers_by_itself_ends_the_wait(lab):
     asker.on_sleep = lambda now: answers.update(now=None) if now >= 20 else None
     assert asker(cluster, [cluster.nodes[1]]) is False
     assert asker.clock.now < 60 and read_state(directory).revival is None
+
+
+def test_an_operators_stop_ends_the_wait(lab):
+    cluster, directory = lab
+    asker = Asker(directory, RecoverOptions(), stop_at=40)
+    with pytest.raises(TaskError, match="stopped while waiting for lab-1 to be revived"):
+        asker(cluster, [cluster.nodes[1]])
+    assert asker.clock.now < 40 + 20 and read_state(directory).revival is None
+    assert [e.get("outcome") for e in RunRecord(directory).events if e["event"] == "revival"] == [None, "stopped"]
 
 
 def test_status_says_the_run_waits_for_a_revival_and_the_command_that_runs_it(lab):
