@@ -237,7 +237,9 @@ class HeadWatch:
         self.was_live = True
         """What the last refresh found (True until one answered)."""
         self.served: set[int] = set()
-        """The revival requests tend() answered."""
+        """The revival requests tend() ran `pulumi up` for."""
+        self.unsent: dict | None = None
+        """An answer the head did not take (sent again, never revived again)."""
         self.last_refresh = -REFRESH_S
 
     def offsets(self) -> dict[str, int]:
@@ -288,7 +290,11 @@ class HeadWatch:
 
         state = self.state()
         request = RevivalRequest.of(state.revival) if state is not None and state.phase != ENDED else None
-        if request is None or request.id in self.served or not self.was_live or self.cluster.stack is None:
+        if request is None or not self.was_live or self.cluster.stack is None:
+            return
+        if request.id in self.served:
+            if self.unsent is not None and self.unsent["id"] == request.id:
+                self.answer(self.unsent)
             return
         self.served.add(request.id)
         by_index = {n.index: n for n in self.cluster.nodes}
@@ -308,15 +314,19 @@ class HeadWatch:
                 answer |= {"revived": False, "why": f"the stack's outputs could not be read again: {e}"}
             else:
                 answer["contract"] = head_contract(contract_of(cluster), cluster)
+        self.answer(answer)
+
+    def answer(self, answer: dict) -> None:
+        """The answer to a revival request sent to the head (kept in unsent until the head takes it)."""
         try:
             command = head_command(self.cluster, "revived", self.run)
             sent = self.shell.run(command, stdin=json.dumps(answer).encode(), timeout=SSH_TIMEOUT_S)
             ok = sent.ok and sent.stdout.strip() == "true"
         except NodeError:
             ok = False
-        if not ok:
-            say(f"{self.cluster.head.name} did not take the answer: the run's supervisor goes on waiting for it")
-            self.served.discard(request.id)
+        if not ok and self.unsent is None:
+            say(f"{self.cluster.head.name} did not take the answer: sending it again while the supervisor waits")
+        self.unsent = None if ok else answer
 
     def interrupt(self) -> bool:
         try:

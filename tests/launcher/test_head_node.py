@@ -229,3 +229,33 @@ def test_a_run_whose_supervisor_on_the_head_waits_for_a_revival_is_listed_so(tmp
     assert words == ["running", REVIVAL_WORD]
     stored = Found(running_on=["lab-0"], states=words).stored()
     assert state_of(stored, RunRecord(tmp_path / "here"), False) == WAITING_FOR_REVIVAL
+
+
+def test_the_front_end_revives_what_the_heads_supervisor_asks_for_once_and_sends_the_stacks_contract(
+    tmp_path, contract, monkeypatch, capsys
+):
+    import launcher.recover.revive as revive_module
+    import launcher.session as session_module
+    from launcher.launch.supervisor import STARTING, SupervisorState, write_state
+    from launcher.recover.front_end_revival import RevivalRequest, read_answer
+
+    head, local = tmp_path / "head", tmp_path / "local" / "runs" / "r"
+    local.mkdir(parents=True)
+    head_directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
+    head_directory.mkdir(parents=True)
+    (head / "cluster.json").write_text(json.dumps(contract))
+    stack = replace(parse_contract(contract, "stack dev"), stack=PulumiStack("dev", Path("infra")), spec="stack")
+    moved = replace(stack, nodes=(stack.nodes[0], replace(stack.nodes[1], private_ip="10.0.0.99"), *stack.nodes[2:]))
+    ups: list[tuple[str, ...]] = []
+    monkeypatch.setattr(revive_module, "revive", lambda c, lost, log, timeout_s: ups.append(lost) or True)
+    monkeypatch.setattr(session_module, "resolve_cluster", lambda spec, nodes: moved)
+    request = RevivalRequest(2, [stack.nodes[1].name], [1], 0.0, 1800.0, 600)
+    write_state(local, SupervisorState(1, STARTING, revival=request.__dict__))  # as synced from the head
+    watch = HeadWatch(stack, HeadShell(head, monkeypatch), local, "r")
+    watch.tend()
+    watch.tend()  # the same request: not revived again
+    assert ups == [[stack.nodes[1]]]
+    assert read_answer(head_directory, 2) == {"id": 2, "revived": True, "why": None}
+    sent = json.loads((head / "cluster.json").read_text())
+    assert sent["private_ips"][1] == "10.0.0.99" and sent["head_public_ip"] == stack.head.private_ip
+    assert f"asks for {stack.nodes[1].name} to be revived" in capsys.readouterr().out
