@@ -13,15 +13,21 @@ imports in the node environment (pyproject's `node` extra). What runs there:
     sync       the record's files from the offsets the operator's copy has reached, and whether the
                supervisor is live: the front end appends them to this machine's record directory
     interrupt  Ctrl-C for the run: SIGINT to the head's live supervisor
+    revived    a Pulumi stack's lost VMs revived by the front end (the head holds no cloud credentials):
+               the stack's contract read again, and the answer the supervisor waits for
+               (launcher.recover.front_end_revival)
 
 The operator's side is HeadNode (a supervision kind beside launcher.supervised's ThisMachine) and its
-HeadWatch, which launcher.follow polls: this machine's record directory is a copy of the head's.
+HeadWatch, which launcher.follow polls: this machine's record directory is a copy of the head's, and a
+revival the supervisor asks for is run here (HeadWatch.tend), with the operator's credentials.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import shlex
@@ -32,8 +38,9 @@ from pathlib import Path
 
 from launcher.cluster.inventory import LOCAL_HOME_ENV, Cluster, load_cluster
 from launcher.cluster.node_layout import site_of
-from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
+from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line, say
 from launcher.launch.supervisor import (
+    ENDED,
     LOCK_NAME,
     STARTING,
     SupervisorState,
@@ -103,6 +110,32 @@ def contract_of(cluster: Cluster) -> dict:
 # ---- on the head ------------------------------------------------------------------------------------
 
 
+def write_contract(home: Path, contract: dict) -> Path:
+    """The cluster as the head's supervisor reads it (it holds the cluster key: the owner's alone)."""
+    home.mkdir(parents=True, exist_ok=True)
+    contract_path = home / CONTRACT_NAME
+    fd = os.open(contract_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(contract, f)
+    os.replace(contract_path.with_suffix(".tmp"), contract_path)
+    return contract_path
+
+
+def revived_on_head(run: str, answer: dict) -> bool:
+    """`revived`: the front end's answer to the supervisor's revival request: the stack's contract read
+    again after its `pulumi up` (the nodes' new addresses) written where the supervisor reads its
+    cluster, then the answer it waits for (launcher.recover.front_end_revival)."""
+    from launcher.recover.front_end_revival import write_answer
+
+    if answer.get("contract"):
+        write_contract(Path(os.environ[LOCAL_HOME_ENV]), answer["contract"])
+    directory = record_on_head(run)
+    if not directory.is_dir():
+        return False
+    write_answer(directory, {key: answer.get(key) for key in ("id", "revived", "why")})
+    return True
+
+
 def start_on_head(spec: dict) -> dict:
     """`start`: the run's lock taken and its supervisor started on this (the head) machine; what the
     front end needs to follow it. AlreadySupervised when one is live."""
@@ -110,12 +143,7 @@ def start_on_head(spec: dict) -> dict:
     from launcher.supervised import ThisMachine, request_of
 
     home = Path(os.environ[LOCAL_HOME_ENV])
-    home.mkdir(parents=True, exist_ok=True)
-    contract_path = home / CONTRACT_NAME
-    fd = os.open(contract_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(spec["contract"], f)
-    os.replace(contract_path.with_suffix(".tmp"), contract_path)
+    contract_path = write_contract(home, spec["contract"])
     sys.argv[0] = spec["program"]  # the lock's refusal names the commands the operator types
     request = request_of(spec["request"])
     operator_spec = request.cluster_spec
@@ -168,7 +196,7 @@ def record_on_head(run: str) -> Path:
 
 
 def head_main(argv: list[str]) -> int:
-    """The head's side: `python -m launcher.head_node start|sync|interrupt ...` (JSON on stdout)."""
+    """The head's side: `python -m launcher.head_node start|sync|interrupt|revived ...` (JSON on stdout)."""
     command = argv[0]
     try:
         if command == "start":
@@ -177,6 +205,8 @@ def head_main(argv: list[str]) -> int:
             answer = sync_on_head(record_on_head(argv[1]), json.loads(argv[2]))
         elif command == "interrupt":
             answer = interrupt(record_on_head(argv[1]))
+        elif command == "revived":
+            answer = revived_on_head(argv[1], json.loads(sys.stdin.read()))
         else:
             raise SystemExit(f"unknown command {command!r}")
     except TaskError as e:
@@ -206,6 +236,10 @@ class HeadWatch:
         self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
         self.was_live = True
         """What the last refresh found (True until one answered)."""
+        self.served: set[int] = set()
+        """The revival requests tend() ran `pulumi up` for."""
+        self.unsent: dict | None = None
+        """An answer the head did not take (sent again, never revived again)."""
         self.last_refresh = -REFRESH_S
 
     def offsets(self) -> dict[str, int]:
@@ -244,6 +278,55 @@ class HeadWatch:
 
     def live(self) -> bool:
         return self.was_live
+
+    def tend(self) -> None:
+        """A revival the supervisor asks for (a Pulumi stack's lost VMs: supervisor.json's `revival`),
+        run here once per request: the same revive() as a supervisor on this machine runs, then the
+        stack read again and its contract sent to the head with the answer."""
+        from launcher.recover.front_end_revival import RevivalRequest
+        from launcher.recover.nodes import REVIVE_LOG
+        from launcher.recover.revive import revive
+        from launcher.session import resolve_cluster
+
+        state = self.state()
+        request = RevivalRequest.of(state.revival) if state is not None and state.phase != ENDED else None
+        if request is None or not self.was_live or self.cluster.stack is None:
+            return
+        if request.id in self.served:
+            if self.unsent is not None and self.unsent["id"] == request.id:
+                self.answer(self.unsent)
+            return
+        self.served.add(request.id)
+        by_index = {n.index: n for n in self.cluster.nodes}
+        lost = [by_index[i] for i in request.indices if i in by_index]
+        say(
+            f"the run's supervisor on {self.cluster.head.name} asks for {', '.join(request.nodes)} to be revived "
+            "(it holds no cloud credentials): the stack's `pulumi up` runs here"
+        )
+        revived = revive(self.cluster, lost, self.local / REVIVE_LOG, timeout_s=request.up_timeout_s)
+        why = None if revived else f"`pulumi up` failed here: see {self.local / REVIVE_LOG}"
+        answer: dict = {"id": request.id, "revived": revived, "why": why}
+        if revived:
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line
+                    cluster = resolve_cluster(self.cluster.spec, None)
+            except TaskError as e:
+                answer |= {"revived": False, "why": f"the stack's outputs could not be read again: {e}"}
+            else:
+                answer["contract"] = head_contract(contract_of(cluster), cluster)
+        self.answer(answer)
+
+    def answer(self, answer: dict) -> None:
+        """The answer to a revival request sent to the head (kept in unsent until the head takes it)."""
+        try:
+            command = head_command(self.cluster, "revived", self.run)
+            sent = self.shell.run(command, stdin=json.dumps(answer).encode(), timeout=SSH_TIMEOUT_S)
+            ok = sent.ok and sent.stdout.strip() == "true"
+        except NodeError:
+            ok = False
+        if not ok and self.unsent is None:
+            say(f"{self.cluster.head.name} did not take the answer: sending it again while the supervisor waits")
+        self.unsent = None if ok else answer
 
     def interrupt(self) -> bool:
         try:

@@ -301,6 +301,7 @@ class Lifecycle:
             try:
                 recovered = self.kind.recover()
             except TaskError as e:
+                self.stop_if_requested(None)  # an operator's stop while it waited: stopped, not failed
                 self.record_failed(str(e), 1)
                 raise
             except KeyboardInterrupt:  # Ctrl-C while waiting: the ranks that answer are stopped already

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.launch.units import with_identity
-from launcher.run_files import RUNNING, STOPPED, StoredRun
+from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun
 from launcher.runs.ledger import OUTCOMES
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
@@ -29,7 +29,8 @@ DELETE_TIMEOUT_S = 600
 
 def list_command(root: str) -> str:
     """One line per run directory: `@run NAME KB NEWEST STATE...`, a STATE per unit (running,
-    exit:CODE, stopped, lost)."""
+    exit:CODE, stopped, lost), then running for a live supervisor on this node and REVIVAL_WORD for
+    one that waits for a revival."""
     return with_identity(
         f"cd {root}/runs 2>/dev/null || exit 0; "
         'for r in *; do [ -d "$r" ] || continue; '
@@ -40,6 +41,7 @@ def list_command(root: str) -> str:
         'elif [ -f "$u.exit" ]; then s="$s exit:$(cut -d\' \' -f1 "$u.exit")"; '
         'elif [ -f "$u.stopped" ]; then s="$s stopped"; else s="$s lost"; fi; done; '
         f'{supervisor_held(root)} && s="$s running"; '
+        f'{revival_wanted(root)} && s="$s {REVIVAL_WORD}"; '
         'echo "@run $r ${kb:-0} ${t:-0}$s"; done'
     )
 
@@ -53,6 +55,14 @@ def supervisor_held(root: str) -> str:
     )
 
 
+def revival_wanted(root: str) -> str:
+    """A shell test: run $r's supervisor on this node (a stack's head) waits for the operator's machine to
+    revive a lost VM (its supervisor.json holds the request: launcher.recover.front_end_revival)."""
+    return f'grep -qs \'"revival": {{\' {root}/{SUPERVISED_RECORDS}/"$r"/supervisor.json'
+
+
+REVIVAL_WORD = "reviving"
+"""The state word list_command gives a run whose supervisor waits for a revival."""
 SUPERVISED_RECORDS = "supervisor/clusters/*/runs"
 """Under a node's root: the records a supervisor on the head keeps (launcher.head_node's SUPERVISOR_HOME)."""
 
@@ -101,11 +111,12 @@ class Found:
     modified: float = 0.0
 
     def stored(self) -> StoredRun:
+        state = "" if self.running_on else units_state(self.states)
         return StoredRun(
             bytes=self.bytes,
             places=tuple(self.places),
             running_on=tuple(self.running_on),
-            state="" if self.running_on else units_state(self.states),
+            state=WAITING_FOR_REVIVAL if REVIVAL_WORD in self.states else state,
             modified=self.modified,
         )
 

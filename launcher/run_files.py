@@ -40,6 +40,9 @@ RUNNING = "running"
 STOPPED = "stopped"
 RESTARTING = "restarting"
 """No rank alive, no end recorded, and the run's supervisor live: it is between two attempts."""
+WAITING_FOR_REVIVAL = "waiting for revival"
+"""A stack's run whose supervisor on the head node waits for this machine to revive a lost VM (`attach`
+runs the stack's `pulumi up`: launcher.recover.front_end_revival)."""
 ENDED = frozenset({*OUTCOMES.values(), STOPPED})
 """The states `prune` deletes: the run ended (finished, failed, stopped by `stop` or at its budget,
 interrupted). A run with no end recorded whose ranks are not alive (a lost node, a killed launcher)
@@ -60,7 +63,8 @@ class StoredRun:
     running_on: tuple[str, ...] = ()
     """Where a rank of it is alive: the run must be stopped before it is deleted."""
     state: str = ""
-    """What its units' records say when none is alive (finished, failed, stopped, lost); '' unknown."""
+    """What its units' records say when none is alive (finished, failed, stopped, lost); '' unknown;
+    WAITING_FOR_REVIVAL whatever is alive."""
     modified: float = 0.0
     """Its newest file's time (Unix seconds)."""
 
@@ -144,7 +148,10 @@ def size_text(size: int) -> str:
 
 def state_of(stored: StoredRun | None, record: RunRecord, fetched: bool) -> str:
     """A live rank says running; else the record's end; a supervisor that holds the run between its
-    attempts (its ranks gone, the record unended) says restarting; else what the units' records say."""
+    attempts (its ranks gone, the record unended) says restarting, or waiting for revival where its
+    supervisor asked this machine to revive a lost VM; else what the units' records say."""
+    if stored and stored.state == WAITING_FOR_REVIVAL:
+        return WAITING_FOR_REVIVAL
     if stored and stored.running_on:
         return RUNNING
     attempt = record.current
@@ -255,7 +262,12 @@ def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
     for row in rows:
         table.add_row(
             row.run,
-            row.state + (f" on {', '.join(row.stored.running_on)}" if row.stored and row.stored.running_on else ""),
+            row.state
+            + (
+                f" on {', '.join(row.stored.running_on)}"
+                if row.stored and row.stored.running_on and row.state != WAITING_FOR_REVIVAL
+                else ""
+            ),
             "-" if row.iteration is None else str(row.iteration),
             "-" if row.loss is None else f"{row.loss:.4f}",
             "-" if row.cost_usd is None else f"${row.cost_usd:.2f}",
@@ -270,6 +282,10 @@ def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
         f"`{command_line('rm', cluster=cluster_spec)} RUN`, every ended one with "
         f"`{command_line('prune', cluster=cluster_spec)}`"
     )
+    for row in rows:
+        if row.state == WAITING_FOR_REVIVAL:
+            attach = command_line("attach", cluster=cluster_spec, run=row.run)
+            say(f"run {row.run} waits for a lost VM to be revived: `{attach}` runs the stack's `pulumi up` from here")
     for why in store.unreachable:
         say(f"not listed: {why}")
     return 1 if store.unreachable else 0

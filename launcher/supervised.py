@@ -11,8 +11,8 @@ Where a run's supervisor runs is its cluster's choice (launcher.train.supervisio
 process on this machine for the local cluster (ThisMachine), a detached process on the head node for
 machines over SSH (launcher.head_node's HeadNode); Kubernetes keeps its attached front end for now
 (docs/launcher.md says why and what is next). Each supplies the same two things to the front end:
-launch (the lock taken, the supervisor started) and a watch (its state, liveness, interrupt, and the
-record brought to this machine).
+launch (the lock taken, the supervisor started) and a watch (its state, liveness, interrupt, the
+record brought to this machine, and what the supervisor asks of this machine: tend).
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ class Watch(Protocol):
         """Whether the supervisor holds the run's lock (as of the last refresh)."""
         ...
 
+    def tend(self) -> None:
+        """Do what the supervisor asks of the operator's machine (a stack's lost VM revived with its
+        `pulumi up`, which needs the credentials this machine holds: launcher.head_node)."""
+        ...
+
     def interrupt(self) -> bool:
         """Ctrl-C for the run (SIGINT to the live supervisor); False when none is live."""
         ...
@@ -104,6 +109,9 @@ class LocalWatch:
 
     def live(self) -> bool:
         return is_live(self.directory)
+
+    def tend(self) -> None:
+        pass  # a supervisor on this machine does everything itself
 
     def interrupt(self) -> bool:
         return interrupt(self.directory)

@@ -6,8 +6,8 @@ this kind supplies to the run lifecycle (launcher.lifecycle), which does the res
              directory, start each node's units (launcher.launch.start)
     watch    follow the units' logs and rank 0's metrics until they end, stopping every unit at the
              first failure (launcher.launch.monitor)
-    recover  wait for lost nodes, revive a stack's VMs, resume on every node or on fewer
-             (launcher.recover.nodes)
+    recover  wait for lost nodes, revive a stack's VMs (from its head node: asking the operator's
+             machine), resume on every node or on fewer (launcher.recover.nodes)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import launcher.launch.status as launch_status
 from launcher import follow
 from launcher.cluster.inventory import Cluster, Node, cluster_dir
 from launcher.cluster.node_layout import Site, site_of
-from launcher.console import TaskError, out_line, say
+from launcher.console import TaskError, command_line, out_line, say
 from launcher.head_node import HeadNode
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
@@ -37,9 +37,11 @@ from launcher.launch.start import (
 from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
-from launcher.recover.nodes import NodeRecovery
+from launcher.recover.front_end_revival import AskTheFrontEnd
+from launcher.recover.nodes import NodeRecovery, node_answers
 from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
+from launcher.recover.revive import revive
 from launcher.runs.record import run_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
@@ -51,8 +53,16 @@ from launcher.transport.ssh import CONNECT_TIMEOUT_S
 class MachinesRun:
     """A run's attempts on machines: a session to the selected nodes, units started over it."""
 
-    def __init__(self, request: TrainRequest, cluster: Cluster, nodes: tuple[Node, ...]):
+    def __init__(self, request: TrainRequest, cluster: Cluster, nodes: tuple[Node, ...], ask_to_revive: bool = False):
         self.request, self.cluster, self.nodes = request, cluster, nodes
+        attach = command_line("attach", cluster=request.cluster_spec, run=request.run)
+        self.revival = (
+            AskTheFrontEnd(request.recover, request.rerun_command, attach, node_answers, self.stop_requested)
+            if ask_to_revive
+            else None
+        )
+        """How lost nodes are revived when this process cannot run the stack's `pulumi up` itself (a
+        supervisor on a stack's head node asks the operator's machine); None: revive() here."""
         self.started = time.monotonic()
         self.site: Site = site_of(cluster)
         self.master_port = self.site.port(request.port)
@@ -63,10 +73,10 @@ class MachinesRun:
         """The started attempt's plan."""
 
     @classmethod
-    def resolve(cls, request: TrainRequest) -> MachinesRun:
+    def resolve(cls, request: TrainRequest, ask_to_revive: bool = False) -> MachinesRun:
         """--cluster read (a stack's outputs, a contract file, the local cluster) and --nodes selected."""
         cluster = resolve_cluster(request.cluster_spec, request.nodes)
-        return cls(request, cluster, select_nodes(cluster, request.nodes))
+        return cls(request, cluster, select_nodes(cluster, request.nodes), ask_to_revive)
 
     def default_config(self) -> str | None:
         return self.site.default_config or None
@@ -102,8 +112,14 @@ class MachinesRun:
         self.prepared = prepared
         request = self.request
         session = Session.open(self.cluster, self.nodes, request.dataset)
+        revival = self.revival
         self.recovery = NodeRecovery(
-            session, request.run, request.recover, resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes)
+            session,
+            request.run,
+            request.recover,
+            resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes),
+            revive=revive if revival is None else revival,
+            awaited=lambda: 0.0 if revival is None else revival.awaited_s,
         )
         # Before anything starts or is written: the fit, then the data (unless the head has no node
         # Python yet to report it: start() sets the node up first, then place_data checks it).
@@ -194,17 +210,28 @@ def train(request: TrainRequest) -> int:
     return run_lifecycle(request, MachinesRun.resolve)
 
 
+def train_asking_to_revive(request: TrainRequest) -> int:
+    """train() for a supervisor on a stack's head node: a lost VM is revived by the operator's machine,
+    asked through the run's record (launcher.recover.front_end_revival), since the head holds no cloud
+    credentials for the stack's `pulumi up`."""
+    return run_lifecycle(request, lambda r: MachinesRun.resolve(r, ask_to_revive=True))
+
+
 ENTRY = "launcher.train:train"
 """What a run's supervisor runs, wherever it runs: train() above."""
+STACK_HEAD_ENTRY = "launcher.train:train_asking_to_revive"
+"""What it runs on a Pulumi stack's head node."""
 
 
 def supervision(cluster: Cluster) -> Supervision:
     """Where a run on machines is supervised, the one place it is decided (docs/launcher.md, "The
-    supervisor, --detach and attach"): on machines from a contract file the head node (rank 0's
-    machine), so the run outlives the operator's machine; on the local cluster this machine, which is
-    its head; on a Pulumi stack this machine too, because reviving a preempted VM runs the stack's
-    `pulumi up` with the operator's cloud credentials, which the nodes must not hold."""
-    return HeadNode(ENTRY) if not cluster.is_local and cluster.stack is None else ThisMachine(ENTRY)
+    supervisor, --detach and attach"): on machines from a contract file or a Pulumi stack the head node
+    (rank 0's machine), so the run outlives the operator's machine; a stack's supervisor asks the
+    operator's machine to revive a lost VM (the stack's `pulumi up` needs cloud credentials, which the
+    nodes must not hold). On the local cluster this machine, which is its head."""
+    if cluster.is_local:
+        return ThisMachine(ENTRY)
+    return HeadNode(ENTRY if cluster.stack is None else STACK_HEAD_ENTRY)
 
 
 def supervised_train(request: TrainRequest) -> int:

@@ -6,7 +6,8 @@ lifecycle apart from the operator's terminal), in the run's record directory on 
                       a file left by one that was killed is never mistaken for a live one
     supervisor.json   its pid, its phase (starting, ended), and once ended its exit status, the last
                       line the operator sees (the error, interrupted or stopped line; the done line)
-                      and where that line starts in the log
+                      and where that line starts in the log; while it waits for lost VMs to be
+                      revived from the operator's machine, the request
 
     train.log         its output (launcher.terminal's LOG_NAME), END_MARK before its last line
 
@@ -23,6 +24,7 @@ import fcntl
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,9 @@ class SupervisorState:
     """Whether that line is an error, interrupted or stopped line (stderr) rather than the done line."""
     line_offset: int | None = None
     """Where the supervisor's END_MARK line starts in the log."""
+    revival: dict | None = None
+    """While a supervisor on a stack's head node waits for the operator's machine to revive lost VMs:
+    its request (launcher.recover.front_end_revival's RevivalRequest, as a dict)."""
 
 
 def state_path(directory: Path) -> Path:
@@ -153,6 +158,14 @@ def supervisor_line(
     if state is None:
         return None
     attach = command_line("attach", cluster=cluster_spec, run=run)
+    if (is_live(directory) if live is None else live) and state.revival and state.phase != ENDED:
+        nodes, deadline = ", ".join(state.revival.get("nodes", [])), state.revival.get("deadline", 0.0)
+        until = time.strftime("%H:%M UTC", time.gmtime(deadline))
+        return (
+            f"supervised {where} (supervisor pid {state.pid}), waiting for {nodes} to be revived: "
+            f"`{attach}` runs the stack's `pulumi up` from this machine and follows the run; "
+            f"without it the run ends at {until}, its snapshot kept"
+        )
     if is_live(directory) if live is None else live:
         return f"supervised {where} (supervisor pid {state.pid}): `{attach}` follows it"
     if state.phase == ENDED:

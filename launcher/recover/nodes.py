@@ -1,7 +1,8 @@
 """Bringing a cluster of machines back after a failure, between two attempts of a run.
 
     recover(): fresh connections; the ranks on the nodes that answer stopped; for each lost node
-               revive() (a Pulumi stack: `pulumi up --refresh`), then wait until it answers SSH
+               revive() (a Pulumi stack: `pulumi up --refresh`, or with the supervisor on the stack's
+               head node a request the operator's machine answers: front_end_revival), then wait until it answers SSH
                (wait_for_nodes below, bounded by --recover-timeout); resume on every node, or with --min-nodes on
                the ones that answer (keep_global_batch=true: the same tokens per optimizer step)
     lost_while_starting(): whether a launch step failed because a node stopped answering
@@ -53,9 +54,13 @@ class NodeRecovery:
         options: RecoverOptions,
         resolve: Callable[[], Cluster],
         revive: Callable[..., bool] = revive,
+        awaited: Callable[[], float] = lambda: 0.0,
     ):
         self.session, self.run_name, self.options = session, run, options
-        self.resolve, self.revive = resolve, revive
+        self.resolve, self.revive, self.awaited = resolve, revive, awaited
+        """revive: brings lost nodes back (here: `pulumi up`; on a stack's head node: asks the operator's
+        machine, launcher.recover.front_end_revival); awaited: how long its last call waited for another
+        machine to do it, which --recover-timeout does not count."""
         self.overrides: tuple[str, ...] = ()
         """Trainer overrides the recovery adds (keep_global_batch=true once a node was left out)."""
 
@@ -91,7 +96,7 @@ class NodeRecovery:
             cluster = self.resolve()  # a node brought back may have a new address
             by_index = {n.index: n for n in cluster.nodes}
             nodes, lost = tuple(by_index[n.index] for n in nodes), [by_index[n.index] for n in lost]
-        left = max(0.0, options.recover_timeout_s - (time.monotonic() - started))
+        left = max(0.0, options.recover_timeout_s - (time.monotonic() - started - self.awaited()))
         outcome = wait_for_nodes(lost, lambda node: node_answers(cluster, node), left, say)
         kept = nodes_to_resume_on(nodes, outcome.still_lost, options.min_nodes, options.recover_timeout_s)
         dropped = tuple(n for n in nodes if n not in kept)

@@ -39,6 +39,12 @@ DEFAULT_RECOVER_TIMEOUT_S = 600.0
 the image) takes a few minutes more. Ten minutes covers both with room to spare, while a node that
 is really gone ends the wait (or, with --min-nodes, lets the run go on smaller) before the nodes that
 answer have idled for long: every minute waited is paid on each of them."""
+DEFAULT_REVIVE_TIMEOUT_S = 1800.0
+"""How long a supervisor on a stack's head node waits, by default, for the operator's machine to revive
+a lost VM (launcher.recover.front_end_revival): it holds no cloud credentials, so a `train` or `attach`
+that follows the run must run the stack's `pulumi up`. Half an hour covers a laptop lid closed over a
+meeting; past it the run ends with its snapshot kept, rather than bill the nodes that answer for idling
+through a night."""
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
 """The trainer override for a resume on fewer nodes: gradient accumulation rises so the sequences
 (and tokens) per optimizer step stay those of the snapshot (model/checkpointing/start.py, resume_accumulation)."""
@@ -54,6 +60,9 @@ class RecoverOptions:
     min_nodes: int | None = None
     """With a lost node still silent after the timeout, resume on the nodes that answer if at least
     this many do; None stops the run instead."""
+    revive_timeout_s: float = DEFAULT_REVIVE_TIMEOUT_S
+    """Seconds a supervisor on a stack's head node waits for the operator's machine to revive a lost VM
+    (DEFAULT_REVIVE_TIMEOUT_S says why the default); with --min-nodes it waits --recover-timeout instead."""
 
     def check(self, nodes: int) -> None:
         """A TaskError naming the flag for a value out of range (nodes: the run's node count)."""
@@ -61,6 +70,8 @@ class RecoverOptions:
             raise TaskError(f"--max-restarts must be >= 0 (0 fails fast), got {self.max_restarts}")
         if not self.recover_timeout_s > 0:
             raise TaskError(f"--recover-timeout must be a number of seconds > 0, got {self.recover_timeout_s:g}")
+        if not self.revive_timeout_s > 0:
+            raise TaskError(f"--revive-timeout must be a number of seconds > 0, got {self.revive_timeout_s:g}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= nodes:
             raise TaskError(
                 f"--min-nodes must be between 1 and the run's {nodes} node(s) (--nodes), got {self.min_nodes}"

@@ -143,6 +143,7 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "max_restarts": int,
         "recover_timeout": float,
         "min_nodes": int,
+        "revive_timeout": float,
         "budget": float,
     },
     help={
@@ -167,6 +168,9 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         f"--min-nodes, going on without it); default {shown(RECOVER_DEFAULTS.recover_timeout_s)}",
         "min_nodes": "when a lost node does not come back, resume on the nodes that answer if at least this many"
         " do, with the same tokens per optimizer step (default: stop with an error)",
+        "revive_timeout": "a stack's run, supervised on its head node: seconds to wait for this machine (`attach` "
+        "or a following train) to revive a lost VM with `pulumi up` before ending the run with its snapshot; "
+        f"default {shown(RECOVER_DEFAULTS.revive_timeout_s)}",
         "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
         "attempts since it last finished included): refused before launch when the estimate exceeds it;"
         f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
@@ -190,10 +194,18 @@ def train(
     max_restarts: int | None = None,
     recover_timeout: float | None = None,
     min_nodes: int | None = None,
+    revive_timeout: float | None = None,
     budget: float | None = None,
 ) -> int:
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
-    recover = RecoverOptions(**given(max_restarts=max_restarts, recover_timeout_s=recover_timeout, min_nodes=min_nodes))
+    recover = RecoverOptions(
+        **given(
+            max_restarts=max_restarts,
+            recover_timeout_s=recover_timeout,
+            min_nodes=min_nodes,
+            revive_timeout_s=revive_timeout,
+        )
+    )
     request = TrainRequest(
         cluster,
         nodes=nodes,

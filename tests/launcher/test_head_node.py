@@ -38,20 +38,20 @@ from launcher.lifecycle import TrainRequest
 from launcher.setup.nodes import code_files
 from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME
-from launcher.train import supervision
+from launcher.train import ENTRY, STACK_HEAD_ENTRY, supervision
 from launcher.transport import Result, Shell
 
 FAKES = "tests.launcher.supervised_fakes"
 
 
-def test_a_contract_files_machines_are_supervised_on_their_head_the_local_cluster_and_a_stack_here(
+def test_a_contract_files_and_a_stacks_machines_are_supervised_on_their_head_the_local_cluster_here(
     contract, local_home
 ):
     assert isinstance(supervision(local_cluster(2)), ThisMachine)
-    assert isinstance(supervision(parse_contract(contract, "c.json")), HeadNode)
-    # a stack's supervisor revives a preempted VM with `pulumi up`: the operator's credentials, not the head's
+    assert supervision(parse_contract(contract, "c.json")) == HeadNode(ENTRY)
+    # a stack's supervisor asks the operator's machine to revive a preempted VM (`pulumi up` needs its credentials)
     stack = replace(parse_contract(contract, "stack dev"), stack=PulumiStack("dev", Path("infra")))
-    assert isinstance(supervision(stack), ThisMachine)
+    assert supervision(stack) == HeadNode(STACK_HEAD_ENTRY)
 
 
 def test_the_head_reads_the_same_cluster_reaching_itself_at_its_private_address(contract):
@@ -207,3 +207,55 @@ def test_a_run_whose_supervisor_on_the_head_is_live_is_listed_running_and_never_
     assert sh(list_command(str(tmp_path))).split()[4:] == []
     assert sh(delete_command(str(tmp_path), ["r"])).strip() == "@deleted r"
     assert not (tmp_path / "runs" / "r").exists() and not record.exists()  # the head's record of it too
+
+
+def test_a_run_whose_supervisor_on_the_head_waits_for_a_revival_is_listed_so(tmp_path):
+    from launcher.launch.supervisor import take_lock
+    from launcher.machine_runs import REVIVAL_WORD, Found, list_command
+    from launcher.run_files import WAITING_FOR_REVIVAL, state_of
+    from launcher.runs.record import RunRecord
+
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    record = tmp_path / "supervisor" / "clusters" / "lab" / "runs" / "r"
+    record.mkdir(parents=True)
+    request = {"id": 1, "nodes": ["lab-1"], "indices": [1], "requested_at": 0, "deadline": 1, "up_timeout_s": 600}
+    (record / "supervisor.json").write_text(json.dumps({"pid": 1, "phase": "starting", "revival": request}))
+    lock = take_lock(record, "r", None)
+    try:
+        command = ["bash", "-c", list_command(str(tmp_path))]
+        words = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.split()[4:]
+    finally:
+        os.close(lock)
+    assert words == ["running", REVIVAL_WORD]
+    stored = Found(running_on=["lab-0"], states=words).stored()
+    assert state_of(stored, RunRecord(tmp_path / "here"), False) == WAITING_FOR_REVIVAL
+
+
+def test_the_front_end_revives_what_the_heads_supervisor_asks_for_once_and_sends_the_stacks_contract(
+    tmp_path, contract, monkeypatch, capsys
+):
+    import launcher.recover.revive as revive_module
+    import launcher.session as session_module
+    from launcher.launch.supervisor import STARTING, SupervisorState, write_state
+    from launcher.recover.front_end_revival import RevivalRequest, read_answer
+
+    head, local = tmp_path / "head", tmp_path / "local" / "runs" / "r"
+    local.mkdir(parents=True)
+    head_directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
+    head_directory.mkdir(parents=True)
+    (head / "cluster.json").write_text(json.dumps(contract))
+    stack = replace(parse_contract(contract, "stack dev"), stack=PulumiStack("dev", Path("infra")), spec="stack")
+    moved = replace(stack, nodes=(stack.nodes[0], replace(stack.nodes[1], private_ip="10.0.0.99"), *stack.nodes[2:]))
+    ups: list[tuple[str, ...]] = []
+    monkeypatch.setattr(revive_module, "revive", lambda c, lost, log, timeout_s: ups.append(lost) or True)
+    monkeypatch.setattr(session_module, "resolve_cluster", lambda spec, nodes: moved)
+    request = RevivalRequest(2, [stack.nodes[1].name], [1], 0.0, 1800.0, 600)
+    write_state(local, SupervisorState(1, STARTING, revival=request.__dict__))  # as synced from the head
+    watch = HeadWatch(stack, HeadShell(head, monkeypatch), local, "r")
+    watch.tend()
+    watch.tend()  # the same request: not revived again
+    assert ups == [[stack.nodes[1]]]
+    assert read_answer(head_directory, 2) == {"id": 2, "revived": True, "why": None}
+    sent = json.loads((head / "cluster.json").read_text())
+    assert sent["private_ips"][1] == "10.0.0.99" and sent["head_public_ip"] == stack.head.private_ip
+    assert f"asks for {stack.nodes[1].name} to be revived" in capsys.readouterr().out

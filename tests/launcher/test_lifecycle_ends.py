@@ -1,14 +1,15 @@
 """Every way out of a launched run records its end: a Ctrl-C while the lifecycle decides on a restart,
-and the front end's own fault (an exception no kind raises on purpose), which also stops the ranks
-rather than leave them unsupervised."""
+the front end's own fault (an exception no kind raises on purpose), which also stops the ranks
+rather than leave them unsupervised, and an operator's stop that ended a recovery's wait."""
 
 from __future__ import annotations
 
 import pytest
 
 from launcher.cluster.inventory import local_cluster
-from launcher.console import Interrupted
+from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
+from launcher.launch.operator_stop import OperatorStopped
 from launcher.lifecycle import Lifecycle, Prepared, Recovered, Started, TrainRequest
 from launcher.runs.record import RunRecord
 
@@ -16,10 +17,18 @@ from launcher.runs.record import RunRecord
 class Kind:
     """A RunKind whose watch does what the test says and which remembers whether it stopped the run."""
 
-    def __init__(self, watch_raises: BaseException, unretryable_raises: BaseException | None = None):
+    def __init__(
+        self,
+        watch_raises: BaseException,
+        unretryable_raises: BaseException | None = None,
+        recover_raises: BaseException | None = None,
+    ):
         self.cluster = local_cluster(1)
         self.nodes = self.cluster.nodes
         self.watch_raises, self.unretryable_raises = watch_raises, unretryable_raises
+        self.recover_raises = recover_raises
+        self.stop_at: float | None = None
+        """What stop_requested answers (an operator's stop's time)."""
         self.stopped = self.closed = False
 
     def default_config(self) -> str | None:
@@ -39,7 +48,7 @@ class Kind:
         self.stopped = True
 
     def stop_requested(self) -> float | None:
-        return None
+        return self.stop_at
 
     def unretryable(self, error: RunFailed) -> str | None:
         if self.unretryable_raises is not None:
@@ -53,6 +62,9 @@ class Kind:
         return None
 
     def recover(self) -> Recovered:
+        if self.recover_raises is not None:
+            self.stop_at = 1000.0  # `fab stop` while the kind waited for capacity
+            raise self.recover_raises
         return Recovered(tuple(n.name for n in self.nodes))
 
     def extra_overrides(self) -> tuple[str, ...]:
@@ -89,3 +101,12 @@ def test_ctrl_c_while_deciding_on_a_restart_stops_the_ranks_and_records_the_inte
         Lifecycle(TrainRequest("local", run="r"), kind).train()
     assert kind.stopped
     assert end_of(kind)["outcome"] == "interrupted"
+
+
+def test_an_operators_stop_that_ended_a_recoverys_wait_ends_the_run_stopped_not_failed(local_home):
+    lost = RunFailed("rank 0 lost", failure=FirstFailure("rank 0", "lost", detail="gone", node="local0"))
+    kind = Kind(watch_raises=lost, recover_raises=TaskError("stopped while waiting for local1 to be revived"))
+    with pytest.raises(OperatorStopped):
+        Lifecycle(TrainRequest("local", run="r"), kind).train()
+    end = end_of(kind)
+    assert end["outcome"] == "stopped" and end["requested_at"] == 1000.0
