@@ -284,6 +284,7 @@ class CtrlC:
         self.failure: Exception | None = None
         """Why ask failed (an API error): raised in the loop at its next check."""
         self.leaving = False
+        self.thread = threading.Thread(target=self.hand_over, daemon=True, name="interrupt")
 
     def press(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1
@@ -308,6 +309,11 @@ class CtrlC:
         if self.failure is not None:
             raise self.failure
 
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Before the run's last line: a hand-over under way finishes first (its line comes before)."""
+        if self.presses and self.thread.is_alive():
+            self.thread.join(timeout_s)
+
 
 @contextlib.contextmanager
 def interrupts_handed_over(ask: Callable[[], None]) -> Iterator[CtrlC]:
@@ -317,7 +323,7 @@ def interrupts_handed_over(ask: Callable[[], None]) -> Iterator[CtrlC]:
     if threading.current_thread() is not threading.main_thread():
         yield ctrl_c
         return
-    threading.Thread(target=ctrl_c.hand_over, daemon=True, name="interrupt").start()
+    ctrl_c.thread.start()
     previous = {signum: signal.signal(signum, ctrl_c.press) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield ctrl_c

@@ -18,8 +18,9 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
               last line and the run's exit status, and the supervisor Job deleted
     --detach  the same until the record has the attempt's launch event, then the attach command
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
-    Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX): every rank snapshots,
-              the run ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
+    Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
+              thread whatever the loop is doing (launcher.follow.CtrlC): every rank snapshots, the run
+              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
     stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
               reach the supervisor's watch, which ends the run "stopped", never restarted
 
@@ -303,6 +304,7 @@ class Supervisor:
                 copy.to()
                 state = self.ended_state()
                 if state is not None:
+                    ctrl_c.settle()
                     copy.to(whole_lines=False)
                     self.end()
                     return end_line(state.exit_code, state.line if state.to_stderr else None, log)
