@@ -38,7 +38,7 @@ STDERR_KEPT = 4096
 """The tail of a command's stderr kept for its error line."""
 OPEN_TIMEOUT_S = 30.0
 """How long opening an exec stream may take, and how long one read or write of an open stream may block
-(a frame already begun, a close): an API server answers an upgrade in well under a second."""
+(a frame already begun, a close): an upgrade is normally answered within a second or two."""
 
 
 @dataclass
