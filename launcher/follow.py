@@ -269,6 +269,72 @@ def terminated_as_interrupted() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class CtrlC:
+    """Ctrl-C (SIGINT) and SIGTERM while a front end follows a supervisor whose interrupt is a request
+    over the network, taken by a handler that raises nothing into the follow loop's calls: the first
+    is handed to the supervisor at once by a thread of its own (ask), whatever the loop is doing; a
+    second leaves (KeyboardInterrupt). A KeyboardInterrupt raised inside a client library can be lost:
+    the Kubernetes client turns one raised while an exec stream opens into ApiException(status=0)
+    (kubernetes/stream/ws_client.py, websocket_call), and websocket-client's close() drops any
+    exception (websocket/_core.py, a bare except), so a Ctrl-C during the record's copy did nothing."""
+
+    def __init__(self, ask: Callable[[], None]):
+        self.ask = ask
+        self.presses = 0
+        self.pressed = threading.Event()
+        self.failure: Exception | None = None
+        """Why ask failed (an API error): raised in the loop at its next check."""
+        self.leaving = False
+        self.thread = threading.Thread(target=self.hand_over, daemon=True, name="interrupt")
+
+    def press(self, signum: int, frame: FrameType | None) -> None:
+        self.presses += 1
+        if self.presses == 1:
+            self.pressed.set()
+            return
+        raise KeyboardInterrupt
+
+    def hand_over(self) -> None:
+        self.pressed.wait()
+        if self.leaving:
+            return
+        try:
+            self.ask()
+        except Exception as e:
+            self.failure = e
+
+    def check(self) -> None:
+        """Between the loop's steps: a second Ctrl-C whose KeyboardInterrupt a call lost, or ask's error."""
+        if self.presses > 1:
+            raise KeyboardInterrupt
+        if self.failure is not None:
+            raise self.failure
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Before the run's last line: a hand-over under way finishes first (its line comes before)."""
+        if self.presses and self.thread.is_alive():
+            self.thread.join(timeout_s)
+
+
+@contextlib.contextmanager
+def interrupts_handed_over(ask: Callable[[], None]) -> Iterator[CtrlC]:
+    """The block (a follow loop) with Ctrl-C and SIGTERM taken by CtrlC (signals reach the main thread
+    only: elsewhere nothing is installed)."""
+    ctrl_c = CtrlC(ask)
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+    ctrl_c.thread.start()
+    previous = {signum: signal.signal(signum, ctrl_c.press) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield ctrl_c
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        ctrl_c.leaving = True
+        ctrl_c.pressed.set()  # the thread ends (an ask under way finishes by itself)
+
+
 def end_line(code: int | None, line: str | None, log: Path) -> int:
     """The run's last line on stderr (an error, interrupted or stopped line; the done line came with the
     output) and its exit status."""

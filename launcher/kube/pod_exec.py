@@ -8,11 +8,21 @@ quadratic), and a capture of every stdout and stderr byte it read, emptied only 
 run_command() drains the channels after each update() and is given commands of bounded output, and
 stdout_lines() hands the capture over with read_all() each time: memory holds what is not yet parsed.
 Frames are read as bytes (binary=True): a file's bytes come through as the pod sent them.
+
+The client sets no timeout on its websocket (kubernetes/stream/ws_client.py create_websocket: a
+WebSocket without one blocks for ever), so open_exec bounds the opening (the connection, TLS and the
+upgrade's answer) by waiting for it from the caller's thread at most OPEN_TIMEOUT_S, and gives the open
+stream's socket that timeout for each read and write: a server that accepts and never answers, or
+stops mid-frame, is an error the caller handles, never a caller that waits for ever. (A thread left
+on an opening that never answers ends when its connection does.) Neither library lets a
+KeyboardInterrupt through reliably (launcher.follow.CtrlC): a caller that must see Ctrl-C takes it
+with a signal handler.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +36,9 @@ POLL_S = 1.0
 """How long one update() waits for a frame."""
 STDERR_KEPT = 4096
 """The tail of a command's stderr kept for its error line."""
+OPEN_TIMEOUT_S = 30.0
+"""How long opening an exec stream may take, and how long one read or write of an open stream may block
+(a frame already begun, a close): an upgrade is normally answered within a second or two."""
 
 
 @dataclass
@@ -45,24 +58,64 @@ def open_exec(
     command: list[str],
     container: str | None = None,
     stderr: bool = True,
+    timeout_s: float = OPEN_TIMEOUT_S,
 ) -> Any:
-    """The client's WSClient on the command (an ApiException when the server refuses the upgrade).
-    core must be a client of its own (Api.exec_core): the stream swaps its request function."""
+    """The client's WSClient on the command (an ApiException when the server refuses the upgrade, a
+    TimeoutError when it has not answered in timeout_s), each read and write of its socket bounded by
+    timeout_s. core must be a client of its own (Api.exec_core): the stream swaps its request function."""
     from kubernetes.stream import stream  # websocket-client: only exec needs it
 
-    return stream(
-        core.connect_get_namespaced_pod_exec,
-        pod,
-        namespace,
-        command=command,
-        stderr=stderr,
-        stdin=False,
-        stdout=True,
-        tty=False,
-        binary=True,
-        _preload_content=False,
-        **({"container": container} if container else {}),
-    )
+    def connect() -> Any:
+        return stream(
+            core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=command,
+            stderr=stderr,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            binary=True,
+            _preload_content=False,
+            **({"container": container} if container else {}),
+        )
+
+    ws = within(timeout_s, connect, lambda late: late.close(), f"opening an exec stream into pod {pod}")
+    ws.sock.settimeout(timeout_s)
+    return ws
+
+
+def within(timeout_s: float, call: Callable[[], Any], discard: Callable[[Any], None], what: str) -> Any:
+    """call()'s result (or its exception) if it comes within timeout_s, else TimeoutError; call runs in a
+    thread of its own, and a result that comes later is handed to discard."""
+    done = threading.Event()
+    lock = threading.Lock()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result = call()
+        except Exception as e:  # the caller's to handle
+            outcome["error"] = e
+            done.set()
+            return
+        with lock:
+            late = outcome.get("gave_up", False)
+            outcome["result"] = result
+        done.set()
+        if late:
+            discard(result)
+
+    threading.Thread(target=run, daemon=True, name="exec-open").start()
+    if not done.wait(timeout_s):
+        with lock:
+            if "result" not in outcome and "error" not in outcome:
+                outcome["gave_up"] = True
+                raise TimeoutError(f"{what}: no answer in {timeout_s:g} s")
+    done.wait()  # it came while giving up
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def exit_code(status: bytes) -> tuple[int | None, str]:

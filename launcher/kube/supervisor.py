@@ -18,8 +18,9 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
               last line and the run's exit status, and the supervisor Job deleted
     --detach  the same until the record has the attempt's launch event, then the attach command
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
-    Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX): every rank snapshots,
-              the run ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
+    Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
+              thread whatever the loop is doing (launcher.follow.CtrlC): every rank snapshots, the run
+              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
     stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
               reach the supervisor's watch, which ends the run "stopped", never restarted
 
@@ -45,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
-from launcher.follow import LogCopy, end_line, launch_count, runs_here, tail_offset, terminated_as_interrupted
+from launcher.follow import LogCopy, end_line, interrupts_handed_over, launch_count, runs_here, tail_offset
 from launcher.kube import objects, volume
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, connect, name_of
@@ -285,50 +286,43 @@ class Supervisor:
 
     def follow(self, start: int, detach_after: int | None) -> int:
         """Copy the record until the run's end (or, with detach_after, until it has more launch events),
-        printing the log; the run's exit status. Ctrl-C is handed to the supervisor once."""
+        printing the log; the run's exit status. Ctrl-C (or SIGTERM) is handed to the supervisor at once,
+        whatever the loop is doing (launcher.follow.CtrlC); a second one leaves."""
         log = self.record.made() / LOG_NAME
         copy = LogCopy(log, start)
-        interrupted = False
         waited = time.monotonic()
-        with outliving_the_terminal(log), terminated_as_interrupted():
+        with outliving_the_terminal(log), interrupts_handed_over(self.interrupt) as ctrl_c:
             while True:
-                try:
-                    job = self.read()
-                    if job is None:
-                        raise TaskError(
-                            f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}"
-                        )
-                    pod = self.running_pod()
-                    if pod is not None:
-                        waited = time.monotonic()
-                        self.sync(pod)
-                    copy.to()
-                    state = self.ended_state()
-                    if state is not None:
-                        copy.to(whole_lines=False)
-                        self.end()
-                        return end_line(state.exit_code, state.line if state.to_stderr else None, log)
-                    if detach_after is not None and launch_count(self.record.directory) > detach_after:
-                        attach = command_line("attach", cluster=self.cluster_spec, run=self.run)
-                        say(f"run {self.run} goes on under its supervisor in the cluster; follow it with `{attach}`")
-                        return 0
-                    failed = self.failed(job)
-                    if failed:
-                        raise TaskError(
-                            f"the run's supervisor Job {self.job} failed ({failed}); its record: "
-                            f"{self.record.directory}"
-                        )
-                    if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
-                        raise TaskError(
-                            f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
-                            "cluster's capacity (kubectl describe pod)"
-                        )
-                    time.sleep(POLL_S)
-                except KeyboardInterrupt:
-                    if interrupted:
-                        raise
-                    interrupted = True
-                    self.interrupt()
+                ctrl_c.check()
+                job = self.read()
+                if job is None:
+                    raise TaskError(f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}")
+                pod = self.running_pod()
+                if pod is not None:
+                    waited = time.monotonic()
+                    self.sync(pod)
+                copy.to()
+                state = self.ended_state()
+                if state is not None:
+                    ctrl_c.settle()
+                    copy.to(whole_lines=False)
+                    self.end()
+                    return end_line(state.exit_code, state.line if state.to_stderr else None, log)
+                if detach_after is not None and launch_count(self.record.directory) > detach_after:
+                    attach = command_line("attach", cluster=self.cluster_spec, run=self.run)
+                    say(f"run {self.run} goes on under its supervisor in the cluster; follow it with `{attach}`")
+                    return 0
+                failed = self.failed(job)
+                if failed:
+                    raise TaskError(
+                        f"the run's supervisor Job {self.job} failed ({failed}); its record: {self.record.directory}"
+                    )
+                if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
+                    raise TaskError(
+                        f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
+                        "cluster's capacity (kubectl describe pod)"
+                    )
+                time.sleep(POLL_S)
 
     def copy_ended(self) -> None:
         """An ended supervisor's record copied through a helper pod (its own pod has gone)."""

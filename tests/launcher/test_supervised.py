@@ -138,6 +138,43 @@ def test_sigterm_to_the_front_end_is_a_ctrl_c_for_the_run(tmp_path, monkeypatch,
     assert wait_ended(directory).exit_code == 130
 
 
+def test_a_ctrl_c_handed_over_reaches_the_supervisor_from_inside_a_call_that_loses_interrupts():
+    """follow.interrupts_handed_over (the Kubernetes front end's): the first Ctrl-C is handed over by a
+    thread of its own even while the loop is in a call that swallows exceptions (as websocket-client's
+    close() does); a second leaves; a failed hand-over is raised at the loop's next check."""
+    asked = threading.Event()
+
+    def losing_call() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        except BaseException:  # as websocket-client's close() does (a bare except)
+            pass
+
+    previous = signal.getsignal(signal.SIGINT)
+    with follow.interrupts_handed_over(asked.set) as ctrl_c:
+        losing_call()
+        assert asked.wait(10)
+        ctrl_c.check()  # nothing to leave for
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        with pytest.raises(KeyboardInterrupt):  # were it lost in a call, the loop's check leaves
+            ctrl_c.check()
+    assert signal.getsignal(signal.SIGINT) is previous
+
+    def refused() -> None:
+        raise TaskError("asking the supervisor to interrupt the run: forbidden (403)")
+
+    with follow.interrupts_handed_over(refused) as ctrl_c:
+        os.kill(os.getpid(), signal.SIGTERM)  # a CI timeout, `kill`: the same
+        deadline = time.monotonic() + 10
+        while ctrl_c.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(TaskError, match="forbidden"):
+            ctrl_c.check()
+
+
 def wait_for_output(directory: Path, text: str) -> None:
     deadline = time.monotonic() + 60
     while text not in ((directory / LOG_NAME).read_text() if (directory / LOG_NAME).exists() else ""):

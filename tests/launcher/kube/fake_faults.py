@@ -11,6 +11,7 @@ controllers talk to the API server from inside.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -39,14 +40,18 @@ REASONS = {
 @dataclass
 class Fault:
     """Requests whose "METHOD /path?query" contains `match` pass `after` times, then get `answers` in turn:
-    a status, "reset" (the connection closed before the request was served) or "lost" (served, then
-    the connection closed before the answer: a create that happened though the client never heard)."""
+    a status, "reset" (the connection closed before the request was served), "lost" (served, then
+    the connection closed before the answer: a create that happened though the client never heard),
+    "slow" (served after hold_s: a busy server, or a kubelet slow to start an exec) or "silent" (never
+    answered while the client waits: a server or kubelet that accepted it and hangs)."""
 
     match: str
     answers: list[int | str]
     after: int = 0
     retry_after_s: int = 1
     """Retry-After on a 429 (seconds)."""
+    hold_s: float = 2.0
+    """How long a "slow" answer takes."""
     seen: int = 0
     given: list[str] = field(default_factory=list)
     """"METHOD /path -> answer" for each fault given."""
@@ -79,8 +84,10 @@ class Faults:
             self.refused.append(request)
             return True
 
-    def add(self, match: str, answers: list[int | str], after: int = 0, retry_after_s: int = 1) -> Fault:
-        fault = Fault(match, list(answers), after, retry_after_s)
+    def add(
+        self, match: str, answers: list[int | str], after: int = 0, retry_after_s: int = 1, hold_s: float = 2.0
+    ) -> Fault:
+        fault = Fault(match, list(answers), after, retry_after_s, hold_s)
         with self.lock:
             self.rules.append(fault)
         return fault
@@ -137,6 +144,14 @@ async def give_uid(raw_request: aiohttp.web.BaseRequest) -> None:
         raw_request._read_bytes = json.dumps(document).encode()  # what read(), text() and json() hand kmock
 
 
+async def until_gone(raw_request: aiohttp.web.BaseRequest, limit_s: float = 300.0) -> None:
+    """Wait until the client closed the request's connection (at most limit_s: a test's bound)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while raw_request.transport is not None and not raw_request.transport.is_closing() and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
 class ClusterEmulator(ExecEmulator):
     """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
 
@@ -154,6 +169,12 @@ class ClusterEmulator(ExecEmulator):
             planned = self.faults.next(f"{raw_request.method} {raw_request.path_qs}")
             if planned is not None:
                 fault, answer = planned
+                if answer == "slow":
+                    await asyncio.sleep(fault.hold_s)
+                    return await self.serve(raw_request)
+                if answer == "silent":
+                    await until_gone(raw_request)
+                    return aiohttp.web.Response(status=500)  # nobody reads it
                 if answer in ("reset", "lost"):
                     if answer == "lost":
                         await super().__call__(raw_request)
@@ -162,6 +183,9 @@ class ClusterEmulator(ExecEmulator):
                     return aiohttp.web.Response(status=500)
                 assert isinstance(answer, int)
                 return status_response(answer, fault.retry_after_s)
+        return await self.serve(raw_request)
+
+    async def serve(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         log = LOG_PATH.match(raw_request.path)
         if log and raw_request.method == "GET":
             return await self.pod_logs.serve(raw_request, log["pod"])

@@ -151,6 +151,18 @@ def test_run_command_reads_stdout_stderr_and_the_exit_code(fake):
     assert (result.code, result.error) == (0, "")
 
 
+def test_an_exec_stream_whose_opening_is_never_answered_times_out_and_the_next_one_opens(fake):
+    fake.faults.add("/pods/p/exec", ["silent", "slow"], hold_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="opening an exec stream into pod p: no answer in 1 s"):
+        open_exec(exec_core(fake), "nanocluster", "p", ["true"], timeout_s=1)
+    assert time.monotonic() - started < 5
+    ws = open_exec(exec_core(fake), "nanocluster", "p", ["sh", "-c", "echo hi"], timeout_s=10)  # slow, in time
+    out = bytearray()
+    assert run_command(ws, out.extend, 10).code == 0 and bytes(out) == b"hi\n"
+    assert ws.sock.gettimeout() == 10  # each read and write of the open stream is bounded too
+
+
 def test_stdout_lines_joins_lines_across_frames_and_keeps_only_the_unfinished_one(fake):
     fake.pod_exec.frame_bytes = 7
     lines = [f'{{"iter": {i}, "loss": {4 - i / 10}}}' for i in range(40)]

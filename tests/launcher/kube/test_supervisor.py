@@ -247,18 +247,12 @@ def test_the_supervisor_pod_passes_pod_security_restricted_and_keeps_its_token_o
     assert binding["roleRef"]["name"] == role["metadata"]["name"] and role["kind"] == "Role"  # the namespace only
 
 
-CTRL_C_HANGS = pytest.mark.xfail(
-    reason="open defect: about one run in three under load, the front end's Ctrl-C never reaches the supervisor "
-    "pod and the run goes on; exit_code's failure shows the front end's stack (faulthandler)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("how", ["stop", pytest.param("ctrl-c", marks=CTRL_C_HANGS)])
+@pytest.mark.parametrize("how", ["stop", "ctrl-c", "ctrl-c-mid-copy"])
 def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_file, script, tmp_path, task, how):
     """`stop` (its request, the training Job deleted) ends the run "stopped"; the front end's Ctrl-C asks
     the supervisor, which stops every rank and ends it "interrupted": exit 130 and the continue line
-    either way, no restart."""
+    either way, no restart. ctrl-c-mid-copy: the Ctrl-C comes while the front end opens an exec stream
+    to copy the record (the client library turned a KeyboardInterrupt there into an API error)."""
     fake.seed()
     script.run_ticks = 10**9
     home = tmp_path / "home"
@@ -270,8 +264,12 @@ def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_f
     if how == "stop":
         stopped = task("stop", "--cluster", str(contract_file), "--run", "st")
         assert stopped.code == 0, stopped.err
-    else:
+    elif how == "ctrl-c":
         train.send_signal(signal.SIGINT)
+    else:
+        slow = fake.faults.add("/pods/fake-st-supervisor-0-a0/exec", ["slow"] * 4, hold_s=2.0)
+        wait_for("the record's copy opening an exec stream", lambda: len(slow.given) >= 2, fake)
+        train.send_signal(signal.SIGINT)  # within the 2 s the server takes to answer that opening
     assert exit_code(train, out, fake) == 130, out.read_text() + fake.processes.output()
     text = out.read_text()
     last = text.strip().splitlines()[-1]
