@@ -114,6 +114,7 @@ def test_a_gpu_run_computes_its_loss_with_the_triton_kernel(scratch_run):
     assert "loss Triton kernel" in log, log[-4000:]
 
 
+@pytest.mark.fresh_process  # torch.compile: apart from what other tests imported (tests/conftest.py)
 def test_the_triton_loss_matches_f_cross_entropy_on_the_gpu():
     """GPT-2's vocabulary, bf16 autocast, compiled as the trainer compiles: the loss and both gradients
     of the fused kernel against the plain path (logits, then F.cross_entropy on an fp32 copy)."""
