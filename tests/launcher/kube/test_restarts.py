@@ -28,7 +28,10 @@ def quick_backoff(monkeypatch):
 def test_a_run_that_meets_429_5xx_and_reset_connections_is_retried_and_finishes(fake, contract_file, task, script):
     fake.seed()
     script.run_ticks = 40  # the run lasts long enough for the watch's requests to meet the faults
-    pods = fake.faults.add(PODS, [429, 503, 500, "reset", "reset", "reset", "reset", 503], after=20)
+    # the training Job's pod list, which the watch polls: a looser match would hand the faults to whichever
+    # pod request comes first under the machine's load (the staging pod's log, a pod's exec)
+    watch_list = f"{PODS}?labelSelector=batch.kubernetes.io/job-name%3Dfake-t1"
+    pods = fake.faults.add(watch_list, [429, 503, 500, "reset", "reset", "reset", "reset", 503], after=5)
     # the training Job's create is served but its answer lost: the retry's 409 is the call's own Job
     created = fake.faults.add(JOBS, ["lost"], after=1)
     ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "t1", *QUICK)
