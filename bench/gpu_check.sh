@@ -112,8 +112,9 @@ if [ ! -f "$NANOGPT/train.py" ]; then
     record "vs nanoGPT" FAIL "no nanoGPT checkout at $NANOGPT (copy one to ./.nanogpt or set NANOGPT=)"
 else
     # One round (the script's default is two): compiling GPT-2 small twice more would not fit 8 minutes.
+    # 30 steps (a second each): 8 left the median within a step's jitter (28-43 ms on an H100).
     # --shape: nanoGPT in GPT-2's own shape too (biases, 50,257 words), the trainer's model.
-    bounded 240 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 8 --warmup 3 \
+    bounded 240 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 30 --warmup 3 \
         --timeout 120 --shape 2>&1 | tee "$WORK/bench.log"
     code=${PIPESTATUS[0]}
     line=$(grep '^gpu_vs_nanogpt:' "$WORK/bench.log" | tail -1)
