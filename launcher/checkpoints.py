@@ -6,7 +6,6 @@ it is run from."""
 from __future__ import annotations
 
 import shlex
-import shutil
 from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, cluster_dir
@@ -20,7 +19,7 @@ from launcher.console import (
     removed_on_failure,
     say,
 )
-from launcher.runs.metrics_copy import PLOT_NAME
+from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord
 from launcher.session import Session, resolve_cluster
 from launcher.setup.nodes import ensure_ready
@@ -114,10 +113,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
         for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
             fetch_file(shell, f"runs/{run}/{name}", target_dir / name, again)
-        plot = RunRecord.of(cluster, run).directory / PLOT_NAME
-        if plot.exists():
-            shutil.copyfile(plot, target_dir / PLOT_NAME)
-            say(f"copied the run's plot {plot} -> {target_dir / PLOT_NAME}")
+        copy_plot(RunRecord.of(cluster, run).directory, target_dir)
         if listed:
             say(f"TensorBoard: tensorboard --logdir {target_dir / TB_DIR}")
         say(f"run {run} fetched into {target_dir.resolve()}")

@@ -54,6 +54,8 @@ from launcher.launch.supervisor import (
     write_state,
 )
 from launcher.lifecycle import TrainRequest
+from launcher.runs.metrics_copy import PLOT_NAME
+from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME
 from launcher.transport import NodeError, Shell
@@ -171,10 +173,10 @@ def start_on_head(spec: dict) -> dict:
 
 def sync_on_head(directory: Path, offsets: dict[str, int]) -> dict:
     """`sync`: every file of the record from the offset given (whole for WHOLE_SUFFIXES, and where it
-    shrank), base64; and whether the supervisor is live."""
+    shrank), base64; and whether the supervisor is live. Not a plot: the operator's machine draws its own."""
     files = {}
     for path in sorted(directory.iterdir()) if directory.is_dir() else ():
-        if not path.is_file() or path.name == LOCK_NAME or path.name.startswith("."):
+        if not path.is_file() or path.name in (LOCK_NAME, PLOT_NAME) or path.name.startswith("."):
             continue
         size = path.stat().st_size
         start = offsets.get(path.name, 0)
@@ -241,6 +243,8 @@ class HeadWatch:
         self.unsent: dict | None = None
         """An answer the head did not take (sent again, never revived again)."""
         self.last_refresh = -REFRESH_S
+        self.plot = SyncedPlot(local)
+        """Drawn here: the head has no matplotlib."""
 
     def offsets(self) -> dict[str, int]:
         try:
@@ -272,6 +276,7 @@ class HeadWatch:
         temporary = self.local / f"{SYNC_STATE_NAME}.tmp"
         temporary.write_text(json.dumps(offsets))
         os.replace(temporary, self.local / SYNC_STATE_NAME)
+        self.plot.update()
 
     def state(self) -> SupervisorState | None:
         return read_state(self.local)
@@ -339,6 +344,7 @@ class HeadWatch:
         return f"on the head node {self.cluster.head.name}"
 
     def close(self) -> None:
+        self.plot.close()
         self.shell.close()
 
 

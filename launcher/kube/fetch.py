@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, delete_job, job_pod
 from launcher.kube.objects import job_name
 from launcher.kube.pod_exec import ExecResult, open_exec, run_command
 from launcher.kube.tasks import best_checkpoint_script
-from launcher.runs.metrics_copy import PLOT_NAME
+from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord
 from model.conventions import CKPT_NAME, SNAPSHOT_NAME, TB_DIR
 
@@ -205,10 +204,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         with removed_on_failure(target):
             for file in files:
                 pod.copy(file, target / file.name)
-            plot = RunRecord.of(cluster, run).directory / PLOT_NAME
-            if plot.exists():
-                shutil.copyfile(plot, target / PLOT_NAME)
-                say(f"copied the run's plot {plot} -> {target / PLOT_NAME}")
+            copy_plot(RunRecord.of(cluster, run).directory, target)
     finally:
         delete_job(api, name)
     if any(f.name.startswith(f"{TB_DIR}/") for f in files):

@@ -57,6 +57,8 @@ from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state
 from launcher.lifecycle import TrainRequest, checked_here
+from launcher.runs.metrics_copy import PLOT_NAME
+from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
@@ -78,8 +80,8 @@ ROLE_RULES = [
 ]
 """What the lifecycle calls, in the run's namespace only: no cluster-scoped object, no Secret."""
 SERVICE_ACCOUNT = "nanocluster-supervisor"
-PRIVATE = (SESSION_NAME, ENDED_NAME)
-"""The supervisor's own files in the record on the claim: not copied."""
+PRIVATE = (SESSION_NAME, ENDED_NAME, PLOT_NAME)
+"""The supervisor's own files in the record on the claim, and a plot (this machine draws its own): not copied."""
 SYNC_NAME = ".claim-sync.json"
 """In this machine's record directory: how much of each file on the claim was copied."""
 
@@ -152,6 +154,8 @@ class Supervisor:
         between front ends)."""
         with contextlib.suppress(OSError, ValueError):
             self.synced = json.loads((self.record.directory / SYNC_NAME).read_text())
+        self.plot = SyncedPlot(self.record.directory)
+        """Drawn here: the supervisor's pod has no matplotlib."""
 
     def read(self) -> V1Job | None:
         try:
@@ -251,6 +255,7 @@ class Supervisor:
             copy_part(local, name, bytes(data), whole)
             self.synced[name] = [start + len(data), log_size(local / name)]
             (local / SYNC_NAME).write_text(json.dumps(self.synced))
+        self.plot.update()
         return True
 
     def copied(self, path: Path) -> int:
@@ -277,8 +282,9 @@ class Supervisor:
         say("interrupting: the supervisor stops every rank after its snapshot (Ctrl-C again leaves it running)")
 
     def end(self) -> None:
-        """The run ended and its record is here: the supervisor Job goes."""
+        """The run ended and its record is here: the supervisor Job goes, the plot is drawn whole."""
         delete_job(self.api, self.job)
+        self.plot.close()
 
     def ended_state(self) -> SupervisorState | None:
         state = read_state(self.record.directory)
@@ -335,6 +341,7 @@ class Supervisor:
             self.sync(wait_running(self.api, name))
         finally:
             delete_job(self.api, name)
+        self.plot.close()
 
 
 def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> TaskError:

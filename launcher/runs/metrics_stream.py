@@ -1,19 +1,28 @@
 """What `fab train` keeps on the operator's machine while it follows a run: the metrics copy
 (launcher.runs.metrics_copy), the plot redrawn at each eval and at the end (launcher.runs.plot), and
 the time/cost tail of the live progress line (launcher.runs.estimate). The monitor calls it from its
-metrics thread; nothing here blocks following the logs (the plot is drawn on its own thread)."""
+metrics thread; nothing here blocks following the logs (the plot is drawn on its own thread).
+
+A run supervised on the cluster (a head node, a pod) has no matplotlib where its supervisor runs: its
+front end draws the plot here from the synced record (SyncedPlot), and `fab fetch` draws it when the
+synced metrics are newer than the plot (current_plot).
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.cluster.inventory import Cluster
+from launcher.console import say
 from launcher.runs import budget
 from launcher.runs.estimate import progress_suffix, run_clock
-from launcher.runs.metrics_copy import MetricsCopy, Series
+from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series
 from launcher.runs.record import RunRecord
+from model.monitoring.metrics import METRICS_NAME
 
 if TYPE_CHECKING:
     from launcher.runs.plot import PlotRefresher
@@ -68,3 +77,75 @@ def plotter(record_dir: Path) -> PlotRefresher | None:
     except ImportError:
         return None
     return PlotRefresher(record_dir)
+
+
+def redraws(line: bytes) -> bool:
+    """Whether a metrics line is one the plot is redrawn at (an eval)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("kind") in REDRAW_KINDS
+
+
+class SyncedPlot:
+    """The plot of a run whose record is synced here from its supervisor on the cluster: redrawn (on
+    PlotRefresher's thread) when the synced metrics gained an eval, and once more at the end."""
+
+    def __init__(self, record_dir: Path):
+        self.record_dir = record_dir
+        self.offset = 0
+        """How far the synced metrics were read: the lines before it were seen."""
+        self.refresher: PlotRefresher | None = None
+        self.drawable = True
+        """False once matplotlib was found missing here."""
+
+    def update(self) -> None:
+        """Read the metrics lines synced since the last call; a redraw when one is an eval."""
+        try:
+            with open(self.record_dir / METRICS_NAME, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        whole = data.rfind(b"\n") + 1  # a line still being synced is read next time
+        self.offset += whole
+        if any(redraws(line) for line in data[:whole].splitlines()):
+            self.request()
+
+    def request(self) -> None:
+        if self.refresher is None and self.drawable:
+            self.refresher = plotter(self.record_dir)
+            self.drawable = self.refresher is not None
+        if self.refresher is not None:
+            self.refresher.request()
+
+    def close(self) -> None:
+        """The last drawing, with everything synced (returns once it is on disk)."""
+        self.update()
+        if self.offset:
+            self.request()
+        if self.refresher is not None:
+            self.refresher.close()
+
+
+def current_plot(record_dir: Path) -> Path | None:
+    """The run's plot, drawn now where the metrics copy is newer than it (a run supervised on the cluster
+    that ended while no front end followed it); None without metrics, or without matplotlib and a plot."""
+    plot, metrics = record_dir / PLOT_NAME, record_dir / METRICS_NAME
+    if metrics.exists() and (not plot.exists() or plot.stat().st_mtime < metrics.stat().st_mtime):
+        try:
+            from launcher.runs.plot import save_plot  # matplotlib
+        except ImportError:
+            pass
+        else:
+            save_plot(record_dir)
+    return plot if plot.exists() else None
+
+
+def copy_plot(record_dir: Path, target_dir: Path) -> None:
+    """`fab fetch`: the run's plot (current_plot) copied next to the fetched checkpoint, if there is one."""
+    plot = current_plot(record_dir)
+    if plot is not None:
+        shutil.copyfile(plot, target_dir / PLOT_NAME)
+        say(f"copied the run's plot {plot} -> {target_dir / PLOT_NAME}")

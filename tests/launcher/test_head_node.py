@@ -35,11 +35,13 @@ from launcher.head_node import (
 )
 from launcher.launch.supervisor import ENDED, LOCK_NAME, AlreadySupervised, is_live, read_state
 from launcher.lifecycle import TrainRequest
+from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.setup.nodes import code_files
 from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME
 from launcher.train import ENTRY, STACK_HEAD_ENTRY, supervision
 from launcher.transport import Result, Shell
+from model.monitoring.metrics import METRICS_NAME
 
 FAKES = "tests.launcher.supervised_fakes"
 
@@ -184,6 +186,29 @@ def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_wh
     assert (local / "train.log").read_text() == "one\nthis machine's own line\ntwo\n"
     assert read_state(local).phase == ENDED
     assert set(sync_on_head(directory, {"train.log": 8})["files"]) == {"supervisor.json"}  # the log: nothing new
+
+
+def test_the_operator_draws_the_plot_from_the_heads_synced_metrics_and_never_copies_the_heads(
+    tmp_path, contract, monkeypatch
+):
+    head, local = tmp_path / "head", tmp_path / "local"
+    directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
+    directory.mkdir(parents=True)
+    (head / "cluster.json").write_text(json.dumps(contract))
+    (directory / "supervisor.json").write_text('{"pid": 1, "phase": "starting"}')
+    (directory / LOCK_NAME).touch()
+    records = [
+        {"kind": "start", "iter": 0, "resumed": False, "max_iters": 4, "tokens_per_iter": 64},
+        {"kind": "eval", "iter": 0, "train_loss": 9.0, "val_loss": 9.5},
+        {"kind": "train", "iter": 0, "loss": 9.0, "lr": 1e-3, "iter_ms": 10.0, "tokens_per_s": 1.0},
+    ]
+    (directory / METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (directory / PLOT_NAME).write_bytes(b"a plot the head drew")  # a head where matplotlib was installed
+    watch = HeadWatch(parse_contract(contract, "c.json"), HeadShell(head, monkeypatch), local, "r")
+    watch.refresh()
+    assert PLOT_NAME not in sync_on_head(directory, {})["files"]
+    watch.close()  # the front end leaves: its last drawing is on disk
+    assert (local / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_run_whose_supervisor_on_the_head_is_live_is_listed_running_and_never_deleted(tmp_path):

@@ -1,11 +1,13 @@
 """The run's plot and terminal chart are drawn from the operator's metrics copy, one series across restarts."""
 
 import json
+import os
 
 import pytest
 
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series, read_series
+from launcher.runs.metrics_stream import SyncedPlot, copy_plot, current_plot
 from launcher.runs.plot import PlotRefresher, draw, save_plot
 from model.monitoring.metrics import METRICS_NAME, read_jsonl
 
@@ -104,3 +106,49 @@ def test_the_terminal_chart_is_plain_text_with_both_losses(record_dir):
     assert any("train loss" in line for line in lines) and any("val loss" in line for line in lines)
     assert "iteration" in lines[-1]
     assert loss_chart(Series()) == ""
+
+
+def append_bytes(record_dir, data: bytes) -> None:
+    with open(record_dir / METRICS_NAME, "ab") as f:
+        f.write(data)
+
+
+def test_a_record_synced_from_the_cluster_is_plotted_here_at_each_eval_and_at_the_end(tmp_path):
+    """A supervisor on a head node or in a pod has no matplotlib: the front end draws from the synced copy."""
+    plot = SyncedPlot(tmp_path)
+    plot.update()  # nothing synced yet
+    train = {"kind": "train", "iter": 0, "loss": 9.0, "lr": 1e-3, "iter_ms": 10.0, "tokens_per_s": 1.0}
+    append_bytes(tmp_path, (json.dumps(train) + "\n").encode())
+    plot.update()
+    assert plot.refresher is None  # a train line is no reason to draw
+    evaluation = (json.dumps({"kind": "eval", "iter": 0, "train_loss": 9.0, "val_loss": 9.5}) + "\n").encode()
+    append_bytes(tmp_path, evaluation[:10])  # a line still being synced
+    plot.update()
+    assert plot.refresher is None
+    append_bytes(tmp_path, evaluation[10:])
+    plot.update()
+    assert plot.refresher is not None
+    train["iter"] = 1
+    append_bytes(tmp_path, (json.dumps(train) + "\n").encode())
+    plot.close()  # the end: drawn with everything synced
+    assert (tmp_path / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert read_series(tmp_path).train_iters == [0, 1]
+
+
+def test_fetch_draws_the_plot_where_the_synced_metrics_are_newer_and_copies_it(record_dir, tmp_path_factory, capsys):
+    plot = record_dir / PLOT_NAME
+    assert current_plot(record_dir) == plot  # a run that ended while no front end followed it
+    drawn = plot.stat().st_mtime_ns
+    assert current_plot(record_dir) == plot and plot.stat().st_mtime_ns == drawn  # up to date: not redrawn
+    later = plot.stat().st_mtime + 5
+    os.utime(record_dir / METRICS_NAME, (later, later))  # the record gained lines since
+    current_plot(record_dir)
+    assert plot.stat().st_mtime_ns != drawn
+    target = tmp_path_factory.mktemp("fetched")
+    copy_plot(record_dir, target)
+    assert (target / PLOT_NAME).read_bytes() == plot.read_bytes()
+    assert f"copied the run's plot {plot} -> {target / PLOT_NAME}" in capsys.readouterr().out
+    empty = tmp_path_factory.mktemp("empty")
+    assert current_plot(empty) is None
+    copy_plot(empty, target)  # nothing recorded: nothing copied, nothing said
+    assert capsys.readouterr().out == ""
