@@ -95,12 +95,13 @@ lint: setup
 # Both runs in a random order (pytest-randomly: the files, the tests in each file), so a test that
 # passes only after another fails here, not on the day the order changes. The seed is drawn once and
 # printed at the top of each run ("Using --randomly-seed=N"); `make test TEST_SEED=N` replays it.
-# --dist loadfile still hands each worker whole files.
+# --dist loadfile still hands each worker whole files. --durations: the slowest tests, printed at the end
+# of each run, so the CI log says where its minutes went.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 ifndef TEST_SEED
 TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 TEST_ORDER := -p randomly --randomly-seed=$(TEST_SEED)
 test: setup system-deps lint
-	$(BIN)/pytest $(TEST_ORDER) -m "not alone" -n $(TEST_WORKERS) --dist loadfile
-	$(BIN)/pytest $(TEST_ORDER) -m alone
+	$(BIN)/pytest $(TEST_ORDER) -m "not alone" -n $(TEST_WORKERS) --dist loadfile --durations=30
+	$(BIN)/pytest $(TEST_ORDER) -m alone --durations=10
