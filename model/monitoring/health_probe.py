@@ -73,7 +73,7 @@ ForwardHook = Callable[[nn.Module, tuple[Any, ...], Any], Any]
 
 
 class GuardedTrainer(Protocol):
-    """What of the trainer (model.train.Trainer) the probe's and the guard's steps read; a rollback
+    """What of the trainer (model.training.trainer.Trainer) the probe's and the guard's steps read; a rollback
     restores raw_model's weights and optimizer's state in place."""
 
     @property
