@@ -30,7 +30,7 @@ import torch
 
 from model.data.token_format import write_split
 from model.gpt.precision import keep_freed_memory
-from model.monitoring import health_probe
+from model.monitoring import health_probe, step_guard
 from model.monitoring.mfu import cpu_name
 from model.parallel import distributed
 from model.settings.config import load_config
@@ -86,7 +86,7 @@ def main() -> None:
         interval = cfg.health.interval
         blocks = trainer.raw_model.transformer.h
         assert isinstance(blocks, torch.nn.ModuleList)  # a ModuleDict's item, typed as any module
-        on = (health_probe.HealthProbe(blocks, 1), health_probe.StepGuard(cfg.health))
+        on = (health_probe.HealthProbe(blocks, 1), step_guard.StepGuard(cfg.health))
         settings = {"off": (None, None), "on": on}
 
         def run_round(name: str) -> list[float]:

@@ -33,7 +33,7 @@ from model.gpt.precision import (
     maybe_compile,
     maybe_ipex_optimize,
 )
-from model.monitoring import health_probe, step_timing
+from model.monitoring import health_probe, step_guard, step_timing
 from model.monitoring.metrics import MetricsLog
 from model.monitoring.mfu import gpu_peak_flops, measure_matmul_peak
 from model.parallel import comm_hooks, distributed, zero
@@ -105,7 +105,7 @@ class TrainerState:
         # On a GPU the guard judges each step on the device and settles its books a step late; that
         # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
         self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
-        self.pending_verdict: tuple[health_probe.DeviceVerdict, int] | None = None
+        self.pending_verdict: tuple[step_guard.DeviceVerdict, int] | None = None
         self.model = maybe_compile(self.raw_model, self.compiled)
         # Once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         if cfg.peak_flops:

@@ -2,7 +2,7 @@
 
 A step accumulates gradients over gradient_accumulation_steps micro-batches (DDP syncs on the last),
 unscales them (the fp16 scaler), clips, and lets the step guard decide whether to apply it
-(model.monitoring.health_probe): on the host, or on a GPU on the device, its books settled one step
+(model.monitoring.step_guard): on the host, or on a GPU on the device, its books settled one step
 later (settle_guard). A GPU step reads nothing back to the host: the loss stays a tensor.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at
 from model.gpt.precision import autocast
-from model.monitoring import health_probe
+from model.monitoring import health_probe, step_guard
 from model.parallel.collectives import all_ranks_mean
 from model.training.state import TrainerState
 
@@ -41,7 +41,7 @@ class TrainingStep(TrainerState):
 
     def train_step(self) -> torch.Tensor | float:
         """One optimizer step: accumulate gradients over the micro-batches, syncing on the last; the
-        step guard may leave it unapplied (model.monitoring.health_probe). Returns the step's loss (with the
+        step guard may leave it unapplied (model.monitoring.step_guard). Returns the step's loss (with the
         guard, already the mean over ranks): a tensor unless the guard read it on the host, so a GPU step
         waits for nothing (float() it at log steps)."""
         lr = learning_rate_at(self.iter_num, self.cfg)
@@ -96,7 +96,7 @@ class TrainingStep(TrainerState):
         if probe is not None:
             health_probe.record_health(self, probe)
         if guard is not None and problem is not None:  # nothing was applied: record it, roll back if due
-            health_probe.skip_step(self, guard, *problem)
+            step_guard.skip_step(self, guard, *problem)
         return loss
 
     def optimizer_step(self) -> None:
@@ -117,7 +117,7 @@ class TrainingStep(TrainerState):
         self, local_loss: torch.Tensor, norm: torch.Tensor | None, probe: health_probe.HealthProbe | None
     ) -> torch.Tensor:
         """The rest of a GPU step with the guard: judged on the device, skipped by the fused AdamW's
-        found_inf, its books settled one step later (model.monitoring.health_probe's docstring)."""
+        found_inf, its books settled one step later (model.monitoring.step_guard's docstring)."""
         assert self.guard is not None
         if norm is None:  # grad_clip=0: the guard still needs the norm
             norm = gradient_norm([p.grad for p in self.raw_model.parameters() if p.grad is not None])
@@ -147,4 +147,4 @@ class TrainingStep(TrainerState):
             return
         verdict, iteration = self.pending_verdict
         self.pending_verdict = None
-        health_probe.settle_verdict(self, self.guard, verdict, iteration)
+        step_guard.settle_verdict(self, self.guard, verdict, iteration)

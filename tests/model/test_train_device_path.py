@@ -17,7 +17,7 @@ from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 from model.checkpointing.start import StartState, restore_rng, rng_state
 from model.gpt.optim import clip_gradients
 from model.monitoring import step_timing
-from model.monitoring.health_probe import StepGuard
+from model.monitoring.step_guard import StepGuard
 from model.parallel.distributed import RankEnv
 from model.settings.config import load_config
 from model.settings.health_config import HealthConfig
