@@ -2,8 +2,8 @@
 
 TrainerState reads the start (model.checkpointing.start: a resume, pretrained weights or scratch), then
 builds this rank's precision, batches, model, optimizer, compiled model, health probe and step guard,
-MFU's peak, DDP with its gradient hook, step timers, metrics and snapshot writer; the training step
-(model.training.step), the outputs (model.training.outputs) and the loop (model.training.trainer) add to it.
+MFU's peak, DDP with its gradient hook, step timers, metrics and snapshot writer; the Trainer
+(model.training.trainer: the loop, the step, the outputs) adds what it does with them.
 """
 
 from __future__ import annotations
