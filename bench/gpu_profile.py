@@ -2,7 +2,7 @@
 
     python bench/gpu_profile.py [--batch-size 12] [--steps 3] [--top 25] [key=value ...]
 
-The step is the trainer's own (model.train.Trainer.train_step: compiled, bf16 autocast where the GPU
+The step is the trainer's own (model.training.trainer's train_step: compiled, bf16 autocast where the GPU
 has it, the step guard, fused AdamW) on GPT-2 small at block 1024, as bench/gpu_vs_nanogpt.py runs it;
 key=value overrides change the trainer config (health.guard=false, ...).
 After --warmup steps (compilation) it profiles --steps steps and prints: the wall time per step, the
@@ -72,15 +72,15 @@ class PhaseClock:
 def host_phases(trainer: Any, steps: int) -> None:
     """The trainer's step and a nanoGPT-style loop over the same compiled model and optimizer, each timed
     by phase on the host; the wall time per step closes with one sync."""
-    import model.train as train_module
+    import model.training.trainer as trainer_module
     from model.gpt.precision import autocast
 
     clock = PhaseClock()
-    original = (trainer.data.get, trainer.model, torch.Tensor.backward, train_module.clip_gradients)
+    original = (trainer.data.get, trainer.model, torch.Tensor.backward, trainer_module.clip_gradients)
     trainer.data.get = clock.wrap("data", original[0])
     trainer.model = clock.wrap("forward", original[1])
     torch.Tensor.backward = clock.wrap("backward", original[2])  # type: ignore[method-assign]
-    train_module.clip_gradients = clock.wrap("clip", original[3])
+    trainer_module.clip_gradients = clock.wrap("clip", original[3])
     step = clock.wrap("whole step", trainer.train_step)
     started = time.perf_counter()
     for _ in range(steps):
@@ -90,7 +90,7 @@ def host_phases(trainer: Any, steps: int) -> None:
     wall = (time.perf_counter() - started) * 1e3 / steps
     clock.ms["rest"] = clock.ms.pop("whole step") - sum(clock.ms.values())
     print(clock.line("the trainer's train_step", steps, wall))
-    trainer.data.get, trainer.model, torch.Tensor.backward, train_module.clip_gradients = original  # type: ignore[method-assign]
+    trainer.data.get, trainer.model, torch.Tensor.backward, trainer_module.clip_gradients = original  # type: ignore[method-assign]
 
     plain, parameters, optimizer = PhaseClock(), list(trainer.raw_model.parameters()), trainer.optimizer
     optimizer.grad_scale = None  # the trainer's clip leaves its divisor there for the fused step
@@ -134,7 +134,7 @@ def main() -> None:
         sys.exit(f"gpu_profile: refused: torch {torch.__version__} sees no CUDA GPU; this benchmark needs one")
     from torch.profiler import ProfilerActivity, profile
 
-    from model.train import Trainer
+    from model.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="gpu-profile-") as work:
         data = synthetic_tokens(Path(work), 4_000_000)

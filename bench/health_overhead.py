@@ -2,7 +2,7 @@
 
     python bench/health_overhead.py [--rounds 20] [--layers 6] [--embd 384] [--block 256] [--batch 2] [--cpu-time]
 
-One process, one Trainer (model.train) on random tokens, a scratch model of the given shape with
+One process, one Trainer (model.training.trainer) on random tokens, a scratch model of the given shape with
 GPT-2's vocabulary. Rounds alternate between "off" (no statistics, no guard) and "on" (the defaults:
 statistics every health.interval steps, the step guard), each round health.interval steps starting
 at a multiple of it, so an "on" round holds exactly one measuring step. The same seed and batches
@@ -30,11 +30,11 @@ import torch
 
 from model.data.token_format import write_split
 from model.gpt.precision import keep_freed_memory
-from model.monitoring import health_probe
+from model.monitoring import health_probe, step_guard
 from model.monitoring.mfu import cpu_name
 from model.parallel import distributed
 from model.settings.config import load_config
-from model.train import Trainer
+from model.training.trainer import Trainer
 
 
 def main() -> None:
@@ -86,7 +86,7 @@ def main() -> None:
         interval = cfg.health.interval
         blocks = trainer.raw_model.transformer.h
         assert isinstance(blocks, torch.nn.ModuleList)  # a ModuleDict's item, typed as any module
-        on = (health_probe.HealthProbe(blocks, 1), health_probe.StepGuard(cfg.health))
+        on = (health_probe.HealthProbe(blocks, 1), step_guard.StepGuard(cfg.health))
         settings = {"off": (None, None), "on": on}
 
         def run_round(name: str) -> list[float]:

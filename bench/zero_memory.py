@@ -30,13 +30,13 @@ from model.gpt.model import PRESETS  # noqa: E402
 
 DRIVER = """
 import json, sys
-from model import train
+from model.training.trainer import Trainer
 from model.parallel import distributed
 from model.settings.config import load_config
 env = distributed.detect_rank_env()
 cfg = load_config(None, sys.argv[1:])
 distributed.init_process_group(env, "gloo", 600)
-trainer = train.Trainer(cfg, env)
+trainer = Trainer(cfg, env)
 for _ in range(cfg.max_iters):
     trainer.train_step()
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)

@@ -15,6 +15,7 @@
     parallel/      ranks and process groups, collectives, DDP hooks, PowerSGD, ZeRO-1
     checkpointing/ checkpoints, background snapshots, Hugging Face weights, where a run starts
     monitoring/    health and the step guard, metrics.jsonl, TensorBoard, MFU, step timing, stops
+    training/      one rank's run (the Trainer): its state, then its loop, step, snapshots and log steps
 
 Each subpackage imports only the ones listed above it, and conventions, atomic and tokenizer (the
 GPT-2 vocabulary; also a program); the programs import any (.importlinter: trainer-layers). Importing

@@ -19,7 +19,7 @@ because in a residual network those are inherited: every block after a diverging
 activations in the stream, and every block before it gets its gradients through backprop. A block's
 gain is its own, so the block with the largest growth is the one that started diverging.
 
-The step guard (model.monitoring.health_probe.StepGuard) writes "skip" and "rollback" records:
+The step guard (model.monitoring.step_guard.StepGuard) writes "skip" and "rollback" records:
 
     {"kind": "skip", "iter": 117, "reason": "nonfinite_grad", "value": "nan"}
     {"kind": "rollback", "iter": 121, "reason": "3 consecutive skipped steps", "to_iter": 100}

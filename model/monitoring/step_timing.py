@@ -167,7 +167,7 @@ def host_copy(value: torch.Tensor | float) -> torch.Tensor | float:
 
 @dataclass
 class PendingLog:
-    """A log step's figures; on a GPU read one step later (model.train.Trainer.flush_log)."""
+    """A log step's figures; on a GPU read one step later (model.training.trainer, flush_log)."""
 
     iteration: int
     loss: torch.Tensor | float

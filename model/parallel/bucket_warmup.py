@@ -32,7 +32,7 @@ log = logging.getLogger("model.parallel.bucket_warmup")
 
 
 class ResumingTrainer(Protocol):
-    """What of the trainer (model.train.Trainer) the discarded step reads; it leaves no gradients."""
+    """What of the trainer (model.training.trainer.Trainer) the discarded step reads; it leaves no gradients."""
 
     @property
     def ddp(self) -> DistributedDataParallel | None: ...

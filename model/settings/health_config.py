@@ -1,7 +1,7 @@
 """The health.* keys of the trainer's config: per-layer statistics, the step guard, and its test fault.
 
 What they measure and the records they produce: model.monitoring.health; the trainer's side that
-measures and guards: model.monitoring.health_probe.
+measures and guards: model.monitoring.health_probe and model.monitoring.step_guard.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from model.monitoring.metrics import METRICS_NAME, read_jsonl
 from model.monitoring.tensorboard_log import scalars_of
 from model.settings.config import ConfigError, load_config
 from model.settings.health_config import parse_fault
+from model.training.trainer import Trainer
 from tests.model.conftest import REPO, launch_ranks, rank_log, wait_all
 from tests.model.small_vocab import small_vocab_run
 
@@ -45,7 +46,7 @@ class StepRecorder:
 
     def __init__(self, monkeypatch, at: set[int]):
         self.at, self.states = at, {}
-        original = train.Trainer.train_step
+        original = Trainer.train_step
 
         def recorded(trainer):
             i = trainer.iter_num
@@ -55,7 +56,7 @@ class StepRecorder:
                 self.states[i] = (before, self.state(trainer))
             return loss
 
-        monkeypatch.setattr(train.Trainer, "train_step", recorded)
+        monkeypatch.setattr(Trainer, "train_step", recorded)
 
     @staticmethod
     def state(trainer) -> dict[str, torch.Tensor]:
@@ -130,7 +131,8 @@ import sys, torch
 from model import train
 from model.parallel import distributed
 from model.settings.config import load_config
-original = train.Trainer.train_step
+from model.training.trainer import Trainer
+original = Trainer.train_step
 def recorded(trainer):
     if trainer.iter_num == 2:
         before = {k: v.clone() for k, v in trainer.raw_model.state_dict().items()}
@@ -139,7 +141,7 @@ def recorded(trainer):
                    f"{trainer.cfg.out_dir}/step2_rank{trainer.env.rank}.pt")
         return loss
     return original(trainer)
-train.Trainer.train_step = recorded
+Trainer.train_step = recorded
 env = distributed.detect_rank_env()
 train.setup_logging(env.rank)
 cfg = load_config(None, sys.argv[1:])

@@ -109,12 +109,13 @@ import sys, time
 from model import train
 from model.parallel import distributed
 from model.settings.config import load_config
-save_snapshot = train.Trainer.save_snapshot
+from model.training.trainer import Trainer
+save_snapshot = Trainer.save_snapshot
 def save_and_copy(self, *args, **kwargs):
     save_snapshot(self, *args, **kwargs)
     if self.is_rank0:
         time.sleep({SNAPSHOT_COPY_S})
-train.Trainer.save_snapshot = save_and_copy
+Trainer.save_snapshot = save_and_copy
 env = distributed.detect_rank_env()
 train.setup_logging(env.rank)
 train.train(load_config(None, sys.argv[1:]), env)

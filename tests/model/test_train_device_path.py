@@ -16,10 +16,12 @@ from model import train
 from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 from model.checkpointing.start import StartState, restore_rng, rng_state
 from model.gpt.optim import clip_gradients
-from model.monitoring.health_probe import StepGuard
+from model.monitoring import step_timing
+from model.monitoring.step_guard import StepGuard
 from model.parallel.distributed import RankEnv
 from model.settings.config import load_config
 from model.settings.health_config import HealthConfig
+from model.training.trainer import Trainer
 from tests.model.conftest import TINY_RUN
 from tests.model.test_health import StepRecorder, assert_bitwise_equal, records, run_args
 
@@ -49,9 +51,9 @@ class HostReads:
         return read
 
 
-def tiny_trainer(tmp_path, data, *extra: str) -> train.Trainer:
+def tiny_trainer(tmp_path, data, *extra: str) -> Trainer:
     cfg = load_config(None, [*TINY_RUN, f"data_dir={data}", f"out_dir={tmp_path / 'run'}", "threads=1", *extra])
-    trainer = train.Trainer(cfg, SINGLE)
+    trainer = Trainer(cfg, SINGLE)
     trainer.out_dir.mkdir(parents=True, exist_ok=True)
     return trainer
 
@@ -84,13 +86,13 @@ def test_the_loss_is_summed_without_a_read_per_micro_step_on_the_cpu(tmp_path, r
 
 
 def guard_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = train.Trainer.__init__
+    original = Trainer.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.guard_on_device = self.guard is not None
 
-    monkeypatch.setattr(train.Trainer, "__init__", init)
+    monkeypatch.setattr(Trainer, "__init__", init)
 
 
 def test_a_nan_step_judged_on_the_device_is_skipped_by_found_inf(tmp_path, random_tokens, monkeypatch):
@@ -226,7 +228,7 @@ def test_a_gpu_log_step_is_written_one_step_later_with_every_record_in_order(tmp
     plain.run()
     plain.wait_for_snapshot()
     deferred = tiny_trainer(tmp_path / "deferred", random_tokens, "max_iters=7", "eval_interval=4", "log_interval=2")
-    deferred.device_clock = train.step_timing.DeviceClock()
+    deferred.device_clock = step_timing.DeviceClock()
     order: list[str] = []
     original_step = deferred.train_step
     monkeypatch.setattr(deferred, "train_step", lambda: (order.append(f"step {deferred.iter_num}"), original_step())[1])
@@ -235,7 +237,7 @@ def test_a_gpu_log_step_is_written_one_step_later_with_every_record_in_order(tmp
     deferred.run()
     deferred.wait_for_snapshot()
 
-    def steps(trainer: train.Trainer) -> list[tuple[int, float, float]]:
+    def steps(trainer: Trainer) -> list[tuple[int, float, float]]:
         return [(r["iter"], r["loss"], r["lr"]) for r in records(trainer.out_dir.parent, "train")]
 
     assert [i for i, _, _ in steps(deferred)] == [0, 2, 4, 6]
