@@ -1,7 +1,7 @@
 """The output contract of kind kubernetes, and `--cluster kubeconfig:PATH[#CONTEXT]`.
 
 Pure parsing (no API call, nothing of the launcher imported, so it sits below launcher.cluster.inventory
-and outside the launcher.kube package, which drives the API): launcher.cluster.inventory turns either into
+and outside the launcher.kube package, which drives the API): launcher.cluster.contract turns either into
 the same validated Cluster, whose `kube` field is the KubeAccess below. What only the API server
 knows (the RWX storage class of a kubeconfig cluster, its nodes' cores) launcher.kube.api adds when
 it connects. Every problem is one line naming the key or the file and the fix.

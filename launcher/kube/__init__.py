@@ -13,6 +13,6 @@
     fetch      `fab fetch`: the run's files by ranges through a helper pod's exec, checked by sha256
     run_dirs   `fab runs`, `rm`, `prune`: the run directories on the claim (its RunStore), live by their Job
 
-The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.inventory, which
+The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.contract, which
 builds the Cluster); launcher/tasks/drivers.py sends a task here when the cluster's kind is kubernetes.
 """

@@ -27,7 +27,7 @@ from infra.prices import (
     gke_node_hour_usd,
     price_of,
 )
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_TOLERATION, POD_SECURITY_LABELS
 from launcher.kube.objects import DEFAULT_IMAGE, PodLaunch, job_name, training_job
 from policy.gke import node_pool_problems

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.kube.objects import (
     DEFAULT_IMAGE,

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_MEMORY_GIB, GPU_TOLERATION
 from launcher.console import TaskError
 from launcher.kube import api as kube_api

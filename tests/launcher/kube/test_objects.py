@@ -3,7 +3,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.kube.objects import (
     DEFAULT_IMAGE,
     LABEL_RUN,

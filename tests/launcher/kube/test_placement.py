@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_TOLERATION
 from launcher.kube import api as kube_api
 from launcher.kube import objects, volume

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.console import command_line, console
 from launcher.kube import objects, volume
 from launcher.kube.objects import MOUNT_PATH
