@@ -143,7 +143,7 @@ def kubernetes_contract(cluster: GkeCluster) -> dict[str, object]:
         "tolerations": training_tolerations(cfg),
         "machine_type": cfg.machine.name,
         "cores_per_node": cfg.machine.cores,
-        "vcpus_per_node": cfg.machine.vcpus,  # the pod's whole CPUs beside the DaemonSets (launcher.kube.objects)
+        "vcpus_per_node": cfg.machine.vcpus,  # the pod's whole CPUs beside the DaemonSets (launcher.kube.pod_spec)
         "memory_gib": float(cfg.machine.memory_gb),
         "gpus_per_node": cfg.gpus.count,
         "gpu_model": cfg.gpus.model,

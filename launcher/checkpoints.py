@@ -8,7 +8,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launcher.cluster.inventory import Cluster, cluster_dir
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.local import cluster_dir
 from launcher.cluster.node_layout import run_dir
 from launcher.console import (
     HOME_FIX,

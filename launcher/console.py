@@ -24,7 +24,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, NAME_PATTERN, NAME_RULE
+from launcher.cluster.inventory import NAME_PATTERN, NAME_RULE
+from launcher.cluster.local import LOCAL_HOME_ENV
 
 HOME_FIX = (
     f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "

@@ -37,7 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from launcher.cluster.inventory import Cluster, cluster_dir
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
 from launcher.launch.supervisor import END_MARK, ENDED, LOCK_NAME, is_live, log_size, read_state, state_path
 from launcher.lifecycle import RunKind, TrainRequest, checked_here

@@ -36,7 +36,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, Cluster, load_cluster
+from launcher.cluster.contract import load_cluster
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.local import LOCAL_HOME_ENV
 from launcher.cluster.node_layout import site_of
 from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line, say
 from launcher.launch.supervisor import (
@@ -82,7 +84,7 @@ def head_contract(contract: dict, cluster: Cluster) -> dict:
 
 
 def contract_of(cluster: Cluster) -> dict:
-    """The machines contract that describes cluster (inventory.parse_contract reads it back)."""
+    """The machines contract that describes cluster (contract.parse_contract reads it back)."""
     data: dict = {
         "cloud": cluster.cloud,
         "cluster_name": cluster.cluster_name,

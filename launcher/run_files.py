@@ -29,7 +29,8 @@ from typing import Protocol
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
-from launcher.cluster.inventory import NAME_PATTERN, Cluster, cluster_dir
+from launcher.cluster.inventory import NAME_PATTERN, Cluster
+from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.supervisor import is_live

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from launcher.cluster.inventory import Cluster, InventoryError, Node, group_by_host, load_cluster
+from launcher.cluster.contract import load_cluster
+from launcher.cluster.inventory import Cluster, InventoryError, Node, group_by_host
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, say
 from launcher.node_scripts import script

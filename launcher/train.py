@@ -18,7 +18,8 @@ import time
 
 import launcher.launch.status as launch_status
 from launcher import follow
-from launcher.cluster.inventory import Cluster, Node, cluster_dir
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.local import cluster_dir
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, command_line, out_line, say
 from launcher.head_node import HeadNode

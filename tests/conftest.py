@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV
+from launcher.cluster.local import LOCAL_HOME_ENV
 
 FRESH_PROCESS_ENV = "NANOCLUSTER_TEST_FRESH_PROCESS"
 """Set in the process a `fresh_process` test runs in, so that process runs the test itself."""

@@ -128,7 +128,7 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 HASH_OPTION = "--hash=sha256:"
 PYPI_SIMPLE = "https://pypi.org/simple"
 NODE_PYTHONS = ((3, 11), (3, 12))
-"""CPython on the nodes: the staging image's 3.11 (launcher.kube.objects.DEFAULT_IMAGE) and the VM
+"""CPython on the nodes: the staging image's 3.11 (launcher.kube.pod_spec.DEFAULT_IMAGE) and the VM
 images' 3.12 (Ubuntu 24.04); bootstrap.sh refuses anything older than 3.11."""
 NODE_ARCHES = ("x86_64", "aarch64")
 NODE_GLIBC_MINOR = 39

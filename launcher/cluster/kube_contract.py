@@ -1,7 +1,7 @@
 """The output contract of kind kubernetes, and `--cluster kubeconfig:PATH[#CONTEXT]`.
 
 Pure parsing (no API call, nothing of the launcher imported, so it sits below launcher.cluster.inventory
-and outside the launcher.kube package, which drives the API): launcher.cluster.inventory turns either into
+and outside the launcher.kube package, which drives the API): launcher.cluster.contract turns either into
 the same validated Cluster, whose `kube` field is the KubeAccess below. What only the API server
 knows (the RWX storage class of a kubeconfig cluster, its nodes' cores) launcher.kube.api adds when
 it connects. Every problem is one line naming the key or the file and the fix.
@@ -122,7 +122,7 @@ class KubeAccess:
     allocatable_cpu: float = 0.0
     """CPUs a training node offers pods (allocatable): read from a kubeconfig cluster's nodes, or GKE's
     reservation applied to a contract's optional vcpus_per_node; 0: unknown (the pod's size is then
-    estimated from cores_per_node: launcher.kube.objects.pod_cpus)."""
+    estimated from cores_per_node: launcher.kube.pod_spec.pod_cpus)."""
     allocatable_memory_gib: float = 0.0
     """Memory a training node offers pods (allocatable), as allocatable_cpu."""
     arch: str = ""

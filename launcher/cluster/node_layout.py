@@ -17,7 +17,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.cluster.inventory import Cluster, local_home
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.local import local_home
 from model.conventions import DEFAULT_MASTER_PORT
 
 LAUNCHER_DIR = Path(__file__).resolve().parent.parent

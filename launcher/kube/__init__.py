@@ -3,7 +3,10 @@
     api        the connection: the kubeconfig loaded into a client of its own, the checks before
                anything is created (namespace, ReadWriteMany storage class, claim), errors as one line
     connect    a task's start (resolve, connect) and a run's objects (list, delete)
-    objects    a run's Indexed Job and headless Service (pod k is rank k)
+    pod_spec   what a run's pods are made of: the launch, its names and labels, the trainer's environment and
+               torchrun shell, resources, placement; what every pod shares (claim, image, Pod Security)
+    objects    the Jobs and Service holding them: a run's Indexed Job (pod k is rank k), headless Service,
+               supervisor Job
     volume     what puts things on the shared claim: namespace, claim, staging ConfigMap, helper Jobs
     jobs       helper Jobs run to their end with their log streamed; staging (node env, code, run files)
     watch      a run's pods: [rank R host] logs, progress, fail-fast, the pending timeout
@@ -13,6 +16,6 @@
     fetch      `fab fetch`: the run's files by ranges through a helper pod's exec, checked by sha256
     run_dirs   `fab runs`, `rm`, `prune`: the run directories on the claim (its RunStore), live by their Job
 
-The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.inventory, which
+The contract keys of this kind are launcher/cluster/kube_contract.py's (below launcher.cluster.contract, which
 builds the Cluster); launcher/tasks/drivers.py sends a task here when the cluster's kind is kubernetes.
 """

@@ -32,7 +32,7 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube import volume
-from launcher.kube.objects import DAEMONSET_CPU
+from launcher.kube.pod_spec import DAEMONSET_CPU
 from launcher.kube.transient import RetryingApiClient
 
 RWX_PROVISIONERS = (
@@ -247,7 +247,7 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     gpus = min(gpu_count(n) for n in training)
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
-    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (objects.pod_cpus).
+    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_spec.pod_cpus).
     cores = max(1, math.floor(cpus - DAEMONSET_CPU))
     model = gpu_model_of(training[0]) if gpus else ""
     arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}

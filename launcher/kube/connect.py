@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, Named, calling, connect, labels_of, name_of
-from launcher.kube.objects import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
+from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
 from launcher.session import resolve_cluster
 
 POLL_S = 1.0

@@ -35,8 +35,8 @@ from launcher.kube import jobs, volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, delete_job, job_pods
-from launcher.kube.objects import job_name
 from launcher.kube.pod_exec import ExecResult, open_exec, run_command
+from launcher.kube.pod_spec import job_name
 from launcher.kube.tasks import best_checkpoint_script
 from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord

@@ -39,7 +39,7 @@ from launcher.console import say
 from launcher.kube.api import Api, name_of
 from launcher.kube.connect import run_objects
 from launcher.kube.jobs import Staged
-from launcher.kube.objects import LABEL_ATTEMPT
+from launcher.kube.pod_spec import LABEL_ATTEMPT
 from launcher.kube.train import KubeRun
 from launcher.launch.supervisor import ENDED, read_state
 from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest

@@ -20,7 +20,7 @@ from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
 from launcher.kube import pod_start, streams, volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
-from launcher.kube.objects import job_name
+from launcher.kube.pod_spec import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
 from launcher.setup.nodes import code_archive, node_profile
 

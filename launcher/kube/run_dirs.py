@@ -1,7 +1,7 @@
 """What a Kubernetes cluster supplies to `runs`, `rm` and `prune` (launcher.run_files): the run
 directories on the shared claim, listed and deleted by a helper Job whose log is the answer (as
 `sample` and `doctor` read theirs), and whether a run is alive from its objects: a run's training Job
-carries its run label and no helper role (launcher.kube.objects.labels). Deleting runs also prunes the
+carries its run label and no helper role (launcher.kube.pod_spec.labels). Deleting runs also prunes the
 store of staged venvs and code trees (volume.store_prune_script): what no remaining run recorded as
 its staging, and no Job's pods name, is deleted with them."""
 
@@ -20,7 +20,8 @@ from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import access_of, run_helper
-from launcher.kube.objects import APP, LABEL_APP, LABEL_RUN, LABEL_SUPERVISES, MOUNT_PATH, job_name
+from launcher.kube.objects import LABEL_SUPERVISES
+from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
 from launcher.run_files import StoredRun
 
 RUNS_DIR = f"{MOUNT_PATH}/runs"

@@ -47,7 +47,7 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
 from launcher.follow import LogCopy, end_line, interrupts_handed_over, launch_count, runs_here, tail_offset
-from launcher.kube import objects, volume
+from launcher.kube import objects, pod_spec, volume
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, connect, name_of
 from launcher.kube.connect import open_cluster
@@ -91,7 +91,7 @@ SYNC_NAME = ".claim-sync.json"
 
 def rbac_objects(namespace: str) -> list[dict]:
     """The supervisor's ServiceAccount, its Role (ROLE_RULES) and their RoleBinding."""
-    meta = {"namespace": namespace, "labels": {objects.LABEL_APP: objects.APP}}
+    meta = {"namespace": namespace, "labels": {pod_spec.LABEL_APP: pod_spec.APP}}
     name = SERVICE_ACCOUNT
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, **meta}},
@@ -113,7 +113,7 @@ def rbac_objects(namespace: str) -> list[dict]:
 
 def home_on_claim(run: str) -> str:
     """The supervisor pod's NANOCLUSTER_HOME: its record lives with the run on the claim."""
-    return f"{run_dir(objects.MOUNT_PATH, run)}/supervisor"
+    return f"{run_dir(pod_spec.MOUNT_PATH, run)}/supervisor"
 
 
 def record_on_claim(cluster: Cluster, run: str) -> str:
@@ -133,7 +133,7 @@ def encode_cluster(cluster: Cluster) -> dict:
 def pod_request(request: TrainRequest) -> dict:
     """The request as the pod runs it: --config is the file staged in the run's directory, the
     continue line the operator's command."""
-    config = f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}" if request.config else None
+    config = f"{run_dir(pod_spec.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}" if request.config else None
     pod = dataclasses.replace(request, config=config, detach=False, rerun=request.rerun_command)
     return dataclasses.asdict(pod)
 
@@ -146,7 +146,7 @@ class Supervisor:
 
     def __init__(self, api: Api, cluster: Cluster, run: str, cluster_spec: str | None):
         self.api, self.cluster, self.run, self.cluster_spec = api, cluster, run, cluster_spec
-        self.job = objects.supervisor_job_name(objects.job_name(cluster.cluster_name, run))
+        self.job = objects.supervisor_job_name(pod_spec.job_name(cluster.cluster_name, run))
         self.record = RunRecord.of(cluster, run)
         self.remote = record_on_claim(cluster, run)
         self.synced: dict[str, list[int]] = {}
@@ -332,7 +332,7 @@ class Supervisor:
 
     def copy_ended(self) -> None:
         """An ended supervisor's record copied through a helper pod (its own pod has gone)."""
-        name = objects.job_name("attach", self.run)
+        name = pod_spec.job_name("attach", self.run)
         job = volume.helper_job(name, access_of(self.cluster), "fetch", keepalive_script(), run=self.run)
         delete_job(self.api, name)
         with calling(f"creating Job {name}"):
@@ -375,7 +375,7 @@ def train(request: TrainRequest) -> int:
     kind.refuse_a_live_run()  # a training Job followed by an attached train
     if existing is not None:
         supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
-    files = {f"{run_dir(objects.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
+    files = {f"{run_dir(pod_spec.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
     staged = stage(api, cluster, request.run, files if request.config else {})
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)

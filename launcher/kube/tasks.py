@@ -36,7 +36,7 @@ from launcher.kube.jobs import (
     run_helper,
     stage,
 )
-from launcher.kube.objects import CONTAINER, job_name
+from launcher.kube.pod_spec import CONTAINER, job_name
 from launcher.kube.pod_start import disruption
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress

@@ -25,7 +25,7 @@ from kubernetes.client import V1Job, V1Service
 
 from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, command_line, out_line, say
-from launcher.kube import objects
+from launcher.kube import objects, pod_spec
 from launcher.kube.api import Api, calling, connect, name_of
 from launcher.kube.connect import clear_stop_request, delete_run_objects, run_objects, stop_requested
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
@@ -75,9 +75,9 @@ class KubeRun:
         self.overrides: tuple[str, ...] = ()
         """Overrides the recovery adds (keep_global_batch=true on fewer pods)."""
         self.prepared: Prepared | None = None
-        self.staged = Staged(objects.NODE_PYTHON, objects.CODE_DIR)
+        self.staged = Staged(pod_spec.NODE_PYTHON, pod_spec.CODE_DIR)
         """The venv and code this run staged (open): every attempt's pods run these."""
-        self.launch: objects.PodLaunch | None = None
+        self.launch: pod_spec.PodLaunch | None = None
         """The started attempt."""
 
     @classmethod
@@ -104,7 +104,7 @@ class KubeRun:
     def default_config(self) -> str | None:
         return None
 
-    def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> objects.PodLaunch:
+    def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> pod_spec.PodLaunch:
         request, cluster, access = self.request, self.cluster, self.access
         plan = LaunchPlan(
             cluster,
@@ -126,13 +126,13 @@ class KubeRun:
             at = next(i for i, a in enumerate(args) if a.startswith("collective_timeout_s=")) + 1
             args.insert(at, f"rendezvous_timeout_s={RENDEZVOUS_TIMEOUT_S:g}")  # before the user's overrides
         try:
-            return objects.PodLaunch(
+            return pod_spec.PodLaunch(
                 run=request.run,
-                job=objects.job_name(cluster.cluster_name, request.run),
+                job=pod_spec.job_name(cluster.cluster_name, request.run),
                 namespace=access.namespace,
                 nodes=pods,
                 port=plan.master_port,
-                image=objects.DEFAULT_IMAGE,
+                image=pod_spec.DEFAULT_IMAGE,
                 claim=access.storage_claim,
                 cores=cluster.cores_per_node,
                 memory_gib=access.memory_gib or 1.0,
@@ -150,7 +150,7 @@ class KubeRun:
         except ValueError as e:
             raise TaskError(str(e)) from None
 
-    def check_fit(self, prepared: Prepared) -> objects.PodLaunch:
+    def check_fit(self, prepared: Prepared) -> pod_spec.PodLaunch:
         """A rank's memory estimate against its pod's memory limit (within the node's allocatable), or on
         GPU nodes against one GPU's memory, before any object exists; the first attempt's launch."""
         first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
@@ -158,7 +158,7 @@ class KubeRun:
         if self.cluster.gpus_per_node:
             memory, device = self.access.gpu_memory_gib, "cuda"
         else:
-            memory, device = objects.pod_memory_mib(first) / 1024, "cpu"
+            memory, device = pod_spec.pod_memory_mib(first) / 1024, "cpu"
         check_pod_fit(prepared.trainer_config, world, memory, self.cluster.describe(), device)
         return first
 

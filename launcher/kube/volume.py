@@ -25,7 +25,7 @@ import shlex
 
 from launcher.cluster.kube_contract import POD_SECURITY_LABELS, KubeAccess
 from launcher.cluster.node_layout import data_dir, run_dir
-from launcher.kube.objects import (
+from launcher.kube.pod_spec import (
     APP,
     CODE_DIR,
     DEFAULT_IMAGE,
@@ -226,7 +226,7 @@ def helper_job(
     name: str, access: KubeAccess, role: str, script: str, run: str = "", configmap: str = "", workdir: str = MOUNT_PATH
 ) -> dict:
     """A one-pod Job running `sh -c script` in the stock image with the claim mounted (and the
-    staging ConfigMap, if any), as Pod Security "restricted" admits it (objects.restricted); ended
+    staging ConfigMap, if any), as Pod Security "restricted" admits it (pod_spec.restricted); ended
     after HELPER_DEADLINE_S, kept 10 minutes after it ends so its log can be read."""
     mounts: list[dict] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
     volumes: list[dict] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": access.storage_claim}}]

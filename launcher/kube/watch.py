@@ -34,7 +34,7 @@ from launcher.cluster.kube_contract import GPU_RESOURCE
 from launcher.kube import pod_start, streams, transient
 from launcher.kube.api import Api, labels_of, name_of
 from launcher.kube.jobs import exit_code, job_pods
-from launcher.kube.objects import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
+from launcher.kube.pod_spec import COMPLETION_INDEX_ANNOTATION, CONTAINER, LABEL_ATTEMPT, PodLaunch
 from launcher.kube.pod_start import OOM_KILLED, StartBounds, StartWatch, disruption, terminated_reason, unschedulable
 from launcher.launch.monitor import (
     FAILURE_GRACE_S,

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from launcher.cluster.inventory import Cluster, Host, Node, group_by_host, local_nodes
+from launcher.cluster.inventory import Cluster, Host, Node, group_by_host
+from launcher.cluster.local import local_nodes
 from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")

@@ -16,7 +16,8 @@ import os
 
 from rich.table import Table
 
-from launcher.cluster.inventory import CLUSTER_ENV, local_cluster
+from launcher.cluster.contract import CLUSTER_ENV
+from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json

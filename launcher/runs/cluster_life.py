@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.cluster.inventory import Cluster, Node, cluster_dir
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.local import cluster_dir
 from model.monitoring.metrics import read_jsonl
 from model.monitoring.spend import spend_usd
 

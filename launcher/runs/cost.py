@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 from rich.table import Table
 
-from launcher.cluster.inventory import clusters_root, price_text
+from launcher.cluster.inventory import price_text
+from launcher.cluster.local import clusters_root
 from launcher.console import TaskError, check_name, command_line, console, out_line, say
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, ClusterLife, cluster_life, read_sightings
 from launcher.runs.estimate import NO_PRICE, duration

@@ -69,7 +69,7 @@ def billed_machines(launch: dict[str, Any]) -> int:
     cluster's ranks share one (a record older than cluster_machines: the cluster named local)."""
     if launch.get("cluster_machines"):
         return launch["cluster_machines"]
-    if launch.get("cluster_name") == "local":  # inventory.local_cluster's name
+    if launch.get("cluster_name") == "local":  # local.local_cluster's name
         return 1
     return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
 

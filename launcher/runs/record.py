@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.cluster.inventory import Cluster, cluster_dir, group_by_host
+from launcher.cluster.inventory import Cluster, group_by_host
+from launcher.cluster.local import cluster_dir
 from launcher.console import HOME_FIX, can_make_dir, writable_dir
 from model.monitoring.metrics import METRICS_NAME, parse_jsonl, read_jsonl
 from model.monitoring.spend import spend_usd

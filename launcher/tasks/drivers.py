@@ -32,7 +32,8 @@ import launcher.machine_runs
 import launcher.setup.data
 import launcher.setup.nodes
 import launcher.train
-from launcher.cluster.inventory import CLUSTER_ENV, KUBERNETES, MACHINES, InventoryError, load_cluster
+from launcher.cluster.contract import CLUSTER_ENV, load_cluster
+from launcher.cluster.inventory import KUBERNETES, MACHINES, InventoryError
 from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
 from launcher.lifecycle import TrainRequest
@@ -154,7 +155,7 @@ def kubernetes_driver() -> Driver:
 
 def kind_of(spec: str | None) -> str:
     """The kind of the cluster --cluster names. A stack's outputs read here are kept for the task's own
-    load that follows (inventory.load_cluster(read_ahead=True)), so `pulumi` runs once."""
+    load that follows (contract.load_cluster(read_ahead=True)), so `pulumi` runs once."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
         return MACHINES

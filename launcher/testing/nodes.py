@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from launcher.cluster.inventory import physical_cores
+from launcher.cluster.local import physical_cores
 from launcher.launch.units import BOOT_ID_ENV, BOOT_ID_FILE
 from launcher.node_scripts.oom_record import SEAM_ENV as KERNEL_LOG_ENV
 

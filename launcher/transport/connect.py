@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from launcher.cluster.inventory import Cluster, Node, local_home
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.local import local_home
 from launcher.cluster.node_layout import site_of
 from launcher.transport.shell import LocalShell, NodeError, Shell
 from launcher.transport.ssh import open_ssh

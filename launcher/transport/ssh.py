@@ -27,7 +27,8 @@ from typing import Any
 import fabric
 import paramiko
 
-from launcher.cluster.inventory import Cluster, Node, cluster_dir
+from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.local import cluster_dir
 from launcher.cluster.node_layout import REMOTE_ROOT
 from launcher.transport.shell import MAX_PARALLEL, NodeError, Result, Shell
 

@@ -11,7 +11,7 @@ import pytest
 from infra import prices
 from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
 from infra.prices import MACHINE_TYPES, estimate, price_of
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from tests.infra.harness import HEAD_PUBLIC_IP, UnmockedInvoke, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")

@@ -27,9 +27,10 @@ from infra.prices import (
     gke_node_hour_usd,
     price_of,
 )
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_TOLERATION, POD_SECURITY_LABELS
-from launcher.kube.objects import DEFAULT_IMAGE, PodLaunch, job_name, training_job
+from launcher.kube.objects import training_job
+from launcher.kube.pod_spec import DEFAULT_IMAGE, PodLaunch, job_name
 from policy.gke import node_pool_problems
 from policy.props import UNKNOWN
 from tests.infra.harness import (

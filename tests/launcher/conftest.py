@@ -7,7 +7,8 @@ import json
 import pytest
 
 import launcher.session
-from launcher.cluster.inventory import CLUSTER_ENV, local_cluster
+from launcher.cluster.contract import CLUSTER_ENV
+from launcher.cluster.local import local_cluster
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKUbFoPX5PZSIIM22CpSRTA0TLF1uKKqRK6NCmNPpTCn"
 CONTRACT = {

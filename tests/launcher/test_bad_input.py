@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import load_cluster
+from launcher.cluster.contract import load_cluster
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.testing.fab import FAB
 from tests.launcher.conftest import CONTRACT

@@ -70,7 +70,8 @@ def gpu_cluster(monkeypatch, tmp_path, gpus_per_node, machines=1):
     import dataclasses
 
     import launcher.doctor
-    from launcher.cluster.inventory import Node, local_cluster
+    from launcher.cluster.inventory import Node
+    from launcher.cluster.local import local_cluster
 
     cluster = local_cluster(machines)
     nodes = tuple(Node(i, f"local{i}", f"127.0.0.{i + 1}", "") for i in range(machines))

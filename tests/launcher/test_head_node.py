@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from launcher import follow
-from launcher.cluster.inventory import PulumiStack, local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.inventory import PulumiStack
+from launcher.cluster.local import local_cluster
 from launcher.console import OPERATOR_CLUSTER_ENV, command_line
 from launcher.head_node import (
     SYNC_STATE_NAME,

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from launcher.cluster import inventory
-from launcher.cluster.inventory import CLUSTER_ENV, InventoryError, load_cluster, parse_contract
+import launcher.cluster.local
+from launcher.cluster.contract import CLUSTER_ENV, load_cluster, parse_contract
+from launcher.cluster.inventory import InventoryError
 
 
 def test_valid_contract_keeps_rank_order_and_normalises_keys(contract):
@@ -141,9 +142,9 @@ def two_core_machine(monkeypatch, tmp_path):
     """This machine as the local cluster reads it: 2 physical cores, 24 GB of memory, no GPU."""
     monkeypatch.delenv(CLUSTER_ENV, raising=False)
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path))
-    monkeypatch.setattr(inventory, "physical_cores", lambda: 2)
-    monkeypatch.setattr(inventory, "machine_memory_gb", lambda: 24.0)
-    monkeypatch.setattr(inventory, "local_gpus", lambda: inventory.LocalGpus())
+    monkeypatch.setattr(launcher.cluster.local, "physical_cores", lambda: 2)
+    monkeypatch.setattr(launcher.cluster.local, "machine_memory_gb", lambda: 24.0)
+    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: launcher.cluster.local.LocalGpus())
     return tmp_path
 
 

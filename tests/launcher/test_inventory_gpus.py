@@ -7,16 +7,10 @@ import stat
 
 import pytest
 
-import launcher.cluster.inventory
-from launcher.cluster.inventory import (
-    CLUSTER_ENV,
-    LOCAL_CPU_RANKS_CAP,
-    InventoryError,
-    load_cluster,
-    local_gpus,
-    parse_contract,
-    parse_nvidia_smi,
-)
+import launcher.cluster.local
+from launcher.cluster.contract import CLUSTER_ENV, load_cluster, parse_contract
+from launcher.cluster.inventory import InventoryError
+from launcher.cluster.local import LOCAL_CPU_RANKS_CAP, local_gpus, parse_nvidia_smi
 
 H100 = "NVIDIA H100 80GB HBM3, 81559"
 
@@ -43,7 +37,7 @@ def gpus(tmp_path, monkeypatch):
 @pytest.fixture
 def cores(monkeypatch):
     """cores(n): this machine has n physical cores, as the local cluster reads them."""
-    return lambda count: monkeypatch.setattr(launcher.cluster.inventory, "physical_cores", lambda: count)
+    return lambda count: monkeypatch.setattr(launcher.cluster.local, "physical_cores", lambda: count)
 
 
 def test_without_nvidia_smi_the_local_cluster_is_the_cpu_one(gpus, cores):

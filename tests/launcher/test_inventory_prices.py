@@ -4,7 +4,8 @@ every price the launcher shows says its date and whether it is spot."""
 
 import pytest
 
-from launcher.cluster.inventory import InventoryError, parse_contract, price_text
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.inventory import InventoryError, price_text
 from launcher.runs.estimate import cost_text, run_clock
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import launch_fields, split_attempts

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.operator_stop import OperatorStopped

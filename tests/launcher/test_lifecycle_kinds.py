@@ -12,7 +12,7 @@ import time
 import pytest
 
 import launcher.train
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.launch.monitor import RunFailed
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
@@ -79,7 +79,7 @@ class KubernetesKind:
     name = "kubernetes"
 
     def __init__(self, fake, contract_file, script, monkeypatch):
-        from launcher.cluster.inventory import parse_contract
+        from launcher.cluster.contract import parse_contract
         from tests.launcher.kube.fake import stream_metrics
 
         fake.seed()

@@ -9,7 +9,8 @@ import os
 import pytest
 
 import launcher.recover.revive as revive_module
-from launcher.cluster.inventory import load_cluster, local_cluster, parse_contract
+from launcher.cluster.contract import load_cluster, parse_contract
+from launcher.cluster.local import local_cluster
 from launcher.recover.revive import revive, up_command
 from launcher.testing.pulumi_standin import StandinPulumi
 

@@ -4,7 +4,7 @@ import shlex
 import socket
 import sys
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.node_layout import QUICKSTART_CONFIG, REPO_ROOT, site_of
 
 

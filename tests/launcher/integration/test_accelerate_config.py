@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.render import run_files
 

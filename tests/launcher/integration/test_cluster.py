@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import load_cluster
+from launcher.cluster.contract import load_cluster
 from launcher.testing.fab import Fab, wait_for
 from launcher.testing.nodes import TestNodes
 from launcher.transport import NodeError, connect

@@ -23,17 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.kube.objects import (
-    DEFAULT_IMAGE,
-    MOUNT_PATH,
-    PodLaunch,
-    job_name,
-    pod_address,
-    rank_environment,
-    training_job,
-)
+from launcher.kube.objects import rank_environment, training_job
+from launcher.kube.pod_spec import DEFAULT_IMAGE, MOUNT_PATH, PodLaunch, job_name, pod_address
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.testing.fab import TINY_CONFIG, wait_for
 from launcher.testing.fixtures import sshd_nodes

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from launcher.cluster.inventory import load_cluster
+from launcher.cluster.contract import load_cluster
 from launcher.recover.nodes import node_answers
 from launcher.testing.fixtures import sshd_nodes
 from launcher.testing.nodes import TestNodes

@@ -651,15 +651,15 @@ def stream_metrics(monkeypatch, records: list[dict]) -> None:
 
 def training_launch(run: str, nodes: int = 1):
     """The PodLaunch of a training Job a test creates by hand (as `train` would) in the fake's namespace."""
-    from launcher.kube import objects
+    from launcher.kube import pod_spec
 
-    return objects.PodLaunch(
+    return pod_spec.PodLaunch(
         run=run,
         job=f"fake-{run}",
         namespace=NAMESPACE,
         nodes=nodes,
         port=29500,
-        image=objects.DEFAULT_IMAGE,
+        image=pod_spec.DEFAULT_IMAGE,
         claim="shared",
         cores=4,
         memory_gib=15.0,

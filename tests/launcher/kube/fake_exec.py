@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp.web
 import kmock
 
-from launcher.kube.objects import MOUNT_PATH
+from launcher.kube.pod_spec import MOUNT_PATH
 
 V4_CHANNEL = "v4.channel.k8s.io"
 FRAME_BYTES = 32 * 1024

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.kube.objects import MOUNT_PATH
+from launcher.kube.pod_spec import MOUNT_PATH
 
 REPO = Path(__file__).resolve().parents[3]
 STUB = "tests.launcher.kube.supervisor_stub"

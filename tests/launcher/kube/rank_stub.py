@@ -1,4 +1,4 @@
-"""A stand-in trainer for the GPU pod's shell (objects.ranks_script) under a real torchrun: rank R sleeps
+"""A stand-in trainer for the GPU pod's shell (pod_spec.ranks_script) under a real torchrun: rank R sleeps
 STUB_DELAYS[R] seconds, then exits with STUB_EXITS[R] (comma-separated, by LOCAL_RANK); SIGTERM ends it
 with EXIT_STOPPED, as the trainer's stop does."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.kube.objects import LABEL_RUN
+from launcher.kube.pod_spec import LABEL_RUN
 from tests.launcher.kube.fake import training_launch
 
 QUICK = ("--set", "max_iters=4")

@@ -20,12 +20,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_MEMORY_GIB, GPU_TOLERATION
 from launcher.console import TaskError
 from launcher.kube import api as kube_api
 from launcher.kube import jobs, objects
-from launcher.kube.objects import rank_environment, ranks_script, training_job
+from launcher.kube.objects import rank_environment, training_job
+from launcher.kube.pod_spec import MOUNT_PATH, ranks_script
 from launcher.kube.watch import ranks_of, ranks_text, unit_of
 from launcher.runs.record import RunRecord
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
@@ -84,7 +85,7 @@ def test_torchrun_places_g_ranks_per_pod_with_the_pods_node_rank(gpus):
     c = container(job)
     assert c["args"] == list(launch.trainer_args)  # the trainer's arguments either way
     if not gpus:
-        assert c["command"] == [f"{objects.MOUNT_PATH}/venv/bin/python", "-m", "model.train"]
+        assert c["command"] == [f"{MOUNT_PATH}/venv/bin/python", "-m", "model.train"]
         assert env_value(job, "RANK")["fieldRef"]["fieldPath"].endswith("['batch.kubernetes.io/job-completion-index']")
         assert env_value(job, "WORLD_SIZE") == "3"
         assert "NCCL_SOCKET_IFNAME" not in {v["name"] for v in c["env"]}
@@ -93,7 +94,7 @@ def test_torchrun_places_g_ranks_per_pod_with_the_pods_node_rank(gpus):
     assert (sh, dash_c, name) == ("sh", "-c", "ranks")
     torchrun = next(line for line in script.splitlines() if "torch.distributed.run" in line)
     assert torchrun.startswith(
-        f"{objects.MOUNT_PATH}/venv/bin/python -m torch.distributed.run --nnodes=3 --nproc-per-node={gpus} "
+        f"{MOUNT_PATH}/venv/bin/python -m torch.distributed.run --nnodes=3 --nproc-per-node={gpus} "
         f'--node-rank="$NODE_RANK" --master-addr={launch.job}-0.{launch.service} --master-port=29500 --no-python sh -c '
     )
     assert '-m model.train "$@"' in torchrun and torchrun.endswith(' "$@" &')

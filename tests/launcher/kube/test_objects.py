@@ -3,18 +3,9 @@ import copy
 import kubernetes_validate
 import pytest
 
-from launcher.cluster.inventory import parse_contract
-from launcher.kube.objects import (
-    DEFAULT_IMAGE,
-    LABEL_RUN,
-    MOUNT_PATH,
-    PodLaunch,
-    headless_service,
-    job_name,
-    rank_environment,
-    service_name,
-    training_job,
-)
+from launcher.cluster.contract import parse_contract
+from launcher.kube.objects import headless_service, rank_environment, training_job
+from launcher.kube.pod_spec import DEFAULT_IMAGE, LABEL_RUN, MOUNT_PATH, PodLaunch, job_name, service_name
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.launch.render import env_file, rank_env
 from model.conventions import DEFAULT_MASTER_PORT, EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR

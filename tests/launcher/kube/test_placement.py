@@ -12,10 +12,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_TOLERATION
 from launcher.kube import api as kube_api
 from launcher.kube import objects, volume
+from launcher.kube.pod_spec import LABEL_ATTEMPT, LABEL_RUN
 from tests.launcher.kube.test_gpu_pods import QUICK, cuda_pins, training_jobs  # noqa: F401 (a fixture)
 from tests.launcher.kube.test_objects import KUBERNETES_VERSIONS, container, launch_of
 
@@ -241,7 +242,7 @@ def test_one_training_pod_per_node_across_runs_and_namespaces():
         assert term["namespaceSelector"] == {} and term["topologyKey"] == "kubernetes.io/hostname"
     # a helper pod carries no attempt label: it may share a node with a rank
     helper = volume.helper_job("stage", parse_contract(contract_keys(), "c.json").kube, "staging", "true")
-    assert objects.LABEL_ATTEMPT not in helper["spec"]["template"]["metadata"]["labels"]
+    assert LABEL_ATTEMPT not in helper["spec"]["template"]["metadata"]["labels"]
 
 
 def test_the_ranks_of_an_attempt_share_a_zone_and_are_not_evicted_by_the_autoscaler():
@@ -251,7 +252,7 @@ def test_the_ranks_of_an_attempt_share_a_zone_and_are_not_evicted_by_the_autosca
     assert term["topologyKey"] == "topology.kubernetes.io/zone"
     # the first pod matches its own term, so the scheduler places it anywhere (then the others follow)
     assert all(template["metadata"]["labels"][k] == v for k, v in term["labelSelector"]["matchLabels"].items())
-    assert term["labelSelector"]["matchLabels"] == {objects.LABEL_RUN: "exp1", objects.LABEL_ATTEMPT: "3"}
+    assert term["labelSelector"]["matchLabels"] == {LABEL_RUN: "exp1", LABEL_ATTEMPT: "3"}
     assert template["metadata"]["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cluster.kube_contract import POD_SECURITY_LABELS, RUN_AS_UID
-from launcher.kube import objects, volume
+from launcher.kube import objects, pod_spec, volume
 from launcher.kube.run_dirs import delete_script, list_script
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_flow import QUICK
@@ -45,7 +45,7 @@ def test_every_pod_passes_pod_security_restricted(name):
     assert context["runAsUser"] == context["runAsGroup"] == context["fsGroup"] == RUN_AS_UID != 0
     for container in spec["containers"]:
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
-        assert {"name": objects.SCRATCH_VOLUME, "mountPath": "/tmp"} in container["volumeMounts"]
+        assert {"name": pod_spec.SCRATCH_VOLUME, "mountPath": "/tmp"} in container["volumeMounts"]
         assert {"name": "HOME", "value": "/tmp"} in container["env"]
         assert re.fullmatch(r"[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}", container["image"]), container["image"]
 
@@ -53,7 +53,7 @@ def test_every_pod_passes_pod_security_restricted(name):
 def test_only_objects_and_volume_build_pods():
     """A new kind of pod goes through training_job or helper_job, which make it restricted."""
     building = [p.name for p in LAUNCHER_KUBE.glob("*.py") if '"containers"' in p.read_text()]
-    assert sorted(building) == ["objects.py", "volume.py"]
+    assert sorted(building) == ["objects.py", "pod_spec.py", "volume.py"]
 
 
 def test_the_checker_refuses_what_the_pods_were():
@@ -78,7 +78,7 @@ def test_the_namespace_the_launcher_creates_enforces_restricted():
 
 def test_the_staging_job_says_when_the_claim_is_not_the_pods_to_write():
     script = volume.staging_script("a" * 64, "b" * 64, {})
-    assert script.startswith(f"set -eu\nif [ ! -w {objects.MOUNT_PATH} ]; then\n")
+    assert script.startswith(f"set -eu\nif [ ! -w {pod_spec.MOUNT_PATH} ]; then\n")
     assert f"not writable by uid {RUN_AS_UID}" in script
 
 
@@ -129,5 +129,5 @@ def test_the_runs_supervisor_pod_passes_restricted_and_is_the_one_pod_with_a_tok
     assert context["runAsUser"] == context["runAsGroup"] == context["fsGroup"] == RUN_AS_UID != 0
     (container,) = spec["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {"name": objects.SCRATCH_VOLUME, "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": pod_spec.SCRATCH_VOLUME, "mountPath": "/tmp"} in container["volumeMounts"]
     assert re.fullmatch(r"[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}", container["image"]), container["image"]

@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client import V1Pod
 
 from launcher.kube import pod_start
-from launcher.kube.objects import DEFAULT_IMAGE as IMAGE
+from launcher.kube.pod_spec import DEFAULT_IMAGE as IMAGE
 from launcher.kube.pod_start import StartBounds, disruption, ended_how
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from launcher.kube import objects, train, transient
 from launcher.kube.jobs import CREATE_TOKEN, GONE_TIMEOUT_S, create_when_gone
-from launcher.kube.objects import LABEL_RUN
+from launcher.kube.pod_spec import LABEL_RUN
 from tests.launcher.kube.fake import NAMESPACE, training_launch
 from tests.launcher.kube.test_flow import QUICK, training_jobs
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.console import command_line, console
 from launcher.kube import objects, volume
-from launcher.kube.objects import MOUNT_PATH
+from launcher.kube.pod_spec import MOUNT_PATH
 from launcher.runs.record import RunRecord
 from tests.launcher.kube.fake import training_launch
 from tests.launcher.runs.test_run_files import rows

@@ -12,7 +12,7 @@ import kubernetes_validate.utils
 import pytest
 
 from launcher.cluster.kube_contract import KubeAccess
-from launcher.kube import objects, volume
+from launcher.kube import objects, pod_spec, volume
 from launcher.kube.tasks import best_checkpoint_script
 from launcher.setup.data import prepare_args
 
@@ -31,13 +31,13 @@ ACCESS = KubeAccess(
     node_selector=(("cloud.google.com/gke-nodepool", "train"),),
     tolerations=({"key": "nanocluster.dev/train", "operator": "Exists", "effect": "NoSchedule"},),
 )
-LAUNCH = objects.PodLaunch(
+LAUNCH = pod_spec.PodLaunch(
     run="main",
-    job=objects.job_name("gke-dev", "main"),
+    job=pod_spec.job_name("gke-dev", "main"),
     namespace="nanocluster",
     nodes=3,
     port=29500,
-    image=objects.DEFAULT_IMAGE,
+    image=pod_spec.DEFAULT_IMAGE,
     claim="shared",
     cores=16,
     memory_gib=60.0,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from launcher.kube import jobs, volume
-from launcher.kube.objects import MOUNT_PATH
+from launcher.kube.pod_spec import MOUNT_PATH
 from launcher.kube.train import KubeRun
 from tests.launcher.kube.test_flow import QUICK, env_of, training_jobs
 
@@ -151,7 +151,7 @@ def test_helper_jobs_have_a_deadline():
 def test_logs_reads_the_training_pods_only():
     from kubernetes.client import V1Container, V1Pod, V1PodSpec
 
-    from launcher.kube.objects import CONTAINER
+    from launcher.kube.pod_spec import CONTAINER
     from launcher.kube.tasks import training_pods
 
     def pod(container: str) -> V1Pod:

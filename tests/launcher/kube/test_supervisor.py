@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 
 from launcher.kube import objects, supervisor, transient
-from launcher.kube.objects import LABEL_RUN
+from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN
 from tests.launcher.kube.fake import NAMESPACE, training_launch
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_schemas import GKE_REGULAR
@@ -318,11 +318,11 @@ def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
         conditions = [V1JobCondition(type="Complete", status="True")] if ended else []
         return V1Job(metadata=V1ObjectMeta(name=name, labels=labels), status=V1JobStatus(conditions=conditions))
 
-    supervising = {objects.LABEL_APP: objects.APP, "nanocluster.dev/role": "supervisor"}
+    supervising = {LABEL_APP: APP, "nanocluster.dev/role": "supervisor"}
     jobs = [
         job("c-a-supervisor", supervising | {objects.LABEL_SUPERVISES: "a"}),
         job("c-b-supervisor", supervising | {objects.LABEL_SUPERVISES: "b"}, ended=True),
-        job("c-c", {objects.LABEL_APP: objects.APP, LABEL_RUN: "c", objects.LABEL_ATTEMPT: "0"}),
+        job("c-c", {LABEL_APP: APP, LABEL_RUN: "c", LABEL_ATTEMPT: "0"}),
     ]
     batch = SimpleNamespace(list_namespaced_job=lambda namespace, label_selector: SimpleNamespace(items=jobs))
     store = ClaimRuns.__new__(ClaimRuns)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import LocalGpus, local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import LocalGpus, local_cluster
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError
 from launcher.launch.fit import check_fit

@@ -9,7 +9,8 @@ import shlex
 import pytest
 import yaml
 
-from launcher.cluster.inventory import LocalGpus, local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import LocalGpus, local_cluster
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, rank_env, run_files, unit_script
 from tests.launcher.launch.test_render import sourced

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import launcher.launch.monitor as heartbeat
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.launch.monitor import Monitor, RunFailed, answers, watch_nodes
 from launcher.launch.plan import LaunchPlan
 from launcher.transport import NodeError, Result, Shell

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
 from launcher.launch.operator_stop import run_to_stop
 from launcher.launch.units import live_runs_command, start_command, stop_command

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.launch.plan import LaunchPlan, plan_json, units_from_plan_json
 
 

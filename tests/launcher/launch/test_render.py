@@ -4,7 +4,8 @@ import subprocess
 import pytest
 import yaml
 
-from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import local_cluster
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, rank_env, run_files, unit_script
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.launch import units as launch
 from launcher.launch.monitor import Monitor, RunFailed
 from launcher.launch.plan import LaunchPlan

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.console import TaskError
 from launcher.head_node import CONTRACT_NAME, revived_on_head
 from launcher.launch.supervisor import STARTING, SupervisorState, read_state, supervisor_line, write_state

@@ -8,7 +8,7 @@ import functools
 import pytest
 
 import launcher.recover.nodes as loop
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.plan import trainer_args

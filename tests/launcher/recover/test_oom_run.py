@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
 from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.console import TaskError
 from launcher.recover.nodes import wait_for_nodes
 from launcher.recover.policy import RecoverOptions, nodes_to_resume_on

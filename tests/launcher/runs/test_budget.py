@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
 from launcher.launch.monitor import FirstFailure
 from launcher.recover.policy import classify

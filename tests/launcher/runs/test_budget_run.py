@@ -15,7 +15,7 @@ import torch
 
 import launcher.launch.status
 import launcher.train
-from launcher.cluster.inventory import local_cluster
+from launcher.cluster.local import local_cluster
 from launcher.launch.status import status
 from launcher.lifecycle import TrainRequest
 from launcher.runs.record import RunRecord

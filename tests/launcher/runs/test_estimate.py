@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import LOCAL_HOME_ENV, local_cluster
 from launcher.runs.estimate import NO_PRICE, already_finished, final_cost, progress_suffix, run_clock, status_lines
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import RunRecord, launch_fields, split_attempts

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import LOCAL_HOME_ENV, local_cluster
 from launcher.console import TaskError, console
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, cluster_life, node_lives, record_sighting, union_s
 from launcher.runs.cost import cost

@@ -1,6 +1,6 @@
 """The operator's run record: events kept on this machine, readable with no node up."""
 
-from launcher.cluster.inventory import LOCAL_HOME_ENV, local_cluster
+from launcher.cluster.local import LOCAL_HOME_ENV, local_cluster
 from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields
 
 

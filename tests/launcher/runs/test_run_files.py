@@ -13,7 +13,8 @@ import pytest
 
 import launcher.session
 from launcher.checkpoints import fetched_dir
-from launcher.cluster.inventory import local_cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.local import local_cluster
 from launcher.console import command_line, console
 from launcher.launch.units import start_command, stop_command
 from launcher.run_files import disk_bytes, size_text

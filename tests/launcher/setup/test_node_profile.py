@@ -3,7 +3,8 @@
 import pytest
 
 import launcher.tasks.commands
-from launcher.cluster.inventory import Cluster, parse_contract
+from launcher.cluster.contract import parse_contract
+from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError
 from launcher.setup.nodes import bootstrap, node_profile
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.cluster.inventory import parse_contract
+from launcher.cluster.contract import parse_contract
 from launcher.transport.ssh import known_hosts, ssh_config
 
 

@@ -1,0 +1,152 @@
+"""This machine: its facts (physical cores, memory, GPUs as nvidia-smi lists them), its home
+(NANOCLUSTER_HOME, where every cluster's directory is kept), and the local cluster made of them: ranks
+as processes here, without SSH (launcher/cluster/node_layout.py says what else it does differently).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.cluster.inventory import Cluster, InventoryError, Node, check_node_count
+from launcher.node_scripts import probe
+from model.conventions import BF16_CPU_FLAGS
+
+LOCAL_HOME_ENV = "NANOCLUSTER_HOME"
+"""Where the local cluster keeps data and runs (default ~/nanocluster, the same layout as a node)."""
+
+
+def physical_cores() -> int:
+    """Physical cores of this machine (hyperthreads do not help GEMM-bound training)."""
+    cores: set[tuple[str, str]] = set()
+    physical = core = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "physical id":
+                physical = value
+            elif key == "core id":
+                core = value
+                cores.add((physical, core))
+    except OSError:
+        pass
+    return len(cores) or os.cpu_count() or 1
+
+
+def local_home() -> Path:
+    return Path(os.environ.get(LOCAL_HOME_ENV) or Path.home() / "nanocluster").expanduser().resolve()
+
+
+def clusters_root() -> Path:
+    """Where this machine keeps every cluster's directory (the cost ledger reads them all)."""
+    return local_home() / "clusters"
+
+
+def cluster_dir(cluster: Cluster) -> Path:
+    """This machine's directory for one cluster: its key, its sightings, its runs' records."""
+    return clusters_root() / cluster.cluster_name
+
+
+LOCAL_CPU_RANKS_CAP = 3
+"""The most ranks the local cluster starts by default on a machine without GPUs: three show the collectives."""
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """This machine's GPUs as nvidia-smi lists them (the launcher imports no torch)."""
+
+    names: tuple[str, ...] = ()
+    """Each GPU's model name, in device order."""
+    memory_mib: tuple[int, ...] = ()
+    """Each GPU's memory in MiB."""
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def listed(cls, found: list) -> LocalGpus:
+        """From the probe's [name, MiB] list (launcher/node_scripts/probe.py)."""
+        return cls(tuple(name for name, _ in found), tuple(mib for _, mib in found))
+
+
+def parse_nvidia_smi(text: str) -> LocalGpus:
+    """nvidia-smi's GPU lines (the probe's query, launcher/node_scripts/probe.py): the names and MiB."""
+    return LocalGpus.listed(probe.parse_gpus(text))
+
+
+def local_gpus() -> LocalGpus:
+    """This machine's GPUs, asked as the probe asks a node's (nvidia-smi, bounded in time); none
+    without the driver's tool, or when it fails."""
+    return LocalGpus.listed(probe.gpus())
+
+
+def default_local_ranks(gpus: LocalGpus, cores: int) -> int:
+    """The local cluster's ranks without --nodes: one per GPU; without GPUs one per core (no two ranks
+    share a core), at most LOCAL_CPU_RANKS_CAP."""
+    return gpus.count or max(1, min(cores, LOCAL_CPU_RANKS_CAP))
+
+
+def machine_memory_gb() -> float | None:
+    """This machine's memory (GB, 1e9 bytes; /proc/meminfo MemTotal, as the probe reads a node's)."""
+    kb = probe.meminfo_kb("MemTotal")
+    return kb * 1024 / 1e9 if kb else None
+
+
+def local_nodes(count: int) -> tuple[Node, ...]:
+    """The local cluster's first `count` rank slots: local0, local1, ... all on this machine."""
+    return tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(count))
+
+
+def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "") -> Cluster:
+    """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them,
+    or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is one GPU's
+    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused. Without them (a CPU
+    machine) a node is one CPU rank. Its source is the line every task opens with: this machine's
+    cores and memory, the ranks and why that many (`why` a given count: default "from --nodes N")."""
+    gpus = gpus or LocalGpus()
+    cores = physical_cores()
+    default = default_local_ranks(gpus, cores)
+    if nodes is None:
+        nodes = default
+        rule = "one per GPU" if gpus.count else f"one per core, at most {LOCAL_CPU_RANKS_CAP}"
+        counted = f"the default here ({rule})"
+    else:
+        check_node_count(nodes)
+        counted = f"{why or f'from --nodes {nodes}'} (the default here: {default})"
+    if gpus.count and nodes > gpus.count:
+        raise InventoryError(
+            f"--nodes {nodes} but this machine has {gpus.count} GPU(s) ({gpus.names[0]}, nvidia-smi): the local "
+            f"cluster runs one rank per GPU; use --nodes <= {gpus.count}"
+        )
+    flags: tuple[str, ...] = ()
+    try:
+        cpuinfo = set(Path("/proc/cpuinfo").read_text().split())
+        flags = tuple(f for f in BF16_CPU_FLAGS if f in cpuinfo)
+    except OSError:
+        pass
+    memory = machine_memory_gb()
+    machine = ", ".join(
+        [f"{cores} cores"]
+        + ([f"{memory:.1f} GB memory"] if memory else [])
+        + ([f"{gpus.count} GPU(s)"] if gpus.count else [])
+    )
+    if gpus.count:
+        ranks = f"{nodes} rank(s) as processes, one per GPU ({gpus.names[0]})"
+    else:
+        ranks = f"{nodes} rank(s) as processes" + (f" sharing {cores} cores" if nodes > cores else "")
+    return Cluster(
+        source=f"this machine ({machine}); {ranks}, {counted}; data and runs in {local_home()}",
+        cloud="local",
+        cluster_name="local",
+        nodes=local_nodes(nodes),
+        cores_per_node=cores,
+        cpu_flags=flags,
+        node_python=sys.executable,
+        is_local=True,
+        gpus_per_node=1 if gpus.count else 0,
+        gpu_model=gpus.names[0] if gpus.count else "",
+    )
