@@ -14,7 +14,11 @@ again from any terminal.
               its exit status
     Ctrl-C    (or SIGTERM to the front end) asks the supervisor (SIGINT to its pid, while it holds
               the lock): every rank stops after its snapshot and the run ends "interrupted", exit
-              130 and the continue line, as before; the front end itself stops nothing
+              130 and the continue line, as before; the front end itself stops nothing. Taken from
+              the front end's first step (attach's connect and first copy of the record, train's
+              start of the supervisor) by CtrlC and handed over once the supervisor is there
+    lost      a supervisor gone without an end (killed, its machine restarted): one line with its
+              output, the stop for ranks it left running and the train command that continues
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before.

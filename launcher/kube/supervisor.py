@@ -20,7 +20,9 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
     Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
               thread whatever the loop is doing (launcher.follow.CtrlC): every rank snapshots, the run
-              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
+              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves. Taken from
+              the front end's first step (attach's reads and first copy, train's Job creation) and
+              handed over once the supervisor's Job is known live
     stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
               reach the supervisor's watch, which ends the run "stopped", never restarted
 
