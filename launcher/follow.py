@@ -14,7 +14,11 @@ again from any terminal.
               its exit status
     Ctrl-C    (or SIGTERM to the front end) asks the supervisor (SIGINT to its pid, while it holds
               the lock): every rank stops after its snapshot and the run ends "interrupted", exit
-              130 and the continue line, as before; the front end itself stops nothing
+              130 and the continue line, as before; the front end itself stops nothing. Taken from
+              the front end's first step (attach's connect and first copy of the record, train's
+              start of the supervisor) by CtrlC and handed over once the supervisor is there
+    lost      a supervisor gone without an end (killed, its machine restarted): one line with its
+              output, the stop for ranks it left running and the train command that continues
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before.
@@ -40,9 +44,18 @@ from types import FrameType
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
-from launcher.launch.supervisor import END_MARK, ENDED, LOCK_NAME, is_live, log_size, read_state, state_path
+from launcher.launch.supervisor import (
+    END_MARK,
+    ENDED,
+    LOCK_NAME,
+    SupervisorState,
+    is_live,
+    log_size,
+    read_state,
+    state_path,
+)
 from launcher.lifecycle import RunKind, TrainRequest, checked_here
-from launcher.runs.record import RunRecord, run_dir
+from launcher.runs.record import RunRecord, run_dir, supervisor_lost_text
 from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
@@ -77,15 +90,17 @@ def train(
     place = supervision(kind.cluster)
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()
-    before = Before(record.directory)
-    directory = record.made()
-    launches = launch_count(directory)
-    watch = place.launch(request, kind.cluster, directory)
-    try:
-        code = follow(directory, before.log_size, request, launches if request.detach else None, watch)
-        state = watch.state()
-    finally:
-        watch.close()
+    with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor starts is handed to it
+        ctrl_c.before_start()
+        before = Before(record.directory)
+        directory = record.made()
+        launches = launch_count(directory)
+        watch = place.launch(request, kind.cluster, directory)
+        try:
+            code = follow(directory, before.log_size, request, launches if request.detach else None, watch, ctrl_c)
+            state = watch.state()
+        finally:
+            watch.close()
     if launch_count(directory) == launches and state is not None and state.phase == ENDED:
         before.restore()  # refused before launch: nothing written, as before
     return code
@@ -142,16 +157,22 @@ def attach(cluster: Cluster, cluster_spec: str | None, run: str, place: Supervis
     exit status either way."""
     check_name(run, "run")
     directory = run_dir(cluster_dir(cluster), run)
-    watch = place.watch(cluster, directory, run)
-    try:
-        watch.refresh()  # a supervisor on the cluster: its record brought here first
-        return attach_directory(directory, cluster_spec, run, watch)
-    finally:
-        watch.close()
+    # From the first step: connecting to the head and its first copy of the record take seconds, and a
+    # Ctrl-C then is the run's Ctrl-C, handed to its supervisor once it is found live.
+    with interrupts_handed_over() as ctrl_c:
+        watch = place.watch(cluster, directory, run)
+        try:
+            watch.refresh()  # a supervisor on the cluster: its record brought here first
+            return attach_directory(directory, cluster_spec, run, watch, ctrl_c)
+        finally:
+            watch.close()
 
 
-def attach_directory(directory: Path, cluster_spec: str | None, run: str, watch: Watch | None = None) -> int:
-    """attach, given the run's record directory (and its supervisor's watch: by default on this machine)."""
+def attach_directory(
+    directory: Path, cluster_spec: str | None, run: str, watch: Watch | None = None, ctrl_c: CtrlC | None = None
+) -> int:
+    """attach, given the run's record directory (and its supervisor's watch: by default on this machine;
+    ctrl_c: the front end's, taking Ctrl-C since its first step)."""
     watch = watch or LocalWatch(directory)
     state = watch.state()
     if state is None:
@@ -162,7 +183,7 @@ def attach_directory(directory: Path, cluster_spec: str | None, run: str, watch:
     log = directory / LOG_NAME
     where = "" if isinstance(watch, LocalWatch) else f" {watch.where()}"
     say(f"attached to run {run} (supervisor pid {state.pid}{where}; Ctrl-C stops the run after a snapshot)")
-    return follow(directory, tail_offset(log, state.log_start), request_for(cluster_spec, run), None, watch)
+    return follow(directory, tail_offset(log, state.log_start), request_for(cluster_spec, run), None, watch, ctrl_c)
 
 
 def request_for(cluster_spec: str | None, run: str) -> TrainRequest:
@@ -216,77 +237,82 @@ class LogCopy:
 
 
 def follow(
-    directory: Path, start: int, request: TrainRequest, detach_after: int | None, watch: Watch | None = None
+    directory: Path,
+    start: int,
+    request: TrainRequest,
+    detach_after: int | None,
+    watch: Watch | None = None,
+    ctrl_c: CtrlC | None = None,
 ) -> int:
     """Copy the supervisor's output until its end (or, with detach_after, until the record has more
-    launch events than that), then the end line; the run's exit status. Ctrl-C is handed to it. watch:
-    the supervisor, by default on this machine (one on the cluster brings its record here first)."""
+    launch events than that), then the end line; the run's exit status. Ctrl-C (and SIGTERM) is handed
+    to it by CtrlC, whatever the loop is doing; a second one leaves. watch: the supervisor, by default
+    on this machine (one on the cluster brings its record here first); ctrl_c: the front end's, when it
+    took Ctrl-C before (a press kept until now is handed over here)."""
     watch = watch or LocalWatch(directory)
     log = directory / LOG_NAME
     copy = LogCopy(log, start)
-    with outliving_the_terminal(log), terminated_as_interrupted():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(outliving_the_terminal(log))
+        if ctrl_c is None:
+            ctrl_c = stack.enter_context(interrupts_handed_over())
+        ctrl_c.hand_to(watch.interrupt)
         while True:
-            try:
+            watch.refresh()
+            copy.to()
+            watch.tend()  # a revival the supervisor asks for: this machine holds the credentials
+            state = watch.state()
+            if state is not None and state.phase == ENDED:
+                ctrl_c.settle()
+                copy.to(whole_lines=False)
+                return end_line(state.exit_code, state.line if state.to_stderr else None, log)
+            if detach_after is not None and launch_count(directory) > detach_after:
+                attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
+                say(f"run {request.run} goes on under its supervisor; follow it with `{attach_command}`")
+                return 0
+            ctrl_c.check()  # after the end: a supervisor that ended as Ctrl-C reached it took it
+            if not watch.live():
+                time.sleep(POLL_S)  # it may have ended between the two reads
                 watch.refresh()
-                copy.to()
-                watch.tend()  # a revival the supervisor asks for: this machine holds the credentials
                 state = watch.state()
-                if state is not None and state.phase == ENDED:
+                if state is None or state.phase != ENDED:
                     copy.to(whole_lines=False)
-                    return end_line(state.exit_code, state.line if state.to_stderr else None, log)
-                if detach_after is not None and launch_count(directory) > detach_after:
-                    attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
-                    say(f"run {request.run} goes on under its supervisor; follow it with `{attach_command}`")
-                    return 0
-                if not watch.live():
-                    time.sleep(POLL_S)  # it may have ended between the two reads
-                    watch.refresh()
-                    state = watch.state()
-                    if state is None or state.phase != ENDED:
-                        copy.to(whole_lines=False)
-                        raise TaskError(f"the run's supervisor ended without an end; its output: {log}")
-                    continue
-                time.sleep(POLL_S)
-            except KeyboardInterrupt:  # the supervisor stops every rank and ends the run "interrupted"
-                if not watch.interrupt():
-                    raise
-
-
-@contextlib.contextmanager
-def terminated_as_interrupted() -> Iterator[None]:
-    """SIGTERM to the front end (a CI timeout, `kill`) means Ctrl-C, as it did for the attached train
-    (launcher.launch.monitor): handed to the supervisor. Signals reach the main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+                    raise supervisor_lost(directory, state, request)
+                continue
+            time.sleep(POLL_S)
 
 
 class CtrlC:
-    """Ctrl-C (SIGINT) and SIGTERM while a front end follows a supervisor whose interrupt is a request
-    over the network, taken by a handler that raises nothing into the follow loop's calls: the first
-    is handed to the supervisor at once by a thread of its own (ask), whatever the loop is doing; a
-    second leaves (KeyboardInterrupt). A KeyboardInterrupt raised inside a client library can be lost:
-    the Kubernetes client turns one raised while an exec stream opens into ApiException(status=0)
-    (kubernetes/stream/ws_client.py, websocket_call), and websocket-client's close() drops any
-    exception (websocket/_core.py, a bare except), so a Ctrl-C during the record's copy did nothing."""
+    """Ctrl-C (SIGINT) and SIGTERM (a CI timeout, `kill`) in a front end, taken by a handler that raises
+    nothing into the front end's calls: the first is handed to the run's supervisor (ask, given by
+    hand_to once the front end has one: a press before that waits for it) by a thread of its own,
+    whatever the front end is doing; a second leaves (KeyboardInterrupt). A KeyboardInterrupt raised
+    inside a client library can be lost: the Kubernetes client turns one raised while an exec stream
+    opens into ApiException(status=0) (kubernetes/stream/ws_client.py, websocket_call), and
+    websocket-client's close() drops any exception (websocket/_core.py, a bare except), so a Ctrl-C
+    during the record's copy did nothing; one raised while attach connects or first copies the record
+    would leave with a traceback or nothing asked of the run."""
 
-    def __init__(self, ask: Callable[[], None]):
+    def __init__(self, ask: Callable[[], object] | None = None):
         self.ask = ask
         self.presses = 0
         self.pressed = threading.Event()
+        self.askable = threading.Event()
+        """Set once ask is known (hand_to), or when the block is left."""
+        if ask is not None:
+            self.askable.set()
         self.failure: Exception | None = None
         """Why ask failed (an API error): raised in the loop at its next check."""
+        self.unheard = False
+        """ask found no live supervisor to take the Ctrl-C (it returned False): the front end leaves."""
         self.leaving = False
         self.thread = threading.Thread(target=self.hand_over, daemon=True, name="interrupt")
+
+    def hand_to(self, ask: Callable[[], object]) -> None:
+        """From now on Ctrl-C asks ask (a supervisor's interrupt; False: none was live to take it); a
+        press before now is handed over at once."""
+        self.ask = ask
+        self.askable.set()
 
     def press(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1
@@ -297,30 +323,39 @@ class CtrlC:
 
     def hand_over(self) -> None:
         self.pressed.wait()
-        if self.leaving:
+        self.askable.wait()
+        if self.leaving or self.ask is None:
             return
         try:
-            self.ask()
+            if self.ask() is False:
+                self.unheard = True
         except Exception as e:
             self.failure = e
 
+    def before_start(self) -> None:
+        """Before the front end starts a supervisor: a Ctrl-C so far leaves (nothing runs to be stopped)."""
+        if self.presses:
+            raise KeyboardInterrupt
+
     def check(self) -> None:
-        """Between the loop's steps: a second Ctrl-C whose KeyboardInterrupt a call lost, or ask's error."""
-        if self.presses > 1:
+        """Between the loop's steps: a second Ctrl-C whose KeyboardInterrupt a call lost, a Ctrl-C no
+        live supervisor took, or ask's error."""
+        if self.presses > 1 or self.unheard:
             raise KeyboardInterrupt
         if self.failure is not None:
             raise self.failure
 
     def settle(self, timeout_s: float = 10.0) -> None:
         """Before the run's last line: a hand-over under way finishes first (its line comes before)."""
-        if self.presses and self.thread.is_alive():
+        if self.presses and self.askable.is_set() and self.thread.is_alive():
             self.thread.join(timeout_s)
 
 
 @contextlib.contextmanager
-def interrupts_handed_over(ask: Callable[[], None]) -> Iterator[CtrlC]:
-    """The block (a follow loop) with Ctrl-C and SIGTERM taken by CtrlC (signals reach the main thread
-    only: elsewhere nothing is installed)."""
+def interrupts_handed_over(ask: Callable[[], object] | None = None) -> Iterator[CtrlC]:
+    """The block (a front end, from its first step) with Ctrl-C and SIGTERM taken by CtrlC, handed to
+    ask (or to what CtrlC.hand_to gives later). Signals reach the main thread only: elsewhere nothing
+    is installed."""
     ctrl_c = CtrlC(ask)
     if threading.current_thread() is not threading.main_thread():
         yield ctrl_c
@@ -334,6 +369,7 @@ def interrupts_handed_over(ask: Callable[[], None]) -> Iterator[CtrlC]:
             signal.signal(signum, handler)
         ctrl_c.leaving = True
         ctrl_c.pressed.set()  # the thread ends (an ask under way finishes by itself)
+        ctrl_c.askable.set()
 
 
 def end_line(code: int | None, line: str | None, log: Path) -> int:
@@ -358,7 +394,15 @@ def end_of(directory: Path, request: TrainRequest) -> int:
     supervisor runs on the cluster)."""
     state = read_state(directory)
     if state is None or state.phase != ENDED:
-        raise TaskError(f"run {request.run}'s supervisor ended without an end; its output: {directory / LOG_NAME}")
+        raise supervisor_lost(directory, state, request)
     if state.line is not None and not state.to_stderr:
         say(state.line)
     return end_line(state.exit_code, state.line if state.to_stderr else None, directory / LOG_NAME)
+
+
+def supervisor_lost(directory: Path, state: SupervisorState | None, request: TrainRequest) -> TaskError:
+    """The run's supervisor ended without recording an end (killed, its machine restarted): the line that
+    says how to get back to the run, with the command that started it (its state's) as the continue line."""
+    rerun = (state.rerun if state is not None else None) or request.rerun_command
+    stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+    return TaskError(supervisor_lost_text(directory / LOG_NAME, rerun, stop))

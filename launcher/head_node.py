@@ -167,7 +167,7 @@ def start_on_head(spec: dict) -> dict:
         start = log_size(directory / LOG_NAME)
         pid = ThisMachine(spec["entry"]).start(request, directory, lock)
         if read_state(directory) is None:  # its pid at once: a second train's refusal names it
-            write_state(directory, SupervisorState(pid, STARTING, log_start=start))
+            write_state(directory, SupervisorState(pid, STARTING, log_start=start, rerun=request.rerun_command))
     finally:
         os.close(lock)  # the supervisor holds it now
     return {"pid": pid, "directory": str(directory), "launches": launches}

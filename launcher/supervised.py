@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -139,7 +139,10 @@ class ThisMachine:
         lock = take_lock(directory, request.run, request.cluster_spec)
         try:
             state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
-            self.start(request, directory, lock)
+            start = log_size(directory / LOG_NAME)
+            pid = self.start(request, directory, lock)
+            if read_state(directory) is None:  # its pid at once: a Ctrl-C handed over now reaches it
+                write_state(directory, SupervisorState(pid, STARTING, log_start=start, rerun=request.rerun_command))
         finally:
             os.close(lock)  # the supervisor holds it now
         return LocalWatch(directory)
@@ -160,7 +163,10 @@ class ThisMachine:
         # The launcher importable as the front end imports it (a checkout or the installed package).
         package_root = str(Path(launcher.__file__).resolve().parent.parent)
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        with open(log, "ab") as out:
+        # Started with SIGINT blocked (the mask survives exec): a Ctrl-C handed to it before it can take
+        # one waits, pending, until supervise() unblocks it, rather than kill it mid-import without an end.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        with open(log, "ab") as out, restored_mask(blocked):
             process = subprocess.Popen(
                 [sys.executable, "-m", "launcher.supervised", json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
@@ -171,6 +177,14 @@ class ThisMachine:
                 env=env,
             )
         return process.pid
+
+
+@contextlib.contextmanager
+def restored_mask(mask: set[int | signal.Signals]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def request_of(fields: dict) -> TrainRequest:
@@ -203,10 +217,12 @@ def supervise(spec: dict) -> int:
     sys.argv[0] = spec["program"]  # the messages' commands name the program the operator typed
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from the front end (interrupt())
     start = log_size(log)
-    write_state(directory, SupervisorState(os.getpid(), STARTING, log_start=start))
+    request = request_of(spec["request"])
+    write_state(directory, SupervisorState(os.getpid(), STARTING, log_start=start, rerun=request.rerun_command))
     line: str | None = None
     try:
-        code = entry_function(spec["entry"])(request_of(spec["request"]))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one that came early is raised here
+        code = entry_function(spec["entry"])(request)
     except TaskError as e:
         code, line = e.exit_code, f"{e.label}: {e}" if e.label else str(e)
     except KeyboardInterrupt:
@@ -228,6 +244,7 @@ def supervise(spec: dict) -> int:
         line=line if line is not None else last_output_line(log, start),
         to_stderr=line is not None,
         line_offset=offset,
+        rerun=request.rerun_command,
     )
     write_state(directory, end)
     return code

@@ -75,8 +75,16 @@ class MachinesRun:
 
     @classmethod
     def resolve(cls, request: TrainRequest, ask_to_revive: bool = False) -> MachinesRun:
-        """--cluster read (a stack's outputs, a contract file, the local cluster) and --nodes selected."""
+        """--cluster read (a stack's outputs, a contract file, the local cluster) and --nodes selected;
+        --revive-timeout refused where no supervisor asks this machine to revive a VM (supervision)."""
         cluster = resolve_cluster(request.cluster_spec, request.nodes)
+        if not ask_to_revive and cluster.stack is None:  # a stack's front end, or its head's supervisor, takes it
+            request.recover.refuse_revive_timeout(
+                "the local cluster is this machine: nothing to revive"
+                if cluster.is_local
+                else f"cluster {cluster.cluster_name!r} is not a Pulumi stack: a lost machine is waited for "
+                "up to --recover-timeout, never revived"
+            )
         return cls(request, cluster, select_nodes(cluster, request.nodes), ask_to_revive)
 
     def default_config(self) -> str | None:

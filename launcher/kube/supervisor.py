@@ -20,7 +20,9 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
     Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
               thread whatever the loop is doing (launcher.follow.CtrlC): every rank snapshots, the run
-              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves
+              ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves. Taken from
+              the front end's first step (attach's reads and first copy, train's Job creation) and
+              handed over once the supervisor's Job is known live
     stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
               reach the supervisor's watch, which ends the run "stopped", never restarted
 
@@ -46,7 +48,15 @@ from kubernetes.client.exceptions import ApiException
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
-from launcher.follow import LogCopy, end_line, interrupts_handed_over, launch_count, runs_here, tail_offset
+from launcher.follow import (
+    CtrlC,
+    LogCopy,
+    end_line,
+    interrupts_handed_over,
+    launch_count,
+    runs_here,
+    tail_offset,
+)
 from launcher.kube import objects, pod_spec, volume
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, connect, name_of
@@ -290,14 +300,16 @@ class Supervisor:
         state = read_state(self.record.directory)
         return state if state is not None and state.phase == ENDED else None
 
-    def follow(self, start: int, detach_after: int | None) -> int:
+    def follow(self, start: int, detach_after: int | None, ctrl_c: CtrlC) -> int:
         """Copy the record until the run's end (or, with detach_after, until it has more launch events),
         printing the log; the run's exit status. Ctrl-C (or SIGTERM) is handed to the supervisor at once,
-        whatever the loop is doing (launcher.follow.CtrlC); a second one leaves."""
+        whatever the loop is doing (ctrl_c: the front end's, taking Ctrl-C since its first step; a press
+        kept until now is handed over here); a second one leaves."""
         log = self.record.made() / LOG_NAME
         copy = LogCopy(log, start)
         waited = time.monotonic()
-        with outliving_the_terminal(log), interrupts_handed_over(self.interrupt) as ctrl_c:
+        ctrl_c.hand_to(self.interrupt)  # a live supervisor's Job: its interrupt ConfigMap is never left stale
+        with outliving_the_terminal(log):
             while True:
                 ctrl_c.check()
                 job = self.read()
@@ -379,14 +391,24 @@ def train(request: TrainRequest) -> int:
     staged = stage(api, cluster, request.run, files if request.config else {})
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
-    supervisor.create(request, staged.python, staged.code_dir)
-    return supervisor.follow(start, launches if request.detach else None)
+    with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it
+        ctrl_c.before_start()
+        supervisor.create(request, staged.python, staged.code_dir)
+        return supervisor.follow(start, launches if request.detach else None, ctrl_c)
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
     """`fab attach` on Kubernetes: follow the run's supervisor to its end, or print an ended run's end;
     the run's exit status either way."""
     check_name(run, "run")
+    # From the first step: the API calls and the record's first copy (exec calls that can lose a
+    # KeyboardInterrupt) take seconds; a Ctrl-C then is handed to the supervisor once it is found live.
+    with interrupts_handed_over() as ctrl_c:
+        return attach_supervisor(cluster_spec, run, ctrl_c)
+
+
+def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
+    """attach with the front end's Ctrl-C taken (ctrl_c)."""
     api, cluster = open_cluster(cluster_spec)
     supervisor = Supervisor(api, cluster, run, cluster_spec)
     with calling(f"reading the supervisor Job {supervisor.job}"):
@@ -411,4 +433,4 @@ def attach(cluster_spec: str | None, run: str = "main") -> int:
             say(state.line)
         return end_line(state.exit_code, state.line if state.to_stderr else None, log)
     say(f"attached to run {run} (supervisor Job {supervisor.job}; Ctrl-C stops the run after a snapshot)")
-    return supervisor.follow(tail_offset(log, 0), None)
+    return supervisor.follow(tail_offset(log, 0), None, ctrl_c)

@@ -88,6 +88,7 @@ class KubeRun:
                 f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
                 "by its Job, or torchrun in each pod on GPU nodes (drop --launcher)"
             )
+        request.recover.refuse_revive_timeout("a Kubernetes cluster's pods wait for a node up to --recover-timeout")
         cluster = resolve_cluster(request.cluster_spec)
         if cluster.kube is None:
             raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")

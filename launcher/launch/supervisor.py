@@ -61,6 +61,9 @@ class SupervisorState:
     revival: dict | None = None
     """While a supervisor on a stack's head node waits for the operator's machine to revive lost VMs:
     its request (launcher.recover.front_end_revival's RevivalRequest, as a dict)."""
+    rerun: str | None = None
+    """The command that continues the run (its train command as the operator typed it): what a front
+    end names when the supervisor ended without an end (killed, its machine restarted)."""
 
 
 def state_path(directory: Path) -> Path:
@@ -170,4 +173,8 @@ def supervisor_line(
         return f"supervised {where} (supervisor pid {state.pid}): `{attach}` follows it"
     if state.phase == ENDED:
         return f"its supervisor ended with exit {state.exit_code} (`{attach}` prints its end)"
-    return f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}"
+    rerun = state.rerun or command_line("train", cluster=cluster_spec, run=run)
+    return (
+        f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}; "
+        f"continue with: {rerun}"
+    )

@@ -136,7 +136,7 @@ class AskTheFrontEnd:
         bound, flag = (
             (self.options.recover_timeout_s, "--recover-timeout")
             if elastic
-            else (self.options.revive_timeout_s, "--revive-timeout")
+            else (self.options.revive_wait_s, "--revive-timeout")
         )
         names = ", ".join(n.name for n in lost)
         now = time.time()

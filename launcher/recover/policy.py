@@ -60,9 +60,24 @@ class RecoverOptions:
     min_nodes: int | None = None
     """With a lost node still silent after the timeout, resume on the nodes that answer if at least
     this many do; None stops the run instead."""
-    revive_timeout_s: float = DEFAULT_REVIVE_TIMEOUT_S
+    revive_timeout_s: float | None = None
     """Seconds a supervisor on a stack's head node waits for the operator's machine to revive a lost VM
-    (DEFAULT_REVIVE_TIMEOUT_S says why the default); with --min-nodes it waits --recover-timeout instead."""
+    (None: not given, DEFAULT_REVIVE_TIMEOUT_S, which says why); with --min-nodes it waits
+    --recover-timeout instead. Only a kind that revives that way takes it (refuse_revive_timeout)."""
+
+    @property
+    def revive_wait_s(self) -> float:
+        """--revive-timeout, or its default."""
+        return DEFAULT_REVIVE_TIMEOUT_S if self.revive_timeout_s is None else self.revive_timeout_s
+
+    def refuse_revive_timeout(self, instead: str) -> None:
+        """A kind whose lost machines are never revived from the operator's machine refuses a typed
+        --revive-timeout (its default never trips this): instead, what the cluster does with a lost node."""
+        if self.revive_timeout_s is not None:
+            raise TaskError(
+                "--revive-timeout bounds the wait of a Pulumi stack's run for this machine to revive a lost VM "
+                f"(its supervisor on the head node asks); {instead}: drop --revive-timeout"
+            )
 
     def check(self, nodes: int) -> None:
         """A TaskError naming the flag for a value out of range (nodes: the run's node count)."""
@@ -70,8 +85,8 @@ class RecoverOptions:
             raise TaskError(f"--max-restarts must be >= 0 (0 fails fast), got {self.max_restarts}")
         if not self.recover_timeout_s > 0:
             raise TaskError(f"--recover-timeout must be a number of seconds > 0, got {self.recover_timeout_s:g}")
-        if not self.revive_timeout_s > 0:
-            raise TaskError(f"--revive-timeout must be a number of seconds > 0, got {self.revive_timeout_s:g}")
+        if not self.revive_wait_s > 0:
+            raise TaskError(f"--revive-timeout must be a number of seconds > 0, got {self.revive_wait_s:g}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= nodes:
             raise TaskError(
                 f"--min-nodes must be between 1 and the run's {nodes} node(s) (--nodes), got {self.min_nodes}"

@@ -175,6 +175,16 @@ def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
     return f"interrupted {at}; continue with: {rerun}"
 
 
+def supervisor_lost_text(log: Path, rerun: str, stop: str) -> str:
+    """A front end's last line when the run's supervisor ended without recording an end (it was killed,
+    its machine restarted): its ranks may still run, unsupervised (stop snapshots them), and rerun
+    resumes from the newest snapshot (a rerun while ranks run is refused and names stop)."""
+    return (
+        f"the run's supervisor ended without an end (it was killed, or its machine restarted); its output: {log}; "
+        f"any rank still running stops after its snapshot with `{stop}`; continue with: {rerun}"
+    )
+
+
 def clock(at: float) -> str:
     """HH:MM:SS of a Unix time, in this machine's time zone (as the operator's clock shows it)."""
     return time.strftime("%H:%M:%S", time.localtime(at))

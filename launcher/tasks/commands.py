@@ -27,7 +27,7 @@ from launcher.doctor import SEND_S
 from launcher.launch.operator_stop import STOPPED_EXIT
 from launcher.launch.units import STOP_GRACE_S
 from launcher.lifecycle import TrainRequest
-from launcher.recover.policy import RecoverOptions
+from launcher.recover.policy import DEFAULT_REVIVE_TIMEOUT_S, RecoverOptions
 from launcher.runs import cost as ledger
 from launcher.tasks.drivers import driver
 from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, fab_task, given, shown, text_default
@@ -170,7 +170,7 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         " do, with the same tokens per optimizer step (default: stop with an error)",
         "revive_timeout": "a stack's run, supervised on its head node: seconds to wait for this machine (`attach` "
         "or a following train) to revive a lost VM with `pulumi up` before ending the run with its snapshot; "
-        f"default {shown(RECOVER_DEFAULTS.revive_timeout_s)}",
+        f"default {shown(DEFAULT_REVIVE_TIMEOUT_S)}",
         "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
         "attempts since it last finished included): refused before launch when the estimate exceeds it;"
         f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "

@@ -213,3 +213,52 @@ def test_every_task_opens_with_the_same_line_about_the_local_cluster(home, monke
     assert given.startswith(expected.split("; ")[0] + "; 1 rank(s) as processes")
     assert ", from --nodes 1 (the default here: " in given
     assert tree(home) == before
+
+
+REVIVE = (
+    "error: --revive-timeout bounds the wait of a Pulumi stack's run for this machine to revive a lost VM (its "
+    "supervisor on the head node asks); "
+)
+
+
+@pytest.mark.parametrize(
+    "cluster, instead",
+    [
+        ([], "the local cluster is this machine: nothing to revive"),
+        (
+            ["--cluster", "lab.json"],
+            "cluster 'lab' is not a Pulumi stack: a lost machine is waited for up to --recover-timeout, never revived",
+        ),
+        (["--cluster", "kubeconfig:/nowhere"], "a Kubernetes cluster's pods wait for a node up to --recover-timeout"),
+    ],
+)
+def test_revive_timeout_on_a_cluster_that_never_revives_is_one_line_before_anything(home, cluster, instead):
+    """Only a Pulumi stack's run, supervised on its head node, waits for this machine to revive a lost VM:
+    elsewhere a typed --revive-timeout (even its default value) is refused, naming what the cluster does
+    and the fix; left out, nothing is refused."""
+    (home.parent / "lab.json").write_text(json.dumps(CONTRACT))
+    cluster = [str(home.parent / a) if a == "lab.json" else a for a in cluster]
+    for value in ("60", "1800"):
+        result = run(NANOCLUSTER, "train", *cluster, "--revive-timeout", value, "--dry-run", home=home)
+        assert error_line(result) == f"{REVIVE}{instead}: drop --revive-timeout"
+        assert tree(home) == []
+    if not cluster:  # the default never trips it
+        result = run(NANOCLUSTER, "train", "--dry-run", "--set", "max_iters=1", home=home)
+        assert result.returncode == 0, result.stderr
+
+
+def test_a_stacks_front_end_and_its_heads_supervisor_take_revive_timeout(monkeypatch):
+    from dataclasses import replace
+
+    import launcher.train
+    from launcher.cluster.inventory import PulumiStack, parse_contract
+    from launcher.lifecycle import TrainRequest
+    from launcher.recover.policy import RecoverOptions
+
+    stack = replace(parse_contract(CONTRACT, "stack dev"), stack=PulumiStack("dev", Path("infra")))
+    request = TrainRequest("stack", recover=RecoverOptions(revive_timeout_s=60))
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes: stack)
+    assert launcher.train.MachinesRun.resolve(request).cluster is stack
+    on_head = parse_contract(CONTRACT, "/home/ubuntu/nanocluster/supervisor/cluster.json")  # no stack there
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes: on_head)
+    assert launcher.train.MachinesRun.resolve(request, ask_to_revive=True).cluster is on_head

@@ -67,14 +67,15 @@ def test_the_request_reaches_the_supervisor_whole():
     assert request_of(dataclasses.asdict(request)) == request
 
 
-def supervised(tmp_path: Path, entry: str, monkeypatch) -> Path:
-    """A real supervisor process running supervised_fakes.ENTRY for run r, its lock handed over."""
+def supervised(tmp_path: Path, entry: str, monkeypatch, rerun: str = "") -> Path:
+    """A real supervisor process running supervised_fakes.ENTRY for run r, its lock handed over (rerun:
+    the train command as the operator typed it)."""
     directory = tmp_path / "runs" / "r"
     directory.mkdir(parents=True)
     monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
     lock = take_lock(directory, "r", None)
     try:
-        ThisMachine(f"{FAKES}:{entry}").start(TrainRequest(None, run="r"), directory, lock)
+        ThisMachine(f"{FAKES}:{entry}").start(TrainRequest(None, run="r", rerun=rerun), directory, lock)
     finally:
         os.close(lock)
     return directory
@@ -205,3 +206,114 @@ def test_kubernetes_runs_stay_supervised_by_their_train_and_say_so():
         kube_train.train(TrainRequest("kubeconfig:/nowhere", run="r", detach=True))
     with pytest.raises(TaskError, match="supervised by the train that started it"):
         kube_train.attach("kubeconfig:/nowhere", "r")
+
+
+class SlowFirstCopy:
+    """A supervision whose watch takes its time over the record's first copy (on a head node: seconds of
+    SSH), during which the operator presses Ctrl-C; or whose start is still answering when it comes."""
+
+    def __init__(self, entry: str, ctrl_c_in: str):
+        self.machine, self.ctrl_c_in = ThisMachine(f"{FAKES}:{entry}"), ctrl_c_in
+
+    def press_ctrl_c(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the call goes on after the press
+
+    def launch(self, request: TrainRequest, cluster, directory: Path):
+        watch = self.machine.launch(request, cluster, directory)
+        while (state := read_state(directory)) is None:  # the supervisor's own, without a front end's
+            time.sleep(0.01)
+        self.pid = state.pid
+        if self.ctrl_c_in == "launch":
+            self.press_ctrl_c()  # the supervisor has started; the start's answer is still on its way
+        return watch
+
+    def watch(self, cluster, directory: Path, run: str):
+        machine = self
+
+        class Watch(follow.LocalWatch):
+            refreshed = False
+
+            def refresh(self) -> None:
+                if machine.ctrl_c_in == "refresh" and not Watch.refreshed:
+                    Watch.refreshed = True
+                    machine.press_ctrl_c()
+
+        return Watch(directory)
+
+
+def without_traceback(call):
+    """call()'s result; a KeyboardInterrupt out of it (a traceback for the operator) fails the test."""
+    try:
+        return call()
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left the front end as a KeyboardInterrupt (a traceback; the run not asked to stop)")
+
+
+def test_ctrl_c_during_attachs_first_copy_of_the_record_stops_the_run(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while attach connects and brings the record here (before its follow loop): the supervisor
+    is asked, every rank stops after its snapshot, exit 130 and the continue line."""
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    monkeypatch.setattr(follow, "run_dir", lambda cluster_directory, run: directory)
+    monkeypatch.setattr(follow, "cluster_dir", lambda cluster: tmp_path)
+    place = SlowFirstCopy("until_interrupted", "refresh")
+    assert without_traceback(lambda: follow.attach(None, None, "r", place)) == 130
+    interrupted = "interrupted at iter 3 (every rank stopped after its snapshot); continue with: x\n"
+    assert capsys.readouterr().err == interrupted
+    assert wait_ended(directory).exit_code == 130
+
+
+def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_home, monkeypatch, capsys):
+    """Ctrl-C while the supervisor is being started (its start's answer not yet back): handed to it once
+    it runs, which ends the run interrupted with exit 130; it never reaches the supervisor before it can
+    take it (an end always recorded)."""
+    from launcher.cluster.inventory import local_cluster
+    from launcher.runs.record import RunRecord
+
+    cluster = local_cluster(1)
+    directory = RunRecord.of(cluster, "r").directory
+    monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
+    monkeypatch.setattr(follow, "runs_here", lambda request: False)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind: True)
+    kind = type("Kind", (), {"cluster": cluster})()
+    place = SlowFirstCopy("until_interrupted", "launch")
+    request = TrainRequest(None, run="r")
+    code = without_traceback(lambda: follow.train(request, lambda r: kind, lambda c: place, lambda r: 0))
+    assert code == 130
+    assert capsys.readouterr().err.startswith("interrupted")  # at iter 3, or before its ranks started
+    deadline = time.monotonic() + 60
+    while not gone(place.pid):  # the supervisor stopped the run and ended (not killed mid-start: 130 above)
+        assert time.monotonic() < deadline, "the supervisor did not end"
+        time.sleep(0.1)
+
+
+def gone(pid: int) -> bool:
+    """Whether the process has exited (a child of this test not yet reaped counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_supervisor_killed_without_an_end_names_the_command_that_continues_the_run(tmp_path, monkeypatch):
+    """The supervisor SIGKILLed (OOM-killed, its machine restarted) while the front end follows it, and
+    attach afterwards from any terminal: one line with its output, the stop for ranks it left running,
+    and the exact train command that continues the run (it resumes from the newest snapshot)."""
+    typed = "fab train --run r --set max_iters=9"
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch, rerun=typed)
+    wait_for_output(directory, "started 2 rank(s)")
+    supervisor = read_state(directory).pid  # the process this test started
+    threading.Timer(0.5, os.kill, (supervisor, signal.SIGKILL)).start()
+    line = (
+        f"the run's supervisor ended without an end (it was killed, or its machine restarted); its output: "
+        f"{directory / LOG_NAME}; any rank still running stops after its snapshot with `fab stop --run r`; "
+        f"continue with: {typed}"
+    )
+    with pytest.raises(TaskError) as followed:
+        follow.follow(directory, 0, TrainRequest(None, run="r"), None)
+    assert str(followed.value) == line
+    with pytest.raises(TaskError) as attached:  # a later attach says the same
+        follow.attach_directory(directory, None, "r")
+    assert str(attached.value) == line
+    assert supervisor_line(directory, None, "r").endswith(f"; continue with: {typed}")

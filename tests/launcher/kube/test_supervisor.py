@@ -306,6 +306,33 @@ def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(f
     assert [e["event"] for e in events(record)] == ["launch", "end"]
 
 
+def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contract_file, script, tmp_path):
+    """Ctrl-C while `attach` opens its first exec stream into the supervisor pod to copy the record
+    (before its follow loop; the client library turns a KeyboardInterrupt there into an API error):
+    the supervisor is asked, the run ends "interrupted", exit 130 and the continue line."""
+    fake.seed()
+    script.run_ticks = 10**9
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file), "--run", "ac"]
+    out = tmp_path / "detach.out"
+    detach = front_end(home, "train", *cluster, "--nodes", "2", "--detach", out=out)
+    assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 3, fake)
+    slow = fake.faults.add("/pods/fake-ac-supervisor-0-a0/exec", ["slow"], hold_s=3.0)
+    attach_out = tmp_path / "attach.out"
+    attach = front_end(home, "attach", *cluster, out=attach_out)
+    wait_for("attach opening its first exec stream", lambda: len(slow.given) >= 1, fake)
+    attach.send_signal(signal.SIGINT)  # within the 3 s the server takes to answer that opening
+    assert exit_code(attach, attach_out, fake) == 130, attach_out.read_text() + fake.processes.output()
+    text = attach_out.read_text()
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("interrupted (its newest snapshot is kept); continue with: nanocluster train "), text
+    assert "Traceback" not in text
+    record = home / "clusters" / "fake" / "runs" / "ac"
+    (end,) = [e for e in events(record) if e["event"] == "end"]
+    assert end["outcome"] == "interrupted"
+
+
 def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
     """Between two attempts a run has no training Job, but its supervisor lives: `rm` and `prune` keep it."""
     from types import SimpleNamespace
