@@ -251,7 +251,8 @@ def test_a_stacks_front_end_and_its_heads_supervisor_take_revive_timeout(monkeyp
     from dataclasses import replace
 
     import launcher.train
-    from launcher.cluster.inventory import PulumiStack, parse_contract
+    from launcher.cluster.contract import parse_contract
+    from launcher.cluster.inventory import PulumiStack
     from launcher.lifecycle import TrainRequest
     from launcher.recover.policy import RecoverOptions
 

@@ -268,7 +268,7 @@ def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_
     """Ctrl-C while the supervisor is being started (its start's answer not yet back): handed to it once
     it runs, which ends the run interrupted with exit 130; it never reaches the supervisor before it can
     take it (an end always recorded)."""
-    from launcher.cluster.inventory import local_cluster
+    from launcher.cluster.local import local_cluster
     from launcher.runs.record import RunRecord
 
     cluster = local_cluster(1)
