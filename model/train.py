@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return EXIT_PEER_LOST
         else:
-            logging.getLogger("model.train").exception("training failed")
+            log.exception("training failed")
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
     except KeyboardInterrupt:
         return report_interrupted()

@@ -90,13 +90,18 @@ def redraws(line: bytes) -> bool:
 
 class SyncedPlot:
     """The plot of a run whose record is synced here from its supervisor on the cluster: redrawn (on
-    PlotRefresher's thread) when the synced metrics gained an eval, and once more at the end."""
+    PlotRefresher's thread) when the synced metrics gained an eval, and once more at the end. A closed
+    one draws again when more is synced (a Kubernetes `train` ends the last run's supervisor, then
+    follows the next one's)."""
 
     def __init__(self, record_dir: Path):
         self.record_dir = record_dir
         self.offset = 0
         """How far the synced metrics were read: the lines before it were seen."""
+        self.closed_at = 0
+        """The offset the last close() drew to: a close with nothing synced since draws nothing."""
         self.refresher: PlotRefresher | None = None
+        """The drawing thread while one is open (None before the first redraw and after close)."""
         self.drawable = True
         """False once matplotlib was found missing here."""
 
@@ -123,10 +128,12 @@ class SyncedPlot:
     def close(self) -> None:
         """The last drawing, with everything synced (returns once it is on disk)."""
         self.update()
-        if self.offset:
+        if self.offset > self.closed_at:
             self.request()
+        self.closed_at = self.offset
         if self.refresher is not None:
             self.refresher.close()
+            self.refresher = None
 
 
 def current_plot(record_dir: Path) -> Path | None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import pytest
 
@@ -152,3 +153,22 @@ def test_fetch_draws_the_plot_where_the_synced_metrics_are_newer_and_copies_it(r
     assert current_plot(empty) is None
     copy_plot(empty, target)  # nothing recorded: nothing copied, nothing said
     assert capsys.readouterr().out == ""
+
+
+def test_a_closed_synced_plot_draws_the_next_run_synced_into_the_same_record(tmp_path):
+    """A Kubernetes `train` of a run name ends the last run's supervisor (its plot drawn), then follows
+    the new run's supervisor with the same SyncedPlot: the new run's evals and end are drawn too."""
+    plot = SyncedPlot(tmp_path)
+    evaluation = {"kind": "eval", "iter": 0, "train_loss": 9.0, "val_loss": 9.5}
+    append_bytes(tmp_path, (json.dumps(evaluation) + "\n").encode())
+    plot.close()
+    first = (tmp_path / PLOT_NAME).stat().st_mtime_ns
+    plot.close()  # nothing synced since: not drawn again
+    assert (tmp_path / PLOT_NAME).stat().st_mtime_ns == first
+    time.sleep(0.01)
+    evaluation["iter"] = 4
+    append_bytes(tmp_path, (json.dumps(evaluation) + "\n").encode())
+    plot.update()
+    plot.close()
+    assert (tmp_path / PLOT_NAME).stat().st_mtime_ns != first
+    assert read_series(tmp_path).eval_iters == [0, 4]
