@@ -152,6 +152,13 @@ async def until_gone(raw_request: aiohttp.web.BaseRequest, limit_s: float = 300.
         await asyncio.sleep(0.05)
 
 
+# kmock records every request and matches each new one against its reactions by scanning that record:
+# the fake's CPU grew with the square of a test's requests (most of a core through a minute-long run,
+# and the suite is CPU-bound). Nothing reads the record, so only the newest are kept, far more than are
+# ever in flight (a request is matched while it is in the record).
+REQUESTS_KEPT = 32
+
+
 class ClusterEmulator(ExecEmulator):
     """kmock's emulator with the exec websocket (fake_exec), scheduled faults and Foreground deletion."""
 
@@ -160,6 +167,7 @@ class ClusterEmulator(ExecEmulator):
         self.faults, self.foreground_takes_time, self.pod_logs = faults, foreground_takes_time, pod_logs
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        del self._requests[:-REQUESTS_KEPT]
         if raw_request.method == "POST":
             await give_uid(raw_request)
         if CONTROLLER_HEADER not in raw_request.headers:

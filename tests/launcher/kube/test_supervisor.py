@@ -152,11 +152,13 @@ def test_a_run_outlives_its_front_end_an_api_error_a_lost_supervisor_and_a_faile
     ]
     assert ("fake-ms2-supervisor-0-a0", "Count") in fake.controller.verdicts and killed == "fake-ms2-supervisor-0-a0"
 
-    # rank 1 fails: the supervisor restarts the run, whose next attempt finishes
-    script.run_ticks = 20
-    fake.fail_pod("fake-ms2-1-a0", 137)
+    # attached, rank 1 fails: the supervisor restarts the run, whose next attempt finishes (the fail
+    # waits for the attach: an attach that came after the end would print the end line only)
     attach_out = tmp_path / "attach.out"
     attach = front_end(home, "attach", *cluster, "--run", "ms2", out=attach_out)
+    wait_for("the attach", lambda: "attached to run ms2" in attach_out.read_text(), fake)
+    script.run_ticks = 20
+    fake.fail_pod("fake-ms2-1-a0", 137)
     assert attach.wait(180) == 0, attach_out.read_text() + fake.processes.output()
     text = attach_out.read_text()
     assert "restart 1/3: rank 1 node-1: killed by SIGKILL (exit 137)" in text
