@@ -2,6 +2,11 @@
 #   make quickstart   install torch and the launcher extra only, then prepare the builtin corpus and train local ranks
 #   make test         set up (including the apt packages the tests need), then lint and run every test
 PYTHON ?= python3
+# Python keeps the bytecode of what it imports, whatever the calling environment says: container images
+# often set PYTHONDONTWRITEBYTECODE, and with it (and pip's --no-compile below) every trainer, launcher
+# and test process compiled torch and the cloud SDKs from source again (`import model.train`: 7.5-10
+# CPU-s instead of 3; the test suite is CPU-bound).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 
@@ -15,8 +20,9 @@ setup: $(VENV)/.installed
 # TORCH_INDEX='--index-url https://download.pytorch.org/whl/cpu'.
 LOCK := requirements.lock
 TORCH_INDEX ?=
-# --no-compile: Python compiles a module when it is first imported; compiling all of the cloud SDKs
-# at install (~1 GB of source; Azure's alone took 32 s here) is time nothing uses.
+# --no-compile: Python compiles a module when it is first imported (and keeps it: see the unexport
+# above); compiling all of the cloud SDKs at install (~1 GB of source; Azure's alone took 32 s here)
+# is time nothing uses.
 PIP_INSTALL := $(BIN)/pip install --quiet --no-compile --constraint $(LOCK)
 
 # The locked pip and setuptools first: the project is built with the locked setuptools
