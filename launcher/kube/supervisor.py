@@ -69,7 +69,7 @@ from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_si
 from launcher.lifecycle import TrainRequest, checked_here
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, supervisor_lost_text
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 
@@ -314,7 +314,7 @@ class Supervisor:
                 ctrl_c.check()
                 job = self.read()
                 if job is None:
-                    raise TaskError(f"the run's supervisor Job {self.job} is gone; its record: {self.record.directory}")
+                    raise self.lost(f"its Job {self.job} was deleted")
                 pod = self.running_pod()
                 if pod is not None:
                     waited = time.monotonic()
@@ -332,15 +332,21 @@ class Supervisor:
                     return 0
                 failed = self.failed(job)
                 if failed:
-                    raise TaskError(
-                        f"the run's supervisor Job {self.job} failed ({failed}); its record: {self.record.directory}"
-                    )
+                    raise self.lost(f"its Job {self.job} failed: {failed}")
                 if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
                     raise TaskError(
                         f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
                         "cluster's capacity (kubectl describe pod)"
                     )
                 time.sleep(POLL_S)
+
+    def lost(self, how: str) -> TaskError:
+        """The supervisor's Job failed or went before the record had the run's end (how): the line with
+        the way back, the command that started the run (the record's) as its continue line."""
+        state = read_state(self.record.directory)
+        train, stop = (command_line(t, cluster=self.cluster_spec, run=self.run) for t in ("train", "stop"))
+        rerun = (state.rerun if state is not None else "") or train
+        return TaskError(supervisor_lost_text(self.record.directory / LOG_NAME, rerun, stop, how))
 
     def copy_ended(self) -> None:
         """An ended supervisor's record copied through a helper pod (its own pod has gone)."""

@@ -175,12 +175,13 @@ def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
     return f"interrupted {at}; continue with: {rerun}"
 
 
-def supervisor_lost_text(log: Path, rerun: str, stop: str) -> str:
-    """A front end's last line when the run's supervisor ended without recording an end (it was killed,
-    its machine restarted): its ranks may still run, unsupervised (stop snapshots them), and rerun
-    resumes from the newest snapshot (a rerun while ranks run is refused and names stop)."""
+def supervisor_lost_text(log: Path, rerun: str, stop: str, how: str = "it was killed, or its machine restarted") -> str:
+    """A front end's last line when the run's supervisor ended without recording an end (how: it was
+    killed, its machine restarted; on Kubernetes its Job failed or was deleted): its ranks may still
+    run, unsupervised (stop snapshots them), and rerun resumes from the newest snapshot (a rerun while
+    ranks run is refused and names stop)."""
     return (
-        f"the run's supervisor ended without an end (it was killed, or its machine restarted); its output: {log}; "
+        f"the run's supervisor ended without an end ({how}); its output: {log}; "
         f"any rank still running stops after its snapshot with `{stop}`; continue with: {rerun}"
     )
 

@@ -357,3 +357,37 @@ def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
     store = ClaimRuns.__new__(ClaimRuns)
     store.api = SimpleNamespace(batch=batch, namespace="nanocluster")
     assert store.live() == {"a": ["supervisor Job c-a-supervisor"], "c": ["Job c-c"]}
+
+
+def test_a_supervisor_job_deleted_mid_run_ends_the_front_end_with_the_way_back(fake, contract_file, script, tmp_path):
+    """Someone deletes the supervisor's Job (kubectl delete job) while `train` follows: the front end
+    ends 1 with one line naming the output, the stop for the ranks left running and the train command
+    as typed; that stop then ends the training Job."""
+    fake.seed()
+    script.run_ticks = 10**9
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file)]
+    out = tmp_path / "train.out"
+    train = front_end(home, "train", *cluster, "--nodes", "2", "--run", "gone", "--set", "max_iters=4", out=out)
+    record = home / "clusters" / "fake" / "runs" / "gone"
+    wait_for("the launch in this machine's record", lambda: any(e["event"] == "launch" for e in events(record)), fake)
+    fake.batch.delete_namespaced_job("fake-gone-supervisor", NAMESPACE)
+    assert exit_code(train, out, fake) == 1, out.read_text() + fake.processes.output()
+    (line,) = [x for x in out.read_text().splitlines() if x.startswith("error:")]
+    typed = f"nanocluster train --cluster {contract_file} --nodes 2 --run gone --set max_iters=4"
+    stop = f"nanocluster stop --cluster {contract_file} --run gone"
+    assert line == (
+        "error: the run's supervisor ended without an end (its Job fake-gone-supervisor was deleted); its output: "
+        f"{record / 'train.log'}; any rank still running stops after its snapshot with `{stop}`; continue with: {typed}"
+    ), line
+    assert training_job(fake, "gone") is not None  # the ranks run on, unsupervised
+    stopped = subprocess.run(
+        [sys.executable, "-c", PROGRAM, *stop.split()[1:]],
+        env=os.environ | {"NANOCLUSTER_HOME": str(home), "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    wait_for("the training Job's deletion", lambda: training_job(fake, "gone") is None, fake)
