@@ -90,12 +90,17 @@ def train(
     place = supervision(kind.cluster)
     record = RunRecord.of(kind.cluster, request.run)
     record.can_be_made()
-    with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor starts is handed to it
-        ctrl_c.before_start()
+    # A Ctrl-C while the place is made ready leaves before the supervisor starts (nothing started);
+    # one after that is handed to the supervisor.
+    with interrupts_handed_over(before_start=True) as ctrl_c:
         before = Before(record.directory)
         directory = record.made()
         launches = launch_count(directory)
-        watch = place.launch(request, kind.cluster, directory)
+        try:
+            watch = place.launch(request, kind.cluster, directory, ctrl_c.before_start)
+        except KeyboardInterrupt:
+            before.restore()  # left before the start: the record as it was
+            raise
         try:
             code = follow(directory, before.log_size, request, launches if request.detach else None, watch, ctrl_c)
             state = watch.state()
@@ -282,6 +287,9 @@ def follow(
             time.sleep(POLL_S)
 
 
+NOT_STARTED_LINE = "Ctrl-C: the run has not started and will not; leaving once this step ends (Ctrl-C again: now)"
+
+
 class CtrlC:
     """Ctrl-C (SIGINT) and SIGTERM (a CI timeout, `kill`) in a front end, taken by a handler that raises
     nothing into the front end's calls: the first is handed to the run's supervisor (ask, given by
@@ -293,8 +301,10 @@ class CtrlC:
     during the record's copy did nothing; one raised while attach connects or first copies the record
     would leave with a traceback or nothing asked of the run."""
 
-    def __init__(self, ask: Callable[[], object] | None = None):
+    def __init__(self, ask: Callable[[], object] | None = None, before_start: bool = False):
         self.ask = ask
+        self.starting = before_start
+        """A front end that starts a supervisor, before it starts (before_start): a Ctrl-C leaves."""
         self.presses = 0
         self.pressed = threading.Event()
         self.askable = threading.Event()
@@ -323,6 +333,8 @@ class CtrlC:
 
     def hand_over(self) -> None:
         self.pressed.wait()
+        if self.starting and not self.leaving:  # the place is still made ready: say so now, not after
+            say(NOT_STARTED_LINE)
         self.askable.wait()
         if self.leaving or self.ask is None:
             return
@@ -333,7 +345,9 @@ class CtrlC:
             self.failure = e
 
     def before_start(self) -> None:
-        """Before the front end starts a supervisor: a Ctrl-C so far leaves (nothing runs to be stopped)."""
+        """Just before the front end starts a supervisor: a Ctrl-C so far leaves (nothing runs to be
+        stopped); one from now on is handed to the supervisor."""
+        self.starting = False
         if self.presses:
             raise KeyboardInterrupt
 
@@ -352,11 +366,11 @@ class CtrlC:
 
 
 @contextlib.contextmanager
-def interrupts_handed_over(ask: Callable[[], object] | None = None) -> Iterator[CtrlC]:
+def interrupts_handed_over(ask: Callable[[], object] | None = None, before_start: bool = False) -> Iterator[CtrlC]:
     """The block (a front end, from its first step) with Ctrl-C and SIGTERM taken by CtrlC, handed to
-    ask (or to what CtrlC.hand_to gives later). Signals reach the main thread only: elsewhere nothing
-    is installed."""
-    ctrl_c = CtrlC(ask)
+    ask (or to what CtrlC.hand_to gives later); with before_start, one before CtrlC.before_start
+    leaves there instead. Signals reach the main thread only: elsewhere nothing is installed."""
+    ctrl_c = CtrlC(ask, before_start)
     if threading.current_thread() is not threading.main_thread():
         yield ctrl_c
         return

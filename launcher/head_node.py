@@ -33,6 +33,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -371,9 +372,12 @@ class HeadNode:
 
         return entry_function(self.entry)(request)
 
-    def launch(self, request: TrainRequest, cluster: Cluster, local: Path) -> HeadWatch:
+    def launch(
+        self, request: TrainRequest, cluster: Cluster, local: Path, before_start: Callable[[], None]
+    ) -> HeadWatch:
         """The head made ready (environment, cluster key, the launcher staged), then the run's lock taken
-        and its supervisor started there; its watch."""
+        and its supervisor started there; its watch. A Ctrl-C while the head was made ready leaves before
+        the start (before_start), nothing started."""
         from launcher.session import Session
         from launcher.setup.nodes import distribute_keys, ensure_ready
 
@@ -381,6 +385,7 @@ class HeadNode:
         try:
             ensure_ready(session)
             distribute_keys(session)
+            before_start()
             spec = {
                 "entry": self.entry,
                 "request": dataclasses.asdict(request),

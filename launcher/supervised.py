@@ -85,9 +85,13 @@ class Watch(Protocol):
 class Supervision(Protocol):
     """Where a run's supervisor runs (ThisMachine, launcher.head_node's HeadNode)."""
 
-    def launch(self, request: TrainRequest, cluster: Cluster, directory: Path) -> Watch:
-        """The run's lock taken (a second train of a live run refuses) and its supervisor started;
-        directory: the run's record directory on this machine."""
+    def launch(
+        self, request: TrainRequest, cluster: Cluster, directory: Path, before_start: Callable[[], None]
+    ) -> Watch:
+        """The place made ready, the run's lock taken (a second train of a live run refuses) and its
+        supervisor started; directory: the run's record directory on this machine. before_start is
+        called just before the supervisor starts: it raises KeyboardInterrupt where Ctrl-C came while
+        the place was made ready (minutes, on a head node's first run), so nothing starts."""
         ...
 
     def watch(self, cluster: Cluster, directory: Path, run: str) -> Watch:
@@ -134,10 +138,13 @@ class ThisMachine:
         """The lifecycle in this process (a dry run: nothing starts, nothing to supervise)."""
         return entry_function(self.entry)(request)
 
-    def launch(self, request: TrainRequest, cluster: Cluster, directory: Path) -> LocalWatch:
+    def launch(
+        self, request: TrainRequest, cluster: Cluster, directory: Path, before_start: Callable[[], None]
+    ) -> LocalWatch:
         """The run's lock taken (a second train of a live run refuses) and its supervisor started."""
         lock = take_lock(directory, request.run, request.cluster_spec)
         try:
+            before_start()
             state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
             start = log_size(directory / LOG_NAME)
             pid = self.start(request, directory, lock)

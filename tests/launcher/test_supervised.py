@@ -219,8 +219,10 @@ class SlowFirstCopy:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.5)  # the call goes on after the press
 
-    def launch(self, request: TrainRequest, cluster, directory: Path):
-        watch = self.machine.launch(request, cluster, directory)
+    def launch(self, request: TrainRequest, cluster, directory: Path, before_start):
+        if self.ctrl_c_in == "preparing":
+            self.press_ctrl_c()  # the place is made ready (a head node's environment: minutes)
+        watch = self.machine.launch(request, cluster, directory, before_start)
         while (state := read_state(directory)) is None:  # the supervisor's own, without a front end's
             time.sleep(0.01)
         self.pid = state.pid
@@ -286,6 +288,26 @@ def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_
     while not gone(place.pid):  # the supervisor stopped the run and ended (not killed mid-start: 130 above)
         assert time.monotonic() < deadline, "the supervisor did not end"
         time.sleep(0.1)
+
+
+def test_ctrl_c_while_the_place_is_made_ready_leaves_before_the_run_starts(tmp_path, local_home, monkeypatch, capsys):
+    """Ctrl-C while train makes the supervisor's place ready (a head node's environment: minutes on its
+    first run): said at once, then train leaves before the start, exit 130; no supervisor, no run."""
+    from launcher.cluster.local import local_cluster
+    from launcher.runs.record import RunRecord
+
+    cluster = local_cluster(1)
+    directory = RunRecord.of(cluster, "r").directory
+    monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
+    monkeypatch.setattr(follow, "runs_here", lambda request: False)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind: True)
+    kind = type("Kind", (), {"cluster": cluster})()
+    place = SlowFirstCopy("until_interrupted", "preparing")
+    request = TrainRequest(None, run="r")
+    with pytest.raises(KeyboardInterrupt):
+        follow.train(request, lambda r: kind, lambda c: place, lambda r: 0)
+    assert capsys.readouterr().out == follow.NOT_STARTED_LINE + "\n"
+    assert not directory.exists()  # no supervisor started, and the new run's record left as it was: none
 
 
 def gone(pid: int) -> bool:
