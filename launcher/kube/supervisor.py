@@ -421,6 +421,8 @@ def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
         job = supervisor.read()
     if job is None:
         state = supervisor.ended_state()
+        if state is None and launch_count(supervisor.record.directory):  # launched, then its supervisor went
+            raise supervisor.lost(f"its Job {supervisor.job} is gone")
         if state is None:
             train_command = command_line("train", cluster=cluster_spec, run=run)
             raise TaskError(f"run {run} has no supervisor in the cluster: start it with `{train_command}`")

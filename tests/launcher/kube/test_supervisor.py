@@ -381,6 +381,12 @@ def test_a_supervisor_job_deleted_mid_run_ends_the_front_end_with_the_way_back(f
         f"{record / 'train.log'}; any rank still running stops after its snapshot with `{stop}`; continue with: {typed}"
     ), line
     assert training_job(fake, "gone") is not None  # the ranks run on, unsupervised
+    attach_out = tmp_path / "attach.out"  # a later attach says the same
+    attach = front_end(home, "attach", *cluster, "--run", "gone", out=attach_out)
+    assert exit_code(attach, attach_out, fake) == 1, attach_out.read_text()
+    assert [x for x in attach_out.read_text().splitlines() if x.startswith("error:")] == [
+        line.replace("was deleted", "is gone")
+    ]
     stopped = subprocess.run(
         [sys.executable, "-c", PROGRAM, *stop.split()[1:]],
         env=os.environ | {"NANOCLUSTER_HOME": str(home), "PYTHONPATH": str(REPO)},
