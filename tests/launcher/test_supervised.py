@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -266,10 +267,9 @@ def test_ctrl_c_during_attachs_first_copy_of_the_record_stops_the_run(tmp_path, 
     assert wait_ended(directory).exit_code == 130
 
 
-def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_home, monkeypatch, capsys):
-    """Ctrl-C while the supervisor is being started (its start's answer not yet back): handed to it once
-    it runs, which ends the run interrupted with exit 130; it never reaches the supervisor before it can
-    take it (an end always recorded)."""
+def local_train(place, monkeypatch) -> tuple[Path, Callable[[], int]]:
+    """Run r's record directory on a local cluster of one, and `train` of it through place (its checks
+    passed), ready to call."""
     from launcher.cluster.local import local_cluster
     from launcher.runs.record import RunRecord
 
@@ -279,9 +279,17 @@ def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_
     monkeypatch.setattr(follow, "runs_here", lambda request: False)
     monkeypatch.setattr(follow, "checked_here", lambda request, kind: True)
     kind = type("Kind", (), {"cluster": cluster})()
-    place = SlowFirstCopy("until_interrupted", "launch")
     request = TrainRequest(None, run="r")
-    code = without_traceback(lambda: follow.train(request, lambda r: kind, lambda c: place, lambda r: 0))
+    return directory, lambda: follow.train(request, lambda r: kind, lambda c: place, lambda r: 0)
+
+
+def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_home, monkeypatch, capsys):
+    """Ctrl-C while the supervisor is being started (its start's answer not yet back): handed to it once
+    it runs, which ends the run interrupted with exit 130; it never reaches the supervisor before it can
+    take it (an end always recorded)."""
+    place = SlowFirstCopy("until_interrupted", "launch")
+    _, train = local_train(place, monkeypatch)
+    code = without_traceback(train)
     assert code == 130
     assert capsys.readouterr().err.startswith("interrupted")  # at iter 3, or before its ranks started
     deadline = time.monotonic() + 60
@@ -293,19 +301,9 @@ def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_
 def test_ctrl_c_while_the_place_is_made_ready_leaves_before_the_run_starts(tmp_path, local_home, monkeypatch, capsys):
     """Ctrl-C while train makes the supervisor's place ready (a head node's environment: minutes on its
     first run): said at once, then train leaves before the start, exit 130; no supervisor, no run."""
-    from launcher.cluster.local import local_cluster
-    from launcher.runs.record import RunRecord
-
-    cluster = local_cluster(1)
-    directory = RunRecord.of(cluster, "r").directory
-    monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
-    monkeypatch.setattr(follow, "runs_here", lambda request: False)
-    monkeypatch.setattr(follow, "checked_here", lambda request, kind: True)
-    kind = type("Kind", (), {"cluster": cluster})()
-    place = SlowFirstCopy("until_interrupted", "preparing")
-    request = TrainRequest(None, run="r")
+    directory, train = local_train(SlowFirstCopy("until_interrupted", "preparing"), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        follow.train(request, lambda r: kind, lambda c: place, lambda r: 0)
+        train()
     assert capsys.readouterr().out == follow.NOT_STARTED_LINE + "\n"
     assert not directory.exists()  # no supervisor started, and the new run's record left as it was: none
 
