@@ -56,7 +56,7 @@ from launcher.launch.supervisor import (
 )
 from launcher.lifecycle import RunKind, TrainRequest, checked_here
 from launcher.runs.record import RunRecord, run_dir, supervisor_lost_text
-from launcher.supervised import LocalWatch, Supervision, Watch
+from launcher.supervised import KILLED, LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
 POLL_S = 0.2
@@ -273,7 +273,8 @@ def follow(
                 return end_line(state.exit_code, state.line if state.to_stderr else None, log)
             if detach_after is not None and launch_count(directory) > detach_after:
                 attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
-                say(f"run {request.run} goes on under its supervisor; follow it with `{attach_command}`")
+                where = "" if isinstance(watch, LocalWatch) else f" {watch.where()}"
+                say(f"run {request.run} goes on under its supervisor{where}; follow it with `{attach_command}`")
                 return 0
             ctrl_c.check()  # after the end: a supervisor that ended as Ctrl-C reached it took it
             if not watch.live():
@@ -282,7 +283,7 @@ def follow(
                 state = watch.state()
                 if state is None or state.phase != ENDED:
                     copy.to(whole_lines=False)
-                    raise supervisor_lost(directory, state, request)
+                    raise supervisor_lost(directory, state, request, watch.lost())
                 continue
             time.sleep(POLL_S)
 
@@ -414,9 +415,12 @@ def end_of(directory: Path, request: TrainRequest) -> int:
     return end_line(state.exit_code, state.line if state.to_stderr else None, directory / LOG_NAME)
 
 
-def supervisor_lost(directory: Path, state: SupervisorState | None, request: TrainRequest) -> TaskError:
-    """The run's supervisor ended without recording an end (killed, its machine restarted): the line that
-    says how to get back to the run, with the command that started it (its state's) as the continue line."""
+def supervisor_lost(
+    directory: Path, state: SupervisorState | None, request: TrainRequest, how: str = KILLED
+) -> TaskError:
+    """The run's supervisor ended without recording an end (how: killed, its machine restarted; its Job
+    failed or deleted): the line that says how to get back to the run, with the command that started it
+    (its state's) as the continue line."""
     rerun = (state.rerun if state is not None else None) or request.rerun_command
     stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
-    return TaskError(supervisor_lost_text(directory / LOG_NAME, rerun, stop))
+    return TaskError(supervisor_lost_text(directory / LOG_NAME, rerun, stop, how))

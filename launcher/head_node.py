@@ -346,6 +346,11 @@ class HeadWatch:
     def where(self) -> str:
         return f"on the head node {self.cluster.head.name}"
 
+    def lost(self) -> str:
+        from launcher.supervised import KILLED
+
+        return KILLED
+
     def close(self) -> None:
         self.plot.close()
         self.shell.close()

@@ -9,10 +9,11 @@ lives and leaves its end in supervisor.json (launcher.launch.supervisor: the fil
 
 Where a run's supervisor runs is its cluster's choice (launcher.train.supervision): a background
 process on this machine for the local cluster (ThisMachine), a detached process on the head node for
-machines over SSH (launcher.head_node's HeadNode); Kubernetes keeps its attached front end for now
-(docs/launcher.md says why and what is next). Each supplies the same two things to the front end:
+machines over SSH (launcher.head_node's HeadNode). Each supplies the same two things to the front end:
 launch (the lock taken, the supervisor started) and a watch (its state, liveness, interrupt, the
-record brought to this machine, and what the supervisor asks of this machine: tend).
+record brought to this machine, and what the supervisor asks of this machine: tend). On Kubernetes
+the supervisor is a Job's pod (launcher.kube.supervisor), created through the API rather than
+launched here, and followed through the same watch (KubeWatch) by the same front end.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ class Watch(Protocol):
         """Where the supervisor runs, for the operator's lines."""
         ...
 
+    def lost(self) -> str:
+        """How a supervisor that is not live went without recording an end, for the operator's line."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -97,6 +102,10 @@ class Supervision(Protocol):
     def watch(self, cluster: Cluster, directory: Path, run: str) -> Watch:
         """An existing run's supervisor (`attach`)."""
         ...
+
+
+KILLED = "it was killed, or its machine restarted"
+"""How a supervisor process goes without an end (SIGKILL, the OOM killer, a restart)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,9 @@ class LocalWatch:
 
     def where(self) -> str:
         return "on this machine"
+
+    def lost(self) -> str:
+        return KILLED
 
     def close(self) -> None:
         pass

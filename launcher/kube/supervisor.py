@@ -50,11 +50,13 @@ from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
 from launcher.follow import (
     CtrlC,
-    LogCopy,
     end_line,
+    follow,
     interrupts_handed_over,
     launch_count,
+    request_for,
     runs_here,
+    supervisor_lost,
     tail_offset,
 )
 from launcher.kube import objects, pod_spec, volume
@@ -69,8 +71,8 @@ from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_si
 from launcher.lifecycle import TrainRequest, checked_here
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
-from launcher.runs.record import RunRecord, supervisor_lost_text
-from launcher.terminal import LOG_NAME, outliving_the_terminal
+from launcher.runs.record import RunRecord
+from launcher.terminal import LOG_NAME
 from launcher.trainer_config import read_trainer_config
 
 POLL_S = 1.0
@@ -300,54 +302,6 @@ class Supervisor:
         state = read_state(self.record.directory)
         return state if state is not None and state.phase == ENDED else None
 
-    def follow(self, start: int, detach_after: int | None, ctrl_c: CtrlC) -> int:
-        """Copy the record until the run's end (or, with detach_after, until it has more launch events),
-        printing the log; the run's exit status. Ctrl-C (or SIGTERM) is handed to the supervisor at once,
-        whatever the loop is doing (ctrl_c: the front end's, taking Ctrl-C since its first step; a press
-        kept until now is handed over here); a second one leaves."""
-        log = self.record.made() / LOG_NAME
-        copy = LogCopy(log, start)
-        waited = time.monotonic()
-        ctrl_c.hand_to(self.interrupt)  # a live supervisor's Job: its interrupt ConfigMap is never left stale
-        with outliving_the_terminal(log):
-            while True:
-                ctrl_c.check()
-                job = self.read()
-                if job is None:
-                    raise self.lost(f"its Job {self.job} was deleted")
-                pod = self.running_pod()
-                if pod is not None:
-                    waited = time.monotonic()
-                    self.sync(pod)
-                copy.to()
-                state = self.ended_state()
-                if state is not None:
-                    ctrl_c.settle()
-                    copy.to(whole_lines=False)
-                    self.end()
-                    return end_line(state.exit_code, state.line if state.to_stderr else None, log)
-                if detach_after is not None and launch_count(self.record.directory) > detach_after:
-                    attach = command_line("attach", cluster=self.cluster_spec, run=self.run)
-                    say(f"run {self.run} goes on under its supervisor in the cluster; follow it with `{attach}`")
-                    return 0
-                failed = self.failed(job)
-                if failed:
-                    raise self.lost(f"its Job {self.job} failed: {failed}")
-                if pod is None and time.monotonic() - waited > START_TIMEOUT_S:
-                    raise TaskError(
-                        f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
-                        "cluster's capacity (kubectl describe pod)"
-                    )
-                time.sleep(POLL_S)
-
-    def lost(self, how: str) -> TaskError:
-        """The supervisor's Job failed or went before the record had the run's end (how): the line with
-        the way back, the command that started the run (the record's) as its continue line."""
-        state = read_state(self.record.directory)
-        train, stop = (command_line(t, cluster=self.cluster_spec, run=self.run) for t in ("train", "stop"))
-        rerun = (state.rerun if state is not None else "") or train
-        return TaskError(supervisor_lost_text(self.record.directory / LOG_NAME, rerun, stop, how))
-
     def copy_ended(self) -> None:
         """An ended supervisor's record copied through a helper pod (its own pod has gone)."""
         name = pod_spec.job_name("attach", self.run)
@@ -360,6 +314,67 @@ class Supervisor:
         finally:
             delete_job(self.api, name)
         self.plot.close()
+
+
+class KubeWatch:
+    """The supervisor Job as the front end follows it (launcher.follow.follow, as on machines): refresh()
+    copies the record through exec calls into its running pod, at most every POLL_S; live() is False
+    once its Job failed or went; close() deletes an ended run's Job."""
+
+    def __init__(self, supervisor: Supervisor):
+        self.supervisor = supervisor
+        self.job: V1Job | None = None
+        self.was_live = True
+        """What the last refresh found (True until one read the Job)."""
+        self.last_refresh = -POLL_S
+        self.waited = time.monotonic()
+        """Since when no supervisor pod has run."""
+
+    def refresh(self) -> None:
+        if self.was_live and time.monotonic() - self.last_refresh < POLL_S:
+            return
+        self.last_refresh = time.monotonic()
+        supervisor = self.supervisor
+        self.job = supervisor.read()
+        self.was_live = self.job is not None and supervisor.failed(self.job) is None
+        if not self.was_live:
+            return
+        pod = supervisor.running_pod()
+        if pod is not None:
+            self.waited = time.monotonic()
+            supervisor.sync(pod)
+        elif time.monotonic() - self.waited > START_TIMEOUT_S:
+            raise TaskError(
+                f"the run's supervisor pod has not run for {START_TIMEOUT_S:.0f} s: check the "
+                "cluster's capacity (kubectl describe pod)"
+            )
+
+    def state(self) -> SupervisorState | None:
+        return read_state(self.supervisor.record.directory)
+
+    def live(self) -> bool:
+        return self.was_live
+
+    def tend(self) -> None:
+        pass  # the supervisor in the cluster does everything itself
+
+    def interrupt(self) -> bool:
+        self.supervisor.interrupt()  # a ConfigMap its pod reads, even while the pod is replaced
+        return True
+
+    def where(self) -> str:
+        return "in the cluster"
+
+    def lost(self) -> str:
+        failed = self.supervisor.failed(self.job) if self.job is not None else None
+        return f"its Job {self.supervisor.job} " + (f"failed: {failed}" if failed else "was deleted")
+
+    def close(self) -> None:
+        state = self.state()
+        if state is not None and state.phase == ENDED:
+            self.supervisor.end()  # the run's record is here: its supervisor Job goes
+        else:
+            self.supervisor.plot.close()
 
 
 def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> TaskError:
@@ -400,7 +415,11 @@ def train(request: TrainRequest) -> int:
     with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it
         ctrl_c.before_start()
         supervisor.create(request, staged.python, staged.code_dir)
-        return supervisor.follow(start, launches if request.detach else None, ctrl_c)
+        watch = KubeWatch(supervisor)
+        try:
+            return follow(record.directory, start, request, launches if request.detach else None, watch, ctrl_c)
+        finally:
+            watch.close()
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
@@ -417,12 +436,14 @@ def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
     """attach with the front end's Ctrl-C taken (ctrl_c)."""
     api, cluster = open_cluster(cluster_spec)
     supervisor = Supervisor(api, cluster, run, cluster_spec)
+    request = request_for(cluster_spec, run)
     with calling(f"reading the supervisor Job {supervisor.job}"):
         job = supervisor.read()
     if job is None:
         state = supervisor.ended_state()
         if state is None and launch_count(supervisor.record.directory):  # launched, then its supervisor went
-            raise supervisor.lost(f"its Job {supervisor.job} is gone")
+            how = f"its Job {supervisor.job} is gone"
+            raise supervisor_lost(supervisor.record.directory, read_state(supervisor.record.directory), request, how)
         if state is None:
             train_command = command_line("train", cluster=cluster_spec, run=run)
             raise TaskError(f"run {run} has no supervisor in the cluster: start it with `{train_command}`")
@@ -441,4 +462,8 @@ def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
             say(state.line)
         return end_line(state.exit_code, state.line if state.to_stderr else None, log)
     say(f"attached to run {run} (supervisor Job {supervisor.job}; Ctrl-C stops the run after a snapshot)")
-    return supervisor.follow(tail_offset(log, 0), None, ctrl_c)
+    watch = KubeWatch(supervisor)
+    try:
+        return follow(supervisor.record.directory, tail_offset(log, 0), request, None, watch, ctrl_c)
+    finally:
+        watch.close()

@@ -175,7 +175,7 @@ def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
     return f"interrupted {at}; continue with: {rerun}"
 
 
-def supervisor_lost_text(log: Path, rerun: str, stop: str, how: str = "it was killed, or its machine restarted") -> str:
+def supervisor_lost_text(log: Path, rerun: str, stop: str, how: str) -> str:
     """A front end's last line when the run's supervisor ended without recording an end (how: it was
     killed, its machine restarted; on Kubernetes its Job failed or was deleted): its ranks may still
     run, unsupervised (stop snapshots them), and rerun resumes from the newest snapshot (a rerun while
