@@ -12,10 +12,12 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
               supervisor or training Job refused (nothing deleted); model/ and launcher/ staged by
               digest with the node environment; the ServiceAccount, Role and RoleBinding (the verbs
               the lifecycle uses, in the namespace only) and the supervisor Job created; then followed
-    follow    the record on the claim (NANOCLUSTER_HOME of the pod: runs/<run>/supervisor) copied
-              to this machine's record directory through exec calls into the supervisor pod (only
-              what grew), its train.log printed as it grows, until supervisor.json says ended: the
-              last line and the run's exit status, and the supervisor Job deleted
+    follow    launcher.follow's, as on machines, through KubeWatch: the record on the claim
+              (NANOCLUSTER_HOME of the pod: runs/<run>/supervisor) copied to this machine's record
+              directory through exec calls into the supervisor pod (only what grew), its train.log
+              printed as it grows, until supervisor.json says ended: the last line and the run's exit
+              status, and the supervisor Job deleted; a Job that failed or went before that: the
+              way back (stop, then the train command as typed)
     --detach  the same until the record has the attempt's launch event, then the attach command
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
     Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
