@@ -39,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Files marked `long` first, each in the order drawn (a stable sort after pytest-randomly's shuffle):
+    # make test hands each worker whole files, so a file of minutes drawn late ran on alone at the end
+    # while the other workers sat idle (the suite is CPU-bound: its time is its CPU work over the cores).
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_tests:
         return  # torch is imported only when a gpu test was collected

@@ -43,7 +43,7 @@ from model.settings.config import FINE_TUNE_LR
 from model.train import main
 from tests.model.conftest import write_tokens
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # minutes on one worker: started first
 
 BLOCK_SIZE = 64
 PRETRAIN_FRACTION = 0.6  # of the corpus; fine-tuning gets the rest

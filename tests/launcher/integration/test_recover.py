@@ -9,8 +9,11 @@ import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
 from launcher.testing.fab import wait_for
 
+pytestmark = pytest.mark.long  # minutes on one worker: started first (tests/conftest.py)
 RUN_TIMEOUT_S = 240
 RUN_SETTINGS = ("--nodes", "3", "--set", "max_iters=20", "--set", "eval_interval=5")
 """A snapshot every 5 iterations: rank 1 is killed once the first is written, 15 steps before the end.

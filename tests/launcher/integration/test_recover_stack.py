@@ -25,6 +25,8 @@ from launcher.testing.interrupt import train_interrupted
 from launcher.testing.pulumi_standin import StandinPulumi
 from tests.launcher.integration.test_supervisor import head_record, supervisors
 
+pytestmark = pytest.mark.long  # minutes on one worker: started first (tests/conftest.py)
+
 RUN = "preempted"
 RUN_TIMEOUT_S = 240
 BOOT_S = POLL_EVERY_S

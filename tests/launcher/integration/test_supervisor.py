@@ -15,11 +15,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.launch.supervisor import ENDED, SupervisorState, is_live, read_state
 from launcher.terminal import LOG_NAME
 from launcher.testing.fab import FAB, wait_for
 
+pytestmark = pytest.mark.long  # minutes on one worker: started first (tests/conftest.py)
 RUN_TIMEOUT_S = 240
 RUN_SETTINGS = ("--nodes", "3", "--set", "max_iters=40", "--set", "eval_interval=5")
 """A snapshot every 5 iterations; 40 steps leave time for both kills before the end."""

@@ -25,6 +25,8 @@ from tests.launcher.kube.fake import NAMESPACE, training_launch
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
+pytestmark = pytest.mark.long  # minutes on one worker: started first (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 PROGRAM = "import sys; from launcher.cli import main; sys.argv[0] = 'nanocluster'; main()"
 """The installed `nanocluster` command, as its console script runs it."""
