@@ -325,21 +325,21 @@ class KubeWatch:
 
     def __init__(self, supervisor: Supervisor):
         self.supervisor = supervisor
-        self.job: V1Job | None = None
-        self.was_live = True
-        """What the last refresh found (True until one read the Job)."""
+        self.gone: str | None = None
+        """How the Job went, as the last refresh found it (failed, deleted); None while it is live."""
         self.last_refresh = -POLL_S
         self.waited = time.monotonic()
         """Since when no supervisor pod has run."""
 
     def refresh(self) -> None:
-        if self.was_live and time.monotonic() - self.last_refresh < POLL_S:
+        if self.gone is None and time.monotonic() - self.last_refresh < POLL_S:
             return
         self.last_refresh = time.monotonic()
         supervisor = self.supervisor
-        self.job = supervisor.read()
-        self.was_live = self.job is not None and supervisor.failed(self.job) is None
-        if not self.was_live:
+        job = supervisor.read()
+        failed = supervisor.failed(job) if job is not None else None
+        if job is None or failed:
+            self.gone = f"its Job {supervisor.job} " + (f"failed: {failed}" if failed else "was deleted")
             return
         pod = supervisor.running_pod()
         if pod is not None:
@@ -355,7 +355,7 @@ class KubeWatch:
         return read_state(self.supervisor.record.directory)
 
     def live(self) -> bool:
-        return self.was_live
+        return self.gone is None
 
     def tend(self) -> None:
         pass  # the supervisor in the cluster does everything itself
@@ -368,8 +368,7 @@ class KubeWatch:
         return "in the cluster"
 
     def lost(self) -> str:
-        failed = self.supervisor.failed(self.job) if self.job is not None else None
-        return f"its Job {self.supervisor.job} " + (f"failed: {failed}" if failed else "was deleted")
+        return self.gone or f"its Job {self.supervisor.job} was deleted"
 
     def close(self) -> None:
         state = self.state()
