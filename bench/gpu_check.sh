@@ -7,7 +7,7 @@
 # 2. gpu tests:   pytest -m gpu over every test file marked gpu (tests/model/test_gpu.py and any other)
 # 3. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round, in nanoGPT's
 #                 shape and in GPT-2's (--shape)
-# 4. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, under deterministic kernels,
+# 4. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, with deterministic=true,
 #                 against the same run uninterrupted: the final parameters' sha256 must be equal
 # 5. sample:      a short run on English text (Python's own documentation), then model.sample's text
 # and one summary: PASS / FAIL / SKIP per part with its figure; exit 0 only when every part passed.
@@ -53,11 +53,6 @@ failed_or_timed_out() {  # the figure for a part whose command exited with $1
     if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then echo "timed out"; else echo "exit $1"; fi
 }
 
-# Runs the trainer with only deterministic kernels (cuBLAS needs a fixed workspace for it).
-DETERMINISTIC_TRAIN='import sys, torch
-torch.use_deterministic_algorithms(True)
-from model.train import main
-sys.exit(main(sys.argv[1:]))'
 TINY=(init_from=scratch model.n_layer=2 model.n_head=2 model.n_embd=64 block_size=64 batch_size=8
     gradient_accumulation_steps=1 eval_iters=2 log_interval=1 peak_flops=1e14 compile=false device=cuda)
 
@@ -132,10 +127,10 @@ from model.data.token_format import write_split
 tokens = np.random.default_rng(0).integers(0, 50257, 200_000)
 for split in ("train", "val"):
     write_split(sys.argv[1], split, tokens)' "$WORK/random"
-resume_run() {  # resume_run OUT_DIR MAX_ITERS: the deterministic tiny run; its log in OUT_DIR.log
-    CUBLAS_WORKSPACE_CONFIG=:4096:8 bounded 60 "$PYTHON" -c "$DETERMINISTIC_TRAIN" "${TINY[@]}" \
-        "data_dir=$WORK/random" "out_dir=$1" "max_iters=$2" eval_interval=4 lr_decay_iters=8 warmup_iters=1 \
-        learning_rate=3e-3 model.dropout=0.1 >>"$1.log" 2>&1
+resume_run() {  # resume_run OUT_DIR MAX_ITERS: the tiny run, deterministic=true; its log in OUT_DIR.log
+    bounded 60 "$PYTHON" -m model.train "${TINY[@]}" deterministic=true "data_dir=$WORK/random" "out_dir=$1" \
+        "max_iters=$2" eval_interval=4 lr_decay_iters=8 warmup_iters=1 learning_rate=3e-3 model.dropout=0.1 \
+        >>"$1.log" 2>&1
 }
 digest() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
 if resume_run "$WORK/straight" 8 && resume_run "$WORK/resumed" 4 && resume_run "$WORK/resumed" 8; then

@@ -22,9 +22,12 @@ SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in o
 
 --diagnose adds the trainer with one thing changed, to tell what each is worth: without its per-step
 health work (health.interval=0 health.guard=false: no statistics, no step guard), with the plain loss
-(fused_loss=false: the logits, then F.cross_entropy, as nanoGPT computes it), and with Inductor's
-C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
-compile). A variant that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
+(fused_loss=false: the logits, then F.cross_entropy, as nanoGPT computes it), with Inductor's C++
+wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
+compile), with deterministic=true (what exact resume on a GPU costs), in nanoGPT's shape
+(model.bias=false), and with two choices the trainer leaves out because they pick kernels by timing:
+max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1) and CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1). A variant
+that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
 the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT
 does, and biases).
 """
@@ -91,7 +94,7 @@ def main() -> None:
     parser.add_argument(
         "--diagnose",
         action="store_true",
-        help="also the trainer without health work and with Inductor's C++ wrapper",
+        help="also the trainer with one choice changed (--variants)",
     )
     parser.add_argument(
         "--variants",
@@ -100,16 +103,21 @@ def main() -> None:
     )
     parser.add_argument("--shape", action="store_true", help="also nanoGPT in GPT-2's shape (50,257 words, biases)")
     args = parser.parse_args()
+    missing = [f for f in NANOGPT_FILES if not (args.nanogpt / f).is_file()]
+    if missing:
+        parser.error(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory")
+    known = [name.removeprefix("nanocluster-") for name in TRAINER_VARIANTS]
+    unknown = [v for v in args.variants.split(",") if v not in known]
+    if unknown:
+        parser.error(f"--variants: no variant {', '.join(unknown)}; choose among {','.join(known)}")
+    if min(args.rounds, args.steps, args.warmup, args.batch_size) < 1 or args.peak_tflops <= 0:
+        parser.error("--rounds, --steps, --warmup, --batch-size and --peak-tflops must be positive")
+
     if not torch.cuda.is_available():
         sys.exit(
             f"gpu_vs_nanogpt: refused: torch {torch.__version__} sees no CUDA GPU; this benchmark needs one "
             "(bench/vs_nanogpt.py compares on the CPU)"
         )
-    missing = [f for f in NANOGPT_FILES if not (args.nanogpt / f).is_file()]
-    if missing:
-        parser.error(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory")
-    if min(args.rounds, args.steps, args.warmup, args.batch_size) < 1 or args.peak_tflops <= 0:
-        parser.error("--rounds, --steps, --warmup, --batch-size and --peak-tflops must be positive")
 
     with tempfile.TemporaryDirectory(prefix="gpu-vs-nanogpt-") as work:
         compare(args, Path(work))
@@ -210,6 +218,15 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "nanocluster-plainloss": (["fused_loss=false"], {}),
     # Inductor's C++ wrapper launches the compiled kernels from C++ rather than Python.
     "nanocluster-cppwrapper": ([], {"TORCHINDUCTOR_CPP_WRAPPER": "1"}),
+    # What exact resume on a GPU costs: deterministic algorithms, Inductor's kernels chosen by rule.
+    "nanocluster-deterministic": (["deterministic=true"], {}),
+    # nanoGPT's own shape (no biases; both pad the output projection to 50,304 rows): the same model.
+    "nanocluster-nobias": (["model.bias=false"], {}),
+    # What the choices the trainer leaves out would be worth. Both pick kernels by timing, so a resumed
+    # run would no longer match bit for bit: max-autotune (GEMM templates with the bias and GELU in
+    # their epilogues) and CUDA graphs (one process only: DDP's hooks run between the graphs' kernels).
+    "nanocluster-autotune": ([], {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}),
+    "nanocluster-cudagraphs": ([], {"TORCHINDUCTOR_CUDAGRAPHS": "1"}),
 }
 """--diagnose: the trainer with one choice changed (overrides, environment), by name."""
 

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import importlib.metadata
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,39 @@ def apply_precision(precision: Precision) -> None:
     if precision.device_type == "cuda" and precision.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+"""CUBLAS_WORKSPACE_CONFIG for deterministic GEMMs: a fixed workspace per stream (CUDA's cuBLAS docs,
+"Results reproducibility"); torch.use_deterministic_algorithms refuses a CUDA GEMM without it."""
+
+
+def apply_determinism(enabled: bool, device_type: str) -> str:
+    """TrainConfig.deterministic for this process, before the model is compiled or multiplies anything;
+    returns the start line's words for it.
+
+    On a CPU nothing changes: its kernels, Inductor's C++ ones included, sum in a fixed order, so a
+    resumed run already matches the uninterrupted one bit for bit. On a GPU three things differ between
+    processes unless pinned: kernels that add with atomics (torch.use_deterministic_algorithms picks the
+    ordered versions and refuses an op that has none), cuBLAS's split of a GEMM over its workspace
+    (CUBLAS_WORKSPACE_CONFIG, unless already set), and Inductor's choice among a reduction's block
+    sizes, which it makes by timing them (its deterministic mode chooses by rule)."""
+    if not enabled:
+        return "off"
+    if device_type != "cuda":
+        return "on (a CPU's kernels already are)"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    import torch._inductor.config as inductor_config  # here, not at the top: a heavy import
+
+    inductor = hasattr(inductor_config, "deterministic")
+    if inductor:
+        inductor_config.deterministic = True
+    chosen_by_rule = "by rule" if inductor else "by timing: this torch's Inductor has no deterministic mode"
+    return (
+        f"on (deterministic algorithms, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}, "
+        f"compiled kernels chosen {chosen_by_rule})"
+    )
 
 
 def resolve_dtype(mixed_precision: str, cpuinfo: str | None = None) -> torch.dtype:

@@ -147,6 +147,12 @@ class TrainConfig:
     """The output projection and cross-entropy as one fused step that never writes fp32 logits (a
     CPU kernel; a Triton kernel on a CUDA GPU in bf16 or fp32). false: the logits, then
     F.cross_entropy on an fp32 copy (the reference path, and fp16's)."""
+    deterministic: bool = False
+    """Only kernels that repeat bit for bit, so a stopped and resumed run on a GPU ends with the
+    uninterrupted run's weights exactly, compiled or not, as it does on a CPU, where this changes
+    nothing (model.gpt.precision.apply_determinism). Off by default: on a GPU it may cost speed
+    (bench/gpu_vs_nanogpt.py --diagnose --variants deterministic), and without it a resumed GPU run
+    continues the same training within rounding."""
     threads: int = 0
     """torch intra-op threads per rank; 0 leaves torch's default (OMP_NUM_THREADS, else all cores)."""
     seed: int = 1337

@@ -26,6 +26,7 @@ from model.gpt.fused_loss import loss_path
 from model.gpt.model import GPT, GPTConfig
 from model.gpt.optim import takes_grad_scale
 from model.gpt.precision import (
+    apply_determinism,
     apply_precision,
     choose_precision,
     compile_enabled,
@@ -65,6 +66,7 @@ class TrainerState:
         cpu_bf16 = not self.on_gpu and cfg.mixed_precision != "fp32" and cpu_bf16_capable()
         self.precision = choose_precision(cfg.mixed_precision, device.type, self.cuda.capability, cpu_bf16)
         apply_precision(self.precision)
+        determinism = apply_determinism(cfg.deterministic, device.type)  # before anything compiles or multiplies
         self.dtype = self.precision.dtype
         # fp16 only (a GPU without bf16): scales the loss so small gradients survive (model.gpt.precision).
         self.scaler = torch.amp.GradScaler("cuda") if self.precision.grad_scaler else None
@@ -138,8 +140,8 @@ class TrainerState:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s, loss %s; %d tokens "
-            "per optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s, loss %s, deterministic %s; "
+            "%d tokens per optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
             describe_device(device, self.cuda),
@@ -148,6 +150,7 @@ class TrainerState:
             self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
             "applied" if ipex else "not used",
             loss_path(device.type, self.dtype) if cfg.fused_loss else "F.cross_entropy (fused_loss=false)",
+            determinism,
             self.tokens_per_iter,
             self.peak_flops / 1e9,
             peak_source,

@@ -4,10 +4,10 @@ Every test here is marked `gpu`: tests/conftest.py skips them with the reason wh
 CUDA GPU (CI, the CPU development machines). bench/gpu_check.sh runs them on a GPU machine.
 
 Exactness on a GPU: the uninterrupted run and the stopped-and-resumed one match bit for bit only when
-every kernel is deterministic, so the GPU-to-GPU resume runs the trainer under
-torch.use_deterministic_algorithms (and cuBLAS's fixed workspace, which it requires). Between the CPU
-and a GPU nothing is exact (their kernels sum in different orders, and the GPU's fp32 matmuls may use
-TF32), so the cross-device resumes compare losses within a tolerance instead.
+every kernel is deterministic, so the GPU-to-GPU resume runs the trainer with deterministic=true
+(model.gpt.precision.apply_determinism), compiled and not. Between the CPU and a GPU nothing is
+exact (their kernels sum in different orders, and the GPU's fp32 matmuls may use TF32), so the
+cross-device resumes compare losses within a tolerance instead.
 """
 
 from __future__ import annotations
@@ -42,23 +42,19 @@ CAPABILITY_WORD = "capability"
 DIGEST = re.compile(r"final parameters sha256 ([0-9a-f]+)")
 RESUMED = re.compile(r"resumed from .* at iteration (\d+)")
 TIMEOUT_S = 300  # the first compile of a process takes most of it
-# Runs the trainer with only deterministic kernels; cuBLAS needs a fixed workspace for that.
-DETERMINISTIC_DRIVER = """
-import sys, torch
-torch.use_deterministic_algorithms(True)
-from model.train import main
-sys.exit(main(sys.argv[1:]))
-"""
-DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 # Losses of the tiny runs are ~6.2 (ln 512); CPU vs GPU kernels (and TF32) move them by ~1e-3.
 CROSS_DEVICE_LOSS_ATOL = 1e-2
 
 
-def train(*args: str, driver: str | None = None, **env: str) -> str:
-    """Run `python -m model.train args` (or the driver with them) as one process; its log."""
-    command = [PYTHON, "-c", driver] if driver else [PYTHON, "-m", "model.train"]
+def train(*args: str, **env: str) -> str:
+    """Run `python -m model.train args` as one process; its log."""
     proc = subprocess.run(
-        [*command, *args], cwd=REPO, env=rank_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S
+        [PYTHON, "-m", "model.train", *args],
+        cwd=REPO,
+        env=rank_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
@@ -177,16 +173,24 @@ def resume_args(tmp_path: Path, data_dir: Path, out_dir: Path, max_iters: int, *
     ]
 
 
-def test_a_gpu_snapshot_resumes_on_the_gpu_to_the_uninterrupted_weights(tmp_path, random_tokens):
-    """Stopped at iteration 3 (its snapshot), resumed by a new process: the same losses and final
-    weights, bit for bit, as the run nothing stopped. Dropout on, so the GPU's RNG state must resume too."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_gpu_snapshot_resumes_on_the_gpu_to_the_uninterrupted_weights(tmp_path, random_tokens, compiled):
+    """deterministic=true, stopped at iteration 3 (its snapshot), resumed by a new process: the same
+    losses and final weights, bit for bit, as the run nothing stopped, compiled (Inductor's kernels
+    chosen by rule, not by timing) or not. Dropout on, so the GPU's RNG state must resume too."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    extra = ("device=cuda", "mixed_precision=auto", "model.dropout=0.1")
-    run = dict(driver=DETERMINISTIC_DRIVER, **DETERMINISTIC_ENV)
-    straight_log = train(*resume_args(tmp_path, random_tokens, straight, 6, *extra), **run)  # type: ignore[arg-type]
-    train(*resume_args(tmp_path, random_tokens, resumed, 3, *extra), **run)  # type: ignore[arg-type]
-    resumed_log = train(*resume_args(tmp_path, random_tokens, resumed, 6, *extra), **run)  # type: ignore[arg-type]
+    extra = (
+        "device=cuda",
+        "mixed_precision=auto",
+        "model.dropout=0.1",
+        "deterministic=true",
+        f"compile={str(compiled).lower()}",
+    )
+    straight_log = train(*without(resume_args(tmp_path, random_tokens, straight, 6), "compile="), *extra)
+    train(*without(resume_args(tmp_path, random_tokens, resumed, 3), "compile="), *extra)
+    resumed_log = train(*without(resume_args(tmp_path, random_tokens, resumed, 6), "compile="), *extra)
 
+    assert "deterministic on (deterministic algorithms" in resumed_log, resumed_log[-4000:]
     at = RESUMED.search(resumed_log)
     assert at and int(at.group(1)) == 3, resumed_log[-4000:]
     assert trained(resumed) == trained(straight)

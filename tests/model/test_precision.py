@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from model.gpt.precision import (
     resolve_dtype,
 )
 from model.settings.config_values import ConfigError
+from tests.model.conftest import TINY_RUN, run_program
 
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
 COOPER_LAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
@@ -165,3 +168,75 @@ def test_keep_freed_memory_stops_page_faults_in_steady_state(mode: str, low: int
     assert faults >= low
     if high is not None:
         assert faults < high
+
+
+# apply_determinism sets process-wide state, so each case runs in a process of its own.
+APPLY_DETERMINISM = """
+import json, os, sys, torch
+from model.gpt.precision import apply_determinism
+words = apply_determinism(sys.argv[1] == "on", sys.argv[2])
+import torch._inductor.config as inductor_config
+print(json.dumps({
+    "words": words,
+    "algorithms": torch.are_deterministic_algorithms_enabled(),
+    "inductor": inductor_config.deterministic,
+    "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+}))
+"""
+
+
+def determinism_applied(setting: str, device_type: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")}
+    proc = subprocess.run(
+        [sys.executable, "-c", APPLY_DETERMINISM, setting, device_type],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean | env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_deterministic_on_a_gpu_pins_the_algorithms_cublas_workspace_and_inductors_choices() -> None:
+    applied = determinism_applied("on", "cuda")
+    assert applied["algorithms"] and applied["inductor"]
+    assert applied["cublas"] == precision.CUBLAS_DETERMINISTIC_WORKSPACE
+    assert applied["words"].startswith("on (deterministic algorithms") and "chosen by rule" in applied["words"]
+
+
+def test_deterministic_keeps_a_cublas_workspace_the_operator_set() -> None:
+    applied = determinism_applied("on", "cuda", CUBLAS_WORKSPACE_CONFIG=":16:8")
+    assert applied["cublas"] == ":16:8" and ":16:8" in applied["words"]
+
+
+@pytest.mark.parametrize(("setting", "words"), [("on", "on (a CPU's kernels already are)"), ("off", "off")])
+def test_deterministic_changes_nothing_on_a_cpu(setting: str, words: str) -> None:
+    """The CPU path stays as it was: its kernels already repeat bit for bit (tests/model/test_resume_exact.py)."""
+    applied = determinism_applied(setting, "cpu")
+    assert applied == {"words": words, "algorithms": False, "inductor": False, "cublas": None}
+
+
+def test_deterministic_off_leaves_a_gpu_process_as_it_was() -> None:
+    applied = determinism_applied("off", "cuda")
+    assert applied == {"words": "off", "algorithms": False, "inductor": False, "cublas": None}
+
+
+def test_a_cpu_run_with_deterministic_on_says_so_and_trains_to_the_same_weights(random_tokens, tmp_path) -> None:
+    digest = re.compile(r"final parameters sha256 ([0-9a-f]+)")
+    logs = {}
+    for setting in ("false", "true"):
+        out = tmp_path / setting
+        proc = run_program(
+            "model.train",
+            *TINY_RUN,
+            f"data_dir={random_tokens}",
+            f"out_dir={out}",
+            "max_iters=4",
+            f"deterministic={setting}",
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        logs[setting] = proc.stdout + proc.stderr
+    assert "deterministic off;" in logs["false"]
+    assert "deterministic on (a CPU's kernels already are);" in logs["true"]
+    assert digest.findall(logs["true"]) == digest.findall(logs["false"]) != []
