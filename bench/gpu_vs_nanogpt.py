@@ -25,8 +25,9 @@ health work (health.interval=0 health.guard=false: no statistics, no step guard)
 (fused_loss=false: the logits, then F.cross_entropy, as nanoGPT computes it), with Inductor's C++
 wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
 compile), with deterministic=true (what exact resume on a GPU costs), in nanoGPT's shape
-(model.bias=false), and with two choices the trainer leaves out because they pick kernels by timing:
-max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1) and CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1). A variant
+(model.bias=false), with two choices the trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1,
+kernels picked by timing) and CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, one process only), and with
+Triton GEMM templates chosen by rule under deterministic=true (tritongemm). A variant
 that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
 the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT
 does, and biases).
@@ -222,11 +223,18 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "nanocluster-deterministic": (["deterministic=true"], {}),
     # nanoGPT's own shape (no biases; both pad the output projection to 50,304 rows): the same model.
     "nanocluster-nobias": (["model.bias=false"], {}),
-    # What the choices the trainer leaves out would be worth. Both pick kernels by timing, so a resumed
-    # run would no longer match bit for bit: max-autotune (GEMM templates with the bias and GELU in
-    # their epilogues) and CUDA graphs (one process only: DDP's hooks run between the graphs' kernels).
+    # What the choices the trainer leaves out would be worth. max-autotune (GEMM templates with the
+    # bias and GELU in their epilogues) picks kernels by timing, so a resumed run would no longer match
+    # bit for bit; CUDA graphs replay the same kernels, but only in one process (DDP's hooks run
+    # between the graphs' kernels).
     "nanocluster-autotune": ([], {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}),
     "nanocluster-cudagraphs": ([], {"TORCHINDUCTOR_CUDAGRAPHS": "1"}),
+    # Triton GEMM templates with their epilogues fused, chosen by rule (Inductor's deterministic mode
+    # takes a template's first configuration instead of timing them): the fusion, still exact.
+    "nanocluster-tritongemm": (
+        ["deterministic=true"],
+        {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": "TRITON"},
+    ),
 }
 """--diagnose: the trainer with one choice changed (overrides, environment), by name."""
 

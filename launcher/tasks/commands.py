@@ -155,7 +155,7 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "run": RUN_HELP + "; a rerun of the same name resumes from its snapshot",
         "dataset": "data/<dataset> to train on (default {default})",
         "launcher": "fabric (default: each rank started over SSH), mpirun (Intel MPI from the head) or torchrun",
-        "backend": "auto (ccl where the bindings import, else gloo), ccl or gloo",
+        "backend": "auto (nccl on GPU nodes; on CPUs ccl where the bindings import, else gloo), nccl, ccl or gloo",
         "port": f"rendezvous port on the head (default {DEFAULT_MASTER_PORT}; the local cluster picks a free one)",
         "config": "trainer YAML (default: the quickstart config on the local cluster, trainer defaults elsewhere)",
         "set_": "trainer override key=value, repeatable: --set max_iters=100 --set learning_rate=1e-4",

@@ -18,6 +18,7 @@ from pathlib import Path
 from launcher.launch.units import STOP_GRACE_S
 from launcher.tasks import namespace
 from launcher.tasks.flags import flag_name, shown
+from model.conventions import BACKEND_CHOICES
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "launcher.md"
 EVERY_TASKS_FLAG = "cluster"
@@ -171,3 +172,8 @@ def test_stop_waits_the_grace_its_help_and_the_page_state() -> None:
     assert f"KILL after {STOP_GRACE_S} s" in namespace.tasks["stop"].__doc__
     row = next(line for line in PAGE.read_text().splitlines() if line.startswith("| `fab stop"))
     assert re.findall(r"KILL after (\d+) s", row) == [str(STOP_GRACE_S)]
+
+
+def test_train_help_names_every_backend_the_launcher_accepts() -> None:
+    about = task_flags()["train"]["backend"].help
+    assert [choice for choice in BACKEND_CHOICES if choice not in about] == []
