@@ -90,10 +90,11 @@ echo "files: ${gpu_files[*]}"
 if ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
     record "gpu tests" FAIL "$PYTHON has no pytest (this script installs nothing)"
 else
-    # Four workers where pytest-xdist is there: the tests are small models, most of their time compiling.
+    # Four workers where pytest-xdist is there: the tests are small models, most of their time compiling
+    # (the compiled deterministic resume: three processes, each compiling).
     workers=()
     "$PYTHON" -c 'import xdist' 2>/dev/null && workers=(-n 4)
-    bounded 190 "$PYTHON" -m pytest -m gpu "${gpu_files[@]}" "${workers[@]}" -q -rs -p no:randomly \
+    bounded 220 "$PYTHON" -m pytest -m gpu "${gpu_files[@]}" "${workers[@]}" -q -rs -p no:randomly \
         -p no:cacheprovider 2>&1 | tee "$WORK/tests.log"
     code=${PIPESTATUS[0]}
     summary=$(grep -E '(passed|failed|skipped|error)' "$WORK/tests.log" | tail -1 | tr -d '=' | xargs)
