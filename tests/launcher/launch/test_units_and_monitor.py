@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -106,6 +107,23 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+class WaitedOn(queue.Queue):
+    """The monitor's event queue, telling when its loop first waits on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def get(self, *args, **kwargs):
+        self.waiting.set()
+        return super().get(*args, **kwargs)
+
+
+def ctrl_c_once_waiting(waiting: threading.Event) -> None:
+    if waiting.wait(120):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_ctrl_c_stops_every_rank(local):
     plan, shells, run_dir = local
     start(plan, shells, {f"rank{r}": "sleep 60\n" for r in range(3)})
@@ -115,9 +133,15 @@ def test_ctrl_c_stops_every_rank(local):
         stopped.append(True)
         shells[0].check(launch.stop_command(shells[0].root, RUN), "stop")
 
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    monitor = Monitor(plan, shells, stop_all, lambda line: None)
+    monitor.events = events = WaitedOn()
+    # Ctrl-C once the watch waits for its units' events (a fixed delay could land before its loop
+    # has started on a loaded machine: a KeyboardInterrupt that ends the whole pytest session).
+    ctrl_c = threading.Thread(target=ctrl_c_once_waiting, args=(events.waiting,), daemon=True)
+    ctrl_c.start()
     with pytest.raises(RunFailed, match=r"interrupted \(Ctrl-C\): every rank was stopped") as failure:
-        Monitor(plan, shells, stop_all, lambda line: None).watch()
+        monitor.watch()
+    ctrl_c.join()
     assert failure.value.exit_code == 130 and stopped
     for r in range(3):
         assert not alive(int((run_dir / f"rank{r}.pid").read_text()))
