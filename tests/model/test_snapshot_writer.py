@@ -34,11 +34,12 @@ def test_written_snapshot_holds_the_state_at_capture_not_later_changes(tmp_path,
 
 
 def test_a_new_write_waits_for_the_previous_and_errors_surface(tmp_path, tiny_model, monkeypatch):
-    release, order = threading.Event(), []
+    release, first_started, order = threading.Event(), threading.Event(), []
 
     def slow_save(payload, path):
         order.append(("start", payload["iter_num"]))
         if payload["iter_num"] == 1:
+            first_started.set()
             release.wait(timeout=30)
         order.append(("end", payload["iter_num"]))
         if payload["iter_num"] == 2:
@@ -47,6 +48,8 @@ def test_a_new_write_waits_for_the_previous_and_errors_surface(tmp_path, tiny_mo
     monkeypatch.setattr(snapshot_writer, "save_checkpoint", slow_save)
     writer = SnapshotWriter()
     writer.submit([(checkpoint_payload(tiny_model, iter_num=1), tmp_path / "s.pt")])
+    # The first write under way before the second is submitted, however late its thread got to run.
+    assert first_started.wait(timeout=30)
     second = threading.Thread(
         target=writer.submit, args=([(checkpoint_payload(tiny_model, iter_num=2), tmp_path / "s.pt")],)
     )
