@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,14 @@ class Node:
             f"nc_record {name} $!; echo $! > {name}.pid"
         )
         subprocess.run(["sh", "-c", script], check=True, env=self.env(), timeout=10)
-        return int((self.run_dir / f"{name}.pid").read_text())
+        pid = int((self.run_dir / f"{name}.pid").read_text())
+        # setsid runs in the background child, maybe after sh has exited: until then the unit leads no
+        # process group, which autostop's check (kill -0 -PID) reads as gone. Wait for it, not a time.
+        deadline = time.monotonic() + 30
+        while os.getpgid(pid) != pid:
+            assert time.monotonic() < deadline, f"unit {name} (pid {pid}) never led its own process group"
+            time.sleep(0.01)
+        return pid
 
 
 @pytest.fixture
