@@ -26,7 +26,8 @@ health work (health.interval=0 health.guard=false: no statistics, no step guard)
 wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
 compile), with deterministic=true (what exact resume on a GPU costs), in nanoGPT's shape
 (model.bias=false), with two choices the trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1,
-kernels picked by timing) and CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, one process only), and with
+kernels picked by timing), CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, one process only) and
+coordinate-descent tuning (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1: block sizes refined by timing), and with
 Triton GEMM templates chosen by rule under deterministic=true (tritongemm). A variant
 that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
 the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT
@@ -229,6 +230,9 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     # between the graphs' kernels).
     "nanocluster-autotune": ([], {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}),
     "nanocluster-cudagraphs": ([], {"TORCHINDUCTOR_CUDAGRAPHS": "1"}),
+    # Inductor's coordinate-descent tuning: each pointwise and reduction kernel's block sizes refined by
+    # timing their neighbours (a longer compile; chosen by timing, so not exact across processes).
+    "nanocluster-coordesc": ([], {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
     # Triton GEMM templates with their epilogues fused, chosen by rule (Inductor's deterministic mode
     # takes a template's first configuration instead of timing them): the fusion, still exact.
     "nanocluster-tritongemm": (
