@@ -114,6 +114,9 @@ else
         --timeout 120 --shape 2>&1 | tee "$WORK/bench.log"
     code=${PIPESTATUS[0]}
     line=$(grep '^gpu_vs_nanogpt:' "$WORK/bench.log" | tail -1)
+    # The same model on both sides too: the trainer against nanoGPT in GPT-2's shape.
+    same_model=$(grep "^gpu_vs_nanogpt in GPT-2's shape:" "$WORK/bench.log" | tail -1)
+    [ -n "$line" ] && [ -n "$same_model" ] && line="$line; ${same_model#gpu_vs_nanogpt }"
     if [ "$code" -eq 0 ] && [ -n "$line" ]; then record "vs nanoGPT" PASS "$line"
     else record "vs nanoGPT" FAIL "$(failed_or_timed_out "$code"): $(tail -1 "$WORK/bench.log")"; fi
 fi

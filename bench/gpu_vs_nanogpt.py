@@ -18,7 +18,9 @@ first evaluation) are left out and the median of the next --steps is kept, then 
 tokens/s x F / peak with one F: nanoGPT's estimate_mfu formula 6N + 12·L·H·Q·T (PaLM appendix B),
 N = GPT-2 small's parameters less the position embedding as the trainer counts them (123.7M), so the
 two MFUs differ exactly as the tokens/s do; the peak is --peak-tflops, by default 989 TFLOP/s, an H100
-SXM's dense bf16. The last line is a summary. Without a CUDA GPU it refuses in one line.
+SXM's dense bf16. The summary line compares the two at their own defaults, which are two models;
+with --shape (nanoGPT in GPT-2's shape) and with the nobias variant (the trainer in nanoGPT's) a line
+each compares the same model on both sides. Without a CUDA GPU it refuses in one line.
 
 --diagnose adds the trainer with one thing changed, to tell what each is worth: without its per-step
 health work (health.interval=0 health.guard=false: no statistics, no step guard), with the plain loss
@@ -207,10 +209,22 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     for name, rate in rates.items():
         if name.startswith("nanocluster-"):
             print(f"diagnosis: {name} runs at {rate / rates['nanocluster']:.3f}x the trainer's tokens/s")
+    if "nanocluster-nobias" in rates:  # the same model on both sides: nanoGPT's (no biases, 50,304 rows)
+        print(
+            f"gpu_vs_nanogpt in nanoGPT's shape: {rates['nanocluster-nobias'] / rates['nanoGPT']:.3f}x nanoGPT's "
+            f"tokens/s on the same model ({rates['nanocluster-nobias']:.0f} vs {rates['nanoGPT']:.0f}; MFU "
+            f"{100 * rates['nanocluster-nobias'] * flops / peak:.1f}% vs {100 * rates['nanoGPT'] * flops / peak:.1f}%)"
+        )
     if "nanoGPT-gpt2" in rates:
         print(
             f"diagnosis: nanoGPT in GPT-2's shape runs at {rates['nanoGPT-gpt2'] / rates['nanoGPT']:.3f}x its own "
-            f"shape's tokens/s, and the trainer at {rates['nanocluster'] / rates['nanoGPT-gpt2']:.3f}x it"
+            f"shape's tokens/s"
+        )
+        # The same model on both sides: the trainer's default (GPT-2's biases and vocabulary) against it.
+        print(
+            f"gpu_vs_nanogpt in GPT-2's shape: {rates['nanocluster'] / rates['nanoGPT-gpt2']:.3f}x nanoGPT's "
+            f"tokens/s on the same model ({rates['nanocluster']:.0f} vs {rates['nanoGPT-gpt2']:.0f}; MFU "
+            f"{100 * rates['nanocluster'] * flops / peak:.1f}% vs {100 * rates['nanoGPT-gpt2'] * flops / peak:.1f}%)"
         )
 
 

@@ -146,13 +146,17 @@ def apply_determinism(enabled: bool, device_type: str) -> str:
     processes unless pinned: kernels that add with atomics (torch.use_deterministic_algorithms picks the
     ordered versions and refuses an op that has none), cuBLAS's split of a GEMM over its workspace
     (CUBLAS_WORKSPACE_CONFIG, unless already set), and Inductor's choice among a reduction's block
-    sizes, which it makes by timing them (its deterministic mode chooses by rule)."""
+    sizes, which it makes by timing them (its deterministic mode chooses by rule). torch would also fill
+    every new tensor with NaN first (fill_uninitialized_memory), a pass over each buffer that only a
+    program reading memory it never wrote needs; the trainer reads none, so that stays off, as torch's
+    documentation advises for such a program."""
     if not enabled:
         return "off"
     if device_type != "cuda":
         return "on (a CPU's kernels already are)"
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     import torch._inductor.config as inductor_config  # here, not at the top: a heavy import
 
     inductor = hasattr(inductor_config, "deterministic")

@@ -181,6 +181,7 @@ print(json.dumps({
     "algorithms": torch.are_deterministic_algorithms_enabled(),
     "inductor": inductor_config.deterministic,
     "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    "nan_fill": torch.utils.deterministic.fill_uninitialized_memory,
 }))
 """
 
@@ -203,6 +204,8 @@ def test_deterministic_on_a_gpu_pins_the_algorithms_cublas_workspace_and_inducto
     assert applied["algorithms"] and applied["inductor"]
     assert applied["cublas"] == precision.CUBLAS_DETERMINISTIC_WORKSPACE
     assert applied["words"].startswith("on (deterministic algorithms") and "chosen by rule" in applied["words"]
+    # No NaN pass over every new buffer: the trainer reads no memory it has not written.
+    assert applied["nan_fill"] is False
 
 
 def test_deterministic_keeps_a_cublas_workspace_the_operator_set() -> None:
@@ -214,12 +217,12 @@ def test_deterministic_keeps_a_cublas_workspace_the_operator_set() -> None:
 def test_deterministic_changes_nothing_on_a_cpu(setting: str, words: str) -> None:
     """The CPU path stays as it was: its kernels already repeat bit for bit (tests/model/test_resume_exact.py)."""
     applied = determinism_applied(setting, "cpu")
-    assert applied == {"words": words, "algorithms": False, "inductor": False, "cublas": None}
+    assert applied == {"words": words, "algorithms": False, "inductor": False, "cublas": None, "nan_fill": True}
 
 
 def test_deterministic_off_leaves_a_gpu_process_as_it_was() -> None:
     applied = determinism_applied("off", "cuda")
-    assert applied == {"words": "off", "algorithms": False, "inductor": False, "cublas": None}
+    assert applied == {"words": "off", "algorithms": False, "inductor": False, "cublas": None, "nan_fill": True}
 
 
 def test_a_cpu_run_with_deterministic_on_says_so_and_trains_to_the_same_weights(random_tokens, tmp_path) -> None:
