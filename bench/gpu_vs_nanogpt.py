@@ -193,39 +193,40 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         f"/ {args.peak_tflops:g} TFLOP/s"
     )
     print(f"{'program':<18}{'precision':<44}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
-    rates = {}
+    rates, mfu = {}, {}  # tokens/s and MFU (%) by program
     for program in programs:
         ms = statistics.median(program.steps_ms)
         rates[program.name] = tokens_per_step * 1000 / ms
-        mfu = rates[program.name] * flops / peak
-        print(f"{program.name:<18}{program.precision:<44}{ms:>9.1f}{rates[program.name]:>11.0f}{100 * mfu:>7.1f}%")
+        mfu[program.name] = 100 * rates[program.name] * flops / peak
+        print(
+            f"{program.name:<18}{program.precision:<44}{ms:>9.1f}{rates[program.name]:>11.0f}{mfu[program.name]:>7.1f}%"
+        )
     ratio = rates["nanocluster"] / rates["nanoGPT"]
     print(
         f"gpu_vs_nanogpt: {ratio:.2f}x stock nanoGPT's tokens/s ({rates['nanocluster']:.0f} vs "
-        f"{rates['nanoGPT']:.0f}; MFU {100 * rates['nanocluster'] * flops / peak:.1f}% vs "
-        f"{100 * rates['nanoGPT'] * flops / peak:.1f}% of {args.peak_tflops:g} TFLOP/s) on {gpu}, "
+        f"{rates['nanoGPT']:.0f}; MFU {mfu['nanocluster']:.1f}% vs "
+        f"{mfu['nanoGPT']:.1f}% of {args.peak_tflops:g} TFLOP/s) on {gpu}, "
         f"micro-batch {args.batch_size}, bf16, compiled"
     )
     for name, rate in rates.items():
         if name.startswith("nanocluster-"):
             print(f"diagnosis: {name} runs at {rate / rates['nanocluster']:.3f}x the trainer's tokens/s")
-    if "nanocluster-nobias" in rates:  # the same model on both sides: nanoGPT's (no biases, 50,304 rows)
+
+    def same_model(shape: str, ours: str, theirs: str) -> None:
+        """The trainer and nanoGPT on one model, each side's figures as measured."""
         print(
-            f"gpu_vs_nanogpt in nanoGPT's shape: {rates['nanocluster-nobias'] / rates['nanoGPT']:.3f}x nanoGPT's "
-            f"tokens/s on the same model ({rates['nanocluster-nobias']:.0f} vs {rates['nanoGPT']:.0f}; MFU "
-            f"{100 * rates['nanocluster-nobias'] * flops / peak:.1f}% vs {100 * rates['nanoGPT'] * flops / peak:.1f}%)"
+            f"gpu_vs_nanogpt in {shape} shape: {rates[ours] / rates[theirs]:.3f}x nanoGPT's tokens/s on the same "
+            f"model ({rates[ours]:.0f} vs {rates[theirs]:.0f}; MFU {mfu[ours]:.1f}% vs {mfu[theirs]:.1f}%)"
         )
+
+    if "nanocluster-nobias" in rates:  # nanoGPT's model: no biases, 50,304 rows
+        same_model("nanoGPT's", "nanocluster-nobias", "nanoGPT")
     if "nanoGPT-gpt2" in rates:
         print(
             f"diagnosis: nanoGPT in GPT-2's shape runs at {rates['nanoGPT-gpt2'] / rates['nanoGPT']:.3f}x its own "
             f"shape's tokens/s"
         )
-        # The same model on both sides: the trainer's default (GPT-2's biases and vocabulary) against it.
-        print(
-            f"gpu_vs_nanogpt in GPT-2's shape: {rates['nanocluster'] / rates['nanoGPT-gpt2']:.3f}x nanoGPT's "
-            f"tokens/s on the same model ({rates['nanocluster']:.0f} vs {rates['nanoGPT-gpt2']:.0f}; MFU "
-            f"{100 * rates['nanocluster'] * flops / peak:.1f}% vs {100 * rates['nanoGPT-gpt2'] * flops / peak:.1f}%)"
-        )
+        same_model("GPT-2's", "nanocluster", "nanoGPT-gpt2")  # the trainer's default model
 
 
 TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
