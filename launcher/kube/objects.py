@@ -30,6 +30,7 @@ from launcher.kube.pod_spec import (
     placement,
     pod_resources,
     restricted,
+    shared_memory,
     trainer_command,
 )
 from launcher.launch.render import rank_variables
@@ -107,6 +108,7 @@ def training_job(launch: PodLaunch) -> dict:
     tolerations = [dict(t) for t in launch.tolerations]
     if launch.gpus and GPU_TOLERATION not in tolerations:
         tolerations.append(dict(GPU_TOLERATION))
+    shm_volumes, shm_mounts = shared_memory(launch)
     container = {
         "name": CONTAINER,
         "image": launch.image,
@@ -115,7 +117,7 @@ def training_job(launch: PodLaunch) -> dict:
         "workingDir": launch.run_dir,
         "env": container_env(launch),
         "resources": pod_resources(launch),
-        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}],
+        "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT_PATH}, *shm_mounts],
     }
     pod_spec = {
         "restartPolicy": "Never",  # podFailurePolicy requires it; the launcher restarts, not the kubelet
@@ -128,7 +130,7 @@ def training_job(launch: PodLaunch) -> dict:
         "tolerations": tolerations,
         "affinity": placement(launch),
         "containers": [container],
-        "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}],
+        "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}, *shm_volumes],
     }
     return {
         "apiVersion": "batch/v1",

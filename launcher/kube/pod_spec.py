@@ -61,6 +61,14 @@ VOLUME = "nanocluster"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 POD_INTERFACE = "eth0"
 """A pod's network interface on every CNI (GKE, EKS, AKS, Calico, Cilium): NCCL's bootstrap socket."""
+SHARED_MEMORY_VOLUME = "shm"
+SHARED_MEMORY_DIR = "/dev/shm"
+SHARED_MEMORY_MIB_PER_RANK = 1024
+"""A GPU pod's /dev/shm, per rank: NCCL keeps its intra-node buffers (the SHM transport between GPUs
+without P2P, as on most cloud VMs' PCIe GPUs) and its proxy's state there, and the container runtime's
+64 MiB default fails NCCL's setup in ncclShmOpen. A memory-backed emptyDir, whose pages count against
+the pod's memory limit; this caps it. NCCL's use per rank is its buffers, 4 MiB per connection per
+channel: well under 1 GiB."""
 GPU_DRIVER_LIBS = "/usr/local/nvidia/lib64"
 """Where GKE's device plugin mounts the NVIDIA driver's libraries into a GPU container (a stock Python
 image has no loader path for it; elsewhere the container toolkit puts them on the default path)."""
@@ -352,6 +360,23 @@ def pod_resources(launch: PodLaunch) -> dict:
     if launch.gpus:
         resources[GPU_RESOURCE] = str(launch.gpus)
     return {"requests": dict(resources), "limits": dict(resources)}
+
+
+def shared_memory_mib(launch: PodLaunch) -> int:
+    """The size of a GPU pod's /dev/shm (SHARED_MEMORY_MIB_PER_RANK per rank, at most half the pod's
+    memory); 0 on CPU nodes, whose one rank per pod shares no memory with another."""
+    if not launch.gpus:
+        return 0
+    return min(launch.ranks_per_pod * SHARED_MEMORY_MIB_PER_RANK, pod_memory_mib(launch) // 2)
+
+
+def shared_memory(launch: PodLaunch) -> tuple[list[dict], list[dict]]:
+    """The volumes and the mounts that give a GPU pod a /dev/shm of shared_memory_mib(); none on CPU nodes."""
+    size = shared_memory_mib(launch)
+    if not size:
+        return [], []
+    volume = {"name": SHARED_MEMORY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{size}Mi"}}
+    return [volume], [{"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_DIR}]
 
 
 def exclusive_node() -> dict:

@@ -79,6 +79,36 @@ def test_a_gpu_pod_requests_its_nodes_gpus_and_tolerates_their_taint(gpus):
 
 
 @pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_a_gpu_pod_has_a_dev_shm_for_nccls_buffers_beyond_the_runtimes_64_mib(gpus):
+    job = training_job(launch_of(gpus=gpus, nodes=3))
+    pod = job["spec"]["template"]["spec"]
+    shm_mounts = [m for m in container(job)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    shm_volumes = [v for v in pod["volumes"] if v["name"] in {m["name"] for m in shm_mounts}]
+    if not gpus:  # one rank per pod: nothing to share, the pod is as before
+        assert shm_mounts == [] and shm_volumes == []
+        return
+    (mount,) = shm_mounts
+    (volume,) = shm_volumes
+    # In memory (a tmpfs, as the runtime's own /dev/shm), 1 GiB per rank: NCCL's buffers for G ranks.
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{gpus * 1024}Mi"}
+    assert mount == {"name": volume["name"], "mountPath": "/dev/shm"}
+    # restricted() adds its scratch volume beside it, each mounted once
+    names = [v["name"] for v in pod["volumes"]]
+    assert len(names) == len(set(names)) == 3
+
+
+def test_dev_shm_takes_at_most_half_a_small_pods_memory():
+    # 8 ranks on a 12 GiB node: 8 GiB of /dev/shm would leave the ranks too little; its pages count
+    # against the pod's memory limit.
+    job = training_job(launch_of(gpus=8, memory_gib=12, cores=8))
+    limit_mib = int(container(job)["resources"]["limits"]["memory"].removesuffix("Mi"))
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert volume["emptyDir"]["sizeLimit"] == f"{limit_mib // 2}Mi"
+    assert limit_mib // 2 < 8 * 1024
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
 def test_torchrun_places_g_ranks_per_pod_with_the_pods_node_rank(gpus):
     launch = launch_of(gpus=gpus, nodes=3, cores=16)
     job = training_job(launch)
