@@ -197,6 +197,11 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
             "'storage_class' (it must offer ReadWriteMany)"
         )
+    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
+    # Read before the claim is made: a cluster whose nodes cannot take the pods refuses with nothing created.
+    cluster = replace(cluster, kube=access)
+    if access.from_kubeconfig:
+        cluster = with_node_facts(api, cluster, access)
     with calling(f"{where}: reading claim {access.storage_claim}"):
         if not api.exists(api.core.read_namespaced_persistent_volume_claim, access.storage_claim, "claim"):
             if not access.from_kubeconfig:
@@ -211,10 +216,6 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             api.core.create_namespaced_persistent_volume_claim(
                 access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
             )
-    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
-    cluster = replace(cluster, kube=access)
-    if access.from_kubeconfig:
-        cluster = with_node_facts(api, cluster, access)
     return api, cluster
 
 
@@ -244,6 +245,7 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
             f"({len(listed)} schedulable, tainted {', '.join(taints) or 'none'}): add nodes (or a node pool) first"
         )
     training, selector = training_nodes(nodes)
+    refuse_without_helper_nodes(cluster, listed, training)
     gpus = min(gpu_count(n) for n in training)
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
@@ -279,6 +281,22 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     )
 
 
+def refuse_without_helper_nodes(cluster: Cluster, listed: list[client.V1Node], training: list[client.V1Node]) -> None:
+    """A TaskError when no schedulable node of the training nodes' architecture takes a pod that tolerates
+    no taint: the helper Jobs (setup, staging, prepare, sample) and a run's supervisor request no GPU and
+    carry no toleration, so they would wait Pending until their timeout (GKE taints every GPU node)."""
+    arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}
+    candidates = [n for n in listed if len(arches) != 1 or labels_of(n).get(ARCH_LABEL, "") in arches]
+    if any(not blocking_taints(n, (), gpu_tolerated=False) for n in candidates):
+        return
+    taints = sorted({f"{t.key}:{t.effect}" for n in candidates for t in blocking_taints(n, (), gpu_tolerated=False)})
+    raise TaskError(
+        f"cluster {cluster.cluster_name!r}: every schedulable node is tainted ({', '.join(taints)}), and the "
+        "helper pods (setup, staging, the run's supervisor) request no GPU and tolerate no taint: add a node "
+        "without taints (a small CPU node pool) for them"
+    )
+
+
 def tolerates(tolerations: Iterable[dict], taint: client.V1Taint) -> bool:
     """Whether one of the tolerations (API form) tolerates the taint, as the scheduler matches them: the key
     (an empty key with Exists matches any), Exists or an equal value, no effect or the same one
@@ -291,9 +309,12 @@ def tolerates(tolerations: Iterable[dict], taint: client.V1Taint) -> bool:
     return False
 
 
-def blocking_taints(node: client.V1Node, tolerations: Iterable[dict]) -> list[client.V1Taint]:
-    """The node's taints that keep a training pod off it (PreferNoSchedule only discourages)."""
-    own = [*tolerations, GPU_TOLERATION] if gpu_count(node) else list(tolerations)
+def blocking_taints(
+    node: client.V1Node, tolerations: Iterable[dict], gpu_tolerated: bool = True
+) -> list[client.V1Taint]:
+    """The node's taints that keep a pod with these tolerations off it (PreferNoSchedule only discourages);
+    gpu_tolerated: a training pod's, which on a GPU node tolerates its nvidia.com/gpu taint too."""
+    own = [*tolerations, GPU_TOLERATION] if gpu_tolerated and gpu_count(node) else list(tolerations)
     taints = (node.spec.taints if node.spec else None) or []
     return [t for t in taints if t.effect in ("NoSchedule", "NoExecute") and not tolerates(own, t)]
 

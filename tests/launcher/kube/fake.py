@@ -75,6 +75,12 @@ class Script:
     terminate_ticks: int = 0
     """Controller ticks a Foreground-deleted Job's pods take to end (the trainer's snapshot on SIGTERM);
     the Job is kept, marked deleted, until they are gone. 0: kmock's own deletion, at once."""
+    scheduler: bool = False
+    """Place pods as the kube-scheduler filters them (fake_scheduler): on a seeded node whose taints they
+    tolerate, whose labels match their nodeSelector and whose allocatable holds their requests; a pod no
+    node takes stays Pending with the scheduler's message. False: every pod is bound (to node-<rank>)."""
+    daemonset_requests: dict[str, str] = field(default_factory=dict)
+    """With scheduler: what the DaemonSet pods on every node request (e.g. {"cpu": "450m"})."""
     pod_security: str = ""
     """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
     admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""
@@ -101,6 +107,8 @@ class FakeKube:
         """The ConfigMaps the garbage collector deleted once their owner Job was gone."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
+        self.bound: dict[str, str] = {}
+        """pod -> the node the scheduler chose for it (Script.scheduler)."""
         self.retry_of: dict[str, int] = {}
         """pod -> which replacement of its index it is (0: the first pod)."""
         self._ready = threading.Event()
@@ -359,6 +367,12 @@ class FakeKube:
         if (job.metadata.name, (job.metadata.labels or {}).get("nanocluster.dev/attempt")) not in seen:
             self.created_jobs.append(self.api.sanitize_for_serialization(job))
         placed = (attempt, index) not in self.script.unschedulable
+        why = "0/4 nodes are available: 4 Insufficient cpu"
+        if placed and self.script.scheduler:
+            node, why = self._schedule(job.spec.template.spec, labels)
+            placed = bool(node)
+            if placed:
+                self.bound[pod] = node
         supervisor = labels.get("nanocluster.dev/role") == "supervisor"
         self.core.create_namespaced_pod(
             NAMESPACE,
@@ -400,13 +414,27 @@ class FakeKube:
                         "type": "PodScheduled",
                         "status": "False",
                         "reason": "Unschedulable",
-                        "message": "0/4 nodes are available: 4 Insufficient cpu",
+                        "message": why,
                     }
                 ],
             }
         )
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
         self.ticks[pod] = 0
+
+    def _schedule(self, spec, labels: dict) -> tuple[str, str]:
+        """fake_scheduler.place over the seeded nodes, beside the pods bound earlier that have not ended."""
+        from tests.launcher.kube.fake_scheduler import place
+
+        nodes = [self.api.sanitize_for_serialization(n) for n in self.core.list_node().items]
+        live = {p.metadata.name: p for p in self.pods() if not (p.status and p.status.phase in ("Succeeded", "Failed"))}
+        bound: dict[str, list[tuple[dict, dict]]] = {}
+        for name, node in self.bound.items():
+            if name in live:
+                other = live[name]
+                spec_dict = self.api.sanitize_for_serialization(other.spec)
+                bound.setdefault(node, []).append((spec_dict, other.metadata.labels or {}))
+        return place(self.api.sanitize_for_serialization(spec), labels, nodes, bound, self.script.daemonset_requests)
 
     def _advance(self, pod: str, rank: int, attempt: int) -> None:
         if pod in self.processes.running or pod in self.processes.ended:
@@ -416,6 +444,12 @@ class FakeKube:
             return
         if (attempt, rank) in self.script.unschedulable:
             return
+        if self.script.scheduler and pod not in self.bound:  # the scheduler tries again (room may have freed)
+            obj = self.core.read_namespaced_pod(pod, NAMESPACE)
+            node, _ = self._schedule(obj.spec, obj.metadata.labels or {})
+            if not node:
+                return
+            self.bound[pod] = node
         self.ticks[pod] += 1
         tick = self.starting.advance(pod, rank, attempt, self.ticks[pod])
         if tick < 1:
@@ -592,7 +626,7 @@ class StartingPods:
             container = obj.spec.containers[0]
             self.pods[pod] = (container.name, container.image, self.stuck_reason(obj, rank, attempt))
         name, image, stuck = self.pods[pod]
-        node = f"node-{max(rank, 0)}"
+        node = self.fake.bound.get(pod, f"node-{max(rank, 0)}")
         if tick == lag:
             self.fake.core.patch_namespaced_pod(pod, NAMESPACE, {"spec": {"nodeName": node}})
             self.status(pod, scheduled_status())

@@ -284,7 +284,10 @@ def test_the_gpu_nodes_are_the_training_nodes_and_a_mix_of_models_is_pinned_to_t
     assert kube_api.gpu_count(cpu[0]) == 0 and kube_api.gpu_count(a100[0]) == 8
 
 
-def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, task, tmp_path, cuda_pins):
+def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_path, cuda_pins):
+    # Placed as the kube-scheduler places them, beside each node's DaemonSets (on GKE: logging and metrics
+    # agents, kube-proxy, the GPU device plugin; the requests here are the test's, under the reserve).
+    script.scheduler, script.daemonset_requests = True, {"cpu": "450m", "memory": "900Mi"}
     gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     fake.seed(nodes=2, gpu_nodes=((4, gke), (4, gke), (8, gke)))
     path = tmp_path / "config"
@@ -301,10 +304,45 @@ def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, task, tmp_path, cuda
     assert GPU_TOLERATION in job["spec"]["template"]["spec"]["tolerations"]
     assert "2 pod(s), one per node, 4 GPU rank(s) each (8 ranks)" in ran.out + ran.err
     # the helper Jobs need no GPU and keep off the tainted GPU nodes
-    for helper in fake.created_jobs:
-        if helper["spec"].get("completionMode") != "Indexed":
-            pod = helper["spec"]["template"]["spec"]
-            assert not pod.get("tolerations") and "nvidia.com/gpu" not in json.dumps(pod)
+    helpers = [j for j in fake.created_jobs if j["spec"].get("completionMode") != "Indexed"]
+    assert helpers
+    for helper in helpers:
+        pod = helper["spec"]["template"]["spec"]
+        assert not pod.get("tolerations") and "nvidia.com/gpu" not in json.dumps(pod)
+    # the scheduler put each rank's pod on a GPU node of its own, the helpers on the CPU nodes
+    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    assert ranks == ["gpu-node-0", "gpu-node-1"], fake.bound
+    assert {node for pod, node in fake.bound.items() if not pod.startswith(job["metadata"]["name"] + "-")} <= {
+        "node-0",
+        "node-1",
+    }
+
+
+def test_a_cluster_of_tainted_gpu_nodes_only_is_refused_before_anything_is_made(fake, script, task, tmp_path):
+    """GKE taints every GPU node, and the helper pods (setup, staging, the supervisor) tolerate no taint:
+    without a node for them they would wait Pending until their timeout."""
+    script.scheduler = True
+    gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    fake.seed(nodes=0, gpu_nodes=((1, gke), (1, gke)), claim=False)
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    for argv in (("train", "--nodes", "2", *QUICK), ("setup",)):
+        ran = task(*argv, "--cluster", f"kubeconfig:{path}")
+        assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
+        assert (
+            "every schedulable node is tainted (nvidia.com/gpu:NoSchedule), and the helper pods (setup, staging, "
+            "the run's supervisor) request no GPU and tolerate no taint: add a node without taints"
+        ) in ran.error_lines[0]
+    assert fake.created_jobs == [] and fake.pods() == []
+    assert fake.core.list_namespaced_persistent_volume_claim("nanocluster").items == []  # no claim made either
+    # one untainted node is enough: the staging Job runs there
+    fake.core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "system-0"}, "status": {"allocatable": {"cpu": "2"}}}
+    )
+    fake.core.patch_node("system-0", {"status": {"allocatable": {"cpu": "1930m", "memory": "5800Mi"}}})
+    ran = task("setup", "--cluster", f"kubeconfig:{path}")
+    assert ran.code == 0, ran.err
+    assert set(fake.bound.values()) == {"system-0"}
 
 
 # --- the staged environment's profile ---
