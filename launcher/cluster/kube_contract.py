@@ -83,6 +83,13 @@ def gke_allocatable_gib(machine_gib: float) -> float:
     return machine_gib - kept - 100 / 1024
 
 
+DAEMONSET_CPU = 0.5
+DAEMONSET_MEMORY_GIB = 1.0
+"""Room left on a training node beside the pod for what its DaemonSets request (GKE's logging, metrics,
+kube-proxy/anetd, CSI node plugins), at least: a pod requesting more than allocatable minus theirs stays
+Pending, and the autoscaler never adds a node for it (requests are checked against allocatable, never
+against the machine's size: kubernetes.io/docs/tasks/administer-cluster/reserve-compute-resources)."""
+
 Fail = Callable[[str], Exception]
 T = TypeVar("T")
 
@@ -125,6 +132,11 @@ class KubeAccess:
     estimated from cores_per_node: launcher.kube.pod_spec.pod_cpus)."""
     allocatable_memory_gib: float = 0.0
     """Memory a training node offers pods (allocatable), as allocatable_cpu."""
+    daemonset_cpu: float = DAEMONSET_CPU
+    """CPUs kept on a training node for its DaemonSet pods: DAEMONSET_CPU, or what they request on a
+    kubeconfig cluster's training node where that is more (read on connect)."""
+    daemonset_memory_gib: float = DAEMONSET_MEMORY_GIB
+    """Memory kept on a training node for its DaemonSet pods, as daemonset_cpu."""
     arch: str = ""
     """The training nodes' architecture (kubernetes.io/arch: amd64, arm64): the helper Jobs, which build
     the node environment, run on nodes of it; empty: any (a contract's optional 'arch' key)."""

@@ -23,6 +23,8 @@ from urllib3.exceptions import HTTPError
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.kube_contract import (
+    DAEMONSET_CPU,
+    DAEMONSET_MEMORY_GIB,
     GPU_MEMORY_LABEL,
     GPU_MODEL_LABELS,
     GPU_RESOURCE,
@@ -32,7 +34,6 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube import volume
-from launcher.kube.pod_spec import DAEMONSET_CPU
 from launcher.kube.transient import RetryingApiClient
 
 RWX_PROVISIONERS = (
@@ -249,8 +250,9 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
     gpus = min(gpu_count(n) for n in training)
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
+    kept_cpu, kept_gib = daemonset_requests(api, training)
     # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_spec.pod_cpus).
-    cores = max(1, math.floor(cpus - DAEMONSET_CPU))
+    cores = max(1, math.floor(cpus - kept_cpu))
     model = gpu_model_of(training[0]) if gpus else ""
     arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}
     access = replace(
@@ -259,6 +261,8 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         memory_gib=memory,
         allocatable_cpu=cpus,
         allocatable_memory_gib=memory,
+        daemonset_cpu=kept_cpu,
+        daemonset_memory_gib=kept_gib,
         arch=arches.pop() if len(arches) == 1 else "",
         same_zone=all(labels_of(n).get(ZONE_LABEL) for n in training),
         gpu_memory_gib=min(gpu_memory_of(n) for n in training) if gpus else 0.0,
@@ -278,6 +282,56 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         gpu_model=model,
         kube=access,
         nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(training))),
+    )
+
+
+DAEMONSET_SAMPLE = 3
+"""Training nodes whose DaemonSet pods are read: they are of one shape (training_nodes), so the same
+DaemonSets run on each, and a few cover one that runs on some only."""
+
+
+def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, float]:
+    """What the DaemonSet pods on a training node request, the most over a few of them (cpu, memory GiB),
+    at least the reserve (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB); the reserve alone where the operator may
+    not list pods outside the namespace."""
+    cpu, gib = DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
+    for node in training[:DAEMONSET_SAMPLE]:
+        try:
+            pods = api.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name_of(node)}").items
+        except ApiException as e:
+            if e.status in (401, 403):
+                return DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
+            raise api_error(e, f"reading the pods on node {name_of(node)}") from None
+        mine = [
+            p
+            for p in pods
+            if p.spec
+            and p.spec.node_name == name_of(node)  # the selector again, should a server ignore it
+            and any(o.kind == "DaemonSet" for o in ((p.metadata.owner_references if p.metadata else None) or []))
+            and not (p.status and p.status.phase in ("Succeeded", "Failed"))
+        ]
+        requested = [pod_requests(p) for p in mine]
+        cpu = max(cpu, sum(c for c, _ in requested))
+        gib = max(gib, sum(g for _, g in requested))
+    return cpu, gib
+
+
+def pod_requests(pod: client.V1Pod) -> tuple[float, float]:
+    """A pod's requests as the scheduler counts them (cpu, memory GiB): its containers' sum, or its
+    largest init container's where that is more."""
+
+    def asked(containers: list | None) -> list[tuple[float, float]]:
+        out = []
+        for c in containers or []:
+            requests = (c.resources.requests if c.resources else None) or {}
+            out.append((cpu_quantity(requests.get("cpu", "0")), memory_gib(requests.get("memory", "0"))))
+        return out
+
+    spec = pod.spec or client.V1PodSpec(containers=[])
+    running, init = asked(spec.containers), asked(spec.init_containers)
+    return (
+        max([sum(c for c, _ in running), *(c for c, _ in init)]),
+        max([sum(g for _, g in running), *(g for _, g in init)]),
     )
 
 

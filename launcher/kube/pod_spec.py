@@ -26,7 +26,14 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import GPU_RESOURCE, RUN_AS_UID, gke_allocatable_cpu, gke_allocatable_gib
+from launcher.cluster.kube_contract import (
+    DAEMONSET_CPU,
+    DAEMONSET_MEMORY_GIB,
+    GPU_RESOURCE,
+    RUN_AS_UID,
+    gke_allocatable_cpu,
+    gke_allocatable_gib,
+)
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from model.conventions import EXIT_PEER_LOST, EXIT_STOPPED, LAUNCHER_ENV
@@ -80,12 +87,6 @@ JOB_NAME_MAX = DNS_LABEL_MAX - len("-") - MAX_INDEX_DIGITS
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
-DAEMONSET_CPU = 0.5
-DAEMONSET_MEMORY_GIB = 1.0
-"""Room left on a training node beside the pod for what its DaemonSets request (GKE's logging, metrics,
-kube-proxy/anetd, CSI node plugins): a pod requesting more than allocatable minus theirs stays Pending,
-and the autoscaler never adds a node for it (requests are checked against allocatable, never against
-the machine's size: kubernetes.io/docs/tasks/administer-cluster/reserve-compute-resources)."""
 ZONE_TOPOLOGY = "topology.kubernetes.io/zone"
 """The well-known node label naming a node's zone (kubernetes.io/docs/reference/labels-annotations-taints)."""
 
@@ -129,6 +130,10 @@ class PodLaunch:
     allocatable_memory_gib: float = 0.0
     """Memory a training node offers pods (its allocatable memory); 0: estimated from memory_gib by
     GKE's reservation (gke_allocatable_gib)."""
+    daemonset_cpu: float = DAEMONSET_CPU
+    """CPUs kept on a node for its DaemonSet pods (KubeAccess.daemonset_cpu)."""
+    daemonset_memory_gib: float = DAEMONSET_MEMORY_GIB
+    """Memory kept on a node for its DaemonSet pods (KubeAccess.daemonset_memory_gib)."""
     same_zone: bool = True
     """Keep the run's pods in one zone (zone_affinity); False where the nodes carry no zone label."""
     python: str = NODE_PYTHON
@@ -336,7 +341,7 @@ def pod_cpus(launch: PodLaunch) -> int:
     allocatable leaves beside the DaemonSets (a contract states physical cores, so its vCPUs, at
     least as many, are estimated as the cores: safe for machines without SMT)."""
     allocatable = launch.allocatable_cpu or gke_allocatable_cpu(launch.cores)
-    return max(1, min(launch.cores, int(allocatable - DAEMONSET_CPU)))
+    return max(1, min(launch.cores, int(allocatable - launch.daemonset_cpu)))
 
 
 def pod_memory_mib(launch: PodLaunch) -> int:
@@ -347,7 +352,7 @@ def pod_memory_mib(launch: PodLaunch) -> int:
     first, and the kubelet would evict the pod (DisruptionTarget: retried as a disruption)
     (kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction)."""
     allocatable = launch.allocatable_memory_gib or gke_allocatable_gib(launch.memory_gib)
-    return max(256, int((allocatable - DAEMONSET_MEMORY_GIB) * 1024))
+    return max(256, int((allocatable - launch.daemonset_memory_gib) * 1024))
 
 
 def pod_resources(launch: PodLaunch) -> dict:

@@ -144,6 +144,8 @@ class KubeRun:
                 gpus=gpus,
                 allocatable_cpu=access.allocatable_cpu,
                 allocatable_memory_gib=access.allocatable_memory_gib,
+                daemonset_cpu=access.daemonset_cpu,
+                daemonset_memory_gib=access.daemonset_memory_gib,
                 same_zone=access.same_zone,
                 python=self.staged.python,
                 code_dir=self.staged.code_dir,

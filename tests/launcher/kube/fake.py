@@ -79,8 +79,6 @@ class Script:
     """Place pods as the kube-scheduler filters them (fake_scheduler): on a seeded node whose taints they
     tolerate, whose labels match their nodeSelector and whose allocatable holds their requests; a pod no
     node takes stays Pending with the scheduler's message. False: every pod is bound (to node-<rank>)."""
-    daemonset_requests: dict[str, str] = field(default_factory=dict)
-    """With scheduler: what the DaemonSet pods on every node request (e.g. {"cpu": "450m"})."""
     pod_security: str = ""
     """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
     admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""
@@ -179,9 +177,11 @@ class FakeKube:
         claim: bool = True,
         nodes: int = 4,
         gpu_nodes: tuple[tuple[int, dict[str, str]], ...] = (),
+        daemonset_requests: dict[str, str] | None = None,
     ) -> None:
         """The namespace, the storage class, the claim, `nodes` CPU nodes, and a GPU node per
-        (GPUs, labels) in gpu_nodes, tainted nvidia.com/gpu as GKE taints its GPU pools."""
+        (GPUs, labels) in gpu_nodes, tainted nvidia.com/gpu as GKE taints its GPU pools; with
+        daemonset_requests, a DaemonSet's pod on every node in kube-system, requesting them."""
         if namespace:
             self._emulator[f"get /api/v1/namespaces/{NAMESPACE}"] << {
                 "apiVersion": "v1",
@@ -226,6 +226,33 @@ class FakeKube:
                     "status": {"allocatable": {"cpu": "23", "memory": "80Gi", "nvidia.com/gpu": str(gpus)}},
                 }
             )
+        if daemonset_requests is not None:
+            for node in self.core.list_node().items:
+                self.daemonset_pod(node.metadata.name, daemonset_requests)
+
+    def daemonset_pod(self, node: str, requests: dict[str, str]) -> None:
+        """A running pod of the DaemonSet node-agent on the node, in kube-system (tolerating every taint,
+        as node agents do)."""
+        self.core.create_namespaced_pod(
+            "kube-system",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"node-agent-{node}",
+                    "namespace": "kube-system",
+                    "ownerReferences": [
+                        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-agent", "uid": "ds-1"}
+                    ],
+                },
+                "spec": {
+                    "nodeName": node,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "agent", "image": "agent", "resources": {"requests": requests}}],
+                },
+                "status": {"phase": "Running"},
+            },
+        )
 
     def contract(self) -> dict:
         """A hand-written contract of kind kubernetes for this cluster."""
@@ -427,14 +454,19 @@ class FakeKube:
         from tests.launcher.kube.fake_scheduler import place
 
         nodes = [self.api.sanitize_for_serialization(n) for n in self.core.list_node().items]
-        live = {p.metadata.name: p for p in self.pods() if not (p.status and p.status.phase in ("Succeeded", "Failed"))}
+        live = [
+            p
+            for p in self.core.list_pod_for_all_namespaces().items
+            if not (p.status and p.status.phase in ("Succeeded", "Failed"))
+        ]
         bound: dict[str, list[tuple[dict, dict]]] = {}
-        for name, node in self.bound.items():
-            if name in live:
-                other = live[name]
-                spec_dict = self.api.sanitize_for_serialization(other.spec)
-                bound.setdefault(node, []).append((spec_dict, other.metadata.labels or {}))
-        return place(self.api.sanitize_for_serialization(spec), labels, nodes, bound, self.script.daemonset_requests)
+        for other in live:  # ours where the scheduler put them, the others (DaemonSets) where they run
+            mine = other.metadata.namespace == NAMESPACE
+            node = self.bound.get(other.metadata.name) if mine else other.spec.node_name
+            if node:
+                entry = (self.api.sanitize_for_serialization(other.spec), other.metadata.labels or {})
+                bound.setdefault(node, []).append(entry)
+        return place(self.api.sanitize_for_serialization(spec), labels, nodes, bound, {})
 
     def _advance(self, pod: str, rank: int, attempt: int) -> None:
         if pod in self.processes.running or pod in self.processes.ended:

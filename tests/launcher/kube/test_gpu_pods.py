@@ -287,9 +287,9 @@ def test_the_gpu_nodes_are_the_training_nodes_and_a_mix_of_models_is_pinned_to_t
 def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_path, cuda_pins):
     # Placed as the kube-scheduler places them, beside each node's DaemonSets (on GKE: logging and metrics
     # agents, kube-proxy, the GPU device plugin; the requests here are the test's, under the reserve).
-    script.scheduler, script.daemonset_requests = True, {"cpu": "450m", "memory": "900Mi"}
+    script.scheduler = True
     gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
-    fake.seed(nodes=2, gpu_nodes=((4, gke), (4, gke), (8, gke)))
+    fake.seed(nodes=2, gpu_nodes=((4, gke), (4, gke), (8, gke)), daemonset_requests={"cpu": "450m", "memory": "900Mi"})
     path = tmp_path / "config"
     path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
     ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "4")

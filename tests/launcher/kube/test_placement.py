@@ -141,6 +141,37 @@ def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system
         assert helper["nodeSelector"] == {"kubernetes.io/arch": "arm64"} and qos_class(helper) == "Burstable"
 
 
+def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task, tmp_path):
+    """A company cluster's node agents (logging, monitoring, security, the CNI) can request more than the
+    0.5 CPU and 1 GiB kept for DaemonSets: the pods are sized beside what they request on the training
+    nodes, and the scheduler places them (a pod sized to the reserve stayed Pending for good)."""
+    script.scheduler = True
+    fake.seed(nodes=3, daemonset_requests={"cpu": "1200m", "memory": "1500Mi"})  # nodes of 3920m, 15 GiB
+    spec = kubeconfig_path(fake, tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "3", "--run", "d", "--recover-timeout", "20", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    # whole CPUs of 3.92 less 1.2; 15 GiB less 1500 MiB
+    assert container(job)["resources"]["limits"] == {"cpu": "2", "memory": f"{15 * 1024 - 1500}Mi"}
+    assert [v["value"] for v in container(job)["env"] if v["name"] == "OMP_NUM_THREADS"] == ["2"]
+    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    assert ranks == ["node-0", "node-1", "node-2"]
+
+
+def test_daemonsets_within_the_reserve_or_unreadable_keep_the_reserve(fake, script, task, tmp_path):
+    script.scheduler = True
+    fake.seed(nodes=2, daemonset_requests={"cpu": "200m", "memory": "300Mi"})
+    spec = kubeconfig_path(fake, tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "r", "--dry-run")
+    assert ran.code == 0, ran.err
+    assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out  # 3.92 - 0.5; 15 GiB - 1 GiB
+    # an operator allowed only the namespace cannot list the nodes' pods: the reserve, and no error
+    fake.faults.add("/api/v1/pods?", [403] * 10)
+    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "r", "--dry-run")
+    assert ran.code == 0, ran.err
+    assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out
+
+
 def test_no_node_that_takes_training_pods_is_one_line(fake, task, tmp_path):
     fake.seed(nodes=0)
     fake.core.create_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
