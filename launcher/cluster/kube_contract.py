@@ -3,8 +3,9 @@
 Pure parsing (no API call, nothing of the launcher imported, so it sits below launcher.cluster.inventory
 and outside the launcher.kube package, which drives the API): launcher.cluster.contract turns either into
 the same validated Cluster, whose `kube` field is the KubeAccess below. What only the API server
-knows (the RWX storage class of a kubeconfig cluster, its nodes' cores) launcher.kube.api adds when
-it connects. Every problem is one line naming the key or the file and the fix.
+knows (the RWX storage class of a kubeconfig cluster, its nodes' cores) launcher.kube.connect adds
+when it connects (the nodes' facts: launcher.kube.nodes). Every problem is one line naming the key or
+the file and the fix.
 """
 
 from __future__ import annotations

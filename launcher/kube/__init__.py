@@ -1,8 +1,9 @@
 """The kubernetes cluster kind: every task through the official `kubernetes` client (no kubectl).
 
-    api        the connection: the kubeconfig loaded into a client of its own, the checks before
-               anything is created (namespace, ReadWriteMany storage class, claim), errors as one line
-    connect    a task's start (resolve, connect) and a run's objects (list, delete)
+    api        the connection: the kubeconfig loaded into a client of its own, errors as one line
+    connect    a task's start (resolve, connect, the checks before anything is created: namespace,
+               ReadWriteMany storage class, claim) and a run's objects (list, delete)
+    nodes      a kubeconfig cluster's nodes: which train, their cpu, memory, GPUs and DaemonSets
     pod_spec   what a run's pods are made of: the launch, its names and labels, the trainer's environment and
                torchrun shell, resources, placement; what every pod shares (claim, image, Pod Security)
     objects    the Jobs and Service holding them: a run's Indexed Job (pod k is rank k), headless Service,

@@ -1,4 +1,6 @@
-"""A Kubernetes task's start and a run's end: resolve --cluster, connect and check (launcher.kube.api),
+"""A Kubernetes task's start and a run's end: resolve --cluster, connect and check (the namespace, a
+ReadWriteMany storage class and the claim, created on a `kubeconfig:PATH` cluster, which also gets its
+machine facts from its nodes: launcher.kube.nodes; a contract's cluster, a stack, must have them),
 delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks
 from, and an operator's stop request (a ConfigMap the run's deletion leaves: launcher.launch.operator_stop)."""
 
@@ -6,14 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
+from kubernetes import client
 from kubernetes.client import V1ConfigMap, V1Job, V1Pod, V1Service
 from kubernetes.client.exceptions import ApiException
 
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, say
-from launcher.kube.api import Api, Named, calling, connect, labels_of, name_of
+from launcher.kube import volume
+from launcher.kube.api import Api, Named, calling, labels_of, name_of
+from launcher.kube.nodes import with_node_facts
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
 from launcher.session import resolve_cluster
 
@@ -23,6 +29,81 @@ GONE_TIMEOUT_S = 120.0
 """How long a restart waits for the previous attempt's pods to be gone (they finish their snapshot
 on SIGTERM within the trainer's stop grace)."""
 Obj = TypeVar("Obj", bound=Named)
+
+
+RWX_PROVISIONERS = (
+    "filestore.csi.storage.gke.io",  # GKE Filestore
+    "nfs.csi.k8s.io",  # csi-driver-nfs (on-premises NFS)
+    "efs.csi.aws.com",  # EKS: Amazon EFS
+    "file.csi.azure.com",  # AKS: Azure Files
+    "cephfs.csi.ceph.com",  # Rook/Ceph: CephFS
+    "nfs.openebs.io",  # OpenEBS dynamic NFS
+)
+"""Provisioners whose volumes offer ReadWriteMany with POSIX renames (a StorageClass does not say
+which access modes it offers). Object-storage FUSE drivers are left out: a snapshot relies on an
+atomic rename, which they do not give."""
+RWX_ANNOTATION = "nanocluster.dev/read-write-many"
+"""A StorageClass annotated "true" counts as ReadWriteMany whatever its provisioner."""
+
+
+def offers_rwx(storage_class: client.V1StorageClass) -> bool:
+    annotations = (storage_class.metadata.annotations if storage_class.metadata else None) or {}
+    return storage_class.provisioner in RWX_PROVISIONERS or annotations.get(RWX_ANNOTATION) == "true"
+
+
+def connect(cluster: Cluster) -> tuple[Api, Cluster]:
+    """The API and the cluster completed with what only the server knows; a TaskError (one line) when
+    the namespace, the storage class or the claim is missing, or the server cannot be reached."""
+    access = cluster.kube
+    assert access is not None, "connect() is for kind kubernetes"
+    api = Api.of(access)
+    where = f"cluster {cluster.cluster_name!r}"
+    with calling(f"{where}: reading namespace {access.namespace}"):
+        if not api.exists(lambda name, _: api.core.read_namespace(name), access.namespace, "namespace"):
+            if not access.from_kubeconfig:
+                raise TaskError(
+                    f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
+                    "creates it: `pulumi up`) or fix the contract's 'namespace'"
+                )
+            say(f"creating namespace {access.namespace}")
+            api.core.create_namespace(client.V1Namespace.model_validate(volume.namespace(access.namespace)))
+    with calling(f"{where}: reading storage classes"):
+        classes = api.storage.list_storage_class().items
+    if access.from_kubeconfig:
+        rwx = sorted(name_of(c) for c in classes if offers_rwx(c))
+        if not rwx:
+            found = ", ".join(f"{name_of(c)} ({c.provisioner})" for c in classes) or "none"
+            raise TaskError(
+                f"{where}: no StorageClass offers ReadWriteMany (found: {found}): install an NFS-like "
+                f"CSI driver (Filestore, EFS, Azure Files, csi-driver-nfs), or annotate its class "
+                f"{RWX_ANNOTATION}=true"
+            )
+        access = replace(access, storage_class=rwx[0])
+    elif access.storage_class not in {name_of(c) for c in classes}:
+        raise TaskError(
+            f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
+            "'storage_class' (it must offer ReadWriteMany)"
+        )
+    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
+    # Read before the claim is made: a cluster whose nodes cannot take the pods refuses with nothing created.
+    cluster = replace(cluster, kube=access)
+    if access.from_kubeconfig:
+        cluster = with_node_facts(api, cluster, access)
+    with calling(f"{where}: reading claim {access.storage_claim}"):
+        if not api.exists(api.core.read_namespaced_persistent_volume_claim, access.storage_claim, "claim"):
+            if not access.from_kubeconfig:
+                raise TaskError(
+                    f"{where}: PersistentVolumeClaim {access.storage_claim!r} does not exist in "
+                    f"namespace {access.namespace}: run `pulumi up`, or fix 'storage_claim'"
+                )
+            say(
+                f"creating claim {access.storage_claim} "
+                f"({access.storage_gib} GiB ReadWriteMany, {access.storage_class})"
+            )
+            api.core.create_namespaced_persistent_volume_claim(
+                access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
+            )
+    return api, cluster
 
 
 def open_cluster(spec: str | None) -> tuple[Api, Cluster]:

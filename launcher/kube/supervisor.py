@@ -63,8 +63,8 @@ from launcher.follow import (
 )
 from launcher.kube import objects, pod_spec, volume
 from launcher.kube import train as kube_train
-from launcher.kube.api import Api, api_error, calling, connect, name_of
-from launcher.kube.connect import open_cluster
+from launcher.kube.api import Api, api_error, calling, name_of
+from launcher.kube.connect import connect, open_cluster
 from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage

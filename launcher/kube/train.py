@@ -26,8 +26,8 @@ from kubernetes.client import V1Job, V1Service
 from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, command_line, out_line, say
 from launcher.kube import objects, pod_spec
-from launcher.kube.api import Api, calling, connect, name_of
-from launcher.kube.connect import clear_stop_request, delete_run_objects, run_objects, stop_requested
+from launcher.kube.api import Api, calling, name_of
+from launcher.kube.connect import clear_stop_request, connect, delete_run_objects, run_objects, stop_requested
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.fit import check_pod_fit

@@ -92,7 +92,7 @@ class KubernetesKind:
         return ("train", "--cluster", self.spec, "--nodes", "2", "--run", run, "--set", "max_iters=4", *more)
 
     def forbid_contact(self) -> list[str]:
-        import launcher.kube.api
+        import launcher.kube.connect
         import launcher.kube.train
 
         contacts: list[str] = []
@@ -101,7 +101,7 @@ class KubernetesKind:
             contacts.append("connect")
             raise RunFailed("the API server was contacted")
 
-        for module in (launcher.kube.api, launcher.kube.train):
+        for module in (launcher.kube.connect, launcher.kube.train):
             self.monkeypatch.setattr(module, "connect", connected)
         return contacts
 

@@ -23,8 +23,8 @@ from kubernetes import client
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_MEMORY_GIB, GPU_TOLERATION
 from launcher.console import TaskError
-from launcher.kube import api as kube_api
 from launcher.kube import jobs, objects
+from launcher.kube import nodes as kube_nodes
 from launcher.kube.objects import rank_environment, training_job
 from launcher.kube.pod_spec import MOUNT_PATH, ranks_script
 from launcher.kube.watch import ranks_of, ranks_text, unit_of
@@ -272,16 +272,16 @@ def node(name: str, gpus: int = 0, labels: dict | None = None, cpu: str = "7910m
 
 def test_the_gpu_nodes_are_the_training_nodes_and_a_mix_of_models_is_pinned_to_the_most_numerous():
     cpu = [node("cpu-0"), node("cpu-1")]
-    assert kube_api.training_nodes(cpu) == (cpu, {})
+    assert kube_nodes.training_nodes(cpu) == (cpu, {})
     t4 = [node(f"t4-{i}", 4, {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}) for i in range(2)]
-    assert kube_api.training_nodes(cpu + t4) == (t4, {})
+    assert kube_nodes.training_nodes(cpu + t4) == (t4, {})
     a100 = [node("a100-0", 8, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.memory": "40960"})]
-    training, selector = kube_api.training_nodes(cpu + a100 + t4)
+    training, selector = kube_nodes.training_nodes(cpu + a100 + t4)
     assert training == t4 and selector == {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
-    assert kube_api.gpu_memory_of(t4[0]) == 15.0  # GKE's label names the model; its memory is looked up
-    assert kube_api.gpu_memory_of(a100[0]) == 40.0  # GPU feature discovery's label says it in MiB
-    assert kube_api.gpu_model_of(a100[0]) == "NVIDIA-A100-SXM4-40GB"
-    assert kube_api.gpu_count(cpu[0]) == 0 and kube_api.gpu_count(a100[0]) == 8
+    assert kube_nodes.gpu_memory_of(t4[0]) == 15.0  # GKE's label names the model; its memory is looked up
+    assert kube_nodes.gpu_memory_of(a100[0]) == 40.0  # GPU feature discovery's label says it in MiB
+    assert kube_nodes.gpu_model_of(a100[0]) == "NVIDIA-A100-SXM4-40GB"
+    assert kube_nodes.gpu_count(cpu[0]) == 0 and kube_nodes.gpu_count(a100[0]) == 8
 
 
 def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_path, cuda_pins):

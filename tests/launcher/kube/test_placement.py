@@ -14,7 +14,7 @@ from kubernetes import client
 
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.kube_contract import GPU_TOLERATION
-from launcher.kube import api as kube_api
+from launcher.kube import nodes as kube_nodes
 from launcher.kube import objects, volume
 from launcher.kube.pod_spec import LABEL_ATTEMPT, LABEL_RUN
 from tests.launcher.kube.test_gpu_pods import QUICK, cuda_pins, training_jobs  # noqa: F401 (a fixture)
@@ -93,26 +93,29 @@ def test_taints_the_pods_do_not_tolerate_keep_a_node_out():
     gpu = as_node(node_body("gpu-0", "7910m", "27Gi", taints=(GPU_TAINT,), gpus=1))
     prefer = as_node(node_body("p", "7910m", "27Gi", taints=({"key": "x", "effect": "PreferNoSchedule"},)))
     pool_toleration = {"key": "nanocluster.dev/pool", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
-    assert not kube_api.takes_training_pods(control_plane, ())
-    assert not kube_api.takes_training_pods(pool, ()) and kube_api.takes_training_pods(pool, (pool_toleration,))
-    assert not kube_api.takes_training_pods(pool, ({**pool_toleration, "value": "other"},))
-    assert kube_api.takes_training_pods(gpu, ())  # a GPU pod tolerates nvidia.com/gpu (GPU_TOLERATION)
-    assert kube_api.takes_training_pods(prefer, ())  # PreferNoSchedule only discourages
-    assert kube_api.takes_training_pods(control_plane, ({"operator": "Exists"},))  # tolerates everything
+    assert not kube_nodes.takes_training_pods(control_plane, ())
+    assert not kube_nodes.takes_training_pods(pool, ()) and kube_nodes.takes_training_pods(pool, (pool_toleration,))
+    assert not kube_nodes.takes_training_pods(pool, ({**pool_toleration, "value": "other"},))
+    assert kube_nodes.takes_training_pods(gpu, ())  # a GPU pod tolerates nvidia.com/gpu (GPU_TOLERATION)
+    assert kube_nodes.takes_training_pods(prefer, ())  # PreferNoSchedule only discourages
+    assert kube_nodes.takes_training_pods(control_plane, ({"operator": "Exists"},))  # tolerates everything
 
 
 def test_a_small_system_node_neither_sizes_the_pods_nor_counts():
     system = as_node(node_body("sys", "1930m", "5Gi", machine="e2-standard-2"))
     pool = [as_node(node_body(f"pool-{i}", "7910m", "27Gi", machine="e2-standard-8")) for i in range(3)]
-    assert kube_api.training_nodes([system, *pool]) == (pool, {"node.kubernetes.io/instance-type": "e2-standard-8"})
+    assert kube_nodes.training_nodes([system, *pool]) == (pool, {"node.kubernetes.io/instance-type": "e2-standard-8"})
     # without machine-type labels, the shapes are told apart by their whole CPUs; no selector: pods sized
     # for the large nodes do not fit the small one
     bare = [as_node(node_body(n.metadata.name, "7910m", "27Gi")) for n in pool]
     small = as_node(node_body("sys", "1930m", "5Gi"))
-    assert kube_api.training_nodes([small, *bare]) == (bare, {})
+    assert kube_nodes.training_nodes([small, *bare]) == (bare, {})
     # one large node against two small ones: the shape with the most CPUs in all
     big = as_node(node_body("big", "31850m", "120Gi", machine="n2-standard-32"))
-    assert kube_api.training_nodes([big, *pool[:2]]) == ([big], {"node.kubernetes.io/instance-type": "n2-standard-32"})
+    assert kube_nodes.training_nodes([big, *pool[:2]]) == (
+        [big],
+        {"node.kubernetes.io/instance-type": "n2-standard-32"},
+    )
 
 
 def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system_node(fake, task, tmp_path):
@@ -312,7 +315,7 @@ def test_helper_jobs_are_not_best_effort_and_fit_a_small_system_node():
     assert qos_class(pod) == "Burstable" and pod["nodeSelector"] == {}
     requests = pod["containers"][0]["resources"]["requests"]
     # GKE's e2-standard-2 system node: 1.93 CPU and about 5.8 GiB allocatable, most of it taken by kube-dns & co
-    assert kube_api.cpu_quantity(requests["cpu"]) <= 0.25 and kube_api.memory_gib(requests["memory"]) <= 0.5
+    assert kube_nodes.cpu_quantity(requests["cpu"]) <= 0.25 and kube_nodes.memory_gib(requests["memory"]) <= 0.5
 
 
 def test_a_contracts_vcpus_give_the_pod_its_cores():
