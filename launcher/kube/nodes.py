@@ -26,12 +26,11 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, api_error, calling, labels_of, name_of
+from launcher.kube.volume import ARCH_LABEL
 
-ARCH_LABEL = "kubernetes.io/arch"
-"""The kubelet's label of a node's CPU architecture, amd64 or arm64
-(kubernetes.io/docs/reference/labels-annotations-taints)."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-"""The cloud provider's label of a node's machine type (same page): what pins the pods to one shape."""
+"""The cloud provider's label of a node's machine type (kubernetes.io/docs/reference/labels-annotations-taints):
+what pins the pods to one shape."""
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 

@@ -213,6 +213,8 @@ def staging_script(
 
 
 ARCH_LABEL = "kubernetes.io/arch"
+"""The kubelet's label of a node's CPU architecture, amd64 or arm64
+(kubernetes.io/docs/reference/labels-annotations-taints)."""
 HELPER_RESOURCES = {
     "requests": {"cpu": "250m", "memory": "512Mi"},
     "limits": {"cpu": "1", "memory": "2Gi"},
