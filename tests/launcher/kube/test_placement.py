@@ -118,12 +118,15 @@ def test_a_small_system_node_neither_sizes_the_pods_nor_counts():
     )
 
 
-def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system_node(fake, task, tmp_path):
+def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system_node(fake, script, task, tmp_path):
+    script.scheduler = True  # placed as the kube-scheduler places them, beside the nodes' DaemonSets
     fake.seed(nodes=0)
     fake.core.create_node(node_body("cp", "3920m", "7Gi", machine="e2-standard-4", taints=(CONTROL_PLANE_TAINT,)))
     fake.core.create_node(node_body("sys", "1930m", "5Gi", machine="e2-standard-2", arch="arm64"))
     for i in range(3):
         fake.core.create_node(node_body(f"pool-{i}", "7910m", "27Gi", machine="t2a-standard-8", arch="arm64"))
+    for node in ("cp", "sys", "pool-0", "pool-1", "pool-2"):
+        fake.daemonset_pod(node, {"cpu": "300m", "memory": "600Mi"})
     spec = kubeconfig_path(fake, tmp_path)
     ran = task("train", "--cluster", spec, "--nodes", "4")
     assert ran.error_lines and "--nodes 4 but cluster 'fake' has 3 node(s)" in ran.error_lines[0]
@@ -142,6 +145,10 @@ def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system
     assert helper_pods(fake)
     for helper in helper_pods(fake):
         assert helper["nodeSelector"] == {"kubernetes.io/arch": "arm64"} and qos_class(helper) == "Burstable"
+    # the ranks on the pool, one per node; the helpers on an arm64 node with room, never the control plane
+    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    assert ranks == ["pool-0", "pool-1", "pool-2"]
+    assert "cp" not in fake.bound.values()
 
 
 def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task, tmp_path):
