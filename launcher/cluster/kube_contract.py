@@ -47,6 +47,20 @@ GPU_MODEL_LABELS = ("cloud.google.com/gke-accelerator", "nvidia.com/gpu.product"
 """Node labels naming the GPU model: GKE's, then GPU feature discovery's (the GPU operator)."""
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 """GPU feature discovery's label: one GPU's memory in MiB."""
+GKE_GPU_SHARING_LABELS = ("cloud.google.com/gke-gpu-sharing-strategy", "cloud.google.com/gke-gpu-partition-size")
+"""GKE's labels on a node whose GPUs pods share (time-sharing or MPS: a container may then request one
+nvidia.com/gpu only) or get in MIG partitions: a pod's nvidia.com/gpu is a share or a slice, not a GPU
+(cloud.google.com/kubernetes-engine/docs/concepts/timesharing-gpus)."""
+GFD_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+GFD_SHARED = ("time-slicing", "mps")
+"""GPU feature discovery's label of how the device plugin shares a node's GPUs (none, time-slicing,
+mps); a shared GPU is advertised as nvidia.com/gpu.replicas GPUs."""
+WHOLE_GPUS = (
+    *({"key": key, "operator": "DoesNotExist"} for key in GKE_GPU_SHARING_LABELS),
+    {"key": GFD_SHARING_LABEL, "operator": "NotIn", "values": list(GFD_SHARED)},
+)
+"""A node selector term's matchExpressions that keep a GPU pod off nodes whose GPUs are shared or
+partitioned (NotIn also matches a node without the label)."""
 GPU_MEMORY_GIB = {
     "nvidia-tesla-p4": 7.4,
     "nvidia-tesla-t4": 15.0,

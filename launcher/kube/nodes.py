@@ -17,6 +17,9 @@ from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.kube_contract import (
     DAEMONSET_CPU,
     DAEMONSET_MEMORY_GIB,
+    GFD_SHARED,
+    GFD_SHARING_LABEL,
+    GKE_GPU_SHARING_LABELS,
     GPU_MEMORY_LABEL,
     GPU_MODEL_LABELS,
     GPU_RESOURCE,
@@ -51,7 +54,13 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
             f"cluster {cluster.cluster_name!r} has no node that can take a training pod "
             f"({len(listed)} schedulable, tainted {', '.join(taints) or 'none'}): add nodes (or a node pool) first"
         )
+    shared = [n for n in nodes if gpu_count(n) and gpu_sharing(n)]
+    if shared:
+        nodes = whole_gpu_nodes(cluster, nodes, shared)
     training, selector = training_nodes(nodes)
+    if shared and not selector:  # GPU feature discovery's MIG nodes differ in their product label only
+        model_labels = labels_of(training[0])
+        selector = next(({k: model_labels[k]} for k in GPU_MODEL_LABELS if model_labels.get(k)), {})
     refuse_without_helper_nodes(cluster, listed, training)
     gpus = min(gpu_count(n) for n in training)
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
@@ -89,6 +98,43 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         kube=access,
         nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(len(training))),
     )
+
+
+def gpu_sharing(node: client.V1Node) -> str:
+    """How the node's GPUs are shared among pods or partitioned, in words naming the label that says so;
+    "" for whole GPUs. A pod's nvidia.com/gpu there is a share or a MIG slice: torch in the pod sees one
+    device whatever it asked for, and NCCL does not run between MIG slices."""
+    labels = labels_of(node)
+    strategy, partition = (labels.get(k, "") for k in GKE_GPU_SHARING_LABELS)
+    if strategy:
+        clients = labels.get("cloud.google.com/gke-max-shared-clients-per-gpu")
+        shares = f", {clients} clients per GPU" if clients else ""
+        return f"{strategy}{shares} ({GKE_GPU_SHARING_LABELS[0]})"
+    if partition:
+        return f"MIG partitions of {partition} ({GKE_GPU_SHARING_LABELS[1]})"
+    if labels.get(GFD_SHARING_LABEL, "none") in GFD_SHARED:
+        replicas = labels.get("nvidia.com/gpu.replicas")
+        shares = f", {replicas} replicas per GPU" if replicas else ""
+        return f"{labels[GFD_SHARING_LABEL]}{shares} ({GFD_SHARING_LABEL})"
+    product = labels.get("nvidia.com/gpu.product", "")
+    return f"MIG partitions ({product}: nvidia.com/gpu.product)" if "-MIG-" in product else ""
+
+
+def whole_gpu_nodes(cluster: Cluster, nodes: list[client.V1Node], shared: list[client.V1Node]) -> list[client.V1Node]:
+    """nodes without those whose GPUs are shared or partitioned (said in a line); a TaskError when that
+    leaves no GPU node: data parallelism needs a whole GPU per rank, and the CPU nodes are not what the
+    operator of a GPU cluster means to train on."""
+    ways = sorted({gpu_sharing(n) for n in shared})
+    rest = [n for n in nodes if n not in shared]
+    if not any(gpu_count(n) for n in rest):
+        raise TaskError(
+            f"cluster {cluster.cluster_name!r}: its {len(shared)} GPU node(s) share or partition their GPUs "
+            f"({'; '.join(ways)}), and data-parallel training needs a whole GPU per rank: add a node pool "
+            "without GPU sharing or MIG partitions (or, to train on the CPU nodes, a contract with "
+            "gpus_per_node 0 and a node_selector naming them)"
+        )
+    say(f"leaving out {len(shared)} GPU node(s) whose GPUs are shared or partitioned ({'; '.join(ways)})")
+    return rest
 
 
 DAEMONSET_SAMPLE = 3

@@ -21,6 +21,7 @@ camelCase dicts.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import shlex
@@ -31,6 +32,7 @@ from launcher.cluster.kube_contract import (
     DAEMONSET_MEMORY_GIB,
     GPU_RESOURCE,
     RUN_AS_UID,
+    WHOLE_GPUS,
     gke_allocatable_cpu,
     gke_allocatable_gib,
 )
@@ -415,8 +417,12 @@ def zone_affinity(launch: PodLaunch) -> dict:
 
 
 def placement(launch: PodLaunch) -> dict:
-    """The training pod's affinity: its node its own (exclusive_node), its run in one zone (zone_affinity)."""
+    """The training pod's affinity: its node its own (exclusive_node), its run in one zone (zone_affinity),
+    and a GPU pod's GPUs whole (kube_contract.WHOLE_GPUS: one rank per GPU, never a share of one)."""
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [exclusive_node()]}}
+    if launch.gpus:
+        whole = {"nodeSelectorTerms": [{"matchExpressions": copy.deepcopy(list(WHOLE_GPUS))}]}
+        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": whole}
     if launch.same_zone:
         affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [zone_affinity(launch)]}
     return affinity

@@ -43,14 +43,15 @@ def cuda_facts(local_rank: int = 0) -> CudaFacts:
 
 
 def choose_device(setting: str, local_rank: int, cuda: CudaFacts) -> torch.device:
-    """cpu, or cuda:local_rank: auto takes the GPU when one is visible for this local rank, else the
-    CPU; cuda without one is a ConfigError naming the setting and the fix."""
+    """cpu, or cuda:local_rank: auto takes this local rank's GPU, or the CPU where torch sees no GPU; a
+    ConfigError naming the setting and the fix for cuda without a GPU, and for a local rank beyond the
+    GPUs torch sees (auto too: that rank on the CPU would wait for ranks on NCCL that never join it)."""
     if setting not in DEVICE_CHOICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICE_CHOICES)}, got {setting!r}")
     if setting == "cpu":
         return torch.device("cpu")
     usable = cuda.available and 0 <= local_rank < cuda.device_count
-    if setting == "auto":
+    if setting == "auto" and (usable or not cuda.available):
         return torch.device("cuda", local_rank) if usable else torch.device("cpu")
     if not cuda.available:
         raise ConfigError(
@@ -58,10 +59,11 @@ def choose_device(setting: str, local_rank: int, cuda: CudaFacts) -> torch.devic
             "CUDA_VISIBLE_DEVICES hides them, or this torch is a CPU build): install the CUDA build of torch "
             "(the node's `cuda` profile), or set device=auto or device=cpu"
         )
-    if not usable:
+    if not usable:  # auto included: a rank on the CPU beside ranks on GPUs would join another backend
         raise ConfigError(
-            f"device=cuda but LOCAL_RANK is {local_rank} and this process sees {cuda.device_count} GPU(s): "
-            "start at most one rank per GPU on a node (LOCAL_RANK 0..GPUs-1), or set device=cpu"
+            f"device={setting} but LOCAL_RANK is {local_rank} and this process sees {cuda.device_count} GPU(s) "
+            "(a GPU shared or partitioned among pods shows as one): start at most one rank per GPU on a node "
+            "(LOCAL_RANK 0..GPUs-1), or set device=cpu"
         )
     return torch.device("cuda", local_rank)
 

@@ -46,7 +46,6 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int, gpu: str = "A100") ->
         ("auto", 0, 0, "cpu"),
         ("auto", 0, 1, "cuda:0"),
         ("auto", 3, 4, "cuda:3"),
-        ("auto", 4, 4, "cpu"),  # more ranks than GPUs on the node: the extra one computes on the CPU
         ("cpu", 0, 8, "cpu"),
         ("cuda", 1, 2, "cuda:1"),
     ],
@@ -61,9 +60,12 @@ def test_cuda_without_a_gpu_is_one_error_naming_the_setting_and_the_fix() -> Non
         choose_device("cuda", 0, CudaFacts(False, 0))
 
 
-def test_cuda_with_more_ranks_than_gpus_names_the_local_rank() -> None:
-    with pytest.raises(ConfigError, match=r"LOCAL_RANK is 2 and this process sees 2 GPU\(s\)"):
-        choose_device("cuda", 2, CudaFacts(True, 2))
+@pytest.mark.parametrize("setting", ["cuda", "auto"])
+def test_more_ranks_than_gpus_names_the_local_rank(setting: str) -> None:
+    """auto too: the extra rank on the CPU would pick gloo while the others wait for it on NCCL (a pod given
+    a time-shared GPU sees one device for its four ranks)."""
+    with pytest.raises(ConfigError, match=rf"device={setting} but LOCAL_RANK is 2 and this process sees 2 GPU\(s\)"):
+        choose_device(setting, 2, CudaFacts(True, 2))
 
 
 def test_resolve_device_asks_torch_cuda_and_makes_the_gpu_current(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,8 @@ every pod, so a pod that no real node would take (a taint it does not tolerate, 
 node's allocatable) passed every test.
 
 The filters are those of the default plugins our pods meet (kubernetes.io/docs/reference/scheduling/config):
-NodeUnschedulable, TaintToleration (NoSchedule and NoExecute), NodeAffinity (the nodeSelector),
+NodeUnschedulable, TaintToleration (NoSchedule and NoExecute), NodeAffinity (the nodeSelector and the
+required node affinity's matchExpressions),
 NodeResourcesFit (cpu, memory and nvidia.com/gpu against allocatable, less the requests of the pods
 bound there and not ended, and of the node's DaemonSet pods), and InterPodAffinity for the training
 pods' required anti-affinity (one pod carrying the attempt label per node). Written from the
@@ -45,6 +46,18 @@ def tolerated(tolerations: list[dict], taint: dict) -> bool:
     return False
 
 
+def matches(expression: dict, labels: dict) -> bool:
+    """A node selector requirement against a node's labels (In, NotIn, Exists, DoesNotExist; NotIn and
+    DoesNotExist match a node without the label)."""
+    key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+    return {
+        "In": key in labels and labels[key] in values,
+        "NotIn": key not in labels or labels[key] not in values,
+        "Exists": key in labels,
+        "DoesNotExist": key not in labels,
+    }[operator]
+
+
 def anti_affine(spec: dict) -> bool:
     """Whether the pod keeps its node to itself against other pods carrying the attempt label."""
     terms = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(
@@ -66,6 +79,12 @@ def why_not(node: dict, spec: dict, labels: dict, bound: list[tuple[dict, dict]]
             return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value') or ''}}}"
     node_labels = (node.get("metadata") or {}).get("labels") or {}
     if any(node_labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return "node(s) didn't match Pod's node affinity/selector"
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(all(matches(e, node_labels) for e in t.get("matchExpressions") or []) for t in terms):
         return "node(s) didn't match Pod's node affinity/selector"
     if ATTEMPT_LABEL in labels and any(
         ATTEMPT_LABEL in other_labels and anti_affine(other) for other, other_labels in bound

@@ -318,6 +318,80 @@ def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_pa
     }
 
 
+TIME_SHARED = {
+    "cloud.google.com/gke-accelerator": "nvidia-l4",
+    "cloud.google.com/gke-gpu-sharing-strategy": "time-sharing",
+    "cloud.google.com/gke-max-shared-clients-per-gpu": "4",
+}
+
+
+def test_a_kubeconfig_cluster_trains_on_whole_gpus_and_keeps_off_a_time_shared_pool(fake, script, task, tmp_path):
+    """GKE's time-shared GPUs are advertised as 4 nvidia.com/gpu per GPU: a pod there would get a share,
+    torch in it one device, and its other ranks nothing. The shared pool is left out, and the pods'
+    node affinity keeps them off it, whatever the scheduler would try first."""
+    script.scheduler = True
+    l4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    fake.seed(nodes=1, gpu_nodes=((4, TIME_SHARED), (4, TIME_SHARED), (1, l4), (1, l4)))
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "3")
+    assert ran.error_lines and "--nodes 3 but cluster 'fake' has 2 node(s)" in ran.error_lines[0]
+    assert (
+        "leaving out 2 GPU node(s) whose GPUs are shared or partitioned (time-sharing, 4 clients per GPU "
+        "(cloud.google.com/gke-gpu-sharing-strategy))"
+    ) in ran.out
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "2", "--run", "w", *QUICK)
+    assert ran.code == 0, ran.err
+    (job,) = training_jobs(fake)
+    assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    assert ranks == ["gpu-node-2", "gpu-node-3"], fake.bound  # not gpu-node-0 and 1, which come first
+
+
+def test_a_cluster_whose_every_gpu_is_shared_or_partitioned_is_refused(fake, script, task, tmp_path):
+    mig = {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100", "cloud.google.com/gke-gpu-partition-size": "1g.5gb"}
+    fake.seed(nodes=1, gpu_nodes=((7, mig), (4, TIME_SHARED)), claim=False)
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "1", *QUICK)
+    assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
+    assert ran.error_lines[0].endswith(
+        "cluster 'fake': its 2 GPU node(s) share or partition their GPUs (MIG partitions of 1g.5gb "
+        "(cloud.google.com/gke-gpu-partition-size); time-sharing, 4 clients per GPU "
+        "(cloud.google.com/gke-gpu-sharing-strategy)), and data-parallel training needs a whole GPU per rank: "
+        "add a node pool without GPU sharing or MIG partitions (or, to train on the CPU nodes, a contract with "
+        "gpus_per_node 0 and a node_selector naming them)"
+    )
+    assert fake.created_jobs == [] and fake.core.list_namespaced_persistent_volume_claim("nanocluster").items == []
+
+
+def test_gpu_feature_discoverys_shared_and_mig_nodes_are_told_from_whole_ones(fake, task, tmp_path):
+    whole = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu.sharing-strategy": "none"}
+    mig = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "nvidia.com/mig.strategy": "single"}
+    sliced = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED", "nvidia.com/gpu.replicas": "4"}
+    sliced |= {"nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    assert [kube_nodes.gpu_sharing(node("n", 8, labels)) for labels in (whole, mig, sliced)] == [
+        "",
+        "MIG partitions (NVIDIA-A100-SXM4-40GB-MIG-1g.5gb: nvidia.com/gpu.product)",
+        "time-slicing, 4 replicas per GPU (nvidia.com/gpu.sharing-strategy)",
+    ]
+    # three MIG nodes outnumber the whole one, which trains, pinned by its product (the MIG nodes differ in no
+    # other label a node selector could name)
+    fake.seed(nodes=1, gpu_nodes=((7, mig), (7, mig), (7, mig), (8, whole)))
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "1", "--run", "m", "--dry-run")
+    assert ran.code == 0, ran.err
+    job = next(d for d in yaml.safe_load_all(ran.out[ran.out.index("---") :]) if d and d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+    assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.sharing-strategy", "operator": "NotIn", "values": ["time-slicing", "mps"]} in (
+        term["matchExpressions"]
+    )
+
+
 def test_a_cluster_of_tainted_gpu_nodes_only_is_refused_before_anything_is_made(fake, script, task, tmp_path):
     """GKE taints every GPU node, and the helper pods (setup, staging, the supervisor) tolerate no taint:
     without a node for them they would wait Pending until their timeout."""
