@@ -59,8 +59,10 @@ WHOLE_GPUS = (
     *({"key": key, "operator": "DoesNotExist"} for key in GKE_GPU_SHARING_LABELS),
     {"key": GFD_SHARING_LABEL, "operator": "NotIn", "values": list(GFD_SHARED)},
 )
-"""A node selector term's matchExpressions that keep a GPU pod off nodes whose GPUs are shared or
-partitioned (NotIn also matches a node without the label)."""
+"""A node selector term's matchExpressions that keep a GPU pod off nodes whose GPUs GKE shares or
+partitions, or GPU feature discovery shares (NotIn also matches a node without the label). GPU feature
+discovery's MIG nodes differ only in their product name, which no expression can match: on a kubeconfig
+cluster the node selector pins the pods to the whole GPUs' model instead (launcher.kube.nodes)."""
 GPU_MEMORY_GIB = {
     "nvidia-tesla-p4": 7.4,
     "nvidia-tesla-t4": 15.0,

@@ -51,22 +51,23 @@ def offers_rwx(storage_class: client.V1StorageClass) -> bool:
     return storage_class.provisioner in RWX_PROVISIONERS or annotations.get(RWX_ANNOTATION) == "true"
 
 
-def connect(cluster: Cluster) -> tuple[Api, Cluster]:
+def connect(cluster: Cluster, making_pods: bool = True) -> tuple[Api, Cluster]:
     """The API and the cluster completed with what only the server knows; a TaskError (one line) when
-    the namespace, the storage class or the claim is missing, or the server cannot be reached."""
+    the namespace, the storage class or the claim is missing, the nodes cannot take the pods, or the
+    server cannot be reached. Everything is read before a kubeconfig cluster's namespace and claim are
+    created, so a refusal leaves nothing behind. making_pods False: a task that starts no pod (status,
+    logs, stop, attach), which refuses nothing only a new pod would meet (launcher.kube.nodes)."""
     access = cluster.kube
     assert access is not None, "connect() is for kind kubernetes"
     api = Api.of(access)
     where = f"cluster {cluster.cluster_name!r}"
     with calling(f"{where}: reading namespace {access.namespace}"):
-        if not api.exists(lambda name, _: api.core.read_namespace(name), access.namespace, "namespace"):
-            if not access.from_kubeconfig:
-                raise TaskError(
-                    f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
-                    "creates it: `pulumi up`) or fix the contract's 'namespace'"
-                )
-            say(f"creating namespace {access.namespace}")
-            api.core.create_namespace(client.V1Namespace.model_validate(volume.namespace(access.namespace)))
+        has_namespace = api.exists(lambda name, _: api.core.read_namespace(name), access.namespace, "namespace")
+    if not has_namespace and not access.from_kubeconfig:
+        raise TaskError(
+            f"{where}: namespace {access.namespace!r} does not exist: create it (the stack "
+            "creates it: `pulumi up`) or fix the contract's 'namespace'"
+        )
     with calling(f"{where}: reading storage classes"):
         classes = api.storage.list_storage_class().items
     if access.from_kubeconfig:
@@ -84,11 +85,14 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             f"{where}: StorageClass {access.storage_class!r} does not exist: fix the contract's "
             "'storage_class' (it must offer ReadWriteMany)"
         )
-    # The node facts' access (its storage class too) is the cluster's: replacing it afterwards lost them.
-    # Read before the claim is made: a cluster whose nodes cannot take the pods refuses with nothing created.
-    cluster = replace(cluster, kube=access)
-    if access.from_kubeconfig:
-        cluster = with_node_facts(api, cluster, access)
+    if access.from_kubeconfig:  # the node facts join the access (its storage class too)
+        cluster = with_node_facts(api, cluster, access, making_pods)
+        assert cluster.kube is not None
+        access = cluster.kube
+    if not has_namespace:
+        say(f"creating namespace {access.namespace}")
+        with calling(f"{where}: creating namespace {access.namespace}"):
+            api.core.create_namespace(client.V1Namespace.model_validate(volume.namespace(access.namespace)))
     with calling(f"{where}: reading claim {access.storage_claim}"):
         if not api.exists(api.core.read_namespaced_persistent_volume_claim, access.storage_claim, "claim"):
             if not access.from_kubeconfig:
@@ -103,15 +107,16 @@ def connect(cluster: Cluster) -> tuple[Api, Cluster]:
             api.core.create_namespaced_persistent_volume_claim(
                 access.namespace, client.V1PersistentVolumeClaim.model_validate(volume.claim(access))
             )
-    return api, cluster
+    return api, replace(cluster, kube=access)
 
 
-def open_cluster(spec: str | None) -> tuple[Api, Cluster]:
-    """--cluster resolved, printed and connected; a TaskError (one line) for anything missing."""
+def open_cluster(spec: str | None, making_pods: bool = True) -> tuple[Api, Cluster]:
+    """--cluster resolved, printed and connected (making_pods: connect's); a TaskError (one line) for
+    anything missing."""
     cluster = resolve_cluster(spec)
     if cluster.kube is None:
         raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
-    return connect(cluster)
+    return connect(cluster, making_pods)
 
 
 def run_objects(api: Api, run: str) -> tuple[list[V1Job], list[V1Service], list[V1Pod]]:

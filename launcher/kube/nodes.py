@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.kube_contract import (
@@ -29,22 +30,24 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, api_error, calling, labels_of, name_of
+from launcher.kube.pod_spec import ZONE_TOPOLOGY
 from launcher.kube.volume import ARCH_LABEL
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """The cloud provider's label of a node's machine type (kubernetes.io/docs/reference/labels-annotations-taints):
 what pins the pods to one shape."""
-ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
-def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
+def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess, making_pods: bool = True) -> Cluster:
     """A kubeconfig cluster's machine facts from its training nodes: the smallest allocatable cpu and
     memory among them (a pod asks for what each can give) and their count as the most pods a run can have.
 
     The training nodes (training_nodes) are taken among the nodes that can take a training pod: schedulable,
     every NoSchedule/NoExecute taint tolerated (a control-plane node, another team's pool are not); a GPU
     node's nvidia.com/gpu taint is, as the GPU pods tolerate it. The helper Jobs, which build the node
-    environment the ranks run, are kept to the training nodes' architecture."""
+    environment the ranks run, are kept to the training nodes' architecture. making_pods False (status,
+    logs, stop, attach: tasks that start no pod) refuses nothing that only a new pod would meet, and
+    reads no DaemonSet pods."""
     with calling(f"cluster {cluster.cluster_name!r}: reading nodes"):
         listed = [n for n in api.core.list_node().items if not (n.spec and n.spec.unschedulable)]
     nodes = [n for n in listed if takes_training_pods(n, access.tolerations)]
@@ -56,16 +59,17 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         )
     shared = [n for n in nodes if gpu_count(n) and gpu_sharing(n)]
     if shared:
-        nodes = whole_gpu_nodes(cluster, nodes, shared)
+        nodes = whole_gpu_nodes(cluster, nodes, shared, making_pods)
     training, selector = training_nodes(nodes)
     if shared and not selector:  # GPU feature discovery's MIG nodes differ in their product label only
         model_labels = labels_of(training[0])
         selector = next(({k: model_labels[k]} for k in GPU_MODEL_LABELS if model_labels.get(k)), {})
-    refuse_without_helper_nodes(cluster, listed, training)
+    if making_pods:
+        refuse_without_helper_nodes(cluster, listed, training)
     gpus = min(gpu_count(n) for n in training)
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
-    kept_cpu, kept_gib = daemonset_requests(api, training)
+    kept_cpu, kept_gib = daemonset_requests(api, training) if making_pods else (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB)
     # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_spec.pod_cpus).
     cores = max(1, math.floor(cpus - kept_cpu))
     model = gpu_model_of(training[0]) if gpus else ""
@@ -79,7 +83,7 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess) -> Cluster:
         daemonset_cpu=kept_cpu,
         daemonset_memory_gib=kept_gib,
         arch=arches.pop() if len(arches) == 1 else "",
-        same_zone=all(labels_of(n).get(ZONE_LABEL) for n in training),
+        same_zone=all(labels_of(n).get(ZONE_TOPOLOGY) for n in training),
         gpu_memory_gib=min(gpu_memory_of(n) for n in training) if gpus else 0.0,
         node_selector=tuple(sorted((dict(access.node_selector) | selector).items())),
     )
@@ -116,17 +120,21 @@ def gpu_sharing(node: client.V1Node) -> str:
         replicas = labels.get("nvidia.com/gpu.replicas")
         shares = f", {replicas} replicas per GPU" if replicas else ""
         return f"{labels[GFD_SHARING_LABEL]}{shares} ({GFD_SHARING_LABEL})"
-    product = labels.get("nvidia.com/gpu.product", "")
-    return f"MIG partitions ({product}: nvidia.com/gpu.product)" if "-MIG-" in product else ""
+    product = labels.get(GPU_MODEL_LABELS[1], "")
+    return f"MIG partitions ({product}: {GPU_MODEL_LABELS[1]})" if "-MIG-" in product else ""
 
 
-def whole_gpu_nodes(cluster: Cluster, nodes: list[client.V1Node], shared: list[client.V1Node]) -> list[client.V1Node]:
-    """nodes without those whose GPUs are shared or partitioned (said in a line); a TaskError when that
-    leaves no GPU node: data parallelism needs a whole GPU per rank, and the CPU nodes are not what the
-    operator of a GPU cluster means to train on."""
+def whole_gpu_nodes(
+    cluster: Cluster, nodes: list[client.V1Node], shared: list[client.V1Node], making_pods: bool = True
+) -> list[client.V1Node]:
+    """nodes without those whose GPUs are shared or partitioned (said in a line); where that leaves no GPU
+    node, a TaskError (data parallelism needs a whole GPU per rank, and the CPU nodes are not what the
+    operator of a GPU cluster means to train on), or nodes as they are for a task that starts no pod."""
     ways = sorted({gpu_sharing(n) for n in shared})
     rest = [n for n in nodes if n not in shared]
     if not any(gpu_count(n) for n in rest):
+        if not making_pods:
+            return nodes
         raise TaskError(
             f"cluster {cluster.cluster_name!r}: its {len(shared)} GPU node(s) share or partition their GPUs "
             f"({'; '.join(ways)}), and data-parallel training needs a whole GPU per rank: add a node pool "
@@ -138,52 +146,69 @@ def whole_gpu_nodes(cluster: Cluster, nodes: list[client.V1Node], shared: list[c
 
 
 DAEMONSET_SAMPLE = 3
-"""Training nodes whose DaemonSet pods are read: they are of one shape (training_nodes), so the same
-DaemonSets run on each, and a few cover one that runs on some only."""
+"""Training nodes whose node agents are read: the same agents run on every node of a pool, and a few
+nodes cover one that runs on some only."""
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""The kubelet's annotation on a static pod's mirror (kube-proxy on some clusters): the scheduler counts
+its requests on the node as a DaemonSet pod's."""
 
 
 def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, float]:
-    """What the DaemonSet pods on a training node request, the most over a few of them (cpu, memory GiB),
-    at least the reserve (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB); the reserve alone where the operator may
-    not list pods outside the namespace."""
+    """What the node agents on a training node request (DaemonSet pods and static pods), the most over a
+    few nodes (cpu, memory GiB), at least the reserve (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB); the reserve,
+    said in a line, where the operator may not list pods outside the namespace."""
     cpu, gib = DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
     for node in training[:DAEMONSET_SAMPLE]:
         try:
             pods = api.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name_of(node)}").items
         except ApiException as e:
-            if e.status in (401, 403):
-                return DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
-            raise api_error(e, f"reading the pods on node {name_of(node)}") from None
-        mine = [
-            p
-            for p in pods
-            if p.spec
-            and p.spec.node_name == name_of(node)  # the selector again, should a server ignore it
-            and any(o.kind == "DaemonSet" for o in ((p.metadata.owner_references if p.metadata else None) or []))
-            and not (p.status and p.status.phase in ("Succeeded", "Failed"))
-        ]
-        requested = [pod_requests(p) for p in mine]
+            if e.status != 403:
+                raise api_error(e, f"reading the pods on node {name_of(node)}") from None
+            say(
+                f"cannot list the pods on node {name_of(node)} (forbidden outside the namespace): keeping "
+                f"{DAEMONSET_CPU:g} CPU and {DAEMONSET_MEMORY_GIB:g} GiB of each node for its DaemonSets"
+            )
+            return DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
+        agents = [p for p in pods if p.spec and p.spec.node_name == name_of(node) and node_agent(p)]
+        requested = [pod_requests(p) for p in agents]
         cpu = max(cpu, sum(c for c, _ in requested))
         gib = max(gib, sum(g for _, g in requested))
     return cpu, gib
 
 
-def pod_requests(pod: client.V1Pod) -> tuple[float, float]:
-    """A pod's requests as the scheduler counts them (cpu, memory GiB): its containers' sum, or its
-    largest init container's where that is more."""
+def node_agent(pod: client.V1Pod) -> bool:
+    """A pod that runs on its node for good: a DaemonSet's, or a static pod's mirror; not one that ended."""
+    if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+        return False
+    meta = pod.metadata or client.V1ObjectMeta()
+    owners = {o.kind for o in meta.owner_references or []}
+    return bool(owners & {"DaemonSet", "Node"}) or MIRROR_ANNOTATION in (meta.annotations or {})
 
-    def asked(containers: list | None) -> list[tuple[float, float]]:
-        out = []
-        for c in containers or []:
-            requests = (c.resources.requests if c.resources else None) or {}
-            out.append((cpu_quantity(requests.get("cpu", "0")), memory_gib(requests.get("memory", "0"))))
-        return out
+
+def pod_requests(pod: client.V1Pod) -> tuple[float, float]:
+    """A pod's requests as the scheduler counts them (cpu, memory GiB): its containers' and its sidecars'
+    (init containers that keep running) sum, or an init container's with the sidecars started before it
+    where that is more, plus the pod's overhead
+    (kubernetes.io/docs/concepts/workloads/pods/init-containers#resource-sharing-within-containers)."""
+
+    def asked(container: client.V1Container) -> tuple[float, float]:
+        requests = (container.resources.requests if container.resources else None) or {}
+        return cpu_quantity(requests.get("cpu", "0")), memory_gib(requests.get("memory", "0"))
 
     spec = pod.spec or client.V1PodSpec(containers=[])
-    running, init = asked(spec.containers), asked(spec.init_containers)
+    sidecars, peaks = (0.0, 0.0), [(0.0, 0.0)]
+    for init in spec.init_containers or []:
+        c, g = asked(init)
+        if init.restart_policy == "Always":
+            sidecars = (sidecars[0] + c, sidecars[1] + g)
+        else:
+            peaks.append((sidecars[0] + c, sidecars[1] + g))
+    running = [asked(c) for c in spec.containers or []]
+    overhead = spec.overhead or {}
+    extra = (cpu_quantity(overhead.get("cpu", "0")), memory_gib(overhead.get("memory", "0")))
     return (
-        max([sum(c for c, _ in running), *(c for c, _ in init)]),
-        max([sum(g for _, g in running), *(g for _, g in init)]),
+        max(sidecars[0] + sum(c for c, _ in running), *(c for c, _ in peaks)) + extra[0],
+        max(sidecars[1] + sum(g for _, g in running), *(g for _, g in peaks)) + extra[1],
     )
 
 
@@ -192,14 +217,17 @@ def refuse_without_helper_nodes(cluster: Cluster, listed: list[client.V1Node], t
     no taint: the helper Jobs (setup, staging, prepare, sample) and a run's supervisor request no GPU and
     carry no toleration, so they would wait Pending until their timeout (GKE taints every GPU node)."""
     arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}
-    candidates = [n for n in listed if len(arches) != 1 or labels_of(n).get(ARCH_LABEL, "") in arches]
+    arch = arches.pop() if len(arches) == 1 else ""
+    candidates = [n for n in listed if not arch or labels_of(n).get(ARCH_LABEL, "") == arch]
     if any(not blocking_taints(n, (), gpu_tolerated=False) for n in candidates):
         return
     taints = sorted({f"{t.key}:{t.effect}" for n in candidates for t in blocking_taints(n, (), gpu_tolerated=False)})
+    # The helpers build the environment the ranks run: a node of another architecture does not serve them.
+    of_arch = f" of {ARCH_LABEL} {arch}" if arch and len(candidates) < len(listed) else ""
     raise TaskError(
-        f"cluster {cluster.cluster_name!r}: every schedulable node is tainted ({', '.join(taints)}), and the "
-        "helper pods (setup, staging, the run's supervisor) request no GPU and tolerate no taint: add a node "
-        "without taints (a small CPU node pool) for them"
+        f"cluster {cluster.cluster_name!r}: every schedulable node{of_arch} is tainted ({', '.join(taints)}), "
+        "and the helper pods (setup, staging, the run's supervisor) request no GPU and tolerate no taint: add "
+        f"a node{of_arch} without taints (a small CPU node pool) for them"
     )
 
 
@@ -304,15 +332,9 @@ def allocatable(node: client.V1Node) -> dict[str, str]:
 
 def cpu_quantity(text: str) -> float:
     """A Kubernetes cpu quantity ("4", "3920m") in cores."""
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
-BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    return float(parse_quantity(text))
 
 
 def memory_gib(text: str) -> float:
-    """A Kubernetes memory quantity ("16318480Ki", "15Gi", "1e9") in GiB."""
-    for suffix, factor in BINARY_SUFFIXES.items():
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor / 2**30
-    return float(text) / 2**30
+    """A Kubernetes memory quantity ("16318480Ki", "15Gi", "1e9", "107374182400m") in GiB."""
+    return float(parse_quantity(text)) / 2**30

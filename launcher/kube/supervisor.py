@@ -435,7 +435,7 @@ def attach(cluster_spec: str | None, run: str = "main") -> int:
 
 def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
     """attach with the front end's Ctrl-C taken (ctrl_c)."""
-    api, cluster = open_cluster(cluster_spec)
+    api, cluster = open_cluster(cluster_spec, making_pods=False)
     supervisor = Supervisor(api, cluster, run, cluster_spec)
     request = request_for(cluster_spec, run)
     with calling(f"reading the supervisor Job {supervisor.job}"):

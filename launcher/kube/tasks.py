@@ -119,7 +119,7 @@ def prepare_data(
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """The run's pods as a table, then its progress, time and cost from this machine's record; 1
     when a pod failed."""
-    api, cluster = open_cluster(cluster_spec)
+    api, cluster = open_cluster(cluster_spec, making_pods=False)
     jobs, services, pods = run_objects(api, run)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for column in ("pod", "rank(s)", "node", "phase", "detail"):
@@ -155,7 +155,7 @@ def job_condition(job: V1Job) -> str:
 def logs(
     cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
 ) -> None:
-    api, _ = open_cluster(cluster_spec)
+    api, _ = open_cluster(cluster_spec, making_pods=False)
     pods = sorted(training_pods(run_objects(api, run)[2]), key=rank_of)
     if not pods:
         start, view = (command_line(task, cluster=cluster_spec, run=run) for task in ("train", "status"))
@@ -199,7 +199,7 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
     """An operator's stop of the run (--run, else the one live run): its request left first, then its
     Job and Service deleted (every pod gets SIGTERM: it snapshots and exits); the attached `fab train`
     ends it "stopped" (launcher.launch.operator_stop)."""
-    api, cluster = open_cluster(cluster_spec)
+    api, cluster = open_cluster(cluster_spec, making_pods=False)
     live = live_runs(api)
     chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
     if chosen is None:

@@ -77,8 +77,9 @@ class Script:
     the Job is kept, marked deleted, until they are gone. 0: kmock's own deletion, at once."""
     scheduler: bool = False
     """Place pods as the kube-scheduler filters them (fake_scheduler): on a seeded node whose taints they
-    tolerate, whose labels match their nodeSelector and whose allocatable holds their requests; a pod no
-    node takes stays Pending with the scheduler's message. False: every pod is bound (to node-<rank>)."""
+    tolerate, whose labels match their nodeSelector and required node affinity, and whose allocatable
+    holds their requests beside the pods there; a pod no node takes stays Pending with the scheduler's
+    message. False: every pod is bound (to node-<rank>)."""
     pod_security: str = ""
     """"restricted": the namespace enforces Pod Security, and a pod that violates it is refused as the
     admission controller refuses it (the Job controller records a FailedCreate event, creates no pod)."""

@@ -318,6 +318,30 @@ def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_pa
     }
 
 
+def test_the_helper_nodes_must_be_of_the_training_nodes_architecture(fake, task, tmp_path):
+    """arm64 GPU nodes (tainted by GKE) beside an untainted amd64 node: the helpers build the arm64
+    environment the ranks run, so the amd64 node does not serve them, and the line says which is missing."""
+    arm = {"cloud.google.com/gke-accelerator": "nvidia-gh200-96gb", "kubernetes.io/arch": "arm64"}
+    fake.seed(nodes=0, gpu_nodes=((1, arm), (1, arm)), claim=False)
+    fake.core.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "system-0", "labels": {"kubernetes.io/arch": "amd64"}},
+            "status": {"allocatable": {"cpu": "1930m", "memory": "5800Mi"}},
+        }
+    )
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    ran = task("setup", "--cluster", f"kubeconfig:{path}")
+    assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
+    assert (
+        "every schedulable node of kubernetes.io/arch arm64 is tainted (nvidia.com/gpu:NoSchedule), and the helper "
+        "pods (setup, staging, the run's supervisor) request no GPU and tolerate no taint: add a node of "
+        "kubernetes.io/arch arm64 without taints"
+    ) in ran.error_lines[0]
+
+
 TIME_SHARED = {
     "cloud.google.com/gke-accelerator": "nvidia-l4",
     "cloud.google.com/gke-gpu-sharing-strategy": "time-sharing",
@@ -409,6 +433,9 @@ def test_a_cluster_of_tainted_gpu_nodes_only_is_refused_before_anything_is_made(
         ) in ran.error_lines[0]
     assert fake.created_jobs == [] and fake.pods() == []
     assert fake.core.list_namespaced_persistent_volume_claim("nanocluster").items == []  # no claim made either
+    # a task that starts no pod is not refused
+    ran = task("status", "--cluster", f"kubeconfig:{path}")
+    assert "every schedulable node" not in ran.out + ran.err, ran.err
     # one untainted node is enough: the staging Job runs there
     fake.core.create_node(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "system-0"}, "status": {"allocatable": {"cpu": "2"}}}

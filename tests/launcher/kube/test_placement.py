@@ -168,18 +168,52 @@ def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task
     assert ranks == ["node-0", "node-1", "node-2"]
 
 
-def test_daemonsets_within_the_reserve_or_unreadable_keep_the_reserve(fake, script, task, tmp_path):
+def test_daemonsets_within_the_reserve_keep_the_reserve(fake, script, task, tmp_path):
     script.scheduler = True
     fake.seed(nodes=2, daemonset_requests={"cpu": "200m", "memory": "300Mi"})
-    spec = kubeconfig_path(fake, tmp_path)
-    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "r", "--dry-run")
+    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
     assert ran.code == 0, ran.err
     assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out  # 3.92 - 0.5; 15 GiB - 1 GiB
-    # an operator allowed only the namespace cannot list the nodes' pods: the reserve, and no error
-    fake.faults.add("/api/v1/pods?", [403] * 10)
-    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "r", "--dry-run")
+
+
+def test_daemonsets_that_cannot_be_listed_keep_the_reserve_and_say_so(fake, task, tmp_path):
+    """An operator allowed only the namespace cannot list the nodes' pods: the reserve, not an error."""
+    fake.seed(nodes=2, daemonset_requests={"cpu": "1200m", "memory": "1500Mi"})
+    refused = fake.faults.add("/api/v1/pods?", [403] * 10)
+    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
     assert ran.code == 0, ran.err
-    assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out
+    assert refused.given, "the pods were listed: the fault was never served"
+    assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out  # the reserve, not the agents' 1.2
+    assert (
+        "cannot list the pods on node node-0 (forbidden outside the namespace): keeping 0.5 CPU and 1 GiB of "
+        "each node for its DaemonSets"
+    ) in ran.out + ran.err
+
+
+def test_a_node_agents_requests_are_counted_as_the_scheduler_counts_them():
+    def container(name: str, cpu: str, memory: str, restart: str | None = None) -> client.V1Container:
+        resources = client.V1ResourceRequirements(requests={"cpu": cpu, "memory": memory})
+        return client.V1Container(name=name, resources=resources, restart_policy=restart)
+
+    def pod(owner: str = "DaemonSet", annotations=None, **spec) -> client.V1Pod:
+        owners = [client.V1OwnerReference(api_version="v1", kind=owner, name="x", uid="u")] if owner else []
+        meta = client.V1ObjectMeta(name="p", owner_references=owners, annotations=annotations)
+        return client.V1Pod(metadata=meta, spec=client.V1PodSpec(node_name="n", **spec))
+
+    agent = pod(containers=[container("a", "100m", "107374182400m")])  # 0.1 GiB written in milli-bytes
+    assert kube_nodes.pod_requests(agent) == pytest.approx((0.1, 0.1))
+    # a sidecar (an init container that keeps running) adds to the containers; a plain init container
+    # counts where it asks more than they do; the pod's overhead comes on top
+    with_init = pod(
+        init_containers=[container("side", "200m", "0", restart="Always"), container("init", "2", "1Gi")],
+        containers=[container("a", "300m", "1Gi")],
+        overhead={"cpu": "50m", "memory": "0"},
+    )
+    assert kube_nodes.pod_requests(with_init) == pytest.approx((2.2 + 0.05, 1.0))
+    assert kube_nodes.node_agent(agent)
+    assert kube_nodes.node_agent(pod(owner="Node", containers=[]))  # a static pod's mirror
+    assert kube_nodes.node_agent(pod(owner="", annotations={"kubernetes.io/config.mirror": "x"}, containers=[]))
+    assert not kube_nodes.node_agent(pod(owner="ReplicaSet", containers=[]))
 
 
 def test_no_node_that_takes_training_pods_is_one_line(fake, task, tmp_path):

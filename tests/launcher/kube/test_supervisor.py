@@ -399,3 +399,21 @@ def test_a_supervisor_job_deleted_mid_run_ends_the_front_end_with_the_way_back(f
     )
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     wait_for("the training Job's deletion", lambda: training_job(fake, "gone") is None, fake)
+
+
+def test_the_cluster_reaches_the_supervisor_pod_with_its_node_facts(fake, contract_file):
+    """What connect() learned of a kubeconfig cluster's nodes (the DaemonSets' room included) is what the
+    supervisor pod sizes the ranks' pods by."""
+    import dataclasses
+
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.in_cluster import decode_cluster
+
+    cluster = parse_contract(json.loads(contract_file.read_text()), str(contract_file))
+    assert cluster.kube is not None
+    kube = dataclasses.replace(cluster.kube, daemonset_cpu=1.25, daemonset_memory_gib=1.75, allocatable_cpu=7.91)
+    cluster = dataclasses.replace(cluster, kube=kube)
+    decoded = decode_cluster(json.loads(json.dumps(supervisor.encode_cluster(cluster))), "kubeconfig of the pod")
+    assert decoded.kube is not None
+    assert dataclasses.replace(decoded.kube, kubeconfig="") == dataclasses.replace(kube, kubeconfig="")
+    assert decoded.kube.daemonset_cpu == 1.25 and decoded.kube.daemonset_memory_gib == 1.75
