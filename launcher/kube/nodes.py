@@ -30,6 +30,7 @@ from launcher.cluster.kube_contract import (
 )
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, api_error, calling, labels_of, name_of
+from launcher.kube.objects import SUPERVISOR_RESOURCES
 from launcher.kube.pod_spec import ZONE_TOPOLOGY
 from launcher.kube.volume import ARCH_LABEL
 
@@ -155,8 +156,11 @@ its requests on the node as a DaemonSet pod's."""
 
 def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, float]:
     """What the node agents on a training node request (DaemonSet pods and static pods), the most over a
-    few nodes (cpu, memory GiB), at least the reserve (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB); the reserve,
-    said in a line, where the operator may not list pods outside the namespace."""
+    few nodes, and the run's supervisor pod (cpu, memory GiB), at least the reserve (DAEMONSET_CPU,
+    DAEMONSET_MEMORY_GIB); the reserve, said in a line, where the operator may not list pods outside the
+    namespace. The supervisor starts before the ranks' pods, and the scheduler puts a pod on the least
+    allocated node it fits: often a training node, whose pod must still fit beside it."""
+    supervisor = SUPERVISOR_RESOURCES["requests"]
     cpu, gib = DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
     for node in training[:DAEMONSET_SAMPLE]:
         try:
@@ -171,8 +175,8 @@ def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, 
             return DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
         agents = [p for p in pods if p.spec and p.spec.node_name == name_of(node) and node_agent(p)]
         requested = [pod_requests(p) for p in agents]
-        cpu = max(cpu, sum(c for c, _ in requested))
-        gib = max(gib, sum(g for _, g in requested))
+        cpu = max(cpu, sum(c for c, _ in requested) + cpu_quantity(supervisor["cpu"]))
+        gib = max(gib, sum(g for _, g in requested) + memory_gib(supervisor["memory"]))
     return cpu, gib
 
 

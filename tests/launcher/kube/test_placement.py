@@ -17,6 +17,7 @@ from launcher.cluster.kube_contract import GPU_TOLERATION
 from launcher.kube import nodes as kube_nodes
 from launcher.kube import objects, volume
 from launcher.kube.pod_spec import LABEL_ATTEMPT, LABEL_RUN
+from tests.launcher.kube.fake_scheduler import place
 from tests.launcher.kube.test_gpu_pods import QUICK, cuda_pins, training_jobs  # noqa: F401 (a fixture)
 from tests.launcher.kube.test_objects import KUBERNETES_VERSIONS, container, launch_of
 
@@ -161,11 +162,18 @@ def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task
     ran = task("train", "--cluster", spec, "--nodes", "3", "--run", "d", "--recover-timeout", "20", *QUICK)
     assert ran.code == 0, ran.err
     (job,) = training_jobs(fake)
-    # whole CPUs of 3.92 less 1.2; 15 GiB less 1500 MiB
-    assert container(job)["resources"]["limits"] == {"cpu": "2", "memory": f"{15 * 1024 - 1500}Mi"}
+    # whole CPUs of 3.92 less the agents' 1.2 and the supervisor's 0.1; 15 GiB less 1500 and 256 MiB
+    assert container(job)["resources"]["limits"] == {"cpu": "2", "memory": f"{15 * 1024 - 1500 - 256}Mi"}
     assert [v["value"] for v in container(job)["env"] if v["name"] == "OMP_NUM_THREADS"] == ["2"]
     ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
     assert ranks == ["node-0", "node-1", "node-2"]
+    # the run's supervisor, which starts first, may take a training node: that node's pod still fits
+    supervisor = objects.supervisor_job("s", "nanocluster", "d", "claim", "sa", ["python"], {}, {})
+    node_0 = fake.api.sanitize_for_serialization(fake.core.read_node("node-0"))
+    agent = fake.api.sanitize_for_serialization(fake.core.read_namespaced_pod("node-agent-node-0", "kube-system"))
+    beside = [(agent["spec"], {}), (supervisor["spec"]["template"]["spec"], {})]
+    template = job["spec"]["template"]
+    assert place(template["spec"], template["metadata"]["labels"], [node_0], {"node-0": beside}, {}) == ("node-0", "")
 
 
 def test_daemonsets_within_the_reserve_keep_the_reserve(fake, script, task, tmp_path):
