@@ -5,7 +5,8 @@
                ReadWriteMany storage class, claim) and a run's objects (list, delete)
     nodes      a kubeconfig cluster's nodes: which train, their cpu, memory, GPUs and DaemonSets
     pod_spec   what a run's pods are made of: the launch, its names and labels, the trainer's environment and
-               torchrun shell, resources, placement; what every pod shares (claim, image, Pod Security)
+               torchrun shell; what every pod shares (claim, image, Pod Security)
+    pod_placement  what a training pod asks of its node (cpu, memory, GPUs, /dev/shm) and where it may go
     objects    the Jobs and Service holding them: a run's Indexed Job (pod k is rank k), headless Service,
                supervisor Job
     volume     what puts things on the shared claim: namespace, claim, staging ConfigMap, helper Jobs

@@ -31,7 +31,7 @@ from launcher.cluster.kube_contract import (
 from launcher.console import TaskError, say
 from launcher.kube.api import Api, api_error, calling, labels_of, name_of
 from launcher.kube.objects import SUPERVISOR_RESOURCES
-from launcher.kube.pod_spec import ZONE_TOPOLOGY
+from launcher.kube.pod_placement import ZONE_TOPOLOGY
 from launcher.kube.volume import ARCH_LABEL
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -71,7 +71,7 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess, making_pods:
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
     kept_cpu, kept_gib = daemonset_requests(api, training) if making_pods else (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB)
-    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_spec.pod_cpus).
+    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_placement.pod_cpus).
     cores = max(1, math.floor(cpus - kept_cpu))
     model = gpu_model_of(training[0]) if gpus else ""
     arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}
@@ -161,6 +161,7 @@ def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, 
     namespace. The supervisor starts before the ranks' pods, and the scheduler puts a pod on the least
     allocated node it fits: often a training node, whose pod must still fit beside it."""
     supervisor = SUPERVISOR_RESOURCES["requests"]
+    supervisor_cpu, supervisor_gib = cpu_quantity(supervisor["cpu"]), memory_gib(supervisor["memory"])
     cpu, gib = DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
     for node in training[:DAEMONSET_SAMPLE]:
         try:
@@ -175,8 +176,8 @@ def daemonset_requests(api: Api, training: list[client.V1Node]) -> tuple[float, 
             return DAEMONSET_CPU, DAEMONSET_MEMORY_GIB
         agents = [p for p in pods if p.spec and p.spec.node_name == name_of(node) and node_agent(p)]
         requested = [pod_requests(p) for p in agents]
-        cpu = max(cpu, sum(c for c, _ in requested) + cpu_quantity(supervisor["cpu"]))
-        gib = max(gib, sum(g for _, g in requested) + memory_gib(supervisor["memory"]))
+        cpu = max(cpu, sum(c for c, _ in requested) + supervisor_cpu)
+        gib = max(gib, sum(g for _, g in requested) + supervisor_gib)
     return cpu, gib
 
 
@@ -194,26 +195,23 @@ def pod_requests(pod: client.V1Pod) -> tuple[float, float]:
     (init containers that keep running) sum, or an init container's with the sidecars started before it
     where that is more, plus the pod's overhead
     (kubernetes.io/docs/concepts/workloads/pods/init-containers#resource-sharing-within-containers)."""
-
-    def asked(container: client.V1Container) -> tuple[float, float]:
-        requests = (container.resources.requests if container.resources else None) or {}
-        return cpu_quantity(requests.get("cpu", "0")), memory_gib(requests.get("memory", "0"))
-
     spec = pod.spec or client.V1PodSpec(containers=[])
-    sidecars, peaks = (0.0, 0.0), [(0.0, 0.0)]
-    for init in spec.init_containers or []:
-        c, g = asked(init)
-        if init.restart_policy == "Always":
-            sidecars = (sidecars[0] + c, sidecars[1] + g)
-        else:
-            peaks.append((sidecars[0] + c, sidecars[1] + g))
-    running = [asked(c) for c in spec.containers or []]
-    overhead = spec.overhead or {}
-    extra = (cpu_quantity(overhead.get("cpu", "0")), memory_gib(overhead.get("memory", "0")))
-    return (
-        max(sidecars[0] + sum(c for c, _ in running), *(c for c, _ in peaks)) + extra[0],
-        max(sidecars[1] + sum(g for _, g in running), *(g for _, g in peaks)) + extra[1],
-    )
+
+    def requested(resource: str) -> float:
+        def of(container: client.V1Container) -> float:
+            requests = (container.resources.requests if container.resources else None) or {}
+            return float(parse_quantity(requests.get(resource, "0")))
+
+        sidecars, peak = 0.0, 0.0
+        for init in spec.init_containers or []:
+            if init.restart_policy == "Always":
+                sidecars += of(init)
+            else:
+                peak = max(peak, sidecars + of(init))
+        running = sidecars + sum(of(c) for c in spec.containers or [])
+        return max(running, peak) + float(parse_quantity((spec.overhead or {}).get(resource, "0")))
+
+    return requested("cpu"), requested("memory") / 2**30
 
 
 def refuse_without_helper_nodes(cluster: Cluster, listed: list[client.V1Node], training: list[client.V1Node]) -> None:

@@ -15,6 +15,7 @@ verdict on as the pod's exit code (pod_spec.ranks_script).
 from __future__ import annotations
 
 from launcher.cluster.kube_contract import GPU_TOLERATION
+from launcher.kube.pod_placement import placement, pod_resources, shared_memory
 from launcher.kube.pod_spec import (
     APP,
     COMPLETION_INDEX_ANNOTATION,
@@ -27,10 +28,7 @@ from launcher.kube.pod_spec import (
     PodLaunch,
     container_env,
     labels,
-    placement,
-    pod_resources,
     restricted,
-    shared_memory,
     trainer_command,
 )
 from launcher.launch.render import rank_variables

@@ -15,27 +15,18 @@ The same variables as a VM rank's env.sh and rank<R>.env (launcher.launch.render
 a VM node's root (launcher.cluster.node_layout) on the shared ReadWriteMany claim, so every rank reads
 one copy of code, data and the run directory. What every pod of the launcher shares (the claim at
 MOUNT_PATH, the pinned image, the labels, Pod Security "restricted") is here too: the helper Jobs
-(launcher.kube.volume) and the supervisor's are made of it. Pure functions, returning the API's
-camelCase dicts.
+(launcher.kube.volume) and the supervisor's are made of it; what a training pod asks of its node and
+where it may go is launcher.kube.pod_placement's. Pure functions, returning the API's camelCase dicts.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import (
-    DAEMONSET_CPU,
-    DAEMONSET_MEMORY_GIB,
-    GPU_RESOURCE,
-    RUN_AS_UID,
-    WHOLE_GPUS,
-    gke_allocatable_cpu,
-    gke_allocatable_gib,
-)
+from launcher.cluster.kube_contract import DAEMONSET_CPU, DAEMONSET_MEMORY_GIB, RUN_AS_UID
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from model.conventions import EXIT_PEER_LOST, EXIT_STOPPED, LAUNCHER_ENV
@@ -67,17 +58,8 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 """The Job controller's annotation on each pod of an Indexed Job: the pod's index, our rank."""
 CONTAINER = "trainer"
 VOLUME = "nanocluster"
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 POD_INTERFACE = "eth0"
 """A pod's network interface on every CNI (GKE, EKS, AKS, Calico, Cilium): NCCL's bootstrap socket."""
-SHARED_MEMORY_VOLUME = "shm"
-SHARED_MEMORY_DIR = "/dev/shm"
-SHARED_MEMORY_MIB_PER_RANK = 1024
-"""A GPU pod's /dev/shm, per rank: NCCL keeps its intra-node buffers (the SHM transport between GPUs
-without P2P, as on most cloud VMs' PCIe GPUs) and its proxy's state there, and the container runtime's
-64 MiB default fails NCCL's setup in ncclShmOpen. A memory-backed emptyDir, whose pages count against
-the pod's memory limit; this caps it. NCCL's use per rank is its buffers, 4 MiB per connection per
-channel: well under 1 GiB."""
 GPU_DRIVER_LIBS = "/usr/local/nvidia/lib64"
 """Where GKE's device plugin mounts the NVIDIA driver's libraries into a GPU container (a stock Python
 image has no loader path for it; elsewhere the container toolkit puts them on the default path)."""
@@ -88,9 +70,6 @@ JOB_NAME_MAX = DNS_LABEL_MAX - len("-") - MAX_INDEX_DIGITS
 """A pod's hostname is <job>-<index>, which must stay a DNS label for any index up to 99999."""
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
-
-ZONE_TOPOLOGY = "topology.kubernetes.io/zone"
-"""The well-known node label naming a node's zone (kubernetes.io/docs/reference/labels-annotations-taints)."""
 
 
 @dataclass(frozen=True)
@@ -336,93 +315,3 @@ def restricted(pod_spec: dict) -> dict:
         "containers": containers,
         "volumes": [*pod_spec.get("volumes", []), {"name": SCRATCH_VOLUME, "emptyDir": {}}],
     }
-
-
-def pod_cpus(launch: PodLaunch) -> int:
-    """Whole CPUs the training pod requests and is limited to: the node's cores, at most what its
-    allocatable leaves beside the DaemonSets (a contract states physical cores, so its vCPUs, at
-    least as many, are estimated as the cores: safe for machines without SMT)."""
-    allocatable = launch.allocatable_cpu or gke_allocatable_cpu(launch.cores)
-    return max(1, min(launch.cores, int(allocatable - launch.daemonset_cpu)))
-
-
-def pod_memory_mib(launch: PodLaunch) -> int:
-    """The training pod's memory, requested and its limit: allocatable less the DaemonSets' room.
-
-    Within allocatable, a rank that grows past it is OOM-killed in its own cgroup (the pod's
-    OOMKilled, reported as out of memory); a limit of the machine's size would let the node run out
-    first, and the kubelet would evict the pod (DisruptionTarget: retried as a disruption)
-    (kubernetes.io/docs/concepts/scheduling-eviction/node-pressure-eviction)."""
-    allocatable = launch.allocatable_memory_gib or gke_allocatable_gib(launch.memory_gib)
-    return max(256, int((allocatable - launch.daemonset_memory_gib) * 1024))
-
-
-def pod_resources(launch: PodLaunch) -> dict:
-    """Requests equal to limits for cpu and memory, whole CPUs: the Guaranteed QoS class, which the
-    kubelet evicts last, and whose CPUs the static CPU manager policy pins to the pod alone
-    (kubernetes.io/docs/concepts/workloads/pods/pod-qos,
-    kubernetes.io/docs/tasks/administer-cluster/cpu-management-policies).
-    An extended resource such as GPUs is requested by its limit and must equal it."""
-    resources = {"cpu": str(pod_cpus(launch)), "memory": f"{pod_memory_mib(launch)}Mi"}
-    if launch.gpus:
-        resources[GPU_RESOURCE] = str(launch.gpus)
-    return {"requests": dict(resources), "limits": dict(resources)}
-
-
-def shared_memory_mib(launch: PodLaunch) -> int:
-    """The size of a GPU pod's /dev/shm (SHARED_MEMORY_MIB_PER_RANK per rank, at most half the pod's
-    memory); 0 on CPU nodes, whose one rank per pod shares no memory with another."""
-    if not launch.gpus:
-        return 0
-    return min(launch.ranks_per_pod * SHARED_MEMORY_MIB_PER_RANK, pod_memory_mib(launch) // 2)
-
-
-def shared_memory(launch: PodLaunch) -> tuple[list[dict], list[dict]]:
-    """The volumes and the mounts that give a GPU pod a /dev/shm of shared_memory_mib(); none on CPU nodes."""
-    size = shared_memory_mib(launch)
-    if not size:
-        return [], []
-    volume = {"name": SHARED_MEMORY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{size}Mi"}}
-    return [volume], [{"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_DIR}]
-
-
-def exclusive_node() -> dict:
-    """No two training pods on a node, whatever their run or namespace: a required anti-affinity on the
-    label only training pods carry (LABEL_ATTEMPT; helpers have none), in every namespace (an empty
-    namespaceSelector matches all). The scheduler also keeps any pod carrying it off a node where such
-    a pod runs, since the rule is symmetric for required anti-affinity
-    (kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node, inter-pod affinity). As JobSet's
-    exclusive-topology annotation, but per node and without the JobSet controller."""
-    return {
-        "labelSelector": {
-            "matchLabels": {LABEL_APP: APP},
-            "matchExpressions": [{"key": LABEL_ATTEMPT, "operator": "Exists"}],
-        },
-        "namespaceSelector": {},
-        "topologyKey": HOSTNAME_TOPOLOGY,
-    }
-
-
-def zone_affinity(launch: PodLaunch) -> dict:
-    """All pods of this attempt in one zone: a required pod affinity on topology.kubernetes.io/zone to
-    each other. The first pod goes wherever it fits (the scheduler admits a pod that matches its own
-    affinity term when no pod does yet), the others follow it; the autoscaler scales up in that zone.
-    Chosen over a zone picked at launch, which would have to guess where spot or GPU capacity is:
-    this way the zone that had room for the first node is the run's. Within a zone the all-reduce
-    pays no inter-zone traffic every step (and is billed none)."""
-    return {
-        "labelSelector": {"matchLabels": {LABEL_RUN: launch.run, LABEL_ATTEMPT: str(launch.attempt)}},
-        "topologyKey": ZONE_TOPOLOGY,
-    }
-
-
-def placement(launch: PodLaunch) -> dict:
-    """The training pod's affinity: its node its own (exclusive_node), its run in one zone (zone_affinity),
-    and a GPU pod's GPUs whole (kube_contract.WHOLE_GPUS: one rank per GPU, never a share of one)."""
-    affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [exclusive_node()]}}
-    if launch.gpus:
-        whole = {"nodeSelectorTerms": [{"matchExpressions": copy.deepcopy(list(WHOLE_GPUS))}]}
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": whole}
-    if launch.same_zone:
-        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [zone_affinity(launch)]}
-    return affinity

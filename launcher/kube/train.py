@@ -25,7 +25,7 @@ from kubernetes.client import V1Job, V1Service
 
 from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, command_line, out_line, say
-from launcher.kube import objects, pod_spec
+from launcher.kube import objects, pod_placement, pod_spec
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import clear_stop_request, connect, delete_run_objects, run_objects, stop_requested
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
@@ -161,7 +161,7 @@ class KubeRun:
         if self.cluster.gpus_per_node:
             memory, device = self.access.gpu_memory_gib, "cuda"
         else:
-            memory, device = pod_spec.pod_memory_mib(first) / 1024, "cpu"
+            memory, device = pod_placement.pod_memory_mib(first) / 1024, "cpu"
         check_pod_fit(prepared.trainer_config, world, memory, self.cluster.describe(), device)
         return first
 

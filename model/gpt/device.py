@@ -48,18 +48,15 @@ def choose_device(setting: str, local_rank: int, cuda: CudaFacts) -> torch.devic
     GPUs torch sees (auto too: that rank on the CPU would wait for ranks on NCCL that never join it)."""
     if setting not in DEVICE_CHOICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICE_CHOICES)}, got {setting!r}")
-    if setting == "cpu":
+    if setting == "cpu" or (setting == "auto" and not cuda.available):
         return torch.device("cpu")
-    usable = cuda.available and 0 <= local_rank < cuda.device_count
-    if setting == "auto" and (usable or not cuda.available):
-        return torch.device("cuda", local_rank) if usable else torch.device("cpu")
     if not cuda.available:
         raise ConfigError(
             "device=cuda but torch sees no GPU (torch.cuda.is_available() is False: no NVIDIA driver, "
             "CUDA_VISIBLE_DEVICES hides them, or this torch is a CPU build): install the CUDA build of torch "
             "(the node's `cuda` profile), or set device=auto or device=cpu"
         )
-    if not usable:  # auto included: a rank on the CPU beside ranks on GPUs would join another backend
+    if not 0 <= local_rank < cuda.device_count:  # auto too: a CPU rank beside GPU ranks joins another backend
         raise ConfigError(
             f"device={setting} but LOCAL_RANK is {local_rank} and this process sees {cuda.device_count} GPU(s) "
             "(a GPU shared or partitioned among pods shows as one): start at most one rank per GPU on a node "

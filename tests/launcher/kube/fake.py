@@ -255,6 +255,16 @@ class FakeKube:
             },
         )
 
+    def kubeconfig_spec(self, directory: Path) -> str:
+        """--cluster for this cluster as `kubeconfig:PATH`, its kubeconfig written in directory."""
+        path = directory / "config"
+        path.write_text(yaml.safe_dump(kubeconfig(self.url)))
+        return f"kubeconfig:{path}"
+
+    def nodes_of(self, job: str) -> list[str]:
+        """The nodes the scheduler bound the Job's pods to (Script.scheduler), sorted."""
+        return sorted(node for pod, node in self.bound.items() if pod.startswith(f"{job}-"))
+
     def contract(self) -> dict:
         """A hand-written contract of kind kubernetes for this cluster."""
         return {

@@ -290,12 +290,11 @@ def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_pa
     script.scheduler = True
     gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     fake.seed(nodes=2, gpu_nodes=((4, gke), (4, gke), (8, gke)), daemonset_requests={"cpu": "450m", "memory": "900Mi"})
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "4")
+    spec = fake.kubeconfig_spec(tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "4")
     assert ran.error_lines and "--nodes 4 but cluster 'fake' has 3 node(s)" in ran.error_lines[0]
     assert "training on the 3 GPU node(s) (4 x nvidia-l4 each); the other 2 node(s) run the helper Jobs" in ran.out
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "2", "--run", "g", *QUICK)
+    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "g", *QUICK)
     assert ran.code == 0, ran.err
     (job,) = training_jobs(fake)
     c = container(job)
@@ -310,7 +309,7 @@ def test_a_kubeconfig_cluster_trains_on_its_gpu_nodes(fake, script, task, tmp_pa
         pod = helper["spec"]["template"]["spec"]
         assert not pod.get("tolerations") and "nvidia.com/gpu" not in json.dumps(pod)
     # the scheduler put each rank's pod on a GPU node of its own, the helpers on the CPU nodes
-    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    ranks = fake.nodes_of(job["metadata"]["name"])
     assert ranks == ["gpu-node-0", "gpu-node-1"], fake.bound
     assert {node for pod, node in fake.bound.items() if not pod.startswith(job["metadata"]["name"] + "-")} <= {
         "node-0",
@@ -331,9 +330,8 @@ def test_the_helper_nodes_must_be_of_the_training_nodes_architecture(fake, task,
             "status": {"allocatable": {"cpu": "1930m", "memory": "5800Mi"}},
         }
     )
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
-    ran = task("setup", "--cluster", f"kubeconfig:{path}")
+    spec = fake.kubeconfig_spec(tmp_path)
+    ran = task("setup", "--cluster", spec)
     assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
     assert (
         "every schedulable node of kubernetes.io/arch arm64 is tainted (nvidia.com/gpu:NoSchedule), and the helper "
@@ -356,28 +354,26 @@ def test_a_kubeconfig_cluster_trains_on_whole_gpus_and_keeps_off_a_time_shared_p
     script.scheduler = True
     l4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     fake.seed(nodes=1, gpu_nodes=((4, TIME_SHARED), (4, TIME_SHARED), (1, l4), (1, l4)))
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "3")
+    spec = fake.kubeconfig_spec(tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "3")
     assert ran.error_lines and "--nodes 3 but cluster 'fake' has 2 node(s)" in ran.error_lines[0]
     assert (
         "leaving out 2 GPU node(s) whose GPUs are shared or partitioned (time-sharing, 4 clients per GPU "
         "(cloud.google.com/gke-gpu-sharing-strategy))"
     ) in ran.out
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "2", "--run", "w", *QUICK)
+    ran = task("train", "--cluster", spec, "--nodes", "2", "--run", "w", *QUICK)
     assert ran.code == 0, ran.err
     (job,) = training_jobs(fake)
     assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    ranks = fake.nodes_of(job["metadata"]["name"])
     assert ranks == ["gpu-node-2", "gpu-node-3"], fake.bound  # not gpu-node-0 and 1, which come first
 
 
 def test_a_cluster_whose_every_gpu_is_shared_or_partitioned_is_refused(fake, script, task, tmp_path):
     mig = {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100", "cloud.google.com/gke-gpu-partition-size": "1g.5gb"}
     fake.seed(nodes=1, gpu_nodes=((7, mig), (4, TIME_SHARED)), claim=False)
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "1", *QUICK)
+    spec = fake.kubeconfig_spec(tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "1", *QUICK)
     assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
     assert ran.error_lines[0].endswith(
         "cluster 'fake': its 2 GPU node(s) share or partition their GPUs (MIG partitions of 1g.5gb "
@@ -402,9 +398,8 @@ def test_gpu_feature_discoverys_shared_and_mig_nodes_are_told_from_whole_ones(fa
     # three MIG nodes outnumber the whole one, which trains, pinned by its product (the MIG nodes differ in no
     # other label a node selector could name)
     fake.seed(nodes=1, gpu_nodes=((7, mig), (7, mig), (7, mig), (8, whole)))
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
-    ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "1", "--run", "m", "--dry-run")
+    spec = fake.kubeconfig_spec(tmp_path)
+    ran = task("train", "--cluster", spec, "--nodes", "1", "--run", "m", "--dry-run")
     assert ran.code == 0, ran.err
     job = next(d for d in yaml.safe_load_all(ran.out[ran.out.index("---") :]) if d and d["kind"] == "Job")
     pod = job["spec"]["template"]["spec"]
@@ -422,10 +417,9 @@ def test_a_cluster_of_tainted_gpu_nodes_only_is_refused_before_anything_is_made(
     script.scheduler = True
     gke = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     fake.seed(nodes=0, gpu_nodes=((1, gke), (1, gke)), claim=False)
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(pytest.importorskip("tests.launcher.kube.fake").kubeconfig(fake.url)))
+    spec = fake.kubeconfig_spec(tmp_path)
     for argv in (("train", "--nodes", "2", *QUICK), ("setup",)):
-        ran = task(*argv, "--cluster", f"kubeconfig:{path}")
+        ran = task(*argv, "--cluster", spec)
         assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
         assert (
             "every schedulable node is tainted (nvidia.com/gpu:NoSchedule), and the helper pods (setup, staging, "
@@ -434,14 +428,14 @@ def test_a_cluster_of_tainted_gpu_nodes_only_is_refused_before_anything_is_made(
     assert fake.created_jobs == [] and fake.pods() == []
     assert fake.core.list_namespaced_persistent_volume_claim("nanocluster").items == []  # no claim made either
     # a task that starts no pod is not refused
-    ran = task("status", "--cluster", f"kubeconfig:{path}")
+    ran = task("status", "--cluster", spec)
     assert "every schedulable node" not in ran.out + ran.err, ran.err
     # one untainted node is enough: the staging Job runs there
     fake.core.create_node(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "system-0"}, "status": {"allocatable": {"cpu": "2"}}}
     )
     fake.core.patch_node("system-0", {"status": {"allocatable": {"cpu": "1930m", "memory": "5800Mi"}}})
-    ran = task("setup", "--cluster", f"kubeconfig:{path}")
+    ran = task("setup", "--cluster", spec)
     assert ran.code == 0, ran.err
     assert set(fake.bound.values()) == {"system-0"}
 

@@ -73,14 +73,6 @@ def as_node(body: dict) -> client.V1Node:
     )
 
 
-def kubeconfig_path(fake, tmp_path) -> str:
-    from tests.launcher.kube.fake import kubeconfig
-
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump(kubeconfig(fake.url)))
-    return f"kubeconfig:{path}"
-
-
 def helper_pods(fake) -> list[dict]:
     return [j["spec"]["template"]["spec"] for j in fake.created_jobs if j["spec"].get("completionMode") != "Indexed"]
 
@@ -128,7 +120,7 @@ def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system
         fake.core.create_node(node_body(f"pool-{i}", "7910m", "27Gi", machine="t2a-standard-8", arch="arm64"))
     for node in ("cp", "sys", "pool-0", "pool-1", "pool-2"):
         fake.daemonset_pod(node, {"cpu": "300m", "memory": "600Mi"})
-    spec = kubeconfig_path(fake, tmp_path)
+    spec = fake.kubeconfig_spec(tmp_path)
     ran = task("train", "--cluster", spec, "--nodes", "4")
     assert ran.error_lines and "--nodes 4 but cluster 'fake' has 3 node(s)" in ran.error_lines[0]
     assert "training on 3 of the 5 schedulable node(s) (t2a-standard-8)" in ran.out
@@ -147,7 +139,7 @@ def test_a_kubeconfig_cluster_trains_on_its_pool_not_its_control_plane_or_system
     for helper in helper_pods(fake):
         assert helper["nodeSelector"] == {"kubernetes.io/arch": "arm64"} and qos_class(helper) == "Burstable"
     # the ranks on the pool, one per node; the helpers on an arm64 node with room, never the control plane
-    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    ranks = fake.nodes_of(job["metadata"]["name"])
     assert ranks == ["pool-0", "pool-1", "pool-2"]
     assert "cp" not in fake.bound.values()
 
@@ -158,14 +150,14 @@ def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task
     nodes, and the scheduler places them (a pod sized to the reserve stayed Pending for good)."""
     script.scheduler = True
     fake.seed(nodes=3, daemonset_requests={"cpu": "1200m", "memory": "1500Mi"})  # nodes of 3920m, 15 GiB
-    spec = kubeconfig_path(fake, tmp_path)
+    spec = fake.kubeconfig_spec(tmp_path)
     ran = task("train", "--cluster", spec, "--nodes", "3", "--run", "d", "--recover-timeout", "20", *QUICK)
     assert ran.code == 0, ran.err
     (job,) = training_jobs(fake)
     # whole CPUs of 3.92 less the agents' 1.2 and the supervisor's 0.1; 15 GiB less 1500 and 256 MiB
     assert container(job)["resources"]["limits"] == {"cpu": "2", "memory": f"{15 * 1024 - 1500 - 256}Mi"}
     assert [v["value"] for v in container(job)["env"] if v["name"] == "OMP_NUM_THREADS"] == ["2"]
-    ranks = sorted(node for pod, node in fake.bound.items() if pod.startswith(job["metadata"]["name"] + "-"))
+    ranks = fake.nodes_of(job["metadata"]["name"])
     assert ranks == ["node-0", "node-1", "node-2"]
     # the run's supervisor, which starts first, may take a training node: that node's pod still fits
     supervisor = objects.supervisor_job("s", "nanocluster", "d", "claim", "sa", ["python"], {}, {})
@@ -179,7 +171,7 @@ def test_a_pod_fits_beside_daemonsets_larger_than_the_reserve(fake, script, task
 def test_daemonsets_within_the_reserve_keep_the_reserve(fake, script, task, tmp_path):
     script.scheduler = True
     fake.seed(nodes=2, daemonset_requests={"cpu": "200m", "memory": "300Mi"})
-    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
+    ran = task("train", "--cluster", fake.kubeconfig_spec(tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
     assert ran.code == 0, ran.err
     assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out  # 3.92 - 0.5; 15 GiB - 1 GiB
 
@@ -188,7 +180,7 @@ def test_daemonsets_that_cannot_be_listed_keep_the_reserve_and_say_so(fake, task
     """An operator allowed only the namespace cannot list the nodes' pods: the reserve, not an error."""
     fake.seed(nodes=2, daemonset_requests={"cpu": "1200m", "memory": "1500Mi"})
     refused = fake.faults.add("/api/v1/pods?", [403] * 10)
-    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
+    ran = task("train", "--cluster", fake.kubeconfig_spec(tmp_path), "--nodes", "2", "--run", "r", "--dry-run")
     assert ran.code == 0, ran.err
     assert refused.given, "the pods were listed: the fault was never served"
     assert "cpu: '3'\n" in ran.out and f"memory: {14 * 1024}Mi" in ran.out  # the reserve, not the agents' 1.2
@@ -227,7 +219,7 @@ def test_a_node_agents_requests_are_counted_as_the_scheduler_counts_them():
 def test_no_node_that_takes_training_pods_is_one_line(fake, task, tmp_path):
     fake.seed(nodes=0)
     fake.core.create_node(node_body("cp", "3920m", "7Gi", taints=(CONTROL_PLANE_TAINT,)))
-    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "1")
+    ran = task("train", "--cluster", fake.kubeconfig_spec(tmp_path), "--nodes", "1")
     assert ran.error_lines and ran.error_lines[0].endswith(
         "cluster 'fake' has no node that can take a training pod (1 schedulable, tainted "
         "node-role.kubernetes.io/control-plane:NoSchedule): add nodes (or a node pool) first"
@@ -243,7 +235,7 @@ def test_a_mixed_gpu_cluster_trains_on_gpu_nodes_and_helpers_follow_their_arch(f
         body = node_body(f"g2-{i}", "23", "85Gi", machine="g2-standard-24", taints=(GPU_TAINT,), gpus=2)
         body["metadata"]["labels"] |= gke
         fake.core.create_node(body)
-    spec = kubeconfig_path(fake, tmp_path)
+    spec = fake.kubeconfig_spec(tmp_path)
     ran = task("train", "--cluster", spec, "--nodes", "3")
     assert ran.error_lines and "--nodes 3 but cluster 'fake' has 2 node(s)" in ran.error_lines[0]
     assert "training on the 2 GPU node(s) (2 x nvidia-l4 each); the other 1 node(s) run the helper Jobs" in ran.out
@@ -263,7 +255,7 @@ def test_nodes_without_a_zone_label_get_no_zone_affinity(fake, task, tmp_path):
     fake.seed(nodes=0)
     for i in range(2):
         fake.core.create_node(node_body(f"n-{i}", "3920m", "15Gi", zone=""))
-    ran = task("train", "--cluster", kubeconfig_path(fake, tmp_path), "--nodes", "2", "--run", "z", *QUICK)
+    ran = task("train", "--cluster", fake.kubeconfig_spec(tmp_path), "--nodes", "2", "--run", "z", *QUICK)
     assert ran.code == 0, ran.err
     (job,) = training_jobs(fake)
     assert set(job["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}
