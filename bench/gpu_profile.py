@@ -4,7 +4,9 @@
 
 The step is the trainer's own (model.training.trainer's train_step: compiled, bf16 autocast where the GPU
 has it, the step guard, fused AdamW) on GPT-2 small at block 1024, as bench/gpu_vs_nanogpt.py runs it;
-key=value overrides change the trainer config (health.guard=false, ...).
+key=value overrides change the trainer config (health.guard=false, ...). CUDA graphs are off
+(cuda_graphs=false) unless an override turns them on: a graph's replay hides which operator launched
+each kernel.
 After --warmup steps (compilation) it profiles --steps steps and prints: the wall time per step, the
 GPU's busy time per step (the sum of its kernels: the rest is the GPU waiting for the host), and the
 --top kernels by GPU time, each with its share of the busy time, grouped into GEMMs, attention and
@@ -146,6 +148,7 @@ def main() -> None:
                 f"data_dir={data}",
                 f"out_dir={Path(work) / 'out'}",
                 "peak_flops=989e12",
+                "cuda_graphs=false",
                 *trainer_overrides(gpt2_small_run(args.batch_size)),
                 *args.overrides,
             ],

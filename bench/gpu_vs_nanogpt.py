@@ -9,8 +9,9 @@ on the same synthetic tokens (uniform random GPT-2 ids, written once as the uint
 both programs read), one process at a time, in interleaved rounds (the order alternates). nanoGPT runs
 from the directory given (its train.py, model.py and configurator.py; never copied here) with
 device=cuda, dtype=bfloat16, compile=True. The trainer runs with device=cuda, mixed_precision=bf16,
-compile=true. Shape arguments differ only where the programs' own defaults do: nanoGPT pads the
-vocabulary to 50,304 and has no biases; the trainer keeps GPT-2's 50,257 and biases.
+compile=true (and so, in one process, CUDA graphs: cuda_graphs auto). Shape arguments differ only
+where the programs' own defaults do: nanoGPT pads the vocabulary to 50,304 and has no biases; the
+trainer keeps GPT-2's 50,257 and biases.
 
 Each program's step time is what it logs per iteration; the first --warmup steps (compilation, the
 first evaluation) are left out and the median of the next --steps is kept, then the process is killed
@@ -27,8 +28,8 @@ health work (health.interval=0 health.guard=false: no statistics, no step guard)
 (fused_loss=false: the logits, then F.cross_entropy, as nanoGPT computes it), with Inductor's C++
 wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
 compile), with deterministic=true (what exact resume on a GPU costs), in nanoGPT's shape
-(model.bias=false), with two choices the trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1,
-kernels picked by timing), CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1, one process only) and
+(model.bias=false), without CUDA graphs (cuda_graphs=false: what they are worth), with choices the
+trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1, kernels picked by timing) and
 coordinate-descent tuning (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1: block sizes refined by timing), and with
 Triton GEMM templates chosen by rule under deterministic=true (tritongemm). A variant
 that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
@@ -192,14 +193,14 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         f"{args.steps} steps; MFU = tokens/s x {flops / 1e6:.1f} MFLOP/token (6N + 12LHQT) "
         f"/ {args.peak_tflops:g} TFLOP/s"
     )
-    print(f"{'program':<18}{'precision':<44}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
+    print(f"{'program':<22}{'precision':<44}{'ms/step':>9}{'tokens/s':>11}{'MFU':>8}")
     rates, mfu = {}, {}  # tokens/s and MFU (%) by program
     for program in programs:
         ms = statistics.median(program.steps_ms)
         rates[program.name] = tokens_per_step * 1000 / ms
         mfu[program.name] = 100 * rates[program.name] * flops / peak
         print(
-            f"{program.name:<18}{program.precision:<44}{ms:>9.1f}{rates[program.name]:>11.0f}{mfu[program.name]:>7.1f}%"
+            f"{program.name:<22}{program.precision:<44}{ms:>9.1f}{rates[program.name]:>11.0f}{mfu[program.name]:>7.1f}%"
         )
     ratio = rates["nanocluster"] / rates["nanoGPT"]
     print(
@@ -239,12 +240,12 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "nanocluster-deterministic": (["deterministic=true"], {}),
     # nanoGPT's own shape (no biases; both pad the output projection to 50,304 rows): the same model.
     "nanocluster-nobias": (["model.bias=false"], {}),
+    # What CUDA graphs (on in one process) are worth: each kernel launched on its own instead.
+    "nanocluster-nographs": (["cuda_graphs=false"], {}),
     # What the choices the trainer leaves out would be worth. max-autotune (GEMM templates with the
     # bias and GELU in their epilogues) picks kernels by timing, so a resumed run would no longer match
-    # bit for bit; CUDA graphs replay the same kernels, but only in one process (DDP's hooks run
-    # between the graphs' kernels).
+    # bit for bit.
     "nanocluster-autotune": ([], {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}),
-    "nanocluster-cudagraphs": ([], {"TORCHINDUCTOR_CUDAGRAPHS": "1"}),
     # Inductor's coordinate-descent tuning: each pointwise and reduction kernel's block sizes refined by
     # timing their neighbours (a longer compile; chosen by timing, so not exact across processes).
     "nanocluster-coordesc": ([], {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),

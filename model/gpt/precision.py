@@ -277,9 +277,56 @@ def compile_enabled(setting: bool | None, device_type: str) -> bool:
     return device_type == "cuda" if setting is None else setting
 
 
-def maybe_compile(model: nn.Module, enabled: bool) -> nn.Module:
-    """torch.compile(model) when enabled (the first steps are slow while it compiles); else model."""
+def cuda_graphs_choice(setting: bool | None, device_type: str, compiled: bool, world_size: int) -> tuple[bool, str]:
+    """TrainConfig.cuda_graphs: (whether the compiled step replays as CUDA graphs, why, for the start line).
+
+    A graph launches the step's kernels at once, so the GPU no longer waits a few microseconds between
+    kernels (bench/gpu_vs_nanogpt.py --diagnose --variants nographs measures what that is worth). Auto
+    turns it on for one process on a GPU with the model compiled. Not with several processes: DDP's
+    gradient hooks run between the compiled graphs' kernels and start NCCL's all-reduces there. A
+    forced true where it cannot apply is a ConfigError naming why."""
+    if setting is False:
+        return False, "cuda_graphs=false"
+    if device_type != "cuda":
+        why = "the model is not on a GPU"
+    elif not compiled:
+        why = "the model is not compiled (compile=false)"
+    elif world_size > 1:
+        why = f"{world_size} processes, whose DDP gradient hooks run between the graphs"
+    else:
+        return True, "cuda_graphs=true" if setting else "auto: one process on a GPU, compiled"
+    if setting:
+        raise ConfigError(
+            f"cuda_graphs=true needs one process on a GPU with compile on, and here {why}: leave "
+            "cuda_graphs unset (auto) or set it false"
+        )
+    return False, why
+
+
+def keep_gradients_outside_graphs(model: nn.Module) -> None:
+    """Give every trainable parameter a zero gradient allocated here, outside the CUDA graphs' memory.
+
+    A gradient that backward creates is the graph's output, in the graphs' private memory, and the
+    next micro-step's forward replays over it: torch invalidates it then, so a gradient accumulated
+    over several micro-steps must live in buffers of its own (torch's cudagraph_trees error says as
+    much). The trainer then clears gradients to zero rather than dropping them."""
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def cuda_graph_skips() -> int:
+    """How many compiled graphs Inductor has left to run without CUDA graphs in this process (a graph
+    that mutates its inputs, say); it says why only under TORCH_LOGS=cudagraphs."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def maybe_compile(model: nn.Module, enabled: bool, cuda_graphs: bool = False) -> nn.Module:
+    """torch.compile(model) when enabled (the first steps are slow while it compiles), replaying CUDA
+    graphs with cuda_graphs (the reduce-overhead mode); else model."""
     if not enabled:
         return model
     # An OptimizedModule (an nn.Module); torch.compile's overloads say only Callable.
-    return cast(nn.Module, torch.compile(model))
+    return cast(nn.Module, torch.compile(model, mode="reduce-overhead" if cuda_graphs else None))

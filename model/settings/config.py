@@ -143,6 +143,11 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
     on a CPU no (bench/train_step.py weighs it there)."""
+    cuda_graphs: bool | None = None
+    """Replay each compiled step as CUDA graphs (torch.compile's reduce-overhead mode): the GPU runs the
+    step's few hundred kernels without a launch each. None (auto): on when one process trains on a GPU
+    with the model compiled; off with several processes, whose DDP gradient hooks run between the
+    compiled graphs (model.gpt.precision.cuda_graphs_choice). true where it cannot apply is an error."""
     fused_loss: bool = True
     """The output projection and cross-entropy as one fused step that never writes fp32 logits (a
     CPU kernel; a Triton kernel on a CUDA GPU in bf16 or fp32). false: the logits, then
@@ -271,6 +276,16 @@ class TrainConfig:
                 "mixed_precision",
                 not (self.device == "cpu" and self.mixed_precision == "fp16"),
                 "auto, fp32 or bf16 with device=cpu (fp16 needs a GPU)",
+            ),
+            (
+                "cuda_graphs",
+                not (self.cuda_graphs and (self.device == "cpu" or self.compile is False)),
+                "unset (auto) or false with device=cpu or compile=false (CUDA graphs replay a compiled GPU step)",
+            ),
+            (
+                "cuda_graphs",
+                not (self.cuda_graphs and (self.expected_world_size or 1) > 1),
+                "unset (auto) or false with several ranks (DDP's gradient hooks run between the graphs)",
             ),
             ("threads", self.threads >= 0, ">= 0 (0 keeps torch's default)"),
             ("seed", 0 <= self.seed < 2**31, "in [0, 2^31)"),

@@ -31,6 +31,8 @@ from model.gpt.precision import (
     choose_precision,
     compile_enabled,
     cpu_bf16_capable,
+    cuda_graphs_choice,
+    keep_gradients_outside_graphs,
     maybe_compile,
     maybe_ipex_optimize,
 )
@@ -108,7 +110,15 @@ class TrainerState:
         # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
         self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
         self.pending_verdict: tuple[step_guard.DeviceVerdict, int] | None = None
-        self.model = maybe_compile(self.raw_model, self.compiled)
+        self.cuda_graphs, graphs_reason = cuda_graphs_choice(
+            cfg.cuda_graphs, device.type, self.compiled, env.world_size
+        )
+        self.model = maybe_compile(self.raw_model, self.compiled, self.cuda_graphs)
+        # Gradients summed over micro-steps outlive a graph's replay: they get buffers of their own,
+        # cleared to zero after each step rather than dropped (model.gpt.precision).
+        self.keep_gradients = self.cuda_graphs and cfg.gradient_accumulation_steps > 1
+        if self.keep_gradients:
+            keep_gradients_outside_graphs(self.raw_model)
         # Once: MFU's denominator, and the compute estimate grad_compression auto weighs.
         if cfg.peak_flops:
             self.peak_flops, peak_source = cfg.peak_flops, "peak_flops"
@@ -140,7 +150,8 @@ class TrainerState:
         if start.resumed_from:
             log.info("resumed from %s at iteration %d", start.resumed_from, self.iter_num)
         log.info(
-            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, IPEX %s, loss %s, deterministic %s; "
+            "model %.2fM parameters, %s, device %s, dtype %s (%s), compile %s, CUDA graphs %s, IPEX %s, loss %s, "
+            "deterministic %s; "
             "%d tokens per optimizer step; MFU against %.1f GFLOP/s per rank (%s)",
             self.raw_model.num_params() / 1e6,
             dataclasses.asdict(self.raw_model.config),
@@ -148,6 +159,7 @@ class TrainerState:
             self.precision.name + (" with a gradient scaler" if self.scaler is not None else ""),
             self.precision.reason,
             self.compiled if cfg.compile is not None or not self.on_gpu else "True (auto on a GPU)",
+            f"{'on' if self.cuda_graphs else 'off'} ({graphs_reason})",
             "applied" if ipex else "not used",
             loss_path(device.type, self.dtype) if cfg.fused_loss else "F.cross_entropy (fused_loss=false)",
             determinism,

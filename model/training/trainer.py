@@ -30,7 +30,7 @@ from model.checkpointing.snapshot_writer import capture
 from model.checkpointing.start import rng_state
 from model.conventions import CKPT_NAME, SNAPSHOT_NAME
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at
-from model.gpt.precision import autocast
+from model.gpt.precision import autocast, cuda_graph_skips
 from model.monitoring import health_probe, step_guard, step_timing
 from model.monitoring.budget import BudgetWatch
 from model.monitoring.mfu import model_flops_utilization
@@ -59,6 +59,7 @@ class Trainer(TrainerState):
             self.metrics.start(
                 self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter, self.env.world_size
             )
+        self.first_step = self.iter_num
         while True:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
@@ -78,6 +79,14 @@ class Trainer(TrainerState):
                 self.device_clock.begin(self.iter_num)
             loss = self.train_step()
             step = self.step_timer.stop()
+            if self.cuda_graphs and self.iter_num == self.first_step:  # the step's graphs are compiled now
+                skipped = cuda_graph_skips()
+                if skipped:
+                    log.warning(
+                        "CUDA graphs: Inductor runs %d compiled graph(s) without them (TORCH_LOGS=cudagraphs says "
+                        "why): those launch each kernel as before",
+                        skipped,
+                    )
             self.flush_log()  # a GPU's previous log step: this step is queued behind it, the GPU stays busy
             if self.iter_num % cfg.log_interval == 0:
                 self.log_or_defer(loss, step)
@@ -186,12 +195,17 @@ class Trainer(TrainerState):
                 guard.applied(float(loss))
         elif self.scaler is not None:
             self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_gradients()
         if probe is not None:
             health_probe.record_health(self, probe)
         if guard is not None and problem is not None:  # nothing was applied: record it, roll back if due
             step_guard.skip_step(self, guard, *problem)
         return loss
+
+    def clear_gradients(self) -> None:
+        """After a step: drop the gradients, or zero them where they must keep their buffers (CUDA graphs
+        with gradient accumulation, model.training.state)."""
+        self.optimizer.zero_grad(set_to_none=not self.keep_gradients)
 
     def optimizer_step(self) -> None:
         """optimizer.step(), through the gradient scaler when there is one (it skips an overflowing step)."""
@@ -226,7 +240,7 @@ class Trainer(TrainerState):
         del self.optimizer.found_inf  # type: ignore[attr-defined]
         if self.scaler is not None:
             self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_gradients()
         verdict.send()
         if probe is not None:
             health_probe.record_health(self, probe)

@@ -9,7 +9,7 @@ import torch
 
 from model.gpt import device as device_module
 from model.gpt.device import CudaFacts, choose_device, cuda_facts, describe_device, resolve_device
-from model.gpt.precision import Precision, choose_precision, compile_enabled
+from model.gpt.precision import Precision, choose_precision, compile_enabled, cuda_graphs_choice
 from model.monitoring.mfu import datasheet_peak, gpu_peak_flops
 from model.parallel import distributed
 from model.parallel.distributed import DistributedSetupError, resolve_backend
@@ -160,6 +160,47 @@ def test_compile_is_on_by_default_on_a_gpu_only() -> None:
     assert load_config(None, []).compile is None
     assert compile_enabled(None, "cuda") and not compile_enabled(None, "cpu")
     assert not compile_enabled(False, "cuda") and compile_enabled(True, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("setting", "device_type", "compiled", "world_size", "on", "why"),
+    [
+        (None, "cuda", True, 1, True, "auto: one process on a GPU, compiled"),
+        (True, "cuda", True, 1, True, "cuda_graphs=true"),
+        (False, "cuda", True, 1, False, "cuda_graphs=false"),
+        (None, "cuda", True, 8, False, "8 processes, whose DDP gradient hooks run between the graphs"),
+        (None, "cuda", False, 1, False, "the model is not compiled (compile=false)"),
+        (None, "cpu", True, 1, False, "the model is not on a GPU"),
+        (None, "cpu", False, 4, False, "the model is not on a GPU"),
+    ],
+)
+def test_cuda_graphs_replay_the_step_of_one_compiled_gpu_process(setting, device_type, compiled, world_size, on, why):
+    assert cuda_graphs_choice(setting, device_type, compiled, world_size) == (on, why)
+
+
+@pytest.mark.parametrize(
+    ("device_type", "compiled", "world_size", "named"),
+    [("cpu", True, 1, "not on a GPU"), ("cuda", False, 1, "not compiled"), ("cuda", True, 2, "2 processes")],
+)
+def test_cuda_graphs_forced_where_they_cannot_apply_are_refused_with_the_reason(
+    device_type, compiled, world_size, named
+):
+    with pytest.raises(ConfigError, match=rf"^cuda_graphs=true needs one process on a GPU .*{named}.*: leave"):
+        cuda_graphs_choice(True, device_type, compiled, world_size)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["device=cpu"], "device=cpu or compile=false"),
+        (["compile=false"], "device=cpu or compile=false"),
+        (["expected_world_size=2"], "several ranks"),
+    ],
+)
+def test_a_config_forcing_cuda_graphs_where_they_cannot_apply_is_refused_before_the_run(overrides, named):
+    with pytest.raises(ConfigError, match=rf"^cuda_graphs must be unset \(auto\) or false with {named}"):
+        load_config(None, ["cuda_graphs=true", *overrides])
+    assert load_config(None, ["cuda_graphs=false", *overrides]).cuda_graphs is False
 
 
 # --- MFU's peak ----------------------------------------------------------------------------------

@@ -131,7 +131,28 @@ def test_matching_ipex_optimizes_model_and_optimizer(monkeypatch: pytest.MonkeyP
 def test_compile_only_when_enabled() -> None:
     model = torch.nn.Linear(2, 2)
     assert precision.maybe_compile(model, enabled=False) is model
+    assert precision.maybe_compile(model, enabled=False, cuda_graphs=True) is model
     assert precision.maybe_compile(model, enabled=True) is not model
+
+
+def test_cuda_graphs_compile_in_the_reduce_overhead_mode(monkeypatch) -> None:
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    model = torch.nn.Linear(2, 2)
+    precision.maybe_compile(model, enabled=True, cuda_graphs=True)
+    precision.maybe_compile(model, enabled=True)
+    assert modes == ["reduce-overhead", None]
+
+
+def test_gradients_kept_outside_the_graphs_are_zero_buffers_of_each_trainable_parameter() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    model[1].bias.requires_grad_(False)
+    precision.keep_gradients_outside_graphs(model)
+    assert model[1].bias.grad is None
+    kept = [p for p in model.parameters() if p.requires_grad]
+    assert len(kept) == 3
+    for p in kept:
+        assert p.grad is not None and p.grad.shape == p.shape and not p.grad.any()
 
 
 # Training steps of a model whose logits (2 x 256 x 50257 fp32 = 103 MB) exceed glibc's mmap threshold.

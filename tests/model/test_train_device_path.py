@@ -15,12 +15,14 @@ import torch
 from model import train
 from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 from model.checkpointing.start import StartState, restore_rng, rng_state
+from model.conventions import SNAPSHOT_NAME
 from model.gpt.optim import clip_gradients
 from model.monitoring import step_timing
 from model.monitoring.step_guard import StepGuard
 from model.parallel.distributed import RankEnv
 from model.settings.config import load_config
 from model.settings.health_config import HealthConfig
+from model.training import state as state_module
 from model.training.trainer import Trainer
 from tests.model.conftest import TINY_RUN
 from tests.model.test_health import StepRecorder, assert_bitwise_equal, records, run_args
@@ -115,6 +117,39 @@ def test_consecutive_bad_steps_judged_on_the_device_still_roll_back(tmp_path, ra
     (rollback,) = records(tmp_path, "rollback")
     assert rollback["to_iter"] == 4  # settled a step late: at iteration 8's step, before its eval
     assert math.isfinite(records(tmp_path, "train")[-1]["loss"])
+
+
+def test_gradients_kept_for_cuda_graphs_train_the_weights_that_dropped_ones_do(tmp_path, random_tokens, monkeypatch):
+    """CUDA graphs with gradient accumulation (a GPU's default) keep each gradient in one buffer of its
+    own, zeroed after each step rather than dropped (model.gpt.precision.keep_gradients_outside_graphs).
+    Here the trainer's choice is forced on, on the CPU with compile off: a run with a skipped step and
+    a rollback on the way ends with the weights of the same run with gradients dropped, bit for bit."""
+    guard_on_device(monkeypatch)
+    faults = ("health.rollback_after=2", "health.test_fault=nan:0@5-6")
+    extra = ("gradient_accumulation_steps=3", "max_iters=10", "eval_interval=4", *faults)
+    buffers: dict[str, list[list[int | None]]] = {"dropped": [], "kept": []}
+    original = Trainer.train_step
+
+    def step(self):
+        loss = original(self)
+        buffers["kept" if self.keep_gradients else "dropped"].append(
+            [None if p.grad is None else id(p.grad) for p in self.raw_model.parameters()]
+        )
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert train.main(run_args(tmp_path / "dropped", random_tokens, *extra)) == 0
+    monkeypatch.setattr(state_module, "cuda_graphs_choice", lambda *args: (True, "forced by the test"))
+    assert train.main(run_args(tmp_path / "kept", random_tokens, *extra)) == 0
+
+    assert len(buffers["dropped"]) == len(buffers["kept"]) == 10
+    assert all(grad is None for grads in buffers["dropped"] for grad in grads)
+    first = buffers["kept"][0]
+    assert None not in first and all(grads == first for grads in buffers["kept"])  # the same buffers throughout
+    assert [r["iter"] for r in records(tmp_path / "kept", "skip")] == [5, 6]
+    assert [r["to_iter"] for r in records(tmp_path / "kept", "rollback")] == [4]
+    snapshots = [torch.load(tmp_path / run / "run" / SNAPSHOT_NAME, weights_only=False) for run in buffers]
+    assert_bitwise_equal(snapshots[0]["model"], snapshots[1]["model"])
 
 
 def test_a_spike_judged_on_the_device_uses_the_threshold_the_host_knows() -> None:
