@@ -29,8 +29,10 @@ health work (health.interval=0 health.guard=false: no statistics, no step guard)
 wrapper (TORCHINDUCTOR_CPP_WRAPPER=1: the compiled kernels launched from C++, not Python; slower to
 compile), with deterministic=true (what exact resume on a GPU costs), in nanoGPT's shape
 (model.bias=false), without CUDA graphs (cuda_graphs=false: what they are worth), with choices the
-trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1, kernels picked by timing) and
-coordinate-descent tuning (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1: block sizes refined by timing), and with
+trainer leaves out: max-autotune (TORCHINDUCTOR_MAX_AUTOTUNE=1, kernels picked by timing),
+coordinate-descent tuning (TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1: block sizes refined by timing) and
+Programmatic Dependent Launch on Hopper (TORCHINDUCTOR_ENABLE_PDL=1: a kernel starts while the one before
+it drains), and with
 Triton GEMM templates chosen by rule under deterministic=true (tritongemm). A variant
 that fails or outlasts --timeout is left out with one line. --shape adds nanoGPT in
 the trainer's shape (GPT-2's 50,257-word vocabulary, read from a meta.pkl beside the tokens as nanoGPT
@@ -246,6 +248,9 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     # bias and GELU in their epilogues) picks kernels by timing, so a resumed run would no longer match
     # bit for bit.
     "nanocluster-autotune": ([], {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}),
+    # Programmatic Dependent Launch (Hopper and later): each Triton kernel may start while the one before
+    # it finishes, waiting in-kernel for its inputs; the same arithmetic, launched earlier.
+    "nanocluster-pdl": ([], {"TORCHINDUCTOR_ENABLE_PDL": "1"}),
     # Inductor's coordinate-descent tuning: each pointwise and reduction kernel's block sizes refined by
     # timing their neighbours (a longer compile; chosen by timing, so not exact across processes).
     "nanocluster-coordesc": ([], {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
