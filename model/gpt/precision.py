@@ -315,12 +315,14 @@ def keep_gradients_outside_graphs(model: nn.Module) -> None:
             p.grad = torch.zeros_like(p)
 
 
-def cuda_graph_skips() -> int:
-    """How many compiled graphs Inductor has left to run without CUDA graphs in this process (a graph
-    that mutates its inputs, say); it says why only under TORCH_LOGS=cudagraphs."""
+def cuda_graph_gaps() -> tuple[int, int]:
+    """What Inductor has left outside CUDA graphs in this process so far, as it counts it: (skips: a
+    compiled graph run without them, one that mutates its inputs say, possibly counted again when read
+    back from its cache; partitions: pieces of graphs split around work a graph cannot hold). It says
+    why only under TORCH_LOGS=cudagraphs."""
     from torch._dynamo.utils import counters
 
-    return int(counters["inductor"]["cudagraph_skips"])
+    return int(counters["inductor"]["cudagraph_skips"]), int(counters["inductor"]["cudagraph_partitions"])
 
 
 def maybe_compile(model: nn.Module, enabled: bool, cuda_graphs: bool = False) -> nn.Module:

@@ -66,7 +66,7 @@ def warm_up_buckets(trainer: ResumingTrainer) -> float | None:
     with autocast(trainer.dtype, trainer.device.type):
         _, loss = trainer.ddp(x, y)
     loss.backward()
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.optimizer.zero_grad(set_to_none=True)  # DDP: no CUDA graphs, so no gradient buffers to keep
     torch.set_rng_state(rng)
     if gpu_rng is not None:
         torch.cuda.set_rng_state(gpu_rng, trainer.device)

@@ -30,7 +30,7 @@ from model.checkpointing.snapshot_writer import capture
 from model.checkpointing.start import rng_state
 from model.conventions import CKPT_NAME, SNAPSHOT_NAME
 from model.gpt.optim import clip_gradients, gradient_norm, learning_rate_at
-from model.gpt.precision import autocast, cuda_graph_skips
+from model.gpt.precision import autocast, cuda_graph_gaps
 from model.monitoring import health_probe, step_guard, step_timing
 from model.monitoring.budget import BudgetWatch
 from model.monitoring.mfu import model_flops_utilization
@@ -60,6 +60,7 @@ class Trainer(TrainerState):
                 self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter, self.env.world_size
             )
         self.first_step = self.iter_num
+        self.graph_gaps_reported = (0, 0)
         while True:
             resuming_here = self.iter_num == self.start_iter
             at_end = self.iter_num >= cfg.max_iters
@@ -67,6 +68,7 @@ class Trainer(TrainerState):
                 self.flush_log()
                 self.settle_guard()
                 self.eval_and_checkpoint()
+                self.report_graph_gaps()  # the evaluation's graph compiles at the first eval
                 self.realign()
                 if self.device_clock is not None:
                     self.device_clock.reset()
@@ -79,14 +81,8 @@ class Trainer(TrainerState):
                 self.device_clock.begin(self.iter_num)
             loss = self.train_step()
             step = self.step_timer.stop()
-            if self.cuda_graphs and self.iter_num == self.first_step:  # the step's graphs are compiled now
-                skipped = cuda_graph_skips()
-                if skipped:
-                    log.warning(
-                        "CUDA graphs: Inductor runs %d compiled graph(s) without them (TORCH_LOGS=cudagraphs says "
-                        "why): those launch each kernel as before",
-                        skipped,
-                    )
+            if self.iter_num == self.first_step:  # the step's graphs are compiled now
+                self.report_graph_gaps()
             self.flush_log()  # a GPU's previous log step: this step is queued behind it, the GPU stays busy
             if self.iter_num % cfg.log_interval == 0:
                 self.log_or_defer(loss, step)
@@ -96,6 +92,20 @@ class Trainer(TrainerState):
             if self.stop_signal is not None and self.stop_signal.agreed(self.env.world_size):
                 self.flush_log()
                 self.snapshot_and_stop(self.stop_signal)
+
+    def report_graph_gaps(self) -> None:
+        """With CUDA graphs, one warning each time Inductor has left more compiled work outside them."""
+        if not self.cuda_graphs or not self.is_rank0:
+            return
+        gaps = cuda_graph_gaps()
+        if gaps == self.graph_gaps_reported:
+            return
+        self.graph_gaps_reported = gaps
+        log.warning(
+            "CUDA graphs: Inductor left compiled work outside them (%d skip(s), %d partition(s) so far; "
+            "TORCH_LOGS=cudagraphs says why): that work launches each kernel as before",
+            *gaps,
+        )
 
     def snapshot_and_stop(self, stop: StopSignal) -> None:
         """Every rank, after the same completed step: the snapshot collective, then StopRequested

@@ -96,20 +96,28 @@ def scratch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     # One micro-batch a step, as bench/gpu_vs_nanogpt.py runs: CUDA graphs with each step's gradients
     # dropped after it (the compiled resume below accumulates 8, into gradients kept outside the graphs).
     log = train(
-        *args, f"data_dir={data}", f"out_dir={out}", "max_iters=4", "eval_interval=2", "gradient_accumulation_steps=1"
+        *args,
+        f"data_dir={data}",
+        f"out_dir={out}",
+        "max_iters=4",
+        "eval_interval=2",
+        "gradient_accumulation_steps=1",
+        **GRAPHS_OR_ERROR,
     )
     return out, log
 
 
 GRAPHS_ON = "CUDA graphs on (auto: one process on a GPU, compiled)"
-GRAPHS_SKIPPED = "CUDA graphs: Inductor runs"
-"""The start line's choice, and the warning when Inductor ran a compiled graph without them."""
+GRAPHS_LEFT_OUT = "CUDA graphs: Inductor left"
+"""The start line's choice, and the trainer's warning when Inductor left compiled work outside them."""
+GRAPHS_OR_ERROR = {"TORCHINDUCTOR_CUDAGRAPH_OR_ERROR": "1"}
+"""Inductor raises, naming why, where it would run a compiled graph without CUDA graphs."""
 
 
 def test_one_gpu_process_replays_its_compiled_step_as_cuda_graphs(scratch_run):
     _, log = scratch_run
     assert GRAPHS_ON in log, log[-4000:]
-    assert GRAPHS_SKIPPED not in log, log[-4000:]
+    assert GRAPHS_LEFT_OUT not in log, log[-4000:]
 
 
 def test_device_auto_picks_the_first_gpu_and_logs_the_precision_and_why(scratch_run):
@@ -201,13 +209,17 @@ def test_a_gpu_snapshot_resumes_on_the_gpu_to_the_uninterrupted_weights(tmp_path
         "deterministic=true",
         f"compile={str(compiled).lower()}",
     )
-    straight_log = train(*without(resume_args(tmp_path, random_tokens, straight, 6), "compile="), *extra)
-    train(*without(resume_args(tmp_path, random_tokens, resumed, 3), "compile="), *extra)
-    resumed_log = train(*without(resume_args(tmp_path, random_tokens, resumed, 6), "compile="), *extra)
+    straight_log = train(
+        *without(resume_args(tmp_path, random_tokens, straight, 6), "compile="), *extra, **GRAPHS_OR_ERROR
+    )
+    train(*without(resume_args(tmp_path, random_tokens, resumed, 3), "compile="), *extra, **GRAPHS_OR_ERROR)
+    resumed_log = train(
+        *without(resume_args(tmp_path, random_tokens, resumed, 6), "compile="), *extra, **GRAPHS_OR_ERROR
+    )
 
     assert "deterministic on (deterministic algorithms" in resumed_log, resumed_log[-4000:]
     for log in (straight_log, resumed_log):  # compiled: CUDA graphs, 8 micro-batches into kept gradients
-        assert (GRAPHS_ON in log) == compiled and GRAPHS_SKIPPED not in log, log[-4000:]
+        assert (GRAPHS_ON in log) == compiled and GRAPHS_LEFT_OUT not in log, log[-4000:]
     at = RESUMED.search(resumed_log)
     assert at and int(at.group(1)) == 3, resumed_log[-4000:]
     assert trained(resumed) == trained(straight)

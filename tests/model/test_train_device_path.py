@@ -23,6 +23,7 @@ from model.parallel.distributed import RankEnv
 from model.settings.config import load_config
 from model.settings.health_config import HealthConfig
 from model.training import state as state_module
+from model.training import trainer as trainer_module
 from model.training.trainer import Trainer
 from tests.model.conftest import TINY_RUN
 from tests.model.test_health import StepRecorder, assert_bitwise_equal, records, run_args
@@ -150,6 +151,21 @@ def test_gradients_kept_for_cuda_graphs_train_the_weights_that_dropped_ones_do(t
     assert [r["to_iter"] for r in records(tmp_path / "kept", "rollback")] == [4]
     snapshots = [torch.load(tmp_path / run / "run" / SNAPSHOT_NAME, weights_only=False) for run in buffers]
     assert_bitwise_equal(snapshots[0]["model"], snapshots[1]["model"])
+
+
+def test_work_left_outside_cuda_graphs_is_reported_each_time_it_grows(tmp_path, random_tokens, monkeypatch, capsys):
+    """Inductor's counts, read after the first eval, the first step and every later eval: a warning
+    each time they grew, none while they stay."""
+    monkeypatch.setattr(state_module, "cuda_graphs_choice", lambda *args: (True, "forced by the test"))
+    counts = iter([(0, 0), (1, 0), (1, 0), (1, 3)])  # eval 0, step 0, eval 4, eval 8
+    monkeypatch.setattr(trainer_module, "cuda_graph_gaps", lambda: next(counts))
+    assert train.main(run_args(tmp_path, random_tokens, "max_iters=8", "eval_interval=4")) == 0
+    output = capsys.readouterr()
+    warnings = [line for line in (output.out + output.err).splitlines() if "CUDA graphs: Inductor left" in line]
+    assert len(warnings) == 2, warnings
+    assert "(1 skip(s), 0 partition(s) so far;" in warnings[0]
+    assert "(1 skip(s), 3 partition(s) so far;" in warnings[1]
+    assert next(counts, None) is None  # read exactly at those four points
 
 
 def test_a_spike_judged_on_the_device_uses_the_threshold_the_host_knows() -> None:
