@@ -96,7 +96,19 @@ def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home,
         )
         wait_for(lambda: reported.search(log.read_text()) or fab.poll() is not None, 120, "the slow-rank report")
         assert fab.poll() is None, "the run ended before the report"  # reported while it goes on
-        status = subprocess.run([FAB, "status", "--run", RUN], env=env, capture_output=True, text=True, timeout=60)
+        # fab status judges the last 10 logged steps: on 2 cores shared by 3 ranks another rank can be
+        # slowest over one such window, so it is asked again while the bursts go on.
+        named = re.compile(rf"slowest rank: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step")
+        statuses: list[subprocess.CompletedProcess[str]] = []
+
+        def status_names_the_slow_rank() -> bool:
+            statuses.append(
+                subprocess.run([FAB, "status", "--run", RUN], env=env, capture_output=True, text=True, timeout=60)
+            )
+            return bool(named.search(statuses[-1].stdout)) or fab.poll() is not None
+
+        wait_for(status_names_the_slow_rank, 90, "fab status naming the slow rank")
+        status = statuses[-1]
         done.set()
         bursts.join()
         os.close(pidfd)
@@ -112,6 +124,4 @@ def test_a_rank_slowed_by_stop_bursts_is_named_while_the_run_goes_on(local_home,
     output = log.read_text()
     slow, median = map(int, reported.search(output).groups())
     assert slow > 1.2 * median, output[-3000:]
-    assert re.search(rf"slowest rank: rank {SLOW_RANK} \(local{SLOW_RANK}\), compute \d+ ms per step", status.stdout), (
-        status.stdout + status.stderr
-    )
+    assert named.search(status.stdout), status.stdout + status.stderr
