@@ -59,7 +59,7 @@ class Trainer(TrainerState):
             self.metrics.start(
                 self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter, self.env.world_size
             )
-        self.first_step = self.iter_num
+        first_step = self.iter_num
         self.graph_gaps_reported = (0, 0)
         while True:
             resuming_here = self.iter_num == self.start_iter
@@ -81,7 +81,7 @@ class Trainer(TrainerState):
                 self.device_clock.begin(self.iter_num)
             loss = self.train_step()
             step = self.step_timer.stop()
-            if self.iter_num == self.first_step:  # the step's graphs are compiled now
+            if self.iter_num == first_step:  # the step's graphs are compiled now
                 self.report_graph_gaps()
             self.flush_log()  # a GPU's previous log step: this step is queued behind it, the GPU stays busy
             if self.iter_num % cfg.log_interval == 0:
