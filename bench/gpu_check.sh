@@ -5,12 +5,14 @@
 #
 # 1. environment: the GPU (nvidia-smi -L), torch and its CUDA, and that the trainer's modules import
 # 2. gpu tests:   pytest -m gpu over every test file marked gpu (tests/model/test_gpu.py and any other)
-# 3. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round: each at its
-#                 defaults, and the trainer in nanoGPT's own shape too (the same model on both sides)
-# 4. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, with deterministic=true,
+# 3. resume:      a tiny run stopped at its iteration-4 snapshot and resumed, with deterministic=true,
 #                 against the same run uninterrupted: the final parameters' sha256 must be equal
-# 5. sample:      a short run on English text (Python's own documentation), then model.sample's text
-# and one summary: PASS / FAIL / SKIP per part with its figure; exit 0 only when every part passed.
+# 4. sample:      a short run on English text (Python's own documentation), then model.sample's text
+# 5. vs nanoGPT:  bench/gpu_vs_nanogpt.py against $NANOGPT (default ./.nanogpt), one round: each at its
+#                 defaults, and the trainer in nanoGPT's own shape too (the same model on both sides)
+# and one summary: PASS / FAIL / SKIP per part with its seconds and figure; exit 0 only when every part
+# passed. Parts 3 and 4 (small models, not compiled, nothing timed) run beside part 2; part 5, the one
+# that times steps, runs after them with the GPU to itself.
 #
 # It installs nothing (a GPU machine may have no internet): it uses $PYTHON (default python3), which must
 # have a CUDA build of torch and the trainer's few packages (numpy, pyyaml, tiktoken, safetensors, pytest).
@@ -31,13 +33,31 @@ fi
 DEADLINE=$((SECONDS + 465))  # 8 minutes less the summary's few seconds
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 PARTS=()
-declare -A STATUS FIGURE
+declare -A STATUS FIGURE TOOK
+PART_STARTED=$SECONDS
 
-record() {  # record PART STATUS FIGURE
+record() {  # record PART STATUS FIGURE [SECONDS]: by default the seconds since PART_STARTED
     PARTS+=("$1")
     STATUS[$1]=$2
     FIGURE[$1]=$3
+    TOOK[$1]=${4:-$((SECONDS - PART_STARTED))}
     echo ">> $1: $2 ${3}"
+}
+
+# A part run in the background cannot reach the arrays above: it writes its verdict to a file, and
+# collect (after `wait`) prints the part's output and records that verdict.
+part_verdict() {  # part_verdict PART STATUS FIGURE, in a background part
+    printf '%s\t%s\t%s\n' "$2" "$((SECONDS - PART_STARTED))" "$3" >"$WORK/$1.verdict"
+}
+collect() {  # collect PART TITLE
+    echo "== $2"
+    cat "$WORK/$1.out" 2>/dev/null
+    if [ -s "$WORK/$1.verdict" ]; then
+        IFS=$'\t' read -r status took figure <"$WORK/$1.verdict"
+        record "$1" "$status" "$figure" "$took"
+    else
+        record "$1" FAIL "it ended without a verdict: $(tail -1 "$WORK/$1.out" 2>/dev/null | cut -c1-200)"
+    fi
 }
 
 # bounded LIMIT_S COMMAND...: the command under `timeout`, never past the deadline; 124 when out of time.
@@ -83,8 +103,83 @@ else
     record environment FAIL "the trainer does not import: $(tail -1 "$WORK/imports.err")"
 fi
 
+# --- 3. snapshot and exact resume, and 4. a short run's sample: beside the gpu tests ----------------
+# Small models, not compiled, nothing timed: they share the GPU with the tests, not with part 5.
+random_tokens='import sys
+import numpy as np
+from model.data.token_format import write_split
+tokens = np.random.default_rng(0).integers(0, 50257, 200_000)
+for split in ("train", "val"):
+    write_split(sys.argv[1], split, tokens)'
+english='import sys
+import numpy as np
+import pydoc_data.topics
+from model.data.token_format import write_split
+from model.tokenizer import EOT_TOKEN, gpt2_encoding
+enc = gpt2_encoding()
+texts = [text for _, text in sorted(pydoc_data.topics.topics.items())]
+tokens = np.array([t for text in texts for t in (*enc.encode_ordinary(text), EOT_TOKEN)])
+split = int(len(tokens) * 0.9)
+write_split(sys.argv[1], "train", tokens[:split])
+write_split(sys.argv[1], "val", tokens[split:])'
+
+resume_run() {  # resume_run OUT_DIR MAX_ITERS: the tiny run, deterministic=true; its log in OUT_DIR.log
+    bounded 60 "$PYTHON" -m model.train "${TINY[@]}" deterministic=true "data_dir=$WORK/random" "out_dir=$1" \
+        "max_iters=$2" eval_interval=4 lr_decay_iters=8 warmup_iters=1 learning_rate=3e-3 model.dropout=0.1 \
+        >>"$1.log" 2>&1
+}
+digest() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
+
+resume_part() {
+    mkdir -p "$WORK/random"
+    if ! bounded 30 "$PYTHON" -c "$random_tokens" "$WORK/random" 2>"$WORK/random.err"; then
+        part_verdict resume FAIL "writing the tokens: $(tail -1 "$WORK/random.err" | cut -c1-200)"
+    elif resume_run "$WORK/straight" 8 && resume_run "$WORK/resumed" 4 && resume_run "$WORK/resumed" 8; then
+        straight=$(digest "$WORK/straight.log") resumed=$(digest "$WORK/resumed.log")
+        at=$(grep -o 'resumed from .* at iteration [0-9]*' "$WORK/resumed.log" | awk '{print $NF}')
+        grep -E 'iter [0-9]+: loss' "$WORK/straight.log" | tail -2
+        if [ -n "$straight" ] && [ "$straight" = "$resumed" ] && [ "$at" = 4 ]; then
+            part_verdict resume PASS "stopped at 4, resumed: final sha256 $resumed = the uninterrupted run's"
+        else
+            part_verdict resume FAIL "resumed at '${at}': final sha256 '${resumed}' vs uninterrupted '${straight}'"
+        fi
+    else
+        part_verdict resume FAIL "a run failed: $(tail -n 3 "$WORK"/straight.log "$WORK"/resumed.log | tr '\n' ' ' | cut -c1-300)"
+    fi
+}
+
+sample_part() {
+    mkdir -p "$WORK/english"
+    if ! bounded 60 "$PYTHON" -c "$english" "$WORK/english" 2>"$WORK/english.err"; then
+        if grep -q TokenizerUnavailable "$WORK/english.err"; then
+            part_verdict sample SKIP "no GPT-2 vocabulary (copy ~/.cache/nanocluster/tiktoken to ./.tiktoken)"
+        else
+            part_verdict sample FAIL "tokenizing the text: $(tail -1 "$WORK/english.err" | cut -c1-200)"
+        fi
+    elif bounded 90 "$PYTHON" -m model.train "${TINY[@]}" model.n_layer=4 model.n_embd=256 model.n_head=4 \
+            block_size=128 batch_size=32 "data_dir=$WORK/english" "out_dir=$WORK/english-run" max_iters=300 \
+            eval_interval=300 learning_rate=1e-3 log_interval=100 >"$WORK/english.log" 2>&1; then
+        grep -E 'iter [0-9]+: loss|val loss|device|precision' "$WORK/english.log" | tail -4
+        bounded 60 "$PYTHON" -m model.sample --ckpt "$WORK/english-run/snapshot.pt" --prompt "The import statement" \
+            --max-new-tokens 40 --seed 1 --device cuda >"$WORK/sample.txt" 2>&1
+        code=$?
+        cat "$WORK/sample.txt"
+        text=$(tr '\n' ' ' <"$WORK/sample.txt" | cut -c1-100)
+        if [ "$code" -eq 0 ]; then part_verdict sample PASS "\"$text...\""
+        else part_verdict sample FAIL "$(failed_or_timed_out "$code"): $text"; fi
+    else
+        part_verdict sample FAIL "the training run failed: $(tail -2 "$WORK/english.log" | tr '\n' ' ' | cut -c1-300)"
+    fi
+}
+
+PART_STARTED=$SECONDS
+resume_part >"$WORK/resume.out" 2>&1 &
+resume_pid=$!
+sample_part >"$WORK/sample.out" 2>&1 &
+sample_pid=$!
+
 # --- 2. the gpu-marked tests -------------------------------------------------------------------------
-echo "== 2. gpu tests"
+echo "== 2. gpu tests (3. resume and 4. sample run beside them)"
 mapfile -t gpu_files < <(grep -rlE 'pytest\.mark\.gpu\b|mark\.gpu\b' tests --include='*.py' | sort)
 echo "files: ${gpu_files[*]}"
 if ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
@@ -102,16 +197,23 @@ else
     else record "gpu tests" FAIL "$(failed_or_timed_out "$code"): ${summary:-no summary}"; fi
 fi
 
-# --- 3. against stock nanoGPT --------------------------------------------------------------------
-echo "== 3. vs nanoGPT ($NANOGPT)"
+# Both background parts are bounded (each command under `timeout`, none past the deadline).
+wait "$resume_pid" "$sample_pid"
+collect resume "3. resume"
+collect sample "4. sample"
+
+# --- 5. against stock nanoGPT: last, with the GPU to itself ----------------------------------------
+PART_STARTED=$SECONDS
+echo "== 5. vs nanoGPT ($NANOGPT)"
 if [ ! -f "$NANOGPT/train.py" ]; then
     record "vs nanoGPT" FAIL "no nanoGPT checkout at $NANOGPT (copy one to ./.nanogpt or set NANOGPT=)"
 else
     # One round (the script's default is two): compiling GPT-2 small twice more would not fit 8 minutes.
     # 30 steps (a second each): 8 left the median within a step's jitter (28-43 ms on an H100).
     # The nobias variant: the trainer in nanoGPT's own shape (no biases), stock nanoGPT's model.
-    bounded 240 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 30 --warmup 3 \
-        --timeout 120 --diagnose --variants nobias 2>&1 | tee "$WORK/bench.log"
+    # 270 s for three compiles: stop 42's took about 210 s, and CUDA graphs now add a recording to each run.
+    bounded 270 "$PYTHON" bench/gpu_vs_nanogpt.py --nanogpt "$NANOGPT" --rounds 1 --steps 30 --warmup 3 \
+        --timeout 130 --diagnose --variants nobias 2>&1 | tee "$WORK/bench.log"
     code=${PIPESTATUS[0]}
     line=$(grep '^gpu_vs_nanogpt:' "$WORK/bench.log" | tail -1)
     # The same model on both sides too: the trainer in nanoGPT's shape against stock nanoGPT.
@@ -121,74 +223,11 @@ else
     else record "vs nanoGPT" FAIL "$(failed_or_timed_out "$code"): $(tail -1 "$WORK/bench.log")"; fi
 fi
 
-# --- 4. snapshot and exact resume ----------------------------------------------------------------
-echo "== 4. resume"
-mkdir -p "$WORK/random" "$WORK/english"
-bounded 30 "$PYTHON" -c '
-import sys
-import numpy as np
-from model.data.token_format import write_split
-tokens = np.random.default_rng(0).integers(0, 50257, 200_000)
-for split in ("train", "val"):
-    write_split(sys.argv[1], split, tokens)' "$WORK/random"
-resume_run() {  # resume_run OUT_DIR MAX_ITERS: the tiny run, deterministic=true; its log in OUT_DIR.log
-    bounded 60 "$PYTHON" -m model.train "${TINY[@]}" deterministic=true "data_dir=$WORK/random" "out_dir=$1" \
-        "max_iters=$2" eval_interval=4 lr_decay_iters=8 warmup_iters=1 learning_rate=3e-3 model.dropout=0.1 \
-        >>"$1.log" 2>&1
-}
-digest() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
-if resume_run "$WORK/straight" 8 && resume_run "$WORK/resumed" 4 && resume_run "$WORK/resumed" 8; then
-    straight=$(digest "$WORK/straight.log") resumed=$(digest "$WORK/resumed.log")
-    at=$(grep -o 'resumed from .* at iteration [0-9]*' "$WORK/resumed.log" | awk '{print $NF}')
-    grep -E 'iter [0-9]+: loss' "$WORK/straight.log" | tail -2
-    if [ -n "$straight" ] && [ "$straight" = "$resumed" ] && [ "$at" = 4 ]; then
-        record resume PASS "stopped at 4, resumed: final sha256 $resumed = the uninterrupted run's"
-    else
-        record resume FAIL "resumed at '${at}': final sha256 '${resumed}' vs uninterrupted '${straight}'"
-    fi
-else
-    record resume FAIL "a run failed: $(tail -n 3 "$WORK"/straight.log "$WORK"/resumed.log | tr '\n' ' ' | cut -c1-300)"
-fi
-
-# --- 5. a short run's sample text ----------------------------------------------------------------
-echo "== 5. sample"
-english='import sys
-import numpy as np
-import pydoc_data.topics
-from model.data.token_format import write_split
-from model.tokenizer import EOT_TOKEN, gpt2_encoding
-enc = gpt2_encoding()
-texts = [text for _, text in sorted(pydoc_data.topics.topics.items())]
-tokens = np.array([t for text in texts for t in (*enc.encode_ordinary(text), EOT_TOKEN)])
-split = int(len(tokens) * 0.9)
-write_split(sys.argv[1], "train", tokens[:split])
-write_split(sys.argv[1], "val", tokens[split:])'
-if ! bounded 60 "$PYTHON" -c "$english" "$WORK/english" 2>"$WORK/english.err"; then
-    if grep -q TokenizerUnavailable "$WORK/english.err"; then
-        record sample SKIP "no GPT-2 vocabulary (copy ~/.cache/nanocluster/tiktoken to ./.tiktoken)"
-    else
-        record sample FAIL "tokenizing the text: $(tail -1 "$WORK/english.err" | cut -c1-200)"
-    fi
-elif bounded 90 "$PYTHON" -m model.train "${TINY[@]}" model.n_layer=4 model.n_embd=256 model.n_head=4 \
-        block_size=128 batch_size=32 "data_dir=$WORK/english" "out_dir=$WORK/english-run" max_iters=300 \
-        eval_interval=300 learning_rate=1e-3 log_interval=100 >"$WORK/english.log" 2>&1; then
-    grep -E 'iter [0-9]+: loss|val loss|device|precision' "$WORK/english.log" | tail -4
-    bounded 60 "$PYTHON" -m model.sample --ckpt "$WORK/english-run/snapshot.pt" --prompt "The import statement" \
-        --max-new-tokens 40 --seed 1 --device cuda >"$WORK/sample.txt" 2>&1
-    code=$?
-    cat "$WORK/sample.txt"
-    text=$(tr '\n' ' ' <"$WORK/sample.txt" | cut -c1-100)
-    if [ "$code" -eq 0 ]; then record sample PASS "\"$text...\""
-    else record sample FAIL "$(failed_or_timed_out "$code"): $text"; fi
-else
-    record sample FAIL "the training run failed: $(tail -2 "$WORK/english.log" | tr '\n' ' ' | cut -c1-300)"
-fi
-
 # --- summary -------------------------------------------------------------------------------------
 echo "== summary ($SECONDS s; logs in $WORK)"
 verdict=PASS
 for part in "${PARTS[@]}"; do
-    printf '%-12s %-5s %s\n' "$part" "${STATUS[$part]}" "${FIGURE[$part]}"
+    printf '%-12s %-5s %4ss  %s\n' "$part" "${STATUS[$part]}" "${TOOK[$part]}" "${FIGURE[$part]}"
     [ "${STATUS[$part]}" = PASS ] || verdict=FAIL
 done
 echo "gpu_check: $verdict"
