@@ -201,11 +201,14 @@ def prepare_fix(cluster_spec: str | None, dataset: str, source: str | None = Non
 
 
 def gpu_problems(session: Session) -> list[Problem]:
-    """On GPU nodes, each machine's driver and torch against the contract's gpus_per_node."""
-    wanted = session.cluster.gpus_per_node
+    """On GPU nodes, each machine's driver and torch against the GPUs its ranks use: the contract's
+    gpus_per_node on a cloud node; on this machine, one for each of the local cluster's ranks (it may
+    have more, hidden by CUDA_VISIBLE_DEVICES or left idle by --nodes)."""
+    per_node = session.cluster.gpus_per_node
     nodes = [n for n in session.hosts() if not session.report(n).missing]
-    if not wanted or not nodes:
+    if not per_node or not nodes:
         return []
+    local = session.cluster.is_local
     check, python = script("gpu_check"), session.site.python
     results = session.run_everywhere(nodes, lambda n, s: s.run(f"{python} -", stdin=check, timeout=GPU_CHECK_TIMEOUT_S))
     problems: list[Problem] = []
@@ -218,14 +221,23 @@ def gpu_problems(session: Session) -> list[Problem]:
             fix = setup_fix(session.cluster.spec, "(the node environment is broken)")
             problems.append(("gpu", node.name, why, fix))
             continue
-        problems += gpu_node_problems(node.name, found, wanted, session.cluster.spec)
+        wanted = per_node * sum(1 for n in session.nodes if n.private_ip == node.private_ip)
+        problems += gpu_node_problems(node.name, found, wanted, session.cluster.spec, local=local)
     return problems
 
 
-def gpu_node_problems(node: str, found: dict, wanted: int, cluster_spec: str | None = None) -> list[Problem]:
+def gpu_node_problems(
+    node: str, found: dict, wanted: int, cluster_spec: str | None = None, *, local: bool = False
+) -> list[Problem]:
     """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix
-    (cluster_spec: --cluster as given, for the setup command)."""
+    (cluster_spec: --cluster as given, for the setup command). wanted: the GPUs its ranks use; on a
+    cloud node exactly that many must be listed, on this machine (local) at least that many."""
     problems: list[Problem] = []
+    needed = (
+        f"the local cluster runs {wanted} rank(s), one per GPU"
+        if local
+        else f"the contract says gpus_per_node {wanted}"
+    )
     gpus: list[str] = found.get("gpus", [])
     driver_ok = not found.get("driver_error")
     if not driver_ok:
@@ -238,17 +250,17 @@ def gpu_node_problems(node: str, found: dict, wanted: int, cluster_spec: str | N
                 "or use a GPU image",
             )
         )
-    elif len(gpus) != wanted:
+    elif len(gpus) < wanted or (len(gpus) > wanted and not local):
         listed = ", ".join(gpus) or "none"
         problems.append(
             (
                 "driver",
                 node,
-                f"nvidia-smi lists {len(gpus)} GPU(s) ({listed}), the contract says gpus_per_node {wanted}",
+                f"nvidia-smi lists {len(gpus)} GPU(s) ({listed}), {needed}",
                 "fix gpus_per_node in the contract (ranks per node follow it)"
                 if len(gpus) > wanted
                 else "a GPU is missing or fell off the bus (nvidia-smi -L; reboot the node), "
-                "or fix gpus_per_node in the contract",
+                + ("or run fewer ranks (--nodes)" if local else "or fix gpus_per_node in the contract"),
             )
         )
     torch_cuda = found.get("torch_cuda", "")
@@ -269,13 +281,13 @@ def gpu_node_problems(node: str, found: dict, wanted: int, cluster_spec: str | N
         too_old = driver_too_old(found.get("driver_cuda", ""), torch_cuda)
         if too_old:
             problems.append(("driver", node, f"{too_old} (torch {found.get('torch', '?')})", driver_fix(torch_cuda)))
-        elif len(gpus) == wanted and (found.get("torch_error") or found.get("devices", 0) < wanted):
+        elif len(gpus) >= wanted and (found.get("torch_error") or found.get("devices", 0) < wanted):
             seen = found.get("torch_error") or f"torch sees {found.get('devices', 0)} GPU(s)"
             problems.append(
                 (
                     "torch",
                     node,
-                    f"{seen}, the contract says gpus_per_node {wanted}",
+                    f"{seen}, {needed}",
                     "unset CUDA_VISIBLE_DEVICES on the node, check nvidia-smi for a GPU in a bad state "
                     "(reset it or reboot the node)",
                 )

@@ -1,12 +1,18 @@
-"""This machine: its facts (physical cores, memory, GPUs as nvidia-smi lists them), its home
-(NANOCLUSTER_HOME, where every cluster's directory is kept), and the local cluster made of them: ranks
-as processes here, without SSH (launcher/cluster/node_layout.py says what else it does differently).
+"""This machine: its facts (physical cores, memory, GPUs as nvidia-smi lists them and as its ranks
+may use them), its home (NANOCLUSTER_HOME, where every cluster's directory is kept), and the local
+cluster made of them: ranks as processes here, without SSH (launcher/cluster/node_layout.py says what
+else it does differently).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import re
+import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,12 +62,15 @@ LOCAL_CPU_RANKS_CAP = 3
 
 @dataclass(frozen=True)
 class LocalGpus:
-    """This machine's GPUs as nvidia-smi lists them (the launcher imports no torch)."""
+    """The GPUs this machine's ranks may use (the launcher imports no torch)."""
 
     names: tuple[str, ...] = ()
-    """Each GPU's model name, in device order."""
+    """Each GPU's model name, in the order the ranks see them (cuda:0, cuda:1, ...)."""
     memory_mib: tuple[int, ...] = ()
     """Each GPU's memory in MiB."""
+    unused: str = ""
+    """Why GPUs nvidia-smi lists are not used ('' when none are left out): the local cluster's first
+    line says it."""
 
     @property
     def count(self) -> int:
@@ -78,10 +87,88 @@ def parse_nvidia_smi(text: str) -> LocalGpus:
     return LocalGpus.listed(probe.parse_gpus(text))
 
 
-def local_gpus() -> LocalGpus:
-    """This machine's GPUs, asked as the probe asks a node's (nvidia-smi, bounded in time); none
-    without the driver's tool, or when it fails."""
-    return LocalGpus.listed(probe.gpus())
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def local_torch() -> tuple[str, str]:
+    """(version, CUDA version) of this Python's torch, the one the local ranks run: ('', '') without
+    torch, CUDA '' for a CPU build. Read from torch/version.py, not imported (that takes seconds)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return "", ""
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return "", ""
+
+    def field(name: str) -> str:
+        found = re.search(rf"^{name}\s*(?::[^=\n]*)?=\s*(.+)$", text, re.MULTILINE)
+        try:
+            value = ast.literal_eval(found.group(1).strip()) if found else None
+        except (ValueError, SyntaxError):
+            return ""
+        return value if isinstance(value, str) else ""
+
+    return field("__version__"), field("cuda")
+
+
+def gpu_uuids() -> list[str]:
+    """Each GPU's UUID in nvidia-smi's order ([] when it fails): CUDA_VISIBLE_DEVICES may name GPUs so."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=probe.NVIDIA_SMI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+
+
+def visible_gpus(listed: LocalGpus, setting: str | None, uuids: Callable[[], list[str]] = gpu_uuids) -> LocalGpus:
+    """The GPUs CUDA_VISIBLE_DEVICES (setting; None: unset) leaves the ranks, in its order. As CUDA
+    reads it: indices or UUID prefixes separated by commas, up to the first that names no GPU (or one
+    named twice); empty or -1 hides them all."""
+    if setting is None:
+        return listed
+    known = None
+    chosen: list[int] = []
+    for entry in (part.strip() for part in setting.split(",")):
+        if entry.isdigit():
+            index = int(entry)
+        elif entry.startswith("GPU-"):
+            known = uuids() if known is None else known
+            matches = [i for i, uuid in enumerate(known) if uuid.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else -1
+        else:
+            break
+        if not 0 <= index < listed.count or index in chosen:
+            break
+        chosen.append(index)
+    hidden = listed.count - len(chosen)
+    return LocalGpus(
+        tuple(listed.names[i] for i in chosen),
+        tuple(listed.memory_mib[i] for i in chosen),
+        f"{hidden} of {listed.count} GPU(s) hidden by {VISIBLE_DEVICES_ENV}={setting!r}" if hidden else "",
+    )
+
+
+def local_gpus(env: Mapping[str, str] | None = None) -> LocalGpus:
+    """The GPUs the local ranks use: those nvidia-smi lists (bounded in time, as the probe asks a
+    node's) that CUDA_VISIBLE_DEVICES leaves visible, when this Python's torch is a CUDA build. None
+    without the driver's tool or when it fails; none with a CPU build of torch (what `make setup`
+    installs), whose ranks could not use them: the local cluster is then the CPU one, and says why."""
+    listed = LocalGpus.listed(probe.gpus())
+    if not listed.count:
+        return listed
+    version, cuda = local_torch()
+    if not cuda:
+        build = f"torch {version} is a CPU build" if version else "torch is not installed"
+        return LocalGpus(
+            unused=f"{listed.count} GPU(s) unused: this Python's {build} (install torch's CUDA build to train on them)"
+        )
+    return visible_gpus(listed, (os.environ if env is None else env).get(VISIBLE_DEVICES_ENV))
 
 
 def default_local_ranks(gpus: LocalGpus, cores: int) -> int:
@@ -133,6 +220,7 @@ def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: 
         [f"{cores} cores"]
         + ([f"{memory:.1f} GB memory"] if memory else [])
         + ([f"{gpus.count} GPU(s)"] if gpus.count else [])
+        + ([gpus.unused] if gpus.unused else [])
     )
     if gpus.count:
         ranks = f"{nodes} rank(s) as processes, one per GPU ({gpus.names[0]})"

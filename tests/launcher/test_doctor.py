@@ -128,6 +128,26 @@ def test_doctor_on_gpu_nodes_passes_with_the_driver_and_a_cuda_torch_seeing_ever
     assert "rendezvous port" in out and ", 2 GPU(s) each (driver, torch's CUDA build)" in out
 
 
+def test_doctor_passes_the_local_cluster_of_a_machine_with_more_gpus_than_its_ranks(
+    local_home, capsys, monkeypatch, tmp_path
+):
+    """The local cluster as it is built on a GPU machine: a node per GPU, all on this machine. Two
+    ranks on a machine with three GPUs are fine (--nodes 2, or a GPU hidden from them)."""
+    import launcher.doctor
+    from launcher.cluster.local import LocalGpus, local_cluster
+
+    monkeypatch.setattr(console, "width", 400)
+    write_dataset(local_home / "data" / "d")
+    cluster = local_cluster(2, LocalGpus(("NVIDIA L4",) * 2, (23034,) * 2))
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+    stand_in_driver(monkeypatch, tmp_path, gpus=3)
+    stand_in_torch(monkeypatch, tmp_path, devices=3)
+    code = doctor(None, dataset="d", port=free_loopback_port())
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert problem_rows(out) == []
+
+
 def test_doctor_names_a_node_without_a_driver(gpu_doctor, monkeypatch, tmp_path):
     stand_in_driver(monkeypatch, tmp_path, gpus=None)
     stand_in_torch(monkeypatch, tmp_path, devices=0)
@@ -149,7 +169,7 @@ def test_doctor_names_a_cpu_build_of_torch_on_a_gpu_node(gpu_doctor, monkeypatch
     ], out
 
 
-def test_doctor_names_fewer_gpus_than_the_contract_once(gpu_doctor, monkeypatch, tmp_path):
+def test_doctor_names_fewer_gpus_than_the_ranks_once(gpu_doctor, monkeypatch, tmp_path):
     stand_in_driver(monkeypatch, tmp_path, gpus=1)
     stand_in_torch(monkeypatch, tmp_path, devices=1)
     code, out = gpu_doctor(2)
@@ -157,8 +177,10 @@ def test_doctor_names_fewer_gpus_than_the_contract_once(gpu_doctor, monkeypatch,
     rows = problem_rows(out)
     assert len(rows) == 1, out
     assert rows[0].startswith(
-        "driver local0 nvidia-smi lists 1 GPU(s) (NVIDIA L4), the contract says gpus_per_node 2 a GPU is missing"
+        "driver local0 nvidia-smi lists 1 GPU(s) (NVIDIA L4), the local cluster runs 2 rank(s), one per GPU a GPU is "
+        "missing"
     )
+    assert rows[0].endswith("or run fewer ranks (--nodes)")
 
 
 def test_doctor_names_gpus_the_driver_lists_but_torch_does_not_see(gpu_doctor, monkeypatch, tmp_path):
@@ -167,7 +189,7 @@ def test_doctor_names_gpus_the_driver_lists_but_torch_does_not_see(gpu_doctor, m
     code, out = gpu_doctor(2)
     assert code == 1
     assert [row.split(" unset ")[0] for row in problem_rows(out)] == [
-        "torch local0 torch sees 1 GPU(s), the contract says gpus_per_node 2"
+        "torch local0 torch sees 1 GPU(s), the local cluster runs 2 rank(s), one per GPU"
     ], out
 
 
@@ -210,7 +232,11 @@ def test_gpu_rows_come_one_per_cause():
     }
     assert gpu_node_problems("n", good, 4) == []
     assert [row[0] for row in gpu_node_problems("n", good, 8)] == ["driver"]  # more in the contract than listed
+    assert "the contract says gpus_per_node 2" in gpu_node_problems("n", good, 2)[0][2]
     assert "fix gpus_per_node" in gpu_node_problems("n", good, 2)[0][3]
+    # This machine may have more GPUs than the local cluster's ranks use (--nodes, CUDA_VISIBLE_DEVICES).
+    assert gpu_node_problems("n", good, 2, local=True) == []
+    assert gpu_node_problems("n", good, 8, local=True)[0][2].endswith("the local cluster runs 8 rank(s), one per GPU")
     broken = {**good, "torch_error": "import torch failed: ImportError: libcudnn.so.9", "torch_cuda": "", "devices": 0}
     assert [row[:3] for row in gpu_node_problems("n", broken, 4)] == [("torch", "n", broken["torch_error"])]
     assert driver_too_old("12.2", "12.6") == "" and driver_too_old("", "13.0") == ""

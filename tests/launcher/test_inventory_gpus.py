@@ -17,9 +17,13 @@ H100 = "NVIDIA H100 80GB HBM3, 81559"
 
 @pytest.fixture
 def gpus(tmp_path, monkeypatch):
-    """gpus(n): a stand-in nvidia-smi listing n H100s, alone on PATH (n None: no nvidia-smi at all)."""
+    """gpus(n): a stand-in nvidia-smi listing n H100s, alone on PATH (n None: no nvidia-smi at all),
+    and this Python's torch a CUDA build (tests that need a CPU build set launcher.cluster.local's
+    local_torch themselves)."""
     monkeypatch.delenv(CLUSTER_ENV, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("NANOCLUSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(launcher.cluster.local, "local_torch", lambda: ("2.13.0+cu130", "13.0"))
 
     def put(count: int | None, body: str | None = None) -> None:
         bin_dir = tmp_path / f"bin{count}"
@@ -97,3 +101,65 @@ def test_a_contract_with_gpus_has_that_many_ranks_per_node(contract):
     cluster = parse_contract(contract | {"gpus_per_node": 8, "gpu_model": "nvidia-a100-80gb"}, "lab.json")
     assert cluster.ranks_per_node == 8 and len(cluster.nodes) == 3
     assert "3 node(s), 8 cores each and 8 GPU(s) (nvidia-a100-80gb): 8 rank(s) per node" in cluster.describe()
+
+
+def test_with_a_cpu_build_of_torch_the_gpus_are_left_unused_and_the_first_line_says_why(gpus, cores, monkeypatch):
+    """What `make setup` installs is torch's CPU build: its ranks could not use the GPUs, so the local
+    cluster stays the CPU one (the quickstart's three ranks) and says so."""
+    gpus(1)
+    cores(8)
+    monkeypatch.setattr(launcher.cluster.local, "local_torch", lambda: ("2.13.0+cpu", ""))
+    assert local_gpus().count == 0
+    cluster = load_cluster(None)
+    assert len(cluster.nodes) == 3 and cluster.gpus_per_node == 0
+    assert len(load_cluster(None, local_nodes=3).nodes) == 3  # not refused as more ranks than GPUs
+    assert (
+        "1 GPU(s) unused: this Python's torch 2.13.0+cpu is a CPU build (install torch's CUDA build to train on "
+        "them)" in cluster.source
+    )
+
+
+def test_this_pythons_torch_build_is_read_without_importing_it():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, launcher.cluster.local as local; "
+        "print(local.local_torch(), 'torch' in sys.modules); import torch; print(torch.__version__, torch.version.cuda)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    read, imported = done.stdout.splitlines()
+    version, cuda = imported.split()
+    assert read == f"{(version, '' if cuda == 'None' else cuda)!r} False"
+
+
+@pytest.mark.parametrize(
+    ("setting", "used", "unused"),
+    [
+        ("", 0, "3 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES=''"),
+        ("-1", 0, "3 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='-1'"),
+        ("2,0", 2, "1 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='2,0'"),
+        ("1,7,2", 1, "2 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='1,7,2'"),  # CUDA stops at a GPU it lacks
+        ("0,1,2", 3, ""),
+    ],
+)
+def test_cuda_visible_devices_chooses_the_local_ranks_gpus(gpus, cores, monkeypatch, setting, used, unused):
+    gpus(3)
+    cores(8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", setting)
+    found = local_gpus()
+    assert found.count == used and found.unused == unused
+    cluster = load_cluster(None)
+    assert cluster.gpus_per_node == (1 if used else 0)
+    assert len(cluster.nodes) == (used or 3)  # none visible: the CPU cluster
+    assert unused in cluster.source
+
+
+def test_gpus_named_by_uuid_are_taken_in_the_order_given():
+    from launcher.cluster.local import LocalGpus, visible_gpus
+
+    listed = LocalGpus(("NVIDIA L4", "NVIDIA H100 80GB HBM3"), (23034, 81559))
+    uuids = ["GPU-aa11-0000", "GPU-bb22-0000"]
+    chosen = visible_gpus(listed, "GPU-bb22,GPU-aa", lambda: uuids)
+    assert chosen.names == ("NVIDIA H100 80GB HBM3", "NVIDIA L4") and chosen.memory_mib == (81559, 23034)
+    assert visible_gpus(listed, "GPU-cc", lambda: uuids).count == 0  # a UUID no GPU has
