@@ -209,6 +209,8 @@ class NodeReport:
     accelerate: str = ""
     ccl: bool = False
     """oneccl_bindings_for_pytorch imports (the ccl backend is possible)."""
+    mpirun: str = ""
+    """Intel MPI's mpirun next to the node Python or on PATH (the mpirun launcher is possible); '' without."""
     cores: int = 0
     """Physical cores."""
     free_gb: float | None = None

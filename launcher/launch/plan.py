@@ -29,6 +29,8 @@ class NodeFacts:
     """Path of libjemalloc or libtcmalloc on the node, empty when neither is installed."""
     ccl: bool = False
     """oneccl_bindings_for_pytorch imports on the node."""
+    mpirun: bool = False
+    """Intel MPI's mpirun is there (next to the node Python or on PATH)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,32 @@ class LaunchPlan:
         if self.on_gpus:
             return "nccl"
         return "ccl" if all(self.node_facts(n).ccl for n in self.nodes) else "gloo"
+
+    def unfit_choice(self) -> str:
+        """Why these nodes cannot run the --launcher or --backend asked for ('' when they can), from
+        their probes: said before any unit starts, where each rank would otherwise fail on its own."""
+        if self.launcher == "mpirun":
+            lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).mpirun]
+            if lacking:
+                where = (
+                    "GPU nodes' cuda profile installs none" if self.on_gpus else "fab setup --profile intel installs it"
+                )
+                return (
+                    f"--launcher mpirun: {', '.join(lacking)} has no mpirun (Intel MPI, impi-rt: {where}); "
+                    "use --launcher fabric (the default) or torchrun"
+                )
+        if self.backend == "nccl" and not self.on_gpus:
+            return "--backend nccl: these nodes have no GPUs (NCCL runs between GPUs); use --backend auto (gloo)"
+        if self.backend == "ccl" and self.on_gpus:
+            return "--backend ccl: these nodes have GPUs, and oneCCL here is for CPU ranks; use --backend auto (NCCL)"
+        if self.backend == "ccl":
+            lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).ccl]
+            if lacking:
+                return (
+                    f"--backend ccl: {', '.join(lacking)} cannot import oneccl_bindings_for_pytorch (fab setup "
+                    "--profile intel installs it); use --backend auto (gloo there)"
+                )
+        return ""
 
     def threads_per_rank(self, node: Node) -> int:
         """The machine's cores shared by its ranks (on GPU nodes: their data loading and the host side)."""

@@ -37,7 +37,7 @@ def make_plan(cluster: Cluster, nodes: tuple[Node, ...], facts: dict[int, NodeFa
 
 def launch_facts(report: NodeReport) -> NodeFacts:
     """What the plan takes from a node's probe."""
-    return NodeFacts(interface=report.interface, allocator=report.allocator, ccl=report.ccl)
+    return NodeFacts(interface=report.interface, allocator=report.allocator, ccl=report.ccl, mpirun=bool(report.mpirun))
 
 
 def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> dict[str, str]:

@@ -156,6 +156,13 @@ def on_path(name: str) -> str:
     return ""
 
 
+def mpirun() -> str:
+    """Intel MPI's mpirun as the mpirun launcher finds it: next to the node Python (impi-rt), else on
+    PATH; '' without one."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return beside if os.access(beside, os.X_OK) else on_path("mpirun")
+
+
 GPU_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
 """nvidia-smi's arguments for each GPU's name and memory, one CSV line per GPU in device order."""
 
@@ -211,6 +218,7 @@ def main() -> None:
                 "torch": version("torch"),
                 "accelerate": version("accelerate"),
                 "ccl": importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None,
+                "mpirun": mpirun(),
                 "cores": physical_cores(),
                 "free_gb": round(disk.f_bavail * disk.f_frsize / 1e9, 1),
                 "interface": fields[1].split("@")[0] if len(fields) > 1 else "",

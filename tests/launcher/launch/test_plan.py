@@ -74,3 +74,33 @@ def test_a_plan_json_this_launcher_did_not_write_is_refused(lab):
 def test_the_backend_names_are_the_trainers(lab):
     with pytest.raises(ValueError, match=r"--backend must be one of auto, nccl, ccl, gloo, got 'mpi'"):
         plan_for(lab, backend="mpi")
+
+
+def test_a_launcher_or_backend_the_nodes_cannot_run_is_named_before_anything_starts(lab):
+    import dataclasses
+
+    from launcher.launch.plan import NodeFacts
+
+    everything = {n.index: NodeFacts(ccl=True, mpirun=True) for n in lab.nodes}
+    assert plan_for(lab, launcher="mpirun", backend="ccl", facts=everything).unfit_choice() == ""
+    assert plan_for(lab).unfit_choice() == ""  # fabric and auto need nothing of the nodes
+    no_mpi = everything | {1: NodeFacts(ccl=True)}
+    assert plan_for(lab, launcher="mpirun", facts=no_mpi).unfit_choice() == (
+        "--launcher mpirun: lab-1 has no mpirun (Intel MPI, impi-rt: fab setup --profile intel installs it); "
+        "use --launcher fabric (the default) or torchrun"
+    )
+    assert plan_for(lab, launcher="torchrun", facts=no_mpi).unfit_choice() == ""
+    no_ccl = everything | {2: NodeFacts(mpirun=True)}
+    assert (
+        plan_for(lab, backend="ccl", facts=no_ccl)
+        .unfit_choice()
+        .startswith("--backend ccl: lab-2 cannot import oneccl_bindings_for_pytorch")
+    )
+    assert plan_for(lab, backend="nccl").unfit_choice().startswith("--backend nccl: these nodes have no GPUs")
+
+    gpu = dataclasses.replace(lab, gpus_per_node=4, gpu_model="nvidia-l4")
+    assert plan_for(gpu, backend="nccl").unfit_choice() == ""
+    assert (
+        plan_for(gpu, backend="ccl", facts=everything).unfit_choice().startswith("--backend ccl: these nodes have GPUs")
+    )
+    assert "GPU nodes' cuda profile installs none" in plan_for(gpu, launcher="mpirun", facts=no_mpi).unfit_choice()

@@ -41,3 +41,25 @@ def test_bad_names_are_refused_before_anything_connects(local3):
         train(TrainRequest(None, run="a b", dry_run=True))
     with pytest.raises(TaskError, match=r"--launcher must be one of fabric, mpirun, torchrun, got 'slurm'"):
         train(TrainRequest(None, launcher="slurm", dry_run=True))
+
+
+def test_a_launcher_this_machine_cannot_run_is_refused_before_any_rank_starts(local3, local_home, monkeypatch):
+    """A node without Intel MPI (the default profile; the probe looks beside the node Python and on
+    PATH): `--launcher mpirun` would start a unit that fails at once; it is refused in one line, and no
+    unit is started."""
+    import dataclasses
+
+    import launcher.train
+
+    probed = launcher.train.launch_facts
+    monkeypatch.setattr(
+        launcher.train, "launch_facts", lambda report: dataclasses.replace(probed(report), mpirun=False)
+    )
+    write_dataset(local_home / "data" / "d")
+    with pytest.raises(TaskError) as refused:
+        train(TrainRequest(None, nodes=2, run="r", dataset="d", launcher="mpirun", port=29613))
+    assert str(refused.value) == (
+        "--launcher mpirun: local0 has no mpirun (Intel MPI, impi-rt: fab setup --profile intel installs it); "
+        "use --launcher fabric (the default) or torchrun"
+    )
+    assert not list((local_home / "runs" / "r").glob("*.sh"))
