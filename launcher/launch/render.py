@@ -70,6 +70,8 @@ def env_file(plan: LaunchPlan, node: Node) -> str:
         f"export {LAUNCHER_ENV}={plan.launcher}",
     ]
     lines += [f"export {k}={v}" for k, v in thread_variables(threads).items()]
+    if plan.on_gpus:  # cuda:i is then nvidia-smi's GPU i, the one the fit check measured (not fastest first)
+        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
     if facts.allocator:
         lines.append(f"export LD_PRELOAD={shlex.quote(facts.allocator)}${{LD_PRELOAD:+:$LD_PRELOAD}}")
         if "jemalloc" in facts.allocator:

@@ -106,6 +106,7 @@ def test_env_sh_shares_the_cores_among_the_gpu_ranks_and_names_the_nccl_interfac
     env = sourced(text)
     assert env["OMP_NUM_THREADS"] == str(16 // gpus)
     assert env["NCCL_SOCKET_IFNAME"] == "ens1" and env["GLOO_SOCKET_IFNAME"] == "ens1"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # LOCAL_RANK i computes on nvidia-smi's GPU i
     assert not any(k.startswith(("CCL_", "FI_")) for k in env)  # every node has the bindings: still no CCL
     assert f"{gpus} rank(s) share 16 physical core(s), one GPU each (nvidia-l4)" in text
     assert plan.resolved_backend() == "nccl"
@@ -135,7 +136,7 @@ def test_cpu_nodes_keep_one_rank_each_with_gloo_or_ccl(contract):
     plan = plan_for(parse_contract(contract, "lab.json"))
     assert plan.world_size == 3 and [r.local_rank for r in plan.ranks] == [0, 0, 0]
     env = sourced(env_file(plan, plan.nodes[0]))
-    assert "NCCL_SOCKET_IFNAME" not in env and env["CCL_WORKER_COUNT"] == "1"
+    assert "NCCL_SOCKET_IFNAME" not in env and "CUDA_DEVICE_ORDER" not in env and env["CCL_WORKER_COUNT"] == "1"
     assert yaml.safe_load(accelerate_config(plan, plan.ranks[0]))["distributed_type"] == "MULTI_CPU"
 
 
