@@ -59,6 +59,13 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, world_size: int) -
     )
 
 
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that updates this rank's parameters: with ZeRO the fused AdamW its wrapper steps
+    over this rank's shard (its step reads found_inf, so a GPU step is skipped without a read-back),
+    else the optimizer itself."""
+    return optimizer.optim if is_sharded(optimizer) else optimizer
+
+
 def optimizer_state_on_rank0(optimizer: torch.optim.Optimizer, is_rank0: bool) -> dict[str, Any] | None:
     """The whole optimizer state on rank 0, None elsewhere. With ZeRO a collective: every rank calls
     it at the same step (each sends its shard to rank 0)."""

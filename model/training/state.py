@@ -107,8 +107,10 @@ class TrainerState:
         # Per-block statistics, the step guard and its test seam (model.monitoring.health_probe).
         self.probe, self.guard = health_probe.install(self, cfg.health, self.compiled)
         # On a GPU the guard judges each step on the device and settles its books a step late; that
-        # needs torch's fused AdamW (found_inf). ZeRO's wrapper has none: it judges on the host (a sync).
-        self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.optimizer)
+        # needs torch's fused AdamW (found_inf), ZeRO's included: the one that updates this rank's
+        # parameters. IPEX's step has none: it judges on the host (a sync).
+        self.local_optimizer = zero.local_optimizer(self.optimizer)
+        self.guard_on_device = self.on_gpu and self.guard is not None and takes_grad_scale(self.local_optimizer)
         self.pending_verdict: tuple[step_guard.DeviceVerdict, int] | None = None
         self.cuda_graphs, graphs_reason = cuda_graphs_choice(
             cfg.cuda_graphs, device.type, self.compiled, env.world_size

@@ -226,7 +226,7 @@ class Trainer(TrainerState):
         self.scaler.update()
 
     def scaler_overflow(self) -> bool:
-        """Whether the fp16 scaler found inf/NaN gradients this step (a host read: ZeRO's path only)."""
+        """Whether the fp16 scaler found inf/NaN gradients this step (a host read: the host-judged path only)."""
         if self.scaler is None or self.guard is None:
             return False
         return bool(sum(v.item() for v in self.scaler._found_inf_per_device(self.optimizer).values()))
@@ -245,9 +245,9 @@ class Trainer(TrainerState):
         verdict = self.guard.judge_on_device(local_loss, norm, self.env.world_size, overflow)
         if probe is not None:
             probe.before_update()
-        self.optimizer.found_inf = verdict.found_inf  # type: ignore[attr-defined]
-        self.optimizer.step()
-        del self.optimizer.found_inf  # type: ignore[attr-defined]
+        self.local_optimizer.found_inf = verdict.found_inf  # type: ignore[attr-defined]
+        self.optimizer.step()  # with ZeRO: its shard's update (skipped alike on every rank), then the broadcast
+        del self.local_optimizer.found_inf  # type: ignore[attr-defined]
         if self.scaler is not None:
             self.scaler.update()
         self.clear_gradients()

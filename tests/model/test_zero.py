@@ -80,3 +80,47 @@ def test_sharded_optimizer_matches_unsharded_and_resumes_exactly(tmp_path, rando
 def test_zero_stage_is_validated():
     with pytest.raises(ConfigError, match=r"zero_stage must be 0 \(off\) or 1"):
         load_config(overrides=["zero_stage=2"])
+
+
+def test_a_sharded_step_is_skipped_on_the_device_by_its_local_adamws_found_inf():
+    """On a GPU the step guard skips a bad step without reading anything back: it hands its verdict to
+    the fused AdamW as found_inf. With ZeRO that is the AdamW its wrapper steps over this rank's shard
+    (zero.local_optimizer): a nonzero found_inf leaves weights and moments as they were, zero updates
+    them, through the wrapper's own step (its parameter broadcast included). One rank, gloo."""
+    import torch.distributed as dist
+
+    from model.gpt.model import GPT, GPTConfig
+    from model.gpt.optim import takes_grad_scale
+    from model.parallel import zero
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+        cfg = load_config(overrides=["zero_stage=1", "weight_decay=0.1"])
+        sharded = zero.build_optimizer(model, cfg, world_size=2)  # sharded as for two ranks; one here
+        local = zero.local_optimizer(sharded)
+        assert zero.is_sharded(sharded) and local is sharded.optim and takes_grad_scale(local)
+        assert zero.local_optimizer(local) is local  # an unsharded optimizer is its own
+
+        def step(found_inf: float) -> dict[str, torch.Tensor]:
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            local.found_inf = torch.tensor(found_inf)  # a scalar, as the guard's verdict
+            sharded.step()
+            del local.found_inf
+            return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        step(0.0)  # a first update creates AdamW's moments
+        moments = [t.clone() for s in local.state.values() for t in s.values()]
+        applied = {n: p.detach().clone() for n, p in model.named_parameters()}
+        assert all(not torch.equal(before[n], applied[n]) for n in before)
+        skipped = step(1.0)
+        assert all(torch.equal(skipped[n], applied[n]) for n in applied)
+        kept = [t for s in local.state.values() for t in s.values()]
+        assert len(kept) == len(moments) > 0
+        assert all(torch.equal(a, b) for a, b in zip(moments, kept, strict=True))
+        assert all(not torch.equal(step(0.0)[n], applied[n]) for n in applied)
+    finally:
+        dist.destroy_process_group()
