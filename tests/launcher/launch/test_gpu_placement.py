@@ -157,3 +157,24 @@ def test_local_gpu_ranks_each_take_the_next_gpu(local_home):
     torchrun = plan_for(cluster, launcher="torchrun")
     assert "--nnodes=1 --nproc-per-node=2 --node-rank=0" in unit_script(torchrun, torchrun.unit("node0"))
     assert sourced(env_file(plan, cluster.nodes[0]))["OMP_NUM_THREADS"] == str(max(1, cluster.cores_per_node // 2))
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_device_cpu_on_gpu_nodes_plans_a_cpu_run(local_home, monkeypatch, capsys, device):
+    """--set device=cpu on GPU nodes: the ranks train on the CPUs, so the plan is a CPU node's (gloo,
+    no GPU variables), not NCCL's that every rank would then refuse."""
+    import launcher.cluster.local
+    from launcher.lifecycle import TrainRequest
+    from launcher.train import train
+
+    gpus = LocalGpus(("NVIDIA L4", "NVIDIA L4"), (23034, 23034))
+    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: gpus)
+    train(TrainRequest(None, nodes=2, run="r", dry_run=True, overrides=(f"device={device}",)))
+    out = capsys.readouterr().out
+    plan = json.loads(out.split(f"----- local0: {local_home}/runs/r/plan.json\n", 1)[1].split("\n-----", 1)[0])
+    env = out.split(f"----- local0: {local_home}/runs/r/env.sh\n", 1)[1].split("\n-----", 1)[0]
+    assert len(plan["ranks"]) == 2
+    if device == "cpu":
+        assert plan["backend"] == "gloo" and "CUDA_DEVICE_ORDER" not in env and "one GPU each" not in env
+    else:
+        assert plan["backend"] == "nccl" and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env and "one GPU each" in env
