@@ -155,14 +155,23 @@ class KubeRun:
 
     def check_fit(self, prepared: Prepared) -> pod_spec.PodLaunch:
         """A rank's memory estimate against its pod's memory limit (within the node's allocatable), or on
-        GPU nodes against one GPU's memory, before any object exists; the first attempt's launch."""
+        GPU nodes against one GPU's memory and the pod's ranks against its memory limit, before any
+        object exists; the first attempt's launch."""
         first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
         world = len(self.nodes) * self.cluster.ranks_per_node
-        if self.cluster.gpus_per_node:
-            memory, device = self.access.gpu_memory_gib, "cuda"
+        pod_memory_gib = pod_placement.pod_memory_mib(first) / 1024
+        if self.cluster.gpus_per_node:  # each rank's GPU, and the pod's ranks in its host memory
+            check_pod_fit(
+                prepared.trainer_config,
+                world,
+                self.access.gpu_memory_gib,
+                self.cluster.describe(),
+                "cuda",
+                pod_memory_gib=pod_memory_gib,
+                ranks_per_pod=self.cluster.ranks_per_node,
+            )
         else:
-            memory, device = pod_placement.pod_memory_mib(first) / 1024, "cpu"
-        check_pod_fit(prepared.trainer_config, world, memory, self.cluster.describe(), device)
+            check_pod_fit(prepared.trainer_config, world, pod_memory_gib, self.cluster.describe())
         return first
 
     def dry_run(self, prepared: Prepared) -> None:

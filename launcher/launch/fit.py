@@ -136,12 +136,35 @@ def check_gpus(
         )
 
 
-def check_pod_fit(cfg: TrainConfig, world: int, memory_gib: float, where: str, device: str = "cpu") -> None:
+def check_pod_fit(
+    cfg: TrainConfig,
+    world: int,
+    memory_gib: float,
+    where: str,
+    device: str = "cpu",
+    *,
+    pod_memory_gib: float = 0.0,
+    ranks_per_pod: int = 1,
+) -> None:
     """A Kubernetes rank's estimate against what it may use: on CPU nodes its pod's memory limit (one
     rank per pod, one pod per node), on GPU nodes (device "cuda") one GPU's memory (G ranks per pod,
-    a GPU each). A TaskError before any object is created, rather than an OOMKilled pod or a CUDA
-    out-of-memory error minutes later. memory_gib 0 (unknown) checks nothing."""
+    a GPU each) and what the pod's ranks_per_pod ranks keep in host memory against its memory limit
+    (pod_memory_gib). A TaskError before any object is created, rather than an OOMKilled pod or a CUDA
+    out-of-memory error minutes later. A memory of 0 (unknown) checks nothing."""
     shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
+    if device == "cuda" and pod_memory_gib:
+        host = [
+            estimate_host_memory(cfg, rank == 0, shape=shape, world_size=world, one_host=False)
+            for rank in range(ranks_per_pod)  # the first pod's: rank 0 and the ranks beside it
+        ]
+        need_gb, pod_gb = sum(e.total for e in host if e) / GB, pod_memory_gib * GIB / GB
+        if all(host) and need_gb > pod_gb:
+            raise TaskError(
+                f"the first pod's {ranks_per_pod} rank(s) do not fit its memory on {where}: they need ~{need_gb:.1f} "
+                f"GB of host memory (rank 0 ~{host[0].describe() if host[0] else '?'}) and the pod may use "
+                f"{pod_gb:.1f} GB (its memory limit): --set compile=false (the compiler's share) or a node pool "
+                "whose machines have more memory per GPU"
+            )
     estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape, device=device)
     if not memory_gib or estimate is None or estimate.total / GB <= memory_gib * GIB / GB:
         return

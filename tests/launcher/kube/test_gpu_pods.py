@@ -238,7 +238,9 @@ def cuda_pins(tmp_path, monkeypatch):
 
 
 def gpu_contract(fake, gpus: int = 2, model: str = "nvidia-l4") -> dict:
-    return fake.contract() | {"gpus_per_node": gpus, "gpu_model": model}
+    """GPU nodes with the host memory a GPU machine has: 48 GiB per L4, as GKE's g2-standard-48 (4 L4s,
+    192 GiB)."""
+    return fake.contract() | {"gpus_per_node": gpus, "gpu_model": model, "memory_gib": 48.0 * gpus}
 
 
 def write(tmp_path, contract: dict):
@@ -560,6 +562,26 @@ def test_an_unknown_gpu_memory_checks_nothing():
     check_pod_fit(TrainConfig(), 8, 0.0, "nowhere", device="cuda")
     with pytest.raises(TaskError, match="does not fit a GPU"):
         check_pod_fit(TrainConfig(), 8, 0.01, "nowhere", device="cuda")
+
+
+def test_a_gpu_pod_whose_ranks_cannot_share_its_host_memory_is_refused_before_any_object_exists(fake, task, tmp_path):
+    """Each of a pod's G ranks keeps its runtime, the compiler and (rank 0) the snapshot's copy in the
+    pod's host memory: 4 L4s on a 16 GiB machine fit their GPUs but not the pod."""
+    fake.seed()
+    path = write(tmp_path, gpu_contract(fake, gpus=4) | {"memory_gib": 16.0})
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "small-host")
+    assert ran.code == 1
+    assert len(ran.error_lines) == 1, ran.error_lines
+    assert ran.error_lines[0].startswith("error: the first pod's 4 rank(s) do not fit its memory on ")
+    assert "of host memory (rank 0 ~" in ran.error_lines[0] and "--set compile=false" in ran.error_lines[0]
+    assert not fake.jobs()
+    from launcher.launch.fit import check_pod_fit
+    from model.settings.config import TrainConfig
+
+    check_pod_fit(TrainConfig(), 8, 22.0, "nowhere", device="cuda", pod_memory_gib=180.0, ranks_per_pod=4)
+    with pytest.raises(TaskError, match="the first pod's 4 rank"):
+        check_pod_fit(TrainConfig(), 8, 22.0, "nowhere", device="cuda", pod_memory_gib=12.0, ranks_per_pod=4)
+    check_pod_fit(TrainConfig(), 8, 22.0, "nowhere", device="cuda", pod_memory_gib=12.0, ranks_per_pod=1)
 
 
 def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
