@@ -277,6 +277,17 @@ def gpu_node_problems(
                 setup_fix(cluster_spec, "(installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)"),
             )
         )
+    elif found.get("unsupported"):
+        problems.append(
+            (
+                "torch",
+                node,
+                f"torch {found.get('torch', '?')} has no kernels for {', '.join(found['unsupported'])}: it is built "
+                f"for {found.get('built_for') or '?'}",
+                "GPUs of capability 7.5 or later (T4, L4, A100, H100, ...): the lock's CUDA 13 build of torch "
+                "dropped V100 and P100 (node/README.md)",
+            )
+        )
     elif driver_ok:
         too_old = driver_too_old(found.get("driver_cuda", ""), torch_cuda)
         if too_old:

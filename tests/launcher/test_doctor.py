@@ -51,6 +51,9 @@ class cuda:
     device_count = staticmethod(lambda: {devices})
     is_available = staticmethod(lambda: {devices} > 0)
     set_device = staticmethod(lambda device: None)
+    get_arch_list = staticmethod(lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    get_device_capability = staticmethod(lambda index: {capability!r})
+    get_device_name = staticmethod(lambda index: {gpu_name!r})
 
 
 def device(name):
@@ -91,11 +94,16 @@ def stand_in_driver(monkeypatch, tmp_path, gpus, driver_cuda="13.0"):
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
 
 
-def stand_in_torch(monkeypatch, tmp_path, devices, cuda="13.0"):
-    """A torch package, first on the node Python's path, that is a CUDA build seeing `devices` GPUs."""
+def stand_in_torch(monkeypatch, tmp_path, devices, cuda="13.0", capability=(8, 9), gpu_name="NVIDIA L4"):
+    """A torch package, first on the node Python's path, that is a CUDA build (kernels for capability
+    7.5 to 12.x) seeing `devices` GPUs of that capability."""
     package = tmp_path / "site" / "torch"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(STAND_IN_TORCH.format(version="2.13.0+cu130", cuda=cuda, devices=devices))
+    (package / "__init__.py").write_text(
+        STAND_IN_TORCH.format(
+            version="2.13.0+cu130", cuda=cuda, devices=devices, capability=capability, gpu_name=gpu_name
+        )
+    )
     (package / "distributed.py").write_text(STAND_IN_DIST)
     monkeypatch.setenv("PYTHONPATH", f"{package.parent}:{os.environ.get('PYTHONPATH', '')}")
 
@@ -193,6 +201,19 @@ def test_doctor_names_gpus_the_driver_lists_but_torch_does_not_see(gpu_doctor, m
     ], out
 
 
+def test_doctor_names_gpus_the_cuda_build_has_no_kernels_for(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=2)
+    stand_in_torch(monkeypatch, tmp_path, devices=2, capability=(7, 0), gpu_name="Tesla V100-SXM2-16GB")
+    code, out = gpu_doctor(2)
+    assert code == 1
+    assert problem_rows(out) == [
+        "torch local0 torch 2.13.0+cu130 has no kernels for Tesla V100-SXM2-16GB (capability 7.0), Tesla "
+        "V100-SXM2-16GB (capability 7.0): it is built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 GPUs of "
+        "capability 7.5 or later (T4, L4, A100, H100, ...): the lock's CUDA 13 build of torch dropped V100 and "
+        "P100 (node/README.md)"
+    ], out
+
+
 def test_doctor_names_a_driver_too_old_for_the_cuda_build(gpu_doctor, monkeypatch, tmp_path):
     stand_in_driver(monkeypatch, tmp_path, gpus=2, driver_cuda="12.8")
     stand_in_torch(monkeypatch, tmp_path, devices=0)
@@ -241,3 +262,26 @@ def test_gpu_rows_come_one_per_cause():
     assert [row[:3] for row in gpu_node_problems("n", broken, 4)] == [("torch", "n", broken["torch_error"])]
     assert driver_too_old("12.2", "12.6") == "" and driver_too_old("", "13.0") == ""
     assert driver_too_old("12.9", "13.0") == "the driver runs CUDA up to 12.9, torch's build is CUDA 13.0"
+
+
+def test_the_gpu_check_judges_kernels_as_torchs_own_start_check_does():
+    """torch's own judge (torch.cuda._code_compatible_with_device, what warns at its CUDA start) on a
+    CUDA 13 build's architectures: V100 and P100 have no kernels, Turing to Blackwell do."""
+    import torch
+
+    from launcher.node_scripts.gpu_check import kernels
+
+    capabilities = [(7, 0), (6, 0), (7, 5), (8, 9), (9, 0), (12, 0)]
+
+    class Cuda:
+        get_arch_list = staticmethod(lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"])
+        _code_compatible_with_device = staticmethod(torch.cuda._code_compatible_with_device)
+        get_device_name = staticmethod(lambda index: f"gpu{index}")
+        get_device_capability = staticmethod(lambda index: capabilities[index])
+
+    class Torch:
+        cuda = Cuda
+
+    built_for, unsupported = kernels(Torch, len(capabilities))
+    assert built_for.startswith("sm_75 sm_80")
+    assert unsupported == ["gpu0 (capability 7.0)", "gpu1 (capability 6.0)"]
