@@ -81,11 +81,16 @@ class Precision:
 
 
 def choose_precision(
-    setting: str, device_type: str, capability: tuple[int, int] | None = None, cpu_bf16: bool = False
+    setting: str,
+    device_type: str,
+    capability: tuple[int, int] | None = None,
+    cpu_bf16: bool = False,
+    tf32_setting: bool | None = None,
 ) -> Precision:
     """The precision for mixed_precision=setting on device_type ("cpu" | "cuda"): on a GPU by its
-    compute capability, on a CPU by whether it multiplies bf16 natively (cpu_bf16). fp16 on a CPU is a
-    ConfigError (CPU autocast has no gradient scaler, and fp16 gains nothing there)."""
+    compute capability (TF32 as tf32_setting says, None: where the GPU has it), on a CPU by whether
+    it multiplies bf16 natively (cpu_bf16). fp16 on a CPU is a ConfigError (CPU autocast has no
+    gradient scaler, and fp16 gains nothing there), and so is tf32=true on a GPU without TF32."""
     if setting not in MIXED_PRECISION_CHOICES:
         raise ValueError(f"mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {setting!r}")
     if device_type != "cuda":
@@ -110,26 +115,32 @@ def choose_precision(
     major, minor = capability or (0, 0)
     ampere = (major, minor) >= BF16_MIN_CAPABILITY
     where = f"capability {major}.{minor}"
-    tf32 = f"; TF32 matmuls {'on' if ampere else 'off'}"
+    if tf32_setting and not ampere:
+        raise ConfigError(
+            f"tf32=true but this GPU ({where}) has no TF32: it came with capability 8.0 (Ampere); unset tf32"
+        )
+    use_tf32 = ampere if tf32_setting is None else tf32_setting
+    tf32 = f"; TF32 matmuls {'on' if use_tf32 else 'off'}" + (" (tf32=false)" if ampere and not use_tf32 else "")
     if setting == "fp32":
-        return Precision(torch.float32, "cuda", tf32=ampere, reason=f"mixed_precision=fp32 ({where}{tf32})")
+        return Precision(torch.float32, "cuda", tf32=use_tf32, reason=f"mixed_precision=fp32 ({where}{tf32})")
     if setting == "fp16":
-        return Precision(torch.float16, "cuda", True, ampere, f"mixed_precision=fp16 with a gradient scaler{tf32}")
+        return Precision(torch.float16, "cuda", True, use_tf32, f"mixed_precision=fp16 with a gradient scaler{tf32}")
     if setting == "bf16":
         if not ampere:
             log.warning("mixed_precision=bf16 on a GPU of %s (< 8.0): bf16 is emulated and slow; fp16 is not", where)
-        return Precision(torch.bfloat16, "cuda", tf32=ampere, reason=f"mixed_precision=bf16 ({where}{tf32})")
+        return Precision(torch.bfloat16, "cuda", tf32=use_tf32, reason=f"mixed_precision=bf16 ({where}{tf32})")
     if ampere:
-        return Precision(torch.bfloat16, "cuda", tf32=True, reason=f"auto: {where} >= 8.0 multiplies bf16{tf32}")
+        return Precision(torch.bfloat16, "cuda", tf32=use_tf32, reason=f"auto: {where} >= 8.0 multiplies bf16{tf32}")
     why = f"auto: {where} < 8.0 has no fast bf16: fp16 with a gradient scaler{tf32}"
     return Precision(torch.float16, "cuda", grad_scaler=True, reason=why)
 
 
 def apply_precision(precision: Precision) -> None:
-    """Process-wide settings the precision asks for: TF32 matmuls on GPUs that have them."""
-    if precision.device_type == "cuda" and precision.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    """Process-wide settings the precision asks for: TF32 matmuls on GPUs that have them, true fp32
+    where it says so (both flags set either way: cuDNN's is on by default, cuBLAS's off)."""
+    if precision.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = precision.tf32
+        torch.backends.cudnn.allow_tf32 = precision.tf32
 
 
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"

@@ -143,6 +143,9 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model (the first steps are slow while it compiles). None (auto): on a GPU yes,
     on a CPU no (bench/train_step.py weighs it there)."""
+    tf32: bool | None = None
+    """Let a GPU's fp32 matmuls (all of mixed_precision=fp32, what autocast leaves in fp32) use TF32
+    tensor cores. None (auto): on GPUs of capability 8.0 and later, which have them; false: true fp32."""
     cuda_graphs: bool | None = None
     """Replay each compiled step as CUDA graphs (torch.compile's reduce-overhead mode): the GPU runs the
     step's few hundred kernels without a launch each. None (auto): on when one process trains on a GPU
@@ -277,6 +280,7 @@ class TrainConfig:
                 not (self.device == "cpu" and self.mixed_precision == "fp16"),
                 "auto, fp32 or bf16 with device=cpu (fp16 needs a GPU)",
             ),
+            ("tf32", not (self.tf32 and self.device == "cpu"), "unset (auto) or false with device=cpu (a GPU's TF32)"),
             (
                 "cuda_graphs",
                 not (self.cuda_graphs and (self.device == "cpu" or self.compile is False)),

@@ -66,7 +66,7 @@ class TrainerState:
         self.device, self.cuda = device, cuda or CudaFacts(False, 0)
         self.on_gpu = device.type == "cuda"
         cpu_bf16 = not self.on_gpu and cfg.mixed_precision != "fp32" and cpu_bf16_capable()
-        self.precision = choose_precision(cfg.mixed_precision, device.type, self.cuda.capability, cpu_bf16)
+        self.precision = choose_precision(cfg.mixed_precision, device.type, self.cuda.capability, cpu_bf16, cfg.tf32)
         apply_precision(self.precision)
         determinism = apply_determinism(cfg.deterministic, device.type)  # before anything compiles or multiplies
         self.dtype = self.precision.dtype

@@ -149,6 +149,31 @@ def test_explicit_choices_on_a_gpu() -> None:
     assert choose_precision("bf16", "cuda", (7, 5)).dtype == torch.bfloat16  # honoured, with a warning
 
 
+def test_tf32_false_gives_true_fp32_matmuls_and_true_is_refused_where_the_gpu_has_none() -> None:
+    from model.gpt.precision import apply_precision
+
+    exact = choose_precision("fp32", "cuda", (9, 0), tf32_setting=False)
+    assert not exact.tf32 and exact.reason == "mixed_precision=fp32 (capability 9.0; TF32 matmuls off (tf32=false))"
+    assert not choose_precision("auto", "cuda", (8, 0), tf32_setting=False).tf32
+    assert choose_precision("auto", "cuda", (8, 0), tf32_setting=True).tf32
+    with pytest.raises(ConfigError, match=r"^tf32=true but this GPU \(capability 7.5\) has no TF32"):
+        choose_precision("auto", "cuda", (7, 5), tf32_setting=True)
+    with pytest.raises(ConfigError, match=r"tf32 must be unset \(auto\) or false with device=cpu"):
+        load_config(None, ["device=cpu", "tf32=true"])
+    # Both of torch's flags follow the choice (cuDNN's is on by default, cuBLAS's off).
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        apply_precision(exact)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        apply_precision(choose_precision("auto", "cuda", (9, 0)))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        apply_precision(choose_precision("auto", "cpu"))  # a CPU run leaves them alone
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 def test_fp16_on_a_cpu_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="mixed_precision=fp16 needs a GPU"):
         choose_precision("fp16", "cpu")
