@@ -107,6 +107,7 @@ class MachinesRun:
             dataset=request.dataset,
             launcher=request.launcher,
             backend=request.backend,
+            device=prepared.trainer_config.device,
             master_port=self.master_port,
             config_file=prepared.config_file or "",
             overrides=prepared.overrides + extra_overrides,
@@ -114,23 +115,21 @@ class MachinesRun:
         )
 
     def dry_run(self, prepared: Prepared) -> None:
-        plan = self.plan_for(self.cluster.for_device(prepared.trainer_config.device), self.nodes, {}, prepared)
+        plan = self.plan_for(self.cluster, self.nodes, {}, prepared)
         print_dry_run(plan, self.site, prepared.config_text)
 
     def open(self, prepared: Prepared) -> None:
         self.prepared = prepared
         request = self.request
-        device = prepared.trainer_config.device
-        if self.cluster.gpus_per_node and device == "cpu":
-            say(f"device=cpu: the GPU nodes train on their CPUs, {self.cluster.gpus_per_node} GPU(s) each left idle")
-        self.cluster = self.cluster.for_device(device)
+        if self.cluster.gpus_per_node and prepared.trainer_config.device == "cpu":
+            say(f"device=cpu: each rank computes on the CPUs; a node's {self.cluster.gpus_per_node} GPU(s) stay idle")
         session = Session.open(self.cluster, self.nodes, request.dataset)
         revival = self.revival
         self.recovery = NodeRecovery(
             session,
             request.run,
             request.recover,
-            resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes).for_device(device),
+            resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes),
             revive=revive if revival is None else revival,
             awaited=lambda: 0.0 if revival is None else revival.awaited_s,
         )

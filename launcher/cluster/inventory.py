@@ -9,7 +9,7 @@ machine. The names and kinds every source shares are here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.cluster import kube_contract
@@ -127,14 +127,6 @@ class Cluster:
     def ranks_per_node(self) -> int:
         """Ranks a node runs: one per GPU, or one on a CPU node (launcher.launch.plan places them)."""
         return max(1, self.gpus_per_node)
-
-    def for_device(self, device: str) -> Cluster:
-        """The cluster as a run on this trainer device (TrainConfig.device) uses it: with device=cpu GPU
-        nodes train on their CPUs like CPU nodes (a rank per node, gloo, the fit in host memory), at
-        the same price; otherwise the cluster itself."""
-        if device != "cpu" or not self.gpus_per_node:
-            return self
-        return replace(self, gpus_per_node=0, gpu_model="")
 
     def select(self, count: int | None) -> tuple[Node, ...]:
         """The first `count` nodes (all when None): what `--nodes N` means for every task."""

@@ -49,7 +49,7 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
     hosts = group_by_host(tuple(nodes))
     per_node = cluster.ranks_per_node
     world = len(nodes) * per_node
-    gpus = cluster.gpus_per_node > 0
+    gpus = cluster.gpus_per_node > 0 and cfg.device != "cpu"  # device=cpu: the same ranks, on the CPUs
     shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
     for host in hosts:
         report = reports.get(host.node.index)

@@ -103,6 +103,8 @@ class LaunchPlan:
     """fabric (one process per rank started over SSH), mpirun (Intel MPI from the head) or torchrun."""
     backend: str = "auto"
     """auto (nccl on GPU nodes; ccl where the bindings import on every node, else gloo), nccl, ccl or gloo."""
+    device: str = "auto"
+    """The trainer's device setting: cpu on GPU nodes puts the same ranks (one per GPU slot) on the CPUs."""
     master_port: int = DEFAULT_MASTER_PORT
     """Rendezvous port on the head."""
     collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -136,8 +138,9 @@ class LaunchPlan:
 
     @property
     def on_gpus(self) -> bool:
-        """The nodes have GPUs: a rank per GPU, NCCL between them (the trainer picks the device)."""
-        return self.cluster.gpus_per_node > 0
+        """The ranks compute on GPUs: the nodes have them (a rank per GPU, NCCL between them) and the
+        trainer is not told device=cpu."""
+        return self.cluster.gpus_per_node > 0 and self.device != "cpu"
 
     @cached_property
     def ranks(self) -> list[Rank]:
@@ -173,26 +176,35 @@ class LaunchPlan:
     def unfit_choice(self) -> str:
         """Why these nodes cannot run the --launcher or --backend asked for ('' when they can), from
         their probes: said before any unit starts, where each rank would otherwise fail on its own."""
+        gpu_nodes, local = self.cluster.gpus_per_node > 0, self.cluster.is_local
         if self.launcher == "mpirun":
             lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).mpirun]
             if lacking:
-                where = (
-                    "GPU nodes' cuda profile installs none" if self.on_gpus else "fab setup --profile intel installs it"
-                )
+                if local:
+                    where = "pip install impi-rt into the Python running this"
+                elif gpu_nodes:
+                    where = "GPU nodes' cuda profile installs none"
+                else:
+                    where = "fab setup --profile intel installs it"
                 return (
                     f"--launcher mpirun: {', '.join(lacking)} has no mpirun (Intel MPI, impi-rt: {where}); "
                     "use --launcher fabric (the default) or torchrun"
                 )
         if self.backend == "nccl" and not self.on_gpus:
-            return "--backend nccl: these nodes have no GPUs (NCCL runs between GPUs); use --backend auto (gloo)"
-        if self.backend == "ccl" and self.on_gpus:
-            return "--backend ccl: these nodes have GPUs, and oneCCL here is for CPU ranks; use --backend auto (NCCL)"
+            why = "device=cpu puts the ranks on the CPUs" if gpu_nodes else "these nodes have no GPUs"
+            return f"--backend nccl: {why} (NCCL runs between GPUs); use --backend auto (gloo)"
+        if self.backend == "ccl" and gpu_nodes:
+            return (
+                "--backend ccl: GPU nodes' cuda profile has no oneCCL bindings (the intel profile would replace "
+                "its CUDA torch); use --backend auto (NCCL, or gloo with device=cpu)"
+            )
         if self.backend == "ccl":
             lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).ccl]
             if lacking:
+                fix = "pip install them into the Python running this" if local else "fab setup --profile intel"
                 return (
-                    f"--backend ccl: {', '.join(lacking)} cannot import oneccl_bindings_for_pytorch (fab setup "
-                    "--profile intel installs it); use --backend auto (gloo there)"
+                    f"--backend ccl: {', '.join(lacking)} cannot import oneccl_bindings_for_pytorch ({fix}); "
+                    "use --backend auto (gloo there)"
                 )
         return ""
 

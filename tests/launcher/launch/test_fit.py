@@ -119,6 +119,19 @@ def test_a_rank_too_big_for_its_gpu_names_the_gpu_its_memory_the_need_and_the_wa
     assert "--set zero_stage=1" in message and "a larger GPU" in message
 
 
+def test_with_device_cpu_gpu_nodes_are_checked_as_cpu_ranks_in_host_memory(l4_nodes):
+    """The same ranks on the CPUs: a config too big for an L4 is not refused for its GPU, and the
+    machine's four CPU ranks are weighed against its host memory."""
+    big = ["init_from=gpt2-medium", "batch_size=16", "block_size=1024", "device=cpu"]
+    check_fit(
+        l4_nodes, l4_nodes.nodes, gpu_reports(l4_nodes.nodes, 4, 24.15, available_gb=400.0), load_config(None, big)
+    )
+    with pytest.raises(TaskError, match=r"^4 rank\(s\) do not fit lab-0: they need ~[0-9.]+ GB of memory"):
+        check_fit(
+            l4_nodes, l4_nodes.nodes, gpu_reports(l4_nodes.nodes, 4, 24.15, available_gb=30.0), load_config(None, big)
+        )
+
+
 def test_a_gpu_rank_counts_gpu_memory_not_its_host_side():
     cfg = load_config(None, ["init_from=gpt2", "batch_size=4", "block_size=1024", "zero_stage=1"])
     gpu = estimate_rank_memory(cfg, 8, rank0=True, one_host=False, device="cuda")

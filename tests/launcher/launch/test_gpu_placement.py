@@ -160,9 +160,9 @@ def test_local_gpu_ranks_each_take_the_next_gpu(local_home):
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu"])
-def test_device_cpu_on_gpu_nodes_plans_a_cpu_run(local_home, monkeypatch, capsys, device):
-    """--set device=cpu on GPU nodes: the ranks train on the CPUs, so the plan is a CPU node's (gloo,
-    no GPU variables), not NCCL's that every rank would then refuse."""
+def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, monkeypatch, capsys, device):
+    """--set device=cpu on GPU nodes: the same ranks (one per GPU slot) train on the CPUs, so the plan
+    is a CPU node's (gloo, no GPU variables), not NCCL's that every rank would then refuse."""
     import launcher.cluster.local
     from launcher.lifecycle import TrainRequest
     from launcher.train import train
@@ -178,3 +178,15 @@ def test_device_cpu_on_gpu_nodes_plans_a_cpu_run(local_home, monkeypatch, capsys
         assert plan["backend"] == "gloo" and "CUDA_DEVICE_ORDER" not in env and "one GPU each" not in env
     else:
         assert plan["backend"] == "nccl" and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env and "one GPU each" in env
+
+
+@pytest.mark.parametrize("gpus", [2, 8])
+def test_device_cpu_keeps_a_rank_per_gpu_slot_over_gloo(contract, gpus):
+    cluster = gpu_cluster(contract, gpus)
+    plan = plan_for(cluster, device="cpu", facts={})  # a cuda profile: no oneCCL bindings
+    assert plan.world_size == 2 * gpus and not plan.on_gpus and plan.resolved_backend() == "gloo"
+    env = sourced(env_file(plan, cluster.nodes[0]))
+    assert env["OMP_NUM_THREADS"] == str(16 // gpus) and "NCCL_SOCKET_IFNAME" not in env
+    assert plan_for(cluster, device="cpu", backend="nccl").unfit_choice() == (
+        "--backend nccl: device=cpu puts the ranks on the CPUs (NCCL runs between GPUs); use --backend auto (gloo)"
+    )

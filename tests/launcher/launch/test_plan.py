@@ -101,6 +101,21 @@ def test_a_launcher_or_backend_the_nodes_cannot_run_is_named_before_anything_sta
     gpu = dataclasses.replace(lab, gpus_per_node=4, gpu_model="nvidia-l4")
     assert plan_for(gpu, backend="nccl").unfit_choice() == ""
     assert (
-        plan_for(gpu, backend="ccl", facts=everything).unfit_choice().startswith("--backend ccl: these nodes have GPUs")
+        plan_for(gpu, backend="ccl", facts=everything)
+        .unfit_choice()
+        .startswith("--backend ccl: GPU nodes' cuda profile has no oneCCL bindings")
     )
     assert "GPU nodes' cuda profile installs none" in plan_for(gpu, launcher="mpirun", facts=no_mpi).unfit_choice()
+
+
+def test_on_this_machine_the_refusal_says_what_to_install_into_this_python(local3):
+    from launcher.launch.plan import NodeFacts
+
+    none = {n.index: NodeFacts() for n in local3.nodes}
+    assert plan_for(local3, launcher="mpirun", facts=none).unfit_choice() == (
+        "--launcher mpirun: local0 has no mpirun (Intel MPI, impi-rt: pip install impi-rt into the Python running "
+        "this); use --launcher fabric (the default) or torchrun"
+    )
+    assert (
+        "(pip install them into the Python running this)" in plan_for(local3, backend="ccl", facts=none).unfit_choice()
+    )

@@ -44,9 +44,8 @@ def test_bad_names_are_refused_before_anything_connects(local3):
 
 
 def test_a_launcher_this_machine_cannot_run_is_refused_before_any_rank_starts(local3, local_home, monkeypatch):
-    """A node without Intel MPI (the default profile; the probe looks beside the node Python and on
-    PATH): `--launcher mpirun` would start a unit that fails at once; it is refused in one line, and no
-    unit is started."""
+    """A machine without Intel MPI (the probe looks beside the node Python and on PATH): `--launcher
+    mpirun` would start a unit that fails at once; it is refused in one line, and no unit is started."""
     import dataclasses
 
     import launcher.train
@@ -59,7 +58,7 @@ def test_a_launcher_this_machine_cannot_run_is_refused_before_any_rank_starts(lo
     with pytest.raises(TaskError) as refused:
         train(TrainRequest(None, nodes=2, run="r", dataset="d", launcher="mpirun", port=29613))
     assert str(refused.value) == (
-        "--launcher mpirun: local0 has no mpirun (Intel MPI, impi-rt: fab setup --profile intel installs it); "
-        "use --launcher fabric (the default) or torchrun"
+        "--launcher mpirun: local0 has no mpirun (Intel MPI, impi-rt: pip install impi-rt into the Python running "
+        "this); use --launcher fabric (the default) or torchrun"
     )
     assert not list((local_home / "runs" / "r").glob("*.sh"))
