@@ -126,26 +126,46 @@ def gpu_uuids() -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
 
 
-def visible_gpus(listed: LocalGpus, setting: str | None, uuids: Callable[[], list[str]] = gpu_uuids) -> LocalGpus:
-    """The GPUs CUDA_VISIBLE_DEVICES (setting; None: unset) leaves the ranks, in its order. As CUDA
-    reads it: indices or UUID prefixes separated by commas, up to the first that names no GPU (or one
-    named twice); empty or -1 hides them all."""
-    if setting is None:
-        return listed
-    known = None
+def visible_ordinals(count: int, setting: str, uuids: Callable[[], list[str]] = gpu_uuids) -> list[int] | None:
+    """The GPUs (nvidia-smi's indices, in the ranks' order) CUDA_VISIBLE_DEVICES=setting leaves, read
+    as torch reads it (torch.cuda._parse_visible_devices): UUID prefixes when it starts with GPU-,
+    else numbers as strtoul reads them ("1gpu2" is 1); each list up to its first entry that names no
+    GPU; a GPU named twice hides them all. None for MIG instances, which are not whole GPUs."""
+    if setting.startswith("MIG-"):
+        return None
     chosen: list[int] = []
-    for entry in (part.strip() for part in setting.split(",")):
-        if entry.isdigit():
-            index = int(entry)
-        elif entry.startswith("GPU-"):
-            known = uuids() if known is None else known
-            matches = [i for i, uuid in enumerate(known) if uuid.startswith(entry)]
-            index = matches[0] if len(matches) == 1 else -1
-        else:
+    if setting.startswith("GPU-"):
+        known = uuids()
+        for entry in setting.split(","):
+            matches = [i for i, uuid in enumerate(known) if entry.startswith("GPU-") and uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            if matches[0] in chosen:
+                return []
+            chosen.append(matches[0])
+        return chosen
+    for entry in setting.split(","):
+        digits = re.match(r"\s*\+?(\d+)", entry)
+        if digits is None:
             break
-        if not 0 <= index < listed.count or index in chosen:
+        index = int(digits.group(1))
+        if index in chosen:
+            return []
+        if index >= count:
             break
         chosen.append(index)
+    return chosen
+
+
+def visible_gpus(listed: LocalGpus, setting: str | None, uuids: Callable[[], list[str]] = gpu_uuids) -> LocalGpus:
+    """The GPUs CUDA_VISIBLE_DEVICES (setting; None: unset) leaves the ranks, in its order
+    (visible_ordinals); empty or -1 hides them all."""
+    if setting is None:
+        return listed
+    chosen = visible_ordinals(listed.count, setting, uuids)
+    if chosen is None:
+        mig = f"{VISIBLE_DEVICES_ENV}={setting!r} names MIG instances"
+        return LocalGpus(unused=f"{mig}: the local cluster places ranks on whole GPUs")
     hidden = listed.count - len(chosen)
     return LocalGpus(
         tuple(listed.names[i] for i in chosen),

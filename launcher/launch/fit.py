@@ -16,10 +16,13 @@ local rank i on GPU i), and what the ranks keep on the host must fit the host's 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, Node, group_by_host
+from launcher.cluster.local import VISIBLE_DEVICES_ENV, visible_ordinals
 from launcher.console import TaskError
 from launcher.session import NodeReport
 from model.gpt.memory_estimate import GB, MemoryEstimate, estimate_host_memory, estimate_rank_memory
@@ -59,7 +62,8 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         heads = [node.index == nodes[0].index and slot == 0 for node in host.nodes for slot in range(per_node)]
         if gpus and report is not None and "python" not in report.missing:
             first = list(nodes).index(host.node) * per_node
-            check_gpus(cluster, where, report, cfg, heads, first, world, one_host=len(hosts) == 1, shape=shape)
+            seen = gpus_the_ranks_see(cluster, report)
+            check_gpus(cluster, where, seen, cfg, heads, first, world, one_host=len(hosts) == 1, shape=shape)
         estimates: list[MemoryEstimate | None] = [
             estimate_host_memory(cfg, rank0, shape=shape, world_size=world, one_host=len(hosts) == 1)
             if gpus
@@ -89,6 +93,20 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
             f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
             + ways_out(cluster, cfg, cores, available, estimates, too_big)
         )
+
+
+def gpus_the_ranks_see(cluster: Cluster, report: NodeReport) -> NodeReport:
+    """The probe's GPUs as the ranks see them: on this machine those CUDA_VISIBLE_DEVICES leaves, in
+    its order (the local cluster, launcher.cluster.local); a node's are all of them."""
+    setting = os.environ.get(VISIBLE_DEVICES_ENV)
+    if not cluster.is_local or setting is None:
+        return report
+    order = visible_ordinals(report.gpu_count, setting) or []
+    return replace(
+        report,
+        gpu_names=tuple(report.gpu_names[i] for i in order),
+        gpu_memory_gb=tuple(report.gpu_memory_gb[i] for i in order if i < len(report.gpu_memory_gb)),
+    )
 
 
 def check_gpus(

@@ -141,6 +141,13 @@ def test_this_pythons_torch_build_is_read_without_importing_it():
         ("2,0", 2, "1 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='2,0'"),
         ("1,7,2", 1, "2 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='1,7,2'"),  # CUDA stops at a GPU it lacks
         ("0,1,2", 3, ""),
+        ("1gpu2,0", 2, "1 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='1gpu2,0'"),  # read as strtoul reads it: 1
+        ("0,0", 0, "3 of 3 GPU(s) hidden by CUDA_VISIBLE_DEVICES='0,0'"),  # a GPU named twice hides them all
+        (
+            "MIG-4b1c",
+            0,
+            "CUDA_VISIBLE_DEVICES='MIG-4b1c' names MIG instances: the local cluster places ranks on whole GPUs",
+        ),
     ],
 )
 def test_cuda_visible_devices_chooses_the_local_ranks_gpus(gpus, cores, monkeypatch, setting, used, unused):
@@ -163,3 +170,5 @@ def test_gpus_named_by_uuid_are_taken_in_the_order_given():
     chosen = visible_gpus(listed, "GPU-bb22,GPU-aa", lambda: uuids)
     assert chosen.names == ("NVIDIA H100 80GB HBM3", "NVIDIA L4") and chosen.memory_mib == (81559, 23034)
     assert visible_gpus(listed, "GPU-cc", lambda: uuids).count == 0  # a UUID no GPU has
+    assert visible_gpus(listed, "GPU-bb,0", lambda: uuids).names == ("NVIDIA H100 80GB HBM3",)  # one kind only
+    assert visible_gpus(listed, "GPU-aa,GPU-aa11", lambda: uuids).count == 0  # the same GPU twice

@@ -174,3 +174,21 @@ def test_the_local_clusters_gpu_ranks_each_need_a_gpu(local_home):
     check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 2, 24.15)[0]}, cfg)
     with pytest.raises(TaskError, match=r"this machine has 1 GPU\(s\).*\(--nodes 1\)"):
         check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 1, 24.15)[0]}, cfg)
+
+
+def test_the_local_ranks_are_weighed_against_the_gpus_cuda_visible_devices_gives_them(local_home, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2,0: local rank 0 computes on nvidia-smi's GPU 2, rank 1 on its GPU 0; an
+    80 GB pair fits what a 10 GB GPU 1 beside them would not."""
+    local = local_cluster(2, LocalGpus(("NVIDIA H100", "NVIDIA H100"), (81559, 81559)))
+    report = NodeReport(
+        cores=16,
+        mem_available_gb=200.0,
+        gpu_names=("NVIDIA H100", "NVIDIA T1000", "NVIDIA H100"),
+        gpu_memory_gb=(85.5, 10.0, 85.5),
+    )
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=16", "block_size=1024"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    check_fit(local, local.nodes, {0: report}, cfg)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(TaskError, match=r"^rank 1 does not fit GPU 1 of this machine \(NVIDIA T1000, 10.0 GB\)"):
+        check_fit(local, local.nodes, {0: report}, cfg)
