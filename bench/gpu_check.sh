@@ -176,11 +176,16 @@ sample_part() {
     fi
 }
 
+# Beside the tests, and like them never into part 5's time. Stopped with the script if it is stopped.
 PART_STARTED=$SECONDS
-resume_part >"$WORK/resume.out" 2>&1 &
+(DEADLINE=$((DEADLINE - BENCH_LIMIT_S)) && resume_part) >"$WORK/resume.out" 2>&1 &
 resume_pid=$!
-sample_part >"$WORK/sample.out" 2>&1 &
+(DEADLINE=$((DEADLINE - BENCH_LIMIT_S)) && sample_part) >"$WORK/sample.out" 2>&1 &
 sample_pid=$!
+stop_background() {
+    for pid in $resume_pid $sample_pid; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
+}
+trap stop_background EXIT
 
 # --- 2. the gpu-marked tests -------------------------------------------------------------------------
 echo "== 2. gpu tests (3. resume and 4. sample run beside them)"
@@ -206,6 +211,7 @@ fi
 
 # Both background parts are bounded (each command under `timeout`, none past the deadline).
 wait "$resume_pid" "$sample_pid"
+resume_pid='' sample_pid=''  # ended: their ids are no longer ours to signal
 collect resume "3. resume"
 collect sample "4. sample"
 
