@@ -278,14 +278,15 @@ def gpu_node_problems(
             )
         )
     elif found.get("unsupported"):
+        gpus_without = ", ".join(dict.fromkeys(found["unsupported"]))  # each model once, not once per GPU
+        built_for = found.get("built_for") or "?"
         problems.append(
             (
                 "torch",
                 node,
-                f"torch {found.get('torch', '?')} has no kernels for {', '.join(found['unsupported'])}: it is built "
-                f"for {found.get('built_for') or '?'}",
-                "GPUs of capability 7.5 or later (T4, L4, A100, H100, ...): the lock's CUDA 13 build of torch "
-                "dropped V100 and P100 (node/README.md)",
+                f"torch {found.get('torch', '?')} has no kernels for {gpus_without}: it is built for {built_for}",
+                f"GPUs this build runs on, or a torch build with kernels for these (node/README.md: which GPUs "
+                f"the lock's CUDA {torch_cuda} build covers)",
             )
         )
     elif driver_ok:

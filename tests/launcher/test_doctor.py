@@ -207,10 +207,9 @@ def test_doctor_names_gpus_the_cuda_build_has_no_kernels_for(gpu_doctor, monkeyp
     code, out = gpu_doctor(2)
     assert code == 1
     assert problem_rows(out) == [
-        "torch local0 torch 2.13.0+cu130 has no kernels for Tesla V100-SXM2-16GB (capability 7.0), Tesla "
-        "V100-SXM2-16GB (capability 7.0): it is built for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 GPUs of "
-        "capability 7.5 or later (T4, L4, A100, H100, ...): the lock's CUDA 13 build of torch dropped V100 and "
-        "P100 (node/README.md)"
+        "torch local0 torch 2.13.0+cu130 has no kernels for Tesla V100-SXM2-16GB (capability 7.0): it is built "
+        "for sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 GPUs this build runs on, or a torch build with kernels for "
+        "these (node/README.md: which GPUs the lock's CUDA 13.0 build covers)"
     ], out
 
 
