@@ -13,6 +13,7 @@ from functools import cached_property
 
 from launcher.cluster.inventory import Cluster, Host, Node, group_by_host
 from launcher.cluster.local import local_nodes
+from launcher.console import command_line
 from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")
@@ -177,6 +178,7 @@ class LaunchPlan:
         """Why these nodes cannot run the --launcher or --backend asked for ('' when they can), from
         their probes: said before any unit starts, where each rank would otherwise fail on its own."""
         gpu_nodes, local = self.cluster.gpus_per_node > 0, self.cluster.is_local
+        intel_setup = command_line("setup", cluster=self.cluster.spec, profile="intel")
         if self.launcher == "mpirun":
             lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).mpirun]
             if lacking:
@@ -185,7 +187,7 @@ class LaunchPlan:
                 elif gpu_nodes:
                     where = "GPU nodes' cuda profile installs none"
                 else:
-                    where = "fab setup --profile intel installs it"
+                    where = f"{intel_setup} installs it"
                 return (
                     f"--launcher mpirun: {', '.join(lacking)} has no mpirun (Intel MPI, impi-rt: {where}); "
                     "use --launcher fabric (the default) or torchrun"
@@ -201,7 +203,7 @@ class LaunchPlan:
         if self.backend == "ccl":
             lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).ccl]
             if lacking:
-                fix = "pip install them into the Python running this" if local else "fab setup --profile intel"
+                fix = "pip install them into the Python running this" if local else intel_setup
                 return (
                     f"--backend ccl: {', '.join(lacking)} cannot import oneccl_bindings_for_pytorch ({fix}); "
                     "use --backend auto (gloo there)"
