@@ -10,6 +10,7 @@ import ast
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -174,6 +175,24 @@ def visible_gpus(listed: LocalGpus, setting: str | None, uuids: Callable[[], lis
     )
 
 
+CUDA_PINS = Path(__file__).resolve().parents[2] / "node" / "requirements-cuda.txt"
+"""GPU nodes' pins, under node_layout.REPO_ROOT (not imported: that module imports this one)."""
+
+
+def cuda_torch_install() -> str:
+    """The command that puts torch's CUDA build, as the lock pins it for GPU nodes (CUDA_PINS), into
+    this Python; '' without that file."""
+    try:
+        lines = CUDA_PINS.read_text().splitlines()
+    except OSError:
+        return ""
+    pin = next((line.split()[0] for line in lines if line.startswith("torch==")), "")
+    index = next((line.split()[1] for line in lines if line.startswith("--extra-index-url ")), "")
+    if not pin or not index:
+        return ""
+    return f"{shlex.quote(sys.executable)} -m pip install {pin} --extra-index-url {index}"
+
+
 def local_gpus(env: Mapping[str, str] | None = None) -> LocalGpus:
     """The GPUs the local ranks use: those nvidia-smi lists (bounded in time, as the probe asks a
     node's) that CUDA_VISIBLE_DEVICES leaves visible, when this Python's torch is a CUDA build. None
@@ -185,9 +204,8 @@ def local_gpus(env: Mapping[str, str] | None = None) -> LocalGpus:
     version, cuda = local_torch()
     if not cuda:
         build = f"torch {version} is a CPU build" if version else "torch is not installed"
-        return LocalGpus(
-            unused=f"{listed.count} GPU(s) unused: this Python's {build} (install torch's CUDA build to train on them)"
-        )
+        install = cuda_torch_install() or "install torch's CUDA build"
+        return LocalGpus(unused=f"{listed.count} GPU(s) unused: this Python's {build} (to train on them: {install})")
     return visible_gpus(listed, (os.environ if env is None else env).get(VISIBLE_DEVICES_ENV))
 
 

@@ -4,6 +4,8 @@ a machine without them one per core, at most 3. A stand-in nvidia-smi on PATH pl
 from __future__ import annotations
 
 import stat
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ from launcher.cluster.inventory import InventoryError
 from launcher.cluster.local import LOCAL_CPU_RANKS_CAP, local_gpus, parse_nvidia_smi
 
 H100 = "NVIDIA H100 80GB HBM3, 81559"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -113,9 +116,17 @@ def test_with_a_cpu_build_of_torch_the_gpus_are_left_unused_and_the_first_line_s
     cluster = load_cluster(None)
     assert len(cluster.nodes) == 3 and cluster.gpus_per_node == 0
     assert len(load_cluster(None, local_nodes=3).nodes) == 3  # not refused as more ranks than GPUs
+    from launcher.cluster.node_layout import REPO_ROOT
+
+    assert launcher.cluster.local.CUDA_PINS == REPO_ROOT / "node" / "requirements-cuda.txt"
+    pin = next(
+        line
+        for line in (REPO / "node" / "requirements-cuda.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    )
     assert (
-        "1 GPU(s) unused: this Python's torch 2.13.0+cpu is a CPU build (install torch's CUDA build to train on "
-        "them)" in cluster.source
+        f"1 GPU(s) unused: this Python's torch 2.13.0+cpu is a CPU build (to train on them: {sys.executable} -m "
+        f"pip install {pin} --extra-index-url https://download.pytorch.org/whl/cu" in cluster.source
     )
 
 
