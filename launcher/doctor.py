@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from launcher.cluster.inventory import Node
+from launcher.cluster.inventory import Node, group_by_host
 from launcher.cluster.node_layout import DEFAULT_PORT
 from launcher.console import command_line, console, program_name, say
 from launcher.node_scripts import script
@@ -209,6 +209,7 @@ def gpu_problems(session: Session) -> list[Problem]:
     if not per_node or not nodes:
         return []
     local = session.cluster.is_local
+    ranks_on = {host.address: per_node * len(host.nodes) for host in group_by_host(session.nodes)}
     check, python = script("gpu_check"), session.site.python
     results = session.run_everywhere(nodes, lambda n, s: s.run(f"{python} -", stdin=check, timeout=GPU_CHECK_TIMEOUT_S))
     problems: list[Problem] = []
@@ -221,8 +222,7 @@ def gpu_problems(session: Session) -> list[Problem]:
             fix = setup_fix(session.cluster.spec, "(the node environment is broken)")
             problems.append(("gpu", node.name, why, fix))
             continue
-        wanted = per_node * sum(1 for n in session.nodes if n.private_ip == node.private_ip)
-        problems += gpu_node_problems(node.name, found, wanted, session.cluster.spec, local=local)
+        problems += gpu_node_problems(node.name, found, ranks_on[node.private_ip], session.cluster.spec, local=local)
     return problems
 
 

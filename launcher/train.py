@@ -152,8 +152,8 @@ class MachinesRun:
         place_data(session, request.dataset)
         facts = {n.index: launch_facts(session.report(n)) for n in session.nodes}
         plan = self.plan = self.plan_for(session.cluster, session.nodes, facts, prepared, extra_overrides)
-        if plan.unfit_choice():
-            raise TaskError(plan.unfit_choice())
+        if refusal := plan.unfit_choice():
+            raise TaskError(refusal)
         start_units(session, plan, prepared.config_text)
         machines = len(session.hosts())  # the local cluster's nodes share one machine
         where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")

@@ -11,9 +11,8 @@ import importlib.util
 import os
 import re
 import shlex
-import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,16 +114,8 @@ def local_torch() -> tuple[str, str]:
 
 def gpu_uuids() -> list[str]:
     """Each GPU's UUID in nvidia-smi's order ([] when it fails): CUDA_VISIBLE_DEVICES may name GPUs so."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=probe.NVIDIA_SMI_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    listing = probe.nvidia_smi("--query-gpu=uuid", "--format=csv,noheader")
+    return [line.strip() for line in listing.splitlines() if line.strip()]
 
 
 def visible_ordinals(count: int, setting: str, uuids: Callable[[], list[str]] = gpu_uuids) -> list[int] | None:
@@ -193,7 +184,7 @@ def cuda_torch_install() -> str:
     return f"{shlex.quote(sys.executable)} -m pip install {pin} --extra-index-url {index}"
 
 
-def local_gpus(env: Mapping[str, str] | None = None) -> LocalGpus:
+def local_gpus() -> LocalGpus:
     """The GPUs the local ranks use: those nvidia-smi lists (bounded in time, as the probe asks a
     node's) that CUDA_VISIBLE_DEVICES leaves visible, when this Python's torch is a CUDA build. None
     without the driver's tool or when it fails; none with a CPU build of torch (what `make setup`
@@ -206,7 +197,7 @@ def local_gpus(env: Mapping[str, str] | None = None) -> LocalGpus:
         build = f"torch {version} is a CPU build" if version else "torch is not installed"
         install = cuda_torch_install() or "install torch's CUDA build"
         return LocalGpus(unused=f"{listed.count} GPU(s) unused: this Python's {build} (to train on them: {install})")
-    return visible_gpus(listed, (os.environ if env is None else env).get(VISIBLE_DEVICES_ENV))
+    return visible_gpus(listed, os.environ.get(VISIBLE_DEVICES_ENV))
 
 
 def default_local_ranks(gpus: LocalGpus, cores: int) -> int:

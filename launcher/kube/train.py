@@ -159,19 +159,16 @@ class KubeRun:
         object exists; the first attempt's launch."""
         first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
         world = len(self.nodes) * self.cluster.ranks_per_node
-        pod_memory_gib = pod_placement.pod_memory_mib(first) / 1024
-        if self.cluster.gpus_per_node:  # each rank's GPU, and the pod's ranks in its host memory
-            check_pod_fit(
-                prepared.trainer_config,
-                world,
-                self.access.gpu_memory_gib,
-                self.cluster.describe(),
-                "cuda",
-                pod_memory_gib=pod_memory_gib,
-                ranks_per_pod=self.cluster.ranks_per_node,
-            )
-        else:
-            check_pod_fit(prepared.trainer_config, world, pod_memory_gib, self.cluster.describe())
+        pod_memory_gib, gpus = pod_placement.pod_memory_mib(first) / 1024, self.cluster.gpus_per_node > 0
+        check_pod_fit(  # on GPU nodes each rank's GPU, and the pod's ranks in its host memory
+            prepared.trainer_config,
+            world,
+            self.access.gpu_memory_gib if gpus else pod_memory_gib,
+            self.cluster.describe(),
+            "cuda" if gpus else "cpu",
+            pod_memory_gib=pod_memory_gib,
+            ranks_per_pod=self.cluster.ranks_per_node,
+        )
         return first
 
     def dry_run(self, prepared: Prepared) -> None:

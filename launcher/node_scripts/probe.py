@@ -179,19 +179,24 @@ def parse_gpus(text: str) -> list:
     return found
 
 
-def gpus() -> list:
-    """[name, MiB] of each GPU nvidia-smi lists, in device order; [] without the driver's tool, or
-    when it fails or hangs past NVIDIA_SMI_TIMEOUT_S."""
+def nvidia_smi(*args: str) -> str:
+    """nvidia-smi's output for args; '' without the driver's tool, or when it fails or hangs past
+    NVIDIA_SMI_TIMEOUT_S."""
     smi = on_path("nvidia-smi")
     if not smi:
-        return []
+        return ""
     import subprocess  # only here: it costs a CPU node's probe a few ms for nothing
 
     try:
-        result = subprocess.run([smi, *GPU_QUERY], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        result = subprocess.run([smi, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    return parse_gpus(result.stdout) if result.returncode == 0 else []
+        return ""
+    return result.stdout if result.returncode == 0 else ""
+
+
+def gpus() -> list:
+    """[name, MiB] of each GPU nvidia-smi lists, in device order; [] without it (nvidia_smi)."""
+    return parse_gpus(nvidia_smi(*GPU_QUERY))
 
 
 def oom_kills() -> int | None:
