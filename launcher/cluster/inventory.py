@@ -90,6 +90,9 @@ class Cluster:
     CPU nodes, which run one rank each."""
     gpu_model: str = ""
     """The GPU's model ("nvidia-l4", "nvidia-tesla-t4", ...), for display and prices; empty without GPUs."""
+    gpu_ids: tuple[str, ...] = ()
+    """The GPU of each local rank as CUDA_VISIBLE_DEVICES names it: the local cluster's, under the
+    operator's CUDA_VISIBLE_DEVICES; empty when the ranks' GPU i is the machine's GPU i (gpu_id)."""
     machine_type: str = ""
     """Machine type, for display."""
     region: str = ""
@@ -122,6 +125,10 @@ class Cluster:
     @property
     def head(self) -> Node:
         return self.nodes[0]
+
+    def gpu_id(self, local_rank: int) -> str:
+        """The GPU the machine's rank local_rank computes on, as CUDA_VISIBLE_DEVICES would name it."""
+        return self.gpu_ids[local_rank] if local_rank < len(self.gpu_ids) else str(local_rank)
 
     @property
     def ranks_per_node(self) -> int:

@@ -68,6 +68,9 @@ class LocalGpus:
     """Each GPU's model name, in the order the ranks see them (cuda:0, cuda:1, ...)."""
     memory_mib: tuple[int, ...] = ()
     """Each GPU's memory in MiB."""
+    ids: tuple[str, ...] = ()
+    """Each GPU as the operator's CUDA_VISIBLE_DEVICES names it, in the same order (empty when it is
+    unset: cuda:i is GPU i), for launchers that set CUDA_VISIBLE_DEVICES themselves (accelerate)."""
     unused: str = ""
     """Why GPUs nvidia-smi lists are not used ('' when none are left out): the local cluster's first
     line says it."""
@@ -162,6 +165,7 @@ def visible_gpus(listed: LocalGpus, setting: str | None, uuids: Callable[[], lis
     return LocalGpus(
         tuple(listed.names[i] for i in chosen),
         tuple(listed.memory_mib[i] for i in chosen),
+        tuple(entry.strip() for entry in setting.split(",")[: len(chosen)]),  # the entries chosen are the first
         f"{hidden} of {listed.count} GPU(s) hidden by {VISIBLE_DEVICES_ENV}={setting!r}" if hidden else "",
     )
 
@@ -266,4 +270,5 @@ def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: 
         is_local=True,
         gpus_per_node=1 if gpus.count else 0,
         gpu_model=gpus.names[0] if gpus.count else "",
+        gpu_ids=gpus.ids,
     )

@@ -114,8 +114,9 @@ def accelerate_config(plan: LaunchPlan, rank: Rank) -> str:
     so on its own it silently trains with world size 1. It passes the environment through, so with
     env.sh and rank<R>.env sourced first every rank joins the real world. On GPU nodes (MULTI_GPU)
     each rank is still its own one-process launch, so gpu_ids names its one GPU (accelerate sets
-    CUDA_VISIBLE_DEVICES from it): the rank sees that GPU as cuda:0."""
-    gpu = {"distributed_type": "MULTI_GPU", "use_cpu": False, "gpu_ids": str(rank.local_rank)}
+    CUDA_VISIBLE_DEVICES from it, replacing the operator's: Cluster.gpu_id names the GPU as the
+    operator's did): the rank sees that GPU as cuda:0."""
+    gpu = {"distributed_type": "MULTI_GPU", "use_cpu": False, "gpu_ids": plan.cluster.gpu_id(rank.local_rank)}
     body = {
         "compute_environment": "LOCAL_MACHINE",
         **(gpu if plan.on_gpus else {"distributed_type": "MULTI_CPU", "use_cpu": True}),

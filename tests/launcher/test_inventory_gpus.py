@@ -183,3 +183,23 @@ def test_gpus_named_by_uuid_are_taken_in_the_order_given():
     assert visible_gpus(listed, "GPU-cc", lambda: uuids).count == 0  # a UUID no GPU has
     assert visible_gpus(listed, "GPU-bb,0", lambda: uuids).names == ("NVIDIA H100 80GB HBM3",)  # one kind only
     assert visible_gpus(listed, "GPU-aa,GPU-aa11", lambda: uuids).count == 0  # the same GPU twice
+
+
+@pytest.mark.parametrize(("setting", "ids"), [(None, ["0", "1", "2"]), ("2,0", ["2", "0"]), (" 2, 1,9", ["2", "1"])])
+def test_accelerates_gpu_ids_name_each_ranks_gpu_as_cuda_visible_devices_does(gpus, cores, monkeypatch, setting, ids):
+    """accelerate sets CUDA_VISIBLE_DEVICES to a rank's gpu_ids, replacing the operator's: a rank told
+    "1" under CUDA_VISIBLE_DEVICES=2,0 would compute on the machine's GPU 1, which the operator kept out."""
+    import yaml
+
+    from launcher.launch.plan import LaunchPlan
+    from launcher.launch.render import accelerate_config
+
+    gpus(3)
+    cores(8)
+    if setting is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", setting)
+    cluster = load_cluster(None)
+    assert len(cluster.nodes) == len(ids)
+    plan = LaunchPlan(cluster, cluster.nodes, "r", "d", sys.executable, "/code")
+    assert [yaml.safe_load(accelerate_config(plan, rank))["gpu_ids"] for rank in plan.ranks] == ids
+    assert [rank.local_rank for rank in plan.ranks] == list(range(len(ids)))  # cuda:LOCAL_RANK, as the operator's
