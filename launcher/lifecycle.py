@@ -223,6 +223,8 @@ class Lifecycle:
             say(finished)
             return None
         world = len(kind.nodes) * kind.cluster.ranks_per_node  # the ranks: one per GPU on GPU nodes
+        if kind.cluster.gpus_per_node and trainer_cfg.device == "cpu":
+            say(f"device=cpu: the {world} rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle")
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
         self.spend = (
             None

@@ -121,8 +121,6 @@ class MachinesRun:
     def open(self, prepared: Prepared) -> None:
         self.prepared = prepared
         request = self.request
-        if self.cluster.gpus_per_node and prepared.trainer_config.device == "cpu":
-            say(f"device=cpu: each rank computes on the CPUs; a node's {self.cluster.gpus_per_node} GPU(s) stay idle")
         session = Session.open(self.cluster, self.nodes, request.dataset)
         revival = self.revival
         self.recovery = NodeRecovery(

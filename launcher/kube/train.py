@@ -88,6 +88,11 @@ class KubeRun:
                 f"--launcher {request.launcher}: a Kubernetes cluster runs one trainer per pod, started "
                 "by its Job, or torchrun in each pod on GPU nodes (drop --launcher)"
             )
+        if request.backend == "ccl":
+            raise TaskError(
+                "--backend ccl: a Kubernetes cluster's node environment is the default profile (cuda on GPU "
+                "nodes), which has no oneCCL bindings; use --backend auto (gloo, or NCCL on GPUs)"
+            )
         request.recover.refuse_revive_timeout("a Kubernetes cluster's pods wait for a node up to --recover-timeout")
         cluster = resolve_cluster(request.cluster_spec)
         if cluster.kube is None:
@@ -105,21 +110,28 @@ class KubeRun:
     def default_config(self) -> str | None:
         return None
 
-    def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> pod_spec.PodLaunch:
-        request, cluster, access = self.request, self.cluster, self.access
-        plan = LaunchPlan(
-            cluster,
+    def plan_for(self, prepared: Prepared, extra: tuple[str, ...]) -> LaunchPlan:
+        """The ranks of the next attempt's pods, as the machines' kind plans them (their trainer
+        arguments and whether they compute on GPUs)."""
+        request = self.request
+        return LaunchPlan(
+            self.cluster,
             self.nodes[: self.count],
             request.run,
             request.dataset,
             self.staged.python,
             self.staged.code_dir,
             backend=request.backend,
+            device=prepared.trainer_config.device,
             master_port=request.port or DEFAULT_MASTER_PORT,
             collective_timeout_s=request.collective_timeout_s,
             config_file=prepared.config_file or "",
             overrides=prepared.overrides + extra,
         )
+
+    def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> pod_spec.PodLaunch:
+        request, cluster, access = self.request, self.cluster, self.access
+        plan = self.plan_for(prepared, extra)
         pods, gpus = self.count, cluster.gpus_per_node
         world = f"expected_world_size={pods * max(1, gpus)}"  # G ranks per pod, whatever the plan counted
         args = [world if a.startswith("expected_world_size=") else a for a in trainer_args(plan)]
@@ -154,13 +166,16 @@ class KubeRun:
             raise TaskError(str(e)) from None
 
     def check_fit(self, prepared: Prepared) -> pod_spec.PodLaunch:
-        """A rank's memory estimate against its pod's memory limit (within the node's allocatable), or on
-        GPU nodes against one GPU's memory and the pod's ranks against its memory limit, before any
-        object exists; the first attempt's launch."""
+        """The backend against the device, then the pod's ranks' memory estimate against its memory
+        limit (within the node's allocatable), and on GPUs each rank's against one GPU's memory, before
+        any object exists; the first attempt's launch."""
+        plan = self.plan_for(prepared, ())
+        if refusal := plan.unfit_choice():  # --backend nccl where the ranks compute on CPUs
+            raise TaskError(refusal)
         first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
         world = len(self.nodes) * self.cluster.ranks_per_node
-        pod_memory_gib, gpus = pod_placement.pod_memory_mib(first) / 1024, self.cluster.gpus_per_node > 0
-        check_pod_fit(  # on GPU nodes each rank's GPU, and the pod's ranks in its host memory
+        pod_memory_gib, gpus = pod_placement.pod_memory_mib(first) / 1024, plan.on_gpus
+        check_pod_fit(  # each rank's GPU and the pod's ranks in its host memory, or the pod's ranks on its CPUs
             prepared.trainer_config,
             world,
             self.access.gpu_memory_gib if gpus else pod_memory_gib,

@@ -164,33 +164,43 @@ def check_pod_fit(
     pod_memory_gib: float = 0.0,
     ranks_per_pod: int = 1,
 ) -> None:
-    """A Kubernetes rank's estimate against what it may use: on CPU nodes its pod's memory limit (one
-    rank per pod, one pod per node), on GPU nodes (device "cuda") one GPU's memory (G ranks per pod,
-    a GPU each) and what the pod's ranks_per_pod ranks keep in host memory against its memory limit
-    (pod_memory_gib). A TaskError before any object is created, rather than an OOMKilled pod or a CUDA
-    out-of-memory error minutes later. A memory of 0 (unknown) checks nothing."""
+    """A Kubernetes pod's ranks against what they may use: on CPUs (device "cpu") the pod's
+    ranks_per_pod ranks against its memory limit (memory_gib; one rank per pod on CPU nodes, G with
+    device=cpu on GPU nodes); on GPU nodes (device "cuda") each rank against one GPU's memory
+    (memory_gib) and what the pod's ranks keep in host memory against its memory limit
+    (pod_memory_gib). A TaskError before any object is created, rather than an OOMKilled pod or a
+    CUDA out-of-memory error minutes later. A memory of 0 (unknown) checks nothing."""
     shape = None if cfg.init_from == "scratch" else checkpoint_shape(cfg.init_from)
-    if device == "cuda" and pod_memory_gib:
-        host = [
-            estimate_host_memory(cfg, rank == 0, shape=shape, world_size=world, one_host=False)
-            for rank in range(ranks_per_pod)  # the first pod's: rank 0 and the ranks beside it
-        ]
-        need_gb, pod_gb = sum(e.total for e in host if e) / GB, pod_memory_gib * GIB / GB
-        if all(host) and need_gb > pod_gb:
-            raise TaskError(
-                f"the first pod's {ranks_per_pod} rank(s) do not fit its memory on {where}: they need ~{need_gb:.1f} "
-                f"GB of host memory (rank 0 ~{host[0].describe() if host[0] else '?'}) and the pod may use "
-                f"{pod_gb:.1f} GB (its memory limit): --set compile=false (the compiler's share) or a node pool "
-                "whose machines have more memory per GPU"
+    on_cpus = device != "cuda"
+    limit_gib = memory_gib if on_cpus else pod_memory_gib
+    pod = [  # the first pod's ranks: rank 0 and the ranks beside it
+        estimate_rank_memory(cfg, world, rank == 0, one_host=False, shape=shape)
+        if on_cpus
+        else estimate_host_memory(cfg, rank == 0, shape=shape, world_size=world, one_host=False)
+        for rank in range(ranks_per_pod)
+    ]
+    need_gb, pod_gb = sum(e.total for e in pod if e) / GB, limit_gib * GIB / GB
+    if limit_gib and all(pod) and need_gb > pod_gb and (ranks_per_pod > 1 or not on_cpus):
+        rank0 = pod[0].describe() if pod[0] else "?"
+        raise TaskError(
+            f"the first pod's {ranks_per_pod} rank(s) do not fit its memory on {where}: they need ~{need_gb:.1f} "
+            f"GB of {'' if on_cpus else 'host '}memory (rank 0 ~{rank0}) and the pod may use {pod_gb:.1f} GB "
+            "(its memory limit): "
+            + (
+                f"a smaller micro-batch or context (--set batch_size=N below {cfg.batch_size}), --set "
+                "zero_stage=1, or the GPUs themselves (leave device unset)"
+                if on_cpus
+                else "--set compile=false (the compiler's share) or a node pool whose machines have more memory per GPU"
             )
-    estimate = estimate_rank_memory(cfg, world, rank0=True, one_host=False, shape=shape, device=device)
+        )
+    estimate = pod[0] if on_cpus else estimate_rank_memory(cfg, world, True, False, shape=shape, device="cuda")
     if not memory_gib or estimate is None or estimate.total / GB <= memory_gib * GIB / GB:
         return
     limit = f"{memory_gib * GIB / GB:.1f} GB"
-    if device == "cuda":
-        fits, holds, larger = "a GPU", f"a GPU holds {limit}", "a GPU with more memory"
-    else:
+    if on_cpus:
         fits, holds, larger = "a pod", f"the pod may use {limit} (its memory limit)", "a machine type with more memory"
+    else:
+        fits, holds, larger = "a GPU", f"a GPU holds {limit}", "a GPU with more memory"
     raise TaskError(
         f"rank 0 does not fit {fits} on {where}: it needs ~{estimate.describe()} and {holds}: a smaller "
         f"micro-batch or context (--set batch_size=N below {cfg.batch_size}, --set block_size=N below "

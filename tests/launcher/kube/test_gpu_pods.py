@@ -584,6 +584,72 @@ def test_a_gpu_pod_whose_ranks_cannot_share_its_host_memory_is_refused_before_an
     check_pod_fit(TrainConfig(), 8, 22.0, "nowhere", device="cuda", pod_memory_gib=12.0, ranks_per_pod=1)
 
 
+# --- device=cpu on GPU pods, and the backends a pod's environment cannot run ---
+
+MEDIUM_BATCH_32 = ("--set", "model.n_layer=24", "--set", "model.n_embd=1024", "--set", "model.n_head=16")
+MEDIUM_BATCH_32 += ("--set", "init_from=scratch", "--set", "batch_size=32")  # ~27 GB on a GPU, ~41 GB on CPUs
+
+
+def test_device_cpu_on_gpu_pods_weighs_the_pods_cpu_ranks_against_its_memory_not_a_gpu(fake, task, tmp_path):
+    """The same G ranks per pod, on the CPUs: a run too big for an L4 is not refused for its GPU, and the
+    pod's two CPU ranks must fit its memory limit."""
+    fake.seed()
+    path = write(tmp_path, gpu_contract(fake, gpus=2))  # 96 GiB of host memory for 2 L4s
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "on-gpus", *MEDIUM_BATCH_32, "--dry-run")
+    assert ran.code == 1 and ran.error_lines[0].startswith("error: rank 0 does not fit a GPU on "), ran.err
+    cpu = ("--set", "device=cpu", "--dry-run")
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "on-cpus", *MEDIUM_BATCH_32, *cpu)
+    assert ran.code == 0, ran.err
+    assert "device=cpu: the 4 rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle" in ran.out
+    (job,) = [d for d in yaml.safe_load_all(ran.out[ran.out.index("---\n") :]) if d and d["kind"] == "Job"]
+    assert "device=cpu" in json.dumps(job)  # the ranks are told
+    assert container(job)["resources"]["limits"]["nvidia.com/gpu"] == "2"  # the pod still holds its node's GPUs
+    small = write(tmp_path, gpu_contract(fake, gpus=2) | {"memory_gib": 48.0})
+    ran = task(
+        "train", "--cluster", str(small), "--nodes", "2", "--run", "small", *MEDIUM_BATCH_32, "--set", "device=cpu"
+    )
+    assert ran.code == 1 and len(ran.error_lines) == 1, ran.err
+    line = ran.error_lines[0]
+    assert line.startswith("error: the first pod's 2 rank(s) do not fit its memory on "), line
+    assert " GB of memory (rank 0 ~" in line and "--set batch_size=N below 32" in line, line
+    assert "leave device unset" in line
+    assert not fake.created_jobs
+
+
+def test_the_pods_cpu_ranks_are_summed_against_its_memory_limit():
+    from launcher.launch.fit import check_pod_fit
+    from model.settings.config import TrainConfig
+
+    check_pod_fit(TrainConfig(), 8, 30.0, "nowhere", ranks_per_pod=4)
+    with pytest.raises(TaskError, match=r"the first pod's 4 rank\(s\) do not fit its memory on nowhere"):
+        check_pod_fit(TrainConfig(), 8, 12.0, "nowhere", ranks_per_pod=4)
+    check_pod_fit(TrainConfig(), 8, 12.0, "nowhere", ranks_per_pod=1)  # one rank of the four fits
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_a_backend_no_pod_can_run_is_refused_before_any_object_exists(fake, task, tmp_path, gpus):
+    """The staged environment is the default or cuda profile, which has no oneCCL bindings, and NCCL
+    needs ranks on GPUs: each would start every pod only for every rank to fail."""
+    fake.seed()
+    path = write(tmp_path, gpu_contract(fake, gpus=gpus) if gpus else fake.contract())
+    ccl = task("train", "--cluster", str(path), "--nodes", "2", "--run", "ccl", "--backend", "ccl")
+    assert ccl.code == 1 and ccl.error_lines == [
+        "error: --backend ccl: a Kubernetes cluster's node environment is the default profile (cuda on GPU "
+        "nodes), which has no oneCCL bindings; use --backend auto (gloo, or NCCL on GPUs)"
+    ]
+    cpu_ranks = () if not gpus else ("--set", "device=cpu")
+    nccl = task("train", "--cluster", str(path), "--nodes", "2", "--run", "nccl", "--backend", "nccl", *cpu_ranks)
+    why = "device=cpu puts the ranks on the CPUs" if gpus else "these nodes have no GPUs"
+    assert nccl.code == 1 and nccl.error_lines == [
+        f"error: --backend nccl: {why} (NCCL runs between GPUs); use --backend auto (gloo)"
+    ]
+    assert not fake.created_jobs
+    if gpus:  # NCCL between the pods' GPUs is what a GPU pod runs
+        assert (
+            task("train", "--cluster", str(path), "--nodes", "2", "--run", "gpu", "--backend", "nccl", *QUICK).code == 0
+        )
+
+
 def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
     fake.seed()
     ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))

@@ -176,8 +176,10 @@ def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, mo
     assert len(plan["ranks"]) == 2
     if device == "cpu":
         assert plan["backend"] == "gloo" and "CUDA_DEVICE_ORDER" not in env and "one GPU each" not in env
+        assert "device=cpu: the 2 rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle" in out
     else:
         assert plan["backend"] == "nccl" and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env and "one GPU each" in env
+        assert "GPUs stay idle" not in out
 
 
 @pytest.mark.parametrize("gpus", [2, 8])
