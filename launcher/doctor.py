@@ -76,14 +76,8 @@ def doctor(
                 say("bandwidth over NCCL not measured: fix the GPU problems first")
             elif bandwidth_s > 0:
                 problems += bandwidth_problems(session, port, bandwidth_s)
-    table = Table(title=f"{program_name()} doctor: {cluster.cluster_name}")
-    for col in ("check", "node", "problem", "fix"):
-        table.add_column(col, overflow="fold")
-    for row in problems:
-        table.add_row(*row)
     if problems:
-        console.print(table)
-        say(f"{len(problems)} problem(s)")
+        print_problems(f"doctor: {cluster.cluster_name}", problems)
         return 1
     gpus = f", {cluster.gpus_per_node} GPU(s) each (driver, torch's CUDA build)" if cluster.gpus_per_node else ""
     say(
@@ -91,6 +85,17 @@ def doctor(
         f"network interface, data/{dataset} checksums, rendezvous port {port}{gpus}"
     )
     return 0
+
+
+def print_problems(title: str, problems: list[Problem]) -> None:
+    """The rows as one table, and their count."""
+    table = Table(title=f"{program_name()} {title}")
+    for col in ("check", "node", "problem", "fix"):
+        table.add_column(col, overflow="fold")
+    for row in problems:
+        table.add_row(*row)
+    console.print(table)
+    say(f"{len(problems)} problem(s)")
 
 
 def ssh_fix(error: str) -> str:
@@ -227,11 +232,18 @@ def gpu_problems(session: Session) -> list[Problem]:
 
 
 def gpu_node_problems(
-    node: str, found: dict, wanted: int, cluster_spec: str | None = None, *, local: bool = False
+    node: str,
+    found: dict,
+    wanted: int,
+    cluster_spec: str | None = None,
+    *,
+    local: bool = False,
+    driver_install: str = "",
 ) -> list[Problem]:
     """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix
     (cluster_spec: --cluster as given, for the setup command). wanted: the GPUs its ranks use; on a
-    cloud node exactly that many must be listed, on this machine (local) at least that many."""
+    cloud node exactly that many must be listed, on this machine (local) at least that many.
+    driver_install: what installs a missing driver where that is not the machine's own (Kubernetes)."""
     problems: list[Problem] = []
     needed = (
         f"the local cluster runs {wanted} rank(s), one per GPU"
@@ -246,7 +258,8 @@ def gpu_node_problems(
                 "driver",
                 node,
                 f"no NVIDIA driver answers: {found['driver_error']}",
-                f"install the NVIDIA driver (>= {MIN_DRIVER[13]}, for torch's CUDA 13 build) and reboot the node, "
+                driver_install
+                or f"install the NVIDIA driver (>= {MIN_DRIVER[13]}, for torch's CUDA 13 build) and reboot the node, "
                 "or use a GPU image",
             )
         )

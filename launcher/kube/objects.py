@@ -14,8 +14,7 @@ verdict on as the pod's exit code (pod_spec.ranks_script).
 
 from __future__ import annotations
 
-from launcher.cluster.kube_contract import GPU_TOLERATION
-from launcher.kube.pod_placement import placement, pod_resources, shared_memory
+from launcher.kube.pod_placement import placement, pod_resources, shared_memory, tolerations
 from launcher.kube.pod_spec import (
     APP,
     COMPLETION_INDEX_ANNOTATION,
@@ -103,9 +102,6 @@ def training_job(launch: PodLaunch) -> dict:
     """The Indexed Job: one pod per node, pod k runs rank k (ranks k*G .. k*G+G-1 on GPU nodes)."""
     command = trainer_command(launch)
     split = 4 if launch.gpus else 3  # the args are the trainer's either way
-    tolerations = [dict(t) for t in launch.tolerations]
-    if launch.gpus and GPU_TOLERATION not in tolerations:
-        tolerations.append(dict(GPU_TOLERATION))
     shm_volumes, shm_mounts = shared_memory(launch)
     container = {
         "name": CONTAINER,
@@ -125,7 +121,7 @@ def training_job(launch: PodLaunch) -> dict:
         # The environment is exactly ours: no <SERVICE>_PORT variables from the namespace's Services.
         "enableServiceLinks": False,
         "nodeSelector": dict(launch.node_selector),
-        "tolerations": tolerations,
+        "tolerations": tolerations(launch.tolerations, launch.gpus),
         "affinity": placement(launch),
         "containers": [container],
         "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": launch.claim}}, *shm_volumes],

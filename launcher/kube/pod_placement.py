@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import copy
 
-from launcher.cluster.kube_contract import GPU_RESOURCE, WHOLE_GPUS, gke_allocatable_cpu, gke_allocatable_gib
+from launcher.cluster.kube_contract import (
+    GPU_RESOURCE,
+    GPU_TOLERATION,
+    WHOLE_GPUS,
+    gke_allocatable_cpu,
+    gke_allocatable_gib,
+)
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, PodLaunch
 
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
@@ -102,13 +108,28 @@ def zone_affinity(launch: PodLaunch) -> dict:
     }
 
 
+def whole_gpus() -> dict:
+    """A GPU pod's node affinity: nodes whose GPUs are whole (kube_contract.WHOLE_GPUS: one rank per
+    GPU, never a share of one)."""
+    whole = {"nodeSelectorTerms": [{"matchExpressions": copy.deepcopy(list(WHOLE_GPUS))}]}
+    return {"requiredDuringSchedulingIgnoredDuringExecution": whole}
+
+
+def tolerations(contract: tuple[dict, ...], gpus: int) -> list[dict]:
+    """The pod's tolerations: the contract's (its training pool's taints), and on GPU nodes the GPU
+    taint GKE puts on GPU pools, once."""
+    out = [dict(t) for t in contract]
+    if gpus and GPU_TOLERATION not in out:
+        out.append(dict(GPU_TOLERATION))
+    return out
+
+
 def placement(launch: PodLaunch) -> dict:
     """The training pod's affinity: its node its own (exclusive_node), its run in one zone (zone_affinity),
-    and a GPU pod's GPUs whole (kube_contract.WHOLE_GPUS: one rank per GPU, never a share of one)."""
+    and a GPU pod's GPUs whole (whole_gpus)."""
     affinity: dict = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [exclusive_node()]}}
     if launch.gpus:
-        whole = {"nodeSelectorTerms": [{"matchExpressions": copy.deepcopy(list(WHOLE_GPUS))}]}
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": whole}
+        affinity["nodeAffinity"] = whole_gpus()
     if launch.same_zone:
         affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [zone_affinity(launch)]}
     return affinity

@@ -63,6 +63,8 @@ POD_INTERFACE = "eth0"
 GPU_DRIVER_LIBS = "/usr/local/nvidia/lib64"
 """Where GKE's device plugin mounts the NVIDIA driver's libraries into a GPU container (a stock Python
 image has no loader path for it; elsewhere the container toolkit puts them on the default path)."""
+GPU_DRIVER_BIN = "/usr/local/nvidia/bin"
+"""Where it mounts the driver's tools (nvidia-smi) beside them."""
 
 DNS_LABEL_MAX = 63
 MAX_INDEX_DIGITS = 5

@@ -8,12 +8,12 @@
     stop           delete the run's Job and Service (every pod gets SIGTERM: it snapshots and exits)
     sample         model.sample in a Job on the claim; its log is the text
     fetch          (launcher.kube.fetch) the run's files copied here by ranges through a helper pod's exec
-    doctor         the cluster checks of connect(), then a Job checking environment, code and data
+
+`fab doctor` on this kind is launcher.kube.doctor's.
 """
 
 from __future__ import annotations
 
-import shlex
 import time
 
 from kubernetes.client import V1Job, V1Pod
@@ -246,48 +246,3 @@ def sample(
     script = f'{best_checkpoint_script(run)}; {volume.run_program(run, "model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
     run_helper(api, job, f"sampling run {run}", on_line=out_line)
-
-
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
-    """connect()'s checks (server, credentials, namespace, RWX storage, claim), then a Job that checks the
-    node environment, the code and data/<dataset> on the claim; 1 with each problem and its fix."""
-    check_name(dataset, "dataset")
-    api, cluster = open_cluster(cluster_spec)
-    access = access_of(cluster)
-    gpus = f", {cluster.gpus_per_node} x {cluster.gpu_model}" if cluster.gpus_per_node else ""
-    say(
-        f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
-        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
-    )
-    python = f"{volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python"
-    checks = {
-        "node environment": f"test -x {python}",
-        "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
-        f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
-    }
-    if cluster.gpus_per_node:  # the helper pod has no GPU: whether torch is a CUDA build, not whether it sees one
-        checks["CUDA torch in the node environment"] = (
-            f"{python} -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null"
-        )
-    script = "; ".join(
-        f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi" for what, test in checks.items()
-    )
-    missing: list[str] = []
-
-    def on_line(line: str) -> None:
-        say(line)
-        if line.startswith("missing"):
-            missing.append(line)
-
-    run_helper(
-        api,
-        volume.helper_job(job_name("doctor", dataset), access, "doctor", script),
-        "checking the claim",
-        on_line=on_line,
-    )
-    if missing:
-        say(
-            f"fix: `{command_line('setup', cluster=cluster_spec)}` builds the node environment (the cuda profile "
-            f"on GPU nodes) and code; `{command_line('prepare-data', cluster=cluster_spec)}` writes the dataset"
-        )
-    return 1 if missing else 0

@@ -129,6 +129,7 @@ MACHINES_DRIVER: Driver = MachinesDriver()
 def kubernetes_driver() -> Driver:
     """Imported when a task meets this kind: the kubernetes client takes ~0.3 s to import, which a
     task on VMs does not pay."""
+    import launcher.kube.doctor as kube_doctor
     import launcher.kube.fetch as kube_fetch
     import launcher.kube.run_dirs as kube_runs
     import launcher.kube.supervisor as kube_supervisor
@@ -147,7 +148,7 @@ def kubernetes_driver() -> Driver:
         stop = staticmethod(kube.stop)
         sample = staticmethod(kube.sample)
         fetch = staticmethod(kube_fetch.fetch)
-        doctor = staticmethod(kube.doctor)
+        doctor = staticmethod(kube_doctor.doctor)
         open_runs = staticmethod(kube_runs.ClaimRuns.open)
 
     return KubernetesDriver()

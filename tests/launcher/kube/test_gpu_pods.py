@@ -648,16 +648,3 @@ def test_a_backend_no_pod_can_run_is_refused_before_any_object_exists(fake, task
         assert (
             task("train", "--cluster", str(path), "--nodes", "2", "--run", "gpu", "--backend", "nccl", *QUICK).code == 0
         )
-
-
-def test_doctor_checks_the_environments_torch_is_a_cuda_build_on_gpu_nodes(fake, task, tmp_path, cuda_pins):
-    fake.seed()
-    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
-    assert ran.code == 0, ran.err
-    assert "cores, 4 x nvidia-l4" in ran.out
-    (doctor,) = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
-    script = doctor["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert "torch.version.cuda is None" in script and "CUDA torch in the node environment" in script
-    ran = task("doctor", "--cluster", str(write(tmp_path, fake.contract())), "--dataset", "cpu")  # a new Job name
-    doctors = [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/role") == "doctor"]
-    assert "torch.version.cuda" not in doctors[-1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]

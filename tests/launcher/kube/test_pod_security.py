@@ -14,6 +14,7 @@ import pytest
 
 from launcher.cluster.kube_contract import POD_SECURITY_LABELS, RUN_AS_UID
 from launcher.kube import objects, pod_spec, volume
+from launcher.kube.doctor import gpu_check_job
 from launcher.kube.run_dirs import delete_script, list_script
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_flow import QUICK
@@ -32,6 +33,7 @@ def every_pod_spec() -> dict[str, dict]:
         "fetch Job": volume.helper_job("fetch-main", ACCESS, "fetch", "sleep 900", run="main"),
         "doctor Job": volume.helper_job("doctor-builtin", ACCESS, "doctor", "true"),
         "one-node GPU training Job": objects.training_job(replace(LAUNCH, nodes=1, gpus=1)),
+        "doctor's GPU check Job": gpu_check_job(ACCESS, 4),
     }
     return {name: job["spec"]["template"]["spec"] for name, job in jobs.items()}
 
@@ -51,9 +53,10 @@ def test_every_pod_passes_pod_security_restricted(name):
 
 
 def test_only_objects_and_volume_build_pods():
-    """A new kind of pod goes through training_job or helper_job, which make it restricted."""
+    """A new kind of pod goes through training_job or helper_job, which make it restricted (the doctor's
+    GPU check places a helper_job's pod on a GPU node: every_pod_spec checks it)."""
     building = [p.name for p in LAUNCHER_KUBE.glob("*.py") if '"containers"' in p.read_text()]
-    assert sorted(building) == ["objects.py", "pod_spec.py", "volume.py"]
+    assert sorted(building) == ["doctor.py", "objects.py", "pod_spec.py", "volume.py"]
 
 
 def test_the_checker_refuses_what_the_pods_were():

@@ -13,6 +13,7 @@ import pytest
 
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.kube import objects, pod_spec, volume
+from launcher.kube.doctor import gpu_check_job
 from launcher.kube.tasks import best_checkpoint_script
 from launcher.setup.data import prepare_args
 
@@ -69,6 +70,7 @@ def every_object() -> dict[str, dict]:
             "prepare-builtin", ACCESS, "prepare", volume.prepare_script(prepare_args("builtin", "builtin"))
         ),
         "sample Job": volume.helper_job("sample-main", ACCESS, "sample", best_checkpoint_script("main"), run="main"),
+        "doctor's GPU check Job": gpu_check_job(ACCESS, 8),
     }
 
 

@@ -1,0 +1,143 @@
+"""`fab doctor` on a Kubernetes cluster: what a run needs before its first pod starts.
+
+    the cluster    connect()'s checks: API server, credentials, namespace, ReadWriteMany storage, claim
+    the claim      a helper Job (no GPU, off the training pool) checking the node environment, the
+                   code and data/<dataset> on the claim; on GPU nodes, that the environment's torch
+                   is a CUDA build
+    a GPU node     on GPU nodes, one pod placed as a training pod is (the pool's node selector and
+                   tolerations, the GPU taint, whole GPUs) with the node's G GPUs, asking the driver
+                   and the node environment's torch what they see (launcher/node_scripts/gpu_check.py),
+                   judged as on VM nodes (launcher.doctor.gpu_node_problems). One node stands for the
+                   pool: its nodes share the image and the driver GKE or the GPU operator installs.
+
+The GPU pod holds a GPU node while torch starts (under a minute); on a pool scaled to zero it makes
+the autoscaler add one, as the run's first pod would.
+"""
+
+from __future__ import annotations
+
+import ast
+import shlex
+
+from launcher.cluster.inventory import Cluster
+from launcher.cluster.kube_contract import GPU_RESOURCE, KubeAccess
+from launcher.console import check_name, command_line, say
+from launcher.doctor import Problem, gpu_node_problems, print_problems
+from launcher.kube import pod_placement, volume
+from launcher.kube.api import Api
+from launcher.kube.connect import open_cluster
+from launcher.kube.jobs import access_of, run_helper
+from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, job_name
+
+NODE_ENV_PYTHON = f"{volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python"
+GPU_CHECK_ROLE = "gpu-check"
+GPU_CHECK_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
+"""torch with its CUDA libraries and a CUDA context on each GPU: about 2 GiB of host memory."""
+GPU_PENDING_TIMEOUT_S = 900.0
+"""How long the GPU pod may wait for a node: a GPU pool's scale-up from zero takes GKE 5-10 minutes."""
+NODE_LINE = "node: "
+"""The GPU pod's first line names the node it ran on (the downward API's spec.nodeName)."""
+KUBE_DRIVER_INSTALL = (
+    "the GPU nodes' NVIDIA driver: on GKE the node pool's GPU driver installation (gpu_driver_version "
+    "LATEST for torch's CUDA 13 build; the GKE stack sets it), elsewhere NVIDIA's GPU operator"
+)
+
+
+def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
+    """connect()'s checks, the claim's Job, and on GPU nodes one GPU node's driver and torch; 1 with
+    each problem and its fix. port and bandwidth_s are the VM doctor's: pods reach each other on the
+    cluster's network, which the first collective of a run checks."""
+    check_name(dataset, "dataset")
+    api, cluster = open_cluster(cluster_spec)
+    access = access_of(cluster)
+    gpus = f", {cluster.gpus_per_node} x {cluster.gpu_model}" if cluster.gpus_per_node else ""
+    say(
+        f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
+        f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
+    )
+    checks = {
+        "node environment": f"test -x {NODE_ENV_PYTHON}",
+        "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
+        f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
+    }
+    if cluster.gpus_per_node:  # the helper pod has no GPU: whether torch is a CUDA build, not whether it sees one
+        checks["CUDA torch in the node environment"] = (
+            f"{NODE_ENV_PYTHON} -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null"
+        )
+    script = "; ".join(
+        f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi" for what, test in checks.items()
+    )
+    missing: list[str] = []
+
+    def on_line(line: str) -> None:
+        say(line)
+        if line.startswith("missing"):
+            missing.append(line)
+
+    run_helper(
+        api,
+        volume.helper_job(job_name("doctor", dataset), access, "doctor", script),
+        "checking the claim",
+        on_line=on_line,
+    )
+    if missing:
+        say(
+            f"fix: `{command_line('setup', cluster=cluster_spec)}` builds the node environment (the cuda profile "
+            f"on GPU nodes) and code; `{command_line('prepare-data', cluster=cluster_spec)}` writes the dataset"
+        )
+    if not cluster.gpus_per_node:
+        return 1 if missing else 0
+    if any(m.startswith(("missing: node environment", "missing: model code", "missing: CUDA")) for m in missing):
+        say("GPU node not checked: its check runs the node environment's torch; set the cluster up first")
+        return 1
+    problems = gpu_node_check(api, cluster, cluster_spec)
+    if problems:
+        print_problems(f"doctor: {cluster.cluster_name}'s GPU nodes", problems)
+    return 1 if missing or problems else 0
+
+
+def gpu_check_job(access: KubeAccess, gpus: int) -> dict:
+    """One pod where a training pod goes, with its node's G (gpus) GPUs, running gpu_check.py with the
+    node environment's Python (and the driver's tools and libraries where GKE mounts them). Built by
+    volume.helper_job, so restricted as every pod; placed as pod_placement places a training pod."""
+    script = "; ".join(
+        [
+            f'echo "{NODE_LINE}$NODE_NAME"',
+            f'export PATH="$PATH:{GPU_DRIVER_BIN}" LD_LIBRARY_PATH={GPU_DRIVER_LIBS}',
+            f"exec {NODE_ENV_PYTHON} {CODE_DIR}/launcher/node_scripts/gpu_check.py",
+        ]
+    )
+    job = volume.helper_job(job_name("doctor", "gpus"), access, GPU_CHECK_ROLE, script)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    container["resources"] = {k: v | {GPU_RESOURCE: str(gpus)} for k, v in GPU_CHECK_RESOURCES.items()}
+    container["env"].append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    pod["nodeSelector"] = pod["nodeSelector"] | dict(access.node_selector)
+    pod["tolerations"] = pod_placement.tolerations(access.tolerations, gpus)
+    pod["affinity"] = {"nodeAffinity": pod_placement.whole_gpus()}
+    return job
+
+
+def gpu_node_check(api: Api, cluster: Cluster, cluster_spec: str | None) -> list[Problem]:
+    """Run gpu_check_job and judge its report: the rows of what is wrong ([] when nothing is)."""
+    gpus = cluster.gpus_per_node
+    say(f"checking a GPU node: one pod with its {gpus} GPU(s) (a pool scaled to zero adds a node first: minutes)")
+    lines: list[str] = []
+    job = gpu_check_job(access_of(cluster), gpus)
+    run_helper(api, job, "checking a GPU node", on_line=lines.append, pending_timeout_s=GPU_PENDING_TIMEOUT_S)
+    node = next((line[len(NODE_LINE) :] for line in lines if line.startswith(NODE_LINE)), "") or "a GPU node"
+    try:
+        found = ast.literal_eval(lines[-1])
+        if not isinstance(found, dict):
+            raise ValueError(found)
+    except (ValueError, SyntaxError, IndexError):
+        why = f"the GPU check printed no report: {lines[-1] if lines else 'no output'}"
+        return [("gpu", node, why, f"{command_line('setup', cluster=cluster_spec)} (the node environment is broken)")]
+    problems = gpu_node_problems(node, found, gpus, cluster_spec, driver_install=KUBE_DRIVER_INSTALL)
+    if not problems:
+        listed: list[str] = found.get("gpus", [])
+        say(
+            f"ok: GPU node {node}: {len(listed)} x {', '.join(dict.fromkeys(listed))}, driver CUDA "
+            f"{found.get('driver_cuda') or '?'}, torch {found.get('torch', '?')} sees {found.get('devices', 0)}"
+        )
+    return problems
