@@ -28,11 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rich.table import Table
-
 from launcher.cluster.inventory import Node, group_by_host
 from launcher.cluster.node_layout import DEFAULT_PORT
-from launcher.console import command_line, console, program_name, say
+from launcher.console import command_line, say
+from launcher.doctor_report import LOCAL_FIXES, VM_FIXES, Problem, gpu_node_problems, print_problems, setup_fix
 from launcher.node_scripts import script
 from launcher.session import Session, machines, resolve_cluster
 from launcher.setup.data import verify_data_command
@@ -51,12 +50,6 @@ LIMIT_S = 15.0
 NCCL_LIMIT_S = 90.0
 """The same over NCCL: importing torch, starting CUDA and NCCL's own connections come first."""
 GPU_CHECK_TIMEOUT_S = 120
-MIN_DRIVER = {12: "525", 13: "580"}
-"""The oldest NVIDIA driver that runs any CUDA X.y build (NVIDIA's minor version compatibility)."""
-
-
-Problem = tuple[str, str, str, str]
-"""(check, node, what is wrong, fix): one row of the table."""
 
 
 def doctor(
@@ -85,17 +78,6 @@ def doctor(
         f"network interface, data/{dataset} checksums, rendezvous port {port}{gpus}"
     )
     return 0
-
-
-def print_problems(title: str, problems: list[Problem]) -> None:
-    """The rows as one table, and their count."""
-    table = Table(title=f"{program_name()} {title}")
-    for col in ("check", "node", "problem", "fix"):
-        table.add_column(col, overflow="fold")
-    for row in problems:
-        table.add_row(*row)
-    console.print(table)
-    say(f"{len(problems)} problem(s)")
 
 
 def ssh_fix(error: str) -> str:
@@ -185,11 +167,6 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
     return problems
 
 
-def setup_fix(cluster_spec: str | None, why: str = "") -> str:
-    """The setup command on the cluster as the operator named it (--cluster), and why it fixes the row."""
-    return f"{command_line('setup', cluster=cluster_spec)} {why}".rstrip()
-
-
 def prepare_fix(cluster_spec: str | None, dataset: str, source: str | None = None) -> str:
     """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
     named source prepares under its own name; another name needs its source given (prepare-data
@@ -227,116 +204,9 @@ def gpu_problems(session: Session) -> list[Problem]:
             fix = setup_fix(session.cluster.spec, "(the node environment is broken)")
             problems.append(("gpu", node.name, why, fix))
             continue
-        problems += gpu_node_problems(node.name, found, ranks_on[node.private_ip], session.cluster.spec, local=local)
+        wanted, fixes = ranks_on[node.private_ip], LOCAL_FIXES if local else VM_FIXES
+        problems += gpu_node_problems(node.name, found, wanted, session.cluster.spec, fixes)
     return problems
-
-
-def gpu_node_problems(
-    node: str,
-    found: dict,
-    wanted: int,
-    cluster_spec: str | None = None,
-    *,
-    local: bool = False,
-    driver_install: str = "",
-) -> list[Problem]:
-    """The rows for one node from gpu_check.py's report: one per thing wrong, each with its fix
-    (cluster_spec: --cluster as given, for the setup command). wanted: the GPUs its ranks use; on a
-    cloud node exactly that many must be listed, on this machine (local) at least that many.
-    driver_install: what installs a missing driver where that is not the machine's own (Kubernetes)."""
-    problems: list[Problem] = []
-    needed = (
-        f"the local cluster runs {wanted} rank(s), one per GPU"
-        if local
-        else f"the contract says gpus_per_node {wanted}"
-    )
-    gpus: list[str] = found.get("gpus", [])
-    driver_ok = not found.get("driver_error")
-    if not driver_ok:
-        problems.append(
-            (
-                "driver",
-                node,
-                f"no NVIDIA driver answers: {found['driver_error']}",
-                driver_install
-                or f"install the NVIDIA driver (>= {MIN_DRIVER[13]}, for torch's CUDA 13 build) and reboot the node, "
-                "or use a GPU image",
-            )
-        )
-    elif len(gpus) < wanted or (len(gpus) > wanted and not local):
-        listed = ", ".join(gpus) or "none"
-        problems.append(
-            (
-                "driver",
-                node,
-                f"nvidia-smi lists {len(gpus)} GPU(s) ({listed}), {needed}",
-                "fix gpus_per_node in the contract (ranks per node follow it)"
-                if len(gpus) > wanted
-                else "a GPU is missing or fell off the bus (nvidia-smi -L; reboot the node), "
-                + ("or run fewer ranks (--nodes)" if local else "or fix gpus_per_node in the contract"),
-            )
-        )
-    torch_cuda = found.get("torch_cuda", "")
-    if found.get("torch_error") and not torch_cuda:
-        problems.append(
-            ("torch", node, found["torch_error"], setup_fix(cluster_spec, "(installs node/requirements-cuda.txt)"))
-        )
-    elif not torch_cuda:
-        problems.append(
-            (
-                "torch",
-                node,
-                f"torch {found.get('torch', '?')} is a CPU build: it cannot use the GPUs",
-                setup_fix(cluster_spec, "(installs torch's CUDA build, node/requirements-cuda.txt, on GPU nodes)"),
-            )
-        )
-    elif found.get("unsupported"):
-        gpus_without = ", ".join(dict.fromkeys(found["unsupported"]))  # each model once, not once per GPU
-        built_for = found.get("built_for") or "?"
-        problems.append(
-            (
-                "torch",
-                node,
-                f"torch {found.get('torch', '?')} has no kernels for {gpus_without}: it is built for {built_for}",
-                f"GPUs this build runs on, or a torch build with kernels for these (node/README.md: which GPUs "
-                f"the lock's CUDA {torch_cuda} build covers)",
-            )
-        )
-    elif driver_ok:
-        too_old = driver_too_old(found.get("driver_cuda", ""), torch_cuda)
-        if too_old:
-            problems.append(("driver", node, f"{too_old} (torch {found.get('torch', '?')})", driver_fix(torch_cuda)))
-        elif len(gpus) >= wanted and (found.get("torch_error") or found.get("devices", 0) < wanted):
-            seen = found.get("torch_error") or f"torch sees {found.get('devices', 0)} GPU(s)"
-            problems.append(
-                (
-                    "torch",
-                    node,
-                    f"{seen}, {needed}",
-                    "unset CUDA_VISIBLE_DEVICES on the node, check nvidia-smi for a GPU in a bad state "
-                    "(reset it or reboot the node)",
-                )
-            )
-    return problems
-
-
-def driver_too_old(driver_cuda: str, torch_cuda: str) -> str:
-    """Why the driver cannot run torch's CUDA build, '' when it can (or the driver did not say). A
-    driver runs every build of the CUDA major release it supports (minor version compatibility)."""
-    try:
-        driver = tuple(int(part) for part in driver_cuda.split("."))
-        needed = int(torch_cuda.split(".")[0])
-    except ValueError:
-        return ""
-    if driver >= (needed, 0):
-        return ""
-    return f"the driver runs CUDA up to {driver_cuda}, torch's build is CUDA {torch_cuda}"
-
-
-def driver_fix(torch_cuda: str) -> str:
-    major = int(torch_cuda.split(".")[0])
-    minimum = f" >= {MIN_DRIVER[major]}" if major in MIN_DRIVER else ""
-    return f"upgrade the NVIDIA driver to{minimum or ' a newer one'} (CUDA {major}.x) and reboot the node"
 
 
 def port_problems(session: Session, port: int) -> list[Problem]:

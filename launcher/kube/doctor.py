@@ -11,7 +11,8 @@
                    pool: its nodes share the image and the driver GKE or the GPU operator installs.
 
 The GPU pod holds a GPU node while torch starts (under a minute); on a pool scaled to zero it makes
-the autoscaler add one, as the run's first pod would.
+the autoscaler add one, as the run's first pod would, which stays (and is billed) until the autoscaler
+removes it again (on GKE after about 10 idle minutes).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import shlex
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import GPU_RESOURCE, KubeAccess
-from launcher.console import check_name, command_line, say
-from launcher.doctor import Problem, gpu_node_problems, print_problems
+from launcher.console import TaskError, check_name, command_line, say
+from launcher.doctor_report import GpuFixes, Problem, gpu_node_problems, print_problems
 from launcher.kube import pod_placement, volume
 from launcher.kube.api import Api
 from launcher.kube.connect import open_cluster
@@ -37,10 +38,20 @@ GPU_PENDING_TIMEOUT_S = 900.0
 """How long the GPU pod may wait for a node: a GPU pool's scale-up from zero takes GKE 5-10 minutes."""
 NODE_LINE = "node: "
 """The GPU pod's first line names the node it ran on (the downward API's spec.nodeName)."""
-KUBE_DRIVER_INSTALL = (
-    "the GPU nodes' NVIDIA driver: on GKE the node pool's GPU driver installation (gpu_driver_version "
-    "LATEST for torch's CUDA 13 build; the GKE stack sets it), elsewhere NVIDIA's GPU operator"
+GKE_DRIVER = "on GKE the node pool's GPU driver installation (gpu_driver_version LATEST; the GKE stack sets it)"
+KUBE_FIXES = GpuFixes(
+    wanted="the pod was given {wanted}",
+    install_driver=f"the GPU nodes' NVIDIA driver: {GKE_DRIVER}, elsewhere NVIDIA's GPU operator",
+    upgrade_driver=f"a driver {{minimum}} (CUDA {{major}}.x) on the GPU nodes: {GKE_DRIVER}, elsewhere the GPU "
+    "operator's driver version",
+    more_listed="the pod sees GPUs it was not given: the node's container runtime ignores the device plugin "
+    "(NVIDIA_VISIBLE_DEVICES in its configuration)",
+    fewer_listed="the device plugin gave the pod fewer GPUs than it asked for: the node's nvidia.com/gpu and the "
+    "plugin's log (kubectl describe node)",
+    fewer_seen="CUDA_VISIBLE_DEVICES in the pod's image, or a GPU in a bad state (kubectl describe node; drain the "
+    "node so the pool replaces it)",
 )
+"""The GPU findings' fixes where GKE or the GPU operator, not the operator's hands, install the driver."""
 
 
 def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
@@ -107,7 +118,7 @@ def gpu_check_job(access: KubeAccess, gpus: int) -> dict:
             f"exec {NODE_ENV_PYTHON} {CODE_DIR}/launcher/node_scripts/gpu_check.py",
         ]
     )
-    job = volume.helper_job(job_name("doctor", "gpus"), access, GPU_CHECK_ROLE, script)
+    job = volume.helper_job(job_name(GPU_CHECK_ROLE, "doctor"), access, GPU_CHECK_ROLE, script)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     container["resources"] = {k: v | {GPU_RESOURCE: str(gpus)} for k, v in GPU_CHECK_RESOURCES.items()}
@@ -124,7 +135,16 @@ def gpu_node_check(api: Api, cluster: Cluster, cluster_spec: str | None) -> list
     say(f"checking a GPU node: one pod with its {gpus} GPU(s) (a pool scaled to zero adds a node first: minutes)")
     lines: list[str] = []
     job = gpu_check_job(access_of(cluster), gpus)
-    run_helper(api, job, "checking a GPU node", on_line=lines.append, pending_timeout_s=GPU_PENDING_TIMEOUT_S)
+    try:
+        run_helper(api, job, "checking a GPU node", on_line=lines.append, pending_timeout_s=GPU_PENDING_TIMEOUT_S)
+    except TaskError as e:
+        for line in lines:  # the log the failure points to (kept back while it is only the report)
+            say(f"[{GPU_CHECK_ROLE}] {line}")
+        if GPU_RESOURCE not in str(e):
+            raise
+        raise TaskError(
+            f"{e} (GPU nodes offer no {GPU_RESOURCE} while a run holds them, or until their driver runs: {GKE_DRIVER})"
+        ) from None
     node = next((line[len(NODE_LINE) :] for line in lines if line.startswith(NODE_LINE)), "") or "a GPU node"
     try:
         found = ast.literal_eval(lines[-1])
@@ -133,7 +153,7 @@ def gpu_node_check(api: Api, cluster: Cluster, cluster_spec: str | None) -> list
     except (ValueError, SyntaxError, IndexError):
         why = f"the GPU check printed no report: {lines[-1] if lines else 'no output'}"
         return [("gpu", node, why, f"{command_line('setup', cluster=cluster_spec)} (the node environment is broken)")]
-    problems = gpu_node_problems(node, found, gpus, cluster_spec, driver_install=KUBE_DRIVER_INSTALL)
+    problems = gpu_node_problems(node, found, gpus, cluster_spec, KUBE_FIXES)
     if not problems:
         listed: list[str] = found.get("gpus", [])
         say(

@@ -94,11 +94,12 @@ def decode_cluster(data: dict, kubeconfig: str) -> Cluster:
             "tolerations": tuple(kube["tolerations"]),
         }
     )
-    fields = {k: v for k, v in data.items() if k not in ("kube", "nodes", "cpu_flags", "stack")}
+    fields = {k: v for k, v in data.items() if k not in ("kube", "nodes", "cpu_flags", "gpu_ids", "stack")}
     return Cluster(
         **fields,
         nodes=tuple(Node(**n) for n in data["nodes"]),
         cpu_flags=tuple(data["cpu_flags"]),
+        gpu_ids=tuple(data.get("gpu_ids", ())),
         kube=access,
     )
 

@@ -14,7 +14,9 @@ They run the stock image on any node of the training nodes' architecture (no tra
 so the pool is not scaled up for them), with small requests and limits (HELPER_RESOURCES), and the
 claim at MOUNT_PATH, as the training pods see it. None requests a GPU (building the
 CUDA venv, preparing data and sampling need none) or tolerates a taint: they keep off a tainted
-training pool (GKE taints its GPU pools nvidia.com/gpu) and run on the cluster's other nodes.
+training pool (GKE taints its GPU pools nvidia.com/gpu) and run on the cluster's other nodes. The one
+exception is the doctor's GPU check (launcher.kube.doctor), whose pod is placed on a GPU node as a
+training pod is.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def test_doctor_names_each_link_where_nccl_fails(gpu_doctor, monkeypatch, tmp_pa
 
 
 def test_gpu_rows_come_one_per_cause():
-    from launcher.doctor import driver_too_old, gpu_node_problems
+    from launcher.doctor_report import LOCAL_FIXES, driver_too_old, gpu_node_problems
 
     good = {
         "gpus": ["NVIDIA L4"] * 4,
@@ -255,8 +255,10 @@ def test_gpu_rows_come_one_per_cause():
     assert "the contract says gpus_per_node 2" in gpu_node_problems("n", good, 2)[0][2]
     assert "fix gpus_per_node" in gpu_node_problems("n", good, 2)[0][3]
     # This machine may have more GPUs than the local cluster's ranks use (--nodes, CUDA_VISIBLE_DEVICES).
-    assert gpu_node_problems("n", good, 2, local=True) == []
-    assert gpu_node_problems("n", good, 8, local=True)[0][2].endswith("the local cluster runs 8 rank(s), one per GPU")
+    assert gpu_node_problems("n", good, 2, fixes=LOCAL_FIXES) == []
+    assert gpu_node_problems("n", good, 8, fixes=LOCAL_FIXES)[0][2].endswith(
+        "the local cluster runs 8 rank(s), one per GPU"
+    )
     broken = {**good, "torch_error": "import torch failed: ImportError: libcudnn.so.9", "torch_cuda": "", "devices": 0}
     assert [row[:3] for row in gpu_node_problems("n", broken, 4)] == [("torch", "n", broken["torch_error"])]
     assert driver_too_old("12.2", "12.6") == "" and driver_too_old("", "13.0") == ""

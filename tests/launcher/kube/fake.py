@@ -66,6 +66,8 @@ class Script:
     """Controller ticks a pod runs before it ends."""
     helpers: dict[str, Callable[[str], list[str]]] = field(default_factory=dict)
     """A helper Job's role -> its pod's log from its `sh -c` script (default: one line, "helper ran")."""
+    helper_exit: dict[str, int] = field(default_factory=dict)
+    """A helper Job's role -> the exit code its pod ends with (default 0: Succeeded), after its log."""
     start_ticks: int = 1
     """Controller ticks a pod spends in each state before Running: unscheduled, scheduled, ContainerCreating."""
     stuck: dict[tuple[int, int] | str, str] = field(default_factory=dict)
@@ -99,6 +101,8 @@ class FakeKube:
         self.pod_exec = PodExec(Path(tempfile.mkdtemp(prefix="fake-kube-")))
         """Exec calls into the pods; pod_exec.claim stands in for the shared claim."""
         self.serving: set[str] = set()
+        self.helper_roles: dict[str, str] = {}
+        """A helper pod -> its Job's role (Script.helper_exit)."""
         self.faults = Faults()
         """Requests that fail on a schedule (fake_faults): none unless a test adds some."""
         self._job_uids: set[str] = set()
@@ -439,6 +443,7 @@ class FakeKube:
             role = labels.get("nanocluster.dev/role", "")
             command = job.spec.template.spec.containers[0].command
             lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else ["helper ran"]
+            self.helper_roles[pod] = role
             if role in self.script.serving:
                 self.serving.add(pod)
         self.logs[pod] = "".join(f"{line}\n" for line in lines).encode()
@@ -527,7 +532,8 @@ class FakeKube:
             self._phase(pod, "Failed", fate)
         elif tick == (self.script.run_ticks if rank >= 0 else 2) and fate is None and pod not in self.serving:
             # helper Jobs end at once, a serving one when its Job is deleted
-            self._phase(pod, "Succeeded", 0)
+            code = self.script.helper_exit.get(self.helper_roles.get(pod, ""), 0)
+            self._phase(pod, "Succeeded" if code == 0 else "Failed", code)
 
     def fail_pod(self, pod: str, code: int) -> None:
         """End a running pod now with exit code (a test's rank crash)."""

@@ -16,8 +16,9 @@ import pytest
 
 from launcher.cluster.kube_contract import GPU_TOLERATION
 from launcher.console import console
+from launcher.kube import pod_placement
 from launcher.kube.doctor import GPU_CHECK_ROLE, NODE_ENV_PYTHON
-from launcher.kube.pod_spec import CODE_DIR
+from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_LIBS
 from tests.launcher.kube.test_gpu_pods import gpu_contract, write
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -92,7 +93,9 @@ def test_a_gpu_node_is_checked_by_a_pod_placed_as_a_training_pod_with_its_gpus(f
         == "4"
     )
     assert GPU_TOLERATION in pod["tolerations"]
-    assert "nodeAffinity" in pod["affinity"]  # whole GPUs, as the training pods
+    assert pod["affinity"] == {"nodeAffinity": pod_placement.whole_gpus()}  # whole GPUs, as the training pods
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    assert f"LD_LIBRARY_PATH={GPU_DRIVER_LIBS}" in container["command"][-1]  # where GKE mounts the driver
     assert fake.nodes_of(job["metadata"]["name"]) in (["gpu-node-0"], ["gpu-node-1"]), fake.bound
     (claim_check,) = jobs_of(fake, "doctor")
     assert fake.nodes_of(claim_check["metadata"]["name"])[0].startswith("node-")  # the helper keeps off the GPUs
@@ -187,3 +190,48 @@ def test_a_gpu_pod_no_node_takes_ends_the_check_with_the_schedulers_reason(fake,
     assert "Unschedulable: 0/2 nodes are available" in line, line
     (job,) = jobs_of(fake, GPU_CHECK_ROLE)
     assert job["metadata"]["name"] not in [j.metadata.name for j in fake.jobs()]
+
+
+def test_a_driver_too_old_for_the_cuda_build_names_the_pools_driver_version_not_a_reboot(fake, script, task, tmp_path):
+    """GKE's DEFAULT driver branch on an older node version runs CUDA 12: the staged CUDA 13 build
+    needs R580, which the pool's gpu_driver_version LATEST installs."""
+    fake.seed()
+    script.helpers[GPU_CHECK_ROLE] = reporting(GOOD | {"driver_cuda": "12.8"})
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    out = flat(ran.out)
+    assert "the driver runs CUDA up to 12.8, torch's build is CUDA 13.0 (torch 2.13.0+cu130)" in out
+    assert "a driver >= 580 (CUDA 13.x) on the GPU nodes: on GKE the node pool's GPU driver installation" in out
+    assert "gpu_driver_version LATEST" in out and "reboot the node" not in out
+
+
+def test_a_gpu_pod_that_fails_shows_its_log_and_one_line(fake, script, task, tmp_path):
+    """A pod whose Python dies (a segfault importing torch: exit 139): its log is printed, then the error."""
+    fake.seed()
+    script.helpers[GPU_CHECK_ROLE] = lambda command: ["node: n1", "Fatal Python error: Segmentation fault"]
+    script.helper_exit[GPU_CHECK_ROLE] = 139
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    assert "[gpu-check] Fatal Python error: Segmentation fault" in ran.out
+    (line,) = ran.error_lines
+    assert line.startswith("error: checking a GPU node failed (Job ") and "its log is above" in line, line
+
+
+def test_gpu_nodes_offering_too_few_gpus_say_why_a_pod_may_wait(fake, script, task, tmp_path, monkeypatch):
+    """The scheduler's "Insufficient nvidia.com/gpu": GPU nodes busy with a run, or whose driver is not
+    installed yet (GKE's device plugin offers no GPU until it is)."""
+    import launcher.kube.doctor
+
+    monkeypatch.setattr(launcher.kube.doctor, "GPU_PENDING_TIMEOUT_S", 0.5)
+    script.scheduler = True
+    pool = {"cloud.google.com/gke-accelerator": "nvidia-l4", "pool": "train"}  # the contract's node_selector
+    fake.seed(nodes=2, gpu_nodes=((2, pool), (2, pool)))  # 2 GPUs where the contract says 4
+    script.helpers[GPU_CHECK_ROLE] = reporting(GOOD)
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    (line,) = ran.error_lines
+    assert "Insufficient nvidia.com/gpu" in line, line
+    assert line.endswith(
+        "(GPU nodes offer no nvidia.com/gpu while a run holds them, or until their driver runs: on GKE the node "
+        "pool's GPU driver installation (gpu_driver_version LATEST; the GKE stack sets it))"
+    ), line
