@@ -46,6 +46,7 @@ from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
     STARTING,
+    STATE_NAME,
     SupervisorState,
     copy_part,
     interrupt,
@@ -176,9 +177,15 @@ def start_on_head(spec: dict) -> dict:
 
 def sync_on_head(directory: Path, offsets: dict[str, int]) -> dict:
     """`sync`: every file of the record from the offset given (whole for WHOLE_SUFFIXES, and where it
-    shrank), base64; and whether the supervisor is live. Not a plot: the operator's machine draws its own."""
+    shrank), base64; and whether the supervisor is live. Not a plot: the operator's machine draws its own.
+
+    Liveness and the supervisor's state are read first, the files it appends to after: everything it
+    wrote before its state said ended (the run's end event, the log) is then in the same answer. Read
+    the other way, an end between the two reads gave a copy that had ended without its end event."""
+    live = is_live(directory)
     files = {}
-    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+    paths = sorted(directory.iterdir(), key=lambda p: (p.name != STATE_NAME, p.name)) if directory.is_dir() else []
+    for path in paths:
         if not path.is_file() or path.name in (LOCK_NAME, PLOT_NAME) or path.name.startswith("."):
             continue
         size = path.stat().st_size
@@ -191,7 +198,7 @@ def sync_on_head(directory: Path, offsets: dict[str, int]) -> dict:
             f.seek(start)
             data = f.read(SYNC_CHUNK)
         files[path.name] = {"from": start, "data": base64.b64encode(data).decode()}
-    return {"live": is_live(directory), "files": files}
+    return {"live": live, "files": files}
 
 
 def record_on_head(run: str) -> Path:

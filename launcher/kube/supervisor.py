@@ -34,6 +34,8 @@ this process, attached as before (launcher.kube.train.train).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import dataclasses
 import json
@@ -245,22 +247,35 @@ class Supervisor:
 
     def sync(self, pod: str) -> bool:
         """Copy what grew in the record on the claim into this machine's record directory (exec calls
-        into pod); False when the pod could not be read (it ended, or the stream broke)."""
+        into pod); False when the pod could not be read (it ended, or the stream broke).
+
+        One call reads the files rewritten in place (supervisor.json) whole, then the sizes of the
+        others, which are copied up to those sizes: all the supervisor appended before its state said
+        ended (the run's end event) comes with that state. Sizes listed first and the state read later
+        gave a copy that had ended without its end event, or a state cut at its old size."""
         listing = bytearray()
         script = (
-            f'cd {self.remote} 2>/dev/null || exit 0; for f in *; do [ -f "$f" ] && echo "$(stat -c %s "$f") $f"; done'
+            f"cd {self.remote} 2>/dev/null || exit 0; "
+            'for f in *.json; do [ -f "$f" ] && echo "whole $f $(base64 -w0 "$f")"; done; '
+            'for f in *; do [ -f "$f" ] && echo "size $f $(stat -c %s "$f")"; done'
         )
         if not self.command(pod, script, listing.extend):
             return False
         local = self.record.made()
         for line in listing.decode(errors="replace").splitlines():
-            size_text, _, name = line.partition(" ")
-            if not name or name.startswith(".") or not size_text.isdigit() or name in PRIVATE:
+            kind, name, value = [*line.split(" ", 2), "", ""][:3]
+            if not name or name.startswith(".") or name in PRIVATE:
                 continue
-            size, done = int(size_text), self.copied(local / name)
-            whole = name.endswith(".json") or size < done  # rewritten, not appended
+            if kind == "whole":
+                with contextlib.suppress(binascii.Error):  # a line cut short: the next sync brings it whole
+                    copy_part(local, name, base64.b64decode(value, validate=True), whole=True)
+                continue
+            if kind != "size" or not value.isdigit() or name.endswith(".json"):
+                continue
+            size, done = int(value), self.copied(local / name)
+            whole = size < done  # rewritten, not appended
             start = 0 if whole else done
-            if size == done and not whole:
+            if size == done:
                 continue
             data = bytearray()
             script = f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}"

@@ -6,6 +6,7 @@ follows it through HeadWatch, and this machine's record becomes a copy of the he
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -35,7 +36,16 @@ from launcher.head_node import (
     start_on_head,
     sync_on_head,
 )
-from launcher.launch.supervisor import ENDED, LOCK_NAME, AlreadySupervised, is_live, read_state
+from launcher.launch.supervisor import (
+    ENDED,
+    LOCK_NAME,
+    STARTING,
+    AlreadySupervised,
+    SupervisorState,
+    is_live,
+    read_state,
+    write_state,
+)
 from launcher.lifecycle import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.setup.nodes import code_files
@@ -188,6 +198,38 @@ def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_wh
     assert (local / "train.log").read_text() == "one\nthis machine's own line\ntwo\n"
     assert read_state(local).phase == ENDED
     assert set(sync_on_head(directory, {"train.log": 8})["files"]) == {"supervisor.json"}  # the log: nothing new
+
+
+def test_a_sync_never_brings_an_ended_state_without_what_the_supervisor_wrote_before_it(tmp_path, monkeypatch):
+    """The supervisor appends the run's end event, then writes its state ended. Here it does both just
+    after the sync's first read: a sync that read the events before and the state after would give a
+    copy that had ended without its end event, and a front end that stops at the end would keep it."""
+    import launcher.head_node
+
+    directory = tmp_path / "r"
+    directory.mkdir()
+    (directory / "events.jsonl").write_text('{"event": "launch"}\n')
+    write_state(directory, SupervisorState(1, STARTING))
+    real_open = open
+    finished = []
+
+    def supervisor_ends_after_the_first_read(path, *args, **kwargs):
+        with real_open(path, *args, **kwargs) as f:
+            data = f.read()
+        if not finished:
+            finished.append(path)
+            with real_open(directory / "events.jsonl", "a") as events:
+                events.write('{"event": "end", "outcome": "finished"}\n')
+            write_state(directory, SupervisorState(1, ENDED, exit_code=0))
+        return io.BytesIO(data)
+
+    monkeypatch.setattr(launcher.head_node, "open", supervisor_ends_after_the_first_read, raising=False)
+    for _ in range(2):  # the sync that met the end, and the one after
+        files = sync_on_head(directory, {})["files"]
+        state = json.loads(base64.b64decode(files["supervisor.json"]["data"]))
+        events = base64.b64decode(files["events.jsonl"]["data"]).decode()
+        assert state["phase"] != ENDED or '"event": "end"' in events, (state, events)
+    assert finished and state["phase"] == ENDED and '"event": "end"' in events
 
 
 def test_the_operator_draws_the_plot_from_the_heads_synced_metrics_and_never_copies_the_heads(

@@ -417,3 +417,44 @@ def test_the_cluster_reaches_the_supervisor_pod_with_its_node_facts(fake, contra
     assert decoded.kube is not None
     assert dataclasses.replace(decoded.kube, kubeconfig="") == dataclasses.replace(kube, kubeconfig="")
     assert decoded.kube.daemonset_cpu == 1.25 and decoded.kube.daemonset_memory_gib == 1.75
+
+
+def test_a_sync_never_copies_an_ended_state_without_the_end_event_written_before_it(
+    fake, contract_file, tmp_path, monkeypatch
+):
+    """The supervisor appends the run's end event, then writes its state ended. Here it does both just
+    after the sync measured events.jsonl (a stand-in `stat` in the pod): sizes measured before the
+    state was read gave a copy that had ended without its end event."""
+    import shutil
+
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.connect import connect
+    from launcher.kube.pod_spec import MOUNT_PATH
+    from launcher.launch.supervisor import ENDED, STARTING, SupervisorState, read_state, write_state
+
+    fake.seed()
+    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
+    watched = supervisor.Supervisor(api, cluster, "r", None)
+    remote = fake.pod_exec.claim / watched.remote.removeprefix(MOUNT_PATH + "/")
+    remote.mkdir(parents=True)
+    (remote / "events.jsonl").write_text('{"event": "launch"}\n')
+    write_state(remote, SupervisorState(1, STARTING))
+    ended = tmp_path / "ended"
+    ended.mkdir()
+    write_state(ended, SupervisorState(1, ENDED, exit_code=0))
+    bin_dir, flag = tmp_path / "bin", tmp_path / "ended-once"
+    bin_dir.mkdir()
+    stat = bin_dir / "stat"
+    stat.write_text(
+        f'#!/bin/sh\n{shutil.which("stat")} "$@"\n'
+        f'case "$*" in *events.jsonl*) if [ ! -e {flag} ]; then touch {flag}; '
+        f'echo \'{{"event": "end"}}\' >> events.jsonl; cp {ended / "supervisor.json"} supervisor.json; fi;; esac\n'
+    )
+    stat.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    local = watched.record.directory
+    for _ in range(2):  # the sync that met the end, and the one after
+        assert watched.sync("supervisor-pod")
+        state, events = read_state(local), (local / "events.jsonl").read_text()
+        assert state is not None and (state.phase != ENDED or '"event": "end"' in events), (state, events)
+    assert flag.exists() and state.phase == ENDED and '"event": "end"' in events
