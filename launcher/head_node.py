@@ -71,7 +71,9 @@ CONTRACT_NAME = "cluster.json"
 SYNC_STATE_NAME = ".head_sync.json"
 """In this machine's record directory: how far each of the head's files has been copied."""
 SYNC_CHUNK = 4 << 20
-"""Bytes of one file a sync call brings at most (a long log arrives over several polls)."""
+"""Bytes of one file a sync call brings at most (a long log arrives over several calls)."""
+SYNC_ROUNDS = 64
+"""Sync calls one refresh makes at most while files have more to bring (256 MiB of each)."""
 WHOLE_SUFFIXES = (".json",)
 """Files rewritten in place (supervisor.json): copied whole at every sync; the rest are appended to."""
 SSH_TIMEOUT_S = 60
@@ -177,28 +179,37 @@ def start_on_head(spec: dict) -> dict:
 
 def sync_on_head(directory: Path, offsets: dict[str, int]) -> dict:
     """`sync`: every file of the record from the offset given (whole for WHOLE_SUFFIXES, and where it
-    shrank), base64; and whether the supervisor is live. Not a plot: the operator's machine draws its own.
+    shrank), base64; whether the supervisor is live; and `more` when a file had more than SYNC_CHUNK
+    to bring. Not a plot: the operator's machine draws its own.
 
-    Liveness and the supervisor's state are read first, the files it appends to after: everything it
-    wrote before its state said ended (the run's end event, the log) is then in the same answer. Read
-    the other way, an end between the two reads gave a copy that had ended without its end event."""
+    The supervisor appends the run's end event, then writes its state. So liveness and the state are
+    read first, the directory listed and the files read after, and the state is left out of an answer
+    that leaves part of a file for the next sync: a state that comes, comes with everything written
+    before it. Read the other way, an end between two reads gave a copy that had ended without its
+    end event, and a front end stops copying at the end."""
     live = is_live(directory)
-    files = {}
-    paths = sorted(directory.iterdir(), key=lambda p: (p.name != STATE_NAME, p.name)) if directory.is_dir() else []
-    for path in paths:
-        if not path.is_file() or path.name in (LOCK_NAME, PLOT_NAME) or path.name.startswith("."):
+    try:
+        state: bytes | None = (directory / STATE_NAME).read_bytes()
+    except OSError:
+        state = None
+    files, more = {}, False
+    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+        if path.name in (LOCK_NAME, PLOT_NAME, STATE_NAME) or not path.is_file() or path.name.startswith("."):
             continue
-        size = path.stat().st_size
+        size, whole = path.stat().st_size, path.name.endswith(WHOLE_SUFFIXES)
         start = offsets.get(path.name, 0)
-        if path.name.endswith(WHOLE_SUFFIXES) or start > size:
+        if whole or start > size:
             start = 0
         elif start == size:
             continue
         with open(path, "rb") as f:
             f.seek(start)
-            data = f.read(SYNC_CHUNK)
+            data = f.read() if whole else f.read(SYNC_CHUNK)  # a file rewritten in place comes whole
+        more |= not whole and len(data) == SYNC_CHUNK
         files[path.name] = {"from": start, "data": base64.b64encode(data).decode()}
-    return {"live": live, "files": files}
+    if state is not None and not more:
+        files[STATE_NAME] = {"from": 0, "data": base64.b64encode(state).decode()}
+    return {"live": live, "files": files, "more": more}
 
 
 def record_on_head(run: str) -> Path:
@@ -270,22 +281,26 @@ class HeadWatch:
             return
         self.last_refresh = time.monotonic()
         offsets = self.offsets()
-        try:
-            answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
-        except NodeError:
-            return
-        if not answer.ok:
-            return
-        found = json.loads(answer.stdout)
-        self.was_live = bool(found["live"])
-        self.local.mkdir(parents=True, exist_ok=True)
-        for name, part in found["files"].items():
-            data = base64.b64decode(part["data"])
-            copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
-            offsets[name] = part["from"] + len(data)
-        temporary = self.local / f"{SYNC_STATE_NAME}.tmp"
-        temporary.write_text(json.dumps(offsets))
-        os.replace(temporary, self.local / SYNC_STATE_NAME)
+        for _ in range(SYNC_ROUNDS):  # until a sync brings the rest of every file, and the state with it
+            try:
+                answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
+            except NodeError:
+                return
+            if not answer.ok:
+                return
+            found = json.loads(answer.stdout)
+            self.was_live = bool(found["live"])
+            self.local.mkdir(parents=True, exist_ok=True)
+            # The state last: this machine's copy never says ended before what came with it is here.
+            for name, part in sorted(found["files"].items(), key=lambda item: item[0] == STATE_NAME):
+                data = base64.b64decode(part["data"])
+                copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
+                offsets[name] = part["from"] + len(data)
+                temporary = self.local / f"{SYNC_STATE_NAME}.tmp"  # after each file: none is appended twice
+                temporary.write_text(json.dumps(offsets))
+                os.replace(temporary, self.local / SYNC_STATE_NAME)
+            if not found.get("more"):
+                break
         self.plot.update()
 
     def state(self) -> SupervisorState | None:

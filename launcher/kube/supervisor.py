@@ -35,11 +35,11 @@ this process, attached as before (launcher.kube.train.train).
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import dataclasses
 import json
 import secrets
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -249,26 +249,27 @@ class Supervisor:
         """Copy what grew in the record on the claim into this machine's record directory (exec calls
         into pod); False when the pod could not be read (it ended, or the stream broke).
 
-        One call reads the files rewritten in place (supervisor.json) whole, then the sizes of the
-        others, which are copied up to those sizes: all the supervisor appended before its state said
-        ended (the run's end event) comes with that state. Sizes listed first and the state read later
-        gave a copy that had ended without its end event, or a state cut at its old size."""
+        The supervisor appends the run's end event, then writes its state (supervisor.json). One call
+        reads the files rewritten in place whole, then the others' sizes; those are copied up to the
+        sizes, and the whole files written here last, only when every copy came: a state that arrives
+        comes with all written before it. Sizes listed first and the state read later, or the state
+        written here before a copy that broke, left a copy that had ended without its end event."""
         listing = bytearray()
         script = (
             f"cd {self.remote} 2>/dev/null || exit 0; "
-            'for f in *.json; do [ -f "$f" ] && echo "whole $f $(base64 -w0 "$f")"; done; '
-            'for f in *; do [ -f "$f" ] && echo "size $f $(stat -c %s "$f")"; done'
+            'for f in *.json; do [ -f "$f" ] && echo "whole $(base64 -w0 "$f") $f"; done; '
+            'for f in *; do [ -f "$f" ] && echo "size $(stat -c %s "$f") $f"; done; true'
         )
         if not self.command(pod, script, listing.extend):
             return False
         local = self.record.made()
+        whole_files: dict[str, bytes] = {}
         for line in listing.decode(errors="replace").splitlines():
-            kind, name, value = [*line.split(" ", 2), "", ""][:3]
+            kind, value, name = [*line.split(" ", 2), "", ""][:3]
             if not name or name.startswith(".") or name in PRIVATE:
                 continue
             if kind == "whole":
-                with contextlib.suppress(binascii.Error):  # a line cut short: the next sync brings it whole
-                    copy_part(local, name, base64.b64decode(value, validate=True), whole=True)
+                whole_files[name] = base64.b64decode(value)
                 continue
             if kind != "size" or not value.isdigit() or name.endswith(".json"):
                 continue
@@ -278,12 +279,14 @@ class Supervisor:
             if size == done:
                 continue
             data = bytearray()
-            script = f"tail -c +{start + 1} {self.remote}/{name} | head -c {size - start}"
+            script = f"tail -c +{start + 1} {shlex.quote(f'{self.remote}/{name}')} | head -c {size - start}"
             if not self.command(pod, script, data.extend):
                 return False
             copy_part(local, name, bytes(data), whole)
             self.synced[name] = [start + len(data), log_size(local / name)]
             (local / SYNC_NAME).write_text(json.dumps(self.synced))
+        for name, content in whole_files.items():
+            copy_part(local, name, content, whole=True)
         self.plot.update()
         return True
 

@@ -232,6 +232,30 @@ def test_a_sync_never_brings_an_ended_state_without_what_the_supervisor_wrote_be
     assert finished and state["phase"] == ENDED and '"event": "end"' in events
 
 
+def test_an_ended_run_whose_log_takes_several_syncs_ends_here_only_with_all_of_it(tmp_path, contract, monkeypatch):
+    """A detached run ended with more log than one sync brings (SYNC_CHUNK): the head keeps its state
+    back until the rest has come, and one refresh makes the calls that bring it all, state last."""
+    import launcher.head_node
+
+    monkeypatch.setattr(launcher.head_node, "SYNC_CHUNK", 16)
+    head, local = tmp_path / "head", tmp_path / "local"
+    directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
+    directory.mkdir(parents=True)
+    (head / "cluster.json").write_text(json.dumps(contract))
+    log = "".join(f"step {i}\n" for i in range(40))
+    (directory / "train.log").write_text(log)
+    (directory / "events.jsonl").write_text('{"event": "launch"}\n{"event": "end", "outcome": "finished"}\n')
+    write_state(directory, SupervisorState(1, ENDED, exit_code=0))
+    first = sync_on_head(directory, {})
+    assert "supervisor.json" not in first["files"] and first.get("more")  # not before the rest of the files
+    shell = HeadShell(head, monkeypatch)
+    watch = HeadWatch(parse_contract(contract, "c.json"), shell, local, "r")
+    watch.refresh()
+    assert read_state(local).phase == ENDED and (local / "train.log").read_text() == log
+    assert '"event": "end"' in (local / "events.jsonl").read_text()
+    assert shell.calls == -(-len(log) // 16)  # a call per 16 bytes of the longest file, the last one with the state
+
+
 def test_the_operator_draws_the_plot_from_the_heads_synced_metrics_and_never_copies_the_heads(
     tmp_path, contract, monkeypatch
 ):

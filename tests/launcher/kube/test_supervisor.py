@@ -458,3 +458,30 @@ def test_a_sync_never_copies_an_ended_state_without_the_end_event_written_before
         state, events = read_state(local), (local / "events.jsonl").read_text()
         assert state is not None and (state.phase != ENDED or '"event": "end"' in events), (state, events)
     assert flag.exists() and state.phase == ENDED and '"event": "end"' in events
+
+
+def test_a_sync_cut_short_leaves_this_machines_copy_as_it_was_not_ended_without_its_events(
+    fake, contract_file, tmp_path
+):
+    """The supervisor has ended; the copy of events.jsonl breaks off (the exec stream cut): the state
+    is not written here until every appended file came, and the next sync brings both."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.connect import connect
+    from launcher.kube.pod_spec import MOUNT_PATH
+    from launcher.launch.supervisor import ENDED, SupervisorState, read_state, write_state
+
+    fake.seed()
+    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
+    watched = supervisor.Supervisor(api, cluster, "r", None)
+    remote = fake.pod_exec.claim / watched.remote.removeprefix(MOUNT_PATH + "/")
+    remote.mkdir(parents=True)
+    (remote / "events.jsonl").write_text('{"event": "launch"}\n{"event": "end", "outcome": "finished"}\n')
+    (remote / "a log with spaces.txt").write_text("kept\n")
+    write_state(remote, SupervisorState(1, ENDED, exit_code=0))
+    fake.pod_exec.cut("events.jsonl", 5)
+    assert not watched.sync("supervisor-pod")
+    local = watched.record.directory
+    assert read_state(local) is None  # not ended here: its events have not come
+    assert watched.sync("supervisor-pod")
+    assert read_state(local).phase == ENDED and '"event": "end"' in (local / "events.jsonl").read_text()
+    assert (local / "a log with spaces.txt").read_text() == "kept\n"
