@@ -28,9 +28,8 @@ from launcher.kube import pod_placement, volume
 from launcher.kube.api import Api
 from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import access_of, run_helper
-from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, job_name
+from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, NODE_PYTHON, job_name
 
-NODE_ENV_PYTHON = f"{volume.VENV_MARKER.rsplit('/', 1)[0]}/bin/python"
 GPU_CHECK_ROLE = "gpu-check"
 GPU_CHECK_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
 """torch with its CUDA libraries and a CUDA context on each GPU: about 2 GiB of host memory."""
@@ -67,13 +66,13 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
         f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
     )
     checks = {
-        "node environment": f"test -x {NODE_ENV_PYTHON}",
+        "node environment": f"test -x {NODE_PYTHON}",
         "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
         f"data/{dataset}": f"test -f {volume.dataset_path(dataset)}/meta.json",
     }
     if cluster.gpus_per_node:  # the helper pod has no GPU: whether torch is a CUDA build, not whether it sees one
         checks["CUDA torch in the node environment"] = (
-            f"{NODE_ENV_PYTHON} -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null"
+            f"{NODE_PYTHON} -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null"
         )
     script = "; ".join(
         f"if {test}; then echo 'ok: {what}'; else echo 'missing: {what}'; fi" for what, test in checks.items()
@@ -115,7 +114,7 @@ def gpu_check_job(access: KubeAccess, gpus: int) -> dict:
         [
             f'echo "{NODE_LINE}$NODE_NAME"',
             f'export PATH="$PATH:{GPU_DRIVER_BIN}" LD_LIBRARY_PATH={GPU_DRIVER_LIBS}',
-            f"exec {NODE_ENV_PYTHON} {CODE_DIR}/launcher/node_scripts/gpu_check.py",
+            f"exec {NODE_PYTHON} {CODE_DIR}/launcher/node_scripts/gpu_check.py",
         ]
     )
     job = volume.helper_job(job_name(GPU_CHECK_ROLE, "doctor"), access, GPU_CHECK_ROLE, script)

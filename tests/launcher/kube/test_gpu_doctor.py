@@ -17,8 +17,8 @@ import pytest
 from launcher.cluster.kube_contract import GPU_TOLERATION
 from launcher.console import console
 from launcher.kube import pod_placement
-from launcher.kube.doctor import GPU_CHECK_ROLE, NODE_ENV_PYTHON
-from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_LIBS
+from launcher.kube.doctor import GPU_CHECK_ROLE
+from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_LIBS, NODE_PYTHON
 from tests.launcher.kube.test_gpu_pods import gpu_contract, write
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -155,7 +155,7 @@ def test_the_gpu_pods_own_script_reports_what_this_machines_driver_and_torch_say
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
 
     def run_here(command: str) -> list[str]:
-        local = command.replace(NODE_ENV_PYTHON, sys.executable).replace(CODE_DIR, str(ROOT))
+        local = command.replace(NODE_PYTHON, sys.executable).replace(CODE_DIR, str(ROOT))
         env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "NODE_NAME": "here", "PYTHONPATH": str(ROOT)}
         done = subprocess.run(["sh", "-c", local], capture_output=True, text=True, env=env, timeout=120)
         return (done.stdout + done.stderr).splitlines()

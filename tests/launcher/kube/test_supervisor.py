@@ -419,6 +419,20 @@ def test_the_cluster_reaches_the_supervisor_pod_with_its_node_facts(fake, contra
     assert decoded.kube.daemonset_cpu == 1.25 and decoded.kube.daemonset_memory_gib == 1.75
 
 
+def watched_supervisor(fake, contract_file) -> tuple[supervisor.Supervisor, Path]:
+    """The front end's view of run r's supervisor on the fake, and its record directory on the claim."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.connect import connect
+    from launcher.kube.pod_spec import MOUNT_PATH
+
+    fake.seed()
+    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
+    watched = supervisor.Supervisor(api, cluster, "r", None)
+    remote = fake.pod_exec.claim / watched.remote.removeprefix(MOUNT_PATH + "/")
+    remote.mkdir(parents=True)
+    return watched, remote
+
+
 def test_a_sync_never_copies_an_ended_state_without_the_end_event_written_before_it(
     fake, contract_file, tmp_path, monkeypatch
 ):
@@ -427,16 +441,9 @@ def test_a_sync_never_copies_an_ended_state_without_the_end_event_written_before
     state was read gave a copy that had ended without its end event."""
     import shutil
 
-    from launcher.cluster.contract import parse_contract
-    from launcher.kube.connect import connect
-    from launcher.kube.pod_spec import MOUNT_PATH
     from launcher.launch.supervisor import ENDED, STARTING, SupervisorState, read_state, write_state
 
-    fake.seed()
-    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
-    watched = supervisor.Supervisor(api, cluster, "r", None)
-    remote = fake.pod_exec.claim / watched.remote.removeprefix(MOUNT_PATH + "/")
-    remote.mkdir(parents=True)
+    watched, remote = watched_supervisor(fake, contract_file)
     (remote / "events.jsonl").write_text('{"event": "launch"}\n')
     write_state(remote, SupervisorState(1, STARTING))
     ended = tmp_path / "ended"
@@ -465,16 +472,9 @@ def test_a_sync_cut_short_leaves_this_machines_copy_as_it_was_not_ended_without_
 ):
     """The supervisor has ended; the copy of events.jsonl breaks off (the exec stream cut): the state
     is not written here until every appended file came, and the next sync brings both."""
-    from launcher.cluster.contract import parse_contract
-    from launcher.kube.connect import connect
-    from launcher.kube.pod_spec import MOUNT_PATH
     from launcher.launch.supervisor import ENDED, SupervisorState, read_state, write_state
 
-    fake.seed()
-    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
-    watched = supervisor.Supervisor(api, cluster, "r", None)
-    remote = fake.pod_exec.claim / watched.remote.removeprefix(MOUNT_PATH + "/")
-    remote.mkdir(parents=True)
+    watched, remote = watched_supervisor(fake, contract_file)
     (remote / "events.jsonl").write_text('{"event": "launch"}\n{"event": "end", "outcome": "finished"}\n')
     (remote / "a log with spaces.txt").write_text("kept\n")
     write_state(remote, SupervisorState(1, ENDED, exit_code=0))
