@@ -35,6 +35,7 @@ from launcher.launch.start import (
     print_dry_run,
     start_units,
 )
+from launcher.launch.supervisor import ENDED
 from launcher.launch.units import stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
@@ -262,6 +263,30 @@ def status(cluster_spec: str | None, run: str = "main") -> int:
     try:
         watch.refresh()
         return launch_status.status(cluster_spec, run, watch.live(), watch.where())
+    finally:
+        watch.close()
+
+
+def logs(
+    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+) -> None:
+    """`fab logs` on machines: with follow, a live supervisor's restarts are followed too, not taken as the end."""
+    if not follow:
+        return launch_status.logs(cluster_spec, run, rank, lines)
+    with contextlib.redirect_stdout(io.StringIO()):  # the "using ..." line: logs says it
+        cluster = resolve_cluster(cluster_spec, None)
+    try:
+        watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
+    except TaskError:  # the head does not answer: follow the units alone
+        return launch_status.logs(cluster_spec, run, rank, lines, follow)
+
+    def supervised() -> bool:
+        watch.refresh()
+        state = watch.state()
+        return watch.live() and state is not None and state.phase != ENDED
+
+    try:
+        return launch_status.logs(cluster_spec, run, rank, lines, follow, supervised)
     finally:
         watch.close()
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from kubernetes.client import V1Job, V1Pod
@@ -28,7 +29,7 @@ from launcher.console import (
     say,
 )
 from launcher.kube import streams, volume
-from launcher.kube.api import calling, name_of
+from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects, live_runs, open_cluster, request_stop, run_objects
 from launcher.kube.jobs import (
     access_of,
@@ -167,26 +168,53 @@ def logs(
         pods = [p for p in pods if rank in ranks_of(p)]
         if not pods:
             raise TaskError(f"run {run!r} has no pod of rank {rank}")
-    for pod in pods:
-        label = unit_of(pod).label
-        with calling(f"reading the log of {name_of(pod)}"):
-            streams.follow_log(
-                api,
-                name_of(pod),
-                lambda line, label=label: out_line(label(line)),  # type: ignore[misc]
-                CONTAINER,
-                tail_lines=lines,
-                follow=follow,
-            )
-    if follow:  # each pod's log stream ends with its container
-        ended = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
-        states = []
+    if not follow:
         for pod in pods:
-            now = ended.get(name_of(pod))
-            code = exit_code(now) if now is not None else None
-            phase = (now.status.phase if now is not None and now.status else None) or "deleted"
-            states.append(f"{unit_of(pod).name} {phase}" + ("" if code is None else f" (exit {code})"))
-        say(f"run {run} ended: {', '.join(states)}")
+            read_pod_log(api, pod, lines, follow)
+        return
+    # Every pod's stream at once: one after another, a pod's lines would wait for the pods before it to end.
+    failed: list[TaskError] = []
+
+    def follow_pod(pod: V1Pod) -> None:
+        try:
+            read_pod_log(api, pod, lines, follow)
+        except TaskError as e:
+            failed.append(e)
+
+    threads = [threading.Thread(target=follow_pod, args=(pod,), daemon=True) for pod in pods]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        return
+    if failed:
+        raise failed[0]
+    # Each pod's stream ended with its container: how each ended.
+    ended = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
+    states = []
+    for pod in pods:
+        now = ended.get(name_of(pod))
+        code = exit_code(now) if now is not None else None
+        phase = (now.status.phase if now is not None and now.status else None) or "deleted"
+        states.append(f"{unit_of(pod).name} {phase}" + ("" if code is None else f" (exit {code})"))
+    say(f"run {run} ended: {', '.join(states)}")
+
+
+def read_pod_log(api: Api, pod: V1Pod, lines: int, follow: bool) -> None:
+    """A pod's log, each line labelled with its rank(s) and node; with follow, until its container ends."""
+    label = unit_of(pod).label
+    with calling(f"reading the log of {name_of(pod)}"):
+        streams.follow_log(
+            api,
+            name_of(pod),
+            lambda line: out_line(label(line)),
+            CONTAINER,
+            tail_lines=lines,
+            follow=follow,
+        )
 
 
 def training_pods(pods: list[V1Pod]) -> list[V1Pod]:

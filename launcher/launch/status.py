@@ -7,12 +7,15 @@ ISO time) while the idle stop is on; a live run unit or an SSH session (fab stat
 pushes it forward.
 
 `fab logs`: each unit's log from its node, labelled as `fab train` labels it; --follow keeps streaming
-until every unit has ended, then one line says how each ended.
+until every unit has ended, then one line says how each ended. While the run's supervisor is live, an
+end of the units may be followed by a restart: the logs wait for it and follow the new launch.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 from rich.table import Table
 
@@ -35,6 +38,10 @@ from model.monitoring.health import status_line as health_line
 from model.monitoring.metrics import parse_jsonl
 
 METRICS_LINES = 50
+RELAUNCH_POLL_S = 1.0
+"""How often `fab logs --follow` looks for a live supervisor's relaunch of the run's units."""
+RELAUNCH_QUIET_S = 10.0
+"""How long it waits for one before saying it waits (most restarts or ends come sooner)."""
 DEADLINE_FILE = "autostop.deadline"
 
 
@@ -148,35 +155,75 @@ def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
 
 
 def logs(
-    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+    cluster_spec: str | None,
+    run: str = "main",
+    rank: int | None = None,
+    lines: int = 50,
+    follow: bool = False,
+    supervised: Callable[[], bool] | None = None,
 ) -> None:
+    """Each unit's log; with follow, new lines until every unit has ended. supervised: whether the run's
+    supervisor is still live, so that a relaunch is followed too (its new logs) rather than called an end."""
     cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
-        launcher, units = read_plan(session, run)
-        if rank is not None:
-            chosen = [u for u in units if u.rank == rank]
-            if not chosen:
-                raise TaskError(
-                    f"run {run!r} has no log for rank {rank} ({launcher} launcher; "
-                    f"its logs: {', '.join(u.name for u in units)})"
-                )
-            units = chosen
-        session.connect([u.node for u in units])
-        threads = follow_units(
-            units,
-            session.shells,
-            lambda u, s: log_command(s.root, run, u.name, lines, follow),
-            lambda u, line: out_line(u.label(line)),
-            lambda u, e: out_line(f"{u.prefix} {e}"),
+        while True:
+            units = chosen_units(session, run, rank)
+            session.connect([u.node for u in units])
+            threads = follow_units(
+                units,
+                session.shells,
+                lambda u, s: log_command(s.root, run, u.name, lines, follow),
+                lambda u, line: out_line(u.label(line)),
+                lambda u, e: out_line(f"{u.prefix} {e}"),
+            )
+            try:
+                for t in threads:
+                    while t.is_alive():
+                        t.join(0.5)
+                if not follow:
+                    return
+                states = unit_states(session, run, units)
+                if supervised is None or not supervised() or not relaunched(session, run, rank, states, supervised):
+                    say(ended_line(run, unit_states(session, run, units)))
+                    return
+            except KeyboardInterrupt:
+                return
+
+
+def chosen_units(session: Session, run: str, rank: int | None) -> list[Unit]:
+    """The units of the run's current plan whose logs are asked for: every one, or rank's."""
+    launcher, units = read_plan(session, run)
+    if rank is None:
+        return units
+    chosen = [u for u in units if u.rank == rank]
+    if not chosen:
+        raise TaskError(
+            f"run {run!r} has no log for rank {rank} ({launcher} launcher; "
+            f"its logs: {', '.join(u.name for u in units)})"
         )
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.5)
-        except KeyboardInterrupt:
-            return
-        if follow:
-            say(ended_line(run, unit_states(session, run, units)))
+    return chosen
+
+
+def relaunched(
+    session: Session, run: str, rank: int | None, states: dict[str, str], supervised: Callable[[], bool]
+) -> bool:
+    """Whether the run's supervisor started its units again, waited for while it is live: the units
+    have ended (states), and a restart or a revival may follow, whose new logs are followed then."""
+    told_at = time.monotonic() + RELAUNCH_QUIET_S
+    while supervised():
+        units = chosen_units(session, run, rank)
+        session.connect([u.node for u in units])
+        if any(state == "running" for state in unit_states(session, run, units).values()):
+            say(f"run {run}: started again by its supervisor ({ended_states(states)} before)")
+            return True
+        if told_at and time.monotonic() > told_at:  # a restart's backoff, or a node's revival
+            say(
+                f"run {run}: {ended_states(states)}; its supervisor is live: waiting for it to start the run "
+                "again (Ctrl-C stops following, not the run)"
+            )
+            told_at = 0.0
+        time.sleep(RELAUNCH_POLL_S)
+    return False
 
 
 def unit_states(session: Session, run: str, units: list[Unit]) -> dict[str, str]:
@@ -194,4 +241,8 @@ def unit_states(session: Session, run: str, units: list[Unit]) -> dict[str, str]
 
 def ended_line(run: str, states: dict[str, str]) -> str:
     """`fab logs --follow`'s last line once every unit has ended: how each ended."""
-    return f"run {run} ended: " + ", ".join(f"{name} {state}" for name, state in states.items())
+    return f"run {run} ended: {ended_states(states)}"
+
+
+def ended_states(states: dict[str, str]) -> str:
+    return ", ".join(f"{name} {state}" for name, state in states.items())

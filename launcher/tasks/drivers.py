@@ -115,7 +115,7 @@ class MachinesDriver:
     train = staticmethod(launcher.train.supervised_train)  # the run's supervisor here or on the head
     attach = staticmethod(launcher.train.attach)
     status = staticmethod(launcher.train.status)  # the record first synced from the head's supervisor
-    logs = staticmethod(launcher.launch.status.logs)
+    logs = staticmethod(launcher.train.logs)  # a live supervisor's restarts followed too
     stop = staticmethod(launcher.launch.units.stop)
     sample = staticmethod(launcher.checkpoints.sample)
     fetch = staticmethod(launcher.checkpoints.fetch)

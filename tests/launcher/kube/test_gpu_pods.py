@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -516,18 +517,23 @@ def test_a_failed_gpu_pod_is_named_with_its_ranks(fake, task, script, tmp_path, 
     assert ran.error_lines == ["error: pod1 node-1 (ranks 4-7) exited with code 1; every pod was stopped"]
 
 
-def test_status_and_logs_map_ranks_to_the_pod_holding_them(fake, task, script, tmp_path):
+def two_running_gpu_pods(fake, script, run: str) -> list:
+    """A run of 2 pods of 2 GPU ranks each, both Running until stopped, each with its ranks' log lines."""
     fake.seed()
     script.run_ticks = 10**9
     script.log = {0: ["[rank 0 p0] step 1", "[rank 1 p0] step 1"], 1: ["[rank 2 p1] step 1", "[rank 3 p1] step 1"]}
-    launch = launch_of(run="r6", job="fake-r6", nodes=2, gpus=2, claim="shared", node_selector={}, tolerations=())
+    launch = launch_of(run=run, job=f"fake-{run}", nodes=2, gpus=2, claim="shared", node_selector={}, tolerations=())
     fake.core.create_namespaced_service("nanocluster", objects.headless_service(launch))
     fake.batch.create_namespaced_job("nanocluster", training_job(launch))
     deadline = time.monotonic() + 10
     while len([p for p in fake.pods() if p.status and p.status.phase == "Running"]) < 2:
         assert time.monotonic() < deadline, "the fake never ran the pods"
         time.sleep(0.02)
-    pods = sorted(fake.pods(), key=lambda p: p.metadata.name)
+    return sorted(fake.pods(), key=lambda p: p.metadata.name)
+
+
+def test_status_and_logs_map_ranks_to_the_pod_holding_them(fake, task, script, tmp_path):
+    pods = two_running_gpu_pods(fake, script, "r6")
     assert [list(ranks_of(p)) for p in pods] == [[0, 1], [2, 3]] and ranks_text(pods[1]) == "2-3"
     assert unit_of(pods[1]).prefix == "[pod1 node-1]"
     contract = write(tmp_path, gpu_contract(fake))
@@ -539,6 +545,28 @@ def test_status_and_logs_map_ranks_to_the_pod_holding_them(fake, task, script, t
     logged = [line for line in ran.out.splitlines() if line.startswith("[")]
     assert logged == ["[rank 2 p1] step 1", "[rank 3 p1] step 1"]
     task("stop", "--cluster", str(contract), "--run", "r6")
+
+
+def test_logs_follow_streams_every_pod_at_once(fake, task, script, tmp_path, monkeypatch):
+    """Followed one after another, the second pod's lines would wait for the first pod to end."""
+    import launcher.kube.tasks as kube_tasks
+
+    two_running_gpu_pods(fake, script, "r7")
+    contract = write(tmp_path, gpu_contract(fake))
+    seen: list[str] = []
+    monkeypatch.setattr(kube_tasks, "out_line", seen.append)
+    follower = threading.Thread(
+        target=kube_tasks.logs, args=(str(contract),), kwargs={"run": "r7", "follow": True}, daemon=True
+    )
+    follower.start()
+    deadline = time.monotonic() + 10
+    while not {"[rank 1 p0] step 1", "[rank 3 p1] step 1"} <= set(seen):
+        assert time.monotonic() < deadline, f"only these lines came while both pods ran: {seen}"
+        time.sleep(0.05)
+    assert follower.is_alive(), "the pods still run: the follow goes on"
+    task("stop", "--cluster", str(contract), "--run", "r7")
+    follower.join(30)
+    assert not follower.is_alive(), "the follow ends with the pods"
 
 
 # --- the fit check against one GPU's memory ---
