@@ -95,7 +95,7 @@ def schedule(seed: int, count: int, nodes: int, max_iters: int, kinds: Sequence[
 # What the launcher prints (its own lines, and rank 0's log lines it streams).
 STEP = re.compile(r"^\[rank 0 node\d+\] iter (\d+): loss ")
 FAILED = re.compile(r"^\[rank \d+ node\d+\] failed first: stopping every rank")
-RESTART = re.compile(r"^restart (\d+)/\d+: (.*); every rank resumes")
+RESTART = re.compile(r"^restart (\d+)/\d+: (.*); (?:every rank resumes|no snapshot recorded yet)")
 RESUMED = re.compile(r"^\[rank 0 node\d+\] resumed from .* at iteration (\d+)")
 DIGEST = re.compile(r"^\[rank 0 node\d+\] .*final parameters sha256 ([0-9a-f]+)")
 OUT_OF_MEMORY = re.compile(r"out of memory on (node\d+) \(rank (\d+)\)")

@@ -34,7 +34,14 @@ from launcher.launch.operator_stop import OperatorStopped
 from launcher.recover.policy import RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
-from launcher.runs.record import RunRecord, interrupted_text, launch_fields, read_cluster_runs, stopped_text
+from launcher.runs.record import (
+    NO_SNAPSHOT,
+    RunRecord,
+    interrupted_text,
+    launch_fields,
+    read_cluster_runs,
+    stopped_text,
+)
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -296,10 +303,13 @@ class Lifecycle:
             except TaskError as e:
                 cause = self.lost_while_starting(e)
             self.restarts += 1
-            say(
-                f"restart {self.restarts}/{self.request.recover.max_restarts}: {cause}; "
-                "every rank resumes from the newest snapshot"
+            snapshot = self.newest_snapshot()
+            resumes = (
+                f"every rank resumes from the newest snapshot (iter {snapshot} or later)"
+                if snapshot != NO_SNAPSHOT
+                else "no snapshot recorded yet: every rank starts from the beginning"
             )
+            say(f"restart {self.restarts}/{self.request.recover.max_restarts}: {cause}; {resumes}")
             try:
                 recovered = self.kind.recover()
             except TaskError as e:
@@ -359,12 +369,22 @@ class Lifecycle:
 
     def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
-        rerun = self.request.rerun_command
+        rerun, snapshot = self.request.rerun_command, self.newest_snapshot()
         self.ended = True
         self.record.append(
-            "end", outcome="interrupted", iter=snapshot_iter, rerun=rerun, exit_code=Interrupted.exit_code
+            "end",
+            outcome="interrupted",
+            iter=snapshot_iter,
+            snapshot=snapshot,
+            rerun=rerun,
+            exit_code=Interrupted.exit_code,
         )
-        raise Interrupted(interrupted_text(snapshot_iter, rerun)) from None
+        raise Interrupted(interrupted_text(snapshot_iter, rerun, snapshot)) from None
+
+    def newest_snapshot(self) -> int:
+        """The iteration of the newest snapshot the record shows the run wrote (an eval's, a stop's), or
+        NO_SNAPSHOT: what a rerun resumes from when no rank ran to stop now."""
+        return budget.resume_iter(self.record.metrics()) or NO_SNAPSHOT
 
     def stop_if_requested(self, progress: Progress | None) -> None:
         """End the run as stopped when an operator's stop asked for it (the kind's request); else nothing."""
@@ -376,18 +396,19 @@ class Lifecycle:
         """An operator's stop: record it (never a failure, never restarted) and raise OperatorStopped
         with where the run stopped and the command that continues it."""
         snapshot_iter = progress.stopped_at if progress else None
-        rerun = self.request.rerun_command
+        rerun, snapshot = self.request.rerun_command, self.newest_snapshot()
         self.ended = True
         self.record.append(
             "end",
             outcome="stopped",
             iter=snapshot_iter,
+            snapshot=snapshot,
             rerun=rerun,
             requested_at=requested_at,
             restarts=self.restarts,
             exit_code=OperatorStopped.exit_code,
         )
-        raise OperatorStopped(stopped_text(self.request.run, snapshot_iter, requested_at, rerun)) from None
+        raise OperatorStopped(stopped_text(self.request.run, snapshot_iter, requested_at, rerun, snapshot)) from None
 
     def record_failed(self, reason: str, exit_code: int) -> None:
         self.ended = True

@@ -117,9 +117,10 @@ def ending_text(end: dict[str, Any] | None, run: str = "") -> str:
         return ""
     outcome = end.get("outcome", "finished")
     if outcome == "interrupted":
-        return interrupted_text(end.get("iter"), end.get("rerun") or command_line("train"))
+        return interrupted_text(end.get("iter"), end.get("rerun") or command_line("train"), end.get("snapshot"))
     if outcome == "stopped":  # an operator's `fab stop`
-        return stopped_text(run, end.get("iter"), end.get("requested_at"), end.get("rerun") or command_line("train"))
+        rerun = end.get("rerun") or command_line("train")
+        return stopped_text(run, end.get("iter"), end.get("requested_at"), rerun, end.get("snapshot"))
     if outcome == "failed":
         return f"failed: {end['reason']}" if end.get("reason") else "failed"
     return "stopped at its budget" if outcome == "budget" else outcome

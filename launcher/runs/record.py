@@ -164,13 +164,27 @@ class RunRecord:
         return parse_jsonl(data.decode(errors="replace"))
 
 
-def interrupted_text(snapshot_iter: int | None, rerun: str) -> str:
+NO_SNAPSHOT = 0
+"""An end event's "snapshot" when the run had written none: its rerun starts from the beginning."""
+
+
+def kept_snapshot_text(snapshot: int | None) -> str:
+    """What a rerun resumes from when no rank ran to stop (while starting or recovering): the newest
+    snapshot the run wrote before (NO_SNAPSHOT: none; None: a record that did not say)."""
+    if snapshot == NO_SNAPSHOT:
+        return "before its first snapshot: a rerun starts from the beginning"
+    if snapshot is not None:
+        return f"its snapshot at iter {snapshot} is kept"
+    return "its newest snapshot is kept"
+
+
+def interrupted_text(snapshot_iter: int | None, rerun: str, snapshot: int | None = None) -> str:
     """Where an interrupted run stopped and the command that continues it (fab train's last line,
-    fab status); snapshot_iter None: stopped before its ranks ran (while starting or recovering)."""
+    fab status); snapshot_iter None: stopped before its ranks ran, snapshot: what is kept then."""
     at = (
         f"at iter {snapshot_iter} (every rank stopped after its snapshot)"
         if snapshot_iter is not None
-        else "(its newest snapshot is kept)"
+        else f"({kept_snapshot_text(snapshot)})"
     )
     return f"interrupted {at}; continue with: {rerun}"
 
@@ -191,12 +205,16 @@ def clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
-def stopped_text(run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str) -> str:
+def stopped_text(
+    run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str, snapshot: int | None = None
+) -> str:
     """`fab train`'s last line (and `fab status`'s) after an operator's stop."""
-    at = f" at iter {snapshot_iter}" if snapshot_iter is not None else ""
     when = f"stop at {clock(requested_at)}; " if requested_at is not None else ""
-    kept = "every rank stopped after its snapshot" if snapshot_iter is not None else "its newest snapshot is kept"
-    return f"run {run} stopped by an operator{at} ({when}{kept}); continue with: {rerun}"
+    if snapshot_iter is not None:
+        where, kept = f" at iter {snapshot_iter}", "every rank stopped after its snapshot"
+    else:
+        where, kept = "", kept_snapshot_text(snapshot)
+    return f"run {run} stopped by an operator{where} ({when}{kept}); continue with: {rerun}"
 
 
 def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:

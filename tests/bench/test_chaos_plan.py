@@ -79,6 +79,9 @@ def test_the_launcher_lines_the_bench_follows():
     assert STEP.search("[rank 0 node0] iter 42: loss 6.1234, lr 6.000e-04, 12.0 ms").group(1) == "42"
     assert not STEP.search("[rank 0 node0] iter 50: ranks realigned after the eval in 3.1 ms")
     found = RESTART.search(
-        "restart 2/18: rank 1 node1: killed by SIGKILL (exit 137); every rank resumes from the newest snapshot"
+        "restart 2/18: rank 1 node1: killed by SIGKILL (exit 137); "
+        "every rank resumes from the newest snapshot (iter 40 or later)"
     )
     assert found.group(2) == "rank 1 node1: killed by SIGKILL (exit 137)"
+    found = RESTART.search("restart 1/3: rank 0 node0: killed by SIGKILL (exit 137); no snapshot recorded yet: ...")
+    assert found.group(1) == "1"

@@ -4,6 +4,8 @@ rather than leave them unsupervised, and an operator's stop that ended a recover
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launcher.cluster.local import local_cluster
@@ -11,7 +13,8 @@ from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.operator_stop import OperatorStopped
 from launcher.lifecycle import Lifecycle, Prepared, Recovered, Started, TrainRequest
-from launcher.runs.record import RunRecord
+from launcher.runs.estimate import ending_text
+from launcher.runs.record import NO_SNAPSHOT, RunRecord, interrupted_text
 
 
 class Kind:
@@ -110,3 +113,39 @@ def test_an_operators_stop_that_ended_a_recoverys_wait_ends_the_run_stopped_not_
         Lifecycle(TrainRequest("local", run="r"), kind).train()
     end = end_of(kind)
     assert end["outcome"] == "stopped" and end["requested_at"] == 1000.0
+
+
+def lost_then_stopped(local_home, capsys, metrics: list[dict]) -> tuple[str, dict, str]:
+    """A run whose rank is lost, with the record's metrics copy holding metrics, stopped by an operator
+    while the lifecycle waits to restart it: (the restart line, the end event, the last line)."""
+    lost = RunFailed("rank 0 lost", failure=FirstFailure("rank 0", "lost", detail="gone", node="local0"))
+    kind = Kind(watch_raises=lost, recover_raises=TaskError("stopped while waiting for local1 to be revived"))
+    lifecycle = Lifecycle(TrainRequest("local", run="r"), kind)
+    copy = RunRecord.of(kind.cluster, "r").metrics_path
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text("".join(json.dumps(record) + "\n" for record in metrics))
+    with pytest.raises(OperatorStopped) as stopped:
+        lifecycle.train()
+    restart = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("restart 1/"))
+    return restart, end_of(kind), str(stopped.value)
+
+
+def test_a_run_stopped_before_its_first_snapshot_says_a_rerun_starts_over(local_home, capsys):
+    restart, end, last = lost_then_stopped(local_home, capsys, [{"kind": "start", "iter": 0, "resumed": False}])
+    assert restart.endswith("no snapshot recorded yet: every rank starts from the beginning")
+    assert end["snapshot"] == NO_SNAPSHOT
+    assert "(stop at " in last and "before its first snapshot: a rerun starts from the beginning)" in last
+    assert "newest snapshot" not in last
+
+
+def test_a_run_stopped_after_an_eval_names_the_snapshot_a_rerun_resumes_from(local_home, capsys):
+    metrics = [{"kind": "start", "iter": 0, "resumed": False}, {"kind": "eval", "iter": 50, "val_loss": 5.0}]
+    restart, end, last = lost_then_stopped(local_home, capsys, metrics)
+    assert restart.endswith("every rank resumes from the newest snapshot (iter 50 or later)")
+    assert end["snapshot"] == 50 and "its snapshot at iter 50 is kept" in last
+    assert ending_text(end, "r") == last, "fab status says what train said"
+
+
+def test_older_records_without_the_snapshot_field_keep_their_wording():
+    assert interrupted_text(None, "fab train") == "interrupted (its newest snapshot is kept); continue with: fab train"
+    assert interrupted_text(7, "fab train").startswith("interrupted at iter 7 (every rank stopped after its snapshot)")

@@ -139,7 +139,11 @@ def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monk
     ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "c", *QUICK)
     assert polls
     assert ran.code == 130
-    assert ran.err.strip().splitlines()[-1].startswith("interrupted (its newest snapshot is kept); continue with: ")
+    assert (
+        ran.err.strip()
+        .splitlines()[-1]
+        .startswith("interrupted (before its first snapshot: a rerun starts from the beginning); continue with: ")
+    )
     assert "train --cluster" in ran.err and "--run c" in ran.err
     assert "interrupted: deleting the run's Job" in ran.out
     assert not fake.jobs() and not fake.core.list_namespaced_service("nanocluster").items

@@ -25,6 +25,9 @@ from tests.launcher.kube.fake import NAMESPACE, training_launch
 from tests.launcher.kube.pod_security import violations
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
+STARTS_OVER = "interrupted (before its first snapshot: a rerun starts from the beginning)"
+"""How an interruption ends a run whose pods (the fake's) never wrote a snapshot."""
+
 pytestmark = pytest.mark.long  # minutes on one worker: started first (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -280,7 +283,7 @@ def test_stop_and_ctrl_c_end_a_supervised_run_without_a_restart(fake, contract_f
     if how == "stop":
         assert last.startswith("run st stopped by an operator"), text
     else:
-        assert last.startswith("interrupted (its newest snapshot is kept); continue with: nanocluster train "), text
+        assert last.startswith(STARTS_OVER + "; continue with: nanocluster train "), text
     assert "restart 1/" not in text and "Traceback" not in text
     (end,) = [e for e in events(record) if e["event"] == "end"]
     assert end["outcome"] == ("stopped" if how == "stop" else "interrupted")
@@ -330,7 +333,7 @@ def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contrac
     assert exit_code(attach, attach_out, fake) == 130, attach_out.read_text() + fake.processes.output()
     text = attach_out.read_text()
     last = text.strip().splitlines()[-1]
-    assert last.startswith("interrupted (its newest snapshot is kept); continue with: nanocluster train "), text
+    assert last.startswith(STARTS_OVER + "; continue with: nanocluster train "), text
     assert "Traceback" not in text
     record = home / "clusters" / "fake" / "runs" / "ac"
     (end,) = [e for e in events(record) if e["event"] == "end"]

@@ -247,7 +247,9 @@ def test_ctrl_c_while_waiting_ends_the_run_with_a_recorded_end(setting, monkeypa
     launch, _ = scripted([lost("lab-1")])
     with (
         pytest.raises(
-            Interrupted, match=r"^interrupted \(its newest snapshot is kept\); continue with: fab train --run r$"
+            Interrupted,
+            match=r"^interrupted \(before its first snapshot: a rerun starts from the beginning\); "
+            r"continue with: fab train --run r$",
         ),
         Recovery(session, "r", RecoverOptions(), resolve=lambda: cluster, rerun="fab train --run r") as recovery,
     ):
