@@ -303,7 +303,7 @@ class Lifecycle:
             except TaskError as e:
                 cause = self.lost_while_starting(e)
             self.restarts += 1
-            snapshot = self.newest_snapshot()
+            snapshot = self.record.newest_snapshot()
             resumes = (
                 f"every rank resumes from the newest snapshot (iter {snapshot} or later)"
                 if snapshot != NO_SNAPSHOT
@@ -369,7 +369,7 @@ class Lifecycle:
 
     def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
-        rerun, snapshot = self.request.rerun_command, self.newest_snapshot()
+        rerun, snapshot = self.request.rerun_command, self.record.newest_snapshot()
         self.ended = True
         self.record.append(
             "end",
@@ -381,11 +381,6 @@ class Lifecycle:
         )
         raise Interrupted(interrupted_text(snapshot_iter, rerun, snapshot)) from None
 
-    def newest_snapshot(self) -> int:
-        """The iteration of the newest snapshot the record shows the run wrote (an eval's, a stop's), or
-        NO_SNAPSHOT: what a rerun resumes from when no rank ran to stop now."""
-        return budget.resume_iter(self.record.metrics()) or NO_SNAPSHOT
-
     def stop_if_requested(self, progress: Progress | None) -> None:
         """End the run as stopped when an operator's stop asked for it (the kind's request); else nothing."""
         requested_at = self.kind.stop_requested()
@@ -396,7 +391,7 @@ class Lifecycle:
         """An operator's stop: record it (never a failure, never restarted) and raise OperatorStopped
         with where the run stopped and the command that continues it."""
         snapshot_iter = progress.stopped_at if progress else None
-        rerun, snapshot = self.request.rerun_command, self.newest_snapshot()
+        rerun, snapshot = self.request.rerun_command, self.record.newest_snapshot()
         self.ended = True
         self.record.append(
             "end",

@@ -132,7 +132,7 @@ class PodWatch:
         self.stop_requested = stop_requested
         """When an operator's `fab stop` asked the run to end (launcher.kube.connect.stop_requested)."""
         self.pending_timeout_s, self.out = pending_timeout_s, out
-        self.progress = Progress()
+        self.progress = Progress(resumes_from=recorder.resumes_from())
         self.tails: dict[int, deque[str]] = {}
         self.followed: set[str] = set()
         self.ended = threading.Event()

@@ -111,8 +111,17 @@ class Progress:
     ended_at: float | None = None
     """When the last unit exited (Unix time of its exit record): the run's end, before the plot's
     last drawing and the bookkeeping that follow."""
+    resumes_from: int | None = None
+    """For a launch's live stream of metrics.jsonl: the newest snapshot the run's record knows. A resumed
+    trainer rewrites the file up to its snapshot, which the stream replays before this launch's "start"
+    record (the first at resumes_from or later: the rewrite drops any later one), so records count from
+    that one on. None: every record counts (a file read as it is)."""
+    launch_started: bool = False
 
     def update(self, record: dict) -> bool:
+        if self.resumes_from is not None and not self.launch_started:
+            self.launch_started = record.get("kind") == "start" and record.get("iter", -1) >= self.resumes_from
+            return False
         if record.get("kind") == "train":
             self.iter, self.loss = record.get("iter"), record.get("loss")
             self.tokens_per_s = record.get("tokens_per_s")
@@ -186,8 +195,8 @@ class Monitor:
         self.plan, self.shells, self.stop_all, self.out = plan, shells, stop_all, out
         self.events: queue.Queue = queue.Queue()
         self.tails: dict[str, deque[str]] = {unit.name: deque(maxlen=TAIL_LINES) for unit in plan.units()}
-        self.progress = Progress()
         self.recorder = RunRecorder(plan.cluster, plan.run)  # the operator's metrics copy, plot, cost
+        self.progress = Progress(resumes_from=self.recorder.resumes_from())
         self.slow_ranks = SlowRankWatch({r.rank: r.node.name for r in plan.ranks})  # names a rank that stays slow
         self.print_lock = threading.Lock()
         self.exit_seen: set[str] = set()

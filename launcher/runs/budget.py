@@ -33,9 +33,8 @@ import yaml
 
 from launcher.cluster.inventory import Cluster, price_text
 from launcher.console import TaskError, command_line
-from launcher.runs.record import Attempt, RunRecord
+from launcher.runs.record import Attempt, RunRecord, snapshot_iter
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
-from model.monitoring.metrics import one_series
 from model.monitoring.spend import seconds_for, spend_usd
 from model.settings.config import TrainConfig
 from model.settings.config_values import ConfigError, flatten, parse_overrides
@@ -90,15 +89,6 @@ def attempt_figures(records: list[dict[str, Any]], start: int, elapsed_s: float,
                 figures["eval_s"] = round(statistics.median(evals), 3)
                 figures["startup_s"] = round(max(0.0, overhead - sum(evals)), 3)
     return figures
-
-
-def resume_iter(records: list[dict[str, Any]]) -> int:
-    """The iteration the run's newest snapshot holds, as far as the operator's record tells: an eval
-    (each writes one) or a budget stop. A preemption's snapshot is not in it: then this runs low."""
-    kept = one_series(records)
-    return max(
-        [r["iter"] for r in kept if r.get("kind") == "stop" or (r.get("kind") == "eval" and r["iter"] > 0)], default=0
-    )
 
 
 # --- the config a step time belongs to -----------------------------------------------------------
@@ -309,7 +299,7 @@ def plan_budget(
             f"stops at the budget (${usd:.2f} at {shown_price})"
         )
         return plan
-    start = resume_iter(cluster_runs[run].metrics()) if earlier else 0
+    start = snapshot_iter(cluster_runs[run].metrics()) if earlier else 0
     left = max(0, max_iters - start)
     eval_interval = eval_interval_of(values)
     seconds = rate.seconds(left, eval_interval)
@@ -423,7 +413,7 @@ def ending(
     since, _ = record.metrics_span(-1)
     assert since is not None, "a launch this launcher recorded has its metrics_offset"
     records = record.metrics(since)
-    start = resume_iter(record.metrics(0, since))  # what the trainer resumed from
+    start = snapshot_iter(record.metrics(0, since))  # what the trainer resumed from
     now = ended_at
     starts = [r for r in records if r.get("kind") == "start"]
     max_iters = starts[-1].get("max_iters") if starts else None

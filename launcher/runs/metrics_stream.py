@@ -40,6 +40,10 @@ class RunRecorder:
         self.plotter: PlotRefresher | None = None
         self.stream_done = threading.Event()
 
+    def resumes_from(self) -> int:
+        """The newest snapshot the run's record knows: where a launch's trainer resumes (or later)."""
+        return RunRecord.of(self.cluster, self.run).newest_snapshot()
+
     def add(self, line: str, record: dict[str, Any]) -> None:
         """One line streamed from rank 0's metrics.jsonl (record: its parsed JSON)."""
         if self.copy is None:

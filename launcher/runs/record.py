@@ -27,7 +27,7 @@ from typing import Any
 from launcher.cluster.inventory import Cluster, group_by_host
 from launcher.cluster.local import cluster_dir
 from launcher.console import HOME_FIX, can_make_dir, writable_dir
-from model.monitoring.metrics import METRICS_NAME, parse_jsonl, read_jsonl
+from model.monitoring.metrics import METRICS_NAME, one_series, parse_jsonl, read_jsonl
 from model.monitoring.spend import spend_usd
 
 EVENTS_NAME = "events.jsonl"
@@ -162,6 +162,20 @@ class RunRecord:
             f.seek(since)
             data = f.read(None if until is None else max(0, until - since))
         return parse_jsonl(data.decode(errors="replace"))
+
+    def newest_snapshot(self) -> int:
+        """The iteration of the newest snapshot the run wrote as its metrics copy shows, or NO_SNAPSHOT:
+        what a relaunch resumes from (or later, from a snapshot the copy never saw)."""
+        return snapshot_iter(self.metrics())
+
+
+def snapshot_iter(records: list[dict[str, Any]]) -> int:
+    """The iteration of the newest snapshot records (a metrics copy's) show: an eval's (each writes one)
+    or a stop's; 0 for none. A snapshot the copy never saw (a preempted node's last) is not in it."""
+    kept = one_series(records)
+    return max(
+        [r["iter"] for r in kept if r.get("kind") == "stop" or (r.get("kind") == "eval" and r["iter"] > 0)], default=0
+    )
 
 
 NO_SNAPSHOT = 0
