@@ -36,7 +36,7 @@ from launcher.launch.start import (
     start_units,
 )
 from launcher.launch.supervisor import ENDED
-from launcher.launch.units import stop_units
+from launcher.launch.units import check_no_other_run, stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.front_end_revival import AskTheFrontEnd
@@ -134,6 +134,7 @@ class MachinesRun:
         )
         # Before anything starts or is written: the fit, then the data (unless the head has no node
         # Python yet to report it: start() sets the node up first, then place_data checks it).
+        check_no_other_run(session, request.run)
         check_fit(self.cluster, session.nodes, session.reports, prepared.trainer_config)
         if "python" not in session.report(session.head).missing:
             check_data_on_head(session, request.dataset)

@@ -50,7 +50,7 @@ import shlex
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
-from launcher.console import command_line, out_line, say
+from launcher.console import TaskError, command_line, out_line, say
 from launcher.launch.operator_stop import STOP_REQUEST_NAME, not_running_line, nothing_running_line, run_to_stop
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
@@ -259,6 +259,23 @@ def live_runs(session: Session) -> list[str]:
     by name: what `fab stop` without --run chooses from."""
     found = session.run_everywhere(session.hosts(), lambda n, shell: shell.run(live_runs_command(shell.root)).stdout)
     return sorted({name for out in found for name in out.split()})
+
+
+def check_no_other_run(session: Session, run: str) -> None:
+    """A TaskError when another run's units are live on these machines: the fit check counts one run's
+    ranks, and two runs would share the cores, each slowing the other (several runs beside each other
+    on the local cluster can leave the machine unanswering)."""
+    others = [other for other in live_runs(session) if other != run]
+    if not others:
+        return
+    where = "this machine" if session.cluster.is_local else session.cluster.cluster_name
+    spec = session.cluster.spec
+    attach, stop_it = (command_line(task, cluster=spec, run=others[0]) for task in ("attach", "stop"))
+    raise TaskError(
+        f"run {others[0]} is running on {where}"
+        + (f" (with {', '.join(others[1:])})" if others[1:] else "")
+        + f": run {run} beside it would share its cores; wait for its end (`{attach}`) or stop it (`{stop_it}`)"
+    )
 
 
 def stop(cluster_spec: str | None, run: str | None = None) -> int:

@@ -174,3 +174,19 @@ def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_pat
     )
     nothing = fab("stop")
     assert (nothing.returncode, last(nothing.stdout)) == (0, "no run is running on local: nothing to stop")
+
+
+def test_a_second_run_beside_a_live_one_is_refused_naming_it_and_starts_nothing(local_home, standins):
+    """The fit check counts one run's ranks: a second run would share the cores of the first."""
+    write_dataset(local_home / "data" / "builtin")
+    fab = Fab("local", local_home)  # type: ignore[arg-type]
+    standins("first")
+    refused = fab("train", "--run", "second", "--detach")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    attach, stop = f"{command_line('attach')} --run first", f"{command_line('stop')} --run first"
+    assert refused.stderr.strip() == (
+        "error: run first is running on this machine: run second beside it would share its cores; "
+        f"wait for its end (`{attach}`) or stop it (`{stop}`)"
+    )
+    assert not (local_home / "runs" / "second").exists(), "nothing of the refused run was written on the node"
+    assert live() == ["first"]
