@@ -47,6 +47,7 @@ from launcher.console import TaskError, check_name, command_line, missing_dirs, 
 from launcher.launch.supervisor import (
     END_MARK,
     ENDED,
+    KILLED,
     LOCK_NAME,
     SupervisorState,
     is_live,
@@ -56,7 +57,7 @@ from launcher.launch.supervisor import (
 )
 from launcher.lifecycle import RunKind, TrainRequest, checked_here
 from launcher.runs.record import RunRecord, run_dir, supervisor_lost_text
-from launcher.supervised import KILLED, LocalWatch, Supervision, Watch
+from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
 
 POLL_S = 0.2

@@ -369,7 +369,7 @@ class HeadWatch:
         return f"on the head node {self.cluster.head.name}"
 
     def lost(self) -> str:
-        from launcher.supervised import KILLED
+        from launcher.launch.supervisor import KILLED
 
         return KILLED
 

@@ -38,6 +38,7 @@ from launcher.console import Interrupted, TaskError
 from launcher.launch.supervisor import (
     END_MARK,
     ENDED,
+    KILLED,
     STARTING,
     SupervisorState,
     interrupt,
@@ -102,10 +103,6 @@ class Supervision(Protocol):
     def watch(self, cluster: Cluster, directory: Path, run: str) -> Watch:
         """An existing run's supervisor (`attach`)."""
         ...
-
-
-KILLED = "it was killed, or its machine restarted"
-"""How a supervisor process goes without an end (SIGKILL, the OOM killer, a restart)."""
 
 
 @dataclass(frozen=True)

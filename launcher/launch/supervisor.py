@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.console import TaskError, command_line
+from launcher.runs.record import supervisor_lost_text
 from launcher.terminal import LOG_NAME
+
+KILLED = "it was killed, or its machine restarted"
+"""How a supervisor process goes without an end (SIGKILL, the OOM killer, a restart)."""
 
 LOCK_NAME = "supervisor.lock"
 """Held (flock) by the run's live supervisor, in the run's record directory."""
@@ -174,7 +178,5 @@ def supervisor_line(
     if state.phase == ENDED:
         return f"its supervisor ended with exit {state.exit_code} (`{attach}` prints its end)"
     rerun = state.rerun or command_line("train", cluster=cluster_spec, run=run)
-    return (
-        f"its supervisor (pid {state.pid}) ended without an end: its output is in {directory / LOG_NAME}; "
-        f"continue with: {rerun}"
-    )
+    stop = command_line("stop", cluster=cluster_spec, run=run)
+    return supervisor_lost_text(directory / LOG_NAME, rerun, stop, f"pid {state.pid}: {KILLED}")

@@ -203,7 +203,11 @@ def test_status_names_a_live_supervisor_and_how_an_ended_one_ended(tmp_path):
         )
     finally:
         os.close(lock)
-    assert "ended without an end" in (supervisor_line(tmp_path, None, "r") or "")
+    assert supervisor_line(tmp_path, None, "r") == (  # as the front end says it: stop the ranks left, then continue
+        "the run's supervisor ended without an end (pid 4242: it was killed, or its machine restarted); "
+        f"its output: {tmp_path / LOG_NAME}; any rank still running stops after its snapshot with "
+        "`fab stop --run r`; continue with: fab train --run r"
+    )
     write_state(tmp_path, SupervisorState(4242, ENDED, exit_code=3))
     ended_line = "its supervisor ended with exit 3 (`fab attach --run r` prints its end)"
     assert supervisor_line(tmp_path, None, "r") == ended_line
