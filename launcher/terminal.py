@@ -170,12 +170,15 @@ def outliving_the_terminal(log: Path) -> Iterator[None]:
         sys.stdout, sys.stderr = streams
 
 
-def lost_terminal_line(record_directory: Path) -> str | None:
-    """What `fab status` says of a run whose attached train lost its terminal (None: never lost)."""
+def lost_terminal_line(record_directory: Path, since: int = 0) -> str | None:
+    """What `fab status` says of a run whose attached train lost its terminal (None: never lost), in the
+    log from byte since (where the run's latest supervisor began: an earlier train's loss is history)."""
     log = record_directory / LOG_NAME
     try:  # the supervisor writes the log anyway: only a front end's move (its header) says the terminal went
-        if MOVED_MARK not in log.read_text(errors="replace"):
-            return None
+        with open(log, "rb") as f:
+            f.seek(since)
+            if MOVED_MARK.encode() not in f.read():
+                return None
     except OSError:
         return None
     return f"the attached train lost its terminal; its output after that: {log} (last written {clock(log)})"

@@ -24,7 +24,7 @@ from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
-from launcher.launch.supervisor import supervisor_line
+from launcher.launch.supervisor import read_state, supervisor_line
 from launcher.launch.units import alive_command, boot_command, log_command
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
@@ -131,7 +131,8 @@ def status(
             say(line)
         where = supervisor_where or "on this machine"
         supervised = supervisor_line(record.directory, cluster_spec, run, supervisor_live, where)
-        for told in (supervised, lost_terminal_line(record.directory)):
+        state = read_state(record.directory)
+        for told in (supervised, lost_terminal_line(record.directory, state.log_start if state else 0)):
             if told:
                 say(told)
     return 1 if session.unreachable else 0

@@ -22,7 +22,7 @@ import pytest
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord
-from launcher.terminal import LOG_NAME
+from launcher.terminal import LOG_NAME, MOVED_MARK, lost_terminal_line
 from launcher.testing.fab import FAB, Fab, long_tiny_config, wait_for
 from launcher.testing.interrupt import SNAPSHOT_WAIT_S
 from tests.launcher.dataset import write_dataset
@@ -169,3 +169,13 @@ def test_ctrl_c_after_the_pipe_is_gone_stops_every_rank_and_records_the_end(tmp_
     assert end is not None and end["outcome"] == "interrupted" and end["iter"] == int(match[1])
     status = fab("status", "--run", "tee")
     assert "rank0 stopped rank1 stopped" in status.stdout, status.stdout[-2000:]
+
+
+def test_status_names_a_lost_terminal_of_the_latest_train_only(tmp_path):
+    log = tmp_path / LOG_NAME
+    log.write_text(f"---- the terminal closed (SIGHUP){MOVED_MARK}\n")
+    latest = log.stat().st_size  # a later train, its terminal kept: its supervisor's output follows
+    with open(log, "a") as f:
+        f.write("done in 57 s\n")
+    assert lost_terminal_line(tmp_path, since=0) is not None
+    assert lost_terminal_line(tmp_path, since=latest) is None
