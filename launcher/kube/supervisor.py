@@ -64,6 +64,7 @@ from launcher.follow import (
     tail_offset,
 )
 from launcher.kube import objects, pod_spec, volume
+from launcher.kube import tasks as kube_tasks
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, name_of
 from launcher.kube.connect import connect, open_cluster
@@ -394,6 +395,27 @@ class KubeWatch:
             self.supervisor.end()  # the run's record is here: its supervisor Job goes
         else:
             self.supervisor.plot.close()
+
+
+def logs(
+    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+) -> None:
+    """`fab logs` on Kubernetes: with follow, the run's relaunches by its supervisor are followed too,
+    until the supervisor has ended (its record, copied here as attach copies it, says so)."""
+    if not follow:
+        return kube_tasks.logs(cluster_spec, run, rank, lines)
+    api, cluster = open_cluster(cluster_spec, making_pods=False)
+    watch = KubeWatch(Supervisor(api, cluster, run, cluster_spec))
+
+    def supervised() -> bool:
+        watch.refresh()
+        state = watch.state()
+        return watch.live() and (state is None or state.phase != ENDED)
+
+    try:
+        return kube_tasks.logs(cluster_spec, run, rank, lines, follow, supervised)
+    finally:
+        watch.supervisor.plot.close()
 
 
 def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> TaskError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from kubernetes.client import V1Job, V1Pod
 from rich.table import Table
@@ -42,6 +43,7 @@ from launcher.kube.pod_start import disruption
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
+from launcher.launch.status import RELAUNCH_POLL_S, RELAUNCH_QUIET_S
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord
@@ -154,53 +156,102 @@ def job_condition(job: V1Job) -> str:
 
 
 def logs(
-    cluster_spec: str | None, run: str = "main", rank: int | None = None, lines: int = 50, follow: bool = False
+    cluster_spec: str | None,
+    run: str = "main",
+    rank: int | None = None,
+    lines: int = 50,
+    follow: bool = False,
+    supervised: Callable[[], bool] | None = None,
 ) -> None:
+    """Each training pod's log; with follow, every pod's at once until they end, then, while the run's
+    supervisor is live (supervised), the pods of its relaunch (a restart is not the run's end)."""
     api, _ = open_cluster(cluster_spec, making_pods=False)
-    pods = sorted(training_pods(run_objects(api, run)[2]), key=rank_of)
-    if not pods:
+    if not pods_to_read(api, run, None):
         start, view = (command_line(task, cluster=cluster_spec, run=run) for task in ("train", "status"))
         raise TaskError(
             f"run {run!r} has no pod: start it with `{start}` (a finished run's pods are deleted; "
             f"its record is in `{view}`)"
         )
-    if rank is not None:  # the pod holding it: a GPU pod holds G ranks
-        pods = [p for p in pods if rank in ranks_of(p)]
-        if not pods:
-            raise TaskError(f"run {run!r} has no pod of rank {rank}")
+    pods = pods_to_read(api, run, rank)
+    if not pods:
+        raise TaskError(f"run {run!r} has no pod of rank {rank}")
     if not follow:
         for pod in pods:
             read_pod_log(api, pod, lines, follow)
         return
-    # Every pod's stream at once: one after another, a pod's lines would wait for the pods before it to end.
+    followed: set[str] = set()
+    try:
+        while pods:
+            follow_pods(api, pods, lines)
+            followed |= {name_of(p) for p in pods}
+            states = ended_states(api, run, pods)
+            pods = relaunched_pods(api, run, rank, followed, states, supervised) if supervised else []
+    except KeyboardInterrupt:
+        return
+    say(f"run {run} ended: {states}")
+
+
+def pods_to_read(api: Api, run: str, rank: int | None) -> list[V1Pod]:
+    """The run's training pods by rank, or the one holding rank (a GPU pod holds G ranks)."""
+    pods = sorted(training_pods(run_objects(api, run)[2]), key=rank_of)
+    return pods if rank is None else [p for p in pods if rank in ranks_of(p)]
+
+
+def follow_pods(api: Api, pods: list[V1Pod], lines: int) -> None:
+    """Every pod's log stream at once, until each container ends: one after another, a pod's lines
+    would wait for the pods before it to end."""
     failed: list[TaskError] = []
 
     def follow_pod(pod: V1Pod) -> None:
         try:
-            read_pod_log(api, pod, lines, follow)
+            read_pod_log(api, pod, lines, True)
         except TaskError as e:
             failed.append(e)
 
     threads = [threading.Thread(target=follow_pod, args=(pod,), daemon=True) for pod in pods]
     for t in threads:
         t.start()
-    try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)
-    except KeyboardInterrupt:
-        return
+    for t in threads:
+        while t.is_alive():
+            t.join(0.5)
     if failed:
         raise failed[0]
-    # Each pod's stream ended with its container: how each ended.
-    ended = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
+
+
+def ended_states(api: Api, run: str, pods: list[V1Pod]) -> str:
+    """How each followed pod ended (its stream ended with its container): phase and exit code."""
+    now = {name_of(p): p for p in training_pods(run_objects(api, run)[2])}
     states = []
     for pod in pods:
-        now = ended.get(name_of(pod))
-        code = exit_code(now) if now is not None else None
-        phase = (now.status.phase if now is not None and now.status else None) or "deleted"
+        found = now.get(name_of(pod))
+        code = exit_code(found) if found is not None else None
+        phase = (found.status.phase if found is not None and found.status else None) or "deleted"
         states.append(f"{unit_of(pod).name} {phase}" + ("" if code is None else f" (exit {code})"))
-    say(f"run {run} ended: {', '.join(states)}")
+    return ", ".join(states)
+
+
+def relaunched_pods(
+    api: Api, run: str, rank: int | None, followed: set[str], states: str, supervised: Callable[[], bool]
+) -> list[V1Pod]:
+    """The pods of the run's relaunch, waited for while its supervisor is live ([] once it is not)."""
+    told_at = time.monotonic() + RELAUNCH_QUIET_S
+    while supervised():
+        fresh = [
+            p
+            for p in pods_to_read(api, run, rank)
+            if name_of(p) not in followed and p.status and p.status.phase in ("Running", "Succeeded", "Failed")
+        ]
+        if fresh:
+            say(f"run {run}: started again by its supervisor ({states} before)")
+            return fresh
+        if told_at and time.monotonic() > told_at:  # a restart's backoff, or waiting for capacity
+            say(
+                f"run {run}: {states}; its supervisor is live: waiting for it to start the run again "
+                "(Ctrl-C stops following, not the run)"
+            )
+            told_at = 0.0
+        time.sleep(RELAUNCH_POLL_S)
+    return []
 
 
 def read_pod_log(api: Api, pod: V1Pod, lines: int, follow: bool) -> None:

@@ -144,7 +144,7 @@ def kubernetes_driver() -> Driver:
         train = staticmethod(kube_supervisor.train)  # the run's supervisor: a pod in the cluster
         attach = staticmethod(kube_supervisor.attach)
         status = staticmethod(kube.status)
-        logs = staticmethod(kube.logs)
+        logs = staticmethod(kube_supervisor.logs)  # a live supervisor's relaunches followed too
         stop = staticmethod(kube.stop)
         sample = staticmethod(kube.sample)
         fetch = staticmethod(kube_fetch.fetch)
