@@ -238,16 +238,23 @@ class LaunchPlan:
 
 
 def trainer_args(plan: LaunchPlan) -> list[str]:
-    """The trainer's command line after `python -m model.train`: launcher-owned keys, then the user's."""
+    """The trainer's command line after `python -m model.train`: launcher-owned keys, then the user's.
+
+    On GPUs the ranks are told what was planned, device=cuda and the backend resolved, so a rank whose
+    torch sees no GPU fails at once instead of training on the CPU beside its NCCL peers. CPU ranks keep
+    backend auto: each picks ccl where its bindings import, which a plan without probes cannot know."""
     args = ["--config", "train.yaml"] if plan.config_file else []
     args += [
         f"data_dir=../../data/{plan.dataset}",
         "out_dir=.",
         f"expected_world_size={plan.world_size}",
-        f"backend={plan.backend}",
+        f"backend={plan.resolved_backend() if plan.on_gpus else plan.backend}",
         f"collective_timeout_s={plan.collective_timeout_s:g}",
     ]
-    return args + list(plan.overrides)
+    args += plan.overrides
+    if plan.on_gpus:  # after the user's device, which is auto or cuda here
+        args.append("device=cuda")
+    return args
 
 
 def plan_json(plan: LaunchPlan) -> str:
