@@ -648,3 +648,14 @@ def test_a_backend_no_pod_can_run_is_refused_before_any_object_exists(fake, task
         assert (
             task("train", "--cluster", str(path), "--nodes", "2", "--run", "gpu", "--backend", "nccl", *QUICK).code == 0
         )
+
+
+def test_a_gpu_setting_on_cpu_pods_is_refused_before_any_object_exists(fake, task, tmp_path):
+    fake.seed()
+    path = write(tmp_path, fake.contract())
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "fp16", "--set", "mixed_precision=fp16")
+    assert ran.code == 1 and ran.error_lines == [
+        "error: mixed_precision=fp16 (--config, --set): these nodes have no GPUs (fp16 needs a GPU); "
+        "use auto, bf16 or fp32"
+    ]
+    assert not fake.created_jobs

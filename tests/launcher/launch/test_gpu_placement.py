@@ -15,6 +15,7 @@ from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, rank_env, run_files, unit_script
 from launcher.trainer_config import check_trainer_config
 from model.gpt.device import CudaFacts, choose_device
+from model.settings.config import TrainConfig
 from model.settings.config_values import ConfigError
 from tests.launcher.launch.test_render import sourced
 
@@ -202,10 +203,20 @@ def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, mo
 @pytest.mark.parametrize("gpus", [2, 8])
 def test_device_cpu_keeps_a_rank_per_gpu_slot_over_gloo(contract, gpus):
     cluster = gpu_cluster(contract, gpus)
-    plan = plan_for(cluster, device="cpu", facts={})  # a cuda profile: no oneCCL bindings
+    plan = plan_for(cluster, settings=TrainConfig(device="cpu"), facts={})  # a cuda profile: no oneCCL bindings
     assert plan.world_size == 2 * gpus and not plan.on_gpus and plan.resolved_backend() == "gloo"
     env = sourced(env_file(plan, cluster.nodes[0]))
     assert env["OMP_NUM_THREADS"] == str(16 // gpus) and "NCCL_SOCKET_IFNAME" not in env
-    assert plan_for(cluster, device="cpu", backend="nccl").unfit_choice() == (
+    assert plan_for(cluster, settings=TrainConfig(device="cpu"), backend="nccl").unfit_choice() == (
         "--backend nccl: device=cpu puts the ranks on the CPUs (NCCL runs between GPUs); use --backend auto (gloo)"
     )
+
+
+def test_cuda_graphs_with_several_ranks_is_refused_before_any_rank_starts(contract, local_home):
+    plan = plan_for(gpu_cluster(contract, 2), settings=TrainConfig(cuda_graphs=True))
+    assert plan.unfit_choice() == (
+        "cuda_graphs=true (--config, --set): the run has 4 ranks, whose DDP gradient hooks run between the graphs "
+        "(they need one process); leave cuda_graphs unset (auto) or set it false"
+    )
+    one_gpu = local_cluster(1, LocalGpus(("NVIDIA L4",), (23034,)))
+    assert plan_for(one_gpu, settings=TrainConfig(cuda_graphs=True)).unfit_choice() == ""  # one process: it applies

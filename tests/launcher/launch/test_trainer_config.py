@@ -140,3 +140,37 @@ def test_every_key_the_launcher_writes_is_refused_in_set(contract):
     plan = LaunchPlan(cluster, cluster.nodes, "r", "d", "python", ".")
     written = [a for a in trainer_args(plan) + list(BudgetPlan(5.0, 1.0, 0.0).overrides(0.0)) if "=" in a]
     assert {a.partition("=")[0] for a in written} - {"device"} == set(LAUNCHER_KEYS)  # device: cpu is the user's
+
+
+GPU_SETTINGS_ON_CPU_NODES = [
+    ("device=cuda", "device=cuda (--config, --set): these nodes have no GPUs; leave device unset (auto: the CPUs)"),
+    ("mixed_precision=fp16", "mixed_precision=fp16 (--config, --set): these nodes have no GPUs (fp16 needs a GPU)"),
+    ("tf32=true", "tf32=true (--config, --set): these nodes have no GPUs (TF32 is a GPU's); leave tf32 unset"),
+    ("cuda_graphs=true", "cuda_graphs=true (--config, --set): these nodes have no GPUs (CUDA graphs replay a GPU"),
+]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize(("override", "message"), GPU_SETTINGS_ON_CPU_NODES)
+def test_a_gpu_setting_on_cpu_nodes_is_refused_before_any_node(
+    unroutable, local_home, capsys, override, message, dry_run
+):
+    """The trainer would refuse it only once every rank started (tf32 it would ignore)."""
+    with pytest.raises(TaskError) as failure:
+        train(TrainRequest(str(unroutable), overrides=(override,), dry_run=dry_run))
+    assert str(failure.value).startswith(message)
+    nothing_recorded(local_home, capsys)
+
+
+def test_the_dry_run_refuses_a_backend_the_nodes_cannot_run(unroutable, local_home, capsys):
+    with pytest.raises(TaskError, match=r"^--backend nccl: these nodes have no GPUs \(NCCL runs between GPUs\)"):
+        train(TrainRequest(str(unroutable), backend="nccl", dry_run=True))
+    assert "dry run" not in capsys.readouterr().out
+
+
+def test_the_local_dry_run_refuses_a_gpu_setting_on_this_machine_without_gpus(local_home, monkeypatch):
+    import launcher.cluster.local
+
+    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: launcher.cluster.local.LocalGpus())
+    with pytest.raises(TaskError, match=r"^device=cuda \(--config, --set\): this machine has no GPU; leave device"):
+        train(TrainRequest(None, overrides=("device=cuda",), dry_run=True))
