@@ -221,11 +221,8 @@ class LaunchPlan:
     def unfit_settings(self) -> str:
         """Why the trainer's device, precision or CUDA graphs setting cannot run on this plan ('' when it
         can): the trainer refuses them only once every rank has started, or ignores them on a CPU."""
-        settings, where = (
-            self.settings,
-            "this machine has no GPU" if self.cluster.is_local else "these nodes have no GPUs",
-        )
-        on = "(--config, --set)"
+        settings, on = self.settings, "(--config, --set)"
+        where = "this machine has no GPU" if self.cluster.is_local else "these nodes have no GPUs"
         if not self.cluster.gpus_per_node:
             if settings.device == "cuda":
                 return f"device=cuda {on}: {where}; leave device unset (auto: the CPUs) or set device=cpu"
