@@ -15,6 +15,10 @@ from launcher.console import command_line, console, program_name, say
 Problem = tuple[str, str, str, str]
 """(check, node, what is wrong, fix): one row of the table."""
 
+NO_DEVICES = "No devices were found"
+"""nvidia-smi's last line, exiting non-zero, where the driver loads but sees no GPU."""
+SMI_NOT_FOUND = "nvidia-smi not found"
+"""gpu_check.py's driver_error where no nvidia-smi is on PATH."""
 MIN_DRIVER = {12: "525", 13: "580"}
 """The oldest NVIDIA driver that runs any CUDA X.y build (NVIDIA's minor version compatibility)."""
 
@@ -49,6 +53,15 @@ class GpuFixes:
         "or use a GPU image"
     )
     """No driver answers."""
+    no_gpus: str = (
+        "the machine has no GPU attached (a GPU machine type, or attach its accelerators), or its GPUs fell off "
+        "the bus (reboot the node); or fix gpus_per_node in the contract"
+    )
+    """The driver answers but finds no GPU (nvidia-smi: No devices were found)."""
+    smi_off_path: str = (
+        "put the driver's nvidia-smi on the node's PATH (the launcher counts the GPUs with it); the driver works"
+    )
+    """torch sees the GPUs, but nvidia-smi is not on PATH."""
     upgrade_driver: str = "upgrade the NVIDIA driver to {minimum} (CUDA {major}.x) and reboot the node"
     """The driver is older than torch's CUDA build ({minimum}: the oldest that runs it, {major}: its CUDA)."""
     more_listed: str = "fix gpus_per_node in the contract (ranks per node follow it)"
@@ -65,6 +78,9 @@ VM_FIXES = GpuFixes()
 LOCAL_FIXES = GpuFixes(
     wanted="the local cluster runs {wanted} rank(s), one per GPU",
     more_is_fine=True,
+    no_gpus="this machine is given no GPU (a VM without its GPU attached, a container started without --gpus), or "
+    "its GPUs fell off the bus (reboot it); or train on the CPUs (--set device=cpu)",
+    smi_off_path="put the driver's nvidia-smi on PATH (the local cluster counts the GPUs with it); the driver works",
     fewer_listed="a GPU is missing or fell off the bus (nvidia-smi -L; reboot the node), or run fewer ranks (--nodes)",
 )
 
@@ -78,9 +94,16 @@ def gpu_node_problems(
     problems: list[Problem] = []
     needed = fixes.wanted.format(wanted=wanted)
     gpus: list[str] = found.get("gpus", [])
-    driver_ok = not found.get("driver_error")
-    if not driver_ok:
-        problems.append(("driver", node, f"no NVIDIA driver answers: {found['driver_error']}", fixes.install_driver))
+    smi_error: str = found.get("driver_error", "")
+    driver_ok = not smi_error
+    torch_sees = 0 if found.get("torch_error") or not found.get("torch_cuda") else found.get("devices", 0)
+    if smi_error.endswith(NO_DEVICES):  # the driver loaded and has no GPU to show
+        problems.append(("driver", node, f"the NVIDIA driver finds no GPU ({smi_error}), {needed}", fixes.no_gpus))
+    elif smi_error == SMI_NOT_FOUND and torch_sees:  # torch reached the GPUs through the driver
+        why = f"{smi_error}, but torch sees {torch_sees} GPU(s): the driver works and its nvidia-smi is off PATH"
+        problems.append(("driver", node, why, fixes.smi_off_path))
+    elif not driver_ok:
+        problems.append(("driver", node, f"no NVIDIA driver answers: {smi_error}", fixes.install_driver))
     elif len(gpus) < wanted or (len(gpus) > wanted and not fixes.more_is_fine):
         listed = ", ".join(gpus) or "none"
         fix = fixes.more_listed if len(gpus) > wanted else fixes.fewer_listed

@@ -108,18 +108,26 @@ class MachinesRun:
             dataset=request.dataset,
             launcher=request.launcher,
             backend=request.backend,
-            device=prepared.trainer_config.device,
+            settings=prepared.trainer_config,
             master_port=self.master_port,
             config_file=prepared.config_file or "",
             overrides=prepared.overrides + extra_overrides,
             collective_timeout_s=request.collective_timeout_s,
         )
 
-    def dry_run(self, prepared: Prepared) -> None:
+    def unprobed_plan(self, prepared: Prepared) -> LaunchPlan:
+        """The plan before any node is contacted, refused for what it can judge without the nodes'
+        probes (--backend, the trainer's GPU settings): start() judges the rest once the nodes are set up."""
         plan = self.plan_for(self.cluster, self.nodes, {}, prepared)
-        print_dry_run(plan, self.site, prepared.config_text)
+        if refusal := plan.unfit_choice():
+            raise TaskError(refusal)
+        return plan
+
+    def dry_run(self, prepared: Prepared) -> None:
+        print_dry_run(self.unprobed_plan(prepared), self.site, prepared.config_text)
 
     def open(self, prepared: Prepared) -> None:
+        self.unprobed_plan(prepared)
         self.prepared = prepared
         request = self.request
         session = Session.open(self.cluster, self.nodes, request.dataset)

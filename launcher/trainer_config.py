@@ -14,6 +14,32 @@ from launcher.console import TaskError
 from model.settings.config import TrainConfig, load_config
 from model.settings.config_values import ConfigError
 
+BUDGET_FIX = (
+    "use --budget USD (the launcher sets the budget's keys from it, the price from the cluster's hourly_cost_usd)"
+)
+LAUNCHER_KEYS = {
+    "backend": "use --backend {value}",
+    "collective_timeout_s": "use --collective-timeout {value}",
+    "data_dir": "use --dataset NAME (data/NAME on the nodes)",
+    "out_dir": "the run directory is runs/<--run>: use --run NAME",
+    "expected_world_size": "the launcher counts the ranks: use --nodes N",
+    "budget_usd": BUDGET_FIX,
+    "budget_usd_per_hour": BUDGET_FIX,
+    "budget_clock_start": BUDGET_FIX,
+    "budget_spent_usd": BUDGET_FIX,
+}
+"""Trainer keys the launcher writes on every rank's command line (launcher.launch.plan.trainer_args,
+launcher.runs.budget.BudgetPlan.overrides), and the flag each comes from: a --set of one would win
+over the launcher's value, so the ranks would run with what plan.json and the start line do not say."""
+
+
+def refuse_launcher_keys(overrides: Sequence[str]) -> None:
+    """A TaskError naming the first --set of a key the launcher sets, and the flag that sets it."""
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if (fix := LAUNCHER_KEYS.get(key.strip())) is not None:
+            raise TaskError(f"--set {item}: the launcher sets {key.strip()} itself; {fix.format(value=value.strip())}")
+
 
 def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> TrainConfig:
     """The TrainConfig the YAML file and key=value overrides make, or a TaskError naming the bad key."""
@@ -25,7 +51,9 @@ def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> T
 
 def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tuple[str, TrainConfig]:
     """--config's text ('' without one: it is shipped to the nodes as it is) and the checked
-    TrainConfig it makes with the overrides; a TaskError for a file that cannot be read or a bad key."""
+    TrainConfig it makes with the overrides; a TaskError for a file that cannot be read, a bad key, or a
+    --set of a key the launcher sets."""
+    refuse_launcher_keys(overrides)
     text = ""
     if config_file:
         try:

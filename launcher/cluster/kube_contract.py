@@ -146,7 +146,7 @@ class KubeAccess:
     allocatable_cpu: float = 0.0
     """CPUs a training node offers pods (allocatable): read from a kubeconfig cluster's nodes, or GKE's
     reservation applied to a contract's optional vcpus_per_node; 0: unknown (the pod's size is then
-    estimated from cores_per_node: launcher.kube.pod_placement.pod_cpus)."""
+    estimated from cores_per_node: launcher.kube.pod_spec.PodLaunch.cpus)."""
     allocatable_memory_gib: float = 0.0
     """Memory a training node offers pods (allocatable), as allocatable_cpu."""
     daemonset_cpu: float = DAEMONSET_CPU

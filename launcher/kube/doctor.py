@@ -49,6 +49,10 @@ KUBE_FIXES = GpuFixes(
     "plugin's log (kubectl describe node)",
     fewer_seen="CUDA_VISIBLE_DEVICES in the pod's image, or a GPU in a bad state (kubectl describe node; drain the "
     "node so the pool replaces it)",
+    no_gpus="the pod was given no GPU its driver sees: the node's nvidia.com/gpu and the device plugin's log "
+    "(kubectl describe node), or a GPU fell off the bus (drain the node so the pool replaces it)",
+    smi_off_path=f"the pod finds no nvidia-smi on PATH or in {GPU_DRIVER_BIN} (where GKE mounts the driver's "
+    "tools; elsewhere the GPU operator's toolkit puts it there); the driver works",
 )
 """The GPU findings' fixes where GKE or the GPU operator, not the operator's hands, install the driver."""
 

@@ -71,7 +71,7 @@ def with_node_facts(api: Api, cluster: Cluster, access: KubeAccess, making_pods:
     cpus = min(cpu_quantity(allocatable(n).get("cpu", "1")) for n in training)
     memory = min(memory_gib(allocatable(n).get("memory", "0")) for n in training)
     kept_cpu, kept_gib = daemonset_requests(api, training) if making_pods else (DAEMONSET_CPU, DAEMONSET_MEMORY_GIB)
-    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_placement.pod_cpus).
+    # The trainer's threads: the whole CPUs the pod gets beside the DaemonSets (pod_spec.PodLaunch.cpus).
     cores = max(1, math.floor(cpus - kept_cpu))
     model = gpu_model_of(training[0]) if gpus else ""
     arches = {labels_of(n).get(ARCH_LABEL, "") for n in training}

@@ -12,7 +12,6 @@ from launcher.cluster.kube_contract import (
     GPU_RESOURCE,
     GPU_TOLERATION,
     WHOLE_GPUS,
-    gke_allocatable_cpu,
     gke_allocatable_gib,
 )
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, PodLaunch
@@ -28,14 +27,6 @@ without P2P, as on most cloud VMs' PCIe GPUs) and its proxy's state there, and t
 64 MiB default fails NCCL's setup in ncclShmOpen. A memory-backed emptyDir, whose pages count against
 the pod's memory limit; this caps it. NCCL's use per rank is its buffers, 4 MiB per connection per
 channel: well under 1 GiB."""
-
-
-def pod_cpus(launch: PodLaunch) -> int:
-    """Whole CPUs the training pod requests and is limited to: the node's cores, at most what its
-    allocatable leaves beside the DaemonSets (a contract states physical cores, so its vCPUs, at
-    least as many, are estimated as the cores: safe for machines without SMT)."""
-    allocatable = launch.allocatable_cpu or gke_allocatable_cpu(launch.cores)
-    return max(1, min(launch.cores, int(allocatable - launch.daemonset_cpu)))
 
 
 def pod_memory_mib(launch: PodLaunch) -> int:
@@ -55,7 +46,7 @@ def pod_resources(launch: PodLaunch) -> dict:
     (kubernetes.io/docs/concepts/workloads/pods/pod-qos,
     kubernetes.io/docs/tasks/administer-cluster/cpu-management-policies).
     An extended resource such as GPUs is requested by its limit and must equal it."""
-    resources = {"cpu": str(pod_cpus(launch)), "memory": f"{pod_memory_mib(launch)}Mi"}
+    resources = {"cpu": str(launch.cpus), "memory": f"{pod_memory_mib(launch)}Mi"}
     if launch.gpus:
         resources[GPU_RESOURCE] = str(launch.gpus)
     return {"requests": dict(resources), "limits": dict(resources)}

@@ -26,7 +26,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from launcher.cluster.kube_contract import DAEMONSET_CPU, DAEMONSET_MEMORY_GIB, RUN_AS_UID
+from launcher.cluster.kube_contract import DAEMONSET_CPU, DAEMONSET_MEMORY_GIB, RUN_AS_UID, gke_allocatable_cpu
 from launcher.cluster.node_layout import run_dir
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
 from model.conventions import EXIT_PEER_LOST, EXIT_STOPPED, LAUNCHER_ENV
@@ -93,7 +93,7 @@ class PodLaunch:
     claim: str
     """The ReadWriteMany PersistentVolumeClaim mounted at MOUNT_PATH."""
     cores: int
-    """Physical cores of a node: the trainer's threads (the pod requests pod_cpus() whole CPUs)."""
+    """Physical cores of a node, as the contract states them (the pod requests cpus whole CPUs)."""
     memory_gib: float
     """A node's memory as the contract states it (the machine's); the pod's limit is pod_memory_mib()."""
     node_selector: dict[str, str]
@@ -167,9 +167,18 @@ class PodLaunch:
         return self.nodes * self.ranks_per_pod
 
     @property
+    def cpus(self) -> int:
+        """Whole CPUs the training pod requests and is limited to: the node's cores, at most what its
+        allocatable leaves beside the DaemonSets (a contract states physical cores, so its vCPUs, at
+        least as many, are estimated as the cores: safe for machines without SMT)."""
+        allocatable = self.allocatable_cpu or gke_allocatable_cpu(self.cores)
+        return max(1, min(self.cores, int(allocatable - self.daemonset_cpu)))
+
+    @property
     def threads_per_rank(self) -> int:
-        """The pod's cores shared by its ranks (OMP_NUM_THREADS, the data loading's share)."""
-        return max(1, self.cores // self.ranks_per_pod)
+        """The pod's CPUs shared by its ranks (OMP_NUM_THREADS, the data loading's share): its limit,
+        not the node's cores, or the ranks' threads would outnumber the CPUs they may use."""
+        return max(1, self.cpus // self.ranks_per_pod)
 
     @property
     def master_addr(self) -> str:

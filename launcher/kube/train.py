@@ -122,7 +122,7 @@ class KubeRun:
             self.staged.python,
             self.staged.code_dir,
             backend=request.backend,
-            device=prepared.trainer_config.device,
+            settings=prepared.trainer_config,
             master_port=request.port or DEFAULT_MASTER_PORT,
             collective_timeout_s=request.collective_timeout_s,
             config_file=prepared.config_file or "",
@@ -170,7 +170,7 @@ class KubeRun:
         limit (within the node's allocatable), and on GPUs each rank's against one GPU's memory, before
         any object exists; the first attempt's launch."""
         plan = self.plan_for(prepared, ())
-        if refusal := plan.unfit_choice():  # --backend nccl where the ranks compute on CPUs
+        if refusal := plan.unfit_choice():  # --backend nccl, or a GPU setting, where the ranks compute on CPUs
             raise TaskError(refusal)
         first = self.pod_launch(prepared, 0, ())  # a bad name or size fails before anything is created
         world = len(self.nodes) * self.cluster.ranks_per_node

@@ -124,14 +124,21 @@ def check_gpus(
     its GPU's memory (the rank of local rank i computes on GPU i). heads: whether each rank of the
     machine is rank 0; first: the machine's first rank."""
     if report.gpu_count < len(heads):
-        if cluster.is_local:
-            fix = f"run at most {report.gpu_count} rank(s) here (--nodes {report.gpu_count})"
-        else:
-            fix = (
-                f"set the contract's gpus_per_node to {report.gpu_count} (and gpu_model to what the machine has), "
-                "or fix the machine's driver so nvidia-smi lists every GPU"
-            )
         found = f"{report.gpu_count} GPU(s)" + (f" ({report.gpu_model})" if report.gpu_count else "")
+        if cluster.is_local:  # no contract: its nodes are this machine's GPUs, one rank each
+            fix = (
+                f"run at most {report.gpu_count} rank(s) here (--nodes {report.gpu_count})"
+                if report.gpu_count
+                else "train on the CPUs (--set device=cpu)"
+            )
+            raise TaskError(
+                f"{len(heads)} rank(s) need {len(heads)} GPU(s), one each, and this machine has {found} "
+                f"(nvidia-smi, as {VISIBLE_DEVICES_ENV} leaves them); nothing was started: {fix}"
+            )
+        fix = (
+            f"set the contract's gpus_per_node to {report.gpu_count} (and gpu_model to what the machine has), "
+            "or fix the machine's driver so nvidia-smi lists every GPU"
+        )
         raise TaskError(
             f"{where} has {found} (nvidia-smi) but the contract says gpus_per_node {cluster.gpus_per_node} "
             f"({cluster.gpu_model}): its {len(heads)} rank(s) need one GPU each; nothing was started: {fix}"

@@ -15,6 +15,7 @@ from launcher.cluster.inventory import Cluster, Host, Node, group_by_host
 from launcher.cluster.local import local_nodes
 from launcher.console import command_line
 from model.conventions import BACKEND_CHOICES, DEFAULT_MASTER_PORT, LAUNCH_COLLECTIVE_TIMEOUT_S
+from model.settings.config import TrainConfig
 
 LAUNCHERS = ("fabric", "mpirun", "torchrun")
 UNIT_KINDS = ("rank", "node", "mpirun")
@@ -104,8 +105,8 @@ class LaunchPlan:
     """fabric (one process per rank started over SSH), mpirun (Intel MPI from the head) or torchrun."""
     backend: str = "auto"
     """auto (nccl on GPU nodes; ccl where the bindings import on every node, else gloo), nccl, ccl or gloo."""
-    device: str = "auto"
-    """The trainer's device setting: cpu on GPU nodes puts the same ranks (one per GPU slot) on the CPUs."""
+    settings: TrainConfig = field(default_factory=TrainConfig)
+    """The checked trainer config (--config, --set): its device, precision and CUDA graphs settings."""
     master_port: int = DEFAULT_MASTER_PORT
     """Rendezvous port on the head."""
     collective_timeout_s: float = LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -136,6 +137,11 @@ class LaunchPlan:
 
     def host_of(self, node: Node) -> Host:
         return next(h for h in self.hosts if h.address == node.private_ip)
+
+    @property
+    def device(self) -> str:
+        """The trainer's device setting: cpu on GPU nodes puts the same ranks (one per GPU slot) on the CPUs."""
+        return self.settings.device
 
     @property
     def on_gpus(self) -> bool:
@@ -175,12 +181,14 @@ class LaunchPlan:
         return "ccl" if all(self.node_facts(n).ccl for n in self.nodes) else "gloo"
 
     def unfit_choice(self) -> str:
-        """Why these nodes cannot run the --launcher or --backend asked for ('' when they can), from
-        their probes: said before any unit starts, where each rank would otherwise fail on its own."""
+        """Why these nodes cannot run the --launcher, --backend or trainer settings asked for ('' when
+        they can), from the cluster and their probes: said before any unit starts, where each rank would
+        otherwise fail on its own. A plan without a node's probe (a dry run) judges what it can without it."""
         gpu_nodes, local = self.cluster.gpus_per_node > 0, self.cluster.is_local
         intel_setup = command_line("setup", cluster=self.cluster.spec, profile="intel")
+        probed = [h.node for h in self.hosts if h.node.index in self.facts]
         if self.launcher == "mpirun":
-            lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).mpirun]
+            lacking = [n.name for n in probed if not self.node_facts(n).mpirun]
             if lacking:
                 if local:
                     where = "pip install impi-rt into the Python running this"
@@ -201,13 +209,34 @@ class LaunchPlan:
                 "its CUDA torch); use --backend auto (NCCL, or gloo with device=cpu)"
             )
         if self.backend == "ccl":
-            lacking = [h.node.name for h in self.hosts if not self.node_facts(h.node).ccl]
+            lacking = [n.name for n in probed if not self.node_facts(n).ccl]
             if lacking:
                 fix = "pip install them into the Python running this" if local else intel_setup
                 return (
                     f"--backend ccl: {', '.join(lacking)} cannot import oneccl_bindings_for_pytorch ({fix}); "
                     "use --backend auto (gloo there)"
                 )
+        return self.unfit_settings()
+
+    def unfit_settings(self) -> str:
+        """Why the trainer's device, precision or CUDA graphs setting cannot run on this plan ('' when it
+        can): the trainer refuses them only once every rank has started, or ignores them on a CPU."""
+        settings, on = self.settings, "(--config, --set)"
+        where = "this machine has no GPU" if self.cluster.is_local else "these nodes have no GPUs"
+        if not self.cluster.gpus_per_node:
+            if settings.device == "cuda":
+                return f"device=cuda {on}: {where}; leave device unset (auto: the CPUs) or set device=cpu"
+            if settings.mixed_precision == "fp16":
+                return f"mixed_precision=fp16 {on}: {where} (fp16 needs a GPU); use auto, bf16 or fp32"
+            if settings.tf32:
+                return f"tf32=true {on}: {where} (TF32 is a GPU's); leave tf32 unset (auto) or set it false"
+            if settings.cuda_graphs:
+                return f"cuda_graphs=true {on}: {where} (CUDA graphs replay a GPU step); leave cuda_graphs unset (auto)"
+        if settings.cuda_graphs and self.world_size > 1:
+            return (
+                f"cuda_graphs=true {on}: the run has {self.world_size} ranks, whose DDP gradient hooks run between "
+                "the graphs (they need one process); leave cuda_graphs unset (auto) or set it false"
+            )
         return ""
 
     def threads_per_rank(self, node: Node) -> int:
@@ -238,16 +267,23 @@ class LaunchPlan:
 
 
 def trainer_args(plan: LaunchPlan) -> list[str]:
-    """The trainer's command line after `python -m model.train`: launcher-owned keys, then the user's."""
+    """The trainer's command line after `python -m model.train`: launcher-owned keys, then the user's.
+
+    On GPUs the ranks are told what was planned, device=cuda and the backend resolved, so a rank whose
+    torch sees no GPU fails at once instead of training on the CPU beside its NCCL peers. CPU ranks keep
+    backend auto: each picks ccl where its bindings import, which a plan without probes cannot know."""
     args = ["--config", "train.yaml"] if plan.config_file else []
     args += [
         f"data_dir=../../data/{plan.dataset}",
         "out_dir=.",
         f"expected_world_size={plan.world_size}",
-        f"backend={plan.backend}",
+        f"backend={plan.resolved_backend() if plan.on_gpus else plan.backend}",
         f"collective_timeout_s={plan.collective_timeout_s:g}",
     ]
-    return args + list(plan.overrides)
+    args += plan.overrides
+    if plan.on_gpus:  # after the user's device, which is auto or cuda here
+        args.append("device=cuda")
+    return args
 
 
 def plan_json(plan: LaunchPlan) -> str:

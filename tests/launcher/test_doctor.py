@@ -286,3 +286,28 @@ def test_the_gpu_check_judges_kernels_as_torchs_own_start_check_does():
     built_for, unsupported = kernels(Torch, len(capabilities))
     assert built_for.startswith("sm_75 sm_80")
     assert unsupported == ["gpu0 (capability 7.0)", "gpu1 (capability 6.0)"]
+
+
+def test_doctor_says_the_gpus_are_missing_when_the_driver_finds_none(gpu_doctor, monkeypatch, tmp_path):
+    """nvidia-smi exits 6 with "No devices were found" where the driver loads but no GPU is attached:
+    installing the driver would fix nothing."""
+    stand_in_driver(monkeypatch, tmp_path, gpus=2)
+    (tmp_path / "bin" / "nvidia-smi").write_text('#!/bin/sh\necho "No devices were found"\nexit 6\n')
+    stand_in_torch(monkeypatch, tmp_path, devices=0)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    (row,) = problem_rows(out)
+    assert row.startswith("driver local0 the NVIDIA driver finds no GPU (nvidia-smi exited 6: No devices were found)")
+    assert "install the NVIDIA driver" not in row and "without its GPU attached" in row
+
+
+def test_doctor_does_not_ask_for_a_driver_that_torch_already_reaches(gpu_doctor, monkeypatch, tmp_path):
+    stand_in_driver(monkeypatch, tmp_path, gpus=None)  # no nvidia-smi on PATH
+    stand_in_torch(monkeypatch, tmp_path, devices=2)
+    code, out = gpu_doctor(2)
+    assert code == 1
+    (row,) = problem_rows(out)
+    assert row.startswith(
+        "driver local0 nvidia-smi not found, but torch sees 2 GPU(s): the driver works and its nvidia-smi is off PATH"
+    )
+    assert "install the NVIDIA driver" not in row and "put the driver's nvidia-smi on PATH" in row

@@ -103,13 +103,26 @@ def test_a_gpu_node_is_checked_by_a_pod_placed_as_a_training_pod_with_its_gpus(f
 
 def test_a_node_without_a_driver_is_one_row_with_the_clusters_fix(fake, script, task, tmp_path):
     fake.seed()
-    script.helpers[GPU_CHECK_ROLE] = reporting(GOOD | {"gpus": [], "driver_error": "nvidia-smi not found"})
+    no_driver = GOOD | {"gpus": [], "driver_error": "nvidia-smi not found", "devices": 0}
+    script.helpers[GPU_CHECK_ROLE] = reporting(no_driver)
     ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
     assert ran.code == 1
     out = flat(ran.out)
     assert flat("no NVIDIA driver answers: nvidia-smi not found") in out and "gke-train-gpu-7f3a" in out
     assert "gpu_driver_version" in out and "GPU operator" in out and "reboot the node" not in out
     assert "1 problem(s)" in ran.out
+
+
+def test_a_pod_whose_torch_sees_the_gpus_without_nvidia_smi_is_not_told_to_install_a_driver(
+    fake, script, task, tmp_path
+):
+    fake.seed()
+    script.helpers[GPU_CHECK_ROLE] = reporting(GOOD | {"gpus": [], "driver_error": "nvidia-smi not found"})
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    out = flat(ran.out)
+    assert flat("nvidia-smi not found, but torch sees 4 GPU(s): the driver works") in out
+    assert "gpu_driver_version" not in out and "/usr/local/nvidia/bin" in out and "1 problem(s)" in ran.out
 
 
 def test_a_cpu_build_in_the_node_environment_names_the_setup_that_installs_the_cuda_one(fake, script, task, tmp_path):

@@ -150,11 +150,21 @@ def test_pod_k_holds_ranks_k_times_g_onwards_with_a_share_of_the_cores(gpus):
         assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == str(3 * g)
         assert env["LOCAL_RANK"] == str(rank % g) and env["LOCAL_WORLD_SIZE"] == str(g)
         assert env["MASTER_ADDR"] == f"{launch.job}-0.{launch.service}"
-        assert env["OMP_NUM_THREADS"] == str(16 // g)
+        assert env["OMP_NUM_THREADS"] == str(launch.cpus // g)  # the pod's CPU limit (15 of 16 cores), shared
         seen.append((pod, int(env["LOCAL_RANK"])))
     assert seen == [(k, i) for k in range(3) for i in range(g)]
     with pytest.raises(ValueError, match=rf"0\.\.{3 * g - 1}"):
         rank_environment(launch, 3 * g)
+
+
+@pytest.mark.parametrize("gpus", GPU_COUNTS)
+def test_the_ranks_threads_fit_the_pods_cpu_limit_not_the_nodes_cores(gpus):
+    """A contract's 16 cores on a node whose allocatable leaves the pod 12 CPUs: threads beyond them
+    would only wait for the CPU quota."""
+    launch = launch_of(gpus=gpus, cores=16, allocatable_cpu=12.5)
+    limit = int(container(training_job(launch))["resources"]["limits"]["cpu"])
+    threads = int(rank_environment(launch, 0)["OMP_NUM_THREADS"])
+    assert limit < 16 and threads == limit // max(1, gpus)
 
 
 def test_threads_per_rank_never_drop_below_one_and_a_negative_gpu_count_is_refused():
@@ -676,3 +686,14 @@ def test_a_backend_no_pod_can_run_is_refused_before_any_object_exists(fake, task
         assert (
             task("train", "--cluster", str(path), "--nodes", "2", "--run", "gpu", "--backend", "nccl", *QUICK).code == 0
         )
+
+
+def test_a_gpu_setting_on_cpu_pods_is_refused_before_any_object_exists(fake, task, tmp_path):
+    fake.seed()
+    path = write(tmp_path, fake.contract())
+    ran = task("train", "--cluster", str(path), "--nodes", "2", "--run", "fp16", "--set", "mixed_precision=fp16")
+    assert ran.code == 1 and ran.error_lines == [
+        "error: mixed_precision=fp16 (--config, --set): these nodes have no GPUs (fp16 needs a GPU); "
+        "use auto, bf16 or fp32"
+    ]
+    assert not fake.created_jobs

@@ -146,7 +146,8 @@ def test_the_pod_runs_what_a_vm_rank_runs(contract):
         python='"$HOME"/nanocluster/venv/bin/python',
         code_dir='"$HOME"/nanocluster/code',
     )
-    launch = launch_of(cores=cluster.cores_per_node, trainer_args=tuple(trainer_args(plan)))
+    cores = cluster.cores_per_node  # a node whose allocatable leaves the pod every core, as a VM's ranks have
+    launch = launch_of(cores=cores, allocatable_cpu=cores + 1.0, trainer_args=tuple(trainer_args(plan)))
     c = container(training_job(launch))
     assert c["command"] + c["args"] == [f"{MOUNT_PATH}/venv/bin/python", "-m", "model.train", *trainer_args(plan)]
     assert c["workingDir"] == f"{MOUNT_PATH}/runs/exp1"

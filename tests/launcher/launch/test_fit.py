@@ -172,8 +172,12 @@ def test_the_local_clusters_gpu_ranks_each_need_a_gpu(local_home):
     local = local_cluster(2, LocalGpus(("NVIDIA L4", "NVIDIA L4"), (23034, 23034)))
     cfg = load_config(None, ["init_from=gpt2", "batch_size=1", "block_size=256"])
     check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 2, 24.15)[0]}, cfg)
-    with pytest.raises(TaskError, match=r"this machine has 1 GPU\(s\).*\(--nodes 1\)"):
+    with pytest.raises(TaskError) as refused:
         check_fit(local, local.nodes, {0: gpu_reports(local.nodes[:1], 1, 24.15)[0]}, cfg)
+    assert str(refused.value) == (  # the local cluster has no contract to blame
+        "2 rank(s) need 2 GPU(s), one each, and this machine has 1 GPU(s) (NVIDIA L4) (nvidia-smi, as "
+        "CUDA_VISIBLE_DEVICES leaves them); nothing was started: run at most 1 rank(s) here (--nodes 1)"
+    )
 
 
 def test_the_local_ranks_are_weighed_against_the_gpus_cuda_visible_devices_gives_them(local_home, monkeypatch):

@@ -13,6 +13,10 @@ from launcher.cluster.contract import parse_contract
 from launcher.cluster.local import LocalGpus, local_cluster
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import accelerate_config, env_file, mpi_hostfile, rank_env, run_files, unit_script
+from launcher.trainer_config import check_trainer_config
+from model.gpt.device import CudaFacts, choose_device
+from model.settings.config import TrainConfig
+from model.settings.config_values import ConfigError
 from tests.launcher.launch.test_render import sourced
 
 GPUS_PER_NODE = (1, 2, 4, 8)
@@ -52,7 +56,21 @@ def test_each_node_runs_one_rank_per_gpu_numbered_node_by_node(contract, gpus):
         (i * gpus + g, i, g, gpus) for i in range(2) for g in range(gpus)
     ]
     assert f"expected_world_size={2 * gpus}" in trainer_args(plan)
-    assert "device=auto" not in trainer_args(plan) and not any(a.startswith("device=") for a in trainer_args(plan))
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_a_gpu_rank_whose_torch_sees_no_gpu_fails_at_once_instead_of_training_on_the_cpu(contract, device):
+    plan = plan_for(gpu_cluster(contract, 2), overrides=(f"device={device}",))
+    cfg = check_trainer_config(None, [a for a in trainer_args(plan) if "=" in a])
+    assert (cfg.device, cfg.backend) == ("cuda", "nccl")  # what the start line and plan.json say
+    with pytest.raises(ConfigError, match=r"^device=cuda but torch sees no GPU"):
+        choose_device(cfg.device, 0, CudaFacts(available=False, device_count=0))
+
+
+def test_cpu_ranks_keep_choosing_their_own_device_and_backend(contract):
+    """A CPU rank picks ccl where its bindings import: the launcher does not decide it for them."""
+    args = trainer_args(plan_for(parse_contract(contract, "lab.json")))
+    assert "backend=auto" in args and not any(a.startswith("device=") for a in args)
 
 
 @pytest.mark.parametrize("gpus", GPUS_PER_NODE)
@@ -185,10 +203,20 @@ def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, mo
 @pytest.mark.parametrize("gpus", [2, 8])
 def test_device_cpu_keeps_a_rank_per_gpu_slot_over_gloo(contract, gpus):
     cluster = gpu_cluster(contract, gpus)
-    plan = plan_for(cluster, device="cpu", facts={})  # a cuda profile: no oneCCL bindings
+    plan = plan_for(cluster, settings=TrainConfig(device="cpu"), facts={})  # a cuda profile: no oneCCL bindings
     assert plan.world_size == 2 * gpus and not plan.on_gpus and plan.resolved_backend() == "gloo"
     env = sourced(env_file(plan, cluster.nodes[0]))
     assert env["OMP_NUM_THREADS"] == str(16 // gpus) and "NCCL_SOCKET_IFNAME" not in env
-    assert plan_for(cluster, device="cpu", backend="nccl").unfit_choice() == (
+    assert plan_for(cluster, settings=TrainConfig(device="cpu"), backend="nccl").unfit_choice() == (
         "--backend nccl: device=cpu puts the ranks on the CPUs (NCCL runs between GPUs); use --backend auto (gloo)"
     )
+
+
+def test_cuda_graphs_with_several_ranks_is_refused_before_any_rank_starts(contract, local_home):
+    plan = plan_for(gpu_cluster(contract, 2), settings=TrainConfig(cuda_graphs=True))
+    assert plan.unfit_choice() == (
+        "cuda_graphs=true (--config, --set): the run has 4 ranks, whose DDP gradient hooks run between the graphs "
+        "(they need one process); leave cuda_graphs unset (auto) or set it false"
+    )
+    one_gpu = local_cluster(1, LocalGpus(("NVIDIA L4",), (23034,)))
+    assert plan_for(one_gpu, settings=TrainConfig(cuda_graphs=True)).unfit_choice() == ""  # one process: it applies

@@ -94,3 +94,83 @@ def test_the_dry_run_shows_the_resolved_trainer_config(local3, local_home, capsy
     ):
         assert f"{line}\n" in resolved
     assert not (local_home / "runs").exists()
+
+
+LAUNCHER_KEY_REFUSALS = [
+    ("backend=gloo", "--set backend=gloo: the launcher sets backend itself; use --backend gloo"),
+    (
+        "collective_timeout_s=60",
+        "--set collective_timeout_s=60: the launcher sets collective_timeout_s itself; use --collective-timeout 60",
+    ),
+    ("data_dir=/data", "--set data_dir=/data: the launcher sets data_dir itself; use --dataset NAME"),
+    ("out_dir=/tmp/x", "--set out_dir=/tmp/x: the launcher sets out_dir itself; the run directory is runs/<--run>"),
+    ("expected_world_size=4", "--set expected_world_size=4: the launcher sets expected_world_size itself"),
+    (
+        "budget_usd_per_hour=1",
+        "--set budget_usd_per_hour=1: the launcher sets budget_usd_per_hour itself; use --budget",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), LAUNCHER_KEY_REFUSALS)
+def test_a_set_of_a_key_the_launcher_sets_names_the_flag_before_any_node(
+    unroutable, local_home, capsys, override, message
+):
+    """A --set of one would win over the launcher's value: the ranks would not run what plan.json says."""
+    with pytest.raises(TaskError) as failure:
+        train(TrainRequest(str(unroutable), overrides=("max_iters=5", override)))
+    assert str(failure.value).startswith(message)
+    nothing_recorded(local_home, capsys)
+
+
+def test_a_budget_in_set_does_not_bypass_the_local_clusters_refusal_of_a_budget(local3, local_home, capsys):
+    with pytest.raises(TaskError, match=r"^--set budget_usd=5: the launcher sets budget_usd itself; use --budget USD"):
+        train(TrainRequest(None, dry_run=True, overrides=("budget_usd=5", "budget_usd_per_hour=1")))
+    assert "dry run" not in capsys.readouterr().out
+
+
+def test_every_key_the_launcher_writes_is_refused_in_set(contract):
+    """The launcher's keys on a rank's command line and the budget's, against the refused ones."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.launch.plan import LaunchPlan, trainer_args
+    from launcher.runs.budget import BudgetPlan
+    from launcher.trainer_config import LAUNCHER_KEYS
+
+    cluster = parse_contract(contract | {"gpus_per_node": 2, "gpu_model": "nvidia-l4"}, "lab.json")
+    plan = LaunchPlan(cluster, cluster.nodes, "r", "d", "python", ".")
+    written = [a for a in trainer_args(plan) + list(BudgetPlan(5.0, 1.0, 0.0).overrides(0.0)) if "=" in a]
+    assert {a.partition("=")[0] for a in written} - {"device"} == set(LAUNCHER_KEYS)  # device: cpu is the user's
+
+
+GPU_SETTINGS_ON_CPU_NODES = [
+    ("device=cuda", "device=cuda (--config, --set): these nodes have no GPUs; leave device unset (auto: the CPUs)"),
+    ("mixed_precision=fp16", "mixed_precision=fp16 (--config, --set): these nodes have no GPUs (fp16 needs a GPU)"),
+    ("tf32=true", "tf32=true (--config, --set): these nodes have no GPUs (TF32 is a GPU's); leave tf32 unset"),
+    ("cuda_graphs=true", "cuda_graphs=true (--config, --set): these nodes have no GPUs (CUDA graphs replay a GPU"),
+]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize(("override", "message"), GPU_SETTINGS_ON_CPU_NODES)
+def test_a_gpu_setting_on_cpu_nodes_is_refused_before_any_node(
+    unroutable, local_home, capsys, override, message, dry_run
+):
+    """The trainer would refuse it only once every rank started (tf32 it would ignore)."""
+    with pytest.raises(TaskError) as failure:
+        train(TrainRequest(str(unroutable), overrides=(override,), dry_run=dry_run))
+    assert str(failure.value).startswith(message)
+    nothing_recorded(local_home, capsys)
+
+
+def test_the_dry_run_refuses_a_backend_the_nodes_cannot_run(unroutable, local_home, capsys):
+    with pytest.raises(TaskError, match=r"^--backend nccl: these nodes have no GPUs \(NCCL runs between GPUs\)"):
+        train(TrainRequest(str(unroutable), backend="nccl", dry_run=True))
+    assert "dry run" not in capsys.readouterr().out
+
+
+def test_the_local_dry_run_refuses_a_gpu_setting_on_this_machine_without_gpus(local_home, monkeypatch):
+    import launcher.cluster.local
+
+    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: launcher.cluster.local.LocalGpus())
+    with pytest.raises(TaskError, match=r"^device=cuda \(--config, --set\): this machine has no GPU; leave device"):
+        train(TrainRequest(None, overrides=("device=cuda",), dry_run=True))
