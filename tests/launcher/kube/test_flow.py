@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from launcher.kube.pod_spec import LABEL_RUN
-from tests.launcher.kube.fake import training_launch
+from launcher.kube.volume import DATA_REPORT
+from tests.launcher.kube.fake import PREPARED_DATA, training_launch
 
 QUICK = ("--set", "max_iters=4")
 
@@ -226,3 +227,20 @@ def test_plain_stop_picks_the_one_live_run_and_leaves_its_stop_request(fake, con
     again = task("stop", "--cluster", str(contract_file), "--run", "r5")
     assert again.code == 0, again.err
     assert "run r5 is not running: nothing to stop" in again.out
+
+
+def test_a_dataset_with_a_file_missing_on_the_claim_is_refused_before_any_training_pod(
+    fake, contract_file, task, script
+):
+    """The staging pod reports data/<dataset> on the claim; a val.bin that is gone refuses the run in
+    one line naming the file and the command that prepares it, and no training Job is created."""
+    fake.seed()
+    damaged = PREPARED_DATA | {"data_sizes": {"train.bin": 16, "meta.json": 200}}
+    script.helpers["staging"] = lambda command: [f"{DATA_REPORT}{damaged!r}"]
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r1", *QUICK)
+    assert ran.code == 1
+    assert ran.error_lines == [
+        f"error: data/builtin on claim shared: val.bin is missing: run `fab prepare-data --cluster "
+        f"{contract_file} --source builtin --dataset builtin` to prepare it again"
+    ]
+    assert not training_jobs(fake)
