@@ -72,7 +72,7 @@ from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state
-from launcher.lifecycle import TrainRequest, checked_here
+from launcher.lifecycle import TrainRequest, checked_here, checked_request
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
@@ -408,8 +408,7 @@ def train(request: TrainRequest) -> int:
     """`fab train` on Kubernetes: the run under its supervisor in the cluster, followed from here."""
     if runs_here(request):
         return kube_train.train(request)
-    check_name(request.run, "run")
-    check_name(request.dataset, "dataset")
+    request = checked_request(request)
     kind = kube_train.KubeRun.resolve(request)
     if not checked_here(request, kind):  # bad input (the trainer config, the budget) refused here, nothing staged
         return 0
