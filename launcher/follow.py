@@ -55,7 +55,7 @@ from launcher.launch.supervisor import (
     read_state,
     state_path,
 )
-from launcher.lifecycle import RunKind, TrainRequest, checked_here
+from launcher.lifecycle import RunKind, TrainRequest, checked_here, checked_request
 from launcher.runs.record import RunRecord, run_dir, supervisor_lost_text
 from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor
@@ -82,8 +82,7 @@ def train(
     printed here). run_here: the lifecycle in this process."""
     if runs_here(request):
         return run_here(request)
-    check_name(request.run, "run")
-    check_name(request.dataset, "dataset")
+    request = checked_request(request)
     with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
         kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
     if not checked_here(request, kind):  # bad input refused before a supervisor or node is contacted

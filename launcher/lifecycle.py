@@ -24,7 +24,7 @@ import io
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NoReturn, Protocol
 
 from launcher.cluster.inventory import Cluster, Node
@@ -42,6 +42,8 @@ from launcher.runs.record import (
     read_cluster_runs,
     stopped_text,
 )
+from launcher.runs.resume import failed_text, resume_refusal, run_snapshot
+from launcher.session import resolve_cluster
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -230,6 +232,9 @@ class Lifecycle:
             say(finished)
             return None
         world = len(kind.nodes) * kind.cluster.ranks_per_node  # the ranks: one per GPU on GPU nodes
+        snapshot = run_snapshot(self.record)  # its ranks would refuse it after they start
+        if snapshot and (refusal := resume_refusal(snapshot, request.run, trainer_cfg, len(kind.nodes), world)):
+            raise TaskError(refusal)
         if kind.cluster.gpus_per_node and trainer_cfg.device == "cpu":
             say(f"device=cpu: the {world} rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle")
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
@@ -336,8 +341,7 @@ class Lifecycle:
             if cause is not None:
                 return cause
             reason = str(error)
-        self.record_failed(reason, error.exit_code)
-        raise TaskError(reason) from None
+        raise TaskError(self.record_failed(reason, error.exit_code)) from None
 
     def lost_while_starting(self, error: TaskError) -> str:
         """The restart cause when a start failed because capacity went away; the error stands otherwise."""
@@ -405,9 +409,15 @@ class Lifecycle:
         )
         raise OperatorStopped(stopped_text(self.request.run, snapshot_iter, requested_at, rerun, snapshot)) from None
 
-    def record_failed(self, reason: str, exit_code: int) -> None:
+    def record_failed(self, reason: str, exit_code: int) -> str:
+        """The failed end event; with a snapshot to resume, the command that continues it (failed_text:
+        fab train's error line and `fab status` keep it)."""
         self.ended = True
-        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
+        snapshot = run_snapshot(self.record)
+        at, rerun = (snapshot.iter, self.request.rerun_command) if snapshot else (None, None)
+        kept = dict(iter=at, rerun=rerun) if snapshot else {}
+        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code, **kept)
+        return failed_text(reason, at, rerun)
 
     def end(self, progress: Progress) -> int:
         """The end event of a run that ended by itself, then its last line: done, or stopped at the budget."""
@@ -463,10 +473,32 @@ def checked_here(request: TrainRequest, kind: RunKind) -> bool:
     return prepared is not None
 
 
-def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind]) -> int:
-    """`fab train`: the names checked, the kind's cluster resolved (resolve reads it without contacting
-    it, and refuses flags the kind cannot honour), then the lifecycle (Lifecycle.train)."""
-    started = time.monotonic()
+def checked_request(request: TrainRequest) -> TrainRequest:
+    """The names checked; without --nodes, a run with a snapshot goes on with the nodes that trained it
+    (said in one line): the default count could change its global batch, which its ranks would refuse
+    only after they started. Every `fab train` front end starts here."""
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
+    if request.nodes is not None:
+        return request
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the kind says which cluster, once
+            cluster = resolve_cluster(request.cluster_spec)
+    except TaskError:  # the kind's resolve says it
+        return request
+    snapshot = run_snapshot(RunRecord.of(cluster, request.run))
+    if snapshot is None or snapshot.nodes == len(cluster.nodes):
+        return request
+    say(
+        f"run {request.run} goes on with its {snapshot.nodes} node(s), as its snapshot at iter {snapshot.iter} "
+        f"was trained (not the default {len(cluster.nodes)}; --nodes N to choose)"
+    )
+    return replace(request, nodes=snapshot.nodes)
+
+
+def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind]) -> int:
+    """`fab train`: the request checked (checked_request), the kind's cluster resolved (resolve reads it
+    without contacting it, and refuses flags the kind cannot honour), then the lifecycle (Lifecycle.train)."""
+    started = time.monotonic()
+    request = checked_request(request)
     return Lifecycle(request, resolve(request), started).train()

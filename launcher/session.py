@@ -223,6 +223,8 @@ class NodeReport:
     """Digest of the model code in <root>/code (see launcher.setup.nodes)."""
     data_meta: dict | None = field(default=None, hash=False)
     """data/<dataset>/meta.json of the dataset probed for, None when absent."""
+    data_sizes: dict[str, int] = field(default_factory=dict, hash=False)
+    """The size of each file in data/<dataset> (what the launch checks against data_meta)."""
     boot_time: int | None = None
     """When the machine booted (Unix seconds, /proc/stat btime); None when unknown."""
     mem_total_gb: float | None = None

@@ -5,6 +5,8 @@ and ends in one line when it fails, its pod stays Pending or will not start (lau
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from launcher.kube import pod_start, streams, volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.pod_spec import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
+from launcher.node_scripts import script
+from launcher.session import NodeReport
 from launcher.setup.nodes import code_archive, node_profile
 
 POLL_S = 1.0
@@ -233,21 +237,27 @@ class Staged:
     """The node environment's interpreter, <store>/venv-<requirements digest>/bin/python."""
     code_dir: str
     """model/ by its digest, <store>/code-<code digest>: the trainer's PYTHONPATH."""
+    data: NodeReport | None = None
+    """What the staging pod found of the run's dataset on the claim (None: no dataset asked for)."""
 
 
-def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None) -> Staged:
+def stage(
+    api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None, dataset: str = ""
+) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
     ends, and owned by the Job (created suspended until the ConfigMap exists): a launcher that dies
     mid-staging leaves it to the garbage collector. The venv is the CPU profile's, or on GPU nodes the
     cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
     (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
-    `fab setup`) never delete each other's."""
+    `fab setup`) never delete each other's. dataset: also report data/<dataset> on the claim (Staged.data)."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
     hashed, unhashed = volume.split_requirements(requirements)
     files = {"code.tar.gz": archive, "requirements.txt": unhashed} | ({"hashed.txt": hashed} if hashed else {})
+    if dataset:
+        files["probe.py"] = script("probe")
     placed: dict[str, str] = {}
     for i, (path, data) in enumerate(sorted((run_files or {}).items())):
         files[f"file{i}"] = data
@@ -258,8 +268,8 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
     except ValueError as e:
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
-    script = volume.staging_script(requirements_sha, code_sha, placed, run=run, hashed=bool(hashed))
-    job = volume.helper_job(name, access, "staging", script, run=run, configmap=name)
+    shell = volume.staging_script(requirements_sha, code_sha, placed, run=run, hashed=bool(hashed), dataset=dataset)
+    job = volume.helper_job(name, access, "staging", shell, run=run, configmap=name)
     started = time.monotonic()
     say(
         f"staging on claim {access.storage_claim}: node environment ({node_profile(cluster)} profile), "
@@ -271,12 +281,23 @@ def stage(api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes]
         with calling(f"creating ConfigMap {name}"):
             api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(owned))
 
+    reports: list[NodeReport] = []
+
+    def on_line(line: str) -> None:
+        if line.startswith(volume.DATA_REPORT):
+            with contextlib.suppress(ValueError, SyntaxError, TypeError, AttributeError):
+                reports.append(NodeReport.from_literal(ast.literal_eval(line.removeprefix(volume.DATA_REPORT))))
+        else:
+            out_line(f"[staging] {line}")
+
     try:
-        run_helper(api, job, "staging the node environment and code", before_start=create_configmap)
+        run_helper(api, job, "staging the node environment and code", on_line, before_start=create_configmap)
     finally:
         delete_configmap(api, name)  # at once; a launcher that dies first leaves it to the garbage collector
     say(f"staged in {time.monotonic() - started:.1f} s")
-    return Staged(f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha))
+    python, code = f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha)
+    # A report that did not come back is not trusted as usable data: an empty one says not prepared.
+    return Staged(python, code, (reports[-1] if reports else NodeReport()) if dataset else None)
 
 
 def owner(job: str, uid: str) -> dict:

@@ -70,10 +70,10 @@ from launcher.kube.api import Api, api_error, calling, name_of
 from launcher.kube.connect import connect, open_cluster
 from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
-from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods, stage
+from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state
-from launcher.lifecycle import TrainRequest, checked_here
+from launcher.lifecycle import TrainRequest, checked_here, checked_request
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
@@ -430,8 +430,7 @@ def train(request: TrainRequest) -> int:
     """`fab train` on Kubernetes: the run under its supervisor in the cluster, followed from here."""
     if runs_here(request):
         return kube_train.train(request)
-    check_name(request.run, "run")
-    check_name(request.dataset, "dataset")
+    request = checked_request(request)
     kind = kube_train.KubeRun.resolve(request)
     if not checked_here(request, kind):  # bad input (the trainer config, the budget) refused here, nothing staged
         return 0
@@ -450,7 +449,7 @@ def train(request: TrainRequest) -> int:
     if existing is not None:
         supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
     files = {f"{run_dir(pod_spec.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
-    staged = stage(api, cluster, request.run, files if request.config else {})
+    staged = kind.stage(files if request.config else {})
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
     with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it

@@ -30,6 +30,7 @@ from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import clear_stop_request, connect, delete_run_objects, run_objects, stop_requested
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
+from launcher.launch.data_check import unusable_data
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
@@ -194,7 +195,6 @@ class KubeRun:
             out_line("---\n" + yaml.safe_dump(body, sort_keys=False).rstrip())
 
     def open(self, prepared: Prepared) -> None:
-        request = self.request
         first = self.check_fit(prepared)
         if self.api is None:
             self.api, self.cluster = connect(self.cluster)
@@ -202,7 +202,17 @@ class KubeRun:
         self.prepared = prepared
         self.refuse_a_live_run()  # before staging, which would write into the live run's directory
         files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
-        self.staged = stage(self.api, self.cluster, request.run, files)
+        self.stage(files)
+
+    def stage(self, run_files: dict[str, bytes]) -> Staged:
+        """The node environment, code and run files on the claim, then the run refused before any pod
+        starts when the claim's data/<dataset> cannot be trained on (what the staging pod found of it)."""
+        request = self.request
+        staged = self.staged = stage(self.connected(), self.cluster, request.run, run_files, request.dataset)
+        where = f"on claim {self.access.storage_claim}"
+        if staged.data and (refusal := unusable_data(staged.data, request.dataset, where, request.cluster_spec)):
+            raise TaskError(refusal)
+        return staged
 
     def connected(self) -> Api:
         assert self.api is not None, "open() first"

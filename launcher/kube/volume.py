@@ -160,8 +160,18 @@ STORE_GRACE_MIN = 90
 records it in its run's directory, and runs at most HELPER_DEADLINE_S["staging"] (60 minutes)."""
 
 
+DATA_REPORT = "data report: "
+"""The staging log's line with what launcher/node_scripts/probe.py (in the ConfigMap as probe.py)
+reports of data/<dataset> on the claim: a run checks it before any pod starts (launcher.launch.data_check)."""
+
+
 def staging_script(
-    requirements_sha: str, code_sha: str, run_files: dict[str, str], run: str = "", hashed: bool = False
+    requirements_sha: str,
+    code_sha: str,
+    run_files: dict[str, str],
+    run: str = "",
+    hashed: bool = False,
+    dataset: str = "",
 ) -> str:
     """Shell for the staging Job: the venv and the code into the store when their digest is not there
     (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
@@ -169,7 +179,8 @@ def staging_script(
     The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py).
     hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
     with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash; the second command
-    installs it from requirements.txt, with what it needs beyond the hashed pins)."""
+    installs it from requirements.txt, with what it needs beyond the hashed pins). dataset: the
+    DATA_REPORT line of data/<dataset> first (the stock image's Python runs the probe)."""
     venv, code = venv_dir(requirements_sha), code_dir(code_sha)
     pip = "TMP/bin/pip install --no-cache-dir -q"
     hashed_install = [f"{pip} --require-hashes --no-deps -r {STAGE_DIR}/hashed.txt"] if hashed else []
@@ -180,6 +191,11 @@ def staging_script(
         f"{RUN_AS_ID}:{RUN_AS_ID} (chown) or use a storage class whose volumes are (docs/kubernetes.md)'",
         "  exit 1",
         "fi",
+        *(
+            [f"echo \"{DATA_REPORT}$(python -S - {MOUNT_PATH} '' {shlex.quote(dataset)} < {STAGE_DIR}/probe.py)\""]
+            if dataset
+            else []
+        ),
         f"mkdir -p {STORE}",
         *staged_once(
             venv,

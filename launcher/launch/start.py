@@ -13,12 +13,13 @@ from typing import Any
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import Site, site_of
-from launcher.console import TaskError, command_line, out_line, say
+from launcher.console import TaskError, out_line, say
+from launcher.launch.data_check import unusable_data
 from launcher.launch.plan import LaunchPlan, NodeFacts, trainer_args
 from launcher.launch.render import run_files
 from launcher.launch.units import start_command
 from launcher.session import NodeReport, Session
-from launcher.setup.data import check_shards, fan_out, splits_digest
+from launcher.setup.data import check_shards, fan_out, holds_copy, sharded_prepare, splits_digest
 from launcher.trainer_config import resolved_config_text
 from launcher.transport import Shell, payload
 from launcher.transport.ssh import shown_path, ssh_files
@@ -51,21 +52,24 @@ def node_files(plan: LaunchPlan, site: Site, node: Node, config_text: str) -> di
 
 
 def check_data_on_head(session: Session, dataset: str) -> None:
-    """data/<dataset> is prepared on the head (its probe found the meta.json): every other copy comes from it."""
-    head = session.head
-    if not splits_digest(session.report(head).data_meta):
-        prepare = command_line("prepare-data", cluster=session.cluster.spec)
-        raise TaskError(f"data/{dataset} is not prepared on {head.name}: run `{prepare}` first")
+    """data/<dataset> on the head can be trained on (launcher.launch.data_check): every other copy comes from it."""
+    refuse_unusable_data(session, dataset, session.head)
+
+
+def refuse_unusable_data(session: Session, dataset: str, node: Node, fix: str = "") -> None:
+    if refusal := unusable_data(session.report(node), dataset, f"on {node.name}", session.cluster.spec, fix):
+        raise TaskError(refusal)
 
 
 def place_data(session: Session, dataset: str) -> None:
-    """data/<dataset> on every machine: copied from the head where missing, or checked as shards."""
+    """data/<dataset> on every machine: copied from the head where missing or damaged, or checked as shards."""
     check_data_on_head(session, dataset)
-    missing = [n for n in session.hosts() if not splits_digest(session.report(n).data_meta)]
-    head = session.head
-    if ((session.report(head).data_meta or {}).get("shards") or 1) > 1:  # a meta: the head is not missing
+    head_meta = session.report(session.head).data_meta or {}
+    if (head_meta.get("shards") or 1) > 1:
         check_shards(session, dataset)
-    elif missing:
+        for node in session.hosts():  # each node's shard is its own: no other copy can replace it
+            refuse_unusable_data(session, dataset, node, sharded_prepare(session))
+    elif not all(holds_copy(session.report(n), splits_digest(head_meta)) for n in session.hosts()):
         fan_out(session, dataset)
 
 

@@ -93,6 +93,16 @@ def read(path: str) -> str:
         return ""
 
 
+def file_sizes(directory: str) -> dict:
+    """Each regular file's size in a directory (empty when there is none): the launcher checks a
+    dataset's files against its meta.json by these (model.data.token_format.files_problem)."""
+    try:
+        with os.scandir(directory) as entries:
+            return {e.name: e.stat().st_size for e in entries if e.is_file()}
+    except OSError:
+        return {}
+
+
 def boot_time() -> int | None:
     """When the machine booted (Unix seconds, /proc/stat's btime): the cost ledger's start of its life."""
     for line in read("/proc/stat").splitlines():
@@ -230,6 +240,7 @@ def main() -> None:
                 "allocator": allocator(),
                 "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
                 "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
+                "data_sizes": file_sizes(os.path.join(root, "data", dataset)),
                 "boot_time": boot_time(),
                 "mem_total_gb": round((meminfo_kb("MemTotal") or 0) * 1024 / 1e9, 2) or None,
                 "mem_available_gb": memory_available_gb(),

@@ -23,6 +23,7 @@ from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, interrupted_text, stopped_text
+from launcher.runs.resume import failed_text
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10
@@ -122,7 +123,11 @@ def ending_text(end: dict[str, Any] | None, run: str = "") -> str:
         rerun = end.get("rerun") or command_line("train")
         return stopped_text(run, end.get("iter"), end.get("requested_at"), rerun, end.get("snapshot"))
     if outcome == "failed":
-        return f"failed: {end['reason']}" if end.get("reason") else "failed"
+        return (
+            f"failed: {failed_text(end['reason'], end.get('iter'), end.get('rerun'))}"
+            if end.get("reason")
+            else "failed"
+        )
     return "stopped at its budget" if outcome == "budget" else outcome
 
 

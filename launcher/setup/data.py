@@ -22,10 +22,11 @@ from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REMOTE_ROOT, data_dir
 from launcher.console import TaskError, check_name, command_line, out_line, say
 from launcher.node_scripts import script
-from launcher.session import Session, resolve_cluster, select_nodes
+from launcher.session import NodeReport, Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import distribute_keys, ensure_ready
 from launcher.transport import NodeError
 from launcher.transport.ssh import SSH_DIR_SH
+from model.data.token_format import files_problem
 
 PREPARE_TIMEOUT_S = 6 * 3600
 
@@ -142,6 +143,12 @@ def splits_digest(meta: dict | None) -> tuple | None:
     return tuple(sorted((k, v.get("sha256")) for k, v in meta["splits"].items()))
 
 
+def holds_copy(report: NodeReport, want: tuple | None) -> bool:
+    """A node's data/<dataset> is the preparation want identifies (splits_digest) with every file at
+    the size meta.json gives (a copy cut short shows; a launch does not hash)."""
+    return splits_digest(report.data_meta) == want and files_problem(report.data_meta or {}, report.data_sizes) is None
+
+
 def fanout_command(root: str, dataset: str, workers: list[str]) -> str:
     """Run on the head: stream data/<dataset> to each worker (by ssh alias) in parallel.
 
@@ -189,13 +196,18 @@ def check_shards(session: Session, dataset: str) -> None:
     if not same or None in indexes or len(set(indexes)) != len(indexes):
         raise TaskError(
             f"data/{dataset} is sharded ({shards} shards) but the nodes do not hold one shard each: "
-            f"run `{command_line('prepare-data', cluster=session.cluster.spec, sharded=True, nodes=len(hosts))}` again"
+            f"run `{sharded_prepare(session)}` again"
         )
     if shards != len(hosts):
         say(
             f"note: data/{dataset} has {shards} shards; these {len(hosts)} node(s) train on "
             f"shards {sorted(i for i in indexes if i is not None)} only"
         )
+
+
+def sharded_prepare(session: Session) -> str:
+    """The command that gives each of the session's machines its shard."""
+    return command_line("prepare-data", cluster=session.cluster.spec, sharded=True, nodes=len(session.hosts()))
 
 
 def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> None:
@@ -210,7 +222,7 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
     if want is None:
         prepare = command_line("prepare-data", cluster=session.cluster.spec)
         raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `{prepare}` first")
-    stale = [n for n in hosts[1:] if splits_digest(session.report(n).data_meta) != want]
+    stale = [n for n in hosts[1:] if not holds_copy(session.report(n), want)]
     verify = script("verify_data")
     if verify_existing:
         # A copy whose meta.json matches may still have a damaged file: check the bytes too.

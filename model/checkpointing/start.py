@@ -20,6 +20,7 @@ import torch
 
 from model.checkpointing import hf, retention
 from model.checkpointing.checkpoint import CheckpointError, load_checkpoint
+from model.checkpointing.global_batch import global_batch, resumed_accumulation
 from model.conventions import CKPT_NAME, LAUNCHER_ENV, SNAPSHOT_NAME
 from model.gpt.model import GPT, GPTConfig
 from model.parallel.collectives import on_rank0
@@ -88,11 +89,6 @@ def check_resumable(cfg: TrainConfig, snapshot_config: dict[str, Any]) -> None:
             )
 
 
-def global_batch(batch_size: int, gradient_accumulation_steps: int, world_size: int) -> int:
-    """Sequences per optimizer step over all ranks."""
-    return batch_size * gradient_accumulation_steps * world_size
-
-
 def snapshot_global_batch(payload: dict[str, Any]) -> tuple[int, int]:
     """(world size, global batch) a snapshot was trained with. Snapshots from before they were
     recorded: the world size is the number of RNG states it holds (one per rank)."""
@@ -108,9 +104,10 @@ def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, An
     snapshot already at max_iters trains no step, so any batch shape may open it (a rerun of a finished
     run on another number of ranks ends at once, as on the same number)."""
     snap_world, snap_global = snapshot_global_batch(payload)
+    accumulation = resumed_accumulation(cfg, world_size, snap_global, payload.get("iter_num", 0))
+    if accumulation is not None:
+        return accumulation
     ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, world_size)
-    if ours == snap_global or payload.get("iter_num", 0) >= cfg.max_iters:
-        return cfg.gradient_accumulation_steps
     snap = payload["config"]
     was = (
         f"the snapshot in {Path(cfg.out_dir)} was trained with a global batch of {snap_global} sequences "
@@ -124,13 +121,11 @@ def resume_accumulation(cfg: TrainConfig, world_size: int, payload: dict[str, An
             f"to set gradient_accumulation_steps so the global batch stays the same, or use {new_run_knob()}"
         )
     per_accumulation = cfg.batch_size * world_size
-    if snap_global % per_accumulation:
-        raise ConfigError(
-            f"keep_global_batch=true: {was}, which is not a multiple of batch_size {cfg.batch_size} x world "
-            f"size {world_size} = {per_accumulation}: choose a batch_size or number of ranks whose product "
-            f"divides {snap_global}"
-        )
-    return snap_global // per_accumulation
+    raise ConfigError(
+        f"keep_global_batch=true: {was}, which is not a multiple of batch_size {cfg.batch_size} x world "
+        f"size {world_size} = {per_accumulation}: choose a batch_size or number of ranks whose product "
+        f"divides {snap_global}"
+    )
 
 
 def newest_intact_snapshot(out_dir: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -78,11 +78,32 @@ def read_meta(directory: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def file_sizes(directory: str | Path) -> dict[str, int]:
+    """Each regular file's size in a dataset directory (empty when there is no directory)."""
+    try:
+        return {p.name: p.stat().st_size for p in Path(directory).iterdir() if p.is_file()}
+    except OSError:
+        return {}
+
+
+def files_problem(meta: Mapping[str, Any], sizes: Mapping[str, int]) -> str | None:
+    """What is wrong with the split files meta lists, judged by their sizes (sizes: file name to bytes,
+    a missing file absent): "val.bin is missing", "train.bin is 96 bytes, meta.json says 128"; None
+    when each has the size its token count gives. The quick check every launch affords: a file cut
+    short or never written shows; a flipped byte needs the sha256 (fab doctor, prepare-data)."""
+    splits = meta.get("splits") or {}
+    for split in SPLITS:
+        if split not in splits:
+            return f"meta.json lists no {split} split"
+    for info in splits.values():
+        name, size, want = info["file"], sizes.get(info["file"]), TOKEN_DTYPE.itemsize * info["tokens"]
+        if size is None:
+            return f"{name} is missing"
+        if size != want:
+            return f"{name} is {size} bytes, meta.json says {want}"
+    return None
+
+
 def files_match(directory: str | Path, meta: Mapping[str, Any]) -> bool:
-    """Every split file meta lists is present with the size its token count gives (a quick check;
-    the launcher compares sha256 after copies)."""
-    for info in meta.get("splits", {}).values():
-        path = Path(directory) / info["file"]
-        if not path.is_file() or path.stat().st_size != TOKEN_DTYPE.itemsize * info["tokens"]:
-            return False
-    return True
+    """Every split file meta lists is present with the size its token count gives (files_problem)."""
+    return files_problem(meta, file_sizes(directory)) is None

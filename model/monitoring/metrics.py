@@ -1,6 +1,7 @@
 """metrics.jsonl: one JSON record per line, written by rank 0, read by people, tests and benchmarks.
 
-    {"kind": "start", "iter": 0, "resumed": false, "max_iters": 5000, "tokens_per_iter": 16384, "world_size": 3}
+    {"kind": "start", "iter": 0, "resumed": false, "max_iters": 5000, "tokens_per_iter": 16384, "world_size": 3,
+     "global_batch": 24}   (sequences per optimizer step: what a resume on other ranks must keep)
     {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ..., "eval_s": ...}   (eval_s: with its snapshot copy)
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.monitoring.step_timing)
@@ -48,7 +49,15 @@ class MetricsLog:
             rewind_metrics(self.path, resumed_at)
         self.tensorboard = open_tensorboard(self.path.parent, resumed_at, read_jsonl(self.path))
 
-    def start(self, iteration: int, resumed: bool, max_iters: int, tokens_per_iter: int, world_size: int) -> None:
+    def start(
+        self,
+        iteration: int,
+        resumed: bool,
+        max_iters: int,
+        tokens_per_iter: int,
+        world_size: int,
+        global_batch: int | None = None,
+    ) -> None:
         self._append(
             {
                 "kind": "start",
@@ -57,6 +66,7 @@ class MetricsLog:
                 "max_iters": max_iters,
                 "tokens_per_iter": tokens_per_iter,
                 "world_size": world_size,
+                **({} if global_batch is None else {"global_batch": global_batch}),
             }
         )
 

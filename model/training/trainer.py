@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from model.checkpointing import compressor_state
+from model.checkpointing.global_batch import global_batch
 from model.checkpointing.retention import Rotation
 from model.checkpointing.snapshot_writer import capture
 from model.checkpointing.start import rng_state
@@ -56,8 +57,14 @@ class Trainer(TrainerState):
         if self.is_rank0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.metrics.begin(resumed_at=self.start_iter)
+            world = self.env.world_size
             self.metrics.start(
-                self.iter_num, self.start_iter is not None, cfg.max_iters, self.tokens_per_iter, self.env.world_size
+                self.iter_num,
+                self.start_iter is not None,
+                cfg.max_iters,
+                self.tokens_per_iter,
+                world,
+                global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, world),
             )
         first_step = self.iter_num
         self.graph_gaps_reported = (0, 0)
@@ -278,7 +285,7 @@ class Trainer(TrainerState):
             best_val_loss=self.best_val_loss,
             # What a resume on another world size checks (model.checkpointing.start.resume_accumulation).
             world_size=self.env.world_size,
-            global_batch=self.cfg.batch_size * self.cfg.gradient_accumulation_steps * self.env.world_size,
+            global_batch=global_batch(self.cfg.batch_size, self.cfg.gradient_accumulation_steps, self.env.world_size),
             **extra,
         )
 

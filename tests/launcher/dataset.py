@@ -12,6 +12,7 @@ def write_dataset(directory: Path, shards: int = 1) -> dict:
         data = bytes(range(size))
         (directory / f"{split}.bin").write_bytes(data)
         splits[split] = {"file": f"{split}.bin", "sha256": hashlib.sha256(data).hexdigest(), "documents": 1}
+        splits[split]["tokens"] = size // 2  # uint16 tokens: the size meta.json gives
     meta = {"splits": splits, "shards": shards, "source": "builtin"}
     (directory / "meta.json").write_text(json.dumps(meta))
     return meta

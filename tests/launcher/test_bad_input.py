@@ -88,6 +88,33 @@ def test_training_on_a_dataset_that_is_not_there_leaves_no_run_behind(home):
     assert tree(home) == []
 
 
+def test_a_dataset_with_a_file_missing_is_refused_before_launch_and_leaves_no_run_behind(home):
+    """A val.bin deleted after preparing: ranks would start and each fail reading it."""
+    write_dataset(home / "data" / "d")
+    (home / "data" / "d" / "val.bin").unlink()
+    before = tree(home)
+    result = run(FAB, "train", "--dataset", "d", "--run", "dstest", home=home)
+    assert error_line(result) == (
+        "error: data/d on local0: val.bin is missing: run `fab prepare-data --source builtin --dataset d` "
+        "to prepare it again"
+    )
+    assert tree(home) == before
+
+
+def test_a_dataset_whose_file_was_cut_short_is_refused_not_trained_on(home):
+    """train.bin truncated: its size no longer the one meta.json gives (fab doctor sees its sha256 differ)."""
+    write_dataset(home / "data" / "d")
+    with open(home / "data" / "d" / "train.bin", "r+b") as f:
+        f.truncate(40)
+    before = tree(home)
+    result = run(FAB, "train", "--dataset", "d", "--run", "dstest", home=home)
+    assert error_line(result) == (
+        "error: data/d on local0: train.bin is 40 bytes, meta.json says 64: "
+        "run `fab prepare-data --source builtin --dataset d` to prepare it again"
+    )
+    assert tree(home) == before
+
+
 def test_fetching_a_run_that_does_not_exist_leaves_no_directory(home):
     result = run(FAB, "fetch", "--run", "nosuch", home=home)
     assert (

@@ -38,3 +38,19 @@ def test_files_match_only_when_every_split_file_has_its_recorded_size(tmp_path):
     assert not token_format.files_match(tmp_path, meta)  # val.bin holds 3 tokens, meta says 2
     token_format.write_split(tmp_path, "val", np.arange(2))
     assert token_format.files_match(tmp_path, meta)
+
+
+def test_files_problem_names_the_file_that_meta_json_disagrees_with():
+    meta = token_format.build_meta(
+        {},
+        {
+            "train": token_format.SplitRecord("train.bin", 1, 5, ""),
+            "val": token_format.SplitRecord("val.bin", 1, 2, ""),
+        },
+    )
+    assert token_format.files_problem(meta, {"train.bin": 10}) == "val.bin is missing"
+    assert token_format.files_problem(meta, {"train.bin": 8, "val.bin": 4}) == "train.bin is 8 bytes, meta.json says 10"
+    assert token_format.files_problem(meta, {"train.bin": 10, "val.bin": 4, "other": 1}) is None
+    assert (
+        token_format.files_problem({"splits": {"train": meta["splits"]["train"]}}, {}) == "meta.json lists no val split"
+    )

@@ -9,6 +9,7 @@ in for the claim (fake_exec.py); their logs are followed as streams that a test 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from launcher.kube.volume import DATA_REPORT
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
 from tests.launcher.kube.fake_jobs import JobVerdicts, SupervisorProcesses, job_conditions, job_key
@@ -48,6 +50,21 @@ def kubeconfig(url: str, context: str = "fake") -> dict:
         "users": [{"name": "fake", "user": {"token": "not-a-secret"}}],
         "contexts": [{"name": context, "context": {"cluster": "fake", "user": "fake"}}],
     }
+
+
+PREPARED_DATA = {
+    "data_meta_json": json.dumps(
+        {"source": "builtin", "splits": {s: {"file": f"{s}.bin", "tokens": 8, "sha256": s} for s in ("train", "val")}}
+    ),
+    "data_sizes": {"train.bin": 16, "val.bin": 16, "meta.json": 200},
+}
+"""What a staging pod reports of the run's dataset on the fake's claim: prepared, every file whole."""
+
+
+def default_log(script: str) -> list[str]:
+    """A helper pod's log without a scripted one: "helper ran", and a staging that reports the
+    dataset finds it prepared."""
+    return ["helper ran"] + ([f"{DATA_REPORT}{PREPARED_DATA!r}"] if DATA_REPORT in script else [])
 
 
 @dataclass
@@ -442,7 +459,7 @@ class FakeKube:
         else:
             role = labels.get("nanocluster.dev/role", "")
             command = job.spec.template.spec.containers[0].command
-            lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else ["helper ran"]
+            lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else default_log(command[-1])
             self.helper_roles[pod] = role
             if role in self.script.serving:
                 self.serving.add(pod)

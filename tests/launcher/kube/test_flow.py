@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from launcher.kube.pod_spec import LABEL_RUN
-from tests.launcher.kube.fake import training_launch
+from launcher.kube.volume import DATA_REPORT
+from tests.launcher.kube.fake import PREPARED_DATA, training_launch
 
 QUICK = ("--set", "max_iters=4")
 
@@ -230,3 +231,42 @@ def test_plain_stop_picks_the_one_live_run_and_leaves_its_stop_request(fake, con
     again = task("stop", "--cluster", str(contract_file), "--run", "r5")
     assert again.code == 0, again.err
     assert "run r5 is not running: nothing to stop" in again.out
+
+
+def test_a_dataset_with_a_file_missing_on_the_claim_is_refused_before_any_training_pod(
+    fake, contract_file, task, script
+):
+    """The staging pod reports data/<dataset> on the claim; a val.bin that is gone refuses the run in
+    one line naming the file and the command that prepares it, and no training Job is created."""
+    fake.seed()
+    damaged = PREPARED_DATA | {"data_sizes": {"train.bin": 16, "meta.json": 200}}
+    script.helpers["staging"] = lambda command: [f"{DATA_REPORT}{damaged!r}"]
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r1", *QUICK)
+    assert ran.code == 1
+    assert ran.error_lines == [
+        f"error: data/builtin on claim shared: val.bin is missing: run `fab prepare-data --cluster "
+        f"{contract_file} --source builtin --dataset builtin` to prepare it again"
+    ]
+    assert not training_jobs(fake)
+
+
+def test_a_run_that_fails_after_a_snapshot_keeps_its_continue_line(fake, contract_file, task, script, monkeypatch):
+    """Its error line and `fab status` name the snapshot kept and the command that continues from it."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.runs.estimate import ending_text
+    from launcher.runs.record import RunRecord
+    from tests.launcher.kube.fake import stream_metrics
+
+    fake.seed()
+    start = {"kind": "start", "iter": 0, "max_iters": 4, "tokens_per_iter": 64, "world_size": 2, "global_batch": 8}
+    stream_metrics(monkeypatch, [start, {"kind": "eval", "iter": 2, "train_loss": 4.0, "val_loss": 4.1}])
+    script.fail[(0, 1)] = 1  # the trainer's own error: not retried
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "r5", *QUICK)
+    assert ran.code == 1
+    end = RunRecord.of(parse_contract(fake.contract(), str(contract_file)), "r5").events[-1]
+    assert (end["outcome"], end["iter"]) == ("failed", 2) and end["rerun"].startswith("fab train ")
+    assert ran.error_lines == [
+        f"error: rank 1 node-1 exited with code 1; every pod was stopped; its snapshot at iter 2 is kept; "
+        f"continue with: {end['rerun']}"
+    ]
+    assert ending_text(end).endswith(f"; its snapshot at iter 2 is kept; continue with: {end['rerun']}")

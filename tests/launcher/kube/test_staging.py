@@ -7,9 +7,11 @@ is what the stock image runs."""
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -17,6 +19,8 @@ from pathlib import Path
 from launcher.kube import jobs, volume
 from launcher.kube.pod_spec import MOUNT_PATH
 from launcher.kube.train import KubeRun
+from launcher.node_scripts import script
+from launcher.session import NodeReport
 from tests.launcher.kube.test_flow import QUICK, env_of, training_jobs
 
 PYTHON_STUB = """#!/bin/sh
@@ -255,3 +259,22 @@ def test_setup_stages_the_hashed_pins_in_a_require_hashes_command_of_their_own(f
     assert script.index(hashed_install) < script.index(rest_install)
     # the venv is named by the whole file's digest: a changed hash builds another
     assert f"venv-{jobs_requirements_sha()}" in script
+
+
+def test_the_staging_pod_reports_the_runs_dataset_on_the_claim(tmp_path):
+    """Its report line, with the stock image's python running the probe over the claim: what the run
+    checks against meta.json before any training pod starts (a file missing here)."""
+    claim, stage_dir, bin_dir = tmp_path / "claim", tmp_path / "stage", tmp_path / "bin"
+    for d in (claim / "data" / "d", stage_dir, bin_dir):
+        d.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    (stage_dir / "probe.py").write_bytes(script("probe"))
+    (claim / "data" / "d" / "meta.json").write_text('{"splits": {}}')
+    (claim / "data" / "d" / "train.bin").write_bytes(b"x" * 40)
+    text = volume.staging_script("r" * 64, "c" * 64, {}, dataset="d")
+    line = next(x for x in text.splitlines() if volume.DATA_REPORT in x)
+    line = line.replace(volume.STAGE_DIR, str(stage_dir)).replace(MOUNT_PATH, str(claim))
+    out = subprocess.run(["sh", "-c", line], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True)
+    report = NodeReport.from_literal(ast.literal_eval(out.stdout.strip().removeprefix(volume.DATA_REPORT)))
+    assert report.data_meta == {"splits": {}}
+    assert report.data_sizes == {"meta.json": 14, "train.bin": 40}

@@ -87,6 +87,15 @@ def test_probe_reports_code_digest_and_dataset_meta_as_text(tmp_path):
     assert run_probe(sys.executable, tmp_path, dataset="absent")["data_meta_json"] == ""
 
 
+def test_probe_reports_the_size_of_each_dataset_file(tmp_path):
+    """What a launch checks against meta.json before any rank starts (a file missing or cut short)."""
+    (tmp_path / "data" / "d").mkdir(parents=True)
+    (tmp_path / "data" / "d" / "train.bin").write_bytes(b"x" * 40)
+    (tmp_path / "data" / "d" / "meta.json").write_text("{}")
+    assert run_probe(sys.executable, tmp_path, dataset="d")["data_sizes"] == {"train.bin": 40, "meta.json": 2}
+    assert run_probe(sys.executable, tmp_path, dataset="absent")["data_sizes"] == {}
+
+
 def test_probe_reports_this_machines_memory_and_oom_kill_count(tmp_path):
     report = run_probe(sys.executable, tmp_path)
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())

@@ -3,7 +3,8 @@
 import pytest
 
 from launcher.node_scripts import script
-from launcher.setup.data import verify_and_install_command, verify_data_command
+from launcher.session import NodeReport
+from launcher.setup.data import holds_copy, splits_digest, verify_and_install_command, verify_data_command
 from launcher.transport import connect
 from tests.launcher.dataset import corrupt, write_dataset
 
@@ -36,3 +37,14 @@ def test_verify_data_says_ok_for_an_intact_dataset(shell, local_home):
     write_dataset(local_home / "data" / "d")
     result = shell.run(verify_data_command("python3", f"{shell.root}/data/d"), stdin=script("verify_data"))
     assert (result.returncode, result.stdout) == (0, "ok\n")
+
+
+def test_a_worker_copy_cut_short_is_copied_again_though_its_meta_json_matches(tmp_path):
+    """A launch compares sizes, not sha256: a copy whose meta.json matches the head's but whose
+    train.bin was cut short is not the head's copy, so fan_out replaces it."""
+    meta = write_dataset(tmp_path)
+    want = splits_digest(meta)
+    intact = NodeReport(data_meta=meta, data_sizes={"train.bin": 64, "val.bin": 16, "meta.json": 1})
+    assert holds_copy(intact, want)
+    assert not holds_copy(NodeReport(data_meta=meta, data_sizes={"train.bin": 40, "val.bin": 16}), want)
+    assert not holds_copy(NodeReport(data_meta=meta, data_sizes={"train.bin": 64}), want)

@@ -1,0 +1,72 @@
+"""What this machine's record knows of a run's newest snapshot, so `fab train` resumes it on ranks
+that can before any starts: without --nodes on the nodes the run used, and with another --nodes only
+where the trainer's own rule (model.checkpointing.global_batch) lets the snapshot resume.
+
+The snapshot is known from the metrics copy: an eval after a trained step writes one, and so does a
+stop (Ctrl-C, `fab stop`, the budget); the trainer's "start" record says its global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.runs.record import NO_SNAPSHOT, RunRecord
+from model.checkpointing.global_batch import global_batch, resumed_accumulation
+from model.settings.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """A run's newest snapshot, as this machine's record shows it."""
+
+    iter: int
+    """The iteration it was taken at."""
+    nodes: int
+    """The nodes (pods on Kubernetes) of the launch that trained it: --nodes to resume it as it was."""
+    world_size: int | None
+    """The ranks that trained it (None: no "start" record)."""
+    global_batch: int | None
+    """Sequences per optimizer step it was trained with (None: a trainer older than the field)."""
+
+
+def run_snapshot(record: RunRecord) -> RunSnapshot | None:
+    """The run's newest snapshot; None when the record shows none (never launched, or no step saved)."""
+    attempt = record.current
+    if attempt is None:
+        return None
+    saved = record.newest_snapshot()
+    nodes = len(attempt.launch.get("nodes") or ())
+    if saved == NO_SNAPSHOT or not nodes:
+        return None
+    start: dict = next((m for m in reversed(record.metrics()) if m.get("kind") == "start"), {})
+    return RunSnapshot(saved, nodes, start.get("world_size"), start.get("global_batch"))
+
+
+def resume_refusal(snapshot: RunSnapshot, run: str, cfg: TrainConfig, nodes: int, ranks: int) -> str | None:
+    """Why nodes (ranks in all) cannot resume the run's snapshot with cfg, with the flags that can
+    (--nodes as it was, keep_global_batch where it divides); None when they can or it cannot be told."""
+    kept = snapshot.global_batch
+    if kept is None or resumed_accumulation(cfg, ranks, kept, snapshot.iter) is not None:
+        return None
+    ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, ranks)
+    trained = f"{snapshot.world_size} rank(s)" if snapshot.world_size else f"{snapshot.nodes} node(s)"
+    fixes = [f"--nodes {snapshot.nodes} (as it was trained)"] if nodes != snapshot.nodes else []
+    if cfg.keep_global_batch:
+        why = f"keep_global_batch=true cannot keep it: batch_size {cfg.batch_size} x {ranks} rank(s) does not divide it"
+    else:
+        why = f"{ranks} rank(s) would train with {ours}"
+        if kept % (cfg.batch_size * ranks) == 0:
+            fixes.append(f"--set keep_global_batch=true (gradient accumulation keeps {kept})")
+    fixes.append("another --run to start over")
+    return (
+        f"run {run}'s snapshot at iter {snapshot.iter} was trained with a global batch of {kept} sequences per "
+        f"optimizer step on {trained}; {why}: rerun with {', or '.join(fixes)}"
+    )
+
+
+def failed_text(reason: str, snapshot_iter: int | None, rerun: str | None) -> str:
+    """A failed run's end (fab train's error line, `fab status`): the reason, and where it has a
+    snapshot, the command that continues from it once the cause is fixed."""
+    if snapshot_iter is None or not rerun:
+        return reason
+    return f"{reason}; its snapshot at iter {snapshot_iter} is kept; continue with: {rerun}"

@@ -1,0 +1,79 @@
+"""A run resumed on the ranks its snapshot can resume on, decided before any rank starts: without
+--nodes on the nodes that trained it, with another --nodes refused in one line naming the fixes when
+the global batch would change; and a failed run with a snapshot keeps its continue line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launcher.runs.estimate import ending_text
+from launcher.testing.fab import FAB
+from tests.launcher.test_bad_input import error_line, home, run, tree  # noqa: F401 (home: the fixture)
+
+
+def interrupted_run(nanocluster_home: Path, run: str = "main", nodes: int = 4, global_batch: int | None = 16) -> None:
+    """This machine's record of a run interrupted at iter 30 on `nodes` local ranks (the quickstart's
+    batch_size 4 x gradient_accumulation_steps 1 each), as fab train leaves it."""
+    record = nanocluster_home / "clusters" / "local" / "runs" / run
+    record.mkdir(parents=True)
+    now = time.time()
+    names = [f"local{i}" for i in range(nodes)]
+    events = [
+        {"event": "launch", "time": now - 60, "nodes": names, "world_size": nodes, "dataset": "builtin"},
+        {"event": "end", "time": now - 30, "outcome": "interrupted", "iter": 30, "rerun": f"fab train --nodes {nodes}"},
+    ]
+    (record / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    start = {"kind": "start", "iter": 0, "max_iters": 300, "tokens_per_iter": 2048, "world_size": nodes}
+    start |= {} if global_batch is None else {"global_batch": global_batch}
+    metrics = [start, {"kind": "eval", "iter": 0}, {"kind": "stop", "iter": 30, "reason": "signal"}]
+    (record / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+
+def test_a_plain_train_resumes_on_the_nodes_its_snapshot_was_trained_on(home):  # noqa: F811
+    interrupted_run(home)
+    before = tree(home)
+    result = run(FAB, "train", "--dry-run", home=home)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "run main goes on with its 4 node(s), as its snapshot at iter 30 was trained (not the default 2; "
+        "--nodes N to choose)\n" in result.stdout
+    )
+    assert "dry run: 4 rank(s)" in result.stdout
+    assert tree(home) == before
+
+
+def test_another_node_count_that_changes_the_global_batch_is_refused_before_launch(home):  # noqa: F811
+    interrupted_run(home)
+    before = tree(home)
+    result = run(FAB, "train", "--nodes", "2", home=home)
+    assert error_line(result) == (
+        "error: run main's snapshot at iter 30 was trained with a global batch of 16 sequences per optimizer "
+        "step on 4 rank(s); 2 rank(s) would train with 8: rerun with --nodes 4 (as it was trained), or "
+        "--set keep_global_batch=true (gradient accumulation keeps 16), or another --run to start over"
+    )
+    assert tree(home) == before
+    kept = run(FAB, "train", "--nodes", "2", "--set", "keep_global_batch=true", "--dry-run", home=home)
+    assert kept.returncode == 0, kept.stderr
+    assert "dry run: 2 rank(s)" in kept.stdout
+
+
+def test_a_node_count_keep_global_batch_cannot_divide_is_refused_naming_the_nodes_it_was_trained_on(home):  # noqa: F811
+    interrupted_run(home)
+    result = run(FAB, "train", "--nodes", "3", "--set", "keep_global_batch=true", home=home)
+    assert error_line(result) == (
+        "error: run main's snapshot at iter 30 was trained with a global batch of 16 sequences per optimizer "
+        "step on 4 rank(s); keep_global_batch=true cannot keep it: batch_size 4 x 3 rank(s) does not divide it: "
+        "rerun with --nodes 4 (as it was trained), or another --run to start over"
+    )
+
+
+def test_a_failed_run_with_a_snapshot_keeps_its_continue_line():
+    end = {"outcome": "failed", "reason": "rank 1 exited with code 1", "iter": 30, "rerun": "fab train --nodes 4"}
+    assert ending_text(end) == (
+        "failed: rank 1 exited with code 1; its snapshot at iter 30 is kept; continue with: fab train --nodes 4"
+    )
+    assert ending_text({"outcome": "failed", "reason": "rank 1 exited with code 1"}) == (
+        "failed: rank 1 exited with code 1"
+    )
