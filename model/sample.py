@@ -108,7 +108,7 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m model.sample",
+        prog=f"python -m {__spec__.name}",
         description="Print text generated from a prompt by a trained checkpoint (offline).",
     )
     parser.add_argument(
