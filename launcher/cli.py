@@ -38,7 +38,7 @@ from fabric.main import Fab
 from invoke import Argument, Exit, ParseError, Task
 from invoke.terminals import pty_size
 
-from launcher.console import flag_name, program_name
+from launcher.console import command_line, flag_name, program_name
 from launcher.tasks import namespace
 from launcher.tasks.flags import CLUSTER_HELP
 
@@ -136,6 +136,17 @@ class Nanocluster(Fab):
         print(f"Tasks ({self.binary} --help TASK: a task's flags):")
         print("")
         self.print_columns([(name, summary(self.collection[name])) for name in names])
+
+    def parse_core_args(self) -> None:
+        super().parse_core_args()
+        given = self.args.config.value
+        if given is not None:
+            # Invoke's runtime config file, which the tasks never read: `--config my.yaml train` would
+            # train on the default config instead of the one typed.
+            raise Exit(
+                f"{self.binary}: --config goes after the task: `{command_line('train', config=given)}` "
+                "(before the task, -f/--config is Invoke's own config file, which no task reads)"
+            )
 
     def parse_core(self, *args: object, **kwargs: object) -> None:
         with self.one_line_parse_errors():

@@ -129,6 +129,19 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(home):
     assert tree(home) == []
 
 
+@pytest.mark.parametrize("flag", ["--config", "-f"])
+@pytest.mark.parametrize("text", ["max_iters: 10\n", "model:\n  n_layer: [2\n"], ids=["good", "bad"])
+def test_a_config_before_the_task_is_one_line_saying_where_it_goes(home, flag, text):
+    config = home.parent / "train.yaml"
+    config.write_text(text)
+    result = run(NANOCLUSTER, flag, str(config), "train", "--dry-run", home=home)
+    assert error_line(result) == (
+        f"nanocluster: --config goes after the task: `nanocluster train --config {config}` "
+        "(before the task, -f/--config is Invoke's own config file, which no task reads)"
+    )
+    assert result.stdout == "" and tree(home) == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
