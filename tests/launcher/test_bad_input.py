@@ -129,6 +129,25 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(home):
     assert tree(home) == []
 
 
+@pytest.mark.parametrize(
+    "args", [["--set", "--nodes", "3"], ["--nodes", "3", "--set"]], ids=["before-a-flag", "at-the-end"]
+)
+def test_a_repeatable_flag_without_its_value_is_refused_not_dropped(home, args):
+    result = run(NANOCLUSTER, "train", "--dry-run", *args, home=home)
+    assert error_line(result) == "nanocluster: --set needs a value (nanocluster --help train)"
+    assert result.stdout == "" and tree(home) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(["--nodes", "3", "--nodes", "1"], "--nodes"), (["--run", "a", "--dry-run", "--run=b"], "--run")],
+)
+def test_a_flag_given_twice_is_named(home, args, flag):
+    result = run(NANOCLUSTER, "train", "--dry-run", *args, home=home)
+    assert error_line(result) == f"nanocluster: {flag} was given twice; give it once (nanocluster --help train)"
+    assert result.stdout == "" and tree(home) == []
+
+
 @pytest.mark.parametrize("flag", ["--config", "-f"])
 @pytest.mark.parametrize("text", ["max_iters: 10\n", "model:\n  n_layer: [2\n"], ids=["good", "bad"])
 def test_a_config_before_the_task_is_one_line_saying_where_it_goes(home, flag, text):
