@@ -50,6 +50,12 @@ def number(flag: str, value: str | float | None, kind: type[int] | type[float] =
         raise TaskError(f"--{flag} must be {what}, got {value!r}") from None
 
 
+def at_least(flag: str, value: N | None, least: N, note: str = "") -> None:
+    """A TaskError for a numeric flag given below its least value (nan too); note says what the least means."""
+    if value is not None and not value >= least:
+        raise TaskError(f"--{flag} must be >= {shown(least)}{note}, got {shown(value)}")
+
+
 def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | type[float]]) -> Callable[..., None]:
     """Numeric flags converted; a TaskError is the user's to fix: one line and its exit status (1
     unless it says otherwise), no traceback; Ctrl-C exits 130 with one line. A task's nonzero int

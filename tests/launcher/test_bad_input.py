@@ -109,6 +109,34 @@ def test_every_node_count_below_one_gets_the_same_line(home, task, count):
     assert result.stdout == "" and tree(home) == []  # refused before anything, the opening line included
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["prepare-data", "--val-fraction", "2"], "--val-fraction must be in (0, 1), got 2.0"),
+        (["prepare-data", "--val-fraction", "0"], "--val-fraction must be in (0, 1), got 0.0"),
+        (["prepare-data", "--workers", "0"], "--workers must be >= 1, got 0"),
+        (["prepare-data", "--limit", "0"], "--limit must be >= 1, got 0"),
+        (["prepare-data", "--text-chars", "-5"], "--text-chars must be >= 0, got -5"),
+        (["sample", "--temperature", "-1"], "--temperature must be >= 0, got -1"),
+        (["sample", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["sample", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+        (["doctor", "--port", "5"], "--port (the rendezvous port on the head) must be in 1024..65535, got 5"),
+        (["doctor", "--bandwidth-seconds", "-1"], "--bandwidth-seconds must be >= 0 (0 skips the measure), got -1"),
+        (["prune", "--older-than", "-1"], "--older-than must be >= 0, got -1"),
+    ],
+)
+def test_a_number_out_of_bounds_is_refused_before_anything_runs(home, args, message):
+    """In the flags of the task typed (the node programs' usage names flags the task does not take)."""
+    result = run(NANOCLUSTER, *args, home=home)
+    assert error_line(result) == f"error: {message}"
+    assert result.stdout == "" and tree(home) == []
+
+
+def test_doctor_refuses_the_ports_train_refuses_in_the_same_words(home):
+    train = run(NANOCLUSTER, "train", "--port", "80", "--dry-run", home=home)
+    assert error_line(run(NANOCLUSTER, "doctor", "--port", "80", home=home)) == error_line(train)
+
+
 def test_a_contract_cluster_refuses_a_node_count_below_one_in_the_same_words(home):
     contract = home.parent / "lab.json"
     contract.write_text(json.dumps(CONTRACT))
