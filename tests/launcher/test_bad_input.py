@@ -137,6 +137,14 @@ def test_doctor_refuses_the_ports_train_refuses_in_the_same_words(home):
     assert error_line(run(NANOCLUSTER, "doctor", "--port", "80", home=home)) == error_line(train)
 
 
+@pytest.mark.parametrize("task", ["logs", "status", "attach", "sample", "fetch", "stop", "rm", "train"])
+def test_a_run_name_train_would_refuse_is_refused_by_every_task_first(home, task):
+    """Not `no run '../x'; start one with train --run ../x`: a command train refuses."""
+    result = run(NANOCLUSTER, task, "--run", "../x", home=home)
+    assert error_line(result) == "error: run '../x' may use only letters, digits, '.', '_' and '-'"
+    assert result.stdout == "" and tree(home) == []
+
+
 def test_a_contract_cluster_refuses_a_node_count_below_one_in_the_same_words(home):
     contract = home.parent / "lab.json"
     contract.write_text(json.dumps(CONTRACT))
