@@ -184,6 +184,12 @@ class Nanocluster(Fab):
             super().parse_tasks()
 
     def parse_cleanup(self) -> None:
+        named = self.args.list.value
+        if isinstance(named, str):  # invoke's -l NAME lists a sub-collection; the tasks have none
+            me = self.binary
+            if named in self.collection.task_names:
+                raise Exit(f"{me}: -l lists every task and takes no name; `{me} --help {named}` lists {named}'s flags")
+            raise Exit(f"{me}: -l takes no name (`{me} -l` lists the tasks)")
         with self.one_line_parse_errors():
             super().parse_cleanup()
 
