@@ -262,7 +262,9 @@ def status(c: Context, cluster: str | None = None, run: str = "main") -> int:
         "run": RUN_HELP,
         "rank": "only this rank (default every rank)",
         "lines": "lines of history per rank (default {default})",
-        "follow": "keep streaming new lines until Ctrl-C",
+        "follow": (
+            "keep streaming new lines until the run's ranks have ended (a supervised run's restarts are followed too)"
+        ),
     },
 )
 def logs(

@@ -54,3 +54,9 @@ def test_list_with_a_name_says_what_to_type_instead(tmp_path, name, line):
     result = nanocluster("-l", name, cwd=tmp_path)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [line]
+
+
+def test_logs_follow_says_when_it_ends(tmp_path):
+    text = " ".join(nanocluster("--help", "logs", cwd=tmp_path).stdout.split())
+    assert "until the run's ranks have ended (a supervised run's restarts are followed too)" in text
+    assert "Ctrl-C" not in text
