@@ -5,7 +5,10 @@ it is run from."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +16,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
-from launcher.cluster.node_layout import run_dir
+from launcher.cluster.node_layout import REPO_ROOT, run_dir
 from launcher.console import (
     HOME_FIX,
     TaskError,
@@ -164,3 +167,21 @@ def fetch_file(shell: Shell, relative: str, target: Path, again: str) -> None:
         raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run `{again}`")
     partial.replace(target)
     say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")
+
+
+EXPORTED_DIR = "hf"
+"""`export`'s directory in the fetched copy when --out is not given."""
+
+
+def export_here(ckpt: Path, out: str | None = None, force: bool = False) -> int:
+    """A fetched checkpoint written as a Hugging Face GPT-2 directory by model.export, run with this
+    machine's Python over the packages this program runs (a checkout, or the installed package); its
+    exit status. Its own output says what it wrote, or its one error line. The default directory, in
+    the fetched copy, is replaced as fetch replaces the copy."""
+    target = Path(out).expanduser() if out else ckpt.parent / EXPORTED_DIR
+    args = ["--ckpt", str(ckpt), "--out", str(target)] + (["--force"] if force or not out else [])
+    # torch is imported there, never in the launcher.
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "model.export", *args], env=os.environ | {"PYTHONPATH": path}
+    ).returncode

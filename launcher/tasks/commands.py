@@ -12,6 +12,7 @@ through the driver of the cluster's kind (launcher.tasks.drivers) where the kind
     stop           an operator's stop of a run's ranks everywhere (launcher.launch.operator_stop)
     sample, fetch  text from the run's best checkpoint; the checkpoint copied here (launcher.checkpoints);
                    the sampling defaults are model.conventions', which `python -m model.sample` shares
+    export         fetch, then model.export here: a Hugging Face GPT-2 directory (launcher.checkpoints)
     runs, rm       every run on the cluster and here; delete one, or every ended one (prune)
     prune          (launcher.run_files, with the kind's part: launcher.machine_runs or launcher.kube.run_dirs)
     doctor         the preflight checks (launcher.doctor)
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from invoke import Context
 
-from launcher import run_files
+from launcher import checkpoints, run_files
 from launcher.console import TaskError, check_port, flag_name
 from launcher.doctor import SEND_S
 from launcher.launch.operator_stop import STOPPED_EXIT
@@ -342,6 +343,22 @@ def sample(
 def fetch(c: Context, cluster: str | None = None, run: str = "main", dest: str | None = None) -> None:
     """Copy the run's best checkpoint and metrics.jsonl from the head to this machine."""
     driver(cluster).fetch(cluster, run=run, dest=dest)
+
+
+@fab_task(
+    help={
+        "cluster": CLUSTER_HELP,
+        "run": RUN_HELP,
+        "out": f"directory to write (default: {checkpoints.EXPORTED_DIR}/ in the fetch directory, replaced each time)",
+        "force": "replace --out if it is not empty",
+    }
+)
+def export(
+    c: Context, cluster: str | None = None, run: str = "main", out: str | None = None, force: bool = False
+) -> int:
+    """Fetch the run's best checkpoint (as fetch does) and write it as a Hugging Face GPT-2 directory
+    (config.json, model.safetensors) that transformers loads."""
+    return checkpoints.export_here(driver(cluster).fetch(cluster, run=run), out, force=force)
 
 
 @fab_task(help={"cluster": CLUSTER_HELP})
