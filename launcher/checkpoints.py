@@ -5,12 +5,18 @@ it is run from."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
-from launcher.cluster.node_layout import run_dir
+from launcher.cluster.node_layout import REPO_ROOT, run_dir
 from launcher.console import (
     HOME_FIX,
     TaskError,
@@ -19,6 +25,7 @@ from launcher.console import (
     out_line,
     removed_on_failure,
     say,
+    writable_dir,
 )
 from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord
@@ -96,25 +103,48 @@ def fetched_dir(cluster: Cluster, run: str) -> Path:
     return cluster_dir(cluster) / "fetched" / run
 
 
+@dataclass(frozen=True)
+class FetchDir:
+    """Where `fetch` copies a run (--dest, else fetched_dir), and how a message names it and its fix."""
+
+    path: Path
+    what: str
+    fix: str
+
+    @classmethod
+    def checked(cls, cluster: Cluster, run: str, dest: str | None) -> FetchDir:
+        """The directory, checked to be one this machine can make before anything is copied."""
+        if dest:
+            made = cls(Path(dest).expanduser(), "--dest", "give --dest a directory you can write")
+        else:
+            made = cls(fetched_dir(cluster, run), "the fetch directory", HOME_FIX)
+        can_make_dir(made.path, made.what, made.fix)
+        return made
+
+    @contextmanager
+    def writing(self) -> Iterator[Path]:
+        """The directory made for a block that copies into it, and what it made removed again when the
+        block fails. Made here, not only checked: root passes the check for /proc and /sys, where
+        mkdir still fails."""
+        with removed_on_failure(self.path):
+            yield writable_dir(self.path, self.what, self.fix)
+
+
 def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) -> Path:
     """Copy the run's best checkpoint, metrics and TensorBoard files from the head to this machine
     (each checked by size), and the run's plot from this machine's run record. The directory is made
     once there is something to copy into it, and removed again when the copy fails."""
     cluster = resolve_cluster(cluster_spec)
-    target_dir = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    can_make_dir(
-        target_dir,
-        "--dest" if dest else "the fetch directory",
-        "give --dest a directory you can write" if dest else HOME_FIX,
-    )
-    with Session.open(cluster, cluster.nodes[:1], probe=False) as session, removed_on_failure(target_dir):
+    fetch_dir = FetchDir.checked(cluster, run, dest)
+    with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)
         ckpt = best_checkpoint(shell, run, cluster_spec)
         again = command_line("fetch", cluster=cluster_spec, run=run, dest=dest)
         listed = shell.run(f"cd {run_dir(shell.root, run)} && find {TB_DIR} -type f 2>/dev/null").stdout.split()
-        for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
-            fetch_file(shell, f"runs/{run}/{name}", target_dir / name, again)
-        copy_plot(RunRecord.of(cluster, run).directory, target_dir)
+        with fetch_dir.writing() as target_dir:
+            for name in (ckpt.rsplit("/", 1)[1], "metrics.jsonl", *sorted(listed)):
+                fetch_file(shell, f"runs/{run}/{name}", target_dir / name, again)
+            copy_plot(RunRecord.of(cluster, run).directory, target_dir)
         if listed:
             say(f"TensorBoard: tensorboard --logdir {target_dir / TB_DIR}")
         say(f"run {run} fetched into {target_dir.resolve()}")
@@ -137,3 +167,21 @@ def fetch_file(shell: Shell, relative: str, target: Path, again: str) -> None:
         raise TaskError(f"fetching {relative} from {shell.node.name}: size changed while copying; run `{again}`")
     partial.replace(target)
     say(f"fetched {relative} ({size / 1e6:.1f} MB) -> {target}")
+
+
+EXPORTED_DIR = "hf"
+"""`export`'s directory in the fetched copy when --out is not given."""
+
+
+def export_here(ckpt: Path, out: str | None = None, force: bool = False) -> int:
+    """A fetched checkpoint written as a Hugging Face GPT-2 directory by model.export, run with this
+    machine's Python over the packages this program runs (a checkout, or the installed package); its
+    exit status. Its own output says what it wrote, or its one error line. The default directory, in
+    the fetched copy, is replaced as fetch replaces the copy."""
+    target = Path(out).expanduser() if out else ckpt.parent / EXPORTED_DIR
+    args = ["--ckpt", str(ckpt), "--out", str(target)] + (["--force"] if force or not out else [])
+    # torch is imported there, never in the launcher.
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "model.export", *args], env=os.environ | {"PYTHONPATH": path}
+    ).returncode

@@ -33,12 +33,14 @@ from contextlib import contextmanager
 from difflib import get_close_matches
 from importlib.metadata import PackageNotFoundError, version
 
+import invoke.parser.parser
 from fabric import Config, Executor
 from fabric.main import Fab
 from invoke import Argument, Exit, ParseError, Task
+from invoke.parser.parser import ParseMachine
 from invoke.terminals import pty_size
 
-from launcher.console import flag_name, program_name
+from launcher.console import command_line, flag_name, program_name
 from launcher.tasks import namespace
 from launcher.tasks.flags import CLUSTER_HELP
 
@@ -60,8 +62,33 @@ NOT_USED = (
 
 UNKNOWN = re.compile(r"No idea what (.+) is!")
 """invoke's parse error for a word it cannot place: an unknown task, or a flag its task does not take."""
-NEEDS_VALUE = re.compile(r"Flag <\w+: ([\w-]+)")
+NEEDS_VALUE = re.compile(r"Flag <\w+: ([\w-]+).*> needed value")
 """invoke's parse error for a flag given without its value ("Flag <Argument: nodes [int]> needed value ...")."""
+GIVEN_TWICE = "given twice"
+GIVEN_TWICE_ERROR = re.compile(rf"Flag <\w+: ([\w-]+).*> {GIVEN_TWICE}")
+"""OnceParseMachine's parse error for a flag given a second value."""
+
+
+class OnceParseMachine(ParseMachine):
+    """invoke's parser, refusing what it lets pass: a flag that takes a value given twice (invoke reads
+    the second value as a stray word), and a repeatable flag (--set) given with no value (invoke drops it)."""
+
+    def switch_to_flag(self, flag: str, inverse: bool = False) -> None:
+        super().switch_to_flag(flag, inverse)
+        if self.flag and self.flag.takes_value and self.flag.kind is not list and self.flag.raw_value is not None:
+            self.error(f"Flag {self.flag!r} {GIVEN_TWICE}")
+
+    def complete_flag(self) -> None:
+        if self.flag and self.flag.kind is list and not self.flag_got_value:
+            self.error(f"Flag {self.flag!r} needed value and was not given one!")
+        super().complete_flag()
+
+
+# fluidity's metaclass gives each machine class its own (empty) states: this one takes invoke's.
+OnceParseMachine._class_states = ParseMachine._class_states
+OnceParseMachine._class_transitions = ParseMachine._class_transitions
+# Parser.parse_argv makes its machine by this module-level name: the one place to put ours.
+invoke.parser.parser.ParseMachine = OnceParseMachine  # type: ignore[misc]
 
 
 def installed_version() -> str:
@@ -137,6 +164,17 @@ class Nanocluster(Fab):
         print("")
         self.print_columns([(name, summary(self.collection[name])) for name in names])
 
+    def parse_core_args(self) -> None:
+        super().parse_core_args()
+        given = self.args.config.value
+        if given is not None:
+            # Invoke's runtime config file, which the tasks never read: `--config my.yaml train` would
+            # train on the default config instead of the one typed.
+            raise Exit(
+                f"{self.binary}: --config goes after the task: `{command_line('train', config=given)}` "
+                "(before the task, -f/--config is Invoke's own config file, which no task reads)"
+            )
+
     def parse_core(self, *args: object, **kwargs: object) -> None:
         with self.one_line_parse_errors():
             super().parse_core(*args, **kwargs)
@@ -146,6 +184,12 @@ class Nanocluster(Fab):
             super().parse_tasks()
 
     def parse_cleanup(self) -> None:
+        named = self.args.list.value
+        if isinstance(named, str):  # invoke's -l NAME lists a sub-collection; the tasks have none
+            me = self.binary
+            if named in self.collection.task_names:
+                raise Exit(f"{me}: -l lists every task and takes no name; `{me} --help {named}` lists {named}'s flags")
+            raise Exit(f"{me}: -l takes no name (`{me} -l` lists the tasks)")
         with self.one_line_parse_errors():
             super().parse_cleanup()
 
@@ -167,9 +211,12 @@ class Nanocluster(Fab):
             word = ast.literal_eval(unknown.group(1))
             return self.unknown_flag(word, task) if word.startswith("-") else self.unknown_task(word, task)
         needs_value = NEEDS_VALUE.match(str(error))
+        given_twice = GIVEN_TWICE_ERROR.match(str(error))
         where = f"{me} --help {task}" if task else f"{me} --help"
         if needs_value:
             return f"{me}: --{flag_name(needs_value.group(1))} needs a value ({where})"
+        if given_twice:
+            return f"{me}: --{flag_name(given_twice.group(1))} was given twice; give it once ({where})"
         return f"{me}: {error} ({where})"
 
     def unknown_task(self, word: str, in_task: str | None) -> str:

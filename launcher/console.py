@@ -26,6 +26,7 @@ from rich.console import Console
 
 from launcher.cluster.inventory import NAME_PATTERN, NAME_RULE
 from launcher.cluster.local import LOCAL_HOME_ENV
+from model.conventions import MASTER_PORTS
 
 HOME_FIX = (
     f"set {LOCAL_HOME_ENV} to a directory you can write (it keeps the runs' records, the local "
@@ -69,6 +70,16 @@ def check_name(value: str, what: str) -> str:
     if not NAME_PATTERN.match(value):
         raise TaskError(f"{what} {value!r} {NAME_RULE}")
     return value
+
+
+PORT_RULE = f"in {MASTER_PORTS.start}..{MASTER_PORTS[-1]}"
+
+
+def check_port(port: int) -> int:
+    """A rendezvous port --port names, as train takes it (doctor tests the one train will use)."""
+    if port not in MASTER_PORTS:
+        raise TaskError(f"--port (the rendezvous port on the head) must be {PORT_RULE}, got {port}")
+    return port
 
 
 def missing_dirs(path: Path) -> list[Path]:

@@ -34,9 +34,8 @@ from launcher.console import command_line, say
 from launcher.doctor_report import LOCAL_FIXES, VM_FIXES, Problem, gpu_node_problems, print_problems, setup_fix
 from launcher.node_scripts import script
 from launcher.session import Session, machines, resolve_cluster
-from launcher.setup.data import verify_data_command
+from launcher.setup.data import prepare_fix, verify_data_command
 from launcher.transport.shell import Result, Shell, parallel
-from model.data.sources import NAMED_SOURCES
 
 MIN_FREE_GB = 5.0
 VERIFY_TIMEOUT_S = 600
@@ -165,21 +164,6 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
                 )
             )
     return problems
-
-
-def prepare_fix(cluster_spec: str | None, dataset: str, source: str | None = None) -> str:
-    """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
-    named source prepares under its own name; another name needs its source given (prepare-data
-    would tokenize the builtin corpus under it)."""
-    if source is not None:
-        return command_line("prepare-data", cluster=cluster_spec, source=source, dataset=dataset)
-    if dataset in NAMED_SOURCES:
-        return command_line("prepare-data", cluster=cluster_spec, source=dataset)
-    prepare = command_line("prepare-data", cluster=cluster_spec)
-    return (
-        f"{prepare} --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
-        "hf:OWNER/NAME or your files), or --dataset with the name you prepared"
-    )
 
 
 def gpu_problems(session: Session) -> list[Problem]:

@@ -59,6 +59,8 @@ budget estimate reads it here)."""
 DEFAULT_MASTER_PORT = 29500
 """Rendezvous port on the head when none is given (torch.distributed's usual one); the local cluster
 picks a free loopback port instead."""
+MASTER_PORTS = range(1024, 65536)
+"""The rendezvous ports a run may use: unprivileged ones (the ranks do not run as root)."""
 
 LAUNCH_COLLECTIVE_TIMEOUT_S = 120.0
 """collective_timeout_s of a run the launcher starts (`fab train --collective-timeout`); a trainer
@@ -73,6 +75,9 @@ SAMPLE_TOP_K = 200
 """Sample only among the K most likely tokens."""
 SAMPLE_SEED = 1337
 """Random seed: the same seed gives the same text."""
+SAMPLE_LEAST = {"max_new_tokens": 1, "temperature": 0, "top_k": 1}
+"""Each sampling option's least value (temperature 0 is greedy): model.sample refuses less, and `fab
+sample` refuses it before anything runs on the head."""
 
 LAUNCHER_ENV = "NANOCLUSTER_LAUNCHER"
 """Set by `fab train` in every rank's environment: the launcher that started the rank (fabric, mpirun,

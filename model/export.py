@@ -56,7 +56,7 @@ def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m model.export",
+        prog=f"python -m {__spec__.name}",
         description="Export a nanocluster checkpoint (ckpt.pt or snapshot.pt) to a Hugging Face GPT-2 "
         "directory (config.json + model.safetensors) that transformers' GPT2LMHeadModel loads.",
     )

@@ -363,7 +363,7 @@ def prepare(config: PrepareConfig, log: Callable[[str], None] = print) -> dict:
 def parse_args(argv: list[str] | None = None) -> PrepareConfig:
     defaults = PrepareConfig(source="", out=Path())
     parser = argparse.ArgumentParser(
-        prog="python -m model.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "source",

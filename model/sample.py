@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from model.checkpointing.checkpoint import CheckpointError, load_model
 from model.checkpointing.hf import HFCheckpointError, load_pretrained, looks_like_hf_checkpoint
 from model.conventions import (
     DEVICE_CHOICES,
+    SAMPLE_LEAST,
     SAMPLE_MAX_NEW_TOKENS,
     SAMPLE_SEED,
     SAMPLE_TEMPERATURE,
@@ -92,23 +94,22 @@ def sample_text(
     return (prompt if prompt else "") + encoding.decode(new_ids)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _at_least(option: str, kind: type[int] | type[float], note: str = "") -> Callable[[str], float]:
+    """An argparse type refusing a value below the option's least (SAMPLE_LEAST); nan too."""
+    least = SAMPLE_LEAST[option]
 
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value >= least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}{note}, got {text}")
+        return value
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy), got {text}")
-    return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m model.sample",
+        prog=f"python -m {__spec__.name}",
         description="Print text generated from a prompt by a trained checkpoint (offline).",
     )
     parser.add_argument(
@@ -120,19 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     parser.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=_at_least("max_new_tokens", int),
         default=SAMPLE_MAX_NEW_TOKENS,
         help=f"tokens to generate (default {SAMPLE_MAX_NEW_TOKENS})",
     )
     parser.add_argument(
         "--temperature",
-        type=_non_negative_float,
+        type=_at_least("temperature", float, " (0 = greedy)"),
         default=SAMPLE_TEMPERATURE,
         help=f"softmax temperature; 0 = always the most likely token (default {SAMPLE_TEMPERATURE:g})",
     )
     parser.add_argument(
         "--top-k",
-        type=_positive_int,
+        type=_at_least("top_k", int),
         default=SAMPLE_TOP_K,
         help=f"sample only among the k most likely tokens (default {SAMPLE_TOP_K})",
     )

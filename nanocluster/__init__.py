@@ -3,10 +3,11 @@
 A wheel puts model/, launcher/, infra/ and node/ in site-packages/nanocluster/ (setup.py), not at the
 top of site-packages, where a distribution of the user's named `model` or `launcher` would overwrite
 them, or be shadowed by them. The code imports itself by its own names (`from model.gpt import GPT`),
-as the nodes run it (`python -m model.train` with the synced model/ on PYTHONPATH), so the
-`nanocluster` command puts the directory that holds them first on its own sys.path. Only that process
-and the ranks it starts (on PYTHONPATH) see them there; every other Python in the environment keeps
-the user's `model`.
+as the nodes run it (`python -m model.train` with the synced model/ on PYTHONPATH), so importing
+`nanocluster` puts the directory that holds them first on that process's sys.path: the `nanocluster`
+command, and the trainer's programs run by hand from the installed package
+(`python -m nanocluster.model.export`, `... .sample`, `... .prepare`). Only such a process and the ranks
+it starts (on PYTHONPATH) see them there; every other Python in the environment keeps the user's `model`.
 
 In a checkout (an editable install, or `fab`) that directory is the repository's root.
 """
@@ -24,11 +25,19 @@ def packages_root() -> Path:
     return HERE if (HERE / "launcher").is_dir() else HERE.parent
 
 
-def main() -> None:
-    """The `nanocluster` console command: launcher.cli's program over the packages beside this file."""
+def put_packages_first() -> None:
     root = str(packages_root())
     if sys.path[:1] != [root]:
         sys.path.insert(0, root)
+
+
+# Here rather than in main: `python -m nanocluster.model.export` imports this package before the
+# module it runs, whose own imports (`from model.atomic import ...`) need the packages found.
+put_packages_first()
+
+
+def main() -> None:
+    """The `nanocluster` console command: launcher.cli's program over the packages beside this file."""
     from launcher.cli import main as run_program
 
     run_program()

@@ -29,8 +29,8 @@ from typing import BinaryIO
 
 from kubernetes.client import V1Job
 
-from launcher.checkpoints import fetched_dir
-from launcher.console import HOME_FIX, TaskError, can_make_dir, check_name, command_line, removed_on_failure, say
+from launcher.checkpoints import FetchDir
+from launcher.console import TaskError, check_name, command_line, say
 from launcher.kube import jobs, volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import open_cluster
@@ -182,12 +182,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     something to copy into it, and removed again when the copy fails."""
     check_name(run, "run")
     api, cluster = open_cluster(cluster_spec)
-    target = Path(dest).expanduser() if dest else fetched_dir(cluster, run)
-    can_make_dir(
-        target,
-        "--dest" if dest else "the fetch directory",
-        "give --dest a directory you can write" if dest else HOME_FIX,
-    )
+    fetch_dir = FetchDir.checked(cluster, run, dest)
     again = command_line("fetch", cluster=cluster_spec, run=run, dest=dest)
     no_checkpoint = (
         f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on claim {access_of(cluster).storage_claim}: "
@@ -201,7 +196,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     try:
         pod = PodFiles(api, wait_running(api, name), run, again)
         files = pod.listing(no_checkpoint)
-        with removed_on_failure(target):
+        with fetch_dir.writing() as target:
             for file in files:
                 pod.copy(file, target / file.name)
             copy_plot(RunRecord.of(cluster, run).directory, target)

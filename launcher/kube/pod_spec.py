@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from launcher.cluster.kube_contract import DAEMONSET_CPU, DAEMONSET_MEMORY_GIB, RUN_AS_UID, gke_allocatable_cpu
 from launcher.cluster.node_layout import run_dir
+from launcher.console import PORT_RULE
 from launcher.launch.render import rank_variables, thread_variables, torchrun_placement
-from model.conventions import EXIT_PEER_LOST, EXIT_STOPPED, LAUNCHER_ENV
+from model.conventions import EXIT_PEER_LOST, EXIT_STOPPED, LAUNCHER_ENV, MASTER_PORTS
 
 MOUNT_PATH = "/nanocluster"
 """Where the shared claim is mounted in every pod: the node root of launcher.cluster.node_layout's layout."""
@@ -142,7 +143,7 @@ class PodLaunch:
             ),
             ("--nodes", self.nodes >= 1, ">= 1", self.nodes),
             ("gpus_per_node", self.gpus >= 0, ">= 0", self.gpus),
-            ("--port", 1024 <= self.port <= 65535, "in 1024..65535", self.port),
+            ("--port", self.port in MASTER_PORTS, PORT_RULE, self.port),
             ("cores_per_node", self.cores >= 1, ">= 1", self.cores),
             ("memory_gib", self.memory_gib > 0, "> 0", self.memory_gib),
             ("the allocatable cpu", self.allocatable_cpu >= 0, ">= 0", self.allocatable_cpu),

@@ -10,10 +10,8 @@ prepare-data compare.
 
 from __future__ import annotations
 
-from launcher.console import command_line
-from launcher.doctor import prepare_fix
 from launcher.session import NodeReport
-from launcher.setup.data import splits_digest
+from launcher.setup.data import prepare_fix, splits_digest
 from model.data.token_format import files_problem
 
 
@@ -21,10 +19,8 @@ def unusable_data(report: NodeReport, dataset: str, where: str, cluster_spec: st
     """Why data/<dataset> as report shows it (where: "on NODE", "on claim NAME") cannot be trained on,
     with the command that prepares it (fix: fab doctor's prepare-data line by default); None when it can."""
     meta = report.data_meta
-    if not splits_digest(meta):
-        return (
-            f"data/{dataset} is not prepared {where}: run `{command_line('prepare-data', cluster=cluster_spec)}` first"
-        )
+    if not splits_digest(meta):  # the fix names the dataset: a plain prepare-data makes the builtin corpus
+        return f"data/{dataset} is not prepared {where}: prepare it first: {fix or prepare_fix(cluster_spec, dataset)}"
     assert meta is not None
     problem = files_problem(meta, report.data_sizes)
     if problem is None:

@@ -26,6 +26,7 @@ from launcher.session import NodeReport, Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import distribute_keys, ensure_ready
 from launcher.transport import NodeError
 from launcher.transport.ssh import SSH_DIR_SH
+from model.data.sources import NAMED_SOURCES
 from model.data.token_format import files_problem
 
 PREPARE_TIMEOUT_S = 6 * 3600
@@ -260,3 +261,18 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
         ),
     )
     say(f"data/{dataset} copied and checksummed on {len(stale)} node(s) in {time.monotonic() - started:.1f} s")
+
+
+def prepare_fix(cluster_spec: str | None, dataset: str, source: str | None = None) -> str:
+    """The command that makes data/<dataset>: from its source when a node's meta.json names it; a
+    named source prepares under its own name; another name needs its source given (prepare-data
+    would tokenize the builtin corpus under it)."""
+    if source is not None:
+        return command_line("prepare-data", cluster=cluster_spec, source=source, dataset=dataset)
+    if dataset in NAMED_SOURCES:
+        return command_line("prepare-data", cluster=cluster_spec, source=dataset)
+    prepare = command_line("prepare-data", cluster=cluster_spec)
+    return (
+        f"{prepare} --source SOURCE --dataset {dataset} (SOURCE: {', '.join(NAMED_SOURCES)}, "
+        "hf:OWNER/NAME or your files), or --dataset with the name you prepared"
+    )

@@ -20,6 +20,7 @@ from launcher.tasks.commands import (
     attach,
     cost,
     doctor,
+    export,
     fetch,
     logs,
     prepare_data,
@@ -34,7 +35,7 @@ from launcher.tasks.commands import (
 )
 
 namespace = Collection(
-    setup, prepare_data, train, attach, status, logs, sample, fetch, stop, runs, rm, prune, doctor, cost
+    setup, prepare_data, train, attach, status, logs, sample, fetch, export, stop, runs, rm, prune, doctor, cost
 )
 
 __all__ = ["TaskError", "namespace"]

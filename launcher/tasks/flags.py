@@ -22,7 +22,7 @@ from fabric import Task, task
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
-from launcher.console import Interrupted, TaskError, command_line, flag_name, shown
+from launcher.console import Interrupted, TaskError, check_name, command_line, flag_name, shown
 from launcher.terminal import last_line
 
 CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
@@ -50,10 +50,16 @@ def number(flag: str, value: str | float | None, kind: type[int] | type[float] =
         raise TaskError(f"--{flag} must be {what}, got {value!r}") from None
 
 
+def at_least(flag: str, value: N | None, least: N, note: str = "") -> None:
+    """A TaskError for a numeric flag given below its least value (nan too); note says what the least means."""
+    if value is not None and not value >= least:
+        raise TaskError(f"--{flag} must be >= {shown(least)}{note}, got {shown(value)}")
+
+
 def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | type[float]]) -> Callable[..., None]:
-    """Numeric flags converted; a TaskError is the user's to fix: one line and its exit status (1
-    unless it says otherwise), no traceback; Ctrl-C exits 130 with one line. A task's nonzero int
-    result is its exit status."""
+    """Numeric flags converted and --run checked to be a name train takes; a TaskError is the user's
+    to fix: one line and its exit status (1 unless it says otherwise), no traceback; Ctrl-C exits 130
+    with one line. A task's nonzero int result is its exit status."""
 
     defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
 
@@ -67,6 +73,9 @@ def errors_to_exit(fn: Callable[..., object], numbers: dict[str, type[int] | typ
         try:
             for param, kind in numbers.items():
                 kwargs[param] = number(flag_name(param), kwargs.get(param, defaults.get(param)), kind)
+            if isinstance(kwargs.get("run"), str):
+                # Before anything: a message further on would suggest `train --run NAME`, which train refuses.
+                check_name(kwargs["run"], "run")
             result = fn(*args, **kwargs)
         except TaskError as e:
             last_line(f"{e.label}: {e}" if e.label else str(e))

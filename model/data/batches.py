@@ -47,9 +47,12 @@ class TokenBatches:
 
     def _check(self, path: Path) -> int:
         if not path.is_file():
+            # Absolute: a rank's data_dir is relative to its run directory, not to where the reader is.
+            # The launcher's task is named, not its program: this runs under fab, nanocluster or by hand.
+            where = path.absolute()
             raise DataError(
-                f"token file {path} does not exist: prepare the data first with "
-                f"`python -m model.prepare SOURCE --out {path.parent}` (or `fab prepare-data`)"
+                f"token file {where} does not exist: prepare the data first with "
+                f"`python -m model.prepare SOURCE --out {where.parent}`, or the launcher's prepare-data task"
             )
         size = path.stat().st_size
         if size % TOKEN_DTYPE.itemsize:

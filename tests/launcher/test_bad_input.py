@@ -18,6 +18,7 @@ import pytest
 from launcher.cluster.contract import load_cluster
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.testing.fab import FAB
+from model.data.sources import NAMED_SOURCES
 from tests.launcher.conftest import CONTRACT
 from tests.launcher.dataset import write_dataset
 
@@ -69,11 +70,17 @@ def finished_run(home: Path, run: str, dataset: str, max_iters: int = 4) -> None
     (record / "metrics.jsonl").write_text(json.dumps(start) + "\n")
 
 
+NOT_PREPARED = (  # a plain prepare-data would make the builtin corpus, not this dataset: the fix names it
+    "error: data/nosuch is not prepared on local0: prepare it first: fab prepare-data --source SOURCE --dataset nosuch "
+    f"(SOURCE: {', '.join(NAMED_SOURCES)}, hf:OWNER/NAME or your files), or --dataset with the name you prepared"
+)
+
+
 def test_another_dataset_on_a_finished_run_is_checked_on_the_nodes_not_answered_finished(home):
     finished_run(home, "fin", "d")
     before = tree(home)
     result = run(FAB, "train", "--run", "fin", "--dataset", "nosuch", "--set", "max_iters=4", home=home)
-    assert error_line(result) == "error: data/nosuch is not prepared on local0: run `fab prepare-data` first"
+    assert error_line(result) == NOT_PREPARED
     assert "nothing to train" not in result.stdout
     assert tree(home) == before
     again = run(FAB, "train", "--run", "fin", "--dataset", "d", "--set", "max_iters=4", home=home)
@@ -84,7 +91,7 @@ def test_another_dataset_on_a_finished_run_is_checked_on_the_nodes_not_answered_
 
 def test_training_on_a_dataset_that_is_not_there_leaves_no_run_behind(home):
     result = run(FAB, "train", "--dataset", "nosuch", "--run", "dstest", home=home)
-    assert error_line(result) == "error: data/nosuch is not prepared on local0: run `fab prepare-data` first"
+    assert error_line(result) == NOT_PREPARED
     assert tree(home) == []
 
 
@@ -136,6 +143,42 @@ def test_every_node_count_below_one_gets_the_same_line(home, task, count):
     assert result.stdout == "" and tree(home) == []  # refused before anything, the opening line included
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["prepare-data", "--val-fraction", "2"], "--val-fraction must be in (0, 1), got 2.0"),
+        (["prepare-data", "--val-fraction", "0"], "--val-fraction must be in (0, 1), got 0.0"),
+        (["prepare-data", "--workers", "0"], "--workers must be >= 1, got 0"),
+        (["prepare-data", "--limit", "0"], "--limit must be >= 1, got 0"),
+        (["prepare-data", "--text-chars", "-5"], "--text-chars must be >= 0, got -5"),
+        (["sample", "--temperature", "-1"], "--temperature must be >= 0, got -1"),
+        (["sample", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["sample", "--top-k", "0"], "--top-k must be >= 1, got 0"),
+        (["doctor", "--port", "5"], "--port (the rendezvous port on the head) must be in 1024..65535, got 5"),
+        (["doctor", "--bandwidth-seconds", "-1"], "--bandwidth-seconds must be >= 0 (0 skips the measure), got -1"),
+        (["prune", "--older-than", "-1"], "--older-than must be >= 0, got -1"),
+    ],
+)
+def test_a_number_out_of_bounds_is_refused_before_anything_runs(home, args, message):
+    """In the flags of the task typed (the node programs' usage names flags the task does not take)."""
+    result = run(NANOCLUSTER, *args, home=home)
+    assert error_line(result) == f"error: {message}"
+    assert result.stdout == "" and tree(home) == []
+
+
+def test_doctor_refuses_the_ports_train_refuses_in_the_same_words(home):
+    train = run(NANOCLUSTER, "train", "--port", "80", "--dry-run", home=home)
+    assert error_line(run(NANOCLUSTER, "doctor", "--port", "80", home=home)) == error_line(train)
+
+
+@pytest.mark.parametrize("task", ["logs", "status", "attach", "sample", "fetch", "stop", "rm", "train"])
+def test_a_run_name_train_would_refuse_is_refused_by_every_task_first(home, task):
+    """Not `no run '../x'; start one with train --run ../x`: a command train refuses."""
+    result = run(NANOCLUSTER, task, "--run", "../x", home=home)
+    assert error_line(result) == "error: run '../x' may use only letters, digits, '.', '_' and '-'"
+    assert result.stdout == "" and tree(home) == []
+
+
 def test_a_contract_cluster_refuses_a_node_count_below_one_in_the_same_words(home):
     contract = home.parent / "lab.json"
     contract.write_text(json.dumps(CONTRACT))
@@ -154,6 +197,38 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(home):
         "(while parsing a flow sequence at line 3, column 12; fix the YAML there)"
     )
     assert tree(home) == []
+
+
+@pytest.mark.parametrize(
+    "args", [["--set", "--nodes", "3"], ["--nodes", "3", "--set"]], ids=["before-a-flag", "at-the-end"]
+)
+def test_a_repeatable_flag_without_its_value_is_refused_not_dropped(home, args):
+    result = run(NANOCLUSTER, "train", "--dry-run", *args, home=home)
+    assert error_line(result) == "nanocluster: --set needs a value (nanocluster --help train)"
+    assert result.stdout == "" and tree(home) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(["--nodes", "3", "--nodes", "1"], "--nodes"), (["--run", "a", "--dry-run", "--run=b"], "--run")],
+)
+def test_a_flag_given_twice_is_named(home, args, flag):
+    result = run(NANOCLUSTER, "train", "--dry-run", *args, home=home)
+    assert error_line(result) == f"nanocluster: {flag} was given twice; give it once (nanocluster --help train)"
+    assert result.stdout == "" and tree(home) == []
+
+
+@pytest.mark.parametrize("flag", ["--config", "-f"])
+@pytest.mark.parametrize("text", ["max_iters: 10\n", "model:\n  n_layer: [2\n"], ids=["good", "bad"])
+def test_a_config_before_the_task_is_one_line_saying_where_it_goes(home, flag, text):
+    config = home.parent / "train.yaml"
+    config.write_text(text)
+    result = run(NANOCLUSTER, flag, str(config), "train", "--dry-run", home=home)
+    assert error_line(result) == (
+        f"nanocluster: --config goes after the task: `nanocluster train --config {config}` "
+        "(before the task, -f/--config is Invoke's own config file, which no task reads)"
+    )
+    assert result.stdout == "" and tree(home) == []
 
 
 @pytest.mark.parametrize(

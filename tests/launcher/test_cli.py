@@ -41,3 +41,22 @@ def test_importing_the_tasks_loads_no_torch(module):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("name", "line"),
+    [
+        ("train", "nanocluster: -l lists every task and takes no name; `nanocluster --help train` lists train's flags"),
+        ("nope", "nanocluster: -l takes no name (`nanocluster -l` lists the tasks)"),
+    ],
+)
+def test_list_with_a_name_says_what_to_type_instead(tmp_path, name, line):
+    result = nanocluster("-l", name, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [line]
+
+
+def test_logs_follow_says_when_it_ends(tmp_path):
+    text = " ".join(nanocluster("--help", "logs", cwd=tmp_path).stdout.split())
+    assert "until the run's ranks have ended (a supervised run's restarts are followed too)" in text
+    assert "Ctrl-C" not in text

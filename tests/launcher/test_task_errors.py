@@ -75,6 +75,20 @@ def test_fetch_to_a_dest_that_cannot_be_made(tmp_path):
     )
 
 
+@pytest.mark.parametrize("dest", ["/proc/nope", "/sys/nope"])
+def test_fetch_to_a_dest_the_system_will_not_make_is_one_line(tmp_path, dest):
+    """/proc and /sys pass the check for root (access() says writable), and mkdir still fails there."""
+    home = tmp_path / "home"
+    (home / "runs" / "main").mkdir(parents=True)
+    (home / "runs" / "main" / "ckpt.pt").write_bytes(b"weights")
+    (home / "runs" / "main" / "metrics.jsonl").write_text("{}\n")
+    result = run(FAB, "fetch", "--dest", dest, home=home)
+    assert result.returncode == 1
+    error = first_error(result)
+    assert error.startswith(f"error: --dest {dest}: cannot be made ("), error
+    assert error.endswith("); give --dest a directory you can write"), error
+
+
 def test_status_of_a_run_that_does_not_exist(tmp_path):
     result = run(FAB, "status", "--run", "nosuch", home=tmp_path)
     assert result.returncode == 1

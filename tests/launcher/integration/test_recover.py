@@ -91,5 +91,7 @@ def test_a_program_error_or_missing_data_is_not_retried_and_is_named(nodes, fab,
     result = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "no-data", timeout=RUN_TIMEOUT_S)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "data/builtin is not prepared on node0: run `fab prepare-data` first" in output, output[-3000:]
+    assert "data/builtin is not prepared on node0: prepare it first: fab prepare-data --source builtin" in output, (
+        output[-3000:]
+    )
     assert "restart 1/" not in output

@@ -216,7 +216,7 @@ def walk(installed, tmp_path_factory) -> Walk:
     listing = run("-l")
     run("prepare-data")
     run("train", "--nodes", "2", *(a for o in TINY for a in ("--set", o)), timeout=300)
-    for task in ("status", "logs", "sample", "fetch", "cost"):
+    for task in ("status", "logs", "sample", "fetch", "export", "cost"):
         run(task)
     tasks = {line.split()[0] for line in listing.splitlines() if re.match(r"  \S", line)}  # not wrapped help
     return Walk(home, cwd, env, outputs, tasks)
@@ -238,6 +238,20 @@ def test_a_new_user_runs_every_task_from_an_empty_directory(walk, installed):
     assert f"fetched into {home / 'clusters' / 'local' / 'fetched' / 'main'}" in out["fetch"]
     assert (home / "clusters" / "local" / "fetched" / "main" / "ckpt.pt").exists()
     assert "main" in out["cost"]
+    assert list(walk.cwd.iterdir()) == []
+
+
+def test_the_trainers_programs_run_by_hand_from_the_installed_package(walk, installed, tmp_path):
+    """As docs/training.md gives them, beside the user's own `model` on PYTHONPATH."""
+    fetched = walk.home / "clusters" / "local" / "fetched" / "main"
+    assert sorted(p.name for p in (fetched / "hf").iterdir()) == ["config.json", "model.safetensors"]
+    python = str(installed.bin / "python")
+    exported = tmp_path / "gpt2-finetuned"
+    export = [python, "-m", "nanocluster.model.export", "--ckpt", str(fetched / "ckpt.pt"), "--out", str(exported)]
+    timed("python -m nanocluster.model.export", export, 120, cwd=walk.cwd, env=walk.env)
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    sample = [python, "-m", "nanocluster.model.sample", "--ckpt", str(fetched / "ckpt.pt"), "--max-new-tokens", "5"]
+    assert timed("python -m nanocluster.model.sample", sample, 120, cwd=walk.cwd, env=walk.env).stdout.strip()
     assert list(walk.cwd.iterdir()) == []
 
 

@@ -31,7 +31,11 @@ def test_the_steps_before_a_launch_probe_each_machine_once(local3, local_home, p
 def test_training_without_prepared_data_says_to_prepare_it(local3):
     with (
         Session.open(local3, local3.nodes, dataset="absent") as session,
-        pytest.raises(TaskError, match=r"data/absent is not prepared on local0: run `fab prepare-data` first"),
+        pytest.raises(
+            TaskError,
+            match=r"data/absent is not prepared on local0: prepare it first: fab prepare-data --source SOURCE "
+            r"--dataset absent",
+        ),
     ):
         place_data(session, "absent")
 
