@@ -323,7 +323,8 @@ def bench(size: int, args: argparse.Namespace, workdir: Path, logs: Path) -> lis
                 code, faulted_s = run.finish()
             finally:
                 if run.proc.poll() is None:
-                    run.proc.kill()
+                    run.proc.kill()  # its front end only: the run goes on under its supervisor
+                    fab("stop", "--run", "chaos")  # else the next leg would be refused beside it
                 chaos.close()
             if code != 0:
                 print(f"the faulted run failed (exit {code}):\n{run.tail()}", flush=True)

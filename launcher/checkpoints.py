@@ -178,10 +178,11 @@ def export_here(ckpt: Path, out: str | None = None, force: bool = False) -> int:
     machine's Python over the packages this program runs (a checkout, or the installed package); its
     exit status. Its own output says what it wrote, or its one error line. The default directory, in
     the fetched copy, is replaced as fetch replaces the copy."""
-    target = Path(out).expanduser() if out else ckpt.parent / EXPORTED_DIR
-    args = ["--ckpt", str(ckpt), "--out", str(target)] + (["--force"] if force or not out else [])
-    # torch is imported there, never in the launcher.
+    target = Path(out).expanduser().resolve() if out else ckpt.parent / EXPORTED_DIR
+    args = ["--ckpt", str(ckpt.resolve()), "--out", str(target)] + (["--force"] if force or not out else [])
+    # torch is imported there, never in the launcher. Run from our packages' root: `-m` puts the working
+    # directory first on the path, where a `model` package of the user's own would shadow ours.
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "model.export", *args], env=os.environ | {"PYTHONPATH": path}
+        [sys.executable, "-m", "model.export", *args], env=os.environ | {"PYTHONPATH": path}, cwd=REPO_ROOT
     ).returncode

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NoReturn, Protocol
 
-from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.contract import load_cluster
+from launcher.cluster.inventory import Cluster, InventoryError, Node
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
 from launcher.launch.operator_stop import OperatorStopped
@@ -43,7 +44,6 @@ from launcher.runs.record import (
     stopped_text,
 )
 from launcher.runs.resume import failed_text, resume_refusal, run_snapshot
-from launcher.session import resolve_cluster
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -310,7 +310,7 @@ class Lifecycle:
             self.restarts += 1
             snapshot = self.record.newest_snapshot()
             resumes = (
-                f"every rank resumes from the newest snapshot (iter {snapshot} or later)"
+                f"every rank resumes from the newest snapshot (iter {snapshot}, as recorded here)"
                 if snapshot != NO_SNAPSHOT
                 else "no snapshot recorded yet: every rank starts from the beginning"
             )
@@ -481,13 +481,13 @@ def checked_request(request: TrainRequest) -> TrainRequest:
     check_name(request.dataset, "dataset")
     if request.nodes is not None:
         return request
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the kind says which cluster, once
-            cluster = resolve_cluster(request.cluster_spec)
-    except TaskError:  # the kind's resolve says it
-        return request
-    snapshot = run_snapshot(RunRecord.of(cluster, request.run))
-    if snapshot is None or snapshot.nodes == len(cluster.nodes):
+    try:  # read ahead: the kind's own load of a stack takes these outputs, so pulumi runs once
+        cluster = load_cluster(request.cluster_spec, read_ahead=True)
+        snapshot = run_snapshot(RunRecord.of(cluster, request.run))
+        if snapshot is None or not cluster.nodes or snapshot.nodes == len(cluster.nodes):
+            return request  # no nodes listed (a kubeconfig's cluster): its default is known once connected
+        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True).select(snapshot.nodes)
+    except InventoryError:  # the kind's resolve says it; a cluster with fewer nodes now: the resume check does
         return request
     say(
         f"run {request.run} goes on with its {snapshot.nodes} node(s), as its snapshot at iter {snapshot.iter} "

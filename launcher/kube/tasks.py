@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from kubernetes.client import V1Job, V1Pod
+from kubernetes.client.exceptions import ApiException
 from rich.table import Table
 
 from launcher.console import (
@@ -43,7 +44,7 @@ from launcher.kube.pod_start import disruption
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
-from launcher.launch.status import RELAUNCH_POLL_S, RELAUNCH_QUIET_S
+from launcher.launch.status import RELAUNCH_ALL_S, RELAUNCH_POLL_S, RELAUNCH_QUIET_S
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord
@@ -179,13 +180,11 @@ def logs(
         for pod in pods:
             read_pod_log(api, pod, lines, follow)
         return
-    followed: set[str] = set()
     try:
         while pods:
             follow_pods(api, pods, lines)
-            followed |= {name_of(p) for p in pods}
             states = ended_states(api, run, pods)
-            pods = relaunched_pods(api, run, rank, followed, states, supervised) if supervised else []
+            pods = relaunched_pods(api, run, rank, pods, states, supervised) if supervised else []
     except KeyboardInterrupt:
         return
     say(f"run {run} ended: {states}")
@@ -204,7 +203,8 @@ def follow_pods(api: Api, pods: list[V1Pod], lines: int) -> None:
 
     def follow_pod(pod: V1Pod) -> None:
         try:
-            read_pod_log(api, pod, lines, True)
+            if started(api, pod):  # a container still being created cannot be read yet
+                read_pod_log(api, pod, lines, True)
         except TaskError as e:
             failed.append(e)
 
@@ -231,17 +231,16 @@ def ended_states(api: Api, run: str, pods: list[V1Pod]) -> str:
 
 
 def relaunched_pods(
-    api: Api, run: str, rank: int | None, followed: set[str], states: str, supervised: Callable[[], bool]
+    api: Api, run: str, rank: int | None, before: list[V1Pod], states: str, supervised: Callable[[], bool]
 ) -> list[V1Pod]:
-    """The pods of the run's relaunch, waited for while its supervisor is live ([] once it is not)."""
+    """The pods of the run's relaunch (pods other than before), waited for while its supervisor is live
+    ([] once it is not): as many as before, or what a while after the first brought (a run on fewer)."""
     told_at = time.monotonic() + RELAUNCH_QUIET_S
+    followed, first_seen = {name_of(p) for p in before}, 0.0
     while supervised():
-        fresh = [
-            p
-            for p in pods_to_read(api, run, rank)
-            if name_of(p) not in followed and p.status and p.status.phase in ("Running", "Succeeded", "Failed")
-        ]
-        if fresh:
+        fresh = [p for p in pods_to_read(api, run, rank) if name_of(p) not in followed]
+        first_seen = first_seen or (time.monotonic() if fresh else 0.0)
+        if fresh and (len(fresh) >= len(before) or time.monotonic() - first_seen > RELAUNCH_ALL_S):
             say(f"run {run}: started again by its supervisor ({states} before)")
             return fresh
         if told_at and time.monotonic() > told_at:  # a restart's backoff, or waiting for capacity
@@ -252,6 +251,21 @@ def relaunched_pods(
             told_at = 0.0
         time.sleep(RELAUNCH_POLL_S)
     return []
+
+
+def started(api: Api, pod: V1Pod) -> bool:
+    """Whether the pod has left Pending (its container can be read), waited for; False once it is gone."""
+    while True:
+        with calling(f"reading the pod {name_of(pod)}"):
+            try:
+                found = api.core.read_namespaced_pod(name_of(pod), api.namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    return False
+                raise
+        if found.status is not None and found.status.phase != "Pending":
+            return True
+        time.sleep(RELAUNCH_POLL_S)
 
 
 def read_pod_log(api: Api, pod: V1Pod, lines: int, follow: bool) -> None:

@@ -114,14 +114,24 @@ class Progress:
     resumes_from: int | None = None
     """For a launch's live stream of metrics.jsonl: the newest snapshot the run's record knows. A resumed
     trainer rewrites the file up to its snapshot, which the stream replays before this launch's "start"
-    record (the first at resumes_from or later: the rewrite drops any later one), so records count from
-    that one on. None: every record counts (a file read as it is)."""
+    record. So the figures are those since the newest "start", and none is reported until a start at
+    resumes_from or later, or a step past it (a trainer that resumed from an older snapshot). None:
+    every record counts (a file read as it is)."""
     launch_started: bool = False
 
     def update(self, record: dict) -> bool:
-        if self.resumes_from is not None and not self.launch_started:
-            self.launch_started = record.get("kind") == "start" and record.get("iter", -1) >= self.resumes_from
+        if self.resumes_from is None:
+            return self.take(record)
+        kind, at = record.get("kind"), record.get("iter")
+        if kind == "start":  # what came before it is history: this launch's figures start here
+            self.iter, self.loss, self.tokens_per_s, self.val_loss, self.stopped_at = at, None, None, None, None
+            self.launch_started |= isinstance(at, int) and at >= self.resumes_from
             return False
+        self.launch_started |= kind == "train" and isinstance(at, int) and at > self.resumes_from
+        return self.take(record) and self.launch_started
+
+    def take(self, record: dict) -> bool:
+        """Apply one record; whether it changed what the progress line shows."""
         if record.get("kind") == "train":
             self.iter, self.loss = record.get("iter"), record.get("loss")
             self.tokens_per_s = record.get("tokens_per_s")

@@ -42,6 +42,8 @@ RELAUNCH_POLL_S = 1.0
 """How often `fab logs --follow` looks for a live supervisor's relaunch of the run's units."""
 RELAUNCH_QUIET_S = 10.0
 """How long it waits for one before saying it waits (most restarts or ends come sooner)."""
+RELAUNCH_ALL_S = 30.0
+"""How long it waits for the rest of a relaunch's units once one has started."""
 DEADLINE_FILE = "autostop.deadline"
 
 
@@ -211,10 +213,16 @@ def relaunched(
     """Whether the run's supervisor started its units again, waited for while it is live: the units
     have ended (states), and a restart or a revival may follow, whose new logs are followed then."""
     told_at = time.monotonic() + RELAUNCH_QUIET_S
+    first_seen = 0.0
     while supervised():
         units = chosen_units(session, run, rank)
         session.connect([u.node for u in units])
-        if any(state == "running" for state in unit_states(session, run, units).values()):
+        now = unit_states(session, run, units)
+        started = [name for name, state in now.items() if state == "running" or state != states.get(name)]
+        first_seen = first_seen or (time.monotonic() if started else 0.0)
+        # Units start one after another: follow once every one has (a later one's log would be missed),
+        # or a while after the first did (a unit that ended at once, as it ended before, looks unstarted).
+        if started and (len(started) == len(now) or time.monotonic() - first_seen > RELAUNCH_ALL_S):
             say(f"run {run}: started again by its supervisor ({ended_states(states)} before)")
             return True
         if told_at and time.monotonic() > told_at:  # a restart's backoff, or a node's revival

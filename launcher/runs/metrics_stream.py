@@ -41,7 +41,7 @@ class RunRecorder:
         self.stream_done = threading.Event()
 
     def resumes_from(self) -> int:
-        """The newest snapshot the run's record knows: where a launch's trainer resumes (or later)."""
+        """The newest snapshot the run's record knows: where a launch's trainer resumes, as far as it can tell."""
         return RunRecord.of(self.cluster, self.run).newest_snapshot()
 
     def add(self, line: str, record: dict[str, Any]) -> None:

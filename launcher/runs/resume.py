@@ -35,7 +35,9 @@ def run_snapshot(record: RunRecord) -> RunSnapshot | None:
     if attempt is None:
         return None
     saved = record.newest_snapshot()
-    nodes = len(attempt.launch.get("nodes") or ())
+    # The nodes of its last start: a restart on fewer (--min-nodes) records its own.
+    starts = [e["nodes"] for e in attempt.events if e.get("event") in ("launch", "restart") and e.get("nodes")]
+    nodes = len(starts[-1]) if starts else 0
     if saved == NO_SNAPSHOT or not nodes:
         return None
     start: dict = next((m for m in reversed(record.metrics()) if m.get("kind") == "start"), {})

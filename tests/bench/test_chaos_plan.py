@@ -80,7 +80,7 @@ def test_the_launcher_lines_the_bench_follows():
     assert not STEP.search("[rank 0 node0] iter 50: ranks realigned after the eval in 3.1 ms")
     found = RESTART.search(
         "restart 2/18: rank 1 node1: killed by SIGKILL (exit 137); "
-        "every rank resumes from the newest snapshot (iter 40 or later)"
+        "every rank resumes from the newest snapshot (iter 40, as recorded here)"
     )
     assert found.group(2) == "rank 1 node1: killed by SIGKILL (exit 137)"
     found = RESTART.search("restart 1/3: rank 0 node0: killed by SIGKILL (exit 137); no snapshot recorded yet: ...")

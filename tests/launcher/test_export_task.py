@@ -4,6 +4,7 @@ the real command line against the local cluster."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,9 @@ from tests.model.conftest import checkpoint_payload
 HF_FILES = ["config.json", "model.safetensors"]
 
 
-def export(*args: str, home: Path) -> subprocess.CompletedProcess:
+def export(*args: str, home: Path, cwd: Path = REPO_ROOT, program: str = FAB) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "NANOCLUSTER_HOME": str(home), "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([FAB, "export", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([program, "export", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -54,3 +55,14 @@ def test_export_keeps_a_non_empty_out_unless_forced(home, tmp_path):
     assert (mine / "notes.txt").read_text() == "mine"
     assert export("--out", str(mine), "--force", home=home).returncode == 0
     assert sorted(p.name for p in mine.iterdir()) == HF_FILES
+
+
+def test_export_from_a_project_with_its_own_model_package_writes_where_asked(home, tmp_path):
+    """A `model` package in the working directory (common in ML projects) is not the one export runs."""
+    project = tmp_path / "project"
+    (project / "model").mkdir(parents=True)
+    (project / "model" / "__init__.py").write_text("raise ImportError('the user model package was imported')\n")
+    nanocluster = str(Path(sys.executable).with_name("nanocluster"))  # the installed command: any directory
+    result = export("--out", "exported", home=home, cwd=project, program=nanocluster)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (project / "exported").iterdir() if p.name in HF_FILES) == HF_FILES

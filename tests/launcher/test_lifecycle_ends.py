@@ -141,7 +141,7 @@ def test_a_run_stopped_before_its_first_snapshot_says_a_rerun_starts_over(local_
 def test_a_run_stopped_after_an_eval_names_the_snapshot_a_rerun_resumes_from(local_home, capsys):
     metrics = [{"kind": "start", "iter": 0, "resumed": False}, {"kind": "eval", "iter": 50, "val_loss": 5.0}]
     restart, end, last = lost_then_stopped(local_home, capsys, metrics)
-    assert restart.endswith("every rank resumes from the newest snapshot (iter 50 or later)")
+    assert restart.endswith("every rank resumes from the newest snapshot (iter 50, as recorded here)")
     assert end["snapshot"] == 50 and "its snapshot at iter 50 is kept" in last
     assert ending_text(end, "r") == last, "fab status says what train said"
 

@@ -8,7 +8,10 @@ import json
 import time
 from pathlib import Path
 
+from launcher.cluster.local import local_cluster
 from launcher.runs.estimate import ending_text
+from launcher.runs.record import RunRecord
+from launcher.runs.resume import run_snapshot
 from launcher.testing.fab import FAB
 from tests.launcher.test_bad_input import error_line, home, run, tree  # noqa: F401 (home: the fixture)
 
@@ -32,15 +35,17 @@ def interrupted_run(nanocluster_home: Path, run: str = "main", nodes: int = 4, g
 
 
 def test_a_plain_train_resumes_on_the_nodes_its_snapshot_was_trained_on(home):  # noqa: F811
-    interrupted_run(home)
+    default = len(local_cluster().nodes)  # this machine's: one rank per core (at most 3) or per GPU
+    trained = 1 if default != 1 else 2
+    interrupted_run(home, nodes=trained, global_batch=4 * trained)
     before = tree(home)
     result = run(FAB, "train", "--dry-run", home=home)
     assert result.returncode == 0, result.stderr
     assert (
-        "run main goes on with its 4 node(s), as its snapshot at iter 30 was trained (not the default 2; "
-        "--nodes N to choose)\n" in result.stdout
+        f"run main goes on with its {trained} node(s), as its snapshot at iter 30 was trained (not the default "
+        f"{default}; --nodes N to choose)\n" in result.stdout
     )
-    assert "dry run: 4 rank(s)" in result.stdout
+    assert f"dry run: {trained} rank(s)" in result.stdout
     assert tree(home) == before
 
 
@@ -77,3 +82,14 @@ def test_a_failed_run_with_a_snapshot_keeps_its_continue_line():
     assert ending_text({"outcome": "failed", "reason": "rank 1 exited with code 1"}) == (
         "failed: rank 1 exited with code 1"
     )
+
+
+def test_a_run_that_went_on_with_fewer_nodes_resumes_on_those(home):  # noqa: F811
+    """A node lost and not back: the run went on with 3 of its 4 (--min-nodes), and its snapshot is theirs."""
+    interrupted_run(home, nodes=4)
+    record = home / "clusters" / "local" / "runs" / "main"
+    events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
+    restart = {"event": "restart", "time": events[0]["time"] + 10, "nodes": ["local0", "local1", "local2"]}
+    (record / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [events[0], restart, events[1]]))
+    snapshot = run_snapshot(RunRecord(record))
+    assert snapshot is not None and snapshot.nodes == 3 and snapshot.iter == 30

@@ -4,6 +4,8 @@ calling the run ended; without a live supervisor the end line comes at once."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import launcher.launch.status as launch_status
@@ -96,3 +98,30 @@ def test_a_supervisor_that_ends_instead_of_restarting_ends_the_follow(run_states
     out = capsys.readouterr().out
     assert len(follows) == 1
     assert out.rstrip().endswith("run r ended: rank0 exited 75, rank1 exited 137")
+
+
+def test_a_relaunch_is_followed_once_every_unit_has_started(run_states, capsys):
+    """Units start one after another: following at the first, the second's log would be its old one."""
+    answers, follows = run_states
+    half = {"rank0": "running", "rank1": "exited 137"}  # rank1 not started again yet: its old state
+    answers += [KILLED, KILLED, half, half, RUNNING, DONE]
+    launch_status.logs(None, RUN, follow=True, supervised=live_for(5))
+    assert len(follows) == 2
+    assert len(answers) == 1, "the follow waited for rank1 before following the relaunch"
+    assert capsys.readouterr().out.count("started again by its supervisor") == 1
+
+
+def test_a_unit_that_never_looks_started_is_waited_for_only_a_while(run_states, monkeypatch):
+    """One that ended again at once, as it had ended before, looks unstarted: the wait for it is bounded."""
+    answers, follows = run_states
+    monkeypatch.setattr(launch_status, "RELAUNCH_ALL_S", 0.2)
+    answers += [KILLED, KILLED, {"rank0": "running", "rank1": "exited 137"}]  # the last answer repeats
+    follower = threading.Thread(
+        target=launch_status.logs,
+        args=(None, RUN),
+        kwargs={"follow": True, "supervised": lambda: len(follows) < 2},
+        daemon=True,
+    )
+    follower.start()
+    follower.join(10)
+    assert not follower.is_alive() and len(follows) == 2

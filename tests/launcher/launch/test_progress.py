@@ -23,7 +23,7 @@ REWOUND_FILE = [  # what a relaunch's stream reads first: the file its resumed t
 def test_a_relaunch_shows_its_own_progress_not_the_replay_of_the_rewound_file():
     progress = Progress(resumes_from=50)
     assert not any(progress.update(record) for record in REWOUND_FILE), "the replay is no progress"
-    assert progress.summary() == "no step logged yet" and progress.stopped_at is None
+    assert progress.stopped_at is None, "an earlier attempt's stop is not this launch's"
     progress.update({"kind": "start", "iter": 50, "resumed": True})
     assert progress.update({"kind": "train", "iter": 51, "loss": 5.9, "tokens_per_s": 900.0})
     assert progress.summary() == "iter 51 | loss 5.9000 | 900 tok/s"
@@ -41,3 +41,15 @@ def test_a_file_read_as_it_is_counts_every_record():
     for record in REWOUND_FILE:
         progress.update(record)
     assert progress.summary() == "iter 50 | loss 9.0000 | val 6.0000 | 500 tok/s" and progress.stopped_at == 30
+
+
+def test_a_relaunch_from_an_older_snapshot_than_recorded_reports_from_past_the_recorded_one():
+    """The node went while the newest snapshot was written: the trainer resumes from the one before."""
+    progress = Progress(resumes_from=50)
+    for record in REWOUND_FILE[:4]:
+        progress.update(record)
+    assert not progress.update({"kind": "start", "iter": 30, "resumed": True})
+    assert not progress.update({"kind": "train", "iter": 40, "loss": 6.5, "tokens_per_s": 800.0})
+    assert progress.update({"kind": "train", "iter": 51, "loss": 5.9, "tokens_per_s": 900.0})
+    progress.update({"kind": "stop", "iter": 55, "reason": "signal"})
+    assert progress.summary() == "iter 51 | loss 5.9000 | 900 tok/s" and progress.stopped_at == 55

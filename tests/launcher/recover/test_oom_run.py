@@ -87,5 +87,8 @@ def test_an_oom_killed_rank_is_reported_and_not_retried(local_home, tmp_path, mo
     assert "fewer ranks per machine (--nodes)" in message and "batch_size" in message
     assert "restart 1/" not in out and "continuing on" not in out
     end = RunRecord.of(local_cluster(2), RUN).events[-1]
-    assert end["event"] == "end" and end["outcome"] == "failed" and end["reason"] == message, end
+    assert end["event"] == "end" and end["outcome"] == "failed", end
+    # The error line is the recorded reason and, the run having a snapshot, the command that continues it.
+    assert message == f"{end['reason']}; its snapshot at iter {end['iter']} is kept; continue with: {end['rerun']}"
+    assert end["rerun"].endswith(f"train --run {RUN}")
     assert trainers_under(local_home) == []
