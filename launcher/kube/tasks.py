@@ -40,7 +40,7 @@ from launcher.kube.jobs import (
     stage,
 )
 from launcher.kube.pod_spec import CONTAINER, job_name
-from launcher.kube.pod_start import disruption
+from launcher.kube.pod_start import disruption, unschedulable, waiting
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
@@ -254,7 +254,9 @@ def relaunched_pods(
 
 
 def started(api: Api, pod: V1Pod) -> bool:
-    """Whether the pod has left Pending (its container can be read), waited for; False once it is gone."""
+    """Whether the pod has left Pending (its container can be read), waited for; False once it is gone.
+    A wait past RELAUNCH_QUIET_S is said once, with what keeps it (the scheduler's or kubelet's reason)."""
+    told_at = time.monotonic() + RELAUNCH_QUIET_S
     while True:
         with calling(f"reading the pod {name_of(pod)}"):
             try:
@@ -265,6 +267,13 @@ def started(api: Api, pod: V1Pod) -> bool:
                 raise
         if found.status is not None and found.status.phase != "Pending":
             return True
+        if told_at and time.monotonic() > told_at:
+            why = unschedulable(found) or waiting(found)[0]
+            say(
+                f"{name_of(pod)} is Pending ({why or 'not started'}): its log follows once it starts "
+                "(Ctrl-C stops following)"
+            )
+            told_at = 0.0
         time.sleep(RELAUNCH_POLL_S)
 
 

@@ -73,3 +73,33 @@ def test_without_a_supervisor_the_pods_end_is_the_runs_end(fake, script, contrac
     start_attempt(fake, "solo", 0)
     kube_tasks.logs(str(contract_file), run="solo", follow=True, supervised=lambda: False)
     assert seen[-1].startswith("run solo ended: ") and not [s for s in seen if "started again" in s]
+
+
+def test_a_pod_that_cannot_start_is_waited_for_and_says_why(fake, script, contract_file, task, monkeypatch):
+    """Reading a Pending pod's log fails at once (its container does not exist yet): it is waited for,
+    the other pod's log followed meanwhile."""
+    fake.seed()
+    script.unschedulable = {(0, 1)}
+    script.run_ticks = 10**9
+    script.log = {0: ["step 1"]}
+    seen: list[str] = []
+    monkeypatch.setattr(kube_tasks, "out_line", seen.append)
+    monkeypatch.setattr(kube_tasks, "say", seen.append)
+    monkeypatch.setattr(kube_tasks, "RELAUNCH_QUIET_S", 1.0)
+    start_attempt(fake, "pend", 0)
+    follower = threading.Thread(
+        target=kube_tasks.logs, args=(str(contract_file),), kwargs={"run": "pend", "follow": True}, daemon=True
+    )
+    follower.start()
+    deadline = time.monotonic() + 10
+    while not [line for line in seen if line.startswith("fake-pend-1-a0 is Pending")] or not [
+        line for line in seen if line.endswith("] step 1")
+    ]:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    (pending,) = [line for line in seen if line.startswith("fake-pend-1-a0 is Pending")]
+    assert "Unschedulable" in pending and "its log follows once it starts" in pending, pending
+    assert follower.is_alive() and not [line for line in seen if line.startswith("error")]
+    task("stop", "--cluster", str(contract_file), "--run", "pend")
+    follower.join(30)
+    assert not follower.is_alive()
