@@ -38,12 +38,13 @@ from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import (
     NO_SNAPSHOT,
     RunRecord,
+    failed_text,
     interrupted_text,
     launch_fields,
     read_cluster_runs,
     stopped_text,
 )
-from launcher.runs.resume import failed_text, resume_refusal, run_snapshot
+from launcher.runs.resume import resume_refusal, run_snapshot
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
@@ -413,11 +414,12 @@ class Lifecycle:
         """The failed end event; with a snapshot to resume, the command that continues it (failed_text:
         fab train's error line and `fab status` keep it)."""
         self.ended = True
-        snapshot = run_snapshot(self.record)
-        at, rerun = (snapshot.iter, self.request.rerun_command) if snapshot else (None, None)
-        kept = dict(iter=at, rerun=rerun) if snapshot else {}
-        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code, **kept)
-        return failed_text(reason, at, rerun)
+        snapshot, rerun = self.record.newest_snapshot(), self.request.rerun_command
+        if snapshot == NO_SNAPSHOT:
+            self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
+            return reason
+        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code, iter=snapshot, rerun=rerun)
+        return failed_text(reason, snapshot, rerun)
 
     def end(self, progress: Progress) -> int:
         """The end event of a run that ended by itself, then its last line: done, or stopped at the budget."""

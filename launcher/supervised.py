@@ -88,6 +88,18 @@ class Watch(Protocol):
     def close(self) -> None: ...
 
 
+def still_supervised(watch: Watch) -> Callable[[], bool]:
+    """Whether the run's supervisor is live and has not ended, read anew at each call (what `fab logs
+    --follow` asks before taking the ranks' end for the run's: a live one may start them again)."""
+
+    def supervised() -> bool:
+        watch.refresh()
+        state = watch.state()
+        return watch.live() and (state is None or state.phase != ENDED)
+
+    return supervised
+
+
 class Supervision(Protocol):
     """Where a run's supervisor runs (ThisMachine, launcher.head_node's HeadNode)."""
 

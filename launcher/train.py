@@ -35,7 +35,6 @@ from launcher.launch.start import (
     print_dry_run,
     start_units,
 )
-from launcher.launch.supervisor import ENDED
 from launcher.launch.units import check_no_other_run, stop_units
 from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
@@ -47,7 +46,7 @@ from launcher.recover.revive import revive
 from launcher.runs.record import run_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
-from launcher.supervised import Supervision, ThisMachine
+from launcher.supervised import Supervision, ThisMachine, still_supervised
 from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
@@ -288,14 +287,8 @@ def logs(
         watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
     except TaskError:  # the head does not answer: follow the units alone
         return launch_status.logs(cluster_spec, run, rank, lines, follow)
-
-    def supervised() -> bool:
-        watch.refresh()
-        state = watch.state()
-        return watch.live() and state is not None and state.phase != ENDED
-
     try:
-        return launch_status.logs(cluster_spec, run, rank, lines, follow, supervised)
+        return launch_status.logs(cluster_spec, run, rank, lines, follow, still_supervised(watch))
     finally:
         watch.close()
 

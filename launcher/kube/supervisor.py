@@ -77,6 +77,7 @@ from launcher.lifecycle import TrainRequest, checked_here, checked_request
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
+from launcher.supervised import still_supervised
 from launcher.terminal import LOG_NAME
 from launcher.trainer_config import read_trainer_config
 
@@ -406,14 +407,8 @@ def logs(
         return kube_tasks.logs(cluster_spec, run, rank, lines)
     api, cluster = open_cluster(cluster_spec, making_pods=False)
     watch = KubeWatch(Supervisor(api, cluster, run, cluster_spec))
-
-    def supervised() -> bool:
-        watch.refresh()
-        state = watch.state()
-        return watch.live() and (state is None or state.phase != ENDED)
-
     try:
-        return kube_tasks.logs(cluster_spec, run, rank, lines, follow, supervised)
+        return kube_tasks.logs(cluster_spec, run, rank, lines, follow, still_supervised(watch))
     finally:
         watch.supervisor.plot.close()
 

@@ -44,7 +44,7 @@ from launcher.kube.pod_start import disruption, unschedulable, waiting
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
-from launcher.launch.status import RELAUNCH_ALL_S, RELAUNCH_POLL_S, RELAUNCH_QUIET_S
+from launcher.launch.status import RELAUNCH_POLL_S, RELAUNCH_QUIET_S, await_relaunch
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord
@@ -235,22 +235,14 @@ def relaunched_pods(
 ) -> list[V1Pod]:
     """The pods of the run's relaunch (pods other than before), waited for while its supervisor is live
     ([] once it is not): as many as before, or what a while after the first brought (a run on fewer)."""
-    told_at = time.monotonic() + RELAUNCH_QUIET_S
-    followed, first_seen = {name_of(p) for p in before}, 0.0
-    while supervised():
+    followed, fresh = {name_of(p) for p in before}, []
+
+    def started() -> tuple[int, int]:
+        nonlocal fresh
         fresh = [p for p in pods_to_read(api, run, rank) if name_of(p) not in followed]
-        first_seen = first_seen or (time.monotonic() if fresh else 0.0)
-        if fresh and (len(fresh) >= len(before) or time.monotonic() - first_seen > RELAUNCH_ALL_S):
-            say(f"run {run}: started again by its supervisor ({states} before)")
-            return fresh
-        if told_at and time.monotonic() > told_at:  # a restart's backoff, or waiting for capacity
-            say(
-                f"run {run}: {states}; its supervisor is live: waiting for it to start the run again "
-                "(Ctrl-C stops following, not the run)"
-            )
-            told_at = 0.0
-        time.sleep(RELAUNCH_POLL_S)
-    return []
+        return len(fresh), len(before)
+
+    return fresh if await_relaunch(run, states, supervised, started) else []
 
 
 def started(api: Api, pod: V1Pod) -> bool:

@@ -210,25 +210,38 @@ def chosen_units(session: Session, run: str, rank: int | None) -> list[Unit]:
 def relaunched(
     session: Session, run: str, rank: int | None, states: dict[str, str], supervised: Callable[[], bool]
 ) -> bool:
-    """Whether the run's supervisor started its units again, waited for while it is live: the units
-    have ended (states), and a restart or a revival may follow, whose new logs are followed then."""
-    told_at = time.monotonic() + RELAUNCH_QUIET_S
-    first_seen = 0.0
-    while supervised():
+    """Whether the run's supervisor started its units again (their states have moved on from states, the
+    ended ones), waited for while it is live: a restart or a revival, whose new logs are followed then."""
+
+    def started() -> tuple[int, int]:
         units = chosen_units(session, run, rank)
         session.connect([u.node for u in units])
         now = unit_states(session, run, units)
-        started = [name for name, state in now.items() if state == "running" or state != states.get(name)]
-        first_seen = first_seen or (time.monotonic() if started else 0.0)
-        # Units start one after another: follow once every one has (a later one's log would be missed),
-        # or a while after the first did (a unit that ended at once, as it ended before, looks unstarted).
-        if started and (len(started) == len(now) or time.monotonic() - first_seen > RELAUNCH_ALL_S):
-            say(f"run {run}: started again by its supervisor ({ended_states(states)} before)")
+        return sum(state == "running" or state != states.get(name) for name, state in now.items()), len(now)
+
+    return await_relaunch(run, ended_states(states), supervised, started)
+
+
+def await_relaunch(
+    run: str, ended: str, supervised: Callable[[], bool], started: Callable[[], tuple[int, int]]
+) -> bool:
+    """Wait, while the run's supervisor is live, for its relaunch (every kind's `logs --follow`): started()
+    counts the relaunch's units (or pods) that have started, and how many there are to start. They start
+    one after another: True once every one has (a later one's log would be missed), or a while after the
+    first did (one that ended at once, as it ended before, looks unstarted); False once the supervisor
+    has ended. ended: how the followed ones ended, for the lines."""
+    told_at = time.monotonic() + RELAUNCH_QUIET_S
+    first_seen = 0.0
+    while supervised():
+        count, expected = started()
+        first_seen = first_seen or (time.monotonic() if count else 0.0)
+        if count and (count >= expected or time.monotonic() - first_seen > RELAUNCH_ALL_S):
+            say(f"run {run}: started again by its supervisor ({ended} before)")
             return True
-        if told_at and time.monotonic() > told_at:  # a restart's backoff, or a node's revival
+        if told_at and time.monotonic() > told_at:  # a restart's backoff, a node's revival, capacity
             say(
-                f"run {run}: {ended_states(states)}; its supervisor is live: waiting for it to start the run "
-                "again (Ctrl-C stops following, not the run)"
+                f"run {run}: {ended}; its supervisor is live: waiting for it to start the run again "
+                "(Ctrl-C stops following, not the run)"
             )
             told_at = 0.0
         time.sleep(RELAUNCH_POLL_S)

@@ -22,8 +22,7 @@ from launcher.cluster.inventory import price_text
 from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord, interrupted_text, stopped_text
-from launcher.runs.resume import failed_text
+from launcher.runs.record import Attempt, RunRecord, failed_text, interrupted_text, stopped_text
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10

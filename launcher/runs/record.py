@@ -203,6 +203,14 @@ def interrupted_text(snapshot_iter: int | None, rerun: str, snapshot: int | None
     return f"interrupted {at}; continue with: {rerun}"
 
 
+def failed_text(reason: str, snapshot_iter: int | None, rerun: str | None) -> str:
+    """A failed run's end (fab train's error line, `fab status`): the reason, and where it has a
+    snapshot, the command that continues from it once the cause is fixed."""
+    if snapshot_iter is None or not rerun:
+        return reason
+    return f"{reason}; its snapshot at iter {snapshot_iter} is kept; continue with: {rerun}"
+
+
 def supervisor_lost_text(log: Path, rerun: str, stop: str, how: str) -> str:
     """A front end's last line when the run's supervisor ended without recording an end (how: it was
     killed, its machine restarted; on Kubernetes its Job failed or was deleted): its ranks may still

@@ -64,11 +64,3 @@ def resume_refusal(snapshot: RunSnapshot, run: str, cfg: TrainConfig, nodes: int
         f"run {run}'s snapshot at iter {snapshot.iter} was trained with a global batch of {kept} sequences per "
         f"optimizer step on {trained}; {why}: rerun with {', or '.join(fixes)}"
     )
-
-
-def failed_text(reason: str, snapshot_iter: int | None, rerun: str | None) -> str:
-    """A failed run's end (fab train's error line, `fab status`): the reason, and where it has a
-    snapshot, the command that continues from it once the cause is fixed."""
-    if snapshot_iter is None or not rerun:
-        return reason
-    return f"{reason}; its snapshot at iter {snapshot_iter} is kept; continue with: {rerun}"

@@ -7,6 +7,7 @@ import threading
 import time
 
 import launcher.kube.tasks as kube_tasks
+import launcher.launch.status as launch_status
 from launcher.kube import objects
 from launcher.kube.objects import training_job
 from launcher.kube.pod_spec import LABEL_ATTEMPT
@@ -39,7 +40,8 @@ def test_a_supervisors_relaunch_is_followed_and_only_the_real_end_is_called_an_e
     seen: list[str] = []
     monkeypatch.setattr(kube_tasks, "out_line", seen.append)
     monkeypatch.setattr(kube_tasks, "say", seen.append)
-    monkeypatch.setattr(kube_tasks, "RELAUNCH_POLL_S", 0.05)
+    monkeypatch.setattr(launch_status, "say", seen.append)  # the relaunch's wait, shared with machines
+    monkeypatch.setattr(launch_status, "RELAUNCH_POLL_S", 0.05)
     start_attempt(fake, "rl", 0)
     asked = []
 
@@ -70,6 +72,7 @@ def test_without_a_supervisor_the_pods_end_is_the_runs_end(fake, script, contrac
     seen: list[str] = []
     monkeypatch.setattr(kube_tasks, "out_line", seen.append)
     monkeypatch.setattr(kube_tasks, "say", seen.append)
+    monkeypatch.setattr(launch_status, "say", seen.append)
     start_attempt(fake, "solo", 0)
     kube_tasks.logs(str(contract_file), run="solo", follow=True, supervised=lambda: False)
     assert seen[-1].startswith("run solo ended: ") and not [s for s in seen if "started again" in s]
