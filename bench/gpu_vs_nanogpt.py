@@ -42,11 +42,13 @@ does, and biases).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pickle
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -99,6 +101,13 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=600, help="seconds one program may take per round")
     parser.add_argument(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        help="no variant starts this many seconds after the start, and none runs past it: the summary is still "
+        "printed (for a call with a hard limit)",
+    )
+    parser.add_argument(
         "--diagnose",
         action="store_true",
         help="also the trainer with one choice changed (--variants)",
@@ -106,7 +115,15 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default=",".join(name.removeprefix("nanocluster-") for name in TRAINER_VARIANTS),
-        help="with --diagnose, which trainer variants (default: all of %(default)s)",
+        help="with --diagnose, which trainer variants (default: all of %(default)s); a+b changes both at once",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer setting for every trainer run, the variants too (e.g. cuda_graphs=false)",
     )
     parser.add_argument("--shape", action="store_true", help="also nanoGPT in GPT-2's shape (50,257 words, biases)")
     args = parser.parse_args()
@@ -114,11 +131,16 @@ def main() -> None:
     if missing:
         parser.error(f"--nanogpt {args.nanogpt}: no {', '.join(missing)} there; give a nanoGPT checkout's directory")
     known = [name.removeprefix("nanocluster-") for name in TRAINER_VARIANTS]
-    unknown = [v for v in args.variants.split(",") if v not in known]
+    unknown = [part for v in args.variants.split(",") for part in v.split("+") if part not in known]
     if unknown:
-        parser.error(f"--variants: no variant {', '.join(unknown)}; choose among {','.join(known)}")
+        parser.error(f"--variants: no variant {', '.join(unknown)}; choose among {','.join(known)} (a+b for both)")
+    malformed = [setting for setting in args.settings if "=" not in setting.strip("=")]
+    if malformed:
+        parser.error(f"--set {malformed[0]}: give KEY=VALUE, a trainer setting such as cuda_graphs=false")
     if min(args.rounds, args.steps, args.warmup, args.batch_size) < 1 or args.peak_tflops <= 0:
         parser.error("--rounds, --steps, --warmup, --batch-size and --peak-tflops must be positive")
+    if args.deadline is not None and args.deadline <= 0:
+        parser.error(f"--deadline {args.deadline:g}: give the seconds the whole comparison may take, more than 0")
 
     if not torch.cuda.is_available():
         sys.exit(
@@ -164,6 +186,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             f"data_dir={data}",
             f"out_dir={work / 'nanocluster-out'}",
             *trainer_overrides(shape),
+            *args.settings,
         ],
         REPO,
         TRAINER_STEP,
@@ -179,10 +202,16 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
     if "H100" not in gpu and args.peak_tflops == H100_SXM_BF16_PEAK_TFLOPS:
         print(f"note: MFU is against an H100 SXM's {H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s; pass --peak-tflops for {gpu}")
+    started = time.monotonic()
     run_rounds(programs[:2], args, env, decimals=1)
     for program in programs[2:]:  # a variant that fails (or outlasts --timeout) is reported, not fatal
+        left = math.inf if args.deadline is None else args.deadline - (time.monotonic() - started)
+        if left < 10:
+            print(f"{program.name}: left out: --deadline {args.deadline:g} s reached before it started")
+            continue
         try:
-            run_rounds([program], args, env, decimals=1)
+            within = argparse.Namespace(**vars(args) | {"timeout": min(args.timeout, left)})
+            run_rounds([program], within, env, decimals=1)
         except SystemExit as failure:
             print(f"{program.name}: left out: {str(failure.code).splitlines()[0]}")
     programs = [program for program in programs if program.steps_ms]
@@ -213,7 +242,10 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     )
     for name, rate in rates.items():
         if name.startswith("nanocluster-"):
-            print(f"diagnosis: {name} runs at {rate / rates['nanocluster']:.3f}x the trainer's tokens/s")
+            print(
+                f"diagnosis: {name} runs at {rate / rates['nanocluster']:.3f}x the trainer's tokens/s "
+                f"({rate / rates['nanoGPT']:.3f}x nanoGPT's, MFU {mfu[name]:.1f}%)"
+            )
 
     def same_model(shape: str, ours: str, theirs: str) -> None:
         """The trainer and nanoGPT on one model, each side's figures as measured."""
@@ -265,17 +297,26 @@ TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
 
 
 def trainer_variants(ours: Program, work: Path, chosen: list[str]) -> list[Program]:
-    return [
-        Program(
-            name,
-            [*ours.command, *overrides, f"out_dir={work / name}"],
-            ours.cwd,
-            ours.step_line,
-            env=ours.env | env,
+    """The trainer once per chosen variant, in the order given; "a+b" changes a's and b's choices at once."""
+    programs = []
+    for choice in chosen:
+        overrides: list[str] = []
+        env: dict[str, str] = {}
+        for part in choice.split("+"):
+            part_overrides, part_env = TRAINER_VARIANTS[f"nanocluster-{part}"]
+            overrides += part_overrides
+            env |= part_env
+        name = f"nanocluster-{choice}"
+        programs.append(
+            Program(
+                name,
+                [*ours.command, *overrides, f"out_dir={work / name}"],
+                ours.cwd,
+                ours.step_line,
+                env=ours.env | env,
+            )
         )
-        for name, (overrides, env) in TRAINER_VARIANTS.items()
-        if name.removeprefix("nanocluster-") in chosen
-    ]
+    return programs
 
 
 def nanogpt_in_gpt2_shape(nanogpt: Program, data: Path, work: Path) -> Program:

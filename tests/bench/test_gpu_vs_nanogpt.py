@@ -1,0 +1,79 @@
+"""bench/gpu_vs_nanogpt.py's choices and summary on a CPU: the programs it would run are recorded and
+given step times, so what each variant runs and what the summary lines say are checked here; the
+step times themselves need a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_vs_nanogpt
+from bench.vs_nanogpt import Program
+
+STEP_MS = {"nanoGPT": 29.0, "nanocluster": 27.0, "nanocluster-pdl": 26.0, "nanocluster-pdl+coordesc": 25.0}
+
+
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """compare() with each program's run replaced by its STEP_MS; returns the programs run, in order."""
+    ran: list[Program] = []
+
+    def fake_rounds(programs, args, env, decimals=0):
+        for program in programs:
+            ran.append(program)
+            program.steps_ms = [STEP_MS[program.name]] * args.steps
+
+    monkeypatch.setattr(gpu_vs_nanogpt, "run_rounds", fake_rounds)
+    monkeypatch.setattr(gpu_vs_nanogpt, "synthetic_tokens", lambda work, n: tmp_path)
+    monkeypatch.setattr(gpu_vs_nanogpt.torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    return ran
+
+
+def compare(tmp_path: Path, variants: str, settings: list[str], deadline: float | None = None) -> None:
+    args = argparse.Namespace(
+        nanogpt=tmp_path, rounds=1, steps=3, warmup=1, batch_size=12, peak_tflops=989.0, timeout=100,
+        diagnose=True, variants=variants, settings=settings, shape=False, deadline=deadline,
+    )  # fmt: skip
+    gpu_vs_nanogpt.compare(args, tmp_path)
+
+
+def test_a_combined_variant_changes_both_choices_and_every_trainer_run_gets_the_settings(measured, tmp_path, capsys):
+    compare(tmp_path, "pdl+coordesc,pdl", ["cuda_graphs=false"])
+
+    assert [p.name for p in measured] == ["nanoGPT", "nanocluster", "nanocluster-pdl+coordesc", "nanocluster-pdl"]
+    nanogpt, ours, both, pdl = measured
+    assert "cuda_graphs=false" not in nanogpt.command
+    assert all("cuda_graphs=false" in p.command for p in (ours, both, pdl))
+    assert both.env["TORCHINDUCTOR_ENABLE_PDL"] == "1" and both.env["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
+    assert "TORCHINDUCTOR_COORDINATE_DESCENT_TUNING" not in pdl.env
+    out = capsys.readouterr().out
+    # 12 x 1024 tokens a step; 29 ms against 25 ms is 1.160x nanoGPT's tokens/s.
+    assert "diagnosis: nanocluster-pdl+coordesc runs at 1.080x the trainer's tokens/s (1.160x nanoGPT's, MFU" in out
+    assert "gpu_vs_nanogpt: 1.07x stock nanoGPT's tokens/s" in out
+
+
+def test_variants_past_the_deadline_are_left_out_and_the_summary_still_printed(measured, tmp_path, capsys):
+    compare(tmp_path, "pdl", [], deadline=5)
+
+    assert [p.name for p in measured] == ["nanoGPT", "nanocluster"]
+    out = capsys.readouterr().out
+    assert "nanocluster-pdl: left out: --deadline 5 s reached before it started" in out
+    assert "gpu_vs_nanogpt: 1.07x stock nanoGPT's tokens/s" in out
+
+
+def test_an_unknown_variant_or_a_setting_without_a_value_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    for bad, says in (
+        (["--variants", "pdl+fast"], "--variants: no variant fast"),
+        (["--set", "cuda_graphs"], "--set cuda_graphs: give KEY=VALUE"),
+        (["--deadline", "0"], "--deadline 0: give the seconds"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["gpu_vs_nanogpt.py", "--nanogpt", str(tmp_path), "--diagnose", *bad])
+        for name in ("train.py", "model.py", "configurator.py"):
+            (tmp_path / name).touch()
+        with pytest.raises(SystemExit) as refused:
+            gpu_vs_nanogpt.main()
+        assert refused.value.code == 2
+        assert says in capsys.readouterr().err
