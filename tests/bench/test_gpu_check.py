@@ -14,18 +14,28 @@ FAKE_PYTHON = r"""#!/usr/bin/env bash
 # Plays python for bench/gpu_check.sh on a machine with one CUDA GPU.
 if [ "$1" = -c ]; then
     case "$2" in
-        *get_device_name*) echo "Fake H100 (capability (9, 0)); torch 2.13.0, CUDA 13.0, cuda available: True" ;;
+        *get_device_name*)
+            if [ -n "${FAKE_NO_GPU:-}" ]; then
+                echo "no GPU; torch 2.13.0+cpu, CUDA None, cuda available: False"
+                exit 4
+            fi
+            echo "Fake H100 (capability (9, 0)); torch 2.13.0, CUDA 13.0, cuda available: True" ;;
         *write_split*) mkdir -p "$3" ;;
     esac
     exit 0
 fi
 if [ "$1 $2" = "-m pytest" ]; then
-    # Passes only when a training run started while it ran: the resume and sample parts run beside it.
+    # As pytest -v under pytest-xdist prints. Passes only when a training run started while it ran: the
+    # resume and sample parts run beside it.
+    echo "4 workers [13 items]"
+    echo "[gw0] [  7%] PASSED tests/model/test_gpu.py::test_one"
+    echo "[gw1] [ 15%] PASSED tests/model/test_gpu.py::test_two"
+    [ -n "${FAKE_TESTS_CUT_SHORT:-}" ] && exit 124  # what `timeout` returns when the part's time ran out
     for _ in $(seq 300); do
-        [ -e "$FAKE_MARKS/trained" ] && { echo "12 passed in 3.00s"; exit 0; }
+        [ -e "$FAKE_MARKS/trained" ] && { echo "======== 13 passed in 3.00s ========"; exit 0; }
         sleep 0.1
     done
-    echo "1 failed in 30.00s"
+    echo "======== 1 failed in 30.00s ========"
     exit 1
 fi
 if [ "$1 $2" = "-m model.train" ]; then
@@ -128,3 +138,20 @@ def test_without_a_nanogpt_checkout_that_part_fails_naming_the_fix(tmp_path):
     rows = {row[0]: row for row in summary(check.stdout)}
     assert rows["vs-nanoGPT"][1] == "FAIL"
     assert "copy one to ./.nanogpt or set NANOGPT=" in " ".join(rows["vs-nanoGPT"])
+
+
+def test_gpu_tests_cut_short_say_how_far_they_got_and_the_other_parts_still_run(tmp_path):
+    check = run_check(tmp_path, FAKE_TESTS_CUT_SHORT="1")
+    assert check.returncode == 1
+    rows = {row[0]: row for row in summary(check.stdout)}
+    assert " ".join(rows["gpu-tests"][1:2] + rows["gpu-tests"][3:]) == (
+        "FAIL timed out: 2 of 13 passed, 0 failed, the rest unfinished"
+    )
+    assert [rows[part][1] for part in ("environment", "resume", "sample", "vs-nanoGPT")] == ["PASS"] * 4
+
+
+def test_without_a_gpu_it_refuses_in_one_line_before_any_part(tmp_path):
+    check = run_check(tmp_path, FAKE_NO_GPU="1")
+    assert check.returncode == 2
+    assert "gpu_check: refused: torch sees no CUDA GPU here (no GPU; torch 2.13.0+cpu" in check.stdout
+    assert "== 2." not in check.stdout and not (tmp_path / "marks" / "trained").exists()

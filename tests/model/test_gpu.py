@@ -13,13 +13,16 @@ cross-device resumes compare losses within a tolerance instead.
 from __future__ import annotations
 
 import math
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file
 
 from model.checkpointing.checkpoint import load_model
@@ -87,8 +90,21 @@ def expected_precision() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def scratch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(out_dir, log) of a 4-step scratch run of the tiny model (GPT-2's vocabulary, so its checkpoint
-    samples any prompt) with the defaults; shared by the tests below, as one run takes a compile."""
-    work = tmp_path_factory.mktemp("scratch")
+    samples any prompt) with the defaults; shared by the tests below, which only read it, as one run
+    takes a compile. Under pytest-xdist (bench/gpu_check.sh) the first worker that needs it runs it and
+    the others wait for it: four workers compiling the same run at once left the check short of time."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return run_scratch(tmp_path_factory.mktemp("scratch"))
+    shared = tmp_path_factory.getbasetemp().parent / "scratch-run"  # the workers' base temps share this session's
+    with FileLock(f"{shared}.lock"):
+        log_file = shared / "train.log"
+        if not log_file.exists():  # written last, so a run that failed is run again, not read
+            shutil.rmtree(shared, ignore_errors=True)
+            log_file.write_text(run_scratch(shared)[1])
+        return shared / "out", log_file.read_text()
+
+
+def run_scratch(work: Path) -> tuple[Path, str]:
     rng = np.random.default_rng(0)
     data = write_tokens(work / "data", rng.integers(0, VOCAB_SIZE, 20_000), rng.integers(0, VOCAB_SIZE, 4_000))
     out = work / "out"
