@@ -41,6 +41,23 @@ def refuse_launcher_keys(overrides: Sequence[str]) -> None:
             raise TaskError(f"--set {item}: the launcher sets {key.strip()} itself; {fix.format(value=value.strip())}")
 
 
+def refuse_launcher_keys_in_file(config_file: str, text: str) -> None:
+    """A TaskError naming the first key of the YAML file that the launcher sets (the launcher's value on
+    the command line would win over it without a word), the flag that sets it, and to take it out."""
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return  # the loader names what is wrong with the file
+    if not isinstance(values, dict):
+        return
+    for key, value in values.items():
+        if (fix := LAUNCHER_KEYS.get(str(key))) is not None:
+            raise TaskError(
+                f"--config {config_file} sets {key}: {value}, which the launcher sets itself; take it out of the "
+                f"file and {fix.format(value=value)}"
+            )
+
+
 def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> TrainConfig:
     """The TrainConfig the YAML file and key=value overrides make, or a TaskError naming the bad key."""
     try:
@@ -52,7 +69,7 @@ def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> T
 def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tuple[str, TrainConfig]:
     """--config's text ('' without one: it is shipped to the nodes as it is) and the checked
     TrainConfig it makes with the overrides; a TaskError for a file that cannot be read, a bad key, or a
-    --set of a key the launcher sets."""
+    key the launcher sets, in --set or in the file."""
     refuse_launcher_keys(overrides)
     text = ""
     if config_file:
@@ -64,7 +81,10 @@ def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tu
             raise TaskError(
                 f"--config {config_file}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
             ) from None
-    return text, check_trainer_config(config_file, overrides)
+    config = check_trainer_config(config_file, overrides)
+    if config_file:
+        refuse_launcher_keys_in_file(config_file, text)
+    return text, config
 
 
 def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:

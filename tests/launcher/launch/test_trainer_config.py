@@ -123,6 +123,27 @@ def test_a_set_of_a_key_the_launcher_sets_names_the_flag_before_any_node(
     nothing_recorded(local_home, capsys)
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("out_dir: out-shakespeare", "sets out_dir: out-shakespeare, which the launcher sets itself; take it out of "
+         "the file and the run directory is runs/<--run>: use --run NAME"),
+        ("backend: gloo", "sets backend: gloo, which the launcher sets itself; take it out of the file and use "
+         "--backend gloo"),
+    ],
+)  # fmt: skip
+def test_a_key_the_launcher_sets_in_the_config_file_is_refused_naming_the_flag(
+    unroutable, local_home, tmp_path, capsys, line, message
+):
+    """A nanoGPT-style config names its out_dir; the launcher's value would win over it without a word."""
+    config = tmp_path / "finetune.yaml"
+    config.write_text(f"max_iters: 5\n{line}\n")
+    with pytest.raises(TaskError) as failure:
+        train(TrainRequest(str(unroutable), config=str(config)))
+    assert str(failure.value) == f"--config {config} {message}"
+    nothing_recorded(local_home, capsys)
+
+
 def test_a_budget_in_set_does_not_bypass_the_local_clusters_refusal_of_a_budget(local3, local_home, capsys):
     with pytest.raises(TaskError, match=r"^--set budget_usd=5: the launcher sets budget_usd itself; use --budget USD"):
         train(TrainRequest(None, dry_run=True, overrides=("budget_usd=5", "budget_usd_per_hour=1")))
