@@ -162,8 +162,8 @@ class MachinesRun:
         if refusal := plan.unfit_choice():
             raise TaskError(refusal)
         start_units(session, plan, prepared.config_text)
-        machines = len(session.hosts())  # the local cluster's nodes share one machine
-        where = f"{len(session.nodes)} node(s)" + (f" ({machines} machine)" if machines < len(session.nodes) else "")
+        # The local cluster's nodes are one per rank on one machine: said as its opening line says it.
+        where = f"{len(session.nodes)} node(s)" if len(session.hosts()) == len(session.nodes) else "this machine"
         if plan.on_gpus:
             where += f", one rank per GPU ({plan.cluster.gpu_model})"
         say(

@@ -221,8 +221,9 @@ def fan_out(session: Session, dataset: str, verify_existing: bool = False) -> No
         return
     want = splits_digest(session.report(hosts[0]).data_meta)
     if want is None:
-        prepare = command_line("prepare-data", cluster=session.cluster.spec)
-        raise TaskError(f"data/{dataset} is not on {hosts[0].name}: run `{prepare}` first")
+        raise TaskError(
+            f"data/{dataset} is not on {hosts[0].name}: prepare it first: {prepare_fix(session.cluster.spec, dataset)}"
+        )
     stale = [n for n in hosts[1:] if not holds_copy(session.report(n), want)]
     verify = script("verify_data")
     if verify_existing:
