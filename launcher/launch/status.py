@@ -24,7 +24,7 @@ from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
-from launcher.launch.supervisor import read_state, supervisor_line
+from launcher.launch.supervisor import ENDED, is_live, read_state, supervisor_line
 from launcher.launch.units import alive_command, boot_command, log_command
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
@@ -129,15 +129,34 @@ def status(
                 say(health)
             for line in slow_node_lines(record, records):  # the slowest rank and node
                 say(line)
-        for line in [*status_lines(record), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
+        state = read_state(record.directory)
+        live = is_live(record.directory) if supervisor_live is None else supervisor_live
+        # No rank running anywhere and no supervisor (killed, or its machine rebooted) while the record
+        # has no end: the run's time and cost stop at what it last recorded, not at now.
+        gone = state is not None and not live and state.phase != ENDED and not session.unreachable
+        running = any(" running" in f" {units}" for _, units in jobs.values())  # "rank0 running rank1 exited 137"
+        gone_at = None
+        if gone and not running and cluster.head.index in session.shells:
+            gone_at = last_heard_of(record, session.shell(cluster.head), session.site.run_dir(run))
+        for line in [*status_lines(record, gone_at), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
             say(line)
         where = supervisor_where or "on this machine"
         supervised = supervisor_line(record.directory, cluster_spec, run, supervisor_live, where)
-        state = read_state(record.directory)
         for told in (supervised, lost_terminal_line(record.directory, state.log_start if state else 0)):
             if told:
                 say(told)
     return 1 if session.unreachable else 0
+
+
+def last_heard_of(record: RunRecord, head: Shell, run_dir: str) -> float:
+    """When the run was last heard of: its last event in this machine's record, the last metrics line
+    its supervisor copied here, or the last its trainer wrote on the head node (a supervisor killed
+    early copied none)."""
+    copied = record.metrics_path.stat().st_mtime if record.metrics_path.exists() else 0.0
+    written = head.run(f"stat -c %Y {run_dir}/metrics.jsonl 2>/dev/null").stdout.strip()
+    return max(
+        record.events[-1]["time"] if record.events else 0.0, copied, float(written) if written.isdigit() else 0.0
+    )
 
 
 def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:

@@ -22,7 +22,7 @@ from launcher.cluster.inventory import price_text
 from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord, failed_text, interrupted_text, stopped_text
+from launcher.runs.record import Attempt, RunRecord, clock, failed_text, interrupted_text, stopped_text
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10
@@ -86,20 +86,32 @@ def time_to_finish(series: Series) -> float | None:
 
 
 @overload
-def run_clock(attempt: Attempt, series: Series, now: float | None = None) -> RunClock: ...
+def run_clock(attempt: Attempt, series: Series, now: float | None = None, gone_at: float | None = None) -> RunClock: ...
 
 
 @overload
-def run_clock(attempt: Attempt | None, series: Series, now: float | None = None) -> RunClock | None: ...
+def run_clock(
+    attempt: Attempt | None, series: Series, now: float | None = None, gone_at: float | None = None
+) -> RunClock | None: ...
 
 
-def run_clock(attempt: Attempt | None, series: Series, now: float | None = None) -> RunClock | None:
-    """The figures of an attempt (a run's latest: RunRecord.current); None when it was never launched."""
+def run_clock(
+    attempt: Attempt | None, series: Series, now: float | None = None, gone_at: float | None = None
+) -> RunClock | None:
+    """The figures of an attempt (a run's latest: RunRecord.current); None when it was never launched.
+    gone_at: when an attempt without an end event was last heard of, its ranks and supervisor since
+    gone (`fab status` found neither): its figures stop there instead of running on with the clock."""
     if attempt is None:
         return None
-    launch, finished = attempt.launch, attempt.end is not None
+    launch = attempt.launch
+    stop = attempt.stop_time(time.time() if now is None else now)
+    ended = ending_text(attempt.end, attempt.run)
+    if gone_at is not None and attempt.end is None:
+        stop = gone_at
+        ended = f"gone: no end recorded, its ranks and supervisor gone since its last record at {clock(stop)}"
+    finished = bool(ended)
     return RunClock(
-        elapsed_s=max(0.0, attempt.stop_time(time.time() if now is None else now) - launch["time"]),
+        elapsed_s=max(0.0, stop - launch["time"]),
         eta_s=0.0 if finished else time_to_finish(series),
         cluster_nodes=billed_machines(launch),
         hourly_cost_usd=launch.get("hourly_cost_usd"),
@@ -107,7 +119,7 @@ def run_clock(attempt: Attempt | None, series: Series, now: float | None = None)
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
         prices_as_of=launch.get("prices_as_of") or "",
-        ended=ending_text(attempt.end, attempt.run),
+        ended=ended,
     )
 
 
@@ -173,10 +185,11 @@ def progress_suffix(clock: RunClock | None) -> str:
     return eta + cost + restarts
 
 
-def status_lines(record: RunRecord) -> list[str]:
-    """`fab status`'s view of the run from the operator's record: the loss chart, then time and cost."""
+def status_lines(record: RunRecord, gone_at: float | None = None) -> list[str]:
+    """`fab status`'s view of the run from the operator's record: the loss chart, then time and cost
+    (gone_at: as run_clock takes it)."""
     series = read_series(record.directory)
-    clock = run_clock(record.current, series)
+    clock = run_clock(record.current, series, gone_at=gone_at)
     if clock is None:
         return [f"run {record.run}: no launch recorded on this machine ({record.directory})"]
     chart = loss_chart(series)
