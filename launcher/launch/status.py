@@ -138,7 +138,10 @@ def status(
         gone_at = None
         if gone and not running and cluster.head.index in session.shells:
             gone_at = last_heard_of(record, session.shell(cluster.head), session.site.run_dir(run))
-        for line in [*status_lines(record, gone_at), *budget_lines(record, cluster_spec)]:  # chart, time, cost, budget
+        for line in [
+            *status_lines(record, gone_at),
+            *budget_lines(record, cluster_spec, gone_at),
+        ]:  # chart, time, cost, budget
             say(line)
         where = supervisor_where or "on this machine"
         supervised = supervisor_line(record.directory, cluster_spec, run, supervisor_live, where)

@@ -370,15 +370,18 @@ def stopped_line(
     )
 
 
-def status_lines(record: RunRecord, cluster_spec: str | None = None) -> list[str]:
+def status_lines(record: RunRecord, cluster_spec: str | None = None, gone_at: float | None = None) -> list[str]:
     """`fab status`'s budget line(s): spend against the budget, or how the run stopped at it
-    (cluster_spec: --cluster as given, for the command that continues it)."""
+    (cluster_spec: --cluster as given, for the command that continues it; gone_at: when a run without
+    an end, its ranks and supervisor gone, was last heard of, as estimate.run_clock takes it)."""
     attempt = record.current
-    spend = spend_of(attempt) if attempt else None
+    spend = spend_of(attempt, gone_at) if attempt else None
     if attempt is None or spend is None:
         return []
     spent, budget = spend
     end = attempt.end
+    if end is None and gone_at is not None:
+        return [f"budget: ${spent:.2f} of ${budget:.2f} spent (gone: no end recorded)"]
     if end is None:
         return [
             f"budget: ${spent:.2f} of ${budget:.2f} spent (the trainer stops before the snapshot that would cross it)"

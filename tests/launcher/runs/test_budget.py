@@ -187,6 +187,10 @@ def test_status_lines_show_spend_against_the_budget_and_how_it_stopped(cluster):
     assert budget.status_lines(RunRecord.of(cluster, "nothing")) == []
     (line,) = budget.status_lines(RunRecord.of(cluster, "main"))
     assert line.startswith("budget: $") and " of $1.00 spent (the trainer stops before the snapshot" in line
+    # Its supervisor and ranks gone without an end (fab status found neither): spend to when it was last heard of.
+    assert budget.status_lines(RunRecord.of(cluster, "main"), gone_at=450.0) == [
+        "budget: $0.55 of $1.00 spent (gone: no end recorded)"
+    ]
     write(
         cluster,
         "main",
