@@ -6,15 +6,17 @@ Both train GPT-2 small from scratch (12 layers x 768, block 1024, no gradient ac
 same micro-batch (default 12 sequences, nanoGPT's own default for GPT-2 small, which fits a 40 GB
 GPU with room to spare and an 80 GB one easily), both compiled (torch.compile), both in bf16 autocast,
 on the same synthetic tokens (uniform random GPT-2 ids, written once as the uint16 train.bin/val.bin
-both programs read), one process at a time, in interleaved rounds (the order alternates). nanoGPT runs
+both programs read), in rounds whose order rotates. Each round starts the programs in batches of --ahead
+(default 4), each batch compiled at once and then timed one program at a time, the others paused
+(bench/compile_ahead.py: compiling is most of a GPU comparison's wall time). nanoGPT runs
 from the directory given (its train.py, model.py and configurator.py; never copied here) with
 device=cuda, dtype=bfloat16, compile=True. The trainer runs with device=cuda, mixed_precision=bf16,
 compile=true (and so, in one process, CUDA graphs: cuda_graphs auto). Shape arguments differ only
 where the programs' own defaults do: nanoGPT pads the vocabulary to 50,304 and has no biases; the
 trainer keeps GPT-2's 50,257 and biases.
 
-Each program's step time is what it logs per iteration; the first --warmup steps (compilation, the
-first evaluation) are left out and the median of the next --steps is kept, then the process is killed
+Each program's step time is what it logs per iteration; the steps before its pause and the first
+--warmup after it are left out and the median of the next --steps is kept, then the process is killed
 (neither writes a checkpoint). Tokens/s = micro-batch x 1024 / step time. MFU, for both, is
 tokens/s x F / peak with one F: nanoGPT's estimate_mfu formula 6N + 12·L·H·Q·T (PaLM appendix B),
 N = GPT-2 small's parameters less the position embedding as the trainer counts them (123.7M), so the
@@ -56,6 +58,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.checkouts import rotated  # noqa: E402
+from bench.compile_ahead import measure  # noqa: E402
 from bench.vs_nanogpt import (  # noqa: E402
     NANOGPT_FILES,
     NANOGPT_STEP,
@@ -63,7 +67,6 @@ from bench.vs_nanogpt import (  # noqa: E402
     Program,
     gpt2_small_run,
     nanogpt_arguments,
-    run_rounds,
     synthetic_tokens,
     trainer_overrides,
 )
@@ -99,7 +102,16 @@ def main() -> None:
         default=H100_SXM_BF16_PEAK_TFLOPS,
         help=f"the GPU's dense bf16 peak MFU is against (default {H100_SXM_BF16_PEAK_TFLOPS:g}, H100 SXM)",
     )
-    parser.add_argument("--timeout", type=float, default=600, help="seconds one program may take per round")
+    parser.add_argument(
+        "--timeout", type=float, default=600, help="seconds a program may take to compile, and again to take its steps"
+    )
+    parser.add_argument(
+        "--ahead",
+        type=int,
+        default=4,
+        help="programs compiled at once, each then timed alone (default %(default)s: GPT-2 small at micro-batch 12 "
+        "holds ~15 GB of GPU memory each, paused; 1: one after another)",
+    )
     parser.add_argument(
         "--deadline",
         type=float,
@@ -137,8 +149,8 @@ def main() -> None:
     malformed = [setting for setting in args.settings if "=" not in setting.strip("=")]
     if malformed:
         parser.error(f"--set {malformed[0]}: give KEY=VALUE, a trainer setting such as cuda_graphs=false")
-    if min(args.rounds, args.steps, args.warmup, args.batch_size) < 1 or args.peak_tflops <= 0:
-        parser.error("--rounds, --steps, --warmup, --batch-size and --peak-tflops must be positive")
+    if min(args.rounds, args.steps, args.warmup, args.batch_size, args.ahead) < 1 or args.peak_tflops <= 0:
+        parser.error("--rounds, --steps, --warmup, --batch-size, --ahead and --peak-tflops must be positive")
     if args.deadline is not None and args.deadline <= 0:
         parser.error(f"--deadline {args.deadline:g}: give the seconds the whole comparison may take, more than 0")
 
@@ -202,18 +214,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
     if "H100" not in gpu and args.peak_tflops == H100_SXM_BF16_PEAK_TFLOPS:
         print(f"note: MFU is against an H100 SXM's {H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s; pass --peak-tflops for {gpu}")
-    started = time.monotonic()
-    run_rounds(programs[:2], args, env, decimals=1)
-    for program in programs[2:]:  # a variant that fails (or outlasts --timeout) is reported, not fatal
-        left = math.inf if args.deadline is None else args.deadline - (time.monotonic() - started)
-        if left < 10:
-            print(f"{program.name}: left out: --deadline {args.deadline:g} s reached before it started")
-            continue
-        try:
-            within = argparse.Namespace(**vars(args) | {"timeout": min(args.timeout, left)})
-            run_rounds([program], within, env, decimals=1)
-        except SystemExit as failure:
-            print(f"{program.name}: left out: {str(failure.code).splitlines()[0]}")
+    measure_rounds(programs, args, env)
     programs = [program for program in programs if program.steps_ms]
 
     flops = flops_per_token()
@@ -262,6 +263,39 @@ def compare(args: argparse.Namespace, work: Path) -> None:
             f"shape's tokens/s"
         )
         same_model("GPT-2's", "nanocluster", "nanoGPT-gpt2")  # the trainer's default model
+
+
+def measure_rounds(programs: list[Program], args: argparse.Namespace, env: dict[str, str]) -> None:
+    """args.rounds rounds; in each, the programs in batches of args.ahead, each batch compiled at once
+    and timed one program at a time (bench.compile_ahead), nanoGPT and the trainer in the first. Either
+    of those two failing ends the comparison; a variant that fails is left out with one line, as is one
+    that --deadline leaves no time."""
+    started, left_out = time.monotonic(), set[str]()
+    compared = {program.name for program in programs[:2]}  # without these two there is no comparison
+    for round_ in range(args.rounds):
+        for first in range(0, len(programs), args.ahead):
+            batch = [p for p in programs[first : first + args.ahead] if p.name not in left_out]
+            left = math.inf if args.deadline is None else args.deadline - (time.monotonic() - started)
+            if left < 10 and not compared & {p.name for p in batch}:
+                for program in batch:
+                    print(f"{program.name}: left out: --deadline {args.deadline:g} s reached before it started")
+                left_out.update(p.name for p in batch)
+                continue
+            # Each round times the batch in another order, as the machine's speed may drift.
+            if not batch:
+                continue
+            limit = min(args.timeout, max(left, 10))
+            failures = measure(rotated(batch, round_), env, args.warmup, args.steps, limit)
+            for program in batch:
+                if program.name in failures:
+                    if program.name in compared:
+                        sys.exit(f"error: {program.name} {failures[program.name]}")
+                    print(f"{program.name}: left out: {failures[program.name].splitlines()[0]}")
+                    left_out.add(program.name)
+                    program.steps_ms.clear()
+                else:
+                    median = statistics.median(program.steps_ms[-args.steps :])
+                    print(f"round {round_ + 1}: {program.name} median {median:.1f} ms/step")
 
 
 TRAINER_VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {

@@ -14,37 +14,48 @@ from bench import gpu_vs_nanogpt
 from bench.vs_nanogpt import Program
 
 STEP_MS = {"nanoGPT": 29.0, "nanocluster": 27.0, "nanocluster-pdl": 26.0, "nanocluster-pdl+coordesc": 25.0}
+FAILS = {"nanocluster-coordesc": "logged no step in 100 s (still compiling); raise --timeout"}
 
 
 @pytest.fixture
 def measured(monkeypatch, tmp_path):
-    """compare() with each program's run replaced by its STEP_MS; returns the programs run, in order."""
-    ran: list[Program] = []
+    """compare() with each batch's measure() replaced: STEP_MS, FAILS; returns each batch's names."""
+    ran: list[list[str]] = []
 
-    def fake_rounds(programs, args, env, decimals=0):
+    def fake_measure(programs, env, warmup, steps, timeout_s):
+        ran.append([program.name for program in programs])
         for program in programs:
-            ran.append(program)
-            program.steps_ms = [STEP_MS[program.name]] * args.steps
+            if program.name in FAILS:
+                continue
+            program.steps_ms = [STEP_MS[program.name]] * steps
+        return {name: FAILS[name] for name in FAILS if name in [p.name for p in programs]}
 
-    monkeypatch.setattr(gpu_vs_nanogpt, "run_rounds", fake_rounds)
+    monkeypatch.setattr(gpu_vs_nanogpt, "measure", fake_measure)
     monkeypatch.setattr(gpu_vs_nanogpt, "synthetic_tokens", lambda work, n: tmp_path)
     monkeypatch.setattr(gpu_vs_nanogpt.torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
     return ran
 
 
-def compare(tmp_path: Path, variants: str, settings: list[str], deadline: float | None = None) -> None:
+def compare(
+    tmp_path: Path, variants: str, settings: list[str], deadline: float | None = None, ahead: int = 4, rounds: int = 1
+) -> None:
     args = argparse.Namespace(
-        nanogpt=tmp_path, rounds=1, steps=3, warmup=1, batch_size=12, peak_tflops=989.0, timeout=100,
-        diagnose=True, variants=variants, settings=settings, shape=False, deadline=deadline,
+        nanogpt=tmp_path, rounds=rounds, steps=3, warmup=1, batch_size=12, peak_tflops=989.0, timeout=100,
+        diagnose=True, variants=variants, settings=settings, shape=False, deadline=deadline, ahead=ahead,
     )  # fmt: skip
     gpu_vs_nanogpt.compare(args, tmp_path)
 
 
-def test_a_combined_variant_changes_both_choices_and_every_trainer_run_gets_the_settings(measured, tmp_path, capsys):
+def test_a_combined_variant_changes_both_choices_and_every_trainer_run_gets_the_settings(
+    measured, tmp_path, capsys, monkeypatch
+):
+    programs = []
+    real_measure = gpu_vs_nanogpt.measure
+    monkeypatch.setattr(gpu_vs_nanogpt, "measure", lambda ps, *rest: programs.extend(ps) or real_measure(ps, *rest))
     compare(tmp_path, "pdl+coordesc,pdl", ["cuda_graphs=false"])
 
-    assert [p.name for p in measured] == ["nanoGPT", "nanocluster", "nanocluster-pdl+coordesc", "nanocluster-pdl"]
-    nanogpt, ours, both, pdl = measured
+    assert measured == [["nanoGPT", "nanocluster", "nanocluster-pdl+coordesc", "nanocluster-pdl"]]  # one batch
+    nanogpt, ours, both, pdl = programs
     assert "cuda_graphs=false" not in nanogpt.command
     assert all("cuda_graphs=false" in p.command for p in (ours, both, pdl))
     assert both.env["TORCHINDUCTOR_ENABLE_PDL"] == "1" and both.env["TORCHINDUCTOR_COORDINATE_DESCENT_TUNING"] == "1"
@@ -56,12 +67,25 @@ def test_a_combined_variant_changes_both_choices_and_every_trainer_run_gets_the_
 
 
 def test_variants_past_the_deadline_are_left_out_and_the_summary_still_printed(measured, tmp_path, capsys):
-    compare(tmp_path, "pdl", [], deadline=5)
+    compare(tmp_path, "pdl", [], deadline=5, ahead=2)
 
-    assert [p.name for p in measured] == ["nanoGPT", "nanocluster"]
+    assert measured == [["nanoGPT", "nanocluster"]]
     out = capsys.readouterr().out
     assert "nanocluster-pdl: left out: --deadline 5 s reached before it started" in out
     assert "gpu_vs_nanogpt: 1.07x stock nanoGPT's tokens/s" in out
+
+
+def test_batches_of_ahead_programs_rotate_each_round_and_a_failed_variant_is_left_out(measured, tmp_path, capsys):
+    compare(tmp_path, "pdl,coordesc", [], ahead=3, rounds=2)
+
+    assert measured == [
+        ["nanoGPT", "nanocluster", "nanocluster-pdl"],
+        ["nanocluster-coordesc"],
+        ["nanocluster", "nanocluster-pdl", "nanoGPT"],  # round 2: the next one first; coordesc not again
+    ]
+    out = capsys.readouterr().out
+    assert "nanocluster-coordesc: left out: logged no step in 100 s (still compiling); raise --timeout" in out
+    assert "diagnosis: nanocluster-pdl runs at" in out and "diagnosis: nanocluster-coordesc" not in out
 
 
 def test_an_unknown_variant_or_a_setting_without_a_value_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
