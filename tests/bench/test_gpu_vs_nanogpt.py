@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_vs_nanogpt
-from bench.vs_nanogpt import Program
 
 STEP_MS = {"nanoGPT": 29.0, "nanocluster": 27.0, "nanocluster-pdl": 26.0, "nanocluster-pdl+coordesc": 25.0}
 FAILS = {"nanocluster-coordesc": "logged no step in 100 s (still compiling); raise --timeout"}
