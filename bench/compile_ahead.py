@@ -14,6 +14,8 @@ beside other compiles: what they pick may differ from what they pick alone; the 
 
 from __future__ import annotations
 
+import ctypes
+import math
 import queue
 import signal
 import subprocess
@@ -26,6 +28,9 @@ from bench.vs_nanogpt import TRAINER_DTYPE, Program, peak_rss_gb
 
 QUIET_S = 0.2
 """After a pause, how long no line must come before the lines already written count as read."""
+DRAIN_LIMIT_S = 5.0
+"""The most those lines are read for: output from something the pause did not stop ends it."""
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when the process that started it dies
 
 
 @dataclass
@@ -56,8 +61,9 @@ class Paused:
 
     def read_written(self) -> None:
         """Read the lines it wrote so far (until none came for QUIET_S), timing none of them."""
+        until = time.monotonic() + DRAIN_LIMIT_S
         try:
-            while self.next_line(time.monotonic() + QUIET_S) is not None:
+            while time.monotonic() < until and self.next_line(time.monotonic() + QUIET_S) is not None:
                 pass
         except TimeoutError:
             pass
@@ -77,6 +83,7 @@ def start(program: Program, env: dict[str, str]) -> Paused:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=die_with_parent,
     )
     started = Paused(program, proc)
 
@@ -94,6 +101,12 @@ def start(program: Program, env: dict[str, str]) -> Paused:
     return started
 
 
+def die_with_parent() -> None:
+    """In the child, before it runs the program: SIGKILL when this process dies, however it dies (a
+    paused program would otherwise stay stopped, holding its GPU memory, with no one to resume it)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def await_compile(started: Paused, deadline: float, timeout_s: float) -> None:
     """Wait until it logged its first step (and so was paused); its failure said otherwise."""
     while not (started.compiled.is_set() or started.ended.is_set()):
@@ -107,12 +120,13 @@ def await_compile(started: Paused, deadline: float, timeout_s: float) -> None:
         started.failure = f"exited with {started.proc.wait()} before its first step:\n{''.join(started.tail)}"
 
 
-def time_steps(started: Paused, warmup: int, steps: int, timeout_s: float) -> None:
-    """Resume it alone, keep its step times after warmup, read its peak RSS, kill it."""
+def time_steps(started: Paused, warmup: int, steps: int, timeout_s: float, until: float) -> None:
+    """Resume it alone, keep its step times after warmup, read its peak RSS, kill it (by until at the
+    latest, a time.monotonic() moment)."""
     program, proc = started.program, started.proc
     started.read_written()  # the lines written before the pause: not timed
     proc.send_signal(signal.SIGCONT)
-    deadline, seen = time.monotonic() + timeout_s, 0
+    deadline, seen = min(time.monotonic() + timeout_s, until), 0
     times: list[float] = []
     try:
         while len(times) < steps:
@@ -128,23 +142,33 @@ def time_steps(started: Paused, warmup: int, steps: int, timeout_s: float) -> No
         program.peak_rss_gb.append(peak_rss_gb(proc.pid))
         program.steps_ms.extend(times)
     except TimeoutError:
-        started.failure = f"logged {seen} steps in {timeout_s:.0f} s after its compile; raise --timeout"
+        started.failure = f"logged {seen} steps in the time left after its compile; raise --timeout"
     finally:
         started.stop()
 
 
-def measure(programs: list[Program], env: dict[str, str], warmup: int, steps: int, timeout_s: float) -> dict[str, str]:
-    """Compile every program at once, then time each alone, in the order given; each failure by name
-    (a program that failed is left without steps, the others are measured)."""
-    running = [start(program, env) for program in programs]
+def measure(
+    programs: list[Program], env: dict[str, str], warmup: int, steps: int, timeout_s: float, until: float = math.inf
+) -> dict[str, str]:
+    """Compile every program at once, then time each alone, in the order given, none past until (a
+    time.monotonic() moment); each failure by name (a program that failed is left without this
+    batch's steps, the others are measured)."""
+    running: list[Paused] = []
     try:
-        deadline = time.monotonic() + timeout_s
+        for program in programs:
+            running.append(start(program, env))
+        limit = min(timeout_s, until - time.monotonic())
+        deadline = time.monotonic() + limit
         for started in running:
-            await_compile(started, deadline, timeout_s)
+            await_compile(started, deadline, limit)
         for started in running:
             if not started.failure:
-                time_steps(started, warmup, steps, timeout_s)
+                time_steps(started, warmup, steps, timeout_s, until)
     finally:
         for started in running:
             started.stop()
-    return {started.program.name: started.failure for started in running if started.failure}
+    failures = {started.program.name: started.failure for started in running if started.failure}
+    if len(programs) > 1:  # an out-of-memory may be the others' doing: they hold theirs while paused
+        hint = f"{len(programs)} programs held GPU memory at once: lower --ahead; "
+        failures = {name: (hint if "out of memory" in text else "") + text for name, text in failures.items()}
+    return failures

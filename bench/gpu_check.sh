@@ -100,7 +100,7 @@ import model.train, model.sample, model.export, bench.gpu_vs_nanogpt'
 env_line=$(bounded 90 "$PYTHON" -c "$probe" 2>"$WORK/imports.err")
 code=$?
 env_line=$(tail -1 <<<"$env_line")
-echo "$env_line"
+[ -n "$env_line" ] && echo "$env_line"
 if [ "$code" -eq 3 ]; then
     echo "gpu_check: refused: $PYTHON $env_line; this script installs nothing: run it where that python has a" \
         "CUDA build of torch, or set PYTHON=/path/to/python"
@@ -112,8 +112,13 @@ elif [ "$code" -eq 4 ]; then
     exit 2
 elif [ "$code" -eq 0 ]; then
     record environment PASS "$env_line"
-else
+elif [[ "$env_line" == *"cuda available: True"* ]]; then  # torch and its GPU seen: the trainer's imports failed
     record environment FAIL "the trainer does not import ($(failed_or_timed_out "$code")): $(tail -1 "$WORK/imports.err")"
+else  # no python there, or it crashed or hung before torch answered
+    echo "gpu_check: refused: $PYTHON did not run ($(failed_or_timed_out "$code"): $(tail -1 "$WORK/imports.err"));" \
+        "this script installs nothing: run it where python3 has a CUDA build of torch, or set PYTHON=/path/to/python"
+    rm -rf "$WORK"
+    exit 2
 fi
 
 # --- 3. snapshot and exact resume, and 4. a short run's sample: beside the gpu tests ----------------
@@ -215,12 +220,12 @@ else
     summary=$(grep -E '^=+ .*[0-9]+ (passed|failed|skipped|error)' "$WORK/tests.log" | tail -1 | tr -d '=' | xargs)
     if [ "$code" -eq 0 ]; then
         record "gpu tests" PASS "$summary"
-    elif [ -z "$summary" ]; then  # cut short: what had ended by then
+    elif [ -z "$summary" ] && { [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; }; then  # cut short: how far it got
         passed=$(grep -c ' PASSED ' "$WORK/tests.log") failed=$(grep -c -E ' (FAILED|ERROR) ' "$WORK/tests.log")
         collected=$(grep -o -E '\[[0-9]+ items?\]|collected [0-9]+ items?' "$WORK/tests.log" | grep -o -E '[0-9]+' | head -1)
         record "gpu tests" FAIL "$(failed_or_timed_out "$code"): $passed of ${collected:-?} passed, $failed failed, the rest unfinished"
     else
-        record "gpu tests" FAIL "$(failed_or_timed_out "$code"): $summary"
+        record "gpu tests" FAIL "$(failed_or_timed_out "$code"): ${summary:-$(tail -1 "$WORK/tests.log" | cut -c1-200)}"
     fi
 fi
 

@@ -94,7 +94,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both programs")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per program and round")
-    parser.add_argument("--warmup", type=int, default=3, help="steps left out first (compilation, first eval)")
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="steps left out after a program's pause (the pause's, graph recordings)"
+    )
     parser.add_argument("--batch-size", type=int, default=12, help="micro-batch (sequences of 1024) for both")
     parser.add_argument(
         "--peak-tflops",
@@ -116,8 +118,8 @@ def main() -> None:
         "--deadline",
         type=float,
         metavar="SECONDS",
-        help="no variant starts this many seconds after the start, and none runs past it: the summary is still "
-        "printed (for a call with a hard limit)",
+        help="no program runs past this many seconds after the start (nanoGPT's and the trainer's first figures "
+        "excepted): what it leaves out is said and the summary still printed (for a call with a hard limit)",
     )
     parser.add_argument(
         "--diagnose",
@@ -267,32 +269,34 @@ def compare(args: argparse.Namespace, work: Path) -> None:
 
 def measure_rounds(programs: list[Program], args: argparse.Namespace, env: dict[str, str]) -> None:
     """args.rounds rounds; in each, the programs in batches of args.ahead, each batch compiled at once
-    and timed one program at a time (bench.compile_ahead), nanoGPT and the trainer in the first. Either
-    of those two failing ends the comparison; a variant that fails is left out with one line, as is one
-    that --deadline leaves no time."""
+    and timed one program at a time (bench.compile_ahead), nanoGPT and the trainer in the first. Those
+    two failing before either has a figure ends the comparison; otherwise what fails, or what --deadline
+    leaves no time for, is left out of that round with one line, its earlier rounds' figures kept."""
     started, left_out = time.monotonic(), set[str]()
+    until = math.inf if args.deadline is None else started + args.deadline
     compared = {program.name for program in programs[:2]}  # without these two there is no comparison
     for round_ in range(args.rounds):
         for first in range(0, len(programs), args.ahead):
             batch = [p for p in programs[first : first + args.ahead] if p.name not in left_out]
-            left = math.inf if args.deadline is None else args.deadline - (time.monotonic() - started)
-            if left < 10 and not compared & {p.name for p in batch}:
-                for program in batch:
-                    print(f"{program.name}: left out: --deadline {args.deadline:g} s reached before it started")
-                left_out.update(p.name for p in batch)
-                continue
-            # Each round times the batch in another order, as the machine's speed may drift.
             if not batch:
                 continue
-            limit = min(args.timeout, max(left, 10))
-            failures = measure(rotated(batch, round_), env, args.warmup, args.steps, limit)
+            first_figures = any(p.name in compared and not p.steps_ms for p in batch)
+            if until - time.monotonic() < 10 and not first_figures:
+                for program in batch:
+                    print(f"{program.name}: left out of round {round_ + 1}: --deadline {args.deadline:g} s reached")
+                    left_out.add(program.name)
+                continue
+            # Each round times the batch in another order, as the machine's speed may drift. The first
+            # figures of nanoGPT and the trainer are taken whatever the deadline.
+            failures = measure(
+                rotated(batch, round_), env, args.warmup, args.steps, args.timeout, math.inf if first_figures else until
+            )
             for program in batch:
                 if program.name in failures:
-                    if program.name in compared:
+                    if program.name in compared and not program.steps_ms:
                         sys.exit(f"error: {program.name} {failures[program.name]}")
-                    print(f"{program.name}: left out: {failures[program.name].splitlines()[0]}")
+                    print(f"{program.name}: left out of round {round_ + 1}: {failures[program.name].splitlines()[0]}")
                     left_out.add(program.name)
-                    program.steps_ms.clear()
                 else:
                     median = statistics.median(program.steps_ms[-args.steps :])
                     print(f"round {round_ + 1}: {program.name} median {median:.1f} ms/step")

@@ -53,8 +53,8 @@ def refuse_launcher_keys_in_file(config_file: str, text: str) -> None:
     for key, value in values.items():
         if (fix := LAUNCHER_KEYS.get(str(key))) is not None:
             raise TaskError(
-                f"--config {config_file} sets {key}: {value}, which the launcher sets itself; take it out of the "
-                f"file and {fix.format(value=value)}"
+                f"--config {config_file} sets {key}: {value}, which the launcher sets itself: take it out of the "
+                f"file; {fix.format(value=value)}"
             )
 
 

@@ -153,13 +153,12 @@ def status(
 
 def last_heard_of(record: RunRecord, head: Shell, run_dir: str) -> float:
     """When the run was last heard of: its last event in this machine's record, the last metrics line
-    its supervisor copied here, or the last its trainer wrote on the head node (a supervisor killed
-    early copied none)."""
+    its supervisor copied here, or on the head node the trainer's last line or a rank's exit (a
+    supervisor killed early copied none); never later than now (the head's clock may run ahead)."""
     copied = record.metrics_path.stat().st_mtime if record.metrics_path.exists() else 0.0
-    written = head.run(f"stat -c %Y {run_dir}/metrics.jsonl 2>/dev/null").stdout.strip()
-    return max(
-        record.events[-1]["time"] if record.events else 0.0, copied, float(written) if written.isdigit() else 0.0
-    )
+    written = head.run(f"stat -c %Y {run_dir}/metrics.jsonl {run_dir}/*.exit 2>/dev/null").stdout.split()
+    on_head = max((float(t) for t in written if t.isdigit()), default=0.0)
+    return min(max(record.events[-1]["time"] if record.events else 0.0, copied, on_head), time.time())
 
 
 def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:

@@ -31,6 +31,7 @@ if [ "$1 $2" = "-m pytest" ]; then
     echo "[gw0] [  7%] PASSED tests/model/test_gpu.py::test_one"
     echo "[gw1] [ 15%] PASSED tests/model/test_gpu.py::test_two"
     [ -n "${FAKE_TESTS_CUT_SHORT:-}" ] && exit 124  # what `timeout` returns when the part's time ran out
+    if [ -n "${FAKE_TESTS_USAGE:-}" ]; then echo "ERROR: unrecognized arguments: --fake"; exit 4; fi
     for _ in $(seq 300); do
         [ -e "$FAKE_MARKS/trained" ] && { echo "======== 13 passed in 3.00s ========"; exit 0; }
         sleep 0.1
@@ -155,3 +156,19 @@ def test_without_a_gpu_it_refuses_in_one_line_before_any_part(tmp_path):
     assert check.returncode == 2
     assert "gpu_check: refused: torch sees no CUDA GPU here (no GPU; torch 2.13.0+cpu" in check.stdout
     assert "== 2." not in check.stdout and not (tmp_path / "marks" / "trained").exists()
+
+
+def test_tests_that_end_on_an_error_say_it_not_that_they_were_cut_short(tmp_path):
+    check = run_check(tmp_path, FAKE_TESTS_USAGE="1")
+    rows = {row[0]: row for row in summary(check.stdout)}
+    assert " ".join(rows["gpu-tests"][1:2] + rows["gpu-tests"][3:]) == (
+        "FAIL exit 4: ERROR: unrecognized arguments: --fake"
+    )
+
+
+def test_a_python_that_does_not_run_is_refused_naming_the_fix_before_any_part(tmp_path):
+    check = run_check(tmp_path, PYTHON=str(tmp_path / "no-such-python"))
+    assert check.returncode == 2
+    last = check.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"gpu_check: refused: {tmp_path / 'no-such-python'} did not run (exit 127: ")
+    assert last.endswith("or set PYTHON=/path/to/python") and "== 2." not in check.stdout

@@ -21,7 +21,7 @@ def measured(monkeypatch, tmp_path):
     """compare() with each batch's measure() replaced: STEP_MS, FAILS; returns each batch's names."""
     ran: list[list[str]] = []
 
-    def fake_measure(programs, env, warmup, steps, timeout_s):
+    def fake_measure(programs, env, warmup, steps, timeout_s, until):
         ran.append([program.name for program in programs])
         for program in programs:
             if program.name in FAILS:
@@ -70,8 +70,17 @@ def test_variants_past_the_deadline_are_left_out_and_the_summary_still_printed(m
 
     assert measured == [["nanoGPT", "nanocluster"]]
     out = capsys.readouterr().out
-    assert "nanocluster-pdl: left out: --deadline 5 s reached before it started" in out
+    assert "nanocluster-pdl: left out of round 1: --deadline 5 s reached" in out
     assert "gpu_vs_nanogpt: 1.07x stock nanoGPT's tokens/s" in out
+
+
+def test_a_deadline_reached_in_a_later_round_keeps_the_first_rounds_figures(measured, tmp_path, capsys):
+    compare(tmp_path, "pdl", [], deadline=5, rounds=2)
+
+    assert measured == [["nanoGPT", "nanocluster", "nanocluster-pdl"]]  # round 2: no time left for any
+    out = capsys.readouterr().out
+    assert "nanoGPT: left out of round 2: --deadline 5 s reached" in out
+    assert "gpu_vs_nanogpt: 1.07x stock nanoGPT's tokens/s" in out and "nanocluster-pdl runs at" in out
 
 
 def test_batches_of_ahead_programs_rotate_each_round_and_a_failed_variant_is_left_out(measured, tmp_path, capsys):
@@ -83,7 +92,9 @@ def test_batches_of_ahead_programs_rotate_each_round_and_a_failed_variant_is_lef
         ["nanocluster", "nanocluster-pdl", "nanoGPT"],  # round 2: the next one first; coordesc not again
     ]
     out = capsys.readouterr().out
-    assert "nanocluster-coordesc: left out: logged no step in 100 s (still compiling); raise --timeout" in out
+    assert (
+        "nanocluster-coordesc: left out of round 1: logged no step in 100 s (still compiling); raise --timeout" in out
+    )
     assert "diagnosis: nanocluster-pdl runs at" in out and "diagnosis: nanocluster-coordesc" not in out
 
 

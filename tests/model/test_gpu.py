@@ -96,11 +96,18 @@ def scratch_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return run_scratch(tmp_path_factory.mktemp("scratch"))
     shared = tmp_path_factory.getbasetemp().parent / "scratch-run"  # the workers' base temps share this session's
+    failed = shared.with_name("scratch-run.failed")  # one failure, not one compile after another per worker
     with FileLock(f"{shared}.lock"):
+        if failed.exists():
+            pytest.fail(f"the shared scratch run failed in another worker:\n{failed.read_text()}")
         log_file = shared / "train.log"
-        if not log_file.exists():  # written last, so a run that failed is run again, not read
+        if not log_file.exists():  # written last: a half-written run is never read
             shutil.rmtree(shared, ignore_errors=True)
-            log_file.write_text(run_scratch(shared)[1])
+            try:
+                log_file.write_text(run_scratch(shared)[1])
+            except BaseException as error:
+                failed.write_text(str(error)[-6000:])
+                raise
         return shared / "out", log_file.read_text()
 
 

@@ -126,9 +126,9 @@ def test_a_set_of_a_key_the_launcher_sets_names_the_flag_before_any_node(
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("out_dir: out-shakespeare", "sets out_dir: out-shakespeare, which the launcher sets itself; take it out of "
-         "the file and the run directory is runs/<--run>: use --run NAME"),
-        ("backend: gloo", "sets backend: gloo, which the launcher sets itself; take it out of the file and use "
+        ("out_dir: out-shakespeare", "sets out_dir: out-shakespeare, which the launcher sets itself: take it out of "
+         "the file; the run directory is runs/<--run>: use --run NAME"),
+        ("backend: gloo", "sets backend: gloo, which the launcher sets itself: take it out of the file; use "
          "--backend gloo"),
     ],
 )  # fmt: skip
