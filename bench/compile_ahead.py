@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bench.vs_nanogpt import TRAINER_DTYPE, Program, peak_rss_gb
+from bench.vs_nanogpt import Program, peak_rss_gb
 
 QUIET_S = 0.2
 """After a pause, how long no line must come before the lines already written count as read."""
@@ -55,8 +55,7 @@ class Paused:
             raise TimeoutError from None
         if line is not None:
             self.tail = [*self.tail, line][-20:]
-            if self.program.name.startswith("nanocluster") and (m := TRAINER_DTYPE.search(line)):
-                self.program.precision = f"{m.group(1)}, compile {m.group(2).lower()}"
+            self.program.note_precision(line)
         return line
 
     def read_written(self) -> None:
@@ -76,15 +75,7 @@ class Paused:
 
 def start(program: Program, env: dict[str, str]) -> Paused:
     """Start the program; a thread reads its output and pauses it as it logs its first step."""
-    proc = subprocess.Popen(
-        program.command,
-        cwd=program.cwd,
-        env=env | program.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=die_with_parent,
-    )
+    proc = program.start(env, preexec_fn=die_with_parent)
     started = Paused(program, proc)
 
     def read() -> None:

@@ -35,6 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,23 @@ class Program:
     precision: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
+    def start(self, env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
+        """The program as a process in its directory, stdout and stderr on one text pipe."""
+        return subprocess.Popen(
+            self.command,
+            cwd=self.cwd,
+            env=env | self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            **popen,
+        )
+
+    def note_precision(self, line: str) -> None:
+        """The trainer's start line names its dtype and whether it compiles: kept for the table."""
+        if self.name.startswith("nanocluster") and (m := TRAINER_DTYPE.search(line)):
+            self.precision = f"{m.group(1)}, compile {m.group(2).lower()}"
+
 
 def peak_rss_gb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
@@ -77,14 +95,7 @@ def peak_rss_gb(pid: int) -> float:
 
 def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], timeout_s: float) -> None:
     """Start the program, keep its step times after warmup, read its peak RSS, kill it."""
-    proc = subprocess.Popen(
-        program.command,
-        cwd=program.cwd,
-        env=env | program.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = program.start(env)
     deadline, seen = time.monotonic() + timeout_s, 0
     times: list[float] = []
     tail: list[str] = []
@@ -92,8 +103,7 @@ def run_once(program: Program, warmup: int, steps: int, env: dict[str, str], tim
         assert proc.stdout is not None
         for line in proc.stdout:
             tail = [*tail, line][-20:]
-            if program.name.startswith("nanocluster") and (m := TRAINER_DTYPE.search(line)):
-                program.precision = f"{m.group(1)}, compile {m.group(2).lower()}"
+            program.note_precision(line)
             if match := program.step_line.search(line):
                 seen += 1
                 if seen > warmup:
