@@ -144,7 +144,7 @@ def status(
         ]:  # chart, time, cost, budget
             say(line)
         where = supervisor_where or "on this machine"
-        supervised = supervisor_line(record.directory, cluster_spec, run, supervisor_live, where)
+        supervised = supervisor_line(record.directory, cluster_spec, run, live, where)
         for told in (supervised, lost_terminal_line(record.directory, state.log_start if state else 0)):
             if told:
                 say(told)
