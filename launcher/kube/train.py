@@ -48,6 +48,7 @@ GONE_TIMEOUT_S = objects.STOP_GRACE_S + 120.0
 its pods finish their snapshot within the pod's grace (terminationGracePeriodSeconds), then the
 garbage collector removes them and the Job (Foreground deletion)."""
 CONFIG_NAME = "train.yaml"
+"""The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
 NODE_BOOT_S = 180.0
 """From a Pending pod to its node Ready on a scale-up from zero: the autoscaler's decision (about 10 s),
 creating and booting the VM, the kubelet joining (1-2 minutes on GKE), with the nodes of one scale-up
@@ -62,7 +63,6 @@ the estimate of a cold start, so the first rank of a scale-up from zero does not
 the last, which would cost a restart; once joined, a collective still fails after
 --collective-timeout (120 s). A pod that finds no node at all ends the attempt
 at --recover-timeout instead (launcher.kube.watch)."""
-"""The trainer config in the run directory, as on a VM (launcher.launch.plan.trainer_args names it)."""
 
 
 class KubeRun:
