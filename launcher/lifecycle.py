@@ -243,7 +243,14 @@ class Lifecycle:
             None
             if request.budget_usd is None
             else budget.plan_budget(
-                request.budget_usd, kind.cluster, request.run, values, world, read_cluster_runs(kind.cluster), say
+                request.budget_usd,
+                kind.cluster,
+                request.run,
+                values,
+                world,
+                read_cluster_runs(kind.cluster),
+                say,
+                run_nodes=kind.nodes,
             )
         )
         self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock

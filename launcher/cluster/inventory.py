@@ -98,7 +98,8 @@ class Cluster:
     region: str = ""
     """Region or zone, for display."""
     hourly_cost_usd: float | None = None
-    """What the whole cluster costs per hour (the spot figure when price_is_spot)."""
+    """The contract's price per hour (the spot figure when price_is_spot): the whole cluster's for a
+    cluster of machines, one training node's for a Kubernetes cluster (run_hourly_cost_usd prices a run)."""
     hourly_cost_on_demand_usd: float | None = None
     """The cluster's hourly cost at on-demand prices (None in contracts older than the key)."""
     hourly_cost_spot_usd: float | None = None
@@ -155,13 +156,28 @@ class Cluster:
             return None
         return self.spot and self.hourly_cost_spot_usd is not None
 
+    def billed_machines(self, run_nodes: tuple[Node, ...] | list[Node]) -> int:
+        """The machines a run on run_nodes is billed for: every machine of a cluster of machines (its VMs
+        bill whether a rank runs or not; the local cluster's ranks share one), the training nodes a
+        Kubernetes run's pods hold (one pod per node: its training pool is at 0 between runs)."""
+        return len(run_nodes) if self.kube is not None else len(group_by_host(self.nodes))
+
+    def run_hourly_cost_usd(self, run_nodes: tuple[Node, ...] | list[Node]) -> float | None:
+        """What a run on run_nodes costs per hour (None: no price): a cluster of machines' whole price; on
+        Kubernetes each training node's price times the run's nodes, plus the cluster at rest (its system
+        pool, storage and fee: billed while the run goes on, as a cluster of machines' idle nodes are)."""
+        if self.hourly_cost_usd is None or self.kube is None:
+            return self.hourly_cost_usd
+        return self.hourly_cost_usd * len(run_nodes) + (self.kube.hourly_cost_at_rest_usd or 0.0)
+
     def describe(self) -> str:
         if self.is_local:  # one machine whatever the rank count: its source says its cores, memory and ranks
             return f"the local cluster: 1 node(s), {self.source}"
         extra = ", ".join(x for x in (self.machine_type, self.region) if x)
         cost = ""
         if self.hourly_cost_usd is not None:
-            cost = f", {price_text(self.hourly_cost_usd, self.price_is_spot, self.prices_as_of)}"
+            per = " per training node" if self.kube is not None else ""
+            cost = f", {price_text(self.hourly_cost_usd, self.price_is_spot, self.prices_as_of, per)}"
         where = f"head {self.head_public_ip}"
         if self.kube:
             where = f"namespace {self.kube.namespace}, context {self.kube.context}"
@@ -180,12 +196,12 @@ def check_node_count(count: int) -> None:
         raise InventoryError(f"--nodes must be >= 1, got {count}")
 
 
-def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None) -> str:
+def price_text(usd_per_hour: float, spot: bool | None, as_of: str | None, per: str = "") -> str:
     """An hourly price with what it is: "$2.40/h spot, prices of 2026-11-23", "$2.40/h on-demand,
     prices of 2025-06", or "$2.40/h, price date unknown" (a contract or record from before prices
     carried their date and kind)."""
     kind = {True: " spot", False: " on-demand", None: ""}[spot]
-    return f"${usd_per_hour:.2f}/h{kind}, " + (f"prices of {as_of}" if as_of else "price date unknown")
+    return f"${usd_per_hour:.2f}/h{kind}{per}, " + (f"prices of {as_of}" if as_of else "price date unknown")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`fab train --budget USD`: the launcher's side of a run that cannot overspend (the trainer's is
 model/monitoring/budget.py).
 
-- Spend is the cluster's hourly_cost_usd (every node of the contract bills while the run goes on)
+- Spend is the run's price per hour (Cluster.run_hourly_cost_usd: a cluster of machines bills every
+  node while the run goes on; a Kubernetes cluster its training nodes and the cluster at rest)
   x the time since the launch, plus what the run's earlier attempts spent: every `fab train` of
   this run name since it last finished (each is a "launch" event and what follows it in the run's
   events.jsonl, priced as launch to "end"; an attempt without an end counts to its last event).
@@ -31,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from launcher.cluster.inventory import Cluster, price_text
+from launcher.cluster.inventory import Cluster, Node, price_text
 from launcher.console import TaskError, command_line
 from launcher.runs.record import Attempt, RunRecord, snapshot_iter
 from model.conventions import DEFAULT_MAX_ITERS, EXIT_BUDGET
@@ -245,8 +246,9 @@ class BudgetPlan:
         return {"budget_usd": self.usd, "budget_spent_before_usd": round(self.spent_before_usd, 6)}
 
 
-def check_budget_flag(usd: float, cluster: Cluster) -> float:
-    """The cluster's price per hour, or a TaskError naming what is wrong and the fix."""
+def check_budget_flag(usd: float, cluster: Cluster, run_nodes: tuple[Node, ...] | None = None) -> float:
+    """The run's price per hour on run_nodes (None: every node of the cluster), or a TaskError naming
+    what is wrong and the fix."""
     if not usd > 0:
         raise TaskError(f"--budget must be a number of US dollars > 0, got {usd:g}")
     if cluster.hourly_cost_usd is None and cluster.is_local:
@@ -261,7 +263,9 @@ def check_budget_flag(usd: float, cluster: Cluster) -> float:
             '"hourly_cost_usd": <USD per hour for the whole cluster> to the contract JSON (a stack '
             "exports it from infra/prices.py), or run without --budget"
         )
-    return cluster.hourly_cost_usd
+    price = cluster.run_hourly_cost_usd(cluster.nodes if run_nodes is None else run_nodes)
+    assert price is not None
+    return price
 
 
 def plan_budget(
@@ -272,11 +276,13 @@ def plan_budget(
     world_size: int,
     cluster_runs: dict[str, RunRecord],
     say: Callable[[str], None],
+    run_nodes: tuple[Node, ...] | None = None,
 ) -> BudgetPlan:
     """Check the budget against what the run already spent and the estimate of what is left; print
     both; a TaskError (nothing started) when they exceed it. cluster_runs: every run's record on
-    this cluster, by name (launcher.runs.record.read_cluster_runs)."""
-    price = check_budget_flag(usd, cluster)
+    this cluster, by name (launcher.runs.record.read_cluster_runs); run_nodes: the nodes the run
+    starts on (None: every node of the cluster), which a Kubernetes cluster bills for."""
+    price = check_budget_flag(usd, cluster, run_nodes)
     earlier = cluster_runs[run].attempts if run in cluster_runs else []
     before = spent_before(earlier)
     plan = BudgetPlan(usd, price, before)

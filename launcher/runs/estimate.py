@@ -5,10 +5,10 @@ time, time to finish, node-hours and cost so far and at the end, restarts.
 - Elapsed: from the launch event to its "end" event, or to now while it goes on.
 - Time to finish: the median of the last STEP_WINDOW logged step times x the iterations left to
   max_iters (from the trainer's "start" record). Evals and snapshots are not in it: a lower bound.
-- Cost: the contract's hourly_cost_usd (the whole cluster's price per hour, recorded in the launch
-  event) x elapsed hours; node-hours: the cluster's machines x elapsed hours (billed_machines: the
-  local cluster's ranks are processes on one machine). The cluster is billed whether or not a rank
-  runs, so both count every machine of the contract.
+- Cost: the run's price per hour, recorded in the launch event (Cluster.run_hourly_cost_usd), x
+  elapsed hours; node-hours: the machines billed x elapsed hours (Cluster.billed_machines). A cluster
+  of machines is billed whether or not a rank runs, so both count every machine of the contract (the
+  local cluster's ranks are processes on one machine); a Kubernetes run counts its pods' nodes.
 """
 
 from __future__ import annotations

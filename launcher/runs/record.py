@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.cluster.inventory import Cluster, group_by_host
+from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
 from launcher.console import HOME_FIX, can_make_dir, writable_dir
 from model.monitoring.metrics import METRICS_NAME, one_series, parse_jsonl, read_jsonl
@@ -251,9 +251,9 @@ def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, 
         cluster_name=cluster.cluster_name,
         nodes=[n.name for n in nodes],
         cluster_nodes=len(cluster.nodes),
-        cluster_machines=len(group_by_host(cluster.nodes)),  # the local cluster's ranks share one machine
+        cluster_machines=cluster.billed_machines(nodes),
         world_size=world_size,
-        hourly_cost_usd=cluster.hourly_cost_usd,
+        hourly_cost_usd=cluster.run_hourly_cost_usd(nodes),
         price_is_spot=cluster.price_is_spot,  # what the price is and its date, shown with every cost
         prices_as_of=cluster.prices_as_of,
     )

@@ -188,8 +188,9 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "revive_timeout": "a stack's run, supervised on its head node: seconds to wait for this machine (`attach` "
         "or a following train) to revive a lost VM with `pulumi up` before ending the run with its snapshot; "
         f"default {shown(DEFAULT_REVIVE_TIMEOUT_S)}",
-        "budget": "US dollars the run may spend (the cluster's hourly_cost_usd x time since launch, its earlier "
-        "attempts since it last finished included): refused before launch when the estimate exceeds it;"
+        "budget": "US dollars the run may spend (the run's price per hour x time since launch: the cluster's, on "
+        "Kubernetes its training nodes' and the cluster at rest; its earlier attempts since it last finished "
+        "included): refused before launch when the estimate exceeds it;"
         f" stops with a snapshot before the next snapshot would cross it and exits {EXIT_BUDGET} (not 0: it did not "
         "finish; not 1: nothing failed), so scripts can tell; rerun with a larger --budget to resume",
     },

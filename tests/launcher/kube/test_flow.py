@@ -110,6 +110,24 @@ def test_ranks_that_stop_at_the_budget_end_the_run_without_a_restart(fake, contr
     assert len(training_jobs(fake)) == 1
 
 
+def test_a_run_is_priced_by_its_training_nodes_plus_the_cluster_at_rest(fake, contract_file, task, script):
+    """The contract's price is per training node-hour: 2 pods of a 4-node pool at $0.20 each, plus $0.10
+    at rest, is $0.50/h for the budget the ranks stop at, the record and `fab status`."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.runs.record import RunRecord
+
+    fake.seed()
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "2", "--run", "p", "--budget", "5", *QUICK)
+    assert ran.code == 0, ran.err
+    assert "$0.50/h" in ran.out + ran.err
+    (job,) = training_jobs(fake)
+    assert "budget_usd_per_hour=0.5" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    launch = RunRecord.of(parse_contract(fake.contract(), str(contract_file)), "p").attempts[-1].launch
+    assert (launch["hourly_cost_usd"], launch["cluster_machines"]) == (0.5, 2)
+    status = task("status", "--cluster", str(contract_file), "--run", "p")
+    assert "node-h at $0.50/h on-demand" in status.out, status.out
+
+
 def test_prepare_data_writes_the_dataset_once_in_a_job_and_doctor_checks_the_claim(fake, contract_file, task):
     fake.seed()
     ran = task("prepare-data", "--cluster", str(contract_file), "--limit", "10")
