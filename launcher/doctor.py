@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from launcher.cluster.inventory import Node, group_by_host
+from launcher.cluster.inventory import Cluster, Node, group_by_host
 from launcher.cluster.node_layout import DEFAULT_PORT
 from launcher.console import command_line, say
 from launcher.doctor_report import LOCAL_FIXES, VM_FIXES, Problem, gpu_node_problems, print_problems, setup_fix
@@ -71,7 +71,7 @@ def doctor(
     if problems:
         print_problems(f"doctor: {cluster.cluster_name}", problems)
         return 1
-    gpus = f", {cluster.gpus_per_node} GPU(s) each (driver, torch's CUDA build)" if cluster.gpus_per_node else ""
+    gpus = f", {gpus_checked(cluster)} (driver, torch's CUDA build)" if cluster.gpus_per_node else ""
     say(
         f"all checks passed on {len(session.hosts())} node(s): ssh, environment, versions, cores, disk, "
         f"network interface, data/{dataset} checksums, rendezvous port {port}{gpus}"
@@ -166,16 +166,30 @@ def node_problems(session: Session, dataset: str) -> list[Problem]:
     return problems
 
 
+def gpus_wanted(cluster: Cluster) -> dict[str, int]:
+    """The GPUs each machine's ranks use, by address: the contract's gpus_per_node on a cloud node; on
+    this machine, one for each of the local cluster's ranks (a node per GPU, all on this machine)."""
+    return {host.address: cluster.gpus_per_node * len(host.nodes) for host in group_by_host(cluster.nodes)}
+
+
+def gpus_checked(cluster: Cluster) -> str:
+    """The GPUs the check found, for the line that says every check passed."""
+    wanted = gpus_wanted(cluster)
+    if cluster.is_local and len(wanted) == 1:
+        return f"{next(iter(wanted.values()))} GPU(s) on this machine"
+    return f"{cluster.gpus_per_node} GPU(s) each"
+
+
 def gpu_problems(session: Session) -> list[Problem]:
-    """On GPU nodes, each machine's driver and torch against the GPUs its ranks use: the contract's
-    gpus_per_node on a cloud node; on this machine, one for each of the local cluster's ranks (it may
-    have more, hidden by CUDA_VISIBLE_DEVICES or left idle by --nodes)."""
+    """On GPU nodes, each machine's driver and torch against the GPUs its ranks use (gpus_wanted: the
+    session holds one node per machine; the machine may have more GPUs, hidden by CUDA_VISIBLE_DEVICES
+    or left idle by --nodes)."""
     per_node = session.cluster.gpus_per_node
     nodes = [n for n in session.hosts() if not session.report(n).missing]
     if not per_node or not nodes:
         return []
     local = session.cluster.is_local
-    ranks_on = {host.address: per_node * len(host.nodes) for host in group_by_host(session.nodes)}
+    ranks_on = gpus_wanted(session.cluster)
     check, python = script("gpu_check"), session.site.python
     results = session.run_everywhere(nodes, lambda n, s: s.run(f"{python} -", stdin=check, timeout=GPU_CHECK_TIMEOUT_S))
     problems: list[Problem] = []

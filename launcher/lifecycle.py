@@ -32,7 +32,7 @@ from launcher.cluster.inventory import Cluster, InventoryError, Node
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
 from launcher.launch.operator_stop import OperatorStopped
-from launcher.recover.policy import RecoverOptions, restart_cause
+from launcher.recover.policy import GlobalBatch, RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import (
@@ -47,6 +47,7 @@ from launcher.runs.record import (
 from launcher.runs.resume import resume_refusal, run_snapshot
 from launcher.terminal import LOG_NAME, outliving_the_terminal
 from launcher.trainer_config import read_trainer_config
+from model.checkpointing.global_batch import global_batch
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 from model.settings.config import TrainConfig
 
@@ -105,6 +106,8 @@ class Prepared:
     """The checked trainer config the ranks will read."""
     overrides: tuple[str, ...]
     """--set and the budget's trainer keys (every attempt's overrides start with these)."""
+    global_batch: GlobalBatch
+    """The sequences per optimizer step a restart on fewer nodes keeps (--min-nodes)."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,13 @@ class Lifecycle:
         snapshot = run_snapshot(self.record)  # its ranks would refuse it after they start
         if snapshot and (refusal := resume_refusal(snapshot, request.run, trainer_cfg, len(kind.nodes), world)):
             raise TaskError(refusal)
+        kept = snapshot.global_batch if snapshot and snapshot.global_batch else None
+        batch = GlobalBatch(
+            kept or global_batch(trainer_cfg.batch_size, trainer_cfg.gradient_accumulation_steps, world),
+            trainer_cfg,
+            kind.cluster.ranks_per_node,
+        )
+        request.recover.check_min_nodes(batch, len(kind.nodes))
         if kind.cluster.gpus_per_node and trainer_cfg.device == "cpu":
             say(f"device=cpu: the {world} rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle")
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
@@ -255,7 +265,7 @@ class Lifecycle:
         )
         self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
         spend_overrides = self.spend.overrides(self.clock_start) if self.spend else ()
-        return Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides)
+        return Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides, batch)
 
     def train(self) -> int:
         """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the

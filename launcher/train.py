@@ -138,6 +138,7 @@ class MachinesRun:
             resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes),
             revive=revive if revival is None else revival,
             awaited=lambda: 0.0 if revival is None else revival.awaited_s,
+            batch=prepared.global_batch,
         )
         # Before anything starts or is written: the fit, then the data (unless the head has no node
         # Python yet to report it: start() sets the node up first, then place_data checks it).

@@ -48,14 +48,18 @@ _read_ahead: dict[PulumiStack, dict] = {}
 
 
 def load_cluster(
-    spec: str | None, local_nodes: int | None = None, read_ahead: bool = False, local_why: str = ""
+    spec: str | None,
+    local_nodes: int | None = None,
+    read_ahead: bool = False,
+    local_why: str = "",
+    local_recorded: bool = False,
 ) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
     or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks (--nodes, or local_why),
-    by default local.default_local_ranks()."""
+    by default local.default_local_ranks(); local_recorded: they are a run's, to read, not to start."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
-        return local.local_cluster(local_nodes, local.local_gpus(), local_why)
+        return local.local_cluster(local_nodes, local.local_gpus(), local_why, local_recorded)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
         return Cluster(

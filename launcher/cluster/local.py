@@ -221,10 +221,13 @@ def local_nodes(count: int) -> tuple[Node, ...]:
     return tuple(Node(i, f"local{i}", "127.0.0.1", "") for i in range(count))
 
 
-def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "") -> Cluster:
+def local_cluster(
+    nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "", recorded: bool = False
+) -> Cluster:
     """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them,
     or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is one GPU's
-    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused. Without them (a CPU
+    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused, unless the count is
+    a run's recorded one (recorded: the task reads the run and starts nothing). Without them (a CPU
     machine) a node is one CPU rank. Its source is the line every task opens with: this machine's
     cores and memory, the ranks and why that many (`why` a given count: default "from --nodes N")."""
     gpus = gpus or LocalGpus()
@@ -237,7 +240,7 @@ def local_cluster(nodes: int | None = None, gpus: LocalGpus | None = None, why: 
     else:
         check_node_count(nodes)
         counted = f"{why or f'from --nodes {nodes}'} (the default here: {default})"
-    if gpus.count and nodes > gpus.count:
+    if gpus.count and nodes > gpus.count and not recorded:
         raise InventoryError(
             f"--nodes {nodes} but this machine has {gpus.count} GPU(s) ({gpus.names[0]}, nvidia-smi): the local "
             f"cluster runs one rank per GPU; use --nodes <= {gpus.count}"

@@ -307,16 +307,24 @@ class KubeRun:
         return str(error) if isinstance(error, (OutOfMemory, CannotStart)) else None
 
     def own_restart(self, error: RunFailed, restarts: int) -> str | None:
-        """A restart whose pods found too few nodes goes on with the ones placed, when --min-nodes allows."""
+        """A restart whose pods found too few nodes goes on with as many of the ones placed as keep the
+        run's global batch, when --min-nodes allows."""
         min_nodes = self.request.recover.min_nodes
         if not isinstance(error, StuckPending) or not restarts or min_nodes is None or error.placed < min_nodes:
             return None
+        assert self.prepared is not None, "open() first"
+        batch = self.prepared.global_batch
+        count = batch.largest(min_nodes, error.placed)
+        if count is None:
+            say(f"not continuing on {error.placed} pod(s) (--min-nodes {min_nodes}): {batch.why_not()}")
+            return None
+        fewer = f" of the {error.placed} placed ({batch.why_not()})" if count < error.placed else ""
         say(
-            f"continuing on {error.placed} pod(s) (--min-nodes {min_nodes}): {KEEP_GLOBAL_BATCH} "
+            f"continuing on {count} pod(s){fewer} (--min-nodes {min_nodes}): {KEEP_GLOBAL_BATCH} "
             "raises gradient accumulation so the tokens per optimizer step stay the same"
         )
         cause = f"{self.count - error.placed} pod(s) found no node within --recover-timeout"
-        self.count, self.overrides = error.placed, (KEEP_GLOBAL_BATCH,)
+        self.count, self.overrides = count, (KEEP_GLOBAL_BATCH,)
         return cause
 
     def lost_while_starting(self, error: TaskError) -> str | None:

@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.cluster.inventory import Cluster, Node, group_by_host
-from launcher.cluster.local import VISIBLE_DEVICES_ENV, visible_ordinals
-from launcher.console import TaskError
+from launcher.cluster.local import VISIBLE_DEVICES_ENV, cuda_torch_install, visible_ordinals
+from launcher.console import TaskError, command_line
 from launcher.session import NodeReport
 from model.gpt.memory_estimate import GB, MemoryEstimate, estimate_host_memory, estimate_rank_memory
 from model.settings.config import TrainConfig
@@ -60,6 +60,8 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         cores = (report.cores if report and report.cores else 0) or cluster.cores_per_node
         ranks = len(host.nodes) * per_node
         heads = [node.index == nodes[0].index and slot == 0 for node in host.nodes for slot in range(per_node)]
+        if gpus and report is not None and report.torch.endswith("+cpu"):
+            raise TaskError(cpu_torch_refusal(cluster, where, report.torch))
         if gpus and report is not None and "python" not in report.missing:
             first = list(nodes).index(host.node) * per_node
             seen = gpus_the_ranks_see(cluster, report)
@@ -93,6 +95,19 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
             f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
             + ways_out(cluster, cfg, cores, available, estimates, too_big)
         )
+
+
+def cpu_torch_refusal(cluster: Cluster, where: str, torch: str) -> str:
+    """Why ranks on GPUs cannot start where the node Python's torch is a CPU build, with the fix."""
+    install = (
+        cuda_torch_install() or "install torch's CUDA build into this Python"
+        if cluster.is_local
+        else command_line("setup", cluster=cluster.spec, profile="cuda")
+    )
+    return (
+        f"torch {torch} on {where} is a CPU build, and the ranks compute on its GPUs: run `{install}` "
+        "(torch's CUDA build), or --set device=cpu to train on its CPUs; nothing was started"
+    )
 
 
 def gpus_the_ranks_see(cluster: Cluster, report: NodeReport) -> NodeReport:

@@ -83,7 +83,7 @@ def status(
 ) -> int:
     """A table of every node (down ones included) and the run's units; 1 when a node is down. A
     supervisor elsewhere (the head node): whether it is live and where (launcher.train.status)."""
-    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used", recorded=True)
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
@@ -188,7 +188,7 @@ def logs(
 ) -> None:
     """Each unit's log; with follow, new lines until every unit has ended. supervised: whether the run's
     supervisor is still live, so that a relaunch is followed too (its new logs) rather than called an end."""
-    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used")
+    cluster = resolve_cluster(cluster_spec, local_run_nodes(cluster_spec, run), f"as run {run} used", recorded=True)
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         while True:
             units = chosen_units(session, run, rank)

@@ -75,6 +75,20 @@ def running_check(directory: str, stop: str) -> str:
     )
 
 
+UNIT_RECORDS = ("pid", "identity", "started", "exit", "stopped")
+"""The files a unit's start and stop write beside UNIT.sh (its log stays: the history of its attempt)."""
+
+
+def forget_other_units(units: list[str]) -> str:
+    """Remove the records of units, not running, that this start does not start: a restart on fewer
+    nodes numbers the ranks anew, and an old rank's records would make the run look stopped or lost."""
+    planned = " ".join(units)
+    return (
+        f'for x in {" ".join(UNIT_RECORDS)}; do for f in *.$x; do [ -f "$f" ] || continue; u=${{f%.$x}}; '
+        f'case " {planned} " in *" $u "*) continue;; esac; nc_running "$u" || rm -f "$f"; done; done'
+    )
+
+
 def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluster_spec: str | None = None) -> str:
     """Unpack the payload on stdin into root, then start each unit detached; prints 'UNIT PID' lines.
     cluster_spec: --cluster as given, for the stop command a unit still running is answered with."""
@@ -88,6 +102,7 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluste
     if ssh_files:
         lines.append(install_ssh_command(root))
     lines += [f"cd {directory}", f"rm -f {STOP_REQUEST_NAME}", "mkdir -p logs"]  # an older stop no longer applies
+    lines.append(forget_other_units(units))
     for unit in units:
         log = f"logs/{unit}.log"
         lines += [

@@ -4,7 +4,8 @@
                revive() (a Pulumi stack: `pulumi up --refresh`, or with the supervisor on the stack's
                head node a request the operator's machine answers: front_end_revival), then wait until it answers SSH
                (wait_for_nodes below, bounded by --recover-timeout); resume on every node, or with --min-nodes on
-               the ones that answer (keep_global_batch=true: the same tokens per optimizer step)
+               as many of the ones that answer as keep the global batch (keep_global_batch=true: the same
+               tokens per optimizer step)
     lost_while_starting(): whether a launch step failed because a node stopped answering
 
 The restart loop itself (whether to restart, the record, the end) is the run lifecycle's
@@ -32,6 +33,7 @@ from launcher.console import say
 from launcher.launch.units import stop_units
 from launcher.recover.policy import (
     KEEP_GLOBAL_BATCH,
+    GlobalBatch,
     RecoverOptions,
     nodes_to_resume_on,
 )
@@ -55,9 +57,12 @@ class NodeRecovery:
         resolve: Callable[[], Cluster],
         revive: Callable[..., bool] = revive,
         awaited: Callable[[], float] = lambda: 0.0,
+        batch: GlobalBatch | None = None,
     ):
         self.session, self.run_name, self.options = session, run, options
         self.resolve, self.revive, self.awaited = resolve, revive, awaited
+        self.batch = batch
+        """The run's global batch, which fixes the node counts it can go on with (None: any count)."""
         """revive: brings lost nodes back (here: `pulumi up`; on a stack's head node: asks the operator's
         machine, launcher.recover.front_end_revival); awaited: how long its last call waited for another
         machine to do it, which --recover-timeout does not count."""
@@ -98,17 +103,28 @@ class NodeRecovery:
             nodes, lost = tuple(by_index[n.index] for n in nodes), [by_index[n.index] for n in lost]
         left = max(0.0, options.recover_timeout_s - (time.monotonic() - started - self.awaited()))
         outcome = wait_for_nodes(lost, lambda node: node_answers(cluster, node), left, say)
-        kept = nodes_to_resume_on(nodes, outcome.still_lost, options.min_nodes, options.recover_timeout_s)
+        kept = nodes_to_resume_on(nodes, outcome.still_lost, options.min_nodes, options.recover_timeout_s, self.batch)
+        answering = tuple(n for n in nodes if n.index not in outcome.still_lost)
         dropped = tuple(n for n in nodes if n not in kept)
         if dropped:
             self.overrides = (KEEP_GLOBAL_BATCH,)
-            say(
-                f"continuing on {len(kept)} node(s) without {', '.join(n.name for n in dropped)} "
-                f"(--min-nodes {options.min_nodes}): {KEEP_GLOBAL_BATCH} raises gradient accumulation so the "
-                "tokens per optimizer step stay the same"
+            gone = [n.name for n in dropped if n.index in outcome.still_lost]
+            spare = [n.name for n in dropped if n.index not in outcome.still_lost]
+            also = (
+                f", and without {', '.join(spare)} though {'they answer' if len(spare) > 1 else 'it answers'}: "
+                f"{self.batch.why_not()}"
+                if spare and self.batch
+                else ""
             )
-        self.session = self.session.reopen(cluster, kept)
+            say(
+                f"continuing on {len(kept)} node(s) without {', '.join(gone)} (--min-nodes {options.min_nodes})"
+                f"{also}: {KEEP_GLOBAL_BATCH} raises gradient accumulation so the tokens per optimizer step stay "
+                "the same"
+            )
+        self.session = self.session.reopen(cluster, answering)
         stop_units(self.session, self.run_name)  # a node that came back may still run its old ranks
+        if len(kept) < len(answering):
+            self.session = self.session.reopen(cluster, kept)
         return dropped
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ run at the same size would run out of memory again.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ from launcher.cluster.inventory import Node
 from launcher.console import TaskError
 from launcher.launch.monitor import FirstFailure, RunFailed
 from launcher.recover.oom import OomKill
+from model.checkpointing.global_batch import resumed_accumulation
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
+from model.settings.config import TrainConfig
 
 DEFAULT_MAX_RESTARTS = 3
 """Restarts per `fab train` before giving up. SkyPilot's managed jobs default max_restarts_on_errors
@@ -48,6 +51,36 @@ through a night."""
 KEEP_GLOBAL_BATCH = "keep_global_batch=true"
 """The trainer override for a resume on fewer nodes: gradient accumulation rises so the sequences
 (and tokens) per optimizer step stay those of the snapshot (model/checkpointing/start.py, resume_accumulation)."""
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The sequences per optimizer step a run keeps when it goes on with fewer nodes (KEEP_GLOBAL_BATCH),
+    and which node counts can keep it: the trainer's own rule (resumed_accumulation)."""
+
+    sequences: int
+    config: TrainConfig
+    """The trainer config its ranks read."""
+    ranks_per_node: int
+
+    def keeps(self, nodes: int) -> bool:
+        keeping = dataclasses.replace(self.config, keep_global_batch=True)
+        return resumed_accumulation(keeping, nodes * self.ranks_per_node, self.sequences, 0) is not None
+
+    def counts(self, low: int, high: int) -> list[int]:
+        """The node counts from low to high that keep it."""
+        return [n for n in range(low, high + 1) if self.keeps(n)]
+
+    def largest(self, low: int, high: int) -> int | None:
+        """The largest node count from low to high that keeps it; None when none does."""
+        return max(self.counts(low, high), default=None)
+
+    def why_not(self) -> str:
+        """Why a node count cannot keep it, for a message."""
+        return (
+            f"a global batch of {self.sequences} sequences per optimizer step is kept only where batch_size "
+            f"{self.config.batch_size} x {self.ranks_per_node} rank(s) per node x the nodes divides it"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +111,22 @@ class RecoverOptions:
                 "--revive-timeout bounds the wait of a Pulumi stack's run for this machine to revive a lost VM "
                 f"(its supervisor on the head node asks); {instead}: drop --revive-timeout"
             )
+
+    def check_min_nodes(self, batch: GlobalBatch, nodes: int) -> None:
+        """A TaskError, before anything starts, for a --min-nodes below which no smaller node count
+        keeps the run's global batch: a restart on fewer nodes would fail on every rank."""
+        if self.min_nodes is None or self.min_nodes >= nodes or batch.counts(self.min_nodes, nodes - 1):
+            return
+        smaller = batch.counts(1, self.min_nodes - 1)
+        ways = (
+            f"--min-nodes {max(smaller)} (it keeps it on {', '.join(map(str, smaller))} node(s))"
+            if smaller
+            else "another batch_size"
+        )
+        raise TaskError(
+            f"--min-nodes {self.min_nodes}: none of {self.min_nodes} to {nodes - 1} node(s) can go on with the "
+            f"run's global batch ({batch.why_not()}): rerun with {ways}, or without --min-nodes"
+        )
 
     def check(self, nodes: int) -> None:
         """A TaskError naming the flag for a value out of range (nodes: the run's node count)."""
@@ -112,12 +161,17 @@ def restart_cause(
 
 
 def nodes_to_resume_on(
-    nodes: Sequence[Node], still_lost: dict[int, str], min_nodes: int | None, timeout_s: float
+    nodes: Sequence[Node],
+    still_lost: dict[int, str],
+    min_nodes: int | None,
+    timeout_s: float,
+    batch: GlobalBatch | None = None,
 ) -> tuple[Node, ...]:
     """The nodes the run resumes on once the wait for lost nodes is over: every node when none is
-    still lost; the ones that answer when --min-nodes allows it; otherwise a TaskError naming the
-    lost node(s), the timeout and what to do. The head cannot be left out: it is rank 0's node and
-    every connection to a worker goes through it."""
+    still lost; when --min-nodes allows it, the first of the ones that answer, as many as keep the
+    run's global batch (batch; None: any count keeps it); otherwise a TaskError naming the lost
+    node(s), the timeout and what to do. The head cannot be left out: it is rank 0's node and every
+    connection to a worker goes through it."""
     if not still_lost:
         return tuple(nodes)
     lost = [n for n in nodes if n.index in still_lost]
@@ -138,7 +192,14 @@ def nodes_to_resume_on(
         )
     if len(answering) < min_nodes:
         raise TaskError(f"{gone}, and only {len(answering)} node(s) answer, fewer than --min-nodes {min_nodes}: {fix}")
-    return answering
+    count = len(answering) if batch is None else batch.largest(min_nodes, len(answering))
+    if count is None:
+        assert batch is not None
+        raise TaskError(
+            f"{gone}, and no count of the {len(answering)} node(s) that answer down to --min-nodes {min_nodes} "
+            f"can go on ({batch.why_not()}): {fix}"
+        )
+    return answering[:count]
 
 
 @dataclass(frozen=True)

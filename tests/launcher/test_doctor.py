@@ -133,7 +133,7 @@ def test_doctor_on_gpu_nodes_passes_with_the_driver_and_a_cuda_torch_seeing_ever
     stand_in_torch(monkeypatch, tmp_path, devices=2)
     code, out = gpu_doctor(2)
     assert code == 0, out
-    assert "rendezvous port" in out and ", 2 GPU(s) each (driver, torch's CUDA build)" in out
+    assert "rendezvous port" in out and ", 2 GPU(s) on this machine (driver, torch's CUDA build)" in out
 
 
 def test_doctor_passes_the_local_cluster_of_a_machine_with_more_gpus_than_its_ranks(
@@ -154,6 +154,40 @@ def test_doctor_passes_the_local_cluster_of_a_machine_with_more_gpus_than_its_ra
     out = capsys.readouterr().out
     assert code == 0, out
     assert problem_rows(out) == []
+
+
+@pytest.fixture
+def four_gpu_doctor(local_home, capsys, monkeypatch, tmp_path):
+    """doctor on the local cluster as it is built on a machine with four L4s: a node (rank) per GPU."""
+    import launcher.doctor
+    from launcher.cluster.local import LocalGpus, local_cluster
+
+    monkeypatch.setattr(console, "width", 400)
+    write_dataset(local_home / "data" / "d")
+    cluster = local_cluster(None, LocalGpus(("NVIDIA L4",) * 4, (23034,) * 4))
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+    stand_in_driver(monkeypatch, tmp_path, gpus=4)
+
+    def run(torch_sees: int) -> tuple[int, str]:
+        stand_in_torch(monkeypatch, tmp_path, devices=torch_sees)
+        code = doctor(None, dataset="d", port=free_loopback_port())
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def test_doctor_on_a_local_gpu_cluster_checks_a_gpu_for_each_rank(four_gpu_doctor):
+    code, out = four_gpu_doctor(1)
+    assert code == 1, out
+    assert [row.split(" unset ")[0] for row in problem_rows(out)] == [
+        "torch local0 torch sees 1 GPU(s), the local cluster runs 4 rank(s), one per GPU"
+    ], out
+
+
+def test_doctor_passes_a_local_gpu_cluster_naming_the_gpus_of_this_machine(four_gpu_doctor):
+    code, out = four_gpu_doctor(4)
+    assert code == 0, out
+    assert "all checks passed on 1 node(s)" in out and ", 4 GPU(s) on this machine (driver, torch's CUDA build)" in out
 
 
 def test_doctor_names_a_node_without_a_driver(gpu_doctor, monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.local import LocalGpus, local_cluster
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.console import TaskError
+from launcher.console import TaskError, command_line
 from launcher.launch.fit import check_fit
 from launcher.lifecycle import TrainRequest
 from launcher.session import NodeReport
@@ -196,3 +196,17 @@ def test_the_local_ranks_are_weighed_against_the_gpus_cuda_visible_devices_gives
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(TaskError, match=r"^rank 1 does not fit GPU 1 of this machine \(NVIDIA T1000, 10.0 GB\)"):
         check_fit(local, local.nodes, {0: report}, cfg)
+
+
+def test_gpu_ranks_on_a_node_whose_torch_is_a_cpu_build_are_refused_naming_the_cuda_setup(l4_nodes):
+    cfg = load_config(None, ["init_from=gpt2", "batch_size=4", "block_size=1024"])
+    found = gpu_reports(l4_nodes.nodes, 4, 24.15)
+    found[1] = dataclasses.replace(found[1], torch="2.13.0+cpu")
+    with pytest.raises(TaskError) as refused:
+        check_fit(l4_nodes, l4_nodes.nodes, found, cfg)
+    setup = command_line("setup", cluster=l4_nodes.spec, profile="cuda")
+    assert str(refused.value) == (
+        f"torch 2.13.0+cpu on lab-1 is a CPU build, and the ranks compute on its GPUs: run `{setup}` (torch's "
+        "CUDA build), or --set device=cpu to train on its CPUs; nothing was started"
+    )
+    check_fit(l4_nodes, l4_nodes.nodes, found, load_config(None, ["init_from=gpt2", "device=cpu"]))

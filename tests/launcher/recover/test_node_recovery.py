@@ -14,7 +14,7 @@ from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.plan import trainer_args
 from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
 from launcher.recover.nodes import POLL_EVERY_S, NodeRecovery
-from launcher.recover.policy import KEEP_GLOBAL_BATCH, RecoverOptions
+from launcher.recover.policy import KEEP_GLOBAL_BATCH, GlobalBatch, RecoverOptions
 from launcher.runs.record import RunRecord
 from launcher.train import MachinesRun
 from model.settings.config import load_config
@@ -263,7 +263,7 @@ def test_on_gpu_nodes_a_resume_on_fewer_nodes_runs_their_gpus_ranks(setting, con
     cluster = parse_contract(contract | {"gpus_per_node": 4, "gpu_model": "nvidia-l4"}, "lab.json")
     session = FakeSession(world, cluster, cluster.nodes)
     world.back_at = {2: float("inf")}  # lab-2 is lost during the first attempt and never answers again
-    prepared = Prepared(None, "", load_config(None, []), ())
+    prepared = Prepared(None, "", load_config(None, []), (), GlobalBatch(48, load_config(None, []), 4))
     launched = []
 
     def launch(session, restarts, overrides):
@@ -277,3 +277,21 @@ def test_on_gpu_nodes_a_resume_on_fewer_nodes_runs_their_gpus_ranks(setting, con
     with Recovery(session, "r", options, resolve=lambda: cluster) as recovery:
         recovery.run(launch)
     assert launched == [(12, ["expected_world_size=12"]), (8, ["expected_world_size=8", KEEP_GLOBAL_BATCH])]
+
+
+def test_with_min_nodes_the_run_leaves_out_an_answering_node_when_fewer_nodes_keep_the_global_batch(setting, capsys):
+    cluster, _, world = setting
+    session = FakeSession(world, cluster, cluster.nodes)
+    world.back_at = {2: float("inf")}
+    launch, calls = scripted([lost("lab-2"), None])
+    config = load_config(None, ["batch_size=4", "gradient_accumulation_steps=1"])
+    options = RecoverOptions(recover_timeout_s=15, min_nodes=1)
+    with Recovery(session, "r", options, resolve=lambda: cluster, batch=GlobalBatch(12, config, 1)) as recovery:
+        recovery.run(launch)
+    assert calls[1] == (["lab-0"], 1, (KEEP_GLOBAL_BATCH,))  # 2 nodes of batch_size 4 cannot make 12
+    assert world.stopped[-1] == ("lab-0", "lab-1")  # the node left out runs nothing of the run either
+    assert "continuing on 1 node(s) without lab-2 (--min-nodes 1), and without lab-1 though it answers" in (
+        capsys.readouterr().out
+    )
+    (restart,) = [e for e in RunRecord.of(cluster, "r").events if e["event"] == "restart"]
+    assert restart["nodes"] == ["lab-0"] and restart["dropped"] == ["lab-1", "lab-2"]

@@ -17,6 +17,7 @@ from launcher.cluster.contract import parse_contract
 from launcher.cluster.local import local_cluster
 from launcher.console import command_line, console
 from launcher.launch.units import start_command, stop_command
+from launcher.machine_runs import list_command, units_state
 from launcher.run_files import disk_bytes, size_text
 from launcher.runs.record import RunRecord
 from launcher.transport import NodeError, connect, payload
@@ -96,6 +97,22 @@ def three_runs(local):
     wait_exited(shell, "done", ["rank0"])
     wait_exited(shell, "crashed", ["rank0"])
     return cluster
+
+
+def test_a_restart_on_fewer_ranks_forgets_the_old_ranks_so_the_finished_run_is_not_shown_stopped(local, local_home):
+    _, shell, _ = local
+    directory = local_home / "runs" / "r"
+    (directory / "logs").mkdir(parents=True)
+    for name, text in {"rank8.pid": "999999\n", "rank8.identity": "boot 1\n", "rank8.started": "1\n"}.items():
+        (directory / name).write_text(text)  # a rank of the launch before a node was left out, stopped
+    (directory / "rank8.stopped").write_text("2\n")
+    (directory / "logs" / "rank8.log").write_text("its attempt\n")
+    make_run(shell, "r", {"rank4": "exit 0\n"})
+    wait_exited(shell, "r", ["rank4"])
+    listed = shell.run(list_command(shell.root)).stdout.split()
+    assert listed[listed.index("r") + 3 :] == ["exit:0"]
+    assert units_state(listed[listed.index("r") + 3 :]) == "finished"
+    assert not list(directory.glob("rank8.*")) and (directory / "logs" / "rank8.log").exists()
 
 
 def test_runs_lists_every_run_with_its_state_progress_cost_and_disk(three_runs, local_home, task):

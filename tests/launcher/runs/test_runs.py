@@ -137,3 +137,25 @@ def test_fetch_without_a_destination_copies_under_the_home_not_the_cwd(
     assert fetched.read_bytes() == b"c" * 20
     assert list(cwd.iterdir()) == []
     assert f"run {RUN} fetched into {fetched.parent}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("task", ["status", "logs"])
+def test_status_and_logs_read_a_local_gpu_run_on_more_ranks_than_the_gpus_seen_now(local_home, monkeypatch, task):
+    import launcher.cluster.local
+    from launcher.cluster.local import LocalGpus, local_cluster
+    from launcher.runs.record import RunRecord
+
+    RunRecord.of(local_cluster(1), RUN).append("launch", nodes=[f"local{i}" for i in range(4)], world_size=4)
+    three = LocalGpus(("NVIDIA L4",) * 3, (23034,) * 3)  # a GPU hidden or gone since the run used four
+    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: three)
+
+    class Opened(Exception):
+        """It got as far as opening a session, on this cluster."""
+
+    def opened(cluster, *args, **kwargs):
+        raise Opened(cluster)
+
+    monkeypatch.setattr("launcher.launch.status.Session.open", opened)
+    with pytest.raises(Opened) as caught:
+        {"status": status, "logs": logs}[task](None, run=RUN)
+    assert len(caught.value.args[0].nodes) == 4  # the run's ranks
