@@ -36,8 +36,22 @@ def put_packages_first() -> None:
 put_packages_first()
 
 
-def main() -> None:
-    """The `nanocluster` console command: launcher.cli's program over the packages beside this file."""
-    from launcher.cli import main as run_program
+LAUNCHER_EXTRA = ("invoke", "fabric", "rich", "matplotlib", "plotext", "kubernetes")
+"""The top-level modules of the launcher extra's packages (pyproject.toml) and Fabric's own invoke."""
 
+
+def main() -> None:
+    """The `nanocluster` console command: launcher.cli's program over the packages beside this file;
+    without the launcher extra (a plain `pip install nanocluster` has only the trainer's packages),
+    one line saying how to add it instead of an import's traceback."""
+    try:
+        from launcher.cli import main as run_program
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if missing not in LAUNCHER_EXTRA:
+            raise
+        sys.exit(
+            f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
+            "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+        )
     run_program()
