@@ -66,7 +66,9 @@ def test_logs_follow_says_when_it_ends(tmp_path):
 def test_without_the_launcher_extra_it_says_how_to_add_it_in_one_line(tmp_path, missing):
     """A plain `pip install nanocluster` has the trainer's packages only: the command names the extra."""
     code = f"import sys; sys.modules[{missing!r}] = None; import nanocluster; nanocluster.main()"
-    result = subprocess.run([sys.executable, "-c", code, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [
         f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
