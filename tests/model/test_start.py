@@ -48,6 +48,20 @@ def test_a_changed_batch_shape_cannot_resume(tmp_path):
         check_resumable(cfg, cfg.to_dict() | {"batch_size": 4})
 
 
+def test_a_changed_model_shape_or_init_from_cannot_resume_and_dropout_may_change(tmp_path):
+    """The snapshot's model would be trained instead of the one asked for, without a word."""
+    cfg = load_config(overrides=["init_from=scratch", f"out_dir={tmp_path}", "model.n_layer=3", "model.dropout=0.1"])
+    trained = load_config(overrides=["init_from=scratch", "model.n_layer=2"]).to_dict() | {"out_dir": str(tmp_path)}
+    with pytest.raises(ConfigError, match=r"^model.n_layer is 3 but the snapshot in .* was trained with 2: keep it"):
+        check_resumable(cfg, trained)
+    check_resumable(cfg, trained | {"model": trained["model"] | {"n_layer": 3}})  # dropout 0.1 against 0.0
+    pretrained = load_config(overrides=["init_from=gpt2-medium", f"out_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^init_from is gpt2-medium but the snapshot .* was trained with gpt2:"):
+        check_resumable(pretrained, pretrained.to_dict() | {"init_from": "gpt2"})
+    older = {k: v for k, v in trained.items() if k not in ("init_from", "model")}  # a trainer older than both keys
+    check_resumable(cfg, older)
+
+
 def test_rng_is_restored_only_for_the_same_world_size():
     cfg = load_config(overrides=["init_from=scratch"])
     torch.manual_seed(5)
