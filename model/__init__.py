@@ -22,3 +22,16 @@ GPT-2 vocabulary; also a program); the programs import any (.importlinter: train
 this package or a subpackage imports nothing else: the launcher reads torch-free modules
 (conventions, settings.config, monitoring.metrics, ...) without torch.
 """
+
+from __future__ import annotations
+
+import sys
+
+
+def program(module: str) -> str:
+    """How to run module ("model.prepare") as this process's own program was run: `python -m
+    nanocluster.model.prepare` from the installed package, else `python -m model.prepare` (a checkout,
+    a node). Messages name it so that the command they give works where the user is."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    installed = spec is not None and spec.name.startswith("nanocluster.")
+    return f"python -m {'nanocluster.' if installed else ''}{module}"

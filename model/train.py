@@ -27,6 +27,7 @@ import sys
 
 import torch
 
+from model import program
 from model.checkpointing.checkpoint import CheckpointError
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 from model.data.batches import DataError
@@ -94,7 +95,7 @@ def train(cfg: TrainConfig, env: distributed.RankEnv, stop: StopSignal | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=program("model.train"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="YAML file (our keys or the Intel guides' gpt2_train_cfg.yaml layout)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="overrides, dotted for nesting")
     args = parser.parse_args(argv)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model import program
 from model.data.token_format import SPLITS, TOKEN_DTYPE, split_path
 
 # A separate random stream for evaluation batches, so evaluating never shifts the training batches.
@@ -52,7 +53,7 @@ class TokenBatches:
             where = path.absolute()
             raise DataError(
                 f"token file {where} does not exist: prepare the data first with "
-                f"`python -m model.prepare SOURCE --out {where.parent}`, or the launcher's prepare-data task"
+                f"`{program('model.prepare')} SOURCE --out {where.parent}`, or the launcher's prepare-data task"
             )
         size = path.stat().st_size
         if size % TOKEN_DTYPE.itemsize:

@@ -53,10 +53,24 @@ def test_export_runs_from_the_installed_package(installed: dict[str, str], tmp_p
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
 
-@pytest.mark.parametrize("program", ["export", "sample", "prepare"])
+@pytest.mark.parametrize("program", ["export", "sample", "prepare", "train"])
 def test_each_program_names_itself_as_typed_from_the_installed_package(
     installed: dict[str, str], tmp_path: Path, program: str
 ) -> None:
     result = run_installed(f"nanocluster.model.{program}", "--help", env=installed, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: python -m nanocluster.model.{program} ")
+
+
+def test_train_without_data_names_the_installed_prepare(installed: dict[str, str], tmp_path: Path) -> None:
+    """Its fix is a command that runs where the user is: the installed package's prepare."""
+    result = run_installed(
+        "nanocluster.model.train",
+        "init_from=scratch",
+        f"out_dir={tmp_path / 'out'}",
+        f"data_dir={tmp_path / 'nodata'}",
+        env=installed,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert f"`python -m nanocluster.model.prepare SOURCE --out {tmp_path / 'nodata'}`" in result.stderr, result.stderr
