@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         if stop.budget_stop:  # rank 0 logged "stopped at budget: spent $X of $Y at iteration N"
             return EXIT_BUDGET
         cause = stop.signal_name or "another rank was signalled"
-        print(f"error: interrupted ({cause}); {e}, snapshot written", file=sys.stderr)
+        print(f"interrupted ({cause}); {e}, snapshot written", file=sys.stderr)
         return EXIT_STOPPED
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report_interrupted() -> int:
-    print("error: interrupted (SIGINT/SIGTERM) mid-step; the previous snapshot is intact", file=sys.stderr)
+    print("interrupted (SIGINT/SIGTERM) mid-step; the previous snapshot is intact", file=sys.stderr)
     return EXIT_STOPPED
 
 

@@ -53,7 +53,7 @@ def stop_mid_run(tmp_path, data_dir, signalled: list[int]) -> int:
     stopped_at = int(saved.group(1))
     assert saved.group(2) == ("SIGTERM on this rank" if 0 in signalled else "a stop signal on another rank")
     for rank in (0, 1):
-        assert rank_log(logs, rank).strip().splitlines()[-1].startswith("error: interrupted"), rank_log(logs, rank)
+        assert rank_log(logs, rank).strip().splitlines()[-1].startswith("interrupted ("), rank_log(logs, rank)
     # The snapshot holds the last completed step: every step logged before the stop, no more.
     assert torch.load(out / "snapshot.pt", weights_only=False)["iter_num"] == stopped_at
     assert train_records(out)[-1]["iter"] == stopped_at - 1

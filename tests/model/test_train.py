@@ -50,7 +50,7 @@ def test_a_stop_signal_during_a_checkpoint_write_is_reported_as_an_interruption(
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         assert run_main(f"data_dir={random_tokens}", f"out_dir={out}", "max_iters=2", "eval_interval=1") == 130
-        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: interrupted")
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted (")
         # Snapshots are written in the background: a write the stop abandoned (here the thread lives
         # on in pytest's process and completes it) leaves a complete snapshot or none, never a partial one.
         for thread in threading.enumerate():
