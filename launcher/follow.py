@@ -43,7 +43,7 @@ from types import FrameType
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
-from launcher.console import TaskError, check_name, command_line, missing_dirs, say
+from launcher.console import Interrupted, TaskError, check_name, command_line, missing_dirs, say
 from launcher.launch.supervisor import (
     END_MARK,
     ENDED,
@@ -262,30 +262,46 @@ def follow(
         if ctrl_c is None:
             ctrl_c = stack.enter_context(interrupts_handed_over())
         ctrl_c.hand_to(watch.interrupt)
-        while True:
+        try:
+            return follow_to_the_end(directory, request, detach_after, watch, copy, ctrl_c)
+        except KeyboardInterrupt:
+            if ctrl_c.presses < 2 or ctrl_c.unheard:  # no stop was handed over: nothing goes on
+                raise
+            status = command_line("status", cluster=request.cluster_spec, run=request.run)
+            raise Interrupted(
+                "interrupted (Ctrl-C again): the front end left, and the run's supervisor still stops every rank "
+                f"after its snapshot: `{status}` shows its end and the command that continues it"
+            ) from None
+
+
+def follow_to_the_end(
+    directory: Path, request: TrainRequest, detach_after: int | None, watch: Watch, copy: LogCopy, ctrl_c: CtrlC
+) -> int:
+    """follow's loop: the supervisor's output copied until its end line (or detach_after's launch)."""
+    while True:
+        watch.refresh()
+        copy.to()
+        watch.tend()  # a revival the supervisor asks for: this machine holds the credentials
+        state = watch.state()
+        if state is not None and state.phase == ENDED:
+            ctrl_c.settle()
+            copy.to(whole_lines=False)
+            return end_line(state.exit_code, state.line if state.to_stderr else None, directory / LOG_NAME)
+        if detach_after is not None and launch_count(directory) > detach_after:
+            attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
+            where = "" if isinstance(watch, LocalWatch) else f" {watch.where()}"
+            say(f"run {request.run} goes on under its supervisor{where}; follow it with `{attach_command}`")
+            return 0
+        ctrl_c.check()  # after the end: a supervisor that ended as Ctrl-C reached it took it
+        if not watch.live():
+            time.sleep(POLL_S)  # it may have ended between the two reads
             watch.refresh()
-            copy.to()
-            watch.tend()  # a revival the supervisor asks for: this machine holds the credentials
             state = watch.state()
-            if state is not None and state.phase == ENDED:
-                ctrl_c.settle()
+            if state is None or state.phase != ENDED:
                 copy.to(whole_lines=False)
-                return end_line(state.exit_code, state.line if state.to_stderr else None, log)
-            if detach_after is not None and launch_count(directory) > detach_after:
-                attach_command = command_line("attach", cluster=request.cluster_spec, run=request.run)
-                where = "" if isinstance(watch, LocalWatch) else f" {watch.where()}"
-                say(f"run {request.run} goes on under its supervisor{where}; follow it with `{attach_command}`")
-                return 0
-            ctrl_c.check()  # after the end: a supervisor that ended as Ctrl-C reached it took it
-            if not watch.live():
-                time.sleep(POLL_S)  # it may have ended between the two reads
-                watch.refresh()
-                state = watch.state()
-                if state is None or state.phase != ENDED:
-                    copy.to(whole_lines=False)
-                    raise supervisor_lost(directory, state, request, watch.lost())
-                continue
-            time.sleep(POLL_S)
+                raise supervisor_lost(directory, state, request, watch.lost())
+            continue
+        time.sleep(POLL_S)
 
 
 NOT_STARTED_LINE = "Ctrl-C: the run has not started and will not; leaving once this step ends (Ctrl-C again: now)"

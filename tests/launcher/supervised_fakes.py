@@ -39,3 +39,17 @@ def until_interrupted(request: TrainRequest) -> int:
         print("interrupted: stopping every rank", flush=True)
         raise Interrupted("interrupted at iter 3 (every rank stopped after its snapshot); continue with: x") from None
     return 0
+
+
+def slow_to_stop(request: TrainRequest) -> int:
+    """As until_interrupted, but its ranks take seconds to stop after their snapshot."""
+    with open(record_directory() / EVENTS_NAME, "a") as f:
+        f.write(json.dumps({"event": "launch", "time": time.time()}) + "\n")
+    print("started 2 rank(s)", flush=True)
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        print("interrupted: stopping every rank", flush=True)
+        time.sleep(3)
+        raise Interrupted("interrupted at iter 3 (every rank stopped after its snapshot); continue with: x") from None
+    return 0

@@ -35,7 +35,9 @@ class MachinesKind:
 
     def __init__(self, local_home, tmp_path, monkeypatch):
         self.cluster = dataclasses.replace(local_cluster(1), hourly_cost_usd=PRICE)
-        monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False: self.cluster)
+        monkeypatch.setattr(
+            launcher.train, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False: self.cluster
+        )
         write_dataset(local_home / "data" / "d")
         self.config = tmp_path / "tiny.yaml"
         self.config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4"))

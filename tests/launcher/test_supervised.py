@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher import follow
-from launcher.console import TaskError
+from launcher.console import Interrupted, TaskError
 from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
@@ -138,6 +138,34 @@ def test_sigterm_to_the_front_end_is_a_ctrl_c_for_the_run(tmp_path, monkeypatch,
     assert follow.follow(directory, 0, TrainRequest(None, run="r"), None) == 130
     assert capsys.readouterr().err.startswith("interrupted at iter 3 ")
     assert wait_ended(directory).exit_code == 130
+
+
+def test_a_second_ctrl_c_leaves_and_says_the_supervisor_still_stops_the_run(tmp_path, monkeypatch, capsys):
+    """The front end leaves at once; the run still ends after its snapshot, and status tells how."""
+    directory = supervised(tmp_path, "slow_to_stop", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    threading.Thread(target=sigint_twice_handled, args=(signal.getsignal(signal.SIGINT),), daemon=True).start()
+    with pytest.raises(Interrupted) as left:
+        try:
+            follow.follow(directory, 0, TrainRequest(None, run="r"), None)
+        except KeyboardInterrupt:
+            pytest.fail("the second Ctrl-C left without saying the run still stops")
+    assert str(left.value) == (
+        "interrupted (Ctrl-C again): the front end left, and the run's supervisor still stops every rank after "
+        "its snapshot: `fab status --run r` shows its end and the command that continues it"
+    )
+    assert wait_ended(directory).exit_code == 130
+
+
+def sigint_twice_handled(before: object) -> None:
+    """Ctrl-C twice, once follow has put in its own handler (as sigterm_once_handled)."""
+    deadline = time.monotonic() + 30
+    while signal.getsignal(signal.SIGINT) is before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)  # handed over: the supervisor is stopping its ranks
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def sigterm_once_handled(before: object) -> None:
