@@ -22,7 +22,7 @@ import torch
 # PCIe in its own row) data sheets; A10G from AWS's G5 instance page (NVIDIA publishes no A10G sheet).
 # Columns: "16" = bf16/fp16 tensor cores, "tf32" = fp32 matmuls on TF32 tensor cores, "fp32" = plain
 # fp32. Sheets print sparse figures too: these are half of those. Rows are matched in order against
-# torch.cuda.get_device_name(), so the more specific pattern comes first.
+# torch.cuda.get_device_name() (case aside), so the more specific pattern comes first.
 GPU_DENSE_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"H100.*PCIe", {"16": 756.0, "tf32": 378.0, "fp32": 51.2}),
     (r"H100", {"16": 989.4, "tf32": 494.7, "fp32": 66.9}),
@@ -40,7 +40,7 @@ def datasheet_peak(gpu_name: str, dtype: torch.dtype, tf32: bool = False) -> flo
     or no figure for that dtype)."""
     column = "16" if dtype in (torch.bfloat16, torch.float16) else ("tf32" if tf32 else "fp32")
     for pattern, peaks in GPU_DENSE_PEAKS:
-        if re.search(pattern, gpu_name):
+        if re.search(pattern, gpu_name, re.IGNORECASE):  # torch says "Tesla V100-PCIE-16GB"
             return peaks[column] * 1e12 if column in peaks else None
     return None
 
@@ -60,7 +60,10 @@ def measure_matmul_peak(
     device = torch.device(device)
     if device.type == "cuda":
         n = max(n, 8192)  # a GPU needs a large matmul to reach its peak
-    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    # A generator of its own: drawing from the global one would move a resumed run's restored RNG state
+    # on, and its dropout masks would no longer be the uninterrupted run's.
+    generator = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device, generator=generator) for _ in range(2))
     for _ in range(2):
         a @ b
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

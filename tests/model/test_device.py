@@ -241,6 +241,8 @@ def test_a_config_forcing_cuda_graphs_where_they_cannot_apply_is_refused_before_
         ("NVIDIA L4", torch.bfloat16, True, 121.0),
         ("Tesla T4", torch.float16, False, 65.0),
         ("Tesla V100-SXM2-16GB", torch.float16, False, 125.0),
+        ("Tesla V100-PCIE-16GB", torch.float16, False, 112.0),
+        ("Tesla V100-PCIE-32GB", torch.float32, False, 14.0),
         ("NVIDIA A10G", torch.bfloat16, True, 70.0),
         ("Tesla T4", torch.float32, False, 8.1),
     ],

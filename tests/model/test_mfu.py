@@ -17,5 +17,14 @@ def test_matmul_peak_is_a_plausible_rate():
     assert math.isfinite(peak) and 1e6 < peak < 1e15
 
 
+def test_measuring_the_peak_leaves_the_random_state_alone():
+    """A resumed run measures it after restoring its RNG: the next draw must be the uninterrupted run's."""
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    measure_matmul_peak(torch.float32, seconds=0.01, n=64)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_utilization_is_achieved_over_peak():
     assert model_flops_utilization(flops_per_token=6e6, tokens_per_s=1000, peak_flops=2e10) == pytest.approx(0.3)

@@ -28,6 +28,7 @@ def run_args(tmp_path, out_dir, data_dir) -> list[str]:
         "eval_interval=5",
         "learning_rate=3e-3",
         "model.dropout=0.1",  # the warm-up must leave the RNG states as they were
+        "peak_flops=0",  # the default: measuring MFU's peak after the restore must leave them too
         f"expected_world_size={WORLD}",
         "collective_timeout_s=20",
     ]
