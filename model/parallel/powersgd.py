@@ -64,6 +64,35 @@ class PowerSGDState:
     """Whether the last step's gradients crossed as PowerSGD factors (False: plain all-reduce)."""
     unchecked: set[int] = field(default_factory=set)
     """Buckets whose restored buffers have not yet been checked against the bucket they meet."""
+    seeded_qs: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Per bucket index: its first Q as the seed draws it (what forget_step on the device starts over from)."""
+
+    def seeded_q(self, index: int, numel: int, device: torch.device) -> torch.Tensor:
+        """A bucket's first Q: drawn on the CPU from the seed, so the same on every rank and device type."""
+        generator = torch.Generator().manual_seed(self.seed * 1000 + index)
+        return torch.randn(numel, generator=generator).to(device)
+
+    def forget_step(self, not_applied: torch.Tensor | bool) -> None:
+        """After an optimizer step that was not applied (the step guard's skip, the fp16 scaler's
+        overflow): its gradients may have held an inf or NaN, which this step's error and Q would carry
+        into every later step's gradients, so both start over as at the first compressed step (a zero
+        error, the seeded Q). not_applied: known on the host (True: start over now), or the device's
+        verdict (a 0-dim tensor, nonzero: not applied), applied there without reading it back. Every
+        rank takes the same decision, so the Qs stay the same on every rank."""
+        if not self.last_step_compressed or not_applied is False:
+            return
+        if not_applied is True:
+            self.errors.clear()  # the hook makes them again: zeros, and the seeded Q
+            self.qs.clear()
+            return
+        skipped = torch.as_tensor(not_applied).bool()
+        for error in self.errors.values():
+            error.masked_fill_(skipped, 0.0)
+        for index, q in self.qs.items():
+            seeded = self.seeded_qs.get(index)
+            if seeded is None or seeded.numel() != q.numel():  # drawn once, then kept on the device
+                self.seeded_qs[index] = self.seeded_q(index, q.numel(), q.device)
+            q.copy_(torch.where(skipped, self.seeded_qs[index], q))
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on compressing where this one was (its tensors are live:
@@ -150,10 +179,8 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
             vectors.append(gradient)
     ranks = [min(state.rank, *m.shape) for m in matrices]
     if index not in state.qs:
-        generator = torch.Generator().manual_seed(state.seed * 1000 + index)
         q_numel = sum(r * m.shape[1] for r, m in zip(ranks, matrices, strict=True))
-        # Drawn on the CPU: the same start on every device type.
-        state.qs[index] = torch.randn(q_numel, generator=generator).to(buffer.device)
+        state.qs[index] = state.seeded_q(index, q_numel, buffer.device)
     qs = split_rows(state.qs[index], ranks, [m.shape[1] for m in matrices])
 
     # One all-reduce carries the vectors and every P^T = Q^T M^T of the bucket.

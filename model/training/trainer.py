@@ -200,6 +200,8 @@ class Trainer(TrainerState):
         loss: torch.Tensor | float = total / steps
         problem = None
         overflow = self.scaler_overflow()
+        # Without the guard only the scaler knows whether it applies the step: its verdict, on the device.
+        unguarded_overflow = self.scaler_found_inf() if guard is None else None
         if guard is not None:
             loss, problem = guard.judge(float(loss), norm, self.raw_model.parameters(), self.env.world_size)
             if problem is not None and problem[0] == "nonfinite_grad" and overflow:
@@ -212,6 +214,9 @@ class Trainer(TrainerState):
                 guard.applied(float(loss))
         elif self.scaler is not None:
             self.scaler.update()
+        self.forget_compression_of_unapplied_step(
+            unguarded_overflow if unguarded_overflow is not None else (problem is not None or overflow)
+        )
         self.clear_gradients()
         if probe is not None:
             health_probe.record_health(self, probe)
@@ -232,6 +237,19 @@ class Trainer(TrainerState):
         self.scaler.step(self.optimizer)
         self.scaler.update()
 
+    def forget_compression_of_unapplied_step(self, not_applied: torch.Tensor | bool) -> None:
+        """PowerSGD's error and Q start over after a step that was not applied (PowerSGDState.forget_step)."""
+        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        if powersgd is not None:
+            powersgd.forget_step(not_applied)
+
+    def scaler_found_inf(self) -> torch.Tensor | None:
+        """The fp16 scaler's verdict on this step's gradients, on the device (nonzero: it skips the
+        step); None without a scaler. Read after unscale_ and before its update()."""
+        if self.scaler is None:
+            return None
+        return sum(self.scaler._found_inf_per_device(self.optimizer).values())
+
     def scaler_overflow(self) -> bool:
         """Whether the fp16 scaler found inf/NaN gradients this step (a host read: the host-judged path only)."""
         if self.scaler is None or self.guard is None:
@@ -246,10 +264,7 @@ class Trainer(TrainerState):
         assert self.guard is not None
         if norm is None:  # grad_clip=0: the guard still needs the norm
             norm = gradient_norm([p.grad for p in self.raw_model.parameters() if p.grad is not None])
-        overflow = None
-        if self.scaler is not None:
-            overflow = sum(self.scaler._found_inf_per_device(self.optimizer).values())
-        verdict = self.guard.judge_on_device(local_loss, norm, self.env.world_size, overflow)
+        verdict = self.guard.judge_on_device(local_loss, norm, self.env.world_size, self.scaler_found_inf())
         if probe is not None:
             probe.before_update()
         self.local_optimizer.found_inf = verdict.found_inf  # type: ignore[attr-defined]
@@ -257,6 +272,7 @@ class Trainer(TrainerState):
         del self.local_optimizer.found_inf  # type: ignore[attr-defined]
         if self.scaler is not None:
             self.scaler.update()
+        self.forget_compression_of_unapplied_step(verdict.found_inf)
         self.clear_gradients()
         verdict.send()
         if probe is not None:

@@ -174,6 +174,28 @@ def test_a_nan_on_one_rank_is_skipped_by_both_and_the_replicas_stay_identical(tm
     assert all(s["update_ratio"] == 0 for s in at_2["blocks"].values())
 
 
+@pytest.mark.integration
+def test_one_nan_step_under_powersgd_is_skipped_once_and_compression_goes_on(tmp_path, random_tokens):
+    """The skipped step's NaN gradients must not stay in PowerSGD's error and Q: they would turn every
+    later step's gradients to NaN (skip after skip, a rollback, then the run stopped)."""
+    logs = tmp_path / "logs"
+    args = run_args(
+        tmp_path,
+        random_tokens,
+        "max_iters=10",
+        "backend=gloo",
+        "grad_compression=powersgd",
+        "powersgd_rank=2",
+        "powersgd_start_iter=2",
+        "health.test_fault=nan:0@5",
+    )
+    assert wait_all(launch_ranks(2, args, logs), logs, timeout=120) == [0, 0], rank_log(logs, 0)
+    assert [(r["iter"], r["reason"]) for r in records(tmp_path, "skip")] == [(5, "nonfinite_loss")]
+    losses = {r["iter"]: r["loss"] for r in records(tmp_path, "train")}
+    assert sorted(losses) == list(range(10))
+    assert all(math.isfinite(loss) for i, loss in losses.items() if i != 5), losses
+
+
 # --- spikes and rollbacks ----------------------------------------------------------------------------
 
 

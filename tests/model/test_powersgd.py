@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from model.parallel.powersgd import compressible, orthonormalise_rows, orthonormalise_rows_on_device
+from model.parallel.powersgd import PowerSGDState, compressible, orthonormalise_rows, orthonormalise_rows_on_device
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 
 pytestmark = pytest.mark.integration
@@ -129,3 +129,18 @@ def test_the_device_orthonormalisation_matches_the_host_one() -> None:
     orthonormalise_rows_on_device(device)
     torch.testing.assert_close(device, host, rtol=1e-5, atol=1e-6)
     assert torch.equal(device[2], torch.zeros(64))
+
+
+def test_a_step_not_applied_starts_the_error_and_q_over_on_the_device_verdict():
+    """The device's verdict (no read-back): a skipped step's NaN error and Q give way to zeros and the
+    seeded Q; an applied step's are kept."""
+    state = PowerSGDState(rank=2, start_iter=2, seed=7, last_step_compressed=True)
+    state.errors[0] = torch.tensor([1.0, float("nan"), 3.0])
+    state.qs[0] = torch.full((4,), float("nan"))
+    state.forget_step(torch.tensor(0.0))  # applied
+    assert torch.isnan(state.qs[0]).all() and state.errors[0][0] == 1.0
+    state.forget_step(torch.tensor(1.0))
+    assert torch.equal(state.errors[0], torch.zeros(3))
+    assert torch.equal(state.qs[0], state.seeded_q(0, 4, torch.device("cpu")))
+    state.forget_step(True)  # known on the host: made again by the hook at the next step
+    assert state.errors == {} and state.qs == {}
