@@ -14,11 +14,12 @@ files, works for any later `--nodes`, and downloads a hub source once instead of
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import time
 
-from launcher.cluster.inventory import Node
+from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REMOTE_ROOT, data_dir
 from launcher.console import TaskError, check_name, command_line, out_line, say
 from launcher.node_scripts import script
@@ -58,7 +59,7 @@ def prepare_data(
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)
         args = prepare_args(
-            source,
+            source_where_it_runs(cluster, source),
             dataset,
             val_fraction=val_fraction,
             seed=seed,
@@ -88,6 +89,15 @@ def prepare_data(
         if len(hosts) > 1:
             session.reprobe(hosts[:1])  # the head's data/<dataset> is new: learn its meta.json
             fan_out(session, dataset, verify_existing=True)
+
+
+def source_where_it_runs(cluster: Cluster, source: str) -> str:
+    """SOURCE as model.prepare reads it on the node, in ~/nanocluster: on the local cluster a relative
+    (or ~) path of the operator's, made absolute from where they are (the named sources and hf: stay
+    names, as model.prepare reads them first); on a cloud cluster a path is the head node's, as given."""
+    if not cluster.is_local or source in NAMED_SOURCES or source.startswith("hf:"):
+        return source
+    return os.path.join(os.getcwd(), os.path.expanduser(source))
 
 
 # fab prepare-data's options that model.prepare takes as they are (None: model.prepare's default).

@@ -1,13 +1,15 @@
-"""fab prepare-data passes model.prepare's options through (a .jsonl keyed `body`)."""
+"""fab prepare-data passes model.prepare's options through (a .jsonl keyed `body`), and a source path
+relative to where the operator is."""
 
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from launcher.setup.data import prepare_args
-from launcher.testing.fab import FAB
 
 
 def test_given_options_reach_model_prepare_and_absent_ones_keep_its_defaults():
@@ -17,7 +19,8 @@ def test_given_options_reach_model_prepare_and_absent_ones_keep_its_defaults():
         prepare_args("x", "x", colour="red")
 
 
-def test_fab_prepare_data_field_body_prepares_a_jsonl_keyed_body(tmp_path):
+def test_prepare_data_field_body_prepares_a_jsonl_keyed_body_from_a_path_relative_to_here(tmp_path):
+    """The local cluster's model.prepare runs in its home; the path is the operator's, from where they are."""
     source = tmp_path / "notes.jsonl"
     lines = [
         json.dumps({"id": i, "body": f"Note {i}: the quick brown fox jumps over the lazy dog. " * 20})
@@ -26,8 +29,21 @@ def test_fab_prepare_data_field_body_prepares_a_jsonl_keyed_body(tmp_path):
     source.write_text("\n".join(lines) + "\n")
     env = os.environ | {"NANOCLUSTER_HOME": str(tmp_path / "home")}
     env.pop("NANOCLUSTER_CLUSTER", None)
+    nanocluster = str(Path(sys.executable).with_name("nanocluster"))
     done = subprocess.run(
-        [FAB, "prepare-data", "--source", str(source), "--dataset", "notes", "--field", "body", "--nodes", "1"],
+        [
+            nanocluster,
+            "prepare-data",
+            "--source",
+            "notes.jsonl",
+            "--dataset",
+            "notes",
+            "--field",
+            "body",
+            "--nodes",
+            "1",
+        ],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
