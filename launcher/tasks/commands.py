@@ -216,6 +216,10 @@ def train(
     budget: float | None = None,
 ) -> int:
     """Launch DDP training on N nodes; stream logs; stop everything if any rank fails."""
+    if not collective_timeout > 0:  # the ranks' own check (collective_timeout_s), before any starts
+        raise TaskError(
+            f"--collective-timeout must be > 0 (seconds a rank waits for a lost peer), got {collective_timeout:g}"
+        )
     recover = RecoverOptions(
         **given(
             max_restarts=max_restarts,

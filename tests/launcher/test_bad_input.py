@@ -157,6 +157,10 @@ def test_every_node_count_below_one_gets_the_same_line(home, task, count):
         (["doctor", "--port", "5"], "--port (the rendezvous port on the head) must be in 1024..65535, got 5"),
         (["doctor", "--bandwidth-seconds", "-1"], "--bandwidth-seconds must be >= 0 (0 skips the measure), got -1"),
         (["prune", "--older-than", "-1"], "--older-than must be >= 0, got -1"),
+        (
+            ["train", "--collective-timeout", "0"],
+            "--collective-timeout must be > 0 (seconds a rank waits for a lost peer), got 0",
+        ),
     ],
 )
 def test_a_number_out_of_bounds_is_refused_before_anything_runs(home, args, message):
