@@ -102,6 +102,17 @@ def _swap_into_place(staging: Path, path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def replace_problem(path: Path, flag: str, force: bool) -> str | None:
+    """Why a directory a command would write at path (as atomic_directory does, replacing it whole)
+    must not be: a file is there, or a directory with something in it and no --force; None when it
+    may. flag: the option that named path, for the message."""
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path} is a file; give a directory path"
+    if path.is_dir() and any(path.iterdir()) and not force:
+        return f"{flag} {path} is not empty; choose another directory or pass --force to replace it"
+    return None
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, before_swap: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield a hidden staging directory to fill; it becomes path only if the block completes.

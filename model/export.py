@@ -20,7 +20,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from model.atomic import atomic_directory
+from model.atomic import atomic_directory, replace_problem
 from model.checkpointing.checkpoint import CheckpointError, load_model
 from model.checkpointing.hf import (
     CONFIG_FILE,
@@ -43,10 +43,8 @@ def export_model(model: GPT, out_dir: str | os.PathLike, force: bool = False) ->
     A non-empty out_dir is replaced only with force=True.
     """
     out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} is a file; give a directory path")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out {out} is not empty; choose another directory or pass --force to replace it")
+    if problem := replace_problem(out, "--out", force):
+        raise ExportError(problem)
     config = hf_config_from_gpt(model.config)
     with atomic_directory(out) as staging:
         save_file(state_dict_to_hf(model), staging / SAFETENSORS_FILE, metadata={"format": "pt"})

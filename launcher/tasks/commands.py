@@ -35,6 +35,7 @@ from launcher.recover.policy import DEFAULT_REVIVE_TIMEOUT_S, RecoverOptions
 from launcher.runs import cost as ledger
 from launcher.tasks.drivers import driver
 from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, at_least, fab_task, given, shown, text_default
+from model.atomic import replace_problem
 from model.conventions import (
     DEFAULT_MASTER_PORT,
     EXIT_BUDGET,
@@ -363,6 +364,8 @@ def export(
 ) -> int:
     """Fetch the run's best checkpoint (as fetch does) and write it as a Hugging Face GPT-2 directory
     (config.json, model.safetensors) that transformers loads."""
+    if out is not None and (problem := replace_problem(Path(out).expanduser().resolve(), "--out", force)):
+        raise TaskError(problem)  # before the fetch: a checkpoint can be hundreds of MB
     return checkpoints.export_here(driver(cluster).fetch(cluster, run=run), out, force=force)
 
 

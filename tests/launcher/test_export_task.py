@@ -53,6 +53,7 @@ def test_export_keeps_a_non_empty_out_unless_forced(home, tmp_path):
         f"error: --out {mine} is not empty; choose another directory or pass --force to replace it"
     ]
     assert (mine / "notes.txt").read_text() == "mine"
+    assert refused.stdout == "" and not (home / "clusters").exists()  # refused before fetching anything
     assert export("--out", str(mine), "--force", home=home).returncode == 0
     assert sorted(p.name for p in mine.iterdir()) == HF_FILES
 
