@@ -137,8 +137,10 @@ class Progress:
             self.tokens_per_s = record.get("tokens_per_s")
             return True
         if record.get("kind") == "eval":
-            # The last eval comes at max_iters, after the last logged step (log_interval apart).
+            # The last eval comes at max_iters, after the last logged step (log_interval apart): its own
+            # train loss goes with its iteration, not an older step's.
             self.iter, self.val_loss = record.get("iter", self.iter), record.get("val_loss")
+            self.loss = record.get("train_loss", self.loss)
             return True
         if record.get("kind") == "stop":
             self.stopped_at = record.get("iter")
