@@ -91,8 +91,10 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
             else " and its available memory is unknown"
         )
         cpus = f"they would share {cores} physical core(s) (at most {MAX_RANKS_PER_CORE} ranks per core)"
+        # What refuses them first, the other figure after it.
+        why = f"{cpus}; they {memory}" if too_many and not too_big else f"they {memory}; {cpus}"
         raise TaskError(
-            f"{ranks} rank(s) do not fit {where}: they {memory}; {cpus}: "
+            f"{ranks} rank(s) do not fit {where}: {why}: "
             + ways_out(cluster, cfg, cores, available, estimates, too_big)
         )
 

@@ -79,6 +79,7 @@ def test_too_many_ranks_per_core_alone_suggests_fewer_ranks_not_a_smaller_batch(
         check_fit(local, local.nodes, reports(local.nodes, 20.0, 2), cfg)
     message = str(refused.value)
     assert "they would share 2 physical core(s)" in message and "fewer ranks (--nodes 4)" in message
+    assert message.startswith("5 rank(s) do not fit this machine: they would share 2 physical core(s)"), message
     assert "batch_size" not in message
     check_fit(local, local.nodes[:4], reports(local.nodes, 20.0, 2), cfg)
 
