@@ -54,6 +54,7 @@ from model.monitoring.health import TrainingDiverged, json_number
 from model.monitoring.metrics import MetricsLog
 from model.parallel.collectives import all_ranks_mean, broadcast_tensors, on_rank0
 from model.parallel.distributed import RankEnv
+from model.parallel.zero import is_sharded
 from model.settings.config import TrainConfig
 from model.settings.health_config import HealthConfig
 
@@ -256,7 +257,7 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     if world_size > 1:
         for tensor in trainer.raw_model.state_dict().values():  # views of the parameters: in place
             dist.broadcast(tensor, src=0)
-        optimizer_state = broadcast_tensors(optimizer_state)
+        optimizer_state = broadcast_tensors(optimizer_state, to_host=is_sharded(trainer.optimizer))
     lrs = [group["lr"] for group in trainer.optimizer.param_groups]
     trainer.optimizer.load_state_dict(optimizer_state)
     for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):  # the schedule's, not the snapshot's

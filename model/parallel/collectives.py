@@ -35,12 +35,15 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def broadcast_tensors(obj: Any) -> Any:
+def broadcast_tensors(obj: Any, to_host: bool = False) -> Any:
     """Give every rank rank 0's copy of a nested structure of tensors (e.g. an optimizer state
     dict): the layout goes as a small pickled skeleton, the tensors as plain broadcasts. Under nccl
-    the tensors cross on the GPU and the other ranks receive them there; rank 0 keeps its own."""
+    the tensors cross on the GPU and the other ranks receive them there, or with to_host in host
+    memory, one tensor on the GPU at a time (a sharded optimizer keeps only its shard of the whole
+    state: on the GPU the rest would not fit beside it); rank 0 keeps its own."""
     tensors: list[torch.Tensor] = []
     device = collective_device()
+    kept = torch.device("cpu") if to_host else device
 
     def skeleton(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -54,7 +57,7 @@ def broadcast_tensors(obj: Any) -> Any:
 
     def materialize(x: Any) -> Any:
         if isinstance(x, tuple) and len(x) == 3 and x[0] == "__tensor__":
-            tensors.append(torch.empty(x[1], dtype=x[2], device=device))
+            tensors.append(torch.empty(x[1], dtype=x[2], device=kept))
             return tensors[-1]
         if isinstance(x, dict):
             return {k: materialize(v) for k, v in x.items()}
@@ -68,8 +71,11 @@ def broadcast_tensors(obj: Any) -> Any:
     for t in tensors:
         if t.device == device:
             dist.broadcast(t, src=0)
-        else:  # rank 0's CPU copy under nccl: sent from a GPU copy
-            dist.broadcast(t.to(device), src=0)
+        else:  # a CPU tensor under nccl: sent from a GPU copy (rank 0), received into one (to_host)
+            crossing = t.to(device) if dist.get_rank() == 0 else torch.empty_like(t, device=device)
+            dist.broadcast(crossing, src=0)
+            if dist.get_rank() != 0:
+                t.copy_(crossing)
     return result
 
 

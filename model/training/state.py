@@ -96,7 +96,7 @@ class TrainerState:
         optimizer_state: Any = payload.pop("optimizer", None) if payload else None  # rank 0's, resuming
         if start.resumed_from:
             if env.world_size > 1:
-                optimizer_state = broadcast_tensors(optimizer_state)
+                optimizer_state = broadcast_tensors(optimizer_state, to_host=zero.is_sharded(self.optimizer))
             self.optimizer.load_state_dict(optimizer_state)
         restore_rng(start, cfg, env, device)
 

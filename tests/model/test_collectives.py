@@ -46,6 +46,8 @@ state = {"state": {0: {"exp_avg": torch.arange(4.0), "step": torch.tensor(3.0)}}
          "param_groups": [{"lr": 0.1, "params": [0]}]} if rank0 else None
 got = broadcast_tensors(state)
 print(repr((got["state"][0]["exp_avg"].tolist(), got["state"][0]["step"].item(), got["param_groups"])))
+held = broadcast_tensors(state, to_host=True)  # as a sharded optimizer receives it: in host memory
+print(repr((held["state"][0]["exp_avg"].tolist(), str(held["state"][0]["exp_avg"].device))))
 print(repr(all_ranks_mean(float(env.rank), env.world_size)))
 print(repr(gather_on_rank0(env.rank * 10, env.world_size)))
 print(repr(on_rank0(lambda: "read on rank 0" if rank0 else "never", env.world_size, (ConfigError,))))
@@ -64,8 +66,9 @@ def test_two_ranks_share_rank0s_state_and_its_errors(tmp_path):
     logs = tmp_path / "logs"
     assert wait_all(launch_ranks(2, [], logs, driver=DRIVER), logs, timeout=120) == [0, 0]
     seen = [[ast.literal_eval(line) for line in rank_log(logs, rank, "out").splitlines()] for rank in (0, 1)]
-    for rank, (broadcast, mean, gathered, result, error) in enumerate(seen):
+    for rank, (broadcast, held, mean, gathered, result, error) in enumerate(seen):
         assert broadcast == ([0.0, 1.0, 2.0, 3.0], 3.0, [{"lr": 0.1, "params": [0]}])
+        assert held == ([0.0, 1.0, 2.0, 3.0], "cpu")
         assert mean == 0.5 and result == "read on rank 0"
         assert gathered == ([0, 10] if rank == 0 else None)
         assert error == ("" if rank == 0 else "on rank 0: ") + "snapshot trained with batch_size 4"
