@@ -10,7 +10,8 @@ After backward the rank has launched its last bucket when it has computed every 
     compute = step time - wait
 
 A slow rank launches its last bucket late and finds the reduction done at once (wait ~ 0, compute
-high); the others wait for it (wait high, compute normal). The wait covers the gradient reductions,
+high); the others wait for it (wait high, compute normal). Under nccl the split cannot be seen this
+way (gather_step_times) and only the step times are recorded. The wait covers the gradient reductions,
 the collective every step runs; the loop's other small collectives (the stop check, the loss mean
 at log steps, ZeRO's parameter broadcast) count as compute. Cost: one clock read and one
 Future.then() callback per bucket, measured at 7.5 us per bucket on the busy 2-core development
@@ -101,7 +102,9 @@ def realign(world_size: int, clock: Callable[[], float] = time.perf_counter) -> 
 def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]:
     """Every rank's figures, by rank, in milliseconds: one all_gather of three float64s per rank.
     A collective: every rank calls it at the same (log) step. Keys are metrics.jsonl's fields; one
-    process has no other rank to compare with: no fields."""
+    process has no other rank to compare with: no fields. Under nccl the step times only: a
+    reduction's future completes when NCCL has queued it, not when it is done (torch's FutureNCCL),
+    so the timer's wait would read 0 and compute the whole step on every rank."""
     if world_size <= 1:
         return {}
     times = [step.step_s, step.compute_s, step.wait_s]
@@ -109,8 +112,10 @@ def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]
     parts = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(parts, mine)
     by_rank = torch.stack(parts).tolist()
-    return {
-        "rank_step_ms": [round(r[0], 3) for r in by_rank],
+    steps = {"rank_step_ms": [round(r[0], 3) for r in by_rank]}
+    if dist.get_backend() == "nccl":  # its futures complete as the reduction is queued: no wait is seen
+        return steps
+    return steps | {
         "rank_compute_ms": [round(r[1], 3) for r in by_rank],
         "rank_wait_ms": [round(r[2], 3) for r in by_rank],
     }

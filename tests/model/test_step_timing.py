@@ -162,3 +162,20 @@ def test_steps_after_an_eval_and_snapshot_are_timed_like_the_others(tmp_path, ra
             assert split == pytest.approx(r["rank_step_ms"][rank], abs=0.01), r
     realigned = re.findall(r"ranks realigned after the eval in ([0-9.]+) ms", rank_log(tmp_path / "logs", 0, "out"))
     assert len(realigned) == 4  # the barrier's cost on rank 0, the last to arrive, is logged
+
+
+def test_under_nccl_only_the_step_times_are_recorded(monkeypatch):
+    """NCCL's futures complete when the reduction is queued: a wait of 0 would be recorded on every rank."""
+    from model.monitoring import step_timing
+
+    def gathered(parts, mine):
+        for part in parts:
+            part.copy_(mine)
+
+    monkeypatch.setattr(step_timing.dist, "all_gather", gathered)
+    monkeypatch.setattr(step_timing, "collective_device", lambda: torch.device("cpu"))
+    step = StepTime(step_s=0.5, compute_s=0.5, wait_s=0.0)
+    monkeypatch.setattr(step_timing.dist, "get_backend", lambda: "nccl")
+    assert gather_step_times(step, world_size=2) == {"rank_step_ms": [500.0, 500.0]}
+    monkeypatch.setattr(step_timing.dist, "get_backend", lambda: "gloo")
+    assert gather_step_times(step, world_size=2)["rank_wait_ms"] == [0.0, 0.0]
