@@ -174,9 +174,8 @@ def gpus_wanted(cluster: Cluster) -> dict[str, int]:
 
 def gpus_checked(cluster: Cluster) -> str:
     """The GPUs the check found, for the line that says every check passed."""
-    wanted = gpus_wanted(cluster)
-    if cluster.is_local and len(wanted) == 1:
-        return f"{next(iter(wanted.values()))} GPU(s) on this machine"
+    if cluster.is_local:  # a node per GPU, all on this machine
+        return f"{cluster.gpus_per_node * len(cluster.nodes)} GPU(s) on this machine"
     return f"{cluster.gpus_per_node} GPU(s) each"
 
 

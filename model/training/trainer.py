@@ -252,9 +252,8 @@ class Trainer(TrainerState):
 
     def scaler_overflow(self) -> bool:
         """Whether the fp16 scaler found inf/NaN gradients this step (a host read: the host-judged path only)."""
-        if self.scaler is None or self.guard is None:
-            return False
-        return bool(sum(v.item() for v in self.scaler._found_inf_per_device(self.optimizer).values()))
+        found = self.scaler_found_inf() if self.guard is not None else None
+        return found is not None and bool(found)
 
     def step_judged_on_device(
         self, local_loss: torch.Tensor, norm: torch.Tensor | None, probe: health_probe.HealthProbe | None

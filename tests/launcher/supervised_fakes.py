@@ -28,8 +28,8 @@ def refused(request: TrainRequest) -> int:
     raise TaskError("trainer config: unknown key bogus")
 
 
-def until_interrupted(request: TrainRequest) -> int:
-    """Launches (a launch event), then trains until Ctrl-C reaches it."""
+def until_interrupted(request: TrainRequest, stopping_s: float = 0.0) -> int:
+    """Launches (a launch event), then trains until Ctrl-C reaches it; its ranks then take stopping_s to stop."""
     with open(record_directory() / EVENTS_NAME, "a") as f:
         f.write(json.dumps({"event": "launch", "time": time.time()}) + "\n")
     print("started 2 rank(s)", flush=True)
@@ -37,19 +37,11 @@ def until_interrupted(request: TrainRequest) -> int:
         time.sleep(120)
     except KeyboardInterrupt:
         print("interrupted: stopping every rank", flush=True)
+        time.sleep(stopping_s)
         raise Interrupted("interrupted at iter 3 (every rank stopped after its snapshot); continue with: x") from None
     return 0
 
 
 def slow_to_stop(request: TrainRequest) -> int:
     """As until_interrupted, but its ranks take seconds to stop after their snapshot."""
-    with open(record_directory() / EVENTS_NAME, "a") as f:
-        f.write(json.dumps({"event": "launch", "time": time.time()}) + "\n")
-    print("started 2 rank(s)", flush=True)
-    try:
-        time.sleep(120)
-    except KeyboardInterrupt:
-        print("interrupted: stopping every rank", flush=True)
-        time.sleep(3)
-        raise Interrupted("interrupted at iter 3 (every rank stopped after its snapshot); continue with: x") from None
-    return 0
+    return until_interrupted(request, stopping_s=3.0)
