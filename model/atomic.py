@@ -104,12 +104,20 @@ def _swap_into_place(staging: Path, path: Path) -> None:
 
 def replace_problem(path: Path, flag: str, force: bool) -> str | None:
     """Why a directory a command would write at path (as atomic_directory does, replacing it whole)
-    must not be: a file is there, or a directory with something in it and no --force; None when it
-    may. flag: the option that named path, for the message."""
+    must not be: a file is there, a directory with something in it and no --force, or it cannot be
+    made (its nearest existing parent, where the staging directory goes, is a file or not writable);
+    None when it may. flag: the option that named path, for the message."""
     if path.exists() and not path.is_dir():
         return f"{flag} {path} is a file; give a directory path"
     if path.is_dir() and any(path.iterdir()) and not force:
         return f"{flag} {path} is not empty; choose another directory or pass --force to replace it"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{flag} {path} cannot be made: {parent} is a file; choose another directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {path} cannot be made: {parent} is not writable; choose another directory"
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,16 +162,18 @@ def read_parquet(path: Path, column: str) -> Iterator[str]:
 
 def expand_files(spec: str) -> list[Path]:
     """The files a path, directory or glob names, in a fixed order."""
+    # A relative spec is read from the working directory: name it (on a cluster, the node's).
+    where = "" if os.path.isabs(spec) else f" in {os.getcwd()}"
     if _GLOB_CHARS & set(spec):
         matches = sorted(glob.glob(spec, recursive=True))
         if not matches:
-            raise SourceError(f"{spec!r} matches no files")
+            raise SourceError(f"{spec!r} matches no files{where}")
         roots = [Path(m) for m in matches]
     else:
         root = Path(spec)
         if not root.exists():
             raise SourceError(
-                f"{spec!r} is not a known source or an existing path. Known sources: builtin, shakespeare, "
+                f"{spec!r} is not a known source or an existing path{where}. Known sources: builtin, shakespeare, "
                 "openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], or a file, directory or glob of "
                 f"{', '.join(FILE_SUFFIXES)} files"
             )

@@ -67,3 +67,14 @@ def test_export_from_a_project_with_its_own_model_package_writes_where_asked(hom
     result = export("--out", "exported", home=home, cwd=project, program=nanocluster)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (project / "exported").iterdir() if p.name in HF_FILES) == HF_FILES
+
+
+def test_export_refuses_an_out_under_a_file_before_fetching(home, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    refused = export("--out", str(notes / "hf"), home=home)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"error: --out {notes / 'hf'} cannot be made: {notes} is a file; choose another directory"
+    ]
+    assert refused.stdout == "" and not (home / "clusters").exists()  # refused before fetching anything

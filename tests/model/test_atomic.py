@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from model.atomic import atomic_directory, atomic_open
+from model.atomic import atomic_directory, atomic_open, replace_problem
 
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
@@ -87,3 +87,16 @@ def test_a_failed_write_removes_the_parents_it_made_and_keeps_those_that_were_th
     with atomic_directory(target) as staging:  # a write that completes keeps them
         (staging / "new.bin").write_bytes(b"new")
     assert names(target) == ["new.bin"]
+
+
+def test_a_directory_that_cannot_be_made_is_refused_by_its_nearest_existing_parent(tmp_path, monkeypatch):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert replace_problem(notes / "a" / "hf", "--out", force=True) == (
+        f"--out {notes / 'a' / 'hf'} cannot be made: {notes} is a file; choose another directory"
+    )
+    assert replace_problem(tmp_path / "a" / "hf", "--out", force=False) is None  # its parents are made
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only parent reads (root writes any)
+    assert replace_problem(tmp_path / "a" / "hf", "--out", force=False) == (
+        f"--out {tmp_path / 'a' / 'hf'} cannot be made: {tmp_path} is not writable; choose another directory"
+    )

@@ -138,6 +138,21 @@ def test_source_that_names_nothing_says_so(tmp_path, spec, expected):
         open_source(spec.format(tmp=tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("texts", "'texts' is not a known source or an existing path in {tmp}."),
+        ("*.jsonl", "'*.jsonl' matches no files in {tmp}"),
+    ],
+)
+def test_a_relative_source_that_names_nothing_says_where_it_looked(tmp_path, monkeypatch, spec, expected):
+    """On a cluster model.prepare runs in the node's nanocluster directory, not where the operator is."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError) as err:
+        open_source(spec)
+    assert expected.format(tmp=tmp_path) in str(err.value)
+
+
 class _TextServer:
     """Serves fixed bytes at /input.txt on 127.0.0.1 (any other path: 404), for the test's duration."""
 
