@@ -82,8 +82,7 @@ class PowerSGDState:
         if not self.last_step_compressed or not_applied is False:
             return
         if not_applied is True:
-            self.errors.clear()  # the hook makes them again: zeros, and the seeded Q
-            self.qs.clear()
+            self.start_over()
             return
         skipped = torch.as_tensor(not_applied).bool()
         for error in self.errors.values():
@@ -93,6 +92,13 @@ class PowerSGDState:
             if seeded is None or seeded.numel() != q.numel():  # drawn once, then kept on the device
                 self.seeded_qs[index] = self.seeded_q(index, q.numel(), q.device)
             q.copy_(torch.where(skipped, self.seeded_qs[index], q))
+
+    def start_over(self) -> None:
+        """Drop every bucket's error and Q (a step not applied, a rollback to a snapshot): the hook
+        makes them again at its next compressed step, a zero error and the seeded Q."""
+        self.errors.clear()
+        self.qs.clear()
+        self.unchecked.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on compressing where this one was (its tensors are live:
