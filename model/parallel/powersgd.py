@@ -55,7 +55,8 @@ class PowerSGDState:
     iteration: int = 0
     """Plain all-reduce steps taken so far (it stops counting at start_iter)."""
     errors: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Per bucket index: this rank's error feedback, laid out as the bucket's buffer."""
+    """Per bucket index: this rank's error feedback, laid out as the bucket's buffer, in the units of
+    the gradients the hook sees (scaled ones under the fp16 gradient scaler: rescale_errors)."""
     qs: dict[int, torch.Tensor] = field(default_factory=dict)
     """Per bucket index: the last step's Q of every matrix (the same on every rank), the next warm start."""
     layouts: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
@@ -99,6 +100,13 @@ class PowerSGDState:
         self.errors.clear()
         self.qs.clear()
         self.unchecked.clear()
+
+    def rescale_errors(self, factor: torch.Tensor) -> None:
+        """The fp16 gradient scaler changed its scale by factor (a 0-dim tensor, on the device: no read
+        back): the errors, kept in the old scale's units, follow it, else the next step would add them
+        at 1/factor of their weight (half of every error lost at each growth of the scale)."""
+        for error in self.errors.values():
+            error.mul_(factor)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on compressing where this one was (its tensors are live:
