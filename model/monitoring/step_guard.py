@@ -63,7 +63,7 @@ log = logging.getLogger("model.train")
 
 class GuardedTrainer(Protocol):
     """What of the trainer (model.training.trainer.Trainer) the probe's and the guard's steps read; a rollback
-    restores raw_model's weights and optimizer's state in place."""
+    restores raw_model's weights and optimizer's state in place and starts PowerSGD's state over."""
 
     @property
     def cfg(self) -> TrainConfig: ...
@@ -82,6 +82,7 @@ class GuardedTrainer(Protocol):
     @property
     def metrics(self) -> MetricsLog: ...
     def wait_for_snapshot(self) -> None: ...
+    def start_compression_over(self) -> None: ...
 
 
 class StepGuard:
@@ -233,7 +234,8 @@ def grad_norm(params: list[torch.Tensor]) -> float:
 
 def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     """Every rank: restore the weights and optimizer state of the last snapshot (rank 0 reads it and
-    hands it over), keeping the iteration: the batches since the snapshot are not replayed."""
+    hands it over), keeping the iteration: the batches since the snapshot are not replayed. PowerSGD's
+    error and Q, made on the steps rolled back, start over."""
     world_size, iteration = trainer.env.world_size, trainer.iter_num
     if not guard.applied_since_rollback:
         raise TrainingDiverged(
@@ -262,6 +264,7 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     trainer.optimizer.load_state_dict(optimizer_state)
     for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):  # the schedule's, not the snapshot's
         group["lr"] = lr
+    trainer.start_compression_over()
     guard.rolled_back()
     if trainer.is_rank0:
         log.warning(

@@ -55,7 +55,8 @@ class PowerSGDState:
     iteration: int = 0
     """Plain all-reduce steps taken so far (it stops counting at start_iter)."""
     errors: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Per bucket index: this rank's error feedback, laid out as the bucket's buffer."""
+    """Per bucket index: this rank's error feedback, laid out as the bucket's buffer, in the units of
+    the gradients the hook sees (scaled ones under the fp16 gradient scaler: rescale_errors)."""
     qs: dict[int, torch.Tensor] = field(default_factory=dict)
     """Per bucket index: the last step's Q of every matrix (the same on every rank), the next warm start."""
     layouts: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
@@ -82,8 +83,7 @@ class PowerSGDState:
         if not self.last_step_compressed or not_applied is False:
             return
         if not_applied is True:
-            self.errors.clear()  # the hook makes them again: zeros, and the seeded Q
-            self.qs.clear()
+            self.start_over()
             return
         skipped = torch.as_tensor(not_applied).bool()
         for error in self.errors.values():
@@ -93,6 +93,20 @@ class PowerSGDState:
             if seeded is None or seeded.numel() != q.numel():  # drawn once, then kept on the device
                 self.seeded_qs[index] = self.seeded_q(index, q.numel(), q.device)
             q.copy_(torch.where(skipped, self.seeded_qs[index], q))
+
+    def start_over(self) -> None:
+        """Drop every bucket's error and Q (a step not applied, a rollback to a snapshot): the hook
+        makes them again at its next compressed step, a zero error and the seeded Q."""
+        self.errors.clear()
+        self.qs.clear()
+        self.unchecked.clear()
+
+    def rescale_errors(self, factor: torch.Tensor) -> None:
+        """The fp16 gradient scaler changed its scale by factor (a 0-dim tensor, on the device: no read
+        back): the errors, kept in the old scale's units, follow it, else the next step would add them
+        at 1/factor of their weight (half of every error lost at each growth of the scale)."""
+        for error in self.errors.values():
+            error.mul_(factor)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on compressing where this one was (its tensors are live:

@@ -181,6 +181,12 @@ class TrainerState:
             powersgd, self.start_compressor, self.cfg, self.env.rank, self.env.world_size, self.device, self.start_iter
         )
 
+    def start_compression_over(self) -> None:
+        """PowerSGD's error and Q start over (a rollback: they belong to the steps rolled back)."""
+        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        if powersgd is not None:
+            powersgd.start_over()
+
     def wait_for_snapshot(self) -> None:
         """Return once the last snapshot asked for is on disk (before exiting, or before writing
         another out of turn); raises if that write failed."""

@@ -213,7 +213,7 @@ class Trainer(TrainerState):
             if guard is not None and not overflow:
                 guard.applied(float(loss))
         elif self.scaler is not None:
-            self.scaler.update()
+            self.update_scaler()
         self.forget_compression_of_unapplied_step(
             unguarded_overflow if unguarded_overflow is not None else (problem is not None or overflow)
         )
@@ -235,7 +235,20 @@ class Trainer(TrainerState):
             self.optimizer.step()
             return
         self.scaler.step(self.optimizer)
+        self.update_scaler()
+
+    def update_scaler(self) -> None:
+        """The fp16 scaler's update(): its scale for the next step. PowerSGD's error, kept in the scaled
+        units of the gradients its hook sees, follows the new scale (on the device: no read-back)."""
+        assert self.scaler is not None
+        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        scale = self.scaler._scale
+        if powersgd is None or scale is None:
+            self.scaler.update()
+            return
+        old_scale = scale.clone()  # update() changes the scale in place
         self.scaler.update()
+        powersgd.rescale_errors(scale / old_scale)
 
     def forget_compression_of_unapplied_step(self, not_applied: torch.Tensor | bool) -> None:
         """PowerSGD's error and Q start over after a step that was not applied (PowerSGDState.forget_step)."""
@@ -270,7 +283,7 @@ class Trainer(TrainerState):
         self.optimizer.step()  # with ZeRO: its shard's update (skipped alike on every rank), then the broadcast
         del self.local_optimizer.found_inf  # type: ignore[attr-defined]
         if self.scaler is not None:
-            self.scaler.update()
+            self.update_scaler()
         self.forget_compression_of_unapplied_step(verdict.found_inf)
         self.clear_gradients()
         verdict.send()

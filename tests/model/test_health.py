@@ -7,18 +7,22 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from model import train
+from model.monitoring import step_guard
 from model.monitoring.health import status_line
 from model.monitoring.metrics import METRICS_NAME, read_jsonl
 from model.monitoring.tensorboard_log import scalars_of
+from model.parallel.distributed import RankEnv
+from model.parallel.powersgd import PowerSGDState
 from model.settings.config import ConfigError, load_config
 from model.settings.health_config import parse_fault
 from model.training.trainer import Trainer
-from tests.model.conftest import REPO, launch_ranks, rank_log, wait_all
+from tests.model.conftest import REPO, TINY_RUN, launch_ranks, rank_log, wait_all
 from tests.model.small_vocab import small_vocab_run
 
 
@@ -242,6 +246,22 @@ def test_consecutive_bad_steps_roll_back_to_the_snapshot_and_training_continues(
     assert math.isfinite(records(tmp_path, "train")[-1]["loss"])
     lrs = [r["lr"] for r in records(tmp_path, "train")]
     assert lrs == sorted(lrs, reverse=True)  # the schedule's, not the snapshot's (warmup 0: decaying)
+
+
+def test_a_rollback_starts_powersgds_error_and_q_over(tmp_path, random_tokens):
+    """The error and Q belong to the steps rolled back: the snapshot's weights start from none."""
+    cfg = load_config(None, [*TINY_RUN, f"data_dir={random_tokens}", f"out_dir={tmp_path / 'run'}", "threads=1"])
+    trainer = Trainer(cfg, RankEnv(0, 1, 0, "127.0.0.1", 29500, "single-process"))
+    trainer.out_dir.mkdir(parents=True)
+    trainer.train_step()
+    trainer.save_snapshot()
+    # One process has no DDP hook: a stand-in with the state the hook keeps after a compressed step.
+    powersgd = PowerSGDState(rank=2, start_iter=2, seed=1, last_step_compressed=True)
+    powersgd.errors[0], powersgd.qs[0] = torch.ones(8), torch.ones(4)
+    trainer.gradient_hook = SimpleNamespace(powersgd=powersgd)  # type: ignore[assignment]
+    assert trainer.guard is not None
+    step_guard.roll_back(trainer, trainer.guard, "2 skipped steps in a row")
+    assert powersgd.errors == {} and powersgd.qs == {}
 
 
 def test_bad_steps_with_no_snapshot_to_roll_back_to_stop_the_run_with_one_line(tmp_path, random_tokens, capsys):

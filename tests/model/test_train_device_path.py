@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -20,6 +21,7 @@ from model.gpt.optim import clip_gradients
 from model.monitoring import step_timing
 from model.monitoring.step_guard import StepGuard
 from model.parallel.distributed import RankEnv
+from model.parallel.powersgd import PowerSGDState
 from model.settings.config import load_config
 from model.settings.health_config import HealthConfig
 from model.training import state as state_module
@@ -118,6 +120,23 @@ def test_consecutive_bad_steps_judged_on_the_device_still_roll_back(tmp_path, ra
     (rollback,) = records(tmp_path, "rollback")
     assert rollback["to_iter"] == 4  # settled a step late: at iteration 8's step, before its eval
     assert math.isfinite(records(tmp_path, "train")[-1]["loss"])
+
+
+@pytest.mark.parametrize("judged_on_device", [False, True])
+def test_powersgds_error_follows_the_fp16_scalers_scale(tmp_path, random_tokens, judged_on_device):
+    """The hook's error is in the units of the scaled gradients it saw: when the scale doubles, so
+    does the error (else the next step adds it at half its weight)."""
+    trainer = tiny_trainer(tmp_path, random_tokens, "health.interval=0")
+    trainer.guard_on_device = judged_on_device
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)  # doubles after a clean step
+    # One process has no DDP hook: a stand-in with the state the hook keeps after a compressed step.
+    powersgd = PowerSGDState(rank=2, start_iter=2, seed=1, last_step_compressed=True)
+    powersgd.errors[0] = torch.ones(8)
+    trainer.gradient_hook = SimpleNamespace(powersgd=powersgd)  # type: ignore[assignment]
+    trainer.train_step()
+    trainer.settle_guard()
+    assert trainer.scaler.get_scale() == 8.0
+    assert torch.equal(powersgd.errors[0], torch.full((8,), 2.0))
 
 
 def test_gradients_kept_for_cuda_graphs_train_the_weights_that_dropped_ones_do(tmp_path, random_tokens, monkeypatch):
