@@ -267,11 +267,31 @@ def follow(
         except KeyboardInterrupt:
             if ctrl_c.presses < 2 or ctrl_c.unheard:  # no stop was handed over: nothing goes on
                 raise
-            status = command_line("status", cluster=request.cluster_spec, run=request.run)
-            raise Interrupted(
-                "interrupted (Ctrl-C again): the front end left, and the run's supervisor still stops every rank "
-                f"after its snapshot: `{status}` shows its end and the command that continues it"
+            raise Interrupted(second_ctrl_c_line(ctrl_c, request)) from None
+        except Exception as error:
+            if error is not ctrl_c.failure:
+                raise
+            stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+            raise TaskError(
+                f"Ctrl-C did not reach the run's supervisor: {error}; the run goes on: stop it with `{stop}`"
             ) from None
+
+
+def second_ctrl_c_line(ctrl_c: CtrlC, request: TrainRequest) -> str:
+    """What a second Ctrl-C leaves behind: a supervisor stopping the run, once the first reached it;
+    else (still on its way, or failed) a run that may go on, and the command that stops it."""
+    if ctrl_c.handed.is_set():
+        status = command_line("status", cluster=request.cluster_spec, run=request.run)
+        return (
+            "interrupted (Ctrl-C again): the front end left, and the run's supervisor still stops every rank "
+            f"after its snapshot: `{status}` shows its end and the command that continues it"
+        )
+    stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+    why = f" ({ctrl_c.failure})" if ctrl_c.failure is not None else ""
+    return (
+        "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor"
+        f"{why}; the run may go on: stop it with `{stop}`"
+    )
 
 
 def follow_to_the_end(
@@ -332,6 +352,8 @@ class CtrlC:
         """Why ask failed (an API error): raised in the loop at its next check."""
         self.unheard = False
         """ask found no live supervisor to take the Ctrl-C (it returned False): the front end leaves."""
+        self.handed = threading.Event()
+        """ask returned: a live supervisor took the Ctrl-C and stops the run."""
         self.leaving = False
         self.thread = threading.Thread(target=self.hand_over, daemon=True, name="interrupt")
 
@@ -358,6 +380,8 @@ class CtrlC:
         try:
             if self.ask() is False:
                 self.unheard = True
+            else:
+                self.handed.set()
         except Exception as e:
             self.failure = e
 

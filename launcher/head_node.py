@@ -359,11 +359,12 @@ class HeadWatch:
         self.unsent = None if ok else answer
 
     def interrupt(self) -> bool:
-        try:
-            answer = self.shell.run(head_command(self.cluster, "interrupt", self.run), timeout=SSH_TIMEOUT_S)
-        except NodeError:
-            return False
-        return answer.ok and answer.stdout.strip() == "true"
+        asking = "asking the run's supervisor to interrupt the run"
+        try:  # a failure is not "no live supervisor": the run may well go on there
+            answer = self.shell.check(head_command(self.cluster, "interrupt", self.run), asking, timeout=SSH_TIMEOUT_S)
+        except NodeError as e:
+            raise TaskError(str(e)) from None
+        return answer.stdout.strip() == "true"
 
     def where(self) -> str:
         return f"on the head node {self.cluster.head.name}"

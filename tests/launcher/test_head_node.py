@@ -25,7 +25,7 @@ from launcher import follow
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.inventory import PulumiStack
 from launcher.cluster.local import local_cluster
-from launcher.console import OPERATOR_CLUSTER_ENV, command_line
+from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
 from launcher.head_node import (
     SYNC_STATE_NAME,
     HeadNode,
@@ -175,6 +175,26 @@ def test_a_second_start_of_a_live_run_is_refused_and_ctrl_c_reaches_the_heads_su
         state = read_state(directory)
         if state is not None and is_live(directory):
             os.kill(state.pid, signal.SIGKILL)
+
+
+def test_a_ctrl_c_the_head_cannot_be_asked_for_is_an_error_not_an_ended_supervisor(tmp_path, contract):
+    """An unreachable head is not "no live supervisor there": the front end must not leave as though
+    the run had nothing left to stop (follow then says the run goes on, and how to stop it)."""
+
+    class Unreachable(Shell):
+        node = parse_contract(contract, "c.json").head
+
+        def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+            return Result(255, "", "ssh: connect to host 10.0.0.2 port 22: Connection timed out\n")
+
+    watch = HeadWatch(parse_contract(contract, "c.json"), Unreachable(), tmp_path, "r")
+    with pytest.raises(TaskError) as failed:
+        watch.interrupt()
+    head = parse_contract(contract, "c.json").head.name
+    assert str(failed.value) == (
+        f"{head}: asking the run's supervisor to interrupt the run failed (exit 255): "
+        "ssh: connect to host 10.0.0.2 port 22: Connection timed out"
+    )
 
 
 def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_whole(tmp_path, contract, monkeypatch):

@@ -144,7 +144,9 @@ def test_a_second_ctrl_c_leaves_and_says_the_supervisor_still_stops_the_run(tmp_
     """The front end leaves at once; the run still ends after its snapshot, and status tells how."""
     directory = supervised(tmp_path, "slow_to_stop", monkeypatch)
     wait_for_output(directory, "started 2 rank(s)")
-    threading.Thread(target=sigint_twice_handled, args=(signal.getsignal(signal.SIGINT),), daemon=True).start()
+    before = signal.getsignal(signal.SIGINT)
+    handed_over = lambda: wait_for_output(directory, "interrupted: stopping every rank")  # noqa: E731
+    threading.Thread(target=sigint_twice_handled, args=(before, handed_over), daemon=True).start()
     with pytest.raises(Interrupted) as left:
         try:
             follow.follow(directory, 0, TrainRequest(None, run="r"), None)
@@ -157,14 +159,67 @@ def test_a_second_ctrl_c_leaves_and_says_the_supervisor_still_stops_the_run(tmp_
     assert wait_ended(directory).exit_code == 130
 
 
-def sigint_twice_handled(before: object) -> None:
-    """Ctrl-C twice, once follow has put in its own handler (as sigterm_once_handled)."""
+class HangingInterrupt(follow.LocalWatch):
+    """A supervisor the first Ctrl-C is slow to reach (an SSH connection to the head that hangs)."""
+
+    released = threading.Event()
+
+    def interrupt(self) -> bool:
+        HangingInterrupt.released.wait(30)
+        return False
+
+
+def test_a_second_ctrl_c_before_the_first_reached_the_supervisor_says_the_run_may_go_on(tmp_path, monkeypatch, capsys):
+    """Not "the supervisor still stops the run": it was never asked. The line names the stop command."""
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    before = signal.getsignal(signal.SIGINT)
+    threading.Thread(target=sigint_twice_handled, args=(before, lambda: time.sleep(0.5)), daemon=True).start()
+    try:
+        with pytest.raises(Interrupted) as left:
+            follow.follow(directory, 0, TrainRequest(None, run="r"), None, watch=HangingInterrupt(directory))
+        assert str(left.value) == (
+            "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
+            "the run may go on: stop it with `fab stop --run r`"
+        )
+        assert read_state(directory).phase != ENDED and is_live(directory)  # it did go on
+    finally:
+        HangingInterrupt.released.set()
+        interrupt(directory)
+    assert wait_ended(directory).exit_code == 130
+
+
+def test_a_ctrl_c_that_cannot_reach_the_supervisor_says_the_run_goes_on(tmp_path, monkeypatch):
+    """A hand-over that fails (the head unreachable, the API refusing) is not an interrupted run."""
+
+    class Unreachable(follow.LocalWatch):
+        def interrupt(self) -> bool:
+            raise TaskError("node0: asking the supervisor to interrupt the run failed (exit 255): Connection timed out")
+
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    threading.Thread(target=sigterm_once_handled, args=(signal.getsignal(signal.SIGTERM),), daemon=True).start()
+    try:
+        with pytest.raises(TaskError) as failed:
+            follow.follow(directory, 0, TrainRequest(None, run="r"), None, watch=Unreachable(directory))
+        assert str(failed.value) == (
+            "Ctrl-C did not reach the run's supervisor: node0: asking the supervisor to interrupt the run failed "
+            "(exit 255): Connection timed out; the run goes on: stop it with `fab stop --run r`"
+        )
+        assert is_live(directory)
+    finally:
+        interrupt(directory)
+    assert wait_ended(directory).exit_code == 130
+
+
+def sigint_twice_handled(before: object, between: Callable[[], None]) -> None:
+    """Ctrl-C twice, once follow has put in its own handler (as sigterm_once_handled), between() apart."""
     deadline = time.monotonic() + 30
     while signal.getsignal(signal.SIGINT) is before and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(0.5)  # handed over: the supervisor is stopping its ranks
+    between()
     os.kill(os.getpid(), signal.SIGINT)
 
 
