@@ -140,7 +140,8 @@ class Progress:
             # The last eval comes at max_iters, after the last logged step (log_interval apart): its own
             # train loss goes with its iteration, not an older step's.
             self.iter, self.val_loss = record.get("iter", self.iter), record.get("val_loss")
-            self.loss = record.get("train_loss", self.loss)
+            if record.get("train_loss") is not None:  # an eval without a train loss keeps the last one
+                self.loss = record["train_loss"]
             return True
         if record.get("kind") == "stop":
             self.stopped_at = record.get("iter")

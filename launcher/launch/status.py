@@ -21,6 +21,7 @@ from rich.table import Table
 
 from launcher.cluster.contract import CLUSTER_ENV
 from launcher.cluster.local import local_cluster
+from launcher.cluster.node_layout import run_dir as run_directory
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
@@ -62,11 +63,37 @@ def idle_stop_lines(session: Session) -> list[str]:
     return [f"idle stop (if still idle then; a run or an SSH session moves it): {', '.join(shown)}"]
 
 
-def units_of(shell: Shell, run: str) -> tuple[str, str]:
-    """(which boot the run's units were started in, each unit's state) on one node, in one round trip."""
+def units_of(shell: Shell, run: str, planned: set[str] | None = None) -> tuple[str, str]:
+    """(which boot the run's units were started in, each unit's state) on one node, in one round trip.
+    planned: the current launch's units on this node (None: not known), the only ones shown: a machine
+    a restart on fewer nodes left out keeps its old ranks' records, which are not the run's."""
     out = shell.run(f"({boot_command(shell.root, run)}); ({alive_command(shell.root, run)})").stdout
     boot, _, units = out.partition("\n")
-    return boot.strip() or "-", " ".join(units.split()) or "-"
+    states = [" ".join(line.split()) for line in units.splitlines() if line.strip()]
+    if planned is not None:
+        states = [state for state in states if state.split()[0] in planned]
+        if not states:
+            return "-", "-"
+    return boot.strip() or "-", " ".join(states) or "-"
+
+
+def planned_units(session: Session, run: str) -> dict[str, set[str]] | None:
+    """The current launch's unit names by machine address, from the run's plan.json on the head (what
+    `fab logs` follows too); None when the head is down or has no readable plan."""
+    head = session.shells.get(session.cluster.head.index)
+    if head is None:
+        return None
+    result = head.run(f"cat {run_directory(head.root, run)}/plan.json 2>/dev/null")
+    if not result.ok:
+        return None
+    try:
+        _, units = units_from_plan_json(result.stdout, session.cluster)
+    except ValueError:
+        return None
+    by_address: dict[str, set[str]] = {}
+    for unit in units:
+        by_address.setdefault(unit.node.private_ip, set()).add(unit.name)
+    return by_address
 
 
 def local_run_nodes(cluster_spec: str | None, run: str) -> int | None:
@@ -90,7 +117,13 @@ def status(
         table.add_column(col, overflow="fold")
     record = RunRecord.of(cluster, run)  # the operator's record, read once for every line below
     with Session.open(cluster, shown, reachable_only=True) as session:
-        jobs = dict(session.run_everywhere(session.hosts(), lambda n, s: (n.index, units_of(s, run))))
+        planned = planned_units(session, run)
+        jobs = dict(
+            session.run_everywhere(
+                session.hosts(),
+                lambda n, s: (n.index, units_of(s, run, None if planned is None else planned.get(n.private_ip, set()))),
+            )
+        )
         if record.current is None and not session.unreachable and all(job == ("-", "-") for job in jobs.values()):
             known = ", ".join(sorted(read_cluster_runs(cluster))) or "none yet"
             start = command_line("train", cluster=cluster_spec, run=run)

@@ -35,6 +35,11 @@ CALM_STEPS = 2 * SLOW_STEPS
 """Consecutive logged steps back within the bound that end an episode."""
 STATUS_STEPS = 10
 """How many of the last logged steps `fab status` averages to name the slowest node."""
+NO_SPLIT = (
+    "not measured over NCCL: only each rank's step time is recorded, the same on every rank (each waits "
+    "for the slowest in the all-reduce), and NCCL does not show the wait (model.monitoring.step_timing)"
+)
+"""What `fab status` says of the slowest node on a run whose records hold step times only (GPU ranks)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +140,13 @@ def slowest_line(
     records: Iterable[dict[str, Any]], node_of: dict[int, str], last: int = STATUS_STEPS, one_machine: bool = False
 ) -> str | None:
     """`fab status`'s line naming the slowest rank and node over the last logged steps (the slowest
-    rank, when every rank runs on one machine), or None when the records carry no per-rank figures
-    (one rank, nothing logged yet, an older trainer)."""
+    rank, when every rank runs on one machine), one saying why not over NCCL (step times only), or
+    None when the records carry no per-rank figures (one rank, nothing logged yet, an older trainer)."""
+    records = list(records)
+    newest = next((r for r in reversed(records) if r.get("kind") == "train"), {})
+    steps = newest.get("rank_step_ms")
+    if isinstance(steps, list) and len(steps) > 1 and "rank_compute_ms" not in newest:
+        return f"slowest {'rank' if one_machine else 'node'}: {NO_SPLIT}"
     figures = [f for f in map(step_figures, records) if f is not None]
     if not figures:
         return None

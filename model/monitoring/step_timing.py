@@ -11,12 +11,12 @@ After backward the rank has launched its last bucket when it has computed every 
 
 A slow rank launches its last bucket late and finds the reduction done at once (wait ~ 0, compute
 high); the others wait for it (wait high, compute normal). Under nccl the split cannot be seen this
-way (gather_step_times) and only the step times are recorded. The wait covers the gradient reductions,
-the collective every step runs; the loop's other small collectives (the stop check, the loss mean
-at log steps, ZeRO's parameter broadcast) count as compute. Cost: one clock read and one
-Future.then() callback per bucket, measured at 7.5 us per bucket on the busy 2-core development
-machine (GPT-2 small fills ~20 buckets of 25 MB: ~0.15 ms on a step of a second or more), plus 2 us
-for start() and stop(), plus one small all_gather at log steps.
+way (gather_step_times): the hook is not wrapped (hook_timing) and only the step times are recorded.
+The wait covers the gradient reductions, the collective every step runs; the loop's other small
+collectives (the stop check, the loss mean at log steps, ZeRO's parameter broadcast) count as compute.
+Cost: one clock read and one Future.then() callback per bucket, measured at 7.5 us per bucket on
+the busy 2-core development machine (GPT-2 small fills ~20 buckets of 25 MB: ~0.15 ms on a step of
+a second or more), plus 2 us for start() and stop(), plus one small all_gather at log steps.
 
 The figures reach rank 0 at log steps only, in one all_gather of three numbers per rank
 (gather_step_times). realign() is the barrier after an eval or a snapshot: rank 0 copies the
@@ -89,6 +89,18 @@ class StepTimer:
         return StepTime(step, step - wait, wait)
 
 
+def sees_waits() -> bool:
+    """Whether the timer can see a rank's wait: not under nccl, whose futures complete as the reduction
+    is queued (gather_step_times)."""
+    return dist.get_backend() != "nccl"
+
+
+def hook_timing(timer: StepTimer) -> Callable[[CommHook], CommHook] | None:
+    """The wrap for the gradient hook (comm_hooks.register's wrap): timer.wrap, or None under nccl,
+    where its per-bucket callbacks would time a wait no record holds."""
+    return timer.wrap if sees_waits() else None
+
+
 def realign(world_size: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """Wait until every rank is here (a barrier), so the next step starts together on all of them;
     returns the seconds this rank waited (for rank 0 after a snapshot: the barrier's own latency)."""
@@ -113,7 +125,7 @@ def gather_step_times(step: StepTime, world_size: int) -> dict[str, list[float]]
     dist.all_gather(parts, mine)
     by_rank = torch.stack(parts).tolist()
     steps = {"rank_step_ms": [round(r[0], 3) for r in by_rank]}
-    if dist.get_backend() == "nccl":  # its futures complete as the reduction is queued: no wait is seen
+    if not sees_waits():
         return steps
     return steps | {
         "rank_compute_ms": [round(r[1], 3) for r in by_rank],

@@ -179,3 +179,14 @@ def test_under_nccl_only_the_step_times_are_recorded(monkeypatch):
     assert gather_step_times(step, world_size=2) == {"rank_step_ms": [500.0, 500.0]}
     monkeypatch.setattr(step_timing.dist, "get_backend", lambda: "gloo")
     assert gather_step_times(step, world_size=2)["rank_wait_ms"] == [0.0, 0.0]
+
+
+def test_under_nccl_the_gradient_hook_is_not_timed(monkeypatch):
+    """No record holds the wait over NCCL: its callback per bucket would be work for nothing."""
+    from model.monitoring import step_timing
+
+    timer = StepTimer()
+    monkeypatch.setattr(step_timing.dist, "get_backend", lambda: "nccl")
+    assert step_timing.hook_timing(timer) is None
+    monkeypatch.setattr(step_timing.dist, "get_backend", lambda: "gloo")
+    assert step_timing.hook_timing(timer) == timer.wrap

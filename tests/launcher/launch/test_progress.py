@@ -10,6 +10,13 @@ def test_the_summary_after_the_last_eval_names_its_iteration_and_its_losses_not_
     assert progress.iter == 100
 
 
+def test_an_eval_without_a_train_loss_keeps_the_last_loss_on_the_progress_line():
+    progress = Progress()
+    progress.update({"kind": "train", "iter": 90, "loss": 5.5, "tokens_per_s": 1000.0})
+    progress.update({"kind": "eval", "iter": 100, "train_loss": None, "val_loss": 5.3})
+    assert progress.summary() == "iter 100 | loss 5.5000 | val 5.3000 | 1,000 tok/s"
+
+
 REWOUND_FILE = [  # what a relaunch's stream reads first: the file its resumed trainer rewrote up to iter 50
     {"kind": "start", "iter": 0, "resumed": False},
     {"kind": "eval", "iter": 0, "val_loss": 10.8},

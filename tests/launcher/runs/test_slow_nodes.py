@@ -5,6 +5,7 @@ from __future__ import annotations
 from launcher.runs.record import RunRecord
 from launcher.runs.slow_nodes import (
     CALM_STEPS,
+    NO_SPLIT,
     SLOW_STEPS,
     SlowRankWatch,
     node_names,
@@ -107,6 +108,17 @@ def test_status_names_the_slowest_rank_not_a_node_when_every_rank_shares_one_mac
     assert line.startswith("slowest rank: rank 1 (local1), compute 150 ms per step")
     record.append("launch", nodes=["node0", "node1", "node2"], cluster_machines=3)
     assert status_lines(record, records)[0].startswith("slowest node: rank 1 (node1)")
+
+
+def test_status_says_in_one_line_why_no_node_is_named_over_nccl(tmp_path):
+    """Over NCCL the records hold each rank's step time only: equal on every rank, so no slowest node."""
+    record = RunRecord(tmp_path / "run")
+    record.append("launch", nodes=["node0", "node1"], world_size=2, cluster_machines=2)
+    records = [{"kind": "train", "iter": i, "rank_step_ms": [500.0, 500.2]} for i in range(5)]
+    assert status_lines(record, records) == [f"slowest node: {NO_SPLIT}"]
+    assert "over NCCL" in NO_SPLIT
+    before = [{"kind": "train", "iter": 0, "rank_compute_ms": [100, 150], "rank_wait_ms": [50, 0]}]
+    assert status_lines(record, before + records) == [f"slowest node: {NO_SPLIT}"]  # the newest record decides
 
 
 def test_on_gpu_nodes_each_node_names_its_ranks_in_blocks():
