@@ -143,7 +143,7 @@ def slowest_line(
     rank, when every rank runs on one machine), one saying why not over NCCL (step times only), or
     None when the records carry no per-rank figures (one rank, nothing logged yet, an older trainer)."""
     records = list(records)
-    newest = next((r for r in reversed(records) if r.get("kind") == "train"), {})
+    newest: dict[str, Any] = next((r for r in reversed(records) if r.get("kind") == "train"), {})
     steps = newest.get("rank_step_ms")
     if isinstance(steps, list) and len(steps) > 1 and "rank_compute_ms" not in newest:
         return f"slowest {'rank' if one_machine else 'node'}: {NO_SPLIT}"
