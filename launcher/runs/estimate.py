@@ -22,7 +22,16 @@ from launcher.cluster.inventory import price_text
 from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord, clock, failed_text, interrupted_text, stopped_text
+from launcher.runs.record import (
+    Attempt,
+    RunRecord,
+    billed_machines,
+    clock,
+    failed_text,
+    hourly_cost,
+    interrupted_text,
+    stopped_text,
+)
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10
@@ -62,16 +71,6 @@ class RunClock:
         if self.hourly_cost_usd is None or self.eta_s is None:
             return None
         return spend_usd(self.hourly_cost_usd, self.elapsed_s + self.eta_s)
-
-
-def billed_machines(launch: dict[str, Any]) -> int:
-    """The machines a launch event's cluster bills for: every machine of the contract, where the local
-    cluster's ranks share one (a record older than cluster_machines: the cluster named local)."""
-    if launch.get("cluster_machines"):
-        return launch["cluster_machines"]
-    if launch.get("cluster_name") == "local":  # local.local_cluster's name
-        return 1
-    return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
 
 
 def time_to_finish(series: Series) -> float | None:
@@ -114,7 +113,7 @@ def run_clock(
         elapsed_s=max(0.0, stop - launch["time"]),
         eta_s=0.0 if finished else time_to_finish(series),
         cluster_nodes=billed_machines(launch),
-        hourly_cost_usd=launch.get("hourly_cost_usd"),
+        hourly_cost_usd=hourly_cost(launch),
         restarts=attempt.restarts,
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
