@@ -4,9 +4,10 @@
     ~/nanocluster/clusters/<cluster>/runs/<run>/metrics.jsonl   (launcher.runs.metrics_copy)
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
-"launch" (the nodes, world size, the cluster's hourly price), "restart" (its cause), "end" (how the
-run ended: outcome finished, budget, failed, or interrupted with the snapshot's iter and the command
-that continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
+"launch" (the nodes, world size, the run's hourly price), "restart" (its cause; its price and
+machines when they changed: a Kubernetes run going on with fewer pods), "end" (how the run ended:
+outcome finished, budget, failed, or interrupted with the snapshot's iter and the command that
+continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
 after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
 it streamed) live in the same directory.
 
@@ -106,9 +107,26 @@ class Attempt:
         end = self.end
         return end["time"] if end else (now if now is not None else self.events[-1]["time"])
 
+    def prices(self) -> list[tuple[float, float | None, int]]:
+        """(from when, price per hour, machines billed): the launch's, then each restart's that changed
+        them (a Kubernetes run going on with fewer pods under --min-nodes)."""
+        launch = self.launch
+        found = [(launch["time"], hourly_cost(launch), billed_machines(launch))]
+        for e in self.events[1:]:
+            if e.get("event") == "restart" and e.get("cluster_machines"):
+                found.append((e["time"], e.get("hourly_cost_usd"), e["cluster_machines"]))
+        return found
+
+    def spans(self, stop: float) -> list[tuple[float, float | None, int]]:
+        """(seconds, price per hour, machines billed) from the launch to stop, one per price in effect."""
+        prices = self.prices()
+        ends = [t for t, _, _ in prices[1:]] + [stop]
+        return [(max(0.0, min(end, stop) - t), price, n) for (t, price, n), end in zip(prices, ends, strict=True)]
+
     def spent_usd(self, now: float | None = None) -> float:
-        """The run's price x launch to end (to now while it goes on, when now is given)."""
-        return spend_usd(hourly_cost(self.launch) or 0.0, max(0.0, self.stop_time(now) - self.launch["time"]))
+        """The run's price x launch to end (to now while it goes on, when now is given), each part at the
+        price then in effect."""
+        return sum((spend_usd(price or 0.0, s) for s, price, _ in self.spans(self.stop_time(now))), 0.0)
 
 
 def split_attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:

@@ -16,10 +16,10 @@ from launcher.cluster.local import LOCAL_HOME_ENV, local_cluster
 from launcher.console import TaskError, console
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, cluster_life, node_lives, record_sighting, union_s
 from launcher.runs.cost import cost
-from launcher.runs.estimate import billed_machines, run_clock
+from launcher.runs.estimate import run_clock
 from launcher.runs.ledger import trained
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields, split_attempts
+from launcher.runs.record import EVENTS_NAME, RunRecord, billed_machines, launch_fields, split_attempts
 from launcher.session import NodeReport
 from launcher.testing.fab import Fab
 from model.monitoring.metrics import METRICS_NAME
