@@ -260,9 +260,10 @@ def check_budget_flag(usd: float, cluster: Cluster, run_nodes: tuple[Node, ...] 
             "stack, or a contract JSON with hourly_cost_usd)"
         )
     if cluster.hourly_cost_usd is None:
+        per = "one training node" if cluster.kube is not None else "the whole cluster"
         raise TaskError(
             f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
-            '"hourly_cost_usd": <USD per hour for the whole cluster> to the contract JSON (a stack '
+            f'"hourly_cost_usd": <USD per hour for {per}> to the contract JSON (a stack '
             "exports it from infra/prices.py), or run without --budget"
         )
     price = cluster.run_hourly_cost_usd(cluster.nodes if run_nodes is None else run_nodes)
@@ -335,7 +336,11 @@ def plan_budget(
         + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
         + f", over --budget ${usd:.2f}; nothing was started: "
         + ", or ".join(ways)
-        + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists"
+        + (
+            ""  # fewer pods cost less per hour but take longer
+            if cluster.kube is not None
+            else ". Fewer --nodes would not lower it: every node of the cluster bills while it exists"
+        )
     )
 
 

@@ -239,6 +239,7 @@ def test_fab_cost_names_the_runs_prices_and_totals(records, tmp_path):
         "up to last seen 2026-11-20 05:00",
         "first boot 2026-11-19 23:40",
         "not counted: disks",
+        "on Kubernetes one training node's x the run's pods, plus the cluster at rest",
     ):
         assert text in out, f"{text!r} not in:\n{out}"
 
