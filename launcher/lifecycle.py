@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from launcher.cluster.contract import load_cluster
 from launcher.cluster.inventory import Cluster, InventoryError, Node
@@ -219,6 +219,8 @@ class Lifecycle:
         """What sets a step's time (budget.config_fingerprint), so later estimates match this run."""
         self.spend: budget.BudgetPlan | None = None
         """The budget's plan, with --budget."""
+        self.budget_overrides: tuple[str, ...] = ()
+        """The trainer's budget keys from the last restart that changed the run's price (repriced)."""
 
     def prepare(self) -> Prepared | None:
         """The checks made before any node or API is contacted (the recovery flags, the trainer config,
@@ -310,7 +312,7 @@ class Lifecycle:
             try:
                 if self.restarts:  # an operator's stop while the run was waiting to restart
                     self.stop_if_requested(None)
-                started = self.kind.start(self.restarts, self.kind.extra_overrides())
+                started = self.kind.start(self.restarts, self.kind.extra_overrides() + self.budget_overrides)
                 self.record_launch(started)
                 return self.kind.watch()
             except RunInterrupted as e:
@@ -347,7 +349,26 @@ class Lifecycle:
                 attempt=self.restarts,
                 nodes=list(recovered.nodes),
                 **({"dropped": list(recovered.dropped)} if recovered.dropped else {}),
+                **self.repriced(recovered.nodes, now := time.time()),
+                time=now,
             )
+
+    def repriced(self, names: tuple[str, ...], now: float) -> dict[str, Any]:
+        """A restart's price and machines where they differ from those in effect (a Kubernetes run going
+        on with fewer pods is priced by the pods it runs), else {}; with a budget, the trainer's budget
+        clock goes on from now at that price, after what the run spent at the one before."""
+        attempt = self.record.current
+        if not self.launched or attempt is None:  # the launch event, once it starts, prices the nodes it runs
+            return {}
+        cluster = self.kind.cluster
+        nodes = tuple(n for n in cluster.nodes if n.name in names)
+        price, machines = cluster.run_hourly_cost_usd(nodes), cluster.billed_machines(nodes)
+        if (price, machines) == attempt.prices()[-1][1:]:
+            return {}
+        if self.spend is not None and price is not None:
+            spent = self.spend.spent_before_usd + attempt.spent_usd(now)
+            self.budget_overrides = budget.BudgetPlan(self.spend.usd, price, spent).overrides(now)
+        return {"hourly_cost_usd": price, "cluster_machines": machines}
 
     def restart_cause(self, error: RunFailed) -> str:
         """The cause of the restart that is due, or the run's failed end (recorded, then a TaskError)."""

@@ -12,7 +12,9 @@ model/monitoring/budget.py).
   with the same trainer config and world size ("recorded": the launch event's config_fingerprint).
   Spent + estimate over the budget refuses the launch, naming the flags that change the figures.
 - The trainer gets the budget, the price, the clock start (the launch event's time) and the spend
-  before as overrides on every (re)launch, so restarts and the downtime between them count.
+  before as overrides on every (re)launch, so restarts and the downtime between them count (after a
+  restart that changed the price, a Kubernetes run on fewer pods: that price, from the restart's time,
+  after what was spent before it).
 - Records, read by `fab status`, the progress line and `fab cost`: the launch event's
   config_fingerprint (every run), budget_usd and budget_spent_before_usd (runs with a budget); the
   "end" event's outcome "budget" (with iter, spent_usd, budget_usd), and on every ended attempt
@@ -258,9 +260,10 @@ def check_budget_flag(usd: float, cluster: Cluster, run_nodes: tuple[Node, ...] 
             "stack, or a contract JSON with hourly_cost_usd)"
         )
     if cluster.hourly_cost_usd is None:
+        per = "one training node" if cluster.kube is not None else "the whole cluster"
         raise TaskError(
             f"--budget needs the cluster's price: {cluster.source} has no hourly_cost_usd; add "
-            '"hourly_cost_usd": <USD per hour for the whole cluster> to the contract JSON (a stack '
+            f'"hourly_cost_usd": <USD per hour for {per}> to the contract JSON (a stack '
             "exports it from infra/prices.py), or run without --budget"
         )
     price = cluster.run_hourly_cost_usd(cluster.nodes if run_nodes is None else run_nodes)
@@ -333,7 +336,11 @@ def plan_budget(
         + (f" (${before:.2f} spent + ${estimate:.2f} to go)" if before else "")
         + f", over --budget ${usd:.2f}; nothing was started: "
         + ", or ".join(ways)
-        + ". Fewer --nodes would not lower it: every node of the cluster bills while it exists"
+        + (
+            ""  # fewer pods cost less per hour but take longer
+            if cluster.kube is not None
+            else ". Fewer --nodes would not lower it: every node of the cluster bills while it exists"
+        )
     )
 
 
@@ -401,6 +408,15 @@ def status_lines(record: RunRecord, cluster_spec: str | None = None, gone_at: fl
     return [f"budget: ${spent:.2f} of ${budget:.2f} spent ({end.get('outcome')})"]
 
 
+def attempt_spent(record: RunRecord, clock_start: float, now: float, usd_per_hour: float) -> float:
+    """What the attempt launched at clock_start spent to now: usd_per_hour x the time, or where a
+    restart of it changed the price (a Kubernetes run going on with fewer pods), each part at its own."""
+    attempt = record.current
+    if attempt is None or attempt.launch.get("time") != clock_start or len(attempt.prices()) == 1:
+        return spend_usd(usd_per_hour, now - clock_start)
+    return attempt.spent_usd(now)
+
+
 @dataclass(frozen=True)
 class Ending:
     """How a watched launch ended, for its "end" event and last line."""
@@ -439,7 +455,7 @@ def ending(
     fields |= attempt_figures(records, start, now - clock_start, reached)
     if plan is not None:
         fields |= {
-            "spent_usd": round(plan.spent_before_usd + spend_usd(plan.usd_per_hour, now - clock_start), 6),
+            "spent_usd": round(plan.spent_before_usd + attempt_spent(record, clock_start, now, plan.usd_per_hour), 6),
             "budget_usd": plan.usd,
         }
     return Ending(stopped, fields)

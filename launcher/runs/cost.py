@@ -238,9 +238,10 @@ def cost(cluster: str | None = None, since: str | None = None, as_json: bool = F
         return 0
     console.print(clusters_table(clusters, total))
     say(
-        "cost: each launch's recorded interval x the contract's hourly price (the whole cluster); node-h: "
-        "machines x hours. tokens: optimizer steps that ran x tokens per step, steps redone after a restart "
-        "counted again (they were paid for). known up: from a node's boot to the last time a task or run saw "
-        f"the cluster; idle: known up with no run. {LEFT_OUT}."
+        "cost: each launch's recorded interval x the run's hourly price (the whole cluster's; on Kubernetes "
+        "one training node's x the run's pods, plus the cluster at rest); node-h: machines x hours. tokens: "
+        "optimizer steps that ran x tokens per step, steps redone after a restart counted again (they were "
+        "paid for). known up: from a node's boot to the last time a task or run saw the cluster; idle: known "
+        f"up with no run. {LEFT_OUT}."
     )
     return 0

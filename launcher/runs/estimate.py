@@ -5,10 +5,11 @@ time, time to finish, node-hours and cost so far and at the end, restarts.
 - Elapsed: from the launch event to its "end" event, or to now while it goes on.
 - Time to finish: the median of the last STEP_WINDOW logged step times x the iterations left to
   max_iters (from the trainer's "start" record). Evals and snapshots are not in it: a lower bound.
-- Cost: the run's price per hour, recorded in the launch event (Cluster.run_hourly_cost_usd), x
-  elapsed hours; node-hours: the machines billed x elapsed hours (Cluster.billed_machines). A cluster
-  of machines is billed whether or not a rank runs, so both count every machine of the contract (the
-  local cluster's ranks are processes on one machine); a Kubernetes run counts its pods' nodes.
+- Cost: the run's price per hour, recorded in the launch event (Cluster.run_hourly_cost_usd) and
+  in a restart that changed it (a Kubernetes run going on with fewer pods), x elapsed hours at it;
+  node-hours: the machines billed x elapsed hours (Cluster.billed_machines). A cluster of machines
+  is billed whether or not a rank runs, so both count every machine of the contract (the local
+  cluster's ranks are processes on one machine); a Kubernetes run counts its pods' nodes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from launcher.cluster.inventory import price_text
 from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import Attempt, RunRecord, clock, failed_text, interrupted_text, stopped_text
+from launcher.runs.record import (
+    Attempt,
+    RunRecord,
+    clock,
+    failed_text,
+    interrupted_text,
+    stopped_text,
+)
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10
@@ -48,30 +56,27 @@ class RunClock:
     ended: str = ""
     """How it ended, as `fab status` says it ("finished", "interrupted at iter 30; continue with: ...");
     empty while it goes on."""
+    earlier_s: float = 0.0
+    """The part of elapsed_s at earlier prices (before a restart changed them: a Kubernetes run going
+    on with fewer pods); cluster_nodes and hourly_cost_usd are the price since."""
+    earlier_usd: float = 0.0
+    earlier_node_hours: float = 0.0
 
     @property
     def node_hours(self) -> float:
-        return self.cluster_nodes * self.elapsed_s / 3600
+        return self.earlier_node_hours + self.cluster_nodes * (self.elapsed_s - self.earlier_s) / 3600
 
     @property
     def cost_usd(self) -> float | None:
-        return None if self.hourly_cost_usd is None else spend_usd(self.hourly_cost_usd, self.elapsed_s)
+        if self.hourly_cost_usd is None:
+            return None
+        return self.earlier_usd + spend_usd(self.hourly_cost_usd, self.elapsed_s - self.earlier_s)
 
     @property
     def cost_at_end_usd(self) -> float | None:
         if self.hourly_cost_usd is None or self.eta_s is None:
             return None
-        return spend_usd(self.hourly_cost_usd, self.elapsed_s + self.eta_s)
-
-
-def billed_machines(launch: dict[str, Any]) -> int:
-    """The machines a launch event's cluster bills for: every machine of the contract, where the local
-    cluster's ranks share one (a record older than cluster_machines: the cluster named local)."""
-    if launch.get("cluster_machines"):
-        return launch["cluster_machines"]
-    if launch.get("cluster_name") == "local":  # local.local_cluster's name
-        return 1
-    return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
+        return self.earlier_usd + spend_usd(self.hourly_cost_usd, self.elapsed_s - self.earlier_s + self.eta_s)
 
 
 def time_to_finish(series: Series) -> float | None:
@@ -110,16 +115,20 @@ def run_clock(
         stop = gone_at
         ended = f"gone: no end recorded, its ranks and supervisor gone since its last record at {clock(stop)}"
     finished = bool(ended)
+    *earlier, (_, price, machines) = attempt.spans(stop)
     return RunClock(
         elapsed_s=max(0.0, stop - launch["time"]),
         eta_s=0.0 if finished else time_to_finish(series),
-        cluster_nodes=billed_machines(launch),
-        hourly_cost_usd=launch.get("hourly_cost_usd"),
+        cluster_nodes=machines,
+        hourly_cost_usd=price,
         restarts=attempt.restarts,
         finished=finished,
         price_is_spot=launch.get("price_is_spot"),
         prices_as_of=launch.get("prices_as_of") or "",
         ended=ended,
+        earlier_s=sum(s for s, _, _ in earlier),
+        earlier_usd=sum(spend_usd(p or 0.0, s) for s, p, _ in earlier),
+        earlier_node_hours=sum(n * s / 3600 for s, _, n in earlier),
     )
 
 

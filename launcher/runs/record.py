@@ -4,9 +4,10 @@
     ~/nanocluster/clusters/<cluster>/runs/<run>/metrics.jsonl   (launcher.runs.metrics_copy)
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
-"launch" (the nodes, world size, the cluster's hourly price), "restart" (its cause), "end" (how the
-run ended: outcome finished, budget, failed, or interrupted with the snapshot's iter and the command
-that continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
+"launch" (the nodes, world size, the run's hourly price), "restart" (its cause; its price and
+machines when they changed: a Kubernetes run going on with fewer pods), "end" (how the run ended:
+outcome finished, budget, failed, or interrupted with the snapshot's iter and the command that
+continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
 after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
 it streamed) live in the same directory.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,44 @@ from model.monitoring.metrics import METRICS_NAME, one_series, parse_jsonl, read
 from model.monitoring.spend import spend_usd
 
 EVENTS_NAME = "events.jsonl"
+POD_NAME = re.compile(r"pod\d+")
+"""A Kubernetes run's node names in its launch event (pod0, pod1, ...: one pod per training node)."""
+
+
+def priced_per_pod_before(launch: dict[str, Any]) -> bool:
+    """A Kubernetes launch of several pods recorded before runs there were priced by their pods: its
+    hourly_cost_usd is one training node's and its cluster_machines 1 (its pods have no address, so
+    they were counted as one machine). Now a Kubernetes launch records its pods as cluster_machines,
+    and a cluster of machines with one machine (the local cluster) never names its nodes pod0, pod1."""
+    nodes = launch.get("nodes") or []
+    return (
+        launch.get("cluster_machines") == 1
+        and len(nodes) > 1
+        and all(isinstance(n, str) and POD_NAME.fullmatch(n) for n in nodes)
+    )
+
+
+def billed_machines(launch: dict[str, Any]) -> int:
+    """The machines a launch event's cluster bills for: every machine of the contract, where the local
+    cluster's ranks share one, or a Kubernetes run's pods (a record older than cluster_machines: the
+    cluster named local; a Kubernetes one priced per node before: priced_per_pod_before)."""
+    if priced_per_pod_before(launch):
+        return len(launch["nodes"])
+    if launch.get("cluster_machines"):
+        return launch["cluster_machines"]
+    if launch.get("cluster_name") == "local":  # local.local_cluster's name
+        return 1
+    return launch.get("cluster_nodes") or len(launch.get("nodes", ()))
+
+
+def hourly_cost(launch: dict[str, Any]) -> float | None:
+    """A launch event's price per hour for the run (None: no price). A Kubernetes launch recorded
+    before runs there were priced by their pods carries one training node's price: x its pods (the
+    cluster at rest, which it did not record, is left out)."""
+    price = launch.get("hourly_cost_usd")
+    if price is None or not priced_per_pod_before(launch):
+        return price
+    return price * len(launch["nodes"])
 
 
 def run_dir(cluster_directory: Path, run: str) -> Path:
@@ -67,9 +107,26 @@ class Attempt:
         end = self.end
         return end["time"] if end else (now if now is not None else self.events[-1]["time"])
 
+    def prices(self) -> list[tuple[float, float | None, int]]:
+        """(from when, price per hour, machines billed): the launch's, then each restart's that changed
+        them (a Kubernetes run going on with fewer pods under --min-nodes)."""
+        launch = self.launch
+        found = [(launch["time"], hourly_cost(launch), billed_machines(launch))]
+        for e in self.events[1:]:
+            if e.get("event") == "restart" and e.get("cluster_machines"):
+                found.append((e["time"], e.get("hourly_cost_usd"), e["cluster_machines"]))
+        return found
+
+    def spans(self, stop: float) -> list[tuple[float, float | None, int]]:
+        """(seconds, price per hour, machines billed) from the launch to stop, one per price in effect."""
+        prices = self.prices()
+        ends = [t for t, _, _ in prices[1:]] + [stop]
+        return [(max(0.0, min(end, stop) - t), price, n) for (t, price, n), end in zip(prices, ends, strict=True)]
+
     def spent_usd(self, now: float | None = None) -> float:
-        """The cluster's price x launch to end (to now while it goes on, when now is given)."""
-        return spend_usd(self.launch.get("hourly_cost_usd") or 0.0, max(0.0, self.stop_time(now) - self.launch["time"]))
+        """The run's price x launch to end (to now while it goes on, when now is given), each part at the
+        price then in effect."""
+        return sum((spend_usd(price or 0.0, s) for s, price, _ in self.spans(self.stop_time(now))), 0.0)
 
 
 def split_attempts(events: list[dict[str, Any]], run: str) -> list[Attempt]:

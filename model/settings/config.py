@@ -213,8 +213,10 @@ class TrainConfig:
     """Stop the run, with a snapshot of the last completed step and exit status 3 (EXIT_BUDGET),
     before the next snapshot would take its spend past this many US dollars. 0: no budget."""
     budget_usd_per_hour: float = 0.0
-    """What the run costs per hour (the cluster's hourly_cost_usd, every node of it); spend is this
-    price x the time since budget_clock_start. Must be > 0 with a budget."""
+    """What the run costs per hour (the launcher's Cluster.run_hourly_cost_usd: a cluster of machines'
+    hourly_cost_usd, every node of it; on Kubernetes, whose hourly_cost_usd is one training node's,
+    that x the run's pods plus the cluster at rest); spend is this price x the time since
+    budget_clock_start. Must be > 0 with a budget."""
     budget_clock_start: float = 0.0
     """Unix time the run's spend is counted from: the launch, so restarts and the downtime between
     them count. 0: when this trainer started."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from launcher.kube.pod_spec import LABEL_RUN
 from launcher.kube.volume import DATA_REPORT
 from tests.launcher.kube.fake import PREPARED_DATA, training_launch
@@ -288,3 +290,31 @@ def test_a_run_that_fails_after_a_snapshot_keeps_its_continue_line(fake, contrac
         f"continue with: {end['rerun']}"
     ]
     assert ending_text(end).endswith(f"; its snapshot at iter 2 is kept; continue with: {end['rerun']}")
+
+
+def test_a_run_going_on_with_fewer_pods_is_priced_by_them_from_that_restart(fake, contract_file, task, script):
+    """--min-nodes: 3 pods at $0.20 a node plus $0.10 at rest ($0.70/h) go on as 2 ($0.50/h): the restart
+    records the new price, which status, the ledger and the trainer's budget count from then on."""
+    from launcher.cluster.contract import parse_contract
+    from launcher.runs.estimate import run_clock
+    from launcher.runs.metrics_copy import Series
+    from launcher.runs.record import RunRecord
+
+    fake.seed()
+    script.fail[(0, 2)] = "evict"  # a spot node reclaimed ...
+    script.unschedulable.add((1, 2))  # ... and not replaced within --recover-timeout
+    args = ("--nodes", "3", "--run", "m", "--recover-timeout", "1.5", "--min-nodes", "2", "--budget", "50")
+    ran = task("train", "--cluster", str(contract_file), *args)
+    assert ran.code == 0, ran.err
+    attempt = RunRecord.of(parse_contract(fake.contract(), str(contract_file)), "m").attempts[-1]
+    assert (attempt.launch["hourly_cost_usd"], attempt.launch["cluster_machines"]) == (pytest.approx(0.7), 3)
+    restarts = [e for e in attempt.events if e["event"] == "restart"]
+    assert "hourly_cost_usd" not in restarts[0]  # the same 3 pods again
+    assert (restarts[1]["hourly_cost_usd"], restarts[1]["cluster_machines"]) == (pytest.approx(0.5), 2)
+    clock = run_clock(attempt, Series())
+    assert (clock.hourly_cost_usd, clock.cluster_nodes) == (pytest.approx(0.5), 2)
+    assert clock.earlier_s == pytest.approx(restarts[1]["time"] - attempt.launch["time"])
+    assert attempt.end["spent_usd"] == pytest.approx(clock.cost_usd, abs=1e-6)  # what the end records, so priced
+    jobs = [j for j in fake.created_jobs if j["spec"].get("completionMode") == "Indexed"]
+    prices = [a for a in jobs[-1]["spec"]["template"]["spec"]["containers"][0]["args"] if "budget_usd_per_hour" in a]
+    assert prices[-1] == "budget_usd_per_hour=0.5"  # the last override is the one the trainer reads

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from launcher.cluster.contract import parse_contract
+from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
 from launcher.launch.monitor import FirstFailure
@@ -27,6 +28,10 @@ SETTINGS = ["eval_interval=10"]
 @pytest.fixture
 def cluster(local_home):
     return dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
+
+
+def kube_access() -> KubeAccess:
+    return KubeAccess("", "ctx", "ns", "rwx", "data", 10, 4)
 
 
 def fingerprint(world_size: int = 2, settings=SETTINGS) -> str:
@@ -65,6 +70,11 @@ def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: 
 def test_the_budget_needs_a_price_and_a_positive_amount(local_home):
     with pytest.raises(TaskError, match=r"has no hourly_cost_usd; add \"hourly_cost_usd\".* to the contract JSON"):
         budget.check_budget_flag(1.0, dataclasses.replace(local_cluster(2), is_local=False))
+    # What the number is: the whole cluster's price, or on Kubernetes one training node's (x the pods).
+    with pytest.raises(TaskError, match="<USD per hour for the whole cluster>"):
+        budget.check_budget_flag(1.0, dataclasses.replace(local_cluster(2), is_local=False))
+    with pytest.raises(TaskError, match="<USD per hour for one training node>"):
+        budget.check_budget_flag(1.0, dataclasses.replace(local_cluster(2), is_local=False, kube=kube_access()))
     # The local cluster has no contract JSON to edit: its way out is a run length, or a priced cluster.
     with pytest.raises(TaskError) as local:
         budget.check_budget_flag(5.0, local_cluster(2))
@@ -144,6 +154,11 @@ def test_an_estimate_over_the_budget_is_refused_with_the_figures_and_the_flags_t
         "--set max_iters=83 (fits the budget). Fewer --nodes would not lower it: every node of the cluster bills "
         "while it exists"
     )
+    # On Kubernetes fewer pods cost less an hour (and take longer): the refusal does not say they would not.
+    kube = dataclasses.replace(cluster, kube=kube_access())
+    with pytest.raises(TaskError) as refused:
+        plan(kube, 0.1, run="new")
+    assert "Fewer --nodes" not in str(refused.value) and str(refused.value).startswith("the run would cost about")
 
 
 def test_a_short_resumed_run_pays_the_whole_start_up_of_the_attempt_it_was_measured_on(cluster):

@@ -112,3 +112,37 @@ def test_already_finished_answers_only_a_rerun_on_the_dataset_it_finished_on(tmp
     assert (said is not None) == finished
     if finished:
         assert said.startswith("run fin already finished at iter 4 (max_iters 4): nothing to train")
+
+
+def test_a_kubernetes_launch_recorded_before_runs_were_priced_by_their_pods_is_read_per_pod():
+    """Before, a Kubernetes launch recorded one training node's price and its pods (no address) as one
+    machine: 3 pods at $0.20 a node read as $0.60/h on 3 machines, for status, the ledger and the budget."""
+    old = {"event": "launch", "time": 0.0, "nodes": ["pod0", "pod1", "pod2"], "cluster_nodes": 4}
+    old |= {"cluster_machines": 1, "hourly_cost_usd": 0.2}
+    attempt = latest([old, {"event": "end", "time": 3600.0}])
+    clock = run_clock(attempt, Series())
+    assert (clock.cluster_nodes, clock.hourly_cost_usd) == (3, pytest.approx(0.6))
+    assert clock.cost_usd == pytest.approx(0.6) and attempt.spent_usd() == pytest.approx(0.6)
+    # Read as recorded: a launch priced by its pods, the local cluster's ranks on one machine, one pod.
+    new = old | {"cluster_machines": 3, "hourly_cost_usd": 0.7}
+    local = old | {"nodes": ["local0", "local1"], "hourly_cost_usd": 3.0}
+    one_pod = old | {"nodes": ["pod0"]}
+    for launch, machines, price in ((new, 3, 0.7), (local, 1, 3.0), (one_pod, 1, 0.2)):
+        clock = run_clock(latest([launch, {"event": "end", "time": 3600.0}]), Series())
+        assert (clock.cluster_nodes, clock.hourly_cost_usd) == (machines, price)
+
+
+def test_a_restart_that_changed_the_price_prices_the_time_after_it_at_the_new_one():
+    """3 Kubernetes pods at $0.70/h for half an hour, then 2 at $0.50/h: $0.35 + $0.25, 1.5 + 1 node-h."""
+    launch = {"event": "launch", "time": 0.0, "nodes": ["pod0", "pod1", "pod2"], "cluster_machines": 3}
+    events = [
+        launch | {"hourly_cost_usd": 0.7},
+        {"event": "restart", "time": 600.0, "nodes": ["pod0", "pod1", "pod2"]},  # same pods, same price
+        {"event": "restart", "time": 1800.0, "nodes": ["pod0", "pod1"], "hourly_cost_usd": 0.5, "cluster_machines": 2},
+    ]
+    attempt = latest(events)
+    clock = run_clock(attempt, series(99, 500, [1500.0] * 10), now=3600.0)
+    assert (clock.cluster_nodes, clock.hourly_cost_usd) == (2, 0.5)
+    assert clock.cost_usd == pytest.approx(0.6) and clock.node_hours == pytest.approx(2.5)
+    assert clock.cost_at_end_usd == pytest.approx(0.35 + 0.5 * (1800 + 600) / 3600)
+    assert attempt.spent_usd(3600.0) == pytest.approx(0.6)

@@ -16,10 +16,10 @@ from launcher.cluster.local import LOCAL_HOME_ENV, local_cluster
 from launcher.console import TaskError, console
 from launcher.runs.cluster_life import CLUSTER_RECORD_NAME, cluster_life, node_lives, record_sighting, union_s
 from launcher.runs.cost import cost
-from launcher.runs.estimate import billed_machines, run_clock
+from launcher.runs.estimate import run_clock
 from launcher.runs.ledger import trained
 from launcher.runs.metrics_copy import Series
-from launcher.runs.record import EVENTS_NAME, RunRecord, launch_fields, split_attempts
+from launcher.runs.record import EVENTS_NAME, RunRecord, billed_machines, launch_fields, split_attempts
 from launcher.session import NodeReport
 from launcher.testing.fab import Fab
 from model.monitoring.metrics import METRICS_NAME
@@ -239,6 +239,7 @@ def test_fab_cost_names_the_runs_prices_and_totals(records, tmp_path):
         "up to last seen 2026-11-20 05:00",
         "first boot 2026-11-19 23:40",
         "not counted: disks",
+        "on Kubernetes one training node's x the run's pods, plus the cluster at rest",
     ):
         assert text in out, f"{text!r} not in:\n{out}"
 
