@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, billed_machines
 
 SLOW_RATIO = 1.2
 """A rank is slow at a logged step when its compute time exceeds this many times the ranks' median."""
@@ -184,6 +184,6 @@ def node_names(events: Iterable[dict[str, Any]]) -> dict[int, str]:
 def status_lines(record: RunRecord, metrics_records: list[dict[str, Any]]) -> list[str]:
     """`fab status`: the slowest node line from the last metrics.jsonl records, if they have per-rank figures."""
     attempt = record.current
-    one_machine = attempt is not None and attempt.launch.get("cluster_machines") == 1  # the local cluster
+    one_machine = attempt is not None and billed_machines(attempt.launch) == 1  # the local cluster, one pod
     line = slowest_line(metrics_records, node_names(record.events), one_machine=one_machine)
     return [line] if line else []

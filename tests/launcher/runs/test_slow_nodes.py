@@ -108,6 +108,9 @@ def test_status_names_the_slowest_rank_not_a_node_when_every_rank_shares_one_mac
     assert line.startswith("slowest rank: rank 1 (local1), compute 150 ms per step")
     record.append("launch", nodes=["node0", "node1", "node2"], cluster_machines=3)
     assert status_lines(record, records)[0].startswith("slowest node: rank 1 (node1)")
+    # A Kubernetes run of 3 pods recorded before runs there were priced by their pods: 3 machines.
+    record.append("launch", nodes=["pod0", "pod1", "pod2"], cluster_machines=1)
+    assert status_lines(record, records)[0].startswith("slowest node: rank 1 (pod1)")
 
 
 def test_status_says_in_one_line_why_no_node_is_named_over_nccl(tmp_path):
