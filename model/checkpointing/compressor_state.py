@@ -63,9 +63,10 @@ def side_payload(state: dict[str, Any], tag: str, cfg: TrainConfig, world_size: 
     return dict(kind=KIND, tag=tag, world_size=world_size, settings=settings(cfg), state=state)
 
 
-def snapshot_entry(tags: list[str], cfg: TrainConfig) -> dict[str, Any]:
-    """What snapshot.pt records of the side files written with it (tags in rank order)."""
-    return dict(kind=KIND, world_size=len(tags), tags=tags, settings=settings(cfg))
+def snapshot_entry(tags: list[str], cfg: TrainConfig, error_scale: float = 1.0) -> dict[str, Any]:
+    """What snapshot.pt records of the side files written with it (tags in rank order), and the
+    gradient scale their errors are in (the fp16 scaler's; 1.0 without one)."""
+    return dict(kind=KIND, world_size=len(tags), tags=tags, settings=settings(cfg), error_scale=error_scale)
 
 
 def read_side_file(
@@ -109,11 +110,15 @@ def restore(
     world_size: int,
     device: torch.device,
     iteration: int | None = None,
+    error_scale: float = 1.0,
 ) -> bool:
     """On a resume: every rank loads its side file into state, or, when any rank cannot, every rank
     keeps state as it is (PowerSGD's warm-up) and rank 0 logs why in one line. A collective (the
     ranks must agree: the Qs are the same on every rank and the warm-up sets the collectives' count).
-    Returns whether the state was restored."""
+    error_scale: the gradient scale this run goes on at (the fp16 scaler's, 1.0 without one); errors
+    saved at another (an fp16 run resumed in bf16, or the other way round) are brought to it, else
+    the hook would add them at thousands of times, or a thousandth of, their weight. Returns
+    whether the state was restored."""
     saved, problem = read_side_file(recorded, cfg, rank, world_size, iteration)
     problems: list[str | None] = [None] * world_size
     dist.all_gather_object(problems, problem)
@@ -121,6 +126,9 @@ def restore(
     if first is None:
         assert saved is not None
         state.load_state_dict(saved, device)
+        saved_scale = recorded.get("error_scale", error_scale) if recorded is not None else error_scale
+        if saved_scale != error_scale:  # a snapshot older than error_scale is taken as this run's
+            state.rescale_errors(torch.tensor(error_scale / saved_scale))
     if rank == 0:
         if first is None:
             log.info(

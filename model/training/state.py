@@ -179,8 +179,20 @@ class TrainerState:
         if powersgd is None or self.start_iter is None:
             return
         compressor_state.restore(
-            powersgd, self.start_compressor, self.cfg, self.env.rank, self.env.world_size, self.device, self.start_iter
+            powersgd,
+            self.start_compressor,
+            self.cfg,
+            self.env.rank,
+            self.env.world_size,
+            self.device,
+            self.start_iter,
+            self.gradient_scale(),
         )
+
+    def gradient_scale(self) -> float:
+        """The scale the gradients DDP's hook sees are at: the fp16 scaler's (a read-back on the GPU:
+        at a snapshot or a resume only), 1.0 without one."""
+        return self.scaler.get_scale() if self.scaler is not None else 1.0
 
     def start_compression_over(self) -> None:
         """PowerSGD's error and Q start over (a rollback: they belong to the steps rolled back)."""

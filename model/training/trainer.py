@@ -365,7 +365,9 @@ class Trainer(TrainerState):
             if self.scaler is not None:
                 snapshot["grad_scaler"] = self.scaler.state_dict()
             if powersgd is not None:
-                snapshot["compressor"] = compressor_state.snapshot_entry([t for _, t in gathered], self.cfg)
+                snapshot["compressor"] = compressor_state.snapshot_entry(
+                    [t for _, t in gathered], self.cfg, self.gradient_scale()
+                )
             # The side file last: until snapshot.pt names its tag it pairs with nothing.
             writes.insert(0, (snapshot, self.out_dir / SNAPSHOT_NAME))
             if also_checkpoint:

@@ -133,3 +133,43 @@ def test_a_snapshot_from_another_world_size_resumes_with_the_warm_up_and_says_so
     after_resume = [r for r in train_records(wider) if r["iter"] >= SNAPSHOT_AT]
     assert [r["compressed"] for r in after_resume][: START_ITER - 1] == [False] * (START_ITER - 1)
     assert after_resume[-1]["compressed"]
+
+
+@pytest.mark.parametrize(
+    ("saved_at", "resumed_at", "error_after"),
+    [
+        (65536.0, 1.0, 1.0),  # an fp16 run resumed in bf16 or fp32: the error back in unscaled units
+        (1.0, 32768.0, 32768.0),  # the other way round: at the fp16 scaler's scale
+        (1024.0, 1024.0, 1024.0),  # fp16 resumed in fp16: the scaler's scale restored with it
+        (None, 1.0, 65536.0),  # a snapshot older than error_scale: taken as this run's
+    ],
+)
+def test_a_resume_brings_the_saved_error_to_the_gradient_scale_it_goes_on_at(
+    tmp_path, saved_at, resumed_at, error_after
+):
+    """PowerSGD's error is in the units of the (scaled) gradients its hook saw: resumed at another
+    scale, it would be added at thousands of times, or a thousandth of, its weight."""
+    import torch.distributed as dist
+
+    from model.checkpointing import compressor_state, retention
+    from model.parallel.powersgd import PowerSGDState
+    from model.settings.config import TrainConfig
+
+    cfg = TrainConfig(out_dir=str(tmp_path))
+    saved = PowerSGDState(rank=2, start_iter=2, seed=1, iteration=2)
+    saved.errors[0] = torch.full((8,), 65536.0 if saved_at is None else saved_at)  # 1.0 unscaled
+    saved.qs[0], saved.layouts[0] = torch.ones(4), [(2, 4)]
+    side = compressor_state.side_file(tmp_path, 0, 1)
+    payload = compressor_state.side_payload(saved.state_dict(), "a" * 16, cfg, 1)
+    retention.save_rotating(payload, side, retention.Rotation(4, None, 1, frozenset({side})))
+    recorded = compressor_state.snapshot_entry(["a" * 16], cfg, saved_at or 1.0)
+    if saved_at is None:
+        del recorded["error_scale"]
+    resumed = PowerSGDState(rank=2, start_iter=2, seed=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert compressor_state.restore(resumed, recorded, cfg, 0, 1, torch.device("cpu"), error_scale=resumed_at)
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(resumed.errors[0], torch.full((8,), error_after))
+    assert torch.equal(resumed.qs[0], torch.ones(4))  # Q is a direction: its scale does not matter
