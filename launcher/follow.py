@@ -97,7 +97,8 @@ def train(
         directory = record.made()
         launches = launch_count(directory)
         try:
-            watch = place.launch(request, kind.cluster, directory, ctrl_c.before_start)
+            with ctrl_c.second_press_explained(request):  # once the supervisor may be starting
+                watch = place.launch(request, kind.cluster, directory, ctrl_c.before_start)
         except KeyboardInterrupt:
             before.restore()  # left before the start: the record as it was
             raise
@@ -164,7 +165,7 @@ def attach(cluster: Cluster, cluster_spec: str | None, run: str, place: Supervis
     directory = run_dir(cluster_dir(cluster), run)
     # From the first step: connecting to the head and its first copy of the record take seconds, and a
     # Ctrl-C then is the run's Ctrl-C, handed to its supervisor once it is found live.
-    with interrupts_handed_over() as ctrl_c:
+    with interrupts_handed_over() as ctrl_c, ctrl_c.second_press_explained(request_for(cluster_spec, run)):
         watch = place.watch(cluster, directory, run)
         try:
             watch.refresh()  # a supervisor on the cluster: its record brought here first
@@ -263,11 +264,8 @@ def follow(
             ctrl_c = stack.enter_context(interrupts_handed_over())
         ctrl_c.hand_to(watch.interrupt)
         try:
-            return follow_to_the_end(directory, request, detach_after, watch, copy, ctrl_c)
-        except KeyboardInterrupt:
-            if ctrl_c.presses < 2 or ctrl_c.unheard:  # no stop was handed over: nothing goes on
-                raise
-            raise Interrupted(second_ctrl_c_line(ctrl_c, request)) from None
+            with ctrl_c.second_press_explained(request):
+                return follow_to_the_end(directory, request, detach_after, watch, copy, ctrl_c)
         except Exception as error:
             if error is not ctrl_c.failure:
                 raise
@@ -342,6 +340,9 @@ class CtrlC:
         self.ask = ask
         self.starting = before_start
         """A front end that starts a supervisor, before it starts (before_start): a Ctrl-C leaves."""
+        self.supervised = not before_start
+        """Whether a supervisor may be running (one is started from before_start() on): a front end
+        leaving then says what becomes of the run (second_press_explained)."""
         self.presses = 0
         self.pressed = threading.Event()
         self.askable = threading.Event()
@@ -391,6 +392,19 @@ class CtrlC:
         self.starting = False
         if self.presses:
             raise KeyboardInterrupt
+        self.supervised = True
+
+    @contextlib.contextmanager
+    def second_press_explained(self, request: TrainRequest) -> Iterator[None]:
+        """The block, where a second Ctrl-C (a KeyboardInterrupt) while a supervisor may be running
+        leaves with the line saying what becomes of the run (second_ctrl_c_line), not a bare
+        "interrupted": a Ctrl-C that reached no supervisor, or one before any started, leaves as it is."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if self.presses < 2 or self.unheard or not self.supervised:
+                raise
+            raise Interrupted(second_ctrl_c_line(self, request)) from None
 
     def check(self) -> None:
         """Between the loop's steps: a second Ctrl-C whose KeyboardInterrupt a call lost, a Ctrl-C no

@@ -310,12 +310,13 @@ class SlowFirstCopy:
     """A supervision whose watch takes its time over the record's first copy (on a head node: seconds of
     SSH), during which the operator presses Ctrl-C; or whose start is still answering when it comes."""
 
-    def __init__(self, entry: str, ctrl_c_in: str):
-        self.machine, self.ctrl_c_in = ThisMachine(f"{FAKES}:{entry}"), ctrl_c_in
+    def __init__(self, entry: str, ctrl_c_in: str, presses: int = 1):
+        self.machine, self.ctrl_c_in, self.presses = ThisMachine(f"{FAKES}:{entry}"), ctrl_c_in, presses
 
     def press_ctrl_c(self) -> None:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.5)  # the call goes on after the press
+        for _ in range(self.presses):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the call goes on after the press (a second one leaves it)
 
     def launch(self, request: TrainRequest, cluster, directory: Path, before_start):
         if self.ctrl_c_in == "preparing":
@@ -364,6 +365,29 @@ def test_ctrl_c_during_attachs_first_copy_of_the_record_stops_the_run(tmp_path, 
     assert wait_ended(directory).exit_code == 130
 
 
+MAY_GO_ON = (
+    "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; the run "
+    "may go on: stop it with `fab stop --run r`"
+)
+
+
+def test_ctrl_c_twice_while_attach_connects_says_the_run_goes_on_and_how_to_stop_it(tmp_path, monkeypatch):
+    """Both presses before attach has found the supervisor: nothing asked it to stop, so not a bare
+    "interrupted" (the run goes on while the operator thinks it stopped)."""
+    directory = supervised(tmp_path, "until_interrupted", monkeypatch)
+    wait_for_output(directory, "started 2 rank(s)")
+    monkeypatch.setattr(follow, "run_dir", lambda cluster_directory, run: directory)
+    monkeypatch.setattr(follow, "cluster_dir", lambda cluster: tmp_path)
+    try:
+        with pytest.raises(Interrupted) as left:
+            without_traceback(lambda: follow.attach(None, None, "r", SlowFirstCopy("until_interrupted", "refresh", 2)))
+        assert str(left.value) == MAY_GO_ON
+        assert is_live(directory)
+    finally:
+        interrupt(directory)
+    assert wait_ended(directory).exit_code == 130
+
+
 def local_train(place, monkeypatch) -> tuple[Path, Callable[[], int]]:
     """Run r's record directory on a local cluster of one, and `train` of it through place (its checks
     passed), ready to call."""
@@ -395,10 +419,30 @@ def test_ctrl_c_while_train_starts_its_supervisor_stops_the_run(tmp_path, local_
         time.sleep(0.1)
 
 
-def test_ctrl_c_while_the_place_is_made_ready_leaves_before_the_run_starts(tmp_path, local_home, monkeypatch, capsys):
+def test_ctrl_c_twice_while_train_starts_its_supervisor_leaves_it_and_its_record_running(
+    tmp_path, local_home, monkeypatch
+):
+    """The supervisor has started, its answer not back: the record it writes to stays, and the line says
+    the run goes on and how to stop it."""
+    place = SlowFirstCopy("until_interrupted", "launch", 2)
+    directory, train = local_train(place, monkeypatch)
+    try:
+        with pytest.raises(Interrupted) as left:
+            without_traceback(train)
+        assert str(left.value) == MAY_GO_ON
+        assert is_live(directory) and (directory / LOG_NAME).exists()  # not restored under the supervisor
+    finally:
+        interrupt(directory)
+    assert wait_ended(directory).exit_code == 130
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_while_the_place_is_made_ready_leaves_before_the_run_starts(
+    tmp_path, local_home, monkeypatch, capsys, presses
+):
     """Ctrl-C while train makes the supervisor's place ready (a head node's environment: minutes on its
     first run): said at once, then train leaves before the start, exit 130; no supervisor, no run."""
-    directory, train = local_train(SlowFirstCopy("until_interrupted", "preparing"), monkeypatch)
+    directory, train = local_train(SlowFirstCopy("until_interrupted", "preparing", presses), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         train()
     assert capsys.readouterr().out == follow.NOT_STARTED_LINE + "\n"

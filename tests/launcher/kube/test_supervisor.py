@@ -340,6 +340,35 @@ def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contrac
     assert end["outcome"] == "interrupted"
 
 
+def test_ctrl_c_twice_while_attach_first_copies_the_record_says_the_run_goes_on(fake, contract_file, script, tmp_path):
+    """Both presses before attach has found the supervisor: it was never asked, so the line says the run
+    may go on and names the stop command, and the run does go on."""
+    fake.seed()
+    script.run_ticks = 10**9
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file), "--run", "ac"]
+    out = tmp_path / "detach.out"
+    detach = front_end(home, "train", *cluster, "--nodes", "2", "--detach", out=out)
+    assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 3, fake)
+    slow = fake.faults.add("/pods/fake-ac-supervisor-0-a0/exec", ["slow"], hold_s=3.0)
+    attach_out = tmp_path / "attach.out"
+    attach = front_end(home, "attach", *cluster, out=attach_out)
+    wait_for("attach opening its first exec stream", lambda: len(slow.given) >= 1, fake)
+    attach.send_signal(signal.SIGINT)  # within the 3 s the server takes to answer that opening
+    time.sleep(0.5)
+    attach.send_signal(signal.SIGINT)
+    assert exit_code(attach, attach_out, fake) == 130, attach_out.read_text() + fake.processes.output()
+    text = attach_out.read_text()
+    assert text.strip().splitlines()[-1] == (
+        "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
+        f"the run may go on: stop it with `nanocluster stop --cluster {contract_file} --run ac`"
+    ), text
+    record = home / "clusters" / "fake" / "runs" / "ac"
+    assert not [e for e in events(record) if e["event"] == "end"]
+    assert sum(running(fake, p.metadata.name) for p in fake.pods()) == 3  # the run went on
+
+
 def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
     """Between two attempts a run has no training Job, but its supervisor lives: `rm` and `prune` keep it."""
     from types import SimpleNamespace
