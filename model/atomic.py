@@ -116,8 +116,12 @@ def replace_problem(path: Path, flag: str, force: bool) -> str | None:
         parent = parent.parent
     if not parent.is_dir():
         return f"{flag} {path} cannot be made: {parent} is a file; choose another directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{flag} {path} cannot be made: {parent} is not writable; choose another directory"
+    try:  # made and removed as the staging directory would be: permissions alone pass root anywhere (/proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=parent))
+    except OSError as e:
+        return (
+            f"{flag} {path} cannot be made: nothing can be written in {parent} ({e.strerror}); choose another directory"
+        )
     return None
 
 
