@@ -88,6 +88,10 @@ class TrainRequest:
     """The command that continues the run after Ctrl-C or `stop` (the flags as given, --detach
     included; default: the train command with --cluster and --run). At the budget the continue line
     is the train command with --cluster, --run, --detach if given, and a larger --budget."""
+    asked_at: float | None = None
+    """When `fab train` was run (Unix time; checked_request sets it): a stop request older than this is
+    an earlier run's, which the first attempt's start clears; a newer one stops this run, even before its
+    first attempt (`fab stop` after a front end left while its supervisor was starting)."""
 
     @property
     def rerun_command(self) -> str:
@@ -310,10 +314,13 @@ class Lifecycle:
         """Attempts until one ends by itself; restarts as the policy allows."""
         while True:
             try:
-                if self.restarts:  # an operator's stop while the run was waiting to restart
-                    self.stop_if_requested(None)
+                # An operator's stop while the run was waiting to restart, or before its first attempt.
+                self.stop_if_requested(None)
                 started = self.kind.start(self.restarts, self.kind.extra_overrides() + self.budget_overrides)
                 self.record_launch(started)
+                if (requested_at := self.stop_since_asked()) is not None:  # asked while the attempt started
+                    self.kind.stop()
+                    self.stopped(requested_at, None)
                 return self.kind.watch()
             except RunInterrupted as e:
                 self.interrupted(e.progress.stopped_at)
@@ -425,10 +432,16 @@ class Lifecycle:
         raise Interrupted(interrupted_text(snapshot_iter, rerun, snapshot)) from None
 
     def stop_if_requested(self, progress: Progress | None) -> None:
-        """End the run as stopped when an operator's stop asked for it (the kind's request); else nothing."""
-        requested_at = self.kind.stop_requested()
+        """End the run as stopped when an operator's stop asked for it (the kind's request, made since
+        this `fab train`: an older one is an earlier run's); else nothing."""
+        requested_at = self.stop_since_asked()
         if requested_at is not None:
             self.stopped(requested_at, progress)
+
+    def stop_since_asked(self) -> float | None:
+        """When an operator's stop made since this `fab train` asked the run to end, else None."""
+        requested_at = self.kind.stop_requested()
+        return requested_at if requested_at is not None and requested_at >= (self.request.asked_at or 0.0) else None
 
     def stopped(self, requested_at: float | None, progress: Progress | None) -> NoReturn:
         """An operator's stop: record it (never a failure, never restarted) and raise OperatorStopped
@@ -519,6 +532,8 @@ def checked_request(request: TrainRequest) -> TrainRequest:
     only after they started. Every `fab train` front end starts here."""
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
+    if request.asked_at is None:
+        request = replace(request, asked_at=time.time())
     if request.nodes is not None:
         return request
     try:  # read ahead: the kind's own load of a stack takes these outputs, so pulumi runs once

@@ -162,7 +162,7 @@ class MachinesRun:
         plan = self.plan = self.plan_for(session.cluster, session.nodes, facts, prepared, extra_overrides)
         if refusal := plan.unfit_choice():
             raise TaskError(refusal)
-        start_units(session, plan, prepared.config_text)
+        start_units(session, plan, prepared.config_text, request.asked_at)
         # The local cluster's nodes are one per rank on one machine: said as its opening line says it.
         where = f"{len(session.nodes)} node(s)" if len(session.hosts()) == len(session.nodes) else "this machine"
         if plan.on_gpus:

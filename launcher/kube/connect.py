@@ -199,8 +199,15 @@ def stop_requested(api: Api, cluster: Cluster, run: str) -> float | None:
         return None
 
 
-def clear_stop_request(api: Api, cluster: Cluster, run: str) -> None:
-    """Remove an earlier stop request (each attempt's start: a stopped run continues with the same train)."""
+def clear_stop_request(api: Api, cluster: Cluster, run: str, before: float | None = None) -> None:
+    """Remove an earlier stop request (each attempt's start: a stopped run continues with the same
+    train): one made before `before` (a newer one stops this run: kept), or any with None."""
+    if (
+        before is not None
+        and (requested_at := stop_requested(api, cluster, run)) is not None
+        and requested_at >= before
+    ):
+        return
     _delete(api.core.delete_namespaced_config_map, stop_request_name(cluster, run), api.namespace)
 
 

@@ -224,7 +224,7 @@ class KubeRun:
         launch = self.launch = self.pod_launch(self.prepared, attempt, extra_overrides)
         delete_run_objects(api, run, quiet=True)
         self.wait_until_gone()
-        clear_stop_request(api, self.cluster, run)  # an older `fab stop` no longer applies
+        clear_stop_request(api, self.cluster, run, self.request.asked_at)  # an older `fab stop` no longer applies
         timeout_s, namespace = GONE_TIMEOUT_S, api.namespace
 
         def waiting(what: str) -> Callable[[], None]:

@@ -8,7 +8,9 @@ end by a SIGTERM it did not send, which the restart policy retries (launcher.rec
 directory on each node; on Kubernetes, a labelled ConfigMap), then signals the ranks, which snapshot
 and exit as on Ctrl-C. The attached train's monitor and restart loop read the request (the kind's
 RunKind.stop_requested) and end the run "stopped" instead of restarting it. Each attempt's start
-removes an older request, so a stopped run continues with the same train command.
+removes a request older than the `fab train` that started the run (TrainRequest.asked_at), so a
+stopped run continues with the same train command; a newer one stops the run even before or while its
+first attempt starts (the lifecycle looks before each attempt and once it has started).
 
 Which run: --run names it; without --run, the one live run on the cluster (a run is live while one
 of its units runs, as its identity record verifies: launcher.launch.units.live_runs), or a refusal

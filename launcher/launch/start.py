@@ -73,14 +73,17 @@ def place_data(session: Session, dataset: str) -> None:
         fan_out(session, dataset)
 
 
-def start_units(session: Session, plan: LaunchPlan, config_text: str) -> None:
-    """One command per machine: unpack its files and start its units detached."""
+def start_units(session: Session, plan: LaunchPlan, config_text: str, stale_stops_before: float | None = None) -> None:
+    """One command per machine: unpack its files and start its units detached (stale_stops_before:
+    launcher.launch.units.start_command's)."""
     scripts = tuple(f"runs/{plan.run}/{u.name}.sh" for u in plan.units())
 
     def one(node: Node, shell: Shell) -> None:
         files = node_files(plan, session.site, node, config_text)
         units = [u.name for u in plan.units_on(plan.host_of(node))]
-        command = start_command(shell.root, plan.run, units, session.site.ships_keys, session.cluster.spec)
+        command = start_command(
+            shell.root, plan.run, units, session.site.ships_keys, session.cluster.spec, stale_stops_before
+        )
         shell.check(command, f"starting run {plan.run}", stdin=payload(files, executable=scripts))
 
     session.run_everywhere(session.hosts(), one)

@@ -47,6 +47,7 @@ Stopping a run: TERM every unit's process group on every machine, KILL what is l
 from __future__ import annotations
 
 import shlex
+import time
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
@@ -89,9 +90,27 @@ def forget_other_units(units: list[str]) -> str:
     )
 
 
-def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluster_spec: str | None = None) -> str:
+def clear_stale_stop(before: float | None) -> str:
+    """Shell removing an operator's stop request made before `before` (an older stop no longer applies:
+    a stopped run continues with the same train command), or any with None."""
+    if before is None:
+        return f"rm -f {STOP_REQUEST_NAME}"
+    newer = f"awk -v t={before!r} '{{ if ($1 + 0 >= t) keep = 1 }} END {{ exit !keep }}' {STOP_REQUEST_NAME}"
+    return f"if ! {newer} 2>/dev/null; then rm -f {STOP_REQUEST_NAME}; fi"
+
+
+def start_command(
+    root: str,
+    run: str,
+    units: list[str],
+    ssh_files: bool,
+    cluster_spec: str | None = None,
+    stale_stops_before: float | None = None,
+) -> str:
     """Unpack the payload on stdin into root, then start each unit detached; prints 'UNIT PID' lines.
-    cluster_spec: --cluster as given, for the stop command a unit still running is answered with."""
+    cluster_spec: --cluster as given, for the stop command a unit still running is answered with.
+    stale_stops_before: an operator's stop request older than this is an earlier run's and removed; a
+    newer one is kept for the run to end "stopped" (None: any is removed)."""
     directory = run_dir(root, run)
     lines = [
         "set -e",
@@ -101,7 +120,7 @@ def start_command(root: str, run: str, units: list[str], ssh_files: bool, cluste
     ]
     if ssh_files:
         lines.append(install_ssh_command(root))
-    lines += [f"cd {directory}", f"rm -f {STOP_REQUEST_NAME}", "mkdir -p logs"]  # an older stop no longer applies
+    lines += [f"cd {directory}", clear_stale_stop(stale_stops_before), "mkdir -p logs"]
     lines.append(forget_other_units(units))
     for unit in units:
         log = f"logs/{unit}.log"
@@ -153,7 +172,8 @@ def stop_command(root: str, run: str, operator: bool = False) -> str:
     as a process group id, so while any member lives the group is the unit's."""
     directory = run_dir(root, run)
     ticks = STOP_GRACE_S * 5
-    request = f"date +%s.%N > {STOP_REQUEST_NAME}; " if operator else ""
+    # The operator's clock, as `fab train`'s asked_at is (a node's may be off): which run a stop is for.
+    request = f"echo {time.time():.6f} > {STOP_REQUEST_NAME}; " if operator else ""
     report = f'echo "{STOPPED_PREFIX}$units"; ' if operator else ""
     return with_identity(
         f"cd {directory} 2>/dev/null || exit 0; {request}units=; "

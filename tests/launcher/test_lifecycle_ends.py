@@ -149,3 +149,44 @@ def test_a_run_stopped_after_an_eval_names_the_snapshot_a_rerun_resumes_from(loc
 def test_older_records_without_the_snapshot_field_keep_their_wording():
     assert interrupted_text(None, "fab train") == "interrupted (its newest snapshot is kept); continue with: fab train"
     assert interrupted_text(7, "fab train").startswith("interrupted at iter 7 (every rank stopped after its snapshot)")
+
+
+class StartCounted(Kind):
+    """A Kind that counts its starts; with stop_while_starting, an operator's stop lands during the start."""
+
+    def __init__(self, stop_at: float | None, stop_while_starting: float | None = None):
+        super().__init__(watch_raises=RuntimeError("watched"))
+        self.stop_at, self.stop_while_starting, self.starts = stop_at, stop_while_starting, 0
+
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        self.starts += 1
+        if self.stop_while_starting is not None:
+            self.stop_at = self.stop_while_starting
+        return super().start(attempt, extra_overrides)
+
+
+def test_a_stop_made_since_fab_train_ends_the_run_before_its_first_attempt(local_home):
+    """`fab stop` while the supervisor was starting (its front end left on a second Ctrl-C): no attempt."""
+    kind = StartCounted(stop_at=2000.0)
+    with pytest.raises(OperatorStopped):
+        Lifecycle(TrainRequest("local", run="r", asked_at=1500.0), kind).train()
+    assert kind.starts == 0 and not kind.stopped
+    (end,) = [e for e in RunRecord.of(kind.cluster, "r").events if e["event"] == "end"]  # nothing launched
+    assert end["outcome"] == "stopped" and end["requested_at"] == 2000.0
+
+
+def test_a_stop_older_than_fab_train_is_an_earlier_runs_and_the_run_starts(local_home):
+    kind = StartCounted(stop_at=1000.0)
+    with pytest.raises(RuntimeError, match="watched"):  # the fake's watch: the attempt started and was followed
+        Lifecycle(TrainRequest("local", run="r", asked_at=1500.0), kind).train()
+    assert kind.starts == 1
+
+
+def test_a_stop_made_while_the_first_attempt_started_stops_what_started(local_home):
+    """Asked while the attempt's ranks or Job were being started (kept by the start, which clears only
+    older requests): what started is stopped and the run ends "stopped", not followed to its end."""
+    kind = StartCounted(stop_at=None, stop_while_starting=2000.0)
+    with pytest.raises(OperatorStopped):
+        Lifecycle(TrainRequest("local", run="r", asked_at=1500.0), kind).train()
+    assert kind.starts == 1 and kind.stopped
+    assert end_of(kind)["outcome"] == "stopped"

@@ -180,7 +180,7 @@ def test_a_second_ctrl_c_before_the_first_reached_the_supervisor_says_the_run_ma
             follow.follow(directory, 0, TrainRequest(None, run="r"), None, watch=HangingInterrupt(directory))
         assert str(left.value) == (
             "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
-            "the run may go on: stop it with `fab stop --run r`"
+            "the run may go on: to stop it, `fab attach --run r` and Ctrl-C"
         )
         assert read_state(directory).phase != ENDED and is_live(directory)  # it did go on
     finally:
@@ -367,7 +367,7 @@ def test_ctrl_c_during_attachs_first_copy_of_the_record_stops_the_run(tmp_path, 
 
 MAY_GO_ON = (
     "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; the run "
-    "may go on: stop it with `fab stop --run r`"
+    "may go on: to stop it, `fab attach --run r` and Ctrl-C"
 )
 
 

@@ -163,3 +163,25 @@ def test_the_pods_grace_covers_the_trainers_stop_and_spot_keeps_less():
     assert grace >= TrainConfig.stop_grace_s + HARD_EXIT_AFTER_S
     # a GKE spot preemption gives a non-system pod 15 s whatever the pod asks (docs/kubernetes.md)
     assert TrainConfig.stop_grace_s > 15
+
+
+def test_a_start_clears_only_a_stop_request_older_than_the_fab_train_that_started_it(fake, contract_file):
+    """A stop asked since `fab train` (while its first attempt started) is kept for the run to end
+    "stopped"; an older one is an earlier run's, removed so the same train command continues the run."""
+    import json
+
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.connect import clear_stop_request, connect, request_stop, stop_requested
+
+    fake.seed()
+    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
+    request_stop(api, cluster, "r")
+    asked = stop_requested(api, cluster, "r")
+    assert asked is not None
+    clear_stop_request(api, cluster, "r", before=asked - 1)  # fab train ran before this stop: kept
+    assert stop_requested(api, cluster, "r") == asked
+    clear_stop_request(api, cluster, "r", before=asked + 1)  # a stop older than fab train: removed
+    assert stop_requested(api, cluster, "r") is None
+    request_stop(api, cluster, "r")
+    clear_stop_request(api, cluster, "r")  # no time: any is removed
+    assert stop_requested(api, cluster, "r") is None

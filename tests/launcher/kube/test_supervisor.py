@@ -342,7 +342,7 @@ def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contrac
 
 def test_ctrl_c_twice_while_attach_first_copies_the_record_says_the_run_goes_on(fake, contract_file, script, tmp_path):
     """Both presses before attach has found the supervisor: it was never asked, so the line says the run
-    may go on and names the stop command, and the run does go on."""
+    may go on and how to stop it, and the run does go on."""
     fake.seed()
     script.run_ticks = 10**9
     home = tmp_path / "home"
@@ -362,7 +362,7 @@ def test_ctrl_c_twice_while_attach_first_copies_the_record_says_the_run_goes_on(
     text = attach_out.read_text()
     assert text.strip().splitlines()[-1] == (
         "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
-        f"the run may go on: stop it with `nanocluster stop --cluster {contract_file} --run ac`"
+        f"the run may go on: to stop it, `nanocluster attach --cluster {contract_file} --run ac` and Ctrl-C"
     ), text
     record = home / "clusters" / "fake" / "runs" / "ac"
     assert not [e for e in events(record) if e["event"] == "end"]

@@ -190,3 +190,17 @@ def test_a_second_run_beside_a_live_one_is_refused_naming_it_and_starts_nothing(
     )
     assert not (local_home / "runs" / "second").exists(), "nothing of the refused run was written on the node"
     assert live() == ["first"]
+
+
+@pytest.mark.parametrize(("asked_at", "kept"), [(1500.0, True), (2500.0, False), (None, False)])
+def test_a_start_removes_only_a_stop_older_than_the_fab_train_that_started_it(local_home, asked_at, kept):
+    """A stop made since `fab train` (while its first attempt started) stays for the run to end
+    "stopped"; an older one is an earlier run's, removed so the same train command continues it."""
+    shell = local_shell()
+    request = local_home / "runs" / "s" / "stop.requested"
+    request.parent.mkdir(parents=True)
+    request.write_text("2000.123456\n")  # as `fab stop` writes it: the operator's clock
+    files = {"runs/s/rank0.sh": "exit 0\n"}
+    command = start_command(shell.root, "s", ["rank0"], False, stale_stops_before=asked_at)
+    shell.check(command, "start", stdin=payload(files, tuple(files)))
+    assert request.exists() == kept
