@@ -37,6 +37,7 @@ from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import (
     NO_SNAPSHOT,
+    Attempt,
     RunRecord,
     failed_text,
     interrupted_text,
@@ -272,6 +273,17 @@ class Lifecycle:
         self.clock_start = time.time()  # the run's clock: the launch event's time, the trainer's budget clock
         spend_overrides = self.spend.overrides(self.clock_start) if self.spend else ()
         return Prepared(config, config_text, trainer_cfg, request.overrides + spend_overrides, batch)
+
+    def continue_attempt(self, current: Attempt) -> None:
+        """Go on with the launched, unended attempt an earlier supervisor of this run recorded (a
+        replaced supervisor pod adopting its live Job): its launch, clock and restarts. Its own spend is
+        counted from its launch, so the budget's spend before is the attempts before it (prepare() read
+        them all, this one up to its last event: counted twice at the end and at a repricing restart)."""
+        self.launched, self.clock_start = True, float(current.launch.get("time", self.clock_start))
+        self.restarts = current.restarts
+        if self.spend is not None:
+            earlier = self.record.attempts[:-1]
+            self.spend = replace(self.spend, spent_before_usd=budget.spent_before(earlier))
 
     def train(self) -> int:
         """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the

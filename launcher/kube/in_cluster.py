@@ -127,8 +127,7 @@ class InClusterRun(KubeRun):
         if mine and current is not None and current.end is None and self.lifecycle is not None:
             # An earlier pod of this Job launched the run: continue its record, never start it over.
             life = self.lifecycle
-            life.launched, life.clock_start = True, float(current.launch.get("time", life.clock_start))
-            life.restarts = current.restarts
+            life.continue_attempt(current)
             jobs = [j for j in run_objects(self.connected(), run)[0] if not being_deleted(j)]
             if jobs:
                 labels = (jobs[0].metadata.labels if jobs[0].metadata else None) or {}

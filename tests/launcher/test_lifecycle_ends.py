@@ -190,3 +190,27 @@ def test_a_stop_made_while_the_first_attempt_started_stops_what_started(local_ho
         Lifecycle(TrainRequest("local", run="r", asked_at=1500.0), kind).train()
     assert kind.starts == 1 and kind.stopped
     assert end_of(kind)["outcome"] == "stopped"
+
+
+def test_a_supervisor_adopting_the_live_attempt_counts_its_spend_once(local_home):
+    """A replaced supervisor pod goes on with the live attempt: its budget's spend before is the attempts
+    before it (its prepare() read this one too, up to its last event), so the end's spent_usd and a
+    repricing restart count the live attempt once, from its launch."""
+    from launcher.runs import budget
+
+    kind = Kind(watch_raises=RuntimeError("not watched"))
+    record = RunRecord.of(kind.cluster, "r")
+    t0 = 1_000_000.0
+    record.append("launch", nodes=["local0"], cluster_machines=1, hourly_cost_usd=0.7, time=t0)
+    record.append("end", outcome="failed", reason="lost", time=t0 + 3600)  # $0.70
+    record.append("launch", nodes=["local0"], cluster_machines=1, hourly_cost_usd=0.7, time=t0 + 7200)
+    record.append("restart", attempt=1, nodes=["local0"], time=t0 + 10800)  # the live one: $0.70 so far
+    lifecycle = Lifecycle(TrainRequest("local", run="r", budget_usd=10.0), kind)
+    lifecycle.spend = budget.BudgetPlan(10.0, 0.7, budget.spent_before(record.attempts))  # as prepare() plans it
+    assert lifecycle.spend.spent_before_usd == pytest.approx(1.4)
+    lifecycle.continue_attempt(record.attempts[-1])
+    assert lifecycle.spend.spent_before_usd == pytest.approx(0.7)
+    assert (lifecycle.launched, lifecycle.clock_start, lifecycle.restarts) == (True, t0 + 7200, 1)
+    # The end 2 h into the live attempt: $0.70 before it and $1.40 of its own.
+    spent = lifecycle.spend.spent_before_usd + budget.attempt_spent(record, lifecycle.clock_start, t0 + 14400, 0.7)
+    assert spent == pytest.approx(2.1)
