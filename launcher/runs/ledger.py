@@ -11,7 +11,8 @@ One row per "launch" event and what follows it (a run name used again starts a n
   machine asleep, or the run still going) ends at its last recorded event or, for the run's latest
   launch, at the last line of its metrics copy; the row says "no end recorded".
 - Node-hours and cost: as `fab status` computes them (launcher.runs.estimate.RunClock): the machines
-  the cluster bills for x hours, and the launch event's hourly_cost_usd x hours: the run's price per
+  the cluster bills for x hours, and the launch event's hourly_cost_usd x hours (from a restart that
+  changed it, that restart's: a Kubernetes run going on with fewer pods): the run's price per
   hour (Cluster.run_hourly_cost_usd: the whole cluster's for a cluster of machines; on Kubernetes one
   training node's x the run's pods, plus the cluster at rest); no cost where the contract had no price.
 - Tokens: the tokens the run paid for, not its net progress: every optimizer step that ran, at the

@@ -218,10 +218,12 @@ class TrainConfig:
     that x the run's pods plus the cluster at rest); spend is this price x the time since
     budget_clock_start. Must be > 0 with a budget."""
     budget_clock_start: float = 0.0
-    """Unix time the run's spend is counted from: the launch, so restarts and the downtime between
-    them count. 0: when this trainer started."""
+    """Unix time the run's spend is counted from at budget_usd_per_hour: the launch, so restarts and
+    the downtime between them count (or the restart that changed the price: a Kubernetes run going on
+    with fewer pods). 0: when this trainer started."""
     budget_spent_usd: float = 0.0
-    """What the run's earlier attempts spent before this launch (counted against budget_usd)."""
+    """What the run spent before budget_clock_start (its earlier attempts; after a restart that changed
+    the price, also this launch until then), counted against budget_usd."""
 
     # --- training health (model.monitoring.health) ------------------------------------------------
     health: HealthConfig = field(default_factory=HealthConfig)
