@@ -284,6 +284,9 @@ class Lifecycle:
         if self.spend is not None:
             earlier = self.record.attempts[:-1]
             self.spend = replace(self.spend, spent_before_usd=budget.spent_before(earlier))
+            # A restart's trainer counts from the live attempt's launch too (prepare()'s overrides count
+            # from this pod's start, which missed the time between the attempt's last event and it).
+            self.budget_overrides = self.spend.overrides(self.clock_start)
 
     def train(self) -> int:
         """Returns the exit status: 0 finished (or nothing left to train), BUDGET_EXIT stopped at the
@@ -432,9 +435,7 @@ class Lifecycle:
     def interrupted(self, snapshot_iter: int | None) -> NoReturn:
         """The operator's Ctrl-C: record where the run stopped and how to continue it; raise Interrupted."""
         rerun, snapshot = self.request.rerun_command, self.record.newest_snapshot()
-        self.ended = True
-        self.record.append(
-            "end",
+        self.record_end(
             outcome="interrupted",
             iter=snapshot_iter,
             snapshot=snapshot,
@@ -460,9 +461,7 @@ class Lifecycle:
         with where the run stopped and the command that continues it."""
         snapshot_iter = progress.stopped_at if progress else None
         rerun, snapshot = self.request.rerun_command, self.record.newest_snapshot()
-        self.ended = True
-        self.record.append(
-            "end",
+        self.record_end(
             outcome="stopped",
             iter=snapshot_iter,
             snapshot=snapshot,
@@ -476,13 +475,19 @@ class Lifecycle:
     def record_failed(self, reason: str, exit_code: int) -> str:
         """The failed end event; with a snapshot to resume, the command that continues it (failed_text:
         fab train's error line and `fab status` keep it)."""
-        self.ended = True
         snapshot, rerun = self.record.newest_snapshot(), self.request.rerun_command
         if snapshot == NO_SNAPSHOT:
-            self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code)
+            self.record_end(outcome="failed", reason=reason, exit_code=exit_code)
             return reason
-        self.record.append("end", outcome="failed", reason=reason, exit_code=exit_code, iter=snapshot, rerun=rerun)
+        self.record_end(outcome="failed", reason=reason, exit_code=exit_code, iter=snapshot, rerun=rerun)
         return failed_text(reason, snapshot, rerun)
+
+    def record_end(self, **fields: Any) -> None:
+        """The launch's end event; none before the first launch: nothing ran, and an end would close
+        an earlier run's attempt in the record (the same name used again)."""
+        self.ended = True
+        if self.launched:
+            self.record.append("end", **fields)
 
     def end(self, progress: Progress) -> int:
         """The end event of a run that ended by itself, then its last line: done, or stopped at the budget."""

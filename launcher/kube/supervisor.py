@@ -72,7 +72,7 @@ from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
-from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state
+from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state, state_path
 from launcher.lifecycle import TrainRequest, checked_here, checked_request
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
@@ -447,6 +447,9 @@ def train(request: TrainRequest) -> int:
     staged = kind.stage(files if request.config else {})
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
+    # The last run's ended state would read as this one's until the new supervisor's first sync (attach
+    # would print that end and delete the new Job), as ThisMachine.launch clears it.
+    state_path(record.directory).unlink(missing_ok=True)
     with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it
         ctrl_c.before_start()
         with ctrl_c.second_press_explained(request):

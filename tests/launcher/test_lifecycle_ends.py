@@ -168,11 +168,14 @@ class StartCounted(Kind):
 def test_a_stop_made_since_fab_train_ends_the_run_before_its_first_attempt(local_home):
     """`fab stop` while the supervisor was starting (its front end left on a second Ctrl-C): no attempt."""
     kind = StartCounted(stop_at=2000.0)
-    with pytest.raises(OperatorStopped):
+    record = RunRecord.of(kind.cluster, "r")
+    record.append("launch", nodes=["local0"], cluster_machines=1, time=100.0)  # an earlier run of the name, its
+    with pytest.raises(OperatorStopped) as stopped:  # supervisor lost without an end
         Lifecycle(TrainRequest("local", run="r", asked_at=1500.0), kind).train()
     assert kind.starts == 0 and not kind.stopped
-    (end,) = [e for e in RunRecord.of(kind.cluster, "r").events if e["event"] == "end"]  # nothing launched
-    assert end["outcome"] == "stopped" and end["requested_at"] == 2000.0
+    assert "stopped by an operator" in str(stopped.value)
+    # Nothing launched, so no end: one would close (and price to now) the earlier run's attempt.
+    assert [e["event"] for e in record.events] == ["launch"]
 
 
 def test_a_stop_older_than_fab_train_is_an_earlier_runs_and_the_run_starts(local_home):
@@ -211,6 +214,8 @@ def test_a_supervisor_adopting_the_live_attempt_counts_its_spend_once(local_home
     lifecycle.continue_attempt(record.attempts[-1])
     assert lifecycle.spend.spent_before_usd == pytest.approx(0.7)
     assert (lifecycle.launched, lifecycle.clock_start, lifecycle.restarts) == (True, t0 + 7200, 1)
+    # A restart's trainer (these overrides come after prepare()'s, so they win) counts from the launch.
+    assert lifecycle.budget_overrides[-2:] == (f"budget_clock_start={t0 + 7200!r}", "budget_spent_usd=0.7")
     # The end 2 h into the live attempt: $0.70 before it and $1.40 of its own.
     spent = lifecycle.spend.spent_before_usd + budget.attempt_spent(record, lifecycle.clock_start, t0 + 14400, 0.7)
     assert spent == pytest.approx(2.1)

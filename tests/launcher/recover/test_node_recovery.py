@@ -65,10 +65,16 @@ class ScriptedRun(MachinesRun):
         self.launch = launch
 
     def start(self, attempt, extra_overrides):
-        self.progress = self.launch(self.session, attempt, extra_overrides)
+        self.failed = None
+        try:
+            self.progress = self.launch(self.session, attempt, extra_overrides)
+        except RunFailed as e:  # the ranks started and failed: what the watch reports
+            self.failed = e
         return Started(self.session.nodes, len(self.session.nodes))
 
     def watch(self):
+        if self.failed is not None:
+            raise self.failed
         return self.progress
 
     def stop_requested(self):  # no operator's stop in these scenarios (the fake session has no shell)
