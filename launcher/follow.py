@@ -97,7 +97,7 @@ def train(
         directory = record.made()
         launches = launch_count(directory)
         try:
-            with ctrl_c.second_press_explained(request):  # once the supervisor may be starting
+            with ctrl_c.leaving_explained(request):  # once the supervisor may be starting
                 watch = place.launch(request, kind.cluster, directory, ctrl_c.before_start)
         except KeyboardInterrupt:
             before.restore()  # left before the start: the record as it was
@@ -165,7 +165,7 @@ def attach(cluster: Cluster, cluster_spec: str | None, run: str, place: Supervis
     directory = run_dir(cluster_dir(cluster), run)
     # From the first step: connecting to the head and its first copy of the record take seconds, and a
     # Ctrl-C then is the run's Ctrl-C, handed to its supervisor once it is found live.
-    with interrupts_handed_over() as ctrl_c, ctrl_c.second_press_explained(request_for(cluster_spec, run)):
+    with interrupts_handed_over() as ctrl_c, ctrl_c.leaving_explained(request_for(cluster_spec, run)):
         watch = place.watch(cluster, directory, run)
         try:
             watch.refresh()  # a supervisor on the cluster: its record brought here first
@@ -263,16 +263,8 @@ def follow(
         if ctrl_c is None:
             ctrl_c = stack.enter_context(interrupts_handed_over())
         ctrl_c.hand_to(watch.interrupt)
-        try:
-            with ctrl_c.second_press_explained(request):
-                return follow_to_the_end(directory, request, detach_after, watch, copy, ctrl_c)
-        except Exception as error:
-            if error is not ctrl_c.failure:
-                raise
-            stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
-            raise TaskError(
-                f"Ctrl-C did not reach the run's supervisor: {error}; the run goes on: stop it with `{stop}`"
-            ) from None
+        with ctrl_c.leaving_explained(request):
+            return follow_to_the_end(directory, request, detach_after, watch, copy, ctrl_c)
 
 
 def second_ctrl_c_line(ctrl_c: CtrlC, request: TrainRequest) -> str:
@@ -343,7 +335,7 @@ class CtrlC:
         """A front end that starts a supervisor, before it starts (before_start): a Ctrl-C leaves."""
         self.supervised = not before_start
         """Whether a supervisor may be running (one is started from before_start() on): a front end
-        leaving then says what becomes of the run (second_press_explained)."""
+        leaving then says what becomes of the run (leaving_explained)."""
         self.presses = 0
         self.pressed = threading.Event()
         self.askable = threading.Event()
@@ -396,16 +388,24 @@ class CtrlC:
         self.supervised = True
 
     @contextlib.contextmanager
-    def second_press_explained(self, request: TrainRequest) -> Iterator[None]:
-        """The block, where a second Ctrl-C (a KeyboardInterrupt) while a supervisor may be running
-        leaves with the line saying what becomes of the run (second_ctrl_c_line), not a bare
-        "interrupted": a Ctrl-C that reached no supervisor, or one before any started, leaves as it is."""
+    def leaving_explained(self, request: TrainRequest) -> Iterator[None]:
+        """The block, where leaving while a supervisor may be running says what becomes of the run: a
+        second Ctrl-C (a KeyboardInterrupt) with second_ctrl_c_line, not a bare "interrupted" (a Ctrl-C
+        that reached no supervisor, or one before any started, leaves as it is); a hand-over that failed
+        (raised by check) with the command that stops the run."""
         try:
             yield
         except KeyboardInterrupt:
             if self.presses < 2 or self.unheard or not self.supervised:
                 raise
             raise Interrupted(second_ctrl_c_line(self, request)) from None
+        except Exception as error:
+            if error is not self.failure:
+                raise
+            stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+            raise TaskError(
+                f"Ctrl-C did not reach the run's supervisor: {error}; the run goes on: stop it with `{stop}`"
+            ) from None
 
     def check(self) -> None:
         """Between the loop's steps: a second Ctrl-C whose KeyboardInterrupt a call lost, a Ctrl-C no

@@ -452,7 +452,7 @@ def train(request: TrainRequest) -> int:
     state_path(record.directory).unlink(missing_ok=True)
     with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it
         ctrl_c.before_start()
-        with ctrl_c.second_press_explained(request):
+        with ctrl_c.leaving_explained(request):
             supervisor.create(request, staged.python, staged.code_dir)
         watch = KubeWatch(supervisor)
         try:
@@ -467,7 +467,7 @@ def attach(cluster_spec: str | None, run: str = "main") -> int:
     check_name(run, "run")
     # From the first step: the API calls and the record's first copy (exec calls that can lose a
     # KeyboardInterrupt) take seconds; a Ctrl-C then is handed to the supervisor once it is found live.
-    with interrupts_handed_over() as ctrl_c, ctrl_c.second_press_explained(request_for(cluster_spec, run)):
+    with interrupts_handed_over() as ctrl_c, ctrl_c.leaving_explained(request_for(cluster_spec, run)):
         return attach_supervisor(cluster_spec, run, ctrl_c)
 
 

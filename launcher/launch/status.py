@@ -21,7 +21,7 @@ from rich.table import Table
 
 from launcher.cluster.contract import CLUSTER_ENV
 from launcher.cluster.local import local_cluster
-from launcher.cluster.node_layout import run_dir as run_directory
+from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
 from launcher.launch.plan import Unit, units_from_plan_json
@@ -80,15 +80,11 @@ def units_of(shell: Shell, run: str, planned: set[str] | None = None) -> tuple[s
 def planned_units(session: Session, run: str) -> dict[str, set[str]] | None:
     """The current launch's unit names by machine address, from the run's plan.json on the head (what
     `fab logs` follows too); None when the head is down or has no readable plan."""
-    head = session.shells.get(session.cluster.head.index)
-    if head is None:
-        return None
-    result = head.run(f"cat {run_directory(head.root, run)}/plan.json 2>/dev/null")
-    if not result.ok:
+    if session.cluster.head.index not in session.shells:  # the head is down: its plan is not known
         return None
     try:
-        _, units = units_from_plan_json(result.stdout, session.cluster)
-    except ValueError:
+        _, units = read_plan(session, run)
+    except TaskError:
         return None
     by_address: dict[str, set[str]] = {}
     for unit in units:
@@ -197,7 +193,7 @@ def last_heard_of(record: RunRecord, head: Shell, run_dir: str) -> float:
 def read_plan(session: Session, run: str) -> tuple[str, list[Unit]]:
     """(launcher, units) from the run's plan.json on the head."""
     head = session.shell(session.head)
-    path = f"{session.site.run_dir(run)}/plan.json"
+    path = f"{run_dir(head.root, run)}/plan.json"  # where the start unpacked it (start_command's root)
     result = head.run(f"cat {path}", timeout=CONNECT_TIMEOUT_S * 2)
     if not result.ok:
         start = command_line("train", cluster=session.cluster.spec, run=run)

@@ -23,14 +23,7 @@ from launcher.cluster.inventory import price_text
 from launcher.console import command_line
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
-from launcher.runs.record import (
-    Attempt,
-    RunRecord,
-    clock,
-    failed_text,
-    interrupted_text,
-    stopped_text,
-)
+from launcher.runs.record import Attempt, RunRecord, clock, failed_text, interrupted_text, stopped_text
 from model.monitoring.spend import spend_usd
 
 STEP_WINDOW = 10

@@ -126,7 +126,7 @@ def restore(
     if first is None:
         assert saved is not None
         state.load_state_dict(saved, device)
-        saved_scale = recorded.get("error_scale", error_scale) if recorded is not None else error_scale
+        saved_scale = (recorded or {}).get("error_scale", error_scale)
         if saved_scale != error_scale:  # a snapshot older than error_scale is taken as this run's
             state.rescale_errors(torch.tensor(error_scale / saved_scale))
     if rank == 0:

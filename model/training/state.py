@@ -41,6 +41,7 @@ from model.monitoring.metrics import MetricsLog
 from model.monitoring.mfu import gpu_peak_flops, measure_matmul_peak
 from model.parallel import comm_hooks, distributed, zero
 from model.parallel.collectives import broadcast_tensors
+from model.parallel.powersgd import PowerSGDState
 from model.settings.config import TrainConfig
 
 log = logging.getLogger("model.train")
@@ -171,15 +172,19 @@ class TrainerState:
             peak_source,
         )
 
+    @property
+    def powersgd(self) -> PowerSGDState | None:
+        """PowerSGD's state when the run's gradient hook compresses with it (None: another hook, or one rank)."""
+        return self.gradient_hook.powersgd if self.gradient_hook is not None else None
+
     def resume_compressor(self) -> None:
         """On a resume with PowerSGD: its state from the snapshot's side files, or its warm-up afresh
         with one line saying why. A collective; after the discarded bucket warm-up step, which passes
         through the hook and must not touch the restored state."""
-        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
-        if powersgd is None or self.start_iter is None:
+        if self.powersgd is None or self.start_iter is None:
             return
         compressor_state.restore(
-            powersgd,
+            self.powersgd,
             self.start_compressor,
             self.cfg,
             self.env.rank,
@@ -196,9 +201,8 @@ class TrainerState:
 
     def start_compression_over(self) -> None:
         """PowerSGD's error and Q start over (a rollback: they belong to the steps rolled back)."""
-        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
-        if powersgd is not None:
-            powersgd.start_over()
+        if self.powersgd is not None:
+            self.powersgd.start_over()
 
     def wait_for_snapshot(self) -> None:
         """Return once the last snapshot asked for is on disk (before exiting, or before writing

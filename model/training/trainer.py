@@ -241,7 +241,7 @@ class Trainer(TrainerState):
         """The fp16 scaler's update(): its scale for the next step. PowerSGD's error, kept in the scaled
         units of the gradients its hook sees, follows the new scale (on the device: no read-back)."""
         assert self.scaler is not None
-        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        powersgd = self.powersgd
         scale = self.scaler._scale
         if powersgd is None or scale is None:
             self.scaler.update()
@@ -252,7 +252,7 @@ class Trainer(TrainerState):
 
     def forget_compression_of_unapplied_step(self, not_applied: torch.Tensor | bool) -> None:
         """PowerSGD's error and Q start over after a step that was not applied (PowerSGDState.forget_step)."""
-        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        powersgd = self.powersgd
         if powersgd is not None:
             powersgd.forget_step(not_applied)
 
@@ -341,7 +341,7 @@ class Trainer(TrainerState):
         in the background (model.checkpointing.snapshot_writer), waiting first for any previous write.
         With PowerSGD every rank also writes its hook's state beside it (model.checkpointing.compressor_state)."""
         self.settle_guard()
-        powersgd = self.gradient_hook.powersgd if self.gradient_hook is not None else None
+        powersgd = self.powersgd
         tag = compressor_state.new_tag() if powersgd is not None else None
         gathered = gather_on_rank0((rng_state(self.device), tag), self.env.world_size)
         self.snapshot_writer.wait()  # never two copies of the state in memory at once

@@ -159,6 +159,12 @@ def test_a_second_ctrl_c_leaves_and_says_the_supervisor_still_stops_the_run(tmp_
     assert wait_ended(directory).exit_code == 130
 
 
+MAY_GO_ON = (
+    "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; the run "
+    "may go on: to stop it, `fab attach --run r` and Ctrl-C"
+)
+
+
 class HangingInterrupt(follow.LocalWatch):
     """A supervisor the first Ctrl-C is slow to reach (an SSH connection to the head that hangs)."""
 
@@ -170,7 +176,7 @@ class HangingInterrupt(follow.LocalWatch):
 
 
 def test_a_second_ctrl_c_before_the_first_reached_the_supervisor_says_the_run_may_go_on(tmp_path, monkeypatch, capsys):
-    """Not "the supervisor still stops the run": it was never asked. The line names the stop command."""
+    """Not "the supervisor still stops the run": it was never asked. The line says how to stop it."""
     directory = supervised(tmp_path, "until_interrupted", monkeypatch)
     wait_for_output(directory, "started 2 rank(s)")
     before = signal.getsignal(signal.SIGINT)
@@ -178,10 +184,7 @@ def test_a_second_ctrl_c_before_the_first_reached_the_supervisor_says_the_run_ma
     try:
         with pytest.raises(Interrupted) as left:
             follow.follow(directory, 0, TrainRequest(None, run="r"), None, watch=HangingInterrupt(directory))
-        assert str(left.value) == (
-            "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
-            "the run may go on: to stop it, `fab attach --run r` and Ctrl-C"
-        )
+        assert str(left.value) == MAY_GO_ON
         assert read_state(directory).phase != ENDED and is_live(directory)  # it did go on
     finally:
         HangingInterrupt.released.set()
@@ -363,12 +366,6 @@ def test_ctrl_c_during_attachs_first_copy_of_the_record_stops_the_run(tmp_path, 
     interrupted = "interrupted at iter 3 (every rank stopped after its snapshot); continue with: x\n"
     assert capsys.readouterr().err == interrupted
     assert wait_ended(directory).exit_code == 130
-
-
-MAY_GO_ON = (
-    "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; the run "
-    "may go on: to stop it, `fab attach --run r` and Ctrl-C"
-)
 
 
 def test_ctrl_c_twice_while_attach_connects_says_the_run_goes_on_and_how_to_stop_it(tmp_path, monkeypatch):

@@ -313,10 +313,9 @@ def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(f
     assert [e["event"] for e in events(record)] == ["launch", "end"]
 
 
-def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contract_file, script, tmp_path):
-    """Ctrl-C while `attach` opens its first exec stream into the supervisor pod to copy the record
-    (before its follow loop; the client library turns a KeyboardInterrupt there into an API error):
-    the supervisor is asked, the run ends "interrupted", exit 130 and the continue line."""
+def attach_slow_to_copy(fake, contract_file, script, tmp_path) -> tuple[Path, subprocess.Popen, Path]:
+    """Run ac started detached on 2 pods, and `attach` to it opening its first exec stream into the
+    supervisor pod, which the server takes 3 s to answer: (home, the attach process, its output)."""
     fake.seed()
     script.run_ticks = 10**9
     home = tmp_path / "home"
@@ -329,6 +328,14 @@ def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contrac
     attach_out = tmp_path / "attach.out"
     attach = front_end(home, "attach", *cluster, out=attach_out)
     wait_for("attach opening its first exec stream", lambda: len(slow.given) >= 1, fake)
+    return home, attach, attach_out
+
+
+def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contract_file, script, tmp_path):
+    """Ctrl-C while `attach` opens its first exec stream into the supervisor pod to copy the record
+    (before its follow loop; the client library turns a KeyboardInterrupt there into an API error):
+    the supervisor is asked, the run ends "interrupted", exit 130 and the continue line."""
+    home, attach, attach_out = attach_slow_to_copy(fake, contract_file, script, tmp_path)
     attach.send_signal(signal.SIGINT)  # within the 3 s the server takes to answer that opening
     assert exit_code(attach, attach_out, fake) == 130, attach_out.read_text() + fake.processes.output()
     text = attach_out.read_text()
@@ -343,18 +350,7 @@ def test_ctrl_c_while_attach_first_copies_the_record_stops_the_run(fake, contrac
 def test_ctrl_c_twice_while_attach_first_copies_the_record_says_the_run_goes_on(fake, contract_file, script, tmp_path):
     """Both presses before attach has found the supervisor: it was never asked, so the line says the run
     may go on and how to stop it, and the run does go on."""
-    fake.seed()
-    script.run_ticks = 10**9
-    home = tmp_path / "home"
-    cluster = ["--cluster", str(contract_file), "--run", "ac"]
-    out = tmp_path / "detach.out"
-    detach = front_end(home, "train", *cluster, "--nodes", "2", "--detach", out=out)
-    assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
-    wait_for("running pods", lambda: sum(running(fake, p.metadata.name) for p in fake.pods()) == 3, fake)
-    slow = fake.faults.add("/pods/fake-ac-supervisor-0-a0/exec", ["slow"], hold_s=3.0)
-    attach_out = tmp_path / "attach.out"
-    attach = front_end(home, "attach", *cluster, out=attach_out)
-    wait_for("attach opening its first exec stream", lambda: len(slow.given) >= 1, fake)
+    home, attach, attach_out = attach_slow_to_copy(fake, contract_file, script, tmp_path)
     attach.send_signal(signal.SIGINT)  # within the 3 s the server takes to answer that opening
     time.sleep(0.5)
     attach.send_signal(signal.SIGINT)
