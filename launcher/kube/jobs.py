@@ -242,7 +242,12 @@ class Staged:
 
 
 def stage(
-    api: Api, cluster: Cluster, run: str = "", run_files: dict[str, bytes] | None = None, dataset: str = ""
+    api: Api,
+    cluster: Cluster,
+    run: str = "",
+    run_files: dict[str, bytes] | None = None,
+    dataset: str = "",
+    stale: tuple[str, ...] = (),
 ) -> Staged:
     """The node environment, model/ and the run's files on the shared volume: one staging Job that
     builds only what the store lacks (volume.staging_script), with its own ConfigMap, deleted when it
@@ -250,7 +255,8 @@ def stage(
     mid-staging leaves it to the garbage collector. The venv is the CPU profile's, or on GPU nodes the
     cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
     (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
-    `fab setup`) never delete each other's. dataset: also report data/<dataset> on the claim (Staged.data)."""
+    `fab setup`) never delete each other's. dataset: also report data/<dataset> on the claim (Staged.data);
+    stale: the claim's files of an earlier run that go (volume.staging_script)."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
@@ -268,7 +274,9 @@ def stage(
     except ValueError as e:
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
-    shell = volume.staging_script(requirements_sha, code_sha, placed, run=run, hashed=bool(hashed), dataset=dataset)
+    shell = volume.staging_script(
+        requirements_sha, code_sha, placed, run=run, hashed=bool(hashed), dataset=dataset, stale=stale
+    )
     job = volume.helper_job(name, access, "staging", shell, run=run, configmap=name)
     started = time.monotonic()
     say(

@@ -72,7 +72,7 @@ from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
-from launcher.launch.supervisor import ENDED, SupervisorState, copy_part, log_size, read_state, state_path
+from launcher.launch.supervisor import ENDED, STATE_NAME, SupervisorState, copy_part, log_size, read_state, state_path
 from launcher.lifecycle import TrainRequest, checked_here, checked_request
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
@@ -444,11 +444,12 @@ def train(request: TrainRequest) -> int:
     if existing is not None:
         supervisor.end()  # an ended run's supervisor, its record copied or kept on the claim
     files = {f"{run_dir(pod_spec.MOUNT_PATH, request.run)}/{kube_train.CONFIG_NAME}": config_text.encode()}
-    staged = kind.stage(files if request.config else {})
+    # The last run's ended state would read as this one's until the new supervisor writes its own (a
+    # front end would print that end and delete the new Job), as ThisMachine.launch clears it: the copy
+    # here, and on the claim, where a sync before the new pod's process starts would copy it back.
+    staged = kind.stage(files if request.config else {}, stale=(f"{supervisor.remote}/{STATE_NAME}",))
     start = log_size(record.made() / LOG_NAME)
     launches = launch_count(record.directory)
-    # The last run's ended state would read as this one's until the new supervisor's first sync (attach
-    # would print that end and delete the new Job), as ThisMachine.launch clears it.
     state_path(record.directory).unlink(missing_ok=True)
     with interrupts_handed_over() as ctrl_c:  # a Ctrl-C while the supervisor is created is handed to it
         ctrl_c.before_start()

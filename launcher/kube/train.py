@@ -204,11 +204,12 @@ class KubeRun:
         files = {f"{first.run_dir}/{CONFIG_NAME}": prepared.config_text.encode()} if prepared.config_file else {}
         self.stage(files)
 
-    def stage(self, run_files: dict[str, bytes]) -> Staged:
-        """The node environment, code and run files on the claim, then the run refused before any pod
-        starts when the claim's data/<dataset> cannot be trained on (what the staging pod found of it)."""
+    def stage(self, run_files: dict[str, bytes], stale: tuple[str, ...] = ()) -> Staged:
+        """The node environment, code and run files on the claim (the stale files removed), then the run
+        refused before any pod starts when the claim's data/<dataset> cannot be trained on (what the
+        staging pod found of it)."""
         request = self.request
-        staged = self.staged = stage(self.connected(), self.cluster, request.run, run_files, request.dataset)
+        staged = self.staged = stage(self.connected(), self.cluster, request.run, run_files, request.dataset, stale)
         where = f"on claim {self.access.storage_claim}"
         if staged.data and (refusal := unusable_data(staged.data, request.dataset, where, request.cluster_spec)):
             raise TaskError(refusal)

@@ -172,6 +172,7 @@ def staging_script(
     run: str = "",
     hashed: bool = False,
     dataset: str = "",
+    stale: tuple[str, ...] = (),
 ) -> str:
     """Shell for the staging Job: the venv and the code into the store when their digest is not there
     (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
@@ -180,7 +181,9 @@ def staging_script(
     hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
     with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash; the second command
     installs it from requirements.txt, with what it needs beyond the hashed pins). dataset: the
-    DATA_REPORT line of data/<dataset> first (the stock image's Python runs the probe)."""
+    DATA_REPORT line of data/<dataset> first (the stock image's Python runs the probe). stale: files of
+    an earlier run removed before the run starts (a state a new supervisor would be read by until it
+    writes its own)."""
     venv, code = venv_dir(requirements_sha), code_dir(code_sha)
     pip = "TMP/bin/pip install --no-cache-dir -q"
     hashed_install = [f"{pip} --require-hashes --no-deps -r {STAGE_DIR}/hashed.txt"] if hashed else []
@@ -225,6 +228,7 @@ def staging_script(
             f"printf '%s\\n' venv-{requirements_sha} code-{code_sha} > {record}.new.$$",
             f"mv -f {record}.new.$$ {record}",
         ]
+    lines += [f"rm -f {shlex.quote(path)}" for path in stale]
     for path, key in sorted(run_files.items()):
         lines += [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", f"cp {STAGE_DIR}/{key} {shlex.quote(path)}"]
     return "\n".join(lines) + "\n"

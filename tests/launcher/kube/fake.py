@@ -459,6 +459,8 @@ class FakeKube:
         else:
             role = labels.get("nanocluster.dev/role", "")
             command = job.spec.template.spec.containers[0].command
+            if role == "staging":
+                self.pod_exec.remove_listed(command[-1])
             lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else default_log(command[-1])
             self.helper_roles[pod] = role
             if role in self.script.serving:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import threading
 import time
@@ -71,6 +72,14 @@ class PodExec:
         mapped = {MOUNT_PATH: str(self.claim), "/tmp": str(self.tmp)}
         pattern = "|".join(re.escape(p) for p in mapped)
         return re.sub(rf"(?<![\w.-])({pattern})(?![\w.-])", lambda m: mapped[m[1]], text)
+
+    def remove_listed(self, script: str) -> None:
+        """What a helper pod's script removes from the claim (its `rm -f` lines), removed in the sandbox:
+        the fake runs no other part of a helper's script."""
+        for line in script.splitlines():
+            if line.startswith("rm -f "):
+                for path in shlex.split(self.local(line))[2:]:
+                    Path(path).unlink(missing_ok=True)
 
     def cut(self, text: str, after_bytes: int) -> None:
         """Cut the next call whose command contains text once it sent after_bytes of stdout."""

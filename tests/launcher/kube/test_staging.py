@@ -44,10 +44,15 @@ def archive(files: dict[str, str]) -> bytes:
 
 
 def staging(
-    tmp_path: Path, name: str, code: dict[str, str], requirements_sha: str = "r" * 64, run: str = ""
+    tmp_path: Path,
+    name: str,
+    code: dict[str, str],
+    requirements_sha: str = "r" * 64,
+    run: str = "",
+    stale: tuple[str, ...] = (),
 ) -> subprocess.Popen:
-    """The staging script of `code` (for run), started over tmp_path/claim (the claim) with its ConfigMap in
-    tmp_path/<name>."""
+    """The staging script of `code` (for run, removing stale), started over tmp_path/claim (the claim) with
+    its ConfigMap in tmp_path/<name>."""
     claim, stage_dir, bin_dir = tmp_path / "claim", tmp_path / name, tmp_path / "bin"
     for d in (claim, stage_dir, bin_dir):
         d.mkdir(exist_ok=True)
@@ -56,7 +61,7 @@ def staging(
     (stage_dir / "code.tar.gz").write_bytes(archive(code))
     (stage_dir / "requirements.txt").write_text("torch==2.13.0\n")
     code_sha = volume.digest_of({k: v.encode() for k, v in code.items()})
-    text = volume.staging_script(requirements_sha, code_sha, {}, run=run)
+    text = volume.staging_script(requirements_sha, code_sha, {}, run=run, stale=stale)
     text = text.replace(volume.STAGE_DIR, str(stage_dir)).replace(MOUNT_PATH, str(claim))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     return subprocess.Popen(["sh", "-c", text], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -99,6 +104,17 @@ def test_two_first_stagings_at_once_leave_one_complete_copy(tmp_path):
     pip_args = (store / f"venv-{'r' * 64}" / "pip-args").read_text().split()
     assert pip_args[-2] == "-r" and pip_args[-1] in (f"{tmp_path}/{n}/requirements.txt" for n in ("one", "two"))
     assert (store / f"code-{code_sha(code)}" / "model/data.py").read_text() == "Y = 2\n"
+
+
+def test_staging_removes_the_last_runs_state_and_keeps_the_rest_of_its_record(tmp_path):
+    record = tmp_path / "claim" / "runs" / "r" / "supervisor"
+    record.mkdir(parents=True)
+    for name in ("supervisor.json", "events.jsonl", "train.log"):
+        (record / name).write_text("{}\n")
+    stale = f"{MOUNT_PATH}/runs/r/supervisor/supervisor.json"
+    finished(staging(tmp_path, "a", {"model/train.py": ""}, run="r", stale=(stale,)))
+    assert sorted(p.name for p in record.iterdir()) == ["events.jsonl", "train.log"]
+    finished(staging(tmp_path, "b", {"model/train.py": ""}, run="r", stale=(stale,)))  # none there: no error
 
 
 def test_the_old_layout_is_moved_into_the_store(tmp_path):

@@ -21,8 +21,10 @@ import pytest
 
 from launcher.kube import objects, supervisor, transient
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN
+from launcher.launch.supervisor import ENDED, SupervisorState, write_state
 from tests.launcher.kube.fake import NAMESPACE, training_launch
 from tests.launcher.kube.pod_security import violations
+from tests.launcher.kube.supervisor_stub import START_DELAY_ENV
 from tests.launcher.kube.test_schemas import GKE_REGULAR
 
 STARTS_OVER = "interrupted (before its first snapshot: a rerun starts from the beginning)"
@@ -387,6 +389,32 @@ def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
     store = ClaimRuns.__new__(ClaimRuns)
     store.api = SimpleNamespace(batch=batch, namespace="nanocluster")
     assert store.live() == {"a": ["supervisor Job c-a-supervisor"], "c": ["Job c-c"]}
+
+
+def test_a_run_trained_again_is_not_ended_by_the_last_runs_state_on_the_claim(
+    fake, contract_file, script, tmp_path, monkeypatch
+):
+    """The run's name trained again: the claim still holds the last run's ended supervisor.json, and the
+    new supervisor pod runs seconds before its process writes its own (a venv read from a network
+    volume). The front end follows the new run to its end: it never prints the last run's end, nor
+    deletes the new Job for it."""
+    fake.seed()
+    script.run_ticks = 20
+    claim_record = fake.pod_exec.claim / "runs" / "again" / "supervisor" / "clusters" / "fake" / "runs" / "again"
+    claim_record.mkdir(parents=True)
+    write_state(claim_record, SupervisorState(1, ENDED, exit_code=0, line="done in 9 s (the last run)"))
+    monkeypatch.setenv(START_DELAY_ENV, "4")  # the supervisor pod's process, not this test's front end
+    home = tmp_path / "home"
+    out = tmp_path / "train.out"
+    cluster = ["--cluster", str(contract_file), "--run", "again"]
+    train = front_end(home, "train", *cluster, "--nodes", "2", "--set", "max_iters=4", out=out)
+    assert exit_code(train, out, fake) == 0, out.read_text() + fake.processes.output()
+    text = out.read_text()
+    assert "the last run" not in text, text
+    assert text.strip().splitlines()[-1].startswith("done in "), text
+    record = home / "clusters" / "fake" / "runs" / "again"
+    assert [e["event"] for e in events(record)] == ["launch", "end"], events(record)
+    assert events(record)[-1]["outcome"] == "finished"
 
 
 def test_a_supervisor_job_deleted_mid_run_ends_the_front_end_with_the_way_back(fake, contract_file, script, tmp_path):
