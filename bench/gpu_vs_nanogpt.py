@@ -71,6 +71,7 @@ from bench.vs_nanogpt import (  # noqa: E402
     trainer_overrides,
 )
 from model.gpt.model import GPT, GPTConfig  # noqa: E402
+from model.monitoring.mfu import datasheet_peak  # noqa: E402
 from model.tokenizer import VOCAB_SIZE  # noqa: E402
 
 BLOCK, LAYERS, HEADS, WIDTH = 1024, 12, 12, 768
@@ -101,8 +102,9 @@ def main() -> None:
     parser.add_argument(
         "--peak-tflops",
         type=float,
-        default=H100_SXM_BF16_PEAK_TFLOPS,
-        help=f"the GPU's dense bf16 peak MFU is against (default {H100_SXM_BF16_PEAK_TFLOPS:g}, H100 SXM)",
+        default=None,
+        help="the GPU's dense bf16 peak MFU is against (default: the trainer's data sheet table for this GPU, "
+        f"model/monitoring/mfu.py; {H100_SXM_BF16_PEAK_TFLOPS:g}, an H100 SXM's, for a GPU not in it)",
     )
     parser.add_argument(
         "--timeout", type=float, default=600, help="seconds a program may take to compile, and again to take its steps"
@@ -151,7 +153,7 @@ def main() -> None:
     malformed = [setting for setting in args.settings if "=" not in setting.strip("=")]
     if malformed:
         parser.error(f"--set {malformed[0]}: give KEY=VALUE, a trainer setting such as cuda_graphs=false")
-    if min(args.rounds, args.steps, args.warmup, args.batch_size, args.ahead) < 1 or args.peak_tflops <= 0:
+    if min(args.rounds, args.steps, args.warmup, args.batch_size, args.ahead) < 1 or (args.peak_tflops or 1) <= 0:
         parser.error("--rounds, --steps, --warmup, --batch-size, --ahead and --peak-tflops must be positive")
     if args.deadline is not None and args.deadline <= 0:
         parser.error(f"--deadline {args.deadline:g}: give the seconds the whole comparison may take, more than 0")
@@ -162,11 +164,30 @@ def main() -> None:
             "(bench/vs_nanogpt.py compares on the CPU)"
         )
 
+    gpu = torch.cuda.get_device_name(0)
+    print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
+    args.peak_tflops, note = peak_tflops(gpu, args.peak_tflops)
+    if note:
+        print(note)
     with tempfile.TemporaryDirectory(prefix="gpu-vs-nanogpt-") as work:
-        compare(args, Path(work))
+        compare(args, gpu, Path(work))
 
 
-def compare(args: argparse.Namespace, work: Path) -> None:
+def peak_tflops(gpu: str, given: float | None) -> tuple[float, str | None]:
+    """MFU's peak: --peak-tflops when given, else the trainer's data sheet figure for the GPU (the one its
+    own MFU uses), else an H100 SXM's with a note saying so."""
+    if given is not None:
+        return given, None
+    sheet = datasheet_peak(gpu, torch.bfloat16)
+    if sheet is not None:
+        return sheet / 1e12, None
+    return H100_SXM_BF16_PEAK_TFLOPS, (
+        f"note: {gpu} is not in the data sheet table: MFU is against an H100 SXM's "
+        f"{H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s (--peak-tflops sets it)"
+    )
+
+
+def compare(args: argparse.Namespace, gpu: str, work: Path) -> None:
     data = synthetic_tokens(work, SYNTHETIC_TOKENS)
     shape = gpt2_small_run(args.batch_size)
     nanogpt = Program(
@@ -212,10 +233,6 @@ def compare(args: argparse.Namespace, work: Path) -> None:
     if args.shape:
         programs.append(nanogpt_in_gpt2_shape(nanogpt, data, work))
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    gpu = torch.cuda.get_device_name(0)
-    print(f"GPU: {gpu}; torch {torch.__version__}, CUDA {torch.version.cuda}")
-    if "H100" not in gpu and args.peak_tflops == H100_SXM_BF16_PEAK_TFLOPS:
-        print(f"note: MFU is against an H100 SXM's {H100_SXM_BF16_PEAK_TFLOPS:g} TFLOP/s; pass --peak-tflops for {gpu}")
     measure_rounds(programs, args, env)
     programs = [program for program in programs if program.steps_ms]
 

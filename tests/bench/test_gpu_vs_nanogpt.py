@@ -42,7 +42,7 @@ def compare(
         nanogpt=tmp_path, rounds=rounds, steps=3, warmup=1, batch_size=12, peak_tflops=989.0, timeout=100,
         diagnose=True, variants=variants, settings=settings, shape=False, deadline=deadline, ahead=ahead,
     )  # fmt: skip
-    gpu_vs_nanogpt.compare(args, tmp_path)
+    gpu_vs_nanogpt.compare(args, "NVIDIA H100 80GB HBM3", tmp_path)
 
 
 def test_a_combined_variant_changes_both_choices_and_every_trainer_run_gets_the_settings(
@@ -111,3 +111,11 @@ def test_an_unknown_variant_or_a_setting_without_a_value_is_refused_in_one_line(
             gpu_vs_nanogpt.main()
         assert refused.value.code == 2
         assert says in capsys.readouterr().err
+
+
+def test_mfu_is_against_the_gpus_data_sheet_peak_or_says_which_it_is_against():
+    assert gpu_vs_nanogpt.peak_tflops("NVIDIA H200", None) == (pytest.approx(989.4), None)
+    assert gpu_vs_nanogpt.peak_tflops("NVIDIA A100-SXM4-80GB", None) == (pytest.approx(312.0), None)
+    assert gpu_vs_nanogpt.peak_tflops("NVIDIA A100-SXM4-80GB", 300.0) == (300.0, None)
+    peak, note = gpu_vs_nanogpt.peak_tflops("NVIDIA L40S", None)
+    assert peak == 989.0 and note is not None and "NVIDIA L40S is not in the data sheet table" in note
