@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-# Dense (no structured sparsity) peak TFLOP/s from NVIDIA's data sheets, as of 2024-06: H100 (SXM5 and
-# PCIe, "H100 Tensor Core GPU" datasheet), H200 (SXM and NVL: the H100's compute with more memory), A100
+# Dense (no structured sparsity) peak TFLOP/s from NVIDIA's data sheets, as of 2024-06: H100 (SXM5, PCIe
+# and NVL, "H100 Tensor Core GPU" datasheet), H200 (SXM and NVL: the H100's compute with more memory), A100
 # (40/80 GB, SXM and PCIe alike), L4, T4 and V100 (SXM2; PCIe in its own row) data sheets; A10G from
 # AWS's G5 instance page (NVIDIA publishes no A10G sheet). Columns: "16" = bf16/fp16 tensor cores,
 # "tf32" = fp32 matmuls on TF32 tensor cores, "fp32" = plain fp32. Sheets print sparse figures too:
@@ -26,6 +26,7 @@ import torch
 # aside), so the more specific pattern comes first.
 GPU_DENSE_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"H100.*PCIe", {"16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    (r"H100.*NVL", {"16": 835.5, "tf32": 417.5, "fp32": 60.0}),
     (r"H100", {"16": 989.4, "tf32": 494.7, "fp32": 66.9}),
     (r"H200.*NVL", {"16": 835.5, "tf32": 417.5, "fp32": 60.0}),
     (r"H200", {"16": 989.4, "tf32": 494.7, "fp32": 66.9}),

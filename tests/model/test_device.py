@@ -244,6 +244,8 @@ def test_a_config_forcing_cuda_graphs_where_they_cannot_apply_is_refused_before_
         ("Tesla V100-PCIE-16GB", torch.float16, False, 112.0),
         ("Tesla V100-PCIE-32GB", torch.float32, False, 14.0),
         ("NVIDIA A10G", torch.bfloat16, True, 70.0),
+        ("NVIDIA H100 NVL", torch.bfloat16, True, 835.5),
+        ("NVIDIA H100 NVL", torch.float32, True, 417.5),
         ("NVIDIA H200", torch.bfloat16, True, 989.4),
         ("NVIDIA H200 NVL", torch.bfloat16, True, 835.5),
         ("NVIDIA H200", torch.float32, True, 494.7),

@@ -28,8 +28,10 @@ from safetensors.torch import load_file
 from model.checkpointing.checkpoint import load_model
 from model.checkpointing.hf import SAFETENSORS_FILE, load_pretrained
 from model.export import export_model
+from model.gpt.memory_estimate import CUDA_CONTEXT_GB, GB, SAFETY, estimate_rank_memory
 from model.monitoring.metrics import TIMING_FIELDS, read_jsonl
 from model.sample import load_for_sampling, sample_text, sampling_device
+from model.settings.config import load_config
 from model.tokenizer import VOCAB_SIZE, TokenizerUnavailable, gpt2_encoding
 from tests.model.conftest import PYTHON, REPO, TINY_RUN, rank_env, write_tokens
 from tests.model.small_vocab import small_vocab_run
@@ -189,6 +191,37 @@ def test_a_scratch_run_on_the_gpu_has_finite_losses_and_records_peak_gpu_memory(
     assert all(math.isfinite(r["val_loss"]) for r in records if r["kind"] == "eval")
     peaks = [r.get(PEAK_GPU_MEMORY_FIELD) for r in train_records]
     assert all(isinstance(p, (int, float)) and p > 0 for p in peaks), peaks
+
+
+def test_the_fit_checks_gpu_memory_estimate_covers_what_a_gpt2_small_step_allocates(tmp_path):
+    """The launcher refuses a run whose estimate exceeds its GPU's memory (launcher.launch.fit): an
+    estimate below what a step allocates would let a run start and die of CUDA OOM minutes in. GPT-2
+    small at block 1024, uncompiled (compiling would take the check's time; the estimate adds an
+    allowance for it); the estimate less its CUDA context allowance must cover the allocator's peak."""
+    rng = np.random.default_rng(0)
+    data = write_tokens(tmp_path / "data", rng.integers(0, VOCAB_SIZE, 40_000), rng.integers(0, VOCAB_SIZE, 12_000))
+    settings = [
+        "init_from=scratch",
+        "model.n_layer=12",
+        "model.n_head=12",
+        "model.n_embd=768",
+        "block_size=1024",
+        "batch_size=8",
+        "compile=false",
+        "max_iters=3",
+        "eval_iters=1",
+        "log_interval=1",
+        "peak_flops=1e14",
+    ]
+    out = tmp_path / "out"
+    train(*settings, f"data_dir={data}", f"out_dir={out}")
+    peaks = [r[PEAK_GPU_MEMORY_FIELD] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(peaks) == 3, peaks
+    estimate = estimate_rank_memory(load_config(None, settings), 1, rank0=True, one_host=True, device="cuda")
+    assert estimate is not None
+    covered = estimate.total - CUDA_CONTEXT_GB * GB * SAFETY
+    print(f"GPT-2 small, batch 8: allocated peak {max(peaks) * 2**30 / GB:.2f} GB; estimate {estimate.describe()}")
+    assert max(peaks) * 2**30 <= covered, f"peak {max(peaks):.2f} GiB allocated; estimate {estimate.describe()}"
 
 
 def test_fp16_with_a_grad_scaler_trains(tmp_path, random_tokens):
