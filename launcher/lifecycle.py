@@ -8,6 +8,7 @@
               (launcher.recover.policy: --max-restarts; an OOM kill or a program error never),
               after the kind has brought its capacity back (lost nodes, fewer pods: --min-nodes);
               an operator's stop (`fab stop` from anywhere: the kind's stop_requested) never
+              restarts: it ends the run stopped, looked for before each attempt and once it started
     end       the record's end event (budget spent, iteration), then the done, stopped-at-budget,
               interrupted, stopped or failed line
 
