@@ -47,6 +47,7 @@ from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,
     STATE_NAME,
+    SUPERVISOR_HOME,
     SupervisorState,
     copy_part,
     interrupt,
@@ -64,9 +65,6 @@ from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME
 from launcher.transport import NodeError, Shell
 
-SUPERVISOR_HOME = "supervisor"
-"""Under the head's nanocluster root: the NANOCLUSTER_HOME of the supervisor there (its record
-directories and its cluster.json), apart from the nodes' runs/ and data/."""
 CONTRACT_NAME = "cluster.json"
 SYNC_STATE_NAME = ".head_sync.json"
 """In this machine's record directory: how far each of the head's files has been copied."""

@@ -32,7 +32,7 @@ from launcher.cluster.contract import load_cluster
 from launcher.cluster.inventory import Cluster, InventoryError, Node
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
-from launcher.launch.operator_stop import OperatorStopped
+from launcher.launch.operator_stop import OperatorStopped, stop_since
 from launcher.recover.policy import GlobalBatch, RecoverOptions, restart_cause
 from launcher.runs import budget
 from launcher.runs.estimate import already_finished, final_cost
@@ -454,8 +454,7 @@ class Lifecycle:
 
     def stop_since_asked(self) -> float | None:
         """When an operator's stop made since this `fab train` asked the run to end, else None."""
-        requested_at = self.kind.stop_requested()
-        return requested_at if requested_at is not None and requested_at >= (self.request.asked_at or 0.0) else None
+        return stop_since(self.kind.stop_requested(), self.request.asked_at)
 
     def stopped(self, requested_at: float | None, progress: Progress | None) -> NoReturn:
         """An operator's stop: record it (never a failure, never restarted) and raise OperatorStopped

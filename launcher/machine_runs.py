@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
+from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, lock_held
 from launcher.launch.units import with_identity
 from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun
 from launcher.runs.ledger import OUTCOMES
@@ -48,11 +49,9 @@ def list_command(root: str) -> str:
 
 def supervisor_held(root: str) -> str:
     """A shell test: run $r's supervisor on this node (the head, launcher.head_node) holds its lock, so
-    the run is live between its attempts too (a node without flock has no supervisor either)."""
-    return (
-        f'{{ command -v flock >/dev/null && for l in {root}/{SUPERVISED_RECORDS}/"$r"/supervisor.lock; do '
-        '[ -f "$l" ] && ! flock -n "$l" true && echo held; done; } | grep -q held'
-    )
+    the run is live between its attempts too."""
+    held = lock_held('"$l"')
+    return f'{{ for l in {root}/{SUPERVISED_RECORDS}/"$r"/{LOCK_NAME}; do {held} && echo held; done; }} | grep -q held'
 
 
 def revival_wanted(root: str) -> str:
@@ -63,8 +62,8 @@ def revival_wanted(root: str) -> str:
 
 REVIVAL_WORD = "reviving"
 """The state word list_command gives a run whose supervisor waits for a revival."""
-SUPERVISED_RECORDS = "supervisor/clusters/*/runs"
-"""Under a node's root: the records a supervisor on the head keeps (launcher.head_node's SUPERVISOR_HOME)."""
+SUPERVISED_RECORDS = f"{SUPERVISOR_HOME}/{RECORDS}"
+"""Under a node's root: the records a supervisor on the head keeps."""
 
 
 def delete_command(root: str, runs: Sequence[str]) -> str:

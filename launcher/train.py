@@ -25,7 +25,7 @@ from launcher.console import TaskError, command_line, out_line, say
 from launcher.head_node import HeadNode
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
-from launcher.launch.operator_stop import STOP_REQUEST_NAME
+from launcher.launch.operator_stop import STOP_REQUEST_NAME, stop_since
 from launcher.launch.plan import LaunchPlan, NodeFacts
 from launcher.launch.start import (
     check_data_on_head,
@@ -58,7 +58,7 @@ class MachinesRun:
         self.request, self.cluster, self.nodes = request, cluster, nodes
         attach = command_line("attach", cluster=request.cluster_spec, run=request.run)
         self.revival = (
-            AskTheFrontEnd(request.recover, request.rerun_command, attach, node_answers, self.stop_requested)
+            AskTheFrontEnd(request.recover, request.rerun_command, attach, node_answers, self.stop_since_asked)
             if ask_to_revive
             else None
         )
@@ -139,6 +139,7 @@ class MachinesRun:
             revive=revive if revival is None else revival,
             awaited=lambda: 0.0 if revival is None else revival.awaited_s,
             batch=prepared.global_batch,
+            stop_requested=self.stop_since_asked,
         )
         # Before anything starts or is written: the fit, then the data (unless the head has no node
         # Python yet to report it: start() sets the node up first, then place_data checks it).
@@ -196,6 +197,10 @@ class MachinesRun:
             return float(answer.stdout.split()[0]) if answer.ok and answer.stdout.strip() else None
         except ValueError:
             return None
+
+    def stop_since_asked(self) -> float | None:
+        """An operator's stop made since this `fab train` (what ends a wait for lost nodes), else None."""
+        return stop_since(self.stop_requested(), self.request.asked_at)
 
     def unretryable(self, error: RunFailed) -> str | None:
         oom = find_oom_kill(self.session, error.failure)

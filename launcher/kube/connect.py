@@ -2,7 +2,8 @@
 ReadWriteMany storage class and the claim, created on a `kubeconfig:PATH` cluster, which also gets its
 machine facts from its nodes: launcher.kube.nodes; a contract's cluster, a stack, must have them),
 delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks
-from, and an operator's stop request (a ConfigMap the run's deletion leaves: launcher.launch.operator_stop)."""
+from (a training Job, or a supervisor Job between attempts), and an operator's stop request (a
+ConfigMap the run's deletion leaves: launcher.launch.operator_stop)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from kubernetes import client
-from kubernetes.client import V1ConfigMap, V1Job, V1Pod, V1Service
+from kubernetes.client import V1ConfigMap, V1DeleteOptions, V1Job, V1Pod, V1Preconditions, V1Service
 from kubernetes.client.exceptions import ApiException
 
 from launcher.cluster.inventory import Cluster
@@ -20,6 +21,7 @@ from launcher.console import TaskError, say
 from launcher.kube import volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.nodes import with_node_facts
+from launcher.kube.objects import LABEL_SUPERVISES
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
 from launcher.session import resolve_cluster
 
@@ -174,41 +176,88 @@ def stop_request_name(cluster: Cluster, run: str) -> str:
 
 def request_stop(api: Api, cluster: Cluster, run: str) -> None:
     """Leave the operator's stop request for the run's attached `fab train` (before any pod is stopped)."""
+    name = stop_request_name(cluster, run)
     body = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": stop_request_name(cluster, run), "labels": {LABEL_APP: APP, LABEL_RUN: run}},
+        "metadata": {"name": name, "labels": {LABEL_APP: APP, LABEL_RUN: run}},
         "data": {STOP_REQUEST_KEY: f"{time.time():.3f}"},
     }
-    clear_stop_request(api, cluster, run)
+    _delete(api.core.delete_namespaced_config_map, name, api.namespace)  # an earlier stop's
     with calling(f"recording the stop of run {run}"):
-        api.core.create_namespaced_config_map(api.namespace, V1ConfigMap.model_validate(body))
+        try:
+            api.core.create_namespaced_config_map(api.namespace, V1ConfigMap.model_validate(body))
+        except ApiException as e:
+            if e.status != 409:  # 409: another `fab stop` made its request since: that one stands
+                raise
 
 
-def stop_requested(api: Api, cluster: Cluster, run: str) -> float | None:
-    """When `fab stop` asked the run to end (Unix time), or None."""
+def read_stop_request(api: Api, cluster: Cluster, run: str) -> V1ConfigMap | None:
+    """The run's stop request ConfigMap, or None."""
     try:
-        found = api.core.read_namespaced_config_map(stop_request_name(cluster, run), api.namespace)
+        return api.core.read_namespaced_config_map(stop_request_name(cluster, run), api.namespace)
     except ApiException as e:
         if e.status == 404:
             return None
         raise TaskError(f"reading run {run}'s stop request: the API server answered {e.status} {e.reason}") from None
+
+
+def requested_time(request: V1ConfigMap | None) -> float | None:
+    """When the stop request was asked (Unix time), or None."""
     try:
-        return float((found.data or {})[STOP_REQUEST_KEY])
+        return float((request.data or {})[STOP_REQUEST_KEY]) if request is not None else None
     except (KeyError, ValueError):
         return None
 
 
+def stop_requested(api: Api, cluster: Cluster, run: str) -> float | None:
+    """When `fab stop` asked the run to end (Unix time), or None."""
+    return requested_time(read_stop_request(api, cluster, run))
+
+
 def clear_stop_request(api: Api, cluster: Cluster, run: str, before: float | None = None) -> None:
     """Remove an earlier stop request (each attempt's start: a stopped run continues with the same
-    train): one made before `before` (a newer one stops this run: kept), or any with None."""
-    if (
-        before is not None
-        and (requested_at := stop_requested(api, cluster, run)) is not None
-        and requested_at >= before
-    ):
+    train): one made before `before` (a newer one stops this run: kept), or any with None.
+
+    The request read is the one deleted (preconditions: its uid and resourceVersion): one that a
+    `fab stop` made in between is newer, and the API server refuses its deletion (409): kept."""
+    if before is None:
+        _delete(api.core.delete_namespaced_config_map, stop_request_name(cluster, run), api.namespace)
         return
-    _delete(api.core.delete_namespaced_config_map, stop_request_name(cluster, run), api.namespace)
+    request = read_stop_request(api, cluster, run)
+    requested_at = requested_time(request)
+    if request is None or (requested_at is not None and requested_at >= before):
+        return
+    meta = request.metadata
+    read = V1Preconditions(uid=meta.uid, resource_version=meta.resource_version) if meta else None
+    try:
+        api.core.delete_namespaced_config_map(
+            stop_request_name(cluster, run), api.namespace, body=V1DeleteOptions(preconditions=read)
+        )
+    except ApiException as e:
+        if e.status not in (404, 409):  # gone already, or replaced by a newer request: kept
+            raise TaskError(
+                f"deleting run {run}'s earlier stop request: the API server answered {e.status} {e.reason}"
+            ) from None
+
+
+def is_live(job: V1Job) -> bool:
+    """Neither ended (Complete, Failed) nor being deleted."""
+    conditions = (job.status.conditions or []) if job.status else []
+    ended = any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
+    return not ended and not (job.metadata and job.metadata.deletion_timestamp)
+
+
+def supervised_runs(api: Api) -> dict[str, str]:
+    """The runs whose supervisor Job is live, each with its Job's name: live between their attempts
+    too, when they have no training Job (launcher.kube.supervisor)."""
+    with calling("listing the supervisor Jobs"):
+        jobs = api.batch.list_namespaced_job(api.namespace, label_selector=LABEL_SUPERVISES).items
+    return {
+        labels_of(job)[LABEL_SUPERVISES]: name_of(job)
+        for job in jobs
+        if LABEL_SUPERVISES in labels_of(job) and is_live(job)
+    }
 
 
 def live_runs(api: Api) -> list[str]:

@@ -26,7 +26,9 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
               the front end's first step (attach's reads and first copy, train's Job creation) and
               handed over once the supervisor's Job is known live
     stop      unchanged (launcher.kube.tasks.stop): its request and the training Job's deletion
-              reach the supervisor's watch, which ends the run "stopped", never restarted
+              reach the supervisor's watch, which ends the run "stopped", never restarted; with no
+              training Job (between attempts) the live supervisor Job makes the run live to `stop`,
+              and the request alone ends it before the next attempt
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before (launcher.kube.train.train).
@@ -67,7 +69,7 @@ from launcher.kube import objects, pod_spec, volume
 from launcher.kube import tasks as kube_tasks
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, name_of
-from launcher.kube.connect import connect, open_cluster
+from launcher.kube.connect import connect, is_live, open_cluster
 from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
@@ -436,7 +438,7 @@ def train(request: TrainRequest) -> int:
     supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
     with calling(f"reading the supervisor Job {supervisor.job}"):
         existing = supervisor.read()
-    if existing is not None and kube_train.is_live(existing):
+    if existing is not None and is_live(existing):
         pod = supervisor.running_pod()
         if pod is None or not supervisor.sync(pod) or supervisor.ended_state() is None:
             raise live_refusal(supervisor, request.cluster_spec, request.run)
@@ -491,7 +493,7 @@ def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
         pod = supervisor.running_pod()
         if pod is not None:
             supervisor.sync(pod)
-        elif not kube_train.is_live(job):
+        elif not is_live(job):
             supervisor.copy_ended()
     log = supervisor.record.made() / LOG_NAME
     state = supervisor.ended_state()

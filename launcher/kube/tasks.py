@@ -32,7 +32,14 @@ from launcher.console import (
 )
 from launcher.kube import streams, volume
 from launcher.kube.api import Api, calling, name_of
-from launcher.kube.connect import delete_run_objects, live_runs, open_cluster, request_stop, run_objects
+from launcher.kube.connect import (
+    delete_run_objects,
+    live_runs,
+    open_cluster,
+    request_stop,
+    run_objects,
+    supervised_runs,
+)
 from launcher.kube.jobs import (
     access_of,
     exit_code,
@@ -43,7 +50,7 @@ from launcher.kube.pod_spec import CONTAINER, job_name
 from launcher.kube.pod_start import disruption, unschedulable, waiting
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
-from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop
+from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop, supervisor_stops_line
 from launcher.launch.status import RELAUNCH_POLL_S, RELAUNCH_QUIET_S, await_relaunch
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
@@ -293,14 +300,21 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
     """An operator's stop of the run (--run, else the one live run): its request left first, then its
     Job and Service deleted (every pod gets SIGTERM: it snapshots and exits); the attached `fab train`
     ends it "stopped" (launcher.launch.operator_stop)."""
+    if run is not None:
+        check_name(run, "run")
     api, cluster = open_cluster(cluster_spec, making_pods=False)
-    live = live_runs(api)
+    supervised = supervised_runs(api)
+    live = sorted(set(live_runs(api)) | set(supervised))
     chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
     if chosen is None:
         say(nothing_running_line(cluster.cluster_name))
         return 0
     request_stop(api, cluster, chosen)  # before any pod is signalled: the attached train reads it
-    if not delete_run_objects(api, chosen):
+    if delete_run_objects(api, chosen):
+        return 0
+    if chosen in supervised:  # between attempts: the request alone ends the run
+        say(supervisor_stops_line(chosen, f"(Job {supervised[chosen]})"))
+    else:
         say(not_running_line(chosen, live))
     return 0
 

@@ -27,7 +27,14 @@ from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, command_line, out_line, say
 from launcher.kube import objects, pod_placement, pod_spec
 from launcher.kube.api import Api, calling, name_of
-from launcher.kube.connect import clear_stop_request, connect, delete_run_objects, run_objects, stop_requested
+from launcher.kube.connect import (
+    clear_stop_request,
+    connect,
+    delete_run_objects,
+    is_live,
+    run_objects,
+    stop_requested,
+)
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.data_check import unusable_data
@@ -349,13 +356,6 @@ class KubeRun:
 
     def close(self) -> None:
         pass
-
-
-def is_live(job: V1Job) -> bool:
-    """Neither ended (Complete, Failed) nor being deleted."""
-    conditions = (job.status.conditions or []) if job.status else []
-    ended = any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
-    return not ended and not (job.metadata and job.metadata.deletion_timestamp)
 
 
 def train(request: TrainRequest) -> int:

@@ -12,9 +12,13 @@ removes a request older than the `fab train` that started the run (TrainRequest.
 stopped run continues with the same train command; a newer one stops the run even before or while its
 first attempt starts (the lifecycle looks before each attempt and once it has started).
 
-Which run: --run names it; without --run, the one live run on the cluster (a run is live while one
-of its units runs, as its identity record verifies: launcher.launch.units.live_runs), or a refusal
-naming the live runs when there are several.
+Which run: --run names it; without --run, the one live run on the cluster, or a refusal naming the
+live runs when there are several. A run is live while one of its units runs, as its identity record
+verifies (launcher.launch.units.live_runs; on Kubernetes, its training Job), and also while its
+supervisor lives with no rank running: before its first attempt, or between two while it waits for
+a lost node (its lock held: launcher.launch.units.supervised_runs; on Kubernetes, its supervisor Job).
+There the request alone stops it: the supervisor reads it before each attempt and while it waits,
+and ends the run "stopped" instead of starting the next attempt (supervisor_stops_line).
 """
 
 from __future__ import annotations
@@ -51,6 +55,21 @@ def run_to_stop(run: str | None, live: Sequence[str], cluster_spec: str | None, 
         fix = f"{command_line('stop', cluster=cluster_spec)} --run {shlex.quote(sorted(live)[0])}"
         raise TaskError(f"{len(live)} runs are running on {where}: {names}; name the one to stop, e.g. `{fix}`")
     return live[0] if live else None
+
+
+def stop_since(requested_at: float | None, asked_at: float | None) -> float | None:
+    """requested_at when it is a stop made since the `fab train` asked at asked_at (the one that stops
+    the run), else None: an older request is an earlier run's."""
+    return requested_at if requested_at is not None and requested_at >= (asked_at or 0.0) else None
+
+
+def supervisor_stops_line(run: str, where: str) -> str:
+    """What `fab stop` says of a run with no rank running now whose supervisor is live (where: e.g.
+    "on node0"): the request it left ends the run."""
+    return (
+        f'run {run}: no rank is running now; its supervisor {where} ends the run "stopped" instead of '
+        "starting its next attempt"
+    )
 
 
 def nothing_running_line(where: str) -> str:

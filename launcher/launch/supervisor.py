@@ -37,6 +37,13 @@ KILLED = "it was killed, or its machine restarted"
 
 LOCK_NAME = "supervisor.lock"
 """Held (flock) by the run's live supervisor, in the run's record directory."""
+SUPERVISOR_HOME = "supervisor"
+"""Under the head's node root: the NANOCLUSTER_HOME of a run's supervisor there (launcher.head_node),
+apart from the nodes' runs/ and data/. The local cluster's supervisor runs on this machine, whose home
+is the local cluster's node root itself."""
+RECORDS = "clusters/*/runs"
+"""Under a supervisor's home: its runs' record directories (launcher.cluster.local.clusters_root), each
+holding LOCK_NAME while the run's supervisor lives."""
 STATE_NAME = "supervisor.json"
 """The supervisor's pid, phase and end, in the run's record directory."""
 STARTING, ENDED = "starting", "ended"
@@ -123,6 +130,12 @@ def is_live(directory: Path) -> bool:
     finally:
         os.close(fd)  # releases the lock this check took, if it took it
     return False
+
+
+def lock_held(lock: str) -> str:
+    """A shell test: the lock file (a shell word) is held by a live supervisor, as is_live sees it (a
+    node without flock has no supervisor either)."""
+    return f"{{ [ -f {lock} ] && command -v flock >/dev/null && ! flock -n {lock} true; }}"
 
 
 def interrupt(directory: Path) -> bool:

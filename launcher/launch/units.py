@@ -51,8 +51,15 @@ import time
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
-from launcher.console import TaskError, command_line, out_line, say
-from launcher.launch.operator_stop import STOP_REQUEST_NAME, not_running_line, nothing_running_line, run_to_stop
+from launcher.console import TaskError, check_name, command_line, out_line, say
+from launcher.launch.operator_stop import (
+    STOP_REQUEST_NAME,
+    not_running_line,
+    nothing_running_line,
+    run_to_stop,
+    supervisor_stops_line,
+)
+from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, lock_held
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
 from launcher.transport.ssh import install_ssh_command
@@ -92,11 +99,41 @@ def forget_other_units(units: list[str]) -> str:
 
 def clear_stale_stop(before: float | None) -> str:
     """Shell removing an operator's stop request made before `before` (an older stop no longer applies:
-    a stopped run continues with the same train command), or any with None."""
+    a stopped run continues with the same train command), or any with None.
+
+    Never a newer one, even one `fab stop` writes while this runs: the request is first taken aside
+    with one rename (a stop written after it is a new file, left alone), read there, and put back
+    only where no newer request took its place (mv -n), else removed."""
     if before is None:
         return f"rm -f {STOP_REQUEST_NAME}"
-    newer = f"awk -v t={before!r} '{{ if ($1 + 0 >= t) keep = 1 }} END {{ exit !keep }}' {STOP_REQUEST_NAME}"
-    return f"if ! {newer} 2>/dev/null; then rm -f {STOP_REQUEST_NAME}; fi"
+    taken = f".{STOP_REQUEST_NAME}.checking.$$"
+    newer = f"awk -v t={before!r} '{{ if ($1 + 0 >= t) keep = 1 }} END {{ exit !keep }}' {taken}"
+    return (
+        f"if mv {STOP_REQUEST_NAME} {taken} 2>/dev/null; then "
+        f"if {newer} 2>/dev/null; then mv -n {taken} {STOP_REQUEST_NAME} 2>/dev/null || true; fi; "
+        f"rm -f {taken}; fi"
+    )
+
+
+def write_stop_request() -> str:
+    """Shell writing the operator's stop request in the current directory: the operator's clock, as
+    `fab train`'s asked_at is (a node's may be off), which decides which run a stop is for. Written
+    aside and renamed into place, so a reader never sees it empty or half written."""
+    written = f".{STOP_REQUEST_NAME}.$$"
+    return f"echo {time.time():.6f} > {written} && mv -f {written} {STOP_REQUEST_NAME}"
+
+
+def supervisor_locks(root: str, run: str) -> str:
+    """The lock files (shell words; run may be a glob) the run's live supervisor holds on this node:
+    the head's, under its supervisor home, or the local cluster's, on this machine, whose home is
+    the node root."""
+    return " ".join(f"{root}/{home}{RECORDS}/{run}/{LOCK_NAME}" for home in ("", f"{SUPERVISOR_HOME}/"))
+
+
+def supervised_test(root: str, run: str) -> str:
+    """A shell test: the run's supervisor on this node holds its lock (live, whether or not a rank runs)."""
+    held = lock_held('"$l"')
+    return f'{{ found=; for l in {supervisor_locks(root, run)}; do {held} && found=1; done; [ -n "$found" ]; }}'
 
 
 def start_command(
@@ -172,11 +209,17 @@ def stop_command(root: str, run: str, operator: bool = False) -> str:
     as a process group id, so while any member lives the group is the unit's."""
     directory = run_dir(root, run)
     ticks = STOP_GRACE_S * 5
-    # The operator's clock, as `fab train`'s asked_at is (a node's may be off): which run a stop is for.
-    request = f"echo {time.time():.6f} > {STOP_REQUEST_NAME}; " if operator else ""
+    enter = f"cd {directory} 2>/dev/null || exit 0; "
+    if operator:
+        # Before its first attempt the run directory is not there yet: made for the request only where
+        # the run's supervisor lives (it reads the request there), never for a name nothing runs under.
+        enter = (
+            f"if ! cd {directory} 2>/dev/null; then {supervised_test(root, run)} || exit 0; "
+            f"mkdir -p {directory} && cd {directory} || exit 0; fi; {write_stop_request()}; "
+        )
     report = f'echo "{STOPPED_PREFIX}$units"; ' if operator else ""
     return with_identity(
-        f"cd {directory} 2>/dev/null || exit 0; {request}units=; "
+        f"{enter}units=; "
         'for f in *.pid; do [ -f "$f" ] || continue; nc_unit "${f%.pid}" && units="$units ${f%.pid}"; done; '
         f'[ -n "$units" ] || exit 0; {report}'
         'held() { { nc_unit "$1" || [ "$nc_state" = gone ]; } && kill -0 -"$nc_pid" 2>/dev/null; }; '
@@ -239,6 +282,13 @@ def live_runs_command(root: str) -> str:
     )
 
 
+def supervised_runs_command(root: str) -> str:
+    """The runs whose supervisor on this node holds its lock, one name a line: live with no rank
+    running too (before their first attempt, or between two)."""
+    held = lock_held('"$l"')
+    return f'for l in {supervisor_locks(root, "*")}; do {held} || continue; d=${{l%/*}}; echo "${{d##*/}}"; done'
+
+
 BOOT_ID_ENV = "NANOCLUSTER_BOOT_ID_FILE"
 """Test seam: the file read instead of /proc/sys/kernel/random/boot_id."""
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -296,6 +346,15 @@ def live_runs(session: Session) -> list[str]:
     return sorted({name for out in found for name in out.split()})
 
 
+def supervised_runs(session: Session) -> dict[str, Node]:
+    """The runs whose supervisor lives on a reachable machine (the head; this machine for the local
+    cluster), each with that machine: live between their attempts too, when no rank runs."""
+    found = session.run_everywhere(
+        session.hosts(), lambda n, shell: (n, shell.run(supervised_runs_command(shell.root)).stdout)
+    )
+    return {name: node for node, out in found for name in out.split()}
+
+
 def check_no_other_run(session: Session, run: str) -> None:
     """A TaskError when another run's units are live on these machines: the fit check counts one run's
     ranks, and two runs would share the cores, each slowing the other (several runs beside each other
@@ -318,9 +377,12 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
     reachable node, each rank after its snapshot; the attached `fab train` ends it "stopped" instead of
     restarting it (launcher.launch.operator_stop). 0 stopped or nothing to stop; 1 when a node could not
     be reached, or (without --run) several runs are live."""
+    if run is not None:
+        check_name(run, "run")
     cluster = resolve_cluster(cluster_spec, None)
     with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
-        live = live_runs(session)
+        supervised = supervised_runs(session)
+        live = sorted(set(live_runs(session)) | set(supervised))
         chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
         if chosen is None:
             say(nothing_running_line(cluster.cluster_name))
@@ -329,6 +391,9 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
             if stopped:
                 where = ", ".join(n.name for n in stopped)
                 say(f"run {chosen}: every rank stopped on {where} (each after its snapshot)")
+            elif chosen in supervised:
+                head = "on this machine" if cluster.is_local else f"on {supervised[chosen].name}"
+                say(supervisor_stops_line(chosen, head))
             else:
                 say(not_running_line(chosen, live))
         for error in session.unreachable.values():

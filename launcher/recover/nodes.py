@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.console import say
+from launcher.console import TaskError, say
 from launcher.launch.units import stop_units
 from launcher.recover.policy import (
     KEEP_GLOBAL_BATCH,
@@ -58,9 +58,13 @@ class NodeRecovery:
         revive: Callable[..., bool] = revive,
         awaited: Callable[[], float] = lambda: 0.0,
         batch: GlobalBatch | None = None,
+        stop_requested: Callable[[], float | None] = lambda: None,
     ):
         self.session, self.run_name, self.options = session, run, options
         self.resolve, self.revive, self.awaited = resolve, revive, awaited
+        self.stop_requested = stop_requested
+        """When an operator's stop made since this `fab train` asked the run to end, else None: it ends
+        the wait for lost nodes (the lifecycle then ends the run stopped)."""
         self.batch = batch
         """The run's global batch, which fixes the node counts it can go on with (None: any count)."""
         """revive: brings lost nodes back (here: `pulumi up`; on a stack's head node: asks the operator's
@@ -102,7 +106,7 @@ class NodeRecovery:
             by_index = {n.index: n for n in cluster.nodes}
             nodes, lost = tuple(by_index[n.index] for n in nodes), [by_index[n.index] for n in lost]
         left = max(0.0, options.recover_timeout_s - (time.monotonic() - started - self.awaited()))
-        outcome = wait_for_nodes(lost, lambda node: node_answers(cluster, node), left, say)
+        outcome = wait_for_nodes(lost, lambda node: node_answers(cluster, node), left, say, self.stop_requested)
         kept = nodes_to_resume_on(nodes, outcome.still_lost, options.min_nodes, options.recover_timeout_s, self.batch)
         answering = tuple(n for n in nodes if n.index not in outcome.still_lost)
         dropped = tuple(n for n in nodes if n not in kept)
@@ -149,13 +153,16 @@ def wait_for_nodes(
     answers: Callable[[Node], str | None],
     timeout_s: float,
     say: Callable[[str], None],
+    stop_requested: Callable[[], float | None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = POLL_EVERY_S,
     progress_s: float = PROGRESS_EVERY_S,
 ) -> WaitOutcome:
     """Poll answers(node) (None: it answers; else why not) for every lost node until all answer or
-    timeout_s has passed (each node is asked at least once); a progress line every progress_s."""
+    timeout_s has passed (each node is asked at least once); a progress line every progress_s. An
+    operator's stop (stop_requested not None, asked at each poll) ends the wait with a TaskError: the
+    lifecycle ends the run stopped, as launcher.recover.front_end_revival's wait does."""
     started = clock()
     pending = {node.index: node for node in lost}
     why: dict[int, str] = {}
@@ -173,6 +180,9 @@ def wait_for_nodes(
         now = clock()
         if not pending or now - started >= timeout_s:
             break
+        if stop_requested() is not None:
+            names = ", ".join(node.name for node in pending.values())
+            raise TaskError(f"stopped while waiting for {names} to answer SSH")
         if now >= next_progress:
             next_progress = now + progress_s
             names = ", ".join(node.name for node in pending.values())

@@ -4,6 +4,8 @@ server refuses an exec plugin's token after its hour), serve pods' logs as strea
 delete a Job in Foreground mode by first marking it
 (deletionTimestamp, finalizer foregroundDeletion) while its pods terminate: the fake's controller
 (fake.py) ends the pods and then lets the Job go, so a create of the same name meanwhile answers 409.
+Every object gets a uid and, at each write, a new resourceVersion; a delete whose preconditions
+(DeleteOptions: uid, resourceVersion) the object no longer meets answers 409 Conflict and deletes nothing.
 
 Requests of the fake's own controller carry CONTROLLER_HEADER and never fail: a real cluster's
 controllers talk to the API server from inside.
@@ -12,6 +14,7 @@ controllers talk to the API server from inside.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import threading
@@ -130,18 +133,51 @@ def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
     )
 
 
-async def give_uid(raw_request: aiohttp.web.BaseRequest) -> None:
+RESOURCE_VERSIONS = itertools.count(1)
+"""The API server's resourceVersion: every write of an object gives it a new one."""
+
+
+async def give_identity(raw_request: aiohttp.web.BaseRequest) -> None:
     """A created object gets its metadata.uid, as the API server gives every object (kmock gives none):
-    ownerReferences and the Job controller's controller-uid label name their owner by it."""
+    ownerReferences and the Job controller's controller-uid label name their owner by it; and every
+    written one (created, updated, patched) a new metadata.resourceVersion, which a delete's
+    preconditions name."""
     body = await raw_request.read()
     try:
         document = json.loads(body)
     except ValueError:
         return
-    metadata = document.get("metadata") if isinstance(document, dict) else None
-    if isinstance(metadata, dict) and not metadata.get("uid"):
+    if not isinstance(document, dict):  # a JSON patch (a list of operations)
+        return
+    metadata = document.setdefault("metadata", {})
+    if not isinstance(metadata, dict):
+        return
+    if raw_request.method == "POST" and not metadata.get("uid"):
         metadata["uid"] = str(uuid.uuid4())
-        raw_request._read_bytes = json.dumps(document).encode()  # what read(), text() and json() hand kmock
+    metadata["resourceVersion"] = str(next(RESOURCE_VERSIONS))
+    raw_request._read_bytes = json.dumps(document).encode()  # what read(), text() and json() hand kmock
+
+
+OBJECT_PATH = re.compile(r"^/apis?/(?:[^/]+/)?[^/]+/namespaces/(?P<namespace>[^/]+)/(?P<plural>[^/]+)/(?P<name>[^/]+)$")
+
+
+def conflict_response(plural: str, name: str, what: str, wanted: str, found: str | None) -> aiohttp.web.Response:
+    """409 Conflict for a precondition the object does not meet, as kube-apiserver words it."""
+    message = (
+        f'Operation cannot be fulfilled on {plural} "{name}": Precondition failed: {what} in precondition: '
+        f"{wanted}, {what} in object meta: {found or ''}"
+    )
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "Conflict",
+        "details": {"name": name, "kind": plural},
+        "code": 409,
+    }
+    return aiohttp.web.Response(status=409, reason="Conflict", text=json.dumps(body), content_type="application/json")
 
 
 async def until_gone(raw_request: aiohttp.web.BaseRequest, limit_s: float = 300.0) -> None:
@@ -168,8 +204,8 @@ class ClusterEmulator(ExecEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         del self._requests[:-REQUESTS_KEPT]
-        if raw_request.method == "POST":
-            await give_uid(raw_request)
+        if raw_request.method in ("POST", "PUT", "PATCH"):
+            await give_identity(raw_request)
         if CONTROLLER_HEADER not in raw_request.headers:
             what = f"{raw_request.method} {raw_request.path}"
             if self.faults.expired(what, raw_request.headers.get("Authorization", "")):
@@ -197,11 +233,36 @@ class ClusterEmulator(ExecEmulator):
         log = LOG_PATH.match(raw_request.path)
         if log and raw_request.method == "GET":
             return await self.pod_logs.serve(raw_request, log["pod"])
+        if raw_request.method == "DELETE" and (refused := await self.unmet_precondition(raw_request)) is not None:
+            return refused
         found = JOB_PATH.match(raw_request.path)
         foreground = raw_request.query.get("propagationPolicy") == "Foreground"
         if found and raw_request.method == "DELETE" and foreground and self.foreground_takes_time():
             await self.hold_for_foreground(found["namespace"], found["name"])
         return await super().__call__(raw_request)
+
+    async def unmet_precondition(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
+        """A DELETE whose DeleteOptions name preconditions (uid, resourceVersion) the object does not meet
+        (replaced or written since they were read): the API server deletes nothing and answers 409."""
+        try:
+            options = json.loads(await raw_request.read() or b"null")
+        except ValueError:
+            return None
+        preconditions = options.get("preconditions") if isinstance(options, dict) else None
+        target = OBJECT_PATH.match(raw_request.path)
+        if not isinstance(preconditions, dict) or target is None:
+            return None
+        namespace, plural, name = target["namespace"], target["plural"], target["name"]
+        async with self._lock:
+            for (resource, ns, obj_name), obj in self._objects.items():
+                if (resource.plural, ns, obj_name) != (plural, namespace, name) or obj.deleted:
+                    continue
+                metadata = obj.get("metadata", {})
+                for key, what in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                    wanted = preconditions.get(key)
+                    if wanted is not None and wanted != metadata.get(key):
+                        return conflict_response(plural, name, what, wanted, metadata.get(key))
+        return None
 
     async def hold_for_foreground(self, namespace: str, name: str) -> None:
         """The finalizer Foreground deletion puts on the Job: kmock then only marks it deleted

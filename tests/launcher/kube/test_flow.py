@@ -253,6 +253,30 @@ def test_plain_stop_picks_the_one_live_run_and_leaves_its_stop_request(fake, con
     assert "run r5 is not running: nothing to stop" in again.out
 
 
+def test_stop_counts_a_run_whose_supervisor_job_lives_without_a_training_job_and_leaves_its_request(
+    fake, contract_file, task
+):
+    """Before its first attempt, or between two, a supervised run has no training Job: its live supervisor
+    Job makes it the run plain `stop` picks, and the request it leaves ends the run "stopped"."""
+    from launcher.kube import objects
+    from launcher.kube.pod_spec import job_name
+
+    fake.seed()
+    supervisor = objects.supervisor_job_name(job_name("fake", "r7"))
+    body = objects.supervisor_job(supervisor, "nanocluster", "r7", "shared", "sa", ["sleep", "1000"], {}, {})
+    body["spec"]["suspend"] = True  # not ended; its pod (the lifecycle) is not what this test is about
+    fake.batch.create_namespaced_job("nanocluster", body)
+    ran = task("stop", "--cluster", str(contract_file))  # no --run: the one live run
+    assert ran.code == 0, ran.err
+    assert ran.out.strip().splitlines()[-1] == (
+        f'run r7: no rank is running now; its supervisor (Job {supervisor}) ends the run "stopped" instead of '
+        "starting its next attempt"
+    )
+    requests = fake.core.list_namespaced_config_map("nanocluster").items
+    assert [(c.metadata.labels[LABEL_RUN], float(c.data["requested_at"]) > 0) for c in requests] == [("r7", True)]
+    assert fake.jobs()[0].metadata.name == supervisor  # the supervisor reads the request: never deleted
+
+
 def test_a_dataset_with_a_file_missing_on_the_claim_is_refused_before_any_training_pod(
     fake, contract_file, task, script
 ):

@@ -185,3 +185,55 @@ def test_a_start_clears_only_a_stop_request_older_than_the_fab_train_that_starte
     request_stop(api, cluster, "r")
     clear_stop_request(api, cluster, "r")  # no time: any is removed
     assert stop_requested(api, cluster, "r") is None
+
+
+def test_a_stop_made_while_a_start_clears_an_earlier_one_is_kept(fake, contract_file, monkeypatch):
+    """The start reads the earlier request, then deletes it: a `fab stop` that replaced it in between
+    is newer than the train and must stop the run, so the deletion names the request it read."""
+    import json
+
+    from launcher.cluster.contract import parse_contract
+    from launcher.kube.connect import clear_stop_request, connect, request_stop, stop_requested
+
+    fake.seed()
+    api, cluster = connect(parse_contract(json.loads(contract_file.read_text()), str(contract_file)))
+    request_stop(api, cluster, "r")
+    earlier = stop_requested(api, cluster, "r")
+    assert earlier is not None
+    read = api.core.read_namespaced_config_map
+
+    def read_then_an_operator_stops(*args, **kwargs):
+        found = read(*args, **kwargs)
+        monkeypatch.setattr(api.core, "read_namespaced_config_map", read)
+        request_stop(api, cluster, "r")  # `fab stop` from another terminal, between the read and the delete
+        return found
+
+    monkeypatch.setattr(api.core, "read_namespaced_config_map", read_then_an_operator_stops)
+    clear_stop_request(api, cluster, "r", before=earlier + 1)  # the train was asked after the earlier stop
+    assert stop_requested(api, cluster, "r") is not None, "the operator's newer stop was deleted"
+
+
+def test_the_fake_refuses_a_delete_whose_preconditions_the_object_no_longer_meets(fake):
+    """As kube-apiserver: a DeleteOptions precondition (uid, resourceVersion) the stored object does
+    not meet (replaced, or written since) answers 409 Conflict and deletes nothing."""
+    from kubernetes.client import V1ConfigMap, V1DeleteOptions, V1Preconditions
+
+    def create(value: str):
+        body = {"metadata": {"name": "c"}, "data": {"k": value}}
+        return fake.core.create_namespaced_config_map(NAMESPACE, V1ConfigMap.model_validate(body))
+
+    first = create("1")
+    assert first.metadata.uid and first.metadata.resource_version
+    patched = fake.core.patch_namespaced_config_map("c", NAMESPACE, {"data": {"k": "2"}})
+    assert patched.metadata.resource_version != first.metadata.resource_version
+    for stale in (
+        V1Preconditions(uid=first.metadata.uid, resource_version=first.metadata.resource_version),
+        V1Preconditions(uid="another-uid"),
+    ):
+        with pytest.raises(ApiException) as refused:
+            fake.core.delete_namespaced_config_map("c", NAMESPACE, body=V1DeleteOptions(preconditions=stale))
+        assert refused.value.status == 409 and "Precondition failed" in refused.value.body
+    assert fake.core.read_namespaced_config_map("c", NAMESPACE).data == {"k": "2"}
+    current = V1Preconditions(uid=patched.metadata.uid, resource_version=patched.metadata.resource_version)
+    fake.core.delete_namespaced_config_map("c", NAMESPACE, body=V1DeleteOptions(preconditions=current))
+    assert not fake.core.list_namespaced_config_map(NAMESPACE).items

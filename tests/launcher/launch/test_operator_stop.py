@@ -6,14 +6,17 @@ runs (live units here are stand-ins started the way a launch starts them: no tor
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 
 import pytest
 
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
 from launcher.launch.operator_stop import run_to_stop
+from launcher.launch.supervisor import take_lock
 from launcher.launch.units import live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord, stopped_text
@@ -204,3 +207,76 @@ def test_a_start_removes_only_a_stop_older_than_the_fab_train_that_started_it(lo
     command = start_command(shell.root, "s", ["rank0"], False, stale_stops_before=asked_at)
     shell.check(command, "start", stdin=payload(files, tuple(files)))
     assert request.exists() == kept
+
+
+def supervising(run: str) -> int:
+    """The run's lock held as its supervisor on this machine holds it from `fab train` on (launcher.supervised):
+    the supervisor lives, no rank of the run runs. Returns the descriptor that holds it."""
+    directory = RunRecord.of(local_cluster(1), run).made()
+    return take_lock(directory, run, None)
+
+
+def test_a_supervised_run_before_its_first_attempt_is_stopped_by_the_request_its_supervisor_reads(local_home):
+    """Between `fab train` and its first attempt (or between two attempts) no rank runs and the run
+    directory may not exist yet: the run is still live, and the request is written where its supervisor
+    reads it; a name nothing runs under leaves nothing behind."""
+    fab = Fab("local", local_home)  # type: ignore[arg-type]
+    lock = supervising("waiting")
+    try:
+        assert not (local_home / "runs" / "waiting").exists()
+        typo = fab("stop", "--run", "waitng")
+        assert (typo.returncode, last(typo.stdout)) == (
+            0,
+            "run waitng is not running (running: waiting): nothing to stop",
+        )
+        assert not (local_home / "runs" / "waitng").exists(), "a mistyped name made a run directory"
+        plain = fab("stop")  # the one live run
+        assert plain.returncode == 0, plain.stderr
+        assert last(plain.stdout) == (
+            'run waiting: no rank is running now; its supervisor on this machine ends the run "stopped" instead of '
+            "starting its next attempt"
+        )
+        assert float((local_home / "runs" / "waiting" / "stop.requested").read_text()) > 0
+    finally:
+        os.close(lock)
+    nothing = fab("stop")  # the supervisor has ended
+    assert (nothing.returncode, last(nothing.stdout)) == (0, "no run is running on local: nothing to stop")
+
+
+def test_a_reader_of_the_stop_request_never_sees_it_rewritten_under_it(local_home, standins):
+    """A reader that opened the request (the supervisor's check, a follow's end) reads a whole one: a new
+    stop puts its own in place beside it, never truncates and rewrites the file being read."""
+    standins("r")
+    shell = local_shell()
+    request = local_home / "runs" / "r" / "stop.requested"
+    request.write_text("1000.000000\n")
+    with open(request) as reading:
+        shell.check(stop_command(shell.root, "r", operator=True), "stop")
+        assert reading.read() == "1000.000000\n"
+    assert float(request.read_text()) > 1000
+
+
+def test_a_stop_made_while_a_start_reads_an_older_request_is_kept(local_home, tmp_path, monkeypatch):
+    """The start reads the earlier run's request, then removes it: a `fab stop` that lands between the
+    two (here, while awk reads) is newer than the train, and must stay for the run to end "stopped"."""
+    real_awk = shutil.which("awk")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "awk").write_text(
+        "#!/bin/sh\n"
+        f'{real_awk} "$@"; code=$?\n'
+        'case "$*" in *stop.requested*) [ -e landed ] || { touch landed; '
+        "echo 3000.000000 > .new && mv -f .new stop.requested; };; esac\n"  # as `fab stop` writes it
+        "exit $code\n"
+    )
+    (bin_dir / "awk").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    shell = local_shell()
+    request = local_home / "runs" / "s" / "stop.requested"
+    request.parent.mkdir(parents=True)
+    request.write_text("2000.123456\n")  # an earlier run's stop
+    files = {"runs/s/rank0.sh": "exit 0\n"}
+    command = start_command(shell.root, "s", ["rank0"], False, stale_stops_before=2500.0)
+    shell.check(command, "start", stdin=payload(files, tuple(files)))
+    assert (local_home / "runs" / "s" / "landed").exists(), "the stop did not land during the start's read"
+    assert request.exists() and request.read_text() == "3000.000000\n"

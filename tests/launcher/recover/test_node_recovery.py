@@ -11,6 +11,7 @@ import launcher.recover.nodes as loop
 from launcher.cluster.contract import parse_contract
 from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
+from launcher.launch.operator_stop import OperatorStopped
 from launcher.launch.plan import trainer_args
 from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
 from launcher.recover.nodes import POLL_EVERY_S, NodeRecovery
@@ -56,13 +57,22 @@ class FakeSession:
         self.closed = True
 
 
+ASKED_AT = 1000.0
+"""When the scripted runs' `fab train` was asked (the operator's clock)."""
+
+
 class ScriptedRun(MachinesRun):
     """The machines kind with its real recovery over a fake session, and attempts that follow a script."""
 
-    def __init__(self, session, launch, options, resolve, rerun="", **recovery):
-        super().__init__(TrainRequest(None, run="r", recover=options, rerun=rerun), session.cluster, session.nodes)
-        self.recovery = NodeRecovery(session, "r", options, resolve=resolve, **recovery)
+    def __init__(self, session, launch, options, resolve, rerun="", requested=lambda: None, **recovery):
+        request = TrainRequest(None, run="r", recover=options, rerun=rerun, asked_at=ASKED_AT)
+        super().__init__(request, session.cluster, session.nodes)
+        # As open() makes it: an operator's stop made since this train ends its wait for lost nodes.
+        self.recovery = NodeRecovery(
+            session, "r", options, resolve=resolve, stop_requested=self.stop_since_asked, **recovery
+        )
         self.launch = launch
+        self.requested = requested
 
     def start(self, attempt, extra_overrides):
         self.failed = None
@@ -77,8 +87,8 @@ class ScriptedRun(MachinesRun):
             raise self.failed
         return self.progress
 
-    def stop_requested(self):  # no operator's stop in these scenarios (the fake session has no shell)
-        return None
+    def stop_requested(self):  # the request on the head, as scripted (the fake session has no shell)
+        return self.requested()
 
 
 class Recovery:
@@ -187,6 +197,28 @@ def test_without_min_nodes_the_run_ends_naming_the_node_and_the_timeout(setting)
     assert len(calls) == 1 and clock.now == pytest.approx(15, abs=1)
     end = RunRecord.of(cluster, "r").events[-1]
     assert end["event"] == "end" and end["outcome"] == "failed" and "lab-2" in end["reason"]
+
+
+def test_an_operators_stop_ends_the_wait_for_a_lost_node_at_once_and_the_run_ends_stopped(setting):
+    """`fab stop` while the run waits for a lost node (no rank runs): the wait ends at its next poll, not
+    at --recover-timeout, and the run ends "stopped"; an earlier run's request, older than the train, does not."""
+    cluster, clock, world = setting
+    session = FakeSession(world, cluster, cluster.nodes[:2])
+    world.back_at = {1: float("inf")}  # lab-1 never answers again
+
+    def requested():  # an earlier run's stop until the operator's, 30 s into the wait
+        return ASKED_AT + 500 if clock.now >= 30 else ASKED_AT - 500
+
+    launch, calls = scripted([lost("lab-1")])
+    options = RecoverOptions(recover_timeout_s=600)
+    with (
+        pytest.raises(OperatorStopped, match=r"^run r stopped by an operator"),
+        Recovery(session, "r", options, resolve=lambda: cluster, requested=requested) as recovery,
+    ):
+        recovery.run(launch)
+    assert len(calls) == 1 and 30 <= clock.now < 30 + POLL_EVERY_S  # the first poll after the stop
+    end = RunRecord.of(cluster, "r").events[-1]
+    assert (end["event"], end["outcome"], end["requested_at"]) == ("end", "stopped", ASKED_AT + 500)
 
 
 def test_a_node_lost_while_starting_again_is_a_restart_and_a_setup_error_is_not(setting):
