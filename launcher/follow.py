@@ -55,7 +55,8 @@ from launcher.launch.supervisor import (
     read_state,
     state_path,
 )
-from launcher.lifecycle import RunKind, TrainRequest, checked_here, checked_request
+from launcher.lifecycle import checked_here, checked_request
+from launcher.run_kind import RunKind, TrainRequest
 from launcher.runs.record import RunRecord, run_dir, supervisor_lost_text
 from launcher.supervised import LocalWatch, Supervision, Watch
 from launcher.terminal import LOG_NAME, last_line, outliving_the_terminal, real_descriptor

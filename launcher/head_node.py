@@ -58,7 +58,7 @@ from launcher.launch.supervisor import (
     take_lock,
     write_state,
 )
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord

@@ -49,8 +49,8 @@ from launcher.launch.supervisor import (
     take_lock,
     write_state,
 )
-from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
+from launcher.run_kind import TrainRequest
 from launcher.terminal import LOG_NAME
 
 

@@ -36,13 +36,13 @@ from launcher.launch.start import (
     start_units,
 )
 from launcher.launch.units import check_no_other_run, stop_units
-from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.front_end_revival import AskTheFrontEnd
 from launcher.recover.nodes import NodeRecovery, node_answers
 from launcher.recover.oom import find_oom_kill
 from launcher.recover.policy import oom_line
 from launcher.recover.revive import revive
+from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.record import run_dir
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready

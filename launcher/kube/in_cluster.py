@@ -42,7 +42,8 @@ from launcher.kube.jobs import Staged
 from launcher.kube.pod_spec import LABEL_ATTEMPT
 from launcher.kube.train import KubeRun
 from launcher.launch.supervisor import ENDED, read_state
-from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
+from launcher.lifecycle import Lifecycle
+from launcher.run_kind import Prepared, Started, TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.supervised import request_of, supervise
 from launcher.terminal import LOG_NAME

@@ -75,7 +75,8 @@ from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
 from launcher.kube.pod_exec import open_exec, run_command
 from launcher.launch.supervisor import ENDED, STATE_NAME, SupervisorState, copy_part, log_size, read_state, state_path
-from launcher.lifecycle import TrainRequest, checked_here, checked_request
+from launcher.lifecycle import checked_here, checked_request
+from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord

@@ -41,9 +41,9 @@ from launcher.launch.data_check import unusable_data
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.launch.plan import LaunchPlan, trainer_args
-from launcher.lifecycle import Prepared, Recovered, Started, TrainRequest
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.policy import KEEP_GLOBAL_BATCH
+from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
 from model.conventions import DEFAULT_MASTER_PORT

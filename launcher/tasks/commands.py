@@ -30,8 +30,8 @@ from launcher.console import TaskError, check_port, flag_name
 from launcher.doctor import SEND_S
 from launcher.launch.operator_stop import STOPPED_EXIT
 from launcher.launch.units import STOP_GRACE_S
-from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import DEFAULT_REVIVE_TIMEOUT_S, RecoverOptions
+from launcher.run_kind import TrainRequest
 from launcher.runs import cost as ledger
 from launcher.tasks.drivers import driver
 from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, at_least, fab_task, given, shown, text_default

@@ -36,8 +36,8 @@ from launcher.cluster.contract import CLUSTER_ENV, load_cluster
 from launcher.cluster.inventory import KUBERNETES, MACHINES, InventoryError
 from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
-from launcher.lifecycle import TrainRequest
 from launcher.run_files import RunStore
+from launcher.run_kind import TrainRequest
 
 
 class Driver(Protocol):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from launcher.console import Interrupted, TaskError
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.record import EVENTS_NAME
 
 

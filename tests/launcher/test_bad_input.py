@@ -359,8 +359,8 @@ def test_a_stacks_front_end_and_its_heads_supervisor_take_revive_timeout(monkeyp
     import launcher.train
     from launcher.cluster.contract import parse_contract
     from launcher.cluster.inventory import PulumiStack
-    from launcher.lifecycle import TrainRequest
     from launcher.recover.policy import RecoverOptions
+    from launcher.run_kind import TrainRequest
 
     stack = replace(parse_contract(CONTRACT, "stack dev"), stack=PulumiStack("dev", Path("infra")))
     request = TrainRequest("stack", recover=RecoverOptions(revive_timeout_s=60))

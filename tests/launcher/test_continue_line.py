@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs import budget
 from launcher.runs.record import RunRecord, interrupted_text, stopped_text
 from launcher.tasks import flags

@@ -46,7 +46,7 @@ from launcher.launch.supervisor import (
     read_state,
     write_state,
 )
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.setup.nodes import code_files
 from launcher.supervised import ThisMachine

@@ -12,7 +12,8 @@ from launcher.cluster.local import local_cluster
 from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.operator_stop import OperatorStopped
-from launcher.lifecycle import Lifecycle, Prepared, Recovered, Started, TrainRequest
+from launcher.lifecycle import Lifecycle
+from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.estimate import ending_text
 from launcher.runs.record import NO_SNAPSHOT, RunRecord, interrupted_text
 

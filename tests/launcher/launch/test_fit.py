@@ -13,7 +13,7 @@ from launcher.cluster.local import LocalGpus, local_cluster
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, command_line
 from launcher.launch.fit import check_fit
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.session import NodeReport
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train

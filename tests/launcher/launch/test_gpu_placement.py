@@ -182,7 +182,7 @@ def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, mo
     """--set device=cpu on GPU nodes: the same ranks (one per GPU slot) train on the CPUs, so the plan
     is a CPU node's (gloo, no GPU variables), not NCCL's that every rank would then refuse."""
     import launcher.cluster.local
-    from launcher.lifecycle import TrainRequest
+    from launcher.run_kind import TrainRequest
     from launcher.train import train
 
     gpus = LocalGpus(("NVIDIA L4", "NVIDIA L4"), (23034, 23034))

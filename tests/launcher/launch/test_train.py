@@ -3,7 +3,7 @@
 import pytest
 
 from launcher.console import TaskError
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.session import Session
 from launcher.setup.nodes import ensure_ready
 from launcher.train import place_data, train

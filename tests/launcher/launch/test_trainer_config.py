@@ -11,7 +11,7 @@ import pytest
 
 import launcher.train
 from launcher.console import TaskError
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.cost import cost
 from launcher.train import train
 

@@ -14,8 +14,9 @@ from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
 from launcher.kube.train import KubeRun
 from launcher.kube.watch import StuckPending
-from launcher.lifecycle import Lifecycle, TrainRequest
+from launcher.lifecycle import Lifecycle
 from launcher.recover.policy import GlobalBatch, RecoverOptions, nodes_to_resume_on
+from launcher.run_kind import TrainRequest
 from model.settings.config import load_config
 
 CONFIG = load_config(None, ["batch_size=4", "gradient_accumulation_steps=1"])

@@ -13,9 +13,10 @@ from launcher.console import Interrupted, TaskError
 from launcher.launch.monitor import FirstFailure, Progress, RunFailed
 from launcher.launch.operator_stop import OperatorStopped
 from launcher.launch.plan import trainer_args
-from launcher.lifecycle import Lifecycle, Prepared, Started, TrainRequest
+from launcher.lifecycle import Lifecycle
 from launcher.recover.nodes import POLL_EVERY_S, NodeRecovery
 from launcher.recover.policy import KEEP_GLOBAL_BATCH, GlobalBatch, RecoverOptions
+from launcher.run_kind import Prepared, Started, TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.train import MachinesRun
 from model.settings.config import load_config

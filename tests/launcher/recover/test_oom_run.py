@@ -13,8 +13,8 @@ import pytest
 
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
-from launcher.lifecycle import TrainRequest
 from launcher.recover.policy import RecoverOptions
+from launcher.run_kind import TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train

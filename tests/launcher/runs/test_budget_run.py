@@ -17,7 +17,7 @@ import launcher.launch.status
 import launcher.train
 from launcher.cluster.local import local_cluster
 from launcher.launch.status import status
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train

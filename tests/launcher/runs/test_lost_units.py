@@ -11,7 +11,7 @@ import pytest
 from launcher.console import console
 from launcher.launch.status import status
 from launcher.launch.units import UNIT_IDENTITY_SH, stop
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train
 from tests.launcher.dataset import write_dataset

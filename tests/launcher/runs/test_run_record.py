@@ -15,7 +15,7 @@ import launcher.train
 from launcher.checkpoints import fetch
 from launcher.console import console
 from launcher.launch.status import status
-from launcher.lifecycle import TrainRequest
+from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME, read_series
 from launcher.runs.record import RunRecord
 from launcher.testing.fab import TINY_CONFIG, wait_for
