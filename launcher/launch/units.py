@@ -356,10 +356,11 @@ def supervised_runs(session: Session) -> dict[str, Node]:
 
 
 def check_no_other_run(session: Session, run: str) -> None:
-    """A TaskError when another run's units are live on these machines: the fit check counts one run's
-    ranks, and two runs would share the cores, each slowing the other (several runs beside each other
-    on the local cluster can leave the machine unanswering)."""
-    others = [other for other in live_runs(session) if other != run]
+    """A TaskError when another run is live on these machines (a unit of it runs, or its supervisor
+    lives between two attempts: its next one starts here): the fit check counts one run's ranks, and
+    two runs would share the cores, each slowing the other (several runs beside each other on the local
+    cluster can leave the machine unanswering)."""
+    others = sorted({*live_runs(session), *supervised_runs(session)} - {run})
     if not others:
         return
     where = "this machine" if session.cluster.is_local else session.cluster.cluster_name

@@ -243,6 +243,23 @@ def test_a_supervised_run_before_its_first_attempt_is_stopped_by_the_request_its
     assert (nothing.returncode, last(nothing.stdout)) == (0, "no run is running on local: nothing to stop")
 
 
+def test_a_second_run_is_refused_while_a_run_waits_between_attempts_under_its_supervisor(local_home):
+    """No rank of the first run runs while its supervisor waits for a lost node: its next attempt starts
+    on these machines, so a second run beside it would share the cores then."""
+    write_dataset(local_home / "data" / "builtin")
+    fab = Fab("local", local_home)  # type: ignore[arg-type]
+    lock = supervising("first")
+    try:
+        refused = fab("train", "--run", "second", "--detach")
+    finally:
+        os.close(lock)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.strip().startswith(
+        "error: run first is running on this machine: run second beside it would share its cores"
+    ), refused.stderr
+    assert not (local_home / "runs" / "second").exists(), "nothing of the refused run was written on the node"
+
+
 def test_a_reader_of_the_stop_request_never_sees_it_rewritten_under_it(local_home, standins):
     """A reader that opened the request (the supervisor's check, a follow's end) reads a whole one: a new
     stop puts its own in place beside it, never truncates and rewrites the file being read."""
