@@ -56,6 +56,9 @@ class StartState:
     """The fp16 gradient scaler's state (scale, growth tracker) when the snapshot has one."""
     compressor: dict[str, Any] | None = None
     """What the snapshot records of its ranks' PowerSGD side files (model.checkpointing.compressor_state)."""
+    grad_compression: str | None = None
+    """The gradient compression the snapshot's run used (auto resolved; None: one rank, or a snapshot
+    from before it was recorded): a resume under auto keeps it (model.parallel.comm_hooks.register)."""
 
 
 def scratch_model_config(cfg: TrainConfig) -> GPTConfig:
@@ -185,6 +188,7 @@ def read_start_state(cfg: TrainConfig, env: RankEnv) -> tuple[StartState, dict[s
                 resume_accumulation(cfg, env.world_size, payload),
                 payload.get("grad_scaler"),
                 payload.get("compressor"),
+                payload.get("grad_compression"),
             )
         if cfg.init_from == "scratch":
             return StartState(dataclasses.asdict(scratch_model_config(cfg)))

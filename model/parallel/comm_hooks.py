@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
+from model.conventions import GRAD_COMPRESSION_CHOICES
 from model.parallel import powersgd
 from model.parallel.collectives import CommHook, collective_device, ddp_hook
 from model.settings.config import TrainConfig
@@ -87,6 +88,10 @@ class LinkEstimate:
     def gbit_s(self) -> float:
         """The all-reduce's effective rate: bytes all-reduced per second, in Gbit/s."""
         return 8e-9 / self.allreduce_s_per_byte
+
+
+COMPRESSIONS = tuple(choice for choice in GRAD_COMPRESSION_CHOICES if choice != "auto")
+"""What auto resolves to, and a snapshot records as its run's choice (grad_compression)."""
 
 
 def choose_compression(ratio: float, transfer_s: float = float("inf")) -> str:
@@ -183,14 +188,25 @@ def register(
     cfg: TrainConfig,
     peak_flops: float,
     wrap: Callable[[CommHook], CommHook] | None = None,
+    kept: str | None = None,
 ) -> GradientHook:
     """Register the config's hook on ddp, wrapped by `wrap` (e.g. a timer) when given; returns the
     compression used (auto resolved) and the hook's state. peak_flops: this rank's matmul peak
-    (model.monitoring.mfu), which prices a step's compute for auto. A collective when grad_compression is auto."""
+    (model.monitoring.mfu), which prices a step's compute for auto. kept: what auto chose when the run
+    started, as its snapshot recorded it (a resume): auto keeps it instead of measuring again, so a
+    restart neither changes the run's arithmetic (a link measured under other load can fall on the
+    other side of a threshold) nor drops PowerSGD's saved state. A collective when grad_compression is auto."""
     compression = cfg.grad_compression
     if compression == "auto" and one_network(dist.get_world_size()):
         compression = "none"
         log.info("grad_compression auto -> none: every rank on this host (no link between them)")
+    elif compression == "auto" and kept in COMPRESSIONS:
+        compression = kept
+        log.info(
+            "grad_compression auto -> %s: the run's choice when it started, kept from its snapshot "
+            "(set grad_compression to choose again)",
+            compression,
+        )
     elif compression == "auto":
         link = measure_link(ddp, cfg, peak_flops)
         compression = choose_compression(link.ratio, link.transfer_s)

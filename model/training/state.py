@@ -144,7 +144,9 @@ class TrainerState:
                 gradient_as_bucket_view=True,
             )
             timing = step_timing.hook_timing(self.step_timer)  # None under nccl: its wait cannot be seen
-            self.gradient_hook = comm_hooks.register(self.ddp, cfg, self.peak_flops, wrap=timing)
+            self.gradient_hook = comm_hooks.register(
+                self.ddp, cfg, self.peak_flops, wrap=timing, kept=start.grad_compression
+            )
         self.flops_per_token = self.raw_model.flops_per_token(cfg.block_size)
         self.tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * env.world_size
         self.metrics = MetricsLog(self.out_dir)

@@ -364,6 +364,8 @@ class Trainer(TrainerState):
             snapshot = payload | dict(optimizer=state["optimizer"], rng=[rng for rng, _ in gathered])
             if self.scaler is not None:
                 snapshot["grad_scaler"] = self.scaler.state_dict()
+            if self.gradient_hook is not None:  # what a resume under auto keeps
+                snapshot["grad_compression"] = self.gradient_hook.compression
             if powersgd is not None:
                 snapshot["compressor"] = compressor_state.snapshot_entry(
                     [t for _, t in gathered], self.cfg, self.gradient_scale()

@@ -8,8 +8,19 @@ import json
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from model.parallel.comm_hooks import BF16_MAX_RATIO, MIN_TRANSFER_S, NONE_MAX_RATIO, choose_compression
+from model.parallel import comm_hooks
+from model.parallel.comm_hooks import (
+    BF16_MAX_RATIO,
+    MIN_TRANSFER_S,
+    NONE_MAX_RATIO,
+    LinkEstimate,
+    choose_compression,
+    register,
+)
 from model.settings.config import ConfigError, load_config
 from tests.model.conftest import TINY_RUN, free_port, launch_ranks, rank_log, wait_all
 
@@ -100,6 +111,39 @@ def test_auto_keeps_fp32_on_fast_links_and_compresses_more_as_the_link_slows():
     # a small model's gradients cross within the collective's latency: nothing to save, keep it exact
     assert choose_compression(BF16_MAX_RATIO * 4, transfer_s=MIN_TRANSFER_S / 2) == "none"
     assert choose_compression(BF16_MAX_RATIO * 4, transfer_s=MIN_TRANSFER_S * 2) == "powersgd"
+
+
+@pytest.fixture
+def one_rank_ddp(tmp_path):
+    """DDP over a one-rank gloo group in this process, as seen across a link (not one host); the group
+    is gone after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield DistributedDataParallel(nn.Linear(4, 4))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_auto_keeps_the_choice_its_snapshot_recorded_and_measures_only_without_one(one_rank_ddp, monkeypatch):
+    """A restart or resume under auto goes on with the compression the run started with: a link measured
+    again under other load can fall on the other side of a threshold, which would change the run's
+    arithmetic (an interrupted run no longer ending with the uninterrupted one's weights) or drop
+    PowerSGD's saved state."""
+    measured: list[bool] = []
+
+    def measure_link(ddp, cfg, peak_flops):
+        measured.append(True)
+        return LinkEstimate(allreduce_s_per_byte=1e-6, compute_s=1.0, gradient_bytes=10**6)  # 1 s: powersgd
+
+    monkeypatch.setattr(comm_hooks, "one_network", lambda world_size: False)
+    monkeypatch.setattr(comm_hooks, "measure_link", measure_link)
+    cfg = load_config(None, ["grad_compression=auto"])
+    assert register(one_rank_ddp, cfg, 1e9, kept="none").compression == "none"
+    assert measured == []
+    assert register(DistributedDataParallel(nn.Linear(4, 4)), cfg, 1e9).compression == "powersgd"
+    assert measured == [True]
+    forced = load_config(None, ["grad_compression=bf16"])  # set: the config's, whatever the snapshot's
+    assert register(DistributedDataParallel(nn.Linear(4, 4)), forced, 1e9, kept="none").compression == "bf16"
 
 
 @pytest.mark.parametrize(

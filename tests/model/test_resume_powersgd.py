@@ -10,7 +10,9 @@ import shutil
 import pytest
 import torch
 
+from model.checkpointing.checkpoint import load_checkpoint
 from model.checkpointing.compressor_state import side_file
+from model.conventions import SNAPSHOT_NAME
 from model.monitoring.metrics import TIMING_FIELDS
 from tests.model.conftest import launch_ranks, rank_log, wait_all
 from tests.model.run_sequence import launch_run_sequence, training_log
@@ -103,6 +105,7 @@ def test_a_resumed_powersgd_run_compresses_from_its_first_step_and_ends_where_th
         assert abs(ours["loss"] - theirs["loss"]) <= LOSS_TOLERANCE * abs(theirs["loss"]), (ours, theirs)
     rank0 = logs_of[resumed][0]
     assert "resumed PowerSGD's state" in rank0 and AFRESH not in rank0
+    assert load_checkpoint(resumed / SNAPSHOT_NAME)["grad_compression"] == "powersgd"  # what auto would keep
     for rank in (0, 1):
         weights, reference = (torch.load(out / f"rank{rank}.pt") for out in (resumed, straight))
         assert all(torch.equal(weights[name], reference[name]) for name in reference), f"rank {rank}"

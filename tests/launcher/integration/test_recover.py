@@ -55,8 +55,17 @@ def test_a_sigkilled_rank_restarts_every_rank_from_the_snapshot_and_finishes(nod
     for step, loss in re.findall(r"\[rank 0 node0\] iter (\d+): loss ([0-9.]+)", output):
         losses.setdefault(step, set()).add(loss)
     assert all(len(seen) == 1 for seen in losses.values()), losses
+    # The restart kept the compression auto chose at the start (a link measured again under other load
+    # may choose another), and the run that nothing interrupted is given that choice: it measures its
+    # own link, at another moment.
+    chosen = re.findall(r"\[rank 0 node0\] grad_compression auto -> (\w+)", output)
+    assert len(chosen) == 2 and chosen[0] == chosen[1], chosen
+    assert re.search(r"\[rank 0 node0\] grad_compression auto -> \w+: the run's choice when it started", output)
     # The same final weights as a run of the same config that nothing interrupted.
-    reference = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S)
+    same = ("--set", f"grad_compression={chosen[0]}")
+    reference = fab(
+        "train", *RUN_SETTINGS, *same, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S
+    )
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr
     healed_digests, reference_digests = dict(DIGEST.findall(output)), dict(DIGEST.findall(reference.stdout))
     assert len(set(reference_digests.values())) == 1 and len(reference_digests) == 3, reference.stdout[-3000:]

@@ -141,8 +141,13 @@ def test_a_killed_front_end_leaves_the_run_supervised_healed_and_finished(
     assert attach.stdout.strip().splitlines()[-1].startswith("done in "), attach.stdout
     assert attach.stdout.strip().splitlines()[-1] == state.line
 
-    # The same final weights as the same run that nothing interrupted.
-    reference = fab("train", *RUN_SETTINGS, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S)
+    # The same final weights as the same run that nothing interrupted, given the compression auto chose
+    # at the healed run's start (which its restart kept): it would measure its own link, at another moment.
+    (chosen,) = set(re.findall(r"\[rank 0 node0\] grad_compression auto -> (\w+)", output))
+    same = ("--set", f"grad_compression={chosen}")
+    reference = fab(
+        "train", *RUN_SETTINGS, *same, "--config", str(tiny_config), "--run", "reference", timeout=RUN_TIMEOUT_S
+    )
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr
     healed, uninterrupted = dict(DIGEST.findall(output)), dict(DIGEST.findall(reference.stdout))
     assert len(uninterrupted) == 3 and len(set(uninterrupted.values())) == 1, reference.stdout[-3000:]
