@@ -2,14 +2,15 @@
 ReadWriteMany storage class and the claim, created on a `kubeconfig:PATH` cluster, which also gets its
 machine facts from its nodes: launcher.kube.nodes; a contract's cluster, a stack, must have them),
 delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks
-from (a training Job, or a supervisor Job between attempts), and an operator's stop request (a
-ConfigMap the run's deletion leaves: launcher.launch.operator_stop)."""
+from (a training Job, or a supervisor Job between attempts, not one whose pod marked the run ended
+while it lingers: supervisor_jobs), and an operator's stop request (a ConfigMap the run's deletion
+leaves: launcher.launch.operator_stop)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from kubernetes import client
@@ -20,6 +21,7 @@ from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, say
 from launcher.kube import volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
+from launcher.kube.jobs import owner
 from launcher.kube.nodes import with_node_facts
 from launcher.kube.objects import LABEL_SUPERVISES
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
@@ -248,16 +250,78 @@ def is_live(job: V1Job) -> bool:
     return not ended and not (job.metadata and job.metadata.deletion_timestamp)
 
 
+ENDED_SUFFIX = "-ended"
+"""The ConfigMap <supervisor job><suffix>: the run's end, recorded by its supervisor pod."""
+ENDED_ROLE = "supervisor-ended"
+ENDED_UID_KEY = "job-uid"
+ENDED_OUTCOME_KEY = "outcome"
+
+
+def ended_marker(job: str, namespace: str, run: str, uid: str, outcome: str) -> dict:
+    """The ConfigMap a supervisor pod creates once the run's end is recorded: its Job lingers
+    (launcher.kube.in_cluster.LINGER_S) and is not Complete, but the run is not live. It holds the Job's
+    uid (a marker the garbage collector has not removed yet never hides a new Job of the name) and the
+    run's outcome ("" when it never launched); owned by the Job, so it goes with it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{job}{ENDED_SUFFIX}",
+            "namespace": namespace,
+            # the run as its Job names it (kubectl get configmaps -l nanocluster.dev/supervises=RUN)
+            "labels": {LABEL_APP: APP, volume.LABEL_ROLE: ENDED_ROLE, LABEL_SUPERVISES: run},
+            "ownerReferences": [owner(job, uid)],
+        },
+        "data": {ENDED_UID_KEY: uid, ENDED_OUTCOME_KEY: outcome},
+    }
+
+
+def ended_supervisors(api: Api) -> dict[str, str]:
+    """The uid of each supervisor Job whose run's end its pod recorded (ended_marker), with the run's
+    outcome ("" unknown)."""
+    selector = f"{volume.LABEL_ROLE}={ENDED_ROLE}"
+    with calling("listing the ended supervisors"):
+        markers = api.core.list_namespaced_config_map(api.namespace, label_selector=selector).items
+    found = {}
+    for marker in markers:
+        data = marker.data or {}
+        if labels_of(marker).get(volume.LABEL_ROLE) == ENDED_ROLE and data.get(ENDED_UID_KEY):
+            found[data[ENDED_UID_KEY]] = data.get(ENDED_OUTCOME_KEY, "")
+    return found
+
+
+@dataclass(frozen=True)
+class SupervisorJob:
+    """A run's supervisor Job, as whether the run is live sees it."""
+
+    name: str
+    ended: str | None
+    """None while the run is live (between its attempts too, when it has no training Job); else the
+    outcome its pod recorded ("" unknown: the Job ended or is being deleted without its marker)."""
+
+
+def supervisor_jobs(api: Api, jobs: list[V1Job]) -> dict[str, SupervisorJob]:
+    """The supervisor Jobs among jobs, by the run each supervises: the one place that says whether a
+    supervised run is live (`stop`, `runs`, `rm`, `prune`, `train`). A Job whose pod recorded the end lingers
+    for a front end to copy the record: ended, by its marker (which keeps the outcome while the Job stays)."""
+    supervising = [job for job in jobs if LABEL_SUPERVISES in labels_of(job)]
+    marked = ended_supervisors(api) if supervising else {}
+
+    def ended(job: V1Job) -> str | None:
+        uid = job.metadata.uid if job.metadata else None
+        if uid and uid in marked:
+            return marked[uid]
+        return None if is_live(job) else ""
+
+    return {labels_of(job)[LABEL_SUPERVISES]: SupervisorJob(name_of(job), ended(job)) for job in supervising}
+
+
 def supervised_runs(api: Api) -> dict[str, str]:
-    """The runs whose supervisor Job is live, each with its Job's name: live between their attempts
-    too, when they have no training Job (launcher.kube.supervisor)."""
+    """The runs whose supervisor Job is live (supervisor_jobs), each with its Job's name: live between
+    their attempts too, when they have no training Job (launcher.kube.supervisor)."""
     with calling("listing the supervisor Jobs"):
         jobs = api.batch.list_namespaced_job(api.namespace, label_selector=LABEL_SUPERVISES).items
-    return {
-        labels_of(job)[LABEL_SUPERVISES]: name_of(job)
-        for job in jobs
-        if LABEL_SUPERVISES in labels_of(job) and is_live(job)
-    }
+    return {run: job.name for run, job in supervisor_jobs(api, jobs).items() if job.ended is None}
 
 
 def live_runs(api: Api) -> list[str]:

@@ -13,9 +13,11 @@ SPEC`). launcher.kube.supervisor creates it and follows it from the operator's m
                record's launch and restarts (no second launch event)
     interrupt  the front end's Ctrl-C arrives as a ConfigMap (INTERRUPT_SUFFIX): SIGINT to this
                process, which the lifecycle turns into "every rank snapshots, end interrupted"
-    linger     once the run's end is recorded the pod waits (LINGER_S) for the front end to copy the
-               record and delete the Job, then exits 0 whatever the run's status: the Job
-               controller retries a failed supervisor pod, never a run that ended
+    linger     once the run's end is recorded the pod marks its Job ended (a ConfigMap the Job owns:
+               launcher.kube.connect.ended_marker; `stop`, `runs` and `rm` then count the run
+               ended), waits (LINGER_S) for the front end to copy the record and delete the Job,
+               then exits 0 whatever the run's status: the Job controller retries a failed
+               supervisor pod, never a run that ended
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ import time
 from pathlib import Path
 
 import yaml
-from kubernetes.client import V1Job
+from kubernetes.client import V1ConfigMap, V1DeleteOptions, V1Job, V1Preconditions
 from kubernetes.client.exceptions import ApiException
 
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.console import say
 from launcher.kube.api import Api, name_of
-from launcher.kube.connect import run_objects
+from launcher.kube.connect import ENDED_SUFFIX, ENDED_UID_KEY, ended_marker, run_objects
 from launcher.kube.jobs import Staged
 from launcher.kube.pod_spec import LABEL_ATTEMPT
 from launcher.kube.train import KubeRun
@@ -58,7 +60,7 @@ ENDED_NAME = "supervisor-ended"
 LINGER_S = 600.0
 """How long an ended supervisor waits for a following front end to copy the rest of its record (one
 poll, a second, is enough); an `attach` after that copies it through a helper pod
-(launcher.kube.supervisor). Until then `rm` counts the run as live."""
+(launcher.kube.supervisor). The Job's ended marker says the run ended meanwhile (mark_ended)."""
 POLL_S = 1.0
 
 
@@ -154,12 +156,17 @@ SPEC: dict = {}
 """The pod's spec (main), for train_here."""
 
 
-def train_here(request: TrainRequest) -> int:
-    """The lifecycle in this pod: supervise()'s entry."""
+def connected() -> tuple[Cluster, Api]:
+    """The front end's Cluster with this pod's kubeconfig, and the API through it."""
     context = SPEC["cluster"]["kube"]["context"]
     cluster = decode_cluster(SPEC["cluster"], in_cluster_kubeconfig(context))
     assert cluster.kube is not None
-    api = Api.of(cluster.kube)
+    return cluster, Api.of(cluster.kube)
+
+
+def train_here(request: TrainRequest) -> int:
+    """The lifecycle in this pod: supervise()'s entry."""
+    cluster, api = connected()
     kind = InClusterRun(request, cluster, api, Staged(**SPEC["staged"]), SPEC["session"])
     life = Lifecycle(request, kind)
     kind.lifecycle = life
@@ -229,8 +236,67 @@ def main() -> None:
         }
         supervise(spec)
         ended.write_text(SPEC["session"])
+        os.dup2(pod_log, 1)  # what this pod says after the run's end is its own: in its log, not the run's
+        os.dup2(pod_log, 2)
+    mark_ended(request.run, SPEC["job"], SPEC["session"], outcome_of(RunRecord.of(cluster, request.run)))
     linger(SPEC["job"])
     sys.exit(0)
+
+
+def outcome_of(record: RunRecord) -> str:
+    """The recorded end's outcome ("" when the run never launched)."""
+    current = record.current
+    return str(current.end.get("outcome", "")) if current is not None and current.end else ""
+
+
+def session_of(job: V1Job) -> str:
+    """The session token in the supervisor Job's pod spec (its command's last argument, the SPEC)."""
+    pod = job.spec.template.spec if job.spec else None
+    try:
+        command = pod.containers[0].command if pod else None
+        return str(json.loads((command or [""])[-1])["session"])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return ""
+
+
+def mark_ended(run: str, job: str, session: str, outcome: str) -> None:
+    """Mark this pod's Job ended (launcher.kube.connect.ended_marker) once the run's end is recorded: the
+    Job lingers, not Complete, and `stop`, `runs` and `rm` would count the run live. Its Job is the one of
+    the name whose pod spec holds this session (a newer one of the name is another run's). A marker of
+    an older Job of the name (the garbage collector has not come yet) is replaced; one of this Job's
+    earlier pod is kept. Nothing here fails the pod: one line in its log says why no marker was made."""
+    name = f"{job}{ENDED_SUFFIX}"
+    try:
+        _, api = connected()
+        mine = api.batch.read_namespaced_job(job, api.namespace)
+        uid = mine.metadata.uid if mine.metadata else None
+        if not uid or session_of(mine) != session:
+            say(f"the run's end is recorded; Job {job} is a newer run's now: not marked ended")
+            return
+        body = V1ConfigMap.model_validate(ended_marker(job, api.namespace, run, uid, outcome))
+        for _ in range(3):
+            try:
+                api.core.create_namespaced_config_map(api.namespace, body)
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            try:
+                found = api.core.read_namespaced_config_map(name, api.namespace)
+                if (found.data or {}).get(ENDED_UID_KEY) == uid:
+                    return  # an earlier pod of this Job marked it
+                older = V1Preconditions(uid=found.metadata.uid if found.metadata else None)
+                api.core.delete_namespaced_config_map(name, api.namespace, body=V1DeleteOptions(preconditions=older))
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone meanwhile, or replaced since: create again
+                    raise
+        say(f"the run's end is recorded; ConfigMap {name} stays another Job's: not marked ended")
+    except Exception as e:  # the run has ended whatever this meets: the pod lingers as ever
+        why = f"{e.status} {e.reason}" if isinstance(e, ApiException) else f"{type(e).__name__}: {e}"
+        say(
+            f"the run's end is recorded, but marking Job {job} ended failed ({why}): `stop`, `runs` and `rm` "
+            f"count the run live until the Job ends ({LINGER_S:.0f} s)"
+        )
 
 
 def ended_here(directory: Path, session: str) -> bool:

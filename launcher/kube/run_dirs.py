@@ -1,7 +1,9 @@
 """What a Kubernetes cluster supplies to `runs`, `rm` and `prune` (launcher.run_files): the run
 directories on the shared claim, listed and deleted by a helper Job whose log is the answer (as
 `sample` and `doctor` read theirs), and whether a run is alive from its objects: a run's training Job
-carries its run label and no helper role (launcher.kube.pod_spec.labels). Deleting runs also prunes the
+carries its run label and no helper role (launcher.kube.pod_spec.labels); its supervisor Job counts
+until its pod marked the run ended (launcher.kube.connect.supervisor_jobs), and gives the outcome it
+recorded to a run whose record here has none (a detached run). Deleting runs also prunes the
 store of staged venvs and code trees (volume.store_prune_script): what no remaining run recorded as
 its staging, and no Job's pods name, is deleted with them."""
 
@@ -18,11 +20,11 @@ from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
-from launcher.kube.connect import open_cluster
+from launcher.kube.connect import open_cluster, supervisor_jobs
 from launcher.kube.jobs import access_of, run_helper
-from launcher.kube.objects import LABEL_SUPERVISES
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
 from launcher.run_files import StoredRun
+from launcher.runs.ledger import outcome_text
 
 RUNS_DIR = f"{MOUNT_PATH}/runs"
 
@@ -95,15 +97,21 @@ class ClaimRuns:
 
     def live(self, jobs: list[V1Job] | None = None) -> dict[str, list[str]]:
         """The training Jobs of each run that has one (helper Jobs carry a role and are not a run), and its
-        supervisor Job while that has not ended (a run between two attempts is live too)."""
+        supervisor Job while the run has not ended (a run between two attempts is live too)."""
+        return self.runs_of(self.jobs() if jobs is None else jobs)[0]
+
+    def runs_of(self, jobs: list[V1Job]) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """(live: what each live run runs on, ended: the outcome each ended supervisor recorded)."""
         found: dict[str, list[str]] = {}
-        for job in self.jobs() if jobs is None else jobs:
+        for job in jobs:
             labels = labels_of(job)
             if labels.get(LABEL_RUN) and volume.LABEL_ROLE not in labels:
                 found.setdefault(labels[LABEL_RUN], []).append(f"Job {name_of(job)}")
-            elif labels.get(LABEL_SUPERVISES) and not ended(job):
-                found.setdefault(labels[LABEL_SUPERVISES], []).append(f"supervisor Job {name_of(job)}")
-        return found
+        supervisors = supervisor_jobs(self.api, jobs)
+        for run, supervisor in supervisors.items():
+            if supervisor.ended is None:
+                found.setdefault(run, []).append(f"supervisor Job {supervisor.name}")
+        return found, {run: s.ended for run, s in supervisors.items() if s.ended}
 
     def helper_lines(self, action: str, script: str, what: str) -> list[str]:
         lines: list[str] = []
@@ -112,7 +120,7 @@ class ClaimRuns:
         return lines
 
     def stored(self) -> dict[str, StoredRun]:
-        live = self.live()
+        live, ended = self.runs_of(self.jobs())
         found = {}
         for line in self.helper_lines("list", list_script(), f"listing the runs on claim {self.claim}"):
             words = line.split()
@@ -123,6 +131,8 @@ class ClaimRuns:
                 bytes=int(kb) * 1024 if kb.isdigit() else 0,
                 places=(f"claim {self.claim}",),
                 running_on=tuple(live.get(run, ())),
+                # this machine's record of a detached run has no end: its supervisor's
+                state=outcome_text({"outcome": ended[run]}) if run in ended else "",
                 modified=float(newest) if newest.replace(".", "", 1).isdigit() else 0.0,
             )
         for run, jobs in live.items():  # a Job whose files are not staged yet
@@ -161,10 +171,3 @@ class ClaimRuns:
 
     def close(self) -> None:
         """The client holds no connection to release."""
-
-
-def ended(job: V1Job) -> bool:
-    """Complete or Failed (a supervisor pod waits a few minutes after the run's end for a front end to
-    copy the record: launcher.kube.in_cluster.LINGER_S)."""
-    conditions = (job.status.conditions or []) if job.status else []
-    return any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)

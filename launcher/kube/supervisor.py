@@ -69,7 +69,7 @@ from launcher.kube import objects, pod_spec, volume
 from launcher.kube import tasks as kube_tasks
 from launcher.kube import train as kube_train
 from launcher.kube.api import Api, api_error, calling, name_of
-from launcher.kube.connect import connect, is_live, open_cluster
+from launcher.kube.connect import connect, is_live, open_cluster, supervisor_jobs
 from launcher.kube.fetch import keepalive_script, wait_running
 from launcher.kube.in_cluster import ENDED_NAME, INTERRUPT_SUFFIX, SESSION_NAME
 from launcher.kube.jobs import access_of, create_when_gone, delete_job, job_pods
@@ -439,7 +439,8 @@ def train(request: TrainRequest) -> int:
     supervisor = Supervisor(api, cluster, request.run, request.cluster_spec)
     with calling(f"reading the supervisor Job {supervisor.job}"):
         existing = supervisor.read()
-    if existing is not None and is_live(existing):
+    found = supervisor_jobs(api, [existing]).get(request.run) if existing is not None else None
+    if found is not None and found.ended is None:  # live, and its pod has not marked the run ended
         pod = supervisor.running_pod()
         if pod is None or not supervisor.sync(pod) or supervisor.ended_state() is None:
             raise live_refusal(supervisor, request.cluster_spec, request.run)

@@ -125,6 +125,8 @@ class FakeKube:
         self._job_uids: set[str] = set()
         self.collected: list[str] = []
         """The ConfigMaps the garbage collector deleted once their owner Job was gone."""
+        self.collecting = True
+        """False: the garbage collector lags (a test's); the ConfigMaps of Jobs gone meanwhile wait for it."""
         self.terminating: dict[str, int] = {}
         """A Foreground-deleted Job -> the controller ticks since its deletion."""
         self.bound: dict[str, str] = {}
@@ -337,9 +339,10 @@ class FakeKube:
             if job is None or (uid and uid != job.metadata.uid):
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
         uids = {j.metadata.uid for j in jobs.values()}
-        if self._job_uids - uids:  # a Job went: the ConfigMaps it owned go too (listed only then: kmock's
+        gone = self._job_uids - uids
+        if gone and self.collecting:  # a Job went: the ConfigMaps it owned go too (listed only then: kmock's
             self._collect_owned(uids)  # every request scans its history, so each request per tick slows all)
-        self._job_uids = uids
+        self._job_uids = uids if self.collecting else uids | gone
         existing = {p.metadata.name: p for p in self.pods()}
         self.processes.end_gone(existing, jobs)
         phases = {n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()}

@@ -146,3 +146,45 @@ def test_rm_and_prune_free_the_store_entries_no_remaining_run_uses_and_never_a_l
     assert not live.exists() and not named.exists() and fresh.is_dir() and newest.is_dir(), ran.out
     assert "deleted 2 staged environment(s) and code tree(s) no run uses: freed 2" in ran.out
     assert "pruned 0 run(s), freed 2" in ran.out
+
+
+def test_a_supervisor_job_marked_ended_is_not_live_and_a_new_one_of_its_name_is(fake, contract_file, claim, task):
+    """A supervised run between attempts has no training Job: its supervisor Job alone makes it live,
+    until its pod marks the run ended (launcher.kube.connect.ended_marker). The run's name trained again
+    makes a new Job of the same name while the old Job's marker waits for the garbage collector: that run
+    is live, for `stop` and for `runs` and `rm`."""
+    from launcher.kube import connect
+    from launcher.kube.pod_spec import job_name
+
+    fake.collecting = False  # the old Job's marker outlives it for as long as the test needs
+    spec = str(contract_file)
+    name = objects.supervisor_job_name(job_name("fake", "sv"))
+
+    def supervisor_job() -> str:
+        """A live supervisor Job of run sv (suspended: its pod is not what this test is about); its uid."""
+        body = objects.supervisor_job(name, "nanocluster", "sv", "shared", "sa", ["sleep", "1000"], {}, {})
+        body["spec"]["suspend"] = True
+        return fake.batch.create_namespaced_job("nanocluster", body).metadata.uid
+
+    old = supervisor_job()
+    (claim / "runs" / "sv").mkdir()
+    marker = connect.ended_marker(name, "nanocluster", "sv", old, "stopped")
+    fake.core.create_namespaced_config_map("nanocluster", marker)
+    stopped = task("stop", "--cluster", spec)
+    assert stopped.code == 0, stopped.err
+    assert stopped.out.strip().splitlines()[-1] == "no run is running on fake: nothing to stop"
+    assert rows(task("runs", "--cluster", spec).out)["sv"][0] == "stopped"
+
+    fake.batch.delete_namespaced_job(name, "nanocluster")
+    supervisor_job()
+    assert [c.metadata.name for c in fake.core.list_namespaced_config_map("nanocluster").items] == [f"{name}-ended"]
+    assert rows(task("runs", "--cluster", spec).out)["sv"][0] == f"running on supervisor Job {name}"
+    removed = task("rm", "sv", "--cluster", spec)
+    stop = command_line("stop", cluster=spec, run="sv")
+    assert removed.error_lines == [f"error: run sv is running on supervisor Job {name}: stop it first with `{stop}`"]
+    stopped = task("stop", "--cluster", spec)
+    assert stopped.code == 0, stopped.err
+    assert stopped.out.strip().splitlines()[-1] == (
+        f'run sv: no rank is running now; its supervisor (Job {name}) ends the run "stopped" instead of '
+        "starting its next attempt"
+    )

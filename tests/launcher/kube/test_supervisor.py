@@ -315,6 +315,79 @@ def test_detach_returns_once_the_run_launched_and_attach_follows_it_to_its_end(f
     assert [e["event"] for e in events(record)] == ["launch", "end"]
 
 
+def ended_marker(fake, job: str):
+    """The supervisor Job's ended marker (launcher.kube.connect.ended_marker), or None."""
+    found = [c for c in fake.core.list_namespaced_config_map(NAMESPACE).items if c.metadata.name == f"{job}-ended"]
+    return found[0] if found else None
+
+
+def marked_uid(fake, job: str) -> str | None:
+    """The uid the supervisor Job's ended marker holds, or None."""
+    marker = ended_marker(fake, job)
+    return (marker.data or {}).get("job-uid") if marker is not None else None
+
+
+def test_a_detached_run_that_ended_is_not_live_while_its_supervisor_lingers(
+    fake, contract_file, script, tmp_path, task, monkeypatch
+):
+    """No front end follows a detached run: once it ends, its supervisor pod lingers (in_cluster.LINGER_S)
+    and its Job is not Complete. Plain `stop` finds nothing to stop, `runs` shows the run's end, `rm`
+    deletes it. Trained again (the garbage collector slow to remove the old Job's marker), the new run
+    ends the same way: its pod replaced the old marker."""
+    from launcher.console import console
+    from launcher.kube.pod_spec import MOUNT_PATH
+    from tests.launcher.runs.test_run_files import rows
+
+    monkeypatch.setattr(console, "width", 200)
+    claim = fake.pod_exec.claim
+
+    def run_here(text: str) -> list[str]:  # the list and rm helpers' scripts, on the fake's claim
+        done = subprocess.run(["sh", "-c", text.replace(MOUNT_PATH, str(claim))], capture_output=True, text=True)
+        return done.stdout.splitlines()
+
+    script.helpers = {"list": run_here, "rm": run_here}
+    fake.seed()
+    script.run_ticks = 10**9  # the pods run until the test ends them
+    home = tmp_path / "home"
+    spec = str(contract_file)
+    job = "fake-dn-supervisor"
+
+    def run_detached_to_its_end(attempt: str) -> None:
+        out = tmp_path / f"detach-{attempt}.out"
+        detach = front_end(home, "train", "--cluster", spec, "--run", "dn", "--nodes", "2", "--detach", out=out)
+        assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+        pods = [f"fake-dn-{rank}-a0" for rank in range(2)]
+        wait_for("running pods", lambda: all(running(fake, pod) for pod in pods), fake)
+        for pod in pods:
+            fake.succeed_pod(pod)
+
+    run_detached_to_its_end("first")
+    marker = wait_for("the supervisor's ended marker", lambda: ended_marker(fake, job), fake)
+    first = fake.batch.read_namespaced_job(job, NAMESPACE)
+    assert not (first.status.conditions if first.status else None)  # its pod lingers: not Complete
+    assert marker.data == {"job-uid": first.metadata.uid, "outcome": "finished"}
+    assert [(o.kind, o.uid) for o in marker.metadata.owner_references] == [("Job", first.metadata.uid)]
+
+    stopped = task("stop", "--cluster", spec)
+    assert stopped.code == 0, stopped.err
+    assert stopped.out.strip().splitlines()[-1] == "no run is running on fake: nothing to stop"
+    listed = task("runs", "--cluster", spec)
+    assert listed.code == 0, listed.err
+    assert rows(listed.out)["dn"][0] == "finished", listed.out
+    removed = task("rm", "dn", "--cluster", spec)
+    assert removed.code == 0, removed.err
+    assert "deleted run dn on claim shared" in removed.out and not (claim / "runs" / "dn").exists()
+
+    fake.collecting = False  # the old Job's marker stays after `train` deletes that Job
+    run_detached_to_its_end("again")
+    second = fake.batch.read_namespaced_job(job, NAMESPACE)
+    assert second.metadata.uid != first.metadata.uid
+    new_marker = lambda: marked_uid(fake, job) == second.metadata.uid  # noqa: E731
+    wait_for("the new Job's marker, in place of the old one", new_marker, fake)
+    stopped = task("stop", "--cluster", spec)
+    assert stopped.out.strip().splitlines()[-1] == "no run is running on fake: nothing to stop", stopped.out
+
+
 def attach_slow_to_copy(fake, contract_file, script, tmp_path) -> tuple[Path, subprocess.Popen, Path]:
     """Run ac started detached on 2 pods, and `attach` to it opening its first exec stream into the
     supervisor pod, which the server takes 3 s to answer: (home, the attach process, its output)."""
@@ -386,8 +459,9 @@ def test_runs_and_rm_count_a_run_whose_supervisor_has_not_ended_as_live():
         job("c-c", {LABEL_APP: APP, LABEL_RUN: "c", LABEL_ATTEMPT: "0"}),
     ]
     batch = SimpleNamespace(list_namespaced_job=lambda namespace, label_selector: SimpleNamespace(items=jobs))
+    no_markers = SimpleNamespace(list_namespaced_config_map=lambda namespace, label_selector: SimpleNamespace(items=[]))
     store = ClaimRuns.__new__(ClaimRuns)
-    store.api = SimpleNamespace(batch=batch, namespace="nanocluster")
+    store.api = SimpleNamespace(batch=batch, core=no_markers, namespace="nanocluster")
     assert store.live() == {"a": ["supervisor Job c-a-supervisor"], "c": ["Job c-c"]}
 
 
