@@ -153,7 +153,9 @@ def main() -> None:
     malformed = [setting for setting in args.settings if "=" not in setting.strip("=")]
     if malformed:
         parser.error(f"--set {malformed[0]}: give KEY=VALUE, a trainer setting such as cuda_graphs=false")
-    if min(args.rounds, args.steps, args.warmup, args.batch_size, args.ahead) < 1 or (args.peak_tflops or 1) <= 0:
+    if min(args.rounds, args.steps, args.warmup, args.batch_size, args.ahead) < 1 or (
+        args.peak_tflops is not None and args.peak_tflops <= 0
+    ):
         parser.error("--rounds, --steps, --warmup, --batch-size, --ahead and --peak-tflops must be positive")
     if args.deadline is not None and args.deadline <= 0:
         parser.error(f"--deadline {args.deadline:g}: give the seconds the whole comparison may take, more than 0")

@@ -103,6 +103,7 @@ def test_an_unknown_variant_or_a_setting_without_a_value_is_refused_in_one_line(
         (["--variants", "pdl+fast"], "--variants: no variant fast"),
         (["--set", "cuda_graphs"], "--set cuda_graphs: give KEY=VALUE"),
         (["--deadline", "0"], "--deadline 0: give the seconds"),
+        (["--peak-tflops", "0"], "--peak-tflops must be positive"),
     ):
         monkeypatch.setattr(sys, "argv", ["gpu_vs_nanogpt.py", "--nanogpt", str(tmp_path), "--diagnose", *bad])
         for name in ("train.py", "model.py", "configurator.py"):
