@@ -100,13 +100,24 @@ class AlreadySupervised(TaskError):
     """The run has a live supervisor: a second one must never start."""
 
 
+LOCK_PROBE_GRACE_S = 0.5
+"""How long taking the run's lock retries: a check whether a supervisor is live (is_live, lock_held:
+`fab stop`, `fab runs`, another run's start) takes the free lock for an instant to find out."""
+
+
 def take_lock(directory: Path, run: str, cluster_spec: str | None) -> int:
     """The run's lock, taken (a descriptor to hand to the supervisor), or AlreadySupervised naming the
     live supervisor and the commands that follow or stop it."""
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    deadline = time.monotonic() + LOCK_PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
         os.close(fd)
         state = read_state(directory)
         pid = f" (supervisor pid {state.pid})" if state else ""
@@ -114,7 +125,6 @@ def take_lock(directory: Path, run: str, cluster_spec: str | None) -> int:
         raise AlreadySupervised(
             f"run {run} is already running{pid}; follow it with `{follow}`, or stop it with `{stop}` first"
         ) from None
-    return fd
 
 
 def is_live(directory: Path) -> bool:

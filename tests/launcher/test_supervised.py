@@ -7,6 +7,7 @@ it, --detach and attach."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import signal
 import threading
@@ -51,6 +52,20 @@ def test_a_held_lock_refuses_a_second_supervisor_and_names_attach(tmp_path):
         os.close(lock)
     assert not is_live(tmp_path)  # the holder is gone: so is the lock
     os.close(take_lock(tmp_path, "r", None))
+
+
+def test_a_liveness_check_holding_the_free_lock_for_an_instant_never_refuses_a_start(tmp_path):
+    """`fab stop`, `fab runs` and another run's start find out whether a supervisor lives by taking its
+    free lock for an instant (is_live, the nodes' flock -n): a start meeting one of them goes on."""
+    (tmp_path / LOCK_NAME).touch()
+    probe = os.open(tmp_path / LOCK_NAME, os.O_RDWR)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    released = threading.Timer(0.1, os.close, args=(probe,))
+    released.start()
+    try:
+        os.close(take_lock(tmp_path, "r", None))
+    finally:
+        released.join()
 
 
 def test_a_dead_supervisors_files_are_stale_never_live(tmp_path):
