@@ -277,12 +277,12 @@ def second_ctrl_c_line(ctrl_c: CtrlC, request: TrainRequest) -> str:
             "interrupted (Ctrl-C again): the front end left, and the run's supervisor still stops every rank "
             f"after its snapshot: `{status}` shows its end and the command that continues it"
         )
-    # Not `stop`: before its first attempt has started, no rank runs for it to stop.
-    attach = command_line("attach", cluster=request.cluster_spec, run=request.run)
+    # `stop` reaches the run from its supervisor's start on: the request is read before each attempt.
+    stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
     why = f" ({ctrl_c.failure})" if ctrl_c.failure is not None else ""
     return (
         "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor"
-        f"{why}; the run may go on: to stop it, `{attach}` and Ctrl-C"
+        f"{why}; the run may go on: stop it with `{stop}`"
     )
 
 

@@ -176,7 +176,7 @@ def test_a_second_ctrl_c_leaves_and_says_the_supervisor_still_stops_the_run(tmp_
 
 MAY_GO_ON = (
     "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; the run "
-    "may go on: to stop it, `fab attach --run r` and Ctrl-C"
+    "may go on: stop it with `fab stop --run r`"
 )
 
 

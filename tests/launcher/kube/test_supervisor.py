@@ -433,7 +433,7 @@ def test_ctrl_c_twice_while_attach_first_copies_the_record_says_the_run_goes_on(
     text = attach_out.read_text()
     assert text.strip().splitlines()[-1] == (
         "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor; "
-        f"the run may go on: to stop it, `nanocluster attach --cluster {contract_file} --run ac` and Ctrl-C"
+        f"the run may go on: stop it with `nanocluster stop --cluster {contract_file} --run ac`"
     ), text
     record = home / "clusters" / "fake" / "runs" / "ac"
     assert not [e for e in events(record) if e["event"] == "end"]
