@@ -355,12 +355,24 @@ def supervised_runs(session: Session) -> dict[str, Node]:
     return {name: node for node, out in found for name in out.split()}
 
 
+ENDING_WAIT_S = 10.0
+"""How long a start waits for another run's supervisor that runs no rank before refusing (check_no_other_run)."""
+
+
 def check_no_other_run(session: Session, run: str) -> None:
     """A TaskError when another run is live on these machines (a unit of it runs, or its supervisor
     lives between two attempts: its next one starts here): the fit check counts one run's ranks, and
     two runs would share the cores, each slowing the other (several runs beside each other on the local
-    cluster can leave the machine unanswering)."""
-    others = sorted({*live_runs(session), *supervised_runs(session)} - {run})
+    cluster can leave the machine unanswering). A supervisor with no rank running is given
+    ENDING_WAIT_S to let go: one just stopped (`fab stop` returns once its ranks are gone) records the
+    end and exits within seconds."""
+    deadline = time.monotonic() + ENDING_WAIT_S
+    while True:
+        ranks = set(live_runs(session)) - {run}
+        others = sorted(ranks | (set(supervised_runs(session)) - {run}))
+        if not others or ranks or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
     if not others:
         return
     where = "this machine" if session.cluster.is_local else session.cluster.cluster_name

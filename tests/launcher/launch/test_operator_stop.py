@@ -10,16 +10,19 @@ import os
 import re
 import shlex
 import shutil
+import threading
 
 import pytest
 
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
+from launcher.launch import units
 from launcher.launch.operator_stop import run_to_stop
 from launcher.launch.supervisor import take_lock
-from launcher.launch.units import live_runs_command, start_command, stop_command
+from launcher.launch.units import check_no_other_run, live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord, stopped_text
+from launcher.session import Session, machines
 from launcher.testing.fab import Fab, long_tiny_config, wait_for
 from launcher.transport import payload
 from launcher.transport.connect import connect_reachable
@@ -258,6 +261,26 @@ def test_a_second_run_is_refused_while_a_run_waits_between_attempts_under_its_su
         "error: run first is running on this machine: run second beside it would share its cores"
     ), refused.stderr
     assert not (local_home / "runs" / "second").exists(), "nothing of the refused run was written on the node"
+
+
+def test_a_start_waits_for_a_supervisor_that_is_ending_and_refuses_one_that_stays(local_home, monkeypatch):
+    """`fab stop` returns once the ranks are gone; the run's supervisor then records the end and exits:
+    a run started right after (a script's next line) waits for it instead of being refused."""
+    monkeypatch.setattr(units, "ENDING_WAIT_S", 3.0)
+    cluster = local_cluster(1)
+    with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
+        ending = threading.Timer(1.0, os.close, args=(supervising("first"),))
+        ending.start()
+        try:
+            check_no_other_run(session, "second")
+        finally:
+            ending.join()
+        staying = supervising("first")
+        try:
+            with pytest.raises(TaskError, match=r"^run first is running on this machine: run second beside it"):
+                check_no_other_run(session, "second")
+        finally:
+            os.close(staying)
 
 
 def test_a_reader_of_the_stop_request_never_sees_it_rewritten_under_it(local_home, standins):
