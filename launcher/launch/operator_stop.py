@@ -63,11 +63,13 @@ def stop_since(requested_at: float | None, asked_at: float | None) -> float | No
     return requested_at if requested_at is not None and requested_at >= (asked_at or 0.0) else None
 
 
-def supervisor_stops_line(run: str, where: str) -> str:
+def supervisor_stops_line(run: str, where: str, all_answered: bool = True) -> str:
     """What `fab stop` says of a run with no rank running now whose supervisor is live (where: e.g.
-    "on node0"): the request it left ends the run."""
+    "on node0"): the request it left ends the run. all_answered: False when a node did not answer
+    (a lost one, which the supervisor waits for): what runs there is not known."""
+    running = "now" if all_answered else "on the nodes that answered"
     return (
-        f'run {run}: no rank is running now; its supervisor {where} ends the run "stopped" instead of '
+        f'run {run}: no rank is running {running}; its supervisor {where} ends the run "stopped" instead of '
         "starting its next attempt"
     )
 

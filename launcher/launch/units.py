@@ -406,7 +406,7 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
                 say(f"run {chosen}: every rank stopped on {where} (each after its snapshot)")
             elif chosen in supervised:
                 head = "on this machine" if cluster.is_local else f"on {supervised[chosen].name}"
-                say(supervisor_stops_line(chosen, head))
+                say(supervisor_stops_line(chosen, head, all_answered=not session.unreachable))
             else:
                 say(not_running_line(chosen, live))
         for error in session.unreachable.values():

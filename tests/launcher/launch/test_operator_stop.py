@@ -17,7 +17,7 @@ import pytest
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
 from launcher.launch import units
-from launcher.launch.operator_stop import run_to_stop
+from launcher.launch.operator_stop import run_to_stop, supervisor_stops_line
 from launcher.launch.supervisor import take_lock
 from launcher.launch.units import check_no_other_run, live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
@@ -120,6 +120,10 @@ def test_run_to_stop_and_the_stopped_line():
         r"run main stopped by an operator at iter 7 \(stop at \d\d:\d\d:\d\d; every rank stopped after its "
         r"snapshot\); continue with: fab train",
         line,
+    )
+    # a node that did not answer (the lost one the supervisor waits for): what runs there is not known
+    assert supervisor_stops_line("main", "on node0", all_answered=False).startswith(
+        "run main: no rank is running on the nodes that answered; its supervisor on node0 ends the run"
     )
 
 
