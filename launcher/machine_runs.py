@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, lock_held
+from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held
 from launcher.launch.units import with_identity
 from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun
 from launcher.runs.ledger import OUTCOMES
@@ -50,8 +50,7 @@ def list_command(root: str) -> str:
 def supervisor_held(root: str) -> str:
     """A shell test: run $r's supervisor on this node (the head, launcher.head_node) holds its lock, so
     the run is live between its attempts too."""
-    held = lock_held('"$l"')
-    return f'{{ for l in {root}/{SUPERVISED_RECORDS}/"$r"/{LOCK_NAME}; do {held} && echo held; done; }} | grep -q held'
+    return any_lock_held(f'{root}/{SUPERVISED_RECORDS}/"$r"/{LOCK_NAME}')
 
 
 def revival_wanted(root: str) -> str:

@@ -243,11 +243,15 @@ def clear_stop_request(api: Api, cluster: Cluster, run: str, before: float | Non
             ) from None
 
 
+def has_ended(job: V1Job) -> bool:
+    """Complete or Failed, as its conditions say."""
+    conditions = (job.status.conditions or []) if job.status else []
+    return any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
+
+
 def is_live(job: V1Job) -> bool:
     """Neither ended (Complete, Failed) nor being deleted."""
-    conditions = (job.status.conditions or []) if job.status else []
-    ended = any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions)
-    return not ended and not (job.metadata and job.metadata.deletion_timestamp)
+    return not has_ended(job) and not (job.metadata and job.metadata.deletion_timestamp)
 
 
 ENDED_SUFFIX = "-ended"
@@ -328,15 +332,10 @@ def live_runs(api: Api) -> list[str]:
     """The runs whose training Job has not ended (neither Complete nor Failed), by name."""
     with calling("listing the running Jobs"):
         jobs = api.batch.list_namespaced_job(api.namespace, label_selector=LABEL_ATTEMPT).items
-    ended = ("Complete", "Failed")
     return sorted(
         {
             labels_of(job)[LABEL_RUN]
             for job in jobs
-            if LABEL_RUN in labels_of(job)
-            and LABEL_ATTEMPT in labels_of(job)
-            and not any(
-                c.type in ended and c.status == "True" for c in ((job.status.conditions or []) if job.status else [])
-            )
+            if LABEL_RUN in labels_of(job) and LABEL_ATTEMPT in labels_of(job) and not has_ended(job)
         }
     )

@@ -148,6 +148,12 @@ def lock_held(lock: str) -> str:
     return f"{{ [ -f {lock} ] && command -v flock >/dev/null && ! flock -n {lock} true; }}"
 
 
+def any_lock_held(locks: str) -> str:
+    """A shell test: one of the lock files (shell words, globs among them) is held by a live supervisor."""
+    held = lock_held('"$l"')
+    return f'{{ found=; for l in {locks}; do {held} && found=1; done; [ -n "$found" ]; }}'
+
+
 def interrupt(directory: Path) -> bool:
     """Ctrl-C for the run: SIGINT to its live supervisor, which stops every rank after its snapshot and
     ends the run "interrupted". False when no supervisor is live."""

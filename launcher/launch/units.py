@@ -59,7 +59,7 @@ from launcher.launch.operator_stop import (
     run_to_stop,
     supervisor_stops_line,
 )
-from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, lock_held
+from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held, lock_held
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
 from launcher.transport.ssh import install_ssh_command
@@ -132,8 +132,7 @@ def supervisor_locks(root: str, run: str) -> str:
 
 def supervised_test(root: str, run: str) -> str:
     """A shell test: the run's supervisor on this node holds its lock (live, whether or not a rank runs)."""
-    held = lock_held('"$l"')
-    return f'{{ found=; for l in {supervisor_locks(root, run)}; do {held} && found=1; done; [ -n "$found" ]; }}'
+    return any_lock_held(supervisor_locks(root, run))
 
 
 def start_command(

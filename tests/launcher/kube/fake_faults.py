@@ -21,6 +21,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp.web
 
@@ -113,17 +114,23 @@ class Faults:
             return [g for fault in self.rules for g in fault.given]
 
 
-def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
-    reason, status_reason, message = REASONS[code]
-    body = {
+def failure_status(code: int, reason: str, message: str, **extra: Any) -> dict:
+    """A Status object of a failed request, as the API server answers one."""
+    return {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": message,
-        "reason": status_reason,
+        "reason": reason,
+        **extra,
         "code": code,
     }
+
+
+def status_response(code: int, retry_after_s: int) -> aiohttp.web.Response:
+    reason, status_reason, message = REASONS[code]
+    body = failure_status(code, status_reason, message)
     headers = {}
     if code == 429:
         body["details"] = {"retryAfterSeconds": retry_after_s}
@@ -167,16 +174,7 @@ def conflict_response(plural: str, name: str, what: str, wanted: str, found: str
         f'Operation cannot be fulfilled on {plural} "{name}": Precondition failed: {what} in precondition: '
         f"{wanted}, {what} in object meta: {found or ''}"
     )
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Conflict",
-        "details": {"name": name, "kind": plural},
-        "code": 409,
-    }
+    body = failure_status(409, "Conflict", message, details={"name": name, "kind": plural})
     return aiohttp.web.Response(status=409, reason="Conflict", text=json.dumps(body), content_type="application/json")
 
 
