@@ -15,7 +15,7 @@ upgrade's answer) by waiting for it from the caller's thread at most OPEN_TIMEOU
 stream's socket that timeout for each read and write: a server that accepts and never answers, or
 stops mid-frame, is an error the caller handles, never a caller that waits for ever. (A thread left
 on an opening that never answers ends when its connection does.) Neither library lets a
-KeyboardInterrupt through reliably (launcher.follow.CtrlC): a caller that must see Ctrl-C takes it
+KeyboardInterrupt through reliably (launcher.ctrl_c.CtrlC): a caller that must see Ctrl-C takes it
 with a signal handler.
 """
 

@@ -21,7 +21,7 @@ it cannot keep the run's budget, record or an operator's stop: docs/kubernetes.m
     --detach  the same until the record has the attempt's launch event, then the attach command
     attach    the same for a live supervisor; an ended one's record copied through a helper pod
     Ctrl-C    a ConfigMap asks the supervisor (in_cluster.INTERRUPT_SUFFIX), created at once by a
-              thread whatever the loop is doing (launcher.follow.CtrlC): every rank snapshots, the run
+              thread whatever the loop is doing (launcher.ctrl_c.CtrlC): every rank snapshots, the run
               ends "interrupted", exit 130 and the continue line; a second Ctrl-C leaves. Taken from
               the front end's first step (attach's reads and first copy, train's Job creation) and
               handed over once the supervisor's Job is known live
@@ -54,11 +54,10 @@ from kubernetes.client.exceptions import ApiException
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
+from launcher.ctrl_c import CtrlC, interrupts_handed_over
 from launcher.follow import (
-    CtrlC,
     end_line,
     follow,
-    interrupts_handed_over,
     launch_count,
     request_for,
     runs_here,

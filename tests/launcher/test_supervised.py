@@ -19,6 +19,7 @@ import pytest
 
 from launcher import follow
 from launcher.console import Interrupted, TaskError
+from launcher.ctrl_c import NOT_STARTED_LINE, interrupts_handed_over
 from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
@@ -252,7 +253,7 @@ def sigterm_once_handled(before: object) -> None:
 
 
 def test_a_ctrl_c_handed_over_reaches_the_supervisor_from_inside_a_call_that_loses_interrupts():
-    """follow.interrupts_handed_over (the Kubernetes front end's): the first Ctrl-C is handed over by a
+    """launcher.ctrl_c.interrupts_handed_over (the Kubernetes front end's): the first Ctrl-C is handed over by a
     thread of its own even while the loop is in a call that swallows exceptions (as websocket-client's
     close() does); a second leaves; a failed hand-over is raised at the loop's next check."""
     asked = threading.Event()
@@ -265,7 +266,7 @@ def test_a_ctrl_c_handed_over_reaches_the_supervisor_from_inside_a_call_that_los
             pass
 
     previous = signal.getsignal(signal.SIGINT)
-    with follow.interrupts_handed_over(asked.set) as ctrl_c:
+    with interrupts_handed_over(asked.set) as ctrl_c:
         losing_call()
         assert asked.wait(10)
         ctrl_c.check()  # nothing to leave for
@@ -279,7 +280,7 @@ def test_a_ctrl_c_handed_over_reaches_the_supervisor_from_inside_a_call_that_los
     def refused() -> None:
         raise TaskError("asking the supervisor to interrupt the run: forbidden (403)")
 
-    with follow.interrupts_handed_over(refused) as ctrl_c:
+    with interrupts_handed_over(refused) as ctrl_c:
         os.kill(os.getpid(), signal.SIGTERM)  # a CI timeout, `kill`: the same
         deadline = time.monotonic() + 10
         while ctrl_c.failure is None and time.monotonic() < deadline:
@@ -457,7 +458,7 @@ def test_ctrl_c_while_the_place_is_made_ready_leaves_before_the_run_starts(
     directory, train = local_train(SlowFirstCopy("until_interrupted", "preparing", presses), monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         train()
-    assert capsys.readouterr().out == follow.NOT_STARTED_LINE + "\n"
+    assert capsys.readouterr().out == NOT_STARTED_LINE + "\n"
     assert not directory.exists()  # no supervisor started, and the new run's record left as it was: none
 
 
