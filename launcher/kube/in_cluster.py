@@ -1,5 +1,5 @@
 """The run's supervisor inside a Kubernetes cluster: what its pod runs (`python -m launcher.kube.in_cluster
-SPEC`). launcher.kube.supervisor creates it and follows it from the operator's machine.
+SPEC`). launcher.kube.follow creates it and follows it from the operator's machine.
 
     cluster    the Cluster the front end resolved (launcher.kube.supervisor.encode_cluster), with a
                kubeconfig of the pod's own: its service account's token (the Role of

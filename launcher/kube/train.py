@@ -361,7 +361,7 @@ class KubeRun:
 def train(request: TrainRequest) -> int:
     """`fab train` on a Kubernetes cluster in this process: 0 finished, BUDGET_EXIT stopped at the budget (a
     failure raises). A dry run, and a train whose output is captured in the calling process, run here;
-    `fab train` at a terminal runs the run's supervisor in the cluster (launcher.kube.supervisor)."""
+    `fab train` at a terminal runs the run's supervisor in the cluster (launcher.kube.follow)."""
     if request.detach:
         raise TaskError(NOT_SUPERVISED)
     return run_lifecycle(request, KubeRun.resolve)
@@ -374,6 +374,6 @@ NOT_SUPERVISED = (
 
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
-    """`fab attach` for a run supervised in this process: nothing to attach to (launcher.kube.supervisor
+    """`fab attach` for a run supervised in this process: nothing to attach to (launcher.kube.follow
     attaches to a supervisor pod)."""
     raise TaskError(NOT_SUPERVISED.replace("drop --detach; ", ""))

@@ -13,7 +13,7 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
 here where the lifecycle runs: machines in a supervisor (launcher.supervised, followed by
 launcher.follow) that launcher.train.supervision places on this machine for the local cluster and on
 the head node for machines over SSH (launcher.head_node); Kubernetes in a supervisor pod in the cluster
-(launcher.kube.supervisor, launcher.kube.in_cluster).
+(launcher.kube.follow, launcher.kube.supervisor, launcher.kube.in_cluster).
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
 `fab cost` reads this machine's records only, so it needs no driver.
 """
@@ -131,8 +131,8 @@ def kubernetes_driver() -> Driver:
     task on VMs does not pay."""
     import launcher.kube.doctor as kube_doctor
     import launcher.kube.fetch as kube_fetch
+    import launcher.kube.follow as kube_follow
     import launcher.kube.run_dirs as kube_runs
-    import launcher.kube.supervisor as kube_supervisor
     import launcher.kube.tasks as kube
 
     class KubernetesDriver:
@@ -141,10 +141,10 @@ def kubernetes_driver() -> Driver:
         kind = KUBERNETES
         setup = staticmethod(kube.setup)
         prepare_data = staticmethod(kube.prepare_data)
-        train = staticmethod(kube_supervisor.train)  # the run's supervisor: a pod in the cluster
-        attach = staticmethod(kube_supervisor.attach)
+        train = staticmethod(kube_follow.train)  # the run's supervisor: a pod in the cluster
+        attach = staticmethod(kube_follow.attach)
         status = staticmethod(kube.status)
-        logs = staticmethod(kube_supervisor.logs)  # a live supervisor's relaunches followed too
+        logs = staticmethod(kube_follow.logs)  # a live supervisor's relaunches followed too
         stop = staticmethod(kube.stop)
         sample = staticmethod(kube.sample)
         fetch = staticmethod(kube_fetch.fetch)
