@@ -36,6 +36,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_process: run the test in a new Python process (every test that calls torch.compile)"
     )
+    if hasattr(config, "workerinput"):  # an xdist worker, beside others on the same cores
+        one_torch_thread()
+
+
+def one_torch_thread() -> None:
+    """torch in this process, and in the processes it starts that set none of their own, on one thread:
+    with a thread per core in each of several workers, OpenMP's threads spin waiting for cores the
+    others hold (a trainer test beside two busy processes: 261 s on two threads, 173 s on one)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
