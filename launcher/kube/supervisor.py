@@ -119,7 +119,7 @@ def pod_request(request: TrainRequest) -> dict:
     return dataclasses.asdict(pod)
 
 
-# --- the front end ---
+# --- the supervisor Job, seen from the operator's machine ---
 
 
 class Supervisor:
