@@ -35,7 +35,9 @@ from tests.launcher.kube.fake_logs import PodLogs
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 NAMESPACE = "nanocluster"
-TICK_S = 0.01
+TICK_S = 0.03
+"""The controllers' period: a real kube-controller-manager takes longer; at 0.01 s the fake's polling
+was a seventh of a Kubernetes test's CPU, and the suite is CPU-bound."""
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX = "batch.kubernetes.io/job-completion-index"
 CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"

@@ -188,9 +188,10 @@ async def until_gone(raw_request: aiohttp.web.BaseRequest, limit_s: float = 300.
 
 # kmock records every request and matches each new one against its reactions by scanning that record:
 # the fake's CPU grew with the square of a test's requests (most of a core through a minute-long run,
-# and the suite is CPU-bound). Nothing reads the record, so only the newest are kept, far more than are
-# ever in flight (a request is matched while it is in the record).
-REQUESTS_KEPT = 32
+# and the suite is CPU-bound). Nothing reads the record, so only the newest are kept: a request is matched
+# at once after it is recorded, so few are ever in flight. Each match scans them all (32 kept: a sixth of
+# a Kubernetes test's CPU went to that scan).
+REQUESTS_KEPT = 8
 
 
 class ClusterEmulator(ExecEmulator):
