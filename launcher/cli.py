@@ -55,6 +55,7 @@ OWN_OPTIONS = {
     "complete": "print the tab-completion candidates (what the completion script asks)",
 }
 """The program's own options, with nanocluster's help text; every other option is Fabric's or Invoke's."""
+HELP_FLAGS = {"-h", "--help"}
 NOT_USED = (
     "Fabric's and Invoke's options: the tasks do not use them (they reach the nodes through the "
     "cluster's contract and run no command through invoke)"
@@ -180,6 +181,13 @@ class Nanocluster(Fab):
             super().parse_core(*args, **kwargs)
 
     def parse_tasks(self) -> None:
+        # `rm --help`: invoke hands a task's missing positional argument the next word, flag or not, so
+        # the task would run with run="--help"; after a task, -h/--help asks for that task's flags.
+        words = self.core.unparsed
+        if words and words[0] in self.collection.task_names and HELP_FLAGS & set(words[1:]):
+            self.parser = self._make_parser()
+            self.print_task_help(words[0])
+            raise Exit
         with self.one_line_parse_errors():
             super().parse_tasks()
 

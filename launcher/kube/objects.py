@@ -7,7 +7,8 @@ and the launcher recreates it (every rank resumes from the newest snapshot toget
 replacement pod could not rejoin a process group that already broke). podFailurePolicy says why it
 failed: the Job's Failed condition has reason "PodFailurePolicy" when the trainer itself decided
 (its program error or its budget stop: not worth a retry), and "BackoffLimitExceeded" otherwise (a
-lost peer, a signal, the OOM killer, a disruption such as a spot reclaim or a drain: retry).
+lost peer, a signal, a disruption such as a spot reclaim or a drain: retry; an OOM kill lands here too,
+and launcher.kube.watch ends the run on it: the same pods would run out of memory again).
 torchrun exits 1 whatever its ranks' codes were, so a GPU pod's shell passes the first rank's own
 verdict on as the pod's exit code (pod_spec.ranks_script).
 """

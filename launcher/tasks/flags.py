@@ -25,7 +25,10 @@ from invoke.parser import Argument, ParserContext
 from launcher.console import Interrupted, TaskError, check_name, command_line, flag_name, shown
 from launcher.terminal import last_line
 
-CLUSTER_HELP = "local (default), stack, stack:NAME, or a contract JSON path; default $NANOCLUSTER_CLUSTER"
+CLUSTER_HELP = (
+    "local (default), stack, stack:NAME, a contract JSON path, or kubeconfig:PATH[#CONTEXT]; "
+    "default $NANOCLUSTER_CLUSTER"
+)
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
 DEFAULT_SLOT = "{default}"
 AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")

@@ -124,3 +124,12 @@ def test_the_help_of_one_task_is_still_reached_from_the_program(tmp_path):
     result = run("nanocluster", "--help", "train", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert re.search(r"--nodes=INT\s+nodes \(machines\) to train on", result.stdout)
+
+
+@pytest.mark.parametrize(("program", "args"), [("nanocluster", ["rm", "--help"]), ("fab", ["rm", "-h"])])
+def test_help_after_a_task_that_takes_a_word_is_its_help_not_its_argument(program, args, tmp_path):
+    """rm takes the run as a word (`rm NAME`): --help after it is still a request for rm's flags."""
+    result = run(program, *args, tmp_path=tmp_path)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert result.stdout.startswith(f"Usage: {program} [--core-opts] rm [--options]"), result.stdout
+    assert re.search(r"--run=STRING\s+the run to delete", result.stdout), result.stdout
