@@ -20,7 +20,7 @@ from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError
 from launcher.kube import volume
 from launcher.kube.api import Api, calling, labels_of, name_of
-from launcher.kube.connect import open_cluster, supervisor_jobs
+from launcher.kube.connect import clear_stop_request, open_cluster, supervisor_jobs
 from launcher.kube.jobs import access_of, run_helper
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
 from launcher.run_files import StoredRun
@@ -157,6 +157,8 @@ class ClaimRuns:
         for words in (line.split() for line in lines):
             if len(words) >= 2 and words[0] == "@failed":
                 failures[words[1]] = f"claim {self.claim}: {' '.join(words[2:]) or 'not deleted'}"
+        for run in deleted - set(failures):  # a `fab stop` left for the run: nothing is left to read it
+            clear_stop_request(self.api, self.cluster, run)
         return failures | {r: f"claim {self.claim}: no answer for it" for r in rest if r not in deleted | set(failures)}
 
     def free_unused(self) -> dict[str, int]:

@@ -14,6 +14,7 @@ import pytest
 from launcher.cluster.contract import parse_contract
 from launcher.console import command_line, console
 from launcher.kube import objects, volume
+from launcher.kube.connect import open_cluster, request_stop, stop_requested
 from launcher.kube.pod_spec import MOUNT_PATH
 from launcher.runs.record import RunRecord
 from tests.launcher.kube.fake import training_launch
@@ -78,12 +79,17 @@ def test_rm_refuses_a_live_run_and_frees_a_finished_one(two_runs, contract_file,
     ran = task("rm", "live", "--cluster", spec)
     stop = command_line("stop", cluster=spec, run="live")
     assert ran.error_lines == [f"error: run live is running on Job fake-live: stop it first with `{stop}`"]
+    api, _ = open_cluster(spec, making_pods=False)
+    for run in ("done", "live"):  # stops left for both, as a `fab stop --run NAME` of an ended run leaves one
+        request_stop(api, two_runs, run)
     ran = task("rm", "done", "--cluster", spec)
     assert ran.code == 0, ran.err
     assert "deleted run done on claim shared and its record here: freed 2.0 MB" in ran.out
     assert not (claim / "runs" / "done").exists()
     assert not RunRecord.of(two_runs, "done").directory.exists()
+    assert stop_requested(api, two_runs, "done") is None, "the deleted run's stop request is gone with it"
     assert (claim / "runs" / "live").is_dir()
+    assert stop_requested(api, two_runs, "live") is not None, "the live run's stop request stays"
 
 
 def test_prune_deletes_only_ended_runs(two_runs, contract_file, claim, task):
