@@ -70,6 +70,9 @@ class Lifecycle:
         """The run's clock: the launch event's time and the trainer's budget clock (set again once checked)."""
         self.fingerprint: str | None = None
         """What sets a step's time (budget.config_fingerprint), so later estimates match this run."""
+        self.device = "auto"
+        """The trainer's device setting, recorded with the launch: `fab status` and `fab logs` rebuild the
+        local cluster as the run had it (device=cpu: this machine's CPUs, its GPUs unused)."""
         self.spend: budget.BudgetPlan | None = None
         """The budget's plan, with --budget."""
         self.budget_overrides: tuple[str, ...] = ()
@@ -104,6 +107,7 @@ class Lifecycle:
         if kind.cluster.gpus_per_node and trainer_cfg.device == "cpu":
             say(f"device=cpu: the {world} rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle")
         self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
+        self.device = trainer_cfg.device
         self.spend = (
             None
             if request.budget_usd is None
@@ -277,6 +281,7 @@ class Lifecycle:
             time=self.clock_start,
             dataset=self.request.dataset,  # a rerun on another dataset is not "already finished"
             config_fingerprint=self.fingerprint,
+            device=self.device,
             **(self.spend.launch_fields() if self.spend else {}),
         )
 
@@ -400,12 +405,13 @@ def checked_request(request: TrainRequest) -> TrainRequest:
         request = replace(request, asked_at=time.time())
     if request.nodes is not None:
         return request
+    device = request.local_device  # the local cluster's default count depends on it
     try:  # read ahead: the kind's own load of a stack takes these outputs, so pulumi runs once
-        cluster = load_cluster(request.cluster_spec, read_ahead=True)
+        cluster = load_cluster(request.cluster_spec, read_ahead=True, local_device=device)
         snapshot = run_snapshot(RunRecord.of(cluster, request.run))
         if snapshot is None or not cluster.nodes or snapshot.nodes == len(cluster.nodes):
             return request  # no nodes listed (a kubeconfig's cluster): its default is known once connected
-        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True).select(snapshot.nodes)
+        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True, local_device=device).select(snapshot.nodes)
     except InventoryError:  # the kind's resolve says it; a cluster with fewer nodes now: the resume check does
         return request
     say(

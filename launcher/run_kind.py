@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from launcher.cluster.inventory import Cluster, Node
+from launcher.cluster.node_layout import QUICKSTART_CONFIG
 from launcher.console import TaskError, command_line
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.recover.policy import GlobalBatch, RecoverOptions
+from launcher.trainer_config import read_trainer_config
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 from model.settings.config import TrainConfig
 
@@ -61,6 +63,14 @@ class TrainRequest:
     @property
     def rerun_command(self) -> str:
         return self.rerun or command_line("train", cluster=self.cluster_spec, run=self.run)
+
+    @property
+    def local_device(self) -> str:
+        """The trainer's device setting (auto, cpu, cuda) for a run on the local cluster: --config (without
+        it the local cluster's quickstart) and --set, read as the lifecycle's checks read them (a TaskError
+        when they do not load). It shapes the local cluster (device=cpu: ranks counted and placed as on a
+        CPU machine, launcher.cluster.local.LocalGpus.for_device); other clusters' shape is their contract's."""
+        return read_trainer_config(self.config or str(QUICKSTART_CONFIG), self.overrides)[1].device
 
 
 @dataclass(frozen=True)

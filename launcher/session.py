@@ -34,12 +34,16 @@ from launcher.transport import NodeError, Shell, connect, connect_reachable, par
 T = TypeVar("T")
 
 
-def resolve_cluster(spec: str | None, nodes: int | None = None, why: str = "", recorded: bool = False) -> Cluster:
+def resolve_cluster(
+    spec: str | None, nodes: int | None = None, why: str = "", recorded: bool = False, device: str = "auto"
+) -> Cluster:
     """--cluster as a validated Cluster (printed: every task says which cluster it uses, the local
     cluster with `nodes` ranks (--nodes, or what `why` says), else its default count). recorded: nodes
-    is a run's recorded count, for a task that starts nothing (never refused for the GPUs seen now)."""
+    is a run's recorded count, for a task that starts nothing (never refused for the GPUs seen now).
+    device: the run's trainer device setting, which shapes the local cluster (cpu: a CPU machine's)."""
     try:
-        cluster = replace(load_cluster(spec, local_nodes=nodes, local_why=why, local_recorded=recorded), spec=spec)
+        loaded = load_cluster(spec, local_nodes=nodes, local_why=why, local_recorded=recorded, local_device=device)
+        cluster = replace(loaded, spec=spec)
     except InventoryError as e:
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")

@@ -51,6 +51,12 @@ from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
 
 
+def run_cluster(request: TrainRequest) -> Cluster:
+    """--cluster and --nodes as the run uses them: the local cluster shaped by the trainer's device too
+    (device=cpu: this machine's CPUs, its GPUs unused)."""
+    return resolve_cluster(request.cluster_spec, request.nodes, device=request.local_device)
+
+
 class MachinesRun:
     """A run's attempts on machines: a session to the selected nodes, units started over it."""
 
@@ -77,7 +83,7 @@ class MachinesRun:
     def resolve(cls, request: TrainRequest, ask_to_revive: bool = False) -> MachinesRun:
         """--cluster read (a stack's outputs, a contract file, the local cluster) and --nodes selected;
         --revive-timeout refused where no supervisor asks this machine to revive a VM (supervision)."""
-        cluster = resolve_cluster(request.cluster_spec, request.nodes)
+        cluster = run_cluster(request)
         if not ask_to_revive and cluster.stack is None:  # a stack's front end, or its head's supervisor, takes it
             request.recover.refuse_revive_timeout(
                 "the local cluster is this machine: nothing to revive"
@@ -135,7 +141,7 @@ class MachinesRun:
             session,
             request.run,
             request.recover,
-            resolve=lambda: resolve_cluster(request.cluster_spec, request.nodes),
+            resolve=lambda: run_cluster(request),
             revive=revive if revival is None else revival,
             awaited=lambda: 0.0 if revival is None else revival.awaited_s,
             batch=prepared.global_batch,

@@ -53,13 +53,17 @@ def load_cluster(
     read_ahead: bool = False,
     local_why: str = "",
     local_recorded: bool = False,
+    local_device: str = "auto",
 ) -> Cluster:
     """Resolve --cluster / NANOCLUSTER_CLUSTER: "local" (default), "stack", "stack:NAME", a JSON path
     or kubeconfig:PATH[#CONTEXT]. The local cluster has local_nodes ranks (--nodes, or local_why),
-    by default local.default_local_ranks(); local_recorded: they are a run's, to read, not to start."""
+    by default local.default_local_ranks(); local_recorded: they are a run's, to read, not to start;
+    local_device: the run's trainer device setting (cpu: this machine's GPUs unused, its ranks CPU ones).
+    Other clusters' shape is their contract's, whatever the device."""
     spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
     if spec == "local":
-        return local.local_cluster(local_nodes, local.local_gpus(), local_why, local_recorded)
+        gpus = local.local_gpus().for_device(local_device)
+        return local.local_cluster(local_nodes, gpus, local_why, local_recorded)
     if spec.startswith(kube_contract.KUBECONFIG_PREFIX):
         name, access = kube_contract.from_kubeconfig(spec, InventoryError)
         return Cluster(

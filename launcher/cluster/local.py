@@ -79,6 +79,14 @@ class LocalGpus:
     def count(self) -> int:
         return len(self.names)
 
+    def for_device(self, device: str) -> LocalGpus:
+        """The GPUs a run whose trainer has this device setting uses: with device=cpu none (they are
+        unused, and the first line says why), so this machine counts and places its ranks as a CPU
+        machine does; with auto or cuda these."""
+        if device != "cpu" or not self.count:
+            return self
+        return LocalGpus(unused=f"{self.count} GPU(s) unused: device=cpu puts the ranks on the CPUs")
+
     @classmethod
     def listed(cls, found: list) -> LocalGpus:
         """From the probe's [name, MiB] list (launcher/node_scripts/probe.py)."""
@@ -225,10 +233,11 @@ def local_cluster(
     nodes: int | None = None, gpus: LocalGpus | None = None, why: str = "", recorded: bool = False
 ) -> Cluster:
     """Ranks as processes on this machine, sharing local_home() as their node root: `nodes` of them,
-    or default_local_ranks() when None. With gpus (this machine's, local_gpus()) a node is one GPU's
-    rank slot: gpus_per_node 1, node i on cuda:i; more nodes than GPUs is refused, unless the count is
-    a run's recorded one (recorded: the task reads the run and starts nothing). Without them (a CPU
-    machine) a node is one CPU rank. Its source is the line every task opens with: this machine's
+    or default_local_ranks() when None. With gpus (this machine's as the run uses them,
+    local_gpus().for_device(): none with device=cpu) a node is one GPU's rank slot: gpus_per_node 1,
+    node i on cuda:i; more nodes than GPUs is refused, unless the count is a run's recorded one
+    (recorded: the task reads the run and starts nothing). Without them (a CPU machine, or a run told
+    device=cpu) a node is one CPU rank. Its source is the line every task opens with: this machine's
     cores and memory, the ranks and why that many (`why` a given count: default "from --nodes N")."""
     gpus = gpus or LocalGpus()
     cores = physical_cores()

@@ -4,12 +4,12 @@
     ~/nanocluster/clusters/<cluster>/runs/<run>/metrics.jsonl   (launcher.runs.metrics_copy)
 
 One JSON object per line, appended as things happen, each with "event" and "time" (Unix seconds):
-"launch" (the nodes, world size, the run's hourly price), "restart" (its cause; its price and
-machines when they changed: a Kubernetes run going on with fewer pods), "end" (how the run ended:
-outcome finished, budget, failed, or interrupted with the snapshot's iter and the command that
-continues). It is kept where no node needs to be up: status, plots and the cost ledger read it
-after the cluster is gone. Other files the launcher keeps for a run (its plot, a copy of the metrics
-it streamed) live in the same directory.
+"launch" (the nodes, world size, the trainer's device setting, the run's hourly price), "restart"
+(its cause; its price and machines when they changed: a Kubernetes run going on with fewer pods),
+"end" (how the run ended: outcome finished, budget, failed, or interrupted with the snapshot's iter
+and the command that continues). It is kept where no node needs to be up: status, plots and the
+cost ledger read it after the cluster is gone. Other files the launcher keeps for a run (its plot, a
+copy of the metrics it streamed) live in the same directory.
 
 RunRecord is the one reader: budget, estimate, ledger, status, the monitor and the restart loop take
 a run's directory, its events, its attempts (each `fab train`: a "launch" event and what followed

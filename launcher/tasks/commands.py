@@ -168,7 +168,8 @@ COLLECTIVE_TIMEOUT = text_default(LAUNCH_COLLECTIVE_TIMEOUT_S)
         "cluster": CLUSTER_HELP,
         "nodes": (
             "nodes (machines) to train on: one rank each, one per GPU on GPU nodes "
-            "(the local cluster: processes); default every node (local: one per core, at most 3, or one per GPU)"
+            "(the local cluster: processes); default every node (local: one per core, at most 3, or one per GPU "
+            "unless device=cpu)"
         ),
         "run": RUN_HELP + "; a rerun of the same name resumes from its snapshot",
         "dataset": "data/<dataset> to train on (default {default})",

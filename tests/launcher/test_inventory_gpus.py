@@ -1,13 +1,16 @@
 """The local cluster on a machine with GPUs runs one rank per GPU (found with nvidia-smi, no torch);
-a machine without them one per core, at most 3. A stand-in nvidia-smi on PATH plays the GPUs."""
+a machine without them, or a run told device=cpu, one per core, at most 3. A stand-in nvidia-smi on
+PATH plays the GPUs."""
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import launcher.cluster.local
 from launcher.cluster.contract import CLUSTER_ENV, load_cluster, parse_contract
@@ -203,3 +206,95 @@ def test_accelerates_gpu_ids_name_each_ranks_gpu_as_cuda_visible_devices_does(gp
     plan = LaunchPlan(cluster, cluster.nodes, "r", "d", sys.executable, "/code")
     assert [yaml.safe_load(accelerate_config(plan, rank))["gpu_ids"] for rank in plan.ranks] == ids
     assert [rank.local_rank for rank in plan.ranks] == list(range(len(ids)))  # cuda:LOCAL_RANK, as the operator's
+
+
+def dry_run_file(out: str, home: Path, name: str) -> str:
+    """One file of local0's run directory as `fab train --dry-run` prints it (run r)."""
+    return out.split(f"----- local0: {home}/runs/r/{name}\n", 1)[1].split("\n-----", 1)[0]
+
+
+@pytest.mark.parametrize("given", ["--set", "--config"])
+def test_device_cpu_makes_a_gpu_machine_a_cpu_one_for_the_local_ranks(gpus, cores, task, tmp_path, given):
+    """A user who trains on the CPUs of a 1-GPU, 16-core workstation gets the CPU machine's default
+    (one rank per core, at most 3), not one rank per GPU, and the first line says why the GPU is unused."""
+    gpus(1)
+    cores(16)
+    config = tmp_path / "cpu.yaml"
+    config.write_text((REPO / "launcher" / "quickstart.yaml").read_text() + "device: cpu\n")
+    device = ["--set", "device=cpu"] if given == "--set" else ["--config", str(config)]
+    ran = task("train", "--run", "r", "--dry-run", *device)
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    opening = ran.out.splitlines()[0]
+    assert opening.startswith("using the local cluster: 1 node(s), this machine (16 cores, "), opening
+    assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes, the default here " in (
+        opening
+    )
+    assert f"dry run: {LOCAL_CPU_RANKS_CAP} rank(s)" in ran.out
+    plan = json.loads(dry_run_file(ran.out, tmp_path / "home", "plan.json"))
+    assert plan["gpus_per_node"] == 0 and plan["backend"] == "gloo" and len(plan["ranks"]) == 3
+    assert "GPUs stay idle" not in ran.out and "one per GPU" not in ran.out
+
+
+def test_device_cpu_takes_more_local_ranks_than_gpus_where_auto_refuses_them(gpus, cores, task, tmp_path):
+    """--nodes 3 on a 1-GPU machine: refused as ever for GPU ranks (device auto), three CPU ranks with
+    device=cpu, none of them given a GPU."""
+    gpus(1)
+    cores(16)
+    refused = task("train", "--run", "r", "--nodes", "3", "--dry-run")
+    assert refused.code == 1 and refused.error_lines == [
+        "error: --nodes 3 but this machine has 1 GPU(s) (NVIDIA H100 80GB HBM3, nvidia-smi): the local cluster runs "
+        "one rank per GPU; use --nodes <= 1"
+    ], refused.err
+    ran = task("train", "--run", "r", "--nodes", "3", "--dry-run", "--set", "device=cpu")
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    assert "; 3 rank(s) as processes, from --nodes 3 (the default here: 3)" in ran.out.splitlines()[0]
+    home = tmp_path / "home"
+    env = dry_run_file(ran.out, home, "env.sh")
+    assert "CUDA_DEVICE_ORDER" not in env and "GPU" not in env
+    for rank in range(3):
+        assert "CUDA" not in dry_run_file(ran.out, home, f"rank{rank}.env")
+        accelerate = yaml.safe_load(dry_run_file(ran.out, home, f"accelerate/rank{rank}.yaml"))
+        assert accelerate["use_cpu"] is True and "gpu_ids" not in accelerate
+    assert "device=cuda" not in dry_run_file(ran.out, home, "rank0.sh")
+
+
+def test_a_device_cpu_run_resumes_on_its_ranks_on_a_gpu_machine(gpus, cores, task, tmp_path):
+    """A device=cpu run of 3 ranks on a 1-GPU, 2-core machine, interrupted: `fab train --set device=cpu`
+    goes on with its 3 ranks (more than the GPUs, more than the CPU default of 2), not refused or reshaped."""
+    from tests.launcher.test_resume_nodes import interrupted_run
+
+    gpus(1)
+    cores(2)
+    interrupted_run(tmp_path / "home", run="r", nodes=3, global_batch=12)
+    ran = task("train", "--run", "r", "--dry-run", "--set", "device=cpu")
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    assert (
+        "run r goes on with its 3 node(s), as its snapshot at iter 30 was trained (not the default 2; --nodes N to "
+        "choose)" in ran.out
+    )
+    assert "dry run: 3 rank(s)" in ran.out
+
+
+def test_status_of_a_device_cpu_run_opens_with_the_cluster_it_ran_on(gpus, cores, task, monkeypatch):
+    """The launch records the trainer's device: `fab status` of a device=cpu run of 3 ranks on a 1-GPU
+    machine opens with the CPU cluster it ran on, not refused or shown as GPU ranks."""
+    import os
+
+    from launcher.cluster.local import local_cluster
+    from launcher.lifecycle import Lifecycle
+    from launcher.run_kind import TrainRequest
+    from tests.launcher.test_lifecycle_ends import Kind
+
+    gpus(1)
+    cores(16)
+    monkeypatch.setenv("PATH", f"{os.environ['PATH']}:/usr/bin:/bin")  # the stand-in first, the tools status runs
+    kind = Kind(watch_raises=RuntimeError("the test ends the run"))
+    kind.cluster = local_cluster(3)  # as `fab train --nodes 3 --set device=cpu` resolves it here
+    kind.nodes = kind.cluster.nodes
+    with pytest.raises(RuntimeError):
+        Lifecycle(TrainRequest(None, run="r", overrides=("device=cpu",)), kind).train()
+    ran = task("status", "--run", "r")
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    opening = ran.out.splitlines()[0]
+    assert opening.startswith("using the local cluster: 1 node(s), this machine (16 cores, "), ran.out + ran.err
+    assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes, as run r used" in opening

@@ -36,7 +36,9 @@ class MachinesKind:
     def __init__(self, local_home, tmp_path, monkeypatch):
         self.cluster = dataclasses.replace(local_cluster(1), hourly_cost_usd=PRICE)
         monkeypatch.setattr(
-            launcher.train, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False: self.cluster
+            launcher.train,
+            "resolve_cluster",
+            lambda spec, nodes=None, why="", recorded=False, device="auto": self.cluster,
         )
         write_dataset(local_home / "data" / "d")
         self.config = tmp_path / "tiny.yaml"

@@ -178,20 +178,21 @@ def test_local_gpu_ranks_each_take_the_next_gpu(local_home):
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu"])
-def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(local_home, monkeypatch, capsys, device):
-    """--set device=cpu on GPU nodes: the same ranks (one per GPU slot) train on the CPUs, so the plan
-    is a CPU node's (gloo, no GPU variables), not NCCL's that every rank would then refuse."""
-    import launcher.cluster.local
+def test_device_cpu_on_gpu_nodes_plans_the_same_ranks_on_the_cpus(contract, local_home, tmp_path, capsys, device):
+    """--set device=cpu on GPU nodes (a contract's, whose node count is its machines): the same ranks (one
+    per GPU slot) train on the CPUs, so the plan is a CPU node's (gloo, no GPU variables), not NCCL's
+    that every rank would then refuse. (On the local cluster device=cpu makes this machine a CPU one:
+    tests/launcher/test_inventory_gpus.py.)"""
     from launcher.run_kind import TrainRequest
     from launcher.train import train
 
-    gpus = LocalGpus(("NVIDIA L4", "NVIDIA L4"), (23034, 23034))
-    monkeypatch.setattr(launcher.cluster.local, "local_gpus", lambda: gpus)
-    train(TrainRequest(None, nodes=2, run="r", dry_run=True, overrides=(f"device={device}",)))
+    lab = tmp_path / "lab.json"
+    lab.write_text(json.dumps(contract | {"gpus_per_node": 1, "gpu_model": "nvidia-l4"}))
+    train(TrainRequest(str(lab), nodes=2, run="r", dry_run=True, overrides=(f"device={device}",)))
     out = capsys.readouterr().out
-    plan = json.loads(out.split(f"----- local0: {local_home}/runs/r/plan.json\n", 1)[1].split("\n-----", 1)[0])
-    env = out.split(f"----- local0: {local_home}/runs/r/env.sh\n", 1)[1].split("\n-----", 1)[0]
-    assert len(plan["ranks"]) == 2
+    plan = json.loads(out.split("----- lab-0: ~/nanocluster/runs/r/plan.json\n", 1)[1].split("\n-----", 1)[0])
+    env = out.split("----- lab-0: ~/nanocluster/runs/r/env.sh\n", 1)[1].split("\n-----", 1)[0]
+    assert len(plan["ranks"]) == 2 and plan["gpus_per_node"] == 1
     if device == "cpu":
         assert plan["backend"] == "gloo" and "CUDA_DEVICE_ORDER" not in env and "one GPU each" not in env
         assert "device=cpu: the 2 rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle" in out

@@ -35,7 +35,9 @@ SETTINGS = ["eval_interval=5", "log_interval=1"]
 def priced(local_home, monkeypatch):
     cluster = dataclasses.replace(local_cluster(2), hourly_cost_usd=PRICE)
     for module in (launcher.train, launcher.launch.status):
-        monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False: cluster)
+        monkeypatch.setattr(
+            module, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False, device="auto": cluster
+        )
     return cluster
 
 

@@ -34,7 +34,9 @@ def priced(local3, monkeypatch):
     """The local cluster with a price per hour, as a cloud contract gives one."""
     cluster = dataclasses.replace(local3, hourly_cost_usd=PRICE, spot=False, prices_as_of="2026-11-23")
     for module in (launcher.train, launcher.launch.status, launcher.checkpoints):
-        monkeypatch.setattr(module, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False: cluster)
+        monkeypatch.setattr(
+            module, "resolve_cluster", lambda spec, nodes=None, why="", recorded=False, device="auto": cluster
+        )
     monkeypatch.setattr(console, "width", 200)
     return cluster
 
