@@ -176,6 +176,18 @@ def test_a_run_on_the_nodes_that_this_machine_has_no_record_of_is_fetched(home):
     assert (home / "clusters" / "local" / "fetched" / "theirs" / "ckpt.pt").read_bytes() == b"weights"
 
 
+def test_a_mistyped_source_is_one_line_before_anything_starts(home):
+    """On the local cluster the source's path is this machine's: not there is known before model.prepare."""
+    result = run(NANOCLUSTER, "prepare-data", "--source", "shakespear", home=home)
+    assert error_line(result) == (
+        f"error: 'shakespear' is not a known source or an existing path in {home.parent}; did you mean "
+        "'shakespeare'? Known sources: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], "
+        "or a file, directory or glob of .txt, .md, .jsonl, .parquet files"
+    )
+    assert [line for line in result.stdout.splitlines() if not line.startswith("using ")] == []
+    assert tree(home) == []
+
+
 @pytest.mark.parametrize("count", ["0", "-1", "-7"])
 @pytest.mark.parametrize("task", ["train", "prepare-data", "setup"])
 def test_every_node_count_below_one_gets_the_same_line(home, task, count):
