@@ -131,7 +131,11 @@ class MachineRuns:
     @classmethod
     def open(cls, cluster_spec: str | None) -> MachineRuns:
         """Every machine of the cluster, connected (those that answer; the others are unreachable)."""
-        cluster = resolve_cluster(cluster_spec, None)
+        return cls.of(resolve_cluster(cluster_spec, None))
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> MachineRuns:
+        """open(), for a cluster already loaded (run_files.check_existing: said nothing yet)."""
         return cls(cluster, Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True))
 
     def stored(self) -> dict[str, StoredRun]:

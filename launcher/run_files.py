@@ -9,6 +9,13 @@ every run that has ended. The same for every kind of cluster; a kind supplies on
 Kubernetes.) What this machine keeps of a run is read here: its record (launcher.runs.record: events,
 the metrics copy, the plot) and the copy `fetch` made (launcher.checkpoints.fetched_dir).
 
+A task that reads an existing run (sample, fetch, export, logs, attach) first checks its name here
+(check_existing), as `status` does: a run recorded here goes on with nothing contacted; any other name
+is looked for on the cluster where the kind can list its runs without starting anything (its
+RunStore), since a run started from another machine is recorded only there until a front end
+follows it. A name found in neither is one line naming the runs recorded here, the nearest as a
+did-you-mean, before the task contacts or copies anything.
+
 A run is deleted everywhere or its record stays: rm and prune refuse while a node does not answer,
 and a run whose directory could not be deleted on some node keeps its record, so the same command
 can be run again. A running run is never deleted. The fetched copy is kept unless --fetched says
@@ -22,20 +29,21 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from rich.table import Table
 
 from launcher.checkpoints import fetched_dir
-from launcher.cluster.inventory import NAME_PATTERN, Cluster
+from launcher.cluster.contract import load_cluster
+from launcher.cluster.inventory import NAME_PATTERN, Cluster, InventoryError
 from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.supervisor import is_live
 from launcher.runs.ledger import NO_END, OUTCOMES, outcome_text, run_rows
-from launcher.runs.record import RunRecord
+from launcher.runs.record import RunRecord, no_run_line, read_cluster_runs
 
 RUNNING = "running"
 STOPPED = "stopped"
@@ -101,6 +109,9 @@ class RunStore(Protocol):
 
 OpenStore = Callable[[str | None], RunStore]
 """A kind's opener of its RunStore from --cluster's spec."""
+FindRuns = Callable[[Cluster], RunStore | None]
+"""A kind's RunStore of a loaded cluster where listing it starts nothing on the cluster (machines: one
+command per machine); None where it would (Kubernetes: a helper pod)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,27 @@ def all_rows(store: RunStore) -> list[RunRow]:
     stored = store.stored()
     names = sorted(set(stored) | local_names(store.cluster))
     return [run_row(store.cluster, name, stored.get(name)) for name in names]
+
+
+def check_existing(cluster_spec: str | None, run: str, find_runs: FindRuns) -> None:
+    """A TaskError for a run name that neither this machine's record nor the cluster has (the kind's
+    find_runs: its directories there); nothing is contacted for a run recorded here. Where the kind
+    cannot list without starting something, or a place does not answer, the task goes on and finds out."""
+    try:  # a stack's outputs are kept for the task's own load (read_ahead), so `pulumi` runs once
+        cluster = replace(load_cluster(cluster_spec, read_ahead=True, local_recorded=True), spec=cluster_spec)
+    except InventoryError as e:
+        raise TaskError(str(e)) from None
+    if run in read_cluster_runs(cluster):
+        return
+    store = find_runs(cluster)
+    if store is None:
+        return
+    try:
+        if store.unreachable or run in store.stored():
+            return
+    finally:
+        store.close()
+    raise TaskError(no_run_line(cluster, run, store.where))
 
 
 def refuse_unreachable(store: RunStore, again: str) -> None:

@@ -14,6 +14,7 @@ In a checkout (an editable install, or `fab`) that directory is the repository's
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -36,22 +37,74 @@ def put_packages_first() -> None:
 put_packages_first()
 
 
-LAUNCHER_EXTRA = ("invoke", "fabric", "rich", "matplotlib", "plotext", "kubernetes")
-"""The top-level modules of the launcher extra's packages (pyproject.toml) and Fabric's own invoke."""
+LAUNCHER_EXTRA = "launcher"
+"""The optional dependency of pyproject.toml that the command needs: its packages are read from
+nanocluster's installed metadata (Requires-Dist ...; extra == "launcher"), never listed here."""
+EXTRA_FIX = "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+
+
+def requirement_names(distribution: str, extra: str | None = None) -> list[str]:
+    """The packages an installed distribution requires (with extra: those of that extra only), by the
+    names their requirements give; [] when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        required = requires(distribution) or []
+    except PackageNotFoundError:
+        return []
+    names = []
+    for requirement in required:
+        spec, _, marker = requirement.partition(";")
+        in_extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if (in_extra.group(1) if in_extra else None) == extra and (name := re.match(r"\s*([\w.-]+)", spec)):
+            names.append(name.group(1))
+    return names
+
+
+def importable(distribution: str) -> bool:
+    """Whether this Python imports an installed distribution's top-level modules (its top_level.txt,
+    else its normalized name): its files can be gone, or an import blocked, while its metadata stays."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import distribution as installed
+    from importlib.util import find_spec
+
+    try:
+        modules = (installed(distribution).read_text("top_level.txt") or "").split()
+    except PackageNotFoundError:
+        return False
+    try:
+        return all(find_spec(m) is not None for m in modules or [distribution.lower().replace("-", "_")])
+    except (ImportError, ValueError):  # a module set to None in sys.modules, or one that cannot be found
+        return False
+
+
+def missing_from_launcher_extra() -> str | None:
+    """The first package of the launcher extra that this Python cannot import, before any task starts
+    (matplotlib, plotext and kubernetes are imported only by the tasks that use them); None when every
+    one can, or when nanocluster's metadata is not installed (a checkout run without installing)."""
+    return next((name for name in requirement_names("nanocluster", LAUNCHER_EXTRA) if not importable(name)), None)
+
+
+def of_launcher_extra(module: str) -> bool:
+    """Whether a module that failed to import is one of the launcher extra's packages or of what they
+    require (Fabric's invoke and paramiko), by name."""
+    extra = requirement_names("nanocluster", LAUNCHER_EXTRA)
+    needed = {*extra, *(name for package in extra for name in requirement_names(package))}
+    return module.lower().replace("_", "-") in {name.lower().replace("_", "-") for name in needed}
 
 
 def main() -> None:
     """The `nanocluster` console command: launcher.cli's program over the packages beside this file;
-    without the launcher extra (a plain `pip install nanocluster` has only the trainer's packages),
-    one line saying how to add it instead of an import's traceback."""
-    try:
-        from launcher.cli import main as run_program
-    except ModuleNotFoundError as e:
-        missing = (e.name or "").split(".")[0]
-        if missing not in LAUNCHER_EXTRA:
-            raise
-        sys.exit(
-            f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
-            "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
-        )
-    run_program()
+    without the launcher extra, or with a package of it missing (a plain `pip install nanocluster` has
+    only the trainer's packages), one line saying how to add it instead of an import's traceback."""
+    missing = missing_from_launcher_extra()
+    if missing is None:
+        try:
+            from launcher.cli import main as run_program
+        except ModuleNotFoundError as e:
+            missing = (e.name or "").split(".")[0]
+            if not of_launcher_extra(missing):
+                raise
+        else:
+            return run_program()
+    sys.exit(f"nanocluster: the command needs the launcher extra, and {missing} is not installed: {EXTRA_FIX}")

@@ -91,6 +91,14 @@ class ClaimRuns:
         api, cluster = open_cluster(cluster_spec)
         return cls(api, cluster)
 
+    @staticmethod
+    def without_a_pod(cluster: Cluster) -> None:
+        """No listing for run_files.check_existing: the claim, which holds a run's directory and its
+        supervisor's record, is read by a helper pod only, and a check must start nothing. A run name
+        not recorded here goes to the task, whose own pod (sample, fetch) or API reads (logs, attach)
+        say what the cluster has of it."""
+        return None
+
     def jobs(self) -> list[V1Job]:
         with calling("listing the runs' Jobs"):
             return self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items

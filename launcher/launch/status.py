@@ -30,7 +30,7 @@ from launcher.launch.supervisor import ENDED, is_live, read_state, supervisor_li
 from launcher.launch.units import alive_command, boot_command, log_command
 from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
-from launcher.runs.record import RunRecord, read_cluster_runs
+from launcher.runs.record import RunRecord, no_run_line
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
 from launcher.session import Session, machines, resolve_cluster
 from launcher.terminal import lost_terminal_line
@@ -127,12 +127,7 @@ def status(
             )
         )
         if record.current is None and not session.unreachable and all(job == ("-", "-") for job in jobs.values()):
-            known = ", ".join(sorted(read_cluster_runs(cluster))) or "none yet"
-            start = command_line("train", cluster=cluster_spec, run=run)
-            raise TaskError(
-                f"no run {run!r} on the nodes or in this machine's record (runs recorded here: "
-                f"{known}): pick one with --run, or start it with `{start}`"
-            )
+            raise TaskError(no_run_line(cluster, run, "on the nodes"))
         for node in shown:
             if node.index in session.unreachable:
                 table.add_row(node.name, node.private_ip, "DOWN", "", "", "", "", session.unreachable[node.index])

@@ -23,12 +23,13 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
-from launcher.console import HOME_FIX, can_make_dir, writable_dir
+from launcher.console import HOME_FIX, can_make_dir, command_line, writable_dir
 from model.monitoring.metrics import METRICS_NAME, one_series, parse_jsonl, read_jsonl
 from model.monitoring.spend import spend_usd
 
@@ -300,6 +301,20 @@ def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:
     """Every run recorded on this machine for the cluster, by name."""
     paths = sorted(cluster_dir(cluster).glob(f"runs/*/{EVENTS_NAME}"))
     return {p.parent.name: RunRecord(p.parent) for p in paths}
+
+
+def no_run_line(cluster: Cluster, run: str, where: str) -> str:
+    """The one line for a run name found neither where (on the cluster: "on the nodes") nor in this
+    machine's record (`status`, and every task that reads an existing run: launcher.run_files): the runs
+    recorded here, the nearest as a did-you-mean, and the command that starts a run of that name."""
+    recorded = sorted(read_cluster_runs(cluster))
+    nearest = get_close_matches(run, [name for name in recorded if name != run], n=1)
+    guess = f"; did you mean {nearest[0]!r}?" if nearest else ""
+    start = command_line("train", cluster=cluster.spec, run=run)
+    return (
+        f"no run {run!r} {where} or in this machine's record{guess} (runs recorded here: "
+        f"{', '.join(recorded) or 'none yet'}): pick one with --run, or start it with `{start}`"
+    )
 
 
 def launch_fields(cluster: Cluster, nodes: tuple, world_size: int) -> dict[str, Any]:

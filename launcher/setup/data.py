@@ -27,7 +27,7 @@ from launcher.session import NodeReport, Session, resolve_cluster, select_nodes
 from launcher.setup.nodes import distribute_keys, ensure_ready
 from launcher.transport import NodeError
 from launcher.transport.ssh import SSH_DIR_SH
-from model.data.sources import NAMED_SOURCES
+from model.data.sources import NAMED_SOURCES, missing_source
 from model.data.token_format import files_problem
 
 PREPARE_TIMEOUT_S = 6 * 3600
@@ -56,10 +56,11 @@ def prepare_data(
     """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
     cluster = resolve_cluster(cluster_spec, nodes)
+    where_it_runs = source_where_it_runs(cluster, source)  # before any node is contacted
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)
         args = prepare_args(
-            source_where_it_runs(cluster, source),
+            where_it_runs,
             dataset,
             val_fraction=val_fraction,
             seed=seed,
@@ -94,9 +95,14 @@ def prepare_data(
 def source_where_it_runs(cluster: Cluster, source: str) -> str:
     """SOURCE as model.prepare reads it on the node, in ~/nanocluster: on the local cluster a relative
     (or ~) path of the operator's, made absolute from where they are (the named sources and hf: stay
-    names, as model.prepare reads them first); on a cloud cluster a path is the head node's, as given."""
+    names, as model.prepare reads them first); on a cloud cluster a path is the head node's, as given.
+    The local cluster's node is this machine, so a path that is not there (a mistyped source name
+    among them) is refused here, in model.prepare's words, before anything starts; a head node's path
+    can only be judged there."""
     if not cluster.is_local or source in NAMED_SOURCES or source.startswith("hf:"):
         return source
+    if missing := missing_source(os.path.expanduser(source)):
+        raise TaskError(missing)
     return os.path.join(os.getcwd(), os.path.expanduser(source))
 
 

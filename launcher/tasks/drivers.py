@@ -14,7 +14,9 @@ here where the lifecycle runs: machines in a supervisor (launcher.supervised, fo
 launcher.follow) that launcher.train.supervision places on this machine for the local cluster and on
 the head node for machines over SSH (launcher.head_node); Kubernetes in a supervisor pod in the cluster
 (launcher.kube.follow, launcher.kube.supervisor, launcher.kube.in_cluster).
-`fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore.
+`fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore,
+which also answers, where it can without starting anything, whether a run name not recorded here is
+a run on the cluster (the check of sample, fetch, export, logs and attach: run_files.check_existing).
 `fab cost` reads this machine's records only, so it needs no driver.
 """
 
@@ -33,7 +35,7 @@ import launcher.setup.data
 import launcher.setup.nodes
 import launcher.train
 from launcher.cluster.contract import CLUSTER_ENV, load_cluster
-from launcher.cluster.inventory import KUBERNETES, MACHINES, InventoryError
+from launcher.cluster.inventory import KUBERNETES, MACHINES, Cluster, InventoryError
 from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
 from launcher.run_files import RunStore
@@ -105,6 +107,11 @@ class Driver(Protocol):
         """The kind's run directories (on the nodes, or the volume): what runs, rm and prune read and delete."""
         ...
 
+    def find_runs(self, cluster: Cluster) -> RunStore | None:
+        """The same for a loaded cluster, where listing them starts nothing there (None where it would):
+        where a run name not recorded here is looked for before a task reads the run (run_files.check_existing)."""
+        ...
+
 
 class MachinesDriver:
     """Nodes over SSH."""
@@ -121,6 +128,7 @@ class MachinesDriver:
     fetch = staticmethod(launcher.checkpoints.fetch)
     doctor = staticmethod(launcher.doctor.doctor)
     open_runs = staticmethod(launcher.machine_runs.MachineRuns.open)
+    find_runs = staticmethod(launcher.machine_runs.MachineRuns.of)
 
 
 MACHINES_DRIVER: Driver = MachinesDriver()
@@ -150,6 +158,7 @@ def kubernetes_driver() -> Driver:
         fetch = staticmethod(kube_fetch.fetch)
         doctor = staticmethod(kube_doctor.doctor)
         open_runs = staticmethod(kube_runs.ClaimRuns.open)
+        find_runs = staticmethod(kube_runs.ClaimRuns.without_a_pod)
 
     return KubernetesDriver()
 

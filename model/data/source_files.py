@@ -21,7 +21,7 @@ from model.data.documents import Source, SourceError, decode_text, read_text_fil
 
 TEXT_SUFFIXES = (".txt", ".md")
 FILE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
-_GLOB_CHARS = set("*?[")
+GLOB_CHARS = set("*?[")
 
 
 @dataclass
@@ -160,24 +160,21 @@ def read_parquet(path: Path, column: str) -> Iterator[str]:
                 yield text
 
 
+def looked_in(spec: str) -> str:
+    """Where a relative spec is read: the working directory, named (on a cluster, the node's)."""
+    return "" if os.path.isabs(spec) else f" in {os.getcwd()}"
+
+
 def expand_files(spec: str) -> list[Path]:
-    """The files a path, directory or glob names, in a fixed order."""
-    # A relative spec is read from the working directory: name it (on a cluster, the node's).
-    where = "" if os.path.isabs(spec) else f" in {os.getcwd()}"
-    if _GLOB_CHARS & set(spec):
+    """The files a glob, or an existing path or directory, names, in a fixed order (a path that does
+    not exist is refused before: model.data.sources.missing_source)."""
+    if GLOB_CHARS & set(spec):
         matches = sorted(glob.glob(spec, recursive=True))
         if not matches:
-            raise SourceError(f"{spec!r} matches no files{where}")
+            raise SourceError(f"{spec!r} matches no files{looked_in(spec)}")
         roots = [Path(m) for m in matches]
     else:
-        root = Path(spec)
-        if not root.exists():
-            raise SourceError(
-                f"{spec!r} is not a known source or an existing path{where}. Known sources: builtin, shakespeare, "
-                "openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], or a file, directory or glob of "
-                f"{', '.join(FILE_SUFFIXES)} files"
-            )
-        roots = [root]
+        roots = [Path(spec)]
     files: list[Path] = []
     for root in roots:
         if root.is_dir():

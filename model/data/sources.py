@@ -30,12 +30,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from model.atomic import atomic_open
 from model.data.documents import Source, SourceError, read_text_file
-from model.data.source_files import FilesSource, expand_files
+from model.data.source_files import FILE_SUFFIXES, GLOB_CHARS, FilesSource, expand_files, looked_in
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # Long texts (tiny-shakespeare, each pydoc topic) become documents of whole paragraphs grouped up to
@@ -290,6 +291,22 @@ NAMED_SOURCES = ("builtin", "shakespeare", "openwebtext", "alpaca")
 """The sources open_source knows by name (besides hf:OWNER/NAME and files)."""
 
 
+def missing_source(spec: str) -> str | None:
+    """Why SOURCE names nothing where it is read (relative: from the working directory): not a named
+    source, not hf:, no glob, and no such path; a name close to a named source gets it as a did-you-mean
+    (`shakespear`). None for anything else: a glob's matches and a path's files are expand_files' to
+    judge. The launcher asks it before starting where that place is its own machine (the local cluster)."""
+    if spec in NAMED_SOURCES or spec.startswith("hf:") or GLOB_CHARS & set(spec) or Path(spec).exists():
+        return None
+    nearest = get_close_matches(Path(spec).name, NAMED_SOURCES, n=1)
+    said = f"{spec!r} is not a known source or an existing path{looked_in(spec)}"
+    said += f"; did you mean {nearest[0]!r}? " if nearest else ". "
+    return (
+        f"{said}Known sources: {', '.join(NAMED_SOURCES)}, hf:OWNER/NAME[:CONFIG][@REVISION], or a file, "
+        f"directory or glob of {', '.join(FILE_SUFFIXES)} files"
+    )
+
+
 def open_source(spec: str, text_field: str = "text", split: str = "train", text_chars: int = 0) -> Source:
     """The Source that SOURCE names (see the module docstring)."""
     if spec == "builtin":
@@ -305,4 +322,6 @@ def open_source(spec: str, text_field: str = "text", split: str = "train", text_
     if spec.startswith("hf:"):
         path, config, revision = _parse_hub_spec(spec)
         return HubSource(path=path, spec=spec, columns=(text_field,), config=config, revision=revision, split=split)
+    if missing := missing_source(spec):
+        raise SourceError(missing)
     return FilesSource(spec=spec, files=expand_files(spec), text_field=text_field, text_chars=text_chars)

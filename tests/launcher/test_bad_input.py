@@ -122,17 +122,70 @@ def test_a_dataset_whose_file_was_cut_short_is_refused_not_trained_on(home):
     assert tree(home) == before
 
 
+NO_RUN = (
+    "error: no run 'nosuch' on the nodes or in this machine's record (runs recorded here: none yet): "
+    "pick one with --run, or start it with `fab train --run nosuch`"
+)
+
+
 def test_fetching_a_run_that_does_not_exist_leaves_no_directory(home):
     result = run(FAB, "fetch", "--run", "nosuch", home=home)
-    assert (
-        error_line(result)
-        == "error: run 'nosuch' has no ckpt.pt or snapshot.pt on local0: train first (fab train --run nosuch)"
-    )
+    assert error_line(result) == NO_RUN
     assert tree(home) == []
     dest = home.parent / "out" / "nosuch"
     result = run(FAB, "fetch", "--run", "nosuch", "--dest", str(dest), home=home)
-    assert error_line(result).startswith("error: run 'nosuch' has no ckpt.pt")
+    assert error_line(result) == NO_RUN
     assert not (home.parent / "out").exists()
+
+
+MISTYPED = (
+    "error: no run 'mian' on the nodes or in this machine's record; did you mean 'main'? (runs recorded here: "
+    "main): pick one with --run, or start it with `nanocluster train --run mian`"
+)
+
+
+@pytest.mark.parametrize("task", ["sample", "fetch", "export", "logs", "attach", "status"])
+def test_a_mistyped_run_name_is_answered_with_the_runs_recorded_here(home, task):
+    """Not `train first`: status's line, before anything is contacted or copied (status looks at the
+    nodes first, so its opening line comes before it)."""
+    finished_run(home, "main", "builtin")
+    before = tree(home)
+    result = run(NANOCLUSTER, task, "--run", "mian", home=home)
+    assert error_line(result) == MISTYPED
+    assert result.stdout == "" or task == "status"
+    assert tree(home) == before
+
+
+def test_a_recorded_run_with_no_checkpoint_is_told_to_train_first(home):
+    finished_run(home, "main", "builtin")
+    result = run(NANOCLUSTER, "sample", "--run", "main", home=home)
+    assert (
+        error_line(result)
+        == "error: run 'main' has no ckpt.pt or snapshot.pt on local0: train first (nanocluster train)"
+    )
+
+
+def test_a_run_on_the_nodes_that_this_machine_has_no_record_of_is_fetched(home):
+    """A run started from another machine is recorded there (or on the head) until a front end follows
+    it here: its directory on the nodes is enough."""
+    (home / "runs" / "theirs").mkdir(parents=True)
+    (home / "runs" / "theirs" / "ckpt.pt").write_bytes(b"weights")
+    (home / "runs" / "theirs" / "metrics.jsonl").write_text("{}\n")
+    result = run(NANOCLUSTER, "fetch", "--run", "theirs", home=home)
+    assert result.returncode == 0, result.stderr
+    assert (home / "clusters" / "local" / "fetched" / "theirs" / "ckpt.pt").read_bytes() == b"weights"
+
+
+def test_a_mistyped_source_is_one_line_before_anything_starts(home):
+    """On the local cluster the source's path is this machine's: not there is known before model.prepare."""
+    result = run(NANOCLUSTER, "prepare-data", "--source", "shakespear", home=home)
+    assert error_line(result) == (
+        f"error: 'shakespear' is not a known source or an existing path in {home.parent}; did you mean "
+        "'shakespeare'? Known sources: builtin, shakespeare, openwebtext, alpaca, hf:OWNER/NAME[:CONFIG][@REVISION], "
+        "or a file, directory or glob of .txt, .md, .jsonl, .parquet files"
+    )
+    assert [line for line in result.stdout.splitlines() if not line.startswith("using ")] == []
+    assert tree(home) == []
 
 
 @pytest.mark.parametrize("count", ["0", "-1", "-7"])
@@ -301,13 +354,14 @@ def test_every_task_opens_with_the_same_line_about_the_local_cluster(home, monke
     expected = f"using {load_cluster('local').describe()}"
     assert expected.startswith("using the local cluster: 1 node(s), this machine (") and "rank(s)" in expected
     write_dataset(home / "data" / "builtin")
+    (home / "runs" / "main").mkdir(parents=True)  # a run directory on the node: logs, fetch and sample look in it
     before = tree(home)
     commands = [
         ("status",),
         ("logs",),
         ("stop", "--run", "nosuch"),
-        ("fetch", "--run", "nosuch"),
-        ("sample", "--run", "nosuch"),
+        ("fetch",),
+        ("sample",),
         ("doctor", "--bandwidth-seconds", "0"),
         ("train", "--dry-run"),
     ]

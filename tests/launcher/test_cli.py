@@ -1,13 +1,17 @@
 """The `nanocluster` command (launcher.cli): the installed task collection, from any directory, and
 light to start: neither it nor the tasks import torch."""
 
+import json
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+import nanocluster as nanocluster_package
+from launcher.cluster.node_layout import REPO_ROOT
 from tests.launcher.test_fabfile import TASKS
 
 NANOCLUSTER = str(Path(sys.executable).with_name("nanocluster"))
@@ -70,6 +74,29 @@ def test_without_the_launcher_extra_it_says_how_to_add_it_in_one_line(tmp_path, 
         [sys.executable, "-c", code, "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
+        "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+    ]
+
+
+@pytest.mark.parametrize("missing", nanocluster_package.requirement_names("nanocluster", "launcher"))
+def test_a_partial_install_names_the_missing_package_before_any_task(tmp_path, missing):
+    """Each package of the launcher extra (read from the installed metadata: pyproject.toml's list) missing
+    alone, the others there: `status` (whose chart imports plotext) answers with the extra's line, as for
+    Fabric, not a traceback partway through."""
+    code = f"import sys; sys.modules[{missing!r}] = None; import nanocluster; nanocluster.main()"
+    env = {"PATH": "/usr/bin:/bin", "NANOCLUSTER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO_ROOT)}
+    record = tmp_path / "home" / "clusters" / "local" / "runs" / "main"
+    record.mkdir(parents=True)  # a run with a loss to chart
+    (record / "events.jsonl").write_text(
+        json.dumps({"event": "launch", "time": time.time(), "nodes": ["local0"]}) + "\n"
+    )
+    (record / "metrics.jsonl").write_text(json.dumps({"kind": "train", "iter": 1, "loss": 3.0}) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-c", code, "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
     assert result.stderr.splitlines() == [
         f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
         "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"

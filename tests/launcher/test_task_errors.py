@@ -68,6 +68,7 @@ def test_train_with_a_home_under_a_file(tmp_path):
 def test_fetch_to_a_dest_that_cannot_be_made(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
+    (tmp_path / "home" / "runs" / "main").mkdir(parents=True)  # a run to fetch (an unknown one is refused first)
     result = run(FAB, "fetch", "--dest", str(blocker / "out"), home=tmp_path / "home")
     assert result.returncode == 1
     assert first_error(result) == (

@@ -153,6 +153,26 @@ def test_a_relative_source_that_names_nothing_says_where_it_looked(tmp_path, mon
     assert expected.format(tmp=tmp_path) in str(err.value)
 
 
+def test_a_name_close_to_a_named_source_gets_it_as_a_did_you_mean(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError) as err:
+        open_source("shakespear")
+    assert str(err.value).startswith(
+        f"'shakespear' is not a known source or an existing path in {tmp_path}; did you mean 'shakespeare'? "
+        "Known sources: builtin, shakespeare, openwebtext, alpaca, hf:"
+    )
+
+
+def test_every_form_a_source_takes_is_left_to_open_source(tmp_path, monkeypatch):
+    """missing_source (what the launcher asks before starting) refuses a path that is not there, and
+    nothing else: your own files named like a typo of a preset are yours."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shakespear").mkdir()
+    for spec in ("shakespeare", "builtin", "hf:owner/name", "hf:owner/name:config@rev", "*.txt", "shakespear"):
+        assert sources.missing_source(spec) is None, spec
+    assert sources.missing_source("alpca") is not None
+
+
 class _TextServer:
     """Serves fixed bytes at /input.txt on 127.0.0.1 (any other path: 404), for the test's duration."""
 

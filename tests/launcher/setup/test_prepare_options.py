@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.setup.data import prepare_args
+from launcher.cluster.contract import parse_contract
+from launcher.setup.data import prepare_args, source_where_it_runs
+from tests.launcher.conftest import CONTRACT
 
 
 def test_given_options_reach_model_prepare_and_absent_ones_keep_its_defaults():
@@ -53,3 +55,9 @@ def test_prepare_data_field_body_prepares_a_jsonl_keyed_body_from_a_path_relativ
     meta = json.loads((tmp_path / "home" / "data" / "notes" / "meta.json").read_text())
     assert "body" in json.dumps(meta)
     assert (tmp_path / "home" / "data" / "notes" / "train.bin").stat().st_size > 0
+
+
+def test_a_source_on_a_head_node_is_judged_there_not_here(tmp_path, monkeypatch):
+    """A path on a cloud cluster is the head node's: one this machine lacks is passed on as given."""
+    monkeypatch.chdir(tmp_path)
+    assert source_where_it_runs(parse_contract(CONTRACT, "lab.json"), "shakespear") == "shakespear"
