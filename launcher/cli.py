@@ -1,6 +1,6 @@
 """The `nanocluster` console command, and `fab` in the checkout: one program over the task collection.
 
-    pip install 'nanocluster[launcher]'
+    pip install '.[launcher]'           # in a checkout (nanocluster is not on PyPI)
     nanocluster -l                      # every task
     nanocluster --help train            # a task's flags
     nanocluster train --nodes 3         # from any directory

@@ -40,7 +40,10 @@ put_packages_first()
 LAUNCHER_EXTRA = "launcher"
 """The optional dependency of pyproject.toml that the command needs: its packages are read from
 nanocluster's installed metadata (Requires-Dist ...; extra == "launcher"), never listed here."""
-EXTRA_FIX = "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+EXTRA_FIX = (
+    "install the launcher extra the way nanocluster was installed: pip install '.[launcher]' in its checkout, "
+    "or pip install 'WHEEL[launcher]' with the wheel it came from (nanocluster is not on PyPI)"
+)
 
 
 def requirement_names(distribution: str, extra: str | None = None) -> list[str]:

@@ -52,7 +52,9 @@ def distribute_keys(session: Session) -> None:
     session.run_everywhere(session.hosts(), one)
 
 
-LOCAL_INSTALL = "install them into that Python (pip install 'nanocluster[launcher]' brings them)"
+LOCAL_INSTALL = (
+    "install them into that Python (the launcher extra brings them: pip install '.[launcher]' in a checkout)"
+)
 """The fix for the local cluster's Python without the node environment, outside the checkout."""
 
 

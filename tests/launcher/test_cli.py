@@ -76,7 +76,8 @@ def test_without_the_launcher_extra_it_says_how_to_add_it_in_one_line(tmp_path, 
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [
         f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
-        "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+        "install the launcher extra the way nanocluster was installed: pip install '.[launcher]' in its checkout, "
+        "or pip install 'WHEEL[launcher]' with the wheel it came from (nanocluster is not on PyPI)"
     ]
 
 
@@ -99,5 +100,6 @@ def test_a_partial_install_names_the_missing_package_before_any_task(tmp_path, m
     assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
     assert result.stderr.splitlines() == [
         f"nanocluster: the command needs the launcher extra, and {missing} is not installed: "
-        "pip install 'nanocluster[launcher]' (from a checkout: pip install '.[launcher]')"
+        "install the launcher extra the way nanocluster was installed: pip install '.[launcher]' in its checkout, "
+        "or pip install 'WHEEL[launcher]' with the wheel it came from (nanocluster is not on PyPI)"
     ]
