@@ -186,3 +186,16 @@ def command_line(task: str, /, **flags: object) -> str:
                 continue
             words += [f"--{flag_name(param)}"] + ([] if one is True else [shown(one)])
     return shlex.join(words)
+
+
+def with_set(command: str, key: str, value: object) -> str:
+    """command (as command_line writes it) with its `--set key=...` left out and `--set key=value` at
+    the end: a command the operator gave, changed in one trainer key and runnable as it is."""
+    words, kept = shlex.split(command), []
+    while words:
+        word = words.pop(0)
+        if word == "--set" and words and words[0].partition("=")[0].strip() == key:
+            words.pop(0)
+            continue
+        kept.append(word)
+    return shlex.join([*kept, "--set", f"{key}={shown(value)}"])

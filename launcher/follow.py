@@ -82,9 +82,10 @@ def train(
     if runs_here(request):
         return run_here(request)
     request = checked_request(request)
-    with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line: the supervisor's output says it
+    opening = io.StringIO()  # its "using ..." line: the supervisor's output says it, else checked_here
+    with contextlib.redirect_stdout(opening):
         kind = resolve(request)  # reads --cluster without contacting it: its error is one line here
-    if not checked_here(request, kind):  # bad input refused before a supervisor or node is contacted
+    if not checked_here(request, kind, opening.getvalue()):  # bad input refused before anything is contacted
         return 0
     place = supervision(kind.cluster)
     record = RunRecord.of(kind.cluster, request.run)

@@ -89,7 +89,9 @@ class Lifecycle:
             say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
         config_text, trainer_cfg = read_trainer_config(config, request.overrides)  # before any node or API
         values = budget.trainer_values(config_text, request.overrides)
-        finished = already_finished(self.record, budget.max_iters_of(values), request.dataset, request.cluster_spec)
+        finished = already_finished(
+            self.record, budget.max_iters_of(values), request.dataset, request.cluster_spec, request.rerun_command
+        )
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
             return None
@@ -373,25 +375,26 @@ class Lifecycle:
         sample, fetch = (command_line(t, cluster=request.cluster_spec, run=request.run) for t in ("sample", "fetch"))
         say(
             f"done in {time.monotonic() - self.started:.0f} s: {progress.summary()}; {final_cost(record)}{spent}; "
-            f"best checkpoint runs/{request.run}/ckpt.pt {self.kind.checkpoint_place()} ({sample}, {fetch})"
+            f"best checkpoint {self.kind.checkpoint_place()} ({sample}, {fetch})"
         )
         return 0
 
 
-def checked_here(request: TrainRequest, kind: RunKind) -> bool:
+def checked_here(request: TrainRequest, kind: RunKind, opening: str = "") -> bool:
     """The checks Lifecycle.prepare makes, for a front end whose supervisor runs elsewhere (the head
     node, a pod), so bad input is refused here before anything starts: a refusal raises with the lines
     said before it shown; their lines are otherwise left to the supervisor's output. False when the run
-    has nothing left to train (its line shown)."""
+    has nothing left to train (its line shown). opening: what the front end held back of its own (the
+    kind's "using ..." line, which the supervisor says again), shown first where no supervisor starts."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said):
             prepared = Lifecycle(request, kind).prepare()
     except TaskError:
-        sys.stdout.write(said.getvalue())
+        sys.stdout.write(opening + said.getvalue())
         raise
     if prepared is None:
-        sys.stdout.write(said.getvalue())
+        sys.stdout.write(opening + said.getvalue())
     return prepared is not None
 
 

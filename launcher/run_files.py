@@ -43,7 +43,7 @@ from launcher.console import TaskError, check_name, command_line, console, say
 from launcher.launch.monitor import Progress
 from launcher.launch.supervisor import is_live
 from launcher.runs.ledger import NO_END, OUTCOMES, outcome_text, run_rows
-from launcher.runs.record import RunRecord, no_run_line, read_cluster_runs
+from launcher.runs.record import NO_SNAPSHOT, RunRecord, no_run_line, read_cluster_runs
 
 RUNNING = "running"
 STOPPED = "stopped"
@@ -121,7 +121,10 @@ class RunRow:
     run: str
     state: str
     iteration: int | None
+    """The last logged step (or eval), with its loss: how far the run got as its metrics show it."""
     loss: float | None
+    resumes_at: int | None
+    """The iteration of its newest snapshot, where a rerun resumes (the stop line's); None: none yet."""
     cost_usd: float | None
     stored: StoredRun | None
     record_bytes: int
@@ -201,6 +204,7 @@ def run_row(cluster: Cluster, run: str, stored: StoredRun | None) -> RunRow:
         state=state_of(stored, record, fetched.exists()),
         iteration=progress.iter,
         loss=progress.loss,
+        resumes_at=None if (snapshot := record.newest_snapshot()) == NO_SNAPSHOT else snapshot,
         cost_usd=sum(costs) if costs else None,
         stored=stored,
         record_bytes=disk_bytes(record.directory),
@@ -282,15 +286,27 @@ def rm_line(cluster_spec: str | None, run: str, fetched: bool = False) -> str:
 
 
 def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
-    """`runs`: every run on the cluster and in this machine's record, one row each; 1 when a node
-    did not answer (its runs may be missing)."""
+    """`runs`: every run on the cluster and in this machine's record, one row each (none: one line
+    with the command that starts one); 1 when a node did not answer (its runs may be missing)."""
     store = open_store(cluster_spec)
     try:
         rows = all_rows(store)
     finally:
         store.close()
+    if rows:
+        print_rows(store, rows, cluster_spec)
+    else:
+        say(f"no runs {store.where} or recorded here: start one with `{command_line('train', cluster=cluster_spec)}`")
+    for why in store.unreachable:
+        say(f"not listed: {why}")
+    return 1 if store.unreachable else 0
+
+
+def print_rows(store: RunStore, rows: Sequence[RunRow], cluster_spec: str | None) -> None:
+    """The runs table, what they use, and the command each waiting run needs. Its iterations: the last
+    logged one (with its loss), and the newest snapshot's, where a rerun resumes ("resumes at")."""
     table = Table(title=f"{store.cluster.cluster_name}: runs")
-    for column in ("run", "state", "iter", "loss", "cost", store.where, "here"):
+    for column in ("run", "state", "logged iter", "loss", "resumes at", "cost", store.where, "here"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
@@ -303,6 +319,7 @@ def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
             ),
             "-" if row.iteration is None else str(row.iteration),
             "-" if row.loss is None else f"{row.loss:.4f}",
+            "-" if row.resumes_at is None else str(row.resumes_at),
             "-" if row.cost_usd is None else f"${row.cost_usd:.2f}",
             size_text(row.cluster_bytes) if row.stored else "-",
             here_text(row),
@@ -319,9 +336,6 @@ def runs(open_store: OpenStore, cluster_spec: str | None) -> int:
         if row.state == WAITING_FOR_REVIVAL:
             attach = command_line("attach", cluster=cluster_spec, run=row.run)
             say(f"run {row.run} waits for a lost VM to be revived: `{attach}` runs the stack's `pulumi up` from here")
-    for why in store.unreachable:
-        say(f"not listed: {why}")
-    return 1 if store.unreachable else 0
 
 
 def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool = False) -> int:

@@ -172,7 +172,9 @@ class RunKind(Protocol):
         ...
 
     def checkpoint_place(self) -> str:
-        """Where the best checkpoint is, for the done line ("on NODE", "on claim NAME")."""
+        """The best checkpoint's path and place, for the done line: as `fab sample` names it on machines
+        ("/home/you/nanocluster/runs/main/ckpt.pt on local0", "~/nanocluster/runs/main/ckpt.pt on
+        node0"), under the claim on Kubernetes ("runs/main/ckpt.pt on claim NAME")."""
         ...
 
     def close(self) -> None:

@@ -49,6 +49,7 @@ from launcher.setup.nodes import ensure_ready
 from launcher.supervised import Supervision, ThisMachine, still_supervised
 from launcher.transport import NodeError
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
+from model.conventions import CKPT_NAME
 
 
 def run_cluster(request: TrainRequest) -> Cluster:
@@ -230,7 +231,8 @@ class MachinesRun:
         pass
 
     def checkpoint_place(self) -> str:
-        return f"on {self.session.head.name}"
+        site = self.session.site  # the path as `fab sample` says it: absolute on the local cluster
+        return f"{site.shown(f'{site.run_dir(self.request.run)}/{CKPT_NAME}')} on {self.session.head.name}"
 
     def close(self) -> None:
         if self.recovery is not None:

@@ -5,11 +5,13 @@ misspelled key or a value of the wrong type fails in a second instead of after e
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
+from launcher.cluster.node_layout import QUICKSTART_CONFIG
 from launcher.console import TaskError
 from model.settings.config import TrainConfig, load_config
 from model.settings.config_values import ConfigError
@@ -58,6 +60,20 @@ def refuse_launcher_keys_in_file(config_file: str, text: str) -> None:
             )
 
 
+def unreadable_config(config_file: str, error: OSError) -> str:
+    """--config's file that cannot be read: why, where a relative path was looked for, and (for a file
+    that is not there) what --config takes and a file to start from: the quickstart's."""
+    path = Path(config_file).expanduser()
+    where = "" if path.is_absolute() else f" (looked for {path.absolute()}, relative to the current directory)"
+    fix = ""
+    if isinstance(error, FileNotFoundError):
+        fix = (
+            "; --config takes a trainer config YAML: to start from the quickstart's, "
+            f"`cp {shlex.quote(str(QUICKSTART_CONFIG))} {shlex.quote(str(path))}` and edit it"
+        )
+    return f"--config {config_file}: {error.strerror}{where}{fix}"
+
+
 def check_trainer_config(config_file: str | None, overrides: Sequence[str]) -> TrainConfig:
     """The TrainConfig the YAML file and key=value overrides make, or a TaskError naming the bad key."""
     try:
@@ -76,7 +92,7 @@ def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tu
         try:
             text = Path(config_file).expanduser().read_text()
         except OSError as e:
-            raise TaskError(f"--config {config_file}: {e.strerror}") from None
+            raise TaskError(unreadable_config(config_file, e)) from None
         except UnicodeDecodeError as e:
             raise TaskError(
                 f"--config {config_file}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"

@@ -46,7 +46,7 @@ from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.metrics_stream import RunRecorder
 from launcher.session import resolve_cluster
-from model.conventions import DEFAULT_MASTER_PORT
+from model.conventions import CKPT_NAME, DEFAULT_MASTER_PORT
 
 POLL_S = 1.0
 """How often a restart looks whether the previous attempt's Job and pods are gone."""
@@ -352,7 +352,7 @@ class KubeRun:
         delete_run_objects(self.connected(), self.request.run, quiet=True)
 
     def checkpoint_place(self) -> str:
-        return f"on claim {self.access.storage_claim}"
+        return f"runs/{self.request.run}/{CKPT_NAME} on claim {self.access.storage_claim}"
 
     def close(self) -> None:
         pass

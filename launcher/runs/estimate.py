@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from launcher.cluster.inventory import price_text
-from launcher.console import command_line
+from launcher.console import command_line, with_set
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import Series, read_series
 from launcher.runs.record import Attempt, RunRecord, clock, failed_text, interrupted_text, stopped_text
@@ -205,12 +205,14 @@ def final_cost(record: RunRecord) -> str:
 
 
 def already_finished(
-    record: RunRecord, max_iters: int | None, dataset: str, cluster_spec: str | None = None
+    record: RunRecord, max_iters: int | None, dataset: str, cluster_spec: str | None = None, rerun: str = ""
 ) -> str | None:
     """What a rerun of a run that finished says instead of starting ranks with nothing to train: its
     last launch finished at its max_iters, on this dataset, and this one asks for no more (None: there
     is training left, or it cannot be told here: another or an unrecorded dataset is checked on the
-    nodes as any run's is). cluster_spec: --cluster as given, for the commands it names."""
+    nodes as any run's is). cluster_spec: --cluster as given, for the commands it names; rerun: the
+    train command as given (default: with --cluster and --run), which it names again with twice the
+    iterations, every other flag kept (--nodes, --config, --dataset: what the resume checks)."""
     attempt = record.current
     if max_iters is None or attempt is None or (attempt.end or {}).get("outcome") != "finished":
         return None
@@ -220,8 +222,9 @@ def already_finished(
     if done is None or max_iters > done:
         return None
     sample, fetch = (command_line(task, cluster=cluster_spec, run=record.run) for task in ("sample", "fetch"))
+    further = with_set(rerun or command_line("train", cluster=cluster_spec, run=record.run), "max_iters", 2 * done or 1)
     return (
         f"run {record.run} already finished at iter {done} (max_iters {max_iters}): nothing to train; "
-        f"its model: {sample}, {fetch}; to train further rerun with "
-        f"--set max_iters=N (N > {done}), or start over under another --run"
+        f"its model: {sample}, {fetch}; to train further, rerun with a larger max_iters: `{further}` "
+        f"(any above {done}), or start over under another --run"
     )

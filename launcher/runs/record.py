@@ -288,13 +288,15 @@ def clock(at: float) -> str:
 def stopped_text(
     run: str, snapshot_iter: int | None, requested_at: float | None, rerun: str, snapshot: int | None = None
 ) -> str:
-    """`fab train`'s last line (and `fab status`'s) after an operator's stop."""
+    """`fab train`'s last line (and `fab status`'s) after an operator's stop: where a rerun resumes, the
+    iteration of the snapshot the ranks wrote as they stopped (their stop record: the one `fab runs`
+    shows as "resumes at"), or the one kept from before when none ran."""
     when = f"stop at {clock(requested_at)}; " if requested_at is not None else ""
     if snapshot_iter is not None:
-        where, kept = f" at iter {snapshot_iter}", "every rank stopped after its snapshot"
+        kept = f"every rank stopped after its snapshot at iter {snapshot_iter}, where a rerun resumes"
     else:
-        where, kept = "", kept_snapshot_text(snapshot)
-    return f"run {run} stopped by an operator{where} ({when}{kept}); continue with: {rerun}"
+        kept = kept_snapshot_text(snapshot)
+    return f"run {run} stopped by an operator ({when}{kept}); continue with: {rerun}"
 
 
 def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cluster.contract import load_cluster
-from launcher.cluster.node_layout import REPO_ROOT
+from launcher.cluster.node_layout import QUICKSTART_CONFIG, REPO_ROOT
 from launcher.testing.fab import FAB
 from model.data.sources import NAMED_SOURCES
 from tests.launcher.conftest import CONTRACT
@@ -87,6 +88,40 @@ def test_another_dataset_on_a_finished_run_is_checked_on_the_nodes_not_answered_
     assert again.returncode == 0, again.stderr
     assert "run fin already finished at iter 4 (max_iters 4): nothing to train" in again.stdout
     assert tree(home) == before
+
+
+def test_a_finished_run_rerun_opens_with_the_cluster_line_and_names_the_command_that_trains_further(home):
+    """The second `nanocluster train` of a finished run starts no supervisor: the front end still opens
+    with the line naming the cluster, and its hint is the command as typed with a larger max_iters."""
+    finished_run(home, "fin", "d")
+    before = tree(home)
+    args = ["train", "--nodes", "2", "--run", "fin", "--dataset", "d", "--set", "max_iters=4"]
+    result = run(NANOCLUSTER, *args, home=home)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("using the local cluster: 1 node(s), this machine ("), result.stdout
+    assert "2 rank(s) as processes" in lines[0] and "from --nodes 2" in lines[0]
+    further = "nanocluster train --nodes 2 --run fin --dataset d --set max_iters=8"
+    assert lines[-1] == (
+        "run fin already finished at iter 4 (max_iters 4): nothing to train; its model: nanocluster sample --run "
+        f"fin, nanocluster fetch --run fin; to train further, rerun with a larger max_iters: `{further}` (any above "
+        "4), or start over under another --run"
+    )
+    assert tree(home) == before
+
+
+def test_a_config_file_that_is_not_there_names_where_it_was_looked_for_and_one_to_start_from(home):
+    result = run(NANOCLUSTER, "train", "--config", "nothere.yaml", home=home)
+    copy = f"cp {QUICKSTART_CONFIG} nothere.yaml"
+    assert error_line(result) == (
+        f"error: --config nothere.yaml: No such file or directory (looked for {home.parent / 'nothere.yaml'}, "
+        f"relative to the current directory); --config takes a trainer config YAML: to start from the "
+        f"quickstart's, `{copy}` and edit it"
+    )
+    assert tree(home) == []
+    subprocess.run(shlex.split(copy), cwd=home.parent, check=True)  # the fix, as printed
+    fixed = run(NANOCLUSTER, "train", "--config", "nothere.yaml", "--dry-run", home=home)
+    assert fixed.returncode == 0, fixed.stderr
 
 
 def test_training_on_a_dataset_that_is_not_there_leaves_no_run_behind(home):

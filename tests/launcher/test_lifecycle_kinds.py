@@ -7,6 +7,7 @@ ends with the same record and last line."""
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 
 import pytest
@@ -44,6 +45,7 @@ class MachinesKind:
         self.config = tmp_path / "tiny.yaml"
         self.config.write_text(TINY_CONFIG.replace("block_size: 32", "block_size: 4"))
         self.monkeypatch = monkeypatch
+        self.checkpoint = f"{local_home}/runs/fin/ckpt.pt on local0"
 
     def args(self, run: str, *more: str) -> tuple[str, ...]:
         return (
@@ -90,6 +92,7 @@ class KubernetesKind:
         self.fake, self.script, self.monkeypatch = fake, script, monkeypatch
         self.spec = str(contract_file)
         self.cluster = parse_contract(fake.contract(), self.spec)
+        self.checkpoint = f"runs/fin/ckpt.pt on claim {self.cluster.kube.storage_claim}"
         stream_metrics(monkeypatch, TRAIN_RECORDS)
 
     def args(self, run: str, *more: str) -> tuple[str, ...]:
@@ -147,7 +150,8 @@ def test_a_finished_run_is_done_with_its_spend_and_a_rerun_is_already_finished_w
     assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
     done = ran.out.strip().splitlines()[-1]
     assert done.startswith("done in ") and "; cost $" in done, done
-    assert " of the $1000.00 budget); best checkpoint runs/fin/ckpt.pt on " in done, done
+    # where the checkpoint is as `fab sample` names it: the local cluster's absolute path, the claim's
+    assert f" of the $1000.00 budget); best checkpoint {kind.checkpoint} (fab sample " in done, done
     end = RunRecord.of(kind.cluster, "fin").events[-1]
     assert (end["event"], end["outcome"]) == ("end", "finished")
 
@@ -158,6 +162,8 @@ def test_a_finished_run_is_done_with_its_spend_and_a_rerun_is_already_finished_w
     took = time.monotonic() - started
     assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
     assert "run fin already finished at iter 4 (max_iters 4): nothing to train" in ran.out
+    further = shlex.join(["fab", *kind.args("fin")]).replace("max_iters=4", "max_iters=8")  # the flags as given
+    assert f"to train further, rerun with a larger max_iters: `{further}` (any above 4)" in ran.out, ran.out
     assert contacts == [] and created_objects(kind) == objects_before
     assert RunRecord.of(kind.cluster, "fin").events[-1] == end  # nothing recorded
     print(f"{kind.name}: already finished in {took:.2f} s")

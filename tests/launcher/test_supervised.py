@@ -411,7 +411,7 @@ def local_train(place, monkeypatch) -> tuple[Path, Callable[[], int]]:
     directory = RunRecord.of(cluster, "r").directory
     monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
     monkeypatch.setattr(follow, "runs_here", lambda request: False)
-    monkeypatch.setattr(follow, "checked_here", lambda request, kind: True)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind, opening="": True)
     kind = type("Kind", (), {"cluster": cluster})()
     request = TrainRequest(None, run="r")
     return directory, lambda: follow.train(request, lambda r: kind, lambda c: place, lambda r: 0)

@@ -70,7 +70,7 @@ def test_runs_lists_the_claims_runs_and_a_live_job(two_runs, contract_file, task
     header = next(line for line in ran.out.splitlines() if "state" in line)
     assert "on claim shared" in header
     table = rows(ran.out)
-    assert table["done"][0] == "finished" and table["done"][4] == "2.0 MB"
+    assert table["done"][0] == "finished" and table["done"][5] == "2.0 MB"
     assert table["live"][0] == "running on Job fake-live"
 
 

@@ -117,8 +117,8 @@ def test_run_to_stop_and_the_stopped_line():
     assert str(refused.value).endswith(f"`{command_line('stop')} --run a`")
     line = stopped_text("main", 7, 0.0, "fab train")
     assert re.fullmatch(
-        r"run main stopped by an operator at iter 7 \(stop at \d\d:\d\d:\d\d; every rank stopped after its "
-        r"snapshot\); continue with: fab train",
+        r"run main stopped by an operator \(stop at \d\d:\d\d:\d\d; every rank stopped after its snapshot at "
+        r"iter 7, where a rerun resumes\); continue with: fab train",
         line,
     )
     # a node that did not answer (the lost one the supervisor waits for): what runs there is not known
@@ -161,8 +161,8 @@ def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_pat
     command = shlex.join(["fab", "train", *args])
     final = output.strip().splitlines()[-1]
     match = re.fullmatch(
-        rf"run {RUN} stopped by an operator at iter (\d+) \(stop at \d\d:\d\d:\d\d; every rank stopped after "
-        r"its snapshot\); continue with: (.+)",
+        rf"run {RUN} stopped by an operator \(stop at \d\d:\d\d:\d\d; every rank stopped after its snapshot at "
+        r"iter (\d+), where a rerun resumes\); continue with: (.+)",
         final,
     )
     assert match and match[2] == command, final
@@ -177,6 +177,12 @@ def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_pat
     status = fab("status", "--run", RUN)
     assert status.returncode == 0, status.stderr
     assert final in status.stdout and "rank0 stopped rank1 stopped" in status.stdout, status.stdout[-2000:]
+    # `fab runs` says where a rerun resumes as the stop line does (the last logged step is its own column)
+    listed = fab("runs")
+    header = next(line for line in listed.stdout.splitlines() if "state" in line).split("┃")[1:-1]
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(f"│ {RUN} ")).split("│")[1:-1]
+    columns = {name.strip(): cell.strip() for name, cell in zip(header, row, strict=True)}
+    assert columns["state"] == "stopped" and columns["resumes at"] == str(stopped_at), listed.stdout
 
     assert logs_code == 0
     assert (tmp_path / "logs.log").read_text().strip().splitlines()[-1] == (

@@ -19,6 +19,7 @@ from launcher.console import command_line, console
 from launcher.launch.units import start_command, stop_command
 from launcher.machine_runs import list_command, units_state
 from launcher.run_files import disk_bytes, size_text
+from launcher.runs.estimate import ending_text
 from launcher.runs.record import RunRecord
 from launcher.transport import NodeError, connect, payload
 from launcher.transport.shell import LocalShell
@@ -63,7 +64,7 @@ def rows(out: str) -> dict[str, list[str]]:
     found = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) == 7:
+        if len(cells) == 8:
             found[cells[0]] = cells[1:]
     return found
 
@@ -123,17 +124,50 @@ def test_runs_lists_every_run_with_its_state_progress_cost_and_disk(three_runs, 
     assert ran.code == 0, ran.err
     header = next(line for line in ran.out.splitlines() if "state" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]] == [
-        "run", "state", "iter", "loss", "cost", "on the nodes", "here",
+        "run", "state", "logged iter", "loss", "resumes at", "cost", "on the nodes", "here",
     ]  # fmt: skip
     table = rows(ran.out)
     assert sorted(table) == ["crashed", "done", "live"]
-    state, iteration, loss, cost, on_cluster, here = table["done"]
+    state, iteration, loss, _, cost, on_cluster, here = table["done"]
     assert (state, iteration, loss, cost) == ("finished", "300", "5.0123", "$3.60")
     assert on_cluster.startswith("2.")  # 2 MB of snapshot and the unit's files
     assert here.endswith("(1.0 MB fetched)")
     assert table["live"][:3] == ["running on local0", "40", "7.5000"]
     assert table["crashed"][0] == "failed"  # from its unit's exit record: no end was recorded
     assert f"3 run(s): 3.1 MB on the nodes, 1.0 MB here; delete one with `{command_line('rm')} RUN`" in ran.out
+
+
+def test_a_stopped_runs_row_resumes_where_its_stop_line_says(local, task):
+    """`fab stop` after step 23, logging every 5th step: the last logged step (20) is not where a rerun
+    resumes (the snapshot the ranks wrote as they stopped, iter 24). `runs` shows both, labelled, and
+    its "resumes at" is the iteration the stop line names."""
+    cluster = local[0]
+    rec = RunRecord.of(cluster, "demo")
+    now = time.time()
+    rec.append("launch", time=now - 60, hourly_cost_usd=3.6, nodes=["local0"], world_size=2)
+    metrics = [{"kind": "start", "iter": 0, "max_iters": 300, "tokens_per_iter": 64}]
+    for i in range(0, 21, 5):
+        metrics += [{"kind": "eval", "iter": i, "train_loss": 9.0, "val_loss": 9.0}] if i and i % 10 == 0 else []
+        metrics.append({"kind": "train", "iter": i, "loss": 9.0 - i / 10})
+    metrics.append({"kind": "stop", "iter": 24, "reason": "signal", "cause": "SIGTERM on this rank"})
+    rec.metrics_path.write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    rerun = command_line("train", run="demo")
+    rec.append("end", time=now, outcome="stopped", iter=24, snapshot=24, requested_at=now - 5, rerun=rerun)
+    ran = task("runs")
+    assert ran.code == 0, ran.err
+    state, logged, loss, resumes_at, *_ = rows(ran.out)["demo"]
+    assert (state, logged, loss, resumes_at) == ("stopped", "20", "7.0000", "24")
+    stop_line = ending_text(RunRecord.of(cluster, "demo").current.end, "demo")  # fab train's, fab status's
+    assert f"every rank stopped after its snapshot at iter {resumes_at}, where a rerun resumes" in stop_line
+    assert stop_line.endswith(f"; continue with: {rerun}")
+
+
+def test_runs_with_no_runs_says_so_and_how_to_start_one(local, task):
+    ran = task("runs")
+    assert ran.code == 0, ran.err
+    assert ran.out.strip().splitlines()[1:] == [
+        f"no runs on the nodes or recorded here: start one with `{command_line('train')}`"
+    ]
 
 
 def test_rm_of_a_running_run_is_refused_in_one_line_naming_stop(three_runs, local_home, task):
@@ -273,7 +307,7 @@ def test_on_machines_runs_sums_every_node_and_rm_frees_them_all(ssh_nodes, task)
     record(ssh_nodes.cluster, "r", "finished", iteration=10, loss=4.0)
     ran = task("runs", "--cluster", ssh_nodes.spec)
     assert ran.code == 0, ran.err
-    state, _, _, _, on_nodes, _ = rows(ran.out)["r"]
+    state, _, _, _, _, on_nodes, _ = rows(ran.out)["r"]
     assert state == "finished" and on_nodes.startswith("3.")  # three nodes' snapshots
     ran = task("rm", "r", "--cluster", ssh_nodes.spec)
     assert ran.code == 0, ran.err
@@ -362,7 +396,7 @@ def test_runs_and_rm_count_the_snapshots_keep_snapshots_keeps(local, local_home,
     (directory / "powersgd.rank0-of1.pt").hardlink_to(directory / "powersgd.rank0-of1.iter40.pt")
     record(cluster, "kept", "finished")
     wait_exited(shell, "kept", ["rank0"])
-    on_cluster = rows(task("runs").out)["kept"][4]
+    on_cluster = rows(task("runs").out)["kept"][5]
     assert on_cluster.startswith("4.") and on_cluster.endswith(" MB"), on_cluster
     ran = task("rm", "kept")
     assert ran.code == 0, ran.err
