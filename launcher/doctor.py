@@ -26,12 +26,21 @@ import ast
 import shlex
 import threading
 import time
-from dataclasses import dataclass
 
 from launcher.cluster.inventory import Cluster, Node, group_by_host
 from launcher.cluster.node_layout import DEFAULT_PORT
 from launcher.console import command_line, say
-from launcher.doctor_report import LOCAL_FIXES, VM_FIXES, Problem, gpu_node_problems, print_problems, setup_fix
+from launcher.doctor_report import (
+    LOCAL_FIXES,
+    VM_FIXES,
+    Link,
+    Problem,
+    gpu_node_problems,
+    link_problems,
+    print_problems,
+    ring_link,
+    setup_fix,
+)
 from launcher.node_scripts import script
 from launcher.session import Session, machines, resolve_cluster
 from launcher.setup.data import prepare_fix, verify_data_command
@@ -264,25 +273,6 @@ def port_problems(session: Session, port: int) -> list[Problem]:
     return problems
 
 
-@dataclass(frozen=True)
-class Link:
-    sender: str
-    receiver: str
-    mbit_s: float | None
-    error: str = ""
-
-
-def parse(output: str) -> tuple[float | None, str]:
-    """(Mbit/s received, '') from the script's output, or (None, why)."""
-    for line in output.splitlines():
-        if line.startswith("received "):
-            _, received, seconds = line.split()
-            if float(seconds) <= 0:
-                return None, "too few bytes arrived to time"
-            return int(received) * 8 / float(seconds) / 1e6, ""
-    return None, output.strip().splitlines()[-1] if output.strip() else "no output"
-
-
 def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
     """Each node's egress to the next node of the ring (in contract order), measured at once."""
     nodes = [n for n in session.hosts() if not session.report(n).missing]
@@ -306,37 +296,20 @@ def measure(session: Session, port: int, seconds: float = SEND_S) -> list[Link]:
         command = f"{python} - {node.private_ip} {port} {following[node.index].private_ip} {seconds} {LIMIT_S}"
         return node, shell.run(command, stdin=source, timeout=LIMIT_S + 15)
 
-    links: list[Link] = []
-    for node, result in parallel([session.shell(n) for n in nodes], run):
-        mbit_s, error = parse(result.stdout)
-        if nccl and error == "no output":
-            error = f"no answer within {NCCL_LIMIT_S:g} s: a node unreachable, or NCCL's connections blocked"
-        links.append(Link(previous[node.index].name, node.name, mbit_s, error))
-    return links
+    limit_s = NCCL_LIMIT_S if nccl else LIMIT_S
+    return [
+        ring_link(previous[node.index].name, node.name, result.stdout, nccl, limit_s)
+        for node, result in parallel([session.shell(n) for n in nodes], run)
+    ]
 
 
 def bandwidth_problems(session: Session, port: int, seconds: float = SEND_S) -> list[Problem]:
     """Measure, print one line per link and the slowest; a problem row for each link that failed."""
-    links = measure(session, port, seconds)
     nccl = session.cluster.gpus_per_node > 0
-    over = " over NCCL" if nccl else ""
     fix = (
         f"allow TCP on every port between the cluster's nodes: NCCL connects on ports of its own beside {port} "
         "(firewall / security group)"
         if nccl
         else f"allow TCP {port} between the cluster's nodes (firewall / security group)"
     )
-    problems: list[Problem] = []
-    for link in links:
-        if link.mbit_s is None:
-            problems.append(("nccl" if nccl else "bandwidth", link.receiver, f"from {link.sender}: {link.error}", fix))
-        else:
-            say(f"bandwidth {link.sender} -> {link.receiver}{over}: {link.mbit_s:,.0f} Mbit/s")
-    measured = [(link.mbit_s, link) for link in links if link.mbit_s is not None]
-    if measured:
-        mbit_s, slowest = min(measured, key=lambda pair: pair[0])
-        say(
-            f"slowest link {slowest.sender} -> {slowest.receiver}{over}: {mbit_s:,.0f} Mbit/s "
-            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)"
-        )
-    return problems
+    return link_problems(measure(session, port, seconds), nccl, fix)

@@ -1,7 +1,8 @@
 """What `fab doctor` reports, for every kind of cluster: a Problem row (check, node, what is wrong, its
-fix), the table of them, and the verdict on a GPU node's own report (launcher/node_scripts/gpu_check.py:
-its driver, and what the node environment's torch sees). The findings are the same on a VM, on this
-machine and in a Kubernetes pod; what fixes them differs, and each kind gives its own GpuFixes.
+fix), the table of them, the verdict on a GPU node's own report (launcher/node_scripts/gpu_check.py:
+its driver, and what the node environment's torch sees), and the links of the bandwidth ring
+(launcher/node_scripts/bandwidth.py's output on each node or pod). The findings are the same on a VM,
+on this machine and in a Kubernetes pod; what fixes them differs, and each kind gives its own fixes.
 """
 
 from __future__ import annotations
@@ -163,3 +164,52 @@ def driver_fix(torch_cuda: str, fixes: GpuFixes = VM_FIXES) -> str:
     major = int(torch_cuda.split(".")[0])
     minimum = f">= {MIN_DRIVER[major]}" if major in MIN_DRIVER else "a newer one"
     return fixes.upgrade_driver.format(minimum=minimum, major=major)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link of the bandwidth ring: what the receiver measured of the sender's egress (None: why not)."""
+
+    sender: str
+    receiver: str
+    mbit_s: float | None
+    error: str = ""
+
+
+def parse(output: str) -> tuple[float | None, str]:
+    """(Mbit/s received, '') from bandwidth.py's output, or (None, why)."""
+    for line in output.splitlines():
+        if line.startswith("received "):
+            _, received, seconds = line.split()
+            if float(seconds) <= 0:
+                return None, "too few bytes arrived to time"
+            return int(received) * 8 / float(seconds) / 1e6, ""
+    return None, output.strip().splitlines()[-1] if output.strip() else "no output"
+
+
+def ring_link(sender: str, receiver: str, output: str, nccl: bool, limit_s: float) -> Link:
+    """The link into receiver from its output (limit_s: the bound it ran under). Over NCCL a rank
+    that never got its peers prints nothing before its alarm ends it."""
+    mbit_s, error = parse(output)
+    if nccl and error == "no output":
+        error = f"no answer within {limit_s:g} s: a node unreachable, or NCCL's connections blocked"
+    return Link(sender, receiver, mbit_s, error)
+
+
+def link_problems(links: list[Link], nccl: bool, fix: str) -> list[Problem]:
+    """Print one line per measured link and the slowest; a problem row (with fix) for each that failed."""
+    over = " over NCCL" if nccl else ""
+    problems: list[Problem] = []
+    for link in links:
+        if link.mbit_s is None:
+            problems.append(("nccl" if nccl else "bandwidth", link.receiver, f"from {link.sender}: {link.error}", fix))
+        else:
+            say(f"bandwidth {link.sender} -> {link.receiver}{over}: {link.mbit_s:,.0f} Mbit/s")
+    measured = [(link.mbit_s, link) for link in links if link.mbit_s is not None]
+    if measured:
+        mbit_s, slowest = min(measured, key=lambda pair: pair[0])
+        say(
+            f"slowest link {slowest.sender} -> {slowest.receiver}{over}: {mbit_s:,.0f} Mbit/s "
+            "(bounds the gradient all-reduce; docs/training.md#gradient-communication-over-slow-links)"
+        )
+    return problems

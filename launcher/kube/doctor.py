@@ -9,10 +9,14 @@
                    and the node environment's torch what they see (launcher/node_scripts/gpu_check.py),
                    judged as on VM nodes (launcher.doctor.gpu_node_problems). One node stands for the
                    pool: its nodes share the image and the driver GKE or the GPU operator installs.
+    the ring       the links between pods, one per training node, as the VM doctor's ring between nodes
+                   (launcher.kube.ring): TCP on CPU nodes, NCCL on GPU nodes (after the GPU node passed)
 
 The GPU pod holds a GPU node while torch starts (under a minute); on a pool scaled to zero it makes
 the autoscaler add one, as the run's first pod would, which stays (and is billed) until the autoscaler
-removes it again (on GKE after about 10 idle minutes).
+removes it again (on GKE after about 10 idle minutes). The ring adds every training node so (it runs by
+default, as on VMs: a NetworkPolicy, the CNI or NCCL between pods would otherwise fail a run's first
+collective, after its nodes and staging were paid for; --bandwidth-seconds 0 skips it).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ import shlex
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import GPU_RESOURCE, KubeAccess
+from launcher.cluster.node_layout import DEFAULT_PORT
 from launcher.console import TaskError, check_name, command_line, say
+from launcher.doctor import SEND_S
 from launcher.doctor_report import GpuFixes, Problem, gpu_node_problems, print_problems
 from launcher.kube import pod_placement, volume
 from launcher.kube.api import Api
 from launcher.kube.connect import open_cluster
-from launcher.kube.jobs import access_of, run_helper
+from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, run_helper
 from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, NODE_PYTHON, job_name
+from launcher.kube.ring import ring_problems
 
 GPU_CHECK_ROLE = "gpu-check"
 GPU_CHECK_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
@@ -57,10 +64,11 @@ KUBE_FIXES = GpuFixes(
 """The GPU findings' fixes where GKE or the GPU operator, not the operator's hands, install the driver."""
 
 
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
-    """connect()'s checks, the claim's Job, and on GPU nodes one GPU node's driver and torch; 1 with
-    each problem and its fix. port and bandwidth_s are the VM doctor's: pods reach each other on the
-    cluster's network, which the first collective of a run checks."""
+def doctor(
+    cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT, bandwidth_s: float = SEND_S
+) -> int:
+    """connect()'s checks, the claim's Job, on GPU nodes one GPU node's driver and torch, then the ring
+    between the pods (bandwidth_s each, at port; 0 skips it); 1 with each problem and its fix."""
     check_name(dataset, "dataset")
     api, cluster = open_cluster(cluster_spec)
     access = access_of(cluster)
@@ -99,14 +107,23 @@ def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, ba
             f"fix: `{command_line('setup', cluster=cluster_spec)}` builds the node environment (the cuda profile "
             f"on GPU nodes) and code; `{command_line('prepare-data', cluster=cluster_spec)}` writes the dataset"
         )
-    if not cluster.gpus_per_node:
-        return 1 if missing else 0
-    if any(m.startswith(("missing: node environment", "missing: model code", "missing: CUDA")) for m in missing):
-        say("GPU node not checked: its check runs the node environment's torch; set the cluster up first")
-        return 1
-    problems = gpu_node_check(api, cluster, cluster_spec)
+    environment = not any(m.startswith(("missing: node environment", "missing: CUDA")) for m in missing)
+    problems: list[Problem] = []
+    if cluster.gpus_per_node:
+        if not environment or any(m.startswith("missing: model code") for m in missing):
+            say("GPU node not checked: its check runs the node environment's torch; set the cluster up first")
+            return 1
+        problems = gpu_node_check(api, cluster, cluster_spec)
+    if bandwidth_s > 0:
+        pending_timeout_s = GPU_PENDING_TIMEOUT_S if cluster.gpus_per_node else PENDING_TIMEOUT_S
+        if not environment:
+            say("bandwidth between pods not measured: its pods run the node environment's Python; set the cluster up")
+        elif problems:
+            say("bandwidth over NCCL not measured: fix the GPU problems first")
+        else:
+            problems += ring_problems(api, cluster, cluster_spec, port, bandwidth_s, pending_timeout_s)
     if problems:
-        print_problems(f"doctor: {cluster.cluster_name}'s GPU nodes", problems)
+        print_problems(f"doctor: {cluster.cluster_name}", problems)
     return 1 if missing or problems else 0
 
 

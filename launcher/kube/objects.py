@@ -1,5 +1,6 @@
 """A training run's Kubernetes objects: an Indexed Job and the headless Service naming its pods (their
-spec's pieces are launcher.kube.pod_spec's), and the run's supervisor Job. Pure functions returning the
+spec's pieces are launcher.kube.pod_spec's), the same Job running the doctor's ring instead of the
+trainer, and the run's supervisor Job. Pure functions returning the
 API's camelCase dicts (what `kubectl apply` reads and the official client accepts as a body).
 
 The Job controller does not heal a run: backoffLimit is 0, so the first failed pod fails the Job
@@ -24,6 +25,7 @@ from launcher.kube.pod_spec import (
     DNS_LABEL_MAX,
     LABEL_APP,
     MOUNT_PATH,
+    SCRATCH_DIR,
     VOLUME,
     PodLaunch,
     container_env,
@@ -144,6 +146,27 @@ def training_job(launch: PodLaunch) -> dict:
             },
         },
     }
+
+
+RING_GRACE_S = 5
+"""A ring pod's termination grace: it keeps nothing worth a snapshot, and its shell (PID 1) ignores SIGTERM."""
+RING_KEPT_S = 600
+"""How long a ring Job that ended stays for its logs when the launcher could not delete it."""
+
+
+def ring_job(launch: PodLaunch, script: str, args: list[str], deadline_s: float) -> dict:
+    """The doctor's ring (launcher.kube.ring): the training Job, its pods placed, sized and restricted
+    as a run's are (one per node, the GPUs, the network a run's ranks get), each running
+    `sh -c script ring ARGS` in the scratch directory instead of the trainer, with its own address
+    in POD_IP. The cluster ends it after deadline_s whatever becomes of the launcher."""
+    job = training_job(launch)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    container.update(command=["sh", "-c", script, "ring"], args=args, workingDir=SCRATCH_DIR)
+    container["env"] = [*container["env"], {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    pod["terminationGracePeriodSeconds"] = RING_GRACE_S
+    job["spec"] |= {"activeDeadlineSeconds": int(deadline_s), "ttlSecondsAfterFinished": RING_KEPT_S}
+    return job
 
 
 # --- the run's supervisor (launcher.kube.supervisor): one pod that runs the run's lifecycle in the cluster ---

@@ -26,6 +26,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import DAEMONSET_CPU, DAEMONSET_MEMORY_GIB, RUN_AS_UID, gke_allocatable_cpu
 from launcher.cluster.node_layout import run_dir
 from launcher.console import PORT_RULE
@@ -191,6 +192,35 @@ class PodLaunch:
         return run_dir(MOUNT_PATH, self.run)
 
 
+def cluster_launch(cluster: Cluster, run: str, nodes: int, port: int, **more: object) -> PodLaunch:
+    """A launch of `nodes` pods on the cluster's training nodes, sized and placed as its access says:
+    a run's attempt, or the doctor's ring (launcher.kube.ring); more: PodLaunch's other fields
+    (trainer_args, attempt, python, code_dir). ValueError names a bad one."""
+    access = cluster.kube
+    assert access is not None, "a Kubernetes cluster has its access"
+    fields: dict = {
+        "run": run,
+        "job": job_name(cluster.cluster_name, run),
+        "namespace": access.namespace,
+        "nodes": nodes,
+        "port": port,
+        "image": DEFAULT_IMAGE,
+        "claim": access.storage_claim,
+        "cores": cluster.cores_per_node,
+        "memory_gib": access.memory_gib or 1.0,
+        "node_selector": dict(access.node_selector),
+        "tolerations": access.tolerations,
+        "trainer_args": (),
+        "gpus": cluster.gpus_per_node,
+        "allocatable_cpu": access.allocatable_cpu,
+        "allocatable_memory_gib": access.allocatable_memory_gib,
+        "daemonset_cpu": access.daemonset_cpu,
+        "daemonset_memory_gib": access.daemonset_memory_gib,
+        "same_zone": access.same_zone,
+    }
+    return PodLaunch(**(fields | more))
+
+
 def job_name(cluster_name: str, run: str) -> str:
     """<cluster>-<run> as a DNS label short enough for the pods' hostnames; when that changed the
     text (case, characters, length), a digest of it keeps two runs' names apart."""
@@ -219,16 +249,20 @@ def labels(launch: PodLaunch) -> dict[str, str]:
     return {LABEL_APP: APP, LABEL_RUN: launch.run, LABEL_ATTEMPT: str(launch.attempt)}
 
 
+def index_variable(launch: PodLaunch) -> str:
+    """The variable holding the pod's completion index: RANK on CPU nodes (the pod is that rank),
+    NODE_RANK on GPU nodes (torchrun's node rank)."""
+    return "NODE_RANK" if launch.gpus else "RANK"
+
+
 def container_env(launch: PodLaunch) -> list[dict]:
     """The trainer container's environment. A CPU pod: a VM rank's variables, RANK from the completion
     index. A GPU pod: NODE_RANK from it, for torchrun, which gives each of its ranks RANK, WORLD_SIZE,
     LOCAL_RANK and the rendezvous variables (objects.rank_environment)."""
     from_index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
-    if launch.gpus:
-        env: list[dict] = [{"name": "NODE_RANK", "valueFrom": from_index}]
-    else:
+    env: list[dict] = [{"name": index_variable(launch), "valueFrom": from_index}]
+    if not launch.gpus:
         rank = rank_variables(0, launch.nodes, 0, 1, launch.master_addr, launch.port)
-        env = [{"name": "RANK", "valueFrom": from_index}]
         env += [{"name": k, "value": v} for k, v in rank.items() if k != "RANK"]
     # No GLOO_SOCKET_IFNAME (a VM's env.sh names the probed interface): the pod's hostname resolves to
     # the pod's address (the kubelet's /etc/hosts), which is the one gloo binds without it.

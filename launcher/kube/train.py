@@ -138,7 +138,7 @@ class KubeRun:
         )
 
     def pod_launch(self, prepared: Prepared, attempt: int, extra: tuple[str, ...]) -> pod_spec.PodLaunch:
-        request, cluster, access = self.request, self.cluster, self.access
+        request, cluster = self.request, self.cluster
         plan = self.plan_for(prepared, extra)
         pods, gpus = self.count, cluster.gpus_per_node
         world = f"expected_world_size={pods * max(1, gpus)}"  # G ranks per pod, whatever the plan counted
@@ -147,26 +147,13 @@ class KubeRun:
             at = next(i for i, a in enumerate(args) if a.startswith("collective_timeout_s=")) + 1
             args.insert(at, f"rendezvous_timeout_s={RENDEZVOUS_TIMEOUT_S:g}")  # before the user's overrides
         try:
-            return pod_spec.PodLaunch(
-                run=request.run,
-                job=pod_spec.job_name(cluster.cluster_name, request.run),
-                namespace=access.namespace,
-                nodes=pods,
-                port=plan.master_port,
-                image=pod_spec.DEFAULT_IMAGE,
-                claim=access.storage_claim,
-                cores=cluster.cores_per_node,
-                memory_gib=access.memory_gib or 1.0,
-                node_selector=dict(access.node_selector),
-                tolerations=access.tolerations,
+            return pod_spec.cluster_launch(
+                cluster,
+                request.run,
+                pods,
+                plan.master_port,
                 trainer_args=tuple(args),
                 attempt=attempt,
-                gpus=gpus,
-                allocatable_cpu=access.allocatable_cpu,
-                allocatable_memory_gib=access.allocatable_memory_gib,
-                daemonset_cpu=access.daemonset_cpu,
-                daemonset_memory_gib=access.daemonset_memory_gib,
-                same_zone=access.same_zone,
                 python=self.staged.python,
                 code_dir=self.staged.code_dir,
             )

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from launcher.doctor import parse
+from launcher.doctor_report import parse
 from launcher.testing.fab import Fab
 from launcher.testing.fixtures import sshd_nodes
 

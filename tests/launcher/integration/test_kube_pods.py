@@ -7,7 +7,9 @@ name a pod resolves them by, and one directory bind-mounted at MOUNT_PATH on eve
 ReadWriteMany claim) holding the node environment, model/ and a dataset as the setup and prepare Jobs
 leave them. Nodes 1 and 2 mount it read-only: a write there by any rank but rank 0 fails the run, so a
 passing run shows no two ranks write in the shared run directory. The command, arguments, working
-directory and environment come from training_job()'s container (RANK resolved by rank_environment).
+directory and environment come from training_job()'s container (RANK resolved by rank_environment);
+the doctor's ring runs its Job's container (launcher.kube.ring) the same way, its report judged by the
+doctor's own code.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.node_layout import REPO_ROOT
+from launcher.kube import ring
 from launcher.kube.objects import rank_environment, training_job
 from launcher.kube.pod_spec import DEFAULT_IMAGE, MOUNT_PATH, PodLaunch, job_name, pod_address
 from launcher.launch.plan import LaunchPlan, trainer_args
@@ -251,3 +254,63 @@ def test_the_pods_train_and_a_killed_rank_resumes_from_the_snapshot_when_the_job
     assert (claim / "code" / "model" / "__pycache__").is_dir(), "the trainer imported model/ from the claim"
     for k in range(3):
         assert nodes.processes(k, "model.train") == [], f"a trainer survived on node{k}"
+
+
+def ring_environment(container: dict, k: int, ip: str) -> dict[str, str]:
+    """Pod k's environment from the ring Job's container, the downward API resolved as the kubelet
+    does: the completion index, the pod's address."""
+    out = {}
+    for var in container["env"]:
+        path = var["valueFrom"]["fieldRef"]["fieldPath"] if "valueFrom" in var else ""
+        out[var["name"]] = var.get("value") or (ip if path == "status.podIP" else str(k))
+    return out
+
+
+def run_ring(nodes, launch: PodLaunch, logs: Path) -> list[str]:
+    """Every pod of the doctor's ring Job, started as start_pods starts a run's; each pod's output."""
+    _, job = ring.ring_objects(launch, 0.5, 60.0)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    argv = container["command"] + container["args"]
+    started = []
+    for k in range(launch.nodes):
+        env = IMAGE_ENV | {"HOSTNAME": f"{launch.job}-{k}"} | ring_environment(container, k, nodes.ips[k])
+        with open(logs / f"ring-pod{k}.log", "w") as log:
+            started.append(
+                subprocess.Popen(
+                    [*nodes.enter(k, container["workingDir"]), *argv], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+    assert wait_all(started) == [0] * launch.nodes  # a pod ends 0 whatever it found: its log is the report
+    return [(logs / f"ring-pod{k}.log").read_text() for k in range(launch.nodes)]
+
+
+def test_the_doctors_ring_measures_every_link_between_the_pods(pod_nodes, tmp_path, capsys, monkeypatch):
+    nodes, _, launch = pod_nodes
+    monkeypatch.setattr(ring, "TCP_RING_LIMIT_S", 10.0)
+    outputs = run_ring(nodes, launch, tmp_path)
+    capsys.readouterr()
+    pods = [f"{launch.job}-{k}" for k in range(3)]
+    assert ring.judge(launch, pods, outputs) == [], outputs
+    out = capsys.readouterr().out
+    for k in range(3):
+        assert re.search(rf"bandwidth {pods[k - 1]} -> {pods[k]}: [\d,]+ Mbit/s", out), out
+    assert f"slowest link {launch.job}-" in out
+
+
+def test_the_doctors_ring_names_a_pod_that_cannot_reach_rank_0_with_its_fix(pod_nodes, tmp_path, monkeypatch):
+    """Pod 2's network is cut (as a CNI that does not route to its node): it cannot send to rank 0's
+    pod, and no one reaches it."""
+    nodes, _, launch = pod_nodes
+    monkeypatch.setattr(ring, "TCP_RING_LIMIT_S", 10.0)
+    nodes.cut_link(2)
+    try:
+        outputs = run_ring(nodes, launch, tmp_path)
+    finally:
+        nodes.restore_link(2)
+    pods = [f"{launch.job}-{k}" for k in range(3)]
+    problems = {receiver: (what, fix) for _, receiver, what, fix in ring.judge(launch, pods, outputs)}
+    assert set(problems) >= {pods[0], pods[2]}, outputs
+    assert problems[pods[2]][0].startswith(f"from {pods[1]}: cannot send to {pod_address(launch, 0)}:{launch.port}: ")
+    assert problems[pods[0]][0] == f"from {pods[2]}: no sender connected: timed out"
+    for _, fix in problems.values():
+        assert fix.startswith(f"allow TCP {launch.port} between the training pods: a NetworkPolicy of namespace ")

@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from launcher.kube.ring import RING_RUN
 from launcher.kube.volume import DATA_REPORT
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults
@@ -63,6 +64,11 @@ PREPARED_DATA = {
 """What a staging pod reports of the run's dataset on the fake's claim: prepared, every file whole."""
 
 
+def healthy_ring(index: int) -> list[str]:
+    """A ring pod's log where every link works: bandwidth.py's two lines, 1,000 Mbit/s received."""
+    return ["sent 157286400", "received 125829120 1.006633"]
+
+
 def default_log(script: str) -> list[str]:
     """A helper pod's log without a scripted one: "helper ran", and a staging that reports the
     dataset finds it prepared."""
@@ -81,6 +87,8 @@ class Script:
     """(attempt, rank) pods that never find a node."""
     log: dict[int, list[str]] = field(default_factory=lambda: {0: ["step 1 loss 4.2", "step 2 loss 3.9"]})
     """rank -> the lines its log holds."""
+    ring: Callable[[int], list[str]] = healthy_ring
+    """The doctor's ring (launcher.kube.ring): its pod's index -> the lines its log holds."""
     run_ticks: int = 6
     """Controller ticks a pod runs before it ends."""
     helpers: dict[str, Callable[[str], list[str]]] = field(default_factory=dict)
@@ -459,7 +467,9 @@ class FakeKube:
             self.processes.start(pod, job)
             self.ticks[pod] = 0
             return
-        if indexed:
+        if indexed and labels.get("nanocluster.dev/run") == RING_RUN:
+            lines = self.script.ring(index)
+        elif indexed:
             lines = self.script.log.get(index, [])
         else:
             role = labels.get("nanocluster.dev/role", "")

@@ -1,8 +1,8 @@
 """Every object the launcher creates on a Kubernetes cluster, validated against the API's OpenAPI
 schemas with kubernetes-validate --strict (unknown fields fail): those of launcher.kube.objects (the
 training Job, on CPU and on GPU nodes, and Service), of launcher.kube.volume (namespace, claim,
-staging ConfigMap and the helper Jobs) and the supervisor's ended marker (launcher.kube.connect), built
-as the tasks build them."""
+staging ConfigMap and the helper Jobs), the doctor's ring Jobs (launcher.kube.ring) and the
+supervisor's ended marker (launcher.kube.connect), built as the tasks build them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import kubernetes_validate.utils
 import pytest
 
 from launcher.cluster.kube_contract import KubeAccess
-from launcher.kube import connect, objects, pod_spec, volume
+from launcher.kube import connect, objects, pod_spec, ring, volume
 from launcher.kube.doctor import gpu_check_job
 from launcher.kube.tasks import best_checkpoint_script
 from launcher.setup.data import prepare_args
@@ -72,6 +72,8 @@ def every_object() -> dict[str, dict]:
         ),
         "sample Job": volume.helper_job("sample-main", ACCESS, "sample", best_checkpoint_script("main"), run="main"),
         "doctor's GPU check Job": gpu_check_job(ACCESS, 8),
+        "doctor's ring Job": ring.ring_objects(LAUNCH, 1.5, 600.0)[1],
+        "doctor's NCCL ring Job": ring.ring_objects(replace(LAUNCH, gpus=8), 1.5, 900.0)[1],
         "supervisor's ended marker": connect.ended_marker(
             objects.supervisor_job_name(LAUNCH.job), "nanocluster", "main", "0b5e4c1a-uid", "finished"
         ),

@@ -1,0 +1,192 @@
+"""`fab doctor`'s ring between pods on a Kubernetes cluster (launcher.kube.ring): one pod per training
+node in the training Job's shape, each running bandwidth.py's ring (TCP on CPU nodes, NCCL on GPU
+nodes), judged as the VM doctor judges its ring, and gone afterwards whatever happened. The fake's
+ring pods print what bandwidth.py prints (its own lines; the script itself runs between pods for real
+in tests/launcher/integration/test_kube_pods.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from launcher.console import console
+from launcher.kube import objects, pod_placement, ring
+from launcher.kube.pod_spec import GPU_DRIVER_LIBS, PodLaunch
+from tests.launcher.kube.test_gpu_doctor import GOOD, reporting
+from tests.launcher.kube.test_gpu_pods import gpu_contract, write
+
+RING_JOB = "fake-doctor-ring"
+"""job_name("fake", ring.RING_RUN): the ring's Job and Service on the fake's cluster."""
+POLICY_FIX = "a NetworkPolicy of namespace nanocluster (kubectl get networkpolicy -n nanocluster)"
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch):
+    """One table row per line, whatever width the test's stdout would give."""
+    monkeypatch.setattr(console, "width", 400)
+    monkeypatch.setattr(ring, "POLL_S", 0.01)
+
+
+def flat(text: str) -> str:
+    """The output with single spaces, without the table's borders."""
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
+
+
+def ring_jobs(fake) -> list[dict]:
+    return [j for j in fake.created_jobs if j["metadata"]["labels"].get("nanocluster.dev/run") == ring.RING_RUN]
+
+
+def left_behind(fake) -> list[str]:
+    """The ring's Jobs and Services still in the namespace."""
+    services = fake.core.list_namespaced_service("nanocluster").items
+    return [o.metadata.name for o in [*fake.jobs(), *services] if o.metadata.name == RING_JOB]
+
+
+def contract_of(fake, tmp_path, **changes) -> str:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(fake.contract() | changes))
+    return str(path)
+
+
+def test_the_ring_reports_each_link_between_pods_placed_as_training_pods(fake, task, tmp_path):
+    fake.seed()
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path))
+    assert ran.code == 0, ran.out + ran.err
+    assert "measuring the links between pods: 4 pods, one per training node" in ran.out
+    for k in range(4):
+        assert f"bandwidth node-{k - 1 if k else 3} -> node-{k}: 1,000 Mbit/s" in ran.out
+    assert "slowest link node-3 -> node-0: 1,000 Mbit/s" in ran.out
+    (job,) = ring_jobs(fake)
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 4
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == RING_JOB and pod["nodeSelector"] == {"pool": "train"}
+    assert pod["affinity"]["podAntiAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": [pod_placement.exclusive_node()]
+    }
+    (container,) = pod["containers"]
+    shell, source = container["command"][2], container["args"][0]
+    assert 'getent hosts "fake-doctor-ring-$i.fake-doctor-ring"' in shell  # every pod's name first
+    assert '"$POD_IP" 29500 "fake-doctor-ring-$(( (RANK + 1) % 4 )).fake-doctor-ring" 1.5 ' in shell
+    assert "def nccl_main" in source  # bandwidth.py as the launcher has it
+    assert left_behind(fake) == []
+
+
+def test_a_pod_that_cannot_reach_rank_0_is_named_with_the_network_policy_fix(fake, script, task, tmp_path):
+    """Pod 3 sends to pod 0, which a NetworkPolicy denies: its connection times out, and pod 0 hears
+    from no one; the other links work."""
+    fake.seed()
+    blocked = {
+        3: ["cannot send to fake-doctor-ring-0.fake-doctor-ring:29501: timed out"],
+        0: ["sent 157286400", "no sender connected: timed out"],
+    }
+    script.ring = lambda k: blocked.get(k, ["sent 157286400", "received 62914560 1.006633"])
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path), "--port", "29501", "--bandwidth-seconds", "0.5")
+    assert ran.code == 1
+    out = flat(ran.out)
+    assert "bandwidth node-0 -> node-1: 500 Mbit/s" in out and "bandwidth node-1 -> node-2: 500 Mbit/s" in out
+    assert "bandwidth node-3 -> node-0" not in out
+    assert (
+        flat(
+            "bandwidth node-3 from node-2: cannot send to fake-doctor-ring-0.fake-doctor-ring:29501: timed out "
+            f"allow TCP 29501 between the training pods: {POLICY_FIX}; or the CNI"
+        )
+        in out
+    )
+    assert "bandwidth node-0 from node-3: no sender connected: timed out allow TCP 29501" in out
+    assert "2 problem(s)" in out
+    shell = ring_jobs(fake)[0]["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert '"$POD_IP" 29501 ' in shell and " 0.5 " in shell
+    assert left_behind(fake) == []
+
+
+def test_ring_pods_that_find_no_node_end_the_check_with_a_row_each(fake, script, task, tmp_path, monkeypatch):
+    import launcher.kube.doctor
+
+    fake.seed()
+    monkeypatch.setattr(launcher.kube.doctor, "PENDING_TIMEOUT_S", 3.0)  # the fake has made the pods
+    script.unschedulable = {(0, 2)}
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path))
+    assert ran.code == 1
+    out = flat(ran.out)
+    assert re.search(
+        r"ring fake-doctor-ring-2-a0 still Pending after \d+ s \(Unschedulable: 0/4 nodes are available", out
+    ), out
+    assert "room for 4 training pods, one per node: the pool's maximum nodes and quota" in out
+    assert "bandwidth node-" not in out
+    assert left_behind(fake) == []
+
+
+def test_ctrl_c_deletes_the_ring(fake, script, task, tmp_path, monkeypatch):
+    fake.seed()
+    script.run_ticks = 10**9  # the pods would run on
+    real = ring.job_pods
+
+    def interrupt_once_running(api, job, uid=""):
+        pods = real(api, job, uid)
+        if sum(p.status.phase == "Running" for p in pods if p.status) == 4:
+            raise KeyboardInterrupt
+        return pods
+
+    monkeypatch.setattr(ring, "job_pods", interrupt_once_running)
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path))
+    assert ran.code != 0
+    assert len(ring_jobs(fake)) == 1
+    assert left_behind(fake) == []
+
+
+def test_one_training_node_has_no_link_and_zero_seconds_skip_the_ring(fake, task, tmp_path):
+    fake.seed()
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path, max_nodes=1))
+    assert ran.code == 0, ran.out + ran.err
+    assert "bandwidth between pods not measured: the cluster has 1 training node, so no link between pods" in ran.out
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path), "--bandwidth-seconds", "0")
+    assert ran.code == 0, ran.out + ran.err
+    assert "measuring the links" not in ran.out
+    assert ring_jobs(fake) == []
+
+
+def test_gpu_pods_run_the_nccl_ring_with_a_training_pods_gpus_and_env(fake, script, task, tmp_path):
+    fake.seed()
+    script.helpers["gpu-check"] = reporting(GOOD)
+    script.ring = lambda k: (
+        [] if k == 1 else ["NCCL: DistBackendError: NCCL error: remote process exited or there was a network error"]
+    )
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    out = flat(ran.out)
+    assert "each sending to the next over NCCL on its first GPU" in out
+    assert "nccl node-1 from node-0: no answer within" in out and "NCCL's connections blocked" in out
+    assert "nccl node-0 from node-3: NCCL: DistBackendError: NCCL error" in out
+    assert "allow TCP on every port between the training pods: NCCL connects on ports of its own beside 29500" in out
+    (job,) = ring_jobs(fake)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"  # the node's GPUs, as a training pod's
+    env = {var["name"]: var.get("value") for var in container["env"]}
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["LD_LIBRARY_PATH"] == GPU_DRIVER_LIBS
+    assert ' -c "$1" nccl fake-doctor-ring-0.fake-doctor-ring 29500 "$NODE_RANK" 4 1.5 ' in container["command"][2]
+    assert left_behind(fake) == []
+
+
+def test_the_gpu_nodes_problems_come_before_the_nccl_ring(fake, script, task, tmp_path):
+    fake.seed()
+    script.helpers["gpu-check"] = reporting(GOOD | {"gpus": [], "driver_error": "nvidia-smi not found", "devices": 0})
+    ran = task("doctor", "--cluster", str(write(tmp_path, gpu_contract(fake, gpus=4))))
+    assert ran.code == 1
+    assert "bandwidth over NCCL not measured: fix the GPU problems first" in ran.out
+    assert ring_jobs(fake) == []
+
+
+def test_the_ring_job_is_the_training_jobs_placement_with_a_deadline():
+    from tests.launcher.kube.test_schemas import LAUNCH
+
+    launch: PodLaunch = LAUNCH
+    service, job = ring.ring_objects(launch, 1.5, 600.0)
+    training = objects.training_job(launch)["spec"]["template"]["spec"]
+    pod = job["spec"]["template"]["spec"]
+    for key in ("affinity", "tolerations", "nodeSelector", "securityContext", "subdomain", "volumes"):
+        assert pod[key] == training[key], key
+    assert pod["containers"][0]["resources"] == training["containers"][0]["resources"]
+    assert job["spec"]["activeDeadlineSeconds"] == 600 + ring.TCP_RING_LIMIT_S + ring.END_MARGIN_S
+    assert service == objects.headless_service(launch)
