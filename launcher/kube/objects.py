@@ -148,6 +148,9 @@ def training_job(launch: PodLaunch) -> dict:
     }
 
 
+RING_RUN = "doctor-ring"
+"""The run label of the ring's Job and Service (its Job's name is job_name(cluster, RING_RUN)): a name
+`train` refuses on Kubernetes, as the ring's cleanup deletes what carries it."""
 RING_GRACE_S = 5
 """A ring pod's termination grace: it keeps nothing worth a snapshot, and its shell (PID 1) ignores SIGTERM."""
 RING_KEPT_S = 600

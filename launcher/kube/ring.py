@@ -38,13 +38,12 @@ from launcher.kube import objects, pod_start, streams
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects
 from launcher.kube.jobs import GONE_TIMEOUT_S, create_when_gone, creation_refused, job_pods, waiting_for
+from launcher.kube.objects import RING_RUN
 from launcher.kube.pod_spec import CONTAINER, PodLaunch, cluster_launch, index_variable, pod_address
 from launcher.kube.pod_start import StartWatch, unschedulable
 from launcher.kube.watch import node_of, rank_of
 from launcher.node_scripts import script
 
-RING_RUN = "doctor-ring"
-"""The run label of the ring's Job and Service (its Job's name is job_name(cluster, RING_RUN))."""
 START_SKEW_S = 60.0
 """Once every pod has an address, how long the last may take to run its script: its node's image pull,
 the claim's mount, Python's start (torch's import from the claim on GPU nodes comes after, inside NCCL's bound)."""

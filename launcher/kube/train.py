@@ -36,6 +36,7 @@ from launcher.kube.connect import (
     stop_requested,
 )
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
+from launcher.kube.objects import RING_RUN
 from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.data_check import unusable_data
 from launcher.launch.fit import check_pod_fit
@@ -101,6 +102,8 @@ class KubeRun:
                 "--backend ccl: a Kubernetes cluster's node environment is the default profile (cuda on GPU "
                 "nodes), which has no oneCCL bindings; use --backend auto (gloo, or NCCL on GPUs)"
             )
+        if request.run == RING_RUN:  # its Job, Service and pods would be the doctor's, deleted by its next ring
+            raise TaskError(f"--run {RING_RUN}: on a Kubernetes cluster that name is `doctor`'s; choose another")
         request.recover.refuse_revive_timeout("a Kubernetes cluster's pods wait for a node up to --recover-timeout")
         cluster = resolve_cluster(request.cluster_spec)
         if cluster.kube is None:

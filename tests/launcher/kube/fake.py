@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from launcher.kube.ring import RING_RUN
+from launcher.kube.objects import RING_RUN
 from launcher.kube.volume import DATA_REPORT
 from tests.launcher.kube.fake_exec import PodExec
 from tests.launcher.kube.fake_faults import CONTROLLER_HEADER, FOREGROUND, ClusterEmulator, Faults

@@ -190,3 +190,14 @@ def test_the_ring_job_is_the_training_jobs_placement_with_a_deadline():
     assert pod["containers"][0]["resources"] == training["containers"][0]["resources"]
     assert job["spec"]["activeDeadlineSeconds"] == 600 + ring.TCP_RING_LIMIT_S + ring.END_MARGIN_S
     assert service == objects.headless_service(launch)
+
+
+def test_a_run_named_as_the_ring_is_refused_before_any_object_exists(fake, task, tmp_path):
+    """The ring's cleanup deletes what carries its name: a run of that name would lose its Job and pods
+    to the next `doctor`."""
+    fake.seed()
+    ran = task("train", "--cluster", contract_of(fake, tmp_path), "--nodes", "2", "--run", ring.RING_RUN)
+    assert ran.code == 1 and ran.error_lines == [
+        f"error: --run {ring.RING_RUN}: on a Kubernetes cluster that name is `doctor`'s; choose another"
+    ]
+    assert not fake.created_jobs
