@@ -57,10 +57,17 @@ KUBE_FIXES = GpuFixes(
 """The GPU findings' fixes where GKE or the GPU operator, not the operator's hands, install the driver."""
 
 
-def doctor(cluster_spec: str | None, dataset: str = "builtin", port: int = 0, bandwidth_s: float | None = None) -> int:
+def doctor(
+    cluster_spec: str | None,
+    dataset: str = "builtin",
+    port: int = 0,
+    bandwidth_s: float | None = None,
+    device: str = "auto",
+) -> int:
     """connect()'s checks, the claim's Job, and on GPU nodes one GPU node's driver and torch; 1 with
     each problem and its fix. port and bandwidth_s are the VM doctor's: pods reach each other on the
-    cluster's network, which the first collective of a run checks."""
+    cluster's network, which the first collective of a run checks. device (the run's) shapes only the
+    local cluster: a run's pods are the contract's whatever it is, as train's."""
     check_name(dataset, "dataset")
     api, cluster = open_cluster(cluster_spec)
     access = access_of(cluster)
