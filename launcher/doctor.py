@@ -61,10 +61,16 @@ GPU_CHECK_TIMEOUT_S = 120
 
 
 def doctor(
-    cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT, bandwidth_s: float = SEND_S
+    cluster_spec: str | None,
+    dataset: str = "builtin",
+    port: int = DEFAULT_PORT,
+    bandwidth_s: float = SEND_S,
+    device: str = "auto",
 ) -> int:
-    """Preflight every node; print each problem with its fix; 1 when anything is wrong."""
-    cluster = resolve_cluster(cluster_spec, None)
+    """Preflight every node; print each problem with its fix; 1 when anything is wrong. device: the
+    run's trainer device setting, which shapes the local cluster as train's (device=cpu: CPU ranks, no
+    GPU to check)."""
+    cluster = resolve_cluster(cluster_spec, None, device=device)
     problems: list[Problem] = []
     with Session.open(cluster, machines(cluster.nodes), dataset, reachable_only=True) as session:
         for index, error in session.unreachable.items():

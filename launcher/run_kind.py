@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.cluster.node_layout import QUICKSTART_CONFIG
 from launcher.console import TaskError, command_line
 from launcher.launch.monitor import Progress, RunFailed
 from launcher.recover.policy import GlobalBatch, RecoverOptions
-from launcher.trainer_config import read_trainer_config
+from launcher.trainer_config import run_device
 from model.conventions import LAUNCH_COLLECTIVE_TIMEOUT_S
 from model.settings.config import TrainConfig
 
@@ -66,11 +65,9 @@ class TrainRequest:
 
     @property
     def local_device(self) -> str:
-        """The trainer's device setting (auto, cpu, cuda) for a run on the local cluster: --config (without
-        it the local cluster's quickstart) and --set, read as the lifecycle's checks read them (a TaskError
-        when they do not load). It shapes the local cluster (device=cpu: ranks counted and placed as on a
-        CPU machine, launcher.cluster.local.LocalGpus.for_device); other clusters' shape is their contract's."""
-        return read_trainer_config(self.config or str(QUICKSTART_CONFIG), self.overrides)[1].device
+        """The trainer's device setting its --config and --set give (launcher.trainer_config.run_device),
+        which shapes the local cluster."""
+        return run_device(self.config, self.overrides)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,16 @@ def read_trainer_config(config_file: str | None, overrides: Sequence[str]) -> tu
     return text, config
 
 
+def run_device(config_file: str | None, overrides: Sequence[str]) -> str:
+    """The trainer's device setting (auto, cpu, cuda) that --config (without one the local cluster's
+    quickstart) and --set give, read as train's checks read them (a TaskError when they do not load). It
+    shapes the local cluster (device=cpu: ranks counted and placed as on a CPU machine,
+    launcher.cluster.local.LocalGpus.for_device) for train and for the tasks that ready the cluster for
+    a run (setup, prepare-data, doctor), so each builds the one train would; other clusters' shape is
+    their contract's."""
+    return read_trainer_config(config_file or str(QUICKSTART_CONFIG), overrides)[1].device
+
+
 def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:
     """What the ranks will run with, as YAML: the file under the launcher's keys and the overrides
     (trainer_args is the rank's command line after `python -m model.train`; its --config is config_file)."""

@@ -65,10 +65,15 @@ KUBE_FIXES = GpuFixes(
 
 
 def doctor(
-    cluster_spec: str | None, dataset: str = "builtin", port: int = DEFAULT_PORT, bandwidth_s: float = SEND_S
+    cluster_spec: str | None,
+    dataset: str = "builtin",
+    port: int = DEFAULT_PORT,
+    bandwidth_s: float = SEND_S,
+    device: str = "auto",
 ) -> int:
     """connect()'s checks, the claim's Job, on GPU nodes one GPU node's driver and torch, then the ring
-    between the pods (bandwidth_s each, at port; 0 skips it); 1 with each problem and its fix."""
+    between the pods (bandwidth_s each, at port; 0 skips it); 1 with each problem and its fix. device
+    (the run's) shapes only the local cluster: a run's pods are the contract's whatever it is, as train's."""
     check_name(dataset, "dataset")
     api, cluster = open_cluster(cluster_spec)
     access = access_of(cluster)

@@ -73,6 +73,7 @@ def setup(
     skip_system_packages: bool = False,
     nodes: int | None = None,
     idle_minutes: int | None = None,
+    device: str = "auto",  # the run's: its pods are the contract's whatever the device, as train's
 ) -> None:
     if profile != "default" or pip_args or idle_minutes is not None:
         raise TaskError(
@@ -97,6 +98,7 @@ def prepare_data(
     split: str | None = None,
     workers: int | None = None,
     text_chars: int | None = None,
+    device: str = "auto",  # the run's: its pods are the contract's whatever the device, as train's
 ) -> None:
     dataset = check_name(dataset or dataset_name(source), "dataset")
     if sharded:

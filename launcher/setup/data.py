@@ -52,10 +52,12 @@ def prepare_data(
     split: str | None = None,
     workers: int | None = None,
     text_chars: int | None = None,
+    device: str = "auto",
 ) -> None:
-    """Once on the head and copied to every worker (default), or with sharded=True each node its shard."""
+    """Once on the head and copied to every worker (default), or with sharded=True each node its shard.
+    device: the run's trainer device setting, which shapes the local cluster as train's."""
     dataset = check_name(dataset or dataset_name(source), "dataset")
-    cluster = resolve_cluster(cluster_spec, nodes)
+    cluster = resolve_cluster(cluster_spec, nodes, device=device)
     where_it_runs = source_where_it_runs(cluster, source)  # before any node is contacted
     with Session.open(cluster, select_nodes(cluster, nodes), dataset) as session:
         ensure_ready(session)

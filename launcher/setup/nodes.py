@@ -95,12 +95,14 @@ def setup(
     skip_system_packages: bool = False,
     nodes: int | None = None,
     idle_minutes: int | None = None,
+    device: str = "auto",
 ) -> None:
     """`fab setup`: the bootstrap on every node (idempotent), the cluster's SSH, the model code; with
-    idle_minutes, the nodes' idle stop (node/autostop.sh) set to it."""
+    idle_minutes, the nodes' idle stop (node/autostop.sh) set to it. device: the run's trainer device
+    setting, which shapes the local cluster as train's (session.resolve_cluster)."""
     if idle_minutes is not None and idle_minutes < 0:
         raise TaskError(f"--idle-minutes must be >= 0 (0 turns the idle stop off), got {idle_minutes}")
-    cluster = resolve_cluster(cluster_spec, nodes)
+    cluster = resolve_cluster(cluster_spec, nodes, device=device)
     chosen = node_profile(cluster, profile)
     if chosen != profile:
         say(f"node profile {chosen}" + (f" ({cluster.gpus_per_node} GPU(s) per node)" if chosen == "cuda" else ""))

@@ -34,7 +34,19 @@ from launcher.recover.policy import DEFAULT_REVIVE_TIMEOUT_S, RecoverOptions
 from launcher.run_kind import TrainRequest
 from launcher.runs import cost as ledger
 from launcher.tasks.drivers import Driver, driver
-from launcher.tasks.flags import AS_GIVEN, CLUSTER_HELP, RUN_HELP, at_least, fab_task, given, shown, text_default
+from launcher.tasks.flags import (
+    AS_GIVEN,
+    CLUSTER_CONFIG_HELP,
+    CLUSTER_HELP,
+    CLUSTER_SET_HELP,
+    RUN_HELP,
+    at_least,
+    fab_task,
+    given,
+    shown,
+    text_default,
+)
+from launcher.trainer_config import run_device
 from model.atomic import replace_problem
 from model.conventions import (
     DEFAULT_MASTER_PORT,
@@ -49,6 +61,7 @@ from model.conventions import (
 
 
 @fab_task(
+    iterable=["set_"],
     numbers={"nodes": int, "idle_minutes": int},
     help={
         "cluster": CLUSTER_HELP,
@@ -59,6 +72,8 @@ from model.conventions import (
         "nodes": "only the first N nodes (default all)",
         "idle_minutes": "power each node off after N minutes with no run and no SSH session (0: never; "
         "default: keep the node's setting, nanocluster:idleMinutes on a stack)",
+        "config": CLUSTER_CONFIG_HELP,
+        "set_": CLUSTER_SET_HELP,
     },
 )
 def setup(
@@ -69,8 +84,11 @@ def setup(
     skip_system_packages: bool = False,
     nodes: int | None = None,
     idle_minutes: int | None = None,
+    config: str | None = None,
+    set_: list[str] | None = None,
 ) -> None:
     """Make every node ready: node bootstrap where missing, cluster key, ssh config, model code."""
+    device = run_device(config, set_ or ())
     driver(cluster).setup(
         cluster,
         **given(profile=profile),
@@ -78,10 +96,12 @@ def setup(
         skip_system_packages=skip_system_packages,
         nodes=nodes,
         idle_minutes=idle_minutes,
+        device=device,
     )
 
 
 @fab_task(
+    iterable=["set_"],
     numbers={"nodes": int, "val_fraction": float, "seed": int, "limit": int, "workers": int, "text_chars": int},
     help={
         "cluster": CLUSTER_HELP,
@@ -101,6 +121,8 @@ def setup(
             "cut each .txt/.md into documents of about N characters at paragraph breaks "
             "(one large file gets a val split)"
         ),
+        "config": CLUSTER_CONFIG_HELP,
+        "set_": CLUSTER_SET_HELP,
     },
 )
 def prepare_data(
@@ -117,9 +139,12 @@ def prepare_data(
     split: str | None = None,
     workers: int | None = None,
     text_chars: int | None = None,
+    config: str | None = None,
+    set_: list[str] | None = None,
 ) -> None:
     """Tokenize a dataset once on the head and copy it to every node, checksummed (or --sharded)."""
     check_prepare_options(val_fraction=val_fraction, seed=seed, limit=limit, workers=workers, text_chars=text_chars)
+    device = run_device(config, set_ or ())
     driver(cluster).prepare_data(
         cluster,
         source=source,
@@ -133,6 +158,7 @@ def prepare_data(
         split=split,
         workers=workers,
         text_chars=text_chars,
+        device=device,
     )
 
 
@@ -432,6 +458,7 @@ PORT = text_default(DEFAULT_MASTER_PORT)
 
 
 @fab_task(
+    iterable=["set_"],
     numbers={"port": int, "bandwidth_seconds": float},
     help={
         "cluster": CLUSTER_HELP,
@@ -440,6 +467,8 @@ PORT = text_default(DEFAULT_MASTER_PORT)
         "bandwidth_seconds": (
             f"seconds each node streams to the next to measure the links (default {shown(SEND_S)}, 0 skips)"
         ),
+        "config": CLUSTER_CONFIG_HELP,
+        "set_": CLUSTER_SET_HELP,
     },
 )
 def doctor(
@@ -448,12 +477,17 @@ def doctor(
     dataset: str = "builtin",
     port: int = PORT,
     bandwidth_seconds: float | None = None,
+    config: str | None = None,
+    set_: list[str] | None = None,
 ) -> int:
     """Preflight: SSH, rendezvous port, identical versions, cores, disk, data checksums, link bandwidth;
     each failure with its fix."""
     check_port(port)
     at_least("bandwidth-seconds", bandwidth_seconds, 0.0, " (0 skips the measure)")
-    return driver(cluster).doctor(cluster, dataset=dataset, port=port, **given(bandwidth_s=bandwidth_seconds))
+    device = run_device(config, set_ or ())
+    return driver(cluster).doctor(
+        cluster, dataset=dataset, port=port, device=device, **given(bandwidth_s=bandwidth_seconds)
+    )
 
 
 @fab_task(

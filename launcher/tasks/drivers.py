@@ -43,7 +43,9 @@ from launcher.run_kind import TrainRequest
 
 
 class Driver(Protocol):
-    """A cluster kind's tasks; each takes --cluster's spec first (train: in its request)."""
+    """A cluster kind's tasks; each takes --cluster's spec first (train: in its request). setup,
+    prepare-data and doctor take the device of the run they ready the cluster for (their --config and
+    --set, launcher.trainer_config.run_device), so each builds the cluster train builds for that run."""
 
     @property
     def kind(self) -> str: ...
@@ -56,6 +58,7 @@ class Driver(Protocol):
         skip_system_packages: bool = ...,
         nodes: int | None = ...,
         idle_minutes: int | None = ...,
+        device: str = ...,
     ) -> None: ...
 
     def prepare_data(
@@ -72,6 +75,7 @@ class Driver(Protocol):
         split: str | None = ...,
         workers: int | None = ...,
         text_chars: int | None = ...,
+        device: str = ...,
     ) -> None: ...
 
     def train(self, request: TrainRequest) -> int: ...
@@ -100,7 +104,12 @@ class Driver(Protocol):
     def fetch(self, cluster_spec: str | None, run: str = ..., dest: str | None = ...) -> Path: ...
 
     def doctor(
-        self, cluster_spec: str | None, dataset: str = ..., port: int = ..., bandwidth_s: float = ...
+        self,
+        cluster_spec: str | None,
+        dataset: str = ...,
+        port: int = ...,
+        bandwidth_s: float = ...,
+        device: str = ...,
     ) -> int: ...
 
     def open_runs(self, cluster_spec: str | None) -> RunStore:

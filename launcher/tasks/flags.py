@@ -30,6 +30,16 @@ CLUSTER_HELP = (
     "default $NANOCLUSTER_CLUSTER"
 )
 RUN_HELP = "run name: the directory runs/<run> on the nodes (default {default})"
+CLUSTER_CONFIG_HELP = (
+    "the trainer YAML the run will take (train's --config; default: the quickstart config): its device shapes "
+    "the local cluster as train's (device: cpu: one rank per core, at most 3, this machine's GPUs unused)"
+)
+CLUSTER_SET_HELP = (
+    "trainer override key=value, repeatable, as the run will take it (train's --set): --set device=cpu makes "
+    "the local cluster the one a device=cpu run has"
+)
+"""setup, prepare-data and doctor ready the cluster for a run: given the run's --config and --set they
+build the cluster train builds from them (launcher.trainer_config.run_device)."""
 DEFAULT_SLOT = "{default}"
 AS_GIVEN: ContextVar[str] = ContextVar("as_given", default="")
 """The running task's command line with the flags the operator gave (what a message says to rerun)."""

@@ -63,7 +63,8 @@ log = logging.getLogger("model.train")
 
 class GuardedTrainer(Protocol):
     """What of the trainer (model.training.trainer.Trainer) the probe's and the guard's steps read; a rollback
-    restores raw_model's weights and optimizer's state in place and starts PowerSGD's state over."""
+    restores raw_model's weights, optimizer's state and the fp16 gradient scaler's in place and starts
+    PowerSGD's state over."""
 
     @property
     def cfg(self) -> TrainConfig: ...
@@ -82,6 +83,7 @@ class GuardedTrainer(Protocol):
     @property
     def metrics(self) -> MetricsLog: ...
     def wait_for_snapshot(self) -> None: ...
+    def restore_scaler(self, saved: dict[str, Any] | None) -> None: ...
     def start_compression_over(self) -> None: ...
 
 
@@ -233,9 +235,11 @@ def grad_norm(params: list[torch.Tensor]) -> float:
 
 
 def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
-    """Every rank: restore the weights and optimizer state of the last snapshot (rank 0 reads it and
-    hands it over), keeping the iteration: the batches since the snapshot are not replayed. PowerSGD's
-    error and Q, made on the steps rolled back, start over."""
+    """Every rank: restore the weights, optimizer state and fp16 gradient scaler of the last snapshot
+    (rank 0 reads it and hands it over), keeping the iteration: the batches since the snapshot are not
+    replayed. The scaler's scale is the snapshot's, as a resume from it would have, not the one the
+    failing steps left (lowered by each overflow). PowerSGD's error and Q, made on the steps rolled
+    back, start over."""
     world_size, iteration = trainer.env.world_size, trainer.iter_num
     if not guard.applied_since_rollback:
         raise TrainingDiverged(
@@ -244,15 +248,15 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
         )
     payload: dict[str, Any] = {}
 
-    def read() -> int:
+    def read() -> tuple[int, dict[str, Any] | None]:
         trainer.wait_for_snapshot()
         path = trainer.out_dir / SNAPSHOT_NAME
         if not path.exists():
             raise TrainingDiverged(f"iter {iteration}: {reason} and no snapshot to roll back to yet")
         payload.update(load_checkpoint(path))
-        return payload["iter_num"]
+        return payload["iter_num"], payload.get("grad_scaler")  # the scaler's: a few numbers, to every rank
 
-    to_iter = on_rank0(read, world_size, (TrainingDiverged, CheckpointError))
+    to_iter, scaler_state = on_rank0(read, world_size, (TrainingDiverged, CheckpointError))
     if trainer.is_rank0:
         trainer.raw_model.load_state_dict(payload["model"])
     optimizer_state: Any = payload.get("optimizer")  # rank 0's; the others receive it
@@ -264,6 +268,7 @@ def roll_back(trainer: GuardedTrainer, guard: StepGuard, reason: str) -> None:
     trainer.optimizer.load_state_dict(optimizer_state)
     for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):  # the schedule's, not the snapshot's
         group["lr"] = lr
+    trainer.restore_scaler(scaler_state)
     trainer.start_compression_over()
     guard.rolled_back()
     if trainer.is_rank0:

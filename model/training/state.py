@@ -72,7 +72,7 @@ class TrainerState:
         determinism = apply_determinism(cfg.deterministic, device.type)  # before anything compiles or multiplies
         self.dtype = self.precision.dtype
         # fp16 only (a GPU without bf16): scales the loss so small gradients survive (model.gpt.precision).
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision.grad_scaler else None
+        self.scaler = torch.amp.GradScaler(self.precision.device_type) if self.precision.grad_scaler else None
         self.data = TokenBatches(cfg.data_dir, cfg.block_size, cfg.batch_size, cfg.seed, env.rank, device)
 
         start, payload = read_start_state(cfg, env)
@@ -83,8 +83,7 @@ class TrainerState:
         self.raw_model.fused_loss = cfg.fused_loss
         if self.on_gpu:
             self.raw_model.to(device)
-        if self.scaler is not None and start.grad_scaler is not None:
-            self.scaler.load_state_dict(start.grad_scaler)
+        self.restore_scaler(start.grad_scaler)
         self.iter_num, self.best_val_loss = start.iter_num, start.best_val_loss
         self.start_iter = start.iter_num if start.resumed_from else None
         self.start_compressor = start.compressor  # restored once DDP's buckets are in place (train())
@@ -200,6 +199,16 @@ class TrainerState:
         """The scale the gradients DDP's hook sees are at: the fp16 scaler's (a read-back on the GPU:
         at a snapshot or a resume only), 1.0 without one."""
         return self.scaler.get_scale() if self.scaler is not None else 1.0
+
+    def restore_scaler(self, saved: dict[str, Any] | None) -> None:
+        """The fp16 gradient scaler as a start from a snapshot has it (a resume, and a rollback, which
+        must go on as a resume from that snapshot would): the snapshot's scale and growth tracker, or a
+        new scaler's where the snapshot holds none (written without one). Nothing without a scaler."""
+        if self.scaler is None:
+            return
+        self.scaler.load_state_dict(
+            saved if saved is not None else torch.amp.GradScaler(self.precision.device_type).state_dict()
+        )
 
     def start_compression_over(self) -> None:
         """PowerSGD's error and Q start over (a rollback: they belong to the steps rolled back)."""

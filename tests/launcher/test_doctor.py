@@ -79,7 +79,7 @@ def gpu_cluster(monkeypatch, tmp_path, gpus_per_node, machines=1):
     cluster = local_cluster(machines)
     nodes = tuple(Node(i, f"local{i}", f"127.0.0.{i + 1}", "") for i in range(machines))
     cluster = dataclasses.replace(cluster, nodes=nodes, gpus_per_node=gpus_per_node, gpu_model="nvidia-l4")
-    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count, device="auto": cluster)
 
 
 def stand_in_driver(monkeypatch, tmp_path, gpus, driver_cuda="13.0"):
@@ -147,7 +147,7 @@ def test_doctor_passes_the_local_cluster_of_a_machine_with_more_gpus_than_its_ra
     monkeypatch.setattr(console, "width", 400)
     write_dataset(local_home / "data" / "d")
     cluster = local_cluster(2, LocalGpus(("NVIDIA L4",) * 2, (23034,) * 2))
-    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count, device="auto": cluster)
     stand_in_driver(monkeypatch, tmp_path, gpus=3)
     stand_in_torch(monkeypatch, tmp_path, devices=3)
     code = doctor(None, dataset="d", port=free_loopback_port())
@@ -165,7 +165,7 @@ def four_gpu_doctor(local_home, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(console, "width", 400)
     write_dataset(local_home / "data" / "d")
     cluster = local_cluster(None, LocalGpus(("NVIDIA L4",) * 4, (23034,) * 4))
-    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count: cluster)
+    monkeypatch.setattr(launcher.doctor, "resolve_cluster", lambda spec, count, device="auto": cluster)
     stand_in_driver(monkeypatch, tmp_path, gpus=4)
 
     def run(torch_sees: int) -> tuple[int, str]:

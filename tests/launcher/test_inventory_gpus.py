@@ -298,3 +298,70 @@ def test_status_of_a_device_cpu_run_opens_with_the_cluster_it_ran_on(gpus, cores
     opening = ran.out.splitlines()[0]
     assert opening.startswith("using the local cluster: 1 node(s), this machine (16 cores, "), ran.out + ran.err
     assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes, as run r used" in opening
+
+
+ONE_GPU_REFUSAL = (
+    "error: --nodes 3 but this machine has 1 GPU(s) (NVIDIA H100 80GB HBM3, nvidia-smi): the local cluster runs "
+    "one rank per GPU; use --nodes <= 1"
+)
+
+
+def device_cpu_flags(given: str, tmp_path: Path) -> list[str]:
+    """device=cpu as --set gives it, or as a --config file (the quickstart's, with device: cpu) does."""
+    if given == "--set":
+        return ["--set", "device=cpu"]
+    config = tmp_path / "cpu.yaml"
+    config.write_text((REPO / "launcher" / "quickstart.yaml").read_text() + "device: cpu\n")
+    return ["--config", str(config)]
+
+
+@pytest.mark.parametrize("given", ["--set", "--config"])
+def test_setup_and_prepare_data_ready_the_cluster_train_runs_a_device_cpu_run_on(
+    gpus, cores, task, tmp_path, monkeypatch, given
+):
+    """`setup --nodes 3` and `prepare-data --nodes 3` with a device=cpu run's --set or --config, on a 1-GPU
+    machine: the 3 CPU ranks train runs that run on (its opening line, word for word), where without it
+    they are refused as train refuses 3 GPU ranks."""
+    import os
+
+    gpus(1)
+    cores(16)
+    monkeypatch.setenv("PATH", f"{os.environ['PATH']}:/usr/bin:/bin")  # the stand-in first, the tools they run
+    device = device_cpu_flags(given, tmp_path)
+    trains = task("train", "--run", "r", "--nodes", "3", "--dry-run", *device)
+    assert trains.code == 0, trains.out[-3000:] + trains.err[-3000:]
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("".join(json.dumps({"text": f"Note {i}: the quick brown fox. " * 20}) + "\n" for i in range(40)))
+    for command in (["setup"], ["prepare-data", "--source", str(notes), "--dataset", "notes"]):
+        refused = task(*command, "--nodes", "3")
+        assert refused.code == 1 and refused.error_lines == [ONE_GPU_REFUSAL], (command, refused.out, refused.err)
+        ran = task(*command, "--nodes", "3", *device)
+        assert ran.code == 0, (command, ran.out[-3000:], ran.err[-3000:])
+        assert ran.out.splitlines()[0] == trains.out.splitlines()[0], command
+    assert json.loads((tmp_path / "home" / "data" / "notes" / "meta.json").read_text())
+
+
+def test_doctor_checks_the_cluster_train_runs_a_device_cpu_run_on(gpus, cores, task, tmp_path, monkeypatch):
+    """`doctor --set device=cpu` on a 1-GPU machine checks the cluster train runs that run on: its 3 CPU
+    ranks (train's opening line), and no GPU, which none of them uses (this Python's torch is a CPU build
+    that sees none). Without it, doctor checks the one GPU rank train would run by default."""
+    import os
+
+    from launcher.cluster.node_layout import free_loopback_port
+    from tests.launcher.dataset import write_dataset
+
+    gpus(1)
+    cores(16)
+    monkeypatch.setenv("PATH", f"{os.environ['PATH']}:/usr/bin:/bin")
+    write_dataset(tmp_path / "home" / "data" / "d")
+    checks = ["--dataset", "d", "--port", str(free_loopback_port()), "--bandwidth-seconds", "0"]
+    trains = task("train", "--run", "r", "--dry-run", "--set", "device=cpu")
+    assert trains.code == 0, trains.out[-3000:] + trains.err[-3000:]
+    ran = task("doctor", *checks, "--set", "device=cpu")
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    opening, *rest = ran.out.splitlines()
+    assert opening == trains.out.splitlines()[0]
+    assert "; 3 rank(s) as processes, the default here (one per core, at most 3)" in opening
+    assert "all checks passed on 1 node(s)" in ran.out and "GPU" not in "\n".join(rest), ran.out
+    as_auto = task("doctor", *checks).out.splitlines()[0]
+    assert "; 1 rank(s) as processes, one per GPU (NVIDIA H100 80GB HBM3), the default here" in as_auto

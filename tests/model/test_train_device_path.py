@@ -18,7 +18,8 @@ from model.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 from model.checkpointing.start import StartState, restore_rng, rng_state
 from model.conventions import SNAPSHOT_NAME
 from model.gpt.optim import clip_gradients
-from model.monitoring import step_timing
+from model.gpt.precision import Precision
+from model.monitoring import step_guard, step_timing
 from model.monitoring.step_guard import StepGuard
 from model.parallel.distributed import RankEnv
 from model.parallel.powersgd import PowerSGDState
@@ -137,6 +138,42 @@ def test_powersgds_error_follows_the_fp16_scalers_scale(tmp_path, random_tokens,
     trainer.settle_guard()
     assert trainer.scaler.get_scale() == 8.0
     assert torch.equal(powersgd.errors[0], torch.full((8,), 2.0))
+
+
+GROWING_SCALE = {"scale": 4.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1, "_growth_tracker": 0}
+"""A gradient scaler's state whose scale doubles after every clean step (torch's default waits 2000)."""
+
+
+@pytest.mark.parametrize("snapshot_has_scaler", [True, False])
+def test_a_rollback_goes_on_with_the_fp16_scaler_a_resume_from_the_snapshot_starts_with(
+    tmp_path, random_tokens, monkeypatch, snapshot_has_scaler
+):
+    """fp16's dynamic loss scale (a GPU without bf16; here torch's CPU GradScaler over fp32 steps): after
+    a rollback the run goes on with the scale and growth tracker a resume from that snapshot starts
+    with (the snapshot's; a new scaler's when it was written without one), not those the steps since
+    the snapshot left, so it is the run the snapshot makes."""
+    fp16_scaler = Precision(torch.float32, "cpu", grad_scaler=True, reason="fp16's scaler, on the CPU")
+    monkeypatch.setattr(state_module, "choose_precision", lambda *args: fp16_scaler)
+    trainer = tiny_trainer(tmp_path, random_tokens, "health.interval=0")
+    assert trainer.scaler is not None and trainer.guard is not None
+    trainer.scaler.load_state_dict(GROWING_SCALE)
+    trainer.train_step()
+    trainer.iter_num += 1
+    scaler = trainer.scaler
+    if not snapshot_has_scaler:  # as a bf16 run's snapshot, resumed on a GPU without bf16
+        trainer.scaler = None
+    trainer.save_snapshot()
+    trainer.wait_for_snapshot()
+    trainer.scaler = scaler
+    for _ in range(2):
+        trainer.train_step()
+        trainer.iter_num += 1
+    assert scaler.get_scale() == 32.0  # 4 doubled after each of three clean steps
+    step_guard.roll_back(trainer, trainer.guard, "3 skipped steps in a row")
+    resumed = tiny_trainer(tmp_path, random_tokens, "health.interval=0")
+    assert resumed.start_iter == 1 and resumed.scaler is not None
+    assert scaler.state_dict() == resumed.scaler.state_dict()
+    assert scaler.get_scale() == (8.0 if snapshot_has_scaler else torch.amp.GradScaler("cpu").get_scale())
 
 
 def test_gradients_kept_for_cuda_graphs_train_the_weights_that_dropped_ones_do(tmp_path, random_tokens, monkeypatch):
