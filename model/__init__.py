@@ -8,6 +8,7 @@
 
     conventions    names the trainer and the launcher agree on (constants only)
     atomic         files and directories that appear complete or not at all (every writer's)
+    environment    the line for a package this Python lacks: the node's fix on a node, else pip's
 
     settings/      the run's config: TrainConfig, YAML and key=value, the health.* keys, shape rules
     data/          prepared datasets on disk, text sources, training batches
@@ -17,8 +18,8 @@
     monitoring/    health and the step guard, metrics.jsonl, TensorBoard, MFU, step timing, stops
     training/      one rank's run (the Trainer): its state, then its loop, step, snapshots and log steps
 
-Each subpackage imports only the ones listed above it, and conventions, atomic and tokenizer (the
-GPT-2 vocabulary; also a program); the programs import any (.importlinter: trainer-layers). Importing
+Each subpackage imports only the ones listed above it, and conventions, atomic, environment and
+tokenizer (the GPT-2 vocabulary; also a program); the programs import any (.importlinter: trainer-layers). Importing
 this package or a subpackage imports nothing else: the launcher reads torch-free modules
 (conventions, settings.config, monitoring.metrics, ...) without torch.
 """

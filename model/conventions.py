@@ -82,3 +82,12 @@ sample` refuses it before anything runs on the head."""
 LAUNCHER_ENV = "NANOCLUSTER_LAUNCHER"
 """Set by `fab train` in every rank's environment: the launcher that started the rank (fabric, mpirun,
 torchrun), which the variables alone do not tell (fabric sets torchrun's RANK and WORLD_SIZE)."""
+
+NODE_ENV = "NANOCLUSTER_NODE"
+"""Set by the launcher where it runs a model program in a cluster's node environment (a VM node, a
+Kubernetes Job): the place, as the operator knows it (node0, claim nanocluster-data). Unset on the
+local cluster and by hand: the program's Python is then the operator's own."""
+NODE_FIX_ENV = "NANOCLUSTER_NODE_FIX"
+"""Set with NODE_ENV: how that node environment gets a package it lacks (rerun `nanocluster setup`, or
+install into the contract's node_python), which model.environment's line names instead of a pip
+command for the operator's machine."""

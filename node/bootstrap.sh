@@ -349,7 +349,8 @@ log "pip install -r $(basename "$requirements") (the lines without hashes) ${ext
 { grep -v -e "$hash_option" "$requirements" || true; } | pip_install -r /dev/stdin ||
     die "pip install -r $requirements failed (see pip's output above)"
 
-modules="torch, numpy, tiktoken, safetensors, yaml, tqdm, accelerate"
+# datasets and pyarrow: prepare-data reads hub sources and parquet files with them, on the nodes.
+modules="torch, numpy, tiktoken, safetensors, yaml, tqdm, accelerate, pyarrow, datasets"
 if [[ "$profile" == intel ]]; then
     modules+=", intel_extension_for_pytorch, oneccl_bindings_for_pytorch"
 fi

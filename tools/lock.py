@@ -102,13 +102,13 @@ PROFILES = (
     NodeProfile(
         "default",
         "stock CPU PyTorch (gloo, bf16 autocast, oneDNN); the CPU index, not PyPI's CUDA build",
-        ("node",),
+        ("node", "hub"),
         (TORCH_CPU_INDEX,),
     ),
     NodeProfile(
         "intel",
         "torch + intel-extension-for-pytorch + oneCCL bindings (backend=ccl) + Intel MPI",
-        ("node", "intel"),
+        ("node", "hub", "intel"),
         (TORCH_CPU_INDEX, "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"),
         # Both Intel packages are archived upstream; 2.8 is their last CPU release, and IPEX refuses
         # to load beside another torch major.minor.
@@ -117,7 +117,7 @@ PROFILES = (
     NodeProfile(
         "cuda",
         f"torch's CUDA build ({TORCH_CUDA}: NCCL, bf16/fp16 autocast on NVIDIA GPUs; driver >= 580) for GPU nodes",
-        ("node",),
+        ("node", "hub"),
         (f"https://download.pytorch.org/whl/{TORCH_CUDA}",),
         (f"torch==2.13.0+{TORCH_CUDA}",),
         follows_lock=("torch",),

@@ -58,6 +58,8 @@ from launcher.runs.record import RunRecord
 from launcher.setup.data import dataset_name, prepare_args
 from model.conventions import (
     CKPT_NAME,
+    NODE_ENV,
+    NODE_FIX_ENV,
     SAMPLE_MAX_NEW_TOKENS,
     SAMPLE_SEED,
     SAMPLE_TEMPERATURE,
@@ -119,12 +121,18 @@ def prepare_data(
     )
     api, cluster = open_cluster(cluster_spec)
     stage(api, cluster)
-    job = volume.helper_job(job_name("prepare", dataset), access_of(cluster), "prepare", volume.prepare_script(args))
-    started = time.monotonic()
-    say(
-        f"preparing {source!r} as data/{dataset} on claim {access_of(cluster).storage_claim} (model.prepare in a "
-        "Job; a matching dataset is kept)"
+    claim = access_of(cluster).storage_claim
+    # A package the staged environment lacks is named with this cluster's fix (model.environment).
+    where = {
+        NODE_ENV: f"claim {claim}",
+        NODE_FIX_ENV: f"run `{command_line('setup', cluster=cluster_spec)}` (its staging Job installs the node "
+        "requirements, which include it, on the claim)",
+    }
+    job = volume.helper_job(
+        job_name("prepare", dataset), access_of(cluster), "prepare", volume.prepare_script(args, where)
     )
+    started = time.monotonic()
+    say(f"preparing {source!r} as data/{dataset} on claim {claim} (model.prepare in a Job; a matching dataset is kept)")
     run_helper(api, job, f"preparing data/{dataset}")
     say(f"prepared in {time.monotonic() - started:.1f} s")
 

@@ -344,10 +344,11 @@ def store_prune_script(keep: list[str]) -> str:
     )
 
 
-def prepare_script(args: list[str]) -> str:
-    """model.prepare in the claim's root (the Job's working directory): it makes data/ itself, and
-    removes it again when the preparation fails."""
-    return f"set -eu\n{node_program('model.prepare', args)}\n"
+def prepare_script(args: list[str], env: dict[str, str] | None = None) -> str:
+    """model.prepare in the claim's root (the Job's working directory), with env (NAME -> value) in its
+    environment: it makes data/ itself, and removes it again when the preparation fails."""
+    assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
+    return f"set -eu\n{assignments}{node_program('model.prepare', args)}\n"
 
 
 def run_path(run: str, name: str) -> str:

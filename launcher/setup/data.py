@@ -24,7 +24,7 @@ from launcher.cluster.node_layout import REMOTE_ROOT, data_dir
 from launcher.console import TaskError, check_name, command_line, out_line, say
 from launcher.node_scripts import script
 from launcher.session import NodeReport, Session, resolve_cluster, select_nodes
-from launcher.setup.nodes import distribute_keys, ensure_ready
+from launcher.setup.nodes import distribute_keys, ensure_ready, node_environment
 from launcher.transport import NodeError
 from launcher.transport.ssh import SSH_DIR_SH
 from model.data.sources import NAMED_SOURCES, missing_source
@@ -133,11 +133,12 @@ def prepare_args(source: str, dataset: str, **options: object) -> list[str]:
 
 
 def run_prepare(session: Session, node: Node, args: list[str]) -> None:
-    """`python -m model.prepare ARGS` in the node's nanocluster directory, output streamed."""
+    """`python -m model.prepare ARGS` in the node's nanocluster directory, output streamed; a package
+    its environment lacks is named with that node's fix (node_environment)."""
     shell = session.shell(node)
     site = session.site
     command = (
-        f"mkdir -p {shell.root} && cd {shell.root} && PYTHONPATH={site.code_dir} "
+        f"mkdir -p {shell.root} && cd {shell.root} && PYTHONPATH={site.code_dir} {node_environment(session, node)}"
         f"{site.python} -m model.prepare {' '.join(shlex.quote(a) for a in args)} 2>&1"
     )
     status = shell.stream(command, lambda line: out_line(f"[prepare {node.name}] {line}"), timeout=PREPARE_TIMEOUT_S)

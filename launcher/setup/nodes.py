@@ -34,6 +34,7 @@ from launcher.console import TaskError, command_line, out_line, program_name, sa
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.transport import NodeError, Shell, payload
 from launcher.transport.ssh import install_ssh_command, ssh_files
+from model.conventions import NODE_ENV, NODE_FIX_ENV
 
 
 def distribute_keys(session: Session) -> None:
@@ -56,6 +57,24 @@ LOCAL_INSTALL = (
     "install them into that Python (the launcher extra brings them: pip install '.[launcher]' in a checkout)"
 )
 """The fix for the local cluster's Python without the node environment, outside the checkout."""
+
+
+def node_environment(session: Session, node: Node) -> str:
+    """Shell assignments (`NAME=value `, or '') that tell a model program run on node where its Python
+    is and how that node's environment gets a package it lacks: model.environment names them in its
+    line. None on the local cluster, whose Python is this machine's, fixed with pip."""
+    if not session.site.bootstraps:
+        return ""
+    cluster = session.cluster
+    setup = command_line("setup", cluster=cluster.spec)
+    if cluster.node_python:
+        fix = (
+            f"install it into the contract's node_python (node/requirements-*.txt pin its version), or remove "
+            f"node_python from the contract so `{setup}` builds ~/nanocluster/venv, which has it"
+        )
+    else:
+        fix = f"run `{setup}` (it installs the node requirements, which include it, into ~/nanocluster/venv)"
+    return f"{NODE_ENV}={shlex.quote(node.name)} {NODE_FIX_ENV}={shlex.quote(fix)} "
 
 
 def ensure_ready(session: Session) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from model.environment import missing_package
 from model.gpt.model import GPT, GPTConfig
 from model.tokenizer import EOT_TOKEN
 
@@ -215,8 +216,8 @@ def download_from_hub(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError as err:
         raise HFCheckpointError(
-            f"{repo_id!r} is not a local directory, and fetching it from the Hugging Face hub needs "
-            "huggingface_hub (pip install 'nanocluster[hub]'); or pass a local directory"
+            missing_package("huggingface_hub", f"{repo_id!r} is not a local directory, and fetching it from the hub")
+            + "; or pass a local directory"
         ) from err
     weights = [SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE, "model-*-of-*.safetensors"]
     try:

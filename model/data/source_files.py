@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from model.data.documents import Source, SourceError, decode_text, read_text_file
+from model.environment import missing_package
 
 TEXT_SUFFIXES = (".txt", ".md")
 FILE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
@@ -137,7 +138,7 @@ def _parquet_file(path: Path) -> Any:  # pyarrow's ParquetFile (pyarrow has no t
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
-        raise SourceError(f"{path}: reading parquet needs pyarrow: pip install 'nanocluster[hub]'") from err
+        raise SourceError(missing_package("pyarrow", f"{path}: reading parquet")) from err
     try:
         return pq.ParquetFile(path)
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for a file that is not parquet
@@ -145,9 +146,9 @@ def _parquet_file(path: Path) -> Any:  # pyarrow's ParquetFile (pyarrow has no t
 
 
 def read_parquet(path: Path, column: str) -> Iterator[str]:
+    parquet = _parquet_file(path)  # first: its import names a missing pyarrow (model.environment)
     import pyarrow as pa
 
-    parquet = _parquet_file(path)
     schema = parquet.schema_arrow
     if column not in schema.names:
         raise SourceError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)}); choose one with --field")

@@ -37,6 +37,7 @@ from typing import Any
 from model.atomic import atomic_open
 from model.data.documents import Source, SourceError, read_text_file
 from model.data.source_files import FILE_SUFFIXES, GLOB_CHARS, FilesSource, expand_files, looked_in
+from model.environment import missing_package
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # Long texts (tiny-shakespeare, each pydoc topic) become documents of whole paragraphs grouped up to
@@ -199,7 +200,7 @@ class HubSource(Source):
         try:
             from datasets import load_dataset
         except ImportError as err:
-            raise SourceError(f"{self.spec} needs the `datasets` package: pip install 'nanocluster[hub]'") from err
+            raise SourceError(missing_package("datasets", self.spec)) from err
         if not Path(self.path).exists():  # a local directory datasets reads needs no Hub
             check_hub()
         where = f"hub dataset {self.path!r}" + (f" (config {self.config!r})" if self.config else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from model.conventions import NODE_ENV
 from model.data import sources
 from model.data.sources import HubSource, SourceError, open_source
 
@@ -308,3 +310,22 @@ def test_offline_mode_asks_the_cache_not_the_hub(monkeypatch):
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(datasets_config, "HF_HUB_OFFLINE", True)
     sources.check_hub()  # no request: datasets answers from its cache (or says the dataset is not there)
+
+
+@pytest.mark.parametrize(("spec", "package"), [("hf:stanfordnlp/imdb", "datasets"), ("corpus.parquet", "pyarrow")])
+def test_a_missing_hub_package_here_names_this_python_and_its_extra(tmp_path, monkeypatch, spec, package):
+    """Run here (the local cluster, or by hand: no node named by the launcher), the fix is this
+    Python's: the hub extra installed into it."""
+    for name in ("datasets", "pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError, as without the package
+    monkeypatch.delenv(NODE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.parquet").write_bytes(b"PAR1")
+    with pytest.raises(SourceError) as raised:
+        source = sources.open_source(spec)
+        source.check()
+        list(source.documents())
+    assert str(raised.value).endswith(
+        f"needs the `{package}` package, which this Python ({sys.executable}) lacks: "
+        "pip install 'nanocluster[hub]' into it"
+    )

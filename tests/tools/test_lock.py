@@ -1,5 +1,6 @@
 """tools/lock.py: one locked set of versions for development, CI and the nodes."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -281,3 +282,25 @@ def test_node_requirements_hash_each_pypi_pin_and_seal_them():
     assert f"torch==2.13.0+{lock.TORCH_CUDA}" in text.splitlines()
     (seal,) = [line for line in text.splitlines() if line.startswith(lock.SEAL)]
     assert seal == lock.SEAL + lock.seal_of(text)
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    """The canonical project names of requirement strings, those of extras left out."""
+    return {lock.canonical(re.match(r"[A-Za-z0-9._-]+", r).group(0)) for r in requirements if "extra ==" not in r}
+
+
+@pytest.mark.parametrize("profile", lock.PROFILES, ids=lambda profile: profile.name)
+def test_every_node_profile_can_read_hub_sources_and_parquet(profile):
+    """prepare-data runs model.prepare on the nodes (the head, or each node with --sharded; a Kubernetes
+    Job with the default or cuda profile's file): a hub source or a .parquet file needs datasets and
+    pyarrow in the node environment, hashed, at the lock's versions, with everything datasets requires
+    (the nodes install with --no-deps)."""
+    text = (lock.ROOT / profile.path).read_text()
+    node_pins, locked = lock.pins(text), lock.pins((lock.ROOT / lock.LOCK).read_text())
+    hashed = {name for line in text.splitlines() if lock.hashes_of(line) for name in lock.pins(line)}
+    hub = [r.split(";")[0] for r in metadata.requires("nanocluster") or [] if re.search(r"extra == .hub.", r)]
+    needed = requirement_names(hub) | requirement_names(metadata.requires("datasets") or [])
+    assert {"datasets", "pyarrow"} <= needed
+    assert sorted(needed - set(node_pins)) == []
+    assert sorted(needed - hashed) == []
+    assert {name: node_pins[name] for name in needed} == {name: locked[name] for name in needed}

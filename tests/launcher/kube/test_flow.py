@@ -4,12 +4,15 @@ client, HTTP to kmock's emulator; the Job controller's part played by the fake."
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from launcher.kube.pod_spec import LABEL_RUN
+from launcher.cluster.node_layout import REPO_ROOT
+from launcher.kube.pod_spec import LABEL_RUN, NODE_PYTHON
 from launcher.kube.volume import DATA_REPORT
 from tests.launcher.kube.fake import PREPARED_DATA, training_launch
+from tests.launcher.without_hub import python_without_hub
 
 QUICK = ("--set", "max_iters=4")
 
@@ -142,6 +145,30 @@ def test_prepare_data_writes_the_dataset_once_in_a_job_and_doctor_checks_the_cla
     ran = task("doctor", "--cluster", str(contract_file))
     assert ran.code == 0, ran.err
     assert "ok: API server, namespace nanocluster, StorageClass shared (ReadWriteMany), claim shared" in ran.out
+
+
+def test_a_hub_source_the_staged_environment_cannot_read_names_the_claim_and_setup(fake, contract_file, task, tmp_path):
+    """The prepare Job's script, run as its pod runs it (sh -c, model/ on PYTHONPATH) by a node
+    environment without datasets: the line names the claim and this cluster's setup, not pip here."""
+    fake.seed()
+    assert task("prepare-data", "--cluster", str(contract_file), "--source", "hf:stanfordnlp/imdb").code == 0
+    script = fake.created_jobs[1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert NODE_PYTHON in script
+    python = python_without_hub(tmp_path / "venv" / "bin" / "python")
+    ran = subprocess.run(
+        ["sh", "-c", script.replace(NODE_PYTHON, str(python))],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode != 0
+    assert (
+        "hf:stanfordnlp/imdb needs the `datasets` package, which the node environment on claim shared (" in ran.stderr
+    ), ran.stderr
+    assert f"lacks: run `fab setup --cluster {contract_file}` (its staging Job installs" in ran.stderr, ran.stderr
+    assert "nanocluster[hub]" not in ran.stderr
 
 
 def test_ctrl_c_deletes_the_runs_objects(fake, contract_file, task, script, monkeypatch):
