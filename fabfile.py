@@ -5,7 +5,8 @@ each flag. They live in launcher/tasks/ (one module each); installed, the same t
 Fabric's `fab` loads this file to find the tasks, then hands the command line over to nanocluster's
 program (launcher.cli), so `fab` prints the same help, task list and one-line errors as `nanocluster`.
 Only `fab --help` and `fab --version` with nothing else are Fabric's own: Fabric answers them before
-it reads this file (`fab` alone prints nanocluster's help).
+it reads this file (`fab` alone prints nanocluster's help). The options Fabric's help lists for finding
+the tasks (-r/--search-root, -c/--collection, --no-dedupe) are taken: Fabric used them to find this file.
 """
 
 import sys

@@ -16,6 +16,8 @@ What it does differently from Fabric's program, which it is:
 - the top-level help (--help, or no task) lists the tasks, each with the first sentence of its
   docstring, and nanocluster's options; Fabric's and Invoke's own options (SSH, sudo, shell
   commands), which the tasks never read, are listed apart under a heading that says so;
+- the help lists only what the program takes: -l as the switch it is, and not -f/--config (refused
+  before the task); under fab, also -c/-r/--no-dedupe, which Fabric's own `fab --help` lists;
 - -l lists the tasks in the collection's order with the same whole sentences (invoke prints a
   docstring's first line, cut mid-sentence where the docstring wraps);
 - a mistyped task or flag is one line naming the nearest match and where the list is, exit 1
@@ -37,6 +39,7 @@ import invoke.parser.parser
 from fabric import Config, Executor
 from fabric.main import Fab
 from invoke import Argument, Exit, ParseError, Task
+from invoke.parser import ParserContext
 from invoke.parser.parser import ParseMachine
 from invoke.terminals import pty_size
 
@@ -55,6 +58,10 @@ OWN_OPTIONS = {
     "complete": "print the tab-completion candidates (what the completion script asks)",
 }
 """The program's own options, with nanocluster's help text; every other option is Fabric's or Invoke's."""
+REFUSED = {"config"}
+"""Options the program refuses (parse_core_args says where --config goes): the help does not list them."""
+TAKES_NO_VALUE = {"list"}
+"""Options invoke parses with an optional value that the program refuses (-l NAME): listed as bare switches."""
 HELP_FLAGS = {"-h", "--help"}
 NOT_USED = (
     "Fabric's and Invoke's options: the tasks do not use them (they reach the nodes through the "
@@ -129,8 +136,22 @@ class Nanocluster(Fab):
                 arg.help = OWN_OPTIONS[arg.name]
         return args
 
+    @property
+    def initial_context(self) -> ParserContext:
+        """The options the program takes. Under fab also Fabric's options for finding the tasks (-c, -r,
+        --no-dedupe): Fabric's own `fab --help`, printed before fabfile.py is read, lists them, and Fabric
+        has already used them to find fabfile.py, which handed the command line here."""
+        args = self.core_args()
+        if self.binary == "fab":
+            args += self.task_args()
+        return ParserContext(args=args)
+
     def print_help(self) -> None:
-        options = self.initial_context.help_tuples()
+        options = [
+            self.shown(names, text)
+            for names, text in self.initial_context.help_tuples()
+            if self.option_name(names) not in REFUSED
+        ]
         own = [o for o in options if self.option_name(o[0]) in OWN_OPTIONS]
         width = pty_size()[0] - 1
         print(f"Usage: {self.binary} [OPTIONS] TASK [FLAGS]")
@@ -144,6 +165,13 @@ class Nanocluster(Fab):
         print(textwrap.fill(f"{NOT_USED}:", width))
         print("")
         self.print_columns([o for o in options if o not in own])
+
+    @classmethod
+    def shown(cls, names: str, text: str | None) -> tuple[str, str | None]:
+        """A help row as the program takes the option: "-l [STRING], --list[=STRING]" -> "-l, --list"."""
+        if cls.option_name(names) in TAKES_NO_VALUE:
+            names = re.sub(r" \[\w+\]|\[=\w+\]", "", names)
+        return names, text
 
     @staticmethod
     def option_name(names: str) -> str:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
+from launcher.launch import units
 from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held
 from launcher.launch.units import with_identity
-from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun
+from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun, refuse_unknown
 from launcher.runs.ledger import OUTCOMES
 from launcher.session import Session, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
@@ -185,3 +186,13 @@ class MachineRuns:
 
     def close(self) -> None:
         self.session.close()
+
+
+def stop(cluster_spec: str | None, run: str | None = None) -> int:
+    """`fab stop` (launcher.launch.units.stop), where a --run found not live that is neither recorded here
+    nor a run directory on the nodes is one line naming the nearest run (run_files.refuse_unknown)."""
+    return units.stop(
+        cluster_spec,
+        run,
+        if_unknown=lambda session, name, live: refuse_unknown(MachineRuns(session.cluster, session), name, live),
+    )

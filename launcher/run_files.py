@@ -14,7 +14,9 @@ A task that reads an existing run (sample, fetch, export, logs, attach) first ch
 is looked for on the cluster where the kind can list its runs without starting anything (its
 RunStore), since a run started from another machine is recorded only there until a front end
 follows it. A name found in neither is one line naming the runs recorded here, the nearest as a
-did-you-mean, before the task contacts or copies anything.
+did-you-mean, before the task contacts or copies anything. `rm` says the same line of a name its own
+listing finds nowhere, and `stop --run` of a name it finds neither live nor anywhere (refuse_unknown:
+only once it found the run not live, since a run before its first attempt is live with no record yet).
 
 A run is deleted everywhere or its record stays: rm and prune refuse while a node does not answer,
 and a run whose directory could not be deleted on some node keeps its record, so the same command
@@ -28,7 +30,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -234,11 +236,20 @@ def check_existing(cluster_spec: str | None, run: str, find_runs: FindRuns) -> N
     if store is None:
         return
     try:
-        if store.unreachable or run in store.stored():
-            return
+        refuse_unknown(store, run)
     finally:
         store.close()
-    raise TaskError(no_run_line(cluster, run, store.where))
+
+
+def refuse_unknown(store: RunStore, run: str, live: Collection[str] = ()) -> None:
+    """A TaskError (record.no_run_line, the nearest run as a did-you-mean) for a run name that is neither
+    recorded here, live, nor a run directory the store lists: check_existing's, and `stop`'s of a run it
+    found not running. Nothing when a place did not answer: it may hold the run."""
+    if store.unreachable or run in live or run in read_cluster_runs(store.cluster):
+        return
+    stored = store.stored()
+    if run not in stored:
+        raise TaskError(no_run_line(store.cluster, run, store.where, on_cluster={*stored, *live}))
 
 
 def refuse_unreachable(store: RunStore, again: str) -> None:
@@ -346,15 +357,16 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
     store = open_store(cluster_spec)
     try:
         refuse_unreachable(store, again)
-        row = run_row(store.cluster, run, store.stored().get(run))
+        stored = store.stored()
+        row = run_row(store.cluster, run, stored.get(run))
         if row.stored is None and not row.record_bytes and not (fetched and row.fetched_bytes):
-            listed = command_line("runs", cluster=cluster_spec)
             if row.fetched_bytes:
                 raise TaskError(
                     f"run {run} has only its fetched copy left, {fetched_dir(store.cluster, run)}: "
                     f"`{rm_line(cluster_spec, run, True)}` deletes it"
                 )
-            raise TaskError(f"no run {run!r} {store.where} or in this machine's record (`{listed}` lists them)")
+            listed = command_line("runs", cluster=cluster_spec)
+            raise TaskError(no_run_line(store.cluster, run, store.where, stored, f"`{listed}` lists every run"))
         if row.running:
             assert row.stored is not None
             stop = command_line("stop", cluster=cluster_spec, run=run)

@@ -144,9 +144,25 @@ class Cluster:
         if count > len(self.nodes):
             raise InventoryError(
                 f"--nodes {count} but cluster {self.cluster_name!r} has {len(self.nodes)} node(s): "
-                f"use --nodes <= {len(self.nodes)}, or grow the cluster (pulumi config set nanocluster:nodes {count})"
+                f"use --nodes <= {len(self.nodes)}, or {self.how_to_grow(count)}"
             )
         return self.nodes[:count]
+
+    def how_to_grow(self, count: int) -> str:
+        """How this cluster comes to have `count` nodes, where its contract came from: a Pulumi stack's
+        setting, a kubeconfig cluster's own nodes, or the JSON file a person wrote (the local cluster
+        has as many ranks as --nodes asks)."""
+        if self.stack is not None:  # nanocluster:nodes is also a GKE training pool's autoscaler maximum
+            setting = " ".join(self.stack.command("config", "set", "nanocluster:nodes", str(count)))
+            return f"grow the cluster (`{setting}`, then `{' '.join(self.stack.command('up'))}`)"
+        if self.kube is not None and self.kube.from_kubeconfig:  # its nodes are the ones the API server lists
+            return f"add training nodes to the Kubernetes cluster (context {self.kube.context})"
+        if self.kube is not None:
+            return f"grow the training pool and set 'max_nodes' to {count} in {self.source}"
+        return (
+            f"add {count - len(self.nodes)} node(s) to {self.source} "
+            "(an entry each in 'private_ips', 'node_names' and 'host_public_keys')"
+        )
 
     @property
     def price_is_spot(self) -> bool | None:

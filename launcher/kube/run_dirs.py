@@ -94,9 +94,11 @@ class ClaimRuns:
     @staticmethod
     def without_a_pod(cluster: Cluster) -> None:
         """No listing for run_files.check_existing: the claim, which holds a run's directory and its
-        supervisor's record, is read by a helper pod only, and a check must start nothing. A run name
-        not recorded here goes to the task, whose own pod (sample, fetch) or API reads (logs, attach)
-        say what the cluster has of it."""
+        supervisor's record, is read by a helper pod only, and a check must start nothing. The API's
+        objects labelled with a run (its Jobs and Services) are deleted as it ends or is stopped, so an
+        ended run has none left: their absence does not make a name a typo. A run name not recorded
+        here goes to the task, whose own pod (sample, fetch) or API reads (logs, attach, stop) say what
+        the cluster has of it."""
         return None
 
     def jobs(self) -> list[V1Job]:

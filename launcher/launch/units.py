@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 
 from launcher.cluster.inventory import Node
 from launcher.cluster.node_layout import REPO_ROOT, run_dir
@@ -384,11 +385,17 @@ def check_no_other_run(session: Session, run: str) -> None:
     )
 
 
-def stop(cluster_spec: str | None, run: str | None = None) -> int:
+def stop(
+    cluster_spec: str | None,
+    run: str | None = None,
+    if_unknown: Callable[[Session, str, list[str]], None] = lambda session, run, live: None,
+) -> int:
     """`fab stop`: an operator's stop of every unit of the run (--run, else the one live run) on every
     reachable node, each rank after its snapshot; the attached `fab train` ends it "stopped" instead of
     restarting it (launcher.launch.operator_stop). 0 stopped or nothing to stop; 1 when a node could not
-    be reached, or (without --run) several runs are live."""
+    be reached, or (without --run) several runs are live. if_unknown(session, run, live runs): called for
+    a --run found not live, before the line that says so; it may refuse a name the cluster does not have
+    (launcher.machine_runs.stop)."""
     if run is not None:
         check_name(run, "run")
     cluster = resolve_cluster(cluster_spec, None)
@@ -407,6 +414,7 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
                 head = "on this machine" if cluster.is_local else f"on {supervised[chosen].name}"
                 say(supervisor_stops_line(chosen, head, all_answered=not session.unreachable))
             else:
+                if_unknown(session, chosen, live)
                 say(not_running_line(chosen, live))
         for error in session.unreachable.values():
             say(f"not stopped: {error}")

@@ -22,6 +22,7 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
@@ -305,17 +306,18 @@ def read_cluster_runs(cluster: Cluster) -> dict[str, RunRecord]:
     return {p.parent.name: RunRecord(p.parent) for p in paths}
 
 
-def no_run_line(cluster: Cluster, run: str, where: str) -> str:
+def no_run_line(cluster: Cluster, run: str, where: str, on_cluster: Iterable[str] = (), then: str = "") -> str:
     """The one line for a run name found neither where (on the cluster: "on the nodes") nor in this
-    machine's record (`status`, and every task that reads an existing run: launcher.run_files): the runs
-    recorded here, the nearest as a did-you-mean, and the command that starts a run of that name."""
+    machine's record (`status`, `stop`, `rm`, and every task that reads an existing run:
+    launcher.run_files): the runs recorded here, the nearest of them and of those found on_cluster as a
+    did-you-mean, and then what to do (default: pick one, or the command that starts a run of that name)."""
     recorded = sorted(read_cluster_runs(cluster))
-    nearest = get_close_matches(run, [name for name in recorded if name != run], n=1)
+    nearest = get_close_matches(run, sorted({*recorded, *on_cluster} - {run}), n=1)
     guess = f"; did you mean {nearest[0]!r}?" if nearest else ""
-    start = command_line("train", cluster=cluster.spec, run=run)
+    then = then or f"pick one with --run, or start it with `{command_line('train', cluster=cluster.spec, run=run)}`"
     return (
         f"no run {run!r} {where} or in this machine's record{guess} (runs recorded here: "
-        f"{', '.join(recorded) or 'none yet'}): pick one with --run, or start it with `{start}`"
+        f"{', '.join(recorded) or 'none yet'}): {then}"
     )
 
 

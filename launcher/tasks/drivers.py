@@ -29,7 +29,6 @@ from typing import Protocol
 import launcher.checkpoints
 import launcher.doctor
 import launcher.launch.status
-import launcher.launch.units
 import launcher.machine_runs
 import launcher.setup.data
 import launcher.setup.nodes
@@ -132,7 +131,7 @@ class MachinesDriver:
     attach = staticmethod(launcher.train.attach)
     status = staticmethod(launcher.train.status)  # the record first synced from the head's supervisor
     logs = staticmethod(launcher.train.logs)  # a live supervisor's restarts followed too
-    stop = staticmethod(launcher.launch.units.stop)
+    stop = staticmethod(launcher.machine_runs.stop)  # a mistyped --run gets the nearest run
     sample = staticmethod(launcher.checkpoints.sample)
     fetch = staticmethod(launcher.checkpoints.fetch)
     doctor = staticmethod(launcher.doctor.doctor)

@@ -179,15 +179,30 @@ MISTYPED = (
 )
 
 
-@pytest.mark.parametrize("task", ["sample", "fetch", "export", "logs", "attach", "status"])
+@pytest.mark.parametrize("task", ["sample", "fetch", "export", "logs", "attach", "status", "stop"])
 def test_a_mistyped_run_name_is_answered_with_the_runs_recorded_here(home, task):
-    """Not `train first`: status's line, before anything is contacted or copied (status looks at the
-    nodes first, so its opening line comes before it)."""
+    """Not `train first` (nor stop's `not running`, exit 0): status's line, before anything is contacted or
+    copied (status and stop look at the nodes first, so their opening line comes before it)."""
     finished_run(home, "main", "builtin")
     before = tree(home)
     result = run(NANOCLUSTER, task, "--run", "mian", home=home)
     assert error_line(result) == MISTYPED
-    assert result.stdout == "" or task == "status"
+    assert result.stdout == "" or task in ("status", "stop")
+    assert tree(home) == before
+
+
+@pytest.mark.parametrize("args", [["mian"], ["--run", "mian"], ["thiers"]], ids=["word", "flag", "on-the-nodes"])
+def test_rm_of_a_mistyped_run_names_the_nearest_run_here_or_on_the_nodes(home, args):
+    """rm's name is a word or --run; the nearest may be a run on the nodes that this machine has no record of."""
+    finished_run(home, "main", "builtin")
+    (home / "runs" / "theirs").mkdir(parents=True)  # started from another machine
+    before = tree(home)
+    result = run(NANOCLUSTER, "rm", *args, home=home)
+    typed, nearest = ("thiers", "theirs") if "thiers" in args else ("mian", "main")
+    assert error_line(result) == (
+        f"error: no run {typed!r} on the nodes or in this machine's record; did you mean {nearest!r}? "
+        "(runs recorded here: main): `nanocluster runs` lists every run"
+    )
     assert tree(home) == before
 
 

@@ -133,3 +133,58 @@ def test_help_after_a_task_that_takes_a_word_is_its_help_not_its_argument(progra
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     assert result.stdout.startswith(f"Usage: {program} [--core-opts] rm [--options]"), result.stdout
     assert re.search(r"--run=STRING\s+the run to delete", result.stdout), result.stdout
+
+
+ANSWER_ALONE = {"help", "version", "complete", "print-completion-script", "list-agent-keys", "list"}
+"""Options that answer and end the program: each is tried on its own."""
+VALUES = {
+    "help": "train",
+    "print-completion-script": "bash",
+    "list-format": "flat",
+    "list-depth": "1",
+    "connect-timeout": "5",
+    "command-timeout": "5",
+    "collection": "fabfile",
+    "search-root": str(REPO_ROOT),
+    "identity": "key",  # Fabric's help shows no value for it, yet it takes one
+}
+"""A value each option takes (else "x"), given where the help shows one."""
+
+
+def options_listed(text: str) -> dict[str, str]:
+    """Every option a help lists, long name -> its names column (as "-l [STRING], --list[=STRING]")."""
+    listed = {}
+    for line in text.splitlines():
+        found = re.match(r"  (-\S.*?)(?:\s{2,}|$)", line)
+        if found:
+            listed[found.group(1).split("--")[-1].split("=")[0].split("[")[0]] = found.group(1)
+    return listed
+
+
+def typed(name: str, column: str) -> list[str]:
+    """The option as a user types it from its help row, with a value where the row shows one."""
+    if "STRING" in column or "INT" in column or name == "identity":
+        return [f"--{name}", VALUES.get(name, "x")]
+    return [f"--{name}"]
+
+
+@pytest.mark.parametrize(
+    ("program", "args"),
+    [
+        ("nanocluster", ["--help"]),
+        ("fab", []),  # nanocluster's help under fab
+        ("fab", ["--help"]),  # Fabric's own, printed before fabfile.py is read
+    ],
+)
+def test_every_option_the_help_lists_is_taken(program, args, tmp_path):
+    listed = options_listed(run(program, *args, tmp_path=tmp_path).stdout)
+    assert {"help", "list", "hosts"} <= set(listed)
+    if (program, args) == ("fab", ["--help"]):
+        del listed["config"]  # -f/--config before a task is refused on purpose (test_bad_input)
+        listed["list"] = "-l, --list"  # -l NAME lists a sub-collection; there is none, so Fabric too refuses a name
+    together = [word for name, column in listed.items() if name not in ANSWER_ALONE for word in typed(name, column)]
+    result = run(program, *together, "-l", tmp_path=tmp_path)
+    assert result.returncode == 0 and "Tasks (" in result.stdout, result.stderr.splitlines()[-1:]
+    for name in ANSWER_ALONE & set(listed):
+        result = run(program, *typed(name, listed[name]), tmp_path=tmp_path)
+        assert (result.returncode, result.stderr) == (0, ""), name

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -169,3 +170,34 @@ def test_every_node_count_below_one_is_refused_in_one_wording(two_core_machine, 
     with pytest.raises(InventoryError) as lab:
         parse_contract(contract, "lab.json").select(count)
     assert str(local.value) == str(lab.value) == f"--nodes must be >= 1, got {count}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "fix"),
+    [
+        (
+            "{contract}",
+            "add 2 node(s) to {contract} (an entry each in 'private_ips', 'node_names' and 'host_public_keys')",
+        ),
+        (
+            "stack:dev",
+            "grow the cluster (`pulumi config set nanocluster:nodes 5 --stack dev`, then `pulumi up --stack dev`)",
+        ),
+    ],
+    ids=["contract-file", "pulumi-stack"],
+)
+def test_more_nodes_than_the_cluster_has_says_how_to_grow_it_where_its_contract_came_from(
+    task, local_home, tmp_path, monkeypatch, contract, spec, fix
+):
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(contract))
+    pulumi = tmp_path / "bin" / "pulumi"  # `pulumi stack output --json` of a stack that exported the same contract
+    pulumi.parent.mkdir()
+    pulumi.write_text(f"#!/bin/sh\ncat {path}\n")
+    pulumi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{pulumi.parent}:{os.environ['PATH']}")
+    ran = task("setup", "--cluster", spec.format(contract=path), "--nodes", "5")
+    assert ran.code == 1
+    assert ran.error_lines == [
+        f"error: --nodes 5 but cluster 'lab' has 3 node(s): use --nodes <= 3, or {fix.format(contract=path)}"
+    ]

@@ -3,6 +3,9 @@ with the settings that move memory (measured against real runs by bench/fit_memo
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from model.gpt.memory_estimate import estimate_host_memory, estimate_rank_memory, parameter_count
@@ -70,3 +73,36 @@ def test_powersgd_counts_its_error_feedback_and_every_ranks_copy_of_it_for_the_s
 def test_an_unknown_device_is_refused():
     with pytest.raises(ValueError, match=r"device must be one of cpu, cuda, got 'xpu'"):
         estimate_rank_memory(load_config(None, []), 1, rank0=True, one_host=True, device="xpu")
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "training.md"
+BYTES_PER_PARAMETER = {  # the memory table's columns after the parameter count: fp32 weights, grads, AdamW's moments
+    "weights": 4,
+    "+ grads + AdamW (16 B/param)": 16,
+    "with `zero_stage: 1`, 2 ranks": 4 + 4 + 8 / 2,
+    "4 ranks": 4 + 4 + 8 / 4,
+    "rank 0's snapshot copy": 4 + 8,
+}
+
+
+def test_the_training_pages_memory_figures_are_the_parameter_counts_times_their_bytes():
+    """docs/training.md's memory table, and the snapshot copy its Checkpoints section quotes, from
+    GPT-2's parameter count (its 1024 positions) at the bytes per parameter each column holds."""
+    text = DOCS.read_text()
+    lines = text[text.index("| model | parameters |") :].splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[2:] == list(BYTES_PER_PARAMETER)
+    rows = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+        count = parameter_count(PRESETS[cells[0]]["n_layer"], PRESETS[cells[0]]["n_embd"], 1024)
+        assert cells[1] == f"{count / 1e6:.0f}M"
+        for cell, per in zip(cells[2:], BYTES_PER_PARAMETER.values(), strict=True):
+            assert cell == f"{count * per / 2**30:.2f} GiB", (cells[0], cell)
+    assert set(rows) == set(PRESETS)
+    quoted = re.search(r"\(weights \+ AdamW, [^)]*?([\d.]+) (GiB|GB) for GPT-2 small", " ".join(text.split()))
+    assert quoted is not None
+    assert f"{quoted.group(1)} {quoted.group(2)}" == rows["gpt2"][-1]

@@ -76,6 +76,16 @@ def test_a_kubeconfig_cluster_gets_its_claim_and_its_machine_facts_from_the_node
     assert claim.spec.access_modes == ["ReadWriteMany"] and claim.spec.storage_class_name == "shared"
     ran = task("train", "--cluster", f"kubeconfig:{path}", "--nodes", "5")
     assert ran.error_lines and "--nodes 5 but cluster 'fake' has 4 node(s)" in ran.error_lines[0]
+    assert ran.error_lines[0].endswith("or add training nodes to the Kubernetes cluster (context fake)")
+
+
+def test_more_nodes_than_a_contract_files_pool_says_to_grow_it_and_raise_max_nodes(fake, contract_file, task):
+    fake.seed()
+    ran = task("train", "--cluster", str(contract_file), "--nodes", "5")
+    assert ran.error_lines == [
+        "error: --nodes 5 but cluster 'fake' has 4 node(s): use --nodes <= 4, or grow the training pool and set "
+        f"'max_nodes' to 5 in {contract_file}"
+    ]
 
 
 def test_a_pod_stuck_pending_past_the_timeout(fake, contract_file, task, script):

@@ -238,9 +238,10 @@ def test_a_supervised_run_before_its_first_attempt_is_stopped_by_the_request_its
     try:
         assert not (local_home / "runs" / "waiting").exists()
         typo = fab("stop", "--run", "waitng")
-        assert (typo.returncode, last(typo.stdout)) == (
-            0,
-            "run waitng is not running (running: waiting): nothing to stop",
+        assert (typo.returncode, last(typo.stderr)) == (
+            1,
+            "error: no run 'waitng' on the nodes or in this machine's record; did you mean 'waiting'? (runs "
+            "recorded here: none yet): pick one with --run, or start it with `fab train --run waitng`",
         )
         assert not (local_home / "runs" / "waitng").exists(), "a mistyped name made a run directory"
         plain = fab("stop")  # the one live run

@@ -204,7 +204,8 @@ def test_rm_deletes_the_run_and_its_record_says_the_space_freed_and_keeps_the_fe
     assert "done" not in rows(task("runs").out)
     ran = task("rm", "done")
     assert ran.error_lines == [
-        f"error: no run 'done' on the nodes or in this machine's record (`{command_line('runs')}` lists them)"
+        "error: no run 'done' on the nodes or in this machine's record (runs recorded here: crashed, live): "
+        f"`{command_line('runs')}` lists every run"
     ]
 
 
