@@ -116,7 +116,7 @@ def run_helper(
     if before_start is not None:
         job = job | {"spec": job["spec"] | {"suspend": True}}
     with calling(f"creating Job {name}"):
-        uid = _create_when_gone(api, job)
+        uid = create_job(api, job)
     if before_start is not None:
         before_start(uid)
         with calling(f"starting Job {name}"):
@@ -206,8 +206,8 @@ def create_when_gone(
         time.sleep(POLL_S)
 
 
-def _create_when_gone(api: Api, job: dict) -> str:
-    """Create the helper Job and return its uid (create_when_gone)."""
+def create_job(api: Api, job: dict) -> str:
+    """Create the Job (once one of its name left before it is gone: create_when_gone) and return its uid."""
     created = create_when_gone(
         lambda body: api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(body)),
         api.batch.read_namespaced_job,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from kubernetes.client import V1Job, V1Pod, V1Service
+from kubernetes.client import V1Pod, V1Service
 
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError, command_line, out_line, say
@@ -37,7 +37,7 @@ from launcher.doctor_report import Problem, link_problems, ring_link
 from launcher.kube import objects, pod_start, streams
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import delete_run_objects
-from launcher.kube.jobs import GONE_TIMEOUT_S, create_when_gone, creation_refused, job_pods, waiting_for
+from launcher.kube.jobs import GONE_TIMEOUT_S, create_job, create_when_gone, creation_refused, job_pods, waiting_for
 from launcher.kube.objects import RING_RUN
 from launcher.kube.pod_spec import CONTAINER, PodLaunch, cluster_launch, index_variable, pod_address
 from launcher.kube.pod_start import StartWatch, unschedulable
@@ -169,14 +169,7 @@ def run_ring(
             api.namespace,
             GONE_TIMEOUT_S,
         )
-        created = create_when_gone(
-            lambda body: api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(body)),
-            api.batch.read_namespaced_job,
-            job,
-            api.namespace,
-            GONE_TIMEOUT_S,
-        )
-    uid = (created.metadata.uid if created.metadata else None) or ""
+        uid = create_job(api, job)
     bounds = pod_start.BOUNDS
     starting = StartWatch(api, lambda line: out_line(f"[{RING_RUN}] {line}"), bounds, quiet_s=bounds.helper_quiet_s)
     started, all_running = time.monotonic(), 0.0
