@@ -385,11 +385,7 @@ def check_no_other_run(session: Session, run: str) -> None:
     )
 
 
-def stop(
-    cluster_spec: str | None,
-    run: str | None = None,
-    if_unknown: Callable[[Session, str, list[str]], None] = lambda session, run, live: None,
-) -> int:
+def stop(cluster_spec: str | None, run: str | None, if_unknown: Callable[[Session, str, list[str]], None]) -> int:
     """`fab stop`: an operator's stop of every unit of the run (--run, else the one live run) on every
     reachable node, each rank after its snapshot; the attached `fab train` ends it "stopped" instead of
     restarting it (launcher.launch.operator_stop). 0 stopped or nothing to stop; 1 when a node could not
