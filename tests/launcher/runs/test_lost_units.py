@@ -10,7 +10,8 @@ import pytest
 
 from launcher.console import console
 from launcher.launch.status import status
-from launcher.launch.units import UNIT_IDENTITY_SH, stop
+from launcher.launch.units import UNIT_IDENTITY_SH
+from launcher.machine_runs import stop
 from launcher.run_kind import TrainRequest
 from launcher.testing.fab import TINY_CONFIG
 from launcher.train import train

@@ -8,7 +8,8 @@ from launcher.checkpoints import fetch, fetched_dir
 from launcher.console import TaskError, console
 from launcher.launch.plan import LaunchPlan, plan_json
 from launcher.launch.status import logs, status
-from launcher.launch.units import alive_command, start_command, stop, stop_command
+from launcher.launch.units import alive_command, start_command, stop_command
+from launcher.machine_runs import stop
 from launcher.transport import connect, payload
 
 RUN = "r1"
