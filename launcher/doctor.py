@@ -42,7 +42,7 @@ from launcher.doctor_report import (
     setup_fix,
 )
 from launcher.node_scripts import script
-from launcher.session import Session, machines, resolve_cluster
+from launcher.session import Session, machines, resolve_cluster, select_nodes
 from launcher.setup.data import prepare_fix, verify_data_command
 from launcher.transport.shell import Result, Shell, parallel
 
@@ -66,13 +66,18 @@ def doctor(
     port: int = DEFAULT_PORT,
     bandwidth_s: float = SEND_S,
     device: str = "auto",
+    nodes: int | None = None,
 ) -> int:
-    """Preflight every node; print each problem with its fix; 1 when anything is wrong. device: the
-    run's trainer device setting, which shapes the local cluster as train's (device=cpu: CPU ranks, no
-    GPU to check)."""
-    cluster = resolve_cluster(cluster_spec, None, device=device)
+    """Preflight every node (the first `nodes`, as `train --nodes` selects them: refused as train refuses
+    a count out of range, before any node is contacted); print each problem with its fix; 1 when
+    anything is wrong. device: the run's trainer device setting, which shapes the local cluster as
+    train's (device=cpu: CPU ranks, no GPU to check)."""
+    cluster = resolve_cluster(cluster_spec, nodes, device=device)
+    checked = select_nodes(cluster, nodes)
+    if len(checked) < len(cluster.nodes):
+        say(f"checking the first {len(checked)} of the cluster's {len(cluster.nodes)} node(s) (--nodes {nodes})")
     problems: list[Problem] = []
-    with Session.open(cluster, machines(cluster.nodes), dataset, reachable_only=True) as session:
+    with Session.open(cluster, machines(checked), dataset, reachable_only=True) as session:
         for index, error in session.unreachable.items():
             problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1], ssh_fix(error)))
         if session.nodes:

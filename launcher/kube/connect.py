@@ -1,10 +1,11 @@
 """A Kubernetes task's start and a run's end: resolve --cluster, connect and check (the namespace, a
 ReadWriteMany storage class and the claim, created on a `kubeconfig:PATH` cluster, which also gets its
 machine facts from its nodes: launcher.kube.nodes; a contract's cluster, a stack, must have them),
-delete a run's objects (`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks
-from (a training Job, or a supervisor Job between attempts, not one whose pod marked the run ended
-while it lingers: supervisor_jobs), and an operator's stop request (a ConfigMap the run's deletion
-leaves: launcher.launch.operator_stop)."""
+select the training nodes of --nodes (`fab train`'s pods, `doctor`'s ring), delete a run's objects
+(`fab stop`, Ctrl-C, a failed pod, a restart), the live runs `fab stop` picks from (a training Job, or
+a supervisor Job between attempts, not one whose pod marked the run ended while it lingers:
+supervisor_jobs), and an operator's stop request (a ConfigMap the run's deletion leaves:
+launcher.launch.operator_stop)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from kubernetes import client
 from kubernetes.client import V1ConfigMap, V1DeleteOptions, V1Job, V1Pod, V1Preconditions, V1Service
 from kubernetes.client.exceptions import ApiException
 
-from launcher.cluster.inventory import Cluster
+from launcher.cluster.inventory import Cluster, Node, check_node_count
 from launcher.console import TaskError, say
 from launcher.kube import volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
@@ -25,7 +26,7 @@ from launcher.kube.jobs import owner
 from launcher.kube.nodes import with_node_facts
 from launcher.kube.objects import LABEL_SUPERVISES
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
-from launcher.session import resolve_cluster
+from launcher.session import resolve_cluster, select_nodes
 
 POLL_S = 1.0
 """How often a restart looks whether the previous attempt's pods are gone."""
@@ -55,12 +56,13 @@ def offers_rwx(storage_class: client.V1StorageClass) -> bool:
     return storage_class.provisioner in RWX_PROVISIONERS or annotations.get(RWX_ANNOTATION) == "true"
 
 
-def connect(cluster: Cluster, making_pods: bool = True) -> tuple[Api, Cluster]:
+def connect(cluster: Cluster, making_pods: bool = True, nodes: int | None = None) -> tuple[Api, Cluster]:
     """The API and the cluster completed with what only the server knows; a TaskError (one line) when
-    the namespace, the storage class or the claim is missing, the nodes cannot take the pods, or the
-    server cannot be reached. Everything is read before a kubeconfig cluster's namespace and claim are
-    created, so a refusal leaves nothing behind. making_pods False: a task that starts no pod (status,
-    logs, stop, attach), which refuses nothing only a new pod would meet (launcher.kube.nodes)."""
+    the namespace, the storage class or the claim is missing, the nodes cannot take the pods, --nodes
+    (nodes) asks for more than a kubeconfig cluster has, or the server cannot be reached. Everything is
+    read before a kubeconfig cluster's namespace and claim are created, so a refusal leaves nothing
+    behind. making_pods False: a task that starts no pod (status, logs, stop, attach), which refuses
+    nothing only a new pod would meet (launcher.kube.nodes)."""
     access = cluster.kube
     assert access is not None, "connect() is for kind kubernetes"
     api = Api.of(access)
@@ -93,6 +95,8 @@ def connect(cluster: Cluster, making_pods: bool = True) -> tuple[Api, Cluster]:
         cluster = with_node_facts(api, cluster, access, making_pods)
         assert cluster.kube is not None
         access = cluster.kube
+        if nodes is not None:
+            select_nodes(cluster, nodes)  # its nodes are known now, and nothing is created yet
     if not has_namespace:
         say(f"creating namespace {access.namespace}")
         with calling(f"{where}: creating namespace {access.namespace}"):
@@ -114,13 +118,37 @@ def connect(cluster: Cluster, making_pods: bool = True) -> tuple[Api, Cluster]:
     return api, replace(cluster, kube=access)
 
 
-def open_cluster(spec: str | None, making_pods: bool = True) -> tuple[Api, Cluster]:
-    """--cluster resolved, printed and connected (making_pods: connect's); a TaskError (one line) for
-    anything missing."""
+def kube_cluster(spec: str | None) -> Cluster:
+    """--cluster resolved and printed; a TaskError (one line) when it is not a Kubernetes cluster."""
     cluster = resolve_cluster(spec)
     if cluster.kube is None:
         raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
-    return connect(cluster, making_pods)
+    return cluster
+
+
+def open_cluster(spec: str | None, making_pods: bool = True) -> tuple[Api, Cluster]:
+    """--cluster resolved, printed and connected (making_pods: connect's); a TaskError (one line) for
+    anything missing."""
+    return connect(kube_cluster(spec), making_pods)
+
+
+def select_training_nodes(spec: str | None, count: int | None) -> tuple[Api | None, Cluster, tuple[Node, ...]]:
+    """--cluster resolved and --nodes (count) selected, for a task whose pods go one to a training node
+    (`fab train`'s run, `doctor`'s ring): the first count nodes, every one without (Cluster.select).
+    A count below 1 is refused before the API server is asked, one above the cluster's nodes as soon as
+    they are known, before anything is created (a contract's here; a kubeconfig cluster's are the API
+    server's: it is connected, and its API returned, else None), each in one line."""
+    cluster = kube_cluster(spec)
+    assert cluster.kube is not None
+    api = None
+    try:
+        if count is not None:
+            check_node_count(count)  # before the API server is asked
+        if cluster.kube.from_kubeconfig:  # its node count and sizes are known only to the API server
+            api, cluster = connect(cluster, nodes=count)
+        return api, cluster, cluster.select(count)
+    except ValueError as e:
+        raise TaskError(str(e)) from None
 
 
 def run_objects(api: Api, run: str) -> tuple[list[V1Job], list[V1Service], list[V1Pod]]:
@@ -326,6 +354,14 @@ def supervised_runs(api: Api) -> dict[str, str]:
     with calling("listing the supervisor Jobs"):
         jobs = api.batch.list_namespaced_job(api.namespace, label_selector=LABEL_SUPERVISES).items
     return {run: job.name for run, job in supervisor_jobs(api, jobs).items() if job.ended is None}
+
+
+def running_runs(api: Api) -> tuple[list[str], dict[str, str]]:
+    """The live runs by name, a training Job's (live_runs) or a supervisor Job's between attempts, and
+    the supervised ones with their supervisor Job's name (supervised_runs): the runs `fab stop` picks
+    from, and whose pods hold the training nodes, or are about to (`doctor` leaves them alone)."""
+    supervised = supervised_runs(api)
+    return sorted(set(live_runs(api)) | set(supervised)), supervised
 
 
 def live_runs(api: Api) -> list[str]:

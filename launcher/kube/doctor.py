@@ -9,14 +9,21 @@
                    and the node environment's torch what they see (launcher/node_scripts/gpu_check.py),
                    judged as on VM nodes (launcher.doctor.gpu_node_problems). One node stands for the
                    pool: its nodes share the image and the driver GKE or the GPU operator installs.
-    the ring       the links between pods, one per training node, as the VM doctor's ring between nodes
-                   (launcher.kube.ring): TCP on CPU nodes, NCCL on GPU nodes (after the GPU node passed)
+    the ring       the links between pods, one per training node a run would take (--nodes N, else
+                   `fab train`'s default: launcher.kube.connect.select_training_nodes), as the VM doctor's
+                   ring between nodes (launcher.kube.ring): TCP on CPU nodes, NCCL on GPU nodes (after the
+                   GPU node passed)
 
 The GPU pod holds a GPU node while torch starts (under a minute); on a pool scaled to zero it makes
 the autoscaler add one, as the run's first pod would, which stays (and is billed) until the autoscaler
-removes it again (on GKE after about 10 idle minutes). The ring adds every training node so (it runs by
-default, as on VMs: a NetworkPolicy, the CNI or NCCL between pods would otherwise fail a run's first
-collective, after its nodes and staging were paid for; --bandwidth-seconds 0 skips it).
+removes it again (on GKE after about 10 idle minutes). The ring adds the run's training nodes so (it
+runs by default, as on VMs: a NetworkPolicy, the CNI or NCCL between pods would otherwise fail a run's
+first collective, after its nodes and staging were paid for; --bandwidth-seconds 0 skips it).
+
+While a run is live in the namespace (`fab stop`'s live runs), its pods hold their training nodes, one
+per node, and a pod placed as a training pod would wait for another node, on a pool at its maximum
+until its pending timeout: the GPU node and the ring are then not checked, said in one line before
+anything is created, and that alone is no problem (exit 0): doctor run beside a run checks the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from launcher.doctor import SEND_S
 from launcher.doctor_report import GpuFixes, Problem, gpu_node_problems, print_problems
 from launcher.kube import pod_placement, volume
 from launcher.kube.api import Api
-from launcher.kube.connect import open_cluster
+from launcher.kube.connect import connect, running_runs, select_training_nodes
 from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, run_helper
+from launcher.kube.objects import RING_RUN
 from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, NODE_PYTHON, job_name
 from launcher.kube.ring import ring_problems
 
@@ -70,18 +78,27 @@ def doctor(
     port: int = DEFAULT_PORT,
     bandwidth_s: float = SEND_S,
     device: str = "auto",
+    nodes: int | None = None,
 ) -> int:
     """connect()'s checks, the claim's Job, on GPU nodes one GPU node's driver and torch, then the ring
-    between the pods (bandwidth_s each, at port; 0 skips it); 1 with each problem and its fix. device
-    (the run's) shapes only the local cluster: a run's pods are the contract's whatever it is, as train's."""
+    between the pods of a run on `nodes` training nodes (--nodes; train's default without it), bandwidth_s
+    each, at port (0 skips it); 1 with each problem and its fix. A live run skips the GPU node and the
+    ring (holding_runs). device (the run's) shapes only the local cluster: a run's pods are the
+    contract's whatever it is, as train's."""
     check_name(dataset, "dataset")
-    api, cluster = open_cluster(cluster_spec)
+    api, cluster, training = select_training_nodes(cluster_spec, nodes)  # --nodes refused before anything
+    if api is None:
+        api, cluster = connect(cluster)
     access = access_of(cluster)
     gpus = f", {cluster.gpus_per_node} x {cluster.gpu_model}" if cluster.gpus_per_node else ""
     say(
         f"ok: API server, namespace {access.namespace}, StorageClass {access.storage_class} (ReadWriteMany), "
         f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
     )
+    ring = bandwidth_s > 0 and len(training) > 1
+    held = holding_runs(api) if cluster.gpus_per_node or ring else []
+    if held:
+        say(held_line(held, cluster_spec, gpus=cluster.gpus_per_node > 0, ring=ring))
     checks = {
         "node environment": f"test -x {NODE_PYTHON}",
         "model code": "test -f " + shlex.quote(f"{volume.MOUNT_PATH}/code/.sha256"),
@@ -118,18 +135,41 @@ def doctor(
         if not environment or any(m.startswith("missing: model code") for m in missing):
             say("GPU node not checked: its check runs the node environment's torch; set the cluster up first")
             return 1
-        problems = gpu_node_check(api, cluster, cluster_spec)
-    if bandwidth_s > 0:
+        if not held:
+            problems = gpu_node_check(api, cluster, cluster_spec)
+    if bandwidth_s > 0 and not (held and ring):
         pending_timeout_s = GPU_PENDING_TIMEOUT_S if cluster.gpus_per_node else PENDING_TIMEOUT_S
         if not environment:
             say("bandwidth between pods not measured: its pods run the node environment's Python; set the cluster up")
         elif problems:
             say("bandwidth over NCCL not measured: fix the GPU problems first")
         else:
-            problems += ring_problems(api, cluster, cluster_spec, port, bandwidth_s, pending_timeout_s)
+            pods = len(training)
+            problems += ring_problems(api, cluster, cluster_spec, port, bandwidth_s, pending_timeout_s, pods, nodes)
     if problems:
         print_problems(f"doctor: {cluster.cluster_name}", problems)
     return 1 if missing or problems else 0
+
+
+def holding_runs(api: Api) -> list[str]:
+    """The live runs of the namespace, by name (`fab stop`'s: launcher.kube.connect.running_runs), but
+    an earlier doctor's ring, which the ring deletes itself: a run's pods hold its training nodes, one
+    per node, and a doctor pod placed as a training pod would wait for another node."""
+    live, _ = running_runs(api)
+    return [run for run in live if run != RING_RUN]
+
+
+def held_line(runs: list[str], cluster_spec: str | None, gpus: bool, ring: bool) -> str:
+    """The one line that says the GPU node (gpus) and the ring (ring) are not checked beside live runs."""
+    checks = " and ".join(what for what, skipped in (("GPU node", gpus), ("links between pods", ring)) if skipped)
+    which = f"run {runs[0]} is" if len(runs) == 1 else f"runs {', '.join(runs)} are"
+    stops = ", ".join(f"`{command_line('stop', cluster=cluster_spec, run=run)}`" for run in runs)
+    silence = "; --bandwidth-seconds 0 skips the ring" if ring else ""
+    return (
+        f"{checks} not checked: {which} live on the cluster's training nodes (a run's pods hold them, one per "
+        f"node: a doctor pod would wait for another); doctor again once it has ended, or stop it first "
+        f"({stops}){silence}"
+    )
 
 
 def gpu_check_job(access: KubeAccess, gpus: int) -> dict:

@@ -1,8 +1,9 @@
 """`fab doctor`'s bandwidth ring on a Kubernetes cluster: the links between pods, as a run's ranks use them.
 
-    the pods    the training Job's shape (objects.ring_job): one pod per training node, placed, sized and
-                restricted as a run's (node selector, tolerations, one training pod per node, one zone,
-                whole GPUs), beside its headless Service, whose names the pods find each other by
+    the pods    the training Job's shape (objects.ring_job): one pod per training node a run takes
+                (--nodes, else train's default: the doctor selects them as train does), placed, sized
+                and restricted as a run's (node selector, tolerations, one training pod per node, one
+                zone, whole GPUs), beside its headless Service, whose names the pods find each other by
     the ring    each pod waits until every pod of the ring has an address (its name resolves), then runs
                 launcher/node_scripts/bandwidth.py (the launcher's copy, sent as text as the VM doctor
                 sends it) with the node environment's Python: on CPU nodes the TCP ring (it listens on
@@ -115,14 +116,29 @@ def link_fix(launch: PodLaunch) -> str:
     return f"allow TCP {launch.port} between the training pods: a NetworkPolicy of namespace {ns} ({policy}); {cni}"
 
 
+def count_reason(asked: int | None) -> str:
+    """Why the ring has as many pods as it has: --nodes (asked), or train's default."""
+    if asked is None:
+        return f"every training node the cluster allows, as `{command_line('train')}` takes; --nodes N measures N"
+    return f"--nodes {asked}, as `{command_line('train', nodes=asked)}` takes"
+
+
 def ring_problems(
-    api: Api, cluster: Cluster, cluster_spec: str | None, port: int, seconds: float, pending_timeout_s: float
+    api: Api,
+    cluster: Cluster,
+    cluster_spec: str | None,
+    port: int,
+    seconds: float,
+    pending_timeout_s: float,
+    pods: int,
+    asked: int | None,
 ) -> list[Problem]:
-    """Run the ring on the cluster's training nodes and judge it: the rows of what is wrong ([] when
-    nothing is). The Job and the Service are gone when it returns, or raises."""
-    pods = len(cluster.nodes)
+    """Run the ring on `pods` training nodes (the ones a run would take: --nodes, asked, or train's
+    default, launcher.kube.connect.select_training_nodes) and judge it: the rows of what is wrong ([]
+    when nothing is). The Job and the Service are gone when it returns, or raises."""
     if pods < 2:
-        say(f"bandwidth between pods not measured: the cluster has {pods} training node, so no link between pods")
+        which = f"--nodes {asked} is" if asked is not None else "the cluster has"
+        say(f"bandwidth between pods not measured: {which} {pods} training node, so no link between pods")
         return []
     try:
         launch = cluster_launch(cluster, RING_RUN, pods, port)
@@ -131,9 +147,9 @@ def ring_problems(
     nccl = launch.gpus > 0
     over = " over NCCL on its first GPU" if nccl else ""
     say(
-        f"measuring the links between pods: {pods} pods, one per training node as a run's, each sending to the "
-        f"next{over} for {seconds:g} s (a pool scaled to zero adds its nodes first: minutes, and they stay, "
-        "billed, until the autoscaler removes them)"
+        f"measuring the links between pods: {pods} pods, one per training node as a run's ({count_reason(asked)}), "
+        f"each sending to the next{over} for {seconds:g} s (a pool scaled to zero adds its nodes first: minutes, "
+        "and they stay, billed, until the autoscaler removes them)"
     )
     try:
         ended = run_ring(api, launch, seconds, pending_timeout_s, cluster_spec)

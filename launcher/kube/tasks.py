@@ -34,11 +34,10 @@ from launcher.kube import streams, volume
 from launcher.kube.api import Api, calling, name_of
 from launcher.kube.connect import (
     delete_run_objects,
-    live_runs,
     open_cluster,
     request_stop,
     run_objects,
-    supervised_runs,
+    running_runs,
 )
 from launcher.kube.jobs import (
     access_of,
@@ -313,8 +312,7 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
     if run is not None:
         check_name(run, "run")
     api, cluster = open_cluster(cluster_spec, making_pods=False)
-    supervised = supervised_runs(api)
-    live = sorted(set(live_runs(api)) | set(supervised))
+    live, supervised = running_runs(api)
     chosen = run_to_stop(run, live, cluster_spec, cluster.cluster_name)
     if chosen is None:
         say(nothing_running_line(cluster.cluster_name))

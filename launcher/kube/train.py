@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from kubernetes.client import V1Job, V1Service
 
-from launcher.cluster.inventory import Cluster, Node, check_node_count
+from launcher.cluster.inventory import Cluster, Node
 from launcher.console import TaskError, command_line, out_line, say
 from launcher.kube import objects, pod_placement, pod_spec
 from launcher.kube.api import Api, calling, name_of
@@ -33,6 +33,7 @@ from launcher.kube.connect import (
     delete_run_objects,
     is_live,
     run_objects,
+    select_training_nodes,
     stop_requested,
 )
 from launcher.kube.jobs import Staged, access_of, create_when_gone, stage
@@ -46,7 +47,6 @@ from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.policy import KEEP_GLOBAL_BATCH
 from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.metrics_stream import RunRecorder
-from launcher.session import resolve_cluster
 from model.conventions import CKPT_NAME, DEFAULT_MASTER_PORT
 
 POLL_S = 1.0
@@ -105,18 +105,8 @@ class KubeRun:
         if request.run == RING_RUN:  # its Job, Service and pods would be the doctor's, deleted by its next ring
             raise TaskError(f"--run {RING_RUN}: on a Kubernetes cluster that name is `doctor`'s; choose another")
         request.recover.refuse_revive_timeout("a Kubernetes cluster's pods wait for a node up to --recover-timeout")
-        cluster = resolve_cluster(request.cluster_spec)
-        if cluster.kube is None:
-            raise TaskError(f"cluster {cluster.cluster_name!r} is not a Kubernetes cluster")
-        api = None
-        try:
-            if request.nodes is not None:
-                check_node_count(request.nodes)  # before the API server is asked
-            if cluster.kube.from_kubeconfig:  # its node count and sizes are known only to the API server
-                api, cluster = connect(cluster)
-            return cls(request, cluster, tuple(cluster.select(request.nodes)), api)
-        except ValueError as e:
-            raise TaskError(str(e)) from None
+        api, cluster, nodes = select_training_nodes(request.cluster_spec, request.nodes)
+        return cls(request, cluster, nodes, api)
 
     def default_config(self) -> str | None:
         return None

@@ -459,9 +459,11 @@ PORT = text_default(DEFAULT_MASTER_PORT)
 
 @fab_task(
     iterable=["set_"],
-    numbers={"port": int, "bandwidth_seconds": float},
+    numbers={"nodes": int, "port": int, "bandwidth_seconds": float},
     help={
         "cluster": CLUSTER_HELP,
+        "nodes": "check the nodes `train --nodes N` trains on: the first N (default all, as train's; on "
+        "Kubernetes the ring's pods, one per training node)",
         "dataset": "dataset whose checksums to verify on every node (default {default})",
         "port": "rendezvous port to test between the nodes (default {default})",
         "bandwidth_seconds": (
@@ -474,6 +476,7 @@ PORT = text_default(DEFAULT_MASTER_PORT)
 def doctor(
     c: Context,
     cluster: str | None = None,
+    nodes: int | None = None,
     dataset: str = "builtin",
     port: int = PORT,
     bandwidth_seconds: float | None = None,
@@ -486,7 +489,7 @@ def doctor(
     at_least("bandwidth-seconds", bandwidth_seconds, 0.0, " (0 skips the measure)")
     device = run_device(config, set_ or ())
     return driver(cluster).doctor(
-        cluster, dataset=dataset, port=port, device=device, **given(bandwidth_s=bandwidth_seconds)
+        cluster, dataset=dataset, port=port, device=device, nodes=nodes, **given(bandwidth_s=bandwidth_seconds)
     )
 
 

@@ -109,6 +109,7 @@ class Driver(Protocol):
         port: int = ...,
         bandwidth_s: float = ...,
         device: str = ...,
+        nodes: int | None = ...,
     ) -> int: ...
 
     def open_runs(self, cluster_spec: str | None) -> RunStore:

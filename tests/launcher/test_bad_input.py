@@ -239,7 +239,7 @@ def test_a_mistyped_source_is_one_line_before_anything_starts(home):
 
 
 @pytest.mark.parametrize("count", ["0", "-1", "-7"])
-@pytest.mark.parametrize("task", ["train", "prepare-data", "setup"])
+@pytest.mark.parametrize("task", ["train", "prepare-data", "setup", "doctor"])
 def test_every_node_count_below_one_gets_the_same_line(home, task, count):
     result = run(NANOCLUSTER, task, "--nodes", count, home=home)
     assert error_line(result) == f"error: --nodes must be >= 1, got {count}"

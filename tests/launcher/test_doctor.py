@@ -1,4 +1,5 @@
-"""`fab doctor` on the local cluster: every check passes, then a damaged dataset is named with its fix."""
+"""`fab doctor` on the local cluster: every check passes, then a damaged dataset is named with its fix;
+--nodes N checks the first N nodes, as train selects them."""
 
 import os
 
@@ -29,6 +30,33 @@ def test_doctor_names_missing_data(local3, local_home, capsys, monkeypatch):
     monkeypatch.setattr(console, "width", 200)
     assert doctor(None, dataset="absent", port=free_loopback_port()) == 1
     assert "data/absent missing" in capsys.readouterr().out
+
+
+def test_doctor_nodes_checks_the_first_n_nodes_and_refuses_a_count_as_train_does(
+    local_home, task, probes, monkeypatch, tmp_path
+):
+    """Three machines (loopback addresses): --nodes 2 checks and rings the first two only; --nodes 4 is
+    refused in train's line before any node is contacted."""
+    import launcher.doctor
+    import launcher.train
+
+    monkeypatch.setattr(console, "width", 400)
+    write_dataset(local_home / "data" / "d")
+    gpu_cluster(monkeypatch, tmp_path, gpus_per_node=0, machines=3)
+    cluster = launcher.doctor.resolve_cluster(None, None)
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, device="auto": cluster)
+    checks = ["--dataset", "d", "--port", str(free_loopback_port()), "--bandwidth-seconds", "0.3"]
+    ran = task("doctor", "--nodes", "2", *checks)
+    assert ran.code == 0, ran.out + ran.err
+    assert "checking the first 2 of the cluster's 3 node(s) (--nodes 2)" in ran.out
+    assert "all checks passed on 2 node(s)" in ran.out
+    assert "bandwidth local1 -> local0" in ran.out and "bandwidth local0 -> local1" in ran.out
+    assert "local2" not in ran.out and sorted(probes) == ["local0", "local1"]
+    probes.clear()
+    refused = task("doctor", "--nodes", "4", *checks)
+    assert refused.code == 1 and refused.error_lines == task("train", "--nodes", "4", "--dry-run").error_lines
+    assert refused.error_lines[0].startswith("error: --nodes 4 but cluster 'local' has 3 node(s): use --nodes <= 3")
+    assert probes == []
 
 
 # --- GPU nodes: a stand-in nvidia-smi on PATH and a stand-in torch first on the node Python's path ---

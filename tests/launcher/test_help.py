@@ -110,7 +110,8 @@ def test_the_task_list_gives_each_task_its_whole_first_sentence(program, tmp_pat
         (["train", "--nodes"], "{p}: --nodes needs a value ({p} --help train)"),
         (
             ["--nodes", "3", "train"],
-            "{p}: --nodes is a flag of setup, prepare-data and train: give it after the task ({p} TASK --nodes ...)",
+            "{p}: --nodes is a flag of setup, prepare-data, train and doctor: give it after the task "
+            "({p} TASK --nodes ...)",
         ),
         (["--lsit"], "{p}: no option '--lsit'; did you mean '--list'? ({p} --help lists the options)"),
     ],

@@ -2,19 +2,22 @@
 node in the training Job's shape, each running bandwidth.py's ring (TCP on CPU nodes, NCCL on GPU
 nodes), judged as the VM doctor judges its ring, and gone afterwards whatever happened. The fake's
 ring pods print what bandwidth.py prints (its own lines; the script itself runs between pods for real
-in tests/launcher/integration/test_kube_pods.py)."""
+in tests/launcher/integration/test_kube_pods.py). Its pods are one per training node a run takes (--nodes,
+else train's default), and none while a run is live in the namespace."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
-from launcher.console import console
+from launcher.console import command_line, console
 from launcher.kube import objects, pod_placement, ring
-from launcher.kube.pod_spec import GPU_DRIVER_LIBS, PodLaunch
-from tests.launcher.kube.test_gpu_doctor import GOOD, reporting
+from launcher.kube.doctor import GPU_CHECK_ROLE
+from launcher.kube.pod_spec import GPU_DRIVER_LIBS, PodLaunch, cluster_launch, job_name
+from tests.launcher.kube.test_gpu_doctor import GOOD, jobs_of, reporting
 from tests.launcher.kube.test_gpu_pods import gpu_contract, write
 
 RING_JOB = "fake-doctor-ring"
@@ -201,3 +204,125 @@ def test_a_run_named_as_the_ring_is_refused_before_any_object_exists(fake, task,
         f"error: --run {ring.RING_RUN}: on a Kubernetes cluster that name is `doctor`'s; choose another"
     ]
     assert not fake.created_jobs
+
+
+# --- how many pods: the ones a run takes ---
+
+
+def test_without_nodes_the_ring_has_as_many_pods_as_train_takes_by_default(fake, task, tmp_path):
+    """Train's default count (KubeRun.resolve without --nodes: every training node the contract allows,
+    3 here on a cluster of 4 nodes), said with why on the line that starts the ring."""
+    from launcher.kube.train import KubeRun
+    from launcher.run_kind import TrainRequest
+
+    fake.seed()
+    contract = contract_of(fake, tmp_path, max_nodes=3)
+    ran = task("doctor", "--cluster", contract)
+    assert ran.code == 0, ran.out + ran.err
+    (job,) = ring_jobs(fake)
+    assert job["spec"]["completions"] == len(KubeRun.resolve(TrainRequest(contract)).nodes) == 3
+    assert (
+        "measuring the links between pods: 3 pods, one per training node as a run's (every training node the "
+        f"cluster allows, as `{command_line('train')}` takes; --nodes N measures N), each sending to the next"
+    ) in ran.out
+
+
+def test_nodes_2_makes_a_ring_of_2_pods_on_a_larger_pool(fake, task, tmp_path):
+    """An autoscaled pool whose maximum is 4, a user who trains on 2: doctor --nodes 2 adds 2 nodes, not 4."""
+    fake.seed()
+    ran = task("doctor", "--cluster", contract_of(fake, tmp_path), "--nodes", "2")
+    assert ran.code == 0, ran.out + ran.err
+    assert (
+        "measuring the links between pods: 2 pods, one per training node as a run's (--nodes 2, as "
+        f"`{command_line('train', nodes=2)}` takes)"
+    ) in ran.out
+    (job,) = ring_jobs(fake)
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert (
+        '"fake-doctor-ring-$(( (RANK + 1) % 2 )).fake-doctor-ring"'
+        in job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    )
+    assert "bandwidth node-0 -> node-1" in ran.out and "bandwidth node-1 -> node-0" in ran.out
+    assert "bandwidth node-2" not in ran.out and "bandwidth node-3" not in ran.out
+    assert left_behind(fake) == []
+
+
+REFUSALS = {
+    "5": "error: --nodes 5 but cluster 'fake' has 4 node(s): use --nodes <= 4, or ",
+    "0": "error: --nodes must be >= 1, got 0",
+}
+
+
+def test_a_node_count_out_of_range_is_refused_in_trains_words_before_any_object(fake, task, tmp_path):
+    """A contract's max_nodes, or a kubeconfig cluster's nodes (known once listed): refused in one line,
+    the one train gives, before any Job, namespace or claim is created."""
+    fake.seed(claim=False)  # the kubeconfig cluster's claim would be created by its first task
+    for cluster in (contract_of(fake, tmp_path), fake.kubeconfig_spec(tmp_path)):
+        for count in ("5", "0"):
+            ran = task("doctor", "--cluster", cluster, "--nodes", count)
+            trains = task("train", "--cluster", cluster, "--nodes", count)
+            assert ran.code == 1 and len(ran.error_lines) == 1, ran.out + ran.err
+            assert ran.error_lines == trains.error_lines, (cluster, count)
+            assert ran.error_lines[0].startswith(REFUSALS[count]), ran.error_lines
+    assert not fake.created_jobs
+    assert fake.core.list_namespaced_persistent_volume_claim("nanocluster").items == []
+
+
+# --- a live run holds the nodes ---
+
+
+def test_a_live_run_holding_every_gpu_of_the_pool_skips_the_gpu_node_and_the_ring_in_one_line(
+    fake, script, task, tmp_path, monkeypatch
+):
+    """Run r5's pods hold both GPU nodes of a pool at its maximum: a GPU check pod or a ring pod would
+    wait for a node (15 minutes) and then fail. Doctor creates neither, says so in one line with the
+    fix, checks the claim, and exits 0: the run holding the nodes is not a problem of the cluster."""
+    import launcher.kube.doctor
+    from launcher.kube.connect import open_cluster
+
+    monkeypatch.setattr(launcher.kube.doctor, "GPU_PENDING_TIMEOUT_S", 1.0)  # the wait a GPU pod would have
+    script.scheduler = True
+    script.run_ticks = 10**9  # the run's pods keep running
+    script.helpers[GPU_CHECK_ROLE] = reporting(GOOD)
+    pool = {"cloud.google.com/gke-accelerator": "nvidia-l4", "pool": "train"}  # the contract's node_selector
+    fake.seed(nodes=2, gpu_nodes=((4, pool), (4, pool)))
+    sized = {"max_nodes": 2, "memory_gib": 64.0}  # the pool's 2 nodes; pods that fit the fake's 80 GiB
+    contract = str(write(tmp_path, gpu_contract(fake, gpus=4) | sized))
+    _, cluster = open_cluster(contract)
+    fake.batch.create_namespaced_job("nanocluster", objects.training_job(cluster_launch(cluster, "r5", 2, 29500)))
+    deadline = time.monotonic() + 10
+    while fake.nodes_of(job_name("fake", "r5")) != ["gpu-node-0", "gpu-node-1"]:
+        assert time.monotonic() < deadline, "the run's pods found no GPU node"
+        time.sleep(0.02)
+    ran = task("doctor", "--cluster", contract)
+    assert ran.code == 0, ran.out + ran.err
+    stop = command_line("stop", cluster=contract, run="r5")
+    (line,) = [line for line in ran.out.splitlines() if "not checked" in line]
+    assert line == (
+        "GPU node and links between pods not checked: run r5 is live on the cluster's training nodes (a run's "
+        "pods hold them, one per node: a doctor pod would wait for another); doctor again once it has ended, or "
+        f"stop it first (`{stop}`); --bandwidth-seconds 0 skips the ring"
+    )
+    assert jobs_of(fake, "doctor"), "the claim was not checked"
+    assert jobs_of(fake, GPU_CHECK_ROLE) == [] and ring_jobs(fake) == []
+
+
+def test_a_supervised_run_between_attempts_is_live_and_the_ring_waits_for_it(fake, task, tmp_path):
+    """No training Job yet, but its supervisor Job is live (the runs `fab stop` picks from): its next
+    attempt takes the nodes, so the ring is not started; --bandwidth-seconds 0 says nothing of it."""
+    fake.seed()
+    supervisor = objects.supervisor_job_name(job_name("fake", "r7"))
+    body = objects.supervisor_job(supervisor, "nanocluster", "r7", "shared", "sa", ["sleep", "1000"], {}, {})
+    body["spec"]["suspend"] = True  # not ended; its pod (the lifecycle) is not what this test is about
+    fake.batch.create_namespaced_job("nanocluster", body)
+    contract = contract_of(fake, tmp_path)
+    ran = task("doctor", "--cluster", contract)
+    assert ran.code == 0, ran.out + ran.err
+    assert (
+        "links between pods not checked: run r7 is live on the cluster's training nodes (a run's pods hold "
+        "them, one per node: a doctor pod would wait for another); doctor again once it has ended, or stop it "
+        f"first (`{command_line('stop', cluster=contract, run='r7')}`); --bandwidth-seconds 0 skips the ring"
+    ) in ran.out
+    assert ring_jobs(fake) == [] and jobs_of(fake, "doctor")
+    quiet = task("doctor", "--cluster", contract, "--bandwidth-seconds", "0")
+    assert quiet.code == 0 and "not checked" not in quiet.out, quiet.out + quiet.err
