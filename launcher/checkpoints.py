@@ -29,7 +29,7 @@ from launcher.console import (
 )
 from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord
-from launcher.session import Session, resolve_cluster
+from launcher.session import Session, as_run_used, resolve_cluster
 from launcher.setup.nodes import ensure_ready
 from launcher.transport import NodeError, Shell
 from model.conventions import (
@@ -68,7 +68,7 @@ def sample(
     top_k: int = SAMPLE_TOP_K,
     seed: int = SAMPLE_SEED,
 ) -> None:
-    cluster = resolve_cluster(cluster_spec)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     with Session.open(cluster, cluster.nodes[:1]) as session:
         ensure_ready(session)
         head, shell, site = session.head, session.shell(session.head), session.site
@@ -134,7 +134,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     """Copy the run's best checkpoint, metrics and TensorBoard files from the head to this machine
     (each checked by size), and the run's plot from this machine's run record. The directory is made
     once there is something to copy into it, and removed again when the copy fails."""
-    cluster = resolve_cluster(cluster_spec)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     fetch_dir = FetchDir.checked(cluster, run, dest)
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         shell = session.shell(session.head)

@@ -48,9 +48,9 @@ from launcher.runs.record import (
     read_cluster_runs,
     stopped_text,
 )
-from launcher.runs.resume import resume_refusal, run_snapshot
+from launcher.runs.resume import RunSnapshot, resume_refusal, run_snapshot
 from launcher.terminal import LOG_NAME, outliving_the_terminal
-from launcher.trainer_config import read_trainer_config
+from launcher.trainer_config import names_device, read_trainer_config
 from model.checkpointing.global_batch import global_batch
 
 
@@ -71,8 +71,9 @@ class Lifecycle:
         self.fingerprint: str | None = None
         """What sets a step's time (budget.config_fingerprint), so later estimates match this run."""
         self.device = "auto"
-        """The trainer's device setting, recorded with the launch: `fab status` and `fab logs` rebuild the
-        local cluster as the run had it (device=cpu: this machine's CPUs, its GPUs unused)."""
+        """The trainer's device setting, recorded with the launch: a resume goes on with it
+        (on_trained_device), and the tasks that read the run rebuild the local cluster as the run had it
+        (launcher.session.as_run_used; device=cpu: this machine's CPUs, its GPUs unused)."""
         self.spend: budget.BudgetPlan | None = None
         """The budget's plan, with --budget."""
         self.budget_overrides: tuple[str, ...] = ()
@@ -399,22 +400,31 @@ def checked_here(request: TrainRequest, kind: RunKind, opening: str = "") -> boo
 
 
 def checked_request(request: TrainRequest) -> TrainRequest:
-    """The names checked; without --nodes, a run with a snapshot goes on with the nodes that trained it
-    (said in one line): the default count could change its global batch, which its ranks would refuse
-    only after they started. Every `fab train` front end starts here."""
+    """The names checked; a run with a snapshot goes on as the snapshot was trained unless the flags
+    say otherwise, each said in one line: on its device where --config and --set name none
+    (on_trained_device), and without --nodes on the nodes that trained it (the default count could
+    change its global batch, which its ranks would refuse only after they started). Every `fab train`
+    front end starts here."""
     check_name(request.run, "run")
     check_name(request.dataset, "dataset")
     if request.asked_at is None:
         request = replace(request, asked_at=time.time())
-    if request.nodes is not None:
-        return request
     device = request.local_device  # the local cluster's default count depends on it
     try:  # read ahead: the kind's own load of a stack takes these outputs, so pulumi runs once
         cluster = load_cluster(request.cluster_spec, read_ahead=True, local_device=device)
         snapshot = run_snapshot(RunRecord.of(cluster, request.run))
-        if snapshot is None or not cluster.nodes or snapshot.nodes == len(cluster.nodes):
+        if snapshot is None:
+            return request
+        request = on_trained_device(request, snapshot)
+        if request.nodes is not None:
+            return request
+        if request.local_device != device:  # the default count on the device it goes on with
+            cluster = load_cluster(request.cluster_spec, read_ahead=True, local_device=request.local_device)
+        if not cluster.nodes or snapshot.nodes == len(cluster.nodes):
             return request  # no nodes listed (a kubeconfig's cluster): its default is known once connected
-        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True, local_device=device).select(snapshot.nodes)
+        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True, local_device=request.local_device).select(
+            snapshot.nodes
+        )
     except InventoryError:  # the kind's resolve says it; a cluster with fewer nodes now: the resume check does
         return request
     say(
@@ -422,6 +432,21 @@ def checked_request(request: TrainRequest) -> TrainRequest:
         f"was trained (not the default {len(cluster.nodes)}; --nodes N to choose)"
     )
     return replace(request, nodes=snapshot.nodes)
+
+
+def on_trained_device(request: TrainRequest, snapshot: RunSnapshot) -> TrainRequest:
+    """The request with the trainer's device its snapshot was trained with (the launch recorded it), said
+    in one line, where its --config and --set name none and their default differs: device=cpu on a GPU
+    machine keeps the run's CPU ranks instead of taking the GPUs. A device they name is taken as it is
+    (the trainer resumes a snapshot on another device: docs/training.md, GPU nodes)."""
+    default = request.local_device
+    if snapshot.device == default or names_device(request.config, request.overrides):
+        return request
+    say(
+        f"run {request.run} goes on with device={snapshot.device}, as its snapshot at iter {snapshot.iter} was "
+        f"trained (not the default {default}; --set device=D to choose)"
+    )
+    return replace(request, overrides=(f"device={snapshot.device}", *request.overrides))
 
 
 def train(request: TrainRequest, resolve: Callable[[TrainRequest], RunKind]) -> int:

@@ -66,7 +66,8 @@ class TrainRequest:
     @property
     def local_device(self) -> str:
         """The trainer's device setting its --config and --set give (launcher.trainer_config.run_device),
-        which shapes the local cluster."""
+        which shapes the local cluster; a resume that names none has its snapshot's device added to
+        overrides (launcher.lifecycle.on_trained_device)."""
         return run_device(self.config, self.overrides)
 
 

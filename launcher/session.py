@@ -1,10 +1,11 @@
 """A task's nodes: connected once, probed once, and what the probe found.
 
-Every task starts here: resolve --cluster, take the first N nodes, connect to them all in parallel
-(one thread per node; workers through the head) and probe each machine in one round trip. A task
-then runs its steps on the session's shells, and reads the probe reports instead of asking again.
-The reports change only through the session itself: reprobe() after a step changed a node (a
-bootstrap, a new dataset), code_installed() after a code sync.
+Every task starts here: resolve --cluster (for a task that reads a run, as the run used it:
+as_run_used), take the first N nodes, connect to them all in parallel (one thread per node; workers
+through the head) and probe each machine in one round trip. A task then runs its steps on the
+session's shells, and reads the probe reports instead of asking again. The reports change only
+through the session itself: reprobe() after a step changed a node (a bootstrap, a new dataset),
+code_installed() after a code sync.
 
 What a node offers, learned in one round trip: launcher/node_scripts/probe.py run with the node's Python.
 
@@ -21,14 +22,16 @@ import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
-from launcher.cluster.contract import load_cluster
+from launcher.cluster.contract import chosen_spec, load_cluster
 from launcher.cluster.inventory import Cluster, InventoryError, Node, group_by_host
+from launcher.cluster.local import local_cluster
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, say
 from launcher.node_scripts import script
 from launcher.runs.cluster_life import record_sighting
+from launcher.runs.record import RunRecord
 from launcher.transport import NodeError, Shell, connect, connect_reachable, parallel
 
 T = TypeVar("T")
@@ -48,6 +51,31 @@ def resolve_cluster(
         raise TaskError(str(e)) from None
     say(f"using {cluster.describe()}")
     return cluster
+
+
+class RunShape(TypedDict, total=False):
+    """resolve_cluster's arguments that shape the local cluster as a run had it."""
+
+    nodes: int | None
+    why: str
+    recorded: bool
+    device: str
+
+
+def as_run_used(spec: str | None, run: str | None) -> RunShape:
+    """resolve_cluster's arguments for --cluster as run `run` used it, for every task that reads a run
+    and starts nothing (attach, status, logs, stop, sample, fetch, export), so each opens with the
+    cluster the run trained on: the local cluster with the ranks of the run's last launch, shaped by
+    the trainer's device it recorded (device=cpu: this machine's GPUs unused), never refused for the
+    GPUs seen now. {} (the cluster as it is) for another cluster, whose shape is its contract's, for a
+    run never launched here, and without a run."""
+    if run is None or chosen_spec(spec) != "local":
+        return {}
+    attempt = RunRecord.of(local_cluster(1), run).current  # the local cluster's record, whatever its shape
+    if attempt is None:
+        return {}
+    nodes = len(attempt.launch.get("nodes") or ()) or None
+    return RunShape(nodes=nodes, why=f"as run {run} used", recorded=True, device=attempt.device)
 
 
 def select_nodes(cluster: Cluster, count: int | None) -> tuple[Node, ...]:

@@ -44,7 +44,7 @@ from launcher.recover.policy import oom_line
 from launcher.recover.revive import revive
 from launcher.run_kind import Prepared, Recovered, Started, TrainRequest
 from launcher.runs.record import run_dir
-from launcher.session import Session, resolve_cluster, select_nodes
+from launcher.session import Session, as_run_used, resolve_cluster, select_nodes
 from launcher.setup.nodes import ensure_ready
 from launcher.supervised import Supervision, ThisMachine, still_supervised
 from launcher.transport import NodeError
@@ -277,7 +277,7 @@ def supervised_train(request: TrainRequest) -> int:
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """`fab status` on machines, with the run's record first brought from its supervisor (the head's)."""
     with contextlib.redirect_stdout(io.StringIO()):  # the "using ..." line: status says it
-        cluster = resolve_cluster(cluster_spec, None)
+        cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     try:
         watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
     except TaskError:  # the head does not answer: the table says which node is down
@@ -296,7 +296,7 @@ def logs(
     if not follow:
         return launch_status.logs(cluster_spec, run, rank, lines)
     with contextlib.redirect_stdout(io.StringIO()):  # the "using ..." line: logs says it
-        cluster = resolve_cluster(cluster_spec, None)
+        cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     try:
         watch = supervision(cluster).watch(cluster, run_dir(cluster_dir(cluster), run), run)
     except TaskError:  # the head does not answer: follow the units alone
@@ -309,5 +309,5 @@ def logs(
 
 def attach(cluster_spec: str | None, run: str = "main") -> int:
     """`fab attach` on machines: follow the run's supervisor (on this machine, or the head) to its end."""
-    cluster = resolve_cluster(cluster_spec, None)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     return follow.attach(cluster, cluster_spec, run, supervision(cluster))

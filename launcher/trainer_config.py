@@ -113,6 +113,21 @@ def run_device(config_file: str | None, overrides: Sequence[str]) -> str:
     return read_trainer_config(config_file or str(QUICKSTART_CONFIG), overrides)[1].device
 
 
+def names_device(config_file: str | None, overrides: Sequence[str]) -> bool:
+    """Whether --set or the --config file names the trainer's device (as the loader reads them: a --set
+    key, a top-level key of the file). A resumed run that names none goes on with the device its
+    snapshot was trained with (launcher.lifecycle.checked_request)."""
+    if any(item.partition("=")[0].strip() == "device" for item in overrides):
+        return True
+    if not config_file:
+        return False
+    try:
+        values = yaml.safe_load(Path(config_file).expanduser().read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # read_trainer_config names what is wrong with the file
+    return isinstance(values, dict) and "device" in values
+
+
 def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:
     """What the ranks will run with, as YAML: the file under the launcher's keys and the overrides
     (trainer_args is the rank's command line after `python -m model.train`; its --config is config_file)."""

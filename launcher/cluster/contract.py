@@ -60,7 +60,7 @@ def load_cluster(
     by default local.default_local_ranks(); local_recorded: they are a run's, to read, not to start;
     local_device: the run's trainer device setting (cpu: this machine's GPUs unused, its ranks CPU ones).
     Other clusters' shape is their contract's, whatever the device."""
-    spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
+    spec = chosen_spec(spec)
     if spec == "local":
         gpus = local.local_gpus().for_device(local_device)
         return local.local_cluster(local_nodes, gpus, local_why, local_recorded)
@@ -93,6 +93,11 @@ def load_cluster(
     except (OSError, json.JSONDecodeError) as e:
         raise InventoryError(f"{path}: not readable as JSON ({e})") from e
     return parse_contract(data, str(path))
+
+
+def chosen_spec(spec: str | None) -> str:
+    """The cluster a task uses: --cluster, else NANOCLUSTER_CLUSTER, else "local"."""
+    return (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
 
 
 def read_stack_outputs(stack: PulumiStack) -> dict:

@@ -13,15 +13,11 @@ end of the units may be followed by a restart: the logs wait for it and follow t
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 from rich.table import Table
 
-from launcher.cluster.contract import CLUSTER_ENV
-from launcher.cluster.inventory import Cluster
-from launcher.cluster.local import local_cluster
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
@@ -32,7 +28,7 @@ from launcher.runs.budget import status_lines as budget_lines
 from launcher.runs.estimate import status_lines
 from launcher.runs.record import RunRecord, no_run_line
 from launcher.runs.slow_nodes import status_lines as slow_node_lines
-from launcher.session import Session, machines, resolve_cluster
+from launcher.session import Session, as_run_used, machines, resolve_cluster
 from launcher.terminal import lost_terminal_line
 from launcher.transport import Shell
 from launcher.transport.ssh import CONNECT_TIMEOUT_S
@@ -93,26 +89,12 @@ def planned_units(session: Session, run: str) -> dict[str, set[str]] | None:
     return by_address
 
 
-def cluster_as_run_used(cluster_spec: str | None, run: str) -> Cluster:
-    """--cluster as the run used it (its line said), for a task that starts nothing: the local cluster
-    has as many nodes as the run's last launch and its trainer's device setting (device=cpu: this
-    machine's GPUs unused), so the opening line says what the run used; never refused for the GPUs seen
-    now. Another cluster, or a run never launched here: the cluster as it is."""
-    launch: dict = {}
-    if (cluster_spec or os.environ.get(CLUSTER_ENV) or "local").strip() == "local":
-        attempt = RunRecord.of(local_cluster(1), run).current
-        launch = attempt.launch if attempt else {}
-    nodes = len(launch.get("nodes") or ()) or None
-    device = str(launch.get("device") or "auto")  # a launch recorded before the device was: auto
-    return resolve_cluster(cluster_spec, nodes, f"as run {run} used", recorded=True, device=device)
-
-
 def status(
     cluster_spec: str | None, run: str = "main", supervisor_live: bool | None = None, supervisor_where: str = ""
 ) -> int:
     """A table of every node (down ones included) and the run's units; 1 when a node is down. A
     supervisor elsewhere (the head node): whether it is live and where (launcher.train.status)."""
-    cluster = cluster_as_run_used(cluster_spec, run)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     shown = machines(cluster.nodes)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for col in ("node", "address", "state", "hostname", "python/torch", "free GB", "run started in", "job"):
@@ -218,7 +200,7 @@ def logs(
 ) -> None:
     """Each unit's log; with follow, new lines until every unit has ended. supervised: whether the run's
     supervisor is still live, so that a relaunch is followed too (its new logs) rather than called an end."""
-    cluster = cluster_as_run_used(cluster_spec, run)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     with Session.open(cluster, cluster.nodes[:1], probe=False) as session:
         while True:
             units = chosen_units(session, run, rank)

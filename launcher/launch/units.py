@@ -61,7 +61,7 @@ from launcher.launch.operator_stop import (
     supervisor_stops_line,
 )
 from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held, lock_held
-from launcher.session import Session, machines, resolve_cluster
+from launcher.session import Session, as_run_used, machines, resolve_cluster
 from launcher.transport import NodeError, Shell
 from launcher.transport.ssh import install_ssh_command
 
@@ -394,7 +394,7 @@ def stop(cluster_spec: str | None, run: str | None, if_unknown: Callable[[Sessio
     (launcher.machine_runs.stop)."""
     if run is not None:
         check_name(run, "run")
-    cluster = resolve_cluster(cluster_spec, None)
+    cluster = resolve_cluster(cluster_spec, **as_run_used(cluster_spec, run))
     with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
         supervised = supervised_runs(session)
         live = sorted(set(live_runs(session)) | set(supervised))

@@ -92,6 +92,13 @@ class Attempt:
         return self.events[0]
 
     @property
+    def device(self) -> str:
+        """The trainer's device setting it launched with (auto, cpu, cuda; auto for a launch recorded
+        before the field): `fab train` resumes the run on it, the tasks that read the run rebuild the
+        local cluster with it (device=cpu: this machine's GPUs unused)."""
+        return str(self.launch.get("device") or "auto")
+
+    @property
     def end(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e.get("event") == "end"), None)
 

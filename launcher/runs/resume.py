@@ -1,6 +1,7 @@
 """What this machine's record knows of a run's newest snapshot, so `fab train` resumes it on ranks
 that can before any starts: without --nodes on the nodes the run used, and with another --nodes only
-where the trainer's own rule (model.checkpointing.global_batch) lets the snapshot resume.
+where the trainer's own rule (model.checkpointing.global_batch) lets the snapshot resume; and on the
+trainer's device the launch recorded where --config and --set name none (launcher.lifecycle.on_trained_device).
 
 The snapshot is known from the metrics copy: an eval after a trained step writes one, and so does a
 stop (Ctrl-C, `fab stop`, the budget); the trainer's "start" record says its global batch.
@@ -27,6 +28,8 @@ class RunSnapshot:
     """The ranks that trained it (None: no "start" record)."""
     global_batch: int | None
     """Sequences per optimizer step it was trained with (None: a trainer older than the field)."""
+    device: str
+    """The trainer's device setting of the launch that trained it (launcher.runs.record.Attempt.device)."""
 
 
 def run_snapshot(record: RunRecord) -> RunSnapshot | None:
@@ -41,7 +44,7 @@ def run_snapshot(record: RunRecord) -> RunSnapshot | None:
     if saved == NO_SNAPSHOT or not nodes:
         return None
     start: dict = next((m for m in reversed(record.metrics()) if m.get("kind") == "start"), {})
-    return RunSnapshot(saved, nodes, start.get("world_size"), start.get("global_batch"))
+    return RunSnapshot(saved, nodes, start.get("world_size"), start.get("global_batch"), attempt.device)
 
 
 def resume_refusal(snapshot: RunSnapshot, run: str, cfg: TrainConfig, nodes: int, ranks: int) -> str | None:

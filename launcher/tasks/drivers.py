@@ -22,7 +22,6 @@ a run on the cluster (the check of sample, fetch, export, logs and attach: run_f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol
 
@@ -33,7 +32,7 @@ import launcher.machine_runs
 import launcher.setup.data
 import launcher.setup.nodes
 import launcher.train
-from launcher.cluster.contract import CLUSTER_ENV, load_cluster
+from launcher.cluster.contract import chosen_spec, load_cluster
 from launcher.cluster.inventory import KUBERNETES, MACHINES, Cluster, InventoryError
 from launcher.cluster.kube_contract import KUBECONFIG_PREFIX
 from launcher.console import TaskError
@@ -175,7 +174,7 @@ def kubernetes_driver() -> Driver:
 def kind_of(spec: str | None) -> str:
     """The kind of the cluster --cluster names. A stack's outputs read here are kept for the task's own
     load that follows (contract.load_cluster(read_ahead=True)), so `pulumi` runs once."""
-    spec = (spec or os.environ.get(CLUSTER_ENV) or "local").strip()
+    spec = chosen_spec(spec)
     if spec == "local":
         return MACHINES
     if spec.startswith(KUBECONFIG_PREFIX):

@@ -1,0 +1,100 @@
+"""A run keeps the trainer's device its launch recorded: on a machine with GPUs, a run trained with
+--set device=cpu resumes on its CPU ranks without being told again (a device named in --set or
+--config is taken instead: a snapshot moves between devices), and the tasks that read the run and
+start nothing open with the cluster it trained on, not with the GPUs seen now."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from launcher.cluster.local import local_cluster
+from launcher.console import Interrupted
+from launcher.launch.monitor import Progress, RunInterrupted
+from launcher.lifecycle import Lifecycle
+from launcher.run_kind import Started, TrainRequest
+from launcher.runs.record import RunRecord
+from model.monitoring.metrics import MetricsLog
+from tests.launcher.test_inventory_gpus import REPO, cores, dry_run_file, gpus  # noqa: F401 (the fixtures)
+from tests.launcher.test_lifecycle_ends import Kind
+
+
+class CpuRanks(Kind):
+    """The 3 CPU ranks `fab train --nodes 3 --set device=cpu` resolves on a 1-GPU machine; rank 0 writes
+    the trainer's records up to a snapshot at iter 30, then the operator's Ctrl-C interrupts the run."""
+
+    def __init__(self) -> None:
+        super().__init__(watch_raises=RuntimeError("not raised: watch interrupts the run"))
+        self.cluster = local_cluster(3)
+        self.nodes = self.cluster.nodes
+
+    def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
+        return Started(self.nodes, len(self.nodes))
+
+    def watch(self) -> Progress:
+        metrics = MetricsLog(RunRecord.of(self.cluster, "r").directory)  # what the monitor copies of rank 0's
+        metrics.start(0, resumed=False, max_iters=300, tokens_per_iter=1536, world_size=3, global_batch=12)
+        metrics.eval(0, 10.8, 10.8)
+        metrics.stop(30, "signal", cause="SIGINT on this rank")
+        raise RunInterrupted(Progress(stopped_at=30))
+
+
+def interrupted_on_cpus() -> None:
+    """This machine's record of run r, trained with --set device=cpu on 3 CPU ranks and interrupted with
+    its snapshot at iter 30, written by the lifecycle as `fab train` writes it."""
+    with pytest.raises(Interrupted):
+        Lifecycle(TrainRequest(None, run="r", overrides=("device=cpu",)), CpuRanks()).train()
+
+
+def test_a_device_cpu_run_resumed_without_set_keeps_its_cpu_ranks_and_says_so(gpus, cores, task, tmp_path):  # noqa: F811
+    """A plain `fab train --run r` of a device=cpu run on a 1-GPU, 2-core machine goes on with device=cpu
+    on its 3 CPU ranks (not the one GPU rank, whose global batch its snapshot would refuse), each said in
+    one line; --set device=auto (or a --config naming it) takes the GPU instead."""
+    gpus(1)
+    cores(2)
+    interrupted_on_cpus()
+    ran = task("train", "--run", "r", "--dry-run")
+    assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
+    assert (
+        "run r goes on with device=cpu, as its snapshot at iter 30 was trained (not the default auto; --set "
+        "device=D to choose)\n" in ran.out
+    )
+    assert "run r goes on with its 3 node(s), as its snapshot at iter 30 was trained (not the default 2; " in ran.out
+    assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes" in ran.out
+    assert "dry run: 3 rank(s)" in ran.out
+    home = tmp_path / "home"
+    assert json.loads(dry_run_file(ran.out, home, "plan.json"))["gpus_per_node"] == 0
+    assert "device=cpu" in dry_run_file(ran.out, home, "rank0.sh")
+
+    config = tmp_path / "auto.yaml"
+    config.write_text((REPO / "launcher" / "quickstart.yaml").read_text() + "device: auto\n")
+    for named in (["--set", "device=auto"], ["--config", str(config)]):
+        on_gpu = task("train", "--run", "r", "--dry-run", *named, "--set", "keep_global_batch=true")
+        assert on_gpu.code == 0, (named, on_gpu.out[-3000:], on_gpu.err[-3000:])
+        assert "goes on with device" not in on_gpu.out, named
+        assert "1 rank(s) as processes, one per GPU (NVIDIA H100 80GB HBM3)" in on_gpu.out, named
+        assert "device=cuda" in dry_run_file(on_gpu.out, home, "rank0.sh"), named
+
+
+@pytest.mark.parametrize("command", ["stop", "sample", "fetch", "export", "attach"])
+def test_the_tasks_that_read_a_device_cpu_run_open_with_the_cluster_it_trained_on(
+    gpus,  # noqa: F811
+    cores,  # noqa: F811
+    task,
+    monkeypatch,
+    command,
+):
+    """On a 1-GPU machine the first line of stop, sample, fetch, export and attach of a device=cpu run of
+    3 ranks describes its 3 CPU ranks (the GPU unused), not a GPU rank."""
+    gpus(1)
+    cores(16)
+    monkeypatch.setenv("PATH", f"{os.environ['PATH']}:/usr/bin:/bin")  # the stand-in first, the tools they run
+    interrupted_on_cpus()
+    ran = task(command, "--run", "r")
+    opening = ran.out.splitlines()[0]
+    assert opening.startswith("using the local cluster: 1 node(s), this machine (16 cores, "), ran.out + ran.err
+    assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes, as run r used" in opening
+    if command == "stop":
+        assert ran.code == 0, ran.out + ran.err
