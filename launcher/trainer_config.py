@@ -13,7 +13,7 @@ import yaml
 
 from launcher.cluster.node_layout import QUICKSTART_CONFIG
 from launcher.console import TaskError
-from model.settings.config import TrainConfig, load_config
+from model.settings.config import TrainConfig, load_config, names_key
 from model.settings.config_values import ConfigError
 
 BUDGET_FIX = (
@@ -114,18 +114,10 @@ def run_device(config_file: str | None, overrides: Sequence[str]) -> str:
 
 
 def names_device(config_file: str | None, overrides: Sequence[str]) -> bool:
-    """Whether --set or the --config file names the trainer's device (as the loader reads them: a --set
-    key, a top-level key of the file). A resumed run that names none goes on with the device its
-    snapshot was trained with (launcher.lifecycle.checked_request)."""
-    if any(item.partition("=")[0].strip() == "device" for item in overrides):
-        return True
-    if not config_file:
-        return False
-    try:
-        values = yaml.safe_load(Path(config_file).expanduser().read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False  # read_trainer_config names what is wrong with the file
-    return isinstance(values, dict) and "device" in values
+    """Whether --set or the --config file names the trainer's device (model.settings.config.names_key:
+    the Intel layout's trainer_config.device too). A resumed run that names none goes on with the device
+    its snapshot was trained with (launcher.lifecycle.checked_request)."""
+    return names_key("device", Path(config_file).expanduser() if config_file else None, list(overrides))
 
 
 def resolved_config_text(config_file: str | None, trainer_args: Sequence[str]) -> str:

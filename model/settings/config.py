@@ -397,16 +397,33 @@ def unknown_keys_text(unknown: list[str], known: dict[str, Any], written: Writte
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML file (optional), apply `key=value` overrides, convert and validate. An error about
     the file names it, and the line where YAML tells."""
-    values: dict[str, Any] = {}
-    written: Written = {}
-    if path is not None:
-        path = Path(path)
-        loaded, lines = read_yaml_file(path)
-        try:
-            values = flatten(translate_intel_layout(loaded))
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-        written = {key: (str(path), lines.get(key)) for key in values}
+    values, written = file_values(path)
     given = parse_overrides(overrides or [])
     values.update(given)
     return build_config(values, {k: v for k, v in written.items() if k not in given})
+
+
+def file_values(path: str | Path | None) -> tuple[dict[str, Any], Written]:
+    """A config file's values by dotted key (the Intel layout translated: its trainer_config.device is
+    `device`) and where each was written; empty without a file."""
+    if path is None:
+        return {}, {}
+    path = Path(path)
+    loaded, lines = read_yaml_file(path)
+    try:
+        values = flatten(translate_intel_layout(loaded))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    sections = ("", "trainer_config.", "optimizer_config.")  # where the Intel layout wrote a key
+    return values, {
+        key: (str(path), next((lines[s + key] for s in sections if s + key in lines), None)) for key in values
+    }
+
+
+def names_key(key: str, path: str | Path | None, overrides: list[str]) -> bool:
+    """Whether the file or the overrides set `key` (as load_config reads them), rather than leave it to
+    its default; False for a file that does not load (load_config names what is wrong with it)."""
+    try:
+        return key in parse_overrides(overrides) or key in file_values(path)[0]
+    except ConfigError:
+        return False

@@ -98,3 +98,21 @@ def test_the_tasks_that_read_a_device_cpu_run_open_with_the_cluster_it_trained_o
     assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes, as run r used" in opening
     if command == "stop":
         assert ran.code == 0, ran.out + ran.err
+
+
+def test_a_device_named_anywhere_the_trainer_reads_it_is_the_users_choice(tmp_path):
+    """A --set, a top-level key, or the Intel guides' trainer_config section each name the device (the
+    resume then keeps it); a file that sets other keys, or none, leaves the recorded device in charge."""
+    from launcher.trainer_config import names_device
+
+    intel = tmp_path / "intel.yaml"
+    intel.write_text("trainer_config:\n  device: cuda\n  batch_size: 2\n")
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("device: cpu\n")
+    other = tmp_path / "other.yaml"
+    other.write_text("trainer_config:\n  batch_size: 2\n")
+    assert names_device(None, ["device=cpu"])
+    assert names_device(str(flat), [])
+    assert names_device(str(intel), [])
+    assert not names_device(str(other), ["max_iters=3"])
+    assert not names_device(None, [])

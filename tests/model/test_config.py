@@ -80,10 +80,13 @@ def test_intel_guide_layout_is_accepted(tmp_path):
     assert (cfg.batch_size, cfg.gradient_accumulation_steps, cfg.mixed_precision) == (32, 2, "bf16")
 
 
-def test_intel_layout_refuses_a_gpu_device(tmp_path):
-    path = write(tmp_path, "trainer_config: {device: cuda}\n")
-    with pytest.raises(ConfigError, match=r"trainer_config\.device must be cpu"):
-        load_config(path)
+def test_intel_layouts_device_is_the_trainers_device(tmp_path):
+    """The guides' `device: cpu` trains on CPUs on a GPU machine too; a GPU is asked for as at the top level."""
+    assert load_config(write(tmp_path, "trainer_config: {device: cpu}\n")).device == "cpu"
+    assert load_config(write(tmp_path, "trainer_config: {device: cuda}\n")).device == "cuda"
+    assert load_config(write(tmp_path, "trainer_config: {batch_size: 2}\n")).device == "auto"
+    with pytest.raises(ConfigError, match=r"device must be one of auto, cpu, cuda, got 'xpu'"):
+        load_config(write(tmp_path, "trainer_config: {device: xpu}\n"))
 
 
 def test_unknown_key_is_named_with_a_suggestion():
@@ -162,8 +165,8 @@ def test_errors_about_a_files_keys_name_the_file_and_line(tmp_path):
     assert str(wrong.value) == f"{path}:3: model.n_layer must be int, got 'two'"
     load_config(path, ["model.n_layer=2"])  # an override replaces the file's value, error and all
     with pytest.raises(ConfigError) as layout:
-        load_config(write(tmp_path, "trainer_config:\n  device: xpu\n"))
-    assert str(layout.value).startswith(f"{path}: trainer_config.device must be cpu")
+        load_config(write(tmp_path, "trainer_config:\n  device: cpu\n  max_iters: ten\n"))
+    assert str(layout.value) == f"{path}:3: max_iters must be int, got 'ten'"  # the line in its section
 
 
 def test_a_file_that_is_not_a_mapping_or_not_text_is_named(tmp_path):
