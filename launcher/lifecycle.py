@@ -431,7 +431,7 @@ def checked_request(request: TrainRequest) -> TrainRequest:
         f"run {request.run} goes on with its {snapshot.nodes} node(s), as its snapshot at iter {snapshot.iter} "
         f"was trained (not the default {len(cluster.nodes)}; --nodes N to choose)"
     )
-    return replace(request, nodes=snapshot.nodes)
+    return replace(request, nodes=snapshot.nodes, nodes_from=f"as its snapshot at iter {snapshot.iter} was trained")
 
 
 def on_trained_device(request: TrainRequest, snapshot: RunSnapshot) -> TrainRequest:

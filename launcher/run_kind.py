@@ -26,6 +26,9 @@ class TrainRequest:
     """--cluster: local, stack, stack:NAME, a contract file, or kubeconfig:PATH[#CONTEXT]."""
     nodes: int | None = None
     """--nodes: how many of the cluster's nodes the run uses (None: every node)."""
+    nodes_from: str = ""
+    """Why nodes is set when --nodes was not given (checked_request: the count its snapshot was trained
+    with), for the line every task opens with; "" for --nodes."""
     run: str = "main"
     """--run: the run's name; a rerun of the same name resumes from its snapshot."""
     dataset: str = "builtin"

@@ -55,7 +55,7 @@ from model.conventions import CKPT_NAME
 def run_cluster(request: TrainRequest) -> Cluster:
     """--cluster and --nodes as the run uses them: the local cluster shaped by the trainer's device too
     (device=cpu: this machine's CPUs, its GPUs unused)."""
-    return resolve_cluster(request.cluster_spec, request.nodes, device=request.local_device)
+    return resolve_cluster(request.cluster_spec, request.nodes, why=request.nodes_from, device=request.local_device)
 
 
 class MachinesRun:
