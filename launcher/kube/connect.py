@@ -24,7 +24,7 @@ from launcher.kube import volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.jobs import owner
 from launcher.kube.nodes import with_node_facts
-from launcher.kube.objects import LABEL_SUPERVISES
+from launcher.kube.objects import LABEL_SUPERVISES, RING_RUN
 from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_ATTEMPT, LABEL_RUN, job_name
 from launcher.session import resolve_cluster, select_nodes
 
@@ -359,9 +359,10 @@ def supervised_runs(api: Api) -> dict[str, str]:
 def running_runs(api: Api) -> tuple[list[str], dict[str, str]]:
     """The live runs by name, a training Job's (live_runs) or a supervisor Job's between attempts, and
     the supervised ones with their supervisor Job's name (supervised_runs): the runs `fab stop` picks
-    from, and whose pods hold the training nodes, or are about to (`doctor` leaves them alone)."""
+    from, and whose pods hold the training nodes, or are about to (`doctor` leaves them alone). A
+    doctor's ring is no run: it ends and deletes itself."""
     supervised = supervised_runs(api)
-    return sorted(set(live_runs(api)) | set(supervised)), supervised
+    return sorted((set(live_runs(api)) | set(supervised)) - {RING_RUN}), supervised
 
 
 def live_runs(api: Api) -> list[str]:

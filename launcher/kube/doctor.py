@@ -41,7 +41,6 @@ from launcher.kube import pod_placement, volume
 from launcher.kube.api import Api
 from launcher.kube.connect import connect, running_runs, select_training_nodes
 from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, run_helper
-from launcher.kube.objects import RING_RUN
 from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, NODE_PYTHON, job_name
 from launcher.kube.ring import ring_problems
 
@@ -83,7 +82,7 @@ def doctor(
     """connect()'s checks, the claim's Job, on GPU nodes one GPU node's driver and torch, then the ring
     between the pods of a run on `nodes` training nodes (--nodes; train's default without it), bandwidth_s
     each, at port (0 skips it); 1 with each problem and its fix. A live run skips the GPU node and the
-    ring (holding_runs). device (the run's) shapes only the local cluster: a run's pods are the
+    ring (launcher.kube.connect.running_runs). device (the run's) shapes only the local cluster: a run's pods are the
     contract's whatever it is, as train's."""
     check_name(dataset, "dataset")
     api, cluster, training = select_training_nodes(cluster_spec, nodes)  # --nodes refused before anything
@@ -96,7 +95,8 @@ def doctor(
         f"claim {access.storage_claim}; up to {len(cluster.nodes)} pod(s) of {cluster.cores_per_node} cores{gpus}"
     )
     ring = bandwidth_s > 0 and len(training) > 1
-    held = holding_runs(api) if cluster.gpus_per_node or ring else []
+    # a live run's pods hold its training nodes, one per node: a doctor pod placed as one would wait for another
+    held = running_runs(api)[0] if cluster.gpus_per_node or ring else []
     if held:
         say(held_line(held, cluster_spec, gpus=cluster.gpus_per_node > 0, ring=ring))
     checks = {
@@ -149,14 +149,6 @@ def doctor(
     if problems:
         print_problems(f"doctor: {cluster.cluster_name}", problems)
     return 1 if missing or problems else 0
-
-
-def holding_runs(api: Api) -> list[str]:
-    """The live runs of the namespace, by name (`fab stop`'s: launcher.kube.connect.running_runs), but
-    an earlier doctor's ring, which the ring deletes itself: a run's pods hold its training nodes, one
-    per node, and a doctor pod placed as a training pod would wait for another node."""
-    live, _ = running_runs(api)
-    return [run for run in live if run != RING_RUN]
 
 
 def held_line(runs: list[str], cluster_spec: str | None, gpus: bool, ring: bool) -> str:

@@ -64,7 +64,9 @@ def test_a_device_cpu_run_resumed_without_set_keeps_its_cpu_ranks_and_says_so(gp
     assert "run r goes on with its 3 node(s), as its snapshot at iter 30 was trained (not the default 2; " in ran.out
     assert "1 GPU(s) unused: device=cpu puts the ranks on the CPUs); 3 rank(s) as processes" in ran.out
     # the opening line says why 3, not a --nodes the user never gave
-    assert "3 rank(s) as processes sharing 2 cores, as its snapshot at iter 30 was trained (the default here: 2)" in ran.out
+    assert "3 rank(s) as processes sharing 2 cores, as its snapshot at iter 30 was trained (the default here: 2)" in (
+        ran.out
+    )
     assert "from --nodes" not in ran.out
     assert "dry run: 3 rank(s)" in ran.out
     home = tmp_path / "home"

@@ -326,3 +326,20 @@ def test_a_supervised_run_between_attempts_is_live_and_the_ring_waits_for_it(fak
     assert ring_jobs(fake) == [] and jobs_of(fake, "doctor")
     quiet = task("doctor", "--cluster", contract, "--bandwidth-seconds", "0")
     assert quiet.code == 0 and "not checked" not in quiet.out, quiet.out + quiet.err
+
+
+def test_a_running_ring_is_no_run_for_stop_or_for_another_doctor(fake, task, tmp_path):
+    """A doctor's ring Job is live while it measures: `fab stop` without --run does not take it for the
+    run to stop (it says nothing is running), and the ring is not a run that holds the nodes."""
+    fake.seed()
+    contract = contract_of(fake, tmp_path)
+    from launcher.kube.connect import open_cluster
+
+    _, cluster = open_cluster(contract)
+    ring_body = objects.ring_job(cluster_launch(cluster, ring.RING_RUN, 2, 29500), "sleep 1000", [], 600)
+    ring_body["spec"]["suspend"] = True  # live, not ended
+    fake.batch.create_namespaced_job("nanocluster", ring_body)
+    stopped = task("stop", "--cluster", contract)
+    assert stopped.code == 0, stopped.out + stopped.err
+    assert "no run is running on fake: nothing to stop" in stopped.out, stopped.out
+    assert fake.batch.read_namespaced_job(RING_JOB, "nanocluster").metadata.name == RING_JOB  # not deleted
