@@ -468,8 +468,8 @@ def test_a_stacks_front_end_and_its_heads_supervisor_take_revive_timeout(monkeyp
 
     stack = replace(parse_contract(CONTRACT, "stack dev"), stack=PulumiStack("dev", Path("infra")))
     request = TrainRequest("stack", recover=RecoverOptions(revive_timeout_s=60))
-    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, device="auto": stack)
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, why="", device="auto": stack)
     assert launcher.train.MachinesRun.resolve(request).cluster is stack
     on_head = parse_contract(CONTRACT, "/home/ubuntu/nanocluster/supervisor/cluster.json")  # no stack there
-    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, device="auto": on_head)
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, why="", device="auto": on_head)
     assert launcher.train.MachinesRun.resolve(request, ask_to_revive=True).cluster is on_head

@@ -44,7 +44,7 @@ def test_doctor_nodes_checks_the_first_n_nodes_and_refuses_a_count_as_train_does
     write_dataset(local_home / "data" / "d")
     gpu_cluster(monkeypatch, tmp_path, gpus_per_node=0, machines=3)
     cluster = launcher.doctor.resolve_cluster(None, None)
-    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, device="auto": cluster)
+    monkeypatch.setattr(launcher.train, "resolve_cluster", lambda spec, nodes, why="", device="auto": cluster)
     checks = ["--dataset", "d", "--port", str(free_loopback_port()), "--bandwidth-seconds", "0.3"]
     ran = task("doctor", "--nodes", "2", *checks)
     assert ran.code == 0, ran.out + ran.err
