@@ -339,15 +339,19 @@ pip_install() {
 }
 # Two pip commands, as --require-hashes holds for a whole command: the hashed lines first, each file
 # checked against its hashes (--no-deps: pip would ask for torch, accelerate's dependency, which has
-# none), then the rest, torch from its own index pinned by version (its dependencies are in place).
+# none in the default and intel profiles), then the rest, torch from its own index pinned by version
+# (its dependencies are in place). The cuda profile's file has no rest: every pin, torch and its CUDA
+# libraries included, is hashed, so the first command installs all of it.
 if grep -q -e "$hash_option" "$requirements"; then
     log "pip install --require-hashes --no-deps -r $(basename "$requirements") (its hashed lines) ${extra_pip_args[*]}"
     grep -e "$hash_option" "$requirements" | pip_install --require-hashes --no-deps -r /dev/stdin ||
         die "pip install --require-hashes -r $requirements (its hashed lines) failed (see pip's output above)"
 fi
-log "pip install -r $(basename "$requirements") (the lines without hashes) ${extra_pip_args[*]}"
-{ grep -v -e "$hash_option" "$requirements" || true; } | pip_install -r /dev/stdin ||
-    die "pip install -r $requirements failed (see pip's output above)"
+if awk -v hash="$hash_option" '/^[A-Za-z0-9]/ && !index($0, hash) {found = 1} END {exit !found}' "$requirements"; then
+    log "pip install -r $(basename "$requirements") (the lines without hashes) ${extra_pip_args[*]}"
+    { grep -v -e "$hash_option" "$requirements" || true; } | pip_install -r /dev/stdin ||
+        die "pip install -r $requirements failed (see pip's output above)"
+fi
 
 # datasets and pyarrow: prepare-data reads hub sources and parquet files with them, on the nodes.
 modules="torch, numpy, tiktoken, safetensors, yaml, tqdm, accelerate, pyarrow, datasets"

@@ -14,30 +14,36 @@ configuration (indexes, find-links, the CPU build of torch) that `make setup` an
 bootstrap install it with; uv reads none of pip's configuration and its lock is not a file pip can
 install.
 
-Two profiles carry an own stack the lock cannot resolve, which replaces torch in the default closure:
-the intel profile's (Intel's wheel index, torch held at the release its extension supports) and the
-cuda profile's (torch's CUDA build from PyTorch's CUDA index: a multi-GB wheel that development and CI
-never download). The CUDA build is the lock's torch release with another local label, so `check`
-holds it to the lock's version; its nvidia-* libraries and triton come pinned exactly by that
-wheel's own metadata, so pip installs the same ones everywhere without a line here.
+Two profiles carry an own stack the lock does not hold, which replaces torch in the default closure.
+The intel profile's comes from Intel's wheel index (torch held at the release its extension
+supports). The cuda profile's is PyPI's torch of the lock's release, which is torch's CUDA build
+(`check` holds it to the lock's version), with the CUDA libraries it pulls in (cuda-toolkit's
+nvidia-* packages, cuda-bindings, triton): stack_closure resolves those from PyPI with uv, for each
+node platform, constrained by the profile's closure. uv there, not pip-compile: pip-compile resolves
+for the Python running it only, where uv takes the platform and Python on its command line; it reads
+a wheel's metadata by HTTP range requests, where pip would download each multi-GB torch wheel (the
+index lists no separate metadata file for it); and its index is PyPI alone, set on its command line,
+so no pip configuration matters. It gives plain pins, hashed here like every other.
 
 Hashes: every pin that comes from PyPI carries the sha256 of each PyPI file a node can install
 (NODE_TAGS: CPython 3.11 and 3.12 on x86_64 and aarch64 Linux), and the nodes install those lines
-with `pip --require-hashes --no-deps` (node/bootstrap.sh, launcher.kube.volume.staging_script).
-The index stack (torch, and the intel profile's extension and bindings) comes from PyTorch's and
-Intel's own indexes, unreachable from the machine that runs `make lock` here: those lines carry
-no hash and are installed in a second pip command, pinned by version and checked only by pip's
-TLS to their index. pip-compile --generate-hashes would give every file's hash (2,001 for the
-default profile, 171 KB: over Azure's 64 KB custom data, which ships the file) with no file name
-to choose by, so the hashes are read from PyPI's JSON simple API (PEP 691), where pip itself reads
-them, and only the node platforms' are kept. A line above them holds the sha256 of those lines:
-`check` fails when a pin or hash was edited since `make lock` wrote them.
+with `pip --require-hashes --no-deps` (node/bootstrap.sh, launcher.kube.volume.staging_script):
+the cuda profile's file is all such lines. The index stacks (the default profile's CPU torch, the
+intel profile's torch, extension and bindings) come from PyTorch's and Intel's own indexes,
+unreachable from the machine that runs `make lock` here: those lines carry no hash and are
+installed in a second pip command, pinned by version and checked only by pip's TLS to their index.
+pip-compile --generate-hashes would give every file's hash (2,001 for the default profile, 171 KB:
+over Azure's 64 KB custom data, which ships the file) with no file name to choose by, so the hashes
+are read from PyPI's JSON simple API (PEP 691), where pip itself reads them, and only the node
+platforms' are kept. A line above them holds the sha256 of those lines: `check` fails when a pin or
+hash was edited since `make lock` wrote them.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -76,6 +82,9 @@ class NodeProfile:
     follows_lock: tuple[str, ...] = ()
     """Projects of own_stack that must be the lock's release (its version without the local label,
     e.g. 2.13.0 of 2.13.0+cpu): another build of the same code, not another version."""
+    cuda: str = ""
+    """The CUDA release (major.minor) a stack from PyPI is built for, as its cuda-toolkit dependency
+    says: `update` refuses a stack built for another (a new CUDA may need a newer driver)."""
 
     @property
     def path(self) -> str:
@@ -89,15 +98,23 @@ class NodeProfile:
     @property
     def unhashed(self) -> set[str]:
         """The projects installed from the profile's own indexes, by version without a hash: torch,
-        and the own stack."""
-        return {"torch"} | self.own_names
+        and the own stack; none for a profile without an index of its own (all from PyPI, hashed)."""
+        return ({"torch"} | self.own_names) if self.indexes else set()
+
+    @property
+    def stack_from_pypi(self) -> bool:
+        """The own stack is on PyPI: what it pulls in, which the lock does not hold, is resolved from
+        there (stack_closure) and hashed like the rest."""
+        return bool(self.own_stack) and not self.indexes
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TORCH_CUDA = "cu130"
-"""torch 2.13's stable CUDA build (also PyPI's): Turing to Blackwell (T4, L4, A100, H100, B200); needs an
-NVIDIA driver >= 580. Its other one, cu126, adds Maxwell to Volta (V100) for drivers >= 525 and is
-dropped in torch 2.15 (PyTorch's release compatibility matrix; pytorch/pytorch issues 178665, 190385)."""
+TORCH_CUDA = "13.0"
+"""The CUDA of torch 2.13's Linux wheels on PyPI, its stable cu130 build (their metadata requires
+cuda-toolkit 13.0.3): Turing to Blackwell (T4, L4, A100, H100, B200); needs an NVIDIA driver >= 580,
+CUDA 13.x's minimum (NVIDIA's minor version compatibility). Its other build, cu126 on PyTorch's own
+index, adds Maxwell to Volta (V100) for drivers >= 525 and is dropped in torch 2.15 (PyTorch's
+release compatibility matrix; pytorch/pytorch issues 178665, 190385)."""
 PROFILES = (
     NodeProfile(
         "default",
@@ -116,11 +133,12 @@ PROFILES = (
     ),
     NodeProfile(
         "cuda",
-        f"torch's CUDA build ({TORCH_CUDA}: NCCL, bf16/fp16 autocast on NVIDIA GPUs; driver >= 580) for GPU nodes",
+        f"PyPI's torch, its CUDA {TORCH_CUDA} build (NCCL, bf16/fp16 autocast on NVIDIA GPUs; driver >= 580)",
         ("node", "hub"),
-        (f"https://download.pytorch.org/whl/{TORCH_CUDA}",),
-        (f"torch==2.13.0+{TORCH_CUDA}",),
+        (),
+        ("torch==2.13.0",),
         follows_lock=("torch",),
+        cuda=TORCH_CUDA,
     ),
 )
 
@@ -134,6 +152,9 @@ NODE_ARCHES = ("x86_64", "aarch64")
 NODE_GLIBC_MINOR = 39
 """glibc 2.39 (Ubuntu 24.04) is the newest a node has; the staging image's Debian 12 has 2.36, so a
 file of a newer manylinux tag than its glibc is left to pip's choice among the others."""
+NODE_GLIBC_OLDEST_MINOR = 36
+"""glibc 2.36 (the staging image's Debian 12), the oldest a node has: stack_closure resolves for it,
+so every node finds a wheel of each pin."""
 
 
 def node_tags() -> frozenset[Tag]:
@@ -228,6 +249,8 @@ def disagreements(root: Path = ROOT) -> list[str]:
             if name in profile.own_names:
                 continue
             if name not in locked:
+                if profile.stack_from_pypi:
+                    continue  # what the stack pulls in from PyPI: hashed and sealed (hash_problems)
                 problems.append(
                     f"{profile.path} pins {name}=={version}, which {LOCK} does not hold: run `{UPDATE_COMMAND}`"
                 )
@@ -265,7 +288,7 @@ def own_stack_problems(profile: NodeProfile, text: str, locked: dict[str, str]) 
         if name in profile.follows_lock and name in locked and release(version) != release(locked[name]):
             problems.append(
                 f"{source} pins {name}=={version} but {LOCK} has {name}=={locked[name]}: give the {profile.name} "
-                f"stack {name} {release(locked[name])} (a build its index publishes), then run `{UPDATE_COMMAND}`"
+                f"stack {name} {release(locked[name])}, then run `{UPDATE_COMMAND}`"
             )
     return problems
 
@@ -291,6 +314,85 @@ def pip_compile(*args: str, output: Path) -> str:
     return output.read_text()
 
 
+def uv_compile(requirements: Path, constraints: Path, output: Path, platform: str, python: str, upgrade: bool) -> str:
+    """Runs `uv pip compile` from PyPI alone for one node platform into `output` (whose pins it keeps
+    where they still fit, unless upgrade) and returns what it wrote."""
+    if importlib.util.find_spec("uv") is None:
+        raise RuntimeError(f"uv is not installed in {sys.executable}: run `make setup` (the dev extra has it)")
+    command = [
+        sys.executable,
+        "-m",
+        "uv",
+        "pip",
+        "compile",
+        "--quiet",
+        "--no-config",
+        "--default-index",
+        PYPI_SIMPLE,
+        "--python-platform",
+        platform,
+        "--python-version",
+        python,
+        "--constraints",
+        str(constraints),
+        "--no-annotate",
+        "--no-header",
+        "--output-file",
+        str(output),
+        *(["--upgrade"] if upgrade else []),
+        str(requirements),
+    ]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("UV_")}  # no other index
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
+    return output.read_text()
+
+
+def stack_closure(profile: NodeProfile, closure: str, previous: str, upgrade: bool, scratch: Path) -> str:
+    """The pins of a PyPI stack and all it pulls in, resolved by uv for each node platform (NODE_PYTHONS
+    by NODE_ARCHES, glibc NODE_GLIBC_OLDEST_MINOR), constrained by the profile's closure (the projects
+    both hold stay at the lock's versions) and keeping what `previous` (the profile's file) pins unless
+    upgrade. A RuntimeError where the platforms' closures differ (the nodes install one list, with
+    --no-deps) or the stack is built for another CUDA than profile.cuda."""
+    requirements, constraints = scratch / f"{profile.name}-stack.in", scratch / f"{profile.name}-constraints.txt"
+    requirements.write_text("".join(line + "\n" for line in profile.own_stack))
+    shared = {name: version for name, version in pins(closure).items() if name not in profile.own_names}
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in shared.items()))
+    kept = "".join(f"{name}=={version}\n" for name, version in pins(previous).items())
+    by_platform: dict[str, str] = {}
+    for arch in NODE_ARCHES:
+        for major, minor in NODE_PYTHONS:
+            platform, python = f"{arch}-manylinux_2_{NODE_GLIBC_OLDEST_MINOR}", f"{major}.{minor}"
+            output = scratch / f"{profile.name}-{platform}-{python}.txt"
+            output.write_text(kept)
+            by_platform[f"{platform} Python {python}"] = uv_compile(
+                requirements, constraints, output, platform, python, upgrade
+            )
+    (first, text), *others = by_platform.items()
+    for where, other in others:
+        if pins(other) != pins(text):
+            differ = sorted(set(pins(other).items()) ^ set(pins(text).items()))
+            raise RuntimeError(
+                f"the {profile.name} stack pulls in other pins on {where} than on {first} "
+                f"({', '.join(f'{name}=={version}' for name, version in differ)}): the nodes install one list"
+            )
+    stack = pins(text)
+    toolkit = stack.get("cuda-toolkit", "")
+    if profile.cuda and release(toolkit).split(".")[:2] != profile.cuda.split("."):
+        raise RuntimeError(
+            f"PyPI's {', '.join(profile.own_stack)} is not built for CUDA {profile.cuda} (it pulls in "
+            f"{f'cuda-toolkit=={toolkit}' if toolkit else 'no cuda-toolkit'}): check the NVIDIA driver it needs, "
+            "then change TORCH_CUDA in tools/lock.py"
+        )
+    return text
+
+
+def with_stack(closure: str, stack: str) -> str:
+    """The profile's closure plus the pins of its stack's closure it lacks (those it holds, uv kept at
+    the closure's versions)."""
+    held = pins(closure).keys()
+    return closure + "".join(line + "\n" for line in stack.splitlines() if pins(line).keys() - held)
+
+
 def without_project(lock_text: str) -> str:
     """The lock minus the project itself, which `dev`'s self-reference (nanocluster[...]) adds as a
     `nanocluster @ file:///...` line: a path on the machine that made the lock, not a pin."""
@@ -308,8 +410,9 @@ def without_project(lock_text: str) -> str:
 
 def node_requirements(profile: NodeProfile, resolved: str, hashes: dict[str, list[str]] | None = None) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
-    the profile's own stack), each PyPI pin with its hashes (project -> sha256 digests) on its
-    line: the installers take the lines with a hash into a `pip --require-hashes` command of their own."""
+    the profile's own stack; a PyPI stack's closure among them: with_stack), each PyPI pin with its
+    hashes (project -> sha256 digests) on its line: the installers take the lines with a hash into a
+    `pip --require-hashes` command of their own."""
     resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
     lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(
         profile.own_stack
@@ -323,9 +426,18 @@ def node_requirements(profile: NodeProfile, resolved: str, hashes: dict[str, lis
         f"# Node environment, profile {profile.name}: {profile.summary}.",
         f"# Written by `{UPDATE_COMMAND}` (tools/lock.py) from {LOCK}: edit pyproject.toml or",
         "# requirements.in and rerun it; `make lint` fails while this file and the lock disagree.",
-        "# A line with hashes: a PyPI file a node can install (pip --require-hashes). The lines without",
-        "# (torch, from its own index, unreachable where `make lock` ran) are pinned by version and",
-        "# checked only by pip's TLS to that index.",
+        *(
+            [
+                "# A line with hashes: a PyPI file a node can install (pip --require-hashes). The lines without",
+                "# (torch, from its own index, unreachable where `make lock` ran) are pinned by version and",
+                "# checked only by pip's TLS to that index.",
+            ]
+            if profile.unhashed
+            else [
+                "# Every line has the hashes of the PyPI files a node can install (pip --require-hashes):",
+                "# torch and all it pulls in too, resolved from PyPI by uv for every node platform.",
+            ]
+        ),
         SEAL + seal_of("\n".join(body)),
         *(f"--extra-index-url {index}" for index in profile.indexes),
     ]
@@ -361,9 +473,10 @@ def node_files(name: str, version: str) -> list[str]:
 
 
 def pypi_hashes(profile: NodeProfile, resolved: str) -> dict[str, list[str]]:
-    """Project -> its node files' sha256 (node_files), for each PyPI pin of the profile; a RuntimeError
-    naming the pins PyPI has no node file of."""
-    wanted = {name: version for name, version in pins(resolved).items() if name not in profile.unhashed}
+    """Project -> its node files' sha256 (node_files), for each PyPI pin of the profile (the resolved
+    ones, its own stack in place of theirs); a RuntimeError naming the pins PyPI has no node file of."""
+    profile_pins = pins(resolved) | pins("\n".join(profile.own_stack))
+    wanted = {name: version for name, version in profile_pins.items() if name not in profile.unhashed}
     with ThreadPoolExecutor(8) as pool:
         found = dict(zip(wanted, pool.map(node_files, wanted, wanted.values()), strict=True))
     if missing := [f"{name}=={wanted[name]}" for name, digests in found.items() if not digests]:
@@ -396,6 +509,10 @@ def update(upgrade: bool) -> None:
                     output=Path(scratch) / f"{profile.name}.txt",
                 )
             closure = resolved[profile.extras]
+            if profile.stack_from_pypi:
+                path = ROOT / profile.path
+                previous = path.read_text() if path.is_file() else ""
+                closure = with_stack(closure, stack_closure(profile, closure, previous, upgrade, Path(scratch)))
             written[profile.path] = node_requirements(profile, closure, pypi_hashes(profile, closure))
     # Written only once everything resolved: a failed update leaves the old, agreeing files.
     for relative, text in {LOCK: lock_text, **written}.items():
@@ -420,13 +537,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             update(args.upgrade)
         except subprocess.CalledProcessError as err:
+            resolver = "pip-compile" if "piptools" in err.cmd else "uv pip compile"
             print(
-                f"error: pip-compile failed (exit {err.returncode}, its output is above); nothing was written",
+                f"error: {resolver} failed (exit {err.returncode}, its output is above); nothing was written",
                 file=sys.stderr,
             )
             return 1
-        except (OSError, RuntimeError) as err:  # urllib's URLError is an OSError
+        except OSError as err:  # urllib's URLError is an OSError
             print(f"error: reading the hashes from {PYPI_SIMPLE} failed: {err}; nothing was written", file=sys.stderr)
+            return 1
+        except RuntimeError as err:
+            print(f"error: {err}; nothing was written", file=sys.stderr)
             return 1
         return 0
     problems = disagreements(args.root)

@@ -184,16 +184,18 @@ CUDA_PINS = Path(__file__).resolve().parents[2] / "node" / "requirements-cuda.tx
 
 def cuda_torch_install() -> str:
     """The command that puts torch's CUDA build, as the lock pins it for GPU nodes (CUDA_PINS), into
-    this Python; '' without that file."""
+    this Python: PyPI's torch of that release (its Linux wheels are the CUDA build, which brings its
+    CUDA libraries), after the installed torch is removed: a CPU build of the same release (2.13.0+cpu)
+    satisfies torch==2.13.0, so pip would keep it. '' without that file."""
     try:
         lines = CUDA_PINS.read_text().splitlines()
     except OSError:
         return ""
     pin = next((line.split()[0] for line in lines if line.startswith("torch==")), "")
-    index = next((line.split()[1] for line in lines if line.startswith("--extra-index-url ")), "")
-    if not pin or not index:
+    if not pin:
         return ""
-    return f"{shlex.quote(sys.executable)} -m pip install {pin} --extra-index-url {index}"
+    python = shlex.quote(sys.executable)
+    return f"{python} -m pip uninstall -y torch && {python} -m pip install {pin}"
 
 
 def local_gpus() -> LocalGpus:

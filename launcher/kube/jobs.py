@@ -261,7 +261,8 @@ def stage(
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
     hashed, unhashed = volume.split_requirements(requirements)
-    files = {"code.tar.gz": archive, "requirements.txt": unhashed} | ({"hashed.txt": hashed} if hashed else {})
+    pin_files = {"hashed.txt": hashed, "requirements.txt": unhashed}  # either may be empty: not staged
+    files = {"code.tar.gz": archive} | {key: text for key, text in pin_files.items() if text}
     if dataset:
         files["probe.py"] = script("probe")
     placed: dict[str, str] = {}
@@ -275,7 +276,14 @@ def stage(
         raise TaskError(str(e)) from None
     requirements_sha = volume.digest_of({"r": requirements})
     shell = volume.staging_script(
-        requirements_sha, code_sha, placed, run=run, hashed=bool(hashed), dataset=dataset, stale=stale
+        requirements_sha,
+        code_sha,
+        placed,
+        run=run,
+        hashed=bool(hashed),
+        unhashed=bool(unhashed),
+        dataset=dataset,
+        stale=stale,
     )
     job = volume.helper_job(name, access, "staging", shell, run=run, configmap=name)
     started = time.monotonic()

@@ -105,10 +105,13 @@ PyPI pin)."""
 
 def split_requirements(requirements: bytes) -> tuple[bytes, bytes]:
     """The lines with hashes and the rest of a node requirements file: two pip commands, as
-    --require-hashes holds for a whole command and torch, from its own index, has no hash."""
+    --require-hashes holds for a whole command and torch, from its own index, has no hash. The rest
+    is empty where it pins nothing (the cuda profile: every pin from PyPI, hashed)."""
     lines = requirements.splitlines(keepends=True)
     hashed = b"".join(line for line in lines if HASH_OPTION in line)
-    return hashed, b"".join(line for line in lines if HASH_OPTION not in line)
+    rest = [line for line in lines if HASH_OPTION not in line]
+    pins_any = any(line[:1].isalnum() for line in rest)  # not a comment, an option (the indexes) or blank
+    return hashed, b"".join(rest) if pins_any else b""
 
 
 def staging_configmap(namespace_name: str, files: dict[str, bytes], name: str = "") -> dict:
@@ -171,6 +174,7 @@ def staging_script(
     run_files: dict[str, str],
     run: str = "",
     hashed: bool = False,
+    unhashed: bool = True,
     dataset: str = "",
     stale: tuple[str, ...] = (),
 ) -> str:
@@ -179,8 +183,10 @@ def staging_script(
     (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files.
     The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py).
     hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
-    with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash; the second command
-    installs it from requirements.txt, with what it needs beyond the hashed pins). dataset: the
+    with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash in the default
+    profile; the second command installs it from requirements.txt, with what it needs beyond the
+    hashed pins). unhashed: the ConfigMap holds requirements.txt, the rest (none in the cuda profile,
+    whose every pin is hashed: the first command installs it all). dataset: the
     DATA_REPORT line of data/<dataset> first (the stock image's Python runs the probe). stale: files of
     an earlier run removed before the run starts (a state a new supervisor would be read by until it
     writes its own)."""
@@ -206,7 +212,7 @@ def staging_script(
             [
                 "python -m venv TMP",
                 *hashed_install,
-                f"{pip} -r {STAGE_DIR}/requirements.txt",
+                *([f"{pip} -r {STAGE_DIR}/requirements.txt"] if unhashed else []),
                 f"echo {requirements_sha} > TMP/.nanocluster-ready",
             ],
             ".nanocluster-ready",

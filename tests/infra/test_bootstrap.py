@@ -251,6 +251,29 @@ def test_the_hashed_lines_install_with_require_hashes_and_a_file_of_another_hash
 
 
 @pytest.mark.integration
+def test_a_file_whose_every_pin_is_hashed_installs_in_the_require_hashes_command_alone(tmp_path, overlapping_runs):
+    """The cuda profile's file: torch and its CUDA libraries come from PyPI with their hashes, so no pip
+    command runs without --require-hashes (here a local wheel stands for them: no network)."""
+    from tests.node.test_hashed_install import probe_wheel
+
+    node_dir, wheels = tmp_path / "node", tmp_path / "wheels"
+    shutil.copytree(NODE_DIR, node_dir)
+    wheels.mkdir()
+    digest = hashlib.sha256(probe_wheel(wheels).read_bytes()).hexdigest()
+    cuda = (node_dir / "requirements-cuda.txt").read_text()
+    comments = [line for line in cuda.splitlines() if line.startswith("#")]
+    (node_dir / "requirements-cuda.txt").write_text(
+        "\n".join([*comments, f"nanocluster-hash-probe==1.0 --hash=sha256:{digest}"]) + "\n"
+    )
+    home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
+    ready = offline(home, "--profile", "cuda", "--pip-args", f"--no-index --find-links {wheels}", node_dir=node_dir)
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    assert "pip install --require-hashes --no-deps -r requirements-cuda.txt (its hashed lines)" in ready.stdout
+    assert "(the lines without hashes)" not in ready.stdout
+    assert (home / "nanocluster" / "venv" / ".nanocluster-ready").exists()
+
+
+@pytest.mark.integration
 def test_the_first_boot_copy_without_hashes_is_the_same_environment(tmp_path, overlapping_runs):
     """AWS's user data ships the pins without their hashes (infra.cloudinit.requirements_text): a node
     it bootstrapped is ready for `fab setup`'s whole file, not built again."""

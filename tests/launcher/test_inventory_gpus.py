@@ -123,13 +123,14 @@ def test_with_a_cpu_build_of_torch_the_gpus_are_left_unused_and_the_first_line_s
 
     assert launcher.cluster.local.CUDA_PINS == REPO_ROOT / "node" / "requirements-cuda.txt"
     pin = next(
-        line
+        line.split()[0]
         for line in (REPO / "node" / "requirements-cuda.txt").read_text().splitlines()
         if line.startswith("torch==")
     )
+    assert pin == "torch==2.13.0"  # PyPI's CUDA build, which a CPU build of the release satisfies: removed first
     assert (
         f"1 GPU(s) unused: this Python's torch 2.13.0+cpu is a CPU build (to train on them: {sys.executable} -m "
-        f"pip install {pin} --extra-index-url https://download.pytorch.org/whl/cu" in cluster.source
+        f"pip uninstall -y torch && {sys.executable} -m pip install torch==2.13.0)" in cluster.source
     )
 
 

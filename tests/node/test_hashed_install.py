@@ -57,6 +57,17 @@ def test_the_kubernetes_staging_installs_the_hashed_lines_with_require_hashes():
     assert "--require-hashes" not in volume.staging_script("r" * 64, "c" * 64, {})
 
 
+def test_the_cuda_profile_installs_every_pin_in_its_require_hashes_command():
+    """GPU nodes: torch and its CUDA libraries come from PyPI, hashed; the staging runs no second command."""
+    text = (NODE_DIR / "requirements-cuda.txt").read_bytes()
+    hashed, rest = volume.split_requirements(text)
+    assert rest == b""
+    assert lock.pins(hashed.decode()) == lock.pins(text.decode()) and lock.pins(text.decode())["torch"] == "2.13.0"
+    script = volume.staging_script("r" * 64, "c" * 64, {}, hashed=True, unhashed=False)
+    install = [line.strip() for line in script.splitlines() if "pip install" in line]
+    assert install == ["$tmp/bin/pip install --no-cache-dir -q --require-hashes --no-deps -r /staging/hashed.txt"]
+
+
 def test_the_vm_bootstrap_installs_the_hashed_lines_with_require_hashes():
     script = (NODE_DIR / "bootstrap.sh").read_text()
     assert 'grep -e "$hash_option" "$requirements" | pip_install --require-hashes --no-deps -r /dev/stdin' in script

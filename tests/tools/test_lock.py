@@ -134,16 +134,25 @@ def test_node_files_carry_their_indexes_and_the_intel_stack_replaces_torch():
     }
 
 
-def test_the_cuda_profile_is_the_default_closure_with_the_locks_torch_built_for_cuda():
+def test_the_cuda_profile_is_the_default_closure_with_pypis_torch_and_its_cuda_libraries_all_hashed():
+    """GPU nodes install exactly the file, every pin checked by hash: PyPI's torch of the lock's release
+    (its CUDA build) and the whole CUDA closure it pulls in, with no index beside PyPI."""
     default = lock.pins((lock.ROOT / "node/requirements-default.txt").read_text())
     text = (lock.ROOT / CUDA.path).read_text()
     cuda = lock.pins(text)
-    assert cuda["torch"] == f"2.13.0+{lock.TORCH_CUDA}"
-    assert lock.release(cuda["torch"]) == lock.release(lock.pins((lock.ROOT / lock.LOCK).read_text())["torch"])
-    assert {n: v for n, v in cuda.items() if n != "torch"} == {n: v for n, v in default.items() if n != "torch"}
-    assert [line for line in text.splitlines() if line.startswith("--")] == [
-        f"--extra-index-url https://download.pytorch.org/whl/{lock.TORCH_CUDA}"
-    ]
+    assert cuda["torch"] == lock.release(lock.pins((lock.ROOT / lock.LOCK).read_text())["torch"]) == "2.13.0"
+    assert {n: v for n, v in cuda.items() if n in default and n != "torch"} == {
+        n: v for n, v in default.items() if n != "torch"
+    }
+    # what torch 2.13's Linux wheels require (their METADATA), pinned, and what those require in turn
+    added = cuda.keys() - default.keys()
+    assert {"cuda-toolkit", "cuda-bindings", "cuda-pathfinder", "triton", "nvidia-cudnn-cu13"} <= added
+    assert {"nvidia-nccl-cu13", "nvidia-cusparselt-cu13", "nvidia-nvshmem-cu13", "nvidia-cublas"} <= added
+    assert {"nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "nvidia-cusolver"} <= added
+    assert cuda["cuda-toolkit"].startswith(f"{lock.TORCH_CUDA}.")
+    requirements = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert [line for line in requirements if not lock.hashes_of(line)] == []  # no --extra-index-url either
+    assert len(lock.hashes_of(next(line for line in requirements if line.startswith("torch==")))) == 4  # 3.11, 3.12 x 2
 
 
 def test_a_torch_upgrade_in_the_lock_asks_for_the_cuda_build_of_the_new_release(tmp_path):
@@ -153,21 +162,43 @@ def test_a_torch_upgrade_in_the_lock_asks_for_the_cuda_build_of_the_new_release(
     assert problems == [
         "node/requirements-default.txt pins torch==2.13.0+cpu but requirements.lock has torch==2.14.0+cpu: "
         "run `make lock` (it writes both)",
-        f"tools/lock.py's cuda profile pins torch==2.13.0+{lock.TORCH_CUDA} but requirements.lock has "
-        "torch==2.14.0+cpu: give the cuda stack torch 2.14.0 (a build its index publishes), then run `make lock`",
+        "tools/lock.py's cuda profile pins torch==2.13.0 but requirements.lock has torch==2.14.0+cpu: give the cuda "
+        "stack torch 2.14.0, then run `make lock`",
     ]
 
 
-def test_a_hand_edited_cuda_build_or_index_is_reported(tmp_path):
+def test_a_cuda_file_that_drifts_from_the_profile_or_names_an_index_is_reported(tmp_path):
+    """The file as it was before the cuda profile came from PyPI: torch from PyTorch's CUDA index."""
     root = copy_of_the_lock(tmp_path)
-    change_pin(root / CUDA.path, "torch", "2.13.0+cu126")
     path = root / CUDA.path
-    path.write_text(path.read_text().replace(f"whl/{lock.TORCH_CUDA}", "whl/cu126"))
+    change_pin(path, "torch", "2.13.0+cu130")
+    path.write_text(path.read_text() + "--extra-index-url https://download.pytorch.org/whl/cu130\n")
     assert lock.disagreements(root) == [
-        f"{CUDA.path} reads the indexes ['https://download.pytorch.org/whl/cu126'], tools/lock.py's cuda profile "
-        f"['https://download.pytorch.org/whl/{lock.TORCH_CUDA}']: run `make lock`",
-        f"{CUDA.path} pins torch==2.13.0+cu126, tools/lock.py's cuda profile torch==2.13.0+{lock.TORCH_CUDA}: "
-        "run `make lock`",
+        f"{CUDA.path} reads the indexes ['https://download.pytorch.org/whl/cu130'], tools/lock.py's cuda profile "
+        "[]: run `make lock`",
+        f"{CUDA.path} pins torch==2.13.0+cu130, tools/lock.py's cuda profile torch==2.13.0: run `make lock`",
+    ]
+    change_pin(path, "torch", "2.12.0")
+    assert f"{CUDA.path} pins torch==2.12.0, tools/lock.py's cuda profile torch==2.13.0: run `make lock`" in (
+        lock.disagreements(root)
+    )
+
+
+@pytest.mark.parametrize("name", ["torch", "nvidia-nccl-cu13", "cuda-bindings"])
+def test_a_cuda_pin_without_its_hashes_is_reported(tmp_path, name):
+    root = copy_of_the_lock(tmp_path)
+    version = lock.pins((root / CUDA.path).read_text())[name]
+    edit_line(root / CUDA.path, name, lambda line: line.split()[0])
+    assert lock.disagreements(root) == [f"{CUDA.path} pins {name}=={version} without a hash: run `make lock`"]
+
+
+def test_a_pin_added_to_the_cuda_closure_by_hand_fails_the_seal(tmp_path):
+    """The CUDA libraries are not in the lock; one more, with a hash, is caught by the sha256 line."""
+    root = copy_of_the_lock(tmp_path)
+    with (root / CUDA.path).open("a") as requirements:
+        requirements.write(f"nvidia-cuda-extra==13.0.1 --hash=sha256:{'0' * 64}\n")
+    assert lock.disagreements(root) == [
+        f"{CUDA.path}'s pins or hashes are not those `make lock` wrote (its sha256 line disagrees): run `make lock`"
     ]
 
 
@@ -277,9 +308,10 @@ def test_node_files_are_the_wheels_a_node_can_install_or_else_the_source(monkeyp
 
 
 def test_node_requirements_hash_each_pypi_pin_and_seal_them():
-    text = lock.node_requirements(CUDA, "numpy==2.4.6\ntorch==2.13.0+cpu\n", {"numpy": ["ab", "cd"]})
+    text = lock.node_requirements(CUDA, "numpy==2.4.6\ntorch==2.13.0+cpu\n", {"numpy": ["ab", "cd"], "torch": ["ef"]})
     assert "numpy==2.4.6 --hash=sha256:ab --hash=sha256:cd" in text.splitlines()
-    assert f"torch==2.13.0+{lock.TORCH_CUDA}" in text.splitlines()
+    assert "torch==2.13.0 --hash=sha256:ef" in text.splitlines()
+    assert not any(line.startswith("--") for line in text.splitlines())
     (seal,) = [line for line in text.splitlines() if line.startswith(lock.SEAL)]
     assert seal == lock.SEAL + lock.seal_of(text)
 
@@ -304,3 +336,93 @@ def test_every_node_profile_can_read_hub_sources_and_parquet(profile):
     assert sorted(needed - set(node_pins)) == []
     assert sorted(needed - hashed) == []
     assert {name: node_pins[name] for name in needed} == {name: locked[name] for name in needed}
+
+
+# --- the cuda profile's stack: PyPI's torch and the CUDA libraries it pulls in, resolved by uv ---
+
+
+class FakeUv:
+    """uv_compile as the real one behaves: reads the stack and the constraints, keeps the output file's
+    pins where they still fit unless upgrade (here cuda-bindings, a range in torch's metadata), writes
+    the resolution to the output file and returns it. It resolves to `answer`, or on a (platform,
+    python) of `others` to that one's."""
+
+    def __init__(self, answer: str, others: dict[tuple[str, str], str] | None = None):
+        self.answer, self.others, self.calls = answer, others or {}, []
+
+    def __call__(self, requirements, constraints, output, platform, python, upgrade):
+        kept = lock.pins(output.read_text())
+        self.calls.append((platform, python, requirements.read_text(), constraints.read_text(), kept, upgrade))
+        resolved = lock.pins(self.others.get((platform, python), self.answer))
+        if not upgrade and "cuda-bindings" in kept:
+            resolved["cuda-bindings"] = kept["cuda-bindings"]
+        output.write_text("".join(f"{name}=={version}\n" for name, version in sorted(resolved.items())))
+        return output.read_text()
+
+
+CLOSURE = "filelock==4.3.1\nnumpy==2.4.6\ntorch==2.13.0+cpu\n"
+STACK = "cuda-bindings==13.5.0\ncuda-toolkit==13.0.3.0\nfilelock==4.3.1\nnvidia-nccl-cu13==2.29.7\ntorch==2.13.0\n"
+
+
+def test_the_cuda_stack_is_resolved_for_every_node_platform_under_the_closures_versions(tmp_path, monkeypatch):
+    uv = FakeUv(STACK)
+    monkeypatch.setattr(lock, "uv_compile", uv)
+    previous = "cuda-bindings==13.0.3 --hash=sha256:ab\ntorch==2.13.0 --hash=sha256:cd\n"
+    stack = lock.stack_closure(CUDA, CLOSURE, previous, upgrade=False, scratch=tmp_path)
+    assert sorted((platform, python) for platform, python, *_ in uv.calls) == [
+        ("aarch64-manylinux_2_36", "3.11"),
+        ("aarch64-manylinux_2_36", "3.12"),
+        ("x86_64-manylinux_2_36", "3.11"),
+        ("x86_64-manylinux_2_36", "3.12"),
+    ]
+    for _, _, requirements, constraints, kept, upgrade in uv.calls:
+        assert requirements == "torch==2.13.0\n"
+        assert constraints == "filelock==4.3.1\nnumpy==2.4.6\n"  # the closure, its CPU torch left out
+        assert kept == {"cuda-bindings": "13.0.3", "torch": "2.13.0"} and not upgrade
+    assert lock.pins(stack)["cuda-bindings"] == "13.0.3"  # kept from the file, as pip-compile keeps the lock's
+    merged = lock.with_stack(CLOSURE, stack)
+    assert lock.pins(merged) == {
+        "filelock": "4.3.1",
+        "numpy": "2.4.6",
+        "torch": "2.13.0+cpu",  # replaced by the profile's own stack in the node file
+        "cuda-bindings": "13.0.3",
+        "cuda-toolkit": "13.0.3.0",
+        "nvidia-nccl-cu13": "2.29.7",
+    }
+    text = lock.node_requirements(CUDA, merged)
+    assert lock.pins(text)["torch"] == "2.13.0" and lock.pins(text)["nvidia-nccl-cu13"] == "2.29.7"
+
+    uv.calls.clear()
+    upgraded = lock.stack_closure(CUDA, CLOSURE, previous, upgrade=True, scratch=tmp_path)
+    assert lock.pins(upgraded)["cuda-bindings"] == "13.5.0" and all(call[-1] for call in uv.calls)
+
+
+def test_a_cuda_stack_that_differs_between_node_platforms_is_refused(tmp_path, monkeypatch):
+    """The nodes install one list with --no-deps: a package only one platform needs would fail the others."""
+    aarch64 = STACK + "nvidia-only-on-arm==1.0\n"
+    monkeypatch.setattr(lock, "uv_compile", FakeUv(STACK, {("aarch64-manylinux_2_36", "3.12"): aarch64}))
+    with pytest.raises(RuntimeError) as refused:
+        lock.stack_closure(CUDA, CLOSURE, "", upgrade=False, scratch=tmp_path)
+    assert str(refused.value) == (
+        "the cuda stack pulls in other pins on aarch64-manylinux_2_36 Python 3.12 than on x86_64-manylinux_2_36 "
+        "Python 3.11 (nvidia-only-on-arm==1.0): the nodes install one list"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stack", "built_for"),
+    [
+        (STACK.replace("cuda-toolkit==13.0.3.0", "cuda-toolkit==13.2.1.0"), "cuda-toolkit==13.2.1.0"),
+        (STACK.replace("cuda-toolkit==13.0.3.0\n", ""), "no cuda-toolkit"),
+    ],
+    ids=["cuda-13.2", "no-toolkit"],
+)
+def test_pypis_torch_built_for_another_cuda_is_refused(tmp_path, monkeypatch, stack, built_for):
+    """A new torch release on PyPI may be built for another CUDA, which may need a newer driver."""
+    monkeypatch.setattr(lock, "uv_compile", FakeUv(stack))
+    with pytest.raises(RuntimeError) as refused:
+        lock.stack_closure(CUDA, CLOSURE, "", upgrade=False, scratch=tmp_path)
+    assert str(refused.value) == (
+        f"PyPI's torch==2.13.0 is not built for CUDA {lock.TORCH_CUDA} (it pulls in {built_for}): check the NVIDIA "
+        "driver it needs, then change TORCH_CUDA in tools/lock.py"
+    )

@@ -488,6 +488,34 @@ def test_the_staged_environment_is_the_cuda_profile_on_gpu_nodes(fake, task, tmp
     assert "-r /staging/requirements.txt\n" in script and "whl/cpu" not in script  # the file names its index
 
 
+def test_gpu_nodes_stage_the_cuda_profile_in_one_require_hashes_command(fake, task, tmp_path, monkeypatch):
+    """The real cuda pins file: every pin (torch and its CUDA libraries, all from PyPI) is hashed, so the
+    staging installs all of it with --require-hashes and runs no pip command without."""
+    import base64
+
+    fake.seed()
+    seen = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
+    delete = jobs.delete_configmap
+    monkeypatch.setattr(
+        jobs,
+        "delete_configmap",
+        lambda api, name: (seen.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
+    )
+    ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
+    assert ran.code == 0, ran.err
+    (configmap,) = seen
+    whole = (jobs.NODE_DIR / "requirements-cuda.txt").read_text()
+    pins = [line for line in whole.splitlines() if line and not line.startswith("#")]
+    hashed = base64.b64decode(configmap.binary_data["hashed.txt"]).decode()
+    assert hashed.splitlines() == pins and all("--hash=sha256:" in line for line in pins)
+    assert any(line.startswith("torch==2.13.0 --hash=sha256:") for line in pins)
+    assert "requirements.txt" not in configmap.binary_data
+    (stage,) = fake.created_jobs
+    script = stage["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    installs = [line.strip() for line in script.splitlines() if "pip install" in line]
+    assert installs == ["$tmp/bin/pip install --no-cache-dir -q --require-hashes --no-deps -r /staging/hashed.txt"]
+
+
 def test_the_cpu_profile_is_the_default_pins_file():
     assert jobs.NODE_DIR.name == "node" and (jobs.NODE_DIR / "requirements-default.txt").is_file()
 
