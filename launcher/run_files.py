@@ -113,7 +113,8 @@ OpenStore = Callable[[str | None], RunStore]
 """A kind's opener of its RunStore from --cluster's spec."""
 FindRuns = Callable[[Cluster], RunStore | None]
 """A kind's RunStore of a loaded cluster where listing it starts nothing on the cluster (machines: one
-command per machine); None where it would (Kubernetes: a helper pod)."""
+command per machine; Kubernetes: its claim's index of runs, one API read); None where it cannot tell
+without (Kubernetes while that index is not complete: only a helper pod reads the claim)."""
 
 
 @dataclass(frozen=True)

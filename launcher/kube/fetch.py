@@ -37,10 +37,11 @@ from launcher.kube.connect import open_cluster
 from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, delete_job, job_pods
 from launcher.kube.pod_exec import ExecResult, open_exec, run_command
 from launcher.kube.pod_spec import job_name
-from launcher.kube.tasks import best_checkpoint_script
+from launcher.kube.run_dirs import refuse_unlisted
+from launcher.kube.tasks import best_checkpoint_script, no_checkpoint_line
 from launcher.runs.metrics_stream import copy_plot
 from launcher.runs.record import RunRecord
-from model.conventions import CKPT_NAME, SNAPSHOT_NAME, TB_DIR
+from model.conventions import TB_DIR
 
 CHUNK_BYTES = 8 * 1024 * 1024
 """Bytes one exec call reads (bench/kube_fetch.py measures the rate by size)."""
@@ -89,6 +90,14 @@ def range_script(path: str, offset: int, length: int) -> str:
     return f"touch {HEARTBEAT}; tail -c +{offset + 1} {shlex.quote(path)} | head -c {length}"
 
 
+class NoRunDirectory(TaskError):
+    """The claim has no directory of the run: listed, the runs it has (volume.enter_run_script)."""
+
+    def __init__(self, no_checkpoint: str, listed: set[str]):
+        super().__init__(no_checkpoint)
+        self.listed = listed
+
+
 class PodFiles:
     """The run directory on the claim, read through exec calls into the helper pod."""
 
@@ -108,6 +117,8 @@ class PodFiles:
         result = self.command(list_script(self.run), "listing the run's files", out.extend, LIST_STALL_S)
         if result.code == 3:
             raise TaskError(no_checkpoint)
+        if result.code == volume.NO_RUN_EXIT:
+            raise NoRunDirectory(no_checkpoint, volume.reported_runs(out.decode().strip()) or set())
         if result.code != 0:
             raise TaskError(f"listing run {self.run}'s files in pod {self.pod}: {self.failure(result)}")
         files = []
@@ -184,10 +195,7 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
     api, cluster = open_cluster(cluster_spec)
     fetch_dir = FetchDir.checked(cluster, run, dest)
     again = command_line("fetch", cluster=cluster_spec, run=run, dest=dest)
-    no_checkpoint = (
-        f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on claim {access_of(cluster).storage_claim}: "
-        f"train first ({command_line('train', cluster=cluster_spec, run=run)})"
-    )
+    no_checkpoint = no_checkpoint_line(cluster_spec, cluster, run)
     name = job_name("fetch", run)
     job = volume.helper_job(name, access_of(cluster), "fetch", keepalive_script(), run=run)
     delete_job(api, name)
@@ -195,7 +203,10 @@ def fetch(cluster_spec: str | None, run: str = "main", dest: str | None = None) 
         api.batch.create_namespaced_job(api.namespace, V1Job.model_validate(job))
     try:
         pod = PodFiles(api, wait_running(api, name), run, again)
-        files = pod.listing(no_checkpoint)
+        try:
+            files = pod.listing(no_checkpoint)
+        except NoRunDirectory as missing:  # the index did not know the name: this pod's listing does
+            refuse_unlisted(api, cluster, run, missing.listed, no_checkpoint)
         with fetch_dir.writing() as target:
             for file in files:
                 pod.copy(file, target / file.name)

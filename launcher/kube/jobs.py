@@ -20,7 +20,7 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import KubeAccess
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import TaskError, out_line, say
-from launcher.kube import pod_start, streams, volume
+from launcher.kube import pod_start, run_index, streams, volume
 from launcher.kube.api import Api, Named, calling, labels_of, name_of
 from launcher.kube.pod_spec import job_name
 from launcher.kube.pod_start import StartWatch, ended_how, state_of, unschedulable
@@ -256,7 +256,8 @@ def stage(
     cuda profile's (node_profile); the Job itself needs no GPU and runs off the GPU nodes
     (volume.helper_job). Each staging's Job has a name of its own, so two at once (two runs, two
     `fab setup`) never delete each other's. dataset: also report data/<dataset> on the claim (Staged.data);
-    stale: the claim's files of an earlier run that go (volume.staging_script)."""
+    stale: the claim's files of an earlier run that go (volume.staging_script). The run is indexed
+    before its directory is made, and the runs the staging pod found complete the index (run_index)."""
     access = access_of(cluster)
     requirements = requirements_file(cluster).read_bytes()
     archive, code_sha = code_archive()  # model/, launcher/ and node/: the ranks and the supervisor pod
@@ -298,18 +299,25 @@ def stage(
             api.core.create_namespaced_config_map(access.namespace, V1ConfigMap.model_validate(owned))
 
     reports: list[NodeReport] = []
+    runs_found: list[set[str]] = []
 
     def on_line(line: str) -> None:
         if line.startswith(volume.DATA_REPORT):
             with contextlib.suppress(ValueError, SyntaxError, TypeError, AttributeError):
                 reports.append(NodeReport.from_literal(ast.literal_eval(line.removeprefix(volume.DATA_REPORT))))
+        elif (found := volume.reported_runs(line)) is not None:
+            runs_found.append(found)
         else:
             out_line(f"[staging] {line}")
 
+    if run:  # before its directory exists (run_index)
+        run_index.add(api, [run])
     try:
         run_helper(api, job, "staging the node environment and code", on_line, before_start=create_configmap)
     finally:
         delete_configmap(api, name)  # at once; a launcher that dies first leaves it to the garbage collector
+    if runs_found:
+        run_index.add(api, runs_found[-1], complete=True)
     say(f"staged in {time.monotonic() - started:.1f} s")
     python, code = f"{volume.venv_dir(requirements_sha)}/bin/python", volume.code_dir(code_sha)
     # A report that did not come back is not trusted as usable data: an empty one says not prepared.

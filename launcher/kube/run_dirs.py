@@ -5,28 +5,34 @@ carries its run label and no helper role (launcher.kube.pod_spec.labels); its su
 until its pod marked the run ended (launcher.kube.connect.supervisor_jobs), and gives the outcome it
 recorded to a run whose record here has none (a detached run). Deleting runs also prunes the
 store of staged venvs and code trees (volume.store_prune_script): what no remaining run recorded as
-its staging, and no Job's pods name, is deleted with them."""
+its staging, and no Job's pods name, is deleted with them.
+
+Each listing completes the index of the claim's runs (launcher.kube.run_index), and each deletion
+removes the runs deleted from it: the index is what a task asks, with no pod, whether a run name it was
+given is a run on the claim (NamedRuns: run_files.check_existing's, `stop`'s and `status`'s), the one
+no-run line with the nearest run as a did-you-mean (run_files.refuse_unknown) before anything is created.
+While the index is not complete, a task's own pod that finds no directory of its run names the runs
+it found instead (refuse_unlisted), in the same line."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from kubernetes.client import V1Job
 
 from launcher.cluster.inventory import Cluster
 from launcher.console import TaskError
-from launcher.kube import volume
+from launcher.kube import run_index, volume
 from launcher.kube.api import Api, calling, labels_of, name_of
 from launcher.kube.connect import clear_stop_request, open_cluster, supervisor_jobs
 from launcher.kube.jobs import access_of, run_helper
-from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_RUN, MOUNT_PATH, job_name
-from launcher.run_files import StoredRun
+from launcher.kube.pod_spec import APP, LABEL_APP, LABEL_RUN, job_name
+from launcher.kube.volume import RUNS_DIR
+from launcher.run_files import StoredRun, refuse_unknown
 from launcher.runs.ledger import outcome_text
-
-RUNS_DIR = f"{MOUNT_PATH}/runs"
 
 
 def list_script() -> str:
@@ -91,16 +97,6 @@ class ClaimRuns:
         api, cluster = open_cluster(cluster_spec)
         return cls(api, cluster)
 
-    @staticmethod
-    def without_a_pod(cluster: Cluster) -> None:
-        """No listing for run_files.check_existing: the claim, which holds a run's directory and its
-        supervisor's record, is read by a helper pod only, and a check must start nothing. The API's
-        objects labelled with a run (its Jobs and Services) are deleted as it ends or is stopped, so an
-        ended run has none left: their absence does not make a name a typo. A run name not recorded
-        here goes to the task, whose own pod (sample, fetch) or API reads (logs, attach, stop) say what
-        the cluster has of it."""
-        return None
-
     def jobs(self) -> list[V1Job]:
         with calling("listing the runs' Jobs"):
             return self.api.batch.list_namespaced_job(self.api.namespace, label_selector=f"{LABEL_APP}={APP}").items
@@ -145,6 +141,7 @@ class ClaimRuns:
                 state=outcome_text({"outcome": ended[run]}) if run in ended else "",
                 modified=float(newest) if newest.replace(".", "", 1).isdigit() else 0.0,
             )
+        run_index.add(self.api, found, complete=True)
         for run, jobs in live.items():  # a Job whose files are not staged yet
             found.setdefault(run, StoredRun(bytes=0, places=(), running_on=tuple(jobs)))
         return found
@@ -167,8 +164,11 @@ class ClaimRuns:
         for words in (line.split() for line in lines):
             if len(words) >= 2 and words[0] == "@failed":
                 failures[words[1]] = f"claim {self.claim}: {' '.join(words[2:]) or 'not deleted'}"
-        for run in deleted - set(failures):  # a `fab stop` left for the run: nothing is left to read it
+        gone = deleted - set(failures)
+        for run in gone:  # a `fab stop` left for the run: nothing is left to read it
             clear_stop_request(self.api, self.cluster, run)
+        if gone:
+            run_index.remove(self.api, gone)
         return failures | {r: f"claim {self.claim}: no answer for it" for r in rest if r not in deleted | set(failures)}
 
     def free_unused(self) -> dict[str, int]:
@@ -183,3 +183,46 @@ class ClaimRuns:
 
     def close(self) -> None:
         """The client holds no connection to release."""
+
+
+class NamedRuns(ClaimRuns):
+    """The runs on the claim by name alone, as its index (run_index) or a task's own pod listed them: what
+    run_files.refuse_unknown asks of a run name, with no helper pod of its own. Sizes and states are
+    `runs`'s, which lists the claim."""
+
+    def __init__(self, api: Api, cluster: Cluster, names: Iterable[str]):
+        super().__init__(api, cluster)
+        self.names = frozenset(names)
+
+    @classmethod
+    def indexed(cls, api: Api, cluster: Cluster) -> NamedRuns | None:
+        """The claim's runs as its index has them; None while the index is not complete."""
+        found = run_index.names(api)
+        return None if found is None else cls(api, cluster, found)
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> NamedRuns | None:
+        """indexed() for a cluster loaded but not connected (run_files.check_existing's FindRuns): one
+        API read, before the task connects and says anything."""
+        return cls.indexed(Api.of(access_of(cluster)), cluster)
+
+    def stored(self) -> dict[str, StoredRun]:
+        return {run: StoredRun(bytes=0, places=(f"claim {self.claim}",)) for run in sorted(self.names)}
+
+
+def refuse_indexed(api: Api, cluster: Cluster, run: str, live: Collection[str] = ()) -> None:
+    """run_files.refuse_unknown over the claim's index (`stop` of a run found not live, `status` of a run
+    with no object): nothing while the index is not complete."""
+    store = NamedRuns.indexed(api, cluster)
+    if store is not None:
+        refuse_unknown(store, run, live)
+
+
+def refuse_unlisted(api: Api, cluster: Cluster, run: str, listed: set[str], no_checkpoint: str) -> None:
+    """A TaskError for a run whose directory a task's pod found missing from the claim, the runs it found
+    there being listed (volume.enter_run_script): the one no-run line (run_files.refuse_unknown), or
+    no_checkpoint for a run recorded here whose directory holds nothing any more. That listing completes
+    the index, so the next such name is refused with no pod."""
+    run_index.add(api, listed, complete=True)
+    refuse_unknown(NamedRuns(api, cluster, listed), run)
+    raise TaskError(no_checkpoint)

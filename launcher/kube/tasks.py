@@ -9,6 +9,12 @@
     sample         model.sample in a Job on the claim; its log is the text
     fetch          (launcher.kube.fetch) the run's files copied here by ranges through a helper pod's exec
 
+A run name that neither this machine's record, the run's objects nor the claim's index of runs has is the
+one no-run line with the nearest run (launcher.kube.run_dirs) before any Job or request is created: here
+for status and stop, through launcher.run_files.check_existing for the others. Where the index is not
+complete yet, sample's and fetch's pods say it instead, and "train first" is for a run whose directory
+holds no checkpoint.
+
 `fab doctor` on this kind is launcher.kube.doctor's.
 """
 
@@ -22,6 +28,7 @@ from kubernetes.client import V1Job, V1Pod
 from kubernetes.client.exceptions import ApiException
 from rich.table import Table
 
+from launcher.cluster.inventory import Cluster
 from launcher.console import (
     TaskError,
     check_name,
@@ -47,6 +54,7 @@ from launcher.kube.jobs import (
 )
 from launcher.kube.pod_spec import CONTAINER, job_name
 from launcher.kube.pod_start import disruption, unschedulable, waiting
+from launcher.kube.run_dirs import refuse_indexed, refuse_unlisted
 from launcher.kube.watch import rank_of, ranks_of, ranks_text, unit_of
 from launcher.launch.monitor import Progress
 from launcher.launch.operator_stop import not_running_line, nothing_running_line, run_to_stop, supervisor_stops_line
@@ -138,9 +146,12 @@ def prepare_data(
 
 def status(cluster_spec: str | None, run: str = "main") -> int:
     """The run's pods as a table, then its progress, time and cost from this machine's record; 1
-    when a pod failed."""
+    when a pod failed. A name with no object, no record here and not on the claim (its index) is the
+    one no-run line."""
     api, cluster = open_cluster(cluster_spec, making_pods=False)
     jobs, services, pods = run_objects(api, run)
+    if not (jobs or services or pods):
+        refuse_indexed(api, cluster, run)
     table = Table(title=f"{cluster.cluster_name}: run {run}")
     for column in ("pod", "rank(s)", "node", "phase", "detail"):
         table.add_column(column, overflow="fold")
@@ -308,7 +319,8 @@ def training_pods(pods: list[V1Pod]) -> list[V1Pod]:
 def stop(cluster_spec: str | None, run: str | None = None) -> int:
     """An operator's stop of the run (--run, else the one live run): its request left first, then its
     Job and Service deleted (every pod gets SIGTERM: it snapshots and exits); the attached `fab train`
-    ends it "stopped" (launcher.launch.operator_stop)."""
+    ends it "stopped" (launcher.launch.operator_stop). A --run found not live that is neither recorded
+    here nor on the claim (its index: launcher.kube.run_dirs) is the one no-run line, nothing left."""
     if run is not None:
         check_name(run, "run")
     api, cluster = open_cluster(cluster_spec, making_pods=False)
@@ -317,6 +329,8 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
     if chosen is None:
         say(nothing_running_line(cluster.cluster_name))
         return 0
+    if chosen not in live:  # a name no run has gets neither a request nor "not running" (the claim's index)
+        refuse_indexed(api, cluster, chosen, live)
     request_stop(api, cluster, chosen)  # before any pod is signalled: the attached train reads it
     if delete_run_objects(api, chosen):
         return 0
@@ -328,12 +342,21 @@ def stop(cluster_spec: str | None, run: str | None = None) -> int:
 
 
 def best_checkpoint_script(run: str) -> str:
-    """Shell setting $ckpt to the run's ckpt.pt, else its snapshot.pt (exit 3 when neither exists)."""
+    """Shell setting $ckpt to the run's ckpt.pt, else its snapshot.pt (exit 3 when neither exists; where
+    the run has no directory, volume.enter_run_script's report and exit)."""
     directory = volume.run_path(run, "")
     return (
-        f"cd {directory} 2>/dev/null && ckpt=$(ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1); "
+        f"{volume.enter_run_script(run)}; ckpt=$(ls {CKPT_NAME} {SNAPSHOT_NAME} 2>/dev/null | head -n 1); "
         f'[ -n "$ckpt" ] || {{ echo "run {run} has no {CKPT_NAME} or {SNAPSHOT_NAME}: train first"; exit 3; }}; '
         f'ckpt="{directory}$ckpt"'
+    )
+
+
+def no_checkpoint_line(cluster_spec: str | None, cluster: Cluster, run: str) -> str:
+    """What fetch and sample say of a run with no checkpoint on the claim (its directory holds none yet)."""
+    return (
+        f"run {run!r} has no {CKPT_NAME} or {SNAPSHOT_NAME} on claim {access_of(cluster).storage_claim}: "
+        f"train first ({command_line('train', cluster=cluster_spec, run=run)})"
     )
 
 
@@ -361,4 +384,17 @@ def sample(
     ]
     script = f'{best_checkpoint_script(run)}; {volume.run_program(run, "model.sample", args)} --ckpt "$ckpt" 2>&1'
     job = volume.helper_job(job_name("sample", run), access_of(cluster), "sample", script, run=run)
-    run_helper(api, job, f"sampling run {run}", on_line=out_line)
+    listed: list[set[str]] = []  # the claim's runs, where the pod found no directory of this one
+
+    def on_line(line: str) -> None:
+        if (found := volume.reported_runs(line)) is not None:
+            listed.append(found)
+        else:
+            out_line(line)
+
+    try:
+        run_helper(api, job, f"sampling run {run}", on_line=on_line)
+    except TaskError:
+        if listed:
+            refuse_unlisted(api, cluster, run, listed[-1], no_checkpoint_line(cluster_spec, cluster, run))
+        raise

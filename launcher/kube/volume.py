@@ -25,6 +25,7 @@ import base64
 import hashlib
 import shlex
 
+from launcher.cluster.inventory import NAME_PATTERN
 from launcher.cluster.kube_contract import POD_SECURITY_LABELS, KubeAccess
 from launcher.cluster.node_layout import data_dir, run_dir
 from launcher.kube.pod_spec import (
@@ -166,6 +167,33 @@ records it in its run's directory, and runs at most HELPER_DEADLINE_S["staging"]
 DATA_REPORT = "data report: "
 """The staging log's line with what launcher/node_scripts/probe.py (in the ConfigMap as probe.py)
 reports of data/<dataset> on the claim: a run checks it before any pod starts (launcher.launch.data_check)."""
+RUNS_DIR = f"{MOUNT_PATH}/runs"
+RUNS_REPORT = "@runs"
+"""A helper pod's line naming every run directory on the claim (runs_report_script): the staging Job's,
+which completes the index of runs (launcher.kube.run_index), and that of a task's pod that found no
+directory of its run (enter_run_script)."""
+NO_RUN_EXIT = 5
+"""A task pod's exit status where the claim has no directory of its run (enter_run_script)."""
+
+
+def runs_report_script() -> str:
+    """Shell: the RUNS_REPORT line, each directory under runs/ on the claim a word after it."""
+    return f'echo "{RUNS_REPORT}$(for r in {RUNS_DIR}/*; do [ -d "$r" ] && printf \' %s\' "${{r##*/}}"; done)"'
+
+
+def reported_runs(line: str) -> set[str] | None:
+    """The run names of a RUNS_REPORT line (only names a run can have); None for any other line."""
+    if not line.startswith(RUNS_REPORT):
+        return None
+    return {word for word in line.removeprefix(RUNS_REPORT).split() if NAME_PATTERN.match(word)}
+
+
+def enter_run_script(run: str) -> str:
+    """Shell: cd into the run's directory on the claim; where there is none, the RUNS_REPORT line and
+    exit NO_RUN_EXIT, so the task names the nearest run (launcher.kube.run_dirs.refuse_unlisted) and
+    keeps "train first" for a run whose directory holds no checkpoint yet."""
+    directory = shlex.quote(run_dir(MOUNT_PATH, run))
+    return f"cd {directory} 2>/dev/null || {{ {runs_report_script()}; exit {NO_RUN_EXIT}; }}"
 
 
 def staging_script(
@@ -180,7 +208,8 @@ def staging_script(
 ) -> str:
     """Shell for the staging Job: the venv and the code into the store when their digest is not there
     (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
-    (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files.
+    (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files; last
+    the RUNS_REPORT line (the claim's runs, for their index: launcher.kube.run_index).
     The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py).
     hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
     with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash in the default
@@ -237,7 +266,7 @@ def staging_script(
     lines += [f"rm -f {shlex.quote(path)}" for path in stale]
     for path, key in sorted(run_files.items()):
         lines += [f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}", f"cp {STAGE_DIR}/{key} {shlex.quote(path)}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, runs_report_script()]) + "\n"
 
 
 ARCH_LABEL = "kubernetes.io/arch"
@@ -331,7 +360,7 @@ def store_prune_script(keep: list[str]) -> str:
             [
                 f"cd {STORE} 2>/dev/null || exit 0",
                 f"keep=' {' '.join(shlex.quote(k) for k in keep)} '",
-                f"for f in {MOUNT_PATH}/runs/*/{STAGED_RECORD}; do",
+                f"for f in {RUNS_DIR}/*/{STAGED_RECORD}; do",
                 '  [ -f "$f" ] && keep="$keep $(tr \'\\n\' \' \' < "$f")"',
                 "done",
                 f"for l in {MOUNT_PATH}/venv {CODE_DIR}; do",

@@ -16,7 +16,8 @@ the head node for machines over SSH (launcher.head_node); Kubernetes in a superv
 (launcher.kube.follow, launcher.kube.supervisor, launcher.kube.in_cluster).
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore,
 which also answers, where it can without starting anything, whether a run name not recorded here is
-a run on the cluster (the check of sample, fetch, export, logs and attach: run_files.check_existing).
+a run on the cluster (the check of sample, fetch, export, logs and attach: run_files.check_existing):
+machines list their run directories, Kubernetes reads its claim's index of runs (launcher.kube.run_index).
 `fab cost` reads this machine's records only, so it needs no driver.
 """
 
@@ -116,8 +117,9 @@ class Driver(Protocol):
         ...
 
     def find_runs(self, cluster: Cluster) -> RunStore | None:
-        """The same for a loaded cluster, where listing them starts nothing there (None where it would):
-        where a run name not recorded here is looked for before a task reads the run (run_files.check_existing)."""
+        """The same for a loaded cluster, where listing them starts nothing there (None where it cannot
+        tell without: a Kubernetes claim whose index of runs is not complete yet): where a run name not
+        recorded here is looked for before a task reads the run (run_files.check_existing)."""
         ...
 
 
@@ -166,7 +168,7 @@ def kubernetes_driver() -> Driver:
         fetch = staticmethod(kube_fetch.fetch)
         doctor = staticmethod(kube_doctor.doctor)
         open_runs = staticmethod(kube_runs.ClaimRuns.open)
-        find_runs = staticmethod(kube_runs.ClaimRuns.without_a_pod)
+        find_runs = staticmethod(kube_runs.NamedRuns.of)  # the claim's index of runs: one API read
 
     return KubernetesDriver()
 

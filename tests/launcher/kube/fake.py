@@ -69,10 +69,10 @@ def healthy_ring(index: int) -> list[str]:
     return ["sent 157286400", "received 125829120 1.006633"]
 
 
-def default_log(script: str) -> list[str]:
-    """A helper pod's log without a scripted one: "helper ran", and a staging that reports the
-    dataset finds it prepared."""
-    return ["helper ran"] + ([f"{DATA_REPORT}{PREPARED_DATA!r}"] if DATA_REPORT in script else [])
+def default_log(script: str, runs_reported: list[str]) -> list[str]:
+    """A helper pod's log without a scripted one: "helper ran", a staging that reports the dataset
+    finds it prepared, and then what the script reports of the claim's runs (runs_reported)."""
+    return ["helper ran"] + ([f"{DATA_REPORT}{PREPARED_DATA!r}"] if DATA_REPORT in script else []) + runs_reported
 
 
 @dataclass
@@ -149,6 +149,8 @@ class FakeKube:
         self._server = threading.Thread(target=self._serve, daemon=True)
         self._server.start()
         assert self._ready.wait(30), "the emulator did not start"
+        self.created: list[str] = self._emulator.created
+        """"PLURAL NAME" of each object the launcher asked to create (fake_faults.ClusterEmulator.created)."""
         self.api = config.new_client_from_config_dict(kubeconfig(self.url), persist_config=False)
         self.api.set_default_header(CONTROLLER_HEADER, "1")  # the cluster's own requests never fail
         self.core, self.batch = client.CoreV1Api(self.api), client.BatchV1Api(self.api)
@@ -476,7 +478,10 @@ class FakeKube:
             command = job.spec.template.spec.containers[0].command
             if role == "staging":
                 self.pod_exec.remove_listed(command[-1])
-            lines = self.script.helpers[role](command[-1]) if role in self.script.helpers else default_log(command[-1])
+            if role in self.script.helpers:
+                lines = self.script.helpers[role](command[-1])
+            else:
+                lines = default_log(command[-1], self.pod_exec.runs_reported(command[-1]))
             self.helper_roles[pod] = role
             if role in self.script.serving:
                 self.serving.add(pod)

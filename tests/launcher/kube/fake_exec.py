@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ import aiohttp.web
 import kmock
 
 from launcher.kube.pod_spec import MOUNT_PATH
+from launcher.kube.volume import RUNS_REPORT
 
 V4_CHANNEL = "v4.channel.k8s.io"
 FRAME_BYTES = 32 * 1024
@@ -80,6 +82,16 @@ class PodExec:
             if line.startswith("rm -f "):
                 for path in shlex.split(self.local(line))[2:]:
                     Path(path).unlink(missing_ok=True)
+
+    def runs_reported(self, script: str) -> list[str]:
+        """What a helper pod's script reports of the claim's runs (its RUNS_REPORT lines, run here over the
+        sandbox): the fake runs no other part of a helper's script."""
+        lines = []
+        for line in script.splitlines():
+            if line.startswith(f'echo "{RUNS_REPORT}'):
+                done = subprocess.run(["sh", "-c", self.local(line)], capture_output=True, text=True, check=True)
+                lines += done.stdout.splitlines()
+        return lines
 
     def cut(self, text: str, after_bytes: int) -> None:
         """Cut the next call whose command contains text once it sent after_bytes of stdout."""

@@ -14,6 +14,7 @@ controllers talk to the API server from inside.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -200,6 +201,9 @@ class ClusterEmulator(ExecEmulator):
     def __init__(self, pod_exec: PodExec, faults: Faults, foreground_takes_time: Callable[[], bool], pod_logs: PodLogs):
         super().__init__(pod_exec)
         self.faults, self.foreground_takes_time, self.pod_logs = faults, foreground_takes_time, pod_logs
+        self.created: list[str] = []
+        """"PLURAL NAME" of each object the launcher asked to create (not the fake's own controllers), gone
+        since or not: what a test asserts was never made."""
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         del self._requests[:-REQUESTS_KEPT]
@@ -229,6 +233,10 @@ class ClusterEmulator(ExecEmulator):
         return await self.serve(raw_request)
 
     async def serve(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if raw_request.method == "POST" and CONTROLLER_HEADER not in raw_request.headers:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                name = json.loads(await raw_request.read())["metadata"]["name"]
+                self.created.append(f"{raw_request.path.rstrip('/').rsplit('/', 1)[-1]} {name}")
         log = LOG_PATH.match(raw_request.path)
         if log and raw_request.method == "GET":
             return await self.pod_logs.serve(raw_request, log["pod"])

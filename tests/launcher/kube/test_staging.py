@@ -214,7 +214,7 @@ def test_a_staging_configmap_is_owned_by_its_job_and_collected_with_it_when_the_
     while left.metadata.name not in fake.collected and time.monotonic() < deadline:
         time.sleep(0.05)
     assert fake.collected == [left.metadata.name]
-    assert not fake.core.list_namespaced_config_map("nanocluster").items
+    assert not [c for c in fake.core.list_namespaced_config_map("nanocluster").items if "stage" in c.metadata.name]
 
 
 SAMPLE_PYTHON = '#!/bin/sh\necho "{which} PYTHONPATH=$PYTHONPATH $*"\n'
