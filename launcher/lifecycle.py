@@ -415,7 +415,7 @@ def checked_request(request: TrainRequest) -> TrainRequest:
         snapshot = run_snapshot(RunRecord.of(cluster, request.run))
         if snapshot is None:
             return request
-        request = on_trained_device(request, snapshot)
+        request = on_trained_device(request, snapshot, device)
         if request.nodes is not None:
             return request
         if request.local_device != device:  # the default count on the device it goes on with
@@ -434,12 +434,12 @@ def checked_request(request: TrainRequest) -> TrainRequest:
     return replace(request, nodes=snapshot.nodes, nodes_from=f"as its snapshot at iter {snapshot.iter} was trained")
 
 
-def on_trained_device(request: TrainRequest, snapshot: RunSnapshot) -> TrainRequest:
+def on_trained_device(request: TrainRequest, snapshot: RunSnapshot, default: str) -> TrainRequest:
     """The request with the trainer's device its snapshot was trained with (the launch recorded it), said
-    in one line, where its --config and --set name none and their default differs: device=cpu on a GPU
-    machine keeps the run's CPU ranks instead of taking the GPUs. A device they name is taken as it is
-    (the trainer resumes a snapshot on another device: docs/training.md, GPU nodes)."""
-    default = request.local_device
+    in one line, where its --config and --set name none and their default (the request's local_device)
+    differs: device=cpu on a GPU machine keeps the run's CPU ranks instead of taking the GPUs. A device
+    they name is taken as it is (the trainer resumes a snapshot on another device: docs/training.md,
+    GPU nodes)."""
     if snapshot.device == default or names_device(request.config, request.overrides):
         return request
     say(

@@ -20,6 +20,7 @@ import json
 import re
 import shlex
 from collections.abc import Collection, Iterable, Sequence
+from typing import NoReturn
 
 from kubernetes.client import V1Job
 
@@ -218,7 +219,7 @@ def refuse_indexed(api: Api, cluster: Cluster, run: str, live: Collection[str] =
         refuse_unknown(store, run, live)
 
 
-def refuse_unlisted(api: Api, cluster: Cluster, run: str, listed: set[str], no_checkpoint: str) -> None:
+def refuse_unlisted(api: Api, cluster: Cluster, run: str, listed: set[str], no_checkpoint: str) -> NoReturn:
     """A TaskError for a run whose directory a task's pod found missing from the claim, the runs it found
     there being listed (volume.enter_run_script): the one no-run line (run_files.refuse_unknown), or
     no_checkpoint for a run recorded here whose directory holds nothing any more. That listing completes

@@ -32,6 +32,7 @@ from launcher.kube.watch import ranks_of, ranks_text, unit_of
 from launcher.runs.record import RunRecord
 from model.conventions import EXIT_BUDGET, EXIT_PEER_LOST, EXIT_PROGRAM_ERROR, EXIT_STOPPED
 from tests.launcher.kube.test_objects import KUBERNETES_VERSIONS, container, launch_of
+from tests.launcher.kube.test_staging import staged_configmaps
 
 ROOT = Path(__file__).resolve().parents[3]
 GPU_COUNTS = (0, 1, 2, 4, 8)
@@ -468,13 +469,7 @@ def test_the_staged_environment_is_the_cuda_profile_on_gpu_nodes(fake, task, tmp
     assert ran.code == 1 and len(ran.error_lines) == 1
     assert "requirements-cuda.txt is missing: the cuda profile's pins are written by `make lock`" in ran.error_lines[0]
     (node_dir / "requirements-cuda.txt").write_text("torch==2.13.0\n")
-    deleted = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
-    delete = jobs.delete_configmap
-    monkeypatch.setattr(
-        jobs,
-        "delete_configmap",
-        lambda api, name: (deleted.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
-    )
+    deleted = staged_configmaps(monkeypatch)  # the staging ConfigMap as the Job saw it
     ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
     assert ran.code == 0, ran.err
     assert "node environment (cuda profile)" in ran.out + ran.err
@@ -494,13 +489,7 @@ def test_gpu_nodes_stage_the_cuda_profile_in_one_require_hashes_command(fake, ta
     import base64
 
     fake.seed()
-    seen = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
-    delete = jobs.delete_configmap
-    monkeypatch.setattr(
-        jobs,
-        "delete_configmap",
-        lambda api, name: (seen.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
-    )
+    seen = staged_configmaps(monkeypatch)
     ran = task("setup", "--cluster", str(write(tmp_path, gpu_contract(fake))))
     assert ran.code == 0, ran.err
     (configmap,) = seen

@@ -77,6 +77,19 @@ def code_sha(code: dict[str, str]) -> str:
     return volume.digest_of({k: v.encode() for k, v in code.items()})
 
 
+def staged_configmaps(monkeypatch) -> list:
+    """Each staging ConfigMap as its Job saw it, read just before the launcher deletes it (as the Job
+    ends), appended to the list returned."""
+    seen: list = []
+    delete = jobs.delete_configmap
+    monkeypatch.setattr(
+        jobs,
+        "delete_configmap",
+        lambda api, name: (seen.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
+    )
+    return seen
+
+
 def test_two_runs_staged_with_different_code_keep_their_own(tmp_path):
     a, b = {"model/train.py": "A = 1\n"}, {"model/train.py": "B = 2\n"}
     finished(staging(tmp_path, "a", a))
@@ -253,13 +266,7 @@ def test_setup_stages_the_hashed_pins_in_a_require_hashes_command_of_their_own(f
     import base64
 
     fake.seed()
-    seen = []  # the staging ConfigMap as the Job saw it: it is deleted when the Job ends
-    delete = jobs.delete_configmap
-    monkeypatch.setattr(
-        jobs,
-        "delete_configmap",
-        lambda api, name: (seen.append(api.core.read_namespaced_config_map(name, api.namespace)), delete(api, name)),
-    )
+    seen = staged_configmaps(monkeypatch)
     ran = task("setup", "--cluster", str(contract_file))
     assert ran.code == 0, ran.err
     (configmap,) = seen
