@@ -61,12 +61,13 @@ def resume_refusal(
     ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, ranks)
     trained = f"{snapshot.world_size} rank(s)" if snapshot.world_size else f"{snapshot.nodes} node(s)"
     fixes = []
-    if nodes != snapshot.nodes:
-        as_trained = f"--nodes {snapshot.nodes}"
-        if takes(snapshot.nodes, cfg.device):
-            fixes.append(f"{as_trained} (as it was trained)")
-        if cfg.device != snapshot.device and takes(snapshot.nodes, snapshot.device):
-            fixes.append(f"--set device={snapshot.device} {as_trained} (its device and nodes, as it was trained)")
+    if nodes != snapshot.nodes and takes(snapshot.nodes, cfg.device):
+        fixes.append(f"--nodes {snapshot.nodes} (as it was trained)")
+    if cfg.device != snapshot.device and takes(snapshot.nodes, snapshot.device):
+        # On the same nodes too: a GPU node's ranks are its GPUs, not one as on CPU.
+        nodes_too = f" --nodes {snapshot.nodes}" if nodes != snapshot.nodes else ""
+        its = "its device and nodes" if nodes_too else "its device"
+        fixes.append(f"--set device={snapshot.device}{nodes_too} ({its}, as it was trained)")
     if cfg.keep_global_batch:
         why = f"keep_global_batch=true cannot keep it: batch_size {cfg.batch_size} x {ranks} rank(s) does not divide it"
     else:

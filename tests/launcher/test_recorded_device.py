@@ -16,7 +16,9 @@ from launcher.launch.monitor import Progress, RunInterrupted
 from launcher.lifecycle import Lifecycle
 from launcher.run_kind import Started, TrainRequest
 from launcher.runs.record import RunRecord
+from launcher.runs.resume import RunSnapshot, resume_refusal
 from model.monitoring.metrics import MetricsLog
+from model.settings.config import load_config
 from tests.launcher.test_inventory_gpus import REPO, cores, dry_run_file, gpus  # noqa: F401 (the fixtures)
 from tests.launcher.test_lifecycle_ends import Kind
 
@@ -153,3 +155,17 @@ def test_a_device_named_anywhere_the_trainer_reads_it_is_the_users_choice(tmp_pa
     assert names_device(str(intel), [])
     assert not names_device(str(other), ["max_iters=3"])
     assert not names_device(None, [])
+
+
+def test_a_gpu_resume_on_the_nodes_it_trained_on_is_told_the_device_it_trained_with():
+    """A run trained on 2 CPU nodes, resumed with --set device=cuda on the same 2 nodes of 4 GPUs each:
+    8 ranks where 2 trained, so the global batch differs; --nodes is no fix (it is the same), the
+    snapshot's device is."""
+    snapshot = RunSnapshot(iter=30, nodes=2, world_size=2, global_batch=8, device="cpu")
+    cfg = load_config(None, ["device=cuda", "batch_size=4", "gradient_accumulation_steps=1"])
+    refusal = resume_refusal(snapshot, "r", cfg, nodes=2, ranks=8, takes=lambda nodes, device: True)
+    assert refusal is not None
+    assert refusal.endswith(
+        "8 rank(s) would train with 32: rerun with --set device=cpu (its device, as it was trained), or another "
+        "--run to start over"
+    ), refusal
