@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 from launcher.console import Interrupted, TaskError, command_line, say
+from launcher.launch.operator_stop import stop_command_line
 from launcher.run_kind import TrainRequest
 
 NOT_STARTED_LINE = "Ctrl-C: the run has not started and will not; leaving once this step ends (Ctrl-C again: now)"
@@ -101,7 +102,7 @@ class CtrlC:
         except Exception as error:
             if error is not self.failure:
                 raise
-            stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+            stop = stop_command_line(request.cluster_spec, request.run)
             raise TaskError(
                 f"Ctrl-C did not reach the run's supervisor: {error}; the run goes on: stop it with `{stop}`"
             ) from None
@@ -151,7 +152,7 @@ def second_ctrl_c_line(ctrl_c: CtrlC, request: TrainRequest) -> str:
             f"after its snapshot: `{status}` shows its end and the command that continues it"
         )
     # `stop` reaches the run from its supervisor's start on: the request is read before each attempt.
-    stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+    stop = stop_command_line(request.cluster_spec, request.run)
     why = f" ({ctrl_c.failure})" if ctrl_c.failure is not None else ""
     return (
         "interrupted (Ctrl-C again): the front end left before the first Ctrl-C reached the run's supervisor"

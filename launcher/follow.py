@@ -42,6 +42,7 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, missing_dirs, say
 from launcher.ctrl_c import CtrlC, interrupts_handed_over
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import (
     END_MARK,
     ENDED,
@@ -332,5 +333,5 @@ def supervisor_lost(
     failed or deleted): the line that says how to get back to the run, with the command that started it
     (its state's) as the continue line."""
     rerun = (state.rerun if state is not None else None) or request.rerun_command
-    stop = command_line("stop", cluster=request.cluster_spec, run=request.run)
+    stop = stop_command_line(request.cluster_spec, request.run)
     return TaskError(supervisor_lost_text(directory / LOG_NAME, rerun, stop, how))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from launcher.cluster.contract import load_cluster
+from launcher.cluster.contract import load_cluster, takes_nodes
 from launcher.cluster.inventory import InventoryError
 from launcher.console import Interrupted, TaskError, check_name, command_line, say
 from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStopped
@@ -98,7 +98,16 @@ class Lifecycle:
             return None
         world = len(kind.nodes) * kind.cluster.ranks_per_node  # the ranks: one per GPU on GPU nodes
         snapshot = run_snapshot(self.record)  # its ranks would refuse it after they start
-        if snapshot and (refusal := resume_refusal(snapshot, request.run, trainer_cfg, len(kind.nodes), world)):
+        if snapshot and (
+            refusal := resume_refusal(
+                snapshot,
+                request.run,
+                trainer_cfg,
+                len(kind.nodes),
+                world,
+                lambda nodes, device: takes_nodes(request.cluster_spec, nodes, device),
+            )
+        ):
             raise TaskError(refusal)
         kept = snapshot.global_batch if snapshot and snapshot.global_batch else None
         batch = GlobalBatch(
@@ -422,11 +431,10 @@ def checked_request(request: TrainRequest) -> TrainRequest:
             cluster = load_cluster(request.cluster_spec, read_ahead=True, local_device=request.local_device)
         if not cluster.nodes or snapshot.nodes == len(cluster.nodes):
             return request  # no nodes listed (a kubeconfig's cluster): its default is known once connected
-        load_cluster(request.cluster_spec, snapshot.nodes, read_ahead=True, local_device=request.local_device).select(
-            snapshot.nodes
-        )
-    except InventoryError:  # the kind's resolve says it; a cluster with fewer nodes now: the resume check does
+    except InventoryError:  # the kind's resolve says it
         return request
+    if not takes_nodes(request.cluster_spec, snapshot.nodes, request.local_device, read_ahead=True):
+        return request  # a cluster with fewer nodes now, or fewer GPUs than its ranks: the resume check says it
     say(
         f"run {request.run} goes on with its {snapshot.nodes} node(s), as its snapshot at iter {snapshot.iter} "
         f"was trained (not the default {len(cluster.nodes)}; --nodes N to choose)"

@@ -43,6 +43,7 @@ from launcher.cluster.inventory import NAME_PATTERN, Cluster, InventoryError
 from launcher.cluster.local import cluster_dir
 from launcher.console import TaskError, check_name, command_line, console, say
 from launcher.launch.monitor import Progress
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import is_live
 from launcher.runs.ledger import NO_END, OUTCOMES, outcome_text, run_rows
 from launcher.runs.record import NO_SNAPSHOT, RunRecord, no_run_line, read_cluster_runs
@@ -370,10 +371,10 @@ def rm(open_store: OpenStore, cluster_spec: str | None, run: str, fetched: bool 
             raise TaskError(no_run_line(store.cluster, run, store.where, stored, f"`{listed}` lists every run"))
         if row.running:
             assert row.stored is not None
-            stop = command_line("stop", cluster=cluster_spec, run=run)
+            stop = stop_command_line(cluster_spec, run)
             raise TaskError(f"run {run} is running on {', '.join(row.stored.running_on)}: stop it first with `{stop}`")
         if is_live(RunRecord.of(store.cluster, run).directory):  # between attempts: no rank runs, the run is live
-            stop = command_line("stop", cluster=cluster_spec, run=run)
+            stop = stop_command_line(cluster_spec, run)
             raise TaskError(f"run {run} is live under its supervisor on this machine: stop it first with `{stop}`")
         freed, failed = delete_rows(store, [row], fetched)
         shared = {} if failed else store.free_unused()

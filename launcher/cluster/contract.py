@@ -95,6 +95,19 @@ def load_cluster(
     return parse_contract(data, str(path))
 
 
+def takes_nodes(spec: str | None, count: int, device: str = "auto", read_ahead: bool = False) -> bool:
+    """Whether `--nodes count` can run on the cluster spec names with the trainer's device setting (the
+    local cluster's ranks depend on it): load_cluster and Cluster.select refuse neither. A cluster whose
+    nodes are read on connect (a kubeconfig's) is not refused here."""
+    try:
+        cluster = load_cluster(spec, count, read_ahead=read_ahead, local_device=device)
+        if cluster.nodes:
+            cluster.select(count)
+    except InventoryError:
+        return False
+    return True
+
+
 def chosen_spec(spec: str | None) -> str:
     """The cluster a task uses: --cluster, else NANOCLUSTER_CLUSTER, else "local"."""
     return (spec or os.environ.get(CLUSTER_ENV) or "local").strip()

@@ -43,6 +43,7 @@ from launcher.kube.connect import connect, running_runs, select_training_nodes
 from launcher.kube.jobs import PENDING_TIMEOUT_S, access_of, run_helper
 from launcher.kube.pod_spec import CODE_DIR, GPU_DRIVER_BIN, GPU_DRIVER_LIBS, NODE_PYTHON, job_name
 from launcher.kube.ring import ring_problems
+from launcher.launch.operator_stop import stop_command_line
 
 GPU_CHECK_ROLE = "gpu-check"
 GPU_CHECK_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
@@ -155,7 +156,7 @@ def held_line(runs: list[str], cluster_spec: str | None, gpus: bool, ring: bool)
     """The one line that says the GPU node (gpus) and the ring (ring) are not checked beside live runs."""
     checks = " and ".join(what for what, skipped in (("GPU node", gpus), ("links between pods", ring)) if skipped)
     which = f"run {runs[0]} is" if len(runs) == 1 else f"runs {', '.join(runs)} are"
-    stops = ", ".join(f"`{command_line('stop', cluster=cluster_spec, run=run)}`" for run in runs)
+    stops = ", ".join(f"`{stop_command_line(cluster_spec, run, runs)}`" for run in runs)
     silence = "; --bandwidth-seconds 0 skips the ring" if ring else ""
     return (
         f"{checks} not checked: {which} live on the cluster's training nodes (a run's pods hold them, one per "

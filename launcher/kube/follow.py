@@ -47,6 +47,7 @@ from launcher.kube import train as kube_train
 from launcher.kube.api import calling
 from launcher.kube.connect import connect, is_live, open_cluster, supervisor_jobs
 from launcher.kube.supervisor import KubeWatch, Supervisor
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import STATE_NAME, log_size, read_state, state_path
 from launcher.lifecycle import checked_here, checked_request
 from launcher.run_kind import TrainRequest
@@ -72,7 +73,7 @@ def logs(
 
 
 def live_refusal(supervisor: Supervisor, cluster_spec: str | None, run: str) -> TaskError:
-    attach, stop = (command_line(t, cluster=cluster_spec, run=run) for t in ("attach", "stop"))
+    attach, stop = command_line("attach", cluster=cluster_spec, run=run), stop_command_line(cluster_spec, run)
     return TaskError(
         f"run {run} is already running (supervisor Job {supervisor.job} in the cluster); follow it with "
         f"`{attach}`, or stop it with `{stop}` first; nothing was changed"

@@ -42,6 +42,7 @@ from launcher.kube.watch import CannotStart, OutOfMemory, PodWatch, StuckPending
 from launcher.launch.data_check import unusable_data
 from launcher.launch.fit import check_pod_fit
 from launcher.launch.monitor import Progress, RunFailed
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.plan import LaunchPlan, trainer_args
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.policy import KEEP_GLOBAL_BATCH
@@ -261,7 +262,7 @@ class KubeRun:
         live = [j for j in run_objects(api, run)[0] if is_live(j)]
         if live:
             spec = self.request.cluster_spec
-            stop = command_line("stop", cluster=spec, run=run)
+            stop = stop_command_line(spec, run)
             logs = command_line("logs", cluster=spec, run=run, follow=True)
             raise TaskError(
                 f"run {run} is running (Job {name_of(live[0])}): follow it with `{logs}`, or stop it "

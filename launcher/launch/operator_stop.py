@@ -24,9 +24,9 @@ and ends the run "stopped" instead of starting the next attempt (supervisor_stop
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from launcher.console import Interrupted, TaskError, command_line
+from launcher.console import DEFAULT_RUN, Interrupted, TaskError, command_line
 
 STOP_REQUEST_NAME = "stop.requested"
 """The request file in the run directory: the Unix time `fab stop` was asked, written before any signal."""
@@ -51,10 +51,18 @@ def run_to_stop(run: str | None, live: Sequence[str], cluster_spec: str | None, 
         return run
     if len(live) > 1:
         names = ", ".join(sorted(live))
-        # --run spelled out even for the default run: without it the same command refuses again.
-        fix = f"{command_line('stop', cluster=cluster_spec)} --run {shlex.quote(sorted(live)[0])}"
+        fix = stop_command_line(cluster_spec, sorted(live)[0], live)
         raise TaskError(f"{len(live)} runs are running on {where}: {names}; name the one to stop, e.g. `{fix}`")
     return live[0] if live else None
+
+
+def stop_command_line(cluster_spec: str | None, run: str, live: Collection[str] | None = None) -> str:
+    """The `stop` of run as a message names it. command_line leaves out --run main, but plain `stop` is
+    the one live run's (run_to_stop), refused beside another: --run is spelled out for the default run
+    too unless live (the runs live now; None: not known here) is that run alone."""
+    if run != DEFAULT_RUN or (live is not None and set(live) == {run}):
+        return command_line("stop", cluster=cluster_spec, run=run)
+    return f"{command_line('stop', cluster=cluster_spec)} --run {shlex.quote(run)}"
 
 
 def stop_since(requested_at: float | None, asked_at: float | None) -> float | None:

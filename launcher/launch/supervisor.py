@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.console import TaskError, command_line
+from launcher.launch.operator_stop import stop_command_line
 from launcher.runs.record import supervisor_lost_text
 from launcher.terminal import LOG_NAME
 
@@ -121,7 +122,7 @@ def take_lock(directory: Path, run: str, cluster_spec: str | None) -> int:
         os.close(fd)
         state = read_state(directory)
         pid = f" (supervisor pid {state.pid})" if state else ""
-        follow, stop = (command_line(task, cluster=cluster_spec, run=run) for task in ("attach", "stop"))
+        follow, stop = command_line("attach", cluster=cluster_spec, run=run), stop_command_line(cluster_spec, run)
         raise AlreadySupervised(
             f"run {run} is already running{pid}; follow it with `{follow}`, or stop it with `{stop}` first"
         ) from None

@@ -58,6 +58,7 @@ from launcher.launch.operator_stop import (
     not_running_line,
     nothing_running_line,
     run_to_stop,
+    stop_command_line,
     supervisor_stops_line,
 )
 from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held, lock_held
@@ -151,7 +152,7 @@ def start_command(
     directory = run_dir(root, run)
     lines = [
         "set -e",
-        running_check(directory, command_line("stop", cluster=cluster_spec, run=run)),
+        running_check(directory, stop_command_line(cluster_spec, run)),
         f"mkdir -p {root}",
         f"tar -xf - -C {root}",
     ]
@@ -324,7 +325,7 @@ def stop_units(session: Session, run: str, operator: bool = False) -> list[Node]
         except NodeError as e:
             out_line(
                 f"[stop {node.name}] could not stop its ranks ({e}); they fail on their own within "
-                f"collective_timeout_s, or run `{command_line('stop', cluster=session.cluster.spec, run=run)}` "
+                f"collective_timeout_s, or run `{stop_command_line(session.cluster.spec, run)}` "
                 "once the node is back"
             )
             return
@@ -377,7 +378,7 @@ def check_no_other_run(session: Session, run: str) -> None:
         return
     where = "this machine" if session.cluster.is_local else session.cluster.cluster_name
     spec = session.cluster.spec
-    attach, stop_it = (command_line(task, cluster=spec, run=others[0]) for task in ("attach", "stop"))
+    attach, stop_it = command_line("attach", cluster=spec, run=others[0]), stop_command_line(spec, others[0], others)
     raise TaskError(
         f"run {others[0]} is running on {where}"
         + (f" (with {', '.join(others[1:])})" if others[1:] else "")

@@ -9,6 +9,7 @@ stop (Ctrl-C, `fab stop`, the budget); the trainer's "start" record says its glo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.runs.record import NO_SNAPSHOT, RunRecord
@@ -47,15 +48,26 @@ def run_snapshot(record: RunRecord) -> RunSnapshot | None:
     return RunSnapshot(saved, nodes, start.get("world_size"), start.get("global_batch"), attempt.device)
 
 
-def resume_refusal(snapshot: RunSnapshot, run: str, cfg: TrainConfig, nodes: int, ranks: int) -> str | None:
+def resume_refusal(
+    snapshot: RunSnapshot, run: str, cfg: TrainConfig, nodes: int, ranks: int, takes: Callable[[int, str], bool]
+) -> str | None:
     """Why nodes (ranks in all) cannot resume the run's snapshot with cfg, with the flags that can
-    (--nodes as it was, keep_global_batch where it divides); None when they can or it cannot be told."""
+    (--nodes as it was, on cfg's device or the snapshot's; keep_global_batch where it divides); None when
+    they can or it cannot be told. takes(N, device): whether the cluster runs --nodes N with that device
+    setting (the local cluster has one rank per GPU): a fix it would refuse is left out."""
     kept = snapshot.global_batch
     if kept is None or resumed_accumulation(cfg, ranks, kept, snapshot.iter) is not None:
         return None
     ours = global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, ranks)
     trained = f"{snapshot.world_size} rank(s)" if snapshot.world_size else f"{snapshot.nodes} node(s)"
-    fixes = [f"--nodes {snapshot.nodes} (as it was trained)"] if nodes != snapshot.nodes else []
+    fixes = []
+    if nodes != snapshot.nodes and takes(snapshot.nodes, cfg.device):
+        fixes.append(f"--nodes {snapshot.nodes} (as it was trained)")
+    if cfg.device != snapshot.device and takes(snapshot.nodes, snapshot.device):
+        # On the same nodes too: a GPU node's ranks are its GPUs, not one as on CPU.
+        nodes_too = f" --nodes {snapshot.nodes}" if nodes != snapshot.nodes else ""
+        its = "its device and nodes" if nodes_too else "its device"
+        fixes.append(f"--set device={snapshot.device}{nodes_too} ({its}, as it was trained)")
     if cfg.keep_global_batch:
         why = f"keep_global_batch=true cannot keep it: batch_size {cfg.batch_size} x {ranks} rank(s) does not divide it"
     else:

@@ -16,7 +16,9 @@ from launcher.launch.monitor import Progress, RunInterrupted
 from launcher.lifecycle import Lifecycle
 from launcher.run_kind import Started, TrainRequest
 from launcher.runs.record import RunRecord
+from launcher.runs.resume import RunSnapshot, resume_refusal
 from model.monitoring.metrics import MetricsLog
+from model.settings.config import load_config
 from tests.launcher.test_inventory_gpus import REPO, cores, dry_run_file, gpus  # noqa: F401 (the fixtures)
 from tests.launcher.test_lifecycle_ends import Kind
 
@@ -83,6 +85,38 @@ def test_a_device_cpu_run_resumed_without_set_keeps_its_cpu_ranks_and_says_so(gp
         assert "device=cuda" in dry_run_file(on_gpu.out, home, "rank0.sh"), named
 
 
+def test_a_resume_on_another_device_is_refused_naming_only_fixes_that_run(gpus, cores, task):  # noqa: F811
+    """`fab train --run r --set device=cuda` of the device=cpu run of 3 CPU ranks on a 1-GPU machine takes
+    its one GPU rank, whose global batch the snapshot refuses: the line names the device and nodes it was
+    trained on, not --nodes 3 alone (3 GPU ranks on 1 GPU, which the next command refuses); on a 4-GPU
+    machine, --nodes 4 refused, --nodes 3 can run on the GPUs, and the line names both."""
+    gpus(1)
+    cores(2)
+    interrupted_on_cpus()
+    refused = task("train", "--run", "r", "--set", "device=cuda", "--dry-run")
+    assert refused.code != 0 and refused.error_lines == [
+        "error: run r's snapshot at iter 30 was trained with a global batch of 12 sequences per optimizer step "
+        "on 3 rank(s); 1 rank(s) would train with 4: rerun with --set device=cpu --nodes 3 (its device and "
+        "nodes, as it was trained), or --set keep_global_batch=true (gradient accumulation keeps 12), or "
+        "another --run to start over"
+    ], refused.out[-3000:] + refused.err[-3000:]
+    assert task("train", "--run", "r", "--set", "device=cuda", "--nodes", "3", "--dry-run").error_lines == [
+        "error: --nodes 3 but this machine has 1 GPU(s) (NVIDIA H100 80GB HBM3, nvidia-smi): the local cluster "
+        "runs one rank per GPU; use --nodes <= 1"
+    ]
+    fixed = task("train", "--run", "r", "--set", "device=cpu", "--nodes", "3", "--dry-run")
+    assert fixed.code == 0, fixed.out[-3000:] + fixed.err[-3000:]
+    assert "dry run: 3 rank(s)" in fixed.out
+
+    gpus(4)
+    refused = task("train", "--run", "r", "--set", "device=cuda", "--nodes", "4", "--dry-run")
+    both = "rerun with --nodes 3 (as it was trained), or --set device=cpu --nodes 3 (its device and nodes, "
+    assert f"4 rank(s) would train with 16: {both}" in refused.err, refused.out[-3000:] + refused.err[-3000:]
+    on_gpus = task("train", "--run", "r", "--set", "device=cuda", "--nodes", "3", "--dry-run")
+    assert on_gpus.code == 0, on_gpus.out[-3000:] + on_gpus.err[-3000:]
+    assert "3 rank(s) as processes, one per GPU (NVIDIA H100 80GB HBM3)" in on_gpus.out
+
+
 @pytest.mark.parametrize("command", ["stop", "sample", "fetch", "export", "attach"])
 def test_the_tasks_that_read_a_device_cpu_run_open_with_the_cluster_it_trained_on(
     gpus,  # noqa: F811
@@ -121,3 +155,17 @@ def test_a_device_named_anywhere_the_trainer_reads_it_is_the_users_choice(tmp_pa
     assert names_device(str(intel), [])
     assert not names_device(str(other), ["max_iters=3"])
     assert not names_device(None, [])
+
+
+def test_a_gpu_resume_on_the_nodes_it_trained_on_is_told_the_device_it_trained_with():
+    """A run trained on 2 CPU nodes, resumed with --set device=cuda on the same 2 nodes of 4 GPUs each:
+    8 ranks where 2 trained, so the global batch differs; --nodes is no fix (it is the same), the
+    snapshot's device is."""
+    snapshot = RunSnapshot(iter=30, nodes=2, world_size=2, global_batch=8, device="cpu")
+    cfg = load_config(None, ["device=cuda", "batch_size=4", "gradient_accumulation_steps=1"])
+    refusal = resume_refusal(snapshot, "r", cfg, nodes=2, ranks=8, takes=lambda nodes, device: True)
+    assert refusal is not None
+    assert refusal.endswith(
+        "8 rank(s) would train with 32: rerun with --set device=cpu (its device, as it was trained), or another "
+        "--run to start over"
+    ), refusal

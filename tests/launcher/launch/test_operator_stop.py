@@ -17,7 +17,7 @@ import pytest
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
 from launcher.launch import units
-from launcher.launch.operator_stop import run_to_stop, supervisor_stops_line
+from launcher.launch.operator_stop import run_to_stop, stop_command_line, supervisor_stops_line
 from launcher.launch.supervisor import take_lock
 from launcher.launch.units import check_no_other_run, live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
@@ -93,6 +93,31 @@ def test_without_run_several_live_runs_are_refused_by_name_one_is_stopped_and_no
     again = fab("stop", "--run", "a")  # idempotent: the run is not running, which is what stop is for
     assert (again.returncode, last(again.stdout)) == (0, "run a is not running: nothing to stop")
     assert "every rank stopped" not in nothing.stdout + again.stdout
+
+
+def test_a_stop_named_for_main_beside_another_live_run_names_it_and_stops_it_alone(local_home, standins):
+    """With runs main and b live, `rm main` names the stop of main with --run main (plain `stop` would
+    refuse, naming both), and that command, run as printed, stops main and leaves b running."""
+    fab = Fab("local", local_home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
+    standins("main")
+    standins("b")
+    assert live() == ["b", "main"]
+
+    refused = fab("rm", "main")
+    assert refused.returncode == 1
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    hint = re.fullmatch(r"error: run main is running on \S+: stop it first with `(.+)`", line)
+    assert hint is not None, line
+    words = shlex.split(hint.group(1))
+    assert words[1:] == ["stop", "--run", "main"]
+
+    stopped = fab(*words[1:])
+    assert stopped.returncode == 0, stopped.stderr
+    assert last(stopped.stdout).startswith("run main: every rank stopped on ")
+    assert live() == ["b"]
+    # main alone known live (the runs `stop` picks from): plain `stop` stops it, and the line says so
+    assert stop_command_line(None, "main", ["main"]) == command_line("stop")
+    assert stop_command_line(None, "main", ["main", "b"]) == f"{command_line('stop')} --run main"
 
 
 def test_stop_request_is_left_before_the_signal_and_a_new_start_clears_it(local_home, standins):
