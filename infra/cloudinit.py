@@ -104,7 +104,7 @@ HASH_OPTION = re.compile(r" --hash=sha256:[0-9a-f]+")
 def requirements_text(node: NodeIdentity) -> str:
     """The node's requirements-PROFILE.txt as its user data ships it: whole, with the sha256 of each
     PyPI file (pip --require-hashes), except on AWS, whose 16 KB of user data has no room for them
-    (about 150 hashes, 7 KB gzip-compressed): there the first boot installs the same pins by version
+    (about 185 hashes, 7.5 KB gzip-compressed): there the first boot installs the same pins by version
     only. `fab setup` ships the whole file, and the bootstrap counts both copies as one environment."""
     text = (NODE_DIR / f"requirements-{node.profile}.txt").read_text()
     if node.cloud != "aws":

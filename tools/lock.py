@@ -5,9 +5,9 @@
 
 `update` resolves pyproject.toml's ranges (every extra, through `dev`) plus requirements.in's exact
 pins with pip-compile into requirements.lock, keeping the versions already locked unless
---upgrade; then it resolves each node profile (the base dependencies and the `node` extra, plus
-`intel` for that profile) constrained by the lock into node/requirements-PROFILE.txt, so a node
-installs exactly the versions the tests ran against.
+--upgrade; then it resolves each node profile (the base dependencies and NODE_EXTRAS, plus `intel`
+for that profile) constrained by the lock into node/requirements-PROFILE.txt, so a node installs
+exactly the versions the tests ran against.
 
 pip-compile, not uv: it resolves with pip itself, so the lock is made with the same finder and pip
 configuration (indexes, find-links, the CPU build of torch) that `make setup` and the node
@@ -115,17 +115,21 @@ cuda-toolkit 13.0.3): Turing to Blackwell (T4, L4, A100, H100, B200); needs an N
 CUDA 13.x's minimum (NVIDIA's minor version compatibility). Its other build, cu126 on PyTorch's own
 index, adds Maxwell to Volta (V100) for drivers >= 525 and is dropped in torch 2.15 (PyTorch's
 release compatibility matrix; pytorch/pytorch issues 178665, 190385)."""
+NODE_EXTRAS = ("node", "hub", "tracking")
+"""The pyproject extras every node profile installs: what the supervisor and the launchers import
+(node), hub datasets and parquet files for model.prepare (hub), and tensorboard for rank 0's event
+files in the run's tb/ (tracking), which `fab fetch` copies."""
 PROFILES = (
     NodeProfile(
         "default",
         "stock CPU PyTorch (gloo, bf16 autocast, oneDNN); the CPU index, not PyPI's CUDA build",
-        ("node", "hub"),
+        NODE_EXTRAS,
         (TORCH_CPU_INDEX,),
     ),
     NodeProfile(
         "intel",
         "torch + intel-extension-for-pytorch + oneCCL bindings (backend=ccl) + Intel MPI",
-        ("node", "hub", "intel"),
+        (*NODE_EXTRAS, "intel"),
         (TORCH_CPU_INDEX, "https://pytorch-extension.intel.com/release-whl/stable/cpu/us/"),
         # Both Intel packages are archived upstream; 2.8 is their last CPU release, and IPEX refuses
         # to load beside another torch major.minor.
@@ -134,7 +138,7 @@ PROFILES = (
     NodeProfile(
         "cuda",
         f"PyPI's torch, its CUDA {TORCH_CUDA} build (NCCL, bf16/fp16 autocast on NVIDIA GPUs; driver >= 580)",
-        ("node", "hub"),
+        NODE_EXTRAS,
         (),
         ("torch==2.13.0",),
         follows_lock=("torch",),

@@ -2,9 +2,11 @@
 
     tensorboard --logdir runs/<run>/tb      (after `fab fetch`, or on the head node)
 
-Optional: it needs the `tracking` extra (tensorboard); without it the run trains the same and says
-once that TensorBoard logging is off. torch.utils.tensorboard's SummaryWriter queues each scalar for
-its own writer thread, so a step pays a queue put, not a file write.
+Optional: it needs the `tracking` extra (tensorboard), which every node profile installs
+(tools/lock.py's NODE_EXTRAS); without it (a venv of `make quickstart`, a node set up before that) the
+run trains the same and says once that TensorBoard logging is off. torch.utils.tensorboard's
+SummaryWriter queues each scalar for its own writer thread, so a step pays a queue put, not a file
+write.
 
 Each train/eval record of metrics.jsonl becomes one scalar per numeric field, tagged "<kind>/<field>"
 (train/loss, train/lr, train/iter_ms, train/tokens_per_s, train/mfu, eval/train_loss, eval/val_loss)
@@ -84,7 +86,8 @@ def open_tensorboard(out_dir: Path, resumed_at: int | None, kept: Iterable[dict[
     except ImportError:
         log.info(
             "TensorBoard logging is off: the tensorboard package is not installed here "
-            "(pip install 'nanocluster[tracking]' on the nodes to get event files in %s)",
+            "(a cluster's nodes get it from `nanocluster setup`, the local cluster from "
+            "pip install 'nanocluster[tracking]'; then event files go to %s)",
             out_dir / TB_DIR,
         )
         return None

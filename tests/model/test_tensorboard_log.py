@@ -72,6 +72,7 @@ def test_without_tensorboard_the_run_says_once_that_logging_is_off(tmp_path, mon
         assert open_tensorboard(tmp_path, None, []) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"TensorBoard logging is off: the tensorboard package is not installed here "
-        f"(pip install 'nanocluster[tracking]' on the nodes to get event files in {tmp_path / TB_DIR})"
+        "(a cluster's nodes get it from `nanocluster setup`, the local cluster from "
+        f"pip install 'nanocluster[tracking]'; then event files go to {tmp_path / TB_DIR})"
     ]
     assert not (tmp_path / TB_DIR).exists()

@@ -327,12 +327,33 @@ def test_every_node_profile_can_read_hub_sources_and_parquet(profile):
     Job with the default or cuda profile's file): a hub source or a .parquet file needs datasets and
     pyarrow in the node environment, hashed, at the lock's versions, with everything datasets requires
     (the nodes install with --no-deps)."""
+    needed = extra_closure("hub", "datasets")
+    assert {"datasets", "pyarrow"} <= needed
+    assert_pinned_and_hashed_at_the_locks_versions(profile, needed)
+
+
+@pytest.mark.parametrize("profile", lock.PROFILES, ids=lambda profile: profile.name)
+def test_every_node_profile_has_tensorboard_so_rank_0_writes_the_runs_event_files(profile):
+    """Rank 0 writes tb/ (model.monitoring.tensorboard_log, through torch.utils.tensorboard's
+    SummaryWriter) wherever it runs: on a cloud VM or in a Kubernetes pod, whose environments are the
+    profile's file. tensorboard and everything it requires are in it, hashed, at the lock's versions
+    (the nodes install with --no-deps), as a profile's extras include `tracking`."""
+    assert "tracking" in profile.extras
+    needed = extra_closure("tracking", "tensorboard")
+    assert {"tensorboard", "protobuf", "grpcio", "tensorboard-data-server"} <= needed
+    assert_pinned_and_hashed_at_the_locks_versions(profile, needed)
+
+
+def extra_closure(extra: str, package: str) -> set[str]:
+    """The projects of a pyproject extra and what its `package` requires (from the installed metadata)."""
+    listed = [r.split(";")[0] for r in metadata.requires("nanocluster") or [] if re.search(f"extra == .{extra}.", r)]
+    return requirement_names(listed) | requirement_names(metadata.requires(package) or [])
+
+
+def assert_pinned_and_hashed_at_the_locks_versions(profile: lock.NodeProfile, needed: set[str]) -> None:
     text = (lock.ROOT / profile.path).read_text()
     node_pins, locked = lock.pins(text), lock.pins((lock.ROOT / lock.LOCK).read_text())
     hashed = {name for line in text.splitlines() if lock.hashes_of(line) for name in lock.pins(line)}
-    hub = [r.split(";")[0] for r in metadata.requires("nanocluster") or [] if re.search(r"extra == .hub.", r)]
-    needed = requirement_names(hub) | requirement_names(metadata.requires("datasets") or [])
-    assert {"datasets", "pyarrow"} <= needed
     assert sorted(needed - set(node_pins)) == []
     assert sorted(needed - hashed) == []
     assert {name: node_pins[name] for name in needed} == {name: locked[name] for name in needed}
