@@ -97,8 +97,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
-# Eager under torch.compile: the row loop's bounds depend on the data (ignored targets).
-@torch.compiler.disable
 def linear_cross_entropy_cpu(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the logits hidden @ weight.T, (..., C) x (V, C), against targets (...), on a CPU."""
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
@@ -130,6 +128,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     path = loss_path(device, dtype)
     if path == "CPU kernel":
+        if torch.compiler.is_compiling():  # eager: the row loop's bounds depend on the data (ignored targets)
+            return torch.compiler.disable(linear_cross_entropy_cpu)(hidden, weight, targets)
         return linear_cross_entropy_cpu(hidden, weight, targets)
     if path == "Triton kernel":
         assert linear_cross_entropy_cuda is not None

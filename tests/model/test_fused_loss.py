@@ -120,3 +120,17 @@ def test_the_triton_kernel_matches_the_plain_path_in_tritons_interpreter() -> No
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert proc.stdout.count("ok:") == 6, proc.stdout
+
+
+def test_sampling_and_export_start_without_the_compiler_stack() -> None:
+    """`fab sample` and `fab export` import the model but never compile it: torch._dynamo (about a second
+    of CPU to import) stays unloaded until a model is compiled, where the CPU kernel is then kept eager."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, model.sample, model.export; print('torch._dynamo' in sys.modules)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False", "importing model.sample or model.export loaded torch._dynamo"
