@@ -1,15 +1,12 @@
-"""A run's supervisor on a VM cluster's head node (rank 0's machine), so the run outlives the operator's
-machine: a closed laptop or a lost network leaves it restarting, budgeted and recorded to its end.
+"""The head node's side of a run supervised there (a VM cluster's rank 0 machine), so the run outlives
+the operator's machine: a closed laptop or a lost network leaves it restarting, budgeted and recorded to
+its end. The operator's side sends these commands over SSH and follows the run (launcher.head_watch):
 
-The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys),
-and holds the launcher beside model/ in ~/nanocluster/code (launcher.setup.nodes.sync_code) and its
-imports in the node environment (pyproject's `node` extra). What runs there:
-
-    start      over SSH from the front end: the cluster as the head sees it (the contract, with the head
-               reached at its private address) written to SUPERVISOR_HOME/cluster.json; the run's lock
-               taken in the head's record directory (a second train of a live run refuses, as on this
-               machine); the supervisor started as ThisMachine starts one (its own session, stdin
-               /dev/null, output to the run's log), so it survives the SSH session closing
+    start      the cluster as the head sees it (the contract, with the head reached at its private
+               address) written to SUPERVISOR_HOME/cluster.json; the run's lock taken in the head's
+               record directory (a second train of a live run refuses, as on this machine); the
+               supervisor started as ThisMachine starts one (its own session, stdin /dev/null, output to
+               the run's log), so it survives the SSH session closing
     sync       the record's files from the offsets the operator's copy has reached, and whether the
                supervisor is live: the front end appends them to this machine's record directory
     interrupt  Ctrl-C for the run: SIGINT to the head's live supervisor
@@ -17,39 +14,28 @@ imports in the node environment (pyproject's `node` extra). What runs there:
                the stack's contract read again, and the answer the supervisor waits for
                (launcher.recover.front_end_revival)
 
-The operator's side is HeadNode (a supervision kind beside launcher.supervised's ThisMachine) and its
-HeadWatch, which launcher.follow polls: this machine's record directory is a copy of the head's, and a
-revival the supervisor asks for is run here (HeadWatch.tend), with the operator's credentials.
+A followed run has a `sync` every second on the head, where rank 0 trains: this module imports only
+what these commands use (not Fabric, the run kinds or the tasks), which makes each a third of the CPU
+it was (about 0.1 CPU-s here, not 0.26); `start` imports the supervisor's modules itself.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import dataclasses
-import io
 import json
 import os
-import shlex
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.cluster.contract import load_cluster
-from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
-from launcher.cluster.node_layout import site_of
-from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line, say
+from launcher.console import OPERATOR_CLUSTER_ENV, TaskError
 from launcher.launch.supervisor import (
-    ENDED,
     LOCK_NAME,
     STARTING,
     STATE_NAME,
-    SUPERVISOR_HOME,
     SupervisorState,
-    copy_part,
     interrupt,
     is_live,
     log_size,
@@ -58,62 +44,15 @@ from launcher.launch.supervisor import (
     take_lock,
     write_state,
 )
-from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
-from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME
-from launcher.transport import NodeError, Shell
 
 CONTRACT_NAME = "cluster.json"
-SYNC_STATE_NAME = ".head_sync.json"
-"""In this machine's record directory: how far each of the head's files has been copied."""
 SYNC_CHUNK = 4 << 20
 """Bytes of one file a sync call brings at most (a long log arrives over several calls)."""
-SYNC_ROUNDS = 64
-"""Sync calls one refresh makes at most while files have more to bring (256 MiB of each)."""
 WHOLE_SUFFIXES = (".json",)
 """Files rewritten in place (supervisor.json): copied whole at every sync; the rest are appended to."""
-SSH_TIMEOUT_S = 60
-REFRESH_S = 1.0
-"""Seconds between two syncs while the supervisor is live (each is a command on the head)."""
-
-
-def head_contract(contract: dict, cluster: Cluster) -> dict:
-    """The contract as the head sees it: itself reached at its own private address (the head's sshd
-    authorizes the cluster key, as every node's does)."""
-    return contract | {"head_public_ip": cluster.head.private_ip}
-
-
-def contract_of(cluster: Cluster) -> dict:
-    """The machines contract that describes cluster (contract.parse_contract reads it back)."""
-    data: dict = {
-        "cloud": cluster.cloud,
-        "cluster_name": cluster.cluster_name,
-        "ssh_user": cluster.ssh_user,
-        "head_public_ip": cluster.head_public_ip,
-        "private_ips": [n.private_ip for n in cluster.nodes],
-        "node_names": [n.name for n in cluster.nodes],
-        "host_public_keys": [n.host_public_key for n in cluster.nodes],
-        "ssh_private_key": cluster.ssh_private_key,
-        "ssh_public_key": cluster.ssh_public_key,
-        "cores_per_node": cluster.cores_per_node,
-        "cpu_flags": list(cluster.cpu_flags),
-        "gpus_per_node": cluster.gpus_per_node,
-        "gpu_model": cluster.gpu_model,
-        "machine_type": cluster.machine_type,
-        "region": cluster.region,
-        "node_python": cluster.node_python,
-        "prices_as_of": cluster.prices_as_of,
-        "spot": cluster.spot,
-        "hourly_cost_usd": cluster.hourly_cost_usd,
-        "hourly_cost_on_demand_usd": cluster.hourly_cost_on_demand_usd,
-        "hourly_cost_spot_usd": cluster.hourly_cost_spot_usd,
-    }
-    return {key: value for key, value in data.items() if value not in (None, "", [])}
-
-
-# ---- on the head ------------------------------------------------------------------------------------
 
 
 def write_contract(home: Path, contract: dict) -> Path:
@@ -235,216 +174,6 @@ def head_main(argv: list[str]) -> int:
         return e.exit_code
     print(json.dumps(answer))
     return 0
-
-
-# ---- on the operator's machine ----------------------------------------------------------------------
-
-
-def head_command(cluster: Cluster, *args: str) -> str:
-    """A head_main command line on the head, run with the node environment and the staged code."""
-    site = site_of(cluster)
-    return (
-        f"cd {site.code_dir} && {LOCAL_HOME_ENV}={site.root}/{SUPERVISOR_HOME} PYTHONPATH={site.code_dir} "
-        f"{site.python} -m launcher.head_node {' '.join(shlex.quote(a) for a in args)}"
-    )
-
-
-class HeadWatch:
-    """The head's supervisor as the front end follows it: refresh() copies the head's record into this
-    machine's record directory (which state() then reads); live() and interrupt() ask the head."""
-
-    def __init__(self, cluster: Cluster, shell: Shell, local: Path, run: str):
-        self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
-        self.was_live = True
-        """What the last refresh found (True until one answered)."""
-        self.served: set[int] = set()
-        """The revival requests tend() ran `pulumi up` for."""
-        self.unsent: dict | None = None
-        """An answer the head did not take (sent again, never revived again)."""
-        self.last_refresh = -REFRESH_S
-        self.plot = SyncedPlot(local)
-        """Drawn here: the head has no matplotlib."""
-
-    def offsets(self) -> dict[str, int]:
-        try:
-            found = json.loads((self.local / SYNC_STATE_NAME).read_text())
-        except (OSError, ValueError):
-            return {}
-        return found if isinstance(found, dict) else {}
-
-    def refresh(self) -> None:
-        """Copy what the head's record gained since the last refresh; a head that does not answer leaves
-        the copy as it is (the next refresh tries again)."""
-        if self.was_live and time.monotonic() - self.last_refresh < REFRESH_S:
-            return
-        self.last_refresh = time.monotonic()
-        offsets = self.offsets()
-        for _ in range(SYNC_ROUNDS):  # until a sync brings the rest of every file, and the state with it
-            try:
-                answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
-            except NodeError:
-                return
-            if not answer.ok:
-                return
-            found = json.loads(answer.stdout)
-            self.was_live = bool(found["live"])
-            self.local.mkdir(parents=True, exist_ok=True)
-            # The state last: this machine's copy never says ended before what came with it is here.
-            for name, part in sorted(found["files"].items(), key=lambda item: item[0] == STATE_NAME):
-                data = base64.b64decode(part["data"])
-                copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
-                offsets[name] = part["from"] + len(data)
-                temporary = self.local / f"{SYNC_STATE_NAME}.tmp"  # after each file: none is appended twice
-                temporary.write_text(json.dumps(offsets))
-                os.replace(temporary, self.local / SYNC_STATE_NAME)
-            if not found.get("more"):
-                break
-        self.plot.update()
-
-    def state(self) -> SupervisorState | None:
-        return read_state(self.local)
-
-    def live(self) -> bool:
-        return self.was_live
-
-    def tend(self) -> None:
-        """A revival the supervisor asks for (a Pulumi stack's lost VMs: supervisor.json's `revival`),
-        run here once per request: the same revive() as a supervisor on this machine runs, then the
-        stack read again and its contract sent to the head with the answer."""
-        from launcher.recover.front_end_revival import RevivalRequest
-        from launcher.recover.nodes import REVIVE_LOG
-        from launcher.recover.revive import revive
-        from launcher.session import resolve_cluster
-
-        state = self.state()
-        request = RevivalRequest.of(state.revival) if state is not None and state.phase != ENDED else None
-        if request is None or not self.was_live or self.cluster.stack is None:
-            return
-        if request.id in self.served:
-            if self.unsent is not None and self.unsent["id"] == request.id:
-                self.answer(self.unsent)
-            return
-        self.served.add(request.id)
-        by_index = {n.index: n for n in self.cluster.nodes}
-        lost = [by_index[i] for i in request.indices if i in by_index]
-        say(
-            f"the run's supervisor on {self.cluster.head.name} asks for {', '.join(request.nodes)} to be revived "
-            "(it holds no cloud credentials): the stack's `pulumi up` runs here"
-        )
-        revived = revive(self.cluster, lost, self.local / REVIVE_LOG, timeout_s=request.up_timeout_s)
-        why = None if revived else f"`pulumi up` failed here: see {self.local / REVIVE_LOG}"
-        answer: dict = {"id": request.id, "revived": revived, "why": why}
-        if revived:
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):  # its "using ..." line
-                    cluster = resolve_cluster(self.cluster.spec, None)
-            except TaskError as e:
-                answer |= {"revived": False, "why": f"the stack's outputs could not be read again: {e}"}
-            else:
-                answer["contract"] = head_contract(contract_of(cluster), cluster)
-        self.answer(answer)
-
-    def answer(self, answer: dict) -> None:
-        """The answer to a revival request sent to the head (kept in unsent until the head takes it)."""
-        try:
-            command = head_command(self.cluster, "revived", self.run)
-            sent = self.shell.run(command, stdin=json.dumps(answer).encode(), timeout=SSH_TIMEOUT_S)
-            ok = sent.ok and sent.stdout.strip() == "true"
-        except NodeError:
-            ok = False
-        if not ok and self.unsent is None:
-            say(f"{self.cluster.head.name} did not take the answer: sending it again while the supervisor waits")
-        self.unsent = None if ok else answer
-
-    def interrupt(self) -> bool:
-        asking = "asking the run's supervisor to interrupt the run"
-        try:  # a failure is not "no live supervisor": the run may well go on there
-            answer = self.shell.check(head_command(self.cluster, "interrupt", self.run), asking, timeout=SSH_TIMEOUT_S)
-        except NodeError as e:
-            raise TaskError(str(e)) from None
-        return answer.stdout.strip() == "true"
-
-    def where(self) -> str:
-        return f"on the head node {self.cluster.head.name}"
-
-    def lost(self) -> str:
-        from launcher.launch.supervisor import KILLED
-
-        return KILLED
-
-    def close(self) -> None:
-        self.plot.close()
-        self.shell.close()
-
-
-def config_text(path: str | None) -> str | None:
-    """--config's text, to write on the head (None: no file, or none readable here: the head's checks
-    then name the path as given)."""
-    try:
-        return Path(path).expanduser().read_text() if path else None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-@dataclass(frozen=True)
-class HeadNode:
-    """A supervisor on the cluster's head node (rank 0's machine), running `entry` there."""
-
-    entry: str
-
-    def run_here(self, request: TrainRequest) -> int:
-        """A dry run: the lifecycle in this process (nothing starts, nothing to supervise)."""
-        from launcher.supervised import entry_function
-
-        return entry_function(self.entry)(request)
-
-    def launch(
-        self, request: TrainRequest, cluster: Cluster, local: Path, before_start: Callable[[], None]
-    ) -> HeadWatch:
-        """The head made ready (environment, cluster key, the launcher staged), then the run's lock taken
-        and its supervisor started there; its watch. A Ctrl-C while the head was made ready leaves before
-        the start (before_start), nothing started."""
-        from launcher.session import Session
-        from launcher.setup.nodes import distribute_keys, ensure_ready
-
-        session = Session.open(cluster, (cluster.head,), request.dataset)
-        try:
-            ensure_ready(session)
-            distribute_keys(session)
-            before_start()
-            spec = {
-                "entry": self.entry,
-                "request": dataclasses.asdict(request),
-                "contract": head_contract(contract_of(cluster), cluster),
-                "program": sys.argv[0],
-                "config_text": config_text(request.config),
-            }
-            shell = session.shell(cluster.head)
-            answer = shell.run(head_command(cluster, "start"), stdin=json.dumps(spec).encode(), timeout=SSH_TIMEOUT_S)
-        except BaseException:
-            session.close()
-            raise
-        if not answer.ok:
-            session.close()
-            lines = answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"]
-            if answer.returncode == 1 and len(lines) == 1:  # the lock's refusal: one line, as on this machine
-                raise TaskError(lines[0])
-            fix = ""
-            if "ModuleNotFoundError" in lines[-1]:  # a node environment from before the supervisor moved there
-                fix = f": `{command_line('setup', cluster=cluster.spec)}` installs what it needs"
-            raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}{fix}")
-        state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
-        return HeadWatch(cluster, shell, local, request.run)
-
-    def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
-        """An existing run's watch (`attach`, `status`): a connection to the head."""
-        from launcher.transport.connect import connect
-
-        try:
-            shells = connect(cluster, (cluster.head,))
-        except NodeError as e:
-            raise TaskError(str(e)) from None
-        return HeadWatch(cluster, shells[cluster.head.index], local, run)
 
 
 if __name__ == "__main__":

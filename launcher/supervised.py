@@ -9,7 +9,7 @@ lives and leaves its end in supervisor.json (launcher.launch.supervisor: the fil
 
 Where a run's supervisor runs is its cluster's choice (launcher.train.supervision): a background
 process on this machine for the local cluster (ThisMachine), a detached process on the head node for
-machines over SSH (launcher.head_node's HeadNode). Each supplies the same two things to the front end:
+machines over SSH (launcher.head_watch's HeadNode). Each supplies the same two things to the front end:
 launch (the lock taken, the supervisor started) and a watch (its state, liveness, interrupt, the
 record brought to this machine, and what the supervisor asks of this machine: tend). On Kubernetes
 the supervisor is a Job's pod (launcher.kube.supervisor), created through the API rather than
@@ -70,7 +70,7 @@ class Watch(Protocol):
 
     def tend(self) -> None:
         """Do what the supervisor asks of the operator's machine (a stack's lost VM revived with its
-        `pulumi up`, which needs the credentials this machine holds: launcher.head_node)."""
+        `pulumi up`, which needs the credentials this machine holds: launcher.head_watch)."""
         ...
 
     def interrupt(self) -> bool:
@@ -101,7 +101,7 @@ def still_supervised(watch: Watch) -> Callable[[], bool]:
 
 
 class Supervision(Protocol):
-    """Where a run's supervisor runs (ThisMachine, launcher.head_node's HeadNode)."""
+    """Where a run's supervisor runs (ThisMachine, launcher.head_watch's HeadNode)."""
 
     def launch(
         self, request: TrainRequest, cluster: Cluster, directory: Path, before_start: Callable[[], None]

@@ -22,7 +22,7 @@ from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.local import cluster_dir
 from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, command_line, out_line, say
-from launcher.head_node import HeadNode
+from launcher.head_watch import HeadNode
 from launcher.launch.fit import check_fit
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.operator_stop import STOP_REQUEST_NAME, stop_since

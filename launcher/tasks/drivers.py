@@ -12,7 +12,7 @@ checks that the kinds keep the same ones. The tasks (launcher/tasks/) call
 `fab train` is one run lifecycle for both (launcher.lifecycle); each kind supplies its RunKind, and
 here where the lifecycle runs: machines in a supervisor (launcher.supervised, followed by
 launcher.follow) that launcher.train.supervision places on this machine for the local cluster and on
-the head node for machines over SSH (launcher.head_node); Kubernetes in a supervisor pod in the cluster
+the head node for machines over SSH (launcher.head_watch); Kubernetes in a supervisor pod in the cluster
 (launcher.kube.follow, launcher.kube.supervisor, launcher.kube.in_cluster).
 `fab runs`, `rm` and `prune` are one for both (launcher.run_files); each kind supplies its RunStore,
 which also answers, where it can without starting anything, whether a run name not recorded here is

@@ -25,17 +25,10 @@ from launcher import follow
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.inventory import PulumiStack
 from launcher.cluster.local import local_cluster
+from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
-from launcher.head_node import (
-    SYNC_STATE_NAME,
-    HeadNode,
-    HeadWatch,
-    contract_of,
-    head_contract,
-    head_main,
-    start_on_head,
-    sync_on_head,
-)
+from launcher.head_node import head_main, start_on_head, sync_on_head
+from launcher.head_watch import SYNC_STATE_NAME, HeadNode, HeadWatch, contract_of, head_contract
 from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
@@ -372,3 +365,14 @@ def test_the_front_end_revives_what_the_heads_supervisor_asks_for_once_and_sends
     sent = json.loads((head / "cluster.json").read_text())
     assert sent["private_ips"][1] == "10.0.0.99" and sent["head_public_ip"] == stack.head.private_ip
     assert f"asks for {stack.nodes[1].name} to be revived" in capsys.readouterr().out
+
+
+def test_the_heads_commands_import_neither_fabric_nor_the_run_kinds():
+    """`sync` runs on the head once a second while a run is followed, beside rank 0's training: its
+    process imports only what the head's commands use (Fabric, paramiko and the run kinds tripled it)."""
+    script = (
+        "import sys, launcher.head_node; print(sorted({'fabric', 'paramiko', 'launcher.run_kind'} & set(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
