@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from model import program
-from model.data.token_format import SPLITS, TOKEN_DTYPE, split_path
+from model.data.token_format import SPLITS, TOKEN_BYTES, TOKEN_DTYPE, split_path
 
 # A separate random stream for evaluation batches, so evaluating never shifts the training batches.
 STREAMS = {"train": 0, "eval": 1}
@@ -56,9 +56,9 @@ class TokenBatches:
                 f"`{program('model.prepare')} SOURCE --out {where.parent}`, or the launcher's prepare-data task"
             )
         size = path.stat().st_size
-        if size % TOKEN_DTYPE.itemsize:
+        if size % TOKEN_BYTES:
             raise DataError(f"token file {path} has {size} bytes, not a whole number of {TOKEN_DTYPE} tokens")
-        tokens = size // TOKEN_DTYPE.itemsize
+        tokens = size // TOKEN_BYTES
         if tokens < self.block_size + 1:
             raise DataError(
                 f"token file {path} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}: "

@@ -54,3 +54,7 @@ def test_files_problem_names_the_file_that_meta_json_disagrees_with():
     assert (
         token_format.files_problem({"splits": {"train": meta["splits"]["train"]}}, {}) == "meta.json lists no val split"
     )
+
+
+def test_the_token_files_element_is_two_bytes_as_the_launcher_checks_their_sizes():
+    assert np.dtype(token_format.TOKEN_DTYPE).itemsize == token_format.TOKEN_BYTES == 2
