@@ -24,6 +24,6 @@ setup(
     package_data={
         "nanocluster.infra": ["price_table.json", "nfs_server.sh"],
         "nanocluster.launcher": ["quickstart.yaml"],
-        "nanocluster.node": ["*.sh", "*.txt", "*.md"],
+        "nanocluster.node": ["*.sh", "*.txt", "*.md", "*.json"],
     },
 )

@@ -18,6 +18,7 @@ from pulumi_aws import ec2, ssm, vpc
 from infra import cloudinit
 from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in
 from infra.config import ConfigError
+from infra.node_platform import NodePlatform
 
 WORKER_SUBNET_CIDR = "10.42.1.0/24"
 CANONICAL = "099720109477"  # the AWS account Canonical publishes Ubuntu AMIs from
@@ -30,10 +31,14 @@ UBUNTU_AMI_NAME = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
 # torch's CUDA 13 build needs. Parameter Store rather than an AMI name filter: the parameter is AWS's
 # documented pointer to the current release in each region (it needs ssm:GetParameter).
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+NODE_PLATFORM = NodePlatform(python=(3, 12), arch="x86_64", glibc_minor=39)
+"""What both images are: Ubuntu 24.04 on x86_64, its python3 3.12 and glibc 2.39. The first boot's
+requirements keep only its files' hashes, to fit AWS's 16 KB of user data (infra/cloudinit.py)."""
 
 
 class AwsCluster(CloudCluster):
     TYPE = "nanocluster:aws:Cluster"
+    COMPACT_USER_DATA = NODE_PLATFORM
 
     def planned_ip(self, rank: int) -> str:
         return host_in(NODE_SUBNET_CIDR if self.has_public_ip(rank) else WORKER_SUBNET_CIDR, rank)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from infra.node_platform import NodePlatform, pypi_files
+
 NODE_DIR = Path(__file__).resolve().parent.parent / "node"
 REMOTE_NODE_DIR = "/opt/nanocluster/node"
 FIRSTBOOT = "/opt/nanocluster/firstboot.sh"
@@ -96,24 +98,72 @@ class NodeIdentity:
     host_public_key: str
     idle_minutes: int = 0
     """Power off after this many idle minutes (node/autostop.sh); 0: no idle stop."""
+    compact: NodePlatform | None = None
+    """The node's platform where its user data must be small (AWS): see requirements_text and node_script."""
 
 
-HASH_OPTION = re.compile(r" --hash=sha256:[0-9a-f]+")
+HASH_OPTION = re.compile(r" --hash=sha256:([0-9a-f]+)")
+SEAL = "# sha256 of the hashed lines"
+"""The start of the line in which `make lock` seals the whole file's hashed lines (tools/lock.py)."""
 
 
-def requirements_text(node: NodeIdentity) -> str:
-    """The node's requirements-PROFILE.txt as its user data ships it: whole, with the sha256 of each
-    PyPI file (pip --require-hashes), except on AWS, whose 16 KB of user data has no room for them
-    (about 185 hashes, 7.5 KB gzip-compressed): there the first boot installs the same pins by version
-    only. `fab setup` ships the whole file, and the bootstrap counts both copies as one environment."""
-    text = (NODE_DIR / f"requirements-{node.profile}.txt").read_text()
-    if node.cloud != "aws":
+def requirements_text(profile: str, compact: NodePlatform | None = None) -> str:
+    """The node's requirements-PROFILE.txt as its user data ships it: whole, with the sha256 of every
+    PyPI file any node platform installs (pip --require-hashes); where the user data must be compact
+    (AWS's 16 KB), each line with the hashes of the files of that one platform only (node/pypi-files.json
+    names the file of each hash), and without the seal of the whole file's lines. The bootstrap counts
+    both copies as one environment (it compares the pins, not their hashes), so `fab setup`, which
+    ships the whole file, rebuilds nothing a first boot built. A ValueError naming the pin where no
+    file of its hashes is the platform's: that node could not install it."""
+    path = NODE_DIR / f"requirements-{profile}.txt"
+    text = path.read_text()
+    if compact is None:
         return text
-    return "".join(
-        HASH_OPTION.sub("", line)
-        for line in text.splitlines(keepends=True)
-        if not line.startswith("# sha256 of the hashed lines")  # of lines this copy does not hold
-    )
+    files = pypi_files(NODE_DIR.parent)
+    kept = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(SEAL):
+            kept.append(f"# The first boot's copy: the hashes of the files of {compact} only (infra/cloudinit.py).\n")
+            continue
+        digests = HASH_OPTION.findall(line)
+        ours = [digest for digest in digests if digest in files and compact.installs(files[digest])]
+        if digests and not ours:
+            raise ValueError(
+                f"node/{path.name}: no file hashed for {line.split()[0]} is one {compact} installs, the nodes' "
+                "platform, so their first boot could not install it: run `make lock` (it names each hash's file "
+                "in node/pypi-files.json); if it stays, pin a release with such a file"
+            )
+        kept.append(HASH_OPTION.sub("", line.rstrip("\n")) + "".join(f" --hash=sha256:{d}" for d in ours) + "\n")
+    return "".join(kept)
+
+
+HEREDOC = re.compile(r"(?<!<)<<(?!<)(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def without_comments(script: str) -> str:
+    """A shell script without its blank lines and full-line comments (not the shebang, not shellcheck's
+    directives), heredocs and continued lines left whole: the same commands in fewer bytes."""
+    lines = script.splitlines(keepends=True)
+    kept = lines[:1] if lines[:1] and lines[0].startswith("#!") else []
+    terminator, strip_tabs, continued = "", False, False
+    for line in lines[len(kept) :]:
+        bare = line.strip()
+        if terminator:
+            if (line.lstrip("\t") if strip_tabs else line).rstrip("\n") == terminator:
+                terminator = ""
+        elif not continued and (not bare or (bare.startswith("#") and not bare.startswith("# shellcheck "))):
+            continue
+        elif heredoc := HEREDOC.search(line):
+            strip_tabs, terminator = heredoc.group(1) == "-", heredoc.group(3)
+        kept.append(line)
+        continued = not terminator and line.rstrip("\n").endswith("\\")
+    return "".join(kept)
+
+
+def node_script(name: str, compact: NodePlatform | None = None) -> str:
+    """node/NAME as the user data ships it: without its comments where the user data must be compact."""
+    text = (NODE_DIR / name).read_text()
+    return text if compact is None else without_comments(text)
 
 
 def firstboot_script(node: NodeIdentity) -> str:
@@ -158,23 +208,23 @@ def render(node: NodeIdentity) -> str:
             {
                 "path": f"{REMOTE_NODE_DIR}/bootstrap.sh",
                 "permissions": "0755",
-                "content": (NODE_DIR / "bootstrap.sh").read_text(),
+                "content": node_script("bootstrap.sh", node.compact),
             },
             {
                 "path": f"{REMOTE_NODE_DIR}/{requirements.name}",
                 "permissions": "0644",
-                "content": requirements_text(node),
+                "content": requirements_text(node.profile, node.compact),
             },
             # The idle stop the bootstrap installs with --idle-minutes, and the unit identity functions it uses.
             {
                 "path": f"{REMOTE_NODE_DIR}/autostop.sh",
                 "permissions": "0755",
-                "content": (NODE_DIR / "autostop.sh").read_text(),
+                "content": node_script("autostop.sh", node.compact),
             },
             {
                 "path": f"{REMOTE_NODE_DIR}/unit_identity.sh",
                 "permissions": "0644",
-                "content": (NODE_DIR / "unit_identity.sh").read_text(),
+                "content": node_script("unit_identity.sh", node.compact),
             },
             {"path": FIRSTBOOT, "permissions": "0755", "content": firstboot_script(node)},
             # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is

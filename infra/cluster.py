@@ -17,6 +17,7 @@ import pulumi
 from infra import cloudinit
 from infra.config import ClusterConfig
 from infra.keys import ClusterKeys
+from infra.node_platform import NodePlatform
 from infra.prices import CostEstimate, estimate
 
 NETWORK_CIDR = "10.42.0.0/16"
@@ -60,6 +61,10 @@ class CloudCluster(pulumi.ComponentResource):
     """Where the VMs are, within the region: GCP zone, AWS availability zone; empty on Azure."""
     baked_image: pulumi.Output[str] | None = None
     """Image of the bootstrapped head (nanocluster:bakeImage), usable as nanocluster:image."""
+    COMPACT_USER_DATA: ClassVar[NodePlatform | None] = None
+    """The one platform the cloud's nodes are, where the user data must be small (AWS's 16 KB): it then
+    keeps that platform's hashes alone and ships the node scripts without their comments
+    (infra/cloudinit.py). None: the files as they are."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(self.TYPE, name, None, opts)
@@ -109,6 +114,8 @@ class CloudCluster(pulumi.ComponentResource):
         documents of existing nodes as they are."""
         keys = self.args.keys
         cfg = self.config
+        # Fails here, naming the pin, where the compact copy would leave a line without a hash.
+        cloudinit.requirements_text(cfg.node_profile, self.COMPACT_USER_DATA)
 
         def render(values: list[str]) -> str:
             cluster_public, host_private, host_public = values
@@ -123,6 +130,7 @@ class CloudCluster(pulumi.ComponentResource):
                     cluster_public_key=cluster_public,
                     host_private_key=host_private,
                     host_public_key=host_public,
+                    compact=self.COMPACT_USER_DATA,
                 )
             )
 

@@ -115,8 +115,8 @@ readonly node_env="$root_dir/node.env"
 # file it downloads for them against those hashes (--require-hashes).
 readonly hash_option='--hash=sha256:'
 # What the environment is built from: a change to any of these rebuilds it. The pins without their
-# hashes and comments: AWS's first-boot copy has no room for the hashes (infra/cloudinit.py), and the
-# same versions are the same environment.
+# hashes and comments: AWS's first-boot copy keeps only the hashes of its platform's files
+# (infra/cloudinit.py), and the same versions are the same environment.
 wanted_hash=$({
     printf 'profile=%s\npython=%s\n' "$profile" "$python"
     { grep -v '^#' "$requirements" || true; } | sed "s/ ${hash_option}[0-9a-f]*//g"

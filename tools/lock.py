@@ -36,7 +36,9 @@ pip-compile --generate-hashes would give every file's hash (2,001 for the defaul
 over Azure's 64 KB custom data, which ships the file) with no file name to choose by, so the hashes
 are read from PyPI's JSON simple API (PEP 691), where pip itself reads them, and only the node
 platforms' are kept. A line above them holds the sha256 of those lines: `check` fails when a pin or
-hash was edited since `make lock` wrote them.
+hash was edited since `make lock` wrote them. The file name of each hash goes to node/pypi-files.json
+(PYPI_FILES), from which infra keeps one platform's hashes where the whole file does not fit (AWS's
+user data, infra/cloudinit.py); `check` fails while a hash there names no file of its pin's release.
 """
 
 from __future__ import annotations
@@ -51,13 +53,15 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.tags import Tag
 from packaging.utils import canonicalize_version, parse_sdist_filename, parse_wheel_filename
 
+from infra.node_platform import PYPI_FILES, NodePlatform
 from model.atomic import atomic_open
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,15 +165,12 @@ NODE_GLIBC_OLDEST_MINOR = 36
 so every node finds a wheel of each pin."""
 
 
+NODE_PLATFORMS = tuple(NodePlatform(python, arch, NODE_GLIBC_MINOR) for python in NODE_PYTHONS for arch in NODE_ARCHES)
+
+
 def node_tags() -> frozenset[Tag]:
-    """The wheel tags a node's pip accepts: CPython's own, abi3 and pure-Python ones on glibc Linux."""
-    glibc = [f"manylinux_2_{minor}_{arch}" for arch in NODE_ARCHES for minor in range(NODE_GLIBC_MINOR, 4, -1)]
-    platforms = glibc + [f"manylinux{alias}_{arch}" for arch in NODE_ARCHES for alias in ("2014", "2010", "1")]
-    tags: set[Tag] = set()
-    for version in NODE_PYTHONS:
-        tags |= set(cpython_tags(version, platforms=platforms))
-        tags |= set(compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=platforms))
-    return frozenset(tags)
+    """The wheel tags a node's pip accepts: those of any node platform."""
+    return frozenset().union(*(platform.tags for platform in NODE_PLATFORMS))
 
 
 NODE_TAGS = node_tags()
@@ -266,7 +267,7 @@ def disagreements(root: Path = ROOT) -> list[str]:
                 )
                 reported.add(name)
         problems += hash_problems(profile, text, reported)
-    return problems
+    return problems or file_name_problems(root)  # the file names of hashes that are those `make lock` wrote
 
 
 def release(version: str) -> str:
@@ -412,10 +413,10 @@ def without_project(lock_text: str) -> str:
     return "".join(kept)
 
 
-def node_requirements(profile: NodeProfile, resolved: str, hashes: dict[str, list[str]] | None = None) -> str:
+def node_requirements(profile: NodeProfile, resolved: str, hashes: Mapping[str, Iterable[str]] | None = None) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
     the profile's own stack; a PyPI stack's closure among them: with_stack), each PyPI pin with its
-    hashes (project -> sha256 digests) on its line: the installers take the lines with a hash into a
+    hashes (project -> its sha256 digests) on its line: the installers take the lines with a hash into a
     `pip --require-hashes` command of their own."""
     resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
     lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(
@@ -448,16 +449,16 @@ def node_requirements(profile: NodeProfile, resolved: str, hashes: dict[str, lis
     return "\n".join(header + body) + "\n"
 
 
-def node_files(name: str, version: str) -> list[str]:
-    """The sha256 of each file of name==version on PyPI that a node can install (NODE_TAGS): its
-    wheels for the node platforms, or its source archive where no wheel fits. An empty list where PyPI
-    has no such file."""
+def node_files(name: str, version: str) -> dict[str, str]:
+    """sha256 -> file name of each file of name==version on PyPI that a node can install (NODE_TAGS):
+    its wheels for the node platforms, or its source archive where no wheel fits; in the order of
+    the digests. Empty where PyPI has no such file."""
     request = urllib.request.Request(
         f"{PYPI_SIMPLE}/{canonical(name)}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
     with urllib.request.urlopen(request, timeout=60) as answer:
         files = json.load(answer)["files"]
-    wheels, sources = [], []
+    wheels, sources = {}, {}
     for file in files:
         filename, digest = file["filename"], file.get("hashes", {}).get("sha256")
         if not digest or file.get("yanked"):
@@ -466,26 +467,72 @@ def node_files(name: str, version: str) -> list[str]:
             if filename.endswith(".whl"):
                 _, found, _, tags = parse_wheel_filename(filename)
                 if canonicalize_version(found) == canonicalize_version(version) and not tags.isdisjoint(NODE_TAGS):
-                    wheels.append(digest)
+                    wheels[digest] = filename
             elif filename.endswith((".tar.gz", ".zip")) and canonicalize_version(
                 parse_sdist_filename(filename)[1]
             ) == canonicalize_version(version):
-                sources.append(digest)
+                sources[digest] = filename
         except ValueError:
             continue
-    return sorted(wheels or sources)
+    return dict(sorted((wheels or sources).items()))
 
 
-def pypi_hashes(profile: NodeProfile, resolved: str) -> dict[str, list[str]]:
-    """Project -> its node files' sha256 (node_files), for each PyPI pin of the profile (the resolved
-    ones, its own stack in place of theirs); a RuntimeError naming the pins PyPI has no node file of."""
+def pypi_hashes(profile: NodeProfile, resolved: str) -> dict[str, dict[str, str]]:
+    """Project -> its node files (node_files: sha256 -> file name), for each PyPI pin of the profile
+    (the resolved ones, its own stack in place of theirs); a RuntimeError naming the pins PyPI has no
+    node file of."""
     profile_pins = pins(resolved) | pins("\n".join(profile.own_stack))
     wanted = {name: version for name, version in profile_pins.items() if name not in profile.unhashed}
     with ThreadPoolExecutor(8) as pool:
         found = dict(zip(wanted, pool.map(node_files, wanted, wanted.values()), strict=True))
-    if missing := [f"{name}=={wanted[name]}" for name, digests in found.items() if not digests]:
+    if missing := [f"{name}=={wanted[name]}" for name, files in found.items() if not files]:
         raise RuntimeError(f"PyPI has no file a node can install of {', '.join(missing)}")
     return found
+
+
+def pypi_files_text(files: dict[str, str]) -> str:
+    """PYPI_FILES: the file name of each hash of the node files, which infra reads to keep a single
+    platform's hashes (AWS's first-boot copy, infra/cloudinit.py) without asking PyPI."""
+    about = (
+        f"The PyPI file of each sha256 in node/requirements-*.txt, written by `{UPDATE_COMMAND}` (tools/lock.py) "
+        "with them: `make lint` fails while they disagree."
+    )
+    return json.dumps({"about": about, "files": dict(sorted(files.items()))}, indent=1) + "\n"
+
+
+def file_name_problems(root: Path) -> list[str]:
+    """PYPI_FILES names a file of the pinned release of its project for each hash of the node files (a
+    name it holds besides does no harm: infra looks up the hashes the node files have)."""
+    try:
+        files = json.loads((root / PYPI_FILES).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return [f"{PYPI_FILES} is missing or not the JSON `{UPDATE_COMMAND}` writes: run `{UPDATE_COMMAND}`"]
+    problems = []
+    for profile in PROFILES:
+        path = root / profile.path
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            for name, version in pins(line).items():
+                digests = hashes_of(line)
+                wrong = [
+                    f"{digest[:12]}: {files.get(digest, 'none')}"
+                    for digest in digests
+                    if not of_release(files.get(digest, ""), name, version)
+                ]
+                if wrong:
+                    problems.append(
+                        f"{PYPI_FILES} names no file of {name}=={version} for hashes of it in {profile.path} "
+                        f"({', '.join(wrong)}): run `{UPDATE_COMMAND}`"
+                    )
+    return problems
+
+
+def of_release(filename: str, name: str, version: str) -> bool:
+    """Whether a PyPI file name is of project `name`, release `version` (a wheel or a source archive)."""
+    try:
+        parsed = parse_wheel_filename(filename)[:2] if filename.endswith(".whl") else parse_sdist_filename(filename)
+    except ValueError:
+        return False
+    return canonical(parsed[0]) == name and canonicalize_version(parsed[1]) == canonicalize_version(version)
 
 
 def update(upgrade: bool) -> None:
@@ -499,6 +546,7 @@ def update(upgrade: bool) -> None:
         )
         draft.write_text(lock_text)
         written = {}
+        files: dict[str, str] = {}
         resolved: dict[tuple[str, ...], str] = {}  # by extras: the cuda profile's closure is the default one's
         for profile in PROFILES:
             if profile.extras not in resolved:
@@ -517,7 +565,10 @@ def update(upgrade: bool) -> None:
                 path = ROOT / profile.path
                 previous = path.read_text() if path.is_file() else ""
                 closure = with_stack(closure, stack_closure(profile, closure, previous, upgrade, Path(scratch)))
-            written[profile.path] = node_requirements(profile, closure, pypi_hashes(profile, closure))
+            hashes = pypi_hashes(profile, closure)
+            written[profile.path] = node_requirements(profile, closure, hashes)
+            files.update(item for project in hashes.values() for item in project.items())
+        written[PYPI_FILES] = pypi_files_text(files)
     # Written only once everything resolved: a failed update leaves the old, agreeing files.
     for relative, text in {LOCK: lock_text, **written}.items():
         with atomic_open(ROOT / relative, "w") as out:

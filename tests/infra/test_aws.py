@@ -1,5 +1,6 @@
 """AWS cluster: resources and their key properties for 1 and 3 nodes, CPU and GPU (Pulumi mocks)."""
 
+import base64
 import re
 
 import pytest
@@ -115,12 +116,43 @@ def test_instances_require_imdsv2_encrypt_disks_and_share_a_cluster_placement_gr
     ]
 
 
+USER_DATA_LIMIT = 16 * 1024
+"""AWS's limit on user data: 16 KB "in raw form, before it is base64-encoded" (the EC2 user guide, "Work
+with instance user data"); raw here is the gzip-compressed document."""
+
+
+def raw_size(encoded: str) -> int:
+    """The bytes AWS counts against USER_DATA_LIMIT: the user data before its base64 encoding."""
+    return len(base64.b64decode(encoded, validate=True))
+
+
 def test_user_data_is_a_secret_gzipped_cloud_config_under_the_16k_limit():
     instance = cached_stack("aws", 3).of_type(INSTANCE)[0]
     assert is_secret(instance.inputs["userDataBase64"])
     encoded = instance.get("userDataBase64")
-    assert len(encoded) < 16 * 1024
+    assert raw_size(encoded) <= USER_DATA_LIMIT
     assert yaml.safe_load(decode(encoded))["users"][0]["name"] == "nanocluster"
+
+
+@pytest.mark.parametrize(
+    ("stack", "profile"),
+    [
+        ({}, "default"),
+        ({"profile": "intel"}, "intel"),
+        ({"accelerator": "nvidia-l4"}, "cuda"),
+        ({"accelerator": "nvidia-tesla-t4:4", "spot": True}, "cuda"),
+    ],
+    ids=["default", "intel", "cuda-l4", "cuda-t4x4-spot"],
+)
+def test_every_profiles_user_data_with_its_hashes_fits_the_16k_limit(stack, profile):
+    """The largest document of a 3-node stack, each pin with its hashes for AWS's platform (the
+    bootstrap installs with pip --require-hashes at first boot): under AWS's limit on the raw bytes."""
+    instances = cached_stack("aws", 3, **stack).of_type(INSTANCE)
+    sizes = [raw_size(instance.get("userDataBase64")) for instance in instances]
+    print(f"AWS user data, profile {profile} {stack}: {max(sizes)} of {USER_DATA_LIMIT} bytes (gzip)")
+    assert max(sizes) <= USER_DATA_LIMIT
+    requirements = decode(instances[-1].get("userDataBase64")).split(f"requirements-{profile}.txt", 1)[1]
+    assert "--hash=sha256:" in requirements
 
 
 def test_spot_instances():
@@ -263,7 +295,7 @@ def test_the_contract_has_the_gpus_per_node_and_their_model(accelerator, machine
 def test_gpu_nodes_bootstrap_the_cuda_profile_in_user_data_under_the_16k_limit():
     for instance in gpu_stack("nvidia-l4", False).of_type(INSTANCE):
         encoded = instance.get("userDataBase64")
-        assert len(encoded) < 16 * 1024
+        assert raw_size(encoded) <= USER_DATA_LIMIT
         assert "--profile cuda" in decode(encoded)
 
 

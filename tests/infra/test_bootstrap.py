@@ -5,6 +5,7 @@ PYTHONPATH pointing at this project's environment, so pip installs nothing and n
 """
 
 import hashlib
+import json
 import os
 import shutil
 import site
@@ -274,17 +275,49 @@ def test_a_file_whose_every_pin_is_hashed_installs_in_the_require_hashes_command
 
 
 @pytest.mark.integration
-def test_the_first_boot_copy_without_hashes_is_the_same_environment(tmp_path, overlapping_runs):
-    """AWS's user data ships the pins without their hashes (infra.cloudinit.requirements_text): a node
-    it bootstrapped is ready for `fab setup`'s whole file, not built again."""
-    from infra.cloudinit import HASH_OPTION
+def test_awss_first_boot_copy_installs_its_platforms_files_by_hash_and_is_the_same_environment(
+    tmp_path, overlapping_runs, monkeypatch
+):
+    """AWS's user data ships each pin with the hashes of its platform's files only
+    (infra.cloudinit.requirements_text): the first boot installs them with pip --require-hashes, and a
+    node it bootstrapped is ready for `fab setup`'s whole file, not built again. A local wheel stands
+    for PyPI's files (no network): its own hash, and one of an aarch64 wheel, which the copy leaves out."""
+    from infra import cloudinit
+    from infra.aws import NODE_PLATFORM
+    from tests.node.test_hashed_install import probe_wheel
 
-    node_dir = tmp_path / "node"
+    node_dir, wheels = tmp_path / "node", tmp_path / "wheels"
     shutil.copytree(NODE_DIR, node_dir)
-    text = (node_dir / "requirements-default.txt").read_text()
-    (node_dir / "requirements-default.txt").write_text(HASH_OPTION.sub("", text))
+    wheels.mkdir()
+    wheel = probe_wheel(wheels)
+    ours, arm = hashlib.sha256(wheel.read_bytes()).hexdigest(), "a" * 64
+    names = json.loads((node_dir / "pypi-files.json").read_text())
+    names["files"] |= {ours: wheel.name, arm: "nanocluster_hash_probe-1.0-cp312-cp312-manylinux_2_17_aarch64.whl"}
+    (node_dir / "pypi-files.json").write_text(json.dumps(names))
+    whole = (node_dir / "requirements-default.txt").read_text()
+    whole += f"nanocluster-hash-probe==1.0 --hash=sha256:{arm} --hash=sha256:{ours}\n"
+    (node_dir / "requirements-default.txt").write_text(whole)
+    monkeypatch.setattr(cloudinit, "NODE_DIR", node_dir)
+    first_boot = cloudinit.requirements_text("default", NODE_PLATFORM)
+    assert first_boot.splitlines()[-1] == f"nanocluster-hash-probe==1.0 --hash=sha256:{ours}"
+
+    (node_dir / "requirements-default.txt").write_text(first_boot)
     home = bootstrapped_copy(overlapping_runs, tmp_path / "home")
-    assert offline(home, "--check", node_dir=node_dir).returncode == 0
+    built = offline(home, "--pip-args", f"--no-index --find-links {wheels}", node_dir=node_dir)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "pip install --require-hashes --no-deps -r requirements-default.txt (its hashed lines)" in built.stdout
+    venv_python = home / "nanocluster" / "venv" / "bin" / "python"
+    probe = subprocess.run(
+        [str(venv_python), "-c", "import nanocluster_hash_probe as p; print(p.VALUE)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "1"
+
+    (node_dir / "requirements-default.txt").write_text(whole)  # what `fab setup` ships
+    again = offline(home, node_dir=node_dir)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
 
 
 @pytest.mark.integration

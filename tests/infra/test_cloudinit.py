@@ -1,6 +1,7 @@
 """The cloud-init user data each cloud's nodes boot with: keys in place, the bootstrap shipped and
 run, and every shell script in it passing `bash -n` and shellcheck."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -11,7 +12,10 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat, load_ssh_private_key
 
+from infra import cloudinit
+from infra.aws import NODE_PLATFORM, AwsCluster
 from infra.cloudinit import BOOTSTRAP_LOG, FIRSTBOOT, NODE_DIR, decode
+from infra.node_platform import NodePlatform
 from tests.infra.harness import StackRun, cached_stack, run_stack, stack_config
 
 CLOUDS = ("gcp", "aws", "azure")
@@ -106,19 +110,72 @@ def test_ships_node_bootstrap_and_runs_it_once_at_first_boot(profile):
     assert BOOTSTRAP_LOG in firstboot
 
 
-@pytest.mark.parametrize("cloud", CLOUDS)
-def test_the_pins_ship_with_their_hashes_except_in_awss_16_kb(cloud):
-    """GCP's and Azure's user data carry the whole file (pip --require-hashes at first boot); AWS's has
-    no room for the hashes and carries the same pins by version (its size: test_aws.py)."""
+@pytest.mark.parametrize("cloud", ("gcp", "azure"))
+def test_the_pins_ship_whole_with_the_hashes_of_every_node_platform(cloud):
     (document,) = user_data(cached_stack(cloud, 1))
     shipped = files(document)["/opt/nanocluster/node/requirements-default.txt"]["content"]
     whole = (NODE_DIR / "requirements-default.txt").read_text()
-    if cloud != "aws":
-        assert shipped == whole and shipped.count("--hash=sha256:") > 50
-        return
-    assert "--hash=" not in shipped
-    without_hashes = [re.sub(r" --hash=sha256:[0-9a-f]{64}", "", line) for line in whole.splitlines()]
-    assert shipped.splitlines() == [line for line in without_hashes if not line.startswith("# sha256 of the hashed")]
+    assert shipped == whole and shipped.count("--hash=sha256:") > 50
+
+
+AWS_PROFILES = pytest.mark.parametrize(
+    ("settings", "profile"),
+    [({}, "default"), ({"profile": "intel"}, "intel"), ({"accelerator": "nvidia-l4"}, "cuda")],
+    ids=["default", "intel", "cuda"],
+)
+
+
+@AWS_PROFILES
+def test_awss_first_boot_pins_carry_the_hashes_of_its_platforms_files(settings, profile):
+    """AWS's 16 KB hold the hashes of the files AWS's one node platform installs (CPython 3.12, Linux
+    x86_64): every PyPI pin is checked by pip --require-hashes at first boot, as on the other clouds."""
+    (document,) = user_data(cached_stack("aws", 1, **settings))
+    shipped = files(document)[f"/opt/nanocluster/node/requirements-{profile}.txt"]["content"]
+    whole = (NODE_DIR / f"requirements-{profile}.txt").read_text()
+    names = json.loads((NODE_DIR / "pypi-files.json").read_text())["files"]
+    whole_hashes = {line.split()[0]: set(hashes(line)) for line in whole.splitlines() if hashes(line)}
+    shipped_lines = [line for line in shipped.splitlines() if not line.startswith("#")]
+    assert [without_hashes(line) for line in shipped_lines] == [
+        without_hashes(line) for line in whole.splitlines() if not line.startswith("#")
+    ]
+    for line in shipped_lines:
+        if line.startswith("--"):
+            continue  # the profile's own index
+        pin = line.split()[0]
+        assert hashes(line) or pin not in whole_hashes, f"{pin} ships without a hash"
+        assert set(hashes(line)) <= whole_hashes.get(pin, set())
+        for digest in hashes(line):
+            assert NODE_PLATFORM.installs(names[digest]), f"{pin}: {names[digest]} is not for {NODE_PLATFORM}"
+    assert 0 < shipped.count("--hash=sha256:") < whole.count("--hash=sha256:")
+
+
+def hashes(line: str) -> list[str]:
+    return re.findall(r" --hash=sha256:([0-9a-f]{64})", line)
+
+
+def without_hashes(line: str) -> str:
+    return re.sub(r" --hash=sha256:[0-9a-f]{64}", "", line)
+
+
+def test_a_pin_with_no_file_for_awss_platform_fails_the_stack_naming_it(monkeypatch):
+    """A node on a platform none of a pin's files is for could not install it: `pulumi up` stops,
+    naming the pin, instead of booting nodes whose first boot fails."""
+    monkeypatch.setattr(AwsCluster, "COMPACT_USER_DATA", NodePlatform((3, 12), "riscv64", 39))
+    with pytest.raises(ValueError) as error:
+        run_stack(stack_config("aws", nodes=1))
+    message = str(error.value)
+    assert message.startswith("node/requirements-default.txt: no file hashed for ")
+    assert message.endswith(
+        " is one CPython 3.12 on Linux riscv64 (glibc 2.39) installs, the nodes' platform, so their first boot "
+        "could not install it: run `make lock` (it names each hash's file in node/pypi-files.json); if it stays, "
+        "pin a release with such a file"
+    )
+    pin = message.split(" no file hashed for ")[1].split()[0]
+    (line,) = [
+        line for line in (NODE_DIR / "requirements-default.txt").read_text().splitlines() if line.startswith(pin)
+    ]
+    names = json.loads((NODE_DIR / "pypi-files.json").read_text())["files"]
+    assert all("_x86_64" in names[digest] or "_aarch64" in names[digest] for digest in hashes(line))
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
@@ -139,3 +196,78 @@ def test_rendered_scripts_pass_bash_n_and_shellcheck(cloud, tmp_path):
         assert syntax.returncode == 0, syntax.stderr
         lint = subprocess.run([SHELLCHECK, f"--shell={shell}", str(path)], capture_output=True, text=True, timeout=60)
         assert lint.returncode == 0, lint.stdout
+
+
+def parsed(script: str) -> str:
+    """The commands bash reads from a script, as it prints them back: comments and layout gone, the
+    text of strings and heredocs kept (the script becomes a function's body, defined, never run)."""
+    printed = subprocess.run(
+        ["bash", "-c", 'eval "nanocluster_script() {\n$1\n}" && declare -f nanocluster_script', "_", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert printed.returncode == 0, printed.stderr
+    return printed.stdout
+
+
+@pytest.mark.parametrize("name", ["bootstrap.sh", "autostop.sh", "unit_identity.sh"])
+def test_awss_node_scripts_ship_without_comments_and_read_as_the_originals(name, tmp_path):
+    """AWS's 16 KB: its node scripts have no comment or blank lines; bash reads the same commands
+    from them (the usage heredocs' text included), and --help prints the same text."""
+    (document,) = user_data(cached_stack("aws", 1))
+    shipped = files(document)[f"/opt/nanocluster/node/{name}"]["content"]
+    original = (NODE_DIR / name).read_text()
+    comments = [line for line in shipped.splitlines()[1:] if line.strip().startswith("#")]
+    assert [line for line in comments if not line.strip().startswith("# shellcheck ")] == []
+    assert len(shipped) < 0.85 * len(original)
+    assert parsed(shipped) == parsed(original)
+    if name == "unit_identity.sh":
+        return  # sourced: no command line
+    helps = []
+    for which, text in (("shipped", shipped), ("original", original)):
+        (tmp_path / which).mkdir()
+        (tmp_path / which / name).write_text(text)
+        helps.append(
+            subprocess.run(["bash", str(tmp_path / which / name), "--help"], capture_output=True, text=True, timeout=30)
+        )
+    assert helps[0].returncode == helps[1].returncode == 0
+    assert helps[0].stdout == helps[1].stdout and "usage: " in helps[0].stdout
+
+
+def test_comments_go_but_heredocs_continued_lines_and_shellcheck_directives_stay():
+    script = (
+        "#!/bin/bash\n"
+        "# a comment\n"
+        "\n"
+        "    # an indented one\n"
+        'echo "#not a comment" # a trailing one stays\n'
+        "cat <<'EOF'\n"
+        "# text of the heredoc\n"
+        "\n"
+        "EOF\n"
+        "cat <<-END\n"
+        "\t# tab-indented heredoc text\n"
+        "\tEND\n"
+        'read -r x <<<"$y"\n'
+        "# shellcheck disable=SC2086\n"
+        "set -- a \\\n"
+        "# an argument, not a comment, after a continued line\n"
+        "echo done\n"
+    )
+    assert cloudinit.without_comments(script) == (
+        "#!/bin/bash\n"
+        'echo "#not a comment" # a trailing one stays\n'
+        "cat <<'EOF'\n"
+        "# text of the heredoc\n"
+        "\n"
+        "EOF\n"
+        "cat <<-END\n"
+        "\t# tab-indented heredoc text\n"
+        "\tEND\n"
+        'read -r x <<<"$y"\n'
+        "# shellcheck disable=SC2086\n"
+        "set -- a \\\n"
+        "# an argument, not a comment, after a continued line\n"
+        "echo done\n"
+    )

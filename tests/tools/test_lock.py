@@ -1,5 +1,6 @@
 """tools/lock.py: one locked set of versions for development, CI and the nodes."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from tools import lock
 
-LOCKED_FILES = (lock.LOCK, *(profile.path for profile in lock.PROFILES))
+LOCKED_FILES = (lock.LOCK, *(profile.path for profile in lock.PROFILES), lock.PYPI_FILES)
 INTEL = next(profile for profile in lock.PROFILES if profile.name == "intel")
 CUDA = next(profile for profile in lock.PROFILES if profile.name == "cuda")
 
@@ -296,11 +297,17 @@ def test_node_files_are_the_wheels_a_node_can_install_or_else_the_source(monkeyp
         return Answer(request.full_url.rstrip("/").rsplit("/", 1)[1])
 
     monkeypatch.setattr(lock.urllib.request, "urlopen", urlopen)
-    assert lock.node_files("demo", "1.0") == ["a", "b", "c", "d"]
-    assert lock.node_files("Source_Only", "2.0") == ["s"]
+    demo = {
+        "a": "demo-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "b": "demo-1.0-cp312-cp312-manylinux_2_28_aarch64.whl",
+        "c": "demo-1.0-cp39-abi3-manylinux_2_34_x86_64.whl",
+        "d": "demo-1.0-py3-none-any.whl",
+    }
+    assert lock.node_files("demo", "1.0") == demo
+    assert lock.node_files("Source_Only", "2.0") == {"s": "source_only-2.0.tar.gz"}
     assert lock.pypi_hashes(INTEL, "demo==1.0\ntorch==2.8.0+cpu\nsource-only==2.0\n") == {
-        "demo": ["a", "b", "c", "d"],
-        "source-only": ["s"],
+        "demo": demo,
+        "source-only": {"s": "source_only-2.0.tar.gz"},
     }
     listing["demo"] = listing["demo"][-3:]
     with pytest.raises(RuntimeError, match=r"PyPI has no file a node can install of demo==1.0$"):
@@ -447,3 +454,43 @@ def test_pypis_torch_built_for_another_cuda_is_refused(tmp_path, monkeypatch, st
         f"PyPI's torch==2.13.0 is not built for CUDA {lock.TORCH_CUDA} (it pulls in {built_for}): check the NVIDIA "
         "driver it needs, then change TORCH_CUDA in tools/lock.py"
     )
+
+
+# --- the file name of each hash (node/pypi-files.json), for one platform's subset (AWS's first boot) ---
+
+
+def test_every_hash_of_the_node_files_has_the_name_of_a_file_of_its_pin():
+    names = json.loads((lock.ROOT / lock.PYPI_FILES).read_text())["files"]
+    for profile in lock.PROFILES:
+        for line in (lock.ROOT / profile.path).read_text().splitlines():
+            for name, version in lock.pins(line).items():
+                assert all(lock.of_release(names[digest], name, version) for digest in lock.hashes_of(line)), line
+    assert lock.file_name_problems(lock.ROOT) == []
+
+
+def edit_names(root: Path, edit) -> None:
+    path = root / lock.PYPI_FILES
+    document = json.loads(path.read_text())
+    edit(document["files"])
+    path.write_text(json.dumps(document))
+
+
+def test_a_hash_whose_file_name_is_missing_or_of_another_release_fails_the_check(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    line = next(line for line in (root / CUDA.path).read_text().splitlines() if line.startswith("torch=="))
+    digest = lock.hashes_of(line)[0]
+    edit_names(root, lambda files: files.pop(digest))
+    assert lock.disagreements(root) == [
+        f"{lock.PYPI_FILES} names no file of torch==2.13.0 for hashes of it in {CUDA.path} ({digest[:12]}: none): "
+        "run `make lock`"
+    ]
+    other = "torch-2.12.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    edit_names(root, lambda files: files.update({digest: other}))
+    assert lock.disagreements(root) == [
+        f"{lock.PYPI_FILES} names no file of torch==2.13.0 for hashes of it in {CUDA.path} ({digest[:12]}: {other}): "
+        "run `make lock`"
+    ]
+    (root / lock.PYPI_FILES).unlink()
+    assert lock.disagreements(root) == [
+        f"{lock.PYPI_FILES} is missing or not the JSON `make lock` writes: run `make lock`"
+    ]
