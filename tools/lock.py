@@ -36,7 +36,10 @@ pip-compile --generate-hashes would give every file's hash (2,001 for the defaul
 over Azure's 64 KB custom data, which ships the file) with no file name to choose by, so the hashes
 are read from PyPI's JSON simple API (PEP 691), where pip itself reads them, and only the node
 platforms' are kept. A line above them holds the sha256 of those lines: `check` fails when a pin or
-hash was edited since `make lock` wrote them. The file name of each hash goes to node/pypi-files.json
+hash was edited since `make lock` wrote them. Another line holds the sha256 of what the profile
+was resolved from (profile_inputs: its extras, pyproject's requirements for them and the base
+dependencies, its indexes and stack): `check` fails when that changed since, e.g. an extra added to
+NODE_EXTRAS, which no pin of the old file shows. The file name of each hash goes to node/pypi-files.json
 (PYPI_FILES), from which infra keeps one platform's hashes where the whole file does not fit (AWS's
 user data, infra/cloudinit.py); `check` fails while a hash there names no file of its pin's release.
 """
@@ -58,6 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.tags import Tag
 from packaging.utils import canonicalize_version, parse_sdist_filename, parse_wheel_filename
 
@@ -66,7 +70,8 @@ from model.atomic import atomic_open
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "requirements.lock"
-LOCK_INPUTS = ("pyproject.toml", "requirements.in")
+PYPROJECT = "pyproject.toml"
+LOCK_INPUTS = (PYPROJECT, "requirements.in")
 UPDATE_COMMAND = "make lock"
 
 
@@ -229,12 +234,80 @@ def hash_problems(profile: NodeProfile, text: str, skip: set[str]) -> list[str]:
     return problems
 
 
+def profile_inputs(profile: NodeProfile, pyproject: Mapping) -> str:
+    """What a profile's file is resolved from, a line each: its extras, the requirements pyproject gives
+    for the base dependencies and for those extras (and for any extra they name of the project itself,
+    as pip-compile follows them), its indexes and its own stack. `update` records their sha256 in the
+    file (resolved_from), `check` compares it with theirs as they are now."""
+    project = pyproject.get("project", {})
+    optional = project.get("optional-dependencies", {})
+    extras, pending = [], list(profile.extras)
+    while pending:
+        extra = pending.pop(0)
+        if extra not in extras:
+            extras.append(extra)
+            named = [Requirement(text) for text in optional.get(extra, [])]
+            pending += [
+                e for r in named if canonical(r.name) == canonical(project.get("name", "")) for e in sorted(r.extras)
+            ]
+    lines = [
+        f"extras {' '.join(profile.extras)}",
+        *(f"dependency {text}" for text in sorted(project.get("dependencies", []))),
+        *(f"extra {extra}: {text}" for extra in extras for text in sorted(optional.get(extra, []))),
+        *(f"index {index}" for index in profile.indexes),
+        *(f"stack {pin}" for pin in profile.own_stack),
+        *([f"cuda {profile.cuda}"] if profile.cuda else []),
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
+def resolved_from(profile: NodeProfile, pyproject: Mapping) -> list[str]:
+    """The header lines that record what the file was resolved from (profile_inputs): comments, which
+    node/bootstrap.sh's ready marker leaves out (a Kubernetes staging digests the whole file)."""
+    return [
+        f"# Resolved from {PYPROJECT}'s dependencies and extras {', '.join(profile.extras)}, and the profile's",
+        f"# indexes and stack in tools/lock.py: `make lint` fails when those inputs change without `{UPDATE_COMMAND}`.",
+        f"# sha256 of those inputs: {hashlib.sha256(profile_inputs(profile, pyproject).encode()).hexdigest()}",
+    ]
+
+
+def read_pyproject(root: Path) -> dict:
+    """root's pyproject.toml; a ValueError where it is not TOML."""
+    if sys.version_info >= (3, 11):  # always where it runs (the lock's numpy needs 3.11); mypy checks for 3.10
+        import tomllib
+
+        with (root / PYPROJECT).open("rb") as file:
+            return tomllib.load(file)
+    raise RuntimeError("tools/lock.py needs Python >= 3.11 (tomllib): run it with the project's venv")
+
+
+def inputs_problems(profile: NodeProfile, text: str, pyproject: Mapping) -> list[str]:
+    """The file was resolved from what the profile asks now: its extras, pyproject's requirements for
+    them, its indexes and stack (profile_inputs)."""
+    optional = pyproject.get("project", {}).get("optional-dependencies", {})
+    if missing := [extra for extra in profile.extras if extra not in optional]:
+        return [
+            f"tools/lock.py's {profile.name} profile installs the extra {', '.join(missing)}, which {PYPROJECT} "
+            "does not define: add it there or drop it from the profile"
+        ]
+    if not set(resolved_from(profile, pyproject)) <= set(text.splitlines()):
+        return [
+            f"{profile.path} was resolved from other extras, {PYPROJECT} requirements or stack than its profile "
+            f"asks now: run `{UPDATE_COMMAND}`"
+        ]
+    return []
+
+
 def disagreements(root: Path = ROOT) -> list[str]:
     """One line per node pin that the lock does not hold at the same version."""
     lock_path = root / LOCK
     if not lock_path.is_file():
         return [f"{LOCK} is missing: run `{UPDATE_COMMAND}`"]
     locked = pins(lock_path.read_text())
+    try:
+        pyproject = read_pyproject(root)
+    except (OSError, ValueError) as err:  # TOMLDecodeError is a ValueError
+        return [f"{PYPROJECT} cannot be read ({err}): restore it"]
     problems = []
     for profile in PROFILES:
         path = root / profile.path
@@ -267,6 +340,7 @@ def disagreements(root: Path = ROOT) -> list[str]:
                 )
                 reported.add(name)
         problems += hash_problems(profile, text, reported)
+        problems += inputs_problems(profile, text, pyproject)
     return problems or file_name_problems(root)  # the file names of hashes that are those `make lock` wrote
 
 
@@ -413,11 +487,14 @@ def without_project(lock_text: str) -> str:
     return "".join(kept)
 
 
-def node_requirements(profile: NodeProfile, resolved: str, hashes: Mapping[str, Iterable[str]] | None = None) -> str:
+def node_requirements(
+    profile: NodeProfile, resolved: str, hashes: Mapping[str, Iterable[str]] | None = None, root: Path = ROOT
+) -> str:
     """The file node/bootstrap.sh installs: its indexes, then the resolved pins (torch replaced by
     the profile's own stack; a PyPI stack's closure among them: with_stack), each PyPI pin with its
     hashes (project -> its sha256 digests) on its line: the installers take the lines with a hash into a
-    `pip --require-hashes` command of their own."""
+    `pip --require-hashes` command of their own. Its header records what it was resolved from (root's
+    pyproject.toml and the profile: resolved_from)."""
     resolved_lines = [line for line in resolved.splitlines() if line and not line.startswith("#")]
     lines = [line for line in resolved_lines if pins(line).keys().isdisjoint(profile.own_names)] + list(
         profile.own_stack
@@ -444,6 +521,7 @@ def node_requirements(profile: NodeProfile, resolved: str, hashes: Mapping[str, 
             ]
         ),
         SEAL + seal_of("\n".join(body)),
+        *resolved_from(profile, read_pyproject(root)),
         *(f"--extra-index-url {index}" for index in profile.indexes),
     ]
     return "\n".join(header + body) + "\n"

@@ -1,5 +1,6 @@
 """tools/lock.py: one locked set of versions for development, CI and the nodes."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ CUDA = next(profile for profile in lock.PROFILES if profile.name == "cuda")
 
 
 def copy_of_the_lock(tmp_path: Path) -> Path:
-    for relative in LOCKED_FILES:
+    for relative in (*LOCKED_FILES, lock.PYPROJECT):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(lock.ROOT / relative, tmp_path / relative)
     return tmp_path
@@ -494,3 +495,84 @@ def test_a_hash_whose_file_name_is_missing_or_of_another_release_fails_the_check
     assert lock.disagreements(root) == [
         f"{lock.PYPI_FILES} is missing or not the JSON `make lock` writes: run `make lock`"
     ]
+
+
+# --- what each node file was resolved from: the profile's extras, their requirements, its stack ---
+
+
+def regenerate(root: Path) -> None:
+    """What `make lock` does to the node files when the resolution gives the same pins: their headers
+    written anew (node_requirements) from root's pyproject.toml and the profiles, pins and hashes kept."""
+    for profile in lock.PROFILES:
+        path = root / profile.path
+        lines = path.read_text().splitlines()
+        resolved = "\n".join(line.split(" --hash=")[0] for line in lines if lock.pins(line))
+        hashes = {name: lock.hashes_of(line) for line in lines for name in lock.pins(line)}
+        path.write_text(lock.node_requirements(profile, resolved, hashes, root=root))
+
+
+def test_regenerating_the_node_files_unchanged_writes_them_as_they_are(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    regenerate(root)
+    for profile in lock.PROFILES:
+        assert (root / profile.path).read_text() == (lock.ROOT / profile.path).read_text()
+
+
+def test_an_extra_added_to_every_profile_without_make_lock_fails_naming_each_file(tmp_path, monkeypatch):
+    """The nodes would lack the extra's packages: no pin of the old files shows it, only their inputs."""
+    root = copy_of_the_lock(tmp_path)
+    with_launcher = tuple(
+        dataclasses.replace(profile, extras=(*profile.extras, "launcher")) for profile in lock.PROFILES
+    )
+    monkeypatch.setattr(lock, "PROFILES", with_launcher)
+    assert lock.disagreements(root) == [
+        f"{profile.path} was resolved from other extras, pyproject.toml requirements or stack than its profile "
+        "asks now: run `make lock`"
+        for profile in lock.PROFILES
+    ]
+    regenerate(root)  # here the pins stay; `make lock` would add the extra's
+    assert lock.disagreements(root) == []
+
+
+def test_a_requirement_changed_in_a_node_extra_without_make_lock_fails_naming_each_file(tmp_path):
+    root = copy_of_the_lock(tmp_path)
+    pyproject = root / lock.PYPROJECT
+    pyproject.write_text(pyproject.read_text().replace('"pytest>=8",', '"pytest>=9",', 1))
+    assert lock.disagreements(root) == []  # dev: an extra no node installs
+    text = pyproject.read_text()
+    assert text.count('tracking = ["tensorboard>=2.16,<2.21"]') == 1
+    pyproject.write_text(
+        text.replace(
+            'tracking = ["tensorboard>=2.16,<2.21"]', 'tracking = ["tensorboard>=2.16,<2.21", "tensorboardx>=2.6"]'
+        )
+    )
+    assert lock.disagreements(root) == [
+        f"{profile.path} was resolved from other extras, pyproject.toml requirements or stack than its profile "
+        "asks now: run `make lock`"
+        for profile in lock.PROFILES
+    ]
+    regenerate(root)
+    assert lock.disagreements(root) == []
+
+
+def test_an_extra_the_project_does_not_define_is_one_line_naming_it(tmp_path, monkeypatch):
+    root = copy_of_the_lock(tmp_path)
+    monkeypatch.setattr(lock, "PROFILES", (dataclasses.replace(INTEL, extras=(*INTEL.extras, "tracing")),))
+    assert lock.disagreements(root) == [
+        "tools/lock.py's intel profile installs the extra tracing, which pyproject.toml does not define: add it "
+        "there or drop it from the profile"
+    ]
+
+
+def test_an_extra_a_node_extra_names_of_the_project_itself_is_among_the_inputs(tmp_path):
+    """pip-compile follows nanocluster[launcher] in a node extra to the launcher extra's requirements."""
+    root = copy_of_the_lock(tmp_path)
+    pyproject = root / lock.PYPROJECT
+    text = pyproject.read_text()
+    pyproject.write_text(
+        text.replace('tracking = ["tensorboard', 'tracking = ["nanocluster[launcher]", "tensorboard', 1)
+    )
+    regenerate(root)
+    assert lock.disagreements(root) == []
+    pyproject.write_text(pyproject.read_text().replace('"matplotlib>=3.8"', '"matplotlib>=3.9"', 1))
+    assert len(lock.disagreements(root)) == len(lock.PROFILES)
