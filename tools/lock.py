@@ -65,7 +65,7 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag
 from packaging.utils import canonicalize_version, parse_sdist_filename, parse_wheel_filename
 
-from infra.node_platform import PYPI_FILES, NodePlatform
+from infra.node_platform import PYPI_FILES, NodePlatform, pypi_files
 from model.atomic import atomic_open
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -582,7 +582,7 @@ def file_name_problems(root: Path) -> list[str]:
     """PYPI_FILES names a file of the pinned release of its project for each hash of the node files (a
     name it holds besides does no harm: infra looks up the hashes the node files have)."""
     try:
-        files = json.loads((root / PYPI_FILES).read_text())["files"]
+        files = pypi_files(root)
     except (OSError, ValueError, KeyError):
         return [f"{PYPI_FILES} is missing or not the JSON `{UPDATE_COMMAND}` writes: run `{UPDATE_COMMAND}`"]
     problems = []
