@@ -167,7 +167,7 @@ def bootstrap(
             )
         return
     archive = payload(
-        {f"bootstrap/{p.name}": p.read_text() for p in sorted(NODE_DIR.iterdir()) if p.is_file()},
+        {f"bootstrap/{p.name}": p.read_text() for p in code_files() if p.parent == NODE_DIR},
         executable=("bootstrap/bootstrap.sh",),
     )
     flags = f"--profile {shlex.quote(profile)}"
@@ -196,10 +196,10 @@ def bootstrap(
     session.run_everywhere(nodes, one)
 
 
-CODE_PACKAGES = {"model": ("*.py",), "launcher": ("*.py", "*.yaml"), "node": ("*",)}
+CODE_PACKAGES = {"model": ("*.py",), "launcher": ("*.py", "*.yaml"), "node": ("*.sh", "requirements-*.txt")}
 """Staged on the nodes, with the files each brings: model/ for the ranks; launcher/ and node/ for a
 run's supervisor on the head node (launcher.head_node: the launcher reads node/'s scripts, and bootstraps
-a replaced node from it)."""
+a replaced node from it and its requirements). Not node/pypi-files.json: `pulumi up` reads it here."""
 
 
 def code_files(repo: Path = REPO_ROOT) -> list[Path]:

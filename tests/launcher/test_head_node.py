@@ -71,7 +71,15 @@ def test_the_head_reads_the_same_cluster_reaching_itself_at_its_private_address(
 def test_the_launcher_and_node_scripts_are_staged_beside_model():
     names = {path.relative_to(path.parents[len(path.parents) - 1]).as_posix() for path in code_files()}
     staged = {"/".join(Path(name).parts[-2:]) for name in names}
-    assert {"model/train.py", "launcher/head_node.py", "launcher/quickstart.yaml", "node/unit_identity.sh"} <= staged
+    assert {
+        "model/train.py",
+        "launcher/head_node.py",
+        "launcher/quickstart.yaml",
+        "node/unit_identity.sh",
+        "node/bootstrap.sh",
+        "node/requirements-cuda.txt",
+    } <= staged
+    assert "node/pypi-files.json" not in staged  # infra's, read at `pulumi up`: 31 KB no node reads
     assert not any("__pycache__" in name for name in names)
 
 
