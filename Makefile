@@ -58,9 +58,9 @@ $(VENV)/.installed-local: pyproject.toml setup.py $(LOCK)
 # every version that still fits, and write the nodes' pins from it. lock-upgrade takes the newest
 # releases the ranges allow (then run make test). Both need the package index.
 lock: setup
-	$(BIN)/python tools/lock.py update
+	$(BIN)/python -m tools.lock update
 lock-upgrade: setup
-	$(BIN)/python tools/lock.py update --upgrade
+	$(BIN)/python -m tools.lock update --upgrade
 
 # sshd and iproute2 for the test nodes (network namespaces); installed only when missing.
 system-deps:
@@ -88,7 +88,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python tools/lock.py check
+	$(BIN)/python -m tools.lock check
 	@out=$$(NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site 2>&1) \
 		|| { echo "$$out"; echo "mkdocs build --strict failed"; exit 1; }
 

@@ -104,7 +104,7 @@ class NodeIdentity:
 
 HASH_OPTION = re.compile(r" --hash=sha256:([0-9a-f]+)")
 SEAL = "# sha256 of the hashed lines"
-"""The start of the line in which `make lock` seals the whole file's hashed lines (tools/lock.py)."""
+"""The start of the line in which `make lock` seals the whole file's hashed lines (tools/lock/node_file.py)."""
 
 
 def requirements_text(profile: str, compact: NodePlatform | None = None) -> str:

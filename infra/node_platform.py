@@ -1,6 +1,6 @@
 """A node's Python platform (CPython release, CPU, glibc) and which PyPI files its pip installs.
 
-tools/lock.py hashes the files of every node platform in node/requirements-PROFILE.txt and records
+tools/lock/ hashes the files of every node platform in node/requirements-PROFILE.txt and records
 each hash's file name in node/pypi-files.json (PYPI_FILES); infra/aws.py names the one platform AWS's
 nodes are, whose hashes alone its first boot's copy of the requirements keeps (infra/cloudinit.py).
 """

@@ -111,7 +111,7 @@ readonly venv="$root_dir/venv"
 readonly marker="$venv/.nanocluster-ready"
 readonly node_env="$root_dir/node.env"
 
-# The requirements' lines that carry sha256 hashes (PyPI's files, tools/lock.py): pip checks every
+# The requirements' lines that carry sha256 hashes (PyPI's files, tools/lock/pypi.py): pip checks every
 # file it downloads for them against those hashes (--require-hashes).
 readonly hash_option='--hash=sha256:'
 # What the environment is built from: a change to any of these rebuilds it. The pins without their

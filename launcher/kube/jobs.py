@@ -33,7 +33,7 @@ POLL_S = 1.0
 PENDING_TIMEOUT_S = 600.0
 """How long a helper pod may wait for a node (an image pull, a scale-up) before the task gives up."""
 NODE_DIR = REPO_ROOT / "node"
-"""Where the node profiles' pins are (tools/lock.py writes node/requirements-PROFILE.txt)."""
+"""Where the node profiles' pins are (tools/lock/ writes node/requirements-PROFILE.txt)."""
 
 
 def access_of(cluster: Cluster) -> KubeAccess:
@@ -224,7 +224,7 @@ def requirements_file(cluster: Cluster) -> Path:
     if not path.is_file():
         raise TaskError(
             f"{path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path} is missing: the "
-            f"{node_profile(cluster)} profile's pins are written by `make lock` (tools/lock.py)"
+            f"{node_profile(cluster)} profile's pins are written by `make lock` (tools/lock/)"
         )
     return path
 

@@ -100,7 +100,7 @@ def venv_dir(requirements_sha: str) -> str:
 
 
 HASH_OPTION = b"--hash=sha256:"
-"""What marks a requirement line pip checks against sha256 hashes (tools/lock.py writes one on each
+"""What marks a requirement line pip checks against sha256 hashes (tools/lock/pypi.py writes one on each
 PyPI pin)."""
 
 
@@ -210,7 +210,7 @@ def staging_script(
     (staged_once), touched (store_prune_script's grace), <root>/venv and <root>/code pointed at them
     (what helper Jobs of no run use), the run's record of them (STAGED_RECORD) and the run's files; last
     the RUNS_REPORT line (the claim's runs, for their index: launcher.kube.run_index).
-    The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock.py).
+    The pins file names its own package indexes (the CPU or the CUDA wheels of torch: tools/lock/profiles.py).
     hashed: the ConfigMap holds hashed.txt, the pins with hashes (split_requirements), installed first
     with --require-hashes (--no-deps: torch, accelerate's dependency, has no hash in the default
     profile; the second command installs it from requirements.txt, with what it needs beyond the

@@ -3,7 +3,7 @@
     tensorboard --logdir runs/<run>/tb      (after `fab fetch`, or on the head node)
 
 Optional: it needs the `tracking` extra (tensorboard), which every node profile installs
-(tools/lock.py's NODE_EXTRAS); without it (a venv of `make quickstart`, a node set up before that) the
+(tools/lock/profiles.py's NODE_EXTRAS); without it (a venv of `make quickstart`, a node set up before that) the
 run trains the same and says once that TensorBoard logging is off. torch.utils.tensorboard's
 SummaryWriter queues each scalar for its own writer thread, so a step pays a queue put, not a file
 write.

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from launcher.kube import volume
-from tools import lock
+from tools.lock.profiles import PROFILES
+from tools.lock.requirements import PIN, ROOT, pins
 
-NODE_DIR = lock.ROOT / "node"
+NODE_DIR = ROOT / "node"
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 
 
@@ -26,17 +27,17 @@ def requirement_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith(("#", "-"))]
 
 
-@pytest.mark.parametrize("profile", lock.PROFILES, ids=lambda profile: profile.name)
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda profile: profile.name)
 def test_every_pypi_pin_of_a_node_file_carries_its_hashes(profile):
     lines = requirement_lines((NODE_DIR / f"requirements-{profile.name}.txt").read_text())
     hashed = [line for line in lines if "--hash=" in line]
     unhashed = [line for line in lines if "--hash=" not in line]
     # torch (and the intel stack) from their own indexes, by version only; everything else hashed
-    assert {name for line in unhashed for name in lock.pins(line)} == profile.unhashed
+    assert {name for line in unhashed for name in pins(line)} == profile.unhashed
     assert len(hashed) > 50
     for line in hashed:
         pin, *options = line.split()
-        assert lock.PIN.fullmatch(pin) and options and all(HASH.fullmatch(option) for option in options), line
+        assert PIN.fullmatch(pin) and options and all(HASH.fullmatch(option) for option in options), line
 
 
 def test_the_kubernetes_staging_installs_the_hashed_lines_with_require_hashes():
@@ -44,7 +45,7 @@ def test_the_kubernetes_staging_installs_the_hashed_lines_with_require_hashes():
     hashed, rest = volume.split_requirements(text)
     assert requirement_lines(hashed.decode()) != []
     assert all(HASH.search(line) for line in hashed.decode().splitlines())
-    assert "--hash=" not in rest.decode() and lock.pins(rest.decode()) == {"torch": lock.pins(text.decode())["torch"]}
+    assert "--hash=" not in rest.decode() and pins(rest.decode()) == {"torch": pins(text.decode())["torch"]}
     assert sorted(hashed.splitlines() + rest.splitlines()) == sorted(text.splitlines())  # nothing lost
     script = volume.staging_script("r" * 64, "c" * 64, {}, hashed=True)
     install = [line.strip() for line in script.splitlines() if "pip install" in line]
@@ -62,7 +63,7 @@ def test_the_cuda_profile_installs_every_pin_in_its_require_hashes_command():
     text = (NODE_DIR / "requirements-cuda.txt").read_bytes()
     hashed, rest = volume.split_requirements(text)
     assert rest == b""
-    assert lock.pins(hashed.decode()) == lock.pins(text.decode()) and lock.pins(text.decode())["torch"] == "2.13.0"
+    assert pins(hashed.decode()) == pins(text.decode()) and pins(text.decode())["torch"] == "2.13.0"
     script = volume.staging_script("r" * 64, "c" * 64, {}, hashed=True, unhashed=False)
     install = [line.strip() for line in script.splitlines() if "pip install" in line]
     assert install == ["$tmp/bin/pip install --no-cache-dir -q --require-hashes --no-deps -r /staging/hashed.txt"]

@@ -240,7 +240,7 @@ def test_a_torchrun_that_started_no_rank_reads_as_a_lost_peer(tmp_path):
 
 @pytest.fixture
 def cuda_pins(tmp_path, monkeypatch):
-    """The cuda profile's pins file as tools/lock.py writes it (made by another branch)."""
+    """The cuda profile's pins file as tools/lock/ writes it (made by another branch)."""
     node_dir = tmp_path / "node"
     node_dir.mkdir()
     (node_dir / "requirements-default.txt").write_bytes((jobs.NODE_DIR / "requirements-default.txt").read_bytes())
