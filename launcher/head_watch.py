@@ -1,8 +1,9 @@
 """A run's supervisor on a VM cluster's head node, from the operator's machine: HeadNode (a supervision
 kind beside launcher.supervised's ThisMachine) stages the head and starts the supervisor there, and its
-HeadWatch, which launcher.follow polls, keeps this machine's record directory a copy of the head's; a
-revival the supervisor asks for is run here (HeadWatch.tend), with the operator's credentials. What runs
-on the head for them: launcher.head_node.
+HeadWatch, which launcher.follow polls, keeps this machine's record directory a copy of the head's (one
+`follow` on the head streams it here: launcher.head_stream); a revival the supervisor asks for is run
+here (HeadWatch.tend), with the operator's credentials. What runs on the head for them:
+launcher.head_node.
 
 The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys), and
 holds the launcher beside model/ in ~/nanocluster/code (launcher.setup.nodes.sync_code) and its imports
@@ -11,15 +12,12 @@ in the node environment (pyproject's `node` extra).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import io
 import json
-import os
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +26,11 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
 from launcher.cluster.node_layout import site_of
 from launcher.console import TaskError, command_line, say
-from launcher.head_node import WHOLE_SUFFIXES
+from launcher.head_stream import HeadStream
 from launcher.launch.supervisor import (
     ENDED,
-    STATE_NAME,
     SUPERVISOR_HOME,
     SupervisorState,
-    copy_part,
     read_state,
     state_path,
 )
@@ -42,13 +38,7 @@ from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.transport import NodeError, Shell
 
-SYNC_STATE_NAME = ".head_sync.json"
-"""In this machine's record directory: how far each of the head's files has been copied."""
-SYNC_ROUNDS = 64
-"""Sync calls one refresh makes at most while files have more to bring (256 MiB of each)."""
 SSH_TIMEOUT_S = 60
-REFRESH_S = 1.0
-"""Seconds between two syncs while the supervisor is live (each is a command on the head)."""
 
 
 def head_contract(contract: dict, cluster: Cluster) -> dict:
@@ -95,62 +85,34 @@ def head_command(cluster: Cluster, *args: str) -> str:
 
 
 class HeadWatch:
-    """The head's supervisor as the front end follows it: refresh() copies the head's record into this
-    machine's record directory (which state() then reads); live() and interrupt() ask the head."""
+    """The head's supervisor as the front end follows it: refresh() keeps this machine's record directory
+    a copy of the head's record, streamed (which state() and live() then read); interrupt() asks the head."""
 
     def __init__(self, cluster: Cluster, shell: Shell, local: Path, run: str):
         self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
-        self.was_live = True
-        """What the last refresh found (True until one answered)."""
+        self.stream = HeadStream(
+            shell, lambda offsets: head_command(cluster, "follow", run, json.dumps(offsets)), local
+        )
         self.served: set[int] = set()
         """The revival requests tend() ran `pulumi up` for."""
         self.unsent: dict | None = None
         """An answer the head did not take (sent again, never revived again)."""
-        self.last_refresh = -REFRESH_S
         self.plot = SyncedPlot(local)
         """Drawn here: the head has no matplotlib."""
 
-    def offsets(self) -> dict[str, int]:
-        try:
-            found = json.loads((self.local / SYNC_STATE_NAME).read_text())
-        except (OSError, ValueError):
-            return {}
-        return found if isinstance(found, dict) else {}
-
     def refresh(self) -> None:
-        """Copy what the head's record gained since the last refresh; a head that does not answer leaves
-        the copy as it is (the next refresh tries again)."""
-        if self.was_live and time.monotonic() - self.last_refresh < REFRESH_S:
-            return
-        self.last_refresh = time.monotonic()
-        offsets = self.offsets()
-        for _ in range(SYNC_ROUNDS):  # until a sync brings the rest of every file, and the state with it
-            try:
-                answer = self.shell.run(head_command(self.cluster, "sync", self.run, json.dumps(offsets)), timeout=60)
-            except NodeError:
-                return
-            if not answer.ok:
-                return
-            found = json.loads(answer.stdout)
-            self.was_live = bool(found["live"])
-            self.local.mkdir(parents=True, exist_ok=True)
-            # The state last: this machine's copy never says ended before what came with it is here.
-            for name, part in sorted(found["files"].items(), key=lambda item: item[0] == STATE_NAME):
-                data = base64.b64decode(part["data"])
-                copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
-                offsets[name] = part["from"] + len(data)
-                temporary = self.local / f"{SYNC_STATE_NAME}.tmp"  # after each file: none is appended twice
-                temporary.write_text(json.dumps(offsets))
-                os.replace(temporary, self.local / SYNC_STATE_NAME)
-            if not found.get("more"):
-                break
+        """Keep this machine's copy of the head's record (a thread streams it: launcher.head_stream). The
+        first call waits for the head's first whole answer while a line comes every SSH_TIMEOUT_S
+        (`attach` and `status` read the copy at once); later ones return at once. A head that does not
+        answer leaves the copy as it is (the stream starts again)."""
+        self.stream.start(wait_s=SSH_TIMEOUT_S)
         self.plot.update()
 
     def state(self) -> SupervisorState | None:
         return read_state(self.local)
 
     def live(self) -> bool:
-        return self.was_live
+        return self.stream.live
 
     def tend(self) -> None:
         """A revival the supervisor asks for (a Pulumi stack's lost VMs: supervisor.json's `revival`),
@@ -163,7 +125,7 @@ class HeadWatch:
 
         state = self.state()
         request = RevivalRequest.of(state.revival) if state is not None and state.phase != ENDED else None
-        if request is None or not self.was_live or self.cluster.stack is None:
+        if request is None or not self.live() or self.cluster.stack is None:
             return
         if request.id in self.served:
             if self.unsent is not None and self.unsent["id"] == request.id:
@@ -218,6 +180,7 @@ class HeadWatch:
         return KILLED
 
     def close(self) -> None:
+        self.stream.close()  # the plot's last drawing from a copy that no longer grows
         self.plot.close()
         self.shell.close()
 

@@ -5,7 +5,7 @@ credentials, which the stack's `pulumi up` needs (launcher.recover.revive). So w
 this machine would run `pulumi up`, the one on the head asks, and the operator's machine answers:
 
     ask     the head's supervisor records the request in the run's record (a `revival` event, and the
-            lost nodes in supervisor.json, which every front end syncs), then waits for the answer,
+            lost nodes in supervisor.json, which every front end copies), then waits for the answer,
             bounded by --revive-timeout (by --recover-timeout with --min-nodes, which lets the run go
             on without the node: the nodes that answer do not idle longer than that); a node that
             answers SSH again by itself ends the wait too
@@ -39,7 +39,7 @@ from launcher.recover.policy import RecoverOptions
 from launcher.runs.record import RunRecord
 
 ANSWER_NAME = ".revival_answer.json"
-"""In the head's record directory: the front end's answer (a dot file: the sync leaves it there)."""
+"""In the head's record directory: the front end's answer (a dot file: not copied to the operator's machine)."""
 REVIVAL_EVENT = "revival"
 """The record's event for a request (then one with `outcome` for its end)."""
 POLL_S = 1.0

@@ -1,21 +1,18 @@
 """The supervisor on a VM cluster's head node apart from real nodes: where each cluster's supervisor runs,
 the contract the head reads, what is staged there, and the head's side (launcher.head_node's start,
-sync and interrupt) run here with a real supervisor process on a fake lifecycle (supervised_fakes),
-reached through a shell that runs the head's commands in this process: the front end (launcher.follow)
-follows it through HeadWatch, and this machine's record becomes a copy of the head's."""
+follow and interrupt) run here with a real supervisor process on a fake lifecycle (supervised_fakes),
+reached through a shell that runs the head's commands here (head_fakes): the front end (launcher.follow)
+follows it through HeadWatch, and this machine's record becomes a copy of the head's. The stream that
+copies it, cut and lagging as over SSH: test_head_stream."""
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import io
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,8 +24,9 @@ from launcher.cluster.inventory import PulumiStack
 from launcher.cluster.local import local_cluster
 from launcher.cluster.node_layout import REPO_ROOT
 from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
-from launcher.head_node import head_main, start_on_head, sync_on_head
-from launcher.head_watch import SYNC_STATE_NAME, HeadNode, HeadWatch, contract_of, head_contract
+from launcher.head_node import changes, start_on_head
+from launcher.head_stream import SYNC_STATE_NAME
+from launcher.head_watch import HeadNode, HeadWatch, contract_of, head_contract
 from launcher.launch.supervisor import (
     ENDED,
     LOCK_NAME,
@@ -37,6 +35,7 @@ from launcher.launch.supervisor import (
     SupervisorState,
     is_live,
     read_state,
+    take_lock,
     write_state,
 )
 from launcher.run_kind import TrainRequest
@@ -47,6 +46,7 @@ from launcher.terminal import LOG_NAME
 from launcher.train import ENTRY, STACK_HEAD_ENTRY, supervision
 from launcher.transport import Result, Shell
 from model.monitoring.metrics import METRICS_NAME
+from tests.launcher.head_fakes import HeadShell, wait_until
 
 FAKES = "tests.launcher.supervised_fakes"
 
@@ -83,28 +83,6 @@ def test_the_launcher_and_node_scripts_are_staged_beside_model():
     assert not any("__pycache__" in name for name in names)
 
 
-class HeadShell(Shell):
-    """The head's commands (head_node.head_command) run in this process, with the head's home."""
-
-    def __init__(self, home: Path, monkeypatch):
-        self.home, self.monkeypatch = home, monkeypatch
-        self.calls = 0
-
-    def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
-        self.calls += 1
-        args = shlex.split(command.split("-m launcher.head_node ", 1)[1])
-        out, err = io.StringIO(), io.StringIO()
-        with self.monkeypatch.context() as m:
-            m.setenv("NANOCLUSTER_HOME", str(self.home))
-            m.setattr("sys.stdin", io.StringIO(stdin.decode()))
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = head_main(args)
-        return Result(code, out.getvalue(), err.getvalue())
-
-    def close(self) -> None:
-        pass
-
-
 def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -> Path:
     """A supervisor for run started as the front end starts one on the head; the head's record directory."""
     monkeypatch.setenv("NANOCLUSTER_HOME", str(head))
@@ -128,11 +106,12 @@ def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -
 
 
 def synced_until_ended(watch: HeadWatch) -> None:
-    deadline = time.monotonic() + 60
-    while (state := watch.state()) is None or state.phase != ENDED or watch.live():
-        assert time.monotonic() < deadline, "the head's supervisor did not end"
+    def ended() -> bool:
         watch.refresh()
-        time.sleep(0.1)
+        state = watch.state()
+        return state is not None and state.phase == ENDED and not watch.live()
+
+    wait_until(ended, "the head's supervisor to end here")
 
 
 def test_the_front_end_follows_the_heads_supervisor_and_this_machine_gets_its_record(
@@ -198,32 +177,34 @@ def test_a_ctrl_c_the_head_cannot_be_asked_for_is_an_error_not_an_ended_supervis
     )
 
 
-def test_a_sync_brings_what_grew_keeps_local_lines_and_copies_rewritten_files_whole(tmp_path, contract, monkeypatch):
+def test_the_copy_gets_what_grew_keeps_local_lines_and_copies_rewritten_files_whole(tmp_path, contract, monkeypatch):
     head, local = tmp_path / "head", tmp_path / "local"
     directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
     directory.mkdir(parents=True)
     (head / "cluster.json").write_text(json.dumps(contract))
     (directory / "train.log").write_text("one\n")
     (directory / "supervisor.json").write_text('{"pid": 1, "phase": "starting"}')
-    (directory / LOCK_NAME).touch()
+    lock = take_lock(directory, "r", None)  # a live supervisor
     watch = HeadWatch(parse_contract(contract, "c.json"), HeadShell(head, monkeypatch), local, "r")
-    watch.refresh()
-    assert (local / "train.log").read_text() == "one\n" and not (local / LOCK_NAME).exists()
-    with open(local / "train.log", "a") as f:
-        f.write("this machine's own line\n")  # a lost terminal's output moved to the log
-    with open(directory / "train.log", "a") as f:
-        f.write("two\n")
-    (directory / "supervisor.json").write_text('{"pid": 1, "phase": "ended", "exit_code": 0}')
-    watch.was_live = False  # no wait between refreshes
-    watch.refresh()
+    try:
+        watch.refresh()
+        assert (local / "train.log").read_text() == "one\n" and not (local / LOCK_NAME).exists()
+        with open(local / "train.log", "a") as f:
+            f.write("this machine's own line\n")  # a lost terminal's output moved to the log
+        with open(directory / "train.log", "a") as f:
+            f.write("two\n")
+        (directory / "supervisor.json").write_text('{"pid": 1, "phase": "ended", "exit_code": 0}')
+    finally:
+        os.close(lock)
+    synced_until_ended(watch)
     assert (local / "train.log").read_text() == "one\nthis machine's own line\ntwo\n"
-    assert read_state(local).phase == ENDED
-    assert set(sync_on_head(directory, {"train.log": 8})["files"]) == {"supervisor.json"}  # the log: nothing new
+    sent = {"supervisor.json": (directory / "supervisor.json").read_bytes()}
+    assert changes(directory, {"train.log": 8}, sent).files == {}  # the log and the state: nothing new
 
 
-def test_a_sync_never_brings_an_ended_state_without_what_the_supervisor_wrote_before_it(tmp_path, monkeypatch):
+def test_a_look_never_brings_an_ended_state_without_what_the_supervisor_wrote_before_it(tmp_path, monkeypatch):
     """The supervisor appends the run's end event, then writes its state ended. Here it does both just
-    after the sync's first read: a sync that read the events before and the state after would give a
+    after the look's first read: a look that read the events before and the state after would give a
     copy that had ended without its end event, and a front end that stops at the end would keep it."""
     import launcher.head_node
 
@@ -245,36 +226,26 @@ def test_a_sync_never_brings_an_ended_state_without_what_the_supervisor_wrote_be
         return io.BytesIO(data)
 
     monkeypatch.setattr(launcher.head_node, "open", supervisor_ends_after_the_first_read, raising=False)
-    for _ in range(2):  # the sync that met the end, and the one after
-        files = sync_on_head(directory, {})["files"]
-        state = json.loads(base64.b64decode(files["supervisor.json"]["data"]))
-        events = base64.b64decode(files["events.jsonl"]["data"]).decode()
+    for _ in range(2):  # the look that met the end, and the one after
+        files = changes(directory, {}, {}).files
+        state = json.loads(files["supervisor.json"][1])
+        events = files["events.jsonl"][1].decode()
         assert state["phase"] != ENDED or '"event": "end"' in events, (state, events)
     assert finished and state["phase"] == ENDED and '"event": "end"' in events
 
 
-def test_an_ended_run_whose_log_takes_several_syncs_ends_here_only_with_all_of_it(tmp_path, contract, monkeypatch):
-    """A detached run ended with more log than one sync brings (SYNC_CHUNK): the head keeps its state
-    back until the rest has come, and one refresh makes the calls that bring it all, state last."""
+def test_a_look_that_leaves_part_of_a_file_for_the_next_keeps_the_state_back(tmp_path, monkeypatch):
+    """A file with more than one line of `follow` brings (SYNC_CHUNK): the state comes with the look
+    that brings the rest (test_head_stream follows such a run to its end)."""
     import launcher.head_node
 
     monkeypatch.setattr(launcher.head_node, "SYNC_CHUNK", 16)
-    head, local = tmp_path / "head", tmp_path / "local"
-    directory = head / "clusters" / contract["cluster_name"] / "runs" / "r"
-    directory.mkdir(parents=True)
-    (head / "cluster.json").write_text(json.dumps(contract))
-    log = "".join(f"step {i}\n" for i in range(40))
-    (directory / "train.log").write_text(log)
-    (directory / "events.jsonl").write_text('{"event": "launch"}\n{"event": "end", "outcome": "finished"}\n')
-    write_state(directory, SupervisorState(1, ENDED, exit_code=0))
-    first = sync_on_head(directory, {})
-    assert "supervisor.json" not in first["files"] and first.get("more")  # not before the rest of the files
-    shell = HeadShell(head, monkeypatch)
-    watch = HeadWatch(parse_contract(contract, "c.json"), shell, local, "r")
-    watch.refresh()
-    assert read_state(local).phase == ENDED and (local / "train.log").read_text() == log
-    assert '"event": "end"' in (local / "events.jsonl").read_text()
-    assert shell.calls == -(-len(log) // 16)  # a call per 16 bytes of the longest file, the last one with the state
+    (tmp_path / "train.log").write_text("".join(f"step {i}\n" for i in range(4)))
+    write_state(tmp_path, SupervisorState(1, ENDED, exit_code=0))
+    first = changes(tmp_path, {}, {})
+    assert set(first.files) == {"train.log"} and first.more
+    rest = changes(tmp_path, {"train.log": 16}, {})
+    assert set(rest.files) == {"train.log", "supervisor.json"} and not rest.more
 
 
 def test_the_operator_draws_the_plot_from_the_heads_synced_metrics_and_never_copies_the_heads(
@@ -295,7 +266,7 @@ def test_the_operator_draws_the_plot_from_the_heads_synced_metrics_and_never_cop
     (directory / PLOT_NAME).write_bytes(b"a plot the head drew")  # a head where matplotlib was installed
     watch = HeadWatch(parse_contract(contract, "c.json"), HeadShell(head, monkeypatch), local, "r")
     watch.refresh()
-    assert PLOT_NAME not in sync_on_head(directory, {})["files"]
+    assert PLOT_NAME not in changes(directory, {}, {}).files
     watch.close()  # the front end leaves: its last drawing is on disk
     assert (local / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -376,8 +347,8 @@ def test_the_front_end_revives_what_the_heads_supervisor_asks_for_once_and_sends
 
 
 def test_the_heads_commands_import_neither_fabric_nor_the_run_kinds():
-    """`sync` runs on the head once a second while a run is followed, beside rank 0's training: its
-    process imports only what the head's commands use (Fabric, paramiko and the run kinds tripled it)."""
+    """`follow` runs on the head while a run is followed, beside rank 0's training: its process imports
+    only what the head's commands use (Fabric, paramiko and the run kinds tripled its start)."""
     script = (
         "import sys, launcher.head_node; print(sorted({'fabric', 'paramiko', 'launcher.run_kind'} & set(sys.modules)))"
     )

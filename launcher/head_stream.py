@@ -1,0 +1,140 @@
+"""This machine's copy of a run's record while a front end follows its supervisor on the head node: one
+`follow` on the head (launcher.head_node) for as long as the run is followed, its lines read by a
+thread of their own (Shell.stream) and applied to this machine's record directory, so the front end's
+loop reads the copy and never waits on the head.
+
+    lines    each says whether the supervisor is live and brings what the head's record gained: parts
+             of the files that grow, the files rewritten in place whole; the state comes last, and
+             only with everything written before it, so this copy never says the run ended before
+             the rest is here; a long log comes over several lines (`more`)
+    offsets  how far each of the head's files was copied (SYNC_STATE_NAME), written after each file:
+             the next follow starts from them, so no byte is appended twice
+    again    a follow lasts FOLLOW_S; one cut short (the SSH connection lost, the head's process
+             killed, a line lost in between: its `n` skips) leaves the copy as it is; either way the
+             next starts RETRY_S later, from the offsets
+    bounded  a stream is given the head's own bound as its timeout (FOLLOW_S + STALL_S): a head that
+             goes silent (powered off, a connection that died without a word) holds it no longer,
+             and the next follow starts then. A timeout, not a missed heartbeat, because
+             Shell.stream cannot be left between two lines: nothing here could act on a missing one.
+             The head's heartbeat (a line at least every HEARTBEAT_S) serves the head: its write to
+             a closed session fails, and it exits
+    end      once the head said the supervisor is not live and sent all of its record (the head's
+             follow then ends too), or when the watch is closed
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.head_node import FOLLOW_S, STALL_S, WHOLE_SUFFIXES
+from launcher.launch.supervisor import STATE_NAME, copy_part
+from launcher.transport import NodeError, Shell
+
+SYNC_STATE_NAME = ".head_sync.json"
+"""In this machine's record directory: how far each of the head's files has been copied."""
+RETRY_S = 2.0
+"""Between a follow that ended before the run's end and the next."""
+
+
+class LeftStream(Exception):
+    """Raised by a line's handler: the stream is left (a line lost in between, the copy closed)."""
+
+
+def copied_offsets(local: Path) -> dict[str, int]:
+    """How far each of the head's files has been copied here (SYNC_STATE_NAME)."""
+    try:
+        found = json.loads((local / SYNC_STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+class HeadStream:
+    """The head's record copied into `local` by `follow` commands on the head (command(offsets) is the
+    command line of one), in a thread started by the first start()."""
+
+    def __init__(self, shell: Shell, command: Callable[[dict[str, int]], str], local: Path):
+        self.shell, self.command, self.local = shell, command, local
+        self.live = True
+        """What the last whole answer said (True until one came)."""
+        self.ended = False
+        """The head said the supervisor is not live and sent all of its record: nothing more comes."""
+        self.failed: Exception | None = None
+        """What ended the thread here (the copy could not be written): start() raises it."""
+        self.answered = threading.Event()
+        """Set by the first whole answer, or by the first follow's end without one."""
+        self.closed = threading.Event()
+        self.applying = threading.Lock()
+        self.offsets: dict[str, int] = {}
+        self.expected = 0
+        """The number (`n`) of the next line of the follow being read."""
+        self.thread: threading.Thread | None = None
+        self.heard = 0.0
+        """When the stream last brought a line (monotonic)."""
+
+    def start(self, wait_s: float) -> None:
+        """The copy kept from now on: the first call starts it and waits for the head's first whole
+        answer (`attach` and `status` read the copy at once), a long record's lines as long as the next
+        comes within wait_s; later calls return at once."""
+        if self.thread is None:
+            self.heard = time.monotonic()
+            self.thread = threading.Thread(target=self.keep, name="head-stream", daemon=True)
+            self.thread.start()
+            while not self.answered.wait(1.0) and time.monotonic() - self.heard < wait_s:
+                pass
+        if self.failed is not None:
+            raise self.failed
+
+    def keep(self) -> None:
+        """The thread: one follow after the other, each from the offsets copied, until the end."""
+        try:
+            while not self.closed.is_set():
+                with self.applying:
+                    self.offsets, self.expected = copied_offsets(self.local), 0
+                with contextlib.suppress(NodeError, LeftStream):  # the copy as it is: the next starts from its offsets
+                    self.shell.stream(self.command(self.offsets), self.take, timeout=FOLLOW_S + STALL_S)
+                self.answered.set()
+                if self.ended:
+                    return
+                self.closed.wait(RETRY_S)
+        except Exception as e:  # the copy here failed (a full disk): the front end's loop says so
+            self.failed = e
+            self.answered.set()
+
+    def take(self, line: str) -> None:
+        """A line of the stream applied to the copy: its files, the state last, the offsets after each."""
+        self.heard = time.monotonic()
+        try:
+            found = json.loads(line)
+            number, live, files, more = found["n"], found["live"], found["files"], found["more"]
+        except (ValueError, TypeError, KeyError):
+            return  # not one of follow's lines: the head's stderr, or a line cut short at the stream's end
+        with self.applying:
+            if self.closed.is_set() or number != self.expected:
+                raise LeftStream  # a line lost in between: the next follow brings it again
+            self.expected += 1
+            self.local.mkdir(parents=True, exist_ok=True)
+            # The state last: this machine's copy never says ended before what came with it is here.
+            for name, part in sorted(files.items(), key=lambda item: item[0] == STATE_NAME):
+                data = base64.b64decode(part["data"])
+                copy_part(self.local, name, data, whole=name.endswith(WHOLE_SUFFIXES))
+                self.offsets[name] = part["from"] + len(data)
+                temporary = self.local / f"{SYNC_STATE_NAME}.tmp"  # after each file: none is appended twice
+                temporary.write_text(json.dumps(self.offsets))
+                os.replace(temporary, self.local / SYNC_STATE_NAME)
+            if not more:  # a whole answer: the state, if it came, came with all before it
+                self.live, self.ended = bool(live), not live
+                self.answered.set()
+
+    def close(self) -> None:
+        """Nothing is applied once this returns; the stream itself ends with the shell's connection, or
+        at its next line."""
+        with self.applying:
+            self.closed.set()
