@@ -92,7 +92,8 @@ class CtrlC:
         """The block, where leaving while a supervisor may be running says what becomes of the run: a
         second Ctrl-C (a KeyboardInterrupt) with second_ctrl_c_line, not a bare "interrupted" (a Ctrl-C
         that reached no supervisor, or one before any started, leaves as it is); a hand-over that failed
-        (raised by check) with the command that stops the run."""
+        (raised by check) with the command that stops the run, unless ask's Interrupted says so itself
+        (a head that does not answer: launcher.head_watch)."""
         try:
             yield
         except KeyboardInterrupt:
@@ -100,7 +101,7 @@ class CtrlC:
                 raise
             raise Interrupted(second_ctrl_c_line(self, request)) from None
         except Exception as error:
-            if error is not self.failure:
+            if error is not self.failure or isinstance(error, Interrupted):  # an ask that says itself why it left
                 raise
             stop = stop_command_line(request.cluster_spec, request.run)
             raise TaskError(

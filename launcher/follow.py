@@ -19,6 +19,9 @@ again from any terminal.
               start of the supervisor) by CtrlC and handed over once the supervisor is there
     lost      a supervisor gone without an end (killed, its machine restarted): one line with its
               output, the stop for ranks it left running and the train command that continues
+    silent    a head node that does not answer (launcher.head_watch): one line once it has not for a
+              minute, followed on when it answers (ended as `lost` when it answers without its
+              supervisor); a Ctrl-C meanwhile leaves at once, saying the run may go on there
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before.

@@ -70,7 +70,8 @@ WHOLE_SUFFIXES = (".json",)
 POLL_S = 1.0
 """Between two looks of `follow` at the record (a lock probe, a listing, a stat per file)."""
 HEARTBEAT_S = 5.0
-"""`follow` writes a line at least this often: a write is how it finds the operator gone."""
+"""`follow` writes a line at least this often: a write is how it finds the operator gone, and a silence
+how the operator's side finds the head gone (launcher.head_stream.STREAM_IDLE_S)."""
 FOLLOW_S = 600.0
 """How long one `follow` lasts; the operator's side then starts the next from its offsets (a Python
 start every 10 minutes, not every second). Bounds how long a head that went silent holds a follower."""

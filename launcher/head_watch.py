@@ -5,6 +5,12 @@ HeadWatch, which launcher.follow polls, keeps this machine's record directory a 
 here (HeadWatch.tend), with the operator's credentials. What runs on the head for them:
 launcher.head_node.
 
+A head that does not answer (rebooting, preempted, deleted, its network down) is the run's supervisor
+and rank 0 out of reach: the stream tries fresh connections meanwhile (launcher.head_stream), and
+HeadSilence says so once, with what to do; a head that answers again goes on being followed, or, its
+supervisor gone without an end (it rebooted), ends the follow with launcher.follow's supervisor-lost
+line. A Ctrl-C meanwhile cannot reach the supervisor: the front end leaves at once, saying so.
+
 The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys), and
 holds the launcher beside model/ in ~/nanocluster/code (launcher.setup.nodes.sync_code) and its imports
 in the node environment (pyproject's `node` extra).
@@ -25,8 +31,9 @@ from pathlib import Path
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
 from launcher.cluster.node_layout import site_of
-from launcher.console import TaskError, command_line, say
+from launcher.console import Interrupted, TaskError, command_line, say
 from launcher.head_stream import HeadStream
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import (
     ENDED,
     SUPERVISOR_HOME,
@@ -39,6 +46,12 @@ from launcher.runs.metrics_stream import SyncedPlot
 from launcher.transport import NodeError, Shell
 
 SSH_TIMEOUT_S = 60
+HEAD_SILENT_S = 60.0
+"""How long the head may not answer before the front end says so. A connection reset or an sshd
+restart is over in seconds (the next follow goes over a fresh connection) and says nothing; by a
+minute the silent stream was dropped (STREAM_IDLE_S) and fresh connections failed since, so the head
+is down (a reboot takes a minute or two; a preempted VM stays away), and the operator, who sees no
+output meanwhile, hears why well before wondering."""
 
 
 def head_contract(contract: dict, cluster: Cluster) -> dict:
@@ -89,10 +102,11 @@ class HeadWatch:
     a copy of the head's record, streamed (which state() and live() then read); interrupt() asks the head."""
 
     def __init__(self, cluster: Cluster, shell: Shell, local: Path, run: str):
-        self.cluster, self.shell, self.local, self.run = cluster, shell, local, run
+        self.cluster, self.local, self.run = cluster, local, run
         self.stream = HeadStream(
             shell, lambda offsets: head_command(cluster, "follow", run, json.dumps(offsets)), local
         )
+        self.silence = HeadSilence(self)
         self.served: set[int] = set()
         """The revival requests tend() ran `pulumi up` for."""
         self.unsent: dict | None = None
@@ -100,12 +114,18 @@ class HeadWatch:
         self.plot = SyncedPlot(local)
         """Drawn here: the head has no matplotlib."""
 
+    @property
+    def shell(self) -> Shell:
+        """The head's shell: the stream's, over a fresh connection once one was lost."""
+        return self.stream.shell
+
     def refresh(self) -> None:
         """Keep this machine's copy of the head's record (a thread streams it: launcher.head_stream). The
         first call waits for the head's first whole answer while a line comes every SSH_TIMEOUT_S
         (`attach` and `status` read the copy at once); later ones return at once. A head that does not
-        answer leaves the copy as it is (the stream starts again)."""
+        answer leaves the copy as it is (the stream starts again), and is told of (HeadSilence)."""
         self.stream.start(wait_s=SSH_TIMEOUT_S)
+        self.silence.tell()
         self.plot.update()
 
     def state(self) -> SupervisorState | None:
@@ -164,6 +184,8 @@ class HeadWatch:
         self.unsent = None if ok else answer
 
     def interrupt(self) -> bool:
+        if self.stream.unreachable():  # asking would wait on a head that is not there
+            raise Interrupted(self.silence.left_line())
         asking = "asking the run's supervisor to interrupt the run"
         try:  # a failure is not "no live supervisor": the run may well go on there
             answer = self.shell.check(head_command(self.cluster, "interrupt", self.run), asking, timeout=SSH_TIMEOUT_S)
@@ -183,6 +205,59 @@ class HeadWatch:
         self.stream.close()  # the plot's last drawing from a copy that no longer grows
         self.plot.close()
         self.shell.close()
+
+
+class HeadSilence:
+    """What the operator hears while the head does not answer: one line once it has not for
+    HEAD_SILENT_S (tell()), one when it answers again with its supervisor live; and the line a Ctrl-C
+    leaves with while it does not (it cannot be asked)."""
+
+    def __init__(self, watch: HeadWatch):
+        self.watch, self.stream = watch, watch.stream
+        self.told_at: int | None = None
+        """The whole answers the stream had when the silence was told (None: not told)."""
+
+    def tell(self) -> None:
+        if self.told_at is None:
+            if self.stream.silent_s() >= HEAD_SILENT_S and not self.stream.ended:
+                self.told_at = self.stream.answers
+                say(self.silent_line())
+        elif self.stream.answers > self.told_at:  # without a live supervisor, launcher.follow says it is lost
+            self.told_at = None
+            if self.stream.live:
+                say(f"{self.watch.cluster.head.name} answers again: following the run")
+
+    def silent_line(self) -> str:
+        cluster, head = self.watch.cluster, self.watch.cluster.head.name
+        state = self.watch.state()
+        rerun = (state.rerun if state is not None else None) or TrainRequest(
+            cluster.spec, run=self.watch.run
+        ).rerun_command
+        if cluster.stack is not None:
+            back = (
+                f"if its VM was preempted or deleted, bring it back with "
+                f"`{shlex.join(cluster.stack.command('up', '--refresh'))}` (in {cluster.stack.project_dir})"
+            )
+        else:
+            back = "if the machine was stopped, start it again with its disk"
+        return (
+            f"{head}, the head node, has not answered for {self.stream.silent_s():.0f} s{self.why()}; "
+            f"the run's supervisor and rank 0 run there. Following on once it answers: wait for it, or, {back}, "
+            f"then continue the run with: {rerun}"
+        )
+
+    def why(self) -> str:
+        return f" ({self.stream.why})" if self.stream.why else ""
+
+    def left_line(self) -> str:
+        head = self.watch.cluster.head.name
+        stop = stop_command_line(self.watch.cluster.spec, self.watch.run)
+        silent = self.stream.silent_s()
+        return (
+            f"interrupted: the front end left, and Ctrl-C did not reach the run's supervisor: {head}, the head "
+            f"node where it runs, has not answered for {silent:.0f} s{self.why()}; the run may go on "
+            f"there: once {head} answers, stop it with `{stop}`"
+        )
 
 
 def config_text(path: str | None) -> str | None:

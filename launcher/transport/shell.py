@@ -1,18 +1,25 @@
 """The interface every transport implements, and what works on any set of shells.
 
 A Shell runs a shell command on one node with optional stdin and a deadline, or streams its
-output line by line, so the tasks are written once for SSH nodes and the local cluster alike.
+output line by line, so the tasks are written once for SSH nodes and the local cluster alike. A
+stream can be bounded twice: in all (timeout) and between two pieces of output (idle_timeout: a node
+that went away without closing anything sends nothing, and nothing fails by itself). A shell whose
+connection was lost is not used again: reopened() gives one over a fresh connection.
 
 The local cluster's transport: a node is a rank slot on this machine, a command a bash subprocess.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,8 +57,16 @@ class Shell:
     def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
         raise NotImplementedError
 
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
-        """Run command, calling on_line for every line of merged stdout/stderr; returns the exit code."""
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Run command, calling on_line for every line of merged stdout/stderr; returns the exit code.
+        timeout: the command is ended after that long; idle_timeout: a NodeError naming the node once
+        nothing came for that long."""
         raise NotImplementedError
 
     def check(self, command: str, what: str, stdin: bytes = b"", timeout: float = 120) -> Result:
@@ -65,6 +80,12 @@ class Shell:
     def fetch(self, relative: str, local: Path) -> None:
         """Copy root/<relative> from the node to a local file."""
         raise NotImplementedError
+
+    def reopened(self) -> Shell:
+        """A shell on the same node over a fresh connection, for one whose connection was lost (this one
+        is closed first); a NodeError naming the node when it does not answer. A shell without a
+        connection of its own (a subprocess on this machine) is its own."""
+        return self
 
     def close(self) -> None:
         pass
@@ -123,7 +144,13 @@ class LocalShell(Shell):
             raise NodeError(f"{self.node.name}: command did not finish within {timeout:g} s: {command[:80]}") from e
         return Result(out.returncode, out.stdout.decode(errors="replace"), out.stderr.decode(errors="replace"))
 
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
         proc = subprocess.Popen(
             ["bash", "-c", command],
             stdin=subprocess.DEVNULL,
@@ -134,14 +161,22 @@ class LocalShell(Shell):
         timer = threading.Timer(timeout, proc.kill) if timeout else None
         if timer:
             timer.start()
+        idle = IdleBound(lambda: kill_group(proc), idle_timeout) if idle_timeout else None
         try:
             assert proc.stdout is not None
             for raw in proc.stdout:
+                if idle:
+                    idle.heard()
                 on_line(raw.decode(errors="replace").rstrip("\n"))
-            return proc.wait()
+            code = proc.wait()
+            if idle and idle.expired:
+                raise NodeError(f"{self.node.name}: the command sent nothing for {idle_timeout:g} s: {command[:80]}")
+            return code
         finally:
             if timer:
                 timer.cancel()
+            if idle:
+                idle.cancel()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -151,3 +186,33 @@ class LocalShell(Shell):
             shutil.copyfile(self.home / relative, local)
         except OSError as e:
             raise NodeError(f"{self.node.name}: copying {relative}: {e}") from e
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to proc's session (its own: start_new_session), so a child holding its output goes too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class IdleBound:
+    """Calls expire once heard() was not called for idle_s (a thread of its own), then sets expired."""
+
+    def __init__(self, expire: Callable[[], None], idle_s: float):
+        self.expire, self.idle_s = expire, idle_s
+        self.expired = False
+        self.last = time.monotonic()
+        self.done = threading.Event()
+        threading.Thread(target=self.watch, daemon=True, name="idle-bound").start()
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    def watch(self) -> None:
+        while not self.done.wait(min(1.0, self.idle_s / 4)):
+            if time.monotonic() - self.last > self.idle_s:
+                self.expired = True
+                self.expire()
+                return
+
+    def cancel(self) -> None:
+        self.done.set()

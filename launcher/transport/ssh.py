@@ -3,7 +3,8 @@
 Connections use the contract's key (written 0600), pin every host key from the contract (an unknown
 or changed key is refused), reach workers through the head (ProxyJump: a direct-tcpip channel over
 the head's connection), and bound connecting by a timeout: a dead node is an error naming it within
-CONNECT_TIMEOUT_S, never a hang.
+CONNECT_TIMEOUT_S, never a hang. paramiko never reconnects a connection whose transport died (the node
+rebooted, its sshd restarted): SSHShell.reopened makes a fresh one the same way, pinned and bounded.
 
 The cluster's own SSH on its nodes: the cluster key, an ssh config and pinned known_hosts.
 
@@ -66,10 +67,13 @@ class PinnedConnection(fabric.Connection):
 
 
 class SSHShell(Shell):
-    def __init__(self, node: Node, connection: PinnedConnection) -> None:
+    """Commands on one node over its connection; opener makes a fresh one, opened (reopened())."""
+
+    def __init__(self, node: Node, connection: PinnedConnection, opener: Callable[[], PinnedConnection]) -> None:
         self.node = node
         self.root = REMOTE_ROOT
         self.connection = connection
+        self.opener = opener
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[paramiko.Channel]:
@@ -112,25 +116,40 @@ class SSHShell(Shell):
             code = chan.recv_exit_status()
         return Result(code, out.decode(errors="replace"), err.decode(errors="replace"))
 
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
-        deadline = time.monotonic() + timeout if timeout else None
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        heard = time.monotonic()
+        deadline = heard + timeout if timeout else None
         pending = b""
         with self._session() as chan:
             chan.set_combine_stderr(True)
-            chan.settimeout(1.0)
+            chan.settimeout(min(1.0, idle_timeout or 1.0))
             chan.exec_command(command)
             _send_input(chan, b"")
             while True:
                 try:
                     data = chan.recv(65536)
                 except TimeoutError:
-                    if deadline and time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if deadline and now > deadline:
                         raise NodeError(f"{self.node.name}: stream did not end within {timeout:g} s") from None
+                    if idle_timeout and now - heard > idle_timeout:
+                        # paramiko never acts on unanswered keepalives: a node gone without a word (powered
+                        # off, its network cut) is found here, by the silence of a command that talks.
+                        raise NodeError(
+                            f"{self.node.name}: sent nothing for {idle_timeout:g} s (is it down, or its network?)"
+                        ) from None
                     if not chan.get_transport().is_active():
                         raise NodeError(f"{self.node.name}: lost the SSH connection") from None
                     continue
                 if not data:
                     break
+                heard = time.monotonic()
                 pending += data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
@@ -159,6 +178,12 @@ class SSHShell(Shell):
             if chan.recv_exit_status() != 0:
                 detail = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
                 raise NodeError(f"{self.node.name}: copying {relative} failed: {detail or 'cat exited non-zero'}")
+
+    def reopened(self) -> SSHShell:
+        """A connection whose transport died stays dead (paramiko never reconnects): a fresh one, made
+        and pinned as the first was."""
+        self.close()
+        return SSHShell(self.node, self.opener(), self.opener)
 
     def close(self) -> None:
         self.connection.close()
@@ -240,12 +265,27 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
     conn.transport.set_keepalive(KEEPALIVE_S)
 
 
+def opener(
+    cluster: Cluster, node: Node, key_path: Path, gateway: PinnedConnection | None
+) -> Callable[[], PinnedConnection]:
+    """What opens a connection to node (through gateway, the head's, for a worker): each call a fresh
+    one, pinned and bounded by CONNECT_TIMEOUT_S; a NodeError naming the node when it does not answer."""
+    via = f"{node.private_ip} via the head" if gateway else cluster.head_public_ip
+
+    def opened() -> PinnedConnection:
+        conn = _connection(cluster, node, key_path, gateway)
+        _open(conn, node, via)
+        return conn
+
+    return opened
+
+
 def open_ssh(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[dict[int, Shell], dict[int, str]]:
     """(shells of the nodes that answered, error per node that did not); workers in parallel via the head."""
     key_path = key_file(cluster)
-    head = _connection(cluster, cluster.head, key_path, None)
+    open_head = opener(cluster, cluster.head, key_path, None)
     try:
-        _open(head, cluster.head, cluster.head_public_ip)
+        head = open_head()
     except NodeError as e:
         return {}, {
             n.index: str(e) if n.index == cluster.head.index else f"{n.name}: not reachable, the head is down"
@@ -253,13 +293,12 @@ def open_ssh(cluster: Cluster, nodes: list[Node] | tuple[Node, ...]) -> tuple[di
         }
     shells: dict[int, Shell] = {}
     if cluster.head in nodes:
-        shells[cluster.head.index] = SSHShell(cluster.head, head)
+        shells[cluster.head.index] = SSHShell(cluster.head, head, open_head)
     workers = [n for n in nodes if n.index != cluster.head.index]
 
     def open_worker(node: Node) -> SSHShell:
-        conn = _connection(cluster, node, key_path, head)
-        _open(conn, node, f"{node.private_ip} via the head")
-        return SSHShell(node, conn)
+        open_it = opener(cluster, node, key_path, head)
+        return SSHShell(node, open_it(), open_it)
 
     errors: dict[int, str] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(workers)))) as pool:

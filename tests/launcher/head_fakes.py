@@ -76,7 +76,13 @@ class HeadShell(Shell):
                 code = head_main(head_args(command))
         return Result(code, out.getvalue(), err.getvalue())
 
-    def stream(self, command: str, on_line: Callable[[str], None], timeout: float | None = None) -> int:
+    def stream(
+        self,
+        command: str,
+        on_line: Callable[[str], None],
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
         self.commands.append(head_args(command))
         self.timeouts.append(math.inf if timeout is None else timeout)
         fault = self.faults.pop(0) if self.faults else Fault("none")

@@ -27,7 +27,7 @@ class FakeShell(Shell):
             raise NodeError(f"{self.node.name}: the SSH connection is closed")
         return Result(0, "", "")
 
-    def stream(self, command, on_line, timeout=None):
+    def stream(self, command, on_line, timeout=None, idle_timeout=None):
         for line in self.stream_lines:
             on_line(line)
         if self.behaviour == "hangs" and "metrics.jsonl" not in command:  # rank 0's metrics: nothing to say

@@ -41,7 +41,7 @@ class RecordingShell:
     def check(self, command, what, stdin=b"", timeout=None):
         self.commands.append(command)
 
-    def stream(self, command, on_line, timeout=None):
+    def stream(self, command, on_line, timeout=None, idle_timeout=None):
         self.commands.append(command)
         return 0
 
