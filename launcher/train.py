@@ -192,9 +192,9 @@ class MachinesRun:
 
     def stop_requested(self) -> float | None:
         """The stop request `fab stop` left in the run directory on the head (None: none, or no answer)."""
-        if self.recovery is None:
+        if self.recovery is None or not self.session.nodes:  # every node lost: its recovery decides
             return None
-        head = self.session.head
+        head = self.session.head  # the first node that answers: `fab stop` leaves the request on each
         path = f"{self.session.site.run_dir(self.request.run)}/{STOP_REQUEST_NAME}"
         try:
             answer = self.session.shell(head).run(f"cat {path} 2>/dev/null", timeout=CONNECT_TIMEOUT_S * 2)

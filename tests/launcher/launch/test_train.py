@@ -1,5 +1,7 @@
 """`fab train` up to the start of the units, on the local cluster: the dry run and the data checks."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from launcher.console import TaskError
@@ -66,3 +68,16 @@ def test_a_launcher_this_machine_cannot_run_is_refused_before_any_rank_starts(lo
         "this); use --launcher fabric (the default) or torchrun"
     )
     assert not list((local_home / "runs" / "r").glob("*.sh"))
+
+
+def test_a_supervisor_that_lost_every_node_reads_no_stop_request_instead_of_crashing(local3, local_home):
+    """While a recovery waits, the lifecycle asks for `fab stop`'s request each round; with every
+    node lost (the head's own SSH gone too, on a one-node run) there is nothing to read, not an error."""
+    from launcher.train import MachinesRun, run_cluster
+
+    request = TrainRequest(None, nodes=1, run="r", port=29613)
+    cluster = run_cluster(request)
+    run = MachinesRun(request, cluster, cluster.nodes[:1])
+    run.recovery = SimpleNamespace(session=Session(cluster, (), {}))  # the session left after the losses
+    assert run.stop_requested() is None
+    assert run.stop_since_asked() is None
