@@ -4,8 +4,8 @@
 
 Four panels: train and val loss against iteration and against tokens, tokens/s and the learning rate
 against iteration. matplotlib's object API (Figure, no pyplot) on the Agg backend: no display, and
-safe to draw from a thread. `fab train` redraws it at each eval and at the end from a worker thread
-(PlotRefresher), so following the logs never waits for a drawing.
+safe to draw from a thread. `fab train` redraws it at each eval (at most once every REDRAW_GAP_S) and at
+the end from a worker thread (PlotRefresher), so following the logs never waits for a drawing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from launcher.runs.metrics_copy import PLOT_NAME, Series, read_series
 
 matplotlib.use("Agg")  # no display; pyplot is never imported, so this only guards other users
 log = logging.getLogger(__name__)
+
+REDRAW_GAP_S = 10.0
+"""The least time from the end of one drawing to the next while the run goes on (the last drawing, at
+the end, never waits): a drawing takes about half a CPU-second, and a run that evaluates every few
+steps had the thread redrawing without pause, a core's worth of the operator's machine."""
 
 
 def draw(series: Series) -> Figure:
@@ -62,12 +67,13 @@ def save_plot(record_dir: Path) -> Path | None:
 
 class PlotRefresher:
     """Redraws the plot on a worker thread: request() marks it stale and returns at once; the thread
-    draws the latest state, one drawing at a time (requests made during a drawing make one more)."""
+    draws the latest state, one drawing at a time, REDRAW_GAP_S apart (requests made during a drawing
+    or the gap make one more, after it)."""
 
     def __init__(self, record_dir: Path):
         self.record_dir = record_dir
         self.stale = threading.Event()
-        self.closing = False
+        self.closing = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="plot-refresher", daemon=True)
         self.thread.start()
 
@@ -75,9 +81,10 @@ class PlotRefresher:
         self.stale.set()
 
     def close(self, timeout: float = 60.0) -> None:
-        """Draw once more with everything recorded (the end of the run), then stop the thread."""
-        self.closing = True
+        """Draw once more with everything recorded (the end of the run, without waiting out the gap),
+        then stop the thread."""
         self.stale.set()
+        self.closing.set()
         self.thread.join(timeout)
 
     def _loop(self) -> None:
@@ -88,5 +95,6 @@ class PlotRefresher:
                 save_plot(self.record_dir)
             except Exception as e:  # a plot is never worth stopping a run for
                 log.warning("could not draw %s: %s", self.record_dir / PLOT_NAME, e)
-            if self.closing and not self.stale.is_set():
+            if self.closing.is_set() and not self.stale.is_set():
                 return
+            self.closing.wait(REDRAW_GAP_S)

@@ -25,10 +25,15 @@ SHAPE_ARGS = ("init_from=", "model.n_layer=", "model.n_head=", "model.n_embd=")
 SMALL_VOCAB_SETTINGS = [arg for arg in TINY_RUN if not arg.startswith(SHAPE_ARGS)]
 
 
-def small_vocab_run(directory: Path) -> list[str]:
-    """TINY_RUN's overrides, starting from a TINY checkpoint under directory (written on first use)."""
+def tiny_checkpoint(directory: Path) -> Path:
+    """TINY as a Hugging Face directory under directory (written on first use)."""
     checkpoint = directory / "tiny_checkpoint"
     if not checkpoint.is_dir():
         torch.manual_seed(0)
         export_model(GPT(GPTConfig(**TINY)), checkpoint)
-    return [f"init_from={checkpoint}", *SMALL_VOCAB_SETTINGS]
+    return checkpoint
+
+
+def small_vocab_run(directory: Path) -> list[str]:
+    """TINY_RUN's overrides, starting from a TINY checkpoint under directory (written on first use)."""
+    return [f"init_from={tiny_checkpoint(directory)}", *SMALL_VOCAB_SETTINGS]

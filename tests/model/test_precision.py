@@ -191,37 +191,60 @@ def test_keep_freed_memory_stops_page_faults_in_steady_state(mode: str, low: int
         assert faults < high
 
 
-# apply_determinism sets process-wide state, so each case runs in a process of its own.
+# apply_determinism sets process-wide state, so each case runs in a process of its own: forked, one per
+# case, from a process that imported torch once (an import is most of such a process's CPU).
 APPLY_DETERMINISM = """
 import json, os, sys, torch
-from model.gpt.precision import apply_determinism
-words = apply_determinism(sys.argv[1] == "on", sys.argv[2])
 import torch._inductor.config as inductor_config
-print(json.dumps({
-    "words": words,
-    "algorithms": torch.are_deterministic_algorithms_enabled(),
-    "inductor": inductor_config.deterministic,
-    "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-    "nan_fill": torch.utils.deterministic.fill_uninitialized_memory,
-}))
+from model.gpt.precision import apply_determinism
+for name, (setting, device_type, env) in json.loads(sys.argv[1]).items():
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.environ.update(env)
+        words = apply_determinism(setting == "on", device_type)
+        os.write(write, json.dumps({
+            "words": words,
+            "algorithms": torch.are_deterministic_algorithms_enabled(),
+            "inductor": inductor_config.deterministic,
+            "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            "nan_fill": torch.utils.deterministic.fill_uninitialized_memory,
+        }).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        applied = answer.read()
+    _, status = os.wait()
+    assert status == 0 and applied, (name, status)
+    print(json.dumps({name: json.loads(applied)}))
 """
+CASES = {
+    "gpu on": ("on", "cuda", {}),
+    "gpu on, the operator's workspace": ("on", "cuda", {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}),
+    "gpu off": ("off", "cuda", {}),
+    "cpu on": ("on", "cpu", {}),
+    "cpu off": ("off", "cpu", {}),
+}
 
 
-def determinism_applied(setting: str, device_type: str, **env: str) -> dict:
+@pytest.fixture(scope="module")
+def determinism_applied() -> dict[str, dict]:
+    """What apply_determinism left in a process, for each of CASES (setting, device type, environment)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")}
     proc = subprocess.run(
-        [sys.executable, "-c", APPLY_DETERMINISM, setting, device_type],
+        [sys.executable, "-c", APPLY_DETERMINISM, json.dumps(CASES)],
         capture_output=True,
         text=True,
         timeout=120,
-        env=clean | env,
+        env=clean,
     )
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.splitlines()[-1])
+    applied = {name: found for line in proc.stdout.splitlines() for name, found in json.loads(line).items()}
+    assert applied.keys() == CASES.keys(), proc.stdout
+    return applied
 
 
-def test_deterministic_on_a_gpu_pins_the_algorithms_cublas_workspace_and_inductors_choices() -> None:
-    applied = determinism_applied("on", "cuda")
+def test_deterministic_on_a_gpu_pins_the_algorithms_cublas_workspace_and_inductors_choices(determinism_applied) -> None:
+    applied = determinism_applied["gpu on"]
     assert applied["algorithms"] and applied["inductor"]
     assert applied["cublas"] == precision.CUBLAS_DETERMINISTIC_WORKSPACE
     assert applied["words"].startswith("on (deterministic algorithms") and "chosen by rule" in applied["words"]
@@ -229,20 +252,20 @@ def test_deterministic_on_a_gpu_pins_the_algorithms_cublas_workspace_and_inducto
     assert applied["nan_fill"] is False
 
 
-def test_deterministic_keeps_a_cublas_workspace_the_operator_set() -> None:
-    applied = determinism_applied("on", "cuda", CUBLAS_WORKSPACE_CONFIG=":16:8")
+def test_deterministic_keeps_a_cublas_workspace_the_operator_set(determinism_applied) -> None:
+    applied = determinism_applied["gpu on, the operator's workspace"]
     assert applied["cublas"] == ":16:8" and ":16:8" in applied["words"]
 
 
 @pytest.mark.parametrize(("setting", "words"), [("on", "on (a CPU's kernels already are)"), ("off", "off")])
-def test_deterministic_changes_nothing_on_a_cpu(setting: str, words: str) -> None:
+def test_deterministic_changes_nothing_on_a_cpu(determinism_applied, setting: str, words: str) -> None:
     """The CPU path stays as it was: its kernels already repeat bit for bit (tests/model/test_resume_exact.py)."""
-    applied = determinism_applied(setting, "cpu")
+    applied = determinism_applied[f"cpu {setting}"]
     assert applied == {"words": words, "algorithms": False, "inductor": False, "cublas": None, "nan_fill": True}
 
 
-def test_deterministic_off_leaves_a_gpu_process_as_it_was() -> None:
-    applied = determinism_applied("off", "cuda")
+def test_deterministic_off_leaves_a_gpu_process_as_it_was(determinism_applied) -> None:
+    applied = determinism_applied["gpu off"]
     assert applied == {"words": "off", "algorithms": False, "inductor": False, "cublas": None, "nan_fill": True}
 
 

@@ -345,17 +345,21 @@ class FakeKube:
 
     def _step(self) -> None:
         jobs = {j.metadata.name: j for j in self.jobs()}
-        for pod in self.pods():  # the garbage collector: a deleted (or replaced) Job's pods go
+        listed, collected = self.pods(), False
+        for pod in listed:  # the garbage collector: a deleted (or replaced) Job's pods go
             job = jobs.get(pod.metadata.labels.get(JOB_NAME_LABEL))
             uid = pod.metadata.labels.get(CONTROLLER_UID_LABEL)
             if job is None or (uid and uid != job.metadata.uid):
                 self.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
+                collected = True
         uids = {j.metadata.uid for j in jobs.values()}
         gone = self._job_uids - uids
         if gone and self.collecting:  # a Job went: the ConfigMaps it owned go too (listed only then: kmock's
             self._collect_owned(uids)  # every request scans its history, so each request per tick slows all)
         self._job_uids = uids if self.collecting else uids | gone
-        existing = {p.metadata.name: p for p in self.pods()}
+        # Listed again only after the collector deleted some: a request per tick is a share of every
+        # Kubernetes test's CPU (the fake's handling of it, the client's parsing of its answer).
+        existing = {p.metadata.name: p for p in (self.pods() if collected else listed)}
         self.processes.end_gone(existing, jobs)
         phases = {n: (p.status.phase if p.status else "") or "Pending" for n, p in existing.items()}
         self.pod_exec.sync(phases)

@@ -14,20 +14,20 @@ import pytest
 from launcher.runs.ledger import run_rows
 from launcher.runs.metrics_copy import read_series
 from launcher.runs.record import RunRecord
-from launcher.testing.fab import Fab, long_tiny_config
+from launcher.testing.fab import Fab
 from launcher.testing.interrupt import train_ctrl_c
-from tests.launcher.dataset import write_dataset
+from tests.launcher.dataset import small_vocab_config, write_dataset
 
 RUN = "cc"
 MAX_ITERS = 400
-"""Long enough (~15 s at two ranks) that the Ctrl-C lands before the end on a loaded machine."""
+"""Long enough (~8 s at two ranks, small vocabulary) that the Ctrl-C lands before the end on a loaded machine."""
 
 
 @pytest.mark.integration
 def test_ctrl_c_exits_130_with_the_command_that_continues_and_the_record_is_exact(tmp_path):
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = long_tiny_config(tmp_path / "tiny.yaml", MAX_ITERS)
+    config = small_vocab_config(tmp_path / "tiny.yaml", MAX_ITERS)
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
 

@@ -23,10 +23,10 @@ from launcher.launch.units import check_no_other_run, live_runs_command, start_c
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord, stopped_text
 from launcher.session import Session, machines
-from launcher.testing.fab import Fab, long_tiny_config, wait_for
+from launcher.testing.fab import Fab, wait_for
 from launcher.transport import payload
 from launcher.transport.connect import connect_reachable
-from tests.launcher.dataset import write_dataset
+from tests.launcher.dataset import small_vocab_config, write_dataset
 
 
 def local_shell():
@@ -154,14 +154,14 @@ def test_run_to_stop_and_the_stopped_line():
 
 RUN = "dup"
 MAX_ITERS = 400
-"""Long enough (~15 s at two ranks) that the stop lands before the end on a loaded machine."""
+"""Long enough (~8 s at two ranks, small vocabulary) that the stop lands before the end on a loaded machine."""
 
 
 @pytest.mark.integration
 def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_path):
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = long_tiny_config(tmp_path / "tiny.yaml", MAX_ITERS)
+    config = small_vocab_config(tmp_path / "tiny.yaml", MAX_ITERS)
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
     train = fab.popen("train", *args, log=tmp_path / "train.log")

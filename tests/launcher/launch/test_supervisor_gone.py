@@ -15,8 +15,8 @@ from launcher.launch.supervisor import read_state
 from launcher.runs.estimate import run_clock
 from launcher.runs.metrics_copy import Series
 from launcher.runs.record import Attempt, RunRecord
-from launcher.testing.fab import Fab, long_tiny_config, wait_for
-from tests.launcher.dataset import write_dataset
+from launcher.testing.fab import Fab, wait_for
+from tests.launcher.dataset import small_vocab_config, write_dataset
 
 ELAPSED = re.compile(r"^elapsed .*$", re.M)
 
@@ -37,7 +37,7 @@ def test_a_gone_attempt_stops_its_clock_where_it_was_last_heard_of():
 def test_status_of_a_run_whose_supervisor_was_killed_stops_its_clock_once_its_ranks_ended(tmp_path):
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = long_tiny_config(tmp_path / "tiny.yaml", 80)  # a few seconds of steps
+    config = small_vocab_config(tmp_path / "tiny.yaml", 80)  # a few seconds of steps
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     detached = fab("train", "--nodes", "1", "--dataset", "d", "--config", str(config), "--run", "g", "--detach")
     assert detached.returncode == 0, detached.stdout[-2000:] + detached.stderr

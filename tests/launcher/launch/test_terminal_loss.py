@@ -23,9 +23,9 @@ from launcher.cluster.node_layout import REPO_ROOT
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME, MOVED_MARK, lost_terminal_line
-from launcher.testing.fab import FAB, Fab, long_tiny_config, wait_for
+from launcher.testing.fab import FAB, Fab, wait_for
 from launcher.testing.interrupt import SNAPSHOT_WAIT_S
-from tests.launcher.dataset import write_dataset
+from tests.launcher.dataset import small_vocab_config, write_dataset
 
 DIGEST = re.compile(r"\[rank 0 [^]]+\] final parameters sha256 ([0-9a-f]+)")
 NO_TRACE = ("Traceback", "Exception ignored", "BrokenPipeError")
@@ -34,7 +34,7 @@ NO_TRACE = ("Traceback", "Exception ignored", "BrokenPipeError")
 def setup(tmp_path: Path, max_iters: int) -> tuple[Fab, Path, list[str]]:
     home = tmp_path / "home"
     write_dataset(home / "data" / "d")
-    config = long_tiny_config(tmp_path / "tiny.yaml", max_iters)
+    config = small_vocab_config(tmp_path / "tiny.yaml", max_iters)
     args = ["--nodes", "2", "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
     return Fab("local", home), home, args  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
 

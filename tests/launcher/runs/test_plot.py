@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from launcher.runs import plot as plot_module
 from launcher.runs.chart import loss_chart
 from launcher.runs.metrics_copy import PLOT_NAME, MetricsCopy, Series, read_series
 from launcher.runs.metrics_stream import SyncedPlot, copy_plot, current_plot
@@ -92,6 +93,25 @@ def test_the_png_is_written_whole_and_redrawn_off_the_callers_thread(record_dir,
     assert (record_dir / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(record_dir.glob("*.partial")) and not refresher.thread.is_alive()
     assert save_plot(tmp_path_factory.mktemp("empty")) is None  # nothing streamed yet: no plot
+
+
+def test_evals_in_quick_succession_are_drawn_once_after_the_gap_and_the_end_at_once(record_dir, monkeypatch):
+    """A run that evaluates every few steps: the thread does not redraw without pause; what the run
+    recorded meanwhile is drawn at the end, which does not wait out the gap."""
+    drawings: list[int] = []
+    monkeypatch.setattr(plot_module, "save_plot", lambda directory: drawings.append(len(drawings)))
+    monkeypatch.setattr(plot_module, "REDRAW_GAP_S", 3600.0)
+    refresher = PlotRefresher(record_dir)
+    refresher.request()
+    deadline = time.monotonic() + 30
+    while not drawings and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _ in range(3):  # three more evals
+        refresher.request()
+        time.sleep(0.05)
+    assert drawings == [0]
+    refresher.close()
+    assert drawings == [0, 1] and not refresher.thread.is_alive()
 
 
 def test_a_run_without_start_records_plots_loss_by_iteration_only(tmp_path):
