@@ -185,6 +185,8 @@ def attach_directory(
     ctrl_c: the front end's, taking Ctrl-C since its first step)."""
     watch = watch or LocalWatch(directory)
     state = watch.state()
+    if state is None and (unanswered := watch.unanswered()) is not None:
+        raise TaskError(unanswered)  # not "no supervisor": nothing is known of it
     if state is None:
         train_command = command_line("train", cluster=cluster_spec, run=run)
         raise TaskError(f"run {run} has no supervisor {watch.where()}: start it with `{train_command}`")

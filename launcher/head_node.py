@@ -63,6 +63,8 @@ from launcher.runs.record import RunRecord
 from launcher.terminal import LOG_NAME
 
 CONTRACT_NAME = "cluster.json"
+UNKNOWN_COMMAND = "unknown command"
+"""What head_main answers (on stderr, exit 1) to a command it does not know, as every version has."""
 SYNC_CHUNK = 4 << 20
 """Bytes of one file a line of `follow` brings at most (a long log arrives over several lines)."""
 WHOLE_SUFFIXES = (".json",)
@@ -250,7 +252,7 @@ def head_main(argv: list[str]) -> int:
         elif command == "revived":
             answer = revived_on_head(argv[1], json.loads(sys.stdin.read()))
         else:
-            raise SystemExit(f"unknown command {command!r}")
+            raise SystemExit(f"{UNKNOWN_COMMAND} {command!r}")
     except TaskError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code

@@ -21,7 +21,8 @@ loop reads the copy and never waits on the head.
              tries back off to RECONNECT_MAX_S apart; once it answers, the copy goes on from the
              offsets
     end      once the head said the supervisor is not live and sent all of its record (the head's
-             follow then ends too), or when the watch is closed
+             follow then ends too), when the watch is closed, or when the head answered that it does
+             not know `follow` (UnknownCommand: every try would)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.head_node import FOLLOW_S, HEARTBEAT_S, STALL_S, WHOLE_SUFFIXES
+from launcher.head_node import FOLLOW_S, HEARTBEAT_S, STALL_S, UNKNOWN_COMMAND, WHOLE_SUFFIXES
 from launcher.launch.supervisor import STATE_NAME, copy_part
 from launcher.transport import NodeError, Shell
 
@@ -50,6 +51,11 @@ RECONNECT_MAX_S = 15.0
 """The longest wait between two tries while the head does not answer (RETRY_S, doubled per try): a
 head back from a reboot is followed again within this, and one that stays away costs a connection try
 (at most CONNECT_TIMEOUT_S) this often."""
+
+
+class UnknownCommand(Exception):
+    """The head's `follow` answered that its launcher does not know the command (another version's
+    launcher ran it): no follow will do better, so the stream ends (start() raises it)."""
 
 
 class LeftStream(Exception):
@@ -76,7 +82,8 @@ class HeadStream:
         self.ended = False
         """The head said the supervisor is not live and sent all of its record: nothing more comes."""
         self.failed: Exception | None = None
-        """What ended the thread here (the copy could not be written): start() raises it."""
+        """What ended the thread here (the copy could not be written, the head does not know `follow`):
+        start() raises it."""
         self.answered = threading.Event()
         """Set by the first whole answer, or by the first follow's end without one."""
         self.closed = threading.Event()
@@ -141,6 +148,8 @@ class HeadStream:
         except NodeError as e:
             self.lost, self.why = True, str(e)
             return
+        if code != 0 and UNKNOWN_COMMAND in self.said:
+            raise UnknownCommand(self.said)
         if code != 0:
             self.why = f"its `follow` exited {code}" + (f": {self.said}" if self.said else "")
 

@@ -12,8 +12,22 @@ supervisor gone without an end (it rebooted), ends the follow with launcher.foll
 line. A Ctrl-C meanwhile cannot reach the supervisor: the front end leaves at once, saying so.
 
 The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys), and
-holds the launcher beside model/ in ~/nanocluster/code (launcher.setup.nodes.sync_code) and its imports
-in the node environment (pyproject's `node` extra).
+holds the launcher beside model/ in ~/nanocluster/code/<digest> (launcher.cluster.staged_code) and its
+imports in the node environment (pyproject's `node` extra). The run's supervisor is started in the
+directory of the code `train` staged, and runs from it to its end (and so do the ranks it starts: its
+site's code_dir is that directory), whatever is staged after.
+
+The front end's own commands on the head (`follow`, `interrupt`, `revived`) run with the front end's
+code, which `attach` and `status` stage on the head under its digest where it is missing (beside the
+run's, which they do not touch), not with the run's. What the two sides of such a command exchange
+(follow's arguments and lines, the answers) is then one version's by construction, whichever launcher
+started the run, older or newer; the one thing both versions must read alike is the run's record on the
+head (supervisor.json, the events, the lock, a revival's request), which the front end reads anyway in
+its copy, and which every version's `status` and `fetch` read from older runs too. Run with the run's
+code instead, the command lines and their answers would be a second contract between versions, and a
+run started before per-digest directories has no directory of its own to find. A head that answers
+`unknown command` (its launcher older than the command: the code that ran it was not this front end's)
+ends the follow with one line naming the fix.
 """
 
 from __future__ import annotations
@@ -32,7 +46,8 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
 from launcher.cluster.node_layout import site_of
 from launcher.console import Interrupted, TaskError, command_line, say
-from launcher.head_stream import HeadStream
+from launcher.head_node import UNKNOWN_COMMAND
+from launcher.head_stream import HeadStream, UnknownCommand
 from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import (
     ENDED,
@@ -124,9 +139,37 @@ class HeadWatch:
         first call waits for the head's first whole answer while a line comes every SSH_TIMEOUT_S
         (`attach` and `status` read the copy at once); later ones return at once. A head that does not
         answer leaves the copy as it is (the stream starts again), and is told of (HeadSilence)."""
-        self.stream.start(wait_s=SSH_TIMEOUT_S)
+        try:
+            self.stream.start(wait_s=SSH_TIMEOUT_S)
+        except UnknownCommand as e:
+            raise TaskError(self.unknown_command_line("follow", str(e))) from None
         self.silence.tell()
         self.plot.update()
+
+    def unanswered(self) -> str | None:
+        """Why the run's record could not be read: the head did not answer (how long, why, what to do);
+        None once it answered."""
+        if self.stream.answers > 0 or self.stream.ended:
+            return None
+        attach = command_line("attach", cluster=self.cluster.spec, run=self.run)
+        silent = self.stream.silent_s()
+        return (
+            f"{self.cluster.head.name}, the head node, did not answer"
+            + (f" in {silent:.0f} s" if silent >= 1 else "")
+            + f"{self.silence.why()}: the state of run {self.run} is not known here; once it answers (check that it "
+            f"runs and is reachable: `{command_line('doctor', cluster=self.cluster.spec)}`), attach again with "
+            f"`{attach}`"
+        )
+
+    def unknown_command_line(self, command: str, said: str) -> str:
+        """A head whose launcher does not know one of the front end's commands: what to do."""
+        setup = command_line("setup", cluster=self.cluster.spec)
+        attach = command_line("attach", cluster=self.cluster.spec, run=self.run)
+        return (
+            f"{self.cluster.head.name}: the launcher that answered there does not know `{command}` ({said}): it is "
+            f"older than this one; `{setup}` stages this launcher there (the run keeps its own code), then "
+            f"`{attach}` follows the run"
+        )
 
     def state(self) -> SupervisorState | None:
         return read_state(self.local)
@@ -190,6 +233,8 @@ class HeadWatch:
         try:  # a failure is not "no live supervisor": the run may well go on there
             answer = self.shell.check(head_command(self.cluster, "interrupt", self.run), asking, timeout=SSH_TIMEOUT_S)
         except NodeError as e:
+            if UNKNOWN_COMMAND in str(e):
+                raise TaskError(self.unknown_command_line("interrupt", str(e).rsplit(": ", 1)[-1])) from None
             raise TaskError(str(e)) from None
         return answer.stdout.strip() == "true"
 
@@ -321,10 +366,16 @@ class HeadNode:
 
     def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
         """An existing run's watch (`attach`, `status`): a connection to the head."""
+        from launcher.setup.nodes import stage_code
         from launcher.transport.connect import connect
 
         try:
-            shells = connect(cluster, (cluster.head,))
+            shell = connect(cluster, (cluster.head,))[cluster.head.index]
         except NodeError as e:
             raise TaskError(str(e)) from None
-        return HeadWatch(cluster, shells[cluster.head.index], local, run)
+        try:  # this front end's commands run there with its own code (the module's docstring)
+            stage_code(shell)
+        except NodeError as e:
+            shell.close()
+            raise TaskError(str(e)) from None
+        return HeadWatch(cluster, shell, local, run)

@@ -211,7 +211,8 @@ class Session:
         addresses = {n.private_ip for n in nodes}
         for node in self.nodes:
             if node.private_ip in addresses:
-                self.reports[node.index] = replace(self.reports[node.index], code_sha256=digest)
+                held = self.reports[node.index].code_digests
+                self.reports[node.index] = replace(self.reports[node.index], code_digests=(*held, digest))
 
     def run_everywhere(self, nodes: Sequence[Node], action: Callable[[Node, Shell], T]) -> list[T]:
         """action(node, shell) on every node at once, results in order; one TaskError naming every failure."""
@@ -252,8 +253,8 @@ class NodeReport:
     """Network interface holding the node's private address."""
     allocator: str = ""
     """libtcmalloc / libjemalloc to preload, empty when neither is installed."""
-    code_sha256: str = ""
-    """Digest of the model code in <root>/code (see launcher.setup.nodes)."""
+    code_digests: tuple[str, ...] = ()
+    """The versions of the code staged in <root>/code/<digest> (launcher.cluster.staged_code)."""
     data_meta: dict | None = field(default=None, hash=False)
     """data/<dataset>/meta.json of the dataset probed for, None when absent."""
     data_sizes: dict[str, int] = field(default_factory=dict, hash=False)
@@ -286,6 +287,7 @@ class NodeReport:
     def from_literal(cls, found: dict) -> NodeReport:
         meta = json.loads(found.pop("data_meta_json", "") or "null")
         found["missing"] = tuple(found.get("missing", ()))
+        found["code_digests"] = tuple(found.get("code_digests", ()))
         listed = found.pop("gpus", None) or []
         found["gpu_names"] = tuple(str(name) for name, _ in listed)
         found["gpu_memory_gb"] = tuple(round(int(mib) * 2**20 / 1e9, 2) for _, mib in listed)

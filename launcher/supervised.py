@@ -81,6 +81,11 @@ class Watch(Protocol):
         """Where the supervisor runs, for the operator's lines."""
         ...
 
+    def unanswered(self) -> str | None:
+        """Why the supervisor's record could not be read at all (its machine did not answer), as the
+        operator's line; None when it was read (a run without a state then has no supervisor)."""
+        ...
+
     def lost(self) -> str:
         """How a supervisor that is not live went without recording an end, for the operator's line."""
         ...
@@ -140,6 +145,9 @@ class LocalWatch:
 
     def where(self) -> str:
         return "on this machine"
+
+    def unanswered(self) -> str | None:
+        return None  # the record is on this disk
 
     def lost(self) -> str:
         return KILLED

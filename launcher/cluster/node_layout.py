@@ -2,7 +2,7 @@
 
 Every node keeps the same layout under its root (docs/design.md, "On a node"):
 
-    <root>/venv   <root>/code   <root>/data/<dataset>/   <root>/runs/<run>/
+    <root>/venv   <root>/code/<digest>/   <root>/data/<dataset>/   <root>/runs/<run>/
 
 A remote node's root is ~/nanocluster. The local cluster's nodes are this machine: its root is
 local_home() (~/nanocluster or $NANOCLUSTER_HOME), its code is this checkout and its Python this
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import local_home
+from launcher.cluster.staged_code import code_digest, staged_dir
 from model.conventions import DEFAULT_MASTER_PORT
 
 LAUNCHER_DIR = Path(__file__).resolve().parent.parent
@@ -52,9 +53,11 @@ class Site:
     python: str
     """Python with the node environment on every node, as a shell word."""
     code_dir: str
-    """Directory on the nodes holding model/ (the ranks' PYTHONPATH), as a shell word."""
+    """Directory on the nodes holding this checkout's model/ and launcher/ (the PYTHONPATH of what runs
+    there), as a shell word: on a remote cluster <root>/code/<digest> (launcher.cluster.staged_code)."""
     ships_code: bool
-    """model/ is copied to <root>/code where its digest differs (the local cluster runs this checkout)."""
+    """This checkout's code is staged on the nodes where they lack its digest (the local cluster runs
+    this checkout)."""
     ships_keys: bool
     """Nodes get the cluster key, an ssh config and pinned known_hosts, so the head reaches workers
     (data copies, mpirun); the local cluster's ranks share one machine and need none."""
@@ -107,7 +110,7 @@ def site_of(cluster: Cluster) -> Site:
         root=REMOTE_ROOT,
         shown_root="~/nanocluster",
         python=python,
-        code_dir=f"{REMOTE_ROOT}/code",
+        code_dir=staged_dir(REMOTE_ROOT, code_digest(REPO_ROOT)),
         ships_code=True,
         ships_keys=True,
         bootstraps=True,

@@ -350,6 +350,9 @@ class KubeWatch:
     def where(self) -> str:
         return "in the cluster"
 
+    def unanswered(self) -> str | None:
+        return None  # the API server's failures are errors of their own (launcher.kube.api)
+
     def lost(self) -> str:
         return self.gone or f"its Job {self.supervisor.job} was deleted"
 

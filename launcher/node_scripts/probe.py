@@ -103,6 +103,16 @@ def file_sizes(directory: str) -> dict:
         return {}
 
 
+def staged_digests(directory: str) -> list:
+    """The versions of the code staged under <root>/code, each a directory named by its sha256 (renamed
+    into place whole: launcher.cluster.staged_code)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(n for n in names if len(n) == 64 and all(c in "0123456789abcdef" for c in n))
+
+
 def boot_time() -> int | None:
     """When the machine booted (Unix seconds, /proc/stat's btime): the cost ledger's start of its life."""
     for line in read("/proc/stat").splitlines():
@@ -238,7 +248,7 @@ def main() -> None:
                 "free_gb": round(disk.f_bavail * disk.f_frsize / 1e9, 1),
                 "interface": fields[1].split("@")[0] if len(fields) > 1 else "",
                 "allocator": allocator(),
-                "code_sha256": read(os.path.join(root, "code", ".sha256")).strip(),
+                "code_digests": staged_digests(os.path.join(root, "code")),
                 "data_meta_json": read(os.path.join(root, "data", dataset, "meta.json")),
                 "data_sizes": file_sizes(os.path.join(root, "data", dataset)),
                 "boot_time": boot_time(),

@@ -10,26 +10,25 @@ and the other tasks run it only where the probe found the environment incomplete
 installs (node/requirements-PROFILE.txt): the one asked for, else cuda where the contract's nodes
 have GPUs and default elsewhere; intel only when asked for.
 
-The operator's model/ and launcher/ on the nodes, sent only when they changed (launcher/ is what a
-run's supervisor runs on the head node: launcher.head_node).
-
-They travel as a deterministic archive whose sha256 the node remembers (code/.sha256); the
-probe reports that digest, so a launch sends the code only to nodes whose copy differs.
+The operator's model/, launcher/ and node/ on the nodes (launcher/ is what a run's supervisor runs on
+the head node: launcher.head_node), each version in a directory of its own named by its digest
+(launcher.cluster.staged_code), so staging a new one never changes what a live run imports. They
+travel as a deterministic archive; the probe lists the digests a node holds, so a task sends the code
+only to nodes that lack this checkout's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import shlex
 import sys
-import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.cluster import staged_code
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REPO_ROOT
+from launcher.cluster.staged_code import DIGEST_NAME, install_code_command, staged_dir
 from launcher.console import TaskError, command_line, out_line, program_name, say
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.transport import NodeError, Shell, payload
@@ -142,6 +141,7 @@ def setup(
 
 NODE_DIR = REPO_ROOT / "node"
 BOOTSTRAP_TIMEOUT_S = 3600
+STAGE_CHECK_S = 60
 
 
 def bootstrap(
@@ -196,52 +196,21 @@ def bootstrap(
     session.run_everywhere(nodes, one)
 
 
-CODE_PACKAGES = {"model": ("*.py",), "launcher": ("*.py", "*.yaml"), "node": ("*.sh", "requirements-*.txt")}
-"""Staged on the nodes, with the files each brings: model/ for the ranks; launcher/ and node/ for a
-run's supervisor on the head node (launcher.head_node: the launcher reads node/'s scripts, and bootstraps
-a replaced node from it and its requirements). Not node/pypi-files.json: `pulumi up` reads it here."""
-
-
 def code_files(repo: Path = REPO_ROOT) -> list[Path]:
-    files = []
-    for package, patterns in CODE_PACKAGES.items():
-        found = {p for pattern in patterns for p in (repo / package).rglob(pattern) if p.is_file()}
-        files += sorted(p for p in found if "__pycache__" not in p.parts)
-    if not files:
-        raise FileNotFoundError(f"no Python files under {repo}/{'|'.join(CODE_PACKAGES)}")
-    return files
+    return staged_code.code_files(repo)
 
 
 def code_archive(repo: Path = REPO_ROOT) -> tuple[bytes, str]:
-    """(tar of CODE_PACKAGES, sha256 of its paths and contents); identical trees give identical digests."""
-    digest = hashlib.sha256()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path in code_files(repo):
-            name = path.relative_to(repo).as_posix()
-            data = path.read_bytes()
-            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue(), digest.hexdigest()
-
-
-def install_code_command(root: str, sha256: str) -> str:
-    """Replace root/code with the archive on stdin, atomically (a rank never sees half a tree)."""
-    return (
-        f"set -e; mkdir -p {root}; cd {root}; rm -rf code.new code.old; mkdir code.new; "
-        f"tar -xzf - -C code.new; echo {sha256} > code.new/.sha256; "
-        "if [ -d code ]; then mv code code.old; fi; mv code.new code; rm -rf code.old"
-    )
+    return staged_code.code_archive(repo)
 
 
 def sync_code(session: Session) -> None:
-    """Send model/ and launcher/ to the machines whose copy differs from this checkout's."""
+    """Stage this checkout's model/, launcher/ and node/ on the machines that lack its digest, beside the
+    versions they hold (launcher.cluster.staged_code: a live run keeps its own)."""
     if not session.site.ships_code:
         return
     archive, digest = code_archive()
-    stale = [n for n in session.hosts() if session.report(n).code_sha256 != digest]
+    stale = [n for n in session.hosts() if digest not in session.report(n).code_digests]
     if not stale:
         return
     say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
@@ -249,3 +218,12 @@ def sync_code(session: Session) -> None:
         stale, lambda n, s: s.check(install_code_command(s.root, digest), "syncing model code", stdin=archive)
     )
     session.code_installed(stale, digest)
+
+
+def stage_code(shell: Shell) -> None:
+    """This checkout's code on one remote machine, staged there unless it holds it (a front end's own
+    commands on a head that may hold only other versions: launcher.head_watch)."""
+    archive, digest = code_archive()
+    if shell.run(f"test -f {staged_dir(shell.root, digest)}/{DIGEST_NAME}", timeout=STAGE_CHECK_S).ok:
+        return
+    shell.check(install_code_command(shell.root, digest), "staging the launcher", stdin=archive)

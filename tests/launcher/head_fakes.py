@@ -50,9 +50,16 @@ class HeadShell(Shell):
     """The head's commands, with the head's home (NANOCLUSTER_HOME there) at `home`."""
 
     def __init__(
-        self, home: Path, monkeypatch, faults: list[Fault] | None = None, read_size: int = 4096, lag_s: float = 0.0
+        self,
+        home: Path,
+        monkeypatch,
+        faults: list[Fault] | None = None,
+        read_size: int = 4096,
+        lag_s: float = 0.0,
+        code: Path = REPO_ROOT,
     ):
-        self.home, self.monkeypatch = home, monkeypatch
+        self.home, self.monkeypatch, self.code = home, monkeypatch, code
+        """code: the launcher the head's streams run (this checkout's, or another version's)."""
         self.faults = list(faults or [])
         """Taken one per stream, in order; the streams after them run clean."""
         self.read_size, self.lag_s = read_size, lag_s
@@ -68,6 +75,11 @@ class HeadShell(Shell):
         """Called after each line was handled (a test's check of the copy at that moment)."""
 
     def run(self, command: str, stdin: bytes = b"", timeout: float = 120) -> Result:
+        if self.code != REPO_ROOT:  # another version's launcher: in a process of its own
+            env = dict(os.environ, NANOCLUSTER_HOME=str(self.home), PYTHONPATH=str(self.code))
+            args = [sys.executable, "-m", "launcher.head_node", *head_args(command)]
+            proc = subprocess.run(args, cwd=self.code, env=env, input=stdin, capture_output=True, timeout=timeout)
+            return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
         out, err = io.StringIO(), io.StringIO()
         with self.monkeypatch.context() as m:
             m.setenv("NANOCLUSTER_HOME", str(self.home))
@@ -90,10 +102,10 @@ class HeadShell(Shell):
             raise NodeError("head: lost the SSH connection (Connection refused)")
         delivered: list[str] = []
         self.streams.append(delivered)
-        env = dict(os.environ, NANOCLUSTER_HOME=str(self.home), PYTHONPATH=str(REPO_ROOT))
+        env = dict(os.environ, NANOCLUSTER_HOME=str(self.home), PYTHONPATH=str(self.code))
         proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.head_node", *head_args(command)],
-            cwd=REPO_ROOT,
+            cwd=self.code,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

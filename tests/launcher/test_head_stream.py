@@ -5,6 +5,7 @@ a cut stream starts again from the offsets, and the head's process leaves with i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 
 import launcher.head_stream
+from launcher import follow
 from launcher.cluster.contract import parse_contract
+from launcher.cluster.inventory import Cluster
 from launcher.cluster.node_layout import REPO_ROOT
+from launcher.console import TaskError
 from launcher.head_node import SYNC_CHUNK
 from launcher.head_stream import SYNC_STATE_NAME
 from launcher.head_watch import HeadWatch
@@ -212,3 +216,76 @@ def test_a_closed_watch_copies_nothing_more_and_its_stream_ends(tmp_path, head, 
     finally:
         os.close(lock)
     assert (local / LOG_NAME).read_text() == "one\n"
+
+
+def typed(contract: dict) -> Cluster:
+    """The cluster as the operator named it: --cluster c.json."""
+    return dataclasses.replace(parse_contract(contract, "c.json"), spec="c.json")
+
+
+def test_attach_to_a_run_whose_head_does_not_answer_says_so_not_that_the_run_has_no_supervisor(
+    tmp_path, head, contract, monkeypatch
+):
+    """The run's record was never copied here, and the head does not answer: nothing is known of its
+    supervisor, and the line says what is known (the head did not answer, and why) and what to do."""
+    monkeypatch.setattr(launcher.head_stream, "RETRY_S", 0.01)
+    local = tmp_path / "local"
+    shell = HeadShell(head, monkeypatch, [Fault("refused")] * 1000)
+    watch = HeadWatch(typed(contract), shell, local, "r")
+    try:
+        watch.refresh()
+        with pytest.raises(TaskError) as failed:
+            follow.attach_directory(local, "c.json", "r", watch)
+    finally:
+        watch.close()
+    head_name = parse_contract(contract, "c.json").head.name
+    assert str(failed.value).startswith(
+        f"{head_name}, the head node, did not answer (head: lost the SSH connection (Connection refused)): "
+        "the state of run r is not known here"
+    )
+    assert str(failed.value).endswith("attach again with `fab attach --cluster c.json --run r`")
+    assert "start it with" not in str(failed.value)
+
+
+def older_launcher(directory: Path) -> Path:
+    """A launcher whose head_main knows `start` only (as head_main answers a command it does not know)."""
+    (directory / "launcher").mkdir(parents=True)
+    (directory / "launcher" / "__init__.py").write_text("")
+    (directory / "launcher" / "head_node.py").write_text(
+        "import sys\nif sys.argv[1] != 'start':\n    raise SystemExit(f'unknown command {sys.argv[1]!r}')\n"
+    )
+    return directory
+
+
+def test_a_head_whose_launcher_does_not_know_follow_ends_the_follow_with_one_line_naming_the_fix(
+    tmp_path, head, contract, monkeypatch
+):
+    """A launcher older than `follow` on the head (what staged it was not this front end): no try of
+    the follow does better, so the front end says what to do once, instead of trying on."""
+    monkeypatch.setattr(launcher.head_stream, "RETRY_S", 0.01)
+    shell = HeadShell(head, monkeypatch, code=older_launcher(tmp_path / "old"))
+    watch = HeadWatch(typed(contract), shell, tmp_path / "local", "r")
+    try:
+        with pytest.raises(TaskError) as failed:
+            watch.refresh()
+    finally:
+        watch.close()
+    assert str(failed.value) == (
+        f"{parse_contract(contract, 'c.json').head.name}: the launcher that answered there does not know "
+        "`follow` (unknown command 'follow'): it is older than this one; `fab setup --cluster c.json` stages "
+        "this launcher there (the run keeps its own code), then `fab attach --cluster c.json --run r` follows the run"
+    )
+    assert len(shell.commands) == 1  # asked once, not again and again
+
+
+def test_a_ctrl_c_a_head_whose_launcher_does_not_know_interrupt_names_the_fix(tmp_path, head, contract, monkeypatch):
+    shell = HeadShell(head, monkeypatch, code=older_launcher(tmp_path / "old"))
+    shell.node = typed(contract).head  # named in a failed command's error, as an SSH shell's
+    watch = HeadWatch(typed(contract), shell, tmp_path / "local", "r")
+    with pytest.raises(TaskError) as failed:
+        watch.interrupt()
+    assert str(failed.value) == (
+        f"{typed(contract).head.name}: the launcher that answered there does not know `interrupt` (unknown command "
+        "'interrupt'): it is older than this one; `fab setup --cluster c.json` stages this launcher there (the "
+        "run keeps its own code), then `fab attach --cluster c.json --run r` follows the run"
+    )

@@ -32,7 +32,7 @@ def test_reprobe_learns_what_a_step_changed(local3, local_home, probes):
 def test_a_code_sync_is_recorded_for_every_node_of_the_machine(local3):
     with Session.open(local3, local3.nodes) as session:
         session.code_installed(session.hosts(), "abc")
-        assert {session.report(n).code_sha256 for n in local3.nodes} == {"abc"}
+        assert {session.report(n).code_digests for n in local3.nodes} == {("abc",)}
 
 
 def test_without_probe_nothing_is_asked(local3, probes):

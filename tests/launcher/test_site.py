@@ -6,6 +6,7 @@ import sys
 
 from launcher.cluster.contract import parse_contract
 from launcher.cluster.node_layout import QUICKSTART_CONFIG, REPO_ROOT, site_of
+from launcher.cluster.staged_code import code_archive
 
 
 def test_the_local_cluster_runs_this_checkout_with_this_python_in_its_home(local3, local_home):
@@ -31,7 +32,7 @@ def test_a_contract_cluster_uses_the_nodes_nanocluster_directory(contract):
     site = site_of(parse_contract(contract, "lab.json"))
     assert site.root == '"$HOME"/nanocluster' and site.shown_root == "~/nanocluster"
     assert site.python == '"$HOME"/nanocluster/venv/bin/python'
-    assert site.code_dir == '"$HOME"/nanocluster/code'
+    assert site.code_dir == f'"$HOME"/nanocluster/code/{code_archive(REPO_ROOT)[1]}'  # this checkout's version
     assert site.ships_code and site.ships_keys and site.bootstraps and site.checks_contract
     assert site.port(None) == 29500 and site.default_config == ""
     assert site.shown(f"{site.root}/runs/main/ckpt.pt") == "~/nanocluster/runs/main/ckpt.pt"

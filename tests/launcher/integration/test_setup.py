@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from launcher.kube.volume import split_requirements
-from launcher.setup.nodes import NODE_DIR
+from launcher.setup.nodes import NODE_DIR, code_archive
 from launcher.testing.fab import Fab
 from launcher.testing.nodes import TestNodes
 
@@ -54,7 +54,7 @@ def test_setup_bootstraps_a_bare_node_and_a_second_run_changes_nothing(tmp_path)
             0, "~/nanocluster/venv/bin/python -c 'import torch, numpy, tiktoken, yaml; print(torch.__version__)'"
         )
         assert check.returncode == 0 and check.stdout.strip().startswith("2."), check.stderr
-        assert (bare.home(0) / "nanocluster/code/model/train.py").is_file()
+        assert (bare.home(0) / "nanocluster/code" / code_archive()[1] / "model/train.py").is_file()
         assert (bare.home(0) / ".ssh/nanocluster/known_hosts").is_file()
         before = tree_state(bare.home(0))
         second = fab(*args, timeout=300)

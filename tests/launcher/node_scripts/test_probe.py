@@ -75,14 +75,15 @@ def test_probe_names_the_interface_from_ip_output(tmp_path):
     assert run_probe(sys.executable, tmp_path, "")["interface"] == ""
 
 
-def test_probe_reports_code_digest_and_dataset_meta_as_text(tmp_path):
-    (tmp_path / "code").mkdir()
-    (tmp_path / "code" / ".sha256").write_text("abc123\n")
+def test_probe_reports_the_staged_code_versions_and_dataset_meta_as_text(tmp_path):
+    a, b = "a" * 64, "0b" * 32
+    for name in (a, b, ".new-" + "c" * 64 + "-12", "model"):  # a staging under way, the older single tree
+        (tmp_path / "code" / name).mkdir(parents=True)
     (tmp_path / "data" / "shakespeare").mkdir(parents=True)
     meta = {"splits": {"train": {"tokens": 10}}, "shards": 1}
     (tmp_path / "data" / "shakespeare" / "meta.json").write_text(json.dumps(meta))
     report = run_probe(sys.executable, tmp_path, dataset="shakespeare")
-    assert report["code_sha256"] == "abc123"
+    assert report["code_digests"] == [b, a]
     assert json.loads(report["data_meta_json"]) == meta
     assert run_probe(sys.executable, tmp_path, dataset="absent")["data_meta_json"] == ""
 
