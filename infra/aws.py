@@ -5,6 +5,11 @@ Every instance boots with a route out, as the bootstrap downloads at first boot:
 IP is attached to its network interface before the instance exists, and workers are created after
 their subnet's route to the NAT gateway.
 
+With nanocluster:spot, the head keeps its node root (~/nanocluster: the run's snapshots, the
+supervisor's records, the dataset, the venv) on an EBS volume of its own: a reclaimed one-time spot
+instance takes its root volume with it, the data volume stays, and the head `pulumi up --refresh`
+creates in its place mounts it again (node/data_volume.sh, at first boot, before the bootstrap).
+
 GPU nodes (g4dn T4, g5 A10G, g6 L4, p4d A100) boot AWS's Deep Learning Base AMI, which has the NVIDIA
 driver: the bootstrap (--profile cuda) installs only the CUDA build of torch on top. They get an
 ordinary network interface (ENA); EFA, which p4d offers for multi-node NCCL, is left out.
@@ -13,10 +18,10 @@ ordinary network interface (ENA); EFA, which p4d offers for multi-node NCCL, is 
 from __future__ import annotations
 
 import pulumi
-from pulumi_aws import ec2, ssm, vpc
+from pulumi_aws import ebs, ec2, ssm, vpc
 
 from infra import cloudinit
-from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in
+from infra.cluster import NETWORK_CIDR, NODE_SUBNET_CIDR, CloudCluster, host_in, present
 from infra.config import ConfigError
 from infra.node_platform import NodePlatform
 
@@ -31,6 +36,8 @@ UBUNTU_AMI_NAME = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
 # torch's CUDA 13 build needs. Parameter Store rather than an AMI name filter: the parameter is AWS's
 # documented pointer to the current release in each region (it needs ssm:GetParameter).
 DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+DATA_DEVICE = "/dev/sdf"
+"""The head's data volume's device name in EC2's block device mapping (the guest finds it by volume id)."""
 NODE_PLATFORM = NodePlatform(python=(3, 12), arch="x86_64", glibc_minor=39)
 """What both images are: Ubuntu 24.04 on x86_64, its python3 3.12 and glibc 2.39. The first boot's
 requirements keep only its files' hashes, to fit AWS's 16 KB of user data (infra/cloudinit.py)."""
@@ -121,6 +128,7 @@ class AwsCluster(CloudCluster):
         placement = ec2.PlacementGroup(name, strategy="cluster", tags=tags, opts=self.child())
 
         ami = self._ami()
+        data_volume = self._head_data_volume(public_subnet) if self.keeps_head_data else None
         # The head's address, subnet and groups live on a network interface that has its Elastic IP
         # before the head is launched on it (an address cannot be attached to an instance that does
         # not exist yet; one attached after launch leaves the first boot without a route out).
@@ -160,7 +168,9 @@ class AwsCluster(CloudCluster):
                     associate_public_ip_address=None if head else public,
                     vpc_security_group_ids=None if head else [members.id],
                     placement_group=placement.name,
-                    user_data_base64=self.user_data(rank).apply(cloudinit.base64_gzip),
+                    user_data_base64=self.user_data(rank, data_volume.id if head and data_volume else "").apply(
+                        cloudinit.base64_gzip
+                    ),
                     # A user data change would stop and start the instance (and cannot, for a one-time
                     # spot instance); it is ignored below instead, and never replaces the instance.
                     user_data_replace_on_change=False,
@@ -199,19 +209,92 @@ class AwsCluster(CloudCluster):
                     ),
                 )
             )
+        if data_volume:
+            ec2.VolumeAttachment(
+                f"{name}-head-data",
+                device_name=DATA_DEVICE,
+                instance_id=instances[0].id,
+                volume_id=data_volume.id,
+                # Never detached from a running head (a mounted volume's detachment hangs "busy", and a
+                # one-time spot instance cannot be stopped first): the head's termination detaches it,
+                # and the head depends on the volume (its user data names it), so a destroy deletes the
+                # volume after the head.
+                skip_destroy=True,
+                opts=self.child(),
+            )
         self.head_public_ip = head_address.public_ip
         self.private_ips = [head_nic.private_ips.apply(lambda ips: ips[0])] + [i.private_ip for i in instances[1:]]
         if cfg.bake_image:
-            # Without a reboot: a run on the head goes on. The snapshot is crash-consistent, like
-            # GCP's and Azure's disk snapshots; bake while the head is idle (after fab doctor).
-            baked = ec2.AmiFromInstance(
+            self.baked_image = self._bake(instances[0], from_root_volume=data_volume is not None)
+
+    @property
+    def keeps_head_data(self) -> bool:
+        """Whether the head's node root lives on a volume of its own: with spot only. A spot head is
+        terminated when reclaimed, its root volume with it; an on-demand head is never reclaimed and
+        keeps its root volume through stops, so a second volume would only double its disk at rest."""
+        return self.config.spot
+
+    @property
+    def data_volume_gb(self) -> int:
+        return self.config.disk_gb if self.keeps_head_data else 0
+
+    def _head_data_volume(self, subnet: ec2.Subnet) -> ebs.Volume:
+        """The head's data volume, in the head's subnet's zone (a volume attaches only there). Sized as
+        a node's disk (nanocluster:diskGb): it holds what a worker's boot disk holds under its node root."""
+        name = f"{self.config.cluster_name}-head-data"
+        return ebs.Volume(
+            name,
+            availability_zone=subnet.availability_zone,
+            size=self.config.disk_gb,
+            type="gp3",
+            encrypted=True,
+            tags={**self.config.labels, "Name": name},
+            opts=self.child(),
+        )
+
+    def _bake(self, head: ec2.Instance, from_root_volume: bool) -> pulumi.Output[str]:
+        """An AMI of the head, without a reboot: a run on the head goes on (crash-consistent, like
+        GCP's and Azure's disk snapshots; bake while the head is idle, after fab doctor).
+
+        An AMI made from an instance carries every EBS volume attached to it, so with a data volume
+        the image is registered from a snapshot of the root volume alone: a node made from it gets no
+        copy of the head's runs (and no venv: that lives on the data volume too)."""
+        name = self.config.cluster_name
+        tags = {**self.config.labels, "Name": f"{name}-node"}
+        if not from_root_volume:
+            return ec2.AmiFromInstance(
                 f"{name}-node",
-                source_instance_id=instances[0].id,
+                source_instance_id=head.id,
                 snapshot_without_reboot=True,
-                tags={**tags, "Name": f"{name}-node"},
+                tags=tags,
                 opts=self.child(retain_on_delete=True),
-            )
-            self.baked_image = baked.id
+            ).id
+        root = head.root_block_device
+        snapshot = ebs.Snapshot(
+            f"{name}-head",
+            volume_id=root.apply(lambda disk: present(disk.volume_id, "root volume id")),
+            tags={**self.config.labels, "Name": f"{name}-head"},
+            opts=self.child(retain_on_delete=True),
+        )
+        root_device = root.apply(lambda disk: present(disk.device_name, "root device name"))
+        return ec2.Ami(
+            f"{name}-node",
+            root_device_name=root_device,
+            ebs_block_devices=[
+                {
+                    "device_name": root_device,
+                    "snapshot_id": snapshot.id,
+                    "volume_type": "gp3",
+                    "delete_on_termination": True,
+                }
+            ],
+            virtualization_type="hvm",
+            architecture=NODE_PLATFORM.arch,
+            ena_support=True,
+            imds_support="v2.0",
+            tags=tags,
+            opts=self.child(retain_on_delete=True),
+        ).id
 
     def _routed_subnet(
         self, cluster_vpc: ec2.Vpc, zone: str, role: str, cidr: str, default_route: ec2.RouteTableRouteArgsDict

@@ -28,6 +28,13 @@ NODE_DIR = Path(__file__).resolve().parent.parent / "node"
 REMOTE_NODE_DIR = "/opt/nanocluster/node"
 FIRSTBOOT = "/opt/nanocluster/firstboot.sh"
 BOOTSTRAP_LOG = "/var/log/nanocluster-bootstrap.log"
+DATA_VOLUME_TIMEOUT_S = 600
+"""How long a first boot waits for its data volume's device (attached once the instance runs: seconds)."""
+SSH_GATE = "/etc/ssh/sshd_config.d/10-nanocluster-data-volume.conf"
+"""Keeps the node user out of sshd on a node with a data volume until node/data_volume.sh has mounted
+it (or given up): sshd starts before cloud-init's final stage runs it, and anything the launcher
+wrote in the node root meanwhile would land on the boot disk, under the mount. Written at the first
+boot's init stage, which sshd starts after; the script removes it."""
 
 # Only root reaches the metadata service's HTTP(S) endpoint, which serves this user data (and so the
 # node's host key) to any local process otherwise. An owner-match rule in the OUTPUT chain, as AWS
@@ -100,6 +107,9 @@ class NodeIdentity:
     """Power off after this many idle minutes (node/autostop.sh); 0: no idle stop."""
     compact: NodePlatform | None = None
     """The node's platform where its user data must be small (AWS): see requirements_text and node_script."""
+    data_volume: str = ""
+    """The id of an EBS volume of the node's own to mount at its nanocluster root before the bootstrap
+    (an AWS spot head, infra/aws.py); empty: the root lives on the boot disk."""
 
 
 HASH_OPTION = re.compile(r" --hash=sha256:([0-9a-f]+)")
@@ -166,8 +176,32 @@ def node_script(name: str, compact: NodePlatform | None = None) -> str:
     return text if compact is None else without_comments(text)
 
 
+def node_root(ssh_user: str) -> str:
+    """The node's nanocluster root (docs/design.md, "On a node"): ~SSH_USER/nanocluster, cloud-init's home."""
+    return f"/home/{ssh_user}/nanocluster"
+
+
+def mount_step(node: NodeIdentity) -> str:
+    """The first boot's wait-and-mount of the node's data volume (node/data_volume.sh), before the
+    bootstrap writes in the node root; on failure the first boot stops there, saying how to go on.
+    Empty for a node without one."""
+    if not node.data_volume:
+        return ""
+    mount = shlex.join(
+        [
+            f"NANOCLUSTER_SSH_GATE={SSH_GATE}",
+            f"{REMOTE_NODE_DIR}/data_volume.sh",
+            *(node.data_volume, node.ssh_user, node_root(node.ssh_user), str(DATA_VOLUME_TIMEOUT_S)),
+        ]
+    )
+    return (
+        f'{mount} || {{ echo "nanocluster: no bootstrap; with the volume attached, rerun {FIRSTBOOT}" >&2; exit 1; }}\n'
+    )
+
+
 def firstboot_script(node: NodeIdentity) -> str:
-    """The per-node wrapper cloud-init runs: the node bootstrap with this stack's settings."""
+    """The per-node wrapper cloud-init runs: the node bootstrap with this stack's settings (after
+    mounting the node's data volume, where it has one)."""
     idle = ["--idle-minutes", str(node.idle_minutes)] if node.idle_minutes else []
     bootstrap = shlex.join(
         [f"{REMOTE_NODE_DIR}/bootstrap.sh", "--user", node.ssh_user, "--profile", node.profile, *idle]
@@ -178,13 +212,13 @@ def firstboot_script(node: NodeIdentity) -> str:
 set -euo pipefail
 exec > >(tee -a {BOOTSTRAP_LOG}) 2>&1
 echo "nanocluster first boot of {node.node_name} (rank {node.rank}) at $(date -u +%FT%TZ)"
-{bootstrap}
+{mount_step(node)}{bootstrap}
 """
 
 
 def render(node: NodeIdentity) -> str:
     """The #cloud-config document for one node (contains its host private key: keep it a secret)."""
-    home = f"/home/{node.ssh_user}"
+    home = f"/home/{node.ssh_user}"  # cloud-init's default for the user it creates
     owner = f"{node.ssh_user}:{node.ssh_user}"
     requirements = NODE_DIR / f"requirements-{node.profile}.txt"
     document = {
@@ -226,6 +260,18 @@ def render(node: NodeIdentity) -> str:
                 "permissions": "0644",
                 "content": node_script("unit_identity.sh", node.compact),
             },
+            *(
+                [
+                    {
+                        "path": f"{REMOTE_NODE_DIR}/data_volume.sh",
+                        "permissions": "0755",
+                        "content": node_script("data_volume.sh", node.compact),
+                    },
+                    {"path": SSH_GATE, "permissions": "0644", "content": f"DenyUsers {node.ssh_user}\n"},
+                ]
+                if node.data_volume
+                else []
+            ),
             {"path": FIRSTBOOT, "permissions": "0755", "content": firstboot_script(node)},
             # Deferred to the final stage, after the user (and so its home) exists. authorized_keys is
             # rewritten whole: on a node from a baked image it still lists the old stack's key.

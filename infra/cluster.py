@@ -107,18 +107,19 @@ class CloudCluster(pulumi.ComponentResource):
     def planned_ip(self, rank: int) -> str:
         return host_in(NODE_SUBNET_CIDR, rank)
 
-    def user_data(self, rank: int) -> pulumi.Output[str]:
+    def user_data(self, rank: int, data_volume: pulumi.Input[str] = "") -> pulumi.Output[str]:
         """The node's cloud-init document, as a secret (it carries the node's host private key).
 
         It depends on this node alone (see infra/cloudinit.py): growing the cluster leaves the
-        documents of existing nodes as they are."""
+        documents of existing nodes as they are. data_volume: the id of the node's own volume to
+        mount at its nanocluster root first (AWS), if it has one."""
         keys = self.args.keys
         cfg = self.config
         # Fails here, naming the pin, where the compact copy would leave a line without a hash.
         cloudinit.requirements_text(cfg.node_profile, self.COMPACT_USER_DATA)
 
         def render(values: list[str]) -> str:
-            cluster_public, host_private, host_public = values
+            cluster_public, host_private, host_public, volume = values
             return cloudinit.render(
                 cloudinit.NodeIdentity(
                     cloud=cfg.cloud,
@@ -131,13 +132,20 @@ class CloudCluster(pulumi.ComponentResource):
                     host_private_key=host_private,
                     host_public_key=host_public,
                     compact=self.COMPACT_USER_DATA,
+                    data_volume=volume,
                 )
             )
 
         rendered = pulumi.Output.all(
-            keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank]
+            keys.cluster_public_key, keys.host_private_keys[rank], keys.host_public_keys[rank], data_volume
         ).apply(render)
         return pulumi.Output.secret(rendered)
+
+    @property
+    def data_volume_gb(self) -> int:
+        """GB of the volumes the cluster keeps beside its nodes' boot disks (AWS: a spot head's data
+        volume); priced as disks are."""
+        return 0
 
     def cost(self, spot: bool = False) -> CostEstimate | None:
         """Hourly cost of the cluster at the machine's spot or on-demand price (infra/prices.py);
@@ -147,7 +155,14 @@ class CloudCluster(pulumi.ComponentResource):
         # Cloud NAT's address and the NAT gateways' addresses are public IPv4 too.
         public_ips = public_nodes + (self.nat_clients > 0)
         return estimate(
-            cfg.machine, cfg.nodes, cfg.disk_gb, public_ips, self.nat_clients, spot=spot, attached=cfg.attached_gpus
+            cfg.machine,
+            cfg.nodes,
+            cfg.disk_gb,
+            public_ips,
+            self.nat_clients,
+            spot=spot,
+            attached=cfg.attached_gpus,
+            data_volume_gb=self.data_volume_gb,
         )
 
     def billed_cost(self) -> CostEstimate:

@@ -314,17 +314,19 @@ def estimate(
     nat_clients: int,
     spot: bool = False,
     attached: tuple[str, int] = ("", 0),
+    data_volume_gb: int = 0,
 ) -> CostEstimate | None:
     """Cost per hour of a cluster from the price table (data transfer not included): at the spot
-    price when `spot`, on demand otherwise; `attached` GPUs per node (model, count) included. None
-    when `spot` and the table has no spot figure."""
+    price when `spot`, on demand otherwise; `attached` GPUs per node (model, count) included, and
+    `data_volume_gb` of volumes beside the boot disks (priced as they are). None when `spot` and the
+    table has no spot figure."""
     price = price_of(machine)
     per_node = node_usd_per_hour(machine, attached, spot)
     if per_node is None:
         return None
     return CostEstimate(
         nodes=per_node * nodes,
-        disks=nodes * disk_gb * DISK_USD_PER_GB_MONTH[machine.cloud] / HOURS_PER_MONTH,
+        disks=(nodes * disk_gb + data_volume_gb) * DISK_USD_PER_GB_MONTH[machine.cloud] / HOURS_PER_MONTH,
         public_ips=public_ips * PUBLIC_IPV4_USD_PER_HOUR,
         nat=nat_usd_per_hour(machine.cloud, nat_clients),
         spot=spot,

@@ -122,6 +122,14 @@ class ClusterMocks(pulumi.runtime.Mocks):
             "endpoint": GKE_ENDPOINT,
             "masterAuth": {**inputs.get("masterAuth", {}), "clusterCaCertificate": GKE_CA},
         },
+        # EC2 creates the root volume from the AMI's mapping: its id, and the AMI's root device name.
+        "aws:ec2/instance:Instance": lambda name, inputs: {
+            "rootBlockDevice": {
+                **inputs.get("rootBlockDevice", {}),
+                "volumeId": f"vol-0{name}",
+                "deviceName": "/dev/sda1",
+            }
+        },
         "azure-native:compute:VirtualMachine": lambda name, inputs: {
             "storageProfile": {
                 **inputs.get("storageProfile", {}),
@@ -165,6 +173,8 @@ class Options:
     delete_before_replace: bool = False
     dependencies: tuple[str, ...] = ()
     """URNs of the resources this one waits for (depends_on and inputs' resources)."""
+    parent: str = ""
+    """URN of the resource's parent (a component's children name it)."""
 
 
 class RecordingMonitor(MockMonitor):
@@ -180,6 +190,7 @@ class RecordingMonitor(MockMonitor):
             retain_on_delete=bool(request.retainOnDelete),
             delete_before_replace=bool(request.deleteBeforeReplace),
             dependencies=tuple(request.dependencies),
+            parent=request.parent,
         )
         return super().RegisterResource(request)
 
