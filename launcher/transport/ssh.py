@@ -251,7 +251,11 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
             "or someone is in the middle: re-read the stack outputs (pulumi up) before trusting it"
         ) from e
     except paramiko.AuthenticationException as e:
-        raise NodeError(f"{node.name} ({via}): the cluster key was refused for the contract's ssh_user: {e}") from e
+        raise NodeError(
+            f"{node.name} ({via}): the cluster key was refused for the contract's ssh_user ({e}); a cloud node "
+            "in its first boot takes it once cloud-init's last stage runs, a minute or two after it starts: "
+            "try again then, and if it is still refused, check the node's ~/.ssh/authorized_keys"
+        ) from e
     except (paramiko.SSHException, OSError, EOFError) as e:
         if "protocol banner" in str(e):  # something answered on port 22 that does not speak SSH
             raise NodeError(

@@ -60,3 +60,16 @@ def refused_on_a_new_host_key(node: TestNodes) -> None:
     reason = node_answers(cluster, cluster.nodes[0])
     assert reason is not None and "host key does not match the one the contract pins" in reason, reason
     assert node.ssh(0, "true").returncode == 255  # StrictHostKeyChecking with the contract's key
+
+
+def test_a_node_that_refuses_the_cluster_key_is_named_with_what_to_do(tmp_path):
+    """A cloud node before cloud-init's last stage (authorized_keys not yet written, or an AWS spot
+    head's data volume not yet mounted) refuses the key: the line says to try again then, and where
+    to look if it stays so. A node of its own: its authorized_keys is taken away."""
+    with sshd_nodes(1, tmp_path) as node:
+        cluster = load_cluster(str(node.contract_path))
+        keys = node.home(0) / ".ssh/authorized_keys"
+        keys.rename(keys.with_name("authorized_keys.away"))
+        reason = node_answers(cluster, cluster.nodes[0])
+        assert reason is not None and "the cluster key was refused" in reason, reason
+        assert "first boot" in reason and "try again" in reason and "authorized_keys" in reason, reason
