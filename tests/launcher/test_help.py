@@ -107,6 +107,8 @@ def test_the_task_list_gives_each_task_its_whole_first_sentence(program, tmp_pat
             ["sample", "--run", "x", "--temprature", "0"],
             "{p}: sample has no flag '--temprature'; did you mean '--temperature'? ({p} --help sample lists its flags)",
         ),
+        # Only the task's own flags are offered: not Fabric's --dry, which no task reads.
+        (["runs", "--run", "x"], "{p}: runs has no flag '--run' ({p} --help runs lists its flags)"),
         (["train", "--nodes"], "{p}: --nodes needs a value ({p} --help train)"),
         (
             ["--nodes", "3", "train"],
