@@ -265,10 +265,11 @@ class Nanocluster(Fab):
         if nearest:
             return f"{me}: no task {word!r}; did you mean {nearest[0]!r}? ({me} -l lists the tasks)"
         if in_task:
-            return (
-                f"{me}: {in_task} takes no word {word!r}; a value follows its flag "
-                f"({me} --help {in_task} lists its flags)"
-            )
+            where = f"({me} --help {in_task} lists its flags)"
+            taken = [arg for arg in self._make_parser().contexts[in_task].positional_args if arg.name]
+            if taken:  # `rm a b`: its one word is given already
+                return f"{me}: {in_task} takes one {taken[0].name}; {word!r} is a word too many {where}"
+            return f"{me}: {in_task} takes no word {word!r}; a value follows its flag {where}"
         return f"{me}: no task {word!r} ({me} -l lists the tasks)"
 
     def unknown_flag(self, flag: str, in_task: str | None) -> str:
