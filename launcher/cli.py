@@ -261,14 +261,15 @@ class Nanocluster(Fab):
 
     def unknown_task(self, word: str, in_task: str | None) -> str:
         me = self.binary
+        taken = [arg for arg in self._make_parser().contexts[in_task].positional_args if arg.name] if in_task else []
+        if taken:  # `rm a b`: its one word is given already, and b is no mistyped task (`rm a extra`: not 'train')
+            where = f"({me} --help {in_task} lists its flags)"
+            return f"{me}: {in_task} takes one {taken[0].name}; {word!r} is a word too many {where}"
         nearest = get_close_matches(word, list(self.collection.task_names), n=1)
         if nearest:
             return f"{me}: no task {word!r}; did you mean {nearest[0]!r}? ({me} -l lists the tasks)"
         if in_task:
             where = f"({me} --help {in_task} lists its flags)"
-            taken = [arg for arg in self._make_parser().contexts[in_task].positional_args if arg.name]
-            if taken:  # `rm a b`: its one word is given already
-                return f"{me}: {in_task} takes one {taken[0].name}; {word!r} is a word too many {where}"
             return f"{me}: {in_task} takes no word {word!r}; a value follows its flag {where}"
         return f"{me}: no task {word!r} ({me} -l lists the tasks)"
 
