@@ -79,9 +79,13 @@ GIVEN_TWICE_ERROR = re.compile(rf"Flag <\w+: ([\w-]+).*> {GIVEN_TWICE}")
 
 class OnceParseMachine(ParseMachine):
     """invoke's parser, refusing what it lets pass: a flag that takes a value given twice (invoke reads
-    the second value as a stray word), and a repeatable flag (--set) given with no value (invoke drops it)."""
+    the second value as a stray word), a repeatable flag (--set) given with no value (invoke drops it),
+    and one of the program's options given after a task (invoke reads it as the program's, which no task
+    reads: `prune --dry` would delete every ended run instead of listing them)."""
 
     def switch_to_flag(self, flag: str, inverse: bool = False) -> None:
+        if self.context.name and flag not in self.context.flags and flag not in self.context.inverse_flags:
+            self.error(f"No idea what {flag!r} is!")
         super().switch_to_flag(flag, inverse)
         if self.flag and self.flag.takes_value and self.flag.kind is not list and self.flag.raw_value is not None:
             self.error(f"Flag {self.flag!r} {GIVEN_TWICE}")
@@ -257,14 +261,16 @@ class Nanocluster(Fab):
 
     def unknown_task(self, word: str, in_task: str | None) -> str:
         me = self.binary
+        taken = [arg for arg in self._make_parser().contexts[in_task].positional_args if arg.name] if in_task else []
+        if taken:  # `rm a b`: its one word is given already, and b is no mistyped task (`rm a extra`: not 'train')
+            where = f"({me} --help {in_task} lists its flags)"
+            return f"{me}: {in_task} takes one {taken[0].name}; {word!r} is a word too many {where}"
         nearest = get_close_matches(word, list(self.collection.task_names), n=1)
         if nearest:
             return f"{me}: no task {word!r}; did you mean {nearest[0]!r}? ({me} -l lists the tasks)"
         if in_task:
-            return (
-                f"{me}: {in_task} takes no word {word!r}; a value follows its flag "
-                f"({me} --help {in_task} lists its flags)"
-            )
+            where = f"({me} --help {in_task} lists its flags)"
+            return f"{me}: {in_task} takes no word {word!r}; a value follows its flag {where}"
         return f"{me}: no task {word!r} ({me} -l lists the tasks)"
 
     def unknown_flag(self, flag: str, in_task: str | None) -> str:
@@ -273,7 +279,9 @@ class Nanocluster(Fab):
         options = [f for f in self.initial_context.flags if f.startswith("--")]
         if in_task:
             own = [f for f in contexts[in_task].flags if f.startswith("--")]
-            nearest = get_close_matches(flag, own, n=1) or get_close_matches(flag, options, n=1)
+            # Only what this task takes: after a task the program's options are refused (OnceParseMachine),
+            # but for --help, which parse_tasks answers.
+            nearest = get_close_matches(flag, [*own, "--help"], n=1)
             where = f"({me} --help {in_task} lists its flags)"
             if nearest:
                 return f"{me}: {in_task} has no flag {flag!r}; did you mean {nearest[0]!r}? {where}"

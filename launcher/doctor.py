@@ -26,10 +26,11 @@ import ast
 import shlex
 import threading
 import time
+from collections.abc import Sequence
 
 from launcher.cluster.inventory import Cluster, Node, group_by_host
 from launcher.cluster.node_layout import DEFAULT_PORT
-from launcher.console import command_line, say
+from launcher.console import TaskError, command_line, say
 from launcher.doctor_report import (
     LOCAL_FIXES,
     VM_FIXES,
@@ -41,9 +42,11 @@ from launcher.doctor_report import (
     ring_link,
     setup_fix,
 )
+from launcher.launch.fit import DoesNotFit, check_fit
 from launcher.node_scripts import script
 from launcher.session import Session, machines, resolve_cluster, select_nodes
 from launcher.setup.data import prepare_fix, verify_data_command
+from launcher.trainer_config import read_trainer_config
 from launcher.transport.shell import Result, Shell, parallel
 
 MIN_FREE_GB = 5.0
@@ -67,11 +70,14 @@ def doctor(
     bandwidth_s: float = SEND_S,
     device: str = "auto",
     nodes: int | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> int:
     """Preflight every node (the first `nodes`, as `train --nodes` selects them: refused as train refuses
     a count out of range, before any node is contacted); print each problem with its fix; 1 when
     anything is wrong. device: the run's trainer device setting, which shapes the local cluster as
-    train's (device=cpu: CPU ranks, no GPU to check)."""
+    train's (device=cpu: CPU ranks, no GPU to check); config and overrides: the run's --config and
+    --set, whose ranks must fit the machines as train checks them."""
     cluster = resolve_cluster(cluster_spec, nodes, device=device)
     checked = select_nodes(cluster, nodes)
     if len(checked) < len(cluster.nodes):
@@ -82,6 +88,7 @@ def doctor(
             problems.append(("ssh", cluster.nodes[index].name, error.split(": ", 1)[-1], ssh_fix(error)))
         if session.nodes:
             problems += node_problems(session, dataset)
+            problems += fit_problems(session, checked, config or session.site.default_config or None, overrides)
             gpu = gpu_problems(session)
             problems += gpu + port_problems(session, port)
             if gpu and bandwidth_s > 0:
@@ -97,6 +104,22 @@ def doctor(
         f"network interface, data/{dataset} checksums, rendezvous port {port}{gpus}"
     )
     return 0
+
+
+def fit_problems(
+    session: Session, nodes: Sequence[Node], config: str | None, overrides: Sequence[str]
+) -> list[Problem]:
+    """train's check that each machine's cores and memory hold its ranks (launcher.launch.fit), as a row:
+    a doctor that passes must not leave train to refuse the same nodes. What it finds of the GPUs is
+    gpu_problems' to say, as the driver and torch see them."""
+    trainer = read_trainer_config(config, overrides)[1]
+    try:
+        check_fit(session.cluster, nodes, session.reports, trainer)
+    except DoesNotFit as e:
+        return [("fit", e.where, e.problem, e.fix)]
+    except TaskError:  # a GPU finding: gpu_problems' row
+        pass
+    return []
 
 
 def ssh_fix(error: str) -> str:

@@ -322,10 +322,15 @@ def same_as(fd: int, path: Path) -> bool:
 
 def end_of(directory: Path, request: TrainRequest) -> int:
     """An ended run's end line, and its exit status (from supervisor.json, synced here where the
-    supervisor runs on the cluster)."""
+    supervisor runs on the cluster). A failed run's last lines of output come first, as a live attach
+    shows them: its end line names the rank that failed, they say why (`train --detach` of a run that
+    fails at once, then `attach`)."""
     state = read_state(directory)
     if state is None or state.phase != ENDED:
         raise supervisor_lost(directory, state, request)
+    if state.exit_code == TaskError.exit_code:
+        log = directory / LOG_NAME
+        LogCopy(log, tail_offset(log, state.log_start)).to(whole_lines=False)
     if state.line is not None and not state.to_stderr:
         say(state.line)
     return end_line(state.exit_code, state.line if state.to_stderr else None, directory / LOG_NAME)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import shlex
+from collections.abc import Sequence
 
 from launcher.cluster.inventory import Cluster
 from launcher.cluster.kube_contract import GPU_RESOURCE, KubeAccess
@@ -79,12 +80,15 @@ def doctor(
     bandwidth_s: float = SEND_S,
     device: str = "auto",
     nodes: int | None = None,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> int:
     """connect()'s checks, the claim's Job, on GPU nodes one GPU node's driver and torch, then the ring
     between the pods of a run on `nodes` training nodes (--nodes; train's default without it), bandwidth_s
     each, at port (0 skips it); 1 with each problem and its fix. A live run skips the GPU node and the
     ring (launcher.kube.connect.running_runs). device (the run's) shapes only the local cluster: a run's pods are the
-    contract's whatever it is, as train's."""
+    contract's whatever it is, as train's; config and overrides (the run's) are not read here: its pods' fit is
+    check_pod_fit's, when train plans them."""
     check_name(dataset, "dataset")
     api, cluster, training = select_training_nodes(cluster_spec, nodes)  # --nodes refused before anything
     if api is None:

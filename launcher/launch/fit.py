@@ -35,6 +35,15 @@ MAX_RANKS_PER_CORE = 2
 for ranks the scheduler has descheduled, and the machine stops answering anything else."""
 
 
+class DoesNotFit(TaskError):
+    """Ranks a machine cannot hold: what exceeds it (problem) and the ways out (fix); `fab doctor` shows
+    them as its row, `fab train` as one line."""
+
+    def __init__(self, where: str, problem: str, fix: str):
+        super().__init__(f"{problem}: {fix}")
+        self.where, self.problem, self.fix = where, problem, fix
+
+
 def checkpoint_shape(init_from: str) -> tuple[int, int] | None:
     """(n_layer, n_embd) from a Hugging Face directory's config.json when it is on this machine (the
     local cluster); None otherwise (the memory is then not estimated)."""
@@ -93,9 +102,10 @@ def check_fit(cluster: Cluster, nodes: Sequence[Node], reports: dict[int, NodeRe
         cpus = f"they would share {cores} physical core(s) (at most {MAX_RANKS_PER_CORE} ranks per core)"
         # What refuses them first, the other figure after it.
         why = f"{cpus}; they {memory}" if too_many and not too_big else f"they {memory}; {cpus}"
-        raise TaskError(
-            f"{ranks} rank(s) do not fit {where}: {why}: "
-            + ways_out(cluster, cfg, cores, available, estimates, too_big)
+        raise DoesNotFit(
+            where,
+            f"{ranks} rank(s) do not fit {where}: {why}",
+            ways_out(cluster, cfg, cores, available, estimates, too_big),
         )
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, command_line, console, out_line, say
 from launcher.launch.monitor import Progress, follow_units
+from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.plan import Unit, units_from_plan_json
 from launcher.launch.supervisor import ENDED, is_live, read_state, supervisor_line
 from launcher.launch.units import alive_command, boot_command, log_command
@@ -223,6 +224,9 @@ def logs(
                     say(ended_line(run, unit_states(session, run, units)))
                     return
             except KeyboardInterrupt:
+                if follow:  # train's and attach's Ctrl-C stop the run; this one only stops following it
+                    stop = stop_command_line(cluster_spec, run)
+                    say(f"stopped following run {run}'s logs; the run is not stopped by it (`{stop}` stops it)")
                 return
 
 

@@ -4,16 +4,20 @@ where the trainer's own rule (model.checkpointing.global_batch) lets the snapsho
 trainer's device the launch recorded where --config and --set name none (launcher.lifecycle.on_trained_device).
 
 The snapshot is known from the metrics copy: an eval after a trained step writes one, and so does a
-stop (Ctrl-C, `fab stop`, the budget); the trainer's "start" record says its global batch.
+stop (Ctrl-C, `fab stop`, the budget); the trainer's "start" record says its global batch and what else it
+resumes only with (model.checkpointing.resumable: a rerun without the run's --config is refused here,
+not by its ranks once they start).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.runs.record import NO_SNAPSHOT, RunRecord
 from model.checkpointing.global_batch import global_batch, resumed_accumulation
+from model.checkpointing.resumable import resume_mismatch
 from model.settings.config import TrainConfig
 
 
@@ -31,6 +35,10 @@ class RunSnapshot:
     """Sequences per optimizer step it was trained with (None: a trainer older than the field)."""
     device: str
     """The trainer's device setting of the launch that trained it (launcher.runs.record.Attempt.device)."""
+    resumes_with: dict[str, Any] | None = None
+    """What it resumes only with (model.checkpointing.resumable.trained_with; None: an older trainer's)."""
+    rerun: str | None = None
+    """The command that continues it, as its last attempt's end recorded it (None: not recorded)."""
 
 
 def run_snapshot(record: RunRecord) -> RunSnapshot | None:
@@ -45,7 +53,8 @@ def run_snapshot(record: RunRecord) -> RunSnapshot | None:
     if saved == NO_SNAPSHOT or not nodes:
         return None
     start: dict = next((m for m in reversed(record.metrics()) if m.get("kind") == "start"), {})
-    return RunSnapshot(saved, nodes, start.get("world_size"), start.get("global_batch"), attempt.device)
+    trained = (start.get("world_size"), start.get("global_batch"), attempt.device, start.get("resumes_with"))
+    return RunSnapshot(saved, nodes, *trained, rerun=(attempt.end or {}).get("rerun"))
 
 
 def resume_refusal(
@@ -55,6 +64,15 @@ def resume_refusal(
     (--nodes as it was, on cfg's device or the snapshot's; keep_global_batch where it divides); None when
     they can or it cannot be told. takes(N, device): whether the cluster runs --nodes N with that device
     setting (the local cluster has one rank per GPU): a fix it would refuse is left out."""
+    differs = resume_mismatch(cfg, snapshot.resumes_with) if snapshot.resumes_with else None
+    if differs is not None:  # the ranks would refuse it whatever the nodes: the config is not the run's
+        key, ours, trained = differs
+        as_before = f" (`{snapshot.rerun}`)" if snapshot.rerun else ""
+        return (
+            f"run {run}'s snapshot at iter {snapshot.iter} was trained with {key} {trained}, and this trainer "
+            f"config has {ours}: rerun with the --config and --set it was trained with{as_before}, "
+            "or another --run to start over"
+        )
     kept = snapshot.global_batch
     if kept is None or resumed_accumulation(cfg, ranks, kept, snapshot.iter) is not None:
         return None

@@ -489,7 +489,14 @@ def doctor(
     at_least("bandwidth-seconds", bandwidth_seconds, 0.0, " (0 skips the measure)")
     device = run_device(config, set_ or ())
     return driver(cluster).doctor(
-        cluster, dataset=dataset, port=port, device=device, nodes=nodes, **given(bandwidth_s=bandwidth_seconds)
+        cluster,
+        dataset=dataset,
+        port=port,
+        device=device,
+        nodes=nodes,
+        config=config,
+        overrides=set_ or (),
+        **given(bandwidth_s=bandwidth_seconds),
     )
 
 

@@ -23,6 +23,7 @@ machines list their run directories, Kubernetes reads its claim's index of runs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -110,6 +111,8 @@ class Driver(Protocol):
         bandwidth_s: float = ...,
         device: str = ...,
         nodes: int | None = ...,
+        config: str | None = ...,
+        overrides: Sequence[str] = ...,
     ) -> int: ...
 
     def open_runs(self, cluster_spec: str | None) -> RunStore:

@@ -6,5 +6,6 @@ compressor_state PowerSGD's per-rank state beside each snapshot, restored on res
 retention        older snapshots kept beside snapshot.pt (keep_snapshots), pruned once the new one is on disk
 hf               Hugging Face GPT-2 checkpoints to and from our GPT, without transformers
 global_batch     whether a snapshot resumes on a number of ranks (the launcher asks it too, without torch)
+resumable        what a snapshot resumes only with: batch shape, init_from, model shape (the launcher asks too)
 start            where a run starts from: its snapshot (resume), pretrained weights, or scratch
 """

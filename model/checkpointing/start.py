@@ -21,19 +21,17 @@ import torch
 from model.checkpointing import hf, retention
 from model.checkpointing.checkpoint import CheckpointError, load_checkpoint
 from model.checkpointing.global_batch import global_batch, resumed_accumulation
+from model.checkpointing.resumable import resume_mismatch
 from model.conventions import CKPT_NAME, LAUNCHER_ENV, SNAPSHOT_NAME
 from model.gpt.model import GPT, GPTConfig
 from model.parallel.collectives import on_rank0
 from model.parallel.distributed import RankEnv
-from model.settings.config import MODEL_SHAPE_FIELDS, ConfigError, TrainConfig
+from model.settings.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
 # What reading the start can fail with that the user fixes; raised on every rank, not only rank 0.
 START_ERRORS = (ConfigError, CheckpointError)
-# A snapshot resumes only with these unchanged: they fix the shape of each micro-batch. The global
-# batch (sequences per optimizer step) must be unchanged too: see resume_accumulation.
-RESUME_KEYS = ("block_size", "batch_size")
 
 
 @dataclasses.dataclass
@@ -83,25 +81,14 @@ def new_run_knob() -> str:
 
 
 def check_resumable(cfg: TrainConfig, snapshot_config: dict[str, Any]) -> None:
-    """Refuse to resume a snapshot trained with a different batch shape, from another init_from, or
-    (from scratch) with another model shape: the snapshot's model would be trained instead, without a
-    word. Dropout may change; a key the snapshot's config lacks (an older trainer's) is not compared."""
-    trained_shape = snapshot_config.get("model") or {}
-    pairs = [(key, getattr(cfg, key), snapshot_config.get(key)) for key in RESUME_KEYS]
-    if "init_from" in snapshot_config:
-        pairs.append(("init_from", cfg.init_from, snapshot_config["init_from"]))
-    if cfg.init_from == "scratch":
-        pairs += [
-            (f"model.{key}", getattr(cfg.model, key), trained_shape[key])
-            for key in MODEL_SHAPE_FIELDS
-            if key != "dropout" and key in trained_shape
-        ]
-    for key, ours, trained in pairs:
-        if ours != trained:
-            raise ConfigError(
-                f"{key} is {ours} but the snapshot in {Path(cfg.out_dir)} was trained with "
-                f"{trained}: keep it to resume, or use {new_run_knob()} for a new run"
-            )
+    """Refuse to resume a snapshot trained with what cfg changes (model.checkpointing.resumable)."""
+    differs = resume_mismatch(cfg, snapshot_config)
+    if differs is not None:
+        key, ours, trained = differs
+        raise ConfigError(
+            f"{key} is {ours} but the snapshot in {Path(cfg.out_dir)} was trained with "
+            f"{trained}: keep it to resume, or use {new_run_knob()} for a new run"
+        )
 
 
 def snapshot_global_batch(payload: dict[str, Any]) -> tuple[int, int]:

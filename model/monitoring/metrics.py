@@ -1,7 +1,9 @@
 """metrics.jsonl: one JSON record per line, written by rank 0, read by people, tests and benchmarks.
 
     {"kind": "start", "iter": 0, "resumed": false, "max_iters": 5000, "tokens_per_iter": 16384, "world_size": 3,
-     "global_batch": 24}   (sequences per optimizer step: what a resume on other ranks must keep)
+     "global_batch": 24, "resumes_with": {"block_size": 1024, "batch_size": 8, "init_from": "gpt2", "model": {...}}}
+     (global_batch: sequences per optimizer step, what a resume on other ranks must keep; resumes_with: what
+     its snapshots resume only with, model.checkpointing.resumable: the launcher checks both before a rerun)
     {"kind": "eval", "iter": 50, "train_loss": ..., "val_loss": ..., "eval_s": ...}   (eval_s: with its snapshot copy)
     {"kind": "train", "iter": 51, "loss": ..., "lr": ..., "iter_ms": ..., "tokens_per_s": ..., "mfu": ...,
      "rank_step_ms": [...], "rank_compute_ms": [...], "rank_wait_ms": [...]}   (by rank: model.monitoring.step_timing)
@@ -57,6 +59,7 @@ class MetricsLog:
         tokens_per_iter: int,
         world_size: int,
         global_batch: int | None = None,
+        resumes_with: dict[str, Any] | None = None,
     ) -> None:
         self._append(
             {
@@ -67,6 +70,7 @@ class MetricsLog:
                 "tokens_per_iter": tokens_per_iter,
                 "world_size": world_size,
                 **({} if global_batch is None else {"global_batch": global_batch}),
+                **({} if resumes_with is None else {"resumes_with": resumes_with}),
             }
         )
 

@@ -26,6 +26,7 @@ import torch
 
 from model.checkpointing import compressor_state
 from model.checkpointing.global_batch import global_batch
+from model.checkpointing.resumable import trained_with
 from model.checkpointing.retention import Rotation
 from model.checkpointing.snapshot_writer import capture
 from model.checkpointing.start import rng_state
@@ -65,6 +66,7 @@ class Trainer(TrainerState):
                 self.tokens_per_iter,
                 world,
                 global_batch(cfg.batch_size, cfg.gradient_accumulation_steps, world),
+                trained_with(cfg),
             )
         first_step = self.iter_num
         self.graph_gaps_reported = (0, 0)

@@ -28,6 +28,15 @@ def refused(request: TrainRequest) -> int:
     raise TaskError("trainer config: unknown key bogus")
 
 
+def rank_fails(request: TrainRequest) -> int:
+    """Launches, and its rank fails at once: the rank's own error is in the output, the end line names the rank."""
+    with open(record_directory() / EVENTS_NAME, "a") as f:
+        f.write(json.dumps({"event": "launch", "time": time.time()}) + "\n")
+    print("started 1 rank(s)", flush=True)
+    print("[rank 0 local0] error: token file val.bin holds 16 tokens, fewer than block_size + 1 = 65", flush=True)
+    raise TaskError("rank 0 local0 exited with code 1; every rank was stopped")
+
+
 def until_interrupted(request: TrainRequest, stopping_s: float = 0.0) -> int:
     """Launches (a launch event), then trains until Ctrl-C reaches it; its ranks then take stopping_s to stop."""
     with open(record_directory() / EVENTS_NAME, "a") as f:

@@ -71,6 +71,25 @@ def finished_run(home: Path, run: str, dataset: str, max_iters: int = 4) -> None
     (record / "metrics.jsonl").write_text(json.dumps(start) + "\n")
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["prune", "--dry"], "nanocluster: prune has no flag '--dry'; did you mean '--dry-run'?"),
+        (["rm", "fin", "--dry"], "nanocluster: rm has no flag '--dry'; did you mean '--run'?"),
+        (["prune", "-R"], "nanocluster: prune has no flag '-R'"),
+    ],
+)
+def test_fabrics_dry_after_a_task_is_refused_not_ignored_while_the_task_deletes(home, args, line):
+    """--dry (-R) is Fabric's own option, which no task reads: after `prune` or `rm` it is the user's
+    dry run, and the runs it would have listed must still be there."""
+    finished_run(home, "fin", "d")
+    before = tree(home)
+    result = run(NANOCLUSTER, *args, home=home)
+    assert error_line(result) == f"{line} (nanocluster --help {args[0]} lists its flags)"
+    assert result.stdout == ""
+    assert tree(home) == before
+
+
 NOT_PREPARED = (  # a plain prepare-data would make the builtin corpus, not this dataset: the fix names it
     "error: data/nosuch is not prepared on local0: prepare it first: fab prepare-data --source SOURCE --dataset nosuch "
     f"(SOURCE: {', '.join(NAMED_SOURCES)}, hf:OWNER/NAME or your files), or --dataset with the name you prepared"

@@ -32,6 +32,19 @@ def test_doctor_names_missing_data(local3, local_home, capsys, monkeypatch):
     assert "data/absent missing" in capsys.readouterr().out
 
 
+def test_doctor_names_more_ranks_than_this_machine_holds_as_train_refuses_them(local_home, task, monkeypatch):
+    """`doctor --nodes N` past two ranks per core: train refuses those ranks before it starts any, so a
+    doctor that said "all checks passed" sent the user to a train that fails. The row is train's fit
+    check, with its fix."""
+    monkeypatch.setattr(console, "width", 400)
+    write_dataset(local_home / "data" / "d")
+    too_many = 2 * (os.cpu_count() or 1) + 1  # logical CPUs: at least the physical cores the check counts
+    ran = task("doctor", "--nodes", str(too_many), "--dataset", "d", "--port", str(free_loopback_port()))
+    assert ran.code == 1, ran.out + ran.err
+    assert f"{too_many} rank(s) do not fit this machine: they would share" in ran.out
+    assert "fewer ranks (--nodes" in ran.out and "all checks passed" not in ran.out
+
+
 def test_doctor_nodes_checks_the_first_n_nodes_and_refuses_a_count_as_train_does(
     local_home, task, probes, monkeypatch, tmp_path
 ):

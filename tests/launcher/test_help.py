@@ -107,6 +107,12 @@ def test_the_task_list_gives_each_task_its_whole_first_sentence(program, tmp_pat
             ["sample", "--run", "x", "--temprature", "0"],
             "{p}: sample has no flag '--temprature'; did you mean '--temperature'? ({p} --help sample lists its flags)",
         ),
+        # Only the task's own flags are offered: not Fabric's --dry, which no task reads.
+        (["runs", "--run", "x"], "{p}: runs has no flag '--run' ({p} --help runs lists its flags)"),
+        # rm's one word (the run) given, a second is not a flag's value missing its flag.
+        (["rm", "a", "b"], "{p}: rm takes one run; 'b' is a word too many ({p} --help rm lists its flags)"),
+        (["rm", "a", "extra"], "{p}: rm takes one run; 'extra' is a word too many ({p} --help rm lists its flags)"),
+        (["train", "3"], "{p}: train takes no word '3'; a value follows its flag ({p} --help train lists its flags)"),
         (["train", "--nodes"], "{p}: --nodes needs a value ({p} --help train)"),
         (
             ["--nodes", "3", "train"],

@@ -12,7 +12,8 @@ from launcher.cluster.local import local_cluster
 from launcher.runs.estimate import ending_text
 from launcher.runs.record import RunRecord
 from launcher.runs.resume import run_snapshot
-from launcher.testing.fab import FAB
+from launcher.testing.fab import FAB, long_tiny_config
+from tests.launcher.dataset import write_dataset
 from tests.launcher.test_bad_input import error_line, home, run, tree  # noqa: F401 (home: the fixture)
 
 
@@ -93,3 +94,22 @@ def test_a_run_that_went_on_with_fewer_nodes_resumes_on_those(home):  # noqa: F8
     (record / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [events[0], restart, events[1]]))
     snapshot = run_snapshot(RunRecord(record))
     assert snapshot is not None and snapshot.nodes == 3 and snapshot.iter == 30
+
+
+def test_a_rerun_without_the_runs_config_is_refused_before_its_ranks_start(home, tmp_path):  # noqa: F811
+    """A run trained with --config, rerun to train further without it: the quickstart's config (another
+    block_size and model) cannot resume its snapshot. One line naming the key, from the trainer's own
+    start record, before any rank starts: not ranks that fail on the snapshot, then a continue line that
+    repeats the mistake. (An interrupted run's line also quotes the command its end recorded.)"""
+    write_dataset(home / "data" / "d")
+    config = long_tiny_config(tmp_path / "tiny.yaml", max_iters=2)
+    args = ["train", "--nodes", "1", "--run", "r", "--dataset", "d"]
+    first = run(FAB, *args, "--config", str(config), home=home)
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = tree(home)
+    result = run(FAB, *args, "--set", "max_iters=4", home=home)
+    assert error_line(result) == (
+        "error: run r's snapshot at iter 2 was trained with block_size 4, and this trainer config has 128: rerun "
+        "with the --config and --set it was trained with, or another --run to start over"
+    )
+    assert tree(home) == before

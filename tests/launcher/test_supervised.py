@@ -118,6 +118,17 @@ def test_the_front_end_shows_the_output_and_exits_with_the_runs_status(tmp_path,
     assert capsys.readouterr().out == "done in 1 s: iter 3\n"
 
 
+def test_attach_to_a_run_that_failed_shows_why_before_its_end_line(tmp_path, monkeypatch, capsys):
+    """`train --detach` of a run whose rank fails at once, then `attach` once it has ended: the rank's
+    error, not only the line naming the rank, and the run's status."""
+    directory = supervised(tmp_path, "rank_fails", monkeypatch)
+    assert wait_ended(directory).exit_code == 1
+    assert follow.end_of(directory, TrainRequest(None, run="r")) == 1
+    out = capsys.readouterr()
+    assert "[rank 0 local0] error: token file val.bin holds 16 tokens, fewer than block_size + 1 = 65\n" in out.out
+    assert out.err == "error: rank 0 local0 exited with code 1; every rank was stopped\n"
+
+
 def test_a_refusal_is_one_line_on_stderr_with_its_status(tmp_path, monkeypatch, capsys):
     directory = supervised(tmp_path, "refused", monkeypatch)
     assert follow.follow(directory, 0, TrainRequest(None, run="r"), None) == 1

@@ -1,8 +1,9 @@
 """An operator's `fab stop`, from another terminal: on the local cluster with real ranks, the attached
 `fab train` ends "stopped" (exit 130, one line with the stop's time and the command that continues)
 without a restart, and the record and ledger say "stopped"; `fab logs --follow` returns once the run
-has ended. Without --run, stop picks the one live run, refuses naming several, and says when none
-runs (live units here are stand-ins started the way a launch starts them: no torch needed)."""
+has ended, and a Ctrl-C on it before then says the run goes on. Without --run, stop picks the one live
+run, refuses naming several, and says when none runs (live units here are stand-ins started the way a
+launch starts them: no torch needed)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import threading
 
 import pytest
@@ -165,22 +167,32 @@ def test_stop_during_an_attached_train_ends_it_stopped_without_a_restart(tmp_pat
     fab = Fab("local", home)  # type: ignore[arg-type]  # NANOCLUSTER_CLUSTER=local
     args = ["--nodes", "2", "--run", RUN, "--dataset", "d", "--config", str(config), "--set", "eval_interval=20"]
     train = fab.popen("train", *args, log=tmp_path / "train.log")
-    follower = None
+    follower = interrupted = None
     try:
         wait_for((home / "runs" / RUN / "snapshot.pt").exists, 120, "the first snapshot")
+        # Ctrl-C on a `logs --follow` stops the following only, and says so: train's Ctrl-C stops the run.
+        followed = tmp_path / "interrupted.log"
+        interrupted = fab.popen("logs", "--run", RUN, "--follow", log=followed)
+        wait_for(lambda: "[rank 0" in followed.read_text(), 60, "the followed logs")
+        interrupted.send_signal(signal.SIGINT)
+        interrupted_code = interrupted.wait(timeout=60)
         follower = fab.popen("logs", "--run", RUN, "--follow", log=tmp_path / "logs.log")
         stop = fab("stop", "--run", RUN)
         code = train.wait(timeout=120)
         logs_code = follower.wait(timeout=60)  # --follow returns once the run has ended
     finally:
-        for proc in (train, follower):
+        for proc in (train, follower, interrupted):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
     output = (tmp_path / "train.log").read_text()
 
+    assert interrupted_code == 0 and "Traceback" not in followed.read_text(), followed.read_text()[-2000:]
+    assert last(followed.read_text()) == (
+        f"stopped following run {RUN}'s logs; the run is not stopped by it (`fab stop --run {RUN}` stops it)"
+    )
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert last(stop.stdout).startswith(f"run {RUN}: every rank stopped on "), stop.stdout
+    assert last(stop.stdout).startswith(f"run {RUN}: every rank stopped on "), stop.stdout  # it still ran
     assert code == 130, output[-3000:]
     assert "restart" not in output and "failed first" not in output and "Traceback" not in output, output[-3000:]
     command = shlex.join(["fab", "train", *args])
