@@ -6,9 +6,10 @@ import threading
 
 import pytest
 
-import launcher.launch.monitor as heartbeat
 from launcher.cluster.contract import parse_contract
-from launcher.launch.monitor import Monitor, RunFailed, answers, watch_nodes
+from launcher.launch import heartbeat
+from launcher.launch.heartbeat import answers, watch_nodes
+from launcher.launch.monitor import Monitor, RunFailed
 from launcher.launch.plan import LaunchPlan
 from launcher.transport import NodeError, Result, Shell
 
