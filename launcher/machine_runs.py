@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.cluster.inventory import Cluster, Node
-from launcher.launch import units
+from launcher.launch import live_runs
 from launcher.launch.supervisor import LOCK_NAME, RECORDS, SUPERVISOR_HOME, any_lock_held
 from launcher.launch.units import with_identity
 from launcher.run_files import RUNNING, STOPPED, WAITING_FOR_REVIVAL, StoredRun, refuse_unknown
@@ -189,9 +189,9 @@ class MachineRuns:
 
 
 def stop(cluster_spec: str | None, run: str | None = None) -> int:
-    """`fab stop` (launcher.launch.units.stop), where a --run found not live that is neither recorded here
+    """`fab stop` (launcher.launch.live_runs.stop), where a --run found not live that is neither recorded here
     nor a run directory on the nodes is one line naming the nearest run (run_files.refuse_unknown)."""
-    return units.stop(
+    return live_runs.stop(
         cluster_spec,
         run,
         if_unknown=lambda session, name, live: refuse_unknown(MachineRuns(session.cluster, session), name, live),

@@ -24,6 +24,7 @@ from launcher.cluster.node_layout import Site, site_of
 from launcher.console import TaskError, command_line, out_line, say
 from launcher.head_watch import HeadNode
 from launcher.launch.fit import check_fit
+from launcher.launch.live_runs import check_no_other_run
 from launcher.launch.monitor import Monitor, Progress, RunFailed
 from launcher.launch.operator_stop import STOP_REQUEST_NAME, stop_since
 from launcher.launch.plan import LaunchPlan, NodeFacts
@@ -35,7 +36,7 @@ from launcher.launch.start import (
     print_dry_run,
     start_units,
 )
-from launcher.launch.units import check_no_other_run, stop_units
+from launcher.launch.units import stop_units
 from launcher.lifecycle import train as run_lifecycle
 from launcher.recover.front_end_revival import AskTheFrontEnd
 from launcher.recover.nodes import NodeRecovery, node_answers

@@ -14,11 +14,11 @@ first attempt starts (the lifecycle looks before each attempt and once it has st
 
 Which run: --run names it; without --run, the one live run on the cluster, or a refusal naming the
 live runs when there are several. A run is live while one of its units runs, as its identity record
-verifies (launcher.launch.units.live_runs; on Kubernetes, its training Job), and also while its
+verifies (launcher.launch.live_runs.live_runs; on Kubernetes, its training Job), and also while its
 supervisor lives with no rank running: before its first attempt, or between two while it waits for
-a lost node (its lock held: launcher.launch.units.supervised_runs; on Kubernetes, its supervisor Job).
-There the request alone stops it: the supervisor reads it before each attempt and while it waits,
-and ends the run "stopped" instead of starting the next attempt (supervisor_stops_line).
+a lost node (its lock held: launcher.launch.live_runs.supervised_runs; on Kubernetes, its
+supervisor Job). There the request alone stops it: the supervisor reads it before each attempt and
+while it waits, and ends the run "stopped" instead of starting the next attempt (supervisor_stops_line).
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ import pytest
 
 from launcher.cluster.local import local_cluster
 from launcher.console import TaskError, command_line
-from launcher.launch import units
+from launcher.launch import live_runs
+from launcher.launch.live_runs import check_no_other_run
 from launcher.launch.operator_stop import run_to_stop, stop_command_line, supervisor_stops_line
 from launcher.launch.supervisor import take_lock
-from launcher.launch.units import check_no_other_run, live_runs_command, start_command, stop_command
+from launcher.launch.units import live_runs_command, start_command, stop_command
 from launcher.runs.ledger import run_rows
 from launcher.runs.record import RunRecord, stopped_text
 from launcher.session import Session, machines
@@ -314,7 +315,7 @@ def test_a_second_run_is_refused_while_a_run_waits_between_attempts_under_its_su
 def test_a_start_waits_for_a_supervisor_that_is_ending_and_refuses_one_that_stays(local_home, monkeypatch):
     """`fab stop` returns once the ranks are gone; the run's supervisor then records the end and exits:
     a run started right after (a script's next line) waits for it instead of being refused."""
-    monkeypatch.setattr(units, "ENDING_WAIT_S", 3.0)
+    monkeypatch.setattr(live_runs, "ENDING_WAIT_S", 3.0)
     cluster = local_cluster(1)
     with Session.open(cluster, machines(cluster.nodes), probe=False, reachable_only=True) as session:
         ending = threading.Timer(1.0, os.close, args=(supervising("first"),))
