@@ -36,6 +36,9 @@ from launcher.cluster.inventory import (
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
 """Environment variable naming the cluster when --cluster is not given."""
+OPERATOR_CLUSTER_ENV = "NANOCLUSTER_OPERATOR_CLUSTER"
+"""Set for a run's supervisor on a head node (launcher.head_node): {"here": the cluster file it reads,
+"typed": --cluster as the operator typed it (null: the default)}, so its messages name the operator's."""
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 PRICE_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 """The contract's prices_as_of: the day prices were fetched, or the month of hand-kept ones."""
@@ -92,7 +95,26 @@ def load_cluster(
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InventoryError(f"{path}: not readable as JSON ({e})") from e
-    return parse_contract(data, str(path))
+    return parse_contract(data, shown_source(path))
+
+
+def head_copy_of(spec: object) -> dict | None:
+    """OPERATOR_CLUSTER_ENV's record where spec is the file a head node's supervisor reads (the copy of
+    the operator's cluster the front end wrote there), else None."""
+    try:
+        seen = json.loads(os.environ[OPERATOR_CLUSTER_ENV])
+    except (KeyError, ValueError):
+        return None
+    return seen if isinstance(seen, dict) and seen.get("here") == spec else None
+
+
+def shown_source(path: Path) -> str:
+    """A contract file as the lines that say the cluster name it ("using cluster ... from X"): on a head
+    node, the operator's --cluster, not the copy there that the operator never saw."""
+    seen = head_copy_of(str(path))
+    if seen is None:
+        return str(path)
+    return seen.get("typed") or f"the file {CLUSTER_ENV} names (the head's copy: {path})"  # no --cluster typed
 
 
 def takes_nodes(spec: str | None, count: int, device: str = "auto", read_ahead: bool = False) -> bool:
