@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
+from difflib import get_close_matches
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,6 +44,36 @@ HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "
 PRICE_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 """The contract's prices_as_of: the day prices were fetched, or the month of hand-kept ones."""
 STACK_TIMEOUT_S = 60
+MACHINE_KEYS = frozenset(
+    (
+        "kind",
+        "cloud",
+        "cluster_name",
+        "ssh_user",
+        "head_public_ip",
+        "private_ips",
+        "node_names",
+        "host_public_keys",
+        "ssh_private_key",
+        "ssh_public_key",
+        "cores_per_node",
+        "cpu_flags",
+        "gpus_per_node",
+        "gpu_model",
+        "machine_type",
+        "region",
+        "zone",
+        "node_python",
+        "hourly_cost_usd",
+        "hourly_cost_on_demand_usd",
+        "hourly_cost_spot_usd",
+        "spot",
+        "prices_as_of",
+        "baked_image",  # a stack's, with nanocluster:bakeImage (a contract saved from its outputs): not read
+    )
+)
+"""The keys a machines contract takes (docs/design.md#the-output-contract): a contract file with another
+is refused, since a misspelled optional key (node_python, a price) would otherwise be silently left out."""
 T = TypeVar("T")
 
 
@@ -198,6 +229,8 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
             nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(access.max_nodes)),
             stack=stack,
         )
+    if stack is None:  # a file, written by hand: a stack's outputs are the program's own
+        _refuse_unknown_keys(data, fail)
     user = need("ssh_user", str, "the login user on every node")
     if not user or not NAME_PATTERN.match(user):
         raise fail(f"'ssh_user' {user!r} is not a valid user name")
@@ -246,6 +279,14 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         stack=stack,
     )
     return _machine_facts(data, fail, cluster)
+
+
+def _refuse_unknown_keys(data: dict[str, object], fail: Callable[[str], InventoryError]) -> None:
+    for key in data:
+        if key not in MACHINE_KEYS:
+            near = get_close_matches(str(key), sorted(MACHINE_KEYS), n=1)
+            hint = f"did you mean {near[0]!r}?" if near else "remove it"
+            raise fail(f"unknown key {key!r} ({hint}); the keys a contract takes: docs/design.md#the-output-contract")
 
 
 def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError], cluster: Cluster) -> Cluster:
