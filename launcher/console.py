@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import shlex
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launcher.cluster.contract import head_copy_of
 from launcher.cluster.inventory import NAME_PATTERN, NAME_RULE
 from launcher.cluster.local import LOCAL_HOME_ENV
 from model.conventions import MASTER_PORTS
@@ -157,18 +157,10 @@ def flag_name(param: str) -> str:
     return param.strip("_").replace("_", "-")
 
 
-OPERATOR_CLUSTER_ENV = "NANOCLUSTER_OPERATOR_CLUSTER"
-"""Set for a run's supervisor on a head node (launcher.head_node): {"here": the cluster file it reads,
-"typed": --cluster as the operator typed it (null: the default)}, so its messages name the operator's."""
-
-
 def as_the_operator_typed(cluster: object) -> object:
     """--cluster as the operator typed it, where this process reads the cluster from another file."""
-    try:
-        seen = json.loads(os.environ[OPERATOR_CLUSTER_ENV])
-    except (KeyError, ValueError):
-        return cluster
-    return seen.get("typed") if isinstance(seen, dict) and cluster == seen.get("here") else cluster
+    seen = head_copy_of(cluster)
+    return cluster if seen is None else seen.get("typed")
 
 
 def command_line(task: str, /, **flags: object) -> str:

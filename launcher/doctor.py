@@ -48,6 +48,7 @@ from launcher.session import Session, machines, resolve_cluster, select_nodes
 from launcher.setup.data import prepare_fix, verify_data_command
 from launcher.trainer_config import read_trainer_config
 from launcher.transport.shell import Result, Shell, parallel
+from launcher.transport.ssh import VIA_HEAD
 
 MIN_FREE_GB = 5.0
 VERIFY_TIMEOUT_S = 600
@@ -126,6 +127,11 @@ def ssh_fix(error: str) -> str:
     """What to do about a node SSH could not reach (error: the transport's NodeError)."""
     if "not as an SSH server" in error:
         return "point the contract's address at the node (pulumi stack output, or the contract JSON) and check its sshd"
+    if VIA_HEAD in error:  # a worker: reached from the head over the private network, not from this machine
+        return (
+            "start the node; check its address in 'private_ips' (pulumi stack output, or the contract JSON) "
+            "and that the firewall allows SSH between the cluster's nodes"
+        )
     return "start the node; check the firewall allows SSH from your address (nanocluster:sshAllowedCidr)"
 
 

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from launcher.cluster.contract import load_cluster
+from launcher.cluster.contract import OPERATOR_CLUSTER_ENV, load_cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
-from launcher.console import OPERATOR_CLUSTER_ENV, TaskError
+from launcher.console import TaskError
 from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,

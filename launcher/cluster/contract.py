@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
+from difflib import get_close_matches
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,10 +37,43 @@ from launcher.cluster.inventory import (
 
 CLUSTER_ENV = "NANOCLUSTER_CLUSTER"
 """Environment variable naming the cluster when --cluster is not given."""
+OPERATOR_CLUSTER_ENV = "NANOCLUSTER_OPERATOR_CLUSTER"
+"""Set for a run's supervisor on a head node (launcher.head_node): {"here": the cluster file it reads,
+"typed": --cluster as the operator typed it (null: the default)}, so its messages name the operator's."""
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 PRICE_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 """The contract's prices_as_of: the day prices were fetched, or the month of hand-kept ones."""
 STACK_TIMEOUT_S = 60
+MACHINE_KEYS = frozenset(
+    (
+        "kind",
+        "cloud",
+        "cluster_name",
+        "ssh_user",
+        "head_public_ip",
+        "private_ips",
+        "node_names",
+        "host_public_keys",
+        "ssh_private_key",
+        "ssh_public_key",
+        "cores_per_node",
+        "cpu_flags",
+        "gpus_per_node",
+        "gpu_model",
+        "machine_type",
+        "region",
+        "zone",
+        "node_python",
+        "hourly_cost_usd",
+        "hourly_cost_on_demand_usd",
+        "hourly_cost_spot_usd",
+        "spot",
+        "prices_as_of",
+        "baked_image",  # a stack's, with nanocluster:bakeImage (a contract saved from its outputs): not read
+    )
+)
+"""The keys a machines contract takes (docs/design.md#the-output-contract): a contract file with another
+is refused, since a misspelled optional key (node_python, a price) would otherwise be silently left out."""
 T = TypeVar("T")
 
 
@@ -92,7 +126,26 @@ def load_cluster(
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InventoryError(f"{path}: not readable as JSON ({e})") from e
-    return parse_contract(data, str(path))
+    return parse_contract(data, shown_source(path))
+
+
+def head_copy_of(spec: object) -> dict | None:
+    """OPERATOR_CLUSTER_ENV's record where spec is the file a head node's supervisor reads (the copy of
+    the operator's cluster the front end wrote there), else None."""
+    try:
+        seen = json.loads(os.environ[OPERATOR_CLUSTER_ENV])
+    except (KeyError, ValueError):
+        return None
+    return seen if isinstance(seen, dict) and seen.get("here") == spec else None
+
+
+def shown_source(path: Path) -> str:
+    """A contract file as the lines that say the cluster name it ("using cluster ... from X"): on a head
+    node, the operator's --cluster, not the copy there that the operator never saw."""
+    seen = head_copy_of(str(path))
+    if seen is None:
+        return str(path)
+    return seen.get("typed") or f"the file {CLUSTER_ENV} names (the head's copy: {path})"  # no --cluster typed
 
 
 def takes_nodes(spec: str | None, count: int, device: str = "auto", read_ahead: bool = False) -> bool:
@@ -176,6 +229,8 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
             nodes=tuple(Node(i, f"pod{i}", "", "") for i in range(access.max_nodes)),
             stack=stack,
         )
+    if stack is None:  # a file, written by hand: a stack's outputs are the program's own
+        _refuse_unknown_keys(data, fail)
     user = need("ssh_user", str, "the login user on every node")
     if not user or not NAME_PATTERN.match(user):
         raise fail(f"'ssh_user' {user!r} is not a valid user name")
@@ -224,6 +279,14 @@ def parse_contract(data: object, source: str, stack: PulumiStack | None = None) 
         stack=stack,
     )
     return _machine_facts(data, fail, cluster)
+
+
+def _refuse_unknown_keys(data: dict[str, object], fail: Callable[[str], InventoryError]) -> None:
+    for key in data:
+        if key not in MACHINE_KEYS:
+            near = get_close_matches(str(key), sorted(MACHINE_KEYS), n=1)
+            hint = f"did you mean {near[0]!r}?" if near else "remove it"
+            raise fail(f"unknown key {key!r} ({hint}); the keys a contract takes: docs/design.md#the-output-contract")
 
 
 def _machine_facts(data: dict[str, object], fail: Callable[[str], InventoryError], cluster: Cluster) -> Cluster:

@@ -35,6 +35,13 @@ from launcher.transport.shell import MAX_PARALLEL, NodeError, Result, Shell
 
 CONNECT_TIMEOUT_S = 10
 """Seconds to reach a node (TCP, banner, auth, channel); also the nodes' own ssh ConnectTimeout."""
+VIA_HEAD = "via the head"
+"""How an error names a worker's address: workers are reached through the head, over the private network."""
+WORKER_UNREACHABLE = (
+    "is it running, is this its address in the contract's 'private_ips', and does the firewall allow SSH "
+    "between the cluster's nodes?"
+)
+"""The questions for a worker the head cannot reach: its firewall rule is the cluster's own, not this machine's."""
 KEEPALIVE_S = 15
 """Keepalive interval of every connection, here and in the nodes' ssh config."""
 # A copy from a node that sends nothing for this long fails: paramiko sends keepalives but never acts
@@ -242,7 +249,7 @@ def _connection(cluster: Cluster, node: Node, key_path: Path, gateway: PinnedCon
     )
 
 
-def _open(conn: PinnedConnection, node: Node, via: str) -> None:
+def _open(conn: PinnedConnection, node: Node, via: str, through_head: bool) -> None:
     try:
         conn.open()
     except paramiko.BadHostKeyException as e:
@@ -262,9 +269,11 @@ def _open(conn: PinnedConnection, node: Node, via: str) -> None:
                 f"{node.name} ({via}): port 22 answered, but not as an SSH server ({e}); is the contract's "
                 "address this node's, and is its sshd the one listening on port 22?"
             ) from e
+        check = (
+            WORKER_UNREACHABLE if through_head else "is it running, and does the firewall allow SSH from this machine?"
+        )
         raise NodeError(
-            f"{node.name} ({via}): unreachable within {CONNECT_TIMEOUT_S} s ({e or type(e).__name__}); "
-            "is it running, and does the firewall allow SSH from this machine?"
+            f"{node.name} ({via}): unreachable within {CONNECT_TIMEOUT_S} s ({e or type(e).__name__}); {check}"
         ) from e
     conn.transport.set_keepalive(KEEPALIVE_S)
 
@@ -274,11 +283,11 @@ def opener(
 ) -> Callable[[], PinnedConnection]:
     """What opens a connection to node (through gateway, the head's, for a worker): each call a fresh
     one, pinned and bounded by CONNECT_TIMEOUT_S; a NodeError naming the node when it does not answer."""
-    via = f"{node.private_ip} via the head" if gateway else cluster.head_public_ip
+    via = f"{node.private_ip} {VIA_HEAD}" if gateway else cluster.head_public_ip
 
     def opened() -> PinnedConnection:
         conn = _connection(cluster, node, key_path, gateway)
-        _open(conn, node, via)
+        _open(conn, node, via, through_head=gateway is not None)
         return conn
 
     return opened

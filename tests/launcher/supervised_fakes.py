@@ -23,6 +23,14 @@ def finishes(request: TrainRequest) -> int:
     return 0
 
 
+def says_its_cluster(request: TrainRequest) -> int:
+    """The lifecycle's first line: the cluster it resolves from the request's --cluster."""
+    from launcher.session import resolve_cluster
+
+    resolve_cluster(request.cluster_spec)
+    return 0
+
+
 def refused(request: TrainRequest) -> int:
     print("checking", flush=True)
     raise TaskError("trainer config: unknown key bogus")

@@ -314,6 +314,20 @@ def test_a_contract_cluster_refuses_a_node_count_below_one_in_the_same_words(hom
     assert tree(home) == []
 
 
+@pytest.mark.parametrize(("typed", "meant"), [("node_pyton", "node_python"), ("hourly_cost", "hourly_cost_usd")])
+def test_a_misspelled_contract_key_is_named_not_left_out(home, typed, meant):
+    """An optional key mistyped in a hand-written contract would be skipped: setup would build another
+    node environment than the one named, a budget would find no price. Named before anything connects."""
+    contract = home.parent / "lab.json"
+    contract.write_text(json.dumps(CONTRACT | {typed: "/opt/venv/bin/python" if meant == "node_python" else 2.4}))
+    result = run(NANOCLUSTER, "setup", "--cluster", str(contract), home=home)
+    assert error_line(result) == (
+        f"error: {contract}: unknown key {typed!r} (did you mean {meant!r}?); "
+        "the keys a contract takes: docs/design.md#the-output-contract"
+    )
+    assert tree(home) == []
+
+
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(home):
     config = home.parent / "train.yaml"
     config.write_text("max_iters: 10\nmodel:\n  n_layer: [2\n")

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from launcher import follow
-from launcher.cluster.contract import parse_contract
+from launcher.cluster.contract import OPERATOR_CLUSTER_ENV, parse_contract
 from launcher.cluster.inventory import PulumiStack
 from launcher.cluster.local import local_cluster
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.console import OPERATOR_CLUSTER_ENV, TaskError, command_line
+from launcher.console import TaskError, command_line
 from launcher.head_node import changes, start_on_head
 from launcher.head_stream import SYNC_STATE_NAME
 from launcher.head_watch import HeadNode, HeadWatch, contract_of, head_contract
@@ -132,6 +132,18 @@ def test_the_front_end_follows_the_heads_supervisor_and_this_machine_gets_its_re
     # attach afterwards: the end line from the synced record, and its status.
     assert follow.attach_directory(local, None, "r", watch) == 0
     assert capsys.readouterr().out == "done in 1 s: iter 3\n"
+
+
+def test_the_heads_supervisor_names_the_contract_the_operator_typed(tmp_path, contract, monkeypatch, capsys):
+    """Its "using cluster ... from X" line is the first `fab train` prints: X is the operator's file, not
+    the copy on the head that the operator never wrote."""
+    head, local = tmp_path / "head", tmp_path / "local" / "runs" / "r"
+    local.mkdir(parents=True)
+    start(head, contract, "says_its_cluster", monkeypatch)
+    watch = HeadWatch(parse_contract(contract, "c.json"), HeadShell(head, monkeypatch), local, "r")
+    assert follow.follow(local, 0, TrainRequest(None, run="r"), None, watch) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"using cluster '{contract['cluster_name']}'") and out.endswith("; from ops.json\n"), out
 
 
 def test_a_second_start_of_a_live_run_is_refused_and_ctrl_c_reaches_the_heads_supervisor(

@@ -82,6 +82,17 @@ def test_gpu_nodes_carry_their_gpus_and_cpu_nodes_have_none(contract):
     assert (cluster.gpus_per_node, cluster.gpu_model) == (4, "nvidia-tesla-t4")
 
 
+def test_a_contract_saved_from_a_stacks_outputs_is_taken_as_a_file(tmp_path, contract):
+    """`pulumi stack output --json --show-secrets > c.json` is a contract file: every key a stack exports
+    is one a contract file takes, though the launcher reads some of them only for display or not at all."""
+    from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
+
+    exported = {key: contract.get(key) for key in CONTRACT_KEYS} | {BAKED_IMAGE_KEY: "image-1"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**contract, **{k: v for k, v in exported.items() if v is not None}, "zone": "z"}))
+    assert load_cluster(str(path)).nodes == parse_contract(contract, "c").nodes
+
+
 def test_contract_must_be_an_object():
     with pytest.raises(InventoryError, match="must be a JSON object, got list"):
         parse_contract([], "lab.json")

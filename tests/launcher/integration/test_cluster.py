@@ -184,6 +184,24 @@ def test_an_unreachable_node_fails_within_the_connect_timeout(tmp_path):
         assert time.monotonic() - started < 25 and elapsed < 25
 
 
+def test_a_worker_the_head_cannot_reach_is_named_with_the_private_network_fix(tmp_path):
+    """A worker is reached through the head over the private network: a wrong address in 'private_ips'
+    (or a cluster firewall that blocks SSH between nodes) is what to check, not this machine's access."""
+    with TestNodes(1, tmp_path / "nodes", dead=1) as partial:
+        fab = Fab(partial.contract_path, tmp_path / "operator")
+        doctor = fab("doctor", "--bandwidth-seconds", "0", timeout=60)
+        assert doctor.returncode == 1
+        row = " ".join(" ".join(line.strip("│ ") for line in doctor.stdout.splitlines()).split())
+        assert "check its address in 'private_ips'" in row, doctor.stdout
+        assert "firewall allows SSH between the cluster's nodes" in row
+        assert "sshAllowedCidr" not in row  # the head's rule for this machine; it was reached
+        train = fab("train", "--nodes", "2", timeout=60)
+        assert train.returncode == 1
+        assert f"node1 ({partial.ips[1]} via the head): unreachable" in train.stderr, train.stderr
+        assert "is this its address in the contract's 'private_ips'" in train.stderr
+        assert "SSH from this machine" not in train.stderr
+
+
 @pytest.mark.parametrize("nodes_wanted", [4])
 def test_more_nodes_than_the_cluster_has_is_a_clear_error(fab, nodes_wanted):
     result = fab("train", "--nodes", str(nodes_wanted))
