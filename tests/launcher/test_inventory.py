@@ -86,7 +86,9 @@ def test_a_contract_saved_from_a_stacks_outputs_is_taken_as_a_file(tmp_path, con
     """`pulumi stack output --json --show-secrets > c.json` is a contract file: every key a stack exports
     is one a contract file takes, though the launcher reads some of them only for display or not at all."""
     from infra.contract import BAKED_IMAGE_KEY, CONTRACT_KEYS
+    from launcher.cluster.contract import MACHINE_KEYS
 
+    assert {*CONTRACT_KEYS, BAKED_IMAGE_KEY} <= MACHINE_KEYS  # each, whether or not the fixture below sets it
     exported = {key: contract.get(key) for key in CONTRACT_KEYS} | {BAKED_IMAGE_KEY: "image-1"}
     path = tmp_path / "c.json"
     path.write_text(json.dumps({**contract, **{k: v for k, v in exported.items() if v is not None}, "zone": "z"}))
