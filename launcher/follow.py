@@ -17,11 +17,14 @@ again from any terminal.
               130 and the continue line, as before; the front end itself stops nothing. Taken from
               the front end's first step (attach's connect and first copy of the record, train's
               start of the supervisor) by CtrlC and handed over once the supervisor is there
-    lost      a supervisor gone without an end (killed, its machine restarted): one line with its
-              output, the stop for ranks it left running and the train command that continues
+    lost      a supervisor gone without an end (killed, its machine restarted): on a head node, the run
+              resumed from here as its train command would, and followed on (at most --max-restarts
+              times: launcher.head_heal); else, and after that, one line with its output, the
+              stop for ranks it left running and the train command that continues
     silent    a head node that does not answer (launcher.head_watch): one line once it has not for a
-              minute, followed on when it answers (ended as `lost` when it answers without its
-              supervisor); a Ctrl-C meanwhile leaves at once, saying the run may go on there
+              minute (a stack's `pulumi up --refresh` run from here then), followed on when it
+              answers (`lost` when it answers without its supervisor); a Ctrl-C meanwhile leaves at
+              once, saying the run may go on there
 
 A dry run, and a train whose outputs are captured in this process (a test), run the lifecycle in
 this process, attached as before.
@@ -190,6 +193,11 @@ def attach_directory(
     if state is None:
         train_command = command_line("train", cluster=cluster_spec, run=run)
         raise TaskError(f"run {run} has no supervisor {watch.where()}: start it with `{train_command}`")
+    if state.phase != ENDED and not watch.live():
+        watch.tend()  # gone without an end: resumed from here where it can be (launcher.head_watch)
+        if watch.live():
+            watch.refresh()  # the new supervisor's first answer
+            state = watch.state() or state
     if state.phase == ENDED or not watch.live():
         return end_of(directory, request_for(cluster_spec, run))
     log = directory / LOG_NAME
@@ -295,8 +303,9 @@ def follow_to_the_end(
         if not watch.live():
             time.sleep(POLL_S)  # it may have ended between the two reads
             watch.refresh()
+            watch.tend()  # gone without an end: resumed from here where it can be (launcher.head_watch)
             state = watch.state()
-            if state is None or state.phase != ENDED:
+            if not watch.live() and (state is None or state.phase != ENDED):
                 copy.to(whole_lines=False)
                 raise supervisor_lost(directory, state, request, watch.lost())
             continue

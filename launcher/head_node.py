@@ -6,7 +6,9 @@ its end. The operator's side sends these commands over SSH and follows the run (
                address) written to SUPERVISOR_HOME/cluster.json; the run's lock taken in the head's
                record directory (a second train of a live run refuses, as on this machine); the
                supervisor started as ThisMachine starts one (its own session, stdin /dev/null, output to
-               the run's log), so it survives the SSH session closing
+               the run's log), so it survives the SSH session closing; the request it was started
+               with kept in the record, for a front end that resumes the run after the head was lost
+               (launcher.head_heal)
     follow     one process for as long as the operator follows the run: a JSON line each time the
                record's files grew or changed (from the offsets the operator's copy has reached), and
                whether the supervisor is live; it ends once the supervisor has ended and its last
@@ -49,6 +51,7 @@ from launcher.launch.supervisor import (
     LOCK_NAME,
     STARTING,
     STATE_NAME,
+    AlreadySupervised,
     SupervisorState,
     interrupt,
     is_live,
@@ -65,6 +68,9 @@ from launcher.terminal import LOG_NAME
 CONTRACT_NAME = "cluster.json"
 UNKNOWN_COMMAND = "unknown command"
 """What head_main answers (on stderr, exit 1) to a command it does not know, as every version has."""
+ALREADY_SUPERVISED_EXIT = 75
+"""`start`'s exit status where the run's supervisor is live (its lock held), its line the lock's refusal:
+a front end that resumes the run follows that one instead (launcher.head_heal)."""
 SYNC_CHUNK = 4 << 20
 """Bytes of one file a line of `follow` brings at most (a long log arrives over several lines)."""
 WHOLE_SUFFIXES = (".json",)
@@ -112,6 +118,7 @@ def start_on_head(spec: dict) -> dict:
     """`start`: the run's lock taken and its supervisor started on this (the head) machine; what the
     front end needs to follow it. AlreadySupervised when one is live."""
     from launcher.follow import launch_count
+    from launcher.head_heal import write_request
     from launcher.supervised import ThisMachine, request_of
 
     home = Path(os.environ[LOCAL_HOME_ENV])
@@ -130,6 +137,8 @@ def start_on_head(spec: dict) -> dict:
     directory = RunRecord.of(load_cluster(str(contract_path)), request.run).made()
     lock = take_lock(directory, request.run, operator_spec)
     try:
+        # What a front end that finds this supervisor gone resumes the run with (launcher.head_heal).
+        write_request(directory, spec["request"], spec.get("config_text"))
         launches = launch_count(directory)
         state_path(directory).unlink(missing_ok=True)  # the last supervisor's end is not this one's
         start = log_size(directory / LOG_NAME)
@@ -253,6 +262,9 @@ def head_main(argv: list[str]) -> int:
             answer = revived_on_head(argv[1], json.loads(sys.stdin.read()))
         else:
             raise SystemExit(f"{UNKNOWN_COMMAND} {command!r}")
+    except AlreadySupervised as e:
+        print(str(e), file=sys.stderr)
+        return ALREADY_SUPERVISED_EXIT
     except TaskError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code

@@ -7,9 +7,11 @@ launcher.head_node.
 
 A head that does not answer (rebooting, preempted, deleted, its network down) is the run's supervisor
 and rank 0 out of reach: the stream tries fresh connections meanwhile (launcher.head_stream), and
-HeadSilence says so once, with what to do; a head that answers again goes on being followed, or, its
-supervisor gone without an end (it rebooted), ends the follow with launcher.follow's supervisor-lost
-line. A Ctrl-C meanwhile cannot reach the supervisor: the front end leaves at once, saying so.
+HeadSilence says so once, with what is done (a stack's `pulumi up --refresh` run here) or what to do;
+a head that answers again goes on being followed, or, its supervisor gone without an end (it
+rebooted), has the run resumed from here (launcher.head_heal, bounded by --max-restarts; after that,
+or with --max-restarts 0, the follow ends with launcher.follow's supervisor-lost line). A Ctrl-C
+meanwhile cannot reach the supervisor: the front end leaves at once, saying so.
 
 The head already reaches every worker over the cluster key (launcher.setup.nodes.distribute_keys), and
 holds the launcher beside model/ in ~/nanocluster/code/<digest> (launcher.cluster.staged_code) and its
@@ -46,12 +48,14 @@ from launcher.cluster.inventory import Cluster
 from launcher.cluster.local import LOCAL_HOME_ENV
 from launcher.cluster.node_layout import site_of
 from launcher.console import Interrupted, TaskError, command_line, say
-from launcher.head_node import UNKNOWN_COMMAND
+from launcher.head_heal import HeadHeal
+from launcher.head_node import ALREADY_SUPERVISED_EXIT, UNKNOWN_COMMAND
 from launcher.head_stream import HeadStream, UnknownCommand
 from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import (
     ENDED,
     SUPERVISOR_HOME,
+    AlreadySupervised,
     SupervisorState,
     read_state,
     state_path,
@@ -116,12 +120,24 @@ class HeadWatch:
     """The head's supervisor as the front end follows it: refresh() keeps this machine's record directory
     a copy of the head's record, streamed (which state() and live() then read); interrupt() asks the head."""
 
-    def __init__(self, cluster: Cluster, shell: Shell, local: Path, run: str):
+    def __init__(
+        self,
+        cluster: Cluster,
+        shell: Shell,
+        local: Path,
+        run: str,
+        place: HeadNode | None = None,
+        request: TrainRequest | None = None,
+    ):
+        """place: the supervision that started the run (None: nothing to resume it with); request: the
+        run's, where this front end started it (else read from the record)."""
         self.cluster, self.local, self.run = cluster, local, run
         self.stream = HeadStream(
-            shell, lambda offsets: head_command(cluster, "follow", run, json.dumps(offsets)), local
+            shell, lambda offsets: head_command(self.cluster, "follow", run, json.dumps(offsets)), local
         )
         self.silence = HeadSilence(self)
+        self.heal = HeadHeal(self, place, request)
+        """A lost head healed from here (launcher.head_heal)."""
         self.served: set[int] = set()
         """The revival requests tend() ran `pulumi up` for."""
         self.unsent: dict | None = None
@@ -186,6 +202,7 @@ class HeadWatch:
         from launcher.recover.revive import revive
         from launcher.session import resolve_cluster
 
+        self.heal.tend(silent=self.stream.silent_s() >= HEAD_SILENT_S)
         state = self.state()
         request = RevivalRequest.of(state.revival) if state is not None and state.phase != ENDED else None
         if request is None or not self.live() or self.cluster.stack is None:
@@ -226,7 +243,16 @@ class HeadWatch:
             say(f"{self.cluster.head.name} did not take the answer: sending it again while the supervisor waits")
         self.unsent = None if ok else answer
 
+    def adopt(self, fresh: HeadWatch) -> None:
+        """Follow the supervisor fresh follows (a resume started it) from now on, this copy going on."""
+        old, self.stream = self.stream, fresh.stream
+        self.silence = HeadSilence(self)
+        old.close()
+        old.shell.close()
+        fresh.plot.close()
+
     def interrupt(self) -> bool:
+        self.heal.interrupting()  # a resume under way: its supervisor, if it started, takes the Ctrl-C
         if self.stream.unreachable():  # asking would wait on a head that is not there
             raise Interrupted(self.silence.left_line())
         asking = "asking the run's supervisor to interrupt the run"
@@ -278,6 +304,10 @@ class HeadSilence:
         rerun = (state.rerun if state is not None else None) or TrainRequest(
             cluster.spec, run=self.watch.run
         ).rerun_command
+        said = f"{head}, the head node, has not answered for {self.stream.silent_s():.0f} s{self.why()}; "
+        said += "the run's supervisor and rank 0 run there. "
+        if (plan := self.watch.heal.plan()) is not None:  # healed from here (launcher.head_heal)
+            return said + plan[0].upper() + plan[1:]
         if cluster.stack is not None:
             back = (
                 f"if its VM was preempted or deleted, bring it back with "
@@ -285,11 +315,7 @@ class HeadSilence:
             )
         else:
             back = "if the machine was stopped, start it again with its disk"
-        return (
-            f"{head}, the head node, has not answered for {self.stream.silent_s():.0f} s{self.why()}; "
-            f"the run's supervisor and rank 0 run there. Following on once it answers: wait for it, or, {back}, "
-            f"then continue the run with: {rerun}"
-        )
+        return said + f"Following on once it answers: wait for it, or, {back}, then continue the run with: {rerun}"
 
     def why(self) -> str:
         return f" ({self.stream.why})" if self.stream.why else ""
@@ -327,11 +353,18 @@ class HeadNode:
         return entry_function(self.entry)(request)
 
     def launch(
-        self, request: TrainRequest, cluster: Cluster, local: Path, before_start: Callable[[], None]
+        self,
+        request: TrainRequest,
+        cluster: Cluster,
+        local: Path,
+        before_start: Callable[[], None],
+        kept_config: str | None = None,
     ) -> HeadWatch:
         """The head made ready (environment, cluster key, the launcher staged), then the run's lock taken
         and its supervisor started there; its watch. A Ctrl-C while the head was made ready leaves before
-        the start (before_start), nothing started."""
+        the start (before_start), nothing started. kept_config: --config's text as the run was started
+        with it, where the file is not here (a resume by `attach` on another machine);
+        AlreadySupervised where a supervisor of the run is live."""
         from launcher.session import Session
         from launcher.setup.nodes import distribute_keys, ensure_ready
 
@@ -345,7 +378,7 @@ class HeadNode:
                 "request": dataclasses.asdict(request),
                 "contract": head_contract(contract_of(cluster), cluster),
                 "program": sys.argv[0],
-                "config_text": config_text(request.config),
+                "config_text": config_text(request.config) or kept_config,
             }
             shell = session.shell(cluster.head)
             answer = shell.run(head_command(cluster, "start"), stdin=json.dumps(spec).encode(), timeout=SSH_TIMEOUT_S)
@@ -355,14 +388,16 @@ class HeadNode:
         if not answer.ok:
             session.close()
             lines = answer.stderr.strip().splitlines() or [f"exit {answer.returncode}"]
-            if answer.returncode == 1 and len(lines) == 1:  # the lock's refusal: one line, as on this machine
+            if answer.returncode == ALREADY_SUPERVISED_EXIT:  # the lock's refusal: one line, as on this machine
+                raise AlreadySupervised(lines[-1])
+            if answer.returncode == 1 and len(lines) == 1:  # a refusal of its own: one line
                 raise TaskError(lines[0])
             fix = ""
             if "ModuleNotFoundError" in lines[-1]:  # a node environment from before the supervisor moved there
                 fix = f": `{command_line('setup', cluster=cluster.spec)}` installs what it needs"
             raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}{fix}")
         state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
-        return HeadWatch(cluster, shell, local, request.run)
+        return HeadWatch(cluster, shell, local, request.run, self, request)
 
     def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
         """An existing run's watch (`attach`, `status`): a connection to the head."""
@@ -378,4 +413,4 @@ class HeadNode:
         except NodeError as e:
             shell.close()
             raise TaskError(str(e)) from None
-        return HeadWatch(cluster, shell, local, run)
+        return HeadWatch(cluster, shell, local, run, self)

@@ -9,6 +9,7 @@ head looks every 10 ms and the front end speaks up after a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import launcher.follow
+import launcher.head_heal
 import launcher.head_node
 import launcher.head_stream
 import launcher.head_watch
@@ -32,7 +34,17 @@ from launcher.console import Interrupted, TaskError
 from launcher.ctrl_c import CtrlC
 from launcher.head_node import follow_on_head
 from launcher.head_watch import HeadWatch
-from launcher.launch.supervisor import ENDED, KILLED, STARTING, SupervisorState, read_state, take_lock, write_state
+from launcher.launch.supervisor import (
+    ENDED,
+    KILLED,
+    STARTING,
+    AlreadySupervised,
+    SupervisorState,
+    read_state,
+    take_lock,
+    write_state,
+)
+from launcher.recover.policy import RecoverOptions
 from launcher.run_kind import TrainRequest
 from launcher.runs.record import EVENTS_NAME
 from launcher.terminal import LOG_NAME
@@ -408,3 +420,237 @@ def test_ctrl_c_while_the_head_is_silent_leaves_at_once_saying_the_run_may_go_on
     )
     assert str(error).endswith("the run may go on there: once lab-0 answers, stop it with `fab stop --run r`")
     assert "interrupt" not in head.link.asked
+
+
+class Place:
+    """HeadNode as the front end's resume uses it, on the fake head: launch() takes the run's lock there
+    and starts a supervisor (its state written, as the head's `start` writes it), or refuses with
+    AlreadySupervised where one holds it; watch() follows the live one over a fresh connection."""
+
+    def __init__(self, head: Head, monkeypatch):
+        self.head, self.monkeypatch = head, monkeypatch
+        self.launched: list[TrainRequest] = []
+        self.watched = 0
+
+    def launch(self, request, cluster, local, before_start, kept_config=None) -> HeadWatch:
+        head = self.head
+        before_start()  # the head made ready, then its `start` takes the lock
+        try:
+            head.lock = take_lock(head.directory, "r", None)
+        except AlreadySupervised:
+            raise AlreadySupervised("run r is already running") from None
+        self.launched.append(request)
+        write_state(head.directory, SupervisorState(2, STARTING, rerun=RERUN))
+        (local / "supervisor.json").unlink(missing_ok=True)
+        return HeadWatch(cluster, self.connection(), local, "r", self, request)
+
+    def watch(self, cluster, local, run) -> HeadWatch:
+        self.watched += 1
+        return HeadWatch(cluster, self.connection(), local, run, self)
+
+    def connection(self) -> FlakyHead:
+        return FlakyHead(self.head.cluster, self.head.home, self.head.directory, self.head.link, self.monkeypatch)
+
+
+class Refreshes:
+    """launcher.recover.revive.revive as the front end calls it for the head: each call recorded, its
+    effect (the stand-in `pulumi up`) given by `then`."""
+
+    def __init__(self, then: Callable[[], None] = lambda: None):
+        self.calls: list[list[str]] = []
+        self.then = then
+
+    def __call__(self, cluster, lost, log, timeout_s) -> bool:
+        self.calls.append([n.name for n in lost])
+        self.then()
+        return True
+
+
+def healing(head: Head, capsys, monkeypatch, request: TrainRequest | None, refreshes: Refreshes) -> Following:
+    """A Following whose watch heals the head: resumes through Place, refreshes through `refreshes`."""
+    monkeypatch.setattr(launcher.head_heal, "revive", refreshes)
+    monkeypatch.setattr(launcher.head_heal, "load_cluster", lambda spec: head.cluster)
+    monkeypatch.setattr(launcher.head_heal, "stop_leftovers", lambda cluster, run: None)  # no workers here
+    place = Place(head, monkeypatch)
+    following = Following(head, capsys)
+    following.watch = HeadWatch(head.cluster, head.shell, head.local, "r", place, request)  # type: ignore[arg-type]
+    following.place = place  # type: ignore[attr-defined]
+    return following
+
+
+def healed_request(max_restarts: int = 3) -> TrainRequest:
+    return TrainRequest(None, run="r", rerun=RERUN, recover=RecoverOptions(max_restarts=max_restarts))
+
+
+def test_a_stacks_silent_head_is_refreshed_once_per_silence_and_its_run_resumed_when_it_answers(
+    head, capsys, monkeypatch
+):
+    """The head preempted: the stack's `pulumi up --refresh` runs once in the silence (not at each try
+    of a head that stays away), then the head answers without its supervisor and the run is resumed as
+    the request the front end started it with, and followed to its end."""
+    head.cluster = replace(head.cluster, stack=PulumiStack("dev", Path("infra")))
+    refreshes = Refreshes()
+    with healing(head, capsys, monkeypatch, healed_request(), refreshes) as following:
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.link.go("silent")
+        head.supervisor_dies()
+        wait_until(lambda: refreshes.calls != [], "the stack refreshed")
+        tries = head.link.tries
+        wait_until(lambda: head.link.tries >= tries + 5, "more tries, the head still silent")
+        head.link.go("up")
+        wait_until(lambda: following.place.launched != [], "the run resumed")
+        head.log("resumed from snapshot\n")
+        head.ends()
+        wait_until(following.ended, "the follow's end")
+    assert following.error is None and following.code == 0, (following.error, following.out())
+    assert refreshes.calls == [["lab-0"]]
+    assert following.place.launched == [healed_request()]
+    text = following.out()
+    (told,) = [line for line in text.splitlines() if "has not answered" in line]
+    assert "The stack's `pulumi up --refresh` runs here to bring its VM back" in told, told
+    assert "lab-0 answers, and the run's supervisor there is gone without an end" in text, text
+    assert f"as `{RERUN}` would (resume 1/3, --max-restarts)" in text, text
+    assert "resumed from snapshot\n" in text
+
+
+def test_a_contract_files_head_back_without_its_supervisor_is_resumed_with_the_request_in_its_record(
+    head, capsys, monkeypatch
+):
+    """Nothing to refresh (no stack); `attach` holds no request of its own: the one the run's record
+    keeps (written on the head at its start) is the one resumed."""
+    launcher.head_heal.write_request(head.directory, dataclasses.asdict(healed_request(2)), "max_iters: 9\n")
+    refreshes = Refreshes()
+    with healing(head, capsys, monkeypatch, None, refreshes) as following:
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.link.go("reset")
+        head.supervisor_dies()
+        wait_until(lambda: head.link.tries >= 1, "a fresh connection tried")
+        head.link.go("up")
+        wait_until(lambda: following.place.launched != [], "the run resumed")
+        head.ends()
+        wait_until(following.ended, "the follow's end")
+    assert following.error is None and following.code == 0, (following.error, following.out())
+    assert refreshes.calls == []
+    assert following.place.launched == [healed_request(2)]
+    assert "(resume 1/2, --max-restarts)" in following.out()
+
+
+def test_the_automatic_resume_is_bounded_by_max_restarts_then_the_supervisor_lost_line(head, capsys, monkeypatch):
+    with healing(head, capsys, monkeypatch, healed_request(1), Refreshes()) as following:
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.supervisor_dies()
+        wait_until(lambda: following.place.launched != [], "the run resumed")
+        wait_until(lambda: (read_state(head.local) or SupervisorState(0, "")).pid == 2, "the resumed one followed")
+        head.supervisor_dies()  # lost again: the one resume --max-restarts 1 allows is used
+        wait_until(following.ended, "the follow's end")
+    assert len(following.place.launched) == 1
+    assert isinstance(following.error, TaskError) and following.error.exit_code == 1, following.error
+    expected = follow.supervisor_lost(head.local, read_state(head.local), TrainRequest(None, run="r"), KILLED)
+    assert str(following.error) == str(expected)
+
+
+def test_max_restarts_0_turns_the_healing_off_the_operator_is_told_what_to_do_as_before(head, capsys, monkeypatch):
+    head.cluster = replace(head.cluster, stack=PulumiStack("dev", Path("infra")))
+    refreshes = Refreshes()
+    with healing(head, capsys, monkeypatch, healed_request(0), refreshes) as following:
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.link.go("silent")
+        head.supervisor_dies()
+        wait_until(lambda: "has not answered" in following.out(), "the operator told")
+        head.link.go("up")
+        wait_until(following.ended, "the follow's end")
+    assert refreshes.calls == [] and following.place.launched == []
+    (told,) = [line for line in following.out().splitlines() if "has not answered" in line]
+    assert told.endswith(
+        "if its VM was preempted or deleted, bring it back with `pulumi up --refresh --stack dev` (in infra), "
+        f"then continue the run with: {RERUN}"
+    )
+    assert isinstance(following.error, TaskError) and "continue with: " + RERUN in str(following.error)
+
+
+def test_a_run_another_front_end_resumed_first_is_followed_not_started_again(head, capsys, monkeypatch):
+    """Two front ends follow the run (a `train` and an `attach`): both find its supervisor gone, the
+    other one's resume takes the run's lock first, and this one follows the supervisor it started."""
+    with healing(head, capsys, monkeypatch, healed_request(), Refreshes()) as following:
+        place = following.place
+
+        def launch_second(request, cluster, local, before_start, kept_config=None):
+            head.lock = take_lock(head.directory, "r", None)  # the other front end's resume, a moment before
+            write_state(head.directory, SupervisorState(3, STARTING, rerun=RERUN))
+            return Place.launch(place, request, cluster, local, before_start, kept_config)
+
+        place.launch = launch_second
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.supervisor_dies()
+        wait_until(lambda: place.watched == 1, "the other's supervisor followed")
+        head.log("the other's\n")
+        head.ends()
+        wait_until(following.ended, "the follow's end")
+    assert following.error is None and following.code == 0, (following.error, following.out())
+    assert place.launched == []
+    assert "another front end resumed run r first: following its supervisor" in following.out()
+    assert "the other's\n" in following.out()
+
+
+def test_ctrl_c_while_the_run_is_resumed_starts_nothing_and_leaves_with_the_continue_line(head, capsys, monkeypatch):
+    with healing(head, capsys, monkeypatch, healed_request(), Refreshes()) as following:
+        place = following.place
+        asked = threading.Event()
+
+        def launch_pressed(request, cluster, local, before_start, kept_config=None):
+            following.ctrl_c.press(signal.SIGINT, None)  # while the head is made ready
+            wait_until(lambda: following.watch.heal.pressed, "the Ctrl-C handed over")
+            asked.set()
+            return Place.launch(place, request, cluster, local, before_start, kept_config)
+
+        place.launch = launch_pressed
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        head.supervisor_dies()
+        wait_until(following.ended, "the front end to leave")
+    assert asked.is_set() and place.launched == []
+    error = following.error
+    assert isinstance(error, Interrupted) and error.exit_code == 130, error
+    assert str(error) == f"interrupted: run r was not resumed; continue it with: {RERUN}"
+
+
+def test_each_silence_gets_one_refresh_and_max_restarts_bounds_them_in_all(head, capsys, monkeypatch):
+    """A head silent twice (this machine's network, say: the refresh finds it running) is refreshed
+    once in each silence, and never more than --max-restarts times in all."""
+    head.cluster = replace(head.cluster, stack=PulumiStack("dev", Path("infra")))
+    refreshes = Refreshes()
+    with healing(head, capsys, monkeypatch, healed_request(2), refreshes) as following:
+        wait_until(lambda: read_state(head.local) is not None, "the first answer")
+        for silence in range(1, 4):
+            answers = following.watch.stream.answers
+            head.link.go("silent")
+            wait_until(lambda n=silence: following.out().count("has not answered") == n, "the operator told")
+            tries = head.link.tries
+            wait_until(lambda n=tries: head.link.tries >= n + 3, "more tries, the head still silent")
+            assert len(refreshes.calls) == min(silence, 2), (silence, refreshes.calls)
+            head.link.go("up")
+            wait_until(lambda n=answers: following.watch.stream.answers > n, "the head answering again")
+        head.ends()
+        wait_until(following.ended, "the follow's end")
+    assert following.error is None and following.code == 0, following.error
+    assert refreshes.calls == [["lab-0"], ["lab-0"]]
+    assert following.place.launched == []  # its supervisor lived through it: nothing resumed
+
+
+def test_ctrl_c_while_the_stack_is_refreshed_leaves_at_once_as_while_the_head_is_silent(head, capsys, monkeypatch):
+    """The refresh (minutes of `pulumi up`) runs beside the follow: a Ctrl-C leaves at once, with the
+    line that says the run may go on there, as it does while the head is silent."""
+    head.cluster = replace(head.cluster, stack=PulumiStack("dev", Path("infra")))
+    released = threading.Event()
+    refreshes = Refreshes(then=lambda: released.wait(60))  # a `pulumi up` still running
+    try:
+        with healing(head, capsys, monkeypatch, healed_request(), refreshes) as following:
+            wait_until(lambda: read_state(head.local) is not None, "the first answer")
+            head.link.go("silent")
+            wait_until(lambda: refreshes.calls != [], "the refresh under way")
+            following.ctrl_c.press(signal.SIGINT, None)
+            wait_until(following.ended, "the front end to leave")
+    finally:
+        released.set()
+    error = following.error
+    assert isinstance(error, Interrupted) and error.exit_code == 130, error
+    assert str(error).endswith("the run may go on there: once lab-0 answers, stop it with `fab stop --run r`")
