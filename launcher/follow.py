@@ -110,7 +110,8 @@ def train(
             before.restore()  # left before the start: the record as it was
             raise
         try:
-            code = follow(directory, before.log_size, request, launches if request.detach else None, watch, ctrl_c)
+            start = watch.output_start(before.log_size)
+            code = follow(directory, start, request, launches if request.detach else None, watch, ctrl_c)
             state = watch.state()
         finally:
             watch.close()

@@ -147,7 +147,7 @@ def start_on_head(spec: dict) -> dict:
             write_state(directory, SupervisorState(pid, STARTING, log_start=start, rerun=request.rerun_command))
     finally:
         os.close(lock)  # the supervisor holds it now
-    return {"pid": pid, "directory": str(directory), "launches": launches}
+    return {"pid": pid, "directory": str(directory), "launches": launches, "log_start": start}
 
 
 @dataclass

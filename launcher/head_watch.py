@@ -50,7 +50,7 @@ from launcher.cluster.node_layout import site_of
 from launcher.console import Interrupted, TaskError, command_line, say
 from launcher.head_heal import HeadHeal
 from launcher.head_node import ALREADY_SUPERVISED_EXIT, UNKNOWN_COMMAND
-from launcher.head_stream import HeadStream, UnknownCommand
+from launcher.head_stream import HeadStream, UnknownCommand, copied_offsets
 from launcher.launch.operator_stop import stop_command_line
 from launcher.launch.supervisor import (
     ENDED,
@@ -62,6 +62,7 @@ from launcher.launch.supervisor import (
 )
 from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_stream import SyncedPlot
+from launcher.terminal import LOG_NAME
 from launcher.transport import NodeError, Shell
 
 SSH_TIMEOUT_S = 60
@@ -128,10 +129,15 @@ class HeadWatch:
         run: str,
         place: HeadNode | None = None,
         request: TrainRequest | None = None,
+        log_start: int | None = None,
     ):
         """place: the supervision that started the run (None: nothing to resume it with); request: the
-        run's, where this front end started it (else read from the record)."""
+        run's, where this front end started it (else read from the record); log_start: where the
+        supervisor this front end started begins in the head's log (None: not started here)."""
         self.cluster, self.local, self.run = cluster, local, run
+        self.log_start = log_start
+        self.log_copied = copied_offsets(local).get(LOG_NAME, 0)
+        """How much of the head's log this machine's copy had when the watch began."""
         self.stream = HeadStream(
             shell, lambda offsets: head_command(self.cluster, "follow", run, json.dumps(offsets)), local
         )
@@ -161,6 +167,15 @@ class HeadWatch:
             raise TaskError(self.unknown_command_line("follow", str(e))) from None
         self.silence.tell()
         self.plot.update()
+
+    def output_start(self, local_size: int) -> int:
+        """Where the attempt this front end started begins in this machine's copy of the log: the copy
+        grows by the head's bytes from where it last copied them, so the head's log_start lands that much
+        past the copy's end (local_size). The copy may lack the head's last attempts (run detached,
+        ended with nobody following), whose end line is not this attempt's."""
+        if self.log_start is None:
+            return local_size
+        return local_size + max(0, self.log_start - self.log_copied)
 
     def unanswered(self) -> str | None:
         """Why the run's record could not be read: the head did not answer (how long, why, what to do);
@@ -397,7 +412,8 @@ class HeadNode:
                 fix = f": `{command_line('setup', cluster=cluster.spec)}` installs what it needs"
             raise TaskError(f"{cluster.head.name}: starting the run's supervisor failed: {lines[-1]}{fix}")
         state_path(local).unlink(missing_ok=True)  # the last supervisor's end is not this one's
-        return HeadWatch(cluster, shell, local, request.run, self, request)
+        started = json.loads(answer.stdout)
+        return HeadWatch(cluster, shell, local, request.run, self, request, log_start=started.get("log_start"))
 
     def watch(self, cluster: Cluster, local: Path, run: str) -> HeadWatch:
         """An existing run's watch (`attach`, `status`): a connection to the head."""

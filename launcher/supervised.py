@@ -81,6 +81,11 @@ class Watch(Protocol):
         """Where the supervisor runs, for the operator's lines."""
         ...
 
+    def output_start(self, local_size: int) -> int:
+        """Where the attempt this front end started begins in this machine's log (or its copy), given
+        the log's size before the start."""
+        ...
+
     def unanswered(self) -> str | None:
         """Why the supervisor's record could not be read at all (its machine did not answer), as the
         operator's line; None when it was read (a run without a state then has no supervisor)."""
@@ -145,6 +150,9 @@ class LocalWatch:
 
     def where(self) -> str:
         return "on this machine"
+
+    def output_start(self, local_size: int) -> int:
+        return local_size  # the log itself
 
     def unanswered(self) -> str | None:
         return None  # the record is on this disk

@@ -350,6 +350,9 @@ class KubeWatch:
     def where(self) -> str:
         return "in the cluster"
 
+    def output_start(self, local_size: int) -> int:
+        return local_size
+
     def unanswered(self) -> str | None:
         return None  # the API server's failures are errors of their own (launcher.kube.api)
 

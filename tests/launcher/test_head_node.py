@@ -85,6 +85,11 @@ def test_the_launcher_and_node_scripts_are_staged_beside_model():
 
 def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -> Path:
     """A supervisor for run started as the front end starts one on the head; the head's record directory."""
+    return Path(started(head, contract, entry, monkeypatch, run)["directory"])
+
+
+def started(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -> dict:
+    """start(), answering as the head's `start` answers the front end."""
     monkeypatch.setenv("NANOCLUSTER_HOME", str(head))
     directory = head / "clusters" / contract["cluster_name"] / "runs" / run
     monkeypatch.setenv("SUPERVISED_FAKE_DIR", str(directory))
@@ -97,12 +102,12 @@ def start(head: Path, contract: dict, entry: str, monkeypatch, run: str = "r") -
     }
     monkeypatch.delenv(OPERATOR_CLUSTER_ENV, raising=False)  # start_on_head sets it for its supervisor
     monkeypatch.setattr("sys.argv", list(sys.argv))  # and names the operator's program in sys.argv[0]
-    started = start_on_head(spec)
-    assert Path(started["directory"]) == directory
+    answer = start_on_head(spec)
+    assert Path(answer["directory"]) == directory
     assert command_line("setup", cluster=str(head / "cluster.json")) == "fab setup --cluster ops.json"
     monkeypatch.delenv("NANOCLUSTER_HOME")
     monkeypatch.delenv(OPERATOR_CLUSTER_ENV)
-    return directory
+    return answer
 
 
 def synced_until_ended(watch: HeadWatch) -> None:
@@ -132,6 +137,69 @@ def test_the_front_end_follows_the_heads_supervisor_and_this_machine_gets_its_re
     # attach afterwards: the end line from the synced record, and its status.
     assert follow.attach_directory(local, None, "r", watch) == 0
     assert capsys.readouterr().out == "done in 1 s: iter 3\n"
+
+
+@pytest.mark.parametrize("copied", ["nothing", "the first attempt's start"])
+def test_a_rerun_shows_its_own_attempt_where_this_machine_lacks_the_last_ones_end(
+    tmp_path, contract, monkeypatch, capsys, copied
+):
+    """`train --detach`, the run ends with nobody following, then `train` of it again (or from another
+    operator machine, whose copy has none of the run): the output is the new attempt's, not the end line
+    of the one before, which this machine's copy of the head's log had not reached."""
+    head, home = tmp_path / "head", tmp_path / "local"
+    cluster = parse_contract(contract, "c.json")
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    local = follow.RunRecord.of(cluster, "r").made()
+    first = start(head, contract, "finishes", monkeypatch)
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    wait_until(lambda: (s := read_state(first)) is not None and s.phase == ENDED, "the first attempt's end")
+    if copied != "nothing":  # a front end followed the first attempt's first line, then detached
+        (local / LOG_NAME).write_bytes(b"training run r\n")
+        (local / SYNC_STATE_NAME).write_text(json.dumps({LOG_NAME: len(b"training run r\n")}))
+
+    class Head:
+        def launch(self, request, cluster, local_dir, before_start, kept_config=None):
+            before_start()
+            answer = started(head, contract, "finishes_again", monkeypatch)
+            monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+            return HeadWatch(cluster, HeadShell(head, monkeypatch), local_dir, "r", log_start=answer["log_start"])
+
+    kind = type("Kind", (), {"cluster": cluster})()
+    monkeypatch.setattr(follow, "runs_here", lambda request: False)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind, opening="": True)
+    code = follow.train(TrainRequest(None, run="r"), lambda r: kind, lambda c: Head(), lambda r: 0)
+    out = capsys.readouterr().out
+    assert code == 0 and "resuming run r\ndone in 2 s: iter 6\n" in out, out
+    assert "done in 1 s" not in out, out
+
+
+def test_a_train_after_one_the_head_refused_shows_its_own_attempt(tmp_path, contract, monkeypatch, capsys):
+    """A refused `train` leaves this machine's record as it was (its copy of the log cut back), while the
+    head's log keeps the refusal: the next `train` shows its own output and exit status, not the
+    refused attempt's lines."""
+    head, home = tmp_path / "head", tmp_path / "local"
+    cluster = parse_contract(contract, "c.json")
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    entries = iter(["refused", "finishes_again"])
+
+    class Head:
+        def launch(self, request, cluster, local_dir, before_start, kept_config=None):
+            before_start()
+            answer = started(head, contract, next(entries), monkeypatch)
+            monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+            return HeadWatch(cluster, HeadShell(head, monkeypatch), local_dir, "r", log_start=answer["log_start"])
+
+    kind = type("Kind", (), {"cluster": cluster})()
+    monkeypatch.setattr(follow, "runs_here", lambda request: False)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind, opening="": True)
+
+    def train() -> int:
+        return follow.train(TrainRequest(None, run="r"), lambda r: kind, lambda c: Head(), lambda r: 0)
+
+    assert train() == 1
+    assert capsys.readouterr().err == "error: trainer config: unknown key bogus\n"
+    assert train() == 0
+    assert capsys.readouterr().out == "resuming run r\ndone in 2 s: iter 6\n"
 
 
 def test_the_heads_supervisor_names_the_contract_the_operator_typed(tmp_path, contract, monkeypatch, capsys):
