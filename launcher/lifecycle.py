@@ -36,7 +36,7 @@ from launcher.launch.monitor import Progress, RunFailed, RunInterrupted, RunStop
 from launcher.launch.operator_stop import OperatorStopped, stop_since
 from launcher.recover.policy import GlobalBatch, restart_cause
 from launcher.run_kind import Prepared, RunKind, Started, TrainRequest
-from launcher.runs import budget
+from launcher.runs import budget, pace
 from launcher.runs.estimate import already_finished, final_cost
 from launcher.runs.record import (
     NO_SNAPSHOT,
@@ -69,7 +69,7 @@ class Lifecycle:
         self.clock_start = time.time()
         """The run's clock: the launch event's time and the trainer's budget clock (set again once checked)."""
         self.fingerprint: str | None = None
-        """What sets a step's time (budget.config_fingerprint), so later estimates match this run."""
+        """What sets a step's time (pace.config_fingerprint), so later estimates match this run."""
         self.device = "auto"
         """The trainer's device setting, recorded with the launch: a resume goes on with it
         (on_trained_device), and the tasks that read the run rebuild the local cluster as the run had it
@@ -89,9 +89,9 @@ class Lifecycle:
         if config is None and (config := kind.default_config()):
             say(f"trainer config: {config} (the quickstart: a small GPT-2 from scratch; --config to change)")
         config_text, trainer_cfg = read_trainer_config(config, request.overrides)  # before any node or API
-        values = budget.trainer_values(config_text, request.overrides)
+        values = pace.trainer_values(config_text, request.overrides)
         finished = already_finished(
-            self.record, budget.max_iters_of(values), request.dataset, request.cluster_spec, request.rerun_command
+            self.record, pace.max_iters_of(values), request.dataset, request.cluster_spec, request.rerun_command
         )
         if finished and not request.dry_run:  # known from this machine's record: nothing needs to start
             say(finished)
@@ -118,7 +118,7 @@ class Lifecycle:
         request.recover.check_min_nodes(batch, len(kind.nodes))
         if kind.cluster.gpus_per_node and trainer_cfg.device == "cpu":
             say(f"device=cpu: the {world} rank(s) compute on the CPUs, one per GPU slot; the GPUs stay idle")
-        self.fingerprint = budget.config_fingerprint(values, world)  # matches later estimates to this run
+        self.fingerprint = pace.config_fingerprint(values, world)  # matches later estimates to this run
         self.device = trainer_cfg.device
         self.spend = (
             None

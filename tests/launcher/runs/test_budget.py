@@ -1,6 +1,7 @@
-"""`fab train --budget` before and after the run (launcher.runs.budget): what the run already spent,
-the estimate (none, recorded by another run, measured by this one), the refusal with its figures
-and flags (before any node is touched), status lines and the "end" event's fields."""
+"""`fab train --budget` before and after the run (launcher.runs.budget, and the pace it estimates
+from: launcher.runs.pace): what the run already spent, the estimate (none, recorded by another run,
+measured by this one), the refusal with its figures and flags (before any node is touched), status
+lines and the "end" event's fields."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from launcher.cluster.local import local_cluster
 from launcher.console import TaskError
 from launcher.launch.monitor import FirstFailure
 from launcher.recover.policy import classify
-from launcher.runs import budget
+from launcher.runs import budget, pace
 from launcher.runs.record import EVENTS_NAME, RunRecord, read_cluster_runs
 from launcher.testing.fab import Fab
 from model.conventions import EXIT_BUDGET
@@ -35,7 +36,7 @@ def kube_access() -> KubeAccess:
 
 
 def fingerprint(world_size: int = 2, settings=SETTINGS) -> str:
-    return budget.config_fingerprint(budget.trainer_values("", settings), world_size)
+    return pace.config_fingerprint(pace.trainer_values("", settings), world_size)
 
 
 def write(cluster, run: str, events: list[dict], metrics: list[dict] = ()) -> None:
@@ -62,7 +63,7 @@ def end(time: float, outcome: str, **fields) -> dict:
 def plan(cluster, usd: float, run: str = "main", settings=SETTINGS, world_size: int = 2):
     said: list[str] = []
     result = budget.plan_budget(
-        usd, cluster, run, budget.trainer_values("", settings), world_size, read_cluster_runs(cluster), said.append
+        usd, cluster, run, pace.trainer_values("", settings), world_size, read_cluster_runs(cluster), said.append
     )
     return result, said
 
@@ -299,7 +300,7 @@ def test_the_estimate_counts_an_attempts_start_up_once_and_its_steps_and_evals_a
     # and one at the end. Billing the start-up to every iteration (the pace all in) made 1 iteration
     # after a 24 s start-up cost 27.9 s an iteration: 14x too much for the rest.
     records, elapsed = attempt_records(iterations)
-    fields = budget.attempt_figures(records, 0, elapsed, iterations)
+    fields = pace.attempt_figures(records, 0, elapsed, iterations)
     assert fields["startup_s"] == pytest.approx(STARTUP_S)  # the evals, the iteration-0 one too, are apart
     assert fields["eval_s"] == pytest.approx(EVAL_S) and fields["step_s"] == pytest.approx(STEP_S)
     settings = [f"eval_interval={EVAL_INTERVAL}", "max_iters=10000"]
@@ -315,7 +316,7 @@ def test_the_estimate_counts_an_attempts_start_up_once_and_its_steps_and_evals_a
 
 
 def test_the_iterations_a_budget_buys_leave_room_for_the_start_up_and_the_evals():
-    rate = budget.Rate(3.0, "measured", "main", 0.0, 26.0, 1.0, eval_s=2.0, startup_s=24.0)
+    rate = pace.Rate(3.0, "measured", "main", 0.0, 26.0, 1.0, eval_s=2.0, startup_s=24.0)
     assert rate.seconds(100, 50) == 24.0 + 100 * 1.0 + 3 * 2.0
     assert rate.iterations_within(130.0, 50) == 100  # 130 s: exactly the 100 iterations above
     assert rate.iterations_within(129.9, 50) == 99  # 24 + 99 + 2 evals x 2 = 127
