@@ -6,8 +6,8 @@ again from any terminal.
               train of a live run refuses and names `attach`); the supervisor started; then its
               output followed from the run's log, and its end: the last line (an error, interrupted
               or stopped line on stderr) and the run's exit status (0 done, 3 budget, 130
-              interrupted or stopped, 1 failed). A run that never launched (its checks refused it)
-              leaves no record directory behind, as before.
+              interrupted or stopped, 1 failed). A run that never launched (its checks refused it,
+              its head node was not reached) leaves no record directory behind, as before.
     --detach  the same until the record has the attempt's launch event (every rank started), then
               the command that attaches, exit 0
     attach    a live run: its last lines, then the same as train; an ended one: its end line and
@@ -109,6 +109,9 @@ def train(
         except KeyboardInterrupt:
             before.restore()  # left before the start: the record as it was
             raise
+        except Exception:
+            before.unmake()  # refused (the head not reached, its host key not the contract's): no empty record
+            raise
         try:
             start = watch.output_start(before.log_size)
             code = follow(directory, start, request, launches if request.detach else None, watch, ctrl_c)
@@ -132,6 +135,13 @@ class Before:
         self.log_existed, self.log_size = log.exists(), log_size(log)
         self.lock_existed = (directory / LOCK_NAME).exists()
         self.state = state_path(directory).read_bytes() if state_path(directory).exists() else None
+
+    def unmake(self) -> None:
+        """After a launch that raised: the directories the front end made removed (an empty record would be
+        listed by `fab runs` as never started), unless a supervisor started in them holds the run's lock. A
+        record that was here before is left as is: a live supervisor of the run may be writing it."""
+        if self.made and not is_live(self.directory):
+            shutil.rmtree(self.made[-1], ignore_errors=True)
 
     def restore(self) -> None:
         if self.made:

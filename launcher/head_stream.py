@@ -183,7 +183,8 @@ class HeadStream:
             if self.closed.is_set() or number != self.expected:
                 raise LeftStream  # a line lost in between: the next follow brings it again
             self.expected += 1
-            self.local.mkdir(parents=True, exist_ok=True)
+            if files:  # a run the head does not have brings none: no empty record made here for it
+                self.local.mkdir(parents=True, exist_ok=True)
             # The state last: this machine's copy never says ended before what came with it is here.
             for name, part in sorted(files.items(), key=lambda item: item[0] == STATE_NAME):
                 data = base64.b64decode(part["data"])

@@ -44,7 +44,7 @@ from launcher.setup.nodes import code_files
 from launcher.supervised import ThisMachine
 from launcher.terminal import LOG_NAME
 from launcher.train import ENTRY, STACK_HEAD_ENTRY, supervision
-from launcher.transport import Result, Shell
+from launcher.transport import NodeError, Result, Shell
 from model.monitoring.metrics import METRICS_NAME
 from tests.launcher.head_fakes import HeadShell, wait_until
 
@@ -200,6 +200,29 @@ def test_a_train_after_one_the_head_refused_shows_its_own_attempt(tmp_path, cont
     assert capsys.readouterr().err == "error: trainer config: unknown key bogus\n"
     assert train() == 0
     assert capsys.readouterr().out == "resuming run r\ndone in 2 s: iter 6\n"
+
+
+def test_a_train_refused_because_the_head_cannot_be_reached_leaves_no_record_here(
+    tmp_path, contract, monkeypatch, capsys
+):
+    """A host key that is not the contract's (or a bad key, a wrong address): the one line that says so,
+    and no empty record directory that `fab runs` would list as never started."""
+    home = tmp_path / "local"
+    cluster = parse_contract(contract, "c.json")
+    monkeypatch.setenv("NANOCLUSTER_HOME", str(home))
+    said = f"{cluster.head.name}: host key does not match the contract's host_public_keys"
+
+    def unreachable(cluster, nodes):
+        raise NodeError(said)
+
+    monkeypatch.setattr("launcher.session.connect", unreachable)
+    kind = type("Kind", (), {"cluster": cluster})()
+    monkeypatch.setattr(follow, "runs_here", lambda request: False)
+    monkeypatch.setattr(follow, "checked_here", lambda request, kind, opening="": True)
+    with pytest.raises(TaskError, match=f"^{said}$"):
+        follow.train(TrainRequest(None, run="r"), lambda r: kind, lambda c: HeadNode(ENTRY), lambda r: 0)
+    assert not follow.RunRecord.of(cluster, "r").directory.exists()
+    assert not home.exists()
 
 
 def test_the_heads_supervisor_names_the_contract_the_operator_typed(tmp_path, contract, monkeypatch, capsys):

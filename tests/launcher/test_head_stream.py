@@ -247,6 +247,30 @@ def test_attach_to_a_run_whose_head_does_not_answer_says_so_not_that_the_run_has
     assert "start it with" not in str(failed.value)
 
 
+def test_a_run_the_head_does_not_have_leaves_no_record_here(tmp_path, head, contract, monkeypatch):
+    """`status --run nosuch` and `attach --run nosuch` copy the record of a run the head has never heard of:
+    the head answers (nothing), and no empty record directory is made here for `fab runs` to list as never
+    started and every did-you-mean to offer."""
+    home = tmp_path / "local"
+    local = home / "runs" / "nosuch"
+    shell = HeadShell(head, monkeypatch)
+    watch = HeadWatch(typed(contract), shell, local, "nosuch")
+    try:
+        watch.refresh()
+        wait_until(lambda: shell.processes[0].poll() is not None, "the head's follow to end")
+        assert watch.unanswered() is None and not watch.live() and watch.state() is None
+        with pytest.raises(TaskError) as failed:
+            follow.attach_directory(local, "c.json", "nosuch", watch)
+    finally:
+        watch.close()
+    head_name = parse_contract(contract, "c.json").head.name
+    assert str(failed.value) == (
+        f"run nosuch has no supervisor on the head node {head_name}: start it with "
+        "`fab train --cluster c.json --run nosuch`"
+    )
+    assert not home.exists()
+
+
 def older_launcher(directory: Path) -> Path:
     """A launcher whose head_main knows `start` only (as head_main answers a command it does not know)."""
     (directory / "launcher").mkdir(parents=True)
