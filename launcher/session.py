@@ -211,7 +211,7 @@ class Session:
         addresses = {n.private_ip for n in nodes}
         for node in self.nodes:
             if node.private_ip in addresses:
-                held = self.reports[node.index].code_digests
+                held = tuple(d for d in self.reports[node.index].code_digests if d != digest)
                 self.reports[node.index] = replace(self.reports[node.index], code_digests=(*held, digest))
 
     def run_everywhere(self, nodes: Sequence[Node], action: Callable[[Node, Shell], T]) -> list[T]:

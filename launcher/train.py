@@ -164,7 +164,7 @@ class MachinesRun:
     def start(self, attempt: int, extra_overrides: tuple[str, ...]) -> Started:
         session, request, prepared = self.session, self.request, self.prepared
         assert prepared is not None, "open() first"
-        ensure_ready(session)
+        ensure_ready(session, recheck_code=True)  # the reports may be older than the last attempt's stop
         check_fit(session.cluster, session.nodes, session.reports, prepared.trainer_config)  # nodes set up since
         place_data(session, request.dataset)
         facts = {n.index: launch_facts(session.report(n)) for n in session.nodes}

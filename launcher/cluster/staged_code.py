@@ -11,10 +11,13 @@ later. New commands use this checkout's digest (launcher.cluster.node_layout.sit
 newest staged when they run: every command that runs code on the nodes stages it first.
 
 Old versions are removed by the staging of a new one, bounded: the KEEP_NEWEST most recently staged
-stay, and so does any other that a live process on the node runs (a PYTHONPATH naming its directory:
-the supervisor's, a rank's, a `fab sample`'s), so a node holds at most KEEP_NEWEST plus one per
-version its live runs use. The single tree older launchers staged in <root>/code itself is removed the
-same way, once no process runs it.
+(or found held by an attempt about to start its ranks: held_command) stay, and so does any other that a
+live process on the node runs (a PYTHONPATH naming its directory: the supervisor's, a rank's, a `fab
+sample`'s), so a node holds at most KEEP_NEWEST plus one per version its live runs use. Between two
+attempts of a run a worker may run nothing of it (its ranks stopped for the restart, the node
+rebooted), and stagings meanwhile may remove its version there: each attempt asks the nodes again
+before its ranks start, and stages it where it is gone (launcher.setup.nodes.sync_code). The single
+tree older launchers staged in <root>/code itself is removed the same way, once no process runs it.
 
 The digest covers the paths and contents of CODE_PACKAGES' files only (no caches), so identical
 checkouts give the same directory and a ready node is sent nothing (the probe lists the digests a node
@@ -83,15 +86,23 @@ def staged_dir(root: str, digest: str) -> str:
     return f"{root}/code/{digest}"
 
 
+def held_command(root: str, digest: str) -> str:
+    """Succeeds when the node holds the version now, which then counts as the most recently staged (its
+    directory's time is prune_command's order): a run about to start its ranks from it keeps it through
+    the next KEEP_NEWEST - 1 stagings of other versions."""
+    return f"test -f {staged_dir(root, digest)}/{DIGEST_NAME} && touch -c {staged_dir(root, digest)}"
+
+
 def install_code_command(root: str, digest: str) -> str:
     """Stage the archive on stdin as root/code/<digest> (extracted aside, then renamed: a process never
-    sees half a tree; a directory already there is left as it is), then prune_command's removal."""
+    sees half a tree; a directory already there is left as it is, as the newest), then prune_command's
+    removal."""
     new = f".new-{digest}-$$"
     return (
         f"set -e; mkdir -p {root}/code; cd {root}/code; "
         f"if [ ! -d {digest} ]; then rm -rf {new}; mkdir {new}; tar -xzf - -C {new}; "
         f"echo {digest} > {new}/{DIGEST_NAME}; mv -T {new} {digest} 2>/dev/null || rm -rf {new}; "
-        "else cat >/dev/null; fi; "
+        f"else cat >/dev/null; touch -c {digest}; fi; "
         f"{prune_command()}"
     )
 

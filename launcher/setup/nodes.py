@@ -28,7 +28,7 @@ from pathlib import Path
 from launcher.cluster import staged_code
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.cluster.staged_code import DIGEST_NAME, install_code_command, staged_dir
+from launcher.cluster.staged_code import held_command, install_code_command
 from launcher.console import TaskError, command_line, out_line, program_name, say
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.transport import NodeError, Shell, payload
@@ -76,8 +76,9 @@ def node_environment(session: Session, node: Node) -> str:
     return f"{NODE_ENV}={shlex.quote(node.name)} {NODE_FIX_ENV}={shlex.quote(fix)} "
 
 
-def ensure_ready(session: Session) -> None:
-    """The environment (bootstrap where the probe found it incomplete) and current code."""
+def ensure_ready(session: Session, recheck_code: bool = False) -> None:
+    """The environment (bootstrap where the probe found it incomplete) and current code; recheck_code:
+    the nodes asked again whether they hold it (sync_code), for an attempt about to start its ranks."""
     missing = session.not_ready()
     if missing and not session.site.bootstraps:
         raise TaskError(
@@ -89,7 +90,7 @@ def ensure_ready(session: Session) -> None:
         say(f"not ready: {', '.join(n.name for n in missing)}: running the node bootstrap ({setup})")
         bootstrap(session, missing)
         session.reprobe(missing)
-    sync_code(session)
+    sync_code(session, recheck_code)
 
 
 PROFILES = ("auto", "default", "cuda", "intel")
@@ -204,13 +205,21 @@ def code_archive(repo: Path = REPO_ROOT) -> tuple[bytes, str]:
     return staged_code.code_archive(repo)
 
 
-def sync_code(session: Session) -> None:
+def sync_code(session: Session, recheck: bool = False) -> None:
     """Stage this checkout's model/, launcher/ and node/ on the machines that lack its digest, beside the
-    versions they hold (launcher.cluster.staged_code: a live run keeps its own)."""
+    versions they hold (launcher.cluster.staged_code: a live run keeps its own). recheck: the machines
+    whose probe found it are asked again now, in one round trip each (held_command), for a run's attempt:
+    the session probed them before the last attempt's ranks stopped, and with nothing of the run left
+    on a machine, stagings of other checkouts since may have removed its version there."""
     if not session.site.ships_code:
         return
     archive, digest = code_archive()
-    stale = [n for n in session.hosts() if digest not in session.report(n).code_digests]
+    hosts = session.hosts()
+    held = [n for n in hosts if digest in session.report(n).code_digests]
+    if recheck:
+        now = session.run_everywhere(held, lambda n, s: s.run(held_command(s.root, digest), timeout=STAGE_CHECK_S).ok)
+        held = [n for n, holds in zip(held, now, strict=True) if holds]
+    stale = [n for n in hosts if n not in held]
     if not stale:
         return
     say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
@@ -224,6 +233,6 @@ def stage_code(shell: Shell) -> None:
     """This checkout's code on one remote machine, staged there unless it holds it (a front end's own
     commands on a head that may hold only other versions: launcher.head_watch)."""
     archive, digest = code_archive()
-    if shell.run(f"test -f {staged_dir(shell.root, digest)}/{DIGEST_NAME}", timeout=STAGE_CHECK_S).ok:
+    if shell.run(held_command(shell.root, digest), timeout=STAGE_CHECK_S).ok:
         return
     shell.check(install_code_command(shell.root, digest), "staging the launcher", stdin=archive)

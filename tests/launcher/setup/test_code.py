@@ -112,3 +112,48 @@ def test_old_versions_go_unless_among_the_newest_or_run_by_a_live_process(tmp_pa
             run.communicate(b"", timeout=60)
     latest = stage(str(node), make_tree(tmp_path / "latest", "x = 'latest'\n"))
     assert sorted(p.name for p in code.iterdir()) == sorted([*newest[1:], latest])
+
+
+def test_an_attempt_stages_the_run_code_again_where_stagings_removed_it_since_the_probe(tmp_path, contract, capsys):
+    """Between two attempts of a run a worker may run nothing of it (its ranks stopped for the restart),
+    and `fab setup` from other checkouts meanwhile removes its version there: the next attempt's start
+    must stage it again, though the session's probe found it, or its ranks start from a directory that
+    is gone. A node that holds it is sent nothing, and it counts as just staged there."""
+    import shlex
+
+    from launcher.cluster.staged_code import KEEP_NEWEST
+    from launcher.session import NodeReport, Session
+    from launcher.setup.nodes import ensure_ready
+    from launcher.transport.shell import LocalShell
+
+    cluster = parse_contract(contract, "lab.json")
+    homes = {n.index: tmp_path / n.name for n in cluster.nodes}
+    shells = {n.index: LocalShell(n, shlex.quote(str(homes[n.index])), homes[n.index]) for n in cluster.nodes}
+    with Session(cluster, cluster.nodes, shells) as session:
+        session.reports = {n.index: NodeReport() for n in cluster.nodes}  # the probe: no code there yet
+        ensure_ready(session, recheck_code=True)  # the run's first attempt
+        ours = code_archive()[1]
+        for home in homes.values():
+            os.utime(home / "code" / ours, (1000, 1000))  # staged long ago
+        assert all(ours in session.report(n).code_digests for n in cluster.nodes)
+        capsys.readouterr()
+
+        # The run's ranks stopped; other checkouts are staged: KEEP_NEWEST on lab-1, fewer on lab-0.
+        others = [make_tree(tmp_path / f"other{i}", f"x = {i}\n") for i in range(2 * KEEP_NEWEST)]
+        for tree in others[:KEEP_NEWEST]:
+            stage(shlex.quote(str(homes[1])), tree)
+        for tree in others[: KEEP_NEWEST - 1]:
+            stage(shlex.quote(str(homes[0])), tree)
+        assert not (homes[1] / "code" / ours).exists() and (homes[0] / "code" / ours).exists()
+
+        ensure_ready(session, recheck_code=True)  # the next attempt
+        assert f"syncing model code ({ours[:12]}) to lab-1\n" in capsys.readouterr().out  # lab-1 alone
+        assert (homes[1] / "code" / ours / "model" / "train.py").is_file()
+
+        # lab-0 held it: found now, it counts as just staged, and outlives the next stagings of others.
+        for tree in others[KEEP_NEWEST : 2 * KEEP_NEWEST - 1]:
+            stage(shlex.quote(str(homes[0])), tree)
+        assert (homes[0] / "code" / ours / "model" / "train.py").is_file()
+
+        ensure_ready(session, recheck_code=True)  # every node holds it: nothing is sent
+        assert "syncing" not in capsys.readouterr().out
