@@ -36,6 +36,7 @@ then copies nothing more (the log already holds the supervisor's output) and wai
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -113,7 +114,7 @@ def train(
             before.unmake()  # refused (the head not reached, its host key not the contract's): no empty record
             raise
         try:
-            start = watch.output_start(before.log_size)
+            start = functools.partial(watch.output_start, before.log_size)
             code = follow(directory, start, request, launches if request.detach else None, watch, ctrl_c)
             state = watch.state()
         finally:
@@ -237,18 +238,26 @@ def tail_offset(log: Path, start: int) -> int:
     return size - sum(len(line) for line in lines[-ATTACH_LINES:])
 
 
+Start = int | Callable[[], int | None]
+"""Where a follow begins in the log: an offset, or one asked for until known (Watch.output_start)."""
+
+
 class LogCopy:
     """The run's log copied to this front end's stdout from an offset, whole lines at a time; nothing
-    once stdout is the log itself (the terminal was lost: launcher.terminal moved it there)."""
+    once stdout is the log itself (the terminal was lost: launcher.terminal moved it there). An offset
+    not known yet (start answers None) copies nothing until it is."""
 
-    def __init__(self, log: Path, offset: int):
-        self.log, self.offset = log, offset
+    def __init__(self, log: Path, start: Start):
+        self.log, self.start = log, start
+        self.offset: int | None = start if isinstance(start, int) else None
         self.done = False
         """Whether the supervisor's END_MARK line was reached: the output is whole."""
 
     def to(self, whole_lines: bool = True) -> None:
+        if self.offset is None and not isinstance(self.start, int):
+            self.offset = self.start()
         end = log_size(self.log)
-        if self.done or end <= self.offset:
+        if self.done or self.offset is None or end <= self.offset:
             return
         with open(self.log, "rb") as f:
             f.seek(self.offset)
@@ -269,17 +278,17 @@ class LogCopy:
 
 def follow(
     directory: Path,
-    start: int,
+    start: Start,
     request: TrainRequest,
     detach_after: int | None,
     watch: Watch | None = None,
     ctrl_c: CtrlC | None = None,
 ) -> int:
-    """Copy the supervisor's output until its end (or, with detach_after, until the record has more
-    launch events than that), then the end line; the run's exit status. Ctrl-C (and SIGTERM) is handed
-    to it by CtrlC, whatever the loop is doing; a second one leaves. watch: the supervisor, by default
-    on this machine (one on the cluster brings its record here first); ctrl_c: the front end's, when it
-    took Ctrl-C before (a press kept until now is handed over here)."""
+    """Copy the supervisor's output from start until its end (or, with detach_after, until the record
+    has more launch events than that), then the end line; the run's exit status. Ctrl-C (and SIGTERM)
+    is handed to it by CtrlC, whatever the loop is doing; a second one leaves. watch: the supervisor,
+    by default on this machine (one on the cluster brings its record here first); ctrl_c: the front
+    end's, when it took Ctrl-C before (a press kept until now is handed over here)."""
     watch = watch or LocalWatch(directory)
     log = directory / LOG_NAME
     copy = LogCopy(log, start)

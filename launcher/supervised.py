@@ -81,9 +81,9 @@ class Watch(Protocol):
         """Where the supervisor runs, for the operator's lines."""
         ...
 
-    def output_start(self, local_size: int) -> int:
+    def output_start(self, local_size: int) -> int | None:
         """Where the attempt this front end started begins in this machine's log (or its copy), given
-        the log's size before the start."""
+        the log's size before the start; None while it is not known yet (asked again after a refresh)."""
         ...
 
     def unanswered(self) -> str | None:

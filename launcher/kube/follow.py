@@ -29,6 +29,8 @@ this process, attached as before (launcher.kube.train.train).
 
 from __future__ import annotations
 
+import functools
+
 from launcher.cluster.node_layout import run_dir
 from launcher.console import TaskError, check_name, command_line, say
 from launcher.ctrl_c import CtrlC, interrupts_handed_over
@@ -117,7 +119,8 @@ def train(request: TrainRequest) -> int:
             supervisor.create(request, staged.python, staged.code_dir)
         watch = KubeWatch(supervisor)
         try:
-            return follow(record.directory, start, request, launches if request.detach else None, watch, ctrl_c)
+            output_start = functools.partial(watch.output_start, start)
+            return follow(record.directory, output_start, request, launches if request.detach else None, watch, ctrl_c)
         finally:
             watch.close()
 
@@ -162,8 +165,10 @@ def attach_supervisor(cluster_spec: str | None, run: str, ctrl_c: CtrlC) -> int:
             say(state.line)
         return end_line(state.exit_code, state.line if state.to_stderr else None, log)
     say(f"attached to run {run} (supervisor Job {supervisor.job}; Ctrl-C stops the run after a snapshot)")
+    live = read_state(supervisor.record.directory)  # the last lines shown are its own, not an earlier run's
+    begins = supervisor.local_offset(LOG_NAME, live.log_start) if live is not None else 0
     watch = KubeWatch(supervisor)
     try:
-        return follow(supervisor.record.directory, tail_offset(log, 0), request, None, watch, ctrl_c)
+        return follow(supervisor.record.directory, tail_offset(log, begins), request, None, watch, ctrl_c)
     finally:
         watch.close()

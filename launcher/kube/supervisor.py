@@ -43,6 +43,7 @@ from launcher.run_kind import TrainRequest
 from launcher.runs.metrics_copy import PLOT_NAME
 from launcher.runs.metrics_stream import SyncedPlot
 from launcher.runs.record import RunRecord
+from launcher.terminal import LOG_NAME
 
 POLL_S = 1.0
 """How often the front end copies the record."""
@@ -255,6 +256,12 @@ class Supervisor:
         self.plot.update()
         return True
 
+    def local_offset(self, name: str, remote: int) -> int:
+        """Where an offset in the claim's file lands in this machine's copy: the copy grows by the claim's
+        bytes from where it last copied them (a copy rewritten whole starts at the claim's start)."""
+        remote_at, local_at = self.synced.get(name, [0, 0])
+        return max(0, local_at + remote - remote_at)
+
     def copied(self, path: Path) -> int:
         """Bytes of the claim's file copied into path so far: what SYNC_NAME says, plus what was appended
         after it was last written (a front end killed between the two writes)."""
@@ -350,8 +357,13 @@ class KubeWatch:
     def where(self) -> str:
         return "in the cluster"
 
-    def output_start(self, local_size: int) -> int:
-        return local_size
+    def output_start(self, local_size: int) -> int | None:
+        """The new supervisor's log_start, placed in this machine's copy once its state has arrived (train
+        cleared the last one, here and on the claim): the copy may lack the claim's last attempts (run
+        detached, ended with nobody following; or this machine's copy has none of the run), whose end
+        line is not this attempt's. None before that: the supervisor pod may not run yet."""
+        state = self.state()
+        return None if state is None else self.supervisor.local_offset(LOG_NAME, state.log_start)
 
     def unanswered(self) -> str | None:
         return None  # the API server's failures are errors of their own (launcher.kube.api)

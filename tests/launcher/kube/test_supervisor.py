@@ -615,3 +615,74 @@ def test_a_sync_cut_short_leaves_this_machines_copy_as_it_was_not_ended_without_
     assert watched.sync("supervisor-pod")
     assert read_state(local).phase == ENDED and '"event": "end"' in (local / "events.jsonl").read_text()
     assert (local / "a log with spaces.txt").read_text() == "kept\n"
+
+
+def test_a_run_trained_again_after_an_end_nobody_followed_shows_the_new_attempt(fake, contract_file, script, tmp_path):
+    """Run rr started detached ends with no front end following: this machine's copy of its log lacks the
+    attempt's end, which the claim holds. Trained again, the front end shows the new attempt from its
+    start to its end, never the last attempt's end as this one's."""
+    fake.seed()
+    script.run_ticks = 10**9  # the first attempt's pods run until the test ends them
+    script.log = {0: ["step 1 loss 4.2 (the first attempt)"]}
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file), "--run", "rr", "--nodes", "2"]
+    out = tmp_path / "detach.out"
+    detach = front_end(home, "train", *cluster, "--detach", out=out)
+    assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+    pods = [f"fake-rr-{rank}-a0" for rank in range(2)]
+    wait_for("running pods", lambda: all(running(fake, pod) for pod in pods), fake)
+    for pod in pods:
+        fake.succeed_pod(pod)
+    wait_for("the first attempt's end", lambda: ended_marker(fake, "fake-rr-supervisor"), fake)
+
+    script.run_ticks = 20
+    script.log = {0: ["step 1 loss 3.1 (this attempt)"]}
+    again_out = tmp_path / "again.out"
+    again = front_end(home, "train", *cluster, "--set", "max_iters=4", out=again_out)
+    assert exit_code(again, again_out, fake) == 0, again_out.read_text() + fake.processes.output()
+    text = again_out.read_text()
+    assert "[rank 0 node-0] step 1 loss 3.1 (this attempt)" in text, text
+    assert "the first attempt" not in text, text
+    lines = text.strip().splitlines()
+    assert [line for line in lines if line.startswith("done in ")] == lines[-1:], text
+
+
+def test_attach_from_another_machine_to_a_run_trained_again_shows_the_new_attempt(
+    fake, contract_file, script, tmp_path
+):
+    """Run ra ended once, then was trained again detached: a machine with none of its record attaches
+    (its copy: the claim's whole log, the last attempt's end a few lines back). The last lines shown,
+    and what follows to the end, are the new attempt's; so is what the detached train showed."""
+    fake.seed()
+    script.run_ticks = 10**9  # the pods run until the test ends them
+    script.log = {0: ["step 1 loss 4.2 (the first attempt)"]}
+    home = tmp_path / "home"
+    cluster = ["--cluster", str(contract_file), "--run", "ra"]
+    pods = [f"fake-ra-{rank}-a0" for rank in range(2)]
+
+    def train_detached(name: str) -> str:
+        out = tmp_path / f"{name}.out"
+        detach = front_end(home, "train", *cluster, "--nodes", "2", "--detach", out=out)
+        assert detach.wait(120) == 0, out.read_text() + fake.processes.output()
+        wait_for("running pods", lambda: all(running(fake, pod) for pod in pods), fake)
+        return out.read_text()
+
+    train_detached("first")
+    for pod in pods:
+        fake.succeed_pod(pod)
+    wait_for("the first attempt's end", lambda: ended_marker(fake, "fake-ra-supervisor"), fake)
+
+    script.log = {0: ["step 1 loss 3.1 (this attempt)"]}
+    again = train_detached("again")
+    assert "the first attempt" not in again and "done in " not in again, again
+    attach_out = tmp_path / "attach.out"
+    attach = front_end(tmp_path / "elsewhere", "attach", *cluster, out=attach_out)
+    wait_for("the attach", lambda: "attached to run ra" in attach_out.read_text(), fake)
+    for pod in pods:
+        fake.succeed_pod(pod)
+    assert exit_code(attach, attach_out, fake) == 0, attach_out.read_text() + fake.processes.output()
+    text = attach_out.read_text()
+    assert "[rank 0 node-0] step 1 loss 3.1 (this attempt)" in text, text
+    assert "the first attempt" not in text, text
+    lines = text.strip().splitlines()
+    assert [line for line in lines if line.startswith("done in ")] == lines[-1:], text
