@@ -248,14 +248,16 @@ class LogCopy:
     not known yet (start answers None) copies nothing until it is."""
 
     def __init__(self, log: Path, start: Start):
-        self.log, self.start = log, start
-        self.offset: int | None = start if isinstance(start, int) else None
+        self.log = log
+        self.ask = (lambda: start) if isinstance(start, int) else start
+        self.offset: int | None = None
+        """Where the next copy begins (None: not known yet)."""
         self.done = False
         """Whether the supervisor's END_MARK line was reached: the output is whole."""
 
     def to(self, whole_lines: bool = True) -> None:
-        if self.offset is None and not isinstance(self.start, int):
-            self.offset = self.start()
+        if self.offset is None:
+            self.offset = self.ask()
         end = log_size(self.log)
         if self.done or self.offset is None or end <= self.offset:
             return

@@ -28,7 +28,7 @@ from pathlib import Path
 from launcher.cluster import staged_code
 from launcher.cluster.inventory import Cluster, Node
 from launcher.cluster.node_layout import REPO_ROOT
-from launcher.cluster.staged_code import held_command, install_code_command
+from launcher.cluster.staged_code import code_digest, held_command, install_code_command
 from launcher.console import TaskError, command_line, out_line, program_name, say
 from launcher.session import Session, resolve_cluster, select_nodes
 from launcher.transport import NodeError, Shell, payload
@@ -213,7 +213,7 @@ def sync_code(session: Session, recheck: bool = False) -> None:
     on a machine, stagings of other checkouts since may have removed its version there."""
     if not session.site.ships_code:
         return
-    archive, digest = code_archive()
+    digest = code_digest(REPO_ROOT)  # the version site_of's code_dir names; the archive only where it is sent
     hosts = session.hosts()
     held = [n for n in hosts if digest in session.report(n).code_digests]
     if recheck:
@@ -223,6 +223,7 @@ def sync_code(session: Session, recheck: bool = False) -> None:
     if not stale:
         return
     say(f"syncing model code ({digest[:12]}) to {', '.join(n.name for n in stale)}")
+    archive, _ = code_archive()
     session.run_everywhere(
         stale, lambda n, s: s.check(install_code_command(s.root, digest), "syncing model code", stdin=archive)
     )
@@ -232,7 +233,8 @@ def sync_code(session: Session, recheck: bool = False) -> None:
 def stage_code(shell: Shell) -> None:
     """This checkout's code on one remote machine, staged there unless it holds it (a front end's own
     commands on a head that may hold only other versions: launcher.head_watch)."""
-    archive, digest = code_archive()
+    digest = code_digest(REPO_ROOT)
     if shell.run(held_command(shell.root, digest), timeout=STAGE_CHECK_S).ok:
         return
+    archive, _ = code_archive()
     shell.check(install_code_command(shell.root, digest), "staging the launcher", stdin=archive)
